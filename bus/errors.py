@@ -1,0 +1,34 @@
+"""Exceptions raised by the bus package. No coredis or trio-websocket error leaks out of bus/."""
+
+
+class BusError(Exception):
+    """Root of every error raised by bus/."""
+
+
+class ModelError(BusError):
+    """A Redis hash or wire object does not have the shape the data model requires."""
+
+
+class StoreError(BusError):
+    """Talking to Valkey/Redis failed."""
+
+
+class TransportError(BusError):
+    """A link between nodes failed or carried something invalid."""
+
+
+class HandshakeError(TransportError):
+    """A peer failed to authenticate; ``reason`` is a short token for logs and metrics."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class FrameError(TransportError):
+    """A websocket frame could not be decoded."""
+
+
+class ClientError(BusError):
+    """A client request could not be carried out (bad arguments, unknown node, timeout)."""

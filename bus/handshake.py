@@ -1,0 +1,80 @@
+"""Mutual node authentication over fresh nonces. Pure functions; the transport does the I/O.
+
+1. initiator -> ``hello {v, node: I, nonce: nI}``
+2. responder checks I is a known peer, -> ``hello {v, node: R, nonce: nR}``
+   and ``welcome`` is deferred until the initiator proves itself:
+3. initiator checks R is the node it dialled, -> ``auth {sig: sign_I(transcript(initiator))}``
+4. responder verifies, -> ``welcome {sig: sign_R(transcript(responder))}``
+5. initiator verifies. Only now do data frames flow, in both directions.
+
+The transcript binds the protocol version, both node ids and both nonces, and the signer's role,
+so neither a replayed signature nor a reflected one (R's signature passed off as I's) verifies.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from bus.errors import HandshakeError
+from crypto import KeyPair, parse_public_key, sign_object, verify_object
+from crypto.errors import KeyFormatError
+
+PROTOCOL_VERSION = 1
+DOMAIN = "handshake"
+NONCE_BYTES = 32
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def transcript(role: str, initiator: str, responder: str, n_i: str, n_r: str) -> dict[str, object]:
+    return {"v": PROTOCOL_VERSION, "role": role, "initiator": initiator, "responder": responder,
+            "nonce_initiator": n_i, "nonce_responder": n_r}
+
+
+def check_hello(body: dict[str, object] | object, *, known: set[str] | None,
+                expected: str | None = None) -> tuple[str, str]:
+    """Validate a peer's hello; return its (node id, nonce) or raise HandshakeError."""
+    if not isinstance(body, dict):
+        raise HandshakeError("malformed_hello")
+    version, node, nonce = body.get("v"), body.get("node"), body.get("nonce")
+    if version != PROTOCOL_VERSION:
+        raise HandshakeError("version_mismatch", f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}")
+    if not isinstance(node, str) or not isinstance(nonce, str):
+        raise HandshakeError("malformed_hello")
+    try:
+        parse_public_key(node)
+    except KeyFormatError as exc:
+        raise HandshakeError("bad_node_id", str(exc)) from None
+    if len(nonce) != 2 * NONCE_BYTES or not _is_hex(nonce):
+        raise HandshakeError("bad_nonce")
+    if expected is not None and node != expected:
+        raise HandshakeError("unexpected_node", f"dialled {expected[:16]}…, answered {node[:16]}…")
+    if known is not None and node not in known:
+        raise HandshakeError("unknown_node", node)
+    return node, nonce
+
+
+def sign_transcript(key: KeyPair, role: str, initiator: str, responder: str, n_i: str,
+                    n_r: str) -> str:
+    sig = sign_object(key, DOMAIN, transcript(role, initiator, responder, n_i, n_r))
+    return sig["signature"]
+
+
+def verify_transcript(signature: object, signer: str, role: str, initiator: str, responder: str,
+                      n_i: str, n_r: str) -> None:
+    """Raise HandshakeError('bad_signature') unless ``signer`` signed this role's transcript."""
+    entry = [{"algorithm": "ed25519", "public_key": signer, "signature": signature}]
+    verdict = verify_object(entry, DOMAIN, transcript(role, initiator, responder, n_i, n_r),
+                            expected_public_key=signer)
+    if not verdict.ok:
+        raise HandshakeError("bad_signature", f"{role} signature: {verdict.reason}")
+
+
+def _is_hex(s: str) -> bool:
+    try:
+        bytes.fromhex(s)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,36 @@
+"""Identifiers and wall-clock time, in one injectable place.
+
+Ids are random 53-bit integers: globally unique without coordination between nodes (a
+decentralised bus has no central counter) and still exact in JSON/JCS, which cannot carry
+integers above 2**53. Wall-clock time goes through :func:`now` so tests can drive it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+
+MAX_ID = 2**53 - 1
+
+_clock: Callable[[], float] = time.time
+
+
+def new_id() -> int:
+    return secrets.randbelow(MAX_ID) + 1
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def now() -> int:
+    """Wall-clock seconds (the spec's u32 timestamps)."""
+    return int(_clock())
+
+
+def set_clock(clock: Callable[[], float]) -> Callable[[], float]:
+    """Replace the wall clock (tests); returns the previous one."""
+    global _clock
+    previous, _clock = _clock, clock
+    return previous

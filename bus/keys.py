@@ -1,0 +1,109 @@
+"""Every Redis key hero-node uses is built here, and nowhere else.
+
+Contract: ``shared/seeds/coordinator-specs.md`` section 3 plus the extensions in
+``shared/DESIGN.md`` section 4. Actors, peers and node-level bookkeeping live in DB 0;
+everything that belongs to a context lives in that context's own DB (DB number = context id).
+"""
+
+from __future__ import annotations
+
+ACTORS_DB = 0
+
+# -- objects (hashes) ------------------------------------------------------------------------
+
+
+def actor(actor_id: int) -> str:
+    return f"actor:{actor_id}"
+
+
+def context(context_id: int) -> str:
+    return f"context:{context_id}"
+
+
+def flow(flow_id: int) -> str:
+    return f"flow:{flow_id}"
+
+
+def message(caller_id: int, message_id: int) -> str:
+    return f"message:{caller_id}:{message_id}"
+
+
+def runner(runner_id: str) -> str:
+    return f"runner:{runner_id}"
+
+
+def job(caller_id: int, job_id: int) -> str:
+    return f"job:{caller_id}:{job_id}"
+
+
+def parse_message_key(key: str) -> tuple[int, int]:
+    """Return ``(caller_id, message_id)`` of a ``message:<caller_id>:<id>`` key; ValueError if not."""
+    prefix, caller, ident = key.split(":")
+    if prefix != "message":
+        raise ValueError(f"not a message key: {key!r}")
+    return int(caller), int(ident)
+
+
+# -- queues (lists) in a context DB ------------------------------------------------------------
+
+MSG_OUT = "msg_out"
+MSG_IN = "msg_in"
+DLQ = "dlq"
+
+
+def queue(script_type: str) -> str:
+    return f"queue:{script_type}"
+
+
+def queue_group(script_type: str, group: str) -> str:
+    return f"queue:{script_type}:group:{group}"
+
+
+def queue_instance(script_type: str, group: str, instance: str) -> str:
+    return f"queue:{script_type}:group:{group}:inst:{instance}"
+
+
+def stop_queue(script_type: str) -> str:
+    return f"stop:{script_type}"
+
+
+def reply(message_key: str) -> str:
+    """Dedicated reply list a waiting client BLPOPs (rhailib pattern)."""
+    return f"reply:{message_key}"
+
+
+def inflight(service: str) -> str:
+    """Per-consumer processing list for reliable pops (BLMOVE source -> here, LREM on ack)."""
+    return f"inflight:{service}"
+
+
+def presence_runner(runner_id: str) -> str:
+    return f"presence:runner:{runner_id}"
+
+
+# -- node level (DB 0) -------------------------------------------------------------------------
+
+
+def peer(node_id: str) -> str:
+    return f"peer:{node_id}"
+
+
+PEERS = "peers"  # set of known node ids
+CONTEXTS = "contexts"  # set of context ids this node serves
+NODE_EVENTS = "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
+NODE_DLQ = DLQ  # dead letters that belong to no context (bad frames) go to DB 0's dlq
+NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
+
+
+def outbox(node_id: str) -> str:
+    """Durable per-peer outbox: entries ``<context_id>|<message key>`` wait here until acked."""
+    return f"outbox:{node_id}"
+
+
+def outbox_inflight(node_id: str) -> str:
+    return f"outbox:{node_id}:inflight"
+
+
+def seen(message_key: str) -> str:
+    """Marker that a message was accepted (replay / duplicate protection)."""
+    return f"seen:{message_key}"

@@ -1,0 +1,483 @@
+"""The six objects of the coordinator spec as frozen dataclasses with explicit to/from-hash.
+
+Redis hashes hold strings: integers as decimal text, lists and maps as JSON. ``from_hash``
+is strict: a missing or wrongly typed field raises :class:`ModelError` naming the field, so a
+malformed hash can be dead-lettered with a clear reason instead of crashing a service.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Self, TypeVar
+
+from bus.errors import ModelError
+
+Hash = dict[str, str]
+RawHash = Mapping[str, str] | Mapping[bytes, bytes]
+
+
+class JobStatus(StrEnum):
+    DISPATCHED = "dispatched"
+    WAITING_FOR_PREREQUISITES = "waiting_for_prerequisites"
+    STARTED = "started"
+    ERROR = "error"
+    FINISHED = "finished"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.ERROR, JobStatus.FINISHED)
+
+
+class FlowStatus(StrEnum):
+    DISPATCHED = "dispatched"
+    STARTED = "started"
+    ERROR = "error"
+    FINISHED = "finished"
+
+
+class MessageStatus(StrEnum):
+    DISPATCHED = "dispatched"
+    ACKNOWLEDGED = "acknowledged"
+    ERROR = "error"
+    PROCESSED = "processed"
+
+
+class MessageType(StrEnum):
+    JOB = "job"
+    CHAT = "chat"
+    MAIL = "mail"
+    RESULT = "result"  # extension: a signed job result travelling back (spec step 7)
+
+
+class MessageFormat(StrEnum):
+    HTML = "html"
+    TEXT = "text"
+    MD = "md"
+
+
+class ScriptType(StrEnum):
+    OSIS = "osis"
+    SAL = "sal"
+    V = "v"
+    PYTHON = "python"
+    SH = "sh"
+
+
+class RunnerType(StrEnum):
+    V = "v"
+    PYTHON = "python"
+    OSIS = "osis"
+    RUST = "rust"
+
+
+# -- field codecs ------------------------------------------------------------------------------
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def decode_hash(raw: RawHash) -> Hash:
+    """Turn what Redis returned (bytes or str) into a ``str -> str`` dict."""
+    out: Hash = {}
+    for k, v in raw.items():
+        key = k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)
+        out[key] = v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return out
+
+
+def _get(h: Mapping[str, str], name: str, default: str | None = None) -> str:
+    value = h.get(name, default)
+    if value is None:
+        raise ModelError(f"missing field {name!r}")
+    return value
+
+
+def _int(h: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = h.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise ModelError(f"missing field {name!r}")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ModelError(f"field {name!r} is not an integer: {raw[:40]!r}") from None
+    if value < 0:
+        raise ModelError(f"field {name!r} is negative: {value}")
+    return value
+
+
+def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # noqa: ANN401
+    raw = h.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ModelError(f"field {name!r} is not valid JSON") from None
+    if not isinstance(value, kind):
+        raise ModelError(f"field {name!r} must be a JSON {kind.__name__}")
+    return value
+
+
+def _int_list(h: Mapping[str, str], name: str) -> list[int]:
+    value = _json(h, name, list, [])
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise ModelError(f"field {name!r} must be a list of non-negative integers")
+    return list(value)
+
+
+def _str_list(h: Mapping[str, str], name: str) -> list[str]:
+    value = _json(h, name, list, [])
+    if not all(isinstance(x, str) for x in value):
+        raise ModelError(f"field {name!r} must be a list of strings")
+    return list(value)
+
+
+def _str_map(h: Mapping[str, str], name: str) -> dict[str, str]:
+    value = _json(h, name, dict, {})
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ModelError(f"field {name!r} must map strings to strings")
+    return dict(value)
+
+
+def _enum(h: Mapping[str, str], name: str, enum: type[E], default: E | None = None) -> E:
+    raw = h.get(name)
+    if raw is None and default is not None:
+        return default
+    try:
+        return enum(_get(h, name))
+    except ValueError:
+        allowed = "|".join(e.value for e in enum)
+        raise ModelError(f"field {name!r} is {raw!r}, expected one of {allowed}") from None
+
+
+def _dump(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _as_str(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, int | str):
+        return str(value)
+    return _dump(value)
+
+
+def _to_hash(obj: object, names: tuple[str, ...]) -> Hash:
+    return {name: _as_str(getattr(obj, name)) for name in names}
+
+
+# -- objects -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    id: int
+    pubkey: str
+    address: list[str] = field(default_factory=list)
+    created_at: int = 0
+    updated_at: int = 0
+
+    FIELDS = ("id", "pubkey", "address", "created_at", "updated_at")
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        return cls(
+            id=_int(h, "id"),
+            pubkey=_get(h, "pubkey"),
+            address=_str_list(h, "address"),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    id: int
+    admins: list[int] = field(default_factory=list)
+    readers: list[int] = field(default_factory=list)
+    executors: list[int] = field(default_factory=list)
+    created_at: int = 0
+    updated_at: int = 0
+
+    FIELDS = ("id", "admins", "readers", "executors", "created_at", "updated_at")
+
+    def may_execute(self, actor_id: int) -> bool:
+        return actor_id in self.admins or actor_id in self.executors
+
+    def may_read(self, actor_id: int) -> bool:
+        return self.may_execute(actor_id) or actor_id in self.readers
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        return cls(
+            id=_int(h, "id"),
+            admins=_int_list(h, "admins"),
+            readers=_int_list(h, "readers"),
+            executors=_int_list(h, "executors"),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    id: int
+    caller_id: int
+    context_id: int
+    jobs: list[int] = field(default_factory=list)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    result: dict[str, str] = field(default_factory=dict)
+    created_at: int = 0
+    updated_at: int = 0
+    status: FlowStatus = FlowStatus.DISPATCHED
+
+    FIELDS = ("id", "caller_id", "context_id", "jobs", "env_vars", "result", "created_at",
+              "updated_at", "status")
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        return cls(
+            id=_int(h, "id"),
+            caller_id=_int(h, "caller_id"),
+            context_id=_int(h, "context_id"),
+            jobs=_int_list(h, "jobs"),
+            env_vars=_str_map(h, "env_vars"),
+            result=_str_map(h, "result"),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+            status=_enum(h, "status", FlowStatus),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Runner:
+    id: str
+    pubkey: str = ""
+    address: str = ""
+    topic: str = ""
+    local: bool = True
+    script_type: str = ""
+    created_at: int = 0
+    updated_at: int = 0
+
+    FIELDS = ("id", "pubkey", "address", "topic", "local", "script_type", "created_at",
+              "updated_at")
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        return cls(
+            id=_get(h, "id"),
+            pubkey=h.get("pubkey", ""),
+            address=h.get("address", ""),
+            topic=h.get("topic", ""),
+            local=h.get("local", "true") == "true",
+            script_type=h.get("script_type", ""),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerJob:
+    id: int
+    caller_id: int
+    context_id: int
+    script: str
+    script_type: str
+    timeout: int = 60
+    retries: int = 0
+    env_vars: dict[str, str] = field(default_factory=dict)
+    result: dict[str, str] = field(default_factory=dict)
+    prerequisites: list[str] = field(default_factory=list)
+    depends: list[int] = field(default_factory=list)
+    created_at: int = 0
+    updated_at: int = 0
+    status: JobStatus = JobStatus.DISPATCHED
+    message_key: str = ""  # extension: the message that carried this job
+    reason: str = ""  # extension: why the job ended in error
+
+    FIELDS = ("id", "caller_id", "context_id", "script", "script_type", "timeout", "retries",
+              "env_vars", "result", "prerequisites", "depends", "created_at", "updated_at",
+              "status", "message_key", "reason")
+    # What a message carries of a job, and so what the caller's signature covers.
+    SIGNED = ("id", "caller_id", "context_id", "script", "script_type", "timeout", "retries",
+              "env_vars", "prerequisites", "depends")
+
+    @property
+    def key(self) -> str:
+        from bus import keys
+
+        return keys.job(self.caller_id, self.id)
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    def signed_dict(self) -> dict[str, object]:
+        return {name: _plain(getattr(self, name)) for name in self.SIGNED}
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        if "depends" not in h and "dependends" in h:  # the spec's spelling, accepted on read
+            h = {**h, "depends": h["dependends"]}
+        return cls(
+            id=_int(h, "id"),
+            caller_id=_int(h, "caller_id"),
+            context_id=_int(h, "context_id"),
+            script=_get(h, "script"),
+            script_type=_get(h, "script_type"),
+            timeout=_int(h, "timeout", 60),
+            retries=_int(h, "retries", 0),
+            env_vars=_str_map(h, "env_vars"),
+            result=_str_map(h, "result"),
+            prerequisites=_str_list(h, "prerequisites"),
+            depends=_int_list(h, "depends"),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+            status=_enum(h, "status", JobStatus, JobStatus.DISPATCHED),
+            message_key=h.get("message_key", ""),
+            reason=h.get("reason", ""),
+        )
+
+    @classmethod
+    def from_signed_dict(cls, d: object) -> Self:
+        """Rebuild a job from a message's ``job`` list entry (JSON object)."""
+        if not isinstance(d, dict):
+            raise ModelError("a job entry must be a JSON object")
+        flat = {k: v if isinstance(v, str) else _dump(v) for k, v in d.items()}
+        return cls.from_hash(flat)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    id: int
+    caller_id: int
+    context_id: int
+    message: str = ""
+    message_type: MessageType = MessageType.JOB
+    message_format_type: MessageFormat = MessageFormat.TEXT
+    timeout: int = 60
+    timeout_ack: int = 30
+    timeout_result: int = 3600
+    job: list[RunnerJob] = field(default_factory=list)
+    logs: list[dict[str, object]] = field(default_factory=list)
+    created_at: int = 0
+    updated_at: int = 0
+    status: MessageStatus = MessageStatus.DISPATCHED
+    # extensions (DESIGN.md 5): routing and signatures
+    origin: str = ""  # node id (public key hex) of the node the message was submitted on
+    destination: str = ""  # node id of the node that must process it
+    nonce: str = ""
+    signatures: list[dict[str, str]] = field(default_factory=list)
+    reason: str = ""
+
+    FIELDS = ("id", "caller_id", "context_id", "message", "message_type",
+              "message_format_type", "timeout", "timeout_ack", "timeout_result", "job", "logs",
+              "created_at", "updated_at", "status", "origin", "destination", "nonce",
+              "signatures", "reason")
+    SIGNED = ("id", "caller_id", "context_id", "message", "message_type", "message_format_type",
+              "timeout", "timeout_ack", "timeout_result", "created_at", "origin", "destination",
+              "nonce")
+
+    @property
+    def key(self) -> str:
+        from bus import keys
+
+        return keys.message(self.caller_id, self.id)
+
+    def signed_content(self) -> dict[str, object]:
+        """The immutable fields the signature covers (status, logs, updated_at are not)."""
+        content = {name: _plain(getattr(self, name)) for name in self.SIGNED}
+        content["job"] = [j.signed_dict() for j in self.job]
+        return content
+
+    def to_hash(self) -> Hash:
+        h = _to_hash(self, tuple(n for n in self.FIELDS if n != "job"))
+        h["job"] = _dump([j.signed_dict() for j in self.job])
+        return h
+
+    def with_status(self, status: MessageStatus, reason: str = "") -> Self:
+        return replace(self, status=status, reason=reason)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        jobs = _json(h, "job", list, [])
+        signatures = _json(h, "signatures", list, [])
+        if not all(isinstance(s, dict) for s in signatures):
+            raise ModelError("field 'signatures' must be a list of objects")
+        logs = _json(h, "logs", list, [])
+        return cls(
+            id=_int(h, "id"),
+            caller_id=_int(h, "caller_id"),
+            context_id=_int(h, "context_id"),
+            message=h.get("message", ""),
+            message_type=_enum(h, "message_type", MessageType),
+            message_format_type=_enum(h, "message_format_type", MessageFormat,
+                                      MessageFormat.TEXT),
+            timeout=_int(h, "timeout", 60),
+            timeout_ack=_int(h, "timeout_ack", 30),
+            timeout_result=_int(h, "timeout_result", 3600),
+            job=[RunnerJob.from_signed_dict(j) for j in jobs],
+            logs=logs,
+            created_at=_int(h, "created_at"),
+            updated_at=_int(h, "updated_at", 0),
+            status=_enum(h, "status", MessageStatus, MessageStatus.DISPATCHED),
+            origin=_get(h, "origin"),
+            destination=_get(h, "destination"),
+            nonce=h.get("nonce", ""),
+            signatures=signatures,
+            reason=h.get("reason", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """A known node (DB 0, ``peer:<node id>``): its id is its Ed25519 public key in hex."""
+
+    id: str
+    address: str = ""  # ws://host:port to dial; empty for a peer that only dials us
+    name: str = ""
+    created_at: int = 0
+    updated_at: int = 0
+
+    FIELDS = ("id", "address", "name", "created_at", "updated_at")
+
+    def to_hash(self) -> Hash:
+        return _to_hash(self, self.FIELDS)
+
+    @classmethod
+    def from_hash(cls, h: Mapping[str, str]) -> Self:
+        return cls(
+            id=_get(h, "id"),
+            address=h.get("address", ""),
+            name=h.get("name", ""),
+            created_at=_int(h, "created_at", 0),
+            updated_at=_int(h, "updated_at", 0),
+        )

@@ -1,0 +1,196 @@
+"""The Redis store: one coredis client per DB, object load/save, reliable queues, atomic updates.
+
+Every coredis error is translated into :class:`StoreError` here; nothing above bus/ sees coredis.
+Blocking pops take a connection of their own from the pool, so a service waiting on BLMOVE never
+delays another's commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import coredis
+import trio
+import coredis.exceptions
+
+from bus import keys
+from bus.errors import StoreError
+from bus.ids import now
+from bus.models import Actor, Context, Hash, decode_hash
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Redis = coredis.Redis[str]
+
+# Store the hash and queue its key only if the key is new: deliveries and redeliveries of the
+# same message are idempotent. Returns 1 if stored, 0 if it was already there.
+_DELIVER_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+redis.call('LPUSH', KEYS[2], KEYS[1])
+return 1
+"""
+
+
+class Store:
+    """Access to one Valkey/Redis server; ``await db(n)`` gives the client for DB n.
+
+    coredis wants each client's connection pool entered by a parent task before other tasks
+    share it, so every client is opened by a holder task in the store's own nursery.
+    """
+
+    def __init__(self, url: str, nursery: trio.Nursery) -> None:
+        self.url = url
+        self._nursery = nursery
+        self._clients: dict[int, Redis] = {}
+        self._open_lock = trio.Lock()
+
+    async def db(self, n: int) -> Redis:
+        client = self._clients.get(n)
+        if client is not None:
+            return client
+        async with self._open_lock:
+            if n not in self._clients:
+                self._clients[n] = await self._nursery.start(self._hold_client, n)
+        return self._clients[n]
+
+    async def _hold_client(self, n: int, *, task_status: trio.TaskStatus[Redis]) -> None:
+        client: Redis = coredis.Redis.from_url(self.url, db=n, decode_responses=True)
+        try:
+            async with client:
+                task_status.started(client)
+                await trio.sleep_forever()
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url} db {n}: {exc}") from exc
+
+    # -- generic ---------------------------------------------------------------------------------
+
+    async def call(self, db: int, fn: Callable[[Redis], Awaitable[T]]) -> T:
+        """Run one coredis command on DB ``db``, translating its errors."""
+        client = await self.db(db)
+        try:
+            return await fn(client)
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    @asynccontextmanager
+    async def transaction(self, db: int) -> AsyncIterator[Any]:
+        """A MULTI/EXEC pipeline on DB ``db``; commands queued inside run atomically on exit."""
+        client = await self.db(db)
+        try:
+            async with client.pipeline(transaction=True) as pipe:
+                yield pipe
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    async def ping(self) -> None:
+        await self.call(0, lambda r: r.ping())
+
+    async def hgetall(self, db: int, key: str) -> Hash:
+        raw = await self.call(db, lambda r: r.hgetall(key))
+        return decode_hash(raw)
+
+    async def hset(self, db: int, key: str, fields: Mapping[str, str]) -> None:
+        await self.call(db, lambda r: r.hset(key, dict(fields)))
+
+    async def lpush(self, db: int, key: str, *values: str) -> None:
+        await self.call(db, lambda r: r.lpush(key, list(values)))
+
+    async def lrange(self, db: int, key: str) -> list[str]:
+        return list(await self.call(db, lambda r: r.lrange(key, 0, -1)))
+
+    async def llen(self, db: int, key: str) -> int:
+        return int(await self.call(db, lambda r: r.llen(key)))
+
+    async def exists(self, db: int, key: str) -> bool:
+        return bool(await self.call(db, lambda r: r.exists([key])))
+
+    # -- reliable queues -------------------------------------------------------------------------
+
+    async def pop_reliable(self, db: int, source: str, inflight: str, timeout_s: float) -> str | None:
+        """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s.
+
+        The entry stays in ``inflight`` until :meth:`ack` removes it, so a crash between pop and
+        ack leaves it recoverable by :meth:`recover`.
+        """
+        value = await self.call(db, lambda r: r.blmove(source, inflight, "RIGHT", "LEFT", timeout_s)
+        )
+        return None if value is None else str(value)
+
+    async def pop_more(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
+        """Non-blocking LMOVEs of what is already queued (batching after a blocking pop)."""
+        out: list[str] = []
+        for _ in range(limit):
+            value = await self.call(db, lambda r: r.lmove(source, inflight, "RIGHT", "LEFT"))
+            if value is None:
+                break
+            out.append(str(value))
+        return out
+
+    async def ack(self, db: int, inflight: str, value: str) -> None:
+        await self.call(db, lambda r: r.lrem(inflight, 1, value))
+
+    async def recover(self, db: int, inflight: str, source: str) -> int:
+        """Move everything left in ``inflight`` back to the consuming end of ``source``."""
+        moved = 0
+        while await self.call(db, lambda r: r.lmove(inflight, source, "LEFT", "RIGHT")) is not None:
+            moved += 1
+        if moved:
+            log.info("recovered %d in-flight entr%s of %s (db %d)", moved,
+                     "y" if moved == 1 else "ies", source, db)
+        return moved
+
+    async def deliver(self, db: int, message_key: str, fields: Mapping[str, str], queue: str) -> bool:
+        """Store a message hash and queue its key unless it is already here (idempotent)."""
+        args = [x for kv in fields.items() for x in kv]
+        result = await self.call(db, lambda r: r.eval(_DELIVER_LUA, [message_key, queue], args)
+        )
+        return bool(result)
+
+    async def dead_letter(self, db: int, key: str, reason: str, detail: str = "") -> None:
+        entry = json.dumps({"key": key, "reason": reason, "detail": detail, "at": now()})
+        await self.lpush(db, keys.DLQ, entry)
+
+    async def dead_letters(self, db: int) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in await self.lrange(db, keys.DLQ)]
+
+    # -- registry objects ------------------------------------------------------------------------
+
+    async def get_actor(self, actor_id: int) -> Actor | None:
+        h = await self.hgetall(keys.ACTORS_DB, keys.actor(actor_id))
+        return Actor.from_hash(h) if h else None
+
+    async def put_actor(self, actor: Actor) -> None:
+        await self.hset(keys.ACTORS_DB, keys.actor(actor.id), actor.to_hash())
+
+    async def get_context(self, context_id: int) -> Context | None:
+        h = await self.hgetall(context_id, keys.context(context_id))
+        return Context.from_hash(h) if h else None
+
+    async def put_context(self, context: Context) -> None:
+        """Save a context in its own DB and announce it so a running node starts serving it."""
+        if context.id < 1:
+            raise StoreError("context ids start at 1 (DB 0 holds actors and peers)")
+        await self.hset(context.id, keys.context(context.id), context.to_hash())
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            pipe.sadd(keys.CONTEXTS, [str(context.id)])
+            pipe.lpush(keys.NODE_EVENTS, [keys.context(context.id)])
+
+    async def context_ids(self) -> list[int]:
+        members = await self.call(keys.ACTORS_DB, lambda r: r.smembers(keys.CONTEXTS))
+        return sorted(int(m) for m in members)
+
+
+@asynccontextmanager
+async def open_store(url: str) -> AsyncIterator[Store]:
+    """A connected store; raises StoreError if the server does not answer."""
+    async with trio.open_nursery() as nursery:
+        store = Store(url, nursery)
+        await store.ping()
+        yield store
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,219 @@
+"""Websocket links between nodes: mutual authentication, then JSON frames in both directions.
+
+:class:`Transport` owns the links. It listens (``serve``), dials each peer with backoff
+(``dial_forever``), runs the handshake of :mod:`bus.handshake` on every new connection and
+hands each authenticated data frame to the ``on_frame`` callback. Nothing touches Redis before
+a peer has authenticated: the set of known peers is held in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError as WsHandshakeError,
+    WebSocketConnection,
+    WebSocketRequest,
+    open_websocket_url,
+    serve_websocket,
+)
+
+from bus import handshake as hs
+from bus.errors import FrameError, HandshakeError, TransportError
+from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from crypto import KeyPair
+
+log = logging.getLogger(__name__)
+
+FrameHandler = Callable[["Link", Frame], Awaitable[None]]
+BadFrameHandler = Callable[["Link", str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    handshake_timeout_s: float = 10.0
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+    ssl_server: ssl.SSLContext | None = None
+    ssl_client: ssl.SSLContext | None = None
+
+
+@dataclass(eq=False)
+class Link:
+    """One authenticated websocket connection to a peer node."""
+
+    peer_id: str
+    ws: WebSocketConnection
+    initiator: bool
+    closed: trio.Event = field(default_factory=trio.Event)
+
+    async def send(self, frame_type: str, **body: object) -> None:
+        """Send one frame; TransportError if the link is gone."""
+        try:
+            await self.ws.send_message(encode_frame(frame_type, **body))
+        except ConnectionClosed as exc:
+            self.closed.set()
+            raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc
+
+    async def close(self) -> None:
+        self.closed.set()
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await self.ws.aclose()
+
+
+class Transport:
+    """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
+
+    def __init__(self, key: KeyPair, known_peers: Callable[[], set[str]], on_frame: FrameHandler,
+                 on_bad_frame: BadFrameHandler, config: TransportConfig | None = None) -> None:
+        self.key = key
+        self.node_id = key.public_hex
+        self.config = config or TransportConfig()
+        self._known_peers = known_peers
+        self._on_frame = on_frame
+        self._on_bad_frame = on_bad_frame
+        self._links: dict[str, Link] = {}
+        self._link_added = trio.Event()
+        self.refused: dict[str, int] = {}  # handshake refusal reasons -> count (metrics)
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def link(self, peer_id: str) -> Link | None:
+        link = self._links.get(peer_id)
+        return link if link is not None and not link.closed.is_set() else None
+
+    async def wait_link(self, peer_id: str) -> Link:
+        """Wait until an authenticated link to ``peer_id`` is up and return it."""
+        while (link := self.link(peer_id)) is None:
+            await self._link_added.wait()
+        return link
+
+    def _register(self, link: Link) -> None:
+        self._links[link.peer_id] = link
+        self._link_added.set()
+        self._link_added = trio.Event()
+
+    def _unregister(self, link: Link) -> None:
+        link.closed.set()
+        if self._links.get(link.peer_id) is link:
+            del self._links[link.peer_id]
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+        """Accept links on host:port until cancelled; reports the bound port when listening."""
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve_websocket, self._accept, host, port,
+                                         self.config.ssl_server)
+            task_status.started(server.port)
+            await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def _accept(self, request: WebSocketRequest) -> None:
+        try:
+            ws = await request.accept()
+        except (ConnectionClosed, WsHandshakeError):
+            return
+        try:
+            with trio.fail_after(self.config.handshake_timeout_s):
+                peer_id = await self._respond(ws)
+        except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
+            self._refuse(ws, "inbound", exc)
+            await ws.aclose(code=1008, reason="handshake failed")
+            return
+        await self._run_link(Link(peer_id, ws, initiator=False))
+
+    async def _respond(self, ws: WebSocketConnection) -> str:
+        hello = await self._receive(ws, "hello")
+        peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+        n_r = hs.new_nonce()
+        await ws.send_message(encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id,
+                                           nonce=n_r))
+        auth = await self._receive(ws, "auth")
+        hs.verify_transcript(auth.body["sig"], peer_id, "initiator", peer_id, self.node_id, n_i, n_r)
+        sig = hs.sign_transcript(self.key, "responder", peer_id, self.node_id, n_i, n_r)
+        await ws.send_message(encode_frame("welcome", sig=sig))
+        return peer_id
+
+    # -- dialling --------------------------------------------------------------------------------
+
+    async def dial_forever(self, peer_id: str, address: str) -> NoReturn:
+        """Keep a link to ``peer_id`` at ``address`` up, reconnecting with backoff and jitter."""
+        delay = self.config.backoff_initial_s
+        while True:
+            try:
+                await self._dial_once(peer_id, address)
+                delay = self.config.backoff_initial_s
+            except (OSError, WsHandshakeError, ConnectionClosed, TransportError,
+                    trio.TooSlowError) as exc:
+                log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
+            await trio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.config.backoff_max_s)
+
+    async def _dial_once(self, peer_id: str, address: str) -> None:
+        async with open_websocket_url(address, self.config.ssl_client,
+                                      max_message_size=self.config.max_frame_bytes) as ws:
+            try:
+                with trio.fail_after(self.config.handshake_timeout_s):
+                    await self._initiate(ws, peer_id)
+            except HandshakeError as exc:
+                self._refuse(ws, "outbound", exc)
+                raise
+            await self._run_link(Link(peer_id, ws, initiator=True))
+
+    async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
+        n_i = hs.new_nonce()
+        await ws.send_message(encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id,
+                                           nonce=n_i))
+        hello = await self._receive(ws, "hello")
+        _, n_r = hs.check_hello(dict(hello.body), known=None, expected=peer_id)
+        sig = hs.sign_transcript(self.key, "initiator", self.node_id, peer_id, n_i, n_r)
+        await ws.send_message(encode_frame("auth", sig=sig))
+        welcome = await self._receive(ws, "welcome")
+        hs.verify_transcript(welcome.body["sig"], peer_id, "responder", self.node_id, peer_id,
+                             n_i, n_r)
+
+    # -- both sides ------------------------------------------------------------------------------
+
+    async def _receive(self, ws: WebSocketConnection, expected: str) -> Frame:
+        try:
+            frame = decode_frame(await ws.get_message(), self.config.max_frame_bytes)
+        except FrameError as exc:
+            raise HandshakeError("malformed_frame", str(exc)) from None
+        if frame.type != expected:
+            raise HandshakeError("unexpected_frame", f"wanted {expected}, got {frame.type}")
+        return frame
+
+    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:
+        reason = exc.reason if isinstance(exc, HandshakeError) else type(exc).__name__
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        remote = getattr(ws.remote, "address", ws.remote)
+        log.warning("%s handshake with %s refused: %s", direction, remote, exc)
+
+    async def _run_link(self, link: Link) -> None:
+        log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
+        self._register(link)
+        try:
+            while True:
+                try:
+                    data = await link.ws.get_message()
+                except ConnectionClosed:
+                    return
+                try:
+                    frame = decode_frame(data, self.config.max_frame_bytes)
+                except FrameError as exc:
+                    await self._on_bad_frame(link, str(exc))
+                    continue
+                await self._on_frame(link, frame)
+        finally:
+            self._unregister(link)
+            log.info("link down: %s…", link.peer_id[:16])

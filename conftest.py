@@ -1,0 +1,95 @@
+"""Shared fixtures: real Valkey servers on free ports and real nodes (no mocks, no port 6379).
+
+Every server a test starts is stopped by its PID when the test ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import trio
+
+from bus.client import Client
+from bus.store import Store, open_store
+from node.config import NodeConfig
+from node.daemon import NodeInfo, run_node
+from node.home import init_home
+from node.valkey import ValkeyProcess, valkey_server
+
+logging.getLogger("trio-websocket").setLevel(logging.WARNING)
+
+
+@pytest.fixture
+def valkey_factory(tmp_path: Path) -> Iterator[Callable[[], ValkeyProcess]]:
+    """Start as many throwaway Valkey servers as a test needs."""
+    stack: list[tuple[ValkeyProcess, object]] = []
+
+    def start() -> ValkeyProcess:
+        cm = valkey_server(tmp_path / f"valkey{len(stack)}")
+        server = cm.__enter__()
+        stack.append((server, cm))
+        return server
+
+    yield start
+    for _server, cm in reversed(stack):
+        cm.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def redis_url(valkey_factory: Callable[[], ValkeyProcess]) -> str:
+    return valkey_factory().url
+
+
+@pytest.fixture
+async def store(redis_url: str) -> AsyncIterator[Store]:
+    async with open_store(redis_url) as s:
+        yield s
+
+
+class RunningNode:
+    """A node running in the test's nursery, with a client on its Redis."""
+
+    def __init__(self, config: NodeConfig, info: NodeInfo, client: Client,
+                 cancel: trio.CancelScope) -> None:
+        self.config = config
+        self.info = info
+        self.client = client
+        self._cancel = cancel
+
+    @property
+    def node_id(self) -> str:
+        return self.info.node_id
+
+    @property
+    def store(self) -> Store:
+        return self.client.store
+
+    def stop(self) -> None:
+        self._cancel.cancel()
+
+
+@pytest.fixture
+def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
+    """``await start(name)`` -> a RunningNode on its own Valkey, with its default actor/context."""
+
+    async def start(name: str, **overrides: object) -> RunningNode:
+        server = valkey_factory()
+        config = init_home(tmp_path / name, name=name, listen_port=0, redis_url=server.url,
+                           runners={"python": 2, "sh": 1})
+        config = replace(config, **overrides)  # type: ignore[arg-type]
+
+        async def run(*, task_status: trio.TaskStatus[RunningNode]) -> None:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as inner:
+                    info = await inner.start(run_node, config)
+                    async with open_store(info.redis_url) as store:
+                        task_status.started(RunningNode(config, info, Client(store), scope))
+                        await trio.sleep_forever()
+
+        return await nursery.start(run)
+
+    return start

@@ -1,0 +1,134 @@
+"""The node's one frozen configuration, read from ``<home>/config.toml``.
+
+Layout of a node's home directory (``hero-node init`` creates it):
+
+    config.toml   this configuration
+    node.key      the node's Ed25519 key (mode 0600); its public key is the node id
+    actor.key     a default actor key for the CLI (mode 0600)
+    valkey/       data and AOF of the embedded Valkey
+    run/          runtime facts of the running node (redis.url, node.json)
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.errors import ConfigError
+
+DEFAULT_RUNNERS = {"python": 4, "sh": 2}
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("HERO_NODE_HOME", Path.home() / ".hero-node"))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    home: Path
+    name: str = "node"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 7700
+    redis_url: str = ""  # empty: start an embedded Valkey
+    valkey_port: int = 0  # 0: a free port at every start
+    valkey_databases: int = 256
+    actor_id: int = 1  # the default actor of this home (actor.key)
+    context_id: int = 1  # the default context the node creates for that actor
+    runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
+    max_frame_bytes: int = 4 * 1024 * 1024
+    handshake_timeout_s: float = 10.0
+    reply_ttl_s: int = 86_400
+    max_output_bytes: int = 1024 * 1024
+    grace_s: float = 10.0
+
+    @property
+    def node_key_path(self) -> Path:
+        return self.home / "node.key"
+
+    @property
+    def actor_key_path(self) -> Path:
+        return self.home / "actor.key"
+
+    @property
+    def valkey_dir(self) -> Path:
+        return self.home / "valkey"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def config_path(self) -> Path:
+        return self.home / "config.toml"
+
+
+_INT_FIELDS = ("listen_port", "valkey_port", "valkey_databases", "actor_id", "context_id",
+               "max_frame_bytes", "reply_ttl_s", "max_output_bytes")
+_FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
+_STR_FIELDS = ("name", "listen_host", "redis_url")
+
+
+def load_config(home: Path) -> NodeConfig:
+    """Read ``home/config.toml``; ConfigError says what is missing or wrong and how to fix it."""
+    path = home / "config.toml"
+    if not path.exists():
+        raise ConfigError(f"no node configuration at {path}; create one with: "
+                          f"hero-node init --home {home}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    section = raw.get("node", {})
+    values: dict[str, object] = {}
+    for name in _INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS:
+        if name not in section:
+            continue
+        value = section[name]
+        ok = (isinstance(value, int) and not isinstance(value, bool) if name in _INT_FIELDS
+              else isinstance(value, int | float) if name in _FLOAT_FIELDS
+              else isinstance(value, str))
+        if not ok:
+            raise ConfigError(f"{path}: [node] {name} has the wrong type ({value!r})")
+        values[name] = value
+    runners = raw.get("runners", DEFAULT_RUNNERS)
+    if not isinstance(runners, dict) or not all(
+        isinstance(v, int) and v > 0 for v in runners.values()
+    ):
+        raise ConfigError(f"{path}: [runners] maps a script type to a concurrency >= 1")
+    unknown = set(section) - set(_INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
+    return NodeConfig(home=home, runners=dict(runners), **values)  # type: ignore[arg-type]
+
+
+def render_config(cfg: NodeConfig) -> str:
+    """The TOML text ``hero-node init`` writes, with comments explaining each setting."""
+    runners = "\n".join(f"{k} = {v}" for k, v in cfg.runners.items())
+    return f"""\
+# hero-node configuration (see `hero-node --help`)
+[node]
+name = "{cfg.name}"
+# websocket listener for links from peer nodes
+listen_host = "{cfg.listen_host}"
+listen_port = {cfg.listen_port}
+# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec)
+redis_url = "{cfg.redis_url}"
+# port of the embedded Valkey (0: a free port at each start; the CLI finds it in run/)
+valkey_port = {cfg.valkey_port}
+valkey_databases = {cfg.valkey_databases}
+# the actor of actor.key and the context the node creates for it on first start
+actor_id = {cfg.actor_id}
+context_id = {cfg.context_id}
+max_frame_bytes = {cfg.max_frame_bytes}
+handshake_timeout_s = {cfg.handshake_timeout_s}
+reply_ttl_s = {cfg.reply_ttl_s}
+max_output_bytes = {cfg.max_output_bytes}
+# on SIGTERM/SIGINT, running jobs get this long to finish
+grace_s = {cfg.grace_s}
+
+# concurrency of the built-in runners per context, by script type
+[runners]
+{runners}
+"""

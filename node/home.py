@@ -1,0 +1,31 @@
+"""Creating a node's home directory (``hero-node init``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from crypto import KeyPair, write_key_file
+from node.config import NodeConfig, render_config
+from node.errors import ConfigError
+
+
+def init_home(home: Path, *, name: str = "node", listen_port: int = 7700, redis_url: str = "",
+              passphrase: bytes | None = None, force: bool = False,
+              runners: dict[str, int] | None = None) -> NodeConfig:
+    """Create ``home`` with a node key, a default actor key and config.toml; return the config.
+
+    Raises ConfigError if a configuration already exists there (unless ``force``).
+    """
+    config = NodeConfig(home=home, name=name, listen_port=listen_port, redis_url=redis_url)
+    if runners is not None:
+        config = replace(config, runners=dict(runners))
+    if config.config_path.exists() and not force:
+        raise ConfigError(f"{home} already holds a node (config.toml); use --force to replace it")
+    home.mkdir(parents=True, exist_ok=True)
+    home.chmod(0o700)
+    for path in (config.node_key_path, config.actor_key_path):
+        if not path.exists() or force:
+            write_key_file(path, KeyPair.generate(), passphrase=passphrase, overwrite=force)
+    config.config_path.write_text(render_config(config))
+    return config

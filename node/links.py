@@ -1,0 +1,88 @@
+"""What a node does with the frames its links carry (the transport only authenticates)."""
+
+from __future__ import annotations
+
+import logging
+
+from bus import keys, outbox
+from bus.frames import Frame
+from bus.ids import now
+from bus.models import MessageStatus
+from bus.transport import Link
+from node.messages import Rejected, load_message, reject
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+_ACK_LUA = """
+if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
+  redis.call('HSET', KEYS[1], 'status', 'acknowledged', 'updated_at', ARGV[1])
+end
+return 1
+"""
+
+
+class LinkHandler:
+    """Frame callbacks for :class:`bus.transport.Transport`, bound to one node."""
+
+    def __init__(self, node: NodeState, contexts: set[int]) -> None:
+        self.node = node
+        self.contexts = contexts  # the contexts this node serves (live set)
+
+    async def on_frame(self, link: Link, frame: Frame) -> None:
+        body = frame.body
+        if frame.type == "msg":
+            await self._deliver(link, body["ctx"], body["key"], dict(body["fields"]))
+        elif frame.type == "ack":
+            await self._acked(link, body["ctx"], body["key"])
+        elif frame.type == "nack":
+            await self._nacked(link, body["ctx"], body["key"], body["reason"])
+        else:
+            await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
+
+    async def on_bad_frame(self, link: Link, detail: str) -> None:
+        log.warning("bad frame from %s…: %s", link.peer_id[:16], detail)
+        self.node.count("bad_frames")
+        await self.node.store.dead_letter(keys.ACTORS_DB, f"link:{link.peer_id}", "bad_frame",
+                                          detail)
+
+    async def _deliver(self, link: Link, ctx: int, key: str, fields: dict[str, str]) -> None:
+        """Store the message and queue it on ``msg_in`` before acknowledging it."""
+        reason = self._check_delivery(ctx, key, fields)
+        if reason:
+            log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
+            await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
+            await link.send("nack", ctx=ctx, key=key, reason=reason)
+            return
+        fields |= {"status": MessageStatus.DISPATCHED.value, "logs": "[]",
+                   "updated_at": str(now())}
+        fresh = await self.node.store.deliver(ctx, key, fields, keys.MSG_IN)
+        self.node.count("delivered" if fresh else "redelivered")
+        await link.send("ack", ctx=ctx, key=key)
+
+    def _check_delivery(self, ctx: int, key: str, fields: dict[str, str]) -> str:
+        if ctx not in self.contexts:
+            return f"unknown_context: context {ctx} does not exist on this node"
+        try:
+            caller, ident = keys.parse_message_key(key)
+        except ValueError:
+            return f"malformed: {key[:80]!r} is not a message key"
+        if fields.get("caller_id") != str(caller) or fields.get("id") != str(ident):
+            return "malformed: message fields do not match its key"
+        if fields.get("context_id") != str(ctx):
+            return "malformed: message is for another context"
+        return ""
+
+    async def _acked(self, link: Link, ctx: int, key: str) -> None:
+        await outbox.acked(self.node.store, link.peer_id, ctx, key)
+        await self.node.store.call(ctx, lambda r: r.eval(_ACK_LUA, [key], [str(now())]))
+
+    async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
+        await outbox.acked(self.node.store, link.peer_id, ctx, key)
+        try:
+            message = await load_message(self.node, ctx, key)
+        except Rejected:
+            message = None
+        token, _, detail = reason.partition(": ")
+        await reject(self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message,
+                     "transport")

@@ -1,0 +1,97 @@
+"""Message handling shared by the supervisor and the consumer: loading, rejecting, results."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+
+from bus import keys
+from bus.envelope import ResultBody, sign_message
+from bus.errors import ModelError
+from bus.ids import new_id, new_nonce, now
+from bus.models import JobStatus, Message, MessageStatus, MessageType
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+class Rejected(Exception):
+    """A message is refused; ``reason`` is the token recorded in the dead-letter list."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+async def load_message(node: NodeState, ctx: int, key: str) -> Message:
+    """Read and parse a message hash; Rejected('malformed', ...) if it cannot be used."""
+    fields = await node.store.hgetall(ctx, key)
+    if not fields:
+        raise Rejected("missing_hash", f"{key} has no hash in context {ctx}")
+    try:
+        message = Message.from_hash(fields)
+    except ModelError as exc:
+        raise Rejected("malformed", str(exc)) from None
+    if message.key != key:
+        raise Rejected("malformed", f"hash fields name {message.key}, stored under {key}")
+    if message.context_id != ctx:
+        raise Rejected("wrong_context", f"message is for context {message.context_id}")
+    return message
+
+
+async def reject(node: NodeState, ctx: int, key: str, exc: Rejected,
+                 message: Message | None, service: str) -> None:
+    """Dead-letter a message with its reason, mark it failed, and tell its sender why.
+
+    The sender is told through error results for each of its jobs (only for job messages whose
+    origin is a node we know), so a client waiting on the reply list does not wait forever.
+    """
+    log.warning("%s rejected %s (context %d): %s", service, key, ctx, exc)
+    node.count(f"rejected_{exc.reason}")
+    await node.store.dead_letter(ctx, key, exc.reason, exc.detail)
+    if message is None:
+        return
+    await node.store.hset(ctx, key, {"status": MessageStatus.ERROR.value, "reason": exc.reason,
+                                     "updated_at": str(now())})
+    if message.message_type is MessageType.JOB and node.is_known_node(message.origin):
+        for job in message.job:
+            body = ResultBody(key, job.key, JobStatus.ERROR, {}, f"{exc.reason}: {exc.detail}")
+            await queue_result(node, message, body)
+
+
+def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
+    """A result message answering ``request``, signed by this node, addressed to its origin."""
+    msg = Message(
+        id=new_id(), caller_id=request.caller_id, context_id=request.context_id,
+        message=body.encode(), message_type=MessageType.RESULT, created_at=now(),
+        updated_at=now(), origin=node.node_id, destination=request.origin, nonce=new_nonce(),
+    )
+    return sign_message(msg, node.key)
+
+
+async def queue_result(node: NodeState, request: Message, body: ResultBody) -> None:
+    msg = result_message(node, request, body)
+    async with node.store.transaction(request.context_id) as tx:
+        tx.hset(msg.key, msg.to_hash())
+        tx.lpush(keys.MSG_OUT, [msg.key])
+
+
+async def apply_result(node: NodeState, ctx: int, body: ResultBody) -> None:
+    """At the origin: update the job copy and the request, and wake the waiting client."""
+    reply = json.dumps({"job_key": body.job_key, "status": body.status.value,
+                        "result": body.result, "reason": body.reason})
+    stamp = str(now())
+    request_status = (MessageStatus.PROCESSED if body.status is JobStatus.FINISHED
+                      else MessageStatus.ERROR)
+    async with node.store.transaction(ctx) as tx:
+        tx.hset(body.job_key, {"status": body.status.value, "result": json.dumps(body.result),
+                               "reason": body.reason, "updated_at": stamp})
+        tx.hset(body.in_reply_to, {"status": request_status.value, "updated_at": stamp})
+        tx.lpush(keys.reply(body.in_reply_to), [reply])
+        tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
+
+
+def with_status(message: Message, status: MessageStatus) -> Message:
+    return replace(message, status=status, updated_at=now())

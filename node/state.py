@@ -1,0 +1,50 @@
+"""What every service of a running node shares: its key, store, config and peer registry."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from bus import keys
+from bus.models import Peer
+from bus.store import Store
+from crypto import KeyPair
+from node.config import NodeConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeState:
+    config: NodeConfig
+    key: KeyPair
+    store: Store
+    peers: dict[str, Peer] = field(default_factory=dict)
+    metrics: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def node_id(self) -> str:
+        return self.key.public_hex
+
+    def known_peer_ids(self) -> set[str]:
+        return set(self.peers)
+
+    def is_known_node(self, node_id: str) -> bool:
+        return node_id == self.node_id or node_id in self.peers
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.metrics[name] = self.metrics.get(name, 0) + n
+
+    async def load_peers(self) -> list[Peer]:
+        """Refresh the in-memory peer registry from DB 0; return peers not seen before."""
+        ids = await self.store.call(keys.ACTORS_DB, lambda r: r.smembers(keys.PEERS))
+        fresh = []
+        for peer_id in ids:
+            h = await self.store.hgetall(keys.ACTORS_DB, keys.peer(peer_id))
+            if not h:
+                continue
+            peer = Peer.from_hash(h)
+            if peer.id not in self.peers:
+                fresh.append(peer)
+            self.peers[peer.id] = peer
+        return fresh

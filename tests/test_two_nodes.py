@@ -1,0 +1,55 @@
+"""End to end over real Valkey servers and a real websocket link between two nodes."""
+
+from __future__ import annotations
+
+import trio
+
+from bus import keys
+from bus.models import JobStatus
+from crypto import KeyPair, read_key_file
+
+
+async def wire(a, b) -> None:
+    """Make a and b peers of each other, and let a's actor run jobs in b's context 1."""
+    await a.client.add_peer(b.node_id, b.info.ws_url, name=b.config.name)
+    await b.client.add_peer(a.node_id, a.info.ws_url, name=a.config.name)
+    actor = read_key_file(a.config.actor_key_path)
+    await b.client.register_actor(a.config.actor_id + 100, actor.public_hex)
+    await b.client.register_context(1, admins=[b.config.actor_id],
+                                    executors=[a.config.actor_id + 100])
+
+
+async def test_local_job_round_trip(node_factory):
+    alice = await node_factory("alice")
+    key = read_key_file(alice.config.actor_key_path)
+    with trio.fail_after(20):
+        msg = await alice.client.submit_job(key, 1, to=alice.node_id, context_id=1,
+                                            script_type="python", script="print(6*7)")
+        [result] = await alice.client.wait_results(msg, timeout_s=15)
+    assert result.status is JobStatus.FINISHED
+    assert result.stdout == "42\n"
+    job = await alice.store.hgetall(1, result.job_key)
+    assert job["status"] == "finished"
+
+
+async def test_cross_node_round_trip(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob")
+    # alice's actor is known to bob as actor 101
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
+    await bob.client.add_peer(alice.node_id, "", name="alice")
+    await bob.client.register_actor(1, actor.public_hex)
+    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    with trio.fail_after(30):
+        msg = await alice.client.submit_job(actor, 1, to=bob.node_id, context_id=1,
+                                            script_type="sh", script='echo "on $(hostname) $X"',
+                                            env_vars={"X": "bob"})
+        [result] = await alice.client.wait_results(msg, timeout_s=25)
+    assert result.ok, result
+    assert result.stdout.strip().endswith("bob")
+    # the job ran at bob, and alice's copy of the job and message are final
+    assert (await bob.store.hgetall(1, result.job_key))["status"] == "finished"
+    assert (await alice.store.hgetall(1, result.job_key))["status"] == "finished"
+    assert (await alice.store.hgetall(1, msg.key))["status"] == "processed"
+    assert await alice.store.llen(0, keys.outbox_inflight(bob.node_id)) == 0
