@@ -48,7 +48,7 @@ class LinkHandler:
 
     async def _deliver(self, link: Link, ctx: int, key: str, fields: dict[str, str]) -> None:
         """Store the message and queue it on ``msg_in`` before acknowledging it."""
-        reason = self._check_delivery(ctx, key, fields)
+        reason = await self._check_delivery(ctx, key, fields)
         if reason:
             log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
             await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
@@ -60,8 +60,8 @@ class LinkHandler:
         self.node.count("delivered" if fresh else "redelivered")
         await link.send("ack", ctx=ctx, key=key)
 
-    def _check_delivery(self, ctx: int, key: str, fields: dict[str, str]) -> str:
-        if ctx not in self.contexts:
+    async def _check_delivery(self, ctx: int, key: str, fields: dict[str, str]) -> str:
+        if ctx not in self.contexts and not await self._registered(ctx):
             return f"unknown_context: context {ctx} does not exist on this node"
         try:
             caller, ident = keys.parse_message_key(key)
@@ -72,6 +72,14 @@ class LinkHandler:
         if fields.get("context_id") != str(ctx):
             return "malformed: message is for another context"
         return ""
+
+    async def _registered(self, ctx: int) -> bool:
+        """A context registered but not yet picked up by the registry watcher still counts."""
+        if not 0 < ctx < self.node.config.valkey_databases:
+            return False
+        found = await self.node.store.call(
+            keys.ACTORS_DB, lambda r: r.sismember(keys.CONTEXTS, str(ctx)))
+        return bool(found)
 
     async def _acked(self, link: Link, ctx: int, key: str) -> None:
         await outbox.acked(self.node.store, link.peer_id, ctx, key)

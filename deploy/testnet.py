@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Start N hero-nodes on this machine, wire them, run cross-node jobs, print what happened.
+
+Each node is a real `hero-node run` subprocess with its own home, key, embedded Valkey and
+websocket port. The testnet registers one actor (its own key) with context 2 on every node, then
+sends a python job from node 1 to nodes 2..N and a shell job from node N to node 1, and prints a
+table of results with timings. With --keep it stays up until Ctrl-C. Every process it started is
+stopped before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bus.client import Client, JobResult, open_client  # noqa: E402
+from crypto import KeyPair, read_key_file, write_key_file  # noqa: E402
+from node.home import init_home  # noqa: E402
+
+ACTOR_ID = 42
+CONTEXT_ID = 2
+READY_TIMEOUT_S = 30
+
+
+@dataclass
+class TestNode:
+    name: str
+    home: Path
+    proc: trio.Process
+    node_id: str = ""
+    ws_url: str = ""
+    redis_url: str = ""
+
+
+async def start_node(nursery: trio.Nursery, name: str, home: Path) -> TestNode:
+    init_home(home, name=name, listen_port=0)
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "--log-level", "warning", "run"],
+        stdout=subprocess.PIPE, cwd=ROOT)
+    node = TestNode(name, home, proc)
+    assert proc.stdout is not None
+    with trio.fail_after(READY_TIMEOUT_S):
+        line = await _read_line(proc.stdout)
+    if "ready:" not in line:
+        raise RuntimeError(f"{name} did not start (see its log above): {line!r}")
+    words = line.split()
+    node.node_id = words[words.index("id") + 1]
+    node.ws_url = words[words.index("listen") + 1]
+    node.redis_url = words[words.index("redis") + 1]
+    nursery.start_soon(_drain, proc.stdout)
+    return node
+
+
+async def _read_line(stream: trio.abc.ReceiveStream) -> str:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
+    async for chunk in stream:
+        sys.stdout.write(chunk.decode(errors="replace"))
+
+
+async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
+    """Every node knows every other (with its address), the actor, and context 2."""
+    for node in nodes:
+        async with open_client(node.redis_url) as client:
+            for other in nodes:
+                if other is not node:
+                    await client.add_peer(other.node_id, other.ws_url, name=other.name)
+            await client.register_actor(ACTOR_ID, actor.public_hex)
+            await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
+
+
+async def run_job(origin: TestNode, target: TestNode, actor: KeyPair, script_type: str,
+                  script: str) -> tuple[JobResult, float]:
+    async with open_client(origin.redis_url) as client:
+        started = time.perf_counter()
+        message = await _submit_when_linked(client, actor, target, script_type, script)
+        [result] = await client.wait_results(message, timeout_s=60)
+        return result, (time.perf_counter() - started) * 1000
+
+
+async def _submit_when_linked(client: Client, actor: KeyPair, target: TestNode,
+                              script_type: str, script: str):  # type: ignore[no-untyped-def]
+    return await client.submit_job(actor, ACTOR_ID, to=target.node_id, context_id=CONTEXT_ID,
+                                   script_type=script_type, script=script,
+                                   env_vars={"TARGET": target.name})
+
+
+def print_table(rows: list[tuple[str, str, str, JobResult, float]]) -> None:
+    header = f"{'from':<7} {'to':<7} {'type':<7} {'status':<9} {'ms':>8}  output"
+    print(header)
+    print("-" * len(header))
+    for origin, target, kind, result, ms in rows:
+        output = result.stdout.strip().replace("\n", " | ") or result.reason
+        print(f"{origin:<7} {target:<7} {kind:<7} {result.status.value:<9} {ms:>8.1f}  {output}")
+
+
+async def main_async(args: argparse.Namespace, base: Path) -> int:
+    actor = KeyPair.generate()
+    write_key_file(base / "actor42.key", actor, overwrite=True)
+    async with trio.open_nursery() as nursery:
+        nodes: list[TestNode] = []
+        try:
+            t0 = time.perf_counter()
+            for i in range(1, args.nodes + 1):
+                nodes.append(await start_node(nursery, f"node{i}", base / f"node{i}"))
+            print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
+            for n in nodes:
+                print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {n.redis_url}")
+            await wire(nodes, actor)
+            plan = [(nodes[0], t, "python",
+                     "import os, platform\nprint(f\"{os.environ['TARGET']} says {6*7} "
+                     "(python {platform.python_version()})\")") for t in nodes[1:]]
+            plan.append((nodes[-1], nodes[0], "sh", 'echo "$TARGET says $((6*7)) from sh"'))
+            rows = []
+            for origin, target, kind, script in plan:
+                result, ms = await run_job(origin, target, actor, kind, script)
+                rows.append((origin.name, target.name, kind, result, ms))
+            print()
+            print_table(rows)
+            ok = all(r[3].ok for r in rows)
+            if args.keep:
+                print("\ntestnet running; homes under", base, "- press Ctrl-C to stop")
+                await trio.sleep_forever()
+            return 0 if ok else 1
+        finally:
+            with trio.CancelScope(shield=True):
+                await stop_nodes(nodes)
+            nursery.cancel_scope.cancel()
+
+
+async def stop_nodes(nodes: list[TestNode]) -> None:
+    for n in nodes:
+        if n.proc.returncode is None:
+            n.proc.send_signal(signal.SIGTERM)
+    for n in nodes:
+        with trio.move_on_after(15):
+            await n.proc.wait()
+        if n.proc.returncode is None:
+            n.proc.kill()
+            await n.proc.wait()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=3, help="how many nodes (>= 2)")
+    parser.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to put the node homes (default: a temporary directory)")
+    args = parser.parse_args()
+    if args.nodes < 2:
+        parser.error("--nodes must be at least 2")
+    base = args.dir or Path(tempfile.mkdtemp(prefix="hero-testnet-"))
+    try:
+        return trio.run(main_async, args, base)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""``hero-node``: initialise, run and operate a node of the signed job bus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bus.client import Client, open_client
+from bus.errors import BusError
+from crypto import CryptoError, passphrase_from_env, read_key_file
+from node.config import NodeConfig, default_home, load_config
+from node.errors import NodeError
+
+log = logging.getLogger("hero-node")
+
+EPILOG = """\
+Quick start (one node, embedded Valkey):
+  hero-node init                      # creates ~/.hero-node (or $HERO_NODE_HOME)
+  hero-node run &                     # starts Valkey, the listener and the runners
+  hero-node job submit --to self --context 1 --type python --script 'print(6*7)' --wait
+
+Two nodes: run `hero-node id` on each, then on each `hero-node peer add <other id> ws://host:port`,
+and on the executing node `hero-node actor add --id N --pubkey <actor key>` and
+`hero-node context add 1 --executor N`.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trio-websocket").setLevel(logging.WARNING)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        code: int = args.func(args)
+        return code
+    except (NodeError, BusError, CryptoError) as exc:
+        print(f"hero-node: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hero-node", description="A node of the hero signed job bus.", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--home", type=Path, default=None,
+                   help="node home directory (default: $HERO_NODE_HOME or ~/.hero-node)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    s = sub.add_parser("init", help="create the home: node key, default actor key, config.toml")
+    s.add_argument("--name", default="node", help="a short name for this node")
+    s.add_argument("--listen-port", type=int, default=7700, help="websocket port (0: any free)")
+    s.add_argument("--redis", default="", help="use this Redis URL instead of an embedded Valkey")
+    s.add_argument("--force", action="store_true", help="replace an existing home's keys/config")
+    s.set_defaults(func=cmd_init)
+
+    s = sub.add_parser("run", help="run the node until SIGINT/SIGTERM")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("id", help="print this node's id (its public key)")
+    s.set_defaults(func=cmd_id)
+
+    s = sub.add_parser("status", help="show the running node: id, contexts, peers, queues")
+    s.set_defaults(func=_async(status))
+
+    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(metavar="ACTION")
+    s = peer.add_parser("add", help="register a peer node (it may then link to us)")
+    s.add_argument("node_id", help="the peer's node id (hex public key)")
+    s.add_argument("address", nargs="?", default="", help="ws://host:port to dial (optional)")
+    s.add_argument("--name", default="", help="a short name, usable as --to")
+    s.set_defaults(func=_async(peer_add))
+    s = peer.add_parser("list", help="list peers")
+    s.set_defaults(func=_async(peer_list))
+
+    actor = sub.add_parser("actor", help="manage actors").add_subparsers(metavar="ACTION")
+    s = actor.add_parser("add", help="register an actor's public key")
+    s.add_argument("--id", type=int, required=True, dest="actor_id")
+    s.add_argument("--pubkey", required=True, help="hex Ed25519 public key")
+    s.set_defaults(func=_async(actor_add))
+
+    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(metavar="ACTION")
+    s = ctx.add_parser("add", help="create or replace a context and its permission lists")
+    s.add_argument("context_id", type=int)
+    s.add_argument("--admin", type=int, action="append", default=[])
+    s.add_argument("--executor", type=int, action="append", default=[])
+    s.add_argument("--reader", type=int, action="append", default=[])
+    s.set_defaults(func=_async(context_add))
+
+    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(metavar="ACTION")
+    s = job.add_parser("submit", help="sign and submit a job; --wait prints its output")
+    s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+    s.add_argument("--type", default="python", dest="script_type", help="script type")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--script", help="the script text")
+    src.add_argument("--file", type=Path, help="read the script from this file ('-': stdin)")
+    s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
+    s.add_argument("--timeout", type=int, default=60, help="job timeout in seconds")
+    s.add_argument("--wait", action="store_true", help="wait, print stdout, exit with its status")
+    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
+    s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
+    s.set_defaults(func=_async(job_submit))
+    s = job.add_parser("show", help="print a job or message hash as JSON")
+    s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
+    s.add_argument("--context", type=int, default=None)
+    s.set_defaults(func=_async(job_show))
+
+    dlq = sub.add_parser("dlq", help="dead letters").add_subparsers(metavar="ACTION")
+    s = dlq.add_parser("list", help="list dead letters of a context (0: transport)")
+    s.add_argument("--context", type=int, default=None)
+    s.set_defaults(func=_async(dlq_list))
+    return p
+
+
+# -- local commands ----------------------------------------------------------------------------
+
+
+def _home(args: argparse.Namespace) -> Path:
+    return Path(args.home) if args.home else default_home()
+
+
+def _config(args: argparse.Namespace) -> NodeConfig:
+    return load_config(_home(args))
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from node.home import init_home
+
+    config = init_home(_home(args), name=args.name, listen_port=args.listen_port,
+                       redis_url=args.redis, passphrase=passphrase_from_env(), force=args.force)
+    node_key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
+    actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
+    print(f"initialised {config.home}")
+    print(f"  node id:    {node_key.public_hex}")
+    print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
+    print(f"  listen:     ws://{config.listen_host}:{config.listen_port}")
+    print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
+    return 0
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    print(read_key_file(_config(args).node_key_path, passphrase=passphrase_from_env()).public_hex)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _config(args)
+    trio.run(_run_until_signal, config)
+    return 0
+
+
+async def _run_until_signal(config: NodeConfig) -> None:
+    from node.daemon import run_node
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            info = await nursery.start(run_node, config)
+            print(f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
+                  f"redis {info.redis_url}", flush=True)
+            async for signum in signals:
+                log.info("received %s; shutting down", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+# -- commands that talk to the node's Redis ----------------------------------------------------
+
+
+def _async(fn: Callable[[Client, argparse.Namespace], Awaitable[int]]
+           ) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        url = redis_url_of(_config(args))
+
+        async def go() -> int:
+            async with open_client(url) as client:
+                return await fn(client, args)
+
+        return trio.run(go)
+
+    return run
+
+
+def redis_url_of(config: NodeConfig) -> str:
+    if config.redis_url:
+        return config.redis_url
+    info = config.run_dir / "node.json"
+    if not info.exists():
+        raise NodeError(f"the node at {config.home} is not running (start it: hero-node run)")
+    return str(json.loads(info.read_text())["redis_url"])
+
+
+async def status(client: Client, args: argparse.Namespace) -> int:
+    from bus import keys
+
+    store = client.store
+    info = await store.hgetall(0, keys.NODE_INFO)
+    print(f"node {info.get('name', '?')}  id {info.get('id', '?')}")
+    print(f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
+          f"pid {info.get('pid', '?')}")
+    for peer in await client.peers():
+        print(f"  peer {peer.name or '-':<10} {peer.id[:16]}…  {peer.address or '(dials us)'}  "
+              f"outbox {await store.llen(0, keys.outbox(peer.id))}")
+    for ctx in await store.context_ids():
+        lens = [f"{q}={await store.llen(ctx, q)}" for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)]
+        queues = [k for k in await store.call(ctx, lambda r: r.keys("queue:*"))]
+        lens += [f"{q}={await store.llen(ctx, q)}" for q in sorted(queues)]
+        print(f"  context {ctx}: {' '.join(lens)}")
+    return 0
+
+
+async def peer_add(client: Client, args: argparse.Namespace) -> int:
+    peer = await client.add_peer(args.node_id, args.address, args.name)
+    print(f"peer {peer.name or peer.id[:16]} added")
+    return 0
+
+
+async def peer_list(client: Client, args: argparse.Namespace) -> int:
+    for peer in await client.peers():
+        print(f"{peer.id}  {peer.name or '-'}  {peer.address or '-'}")
+    return 0
+
+
+async def actor_add(client: Client, args: argparse.Namespace) -> int:
+    actor = await client.register_actor(args.actor_id, args.pubkey)
+    print(f"actor {actor.id} registered")
+    return 0
+
+
+async def context_add(client: Client, args: argparse.Namespace) -> int:
+    ctx = await client.register_context(args.context_id, admins=args.admin,
+                                        executors=args.executor, readers=args.reader)
+    print(f"context {ctx.id}: admins {ctx.admins} executors {ctx.executors} "
+          f"readers {ctx.readers}")
+    return 0
+
+
+async def job_submit(client: Client, args: argparse.Namespace) -> int:
+    config = _config(args)
+    script = args.script if args.script is not None else (
+        sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
+    env = dict(_parse_env(item) for item in args.env)
+    key = read_key_file(args.key or config.actor_key_path, passphrase=passphrase_from_env())
+    to = await client.resolve_node(args.to)
+    context = args.context or config.context_id
+    message = await client.submit_job(key, args.actor or config.actor_id, to=to,
+                                      context_id=context, script_type=args.script_type,
+                                      script=script, env_vars=env, timeout_s=args.timeout)
+    if not args.wait:
+        print(message.job[0].key)
+        return 0
+    [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.result.get("stderr", ""))
+    if not result.ok:
+        print(f"hero-node: job {result.job_key} failed: {result.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _parse_env(item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+        raise NodeError(f"--env wants NAME=VALUE, got {item!r}")
+    return name, value
+
+
+async def job_show(client: Client, args: argparse.Namespace) -> int:
+    ctx = args.context or _config(args).context_id
+    fields: dict[str, Any] = await client.store.hgetall(ctx, args.key)
+    if not fields:
+        print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)
+        return 1
+    print(json.dumps(fields, indent=2))
+    return 0
+
+
+async def dlq_list(client: Client, args: argparse.Namespace) -> int:
+    ctx = _config(args).context_id if args.context is None else args.context
+    for entry in await client.store.dead_letters(ctx):
+        print(json.dumps(entry))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
