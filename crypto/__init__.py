@@ -1,0 +1,50 @@
+"""Canonical encoding, Ed25519 keys, key files and signatures for hero-bus.
+
+Pure library code: no network, no Redis, and no imports of ``bus`` or ``node``.
+"""
+
+from crypto.canonical import DOMAIN_PREFIX, canonical_json, loads_strict, signing_input
+from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
+from crypto.errors import (
+    CanonicalError,
+    CryptoError,
+    KeyFileError,
+    KeyFormatError,
+    PassphraseRequiredError,
+)
+from crypto.keys import (
+    KeyPair,
+    parse_public_key,
+    passphrase_from_env,
+    prompt_passphrase,
+    read_key_file,
+    write_key_file,
+)
+from crypto.signing import ALGORITHM_ED25519, Verdict, sign_object, verify_object, verify_raw
+
+__all__ = [
+    "ALGORITHM_ED25519",
+    "DEFAULT_DOMAIN",
+    "DOMAIN_PREFIX",
+    "CanonicalError",
+    "CryptoError",
+    "KeyFileError",
+    "KeyFormatError",
+    "KeyPair",
+    "PassphraseRequiredError",
+    "Verdict",
+    "canonical_json",
+    "check_envelope",
+    "loads_strict",
+    "parse_public_key",
+    "passphrase_from_env",
+    "prompt_passphrase",
+    "read_key_file",
+    "sign_envelope",
+    "sign_object",
+    "signing_input",
+    "verify_envelope",
+    "verify_object",
+    "verify_raw",
+    "write_key_file",
+]

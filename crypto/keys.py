@@ -1,0 +1,427 @@
+"""Ed25519 key pairs, strict public-key parsing, and key files on disk.
+
+Key file format (JSON text, mode 0600)::
+
+    {"kind": "hero-ed25519-key", "version": 1, "public_key": <hex>, "seed": <hex>}
+
+or, when protected by a passphrase (argon2id + XSalsa20-Poly1305 ``SecretBox``)::
+
+    {"kind": "hero-ed25519-key", "version": 1, "public_key": <hex>, "kdf": "argon2id",
+     "salt": <hex>, "opslimit": <int>, "memlimit": <int>, "ciphertext": <hex>}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nacl.bindings
+import nacl.exceptions
+import nacl.pwhash.argon2id as argon2id
+import nacl.secret
+import nacl.signing
+
+from crypto.canonical import loads_strict
+from crypto.errors import CanonicalError, KeyFileError, KeyFormatError, PassphraseRequiredError
+
+__all__ = [
+    "KEY_FILE_KIND",
+    "KEY_FILE_VERSION",
+    "KeyPair",
+    "parse_public_key",
+    "passphrase_from_env",
+    "prompt_passphrase",
+    "read_key_file",
+    "write_key_file",
+]
+
+KEY_FILE_KIND = "hero-ed25519-key"
+KEY_FILE_VERSION = 1
+SEED_BYTES = 32
+PUBLIC_KEY_BYTES = 32
+_MAX_KEY_FILE_BYTES = 64 * 1024
+_FIELD_P = 2**255 - 19
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+# The 8 points of order dividing 8 (the torsion subgroup), canonically encoded.
+_SMALL_ORDER_POINTS = frozenset(
+    bytes.fromhex(h)
+    for h in (
+        "0100000000000000000000000000000000000000000000000000000000000000",  # identity
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # order 2
+        "0000000000000000000000000000000000000000000000000000000000000000",  # order 4
+        "0000000000000000000000000000000000000000000000000000000000000080",  # order 4
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",  # order 8
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",  # order 8
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",  # order 8
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",  # order 8
+    )
+)
+_BASE_POINT = bytes.fromhex("5866666666666666666666666666666666666666666666666666666666666666")
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """An Ed25519 signing key (and its public key). ``repr`` never shows the secret."""
+
+    signing_key: nacl.signing.SigningKey = field(repr=False)
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        """Create a new random key pair (libsodium's CSPRNG)."""
+        return cls(nacl.signing.SigningKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> KeyPair:
+        """Build a key pair from its 32-byte secret seed (RFC 8032 "secret key").
+
+        Raises:
+            KeyFormatError: ``seed`` is not exactly 32 bytes.
+        """
+        if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
+            raise KeyFormatError(f"an Ed25519 seed must be exactly {SEED_BYTES} bytes")
+        return cls(nacl.signing.SigningKey(seed))
+
+    @property
+    def seed(self) -> bytes:
+        """The 32-byte secret seed."""
+        return bytes(self.signing_key)
+
+    @property
+    def public_bytes(self) -> bytes:
+        """The 32-byte public key."""
+        return bytes(self.signing_key.verify_key)
+
+    @property
+    def public_hex(self) -> str:
+        """The public key as 64 lowercase hex characters."""
+        return self.public_bytes.hex()
+
+    def sign(self, data: bytes) -> bytes:
+        """Return the 64-byte detached Ed25519 signature of ``data``."""
+        return self.signing_key.sign(data).signature
+
+    def __repr__(self) -> str:
+        return f"KeyPair(public_hex={self.public_hex!r})"
+
+
+def _public_key_bytes(value: str | bytes) -> bytes:
+    """Decode ``value`` (64 hex chars or 32 raw bytes) without any curve checks.
+
+    Raises:
+        KeyFormatError: wrong type, wrong length, or not hexadecimal.
+    """
+    if isinstance(value, str):
+        if len(value) != 2 * PUBLIC_KEY_BYTES:
+            raise KeyFormatError(
+                f"public key must be {2 * PUBLIC_KEY_BYTES} hex characters, got {len(value)}"
+            )
+        if not _HEX_DIGITS.issuperset(value):
+            raise KeyFormatError("public key is not hexadecimal")
+        return bytes.fromhex(value)
+    if isinstance(value, bytes):
+        if len(value) != PUBLIC_KEY_BYTES:
+            raise KeyFormatError(f"public key must be {PUBLIC_KEY_BYTES} bytes, got {len(value)}")
+        return value
+    raise KeyFormatError(f"public key must be hex str or bytes, not {type(value).__name__}")
+
+
+def parse_public_key(value: str | bytes) -> bytes:
+    """Parse and validate an Ed25519 public key; return its 32 bytes.
+
+    Refuses non-canonical encodings (y >= 2**255 - 19, or x = 0 with the sign bit set),
+    the 8 small-order points (including the identity), points not on the curve, and points
+    outside the prime-order subgroup (libsodium ``crypto_core_ed25519_is_valid_point``).
+
+    Raises:
+        KeyFormatError: with the reason, for any of the above or a wrong length / non-hex input.
+    """
+    raw = _public_key_bytes(value)
+    sign_bit = raw[31] >> 7
+    y = int.from_bytes(raw, "little") & ~(1 << 255)
+    if y >= _FIELD_P:
+        raise KeyFormatError("public key is a non-canonical encoding (y >= 2**255 - 19)")
+    if sign_bit and y in (1, _FIELD_P - 1):
+        raise KeyFormatError("public key is a non-canonical encoding (x = 0 with sign bit set)")
+    if raw in _SMALL_ORDER_POINTS:
+        raise KeyFormatError("public key is a small-order point (weak key)")
+    if not nacl.bindings.crypto_core_ed25519_is_valid_point(raw):
+        raise KeyFormatError(f"public key is {_invalid_point_reason(raw)}")
+    return raw
+
+
+def _invalid_point_reason(raw: bytes) -> str:
+    """Explain why libsodium refused ``raw``: off the curve, or carrying a torsion component."""
+    try:
+        nacl.bindings.crypto_core_ed25519_add(raw, _BASE_POINT)
+    except nacl.exceptions.CryptoError:
+        return "not a point on the Ed25519 curve"
+    return "not in the prime-order subgroup (has a small-order component)"
+
+
+# --------------------------------------------------------------------------- key files
+
+
+def _write_new_file(path: Path, data: bytes) -> None:
+    """Create ``path`` exclusively with mode 0600 and write ``data`` durably.
+
+    Raises:
+        FileExistsError: ``path`` already exists. OSError: any other OS failure.
+    """
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # umask can only remove bits; make the mode exact
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_replacing(path: Path, data: bytes) -> None:
+    """Write ``data`` to a 0600 temp file beside ``path`` then atomically rename it over."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
+    try:
+        _write_new_file(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def _check_passphrase(passphrase: bytes) -> None:
+    if not isinstance(passphrase, bytes) or not passphrase:
+        raise KeyFileError("the passphrase must be non-empty bytes")
+
+
+def _encrypt_seed(
+    seed: bytes, passphrase: bytes, opslimit: int, memlimit: int
+) -> dict[str, object]:
+    """Return the encrypted fields of a key file.
+
+    Raises:
+        KeyFileError: the argon2id limits are out of range.
+    """
+    salt = secrets.token_bytes(argon2id.SALTBYTES)
+    try:
+        box_key = argon2id.kdf(
+            nacl.secret.SecretBox.KEY_SIZE, passphrase, salt, opslimit=opslimit, memlimit=memlimit
+        )
+    except nacl.exceptions.CryptoError as exc:
+        raise KeyFileError(f"cannot derive a key from the passphrase: {exc}") from exc
+    ciphertext = nacl.secret.SecretBox(box_key).encrypt(seed)
+    return {
+        "kdf": "argon2id",
+        "salt": salt.hex(),
+        "opslimit": opslimit,
+        "memlimit": memlimit,
+        "ciphertext": bytes(ciphertext).hex(),
+    }
+
+
+def write_key_file(
+    path: str | os.PathLike[str],
+    key: KeyPair,
+    *,
+    passphrase: bytes | None = None,
+    overwrite: bool = False,
+    opslimit: int = argon2id.OPSLIMIT_INTERACTIVE,
+    memlimit: int = argon2id.MEMLIMIT_INTERACTIVE,
+) -> None:
+    """Write ``key`` to ``path`` as a JSON key file, created with mode 0600 from the start.
+
+    With ``passphrase`` the seed is encrypted (argon2id with ``opslimit``/``memlimit``, which
+    are stored in the file, then SecretBox). With ``overwrite`` an existing file is replaced
+    atomically (temp file in the same directory + ``os.replace``).
+
+    Raises:
+        KeyFileError: the file exists and ``overwrite`` is false, the passphrase is empty,
+            the argon2id limits are invalid, or the file cannot be written.
+    """
+    target = Path(path)
+    doc: dict[str, object] = {
+        "kind": KEY_FILE_KIND,
+        "version": KEY_FILE_VERSION,
+        "public_key": key.public_hex,
+    }
+    if passphrase is None:
+        doc["seed"] = key.seed.hex()
+    else:
+        _check_passphrase(passphrase)
+        doc.update(_encrypt_seed(key.seed, passphrase, opslimit, memlimit))
+    data = (json.dumps(doc, indent=2) + "\n").encode("ascii")
+    try:
+        if overwrite:
+            _write_replacing(target, data)
+        else:
+            _write_new_file(target, data)
+    except FileExistsError as exc:
+        raise KeyFileError(
+            f"key file {target} already exists; refusing to overwrite it "
+            "(remove it first, or use --force / overwrite=True)"
+        ) from exc
+    except OSError as exc:
+        raise KeyFileError(f"cannot write key file {target}: {exc.strerror or exc}") from exc
+
+
+def _read_private_file(path: Path) -> bytes:
+    """Read a key file after checking it is a regular file that only its owner can access.
+
+    Raises:
+        KeyFileError: missing, not a regular file, group/other permission bits, too large,
+            or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise KeyFileError(
+            f"key file {path} does not exist; create one with `hero-node init` "
+            f"or `hero-verify keygen --out {path}`"
+        ) from exc
+    except OSError as exc:
+        raise KeyFileError(f"cannot open key file {path}: {exc.strerror or exc}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise KeyFileError(f"key file {path} is not a regular file")
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise KeyFileError(
+                f"key file {path} is readable by group or others (mode {mode:04o}); "
+                f"fix it with: chmod 600 {path}"
+            )
+        data = os.read(fd, _MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise KeyFileError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_KEY_FILE_BYTES:
+        raise KeyFileError(f"key file {path} is too large to be a key file")
+    return data
+
+
+def _hex_field(doc: dict[str, object], name: str, size: int | None, path: Path) -> bytes:
+    value = doc.get(name)
+    if not isinstance(value, str) or not _HEX_DIGITS.issuperset(value) or len(value) % 2:
+        raise KeyFileError(f"key file {path}: field {name!r} is missing or not hex")
+    raw = bytes.fromhex(value)
+    if size is not None and len(raw) != size:
+        raise KeyFileError(f"key file {path}: field {name!r} must be {size} bytes")
+    return raw
+
+
+def _int_field(doc: dict[str, object], name: str, low: int, high: int, path: Path) -> int:
+    value = doc.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise KeyFileError(f"key file {path}: field {name!r} must be an integer in [{low}, {high}]")
+    return value
+
+
+def _decrypt_seed(doc: dict[str, object], passphrase: bytes | None, path: Path) -> bytes:
+    """Decrypt the seed of an encrypted key file.
+
+    Raises:
+        PassphraseRequiredError: no passphrase given. KeyFileError: bad fields, wrong passphrase.
+    """
+    if doc.get("kdf") != "argon2id" or "seed" in doc:
+        raise KeyFileError(f"key file {path}: unsupported kdf {doc.get('kdf')!r}")
+    salt = _hex_field(doc, "salt", argon2id.SALTBYTES, path)
+    ciphertext = _hex_field(doc, "ciphertext", None, path)
+    ops = _int_field(doc, "opslimit", argon2id.OPSLIMIT_MIN, argon2id.OPSLIMIT_SENSITIVE, path)
+    mem = _int_field(doc, "memlimit", argon2id.MEMLIMIT_MIN, argon2id.MEMLIMIT_SENSITIVE, path)
+    if passphrase is None:
+        raise PassphraseRequiredError(
+            f"key file {path} is encrypted; a passphrase is needed "
+            "(set HERO_KEY_PASSPHRASE or enter it at the prompt)"
+        )
+    _check_passphrase(passphrase)
+    try:
+        box_key = argon2id.kdf(
+            nacl.secret.SecretBox.KEY_SIZE, passphrase, salt, opslimit=ops, memlimit=mem
+        )
+        seed = nacl.secret.SecretBox(box_key).decrypt(ciphertext)
+    except nacl.exceptions.CryptoError as exc:
+        raise KeyFileError(
+            f"wrong passphrase for key file {path} (or the file is corrupted)"
+        ) from exc
+    if len(seed) != SEED_BYTES:
+        raise KeyFileError(f"key file {path}: decrypted seed has the wrong length")
+    return seed
+
+
+def _parse_key_doc(data: bytes, path: Path) -> dict[str, object]:
+    try:
+        doc = loads_strict(data)
+    except CanonicalError as exc:
+        raise KeyFileError(f"key file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != KEY_FILE_KIND:
+        raise KeyFileError(f"key file {path} is not a {KEY_FILE_KIND} file")
+    if doc.get("version") != KEY_FILE_VERSION:
+        raise KeyFileError(
+            f"key file {path} has unsupported version {doc.get('version')!r} "
+            f"(this program reads version {KEY_FILE_VERSION})"
+        )
+    return doc
+
+
+def read_key_file(path: str | os.PathLike[str], *, passphrase: bytes | None = None) -> KeyPair:
+    """Load a key pair from a key file written by :func:`write_key_file`.
+
+    ``passphrase`` is only used (and only required) if the file is encrypted.
+
+    Raises:
+        PassphraseRequiredError: the file is encrypted and ``passphrase`` is None.
+        KeyFileError: the file is missing (the message says how to create one), is accessible
+            by group/others (the message says ``chmod 600 <path>``), is malformed, the
+            passphrase is wrong, or its public_key does not match its seed.
+    """
+    target = Path(path)
+    doc = _parse_key_doc(_read_private_file(target), target)
+    public = _hex_field(doc, "public_key", PUBLIC_KEY_BYTES, target)
+    if "seed" in doc and "ciphertext" not in doc:
+        seed = _hex_field(doc, "seed", SEED_BYTES, target)
+    elif "ciphertext" in doc:
+        seed = _decrypt_seed(doc, passphrase, target)
+    else:
+        raise KeyFileError(f"key file {target} has neither 'seed' nor 'ciphertext'")
+    key = KeyPair.from_seed(seed)
+    if not secrets.compare_digest(key.public_bytes, public):
+        raise KeyFileError(
+            f"key file {target}: public_key does not match the secret seed "
+            "(the file was tampered with or corrupted)"
+        )
+    return key
+
+
+def passphrase_from_env(var: str = "HERO_KEY_PASSPHRASE") -> bytes | None:
+    """Return the passphrase from environment variable ``var`` (UTF-8), or None if unset/empty."""
+    value = os.environb.get(os.fsencode(var)) if os.supports_bytes_environ else None
+    if value is None:
+        text = os.environ.get(var)
+        value = text.encode("utf-8") if text is not None else None
+    return value or None
+
+
+def prompt_passphrase(confirm: bool = False) -> bytes:
+    """Ask for a key passphrase on the terminal (no echo); with ``confirm``, ask twice.
+
+    Raises:
+        KeyFileError: empty passphrase, the two entries differ, or no input is available.
+    """
+    try:
+        first = getpass.getpass("Key passphrase: ")
+        if confirm and getpass.getpass("Repeat passphrase: ") != first:
+            raise KeyFileError("the two passphrases do not match")
+    except EOFError as exc:
+        raise KeyFileError("no passphrase entered (end of input)") from exc
+    if not first:
+        raise KeyFileError("the passphrase must not be empty")
+    return first.encode("utf-8")

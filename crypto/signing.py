@@ -1,0 +1,184 @@
+"""Detached Ed25519 signatures over domain-separated canonical JSON.
+
+A signature entry on the wire is ``{"algorithm": "ed25519", "public_key": <64 hex>,
+"signature": <128 hex>}``; an object carries a list of them. :func:`verify_object` never raises
+on wire input: every problem becomes a :class:`Verdict` with ``ok=False`` and a reason token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nacl.exceptions
+import nacl.signing
+
+from crypto.canonical import signing_input
+from crypto.errors import CanonicalError, KeyFormatError
+from crypto.keys import KeyPair, parse_public_key
+
+__all__ = [
+    "ALGORITHM_ED25519",
+    "MAX_SIGNATURES",
+    "VERDICT_REASONS",
+    "Verdict",
+    "sign_object",
+    "verify_object",
+    "verify_raw",
+]
+
+ALGORITHM_ED25519 = "ed25519"
+SIGNATURE_BYTES = 64
+MAX_SIGNATURES = 16
+"""Signature lists longer than this are refused (bounds the verification work per object)."""
+
+VERDICT_REASONS = frozenset(
+    {
+        "ok",
+        "no_signature",
+        "malformed_signature",
+        "unsupported_algorithm",
+        "bad_signature",
+        "wrong_signer",
+        "malformed_content",
+    }
+)
+# When no entry is accepted, the most informative failure wins (higher = more informative).
+_FAILURE_RANK = {
+    "no_signature": 0,
+    "unsupported_algorithm": 1,
+    "malformed_signature": 2,
+    "bad_signature": 3,
+    "wrong_signer": 4,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of a verification.
+
+    ``reason`` is a machine token from :data:`VERDICT_REASONS`; ``signer`` is the hex public
+    key whose signature verified (also set for ``wrong_signer``); ``detail`` is human text.
+    """
+
+    ok: bool
+    reason: str
+    signer: str | None = None
+    detail: str = ""
+
+
+def verify_raw(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """Return True iff ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``.
+
+    Never raises for bad input: wrong types or lengths, invalid keys and forged signatures all
+    give False. (libsodium rejects non-canonical S, small-order R/A and non-canonical A.)
+    """
+    if not all(isinstance(item, bytes) for item in (public_key, message, signature)):
+        return False
+    try:
+        nacl.signing.VerifyKey(public_key).verify(message, signature)
+    except (nacl.exceptions.CryptoError, ValueError, TypeError):
+        return False
+    return True
+
+
+def sign_object(key: KeyPair, domain: str, value: object) -> dict[str, str]:
+    """Sign ``value`` under ``domain``; return a signature entry for the wire.
+
+    Raises:
+        CanonicalError: bad domain, or ``value`` cannot be canonicalised.
+    """
+    signature = key.sign(signing_input(domain, value))
+    return {
+        "algorithm": ALGORITHM_ED25519,
+        "public_key": key.public_hex,
+        "signature": signature.hex(),
+    }
+
+
+def _parse_entry(entry: object) -> tuple[bytes, bytes] | Verdict:
+    """Return ``(public_key, signature)`` of a wire entry, or a failure Verdict."""
+    if not isinstance(entry, dict):
+        return Verdict(False, "malformed_signature", detail="signature entry is not an object")
+    algorithm = entry.get("algorithm")
+    if algorithm != ALGORITHM_ED25519:
+        return Verdict(
+            False, "unsupported_algorithm", detail=f"unsupported algorithm {algorithm!r}"[:200]
+        )
+    public_hex, signature_hex = entry.get("public_key"), entry.get("signature")
+    if not isinstance(public_hex, str) or not isinstance(signature_hex, str):
+        return Verdict(False, "malformed_signature", detail="public_key/signature missing")
+    try:
+        public_key = parse_public_key(public_hex)
+    except KeyFormatError as exc:
+        return Verdict(False, "malformed_signature", detail=str(exc))
+    if len(signature_hex) != 2 * SIGNATURE_BYTES or not _is_hex(signature_hex):
+        return Verdict(False, "malformed_signature", detail="signature is not 128 hex characters")
+    return public_key, bytes.fromhex(signature_hex)
+
+
+def _is_hex(text: str) -> bool:
+    return all(char in "0123456789abcdefABCDEF" for char in text)
+
+
+def _check_entry(entry: object, message: bytes, expected: bytes | None) -> Verdict:
+    parsed = _parse_entry(entry)
+    if isinstance(parsed, Verdict):
+        return parsed
+    public_key, signature = parsed
+    signer = public_key.hex()
+    if not verify_raw(public_key, message, signature):
+        return Verdict(False, "bad_signature", detail=f"signature by {signer} does not verify")
+    if expected is not None and public_key != expected:
+        return Verdict(
+            False,
+            "wrong_signer",
+            signer=signer,
+            detail=f"valid signature by {signer}, but the expected signer is {expected.hex()}",
+        )
+    return Verdict(True, "ok", signer=signer, detail=f"valid signature by {signer}")
+
+
+def verify_object(
+    signatures: object,
+    domain: str,
+    value: object,
+    *,
+    expected_public_key: str | None = None,
+) -> Verdict:
+    """Check the wire signature list ``signatures`` over ``value`` under ``domain``.
+
+    Accepts if at least one ``ed25519`` entry verifies (and, when ``expected_public_key`` is
+    given, is by that key). Garbage input never raises; it yields ``ok=False`` with a reason:
+    ``no_signature``, ``malformed_signature``, ``unsupported_algorithm``, ``bad_signature``,
+    ``wrong_signer`` (valid, but by another key) or ``malformed_content``.
+
+    Never raises: an invalid ``expected_public_key`` (not a valid Ed25519 key) can match no
+    signer, so it gives ``wrong_signer`` with a detail saying the expected key is invalid.
+    """
+    expected: bytes | None = None
+    if expected_public_key is not None:
+        try:
+            expected = parse_public_key(expected_public_key)
+        except KeyFormatError as exc:
+            detail = f"the expected public key is invalid: {exc}"
+            return Verdict(False, "wrong_signer", detail=detail)
+    if signatures is None or (isinstance(signatures, list) and not signatures):
+        return Verdict(False, "no_signature", detail="the object carries no signature")
+    if not isinstance(signatures, list):
+        return Verdict(False, "malformed_signature", detail="signatures is not a list")
+    if len(signatures) > MAX_SIGNATURES:
+        return Verdict(
+            False, "malformed_signature", detail=f"more than {MAX_SIGNATURES} signatures"
+        )
+    try:
+        message = signing_input(domain, value)
+    except CanonicalError as exc:
+        return Verdict(False, "malformed_content", detail=str(exc))
+    best = Verdict(False, "no_signature", detail="the object carries no signature")
+    for entry in signatures:
+        verdict = _check_entry(entry, message, expected)
+        if verdict.ok:
+            return verdict
+        if _FAILURE_RANK[verdict.reason] > _FAILURE_RANK[best.reason]:
+            best = verdict
+    return best

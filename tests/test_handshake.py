@@ -1,0 +1,157 @@
+"""Node authentication: pure transcript checks, and real websocket links on loopback."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from bus import handshake as hs
+from bus.errors import HandshakeError
+from bus.frames import Frame, encode_frame
+from bus.transport import Link, Transport
+from crypto import KeyPair
+
+A, B, C = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
+
+
+def hello(key: KeyPair, nonce: str | None = None, v: int = hs.PROTOCOL_VERSION) -> dict:
+    return {"v": v, "node": key.public_hex, "nonce": nonce or hs.new_nonce()}
+
+
+def test_hello_checks():
+    assert hs.check_hello(hello(A), known={A.public_hex})[0] == A.public_hex
+    with pytest.raises(HandshakeError) as e:
+        hs.check_hello(hello(A), known={B.public_hex})
+    assert e.value.reason == "unknown_node"
+    with pytest.raises(HandshakeError) as e:
+        hs.check_hello(hello(A, v=0), known={A.public_hex})
+    assert e.value.reason == "version_mismatch"
+    with pytest.raises(HandshakeError) as e:
+        hs.check_hello(hello(A), known=None, expected=B.public_hex)
+    assert e.value.reason == "unexpected_node"
+    with pytest.raises(HandshakeError) as e:
+        hs.check_hello({"v": 1, "node": "01" + "00" * 31, "nonce": hs.new_nonce()}, known=None)
+    assert e.value.reason == "bad_node_id"  # the identity point is no node key
+    with pytest.raises(HandshakeError) as e:
+        hs.check_hello(hello(A, nonce="ab"), known=None)
+    assert e.value.reason == "bad_nonce"
+
+
+def test_transcript_binds_role_nonces_and_ids():
+    n_i, n_r = hs.new_nonce(), hs.new_nonce()
+    sig = hs.sign_transcript(A, "initiator", A.public_hex, B.public_hex, n_i, n_r)
+    hs.verify_transcript(sig, A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r)
+    bad = [
+        (sig, A.public_hex, "responder", A.public_hex, B.public_hex, n_i, n_r),  # reflected
+        (sig, A.public_hex, "initiator", A.public_hex, B.public_hex, hs.new_nonce(), n_r),
+        (sig, A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, hs.new_nonce()),
+        (sig, A.public_hex, "initiator", A.public_hex, C.public_hex, n_i, n_r),
+        (sig, C.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r),  # wrong key
+        ("zz", A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r),
+    ]
+    for args in bad:
+        with pytest.raises(HandshakeError) as e:
+            hs.verify_transcript(*args)
+        assert e.value.reason == "bad_signature"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, Frame]] = []
+        self.bad: list[str] = []
+        self.got = trio.Event()
+
+    async def on_frame(self, link: Link, frame: Frame) -> None:
+        self.frames.append((link.peer_id, frame))
+        self.got.set()
+
+    async def on_bad_frame(self, link: Link, detail: str) -> None:
+        self.bad.append(detail)
+        self.got.set()
+
+
+async def serve(nursery, key: KeyPair, known: set[str], rec: Recorder) -> tuple[Transport, str]:
+    t = Transport(key, lambda: known, rec.on_frame, rec.on_bad_frame)
+    port = await nursery.start(t.serve, "127.0.0.1", 0)
+    return t, f"ws://127.0.0.1:{port}"
+
+
+async def test_link_carries_frames_both_ways(nursery):
+    ra, rb = Recorder(), Recorder()
+    ta, _ = await serve(nursery, A, {B.public_hex}, ra)
+    tb, url_b = await serve(nursery, B, {A.public_hex}, rb)
+    nursery.start_soon(ta.dial_forever, B.public_hex, url_b)
+    with trio.fail_after(10):
+        link_ab = await ta.wait_link(B.public_hex)
+        link_ba = await tb.wait_link(A.public_hex)
+        await link_ab.send("ack", ctx=1, key="message:1:2")
+        await rb.got.wait()
+        await link_ba.send("ack", ctx=1, key="message:1:3")
+        await ra.got.wait()
+    assert rb.frames[0][0] == A.public_hex and rb.frames[0][1].body["key"] == "message:1:2"
+    assert ra.frames[0][0] == B.public_hex and ra.frames[0][1].body["key"] == "message:1:3"
+
+
+async def test_unknown_node_and_wrong_key_are_refused(nursery):
+    rb = Recorder()
+    tb, url_b = await serve(nursery, B, {A.public_hex}, rb)
+    tc = Transport(C, lambda: {B.public_hex}, rb.on_frame, rb.on_bad_frame)
+    with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
+        await tc._dial_once(B.public_hex, url_b)  # C is not a peer of B
+    assert tb.refused == {"unknown_node": 1}
+    # A dials B's address believing it is C: A refuses the answer, B never sees an auth
+    ta = Transport(A, lambda: {C.public_hex}, rb.on_frame, rb.on_bad_frame)
+    with trio.fail_after(10), pytest.raises(HandshakeError) as e:
+        await ta._dial_once(C.public_hex, url_b)
+    assert e.value.reason == "unexpected_node"
+    assert tb.link(A.public_hex) is None and tb.link(C.public_hex) is None
+    assert rb.frames == []
+
+
+async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
+    rb = Recorder()
+    tb, url_b = await serve(nursery, B, {A.public_hex}, rb)
+    # record a genuine auth from one session...
+    n_i = hs.new_nonce()
+    async with open_websocket_url(url_b) as ws:
+        await ws.send_message(encode_frame("hello", v=1, node=A.public_hex, nonce=n_i))
+        answer = await ws.get_message()
+        import json
+        n_r = json.loads(answer)["nonce"]
+        old_sig = hs.sign_transcript(A, "initiator", A.public_hex, B.public_hex, n_i, n_r)
+    # ...and replay it in a new one: B's fresh nonce makes it worthless
+    with trio.fail_after(10):
+        async with open_websocket_url(url_b) as ws:
+            await ws.send_message(encode_frame("hello", v=1, node=A.public_hex, nonce=n_i))
+            await ws.get_message()
+            await ws.send_message(encode_frame("auth", sig=old_sig))
+            with pytest.raises(ConnectionClosed):
+                await ws.get_message()
+        async with open_websocket_url(url_b) as ws:
+            await ws.send_message("this is not a frame")
+            with pytest.raises(ConnectionClosed):
+                await ws.get_message()
+        async with open_websocket_url(url_b) as ws:  # a data frame before authenticating
+            await ws.send_message(encode_frame("msg", ctx=1, key="message:1:1", fields={}))
+            with pytest.raises(ConnectionClosed):
+                await ws.get_message()
+        async with open_websocket_url(url_b) as ws:  # downgrade attempt
+            await ws.send_message(encode_frame("hello", v=0, node=A.public_hex, nonce=n_i))
+            with pytest.raises(ConnectionClosed):
+                await ws.get_message()
+    assert tb.refused.get("bad_signature") == 1
+    assert tb.refused.get("malformed_frame") == 1
+    assert tb.refused.get("unexpected_frame") == 1
+    assert tb.refused.get("version_mismatch") == 1
+    assert rb.frames == [] and rb.bad == []
+
+
+async def test_node_refuses_unknown_peer_without_writing_redis(node_factory):
+    alice = await node_factory("alice")
+    before = {db: sorted(await alice.store.call(db, lambda r: r.keys("*"))) for db in (0, 1)}
+    stranger = Transport(C, lambda: {alice.node_id}, Recorder().on_frame, Recorder().on_bad_frame)
+    with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
+        await stranger._dial_once(alice.node_id, alice.info.ws_url)
+    after = {db: sorted(await alice.store.call(db, lambda r: r.keys("*"))) for db in (0, 1)}
+    assert after == before
