@@ -53,8 +53,9 @@ async def store(redis_url: str) -> AsyncIterator[Store]:
 class RunningNode:
     """A node running in the test's nursery, with a client on its Redis."""
 
-    def __init__(self, config: NodeConfig, info: NodeInfo, client: Client,
-                 cancel: trio.CancelScope) -> None:
+    def __init__(
+        self, config: NodeConfig, info: NodeInfo, client: Client, cancel: trio.CancelScope
+    ) -> None:
         self.config = config
         self.info = info
         self.client = client
@@ -78,8 +79,13 @@ def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
 
     async def start(name: str, **overrides: object) -> RunningNode:
         server = valkey_factory()
-        config = init_home(tmp_path / name, name=name, listen_port=0, redis_url=server.url,
-                           runners={"python": 2, "sh": 1})
+        config = init_home(
+            tmp_path / name,
+            name=name,
+            listen_port=0,
+            redis_url=server.url,
+            runners={"python": 2, "sh": 1},
+        )
         config = replace(config, **overrides)  # type: ignore[arg-type]
 
         async def run(*, task_status: trio.TaskStatus[RunningNode]) -> None:

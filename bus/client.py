@@ -51,8 +51,9 @@ class Client:
 
     # -- registry --------------------------------------------------------------------------------
 
-    async def register_actor(self, actor_id: int, pubkey: str,
-                             address: Iterable[str] = ()) -> Actor:
+    async def register_actor(
+        self, actor_id: int, pubkey: str, address: Iterable[str] = ()
+    ) -> Actor:
         try:
             parse_public_key(pubkey)
         except KeyFormatError as exc:
@@ -61,13 +62,24 @@ class Client:
         await self.store.put_actor(actor)
         return actor
 
-    async def register_context(self, context_id: int, *, admins: Iterable[int] = (),
-                               executors: Iterable[int] = (),
-                               readers: Iterable[int] = ()) -> Context:
+    async def register_context(
+        self,
+        context_id: int,
+        *,
+        admins: Iterable[int] = (),
+        executors: Iterable[int] = (),
+        readers: Iterable[int] = (),
+    ) -> Context:
         if context_id < 1:
             raise ClientError("context ids start at 1 (DB 0 holds actors and peers)")
-        context = Context(context_id, sorted(set(admins)), sorted(set(readers)),
-                          sorted(set(executors)), created_at=now(), updated_at=now())
+        context = Context(
+            context_id,
+            sorted(set(admins)),
+            sorted(set(readers)),
+            sorted(set(executors)),
+            created_at=now(),
+            updated_at=now(),
+        )
         await self.store.put_context(context)
         return context
 
@@ -105,24 +117,63 @@ class Client:
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    async def submit_job(self, signer: KeyPair, caller_id: int, *, to: str, context_id: int,
-                         script_type: str, script: str, env_vars: Mapping[str, str] | None = None,
-                         timeout_s: int = 60, retries: int = 0) -> Message:
+    async def submit_job(
+        self,
+        signer: KeyPair,
+        caller_id: int,
+        *,
+        to: str,
+        context_id: int,
+        script_type: str,
+        script: str,
+        env_vars: Mapping[str, str] | None = None,
+        timeout_s: int = 60,
+        retries: int = 0,
+    ) -> Message:
         """Sign and queue a one-job message for node ``to``; returns the message."""
-        job = RunnerJob(id=new_id(), caller_id=caller_id, context_id=context_id, script=script,
-                        script_type=script_type, timeout=timeout_s, retries=retries,
-                        env_vars=dict(env_vars or {}), created_at=now(), updated_at=now())
-        return await self.submit(signer, caller_id, to=to, context_id=context_id, jobs=[job],
-                                 timeout_s=timeout_s)
+        job = RunnerJob(
+            id=new_id(),
+            caller_id=caller_id,
+            context_id=context_id,
+            script=script,
+            script_type=script_type,
+            timeout=timeout_s,
+            retries=retries,
+            env_vars=dict(env_vars or {}),
+            created_at=now(),
+            updated_at=now(),
+        )
+        return await self.submit(
+            signer, caller_id, to=to, context_id=context_id, jobs=[job], timeout_s=timeout_s
+        )
 
-    async def submit(self, signer: KeyPair, caller_id: int, *, to: str, context_id: int,
-                     jobs: list[RunnerJob], timeout_s: int = 60) -> Message:
+    async def submit(
+        self,
+        signer: KeyPair,
+        caller_id: int,
+        *,
+        to: str,
+        context_id: int,
+        jobs: list[RunnerJob],
+        timeout_s: int = 60,
+    ) -> Message:
         origin = await self.node_id()
-        message = sign_message(Message(
-            id=new_id(), caller_id=caller_id, context_id=context_id, message_type=MessageType.JOB,
-            timeout=timeout_s, job=jobs, created_at=now(), updated_at=now(), origin=origin,
-            destination=to, nonce=new_nonce(),
-        ), signer)
+        message = sign_message(
+            Message(
+                id=new_id(),
+                caller_id=caller_id,
+                context_id=context_id,
+                message_type=MessageType.JOB,
+                timeout=timeout_s,
+                job=jobs,
+                created_at=now(),
+                updated_at=now(),
+                origin=origin,
+                destination=to,
+                nonce=new_nonce(),
+            ),
+            signer,
+        )
         async with self.store.transaction(context_id) as tx:
             for job in jobs:
                 tx.hset(job.key, job.to_hash() | {"message_key": message.key})
@@ -136,12 +187,14 @@ class Client:
         reply_key = keys.reply(message.key)
         while len(results) < len(message.job):
             popped = await self.store.call(
-                message.context_id, lambda r: r.blpop([reply_key], timeout=timeout_s))
+                message.context_id, lambda r: r.blpop([reply_key], timeout=timeout_s)
+            )
             if popped is None:
                 raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
             d = json.loads(popped[1])
-            results.append(JobResult(d["job_key"], JobStatus(d["status"]), d["result"],
-                                     d.get("reason", "")))
+            results.append(
+                JobResult(d["job_key"], JobStatus(d["status"]), d["result"], d.get("reason", ""))
+            )
         return results
 
 

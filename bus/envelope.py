@@ -31,7 +31,9 @@ def sign_message(message: Message, key: KeyPair) -> Message:
 def verify_message(message: Message, expected_public_key: str) -> Verdict:
     """Check that ``expected_public_key`` signed this message's immutable fields."""
     return verify_object(
-        message.signatures, domain_for(message), message.signed_content(),
+        message.signatures,
+        domain_for(message),
+        message.signed_content(),
         expected_public_key=expected_public_key,
     )
 
@@ -47,10 +49,17 @@ class ResultBody:
     reason: str = ""
 
     def encode(self) -> str:
-        return json.dumps({
-            "in_reply_to": self.in_reply_to, "job_key": self.job_key,
-            "status": self.status.value, "result": self.result, "reason": self.reason,
-        }, separators=(",", ":"), sort_keys=True)
+        return json.dumps(
+            {
+                "in_reply_to": self.in_reply_to,
+                "job_key": self.job_key,
+                "status": self.status.value,
+                "result": self.result,
+                "reason": self.reason,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
 
     @classmethod
     def decode(cls, text: str) -> ResultBody:
@@ -58,11 +67,10 @@ class ResultBody:
             d = json.loads(text)
             status = JobStatus(d["status"])
             result = d.get("result", {})
-            if not isinstance(result, dict) or not all(
-                isinstance(v, str) for v in result.values()
-            ):
+            if not isinstance(result, dict) or not all(isinstance(v, str) for v in result.values()):
                 raise ModelError("result must map strings to strings")
-            return cls(str(d["in_reply_to"]), str(d["job_key"]), status, result,
-                       str(d.get("reason", "")))
+            return cls(
+                str(d["in_reply_to"]), str(d["job_key"]), status, result, str(d.get("reason", ""))
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None

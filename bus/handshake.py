@@ -29,18 +29,27 @@ def new_nonce() -> str:
 
 
 def transcript(role: str, initiator: str, responder: str, n_i: str, n_r: str) -> dict[str, object]:
-    return {"v": PROTOCOL_VERSION, "role": role, "initiator": initiator, "responder": responder,
-            "nonce_initiator": n_i, "nonce_responder": n_r}
+    return {
+        "v": PROTOCOL_VERSION,
+        "role": role,
+        "initiator": initiator,
+        "responder": responder,
+        "nonce_initiator": n_i,
+        "nonce_responder": n_r,
+    }
 
 
-def check_hello(body: dict[str, object] | object, *, known: set[str] | None,
-                expected: str | None = None) -> tuple[str, str]:
+def check_hello(
+    body: dict[str, object] | object, *, known: set[str] | None, expected: str | None = None
+) -> tuple[str, str]:
     """Validate a peer's hello; return its (node id, nonce) or raise HandshakeError."""
     if not isinstance(body, dict):
         raise HandshakeError("malformed_hello")
     version, node, nonce = body.get("v"), body.get("node"), body.get("nonce")
     if version != PROTOCOL_VERSION:
-        raise HandshakeError("version_mismatch", f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}")
+        raise HandshakeError(
+            "version_mismatch", f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}"
+        )
     if not isinstance(node, str) or not isinstance(nonce, str):
         raise HandshakeError("malformed_hello")
     try:
@@ -56,18 +65,21 @@ def check_hello(body: dict[str, object] | object, *, known: set[str] | None,
     return node, nonce
 
 
-def sign_transcript(key: KeyPair, role: str, initiator: str, responder: str, n_i: str,
-                    n_r: str) -> str:
+def sign_transcript(
+    key: KeyPair, role: str, initiator: str, responder: str, n_i: str, n_r: str
+) -> str:
     sig = sign_object(key, DOMAIN, transcript(role, initiator, responder, n_i, n_r))
     return sig["signature"]
 
 
-def verify_transcript(signature: object, signer: str, role: str, initiator: str, responder: str,
-                      n_i: str, n_r: str) -> None:
+def verify_transcript(
+    signature: object, signer: str, role: str, initiator: str, responder: str, n_i: str, n_r: str
+) -> None:
     """Raise HandshakeError('bad_signature') unless ``signer`` signed this role's transcript."""
     entry = [{"algorithm": "ed25519", "public_key": signer, "signature": signature}]
-    verdict = verify_object(entry, DOMAIN, transcript(role, initiator, responder, n_i, n_r),
-                            expected_public_key=signer)
+    verdict = verify_object(
+        entry, DOMAIN, transcript(role, initiator, responder, n_i, n_r), expected_public_key=signer
+    )
     if not verdict.ok:
         raise HandshakeError("bad_signature", f"{role} signature: {verdict.reason}")
 

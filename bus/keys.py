@@ -37,7 +37,7 @@ def job(caller_id: int, job_id: int) -> str:
 
 
 def parse_message_key(key: str) -> tuple[int, int]:
-    """Return ``(caller_id, message_id)`` of a ``message:<caller_id>:<id>`` key; ValueError if not."""
+    """``(caller_id, message_id)`` of a ``message:<caller_id>:<id>`` key; ValueError if not."""
     prefix, caller, ident = key.split(":")
     if prefix != "message":
         raise ValueError(f"not a message key: {key!r}")
@@ -90,7 +90,9 @@ def peer(node_id: str) -> str:
 
 PEERS = "peers"  # set of known node ids
 CONTEXTS = "contexts"  # set of context ids this node serves
-NODE_EVENTS = "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
+NODE_EVENTS = (
+    "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
+)
 NODE_DLQ = DLQ  # dead letters that belong to no context (bad frames) go to DB 0's dlq
 NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
 

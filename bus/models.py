@@ -243,8 +243,17 @@ class Flow:
     updated_at: int = 0
     status: FlowStatus = FlowStatus.DISPATCHED
 
-    FIELDS = ("id", "caller_id", "context_id", "jobs", "env_vars", "result", "created_at",
-              "updated_at", "status")
+    FIELDS = (
+        "id",
+        "caller_id",
+        "context_id",
+        "jobs",
+        "env_vars",
+        "result",
+        "created_at",
+        "updated_at",
+        "status",
+    )
 
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
@@ -275,8 +284,16 @@ class Runner:
     created_at: int = 0
     updated_at: int = 0
 
-    FIELDS = ("id", "pubkey", "address", "topic", "local", "script_type", "created_at",
-              "updated_at")
+    FIELDS = (
+        "id",
+        "pubkey",
+        "address",
+        "topic",
+        "local",
+        "script_type",
+        "created_at",
+        "updated_at",
+    )
 
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
@@ -314,12 +331,37 @@ class RunnerJob:
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
 
-    FIELDS = ("id", "caller_id", "context_id", "script", "script_type", "timeout", "retries",
-              "env_vars", "result", "prerequisites", "depends", "created_at", "updated_at",
-              "status", "message_key", "reason")
+    FIELDS = (
+        "id",
+        "caller_id",
+        "context_id",
+        "script",
+        "script_type",
+        "timeout",
+        "retries",
+        "env_vars",
+        "result",
+        "prerequisites",
+        "depends",
+        "created_at",
+        "updated_at",
+        "status",
+        "message_key",
+        "reason",
+    )
     # What a message carries of a job, and so what the caller's signature covers.
-    SIGNED = ("id", "caller_id", "context_id", "script", "script_type", "timeout", "retries",
-              "env_vars", "prerequisites", "depends")
+    SIGNED = (
+        "id",
+        "caller_id",
+        "context_id",
+        "script",
+        "script_type",
+        "timeout",
+        "retries",
+        "env_vars",
+        "prerequisites",
+        "depends",
+    )
 
     @property
     def key(self) -> str:
@@ -398,13 +440,42 @@ class Message:
     signatures: list[dict[str, str]] = field(default_factory=list)
     reason: str = ""
 
-    FIELDS = ("id", "caller_id", "context_id", "message", "message_type",
-              "message_format_type", "timeout", "timeout_ack", "timeout_result", "job", "logs",
-              "created_at", "updated_at", "status", "origin", "destination", "nonce",
-              "signatures", "reason")
-    SIGNED = ("id", "caller_id", "context_id", "message", "message_type", "message_format_type",
-              "timeout", "timeout_ack", "timeout_result", "created_at", "origin", "destination",
-              "nonce")
+    FIELDS = (
+        "id",
+        "caller_id",
+        "context_id",
+        "message",
+        "message_type",
+        "message_format_type",
+        "timeout",
+        "timeout_ack",
+        "timeout_result",
+        "job",
+        "logs",
+        "created_at",
+        "updated_at",
+        "status",
+        "origin",
+        "destination",
+        "nonce",
+        "signatures",
+        "reason",
+    )
+    SIGNED = (
+        "id",
+        "caller_id",
+        "context_id",
+        "message",
+        "message_type",
+        "message_format_type",
+        "timeout",
+        "timeout_ack",
+        "timeout_result",
+        "created_at",
+        "origin",
+        "destination",
+        "nonce",
+    )
 
     @property
     def key(self) -> str:
@@ -439,8 +510,7 @@ class Message:
             context_id=_int(h, "context_id"),
             message=h.get("message", ""),
             message_type=_enum(h, "message_type", MessageType),
-            message_format_type=_enum(h, "message_format_type", MessageFormat,
-                                      MessageFormat.TEXT),
+            message_format_type=_enum(h, "message_format_type", MessageFormat, MessageFormat.TEXT),
             timeout=_int(h, "timeout", 60),
             timeout_ack=_int(h, "timeout_ack", 30),
             timeout_result=_int(h, "timeout_result", 3600),

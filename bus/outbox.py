@@ -40,8 +40,13 @@ async def acked(store: Store, peer_id: str, context_id: int, message_key: str) -
     await store.ack(keys.ACTORS_DB, keys.outbox_inflight(peer_id), entry(context_id, message_key))
 
 
-async def run_outbox(store: Store, transport: Transport, peer_id: str, *,
-                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+async def run_outbox(
+    store: Store,
+    transport: Transport,
+    peer_id: str,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
     """Forward ``peer_id``'s outbox over whatever link to it is up, forever."""
     source, inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
     task_status.started()

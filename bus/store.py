@@ -14,8 +14,9 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import coredis
-import trio
 import coredis.exceptions
+import trio
+from coredis.tokens import PureToken
 
 from bus import keys
 from bus.errors import StoreError
@@ -112,13 +113,16 @@ class Store:
 
     # -- reliable queues -------------------------------------------------------------------------
 
-    async def pop_reliable(self, db: int, source: str, inflight: str, timeout_s: float) -> str | None:
+    async def pop_reliable(
+        self, db: int, source: str, inflight: str, timeout_s: float
+    ) -> str | None:
         """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s.
 
         The entry stays in ``inflight`` until :meth:`ack` removes it, so a crash between pop and
         ack leaves it recoverable by :meth:`recover`.
         """
-        value = await self.call(db, lambda r: r.blmove(source, inflight, "RIGHT", "LEFT", timeout_s)
+        value = await self.call(
+            db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
         )
         return None if value is None else str(value)
 
@@ -126,7 +130,9 @@ class Store:
         """Non-blocking LMOVEs of what is already queued (batching after a blocking pop)."""
         out: list[str] = []
         for _ in range(limit):
-            value = await self.call(db, lambda r: r.lmove(source, inflight, "RIGHT", "LEFT"))
+            value = await self.call(
+                db, lambda r: r.lmove(source, inflight, PureToken.RIGHT, PureToken.LEFT)
+            )
             if value is None:
                 break
             out.append(str(value))
@@ -138,18 +144,29 @@ class Store:
     async def recover(self, db: int, inflight: str, source: str) -> int:
         """Move everything left in ``inflight`` back to the consuming end of ``source``."""
         moved = 0
-        while await self.call(db, lambda r: r.lmove(inflight, source, "LEFT", "RIGHT")) is not None:
+        while (
+            await self.call(
+                db, lambda r: r.lmove(inflight, source, PureToken.LEFT, PureToken.RIGHT)
+            )
+            is not None
+        ):
             moved += 1
         if moved:
-            log.info("recovered %d in-flight entr%s of %s (db %d)", moved,
-                     "y" if moved == 1 else "ies", source, db)
+            log.info(
+                "recovered %d in-flight entr%s of %s (db %d)",
+                moved,
+                "y" if moved == 1 else "ies",
+                source,
+                db,
+            )
         return moved
 
-    async def deliver(self, db: int, message_key: str, fields: Mapping[str, str], queue: str) -> bool:
+    async def deliver(
+        self, db: int, message_key: str, fields: Mapping[str, str], queue: str
+    ) -> bool:
         """Store a message hash and queue its key unless it is already here (idempotent)."""
         args = [x for kv in fields.items() for x in kv]
-        result = await self.call(db, lambda r: r.eval(_DELIVER_LUA, [message_key, queue], args)
-        )
+        result = await self.call(db, lambda r: r.eval(_DELIVER_LUA, [message_key, queue], args))
         return bool(result)
 
     async def dead_letter(self, db: int, key: str, reason: str, detail: str = "") -> None:

@@ -18,11 +18,13 @@ from typing import NoReturn
 import trio
 from trio_websocket import (
     ConnectionClosed,
-    HandshakeError as WsHandshakeError,
     WebSocketConnection,
     WebSocketRequest,
     open_websocket_url,
     serve_websocket,
+)
+from trio_websocket import (
+    HandshakeError as WsHandshakeError,
 )
 
 from bus import handshake as hs
@@ -72,8 +74,14 @@ class Link:
 class Transport:
     """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
 
-    def __init__(self, key: KeyPair, known_peers: Callable[[], set[str]], on_frame: FrameHandler,
-                 on_bad_frame: BadFrameHandler, config: TransportConfig | None = None) -> None:
+    def __init__(
+        self,
+        key: KeyPair,
+        known_peers: Callable[[], set[str]],
+        on_frame: FrameHandler,
+        on_bad_frame: BadFrameHandler,
+        config: TransportConfig | None = None,
+    ) -> None:
         self.key = key
         self.node_id = key.public_hex
         self.config = config or TransportConfig()
@@ -108,12 +116,14 @@ class Transport:
 
     # -- serving ---------------------------------------------------------------------------------
 
-    async def serve(self, host: str, port: int, *,
-                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+    async def serve(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
         """Accept links on host:port until cancelled; reports the bound port when listening."""
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(serve_websocket, self._accept, host, port,
-                                         self.config.ssl_server)
+            server = await nursery.start(
+                serve_websocket, self._accept, host, port, self.config.ssl_server
+            )
             task_status.started(server.port)
             await trio.sleep_forever()
         raise AssertionError("unreachable")
@@ -136,10 +146,13 @@ class Transport:
         hello = await self._receive(ws, "hello")
         peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
         n_r = hs.new_nonce()
-        await ws.send_message(encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id,
-                                           nonce=n_r))
+        await ws.send_message(
+            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_r)
+        )
         auth = await self._receive(ws, "auth")
-        hs.verify_transcript(auth.body["sig"], peer_id, "initiator", peer_id, self.node_id, n_i, n_r)
+        hs.verify_transcript(
+            auth.body["sig"], peer_id, "initiator", peer_id, self.node_id, n_i, n_r
+        )
         sig = hs.sign_transcript(self.key, "responder", peer_id, self.node_id, n_i, n_r)
         await ws.send_message(encode_frame("welcome", sig=sig))
         return peer_id
@@ -153,15 +166,21 @@ class Transport:
             try:
                 await self._dial_once(peer_id, address)
                 delay = self.config.backoff_initial_s
-            except (OSError, WsHandshakeError, ConnectionClosed, TransportError,
-                    trio.TooSlowError) as exc:
+            except (
+                OSError,
+                WsHandshakeError,
+                ConnectionClosed,
+                TransportError,
+                trio.TooSlowError,
+            ) as exc:
                 log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
             await trio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.config.backoff_max_s)
 
     async def _dial_once(self, peer_id: str, address: str) -> None:
-        async with open_websocket_url(address, self.config.ssl_client,
-                                      max_message_size=self.config.max_frame_bytes) as ws:
+        async with open_websocket_url(
+            address, self.config.ssl_client, max_message_size=self.config.max_frame_bytes
+        ) as ws:
             try:
                 with trio.fail_after(self.config.handshake_timeout_s):
                     await self._initiate(ws, peer_id)
@@ -172,15 +191,17 @@ class Transport:
 
     async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
         n_i = hs.new_nonce()
-        await ws.send_message(encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id,
-                                           nonce=n_i))
+        await ws.send_message(
+            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_i)
+        )
         hello = await self._receive(ws, "hello")
         _, n_r = hs.check_hello(dict(hello.body), known=None, expected=peer_id)
         sig = hs.sign_transcript(self.key, "initiator", self.node_id, peer_id, n_i, n_r)
         await ws.send_message(encode_frame("auth", sig=sig))
         welcome = await self._receive(ws, "welcome")
-        hs.verify_transcript(welcome.body["sig"], peer_id, "responder", self.node_id, peer_id,
-                             n_i, n_r)
+        hs.verify_transcript(
+            welcome.body["sig"], peer_id, "responder", self.node_id, peer_id, n_i, n_r
+        )
 
     # -- both sides ------------------------------------------------------------------------------
 

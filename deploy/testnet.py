@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client import Client, JobResult, open_client  # noqa: E402
-from crypto import KeyPair, read_key_file, write_key_file  # noqa: E402
+from bus.client import JobResult, open_client  # noqa: E402
+from crypto import KeyPair, write_key_file  # noqa: E402
 from node.home import init_home  # noqa: E402
 
 ACTOR_ID = 42
@@ -49,7 +49,9 @@ async def start_node(nursery: trio.Nursery, name: str, home: Path) -> TestNode:
     init_home(home, name=name, listen_port=0)
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "node.cli", "--home", str(home), "--log-level", "warning", "run"],
-        stdout=subprocess.PIPE, cwd=ROOT)
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+    )
     node = TestNode(name, home, proc)
     assert proc.stdout is not None
     with trio.fail_after(READY_TIMEOUT_S):
@@ -90,20 +92,22 @@ async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
             await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
 
 
-async def run_job(origin: TestNode, target: TestNode, actor: KeyPair, script_type: str,
-                  script: str) -> tuple[JobResult, float]:
+async def run_job(
+    origin: TestNode, target: TestNode, actor: KeyPair, script_type: str, script: str
+) -> tuple[JobResult, float]:
     async with open_client(origin.redis_url) as client:
         started = time.perf_counter()
-        message = await _submit_when_linked(client, actor, target, script_type, script)
+        message = await client.submit_job(
+            actor,
+            ACTOR_ID,
+            to=target.node_id,
+            context_id=CONTEXT_ID,
+            script_type=script_type,
+            script=script,
+            env_vars={"TARGET": target.name},
+        )
         [result] = await client.wait_results(message, timeout_s=60)
         return result, (time.perf_counter() - started) * 1000
-
-
-async def _submit_when_linked(client: Client, actor: KeyPair, target: TestNode,
-                              script_type: str, script: str):  # type: ignore[no-untyped-def]
-    return await client.submit_job(actor, ACTOR_ID, to=target.node_id, context_id=CONTEXT_ID,
-                                   script_type=script_type, script=script,
-                                   env_vars={"TARGET": target.name})
 
 
 def print_table(rows: list[tuple[str, str, str, JobResult, float]]) -> None:
@@ -128,9 +132,16 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
             for n in nodes:
                 print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {n.redis_url}")
             await wire(nodes, actor)
-            plan = [(nodes[0], t, "python",
-                     "import os, platform\nprint(f\"{os.environ['TARGET']} says {6*7} "
-                     "(python {platform.python_version()})\")") for t in nodes[1:]]
+            plan = [
+                (
+                    nodes[0],
+                    t,
+                    "python",
+                    "import os, platform\nprint(f\"{os.environ['TARGET']} says {6*7} "
+                    '(python {platform.python_version()})")',
+                )
+                for t in nodes[1:]
+            ]
             plan.append((nodes[-1], nodes[0], "sh", 'echo "$TARGET says $((6*7)) from sh"'))
             rows = []
             for origin, target, kind, script in plan:
@@ -162,12 +173,17 @@ async def stop_nodes(nodes: list[TestNode]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nodes", type=int, default=3, help="how many nodes (>= 2)")
     parser.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where to put the node homes (default: a temporary directory)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where to put the node homes (default: a temporary directory)",
+    )
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes must be at least 2")

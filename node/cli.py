@@ -36,8 +36,10 @@ and on the executing node `hero-node actor add --id N --pubkey <actor key>` and
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     logging.getLogger("trio-websocket").setLevel(logging.WARNING)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -54,10 +56,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="hero-node", description="A node of the hero signed job bus.", epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--home", type=Path, default=None,
-                   help="node home directory (default: $HERO_NODE_HOME or ~/.hero-node)")
+        prog="hero-node",
+        description="A node of the hero signed job bus.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="node home directory (default: $HERO_NODE_HOME or ~/.hero-node)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
@@ -140,8 +149,14 @@ def _config(args: argparse.Namespace) -> NodeConfig:
 def cmd_init(args: argparse.Namespace) -> int:
     from node.home import init_home
 
-    config = init_home(_home(args), name=args.name, listen_port=args.listen_port,
-                       redis_url=args.redis, passphrase=passphrase_from_env(), force=args.force)
+    config = init_home(
+        _home(args),
+        name=args.name,
+        listen_port=args.listen_port,
+        redis_url=args.redis,
+        passphrase=passphrase_from_env(),
+        force=args.force,
+    )
     node_key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
     print(f"initialised {config.home}")
@@ -169,8 +184,11 @@ async def _run_until_signal(config: NodeConfig) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             info = await nursery.start(run_node, config)
-            print(f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
-                  f"redis {info.redis_url}", flush=True)
+            print(
+                f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
+                f"redis {info.redis_url}",
+                flush=True,
+            )
             async for signum in signals:
                 log.info("received %s; shutting down", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
@@ -180,8 +198,9 @@ async def _run_until_signal(config: NodeConfig) -> None:
 # -- commands that talk to the node's Redis ----------------------------------------------------
 
 
-def _async(fn: Callable[[Client, argparse.Namespace], Awaitable[int]]
-           ) -> Callable[[argparse.Namespace], int]:
+def _async(
+    fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         url = redis_url_of(_config(args))
 
@@ -209,11 +228,15 @@ async def status(client: Client, args: argparse.Namespace) -> int:
     store = client.store
     info = await store.hgetall(0, keys.NODE_INFO)
     print(f"node {info.get('name', '?')}  id {info.get('id', '?')}")
-    print(f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
-          f"pid {info.get('pid', '?')}")
+    print(
+        f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
+        f"pid {info.get('pid', '?')}"
+    )
     for peer in await client.peers():
-        print(f"  peer {peer.name or '-':<10} {peer.id[:16]}…  {peer.address or '(dials us)'}  "
-              f"outbox {await store.llen(0, keys.outbox(peer.id))}")
+        print(
+            f"  peer {peer.name or '-':<10} {peer.id[:16]}…  {peer.address or '(dials us)'}  "
+            f"outbox {await store.llen(0, keys.outbox(peer.id))}"
+        )
     for ctx in await store.context_ids():
         lens = [f"{q}={await store.llen(ctx, q)}" for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)]
         queues = [k for k in await store.call(ctx, lambda r: r.keys("queue:*"))]
@@ -241,24 +264,34 @@ async def actor_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def context_add(client: Client, args: argparse.Namespace) -> int:
-    ctx = await client.register_context(args.context_id, admins=args.admin,
-                                        executors=args.executor, readers=args.reader)
-    print(f"context {ctx.id}: admins {ctx.admins} executors {ctx.executors} "
-          f"readers {ctx.readers}")
+    ctx = await client.register_context(
+        args.context_id, admins=args.admin, executors=args.executor, readers=args.reader
+    )
+    print(f"context {ctx.id}: admins {ctx.admins} executors {ctx.executors} readers {ctx.readers}")
     return 0
 
 
 async def job_submit(client: Client, args: argparse.Namespace) -> int:
     config = _config(args)
-    script = args.script if args.script is not None else (
-        sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
+    script = (
+        args.script
+        if args.script is not None
+        else (sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
+    )
     env = dict(_parse_env(item) for item in args.env)
     key = read_key_file(args.key or config.actor_key_path, passphrase=passphrase_from_env())
     to = await client.resolve_node(args.to)
     context = args.context or config.context_id
-    message = await client.submit_job(key, args.actor or config.actor_id, to=to,
-                                      context_id=context, script_type=args.script_type,
-                                      script=script, env_vars=env, timeout_s=args.timeout)
+    message = await client.submit_job(
+        key,
+        args.actor or config.actor_id,
+        to=to,
+        context_id=context,
+        script_type=args.script_type,
+        script=script,
+        env_vars=env,
+        timeout_s=args.timeout,
+    )
     if not args.wait:
         print(message.job[0].key)
         return 0

@@ -64,8 +64,16 @@ class NodeConfig:
         return self.home / "config.toml"
 
 
-_INT_FIELDS = ("listen_port", "valkey_port", "valkey_databases", "actor_id", "context_id",
-               "max_frame_bytes", "reply_ttl_s", "max_output_bytes")
+_INT_FIELDS = (
+    "listen_port",
+    "valkey_port",
+    "valkey_databases",
+    "actor_id",
+    "context_id",
+    "max_frame_bytes",
+    "reply_ttl_s",
+    "max_output_bytes",
+)
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
 _STR_FIELDS = ("name", "listen_host", "redis_url")
 
@@ -74,8 +82,9 @@ def load_config(home: Path) -> NodeConfig:
     """Read ``home/config.toml``; ConfigError says what is missing or wrong and how to fix it."""
     path = home / "config.toml"
     if not path.exists():
-        raise ConfigError(f"no node configuration at {path}; create one with: "
-                          f"hero-node init --home {home}")
+        raise ConfigError(
+            f"no node configuration at {path}; create one with: hero-node init --home {home}"
+        )
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -86,9 +95,13 @@ def load_config(home: Path) -> NodeConfig:
         if name not in section:
             continue
         value = section[name]
-        ok = (isinstance(value, int) and not isinstance(value, bool) if name in _INT_FIELDS
-              else isinstance(value, int | float) if name in _FLOAT_FIELDS
-              else isinstance(value, str))
+        ok = (
+            isinstance(value, int) and not isinstance(value, bool)
+            if name in _INT_FIELDS
+            else isinstance(value, int | float)
+            if name in _FLOAT_FIELDS
+            else isinstance(value, str)
+        )
         if not ok:
             raise ConfigError(f"{path}: [node] {name} has the wrong type ({value!r})")
         values[name] = value

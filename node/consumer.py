@@ -29,8 +29,13 @@ SERVICE = "consumer"
 POP_TIMEOUT_S = 5.0
 
 
-async def run_consumer(node: NodeState, ctx: int, script_types: Collection[str], *,
-                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+async def run_consumer(
+    node: NodeState,
+    ctx: int,
+    script_types: Collection[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
     """Process context ``ctx``'s incoming messages until cancelled."""
     inflight = keys.inflight(SERVICE)
     await node.store.recover(ctx, inflight, keys.MSG_IN)
@@ -43,8 +48,9 @@ async def run_consumer(node: NodeState, ctx: int, script_types: Collection[str],
         await node.store.ack(ctx, inflight, key)
 
 
-async def _handle_guarded(node: NodeState, ctx: int, key: str,
-                          script_types: Collection[str]) -> None:
+async def _handle_guarded(
+    node: NodeState, ctx: int, key: str, script_types: Collection[str]
+) -> None:
     message: Message | None = None
     try:
         message = await load_message(node, ctx, key)
@@ -58,8 +64,9 @@ async def _handle_guarded(node: NodeState, ctx: int, key: str,
         await reject(node, ctx, key, Rejected("internal_error", repr(exc)), message, SERVICE)
 
 
-async def handle_incoming(node: NodeState, ctx: int, message: Message,
-                          script_types: Collection[str]) -> None:
+async def handle_incoming(
+    node: NodeState, ctx: int, message: Message, script_types: Collection[str]
+) -> None:
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
     if await node.store.exists(ctx, keys.seen(message.key)):
@@ -86,36 +93,44 @@ async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
     if context is None:
         raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
     if not context.may_execute(message.caller_id):
-        raise Rejected("permission_denied",
-                       f"actor {message.caller_id} is not admin/executor of context {ctx}")
+        raise Rejected(
+            "permission_denied", f"actor {message.caller_id} is not admin/executor of context {ctx}"
+        )
     if any(job.caller_id != message.caller_id or job.context_id != ctx for job in message.job):
         raise Rejected("malformed", "a job names another caller or context than its message")
 
 
-async def materialise(node: NodeState, ctx: int, message: Message,
-                      script_types: Collection[str]) -> None:
+async def materialise(
+    node: NodeState, ctx: int, message: Message, script_types: Collection[str]
+) -> None:
     """Create each job hash and queue it, atomically with the message's 'seen' marker."""
     stamp = now()
     unknown = [j for j in message.job if j.script_type not in script_types]
     async with node.store.transaction(ctx) as tx:
         for job in message.job:
-            fields = job.to_hash() | {"status": JobStatus.DISPATCHED.value, "created_at": str(stamp),
-                                      "updated_at": str(stamp), "message_key": message.key}
+            fields = job.to_hash() | {
+                "status": JobStatus.DISPATCHED.value,
+                "created_at": str(stamp),
+                "updated_at": str(stamp),
+                "message_key": message.key,
+            }
             if job in unknown:
                 fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
             tx.hset(job.key, fields)
             if job not in unknown:
                 tx.lpush(keys.queue(job.script_type), [job.key])
-        tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value,
-                              "updated_at": str(stamp)})
+        tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value, "updated_at": str(stamp)})
         tx.set(keys.seen(message.key), "1")
     node.count("materialised", len(message.job))
     for job in unknown:
-        detail = (f"unknown_script_type: no runner for {job.script_type!r} on this node "
-                  f"(known: {', '.join(sorted(script_types))})")
+        detail = (
+            f"unknown_script_type: no runner for {job.script_type!r} on this node "
+            f"(known: {', '.join(sorted(script_types))})"
+        )
         log.warning("job %s: %s", job.key, detail)
-        await queue_result(node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {},
-                                                     detail))
+        await queue_result(
+            node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
+        )
 
 
 async def _accept_result(node: NodeState, ctx: int, message: Message) -> None:

@@ -1,12 +1,12 @@
 """The node's nursery tree, top-down:
 
-    run_node
-    ├── embedded Valkey (unless a Redis URL is configured)
-    └── services (store open)
-        ├── transport listener (websocket, authenticated links)
-        ├── per peer: dialer (if it has an address) + durable outbox sender
-        ├── per context: supervisor, consumer, runner pools (python, sh, ...)
-        └── registry watcher (contexts and peers registered while running)
+run_node
+├── embedded Valkey (unless a Redis URL is configured)
+└── services (store open)
+    ├── transport listener (websocket, authenticated links)
+    ├── per peer: dialer (if it has an address) + durable outbox sender
+    ├── per context: supervisor, consumer, runner pools (python, sh, ...)
+    └── registry watcher (contexts and peers registered while running)
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ class NodeInfo:
     pid: int
 
 
-async def run_node(config: NodeConfig, *,
-                   task_status: trio.TaskStatus[NodeInfo] = trio.TASK_STATUS_IGNORED) -> None:
+async def run_node(
+    config: NodeConfig, *, task_status: trio.TaskStatus[NodeInfo] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Run the node until cancelled; reports :class:`NodeInfo` once every service is up.
 
     Raises ConfigError/KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
@@ -55,23 +56,33 @@ async def run_node(config: NodeConfig, *,
     async with trio.open_nursery() as root:
         redis_url = config.redis_url
         if not redis_url:
-            spec = ValkeySpec(port=config.valkey_port or free_port(), data_dir=config.valkey_dir,
-                              databases=config.valkey_databases)
+            spec = ValkeySpec(
+                port=config.valkey_port or free_port(),
+                data_dir=config.valkey_dir,
+                databases=config.valkey_databases,
+            )
             redis_url = await root.start(run_valkey, spec)
         async with open_store(redis_url) as store:
             await _run_services(NodeState(config, key, store), redis_url, task_status)
         root.cancel_scope.cancel()
 
 
-async def _run_services(node: NodeState, redis_url: str,
-                        task_status: trio.TaskStatus[NodeInfo]) -> None:
+async def _run_services(
+    node: NodeState, redis_url: str, task_status: trio.TaskStatus[NodeInfo]
+) -> None:
     config = node.config
     await bootstrap(node)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
-    transport = Transport(node.key, node.known_peer_ids, handler.on_frame, handler.on_bad_frame,
-                          TransportConfig(max_frame_bytes=config.max_frame_bytes,
-                                          handshake_timeout_s=config.handshake_timeout_s))
+    transport = Transport(
+        node.key,
+        node.known_peer_ids,
+        handler.on_frame,
+        handler.on_bad_frame,
+        TransportConfig(
+            max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+        ),
+    )
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
         ws_url = f"ws://{config.listen_host}:{port}"
@@ -80,22 +91,25 @@ async def _run_services(node: NodeState, redis_url: str,
         await services.start(registry.watch)
         info = NodeInfo(node.node_id, config.name, redis_url, ws_url, os.getpid())
         await _publish(node, info)
-        log.info("node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url,
-                 redis_url)
+        log.info(
+            "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, redis_url
+        )
         task_status.started(info)
 
 
 class Registry:
     """Starts services for contexts and peers as they are registered, also while running."""
 
-    def __init__(self, node: NodeState, transport: Transport, nursery: trio.Nursery,
-                 contexts: set[int]) -> None:
+    def __init__(
+        self, node: NodeState, transport: Transport, nursery: trio.Nursery, contexts: set[int]
+    ) -> None:
         self.node = node
         self.transport = transport
         self.nursery = nursery
         self.contexts = contexts
-        self.script_types = {t: BUILTIN_COMMANDS[t] for t in node.config.runners
-                             if t in BUILTIN_COMMANDS}
+        self.script_types = {
+            t: BUILTIN_COMMANDS[t] for t in node.config.runners if t in BUILTIN_COMMANDS
+        }
 
     async def refresh(self) -> None:
         for peer in await self.node.load_peers():
@@ -110,28 +124,37 @@ class Registry:
         task_status.started()
         while True:
             event = await self.node.store.call(
-                keys.ACTORS_DB, lambda r: r.blpop([keys.NODE_EVENTS], timeout=30))
+                keys.ACTORS_DB, lambda r: r.blpop([keys.NODE_EVENTS], timeout=30)
+            )
             if event is not None:
                 log.info("registry event %s", event[1])
                 await self.refresh()
 
-    async def _run_peer(self, peer: Peer, *,
-                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_peer(
+        self, peer: Peer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(outbox.run_outbox, self.node.store, self.transport, peer.id)
             if peer.address:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
 
-    async def _run_context(self, ctx: int, *,
-                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def _run_context(
+        self, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         node = self.node
         async with trio.open_nursery() as nursery:
             await nursery.start(run_supervisor, node, ctx)
             await nursery.start(run_consumer, node, ctx, set(self.script_types))
             for script_type, command in self.script_types.items():
-                await nursery.start(run_runner_pool, node, ctx, script_type, command,
-                                    node.config.runners[script_type])
+                await nursery.start(
+                    run_runner_pool,
+                    node,
+                    ctx,
+                    script_type,
+                    command,
+                    node.config.runners[script_type],
+                )
             log.info("serving context %d", ctx)
             task_status.started()
 
@@ -141,23 +164,30 @@ async def bootstrap(node: NodeState) -> None:
     config, store = node.config, node.store
     if config.actor_key_path.exists() and await store.get_actor(config.actor_id) is None:
         actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
-        await store.put_actor(Actor(config.actor_id, actor_key.public_hex, created_at=now(),
-                                    updated_at=now()))
+        await store.put_actor(
+            Actor(config.actor_id, actor_key.public_hex, created_at=now(), updated_at=now())
+        )
         log.info("registered default actor %d", config.actor_id)
     if await store.get_context(config.context_id) is None:
-        await store.put_context(Context(config.context_id, admins=[config.actor_id],
-                                        created_at=now(), updated_at=now()))
+        await store.put_context(
+            Context(config.context_id, admins=[config.actor_id], created_at=now(), updated_at=now())
+        )
         log.info("created default context %d", config.context_id)
 
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:
     """Tell clients on this machine where the node is (DB 0 ``node:info`` and run/node.json)."""
-    fields = {"id": info.node_id, "name": info.name, "ws_url": info.ws_url,
-              "redis_url": info.redis_url, "pid": str(info.pid), "started_at": str(now())}
+    fields = {
+        "id": info.node_id,
+        "name": info.name,
+        "ws_url": info.ws_url,
+        "redis_url": info.redis_url,
+        "pid": str(info.pid),
+        "started_at": str(now()),
+    }
     await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"
     tmp.write_text(json.dumps(fields, indent=2))
     tmp.replace(run_dir / "node.json")
-

@@ -32,12 +32,19 @@ class Outcome:
 
 
 def job_env(job: RunnerJob) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")}
-    base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    return base | dict(job.env_vars) | {
-        "HERO_JOB_ID": str(job.id), "HERO_CALLER_ID": str(job.caller_id),
-        "HERO_CONTEXT_ID": str(job.context_id),
+    base = {
+        k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
     }
+    base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return (
+        base
+        | dict(job.env_vars)
+        | {
+            "HERO_JOB_ID": str(job.id),
+            "HERO_CALLER_ID": str(job.caller_id),
+            "HERO_CONTEXT_ID": str(job.context_id),
+        }
+    )
 
 
 def _clip(data: bytes, limit: int) -> str:
@@ -45,9 +52,15 @@ def _clip(data: bytes, limit: int) -> str:
     return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
 
 
-async def execute(job: RunnerJob, command: list[str], *, max_output_bytes: int,
-                  env: Mapping[str, str] | None = None) -> Outcome:
+async def execute(
+    job: RunnerJob,
+    command: list[str],
+    *,
+    max_output_bytes: int,
+    env: Mapping[str, str] | None = None,
+) -> Outcome:
     """Run ``job.script`` through ``command``; never raises for what the script does."""
+
     async def kill_group(proc: trio.Process) -> None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -62,9 +75,14 @@ async def execute(job: RunnerJob, command: list[str], *, max_output_bytes: int,
     with trio.move_on_after(job.timeout or 1e9):
         try:
             done = await trio.run_process(
-                command, stdin=job.script.encode(), capture_stdout=True, capture_stderr=True,
-                check=False, env=dict(env if env is not None else job_env(job)),
-                start_new_session=True, deliver_cancel=kill_group,
+                command,
+                stdin=job.script.encode(),
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                env=dict(env if env is not None else job_env(job)),
+                start_new_session=True,
+                deliver_cancel=kill_group,
             )
         except OSError as exc:
             return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
@@ -79,5 +97,3 @@ async def execute(job: RunnerJob, command: list[str], *, max_output_bytes: int,
     if done.returncode == 0:
         return Outcome(JobStatus.FINISHED, result)
     return Outcome(JobStatus.ERROR, result, f"exit code {done.returncode}")
-
-

@@ -10,9 +10,16 @@ from node.config import NodeConfig, render_config
 from node.errors import ConfigError
 
 
-def init_home(home: Path, *, name: str = "node", listen_port: int = 7700, redis_url: str = "",
-              passphrase: bytes | None = None, force: bool = False,
-              runners: dict[str, int] | None = None) -> NodeConfig:
+def init_home(
+    home: Path,
+    *,
+    name: str = "node",
+    listen_port: int = 7700,
+    redis_url: str = "",
+    passphrase: bytes | None = None,
+    force: bool = False,
+    runners: dict[str, int] | None = None,
+) -> NodeConfig:
     """Create ``home`` with a node key, a default actor key and config.toml; return the config.
 
     Raises ConfigError if a configuration already exists there (unless ``force``).

@@ -43,8 +43,9 @@ class LinkHandler:
     async def on_bad_frame(self, link: Link, detail: str) -> None:
         log.warning("bad frame from %s…: %s", link.peer_id[:16], detail)
         self.node.count("bad_frames")
-        await self.node.store.dead_letter(keys.ACTORS_DB, f"link:{link.peer_id}", "bad_frame",
-                                          detail)
+        await self.node.store.dead_letter(
+            keys.ACTORS_DB, f"link:{link.peer_id}", "bad_frame", detail
+        )
 
     async def _deliver(self, link: Link, ctx: int, key: str, fields: dict[str, str]) -> None:
         """Store the message and queue it on ``msg_in`` before acknowledging it."""
@@ -54,8 +55,7 @@ class LinkHandler:
             await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
             await link.send("nack", ctx=ctx, key=key, reason=reason)
             return
-        fields |= {"status": MessageStatus.DISPATCHED.value, "logs": "[]",
-                   "updated_at": str(now())}
+        fields |= {"status": MessageStatus.DISPATCHED.value, "logs": "[]", "updated_at": str(now())}
         fresh = await self.node.store.deliver(ctx, key, fields, keys.MSG_IN)
         self.node.count("delivered" if fresh else "redelivered")
         await link.send("ack", ctx=ctx, key=key)
@@ -78,7 +78,8 @@ class LinkHandler:
         if not 0 < ctx < self.node.config.valkey_databases:
             return False
         found = await self.node.store.call(
-            keys.ACTORS_DB, lambda r: r.sismember(keys.CONTEXTS, str(ctx)))
+            keys.ACTORS_DB, lambda r: r.sismember(keys.CONTEXTS, str(ctx))
+        )
         return bool(found)
 
     async def _acked(self, link: Link, ctx: int, key: str) -> None:
@@ -92,5 +93,6 @@ class LinkHandler:
         except Rejected:
             message = None
         token, _, detail = reason.partition(": ")
-        await reject(self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message,
-                     "transport")
+        await reject(
+            self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message, "transport"
+        )

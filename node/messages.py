@@ -41,8 +41,9 @@ async def load_message(node: NodeState, ctx: int, key: str) -> Message:
     return message
 
 
-async def reject(node: NodeState, ctx: int, key: str, exc: Rejected,
-                 message: Message | None, service: str) -> None:
+async def reject(
+    node: NodeState, ctx: int, key: str, exc: Rejected, message: Message | None, service: str
+) -> None:
     """Dead-letter a message with its reason, mark it failed, and tell its sender why.
 
     The sender is told through error results for each of its jobs (only for job messages whose
@@ -53,8 +54,11 @@ async def reject(node: NodeState, ctx: int, key: str, exc: Rejected,
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail)
     if message is None:
         return
-    await node.store.hset(ctx, key, {"status": MessageStatus.ERROR.value, "reason": exc.reason,
-                                     "updated_at": str(now())})
+    await node.store.hset(
+        ctx,
+        key,
+        {"status": MessageStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())},
+    )
     if message.message_type is MessageType.JOB and node.is_known_node(message.origin):
         for job in message.job:
             body = ResultBody(key, job.key, JobStatus.ERROR, {}, f"{exc.reason}: {exc.detail}")
@@ -64,9 +68,16 @@ async def reject(node: NodeState, ctx: int, key: str, exc: Rejected,
 def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
     """A result message answering ``request``, signed by this node, addressed to its origin."""
     msg = Message(
-        id=new_id(), caller_id=request.caller_id, context_id=request.context_id,
-        message=body.encode(), message_type=MessageType.RESULT, created_at=now(),
-        updated_at=now(), origin=node.node_id, destination=request.origin, nonce=new_nonce(),
+        id=new_id(),
+        caller_id=request.caller_id,
+        context_id=request.context_id,
+        message=body.encode(),
+        message_type=MessageType.RESULT,
+        created_at=now(),
+        updated_at=now(),
+        origin=node.node_id,
+        destination=request.origin,
+        nonce=new_nonce(),
     )
     return sign_message(msg, node.key)
 
@@ -80,14 +91,28 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
 
 async def apply_result(node: NodeState, ctx: int, body: ResultBody) -> None:
     """At the origin: update the job copy and the request, and wake the waiting client."""
-    reply = json.dumps({"job_key": body.job_key, "status": body.status.value,
-                        "result": body.result, "reason": body.reason})
+    reply = json.dumps(
+        {
+            "job_key": body.job_key,
+            "status": body.status.value,
+            "result": body.result,
+            "reason": body.reason,
+        }
+    )
     stamp = str(now())
-    request_status = (MessageStatus.PROCESSED if body.status is JobStatus.FINISHED
-                      else MessageStatus.ERROR)
+    request_status = (
+        MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
+    )
     async with node.store.transaction(ctx) as tx:
-        tx.hset(body.job_key, {"status": body.status.value, "result": json.dumps(body.result),
-                               "reason": body.reason, "updated_at": stamp})
+        tx.hset(
+            body.job_key,
+            {
+                "status": body.status.value,
+                "result": json.dumps(body.result),
+                "reason": body.reason,
+                "updated_at": stamp,
+            },
+        )
         tx.hset(body.in_reply_to, {"status": request_status.value, "updated_at": stamp})
         tx.lpush(keys.reply(body.in_reply_to), [reply])
         tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)

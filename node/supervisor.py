@@ -24,8 +24,9 @@ SERVICE = "supervisor"
 POP_TIMEOUT_S = 5.0
 
 
-async def run_supervisor(node: NodeState, ctx: int, *,
-                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> NoReturn:
+async def run_supervisor(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
     """Route context ``ctx``'s outgoing messages until cancelled; reports started after recovery."""
     inflight = keys.inflight(SERVICE)
     await node.store.recover(ctx, inflight, keys.MSG_OUT)
@@ -68,8 +69,10 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
             raise Rejected("unknown_actor", f"actor {message.caller_id} is not registered")
         context = await node.store.get_context(ctx)
         if context is None or not context.may_execute(message.caller_id):
-            raise Rejected("permission_denied",
-                           f"actor {message.caller_id} is not admin/executor of context {ctx}")
+            raise Rejected(
+                "permission_denied",
+                f"actor {message.caller_id} is not admin/executor of context {ctx}",
+            )
         verdict = verify_message(message, actor.pubkey)
         if message.origin != node.node_id:
             raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")

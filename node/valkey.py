@@ -77,17 +77,30 @@ class ValkeySpec:
     def argv(self, binary: Path) -> list[str]:
         args = [
             str(binary),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--protected-mode", "yes",
-            "--dir", str(self.data_dir),
-            "--databases", str(self.databases),
-            "--logfile", "",
-            "--save", "",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--protected-mode",
+            "yes",
+            "--dir",
+            str(self.data_dir),
+            "--databases",
+            str(self.databases),
+            "--logfile",
+            "",
+            "--save",
+            "",
         ]
         if self.persist:
-            args += ["--appendonly", "yes", "--appendfsync", "everysec",
-                     "--appenddirname", "appendonly"]
+            args += [
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--appenddirname",
+                "appendonly",
+            ]
         else:
             args += ["--appendonly", "no"]
         if self.maxmemory:
@@ -141,7 +154,9 @@ async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:
             return
         del seen[:-4096]
     tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
-    raise ValkeyError(f"valkey-server on port {port} exited before it was ready: {' / '.join(tail)}")
+    raise ValkeyError(
+        f"valkey-server on port {port} exited before it was ready: {' / '.join(tail)}"
+    )
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:
@@ -183,7 +198,9 @@ class ValkeyProcess:
         self.spec.data_dir.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
             self.spec.argv(find_valkey_binary()),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         assert self._proc.stdout is not None
         lines = _read_until_ready(self._proc.stdout)
@@ -226,12 +243,15 @@ def _discard(stream: IO[bytes]) -> None:
 
 
 @contextmanager
-def valkey_server(data_dir: Path, *, persist: bool = False, port: int = 0) -> Iterator[ValkeyProcess]:
+def valkey_server(
+    data_dir: Path, *, persist: bool = False, port: int = 0
+) -> Iterator[ValkeyProcess]:
     """Start a throwaway Valkey on a free port (retrying if the port was taken meanwhile)."""
     last: Exception | None = None
     for _ in range(3):
-        server = ValkeyProcess(ValkeySpec(port=port or free_port(), data_dir=data_dir,
-                                          persist=persist))
+        server = ValkeyProcess(
+            ValkeySpec(port=port or free_port(), data_dir=data_dir, persist=persist)
+        )
         try:
             server.start()
         except ValkeyError as exc:

@@ -89,8 +89,10 @@ async def test_link_carries_frames_both_ways(nursery):
         await rb.got.wait()
         await link_ba.send("ack", ctx=1, key="message:1:3")
         await ra.got.wait()
-    assert rb.frames[0][0] == A.public_hex and rb.frames[0][1].body["key"] == "message:1:2"
-    assert ra.frames[0][0] == B.public_hex and ra.frames[0][1].body["key"] == "message:1:3"
+    assert rb.frames[0][0] == A.public_hex
+    assert rb.frames[0][1].body["key"] == "message:1:2"
+    assert ra.frames[0][0] == B.public_hex
+    assert ra.frames[0][1].body["key"] == "message:1:3"
 
 
 async def test_unknown_node_and_wrong_key_are_refused(nursery):
@@ -105,7 +107,8 @@ async def test_unknown_node_and_wrong_key_are_refused(nursery):
     with trio.fail_after(10), pytest.raises(HandshakeError) as e:
         await ta._dial_once(C.public_hex, url_b)
     assert e.value.reason == "unexpected_node"
-    assert tb.link(A.public_hex) is None and tb.link(C.public_hex) is None
+    assert tb.link(A.public_hex) is None
+    assert tb.link(C.public_hex) is None
     assert rb.frames == []
 
 
@@ -118,6 +121,7 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
         await ws.send_message(encode_frame("hello", v=1, node=A.public_hex, nonce=n_i))
         answer = await ws.get_message()
         import json
+
         n_r = json.loads(answer)["nonce"]
         old_sig = hs.sign_transcript(A, "initiator", A.public_hex, B.public_hex, n_i, n_r)
     # ...and replay it in a new one: B's fresh nonce makes it worthless
@@ -144,7 +148,8 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
     assert tb.refused.get("malformed_frame") == 1
     assert tb.refused.get("unexpected_frame") == 1
     assert tb.refused.get("version_mismatch") == 1
-    assert rb.frames == [] and rb.bad == []
+    assert rb.frames == []
+    assert rb.bad == []
 
 
 async def test_node_refuses_unknown_peer_without_writing_redis(node_factory):

@@ -27,30 +27,43 @@ from bus.models import (
 
 # Key patterns and statuses, copied from shared/seeds/coordinator-specs.md section 3.
 SPEC_PATTERNS = {
-    "actor": r"actor:\d+", "context": r"context:\d+", "flow": r"flow:\d+",
-    "message": r"message:\d+:\d+", "runner": r"runner:[^:]+", "job": r"job:\d+:\d+",
+    "actor": r"actor:\d+",
+    "context": r"context:\d+",
+    "flow": r"flow:\d+",
+    "message": r"message:\d+:\d+",
+    "runner": r"runner:[^:]+",
+    "job": r"job:\d+:\d+",
 }
 SPEC_FIELDS = {
     Actor: "id pubkey address created_at updated_at",
     Context: "id admins readers executors created_at updated_at",
     Flow: "id caller_id context_id jobs env_vars result created_at updated_at status",
     Message: "id caller_id context_id message message_type message_format_type timeout "
-             "timeout_ack timeout_result job logs created_at updated_at status",
+    "timeout_ack timeout_result job logs created_at updated_at status",
     Runner: "id pubkey address topic local created_at updated_at",
     RunnerJob: "id caller_id context_id script script_type timeout retries env_vars result "
-               "prerequisites created_at updated_at status",
+    "prerequisites created_at updated_at status",
 }
 
 
 def test_key_schema_matches_spec_patterns():
-    built = {"actor": keys.actor(12), "context": keys.context(7), "flow": keys.flow(33),
-             "message": keys.message(12, 101), "runner": keys.runner("20"),
-             "job": keys.job(12, 2001)}
+    built = {
+        "actor": keys.actor(12),
+        "context": keys.context(7),
+        "flow": keys.flow(33),
+        "message": keys.message(12, 101),
+        "runner": keys.runner("20"),
+        "job": keys.job(12, 2001),
+    }
     for name, key in built.items():
         assert re.fullmatch(SPEC_PATTERNS[name], key), (name, key)
-    assert built["message"] == "message:12:101" and built["job"] == "job:12:2001"
-    assert (keys.MSG_OUT, keys.MSG_IN, keys.queue("python")) == ("msg_out", "msg_in",
-                                                                  "queue:python")
+    assert built["message"] == "message:12:101"
+    assert built["job"] == "job:12:2001"
+    assert (keys.MSG_OUT, keys.MSG_IN, keys.queue("python")) == (
+        "msg_out",
+        "msg_in",
+        "queue:python",
+    )
     assert keys.queue_instance("v", "g", "i") == "queue:v:group:g:inst:i"
     assert keys.parse_message_key("message:12:101") == (12, 101)
     with pytest.raises(ValueError, match="not a message key"):
@@ -59,8 +72,11 @@ def test_key_schema_matches_spec_patterns():
 
 def test_every_spec_field_is_stored():
     samples = {
-        Actor: Actor(1, "ab" * 32), Context: Context(1), Flow: Flow(1, 2, 3),
-        Message: Message(1, 2, 3, origin="a", destination="b"), Runner: Runner("r1"),
+        Actor: Actor(1, "ab" * 32),
+        Context: Context(1),
+        Flow: Flow(1, 2, 3),
+        Message: Message(1, 2, 3, origin="a", destination="b"),
+        Runner: Runner("r1"),
         RunnerJob: RunnerJob(1, 2, 3, "print(1)", "python"),
     }
     for cls, fields in SPEC_FIELDS.items():
@@ -70,11 +86,15 @@ def test_every_spec_field_is_stored():
 
 
 def test_status_enums_are_spelled_as_in_the_spec():
-    assert [s.value for s in JobStatus] == ["dispatched", "waiting_for_prerequisites", "started",
-                                            "error", "finished"]
+    assert [s.value for s in JobStatus] == [
+        "dispatched",
+        "waiting_for_prerequisites",
+        "started",
+        "error",
+        "finished",
+    ]
     assert {s.value for s in FlowStatus} == {"dispatched", "started", "error", "finished"}
-    assert {s.value for s in MessageStatus} == {"dispatched", "acknowledged", "error",
-                                                "processed"}
+    assert {s.value for s in MessageStatus} == {"dispatched", "acknowledged", "error", "processed"}
     assert {"job", "chat", "mail"} <= {t.value for t in MessageType}
     assert {f.value for f in MessageFormat} == {"html", "text", "md"}
 
@@ -94,12 +114,22 @@ smap = st.dictionaries(text, text, max_size=4)
 @st.composite
 def jobs(draw: st.DrawFn) -> RunnerJob:
     return RunnerJob(
-        id=draw(ids), caller_id=draw(ids), context_id=draw(ids), script=draw(text),
-        script_type=draw(st.sampled_from(["python", "sh", "v"])), timeout=draw(ids),
-        retries=draw(st.integers(0, 255)), env_vars=draw(smap), result=draw(smap),
-        prerequisites=draw(st.lists(text, max_size=3)), depends=draw(st.lists(ids, max_size=3)),
-        created_at=draw(ids), updated_at=draw(ids), status=draw(st.sampled_from(JobStatus)),
-        message_key=draw(text), reason=draw(text),
+        id=draw(ids),
+        caller_id=draw(ids),
+        context_id=draw(ids),
+        script=draw(text),
+        script_type=draw(st.sampled_from(["python", "sh", "v"])),
+        timeout=draw(ids),
+        retries=draw(st.integers(0, 255)),
+        env_vars=draw(smap),
+        result=draw(smap),
+        prerequisites=draw(st.lists(text, max_size=3)),
+        depends=draw(st.lists(ids, max_size=3)),
+        created_at=draw(ids),
+        updated_at=draw(ids),
+        status=draw(st.sampled_from(JobStatus)),
+        message_key=draw(text),
+        reason=draw(text),
     )
 
 
@@ -111,32 +141,45 @@ def test_job_round_trip(job: RunnerJob):
 @given(st.lists(jobs(), max_size=3), ids, ids, text, st.sampled_from(MessageStatus))
 def test_message_round_trip(job_list, caller, ident, body, status):
     # a message carries the signed part of its jobs, so compare that part
-    msg = Message(ident, caller, 1, message=body, job=job_list, origin="o", destination="d",
-                  status=status, signatures=[{"algorithm": "ed25519", "public_key": "p",
-                                              "signature": "s"}])
+    msg = Message(
+        ident,
+        caller,
+        1,
+        message=body,
+        job=job_list,
+        origin="o",
+        destination="d",
+        status=status,
+        signatures=[{"algorithm": "ed25519", "public_key": "p", "signature": "s"}],
+    )
     back = Message.from_hash(msg.to_hash())
     assert back.signed_content() == msg.signed_content()
-    assert back.status == status and back.signatures == msg.signatures
+    assert back.status == status
+    assert back.signatures == msg.signatures
 
 
 @given(ids, st.lists(ids, max_size=4), st.lists(ids, max_size=4), smap)
 def test_context_flow_actor_round_trip(i, admins, execs, env):
-    assert Context.from_hash(Context(i, admins, [], execs).to_hash()) == Context(i, admins, [],
-                                                                                 execs)
+    assert Context.from_hash(Context(i, admins, [], execs).to_hash()) == Context(
+        i, admins, [], execs
+    )
     flow = Flow(i, i, i, jobs=admins, env_vars=env, status=FlowStatus.STARTED)
     assert Flow.from_hash(flow.to_hash()) == flow
     actor = Actor(i, "ab" * 32, ["addr"])
     assert Actor.from_hash(actor.to_hash()) == actor
 
 
-@pytest.mark.parametrize(("field", "value", "needle"), [
-    ("id", "x", "'id' is not an integer"),
-    ("id", "-3", "'id' is negative"),
-    ("env_vars", "[1]", "'env_vars' must be a JSON dict"),
-    ("env_vars", "{", "'env_vars' is not valid JSON"),
-    ("depends", '["a"]', "'depends' must be a list of non-negative integers"),
-    ("status", "done", "expected one of dispatched|"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("id", "x", "'id' is not an integer"),
+        ("id", "-3", "'id' is negative"),
+        ("env_vars", "[1]", "'env_vars' must be a JSON dict"),
+        ("env_vars", "{", "'env_vars' is not valid JSON"),
+        ("depends", '["a"]', "'depends' must be a list of non-negative integers"),
+        ("status", "done", "expected one of dispatched|"),
+    ],
+)
 def test_malformed_job_hash_names_the_field(field, value, needle):
     h = RunnerJob(1, 2, 3, "x", "python").to_hash() | {field: value}
     with pytest.raises(ModelError, match=re.escape(needle)):
@@ -150,10 +193,17 @@ def test_missing_field_is_named():
         Message.from_hash(h)
 
 
-@given(st.one_of(st.binary(max_size=200), st.text(max_size=200),
-                 st.dictionaries(st.sampled_from(["t", "ctx", "key", "fields", "v", "node"]),
-                                 st.one_of(st.integers(), st.text(), st.none()), max_size=5)
-                 .map(lambda d: __import__("json").dumps(d))))
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.text(max_size=200),
+        st.dictionaries(
+            st.sampled_from(["t", "ctx", "key", "fields", "v", "node"]),
+            st.one_of(st.integers(), st.text(), st.none()),
+            max_size=5,
+        ).map(lambda d: __import__("json").dumps(d)),
+    )
+)
 def test_frame_decoder_never_raises_anything_but_frame_error(data):
     from bus.errors import FrameError
 

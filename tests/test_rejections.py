@@ -13,13 +13,35 @@ from bus.ids import new_id, new_nonce, now
 from bus.models import JobStatus, Message, MessageType, RunnerJob
 from crypto import KeyPair, read_key_file
 
-def job_message(signer: KeyPair, caller: int, origin: str, dest: str, script: str,
-                script_type: str = "python", ctx: int = 1) -> Message:
-    job = RunnerJob(id=new_id(), caller_id=caller, context_id=ctx, script=script,
-                    script_type=script_type, created_at=now())
-    msg = Message(id=new_id(), caller_id=caller, context_id=ctx, message_type=MessageType.JOB,
-                  job=[job], created_at=now(), origin=origin, destination=dest,
-                  nonce=new_nonce())
+
+def job_message(
+    signer: KeyPair,
+    caller: int,
+    origin: str,
+    dest: str,
+    script: str,
+    script_type: str = "python",
+    ctx: int = 1,
+) -> Message:
+    job = RunnerJob(
+        id=new_id(),
+        caller_id=caller,
+        context_id=ctx,
+        script=script,
+        script_type=script_type,
+        created_at=now(),
+    )
+    msg = Message(
+        id=new_id(),
+        caller_id=caller,
+        context_id=ctx,
+        message_type=MessageType.JOB,
+        job=[job],
+        created_at=now(),
+        origin=origin,
+        destination=dest,
+        nonce=new_nonce(),
+    )
     return sign_message(msg, signer)
 
 
@@ -32,8 +54,14 @@ async def push_in(node, msg: Message, queue: str = keys.MSG_IN) -> None:
 async def run_and_wait(node, actor: KeyPair, caller: int, ctx: int = 1):
     """A good job after the bad ones: proof that the service went on. msg_in is consumed in
     order by one consumer, so once this result is back every earlier message was handled."""
-    msg = await node.client.submit_job(actor, caller, to=node.node_id, context_id=ctx,
-                                       script_type="python", script="print('still alive')")
+    msg = await node.client.submit_job(
+        actor,
+        caller,
+        to=node.node_id,
+        context_id=ctx,
+        script_type="python",
+        script="print('still alive')",
+    )
     with trio.fail_after(15):
         [result] = await node.client.wait_results(msg, timeout_s=15)
     return result
@@ -52,7 +80,8 @@ async def test_tampered_message_is_dead_lettered_and_not_run(node_factory, tmp_p
     assert entry["reason"] == "bad_signature"
     assert not marker.exists()
     assert not await alice.store.exists(1, evil.key) or (
-        (await alice.store.hgetall(1, evil.key)).get("status") != "finished")
+        (await alice.store.hgetall(1, evil.key)).get("status") != "finished"
+    )
 
 
 async def test_supervisor_refuses_tampered_outgoing_message(node_factory, tmp_path):
@@ -63,23 +92,27 @@ async def test_supervisor_refuses_tampered_outgoing_message(node_factory, tmp_pa
     # the waiting client is told, instead of waiting forever
     with trio.fail_after(15):
         [result] = await alice.client.wait_results(msg, timeout_s=15)
-    assert result.status is JobStatus.ERROR and "bad_signature" in result.reason
+    assert result.status is JobStatus.ERROR
+    assert "bad_signature" in result.reason
     [entry] = await alice.store.dead_letters(1)
-    assert entry["reason"] == "bad_signature" and entry["key"] == msg.key
+    assert entry["reason"] == "bad_signature"
+    assert entry["key"] == msg.key
 
 
 async def test_non_executor_is_refused(node_factory):
     alice = await node_factory("alice")
     stranger = KeyPair.generate()
     await alice.client.register_actor(9, stranger.public_hex)  # known, but not in context 1
-    msg = await alice.client.submit_job(stranger, 9, to=alice.node_id, context_id=1,
-                                        script_type="python", script="print('no')")
+    msg = await alice.client.submit_job(
+        stranger, 9, to=alice.node_id, context_id=1, script_type="python", script="print('no')"
+    )
     with trio.fail_after(15):
         [result] = await alice.client.wait_results(msg, timeout_s=15)
     assert result.status is JobStatus.ERROR
     assert result.reason.startswith("permission_denied")
     [entry] = await alice.store.dead_letters(1)
-    assert entry["reason"] == "permission_denied" and entry["key"] == msg.key
+    assert entry["reason"] == "permission_denied"
+    assert entry["key"] == msg.key
     assert (await alice.store.hgetall(1, msg.key))["status"] == "error"
 
 
@@ -98,39 +131,56 @@ async def test_unknown_actor_and_malformed_hashes_at_the_consumer(node_factory):
     await alice.store.lpush(1, keys.MSG_IN, good.key)
     assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
     reasons = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
-    assert reasons == {ghost.key: "unknown_actor", "message:1:5": "malformed",
-                       "message:1:6": "missing_hash", good.key: "malformed"}
+    assert reasons == {
+        ghost.key: "unknown_actor",
+        "message:1:5": "malformed",
+        "message:1:6": "missing_hash",
+        good.key: "malformed",
+    }
 
 
 async def test_unknown_script_type_ends_in_error(node_factory):
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    msg = await alice.client.submit_job(actor, 1, to=alice.node_id, context_id=1,
-                                        script_type="cobol", script="DISPLAY 'HI'.")
+    msg = await alice.client.submit_job(
+        actor, 1, to=alice.node_id, context_id=1, script_type="cobol", script="DISPLAY 'HI'."
+    )
     with trio.fail_after(15):
         [result] = await alice.client.wait_results(msg, timeout_s=15)
     assert result.status is JobStatus.ERROR
-    assert "unknown_script_type" in result.reason and "cobol" in result.reason
+    assert "unknown_script_type" in result.reason
+    assert "cobol" in result.reason
     job = await alice.store.hgetall(1, result.job_key)
-    assert job["status"] == "error" and job["reason"].startswith("unknown_script_type")
+    assert job["status"] == "error"
+    assert job["reason"].startswith("unknown_script_type")
 
 
 async def test_failing_and_timed_out_scripts(node_factory):
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
     failing = await alice.client.submit_job(
-        actor, 1, to="", context_id=1, script_type="sh", script="echo oops >&2; exit 3")
+        actor, 1, to="", context_id=1, script_type="sh", script="echo oops >&2; exit 3"
+    )
     slow = await alice.client.submit_job(
-        actor, 1, to=alice.node_id, context_id=1, script_type="python",
-        script="import time; time.sleep(30)", timeout_s=1)
+        actor,
+        1,
+        to=alice.node_id,
+        context_id=1,
+        script_type="python",
+        script="import time; time.sleep(30)",
+        timeout_s=1,
+    )
     with trio.fail_after(20):
         [bad_route] = await alice.client.wait_results(failing, timeout_s=15)
         [timed_out] = await alice.client.wait_results(slow, timeout_s=15)
     assert bad_route.reason.startswith("unknown_destination")
-    assert timed_out.status is JobStatus.ERROR and timed_out.reason.startswith("timeout")
+    assert timed_out.status is JobStatus.ERROR
+    assert timed_out.reason.startswith("timeout")
     failing = await alice.client.submit_job(
-        actor, 1, to=alice.node_id, context_id=1, script_type="sh", script="echo oops >&2; exit 3")
+        actor, 1, to=alice.node_id, context_id=1, script_type="sh", script="echo oops >&2; exit 3"
+    )
     with trio.fail_after(15):
         [result] = await alice.client.wait_results(failing, timeout_s=15)
     assert result.status is JobStatus.ERROR
-    assert result.result["exit_code"] == "3" and result.result["stderr"] == "oops\n"
+    assert result.result["exit_code"] == "3"
+    assert result.result["stderr"] == "oops\n"

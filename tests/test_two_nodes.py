@@ -6,7 +6,7 @@ import trio
 
 from bus import keys
 from bus.models import JobStatus
-from crypto import KeyPair, read_key_file
+from crypto import read_key_file
 
 
 async def wire(a, b) -> None:
@@ -15,16 +15,18 @@ async def wire(a, b) -> None:
     await b.client.add_peer(a.node_id, a.info.ws_url, name=a.config.name)
     actor = read_key_file(a.config.actor_key_path)
     await b.client.register_actor(a.config.actor_id + 100, actor.public_hex)
-    await b.client.register_context(1, admins=[b.config.actor_id],
-                                    executors=[a.config.actor_id + 100])
+    await b.client.register_context(
+        1, admins=[b.config.actor_id], executors=[a.config.actor_id + 100]
+    )
 
 
 async def test_local_job_round_trip(node_factory):
     alice = await node_factory("alice")
     key = read_key_file(alice.config.actor_key_path)
     with trio.fail_after(20):
-        msg = await alice.client.submit_job(key, 1, to=alice.node_id, context_id=1,
-                                            script_type="python", script="print(6*7)")
+        msg = await alice.client.submit_job(
+            key, 1, to=alice.node_id, context_id=1, script_type="python", script="print(6*7)"
+        )
         [result] = await alice.client.wait_results(msg, timeout_s=15)
     assert result.status is JobStatus.FINISHED
     assert result.stdout == "42\n"
@@ -42,9 +44,15 @@ async def test_cross_node_round_trip(node_factory):
     await bob.client.register_actor(1, actor.public_hex)
     await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
     with trio.fail_after(30):
-        msg = await alice.client.submit_job(actor, 1, to=bob.node_id, context_id=1,
-                                            script_type="sh", script='echo "on $(hostname) $X"',
-                                            env_vars={"X": "bob"})
+        msg = await alice.client.submit_job(
+            actor,
+            1,
+            to=bob.node_id,
+            context_id=1,
+            script_type="sh",
+            script='echo "on $(hostname) $X"',
+            env_vars={"X": "bob"},
+        )
         [result] = await alice.client.wait_results(msg, timeout_s=25)
     assert result.ok, result
     assert result.stdout.strip().endswith("bob")
