@@ -188,6 +188,7 @@ def main() -> int:
     if args.nodes < 2:
         parser.error("--nodes must be at least 2")
     base = args.dir or Path(tempfile.mkdtemp(prefix="hero-testnet-"))
+    base.mkdir(parents=True, exist_ok=True)
     try:
         return trio.run(main_async, args, base)
     except KeyboardInterrupt:

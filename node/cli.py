@@ -50,8 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     except (NodeError, BusError, CryptoError) as exc:
         print(f"hero-node: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:  # errors raised inside the node's nurseries
+        expected, rest = group.split((NodeError, BusError, CryptoError))
+        if rest is not None or expected is None:
+            raise
+        for exc in _leaves(expected):
+            print(f"hero-node: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default="node", help="a short name for this node")
     s.add_argument("--listen-port", type=int, default=7700, help="websocket port (0: any free)")
     s.add_argument("--redis", default="", help="use this Redis URL instead of an embedded Valkey")
+    s.add_argument(
+        "--actor-id", type=int, default=1, help="id of this home's default actor (default 1)"
+    )
     s.add_argument("--force", action="store_true", help="replace an existing home's keys/config")
     s.set_defaults(func=cmd_init)
 
@@ -156,6 +173,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         redis_url=args.redis,
         passphrase=passphrase_from_env(),
         force=args.force,
+        actor_id=args.actor_id,
     )
     node_key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())

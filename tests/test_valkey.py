@@ -1,0 +1,47 @@
+"""The embedded Valkey launcher: ready only after PING, AOF in the data dir, clean stop."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from bus.store import open_store
+from node.valkey import ValkeyError, ValkeySpec, free_port, run_valkey
+
+
+async def test_embedded_valkey_persists_with_aof_and_stops_on_cancel(tmp_path):
+    spec = ValkeySpec(port=free_port(), data_dir=tmp_path / "v", databases=32)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(run_valkey, spec)
+            async with open_store(url) as store:
+                await store.hset(31, "k", {"a": "1"})  # a high DB exists: databases applied
+                config = await store.call(0, lambda r: r.config_get(["appendfsync", "bind"]))
+            nursery.cancel_scope.cancel()
+    assert config["appendfsync"] == "everysec"
+    assert config["bind"].startswith("127.0.0.1")
+    assert list((tmp_path / "v" / "appendonly").glob("*.aof"))
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", spec.port), timeout=1),
+    ):
+        pass  # nothing listens any more
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(run_valkey, spec)
+            async with open_store(url) as store:
+                assert await store.hgetall(31, "k") == {"a": "1"}
+            nursery.cancel_scope.cancel()
+
+
+async def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        spec = ValkeySpec(port=busy.getsockname()[1], data_dir=tmp_path / "v", persist=False)
+        expected = pytest.RaisesExc(ValkeyError, match="exited before it was ready.*in use")
+        with trio.fail_after(30), pytest.RaisesGroup(expected, flatten_subgroups=True):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(run_valkey, spec)
