@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
             raise
-        for exc in _leaves(expected):
-            print(f"hero-node: {exc}", file=sys.stderr)
+        for leaf in _leaves(expected):
+            print(f"hero-node: {leaf}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
