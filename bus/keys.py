@@ -106,6 +106,11 @@ def outbox_inflight(node_id: str) -> str:
     return f"outbox:{node_id}:inflight"
 
 
+def nonce(caller_id: int, value: str) -> str:
+    """Marker that a caller's nonce was used (replay protection, expires with the window)."""
+    return f"nonce:{caller_id}:{value}"
+
+
 def seen(message_key: str) -> str:
     """Marker that a message was accepted (replay / duplicate protection)."""
     return f"seen:{message_key}"

@@ -129,6 +129,13 @@ class Transport:
         raise AssertionError("unreachable")
 
     async def _accept(self, request: WebSocketRequest) -> None:
+        """Handle one inbound connection; nothing it does may take the listener down."""
+        try:
+            await self._accept_one(request)
+        except Exception:
+            log.exception("inbound link failed")
+
+    async def _accept_one(self, request: WebSocketRequest) -> None:
         try:
             ws = await request.accept()
         except (ConnectionClosed, WsHandshakeError):
@@ -174,6 +181,8 @@ class Transport:
                 trio.TooSlowError,
             ) as exc:
                 log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
+            except Exception:
+                log.exception("link to %s… (%s) failed", peer_id[:16], address)
             await trio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.config.backoff_max_s)
 
@@ -217,7 +226,10 @@ class Transport:
     def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:
         reason = exc.reason if isinstance(exc, HandshakeError) else type(exc).__name__
         self.refused[reason] = self.refused.get(reason, 0) + 1
-        remote = getattr(ws.remote, "address", ws.remote)
+        try:
+            remote = getattr(ws.remote, "address", ws.remote)
+        except OSError:  # the socket is already gone
+            remote = "a closed connection"
         log.warning("%s handshake with %s refused: %s", direction, remote, exc)
 
     async def _run_link(self, link: Link) -> None:

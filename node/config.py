@@ -40,6 +40,8 @@ class NodeConfig:
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     reply_ttl_s: int = 86_400
+    max_age_s: int = 300  # messages older than this are refused ("expired")
+    max_skew_s: int = 60  # ... and dated further ahead than this ("from_future")
     max_output_bytes: int = 1024 * 1024
     grace_s: float = 10.0
 
@@ -72,6 +74,8 @@ _INT_FIELDS = (
     "context_id",
     "max_frame_bytes",
     "reply_ttl_s",
+    "max_age_s",
+    "max_skew_s",
     "max_output_bytes",
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
@@ -137,6 +141,10 @@ context_id = {cfg.context_id}
 max_frame_bytes = {cfg.max_frame_bytes}
 handshake_timeout_s = {cfg.handshake_timeout_s}
 reply_ttl_s = {cfg.reply_ttl_s}
+# freshness: refuse messages older than max_age_s or dated more than max_skew_s ahead;
+# keys and nonces of accepted messages are remembered for that window (replay protection)
+max_age_s = {cfg.max_age_s}
+max_skew_s = {cfg.max_skew_s}
 max_output_bytes = {cfg.max_output_bytes}
 # on SIGTERM/SIGINT, running jobs get this long to finish
 grace_s = {cfg.grace_s}

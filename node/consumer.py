@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import trio
 
 from bus import keys
-from bus.envelope import ResultBody, verify_message
+from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageStatus, MessageType
+from bus.verify import judge
 from node.messages import Rejected, apply_result, load_message, queue_result, reject
 from node.state import NodeState
 
@@ -44,17 +45,17 @@ async def run_consumer(
         key = await node.store.pop_reliable(ctx, keys.MSG_IN, inflight, POP_TIMEOUT_S)
         if key is None:
             continue
-        await _handle_guarded(node, ctx, key, script_types)
+        await _handle_guarded(node, ctx, key, script_types, inflight)
         await node.store.ack(ctx, inflight, key)
 
 
 async def _handle_guarded(
-    node: NodeState, ctx: int, key: str, script_types: Collection[str]
+    node: NodeState, ctx: int, key: str, script_types: Collection[str], inflight: str
 ) -> None:
     message: Message | None = None
     try:
         message = await load_message(node, ctx, key)
-        await handle_incoming(node, ctx, message, script_types)
+        await handle_incoming(node, ctx, message, script_types, inflight)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE)
     except StoreError:
@@ -65,30 +66,38 @@ async def _handle_guarded(
 
 
 async def handle_incoming(
-    node: NodeState, ctx: int, message: Message, script_types: Collection[str]
+    node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
 ) -> None:
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
-    if await node.store.exists(ctx, keys.seen(message.key)):
-        log.info("%s was already processed; dropping the duplicate", message.key)
-        node.count("duplicates")
-        return
     if message.message_type is MessageType.RESULT:
-        await _accept_result(node, ctx, message)
+        await _accept_result(node, ctx, message, inflight)
     elif message.message_type is MessageType.JOB:
         await _authorise(node, ctx, message)
-        await materialise(node, ctx, message, script_types)
+        await check_replay(node, ctx, message)
+        await materialise(node, ctx, message, script_types, inflight)
     else:  # chat and mail are stored; nothing runs
         await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
+
+
+async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
+    """Rejected('replay') for a message key or nonce accepted within the freshness window."""
+    seen_key = await node.store.exists(ctx, keys.seen(message.key))
+    seen_nonce = message.nonce and await node.store.exists(
+        ctx, keys.nonce(message.caller_id, message.nonce)
+    )
+    if seen_key or seen_nonce:
+        what = "message key" if seen_key else "nonce"
+        raise Rejected("replay", f"{what} of {message.key} was already accepted")
 
 
 async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
     actor = await node.store.get_actor(message.caller_id)
     if actor is None:
         raise Rejected("unknown_actor", f"actor {message.caller_id} is not registered here")
-    verdict = verify_message(message, actor.pubkey)
+    verdict = judge(message, actor.pubkey, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected("bad_signature", f"{verdict.reason} {verdict.detail}".strip())
+        raise Rejected(verdict.reason, verdict.detail)
     context = await node.store.get_context(ctx)
     if context is None:
         raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
@@ -100,10 +109,19 @@ async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
         raise Rejected("malformed", "a job names another caller or context than its message")
 
 
+def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> None:  # noqa: ANN401
+    """Queue, in transaction ``tx``: the replay markers (with TTL) and the in-flight ack."""
+    window = node.freshness.window_s
+    tx.set(keys.seen(message.key), "1", ex=window)
+    if message.nonce:
+        tx.set(keys.nonce(message.caller_id, message.nonce), message.key, ex=window)
+    tx.lrem(inflight, 1, message.key)
+
+
 async def materialise(
-    node: NodeState, ctx: int, message: Message, script_types: Collection[str]
+    node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
 ) -> None:
-    """Create each job hash and queue it, atomically with the message's 'seen' marker."""
+    """Create each job hash and queue it, atomically with the replay markers and the ack."""
     stamp = now()
     unknown = [j for j in message.job if j.script_type not in script_types]
     async with node.store.transaction(ctx) as tx:
@@ -120,7 +138,7 @@ async def materialise(
             if job not in unknown:
                 tx.lpush(keys.queue(job.script_type), [job.key])
         tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value, "updated_at": str(stamp)})
-        tx.set(keys.seen(message.key), "1")
+        mark_accepted(tx, node, message, inflight)
     node.count("materialised", len(message.job))
     for job in unknown:
         detail = (
@@ -133,12 +151,12 @@ async def materialise(
         )
 
 
-async def _accept_result(node: NodeState, ctx: int, message: Message) -> None:
-    if not node.is_known_node(message.origin):
-        raise Rejected("unknown_node", f"result from unknown node {message.origin[:16]}…")
-    verdict = verify_message(message, message.origin)
+async def _accept_result(node: NodeState, ctx: int, message: Message, inflight: str) -> None:
+    signer = message.origin if node.is_known_node(message.origin) else None
+    verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected("bad_signature", f"{verdict.reason} {verdict.detail}".strip())
+        raise Rejected(verdict.reason, verdict.detail)
+    await check_replay(node, ctx, message)
     try:
         body = ResultBody.decode(message.message)
     except ModelError as exc:
@@ -148,6 +166,7 @@ async def _accept_result(node: NodeState, ctx: int, message: Message) -> None:
         raise Rejected("unknown_request", f"no request {body.in_reply_to} in context {ctx}")
     if message.origin not in (destination, node.node_id):
         raise Rejected("wrong_signer", f"{body.in_reply_to} was not sent to the node that answered")
-    await apply_result(node, ctx, body)
-    await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
-    await node.store.call(ctx, lambda r: r.set(keys.seen(message.key), "1"))
+    async with node.store.transaction(ctx) as tx:
+        apply_result(tx, node, body)
+        tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
+        mark_accepted(tx, node, message, inflight)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import replace
+from typing import Any
 
 from bus import keys
 from bus.envelope import ResultBody, sign_message
@@ -52,17 +53,46 @@ async def reject(
     log.warning("%s rejected %s (context %d): %s", service, key, ctx, exc)
     node.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail)
-    if message is None:
+    if message is None or exc.reason == "replay":  # a replay's hash is the original's: keep it
         return
     await node.store.hset(
         ctx,
         key,
         {"status": MessageStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())},
     )
-    if message.message_type is MessageType.JOB and node.is_known_node(message.origin):
+    if _should_notify(node, message, exc.reason):
         for job in message.job:
             body = ResultBody(key, job.key, JobStatus.ERROR, {}, f"{exc.reason}: {exc.detail}")
             await queue_result(node, message, body)
+
+
+# Refusals of messages whose sender is not authenticated: the origin they name may never have
+# sent them, so only this node's own clients are told.
+UNAUTHENTICATED = frozenset(
+    {
+        "bad_signature",
+        "unknown_actor",
+        "unknown_signer",
+        "malformed",
+        "wrong_signer",
+        "missing_hash",
+        "wrong_context",
+    }
+)
+
+
+def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
+    """Whether the sender of a refused job message gets error results for its jobs.
+
+    Never for a replay (the original was answered; answering again would let an attacker
+    overwrite the origin's result); for unauthenticated messages only when they came from
+    this node's own clients.
+    """
+    if message.message_type is not MessageType.JOB or reason == "replay":
+        return False
+    if reason in UNAUTHENTICATED:
+        return message.origin == node.node_id
+    return node.is_known_node(message.origin)
 
 
 def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
@@ -89,8 +119,9 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
         tx.lpush(keys.MSG_OUT, [msg.key])
 
 
-async def apply_result(node: NodeState, ctx: int, body: ResultBody) -> None:
-    """At the origin: update the job copy and the request, and wake the waiting client."""
+def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
+    """Queue in ``tx``, at the origin: the job copy's final state, the request's status, and
+    the reply that wakes the waiting client."""
     reply = json.dumps(
         {
             "job_key": body.job_key,
@@ -103,19 +134,18 @@ async def apply_result(node: NodeState, ctx: int, body: ResultBody) -> None:
     request_status = (
         MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
     )
-    async with node.store.transaction(ctx) as tx:
-        tx.hset(
-            body.job_key,
-            {
-                "status": body.status.value,
-                "result": json.dumps(body.result),
-                "reason": body.reason,
-                "updated_at": stamp,
-            },
-        )
-        tx.hset(body.in_reply_to, {"status": request_status.value, "updated_at": stamp})
-        tx.lpush(keys.reply(body.in_reply_to), [reply])
-        tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
+    tx.hset(
+        body.job_key,
+        {
+            "status": body.status.value,
+            "result": json.dumps(body.result),
+            "reason": body.reason,
+            "updated_at": stamp,
+        },
+    )
+    tx.hset(body.in_reply_to, {"status": request_status.value, "updated_at": stamp})
+    tx.lpush(keys.reply(body.in_reply_to), [reply])
+    tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
 
 
 def with_status(message: Message, status: MessageStatus) -> Message:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from bus import keys
 from bus.models import Peer
 from bus.store import Store
+from bus.verify import Freshness
 from crypto import KeyPair
 from node.config import NodeConfig
 
@@ -21,6 +22,10 @@ class NodeState:
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
     metrics: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def freshness(self) -> Freshness:
+        return Freshness(self.config.max_age_s, self.config.max_skew_s)
 
     @property
     def node_id(self) -> str:

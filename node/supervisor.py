@@ -12,9 +12,10 @@ from typing import NoReturn
 import trio
 
 from bus import keys, outbox
-from bus.envelope import verify_message
 from bus.errors import StoreError
+from bus.ids import now
 from bus.models import Message, MessageType
+from bus.verify import judge
 from node.messages import Rejected, load_message, reject
 from node.state import NodeState
 
@@ -55,14 +56,12 @@ async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
-    """Job messages: signed by the caller's registered key, caller may execute in ``ctx``.
-
-    Result messages: created and signed by this node.
-    """
+    """Job messages: signed by the caller's registered key, fresh, and the caller may execute
+    in ``ctx``. Result messages: created and signed by this node."""
     if message.message_type is MessageType.RESULT:
         if message.origin != node.node_id:
             raise Rejected("forged_result", "result messages in msg_out must come from this node")
-        verdict = verify_message(message, node.node_id)
+        signer: str | None = node.node_id
     else:
         actor = await node.store.get_actor(message.caller_id)
         if actor is None:
@@ -73,11 +72,12 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
                 "permission_denied",
                 f"actor {message.caller_id} is not admin/executor of context {ctx}",
             )
-        verdict = verify_message(message, actor.pubkey)
-        if message.origin != node.node_id:
-            raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
+        signer = actor.pubkey
+    verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected("bad_signature", f"{verdict.reason} {verdict.detail}".strip())
+        raise Rejected(verdict.reason, verdict.detail)
+    if message.origin != node.node_id:
+        raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
 
 
 async def route(node: NodeState, ctx: int, message: Message) -> None:
