@@ -62,7 +62,7 @@ def judge(
     With ``now`` given, freshness is judged too (``freshness`` defaults to 5 min / 60 s).
     """
     if registered_key is None:
-        return MessageVerdict(False, "unknown_signer", "the signer is not registered here")
+        return MessageVerdict(False, "unknown_signer", "no key is registered for the signer")
     verdict = verify_message(message, registered_key)
     if not verdict.ok:
         reason = {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from crypto.canonical import loads_strict
@@ -37,10 +38,11 @@ examples:
   hero-verify sign job.json --key node.key > job.signed.json
   hero-verify verify job.signed.json --pubkey <64-hex public key>
   cat job.signed.json | hero-verify verify - --json
+  hero-verify verify message:1:123 --redis redis://127.0.0.1:6379 --db 1
 """
 
 
-class _InputError(Exception):
+class InputError(Exception):
     """Input could not be read or is not what the subcommand needs (exit code 2)."""
 
 
@@ -136,13 +138,28 @@ def _add_verify(sub: Any) -> None:
         "--pubkey", metavar="HEX", help="require the signature to be by this public key"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        help="verify the message hash whose key is FILE (message:<caller>:<id>) in this Redis, "
+        "against the signer registered there (actor:<caller> in DB 0, or the origin node)",
+    )
+    parser.add_argument(
+        "--db", type=int, default=1, metavar="N", help="with --redis: the context DB (default 1)"
+    )
+    parser.add_argument(
+        "--max-age",
+        type=int,
+        metavar="S",
+        help="with --redis: also refuse a message created more than S seconds ago",
+    )
 
 
 def _read_input(source: str) -> bytes:
     """Read ``source`` (a path, or ``-`` for stdin).
 
     Raises:
-        _InputError: the file cannot be read or is too large.
+        InputError: the file cannot be read or is too large.
     """
     try:
         if source == "-":
@@ -152,9 +169,9 @@ def _read_input(source: str) -> bytes:
             with open(source, "rb") as handle:
                 data = handle.read(_MAX_INPUT_BYTES + 1)
     except OSError as exc:
-        raise _InputError(f"cannot read {_display(source)}: {exc.strerror or exc}") from exc
+        raise InputError(f"cannot read {_display(source)}: {exc.strerror or exc}") from exc
     if len(data) > _MAX_INPUT_BYTES:
-        raise _InputError(f"{_display(source)} is larger than {_MAX_INPUT_BYTES} bytes")
+        raise InputError(f"{_display(source)} is larger than {_MAX_INPUT_BYTES} bytes")
     return data
 
 
@@ -190,7 +207,7 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     if args.passphrase_env:
         passphrase = passphrase_from_env(args.passphrase_env)
         if passphrase is None:
-            raise _InputError(f"environment variable {args.passphrase_env} is unset or empty")
+            raise InputError(f"environment variable {args.passphrase_env} is unset or empty")
     elif args.passphrase_prompt:
         passphrase = prompt_passphrase(confirm=True)
     key = KeyPair.generate()
@@ -210,7 +227,7 @@ def _cmd_sign(args: argparse.Namespace) -> int:
     try:
         payload = loads_strict(data)
     except CanonicalError as exc:
-        raise _InputError(f"cannot sign {_display(args.file)}: {exc}") from exc
+        raise InputError(f"cannot sign {_display(args.file)}: {exc}") from exc
     key = _load_key(args.key, args.passphrase_env)
     envelope = sign_envelope(key, payload, domain=args.domain)
     print(json.dumps(envelope, indent=2))
@@ -221,7 +238,7 @@ def _parse_envelope_input(data: bytes, source: str) -> tuple[object, Verdict | N
     """Parse verify input strictly; JSON that is valid but not strict gives a failure Verdict.
 
     Raises:
-        _InputError: the input is not JSON at all.
+        InputError: the input is not JSON at all.
     """
     try:
         return loads_strict(data), None
@@ -229,7 +246,7 @@ def _parse_envelope_input(data: bytes, source: str) -> tuple[object, Verdict | N
         try:
             lenient = json.loads(data.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError) as exc:
-            raise _InputError(f"{_display(source)} is not JSON: {strict_error}") from exc
+            raise InputError(f"{_display(source)} is not JSON: {strict_error}") from exc
         detail = f"not strict integer-only JSON: {strict_error}"
         return lenient, Verdict(False, "malformed_content", detail=detail)
 
@@ -245,27 +262,46 @@ def _describe(verdict: Verdict, expected: str | None) -> str:
         "unsupported_algorithm": "no signature with a supported algorithm (ed25519)",
         "no_signature": "the envelope carries no signature",
         "malformed_content": "malformed encoding of the signed content",
+        "malformed": "malformed message (fields missing or of the wrong type)",
+        "unknown_signer": "unknown signer (no registered key for the message's sender)",
+        "expired": "expired (older than the allowed age)",
+        "from_future": "dated too far in the future",
     }.get(verdict.reason, verdict.reason)
     if verdict.reason == "wrong_signer" or not verdict.detail:
         return f"INVALID ({verdict.reason}): {text}"
     return f"INVALID ({verdict.reason}): {text}; {verdict.detail}"
 
 
+# ``hero-verify verify --redis`` needs the bus package (data model, Redis); crypto must not
+# import it, so the console script installs this hook (see bus/verify_cli.py).
+RedisVerifier = Callable[[argparse.Namespace], Verdict]
+_redis_verifier: RedisVerifier | None = None
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
+    if args.redis:
+        if _redis_verifier is None:
+            raise InputError("--redis needs the hero-node bus package (run hero-verify)")
+        verdict = _redis_verifier(args)
+        return _report(verdict, None, args.json)
     expected: str | None = None
     if args.pubkey is not None:
         try:
             expected = parse_public_key(args.pubkey.strip()).hex()
         except CryptoError as exc:
-            raise _InputError(f"--pubkey: {exc}") from exc
+            raise InputError(f"--pubkey: {exc}") from exc
     doc, verdict = _parse_envelope_input(_read_input(args.file), args.file)
     try:
         check_envelope(doc)
     except CanonicalError as exc:
-        raise _InputError(f"{_display(args.file)}: {exc}") from exc
+        raise InputError(f"{_display(args.file)}: {exc}") from exc
     if verdict is None:
         verdict = verify_envelope(doc, expected)
-    if args.json:
+    return _report(verdict, expected, args.json)
+
+
+def _report(verdict: Verdict, expected: str | None, as_json: bool) -> int:
+    if as_json:
         result = {
             "valid": verdict.ok,
             "reason": verdict.reason,
@@ -286,12 +322,14 @@ _COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, redis_verifier: RedisVerifier | None = None) -> int:
     """Run ``hero-verify``; return the exit code (argparse exits with 2 on usage errors)."""
+    global _redis_verifier
+    _redis_verifier = redis_verifier
     args = build_parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except (CryptoError, _InputError) as exc:
+    except (CryptoError, InputError) as exc:
         print(f"hero-verify: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 

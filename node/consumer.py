@@ -93,11 +93,10 @@ async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
 
 async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
     actor = await node.store.get_actor(message.caller_id)
-    if actor is None:
-        raise Rejected("unknown_actor", f"actor {message.caller_id} is not registered here")
-    verdict = judge(message, actor.pubkey, now=now(), freshness=node.freshness)
+    signer = actor.pubkey if actor is not None else None
+    verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected(verdict.reason, verdict.detail)
+        raise Rejected(verdict.reason, f"actor {message.caller_id}: {verdict.detail}")
     context = await node.store.get_context(ctx)
     if context is None:
         raise Rejected("unknown_context", f"context {ctx} does not exist on this node")

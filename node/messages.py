@@ -71,7 +71,6 @@ async def reject(
 UNAUTHENTICATED = frozenset(
     {
         "bad_signature",
-        "unknown_actor",
         "unknown_signer",
         "malformed",
         "wrong_signer",

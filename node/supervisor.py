@@ -65,7 +65,7 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
     else:
         actor = await node.store.get_actor(message.caller_id)
         if actor is None:
-            raise Rejected("unknown_actor", f"actor {message.caller_id} is not registered")
+            raise Rejected("unknown_signer", f"actor {message.caller_id} is not registered")
         context = await node.store.get_context(ctx)
         if context is None or not context.may_execute(message.caller_id):
             raise Rejected(

@@ -132,7 +132,7 @@ async def test_unknown_actor_and_malformed_hashes_at_the_consumer(node_factory):
     assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
     reasons = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
     assert reasons == {
-        ghost.key: "unknown_actor",
+        ghost.key: "unknown_signer",
         "message:1:5": "malformed",
         "message:1:6": "missing_hash",
         good.key: "malformed",
