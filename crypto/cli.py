@@ -282,8 +282,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.redis:
         if _redis_verifier is None:
             raise InputError("--redis needs the hero-node bus package (run hero-verify)")
-        verdict = _redis_verifier(args)
-        return _report(verdict, None, args.json)
+        return _report(_redis_verifier(args), None, args.json)
     expected: str | None = None
     if args.pubkey is not None:
         try:
