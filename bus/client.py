@@ -158,6 +158,8 @@ class Client:
         timeout_s: int = 60,
     ) -> Message:
         origin = await self.node_id()
+        if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
+            to = await self.resolve_node(to)
         message = sign_message(
             Message(
                 id=new_id(),

@@ -14,6 +14,7 @@ so neither a replayed signature nor a reflected one (R's signature passed off as
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 from bus.errors import HandshakeError
 from crypto import KeyPair, parse_public_key, sign_object, verify_object
@@ -28,15 +29,31 @@ def new_nonce() -> str:
     return secrets.token_hex(NONCE_BYTES)
 
 
-def transcript(role: str, initiator: str, responder: str, n_i: str, n_r: str) -> dict[str, object]:
-    return {
-        "v": PROTOCOL_VERSION,
-        "role": role,
-        "initiator": initiator,
-        "responder": responder,
-        "nonce_initiator": n_i,
-        "nonce_responder": n_r,
-    }
+@dataclass(frozen=True)
+class Session:
+    """What both signatures of one handshake bind.
+
+    ``tls`` is the SHA-256 (hex) of the responder's TLS certificate as each side knows it (its
+    own, or the one it was shown), empty on plain ws://: a TLS man-in-the-middle who shows its
+    own certificate makes the two transcripts differ, so the signatures do not verify.
+    """
+
+    initiator: str
+    responder: str
+    nonce_initiator: str
+    nonce_responder: str
+    tls: str = ""
+
+    def transcript(self, role: str) -> dict[str, object]:
+        return {
+            "v": PROTOCOL_VERSION,
+            "role": role,
+            "initiator": self.initiator,
+            "responder": self.responder,
+            "nonce_initiator": self.nonce_initiator,
+            "nonce_responder": self.nonce_responder,
+            "tls": self.tls,
+        }
 
 
 def check_hello(
@@ -65,21 +82,14 @@ def check_hello(
     return node, nonce
 
 
-def sign_transcript(
-    key: KeyPair, role: str, initiator: str, responder: str, n_i: str, n_r: str
-) -> str:
-    sig = sign_object(key, DOMAIN, transcript(role, initiator, responder, n_i, n_r))
-    return sig["signature"]
+def sign_transcript(key: KeyPair, role: str, session: Session) -> str:
+    return sign_object(key, DOMAIN, session.transcript(role))["signature"]
 
 
-def verify_transcript(
-    signature: object, signer: str, role: str, initiator: str, responder: str, n_i: str, n_r: str
-) -> None:
+def verify_transcript(signature: object, signer: str, role: str, session: Session) -> None:
     """Raise HandshakeError('bad_signature') unless ``signer`` signed this role's transcript."""
     entry = [{"algorithm": "ed25519", "public_key": signer, "signature": signature}]
-    verdict = verify_object(
-        entry, DOMAIN, transcript(role, initiator, responder, n_i, n_r), expected_public_key=signer
-    )
+    verdict = verify_object(entry, DOMAIN, session.transcript(role), expected_public_key=signer)
     if not verdict.ok:
         raise HandshakeError("bad_signature", f"{role} signature: {verdict.reason}")
 

@@ -8,11 +8,13 @@ a peer has authenticated: the set of known peers is held in memory.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NoReturn
 
 import trio
@@ -44,8 +46,9 @@ class TransportConfig:
     handshake_timeout_s: float = 10.0
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 10.0
-    ssl_server: ssl.SSLContext | None = None
-    ssl_client: ssl.SSLContext | None = None
+    ssl_server: ssl.SSLContext | None = None  # listen on wss:// with this context
+    ssl_client: ssl.SSLContext | None = None  # for dialling wss:// addresses
+    tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
 
 
 @dataclass(eq=False)
@@ -69,6 +72,24 @@ class Link:
         self.closed.set()
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             await self.ws.aclose()
+
+
+def default_client_tls() -> ssl.SSLContext:
+    """TLS for confidentiality only: peers are authenticated by the handshake, which binds the
+    certificate it was shown (see :class:`bus.handshake.Session`), not by a CA."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
+    """SHA-256 hex of the TLS certificate the peer showed, or "" on a plain connection."""
+    stream = getattr(ws, "_stream", None)  # trio-websocket keeps the transport stream here
+    if not isinstance(stream, trio.SSLStream):
+        return ""
+    der = stream.getpeercert(binary_form=True)
+    return hashlib.sha256(der).hexdigest() if der else ""
 
 
 class Transport:
@@ -122,7 +143,11 @@ class Transport:
         """Accept links on host:port until cancelled; reports the bound port when listening."""
         async with trio.open_nursery() as nursery:
             server = await nursery.start(
-                serve_websocket, self._accept, host, port, self.config.ssl_server
+                partial(serve_websocket, max_message_size=self.config.max_frame_bytes),
+                self._accept,
+                host,
+                port,
+                self.config.ssl_server,
             )
             task_status.started(server.port)
             await trio.sleep_forever()
@@ -156,11 +181,10 @@ class Transport:
         await ws.send_message(
             encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_r)
         )
+        session = hs.Session(peer_id, self.node_id, n_i, n_r, self.config.tls_fingerprint)
         auth = await self._receive(ws, "auth")
-        hs.verify_transcript(
-            auth.body["sig"], peer_id, "initiator", peer_id, self.node_id, n_i, n_r
-        )
-        sig = hs.sign_transcript(self.key, "responder", peer_id, self.node_id, n_i, n_r)
+        hs.verify_transcript(auth.body["sig"], peer_id, "initiator", session)
+        sig = hs.sign_transcript(self.key, "responder", session)
         await ws.send_message(encode_frame("welcome", sig=sig))
         return peer_id
 
@@ -187,8 +211,11 @@ class Transport:
             delay = min(delay * 2, self.config.backoff_max_s)
 
     async def _dial_once(self, peer_id: str, address: str) -> None:
+        ssl_context = self.config.ssl_client or default_client_tls()
         async with open_websocket_url(
-            address, self.config.ssl_client, max_message_size=self.config.max_frame_bytes
+            address,
+            ssl_context if address.startswith("wss://") else None,
+            max_message_size=self.config.max_frame_bytes,
         ) as ws:
             try:
                 with trio.fail_after(self.config.handshake_timeout_s):
@@ -205,12 +232,12 @@ class Transport:
         )
         hello = await self._receive(ws, "hello")
         _, n_r = hs.check_hello(dict(hello.body), known=None, expected=peer_id)
-        sig = hs.sign_transcript(self.key, "initiator", self.node_id, peer_id, n_i, n_r)
-        await ws.send_message(encode_frame("auth", sig=sig))
-        welcome = await self._receive(ws, "welcome")
-        hs.verify_transcript(
-            welcome.body["sig"], peer_id, "responder", self.node_id, peer_id, n_i, n_r
+        session = hs.Session(self.node_id, peer_id, n_i, n_r, peer_certificate_fingerprint(ws))
+        await ws.send_message(
+            encode_frame("auth", sig=hs.sign_transcript(self.key, "initiator", session))
         )
+        welcome = await self._receive(ws, "welcome")
+        hs.verify_transcript(welcome.body["sig"], peer_id, "responder", session)
 
     # -- both sides ------------------------------------------------------------------------------
 
@@ -232,6 +259,16 @@ class Transport:
             remote = "a closed connection"
         log.warning("%s handshake with %s refused: %s", direction, remote, exc)
 
+    def _closed(self, link: Link, exc: ConnectionClosed) -> None:
+        code = getattr(exc.reason, "code", None)
+        if code == 1009:  # MESSAGE_TOO_BIG: trio-websocket enforced max_frame_bytes
+            self.refused["oversize_frame"] = self.refused.get("oversize_frame", 0) + 1
+            log.warning(
+                "link %s…: frame above %d bytes; link closed",
+                link.peer_id[:16],
+                self.config.max_frame_bytes,
+            )
+
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
@@ -239,7 +276,8 @@ class Transport:
             while True:
                 try:
                     data = await link.ws.get_message()
-                except ConnectionClosed:
+                except ConnectionClosed as exc:
+                    self._closed(link, exc)
                     return
                 try:
                     frame = decode_frame(data, self.config.max_frame_bytes)

@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--actor-id", type=int, default=1, help="id of this home's default actor (default 1)"
     )
+    s.add_argument(
+        "--tls",
+        action="store_true",
+        help="listen on wss:// (self-signed certificate, bound "
+        "in the node handshake; peers then dial wss://host:port)",
+    )
     s.add_argument("--force", action="store_true", help="replace an existing home's keys/config")
     s.set_defaults(func=cmd_init)
 
@@ -174,13 +180,15 @@ def cmd_init(args: argparse.Namespace) -> int:
         passphrase=passphrase_from_env(),
         force=args.force,
         actor_id=args.actor_id,
+        tls=args.tls,
     )
     node_key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
     print(f"initialised {config.home}")
     print(f"  node id:    {node_key.public_hex}")
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
-    print(f"  listen:     ws://{config.listen_host}:{config.listen_port}")
+    scheme = "wss" if config.tls else "ws"
+    print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 

@@ -44,6 +44,7 @@ class NodeConfig:
     max_skew_s: int = 60  # ... and dated further ahead than this ("from_future")
     max_output_bytes: int = 1024 * 1024
     grace_s: float = 10.0
+    tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
 
     @property
     def node_key_path(self) -> Path:
@@ -80,6 +81,7 @@ _INT_FIELDS = (
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
 _STR_FIELDS = ("name", "listen_host", "redis_url")
+_BOOL_FIELDS = ("tls",)
 
 
 def load_config(home: Path) -> NodeConfig:
@@ -95,7 +97,7 @@ def load_config(home: Path) -> NodeConfig:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.get("node", {})
     values: dict[str, object] = {}
-    for name in _INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS:
+    for name in _INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS + _BOOL_FIELDS:
         if name not in section:
             continue
         value = section[name]
@@ -104,6 +106,8 @@ def load_config(home: Path) -> NodeConfig:
             if name in _INT_FIELDS
             else isinstance(value, int | float)
             if name in _FLOAT_FIELDS
+            else isinstance(value, bool)
+            if name in _BOOL_FIELDS
             else isinstance(value, str)
         )
         if not ok:
@@ -114,7 +118,7 @@ def load_config(home: Path) -> NodeConfig:
         isinstance(v, int) and v > 0 for v in runners.values()
     ):
         raise ConfigError(f"{path}: [runners] maps a script type to a concurrency >= 1")
-    unknown = set(section) - set(_INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS)
+    unknown = set(section) - set(_INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS + _BOOL_FIELDS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
     return NodeConfig(home=home, runners=dict(runners), **values)  # type: ignore[arg-type]
@@ -130,6 +134,9 @@ name = "{cfg.name}"
 # websocket listener for links from peer nodes
 listen_host = "{cfg.listen_host}"
 listen_port = {cfg.listen_port}
+# serve wss:// with a self-signed certificate (peers authenticate by node key, and the
+# handshake binds the certificate, so no CA is involved); peers dial wss://host:port
+tls = {"true" if cfg.tls else "false"}
 # Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec)
 redis_url = "{cfg.redis_url}"
 # port of the embedded Valkey (0: a free port at each start; the CLI finds it in run/)

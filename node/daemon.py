@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import trio
 
@@ -24,6 +24,7 @@ from bus.models import Actor, Context, Peer
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
 from crypto import passphrase_from_env, read_key_file
+from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.consumer import run_consumer
 from node.executor import BUILTIN_COMMANDS
@@ -79,13 +80,12 @@ async def _run_services(
         node.known_peer_ids,
         handler.on_frame,
         handler.on_bad_frame,
-        TransportConfig(
-            max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
-        ),
+        transport_config(config),
     )
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
-        ws_url = f"ws://{config.listen_host}:{port}"
+        scheme = "wss" if config.tls else "ws"
+        ws_url = f"{scheme}://{config.listen_host}:{port}"
         registry = Registry(node, transport, services, contexts)
         await registry.refresh()
         await services.start(registry.watch)
@@ -95,6 +95,20 @@ async def _run_services(
             "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, redis_url
         )
         task_status.started(info)
+
+
+def transport_config(config: NodeConfig) -> TransportConfig:
+    """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
+    base = TransportConfig(
+        max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+    )
+    if not config.tls:
+        return base
+    cert, key = config.home / "tls.crt", config.home / "tls.key"
+    if not cert.exists() or not key.exists():
+        make_self_signed(cert, key, f"hero-node {config.name}")
+        log.info("created a self-signed TLS certificate %s", cert)
+    return replace(base, ssl_server=server_context(cert, key), tls_fingerprint=fingerprint(cert))
 
 
 class Registry:

@@ -20,13 +20,19 @@ def init_home(
     force: bool = False,
     runners: dict[str, int] | None = None,
     actor_id: int = 1,
+    tls: bool = False,
 ) -> NodeConfig:
     """Create ``home`` with a node key, a default actor key and config.toml; return the config.
 
     Raises ConfigError if a configuration already exists there (unless ``force``).
     """
     config = NodeConfig(
-        home=home, name=name, listen_port=listen_port, redis_url=redis_url, actor_id=actor_id
+        home=home,
+        name=name,
+        listen_port=listen_port,
+        redis_url=redis_url,
+        actor_id=actor_id,
+        tls=tls,
     )
     if runners is not None:
         config = replace(config, runners=dict(runners))

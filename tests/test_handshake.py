@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
@@ -9,8 +11,9 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 from bus import handshake as hs
 from bus.errors import HandshakeError
 from bus.frames import Frame, encode_frame
-from bus.transport import Link, Transport
+from bus.transport import Link, Transport, TransportConfig
 from crypto import KeyPair
+from crypto.tls import make_self_signed, server_context
 
 A, B, C = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
 
@@ -38,17 +41,19 @@ def test_hello_checks():
     assert e.value.reason == "bad_nonce"
 
 
-def test_transcript_binds_role_nonces_and_ids():
+def test_transcript_binds_role_nonces_ids_and_tls():
     n_i, n_r = hs.new_nonce(), hs.new_nonce()
-    sig = hs.sign_transcript(A, "initiator", A.public_hex, B.public_hex, n_i, n_r)
-    hs.verify_transcript(sig, A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r)
+    session = hs.Session(A.public_hex, B.public_hex, n_i, n_r)
+    sig = hs.sign_transcript(A, "initiator", session)
+    hs.verify_transcript(sig, A.public_hex, "initiator", session)
     bad = [
-        (sig, A.public_hex, "responder", A.public_hex, B.public_hex, n_i, n_r),  # reflected
-        (sig, A.public_hex, "initiator", A.public_hex, B.public_hex, hs.new_nonce(), n_r),
-        (sig, A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, hs.new_nonce()),
-        (sig, A.public_hex, "initiator", A.public_hex, C.public_hex, n_i, n_r),
-        (sig, C.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r),  # wrong key
-        ("zz", A.public_hex, "initiator", A.public_hex, B.public_hex, n_i, n_r),
+        (sig, A.public_hex, "responder", session),  # reflected
+        (sig, A.public_hex, "initiator", replace(session, nonce_initiator=hs.new_nonce())),
+        (sig, A.public_hex, "initiator", replace(session, nonce_responder=hs.new_nonce())),
+        (sig, A.public_hex, "initiator", replace(session, responder=C.public_hex)),
+        (sig, A.public_hex, "initiator", replace(session, tls="ab" * 32)),  # other certificate
+        (sig, C.public_hex, "initiator", session),  # wrong key
+        ("zz", A.public_hex, "initiator", session),
     ]
     for args in bad:
         with pytest.raises(HandshakeError) as e:
@@ -123,7 +128,9 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
         import json
 
         n_r = json.loads(answer)["nonce"]
-        old_sig = hs.sign_transcript(A, "initiator", A.public_hex, B.public_hex, n_i, n_r)
+        old_sig = hs.sign_transcript(
+            A, "initiator", hs.Session(A.public_hex, B.public_hex, n_i, n_r)
+        )
     # ...and replay it in a new one: B's fresh nonce makes it worthless
     with trio.fail_after(10):
         async with open_websocket_url(url_b) as ws:
@@ -160,3 +167,54 @@ async def test_node_refuses_unknown_peer_without_writing_redis(node_factory):
         await stranger._dial_once(alice.node_id, alice.info.ws_url)
     after = {db: sorted(await alice.store.call(db, lambda r: r.keys("*"))) for db in (0, 1)}
     assert after == before
+
+
+async def test_oversize_frame_closes_the_link(nursery):
+    ra, rb = Recorder(), Recorder()
+    ta, _ = await serve(nursery, A, {B.public_hex}, ra)
+    tb = Transport(
+        B,
+        lambda: {A.public_hex},
+        rb.on_frame,
+        rb.on_bad_frame,
+        TransportConfig(max_frame_bytes=4096),
+    )
+    port = await nursery.start(tb.serve, "127.0.0.1", 0)
+    nursery.start_soon(ta.dial_forever, B.public_hex, f"ws://127.0.0.1:{port}")
+    with trio.fail_after(10):
+        link = await ta.wait_link(B.public_hex)
+        await link.send("ack", ctx=1, key="message:1:" + "9" * 10_000)
+        await link.closed.wait()
+    assert tb.refused["oversize_frame"] == 1
+    assert rb.frames == []
+
+
+def tls_config(tmp_path, name: str, **kw) -> TransportConfig:
+    cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    fp = make_self_signed(cert, key, name)
+    return TransportConfig(ssl_server=server_context(cert, key), tls_fingerprint=fp, **kw)
+
+
+async def test_tls_link_binds_the_certificate(nursery, tmp_path):
+    ra, rb = Recorder(), Recorder()
+    ta = Transport(A, lambda: {B.public_hex}, ra.on_frame, ra.on_bad_frame)
+    tb = Transport(
+        B, lambda: {A.public_hex}, rb.on_frame, rb.on_bad_frame, tls_config(tmp_path, "b")
+    )
+    port = await nursery.start(tb.serve, "127.0.0.1", 0)
+    nursery.start_soon(ta.dial_forever, B.public_hex, f"wss://127.0.0.1:{port}")
+    with trio.fail_after(10):
+        link = await ta.wait_link(B.public_hex)
+        await link.send("ack", ctx=1, key="message:1:2")
+        await rb.got.wait()
+    assert rb.frames[0][1].body["key"] == "message:1:2"
+    # when the certificate the dialler saw is not the one the responder binds (what a TLS
+    # man-in-the-middle with its own certificate produces), the transcripts differ: refused
+    rc = Recorder()
+    mitm_config = replace(tls_config(tmp_path, "c"), tls_fingerprint="00" * 32)
+    tc = Transport(C, lambda: {A.public_hex}, rc.on_frame, rc.on_bad_frame, mitm_config)
+    port = await nursery.start(tc.serve, "127.0.0.1", 0)
+    with trio.fail_after(10), pytest.raises(ConnectionClosed):
+        await ta._dial_once(C.public_hex, f"wss://127.0.0.1:{port}")
+    assert tc.refused == {"bad_signature": 1}
+    assert tc.link(A.public_hex) is None

@@ -159,7 +159,7 @@ async def test_failing_and_timed_out_scripts(node_factory):
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
     failing = await alice.client.submit_job(
-        actor, 1, to="", context_id=1, script_type="sh", script="echo oops >&2; exit 3"
+        actor, 1, to="ff" * 32, context_id=1, script_type="sh", script="echo oops >&2; exit 3"
     )
     slow = await alice.client.submit_job(
         actor,

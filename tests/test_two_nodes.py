@@ -61,3 +61,21 @@ async def test_cross_node_round_trip(node_factory):
     assert (await alice.store.hgetall(1, result.job_key))["status"] == "finished"
     assert (await alice.store.hgetall(1, msg.key))["status"] == "processed"
     assert await alice.store.llen(0, keys.outbox_inflight(bob.node_id)) == 0
+
+
+async def test_cross_node_over_tls(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob", tls=True)
+    assert bob.info.ws_url.startswith("wss://")
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
+    await bob.client.add_peer(alice.node_id, "", name="alice")
+    await bob.client.register_actor(1, actor.public_hex)
+    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    with trio.fail_after(30):
+        msg = await alice.client.submit_job(
+            actor, 1, to="bob", context_id=1, script_type="python", script="print('sealed')"
+        )
+        [result] = await alice.client.wait_results(msg, timeout_s=25)
+    assert result.stdout == "sealed\n"
+    assert (bob.config.home / "tls.key").stat().st_mode & 0o077 == 0
