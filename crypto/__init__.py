@@ -14,6 +14,7 @@ from crypto.errors import (
 )
 from crypto.keys import (
     KeyPair,
+    load_key_file,
     parse_public_key,
     passphrase_from_env,
     prompt_passphrase,
@@ -31,6 +32,7 @@ __all__ = [
     "KeyFileError",
     "KeyFormatError",
     "KeyPair",
+    "load_key_file",
     "PassphraseRequiredError",
     "Verdict",
     "canonical_json",

@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -425,3 +426,19 @@ def prompt_passphrase(confirm: bool = False) -> bytes:
     if not first:
         raise KeyFileError("the passphrase must not be empty")
     return first.encode("utf-8")
+
+
+def load_key_file(path: str | os.PathLike[str], *, env_var: str = "HERO_KEY_PASSPHRASE") -> KeyPair:
+    """Read a key file for a command-line tool: the passphrase comes from ``env_var``, or, for an
+    encrypted key without it, from a prompt when standard input is a terminal.
+
+    Raises:
+        KeyFileError: as :func:`read_key_file`; PassphraseRequiredError when no passphrase can
+            be had (no env var, no terminal).
+    """
+    try:
+        return read_key_file(path, passphrase=passphrase_from_env(env_var))
+    except PassphraseRequiredError:
+        if not sys.stdin.isatty():
+            raise
+    return read_key_file(path, passphrase=prompt_passphrase())

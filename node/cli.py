@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import trio
 
 from bus.client import Client, open_client
 from bus.errors import BusError
-from crypto import CryptoError, passphrase_from_env, read_key_file
+from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
 
@@ -182,8 +183,8 @@ def cmd_init(args: argparse.Namespace) -> int:
         actor_id=args.actor_id,
         tls=args.tls,
     )
-    node_key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
-    actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
+    node_key = load_key_file(config.node_key_path)
+    actor_key = load_key_file(config.actor_key_path)
     print(f"initialised {config.home}")
     print(f"  node id:    {node_key.public_hex}")
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
@@ -194,22 +195,23 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_id(args: argparse.Namespace) -> int:
-    print(read_key_file(_config(args).node_key_path, passphrase=passphrase_from_env()).public_hex)
+    print(load_key_file(_config(args).node_key_path).public_hex)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
-    trio.run(_run_until_signal, config)
+    key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
+    trio.run(_run_until_signal, config, key)
     return 0
 
 
-async def _run_until_signal(config: NodeConfig) -> None:
+async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
     from node.daemon import run_node
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            info = await nursery.start(run_node, config)
+            info = await nursery.start(partial(run_node, config, key=key))
             print(
                 f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
                 f"redis {info.redis_url}",
@@ -305,7 +307,7 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
         else (sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
     )
     env = dict(_parse_env(item) for item in args.env)
-    key = read_key_file(args.key or config.actor_key_path, passphrase=passphrase_from_env())
+    key = load_key_file(args.key or config.actor_key_path)
     to = await client.resolve_node(args.to)
     context = args.context or config.context_id
     message = await client.submit_job(

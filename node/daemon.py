@@ -23,7 +23,7 @@ from bus.ids import now
 from bus.models import Actor, Context, Peer
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
-from crypto import passphrase_from_env, read_key_file
+from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.consumer import run_consumer
@@ -47,13 +47,17 @@ class NodeInfo:
 
 
 async def run_node(
-    config: NodeConfig, *, task_status: trio.TaskStatus[NodeInfo] = trio.TASK_STATUS_IGNORED
+    config: NodeConfig,
+    *,
+    key: KeyPair | None = None,
+    task_status: trio.TaskStatus[NodeInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node until cancelled; reports :class:`NodeInfo` once every service is up.
 
     Raises ConfigError/KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
     """
-    key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
+    if key is None:
+        key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
         redis_url = config.redis_url
         if not redis_url:

@@ -151,3 +151,33 @@ def _valkeys() -> set[int]:
         ["pgrep", "-f", "valkey-server"], capture_output=True, text=True, check=False
     )
     return {int(x) for x in out.stdout.split()}
+
+
+def test_encrypted_node_key_needs_its_passphrase(tmp_path):
+    home = tmp_path / "h"
+    env = {**os.environ, "HERO_KEY_PASSPHRASE": "correct horse"}
+    init = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "init"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert init.returncode == 0, init.stderr
+    assert '"kdf": "argon2id"' in (home / "node.key").read_text().replace("'", '"')
+    no_pass = cli(home, "id")  # no env var, stdin is not a terminal: a clear refusal
+    assert no_pass.returncode == 1
+    assert "passphrase" in no_pass.stderr
+    with_pass = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "id"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert with_pass.returncode == 0
+    assert len(with_pass.stdout.strip()) == 64

@@ -1,0 +1,71 @@
+"""Message signatures: any change to a signed field or to the signature fails verification."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bus.envelope import sign_message, verify_message
+from bus.models import Message, MessageType, RunnerJob
+from bus.verify import judge
+from crypto import KeyPair
+
+KEY = KeyPair.generate()
+
+
+def make(script: str, env: dict[str, str]) -> Message:
+    job = RunnerJob(5, 7, 1, script, "python", env_vars=env)
+    msg = Message(
+        9,
+        7,
+        1,
+        message_type=MessageType.JOB,
+        job=[job],
+        created_at=1_700_000_000,
+        origin="a" * 64,
+        destination="b" * 64,
+        nonce="c" * 32,
+    )
+    return sign_message(msg, KEY)
+
+
+@given(
+    st.text(min_size=1, max_size=50),
+    st.dictionaries(st.text(max_size=5), st.text(max_size=5)),
+    st.data(),
+)
+def test_any_single_change_breaks_the_signature(script, env, data):
+    msg = make(script, env)
+    assert verify_message(msg, KEY.public_hex).ok
+    sig = msg.signatures[0]["signature"]
+    i = data.draw(st.integers(0, len(sig) - 1))
+    flipped = sig[:i] + ("0" if sig[i] != "0" else "1") + sig[i + 1 :]
+    bad_sig = replace(msg, signatures=[{**msg.signatures[0], "signature": flipped}])
+    assert not verify_message(bad_sig, KEY.public_hex).ok
+    j = data.draw(st.integers(0, len(script) - 1))
+    changed = script[:j] + ("x" if script[j] != "x" else "y") + script[j + 1 :]
+    tampered = replace(msg, job=[replace(msg.job[0], script=changed)])
+    assert changed != script
+    assert judge(tampered, KEY.public_hex).reason == "bad_signature"
+    for field, value in [
+        ("destination", "d" * 64),
+        ("created_at", msg.created_at + 1),
+        ("nonce", "e" * 32),
+        ("caller_id", 8),
+        ("timeout", 61),
+    ]:
+        assert not verify_message(replace(msg, **{field: value}), KEY.public_hex).ok
+
+
+def test_unsigned_fields_may_change():
+    msg = make("print(1)", {})
+    for field, value in [("status", "processed"), ("updated_at", 5), ("logs", [{"x": 1}])]:
+        assert verify_message(replace(msg, **{field: value}), KEY.public_hex).ok
+
+
+def test_a_job_signature_is_no_result_signature():
+    msg = make("print(1)", {})
+    as_result = replace(msg, message_type=MessageType.RESULT)
+    assert not verify_message(as_result, KEY.public_hex).ok
