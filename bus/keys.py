@@ -77,6 +77,20 @@ def inflight(service: str) -> str:
     return f"inflight:{service}"
 
 
+def lease(job_key: str) -> str:
+    """A runner's lease on the job it runs: its token, with a TTL kept alive by heartbeats."""
+    return f"lease:{job_key}"
+
+
+def attempts(job_key: str) -> str:
+    """List of a job's attempts (JSON entries: attempt, runner, status, reason, times)."""
+    return f"attempts:{job_key}"
+
+
+RUNNING = "running"  # set of job keys with a lease (started, not final)
+DELAYED = "delayed"  # zset of "<queue>|<job key>" scored by the time (ms) a retry is due
+
+
 def presence_runner(runner_id: str) -> str:
     return f"presence:runner:{runner_id}"
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import coredis
 import coredis.exceptions
 import trio
+from coredis.commands.script import Script
 from coredis.tokens import PureToken
 
 from bus import keys
@@ -88,6 +89,10 @@ class Store:
                 yield pipe
         except (coredis.exceptions.RedisError, OSError) as exc:
             raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
+        """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
+        return await self.call(db, lambda r: script(keys=keys, args=args, client=r))
 
     async def ping(self) -> None:
         await self.call(0, lambda r: r.ping())
@@ -169,8 +174,13 @@ class Store:
         result = await self.call(db, lambda r: r.eval(_DELIVER_LUA, [message_key, queue], args))
         return bool(result)
 
-    async def dead_letter(self, db: int, key: str, reason: str, detail: str = "") -> None:
-        entry = json.dumps({"key": key, "reason": reason, "detail": detail, "at": now()})
+    async def dead_letter(
+        self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
+    ) -> None:
+        """Record why ``key`` was refused; ``queue`` is where a retry would send it back."""
+        entry = json.dumps(
+            {"key": key, "reason": reason, "detail": detail, "at": now(), "queue": queue}
+        )
         await self.lpush(db, keys.DLQ, entry)
 
     async def dead_letters(self, db: int) -> list[dict[str, Any]]:

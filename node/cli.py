@@ -7,8 +7,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
-from functools import partial
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -207,20 +206,37 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
-    from node.daemon import run_node
+    from node.daemon import NodeInfo, run_node
 
+    stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            info = await nursery.start(partial(run_node, config, key=key))
+
+            async def node_then_exit(*, task_status: trio.TaskStatus[NodeInfo]) -> None:
+                await run_node(config, key=key, stop=stop, task_status=task_status)
+                nursery.cancel_scope.cancel()  # drained: stop listening for signals
+
+            info = await nursery.start(node_then_exit)
             print(
                 f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
                 f"redis {info.redis_url}",
                 flush=True,
             )
-            async for signum in signals:
-                log.info("received %s; shutting down", signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
-                break
+            nursery.start_soon(_on_signals, signals, stop, nursery.cancel_scope)
+
+
+async def _on_signals(
+    signals: AsyncIterator[int], stop: trio.Event, everything: trio.CancelScope
+) -> None:
+    """First SIGINT/SIGTERM: graceful stop (run_node returns when drained). Second: now."""
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("received %s again; stopping now", name)
+            everything.cancel()
+            return
+        log.info("received %s; finishing running jobs (again to stop now)", name)
+        stop.set()
 
 
 # -- commands that talk to the node's Redis ----------------------------------------------------

@@ -29,7 +29,8 @@ from node.config import NodeConfig
 from node.consumer import run_consumer
 from node.executor import BUILTIN_COMMANDS
 from node.links import LinkHandler
-from node.runner import run_runner_pool
+from node.resilient import resilient
+from node.runner import run_retry_scheduler, run_runner
 from node.state import NodeState
 from node.supervisor import run_supervisor
 from node.valkey import ValkeySpec, free_port, run_valkey
@@ -50,9 +51,12 @@ async def run_node(
     config: NodeConfig,
     *,
     key: KeyPair | None = None,
+    stop: trio.Event | None = None,
     task_status: trio.TaskStatus[NodeInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the node until cancelled; reports :class:`NodeInfo` once every service is up.
+    """Run the node until cancelled, or until ``stop`` is set: then stop intake, give running
+    jobs ``config.grace_s`` to finish, requeue the rest and return. Reports :class:`NodeInfo`
+    once every service is up.
 
     Raises ConfigError/KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
     """
@@ -68,12 +72,15 @@ async def run_node(
             )
             redis_url = await root.start(run_valkey, spec)
         async with open_store(redis_url) as store:
-            await _run_services(NodeState(config, key, store), redis_url, task_status)
+            await _run_services(NodeState(config, key, store), redis_url, stop, task_status)
         root.cancel_scope.cancel()
 
 
 async def _run_services(
-    node: NodeState, redis_url: str, task_status: trio.TaskStatus[NodeInfo]
+    node: NodeState,
+    redis_url: str,
+    stop: trio.Event | None,
+    task_status: trio.TaskStatus[NodeInfo],
 ) -> None:
     config = node.config
     await bootstrap(node)
@@ -92,13 +99,30 @@ async def _run_services(
         ws_url = f"{scheme}://{config.listen_host}:{port}"
         registry = Registry(node, transport, services, contexts)
         await registry.refresh()
-        await services.start(registry.watch)
+        await services.start(resilient, "registry", registry.watch)
         info = NodeInfo(node.node_id, config.name, redis_url, ws_url, os.getpid())
         await _publish(node, info)
         log.info(
             "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, redis_url
         )
         task_status.started(info)
+        if stop is not None:
+            await stop.wait()
+            await drain(node, services.cancel_scope)
+
+
+async def drain(node: NodeState, services: trio.CancelScope) -> None:
+    """Graceful stop: no new jobs; running ones get grace_s to finish; then everything stops
+    (jobs still running are killed and requeued by their runner)."""
+    log.info(
+        "stopping intake; %d job(s) running, grace %.0f s", node.running_jobs, node.config.grace_s
+    )
+    node.stop_intake()
+    with trio.move_on_after(node.config.grace_s) as grace:
+        await node.idle.wait()
+    if grace.cancelled_caught:
+        log.warning("grace period over; requeueing %d unfinished job(s)", node.running_jobs)
+    services.cancel()
 
 
 def transport_config(config: NodeConfig) -> TransportConfig:
@@ -152,7 +176,9 @@ class Registry:
         self, peer: Peer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(outbox.run_outbox, self.node.store, self.transport, peer.id)
+            await nursery.start(
+                resilient, "outbox", outbox.run_outbox, self.node.store, self.transport, peer.id
+            )
             if peer.address:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
@@ -162,17 +188,23 @@ class Registry:
     ) -> None:
         node = self.node
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_supervisor, node, ctx)
-            await nursery.start(run_consumer, node, ctx, set(self.script_types))
+            await nursery.start(resilient, f"supervisor {ctx}", run_supervisor, node, ctx)
+            await nursery.start(
+                resilient, f"consumer {ctx}", run_consumer, node, ctx, set(self.script_types)
+            )
+            await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             for script_type, command in self.script_types.items():
-                await nursery.start(
-                    run_runner_pool,
-                    node,
-                    ctx,
-                    script_type,
-                    command,
-                    node.config.runners[script_type],
-                )
+                for slot in range(node.config.runners[script_type]):
+                    await nursery.start(
+                        resilient,
+                        f"runner {ctx}/{script_type}:{slot}",
+                        run_runner,
+                        node,
+                        ctx,
+                        script_type,
+                        command,
+                        slot,
+                    )
             log.info("serving context %d", ctx)
             task_status.started()
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from node.proc import die_with_parent
 
 KILL_GRACE_S = 2.0
 
@@ -83,6 +84,7 @@ async def execute(
                 env=dict(env if env is not None else job_env(job)),
                 start_new_session=True,
                 deliver_cancel=kill_group,
+                preexec_fn=die_with_parent(),
             )
         except OSError as exc:
             return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
@@ -96,4 +98,7 @@ async def execute(
     }
     if done.returncode == 0:
         return Outcome(JobStatus.FINISHED, result)
+    if done.returncode < 0:  # killed by a signal we did not send: the runner process was lost
+        name = signal.Signals(-done.returncode).name
+        return Outcome(JobStatus.ERROR, result, f"runner_lost: killed by {name}")
     return Outcome(JobStatus.ERROR, result, f"exit code {done.returncode}")

@@ -1,30 +1,35 @@
 """Runner pools: per context and script type, N slots that pop ``queue:<type>`` and execute.
 
-Status moves ``dispatched -> started -> finished | error``. When a job ends, its final state,
-the signed result message for the origin and the removal from the slot's in-flight list are
-written in one transaction.
+Each attempt holds a lease (``lease:<job>``, TTL renewed by a heartbeat while the script runs);
+status moves ``dispatched -> started -> finished | error``. A failed attempt is retried after a
+backoff while the job has retries left (``delayed`` zset, moved back to the queue when due).
+When a job ends, its final state, the signed result for the origin and the removal from the
+slot's in-flight list are written in one Lua transaction that checks the lease first.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import time
 from typing import NoReturn
 
 import trio
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError
-from bus.ids import now
+from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
+from node import jobstore
 from node.executor import Outcome, execute
+from node.lifecycle import after_attempt
 from node.messages import result_message
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 POP_TIMEOUT_S = 5.0
+LEASE_TTL_MS = 15_000
+HEARTBEAT_S = LEASE_TTL_MS / 1000 / 3
 
 
 async def run_runner_pool(
@@ -51,54 +56,181 @@ async def run_runner(
     slot: int,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> NoReturn:
-    queue = keys.queue(script_type)
-    inflight = keys.inflight(f"runner:{script_type}:{slot}")
-    await node.store.recover(ctx, inflight, queue)
+) -> None:
+    """One slot: recover what a previous run left in flight, then pop and run until stopping."""
+    slot_id = f"{script_type}:{slot}"
+    queue, inflight = keys.queue(script_type), keys.inflight(f"runner:{slot_id}")
+    await recover_slot(node, ctx, inflight, queue)
     task_status.started()
-    while True:
-        job_key = await node.store.pop_reliable(ctx, queue, inflight, POP_TIMEOUT_S)
+    token_base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
+    while not node.stopping.is_set():
+        job_key = await _pop(node, ctx, queue, inflight)
         if job_key is None:
             continue
-        await run_job(node, ctx, job_key, command, inflight)
+        node.job_started()
+        try:
+            await run_job(node, ctx, job_key, command, inflight, queue, token_base)
+        finally:
+            node.job_ended()
+
+
+async def _pop(node: NodeState, ctx: int, queue: str, inflight: str) -> str | None:
+    """A blocking pop that shutdown can interrupt (see NodeState.stop_intake)."""
+    with trio.CancelScope() as scope:
+        node.intake.add(scope)
+        try:
+            return await node.store.pop_reliable(ctx, queue, inflight, POP_TIMEOUT_S)
+        finally:
+            node.intake.discard(scope)
+    return None
+
+
+async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> None:
+    """Jobs a previous run of this slot left behind: a started one lost its runner (the node
+    died under it) and counts as a failed attempt; one not started yet goes back to the queue."""
+    for job_key in await node.store.lrange(ctx, inflight):
+        fields = await node.store.hgetall(ctx, job_key)
+        if fields.get("status") != JobStatus.STARTED.value:
+            continue
+        try:
+            job = RunnerJob.from_hash(fields)
+            request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        except ModelError:
+            continue
+        log.warning("%s lost its runner (the node stopped while it ran)", job_key)
+        lost = Outcome(JobStatus.ERROR, {}, "runner_lost: the node stopped while it ran")
+        await conclude(
+            node,
+            ctx,
+            job,
+            request,
+            lost,
+            jobstore.ANY_TOKEN,
+            inflight,
+            queue,
+            int(fields.get("attempt", "1") or 1),
+            0,
+        )
+    await node.store.recover(ctx, inflight, queue)
 
 
 async def run_job(
-    node: NodeState, ctx: int, job_key: str, command: list[str], inflight: str
+    node: NodeState,
+    ctx: int,
+    job_key: str,
+    command: list[str],
+    inflight: str,
+    queue: str,
+    token_base: str,
 ) -> None:
-    fields = await node.store.hgetall(ctx, job_key)
     try:
-        job = RunnerJob.from_hash(fields)
+        job = RunnerJob.from_hash(await node.store.hgetall(ctx, job_key))
         request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
     except ModelError as exc:
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
-        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc))
+        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
         await node.store.ack(ctx, inflight, job_key)
         return
-    await node.store.hset(
-        ctx, job_key, {"status": JobStatus.STARTED.value, "updated_at": str(now())}
-    )
-    log.debug("running %s (%s)", job_key, job.script_type)
-    outcome = await execute(job, command, max_output_bytes=node.config.max_output_bytes)
-    await finish(node, ctx, job, request, outcome, inflight)
+    token = f"{token_base}:{job.id}"
+    attempt = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
+    if attempt < 0:  # already final (a duplicate queue entry)
+        await node.store.ack(ctx, inflight, job_key)
+        return
+    started_at = int(time.time())
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_heartbeat, node, ctx, job_key, token)
+            outcome = await execute(job, command, max_output_bytes=node.config.max_output_bytes)
+            nursery.cancel_scope.cancel()
+    except trio.Cancelled:
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
+            log.info("%s interrupted by shutdown; requeued", job_key)
+        raise
+    await conclude(node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at)
 
 
-async def finish(
-    node: NodeState, ctx: int, job: RunnerJob, request: Message, outcome: Outcome, inflight: str
+async def _heartbeat(node: NodeState, ctx: int, job_key: str, token: str) -> None:
+    while True:
+        await trio.sleep(HEARTBEAT_S)
+        try:
+            if not await jobstore.renew(node.store, ctx, job_key, token, LEASE_TTL_MS):
+                log.warning("%s: lease lost while running; its result will be refused", job_key)
+                return
+        except StoreError as exc:
+            log.warning("%s: cannot renew lease: %s", job_key, exc)
+
+
+async def conclude(
+    node: NodeState,
+    ctx: int,
+    job: RunnerJob,
+    request: Message,
+    outcome: Outcome,
+    token: str,
+    inflight: str,
+    queue: str,
+    attempt: int,
+    started_at: int,
 ) -> None:
-    body = ResultBody(request.key, job.key, outcome.status, outcome.result, outcome.reason)
-    answer = result_message(node, request, body)
-    async with node.store.transaction(ctx) as tx:
-        tx.hset(
-            job.key,
-            {
-                "status": outcome.status.value,
-                "result": json.dumps(outcome.result),
-                "reason": outcome.reason,
-                "updated_at": str(now()),
-            },
-        )
-        tx.hset(answer.key, answer.to_hash())
-        tx.lpush(keys.MSG_OUT, [answer.key])
-        tx.lrem(inflight, 1, job.key)
-    node.count("jobs_" + outcome.status.value)
+    """Finish the job or schedule its retry; retried while Redis is unreachable, because the
+    outcome exists only here (re-running the job instead would run it twice)."""
+    nxt = after_attempt(outcome.status, outcome.reason, attempt, job.retries)
+    entry = jobstore.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
+    delay = 0.2
+    while True:
+        try:
+            if nxt.retry:
+                due_ms = int((time.time() + nxt.delay_s) * 1000)
+                ok = await jobstore.retry_later(
+                    node.store,
+                    ctx,
+                    job.key,
+                    token,
+                    inflight,
+                    queue=queue,
+                    reason=f"retrying after: {outcome.reason}",
+                    entry=entry,
+                    due_ms=due_ms,
+                )
+                node.wake_retries(ctx)
+            else:
+                result = outcome.result | {"attempts": str(attempt)}
+                body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
+                ok = await jobstore.finish(
+                    node.store,
+                    ctx,
+                    job.key,
+                    token,
+                    inflight,
+                    status=outcome.status.value,
+                    result=result,
+                    reason=outcome.reason,
+                    entry=entry,
+                    answer=result_message(node, request, body),
+                )
+            break
+        except StoreError as exc:
+            log.warning("%s: cannot record the outcome yet (%s); retrying", job.key, exc)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    if not ok:
+        node.count("stale_results")
+        log.warning("%s: result of a runner that lost its lease refused", job.key)
+        return
+    node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+
+
+async def run_retry_scheduler(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Move failed attempts back to their queue when their backoff is over. Sleeps until the
+    next retry is due, or until a runner schedules an earlier one (no polling)."""
+    task_status.started()
+    while True:
+        wake = node.retry_scheduled.setdefault(ctx, trio.Event())
+        next_due = await jobstore.move_due(node.store, ctx, int(time.time() * 1000))
+        wait_s = 3600.0 if next_due < 0 else max(0.0, next_due / 1000 - time.time())
+        with trio.move_on_after(wait_s):
+            await wake.wait()
+        node.retry_scheduled[ctx] = trio.Event()

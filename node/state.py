@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass, field
+
+import trio
 
 from bus import keys
 from bus.models import Peer
@@ -22,6 +25,32 @@ class NodeState:
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
     metrics: dict[str, int] = field(default_factory=dict)
+    # graceful shutdown: intake stops when `stopping` is set; `idle` is set when no job runs
+    stopping: trio.Event = field(default_factory=trio.Event)
+    idle: trio.Event = field(default_factory=trio.Event)
+    running_jobs: int = 0
+    intake: set[trio.CancelScope] = field(default_factory=set)
+    retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    boot: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def stop_intake(self) -> None:
+        """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
+        self.stopping.set()
+        for scope in list(self.intake):
+            scope.cancel()
+        if self.running_jobs == 0:
+            self.idle.set()
+
+    def job_started(self) -> None:
+        self.running_jobs += 1
+
+    def job_ended(self) -> None:
+        self.running_jobs -= 1
+        if self.running_jobs == 0 and self.stopping.is_set():
+            self.idle.set()
+
+    def wake_retries(self, ctx: int) -> None:
+        self.retry_scheduled.setdefault(ctx, trio.Event()).set()
 
     @property
     def freshness(self) -> Freshness:

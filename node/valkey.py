@@ -23,6 +23,7 @@ from typing import IO, NoReturn
 import trio
 
 from node.errors import NodeError
+from node.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class ValkeySpec:
             str(self.databases),
             "--logfile",
             "",
+            "--pidfile",
+            str(self.data_dir / "valkey.pid"),
             "--save",
             "",
         ]
@@ -128,8 +131,13 @@ async def run_valkey(
     """
     binary = find_valkey_binary()
     spec.data_dir.mkdir(parents=True, exist_ok=True)
+    _stop_stale(spec.data_dir)
     proc = await trio.lowlevel.open_process(
-        spec.argv(binary), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        spec.argv(binary),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(signal.SIGTERM),  # Valkey flushes its AOF on SIGTERM
     )
     try:
         assert proc.stdout is not None
@@ -144,6 +152,22 @@ async def run_valkey(
     finally:
         with trio.CancelScope(shield=True):
             await _stop(proc)
+
+
+def _stop_stale(data_dir: Path) -> None:
+    """Stop a valkey-server left running on this data dir (a node that died before its child
+    got the parent-death signal); two servers must never share one AOF."""
+    pidfile = data_dir / "valkey.pid"
+    try:
+        pid = int(pidfile.read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except (OSError, ValueError):
+        return
+    if b"valkey-server" in cmdline or b"redis-server" in cmdline:
+        if str(data_dir).encode() in cmdline:
+            log.warning("stopping a stale valkey-server (pid %d) on %s", pid, data_dir)
+            os.kill(pid, signal.SIGKILL)
 
 
 async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:

@@ -1,0 +1,180 @@
+"""Atomic job-attempt transitions in Valkey (Lua), keyed by the runner's lease token.
+
+A runner that starts a job takes ``lease:<job>`` with its token and a TTL it keeps alive. Every
+later transition of that attempt (finish, retry, requeue) happens only while the lease still
+holds that token, so a runner that lost its lease (it was presumed dead and the job moved on)
+cannot write a late result: it is refused. Recovery of a dead runner's jobs uses token ``*``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from coredis.commands.script import Script
+
+from bus import keys
+from bus.ids import now
+from bus.models import Message
+from bus.store import Store
+
+ANY_TOKEN = "*"
+
+_START = Script(
+    script="""
+local st = redis.call('HGET', KEYS[1], 'status')
+if (not st) or st == 'finished' or st == 'error' then return -1 end
+local a = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('SADD', KEYS[3], KEYS[1])
+return a
+"""
+)
+
+_RENEW = Script(
+    script="""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+)
+
+# The lease check shared by every transition that ends an attempt.
+_HOLDS = """
+local lease = redis.call('GET', KEYS[2])
+if ARGV[1] ~= '*' and lease ~= ARGV[1] then return 0 end
+if ARGV[1] == '*' and redis.call('HGET', KEYS[1], 'status') ~= 'started' then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], KEYS[1])
+redis.call('LREM', KEYS[4], 1, KEYS[1])
+"""
+
+# KEYS: job lease running inflight attempts answer msg_out
+# ARGV: token status result reason now attempt_entry answer-fields...
+_FINISH = Script(
+    script=_HOLDS
+    + """
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
+           'updated_at', ARGV[5])
+redis.call('RPUSH', KEYS[5], ARGV[6])
+redis.call('HSET', KEYS[6], unpack(ARGV, 7))
+redis.call('LPUSH', KEYS[7], KEYS[6])
+return 1
+"""
+)
+
+# KEYS: job lease running inflight attempts delayed
+# ARGV: token reason now attempt_entry due_ms member
+_RETRY = Script(
+    script=_HOLDS
+    + """
+redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[2], 'updated_at', ARGV[3])
+redis.call('RPUSH', KEYS[5], ARGV[4])
+redis.call('ZADD', KEYS[6], ARGV[5], ARGV[6])
+return 1
+"""
+)
+
+# KEYS: job lease running inflight queue ; ARGV: token now
+_REQUEUE = Script(
+    script=_HOLDS
+    + """
+redis.call('HINCRBY', KEYS[1], 'attempt', -1)
+redis.call('HSET', KEYS[1], 'status', 'dispatched', 'updated_at', ARGV[2])
+redis.call('RPUSH', KEYS[5], KEYS[1])
+return 1
+"""
+)
+
+# KEYS: delayed ; ARGV: now_ms. Moves every due entry to its queue; returns the next due time.
+_MOVE_DUE = Script(
+    script="""
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, member in ipairs(due) do
+  local sep = string.find(member, '|', 1, true)
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('LPUSH', string.sub(member, 1, sep - 1), string.sub(member, sep + 1))
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt == 0 then return -1 end
+return tonumber(nxt[2])
+"""
+)
+
+
+def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
+    return json.dumps(
+        {
+            "attempt": attempt,
+            "runner": runner,
+            "status": status,
+            "reason": reason,
+            "started_at": started_at,
+            "ended_at": now(),
+        }
+    )
+
+
+def _attempt_keys(job_key: str, inflight: str) -> list[str]:
+    return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
+
+
+async def start(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> int:
+    """Take the lease and mark the job started; the attempt number, or -1 if it is final."""
+    args = [token, str(ttl_ms), str(now())]
+    return int(await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args))
+
+
+async def renew(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> bool:
+    return bool(await store.script(ctx, _RENEW, [keys.lease(job_key)], [token, str(ttl_ms)]))
+
+
+async def finish(
+    store: Store,
+    ctx: int,
+    job_key: str,
+    token: str,
+    inflight: str,
+    *,
+    status: str,
+    result: dict[str, str],
+    reason: str,
+    entry: str,
+    answer: Message,
+) -> bool:
+    """Record the final state and queue the signed answer; False if the lease was lost."""
+    fields = [x for kv in answer.to_hash().items() for x in kv]
+    args = [token, status, json.dumps(result), reason, str(now()), entry, *fields]
+    key_list = [*_attempt_keys(job_key, inflight), answer.key, keys.MSG_OUT]
+    return bool(await store.script(ctx, _FINISH, key_list, args))
+
+
+async def retry_later(
+    store: Store,
+    ctx: int,
+    job_key: str,
+    token: str,
+    inflight: str,
+    *,
+    queue: str,
+    reason: str,
+    entry: str,
+    due_ms: int,
+) -> bool:
+    """Record the failed attempt and schedule the next one; False if the lease was lost."""
+    args = [token, reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
+    key_list = [*_attempt_keys(job_key, inflight), keys.DELAYED]
+    return bool(await store.script(ctx, _RETRY, key_list, args))
+
+
+async def requeue(
+    store: Store, ctx: int, job_key: str, token: str, inflight: str, queue: str
+) -> bool:
+    """Give an interrupted attempt back (shutdown): not counted, queued at the consuming end."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+    return bool(await store.script(ctx, _REQUEUE, key_list, [token, str(now())]))
+
+
+async def move_due(store: Store, ctx: int, now_ms: int) -> int:
+    """Queue every retry that is due; return when the next one is due (ms), or -1."""
+    return int(await store.script(ctx, _MOVE_DUE, [keys.DELAYED], [str(now_ms)]))
