@@ -27,7 +27,7 @@ from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.consumer import run_consumer
-from node.executor import BUILTIN_COMMANDS
+from node.executor import BUILTIN_COMMANDS, kill_orphans
 from node.links import LinkHandler
 from node.resilient import resilient
 from node.runner import run_retry_scheduler, run_runner
@@ -210,8 +210,12 @@ class Registry:
 
 
 async def bootstrap(node: NodeState) -> None:
-    """First start: register this home's default actor and its context (admin) if missing."""
+    """Kill scripts a crashed run left behind; on first start, register this home's default
+    actor and its context (admin)."""
     config, store = node.config, node.store
+    orphans = await trio.to_thread.run_sync(kill_orphans, config.run_dir / "jobs")
+    if orphans:
+        log.warning("killed %d script(s) a previous run of this node left running", orphans)
     if config.actor_key_path.exists() and await store.get_actor(config.actor_id) is None:
         actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
         await store.put_actor(

@@ -6,16 +6,18 @@ whole process group (SIGTERM, then SIGKILL) and ends the job in ``error`` with r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import trio
 
 from bus.models import JobStatus, RunnerJob
-from node.proc import die_with_parent
 
 KILL_GRACE_S = 2.0
 
@@ -59,23 +61,18 @@ async def execute(
     *,
     max_output_bytes: int,
     env: Mapping[str, str] | None = None,
+    pid_dir: Path | None = None,
 ) -> Outcome:
-    """Run ``job.script`` through ``command``; never raises for what the script does."""
+    """Run ``job.script`` through ``command``; never raises for what the script does.
 
-    async def kill_group(proc: trio.Process) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            with trio.move_on_after(KILL_GRACE_S):
-                await proc.wait()
-                return
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    With ``pid_dir``, the child's pid is recorded there while it runs, so that a node restarted
+    after a crash can kill what the dead node left running (see :func:`kill_orphans`).
+    """
+    completed: list[subprocess.CompletedProcess[bytes]] = []
 
-    timed_out = True
-    with trio.move_on_after(job.timeout or 1e9):
-        try:
-            done = await trio.run_process(
+    async def run(*, task_status: trio.TaskStatus[trio.Process]) -> None:
+        completed.append(
+            await trio.run_process(
                 command,
                 stdin=job.script.encode(),
                 capture_stdout=True,
@@ -83,14 +80,40 @@ async def execute(
                 check=False,
                 env=dict(env if env is not None else job_env(job)),
                 start_new_session=True,
-                deliver_cancel=kill_group,
-                preexec_fn=die_with_parent(),
+                deliver_cancel=_kill_group,
+                task_status=task_status,
             )
-        except OSError as exc:
-            return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
-        timed_out = False
-    if timed_out:
+        )
+
+    pidfile: Path | None = None
+    try:
+        with trio.move_on_after(job.timeout or 1e9):
+            async with trio.open_nursery() as nursery:
+                proc = await nursery.start(run)
+                pidfile = _record(pid_dir, proc.pid, job)
+    except OSError as exc:
+        return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
+    finally:
+        if pidfile is not None:
+            pidfile.unlink(missing_ok=True)
+    if not completed:
         return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
+    return _outcome(completed[0], max_output_bytes)
+
+
+async def _kill_group(proc: trio.Process) -> None:
+    """Cancellation (timeout, stop, shutdown): SIGTERM the script's process group, then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with trio.move_on_after(KILL_GRACE_S):
+            await proc.wait()
+            return
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _outcome(done: subprocess.CompletedProcess[bytes], max_output_bytes: int) -> Outcome:
     result = {
         "stdout": _clip(done.stdout, max_output_bytes),
         "stderr": _clip(done.stderr, max_output_bytes),
@@ -102,3 +125,31 @@ async def execute(
         name = signal.Signals(-done.returncode).name
         return Outcome(JobStatus.ERROR, result, f"runner_lost: killed by {name}")
     return Outcome(JobStatus.ERROR, result, f"exit code {done.returncode}")
+
+
+def _record(pid_dir: Path | None, pid: int, job: RunnerJob) -> Path | None:
+    if pid_dir is None:
+        return None
+    path = pid_dir / str(pid)
+    path.write_text(f"{job.caller_id}:{job.id}")
+    return path
+
+
+def kill_orphans(pid_dir: Path) -> int:
+    """Kill the process groups of scripts a crashed run of this node left behind; how many."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    killed = 0
+    for path in pid_dir.iterdir():
+        try:
+            pid = int(path.name)
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (ValueError, OSError):
+            path.unlink(missing_ok=True)
+            continue
+        caller, _, ident = path.read_text().partition(":")
+        if f"\0HERO_JOB_ID={ident}\0".encode() in b"\0" + environ + b"\0":
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+                killed += 1
+        path.unlink(missing_ok=True)
+    return killed

@@ -21,6 +21,8 @@ def init_home(
     runners: dict[str, int] | None = None,
     actor_id: int = 1,
     tls: bool = False,
+    valkey_port: int = 0,
+    grace_s: float = 10.0,
 ) -> NodeConfig:
     """Create ``home`` with a node key, a default actor key and config.toml; return the config.
 
@@ -33,6 +35,8 @@ def init_home(
         redis_url=redis_url,
         actor_id=actor_id,
         tls=tls,
+        valkey_port=valkey_port,
+        grace_s=grace_s,
     )
     if runners is not None:
         config = replace(config, runners=dict(runners))

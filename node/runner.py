@@ -137,16 +137,22 @@ async def run_job(
         await node.store.ack(ctx, inflight, job_key)
         return
     started_at = int(time.time())
+    outcome: Outcome | None = None
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_heartbeat, node, ctx, job_key, token)
-            outcome = await execute(job, command, max_output_bytes=node.config.max_output_bytes)
+            outcome = await execute(
+                job,
+                command,
+                max_output_bytes=node.config.max_output_bytes,
+                pid_dir=node.config.run_dir / "jobs",
+            )
             nursery.cancel_scope.cancel()
-    except trio.Cancelled:
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
-            log.info("%s interrupted by shutdown; requeued", job_key)
-        raise
+    finally:
+        if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
+                log.info("%s interrupted by shutdown; requeued", job_key)
     await conclude(node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at)
 
 

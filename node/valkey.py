@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +24,6 @@ from typing import IO, NoReturn
 import trio
 
 from node.errors import NodeError
-from node.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,12 @@ async def run_valkey(
     """
     binary = find_valkey_binary()
     spec.data_dir.mkdir(parents=True, exist_ok=True)
-    _stop_stale(spec.data_dir)
+    await trio.to_thread.run_sync(_stop_stale, spec.data_dir)
     proc = await trio.lowlevel.open_process(
         spec.argv(binary),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=die_with_parent(signal.SIGTERM),  # Valkey flushes its AOF on SIGTERM
     )
     try:
         assert proc.stdout is not None
@@ -155,8 +154,8 @@ async def run_valkey(
 
 
 def _stop_stale(data_dir: Path) -> None:
-    """Stop a valkey-server left running on this data dir (a node that died before its child
-    got the parent-death signal); two servers must never share one AOF."""
+    """Stop a valkey-server a killed node left running on this data dir: two servers must never
+    share one AOF. SIGTERM first, so it flushes what it holds; nothing it acknowledged is lost."""
     pidfile = data_dir / "valkey.pid"
     try:
         pid = int(pidfile.read_text().strip())
@@ -164,10 +163,24 @@ def _stop_stale(data_dir: Path) -> None:
             cmdline = f.read()
     except (OSError, ValueError):
         return
-    if b"valkey-server" in cmdline or b"redis-server" in cmdline:
-        if str(data_dir).encode() in cmdline:
-            log.warning("stopping a stale valkey-server (pid %d) on %s", pid, data_dir)
-            os.kill(pid, signal.SIGKILL)
+    if b"valkey-server" not in cmdline and b"redis-server" not in cmdline:
+        return
+    log.warning("stopping the valkey-server (pid %d) a previous run left on %s", pid, data_dir)
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(int(STOP_GRACE_S * 20)):  # a process we did not start: no child to wait on
+        if process_gone(pid):
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:

@@ -1,0 +1,68 @@
+"""Nodes as real subprocesses (`hero-node run`), for tests where a crash or a signal is the point.
+
+Each has fixed ports (listener and embedded Valkey) so it comes back where it was after a restart.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from node.home import init_home
+from node.valkey import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class NodeProcess:
+    def __init__(self, home: Path, name: str, **init: object) -> None:
+        self.home = home
+        self.name = name
+        self.listen_port = free_port()
+        self.valkey_port = free_port()
+        self.config = init_home(
+            home, name=name, listen_port=self.listen_port, valkey_port=self.valkey_port, **init
+        )  # type: ignore[arg-type]
+        self.proc: trio.Process | None = None
+        self.node_id = ""
+        self.ws_url = f"ws://127.0.0.1:{self.listen_port}"
+        self.redis_url = f"redis://127.0.0.1:{self.valkey_port}"
+        self.log = home / "node.log"
+
+    async def start(self) -> None:
+        """Start `hero-node run` and wait (bounded) for its ready line."""
+        with self.log.open("ab") as logf:  # noqa: ASYNC230 - a local file, opened once
+            self.proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "node.cli", "--home", str(self.home), "run"],
+                stdout=subprocess.PIPE,
+                stderr=logf,
+                cwd=ROOT,
+            )
+        assert self.proc.stdout is not None
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await self.proc.stdout.receive_some(1)
+                if not chunk:
+                    raise RuntimeError(f"{self.name} died: {self.log.read_text()[-2000:]}")
+                line += chunk
+        words = line.decode().split()
+        self.node_id = words[words.index("id") + 1]
+
+    async def signal_and_wait(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        with trio.fail_after(timeout_s):
+            return await self.proc.wait()
+
+    async def kill(self) -> None:
+        await self.signal_and_wait(signal.SIGKILL)
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
