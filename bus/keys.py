@@ -87,6 +87,7 @@ def attempts(job_key: str) -> str:
     return f"attempts:{job_key}"
 
 
+REDELIVERIES = "redeliveries"  # hash: in-flight entry -> times it was recovered (poison guard)
 RUNNING = "running"  # set of job keys with a lease (started, not final)
 DELAYED = "delayed"  # zset of "<queue>|<job key>" scored by the time (ms) a retry is due
 

@@ -9,18 +9,21 @@ and are resent; the receiver's idempotent delivery makes a resend harmless.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import trio
 
 from bus import keys
-from bus.errors import StoreError, TransportError
+from bus.errors import TransportError
+from bus.frames import encode_frame
 from bus.store import Store
 from bus.transport import Link, Transport
 
 log = logging.getLogger(__name__)
 
 POP_TIMEOUT_S = 5.0
+MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
 
 
 def entry(context_id: int, message_key: str) -> str:
@@ -36,52 +39,111 @@ async def enqueue(store: Store, peer_id: str, context_id: int, message_key: str)
     await store.lpush(keys.ACTORS_DB, keys.outbox(peer_id), entry(context_id, message_key))
 
 
-async def acked(store: Store, peer_id: str, context_id: int, message_key: str) -> None:
-    await store.ack(keys.ACTORS_DB, keys.outbox_inflight(peer_id), entry(context_id, message_key))
+Undeliverable = Callable[[int, str, str], Awaitable[None]]
 
 
-async def run_outbox(
-    store: Store,
-    transport: Transport,
-    peer_id: str,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> NoReturn:
-    """Forward ``peer_id``'s outbox over whatever link to it is up, forever."""
-    source, inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
-    task_status.started()
-    while True:
-        link = await transport.wait_link(peer_id)
-        await store.recover(keys.ACTORS_DB, inflight, source)
+class Window:
+    """At most ``size`` unacknowledged frames on a link; each ack opens a place again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.unacked = 0
+        self._opened = trio.Event()
+
+    async def acquire(self, ack_timeout_s: float) -> None:
+        """Wait for a place; TransportError if the peer acks nothing for ``ack_timeout_s``."""
+        while self.unacked >= self.size:
+            with trio.move_on_after(ack_timeout_s) as waited:
+                await self._opened.wait()
+            if waited.cancelled_caught:
+                raise TransportError(f"no ack for {ack_timeout_s:g} s with a full window")
+        self.unacked += 1
+
+    def release(self) -> None:
+        self.unacked = max(0, self.unacked - 1)
+        self._opened.set()
+        self._opened = trio.Event()
+
+    def reset(self) -> None:
+        self.unacked = 0
+
+
+class PeerOutbox:
+    """The durable outbox of one peer and the task that forwards it (see module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        transport: Transport,
+        peer_id: str,
+        on_undeliverable: Undeliverable,
+        *,
+        window: int = 256,
+        ack_timeout_s: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.transport = transport
+        self.peer_id = peer_id
+        self.on_undeliverable = on_undeliverable
+        self.window = Window(window)
+        self.ack_timeout_s = ack_timeout_s
+        self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
+
+    async def acked(self, context_id: int, message_key: str) -> None:
+        """The peer stored and queued the message (or refused it): it leaves the outbox."""
+        await self.store.ack(keys.ACTORS_DB, self.inflight, entry(context_id, message_key))
+        self.window.release()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
+        """Forward the outbox over whatever link to the peer is up, forever. Whatever was sent
+        on a link that went down unacknowledged is sent again on the next one."""
+        task_status.started()
+        while True:
+            link = await self.transport.wait_link(self.peer_id)
+            self.window.reset()
+            await self.store.recover(
+                keys.ACTORS_DB, self.inflight, self.source, max_redeliveries=MAX_RESENDS
+            )
+            try:
+                await self._pump(link)
+            except TransportError as exc:
+                log.info("outbox to %s… paused: %s", self.peer_id[:16], exc)
+                await link.close()
+
+    async def _pump(self, link: Link) -> None:
+        while not link.closed.is_set():
+            value = await self.store.pop_reliable(
+                keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
+            )
+            if value is None:
+                continue
+            more = await self.store.pop_more(keys.ACTORS_DB, self.source, self.inflight, 63)
+            for item in [value, *more]:
+                await self.window.acquire(self.ack_timeout_s)
+                await self._send(link, item)
+
+    async def _send(self, link: Link, item: str) -> None:
         try:
-            await _pump(store, link, source, inflight)
-        except TransportError as exc:
-            log.info("outbox to %s… paused: %s", peer_id[:16], exc)
-        except StoreError as exc:
-            log.error("outbox to %s… cannot reach redis: %s", peer_id[:16], exc)
-            await trio.sleep(1)
+            ctx, key = parse_entry(item)
+        except ValueError:
+            log.error("dropping malformed outbox entry %r", item)
+            await self._drop(item)
+            return
+        fields = await self.store.hgetall(ctx, key)
+        if not fields:
+            log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
+            await self._drop(item)
+            return
+        frame = encode_frame("msg", ctx=ctx, key=key, fields=fields)
+        if len(frame.encode()) > self.transport.config.max_frame_bytes:
+            await self._drop(item)
+            limit = self.transport.config.max_frame_bytes
+            await self.on_undeliverable(ctx, key, f"oversize: the message exceeds {limit} bytes")
+            return
+        await link.send_raw(frame)
 
-
-async def _pump(store: Store, link: Link, source: str, inflight: str) -> None:
-    while not link.closed.is_set():
-        value = await store.pop_reliable(keys.ACTORS_DB, source, inflight, POP_TIMEOUT_S)
-        if value is None:
-            continue
-        batch = [value, *await store.pop_more(keys.ACTORS_DB, source, inflight, 63)]
-        for item in batch:
-            await _send(store, link, inflight, item)
-
-
-async def _send(store: Store, link: Link, inflight: str, item: str) -> None:
-    try:
-        ctx, key = parse_entry(item)
-    except ValueError:
-        log.error("dropping malformed outbox entry %r", item)
-        await store.ack(keys.ACTORS_DB, inflight, item)
-        return
-    fields = await store.hgetall(ctx, key)
-    if not fields:
-        log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
-        await store.ack(keys.ACTORS_DB, inflight, item)
-        return
-    await link.send("msg", ctx=ctx, key=key, fields=fields)
+    async def _drop(self, item: str) -> None:
+        await self.store.ack(keys.ACTORS_DB, self.inflight, item)
+        self.window.release()

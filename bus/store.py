@@ -39,6 +39,32 @@ return 1
 """
 
 
+MAX_REDELIVERIES = 5
+
+# KEYS: inflight source redeliveries dlq ; ARGV: max now source-name
+_RECOVER = Script(
+    script="""
+local moved = 0
+while true do
+  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+  if not item then break end
+  local n = redis.call('HINCRBY', KEYS[3], item, 1)
+  if n > tonumber(ARGV[1]) then
+    redis.call('LREM', KEYS[2], -1, item)
+    redis.call('HDEL', KEYS[3], item)
+    redis.call('LPUSH', KEYS[4], cjson.encode({key = item, reason = 'too_many_deliveries',
+      detail = 'delivered ' .. n .. ' times without being processed', at = tonumber(ARGV[2]),
+      queue = ARGV[3], count = n}))
+  else
+    moved = moved + 1
+  end
+end
+redis.call('EXPIRE', KEYS[3], 86400)
+return moved
+"""
+)
+
+
 class Store:
     """Access to one Valkey/Redis server; ``await db(n)`` gives the client for DB n.
 
@@ -160,25 +186,22 @@ class Store:
     async def ack(self, db: int, inflight: str, value: str) -> None:
         await self.call(db, lambda r: r.lrem(inflight, 1, value))
 
-    async def recover(self, db: int, inflight: str, source: str) -> int:
-        """Move everything left in ``inflight`` back to the consuming end of ``source``."""
-        moved = 0
-        while (
-            await self.call(
-                db, lambda r: r.lmove(inflight, source, PureToken.LEFT, PureToken.RIGHT)
-            )
-            is not None
-        ):
-            moved += 1
+    async def recover(
+        self, db: int, inflight: str, source: str, *, max_redeliveries: int = MAX_REDELIVERIES
+    ) -> int:
+        """Move what a previous run left in ``inflight`` back to the consuming end of ``source``.
+
+        Every such entry was delivered and never finished: a message that keeps killing its
+        consumer would loop forever, so past ``max_redeliveries`` it goes to ``dlq`` instead
+        (reason ``too_many_deliveries``). Returns how many entries were requeued.
+        """
+        args = [str(max_redeliveries), str(now()), source]
+        moved = await self.script(
+            db, _RECOVER, [inflight, source, keys.REDELIVERIES, keys.DLQ], args
+        )
         if moved:
-            log.info(
-                "recovered %d in-flight entr%s of %s (db %d)",
-                moved,
-                "y" if moved == 1 else "ies",
-                source,
-                db,
-            )
-        return moved
+            log.info("recovered %d in-flight entries of %s (db %d)", moved, source, db)
+        return int(moved)
 
     async def deliver(
         self, db: int, message_key: str, fields: Mapping[str, str], queue: str

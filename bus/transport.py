@@ -62,8 +62,12 @@ class Link:
 
     async def send(self, frame_type: str, **body: object) -> None:
         """Send one frame; TransportError if the link is gone."""
+        await self.send_raw(encode_frame(frame_type, **body))
+
+    async def send_raw(self, frame: str) -> None:
+        """Send one encoded frame; TransportError if the link is gone."""
         try:
-            await self.ws.send_message(encode_frame(frame_type, **body))
+            await self.ws.send_message(frame)
         except ConnectionClosed as exc:
             self.closed.set()
             raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc

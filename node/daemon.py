@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, replace
+from functools import partial
 
 import trio
 
@@ -29,6 +30,7 @@ from node.config import NodeConfig
 from node.consumer import run_consumer
 from node.executor import BUILTIN_COMMANDS, kill_orphans
 from node.links import LinkHandler
+from node.messages import Rejected, load_message, reject
 from node.resilient import resilient
 from node.runner import run_retry_scheduler, run_runner
 from node.state import NodeState
@@ -176,9 +178,11 @@ class Registry:
         self, peer: Peer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                resilient, "outbox", outbox.run_outbox, self.node.store, self.transport, peer.id
+            box = outbox.PeerOutbox(
+                self.node.store, self.transport, peer.id, partial(undeliverable, self.node)
             )
+            self.node.outboxes[peer.id] = box
+            await nursery.start(resilient, f"outbox {peer.name or peer.id[:16]}", box.run)
             if peer.address:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
@@ -207,6 +211,16 @@ class Registry:
                     )
             log.info("serving context %d", ctx)
             task_status.started()
+
+
+async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> None:
+    """A message the outbox cannot deliver: dead-lettered, and its sender told why."""
+    try:
+        message = await load_message(node, ctx, key)
+    except Rejected:
+        message = None
+    token, _, detail = reason.partition(": ")
+    await reject(node, ctx, key, Rejected(token, detail), message, "outbox")
 
 
 async def bootstrap(node: NodeState) -> None:

@@ -82,12 +82,20 @@ class LinkHandler:
         )
         return bool(found)
 
+    async def _outbox_acked(self, link: Link, ctx: int, key: str) -> None:
+        box = self.node.outboxes.get(link.peer_id)
+        if box is not None:
+            await box.acked(ctx, key)
+        else:  # the peer registered a moment ago; its outbox task is starting
+            entry = outbox.entry(ctx, key)
+            await self.node.store.ack(keys.ACTORS_DB, keys.outbox_inflight(link.peer_id), entry)
+
     async def _acked(self, link: Link, ctx: int, key: str) -> None:
-        await outbox.acked(self.node.store, link.peer_id, ctx, key)
+        await self._outbox_acked(link, ctx, key)
         await self.node.store.call(ctx, lambda r: r.eval(_ACK_LUA, [key], [str(now())]))
 
     async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
-        await outbox.acked(self.node.store, link.peer_id, ctx, key)
+        await self._outbox_acked(link, ctx, key)
         try:
             message = await load_message(self.node, ctx, key)
         except Rejected:

@@ -10,6 +10,7 @@ import trio
 
 from bus import keys
 from bus.models import Peer
+from bus.outbox import PeerOutbox
 from bus.store import Store
 from bus.verify import Freshness
 from crypto import KeyPair
@@ -32,6 +33,7 @@ class NodeState:
     intake: set[trio.CancelScope] = field(default_factory=set)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
+    outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
 
     def stop_intake(self) -> None:
         """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
