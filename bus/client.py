@@ -8,15 +8,29 @@ its jobs into the context DB, pushes the message key on ``msg_out``, and waits o
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import trio
 
 from bus import keys
+from bus.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.envelope import sign_message
-from bus.errors import ClientError
+from bus.errors import BusError, ClientError
+from bus.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
 from bus.ids import new_id, new_nonce, now
-from bus.models import Actor, Context, JobStatus, Message, MessageType, Peer, RunnerJob
+from bus.models import (
+    Actor,
+    Context,
+    Flow,
+    JobStatus,
+    Message,
+    MessageType,
+    Peer,
+    RunnerJob,
+)
 from bus.store import Store, open_store
 from crypto import KeyPair, parse_public_key
 from crypto.errors import KeyFormatError
@@ -198,6 +212,192 @@ class Client:
                 JobResult(d["job_key"], JobStatus(d["status"]), d["result"], d.get("reason", ""))
             )
         return results
+
+    async def delivery_status(self, context_id: int, key: str) -> dict[str, str] | None:
+        """Where message ``key`` is: pending, sent, acknowledged, received, processed, failed
+        (``state``), with its timestamps and its jobs' statuses; None if there is no such hash."""
+        store = self.store
+        fields = await store.hgetall(context_id, key)
+        if not fields:
+            return None
+        entry = f"{context_id}|{key}"
+        dest = fields.get("destination", "")
+        if fields.get("status") == "error":
+            state = "failed"
+        elif fields.get("status") == "processed":
+            state = "processed"
+        elif await self._in_list(context_id, keys.MSG_OUT, key):
+            state = "pending (msg_out)"
+        elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox(dest), entry):
+            state = "pending (outbox, waiting for a link)"
+        elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox_inflight(dest), entry):
+            state = "sent (waiting for the peer's ack)"
+        elif "received_at" in fields:
+            state = "received"
+        elif "acked_at" in fields or fields.get("status") == "acknowledged":
+            state = "acknowledged"
+        else:
+            state = fields.get("status", "?")
+        report = {"state": state}
+        for name in (
+            "status",
+            "reason",
+            "origin",
+            "destination",
+            "created_at",
+            "acked_at",
+            "received_at",
+            "processed_at",
+            "updated_at",
+        ):
+            if fields.get(name):
+                report[name] = _stamp(fields[name]) if name.endswith("_at") else fields[name]
+        for job in json.loads(fields.get("job", "[]") or "[]"):
+            jkey = keys.job(int(job["caller_id"]), int(job["id"]))
+            report[jkey] = (await store.hgetall(context_id, jkey)).get("status", "(not here)")
+        return report
+
+    async def _in_list(self, db: int, list_key: str, value: str) -> bool:
+        return await self.store.call(db, lambda r: r.lpos(list_key, value)) is not None
+
+
+def _stamp(value: str) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(value))) + f" ({value})"
+    except ValueError:
+        return value
+
+    # -- flows -----------------------------------------------------------------------------------
+
+    async def submit_flow(
+        self,
+        signer: KeyPair,
+        caller_id: int,
+        spec: FlowSpec | Mapping[str, object],
+        *,
+        context_id: int,
+        ttl_s: int = DEFAULT_FLOW_TTL_S,
+    ) -> int:
+        """Check, sign and store a flow at this node, and wake its flow engine; returns its id.
+
+        Node refs ('self', peer names, ids, prefixes) are resolved to node ids. Raises
+        FlowError naming the offending jobs for a bad document, an invalid DAG (cycle, unknown
+        dependency), an unknown node or a job in another context than ``context_id``.
+        """
+        if not isinstance(spec, FlowSpec):
+            spec = parse_flow(dict(spec))
+        origin = await self.node_id()
+        spec = await self._resolve_flow_nodes(spec)
+        validate_flow(spec, {origin, *(p.id for p in await self.peers())})
+        strays = [j.id for j in spec.jobs if j.context_id != context_id]
+        if strays:
+            detail = ", ".join(strays)
+            raise FlowError(f"job(s) {detail} must run in the flow's context {context_id}", strays)
+        stamp = now()
+        doc = FlowDoc(
+            id=new_id(),
+            caller_id=caller_id,
+            context_id=context_id,
+            origin=origin,
+            created_at=stamp,
+            expires_at=stamp + ttl_s,
+            nonce=new_nonce(),
+            spec=spec,
+            job_ids={j.id: new_id() for j in spec.jobs},
+        )
+        await self._store_flow(doc, sign_flow(doc, signer))
+        return doc.id
+
+    async def _resolve_flow_nodes(self, spec: FlowSpec) -> FlowSpec:
+        """``spec`` with every job's node as a node id; FlowError naming unknown ones."""
+        resolved, strays = [], []
+        for job in spec.jobs:
+            try:
+                node = job.node if len(job.node) == 64 else await self.resolve_node(job.node)
+            except ClientError:
+                strays.append(job)
+                continue
+            resolved.append(replace(job, node=node.lower()))
+        if strays:
+            detail = ", ".join(f"{j.id} (node {j.node!r})" for j in strays)
+            raise FlowError(f"unknown node for job(s): {detail}", [j.id for j in strays])
+        return replace(spec, jobs=tuple(resolved))
+
+    async def _store_flow(self, doc: FlowDoc, signatures: list[dict[str, str]]) -> None:
+        flow = Flow(
+            id=doc.id,
+            caller_id=doc.caller_id,
+            context_id=doc.context_id,
+            jobs=[doc.job_ids[j.id] for j in doc.spec.jobs],
+            env_vars=dict(doc.spec.env_vars),
+            created_at=doc.created_at,
+            updated_at=doc.created_at,
+        )
+        extra = {
+            "name": doc.spec.name,
+            "origin": doc.origin,
+            "doc": json.dumps(doc.to_dict(), separators=(",", ":")),
+            "signatures": json.dumps(signatures),
+            "reason": "",
+        }
+        async with self.store.transaction(doc.context_id) as tx:
+            for job in doc.spec.jobs:
+                copy = doc.runner_job(job.id, {}, doc.created_at)
+                fields = copy.to_hash() | {"flow_id": str(doc.id), "flow_job": job.id}
+                fields["status"] = JobStatus.WAITING_FOR_PREREQUISITES.value
+                tx.hset(copy.key, fields | {"node": job.node})
+            tx.hset(keys.flow(doc.id), flow.to_hash() | extra)
+            tx.sadd(keys.FLOWS_ACTIVE, [str(doc.id)])
+            tx.lpush(keys.FLOW_EVENTS, [str(doc.id)])
+
+    async def flow_state(self, flow_id: int, context_id: int) -> FlowState:
+        """A snapshot of a flow and its jobs; ClientError if there is no such flow."""
+        fields = await self.store.hgetall(context_id, keys.flow(flow_id))
+        if not fields:
+            raise ClientError(f"no flow {flow_id} in context {context_id}")
+        try:
+            doc = FlowDoc.from_dict(json.loads(fields.get("doc", "")))
+        except (ValueError, BusError) as exc:
+            raise ClientError(f"flow {flow_id} has an unreadable document: {exc}") from None
+        jobs = []
+        for job in doc.spec.jobs:
+            job_fields = await self.store.hgetall(context_id, doc.job_key(job.id))
+            jobs.append(job_state(doc, job, job_fields))
+        flow = Flow.from_hash(fields)
+        return FlowState(
+            flow_id, doc.spec.name, flow.status, fields.get("reason", ""), tuple(jobs), flow.result
+        )
+
+    async def wait_flow(
+        self,
+        flow_id: int,
+        context_id: int,
+        timeout_s: float,
+        on_change: Callable[[FlowState], None] | None = None,
+    ) -> FlowState:
+        """Wait until the flow is final (BLPOP on its progress list, no polling).
+
+        ``on_change`` is called with each new snapshot that differs from the previous one.
+        Raises ClientError after ``timeout_s`` or if the flow does not exist.
+        """
+        deadline = trio.current_time() + timeout_s
+        progress = keys.flow_progress(flow_id)
+        seen: tuple[object, ...] | None = None
+        while True:
+            state = await self.flow_state(flow_id, context_id)
+            if on_change is not None and state.signature() != seen:
+                on_change(state)
+            seen = state.signature()
+            left = deadline - trio.current_time()
+            if state.done:
+                return state
+            if left <= 0:
+                raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
+            popped = await self.store.call(
+                context_id, lambda r: r.blpop([progress], timeout=max(left, 0.01))
+            )
+            if popped is None:
+                raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
 
 
 @asynccontextmanager

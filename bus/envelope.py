@@ -16,10 +16,15 @@ from crypto import KeyPair, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
 DOMAIN_RESULT = "result"
+DOMAIN_FLOW_JOB = "flow-job"  # a flow job released by its origin node (see node/flowtrust.py)
 
 
 def domain_for(message: Message) -> str:
-    return DOMAIN_RESULT if message.message_type is MessageType.RESULT else DOMAIN_JOB
+    if message.message_type is MessageType.RESULT:
+        return DOMAIN_RESULT
+    if message.message_type is MessageType.FLOW_JOB:
+        return DOMAIN_FLOW_JOB
+    return DOMAIN_JOB
 
 
 def sign_message(message: Message, key: KeyPair) -> Message:

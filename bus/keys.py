@@ -129,3 +129,19 @@ def nonce(caller_id: int, value: str) -> str:
 def seen(message_key: str) -> str:
     """Marker that a message was accepted (replay / duplicate protection)."""
     return f"seen:{message_key}"
+
+
+# -- flows (context DB of the flow's origin) ---------------------------------------------------
+
+FLOW_EVENTS = "flow_events"  # list of flow ids whose state may have changed (engine wake-ups)
+FLOWS_ACTIVE = "flows:active"  # set of flow ids not final yet (re-evaluated on engine start)
+
+
+def flow_progress(flow_id: int) -> str:
+    """List the engine LPUSHes on every evaluation of a flow; a waiting client BLPOPs it."""
+    return f"flow_progress:{flow_id}"
+
+
+def flow_job_claim(job_key: str) -> str:
+    """At a destination: the message that materialised a flow job (each runs at most once)."""
+    return f"flowjob:{job_key}"

@@ -50,6 +50,7 @@ class MessageType(StrEnum):
     CHAT = "chat"
     MAIL = "mail"
     RESULT = "result"  # extension: a signed job result travelling back (spec step 7)
+    FLOW_JOB = "flow_job"  # extension: a flow's job, released and signed by the origin node
 
 
 class MessageFormat(StrEnum):

@@ -65,6 +65,38 @@ return moved
 )
 
 
+# KEYS: dlq redeliveries ; ARGV: key
+_RETRY_DEAD = Script(
+    script="""
+local n = 0
+for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local ok, e = pcall(cjson.decode, raw)
+  if ok and e.key == ARGV[1] and e.queue and e.queue ~= '' then
+    redis.call('LREM', KEYS[1], 1, raw)
+    redis.call('HDEL', KEYS[2], e.key)
+    if n == 0 then redis.call('LPUSH', e.queue, e.key) end
+    n = n + 1
+  end
+end
+return n
+"""
+)
+
+_PURGE_DEAD = Script(
+    script="""
+local n = 0
+for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local ok, e = pcall(cjson.decode, raw)
+  if ok and e.key == ARGV[1] then
+    redis.call('LREM', KEYS[1], 1, raw)
+    n = n + 1
+  end
+end
+return n
+"""
+)
+
+
 class Store:
     """Access to one Valkey/Redis server; ``await db(n)`` gives the client for DB n.
 
@@ -221,7 +253,21 @@ class Store:
         await self.lpush(db, keys.DLQ, entry)
 
     async def dead_letters(self, db: int) -> list[dict[str, Any]]:
+        """The dead letters of DB ``db``, newest first."""
         return [json.loads(e) for e in await self.lrange(db, keys.DLQ)]
+
+    async def retry_dead_letter(self, db: int, key: str) -> int:
+        """Re-drive ``key``: its dead letters leave the dlq and it is queued again where it
+        was refused. Returns how many entries were re-driven (0: none, or not re-drivable)."""
+        return int(await self.script(db, _RETRY_DEAD, [keys.DLQ, keys.REDELIVERIES], [key]))
+
+    async def purge_dead_letters(self, db: int, key: str | None = None) -> int:
+        """Delete the dead letters of ``key`` (all of them if None); how many went."""
+        if key is None:
+            count = await self.llen(db, keys.DLQ)
+            await self.call(db, lambda r: r.delete([keys.DLQ]))
+            return count
+        return int(await self.script(db, _PURGE_DEAD, [keys.DLQ], [key]))
 
     # -- registry objects ------------------------------------------------------------------------
 

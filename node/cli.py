@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -151,11 +152,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, default=None)
     s.set_defaults(func=_async(job_show))
 
-    dlq = sub.add_parser("dlq", help="dead letters").add_subparsers(metavar="ACTION")
-    s = dlq.add_parser("list", help="list dead letters of a context (0: transport)")
+    _add_dlq_commands(sub)
+    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(metavar="ACTION")
+    s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
+    s.add_argument("key", help="message:<caller>:<id>")
     s.add_argument("--context", type=int, default=None)
-    s.set_defaults(func=_async(dlq_list))
+    s.set_defaults(func=_async(msg_status))
     return p
+
+
+def _add_dlq_commands(sub: Any) -> None:  # noqa: ANN401
+    dlq = sub.add_parser("dlq", help="dead letters: what was refused, and why").add_subparsers(
+        metavar="ACTION"
+    )
+    ctx_help = "context id (default: config; 0: transport-level dead letters)"
+    s = dlq.add_parser("list", help="one line per dead letter, newest first")
+    s.add_argument("--context", type=int, default=None, help=ctx_help)
+    s.set_defaults(func=_async(dlq_list))
+    s = dlq.add_parser("show", help="a dead letter and the message it refers to")
+    s.add_argument("key", help="the dead-lettered key (message:<caller>:<id>, ...)")
+    s.add_argument("--context", type=int, default=None, help=ctx_help)
+    s.set_defaults(func=_async(dlq_show))
+    s = dlq.add_parser("retry", help="queue a dead-lettered message again where it was refused")
+    s.add_argument("key", nargs="?", help="the key to re-drive")
+    s.add_argument("--all", action="store_true", help="re-drive every re-drivable dead letter")
+    s.add_argument("--context", type=int, default=None, help=ctx_help)
+    s.set_defaults(func=_async(dlq_retry))
+    s = dlq.add_parser("purge", help="delete dead letters")
+    s.add_argument("key", nargs="?", help="only this key's dead letters")
+    s.add_argument("--all", action="store_true", help="all of the context's dead letters")
+    s.add_argument("--context", type=int, default=None, help=ctx_help)
+    s.set_defaults(func=_async(dlq_purge))
 
 
 # -- local commands ----------------------------------------------------------------------------
@@ -365,10 +392,64 @@ async def job_show(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _ctx(args: argparse.Namespace) -> int:
+    return int(_config(args).context_id if args.context is None else args.context)
+
+
 async def dlq_list(client: Client, args: argparse.Namespace) -> int:
-    ctx = _config(args).context_id if args.context is None else args.context
-    for entry in await client.store.dead_letters(ctx):
-        print(json.dumps(entry))
+    entries = await client.store.dead_letters(_ctx(args))
+    for e in entries:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("at", 0)))
+        print(f"{stamp}  {e.get('reason', '?'):<22} {e.get('key', '?')}  {e.get('detail', '')}")
+    print(f"{len(entries)} dead letter(s) in context {_ctx(args)}", file=sys.stderr)
+    return 0
+
+
+async def dlq_show(client: Client, args: argparse.Namespace) -> int:
+    ctx = _ctx(args)
+    entries = [e for e in await client.store.dead_letters(ctx) if e.get("key") == args.key]
+    if not entries:
+        print(f"hero-node: no dead letter for {args.key} in context {ctx}", file=sys.stderr)
+        return 1
+    fields = await client.store.hgetall(ctx, args.key)
+    print(json.dumps({"dead_letters": entries, "hash": fields}, indent=2))
+    return 0
+
+
+async def dlq_retry(client: Client, args: argparse.Namespace) -> int:
+    ctx = _ctx(args)
+    if args.all == bool(args.key):
+        raise NodeError("give a key or --all")
+    targets = (
+        [args.key]
+        if args.key
+        else sorted({e["key"] for e in await client.store.dead_letters(ctx) if e.get("queue")})
+    )
+    done = 0
+    for key in targets:
+        done += bool(await client.store.retry_dead_letter(ctx, key))
+    print(f"re-drove {done} of {len(targets)} message(s)")
+    return 0 if done == len(targets) else 1
+
+
+async def dlq_purge(client: Client, args: argparse.Namespace) -> int:
+    if args.all == bool(args.key):
+        raise NodeError("give a key or --all")
+    gone = await client.store.purge_dead_letters(_ctx(args), args.key)
+    print(f"purged {gone} dead letter(s)")
+    return 0
+
+
+async def msg_status(client: Client, args: argparse.Namespace) -> int:
+    ctx = _ctx(args)
+    report = await client.delivery_status(ctx, args.key)
+    if report is None:
+        print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)
+        return 1
+    print(f"{args.key}: {report['state']}")
+    for name, value in report.items():
+        if name != "state":
+            print(f"  {name:<14} {value}")
     return 0
 
 

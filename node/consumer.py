@@ -57,12 +57,20 @@ async def _handle_guarded(
         message = await load_message(node, ctx, key)
         await handle_incoming(node, ctx, message, script_types, inflight)
     except Rejected as exc:
-        await reject(node, ctx, key, exc, message, SERVICE)
+        await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
         raise
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("consumer failed on %s (context %d)", key, ctx)
-        await reject(node, ctx, key, Rejected("internal_error", repr(exc)), message, SERVICE)
+        await reject(
+            node,
+            ctx,
+            key,
+            Rejected("internal_error", repr(exc)),
+            message,
+            SERVICE,
+            queue=keys.MSG_IN,
+        )
 
 
 async def handle_incoming(

@@ -220,7 +220,7 @@ async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> Non
     except Rejected:
         message = None
     token, _, detail = reason.partition(": ")
-    await reject(node, ctx, key, Rejected(token, detail), message, "outbox")
+    await reject(node, ctx, key, Rejected(token, detail), message, "outbox", queue=keys.MSG_OUT)
 
 
 async def bootstrap(node: NodeState) -> None:

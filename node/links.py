@@ -15,6 +15,7 @@ from node.state import NodeState
 log = logging.getLogger(__name__)
 
 _ACK_LUA = """
+redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
 if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
   redis.call('HSET', KEYS[1], 'status', 'acknowledged', 'updated_at', ARGV[1])
 end
@@ -55,7 +56,13 @@ class LinkHandler:
             await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
             await link.send("nack", ctx=ctx, key=key, reason=reason)
             return
-        fields |= {"status": MessageStatus.DISPATCHED.value, "logs": "[]", "updated_at": str(now())}
+        stamp = str(now())
+        fields |= {
+            "status": MessageStatus.DISPATCHED.value,
+            "logs": "[]",
+            "updated_at": stamp,
+            "received_at": stamp,
+        }
         fresh = await self.node.store.deliver(ctx, key, fields, keys.MSG_IN)
         self.node.count("delivered" if fresh else "redelivered")
         await link.send("ack", ctx=ctx, key=key)

@@ -43,7 +43,14 @@ async def load_message(node: NodeState, ctx: int, key: str) -> Message:
 
 
 async def reject(
-    node: NodeState, ctx: int, key: str, exc: Rejected, message: Message | None, service: str
+    node: NodeState,
+    ctx: int,
+    key: str,
+    exc: Rejected,
+    message: Message | None,
+    service: str,
+    *,
+    queue: str = "",
 ) -> None:
     """Dead-letter a message with its reason, mark it failed, and tell its sender why.
 
@@ -52,7 +59,7 @@ async def reject(
     """
     log.warning("%s rejected %s (context %d): %s", service, key, ctx, exc)
     node.count(f"rejected_{exc.reason}")
-    await node.store.dead_letter(ctx, key, exc.reason, exc.detail)
+    await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
     if message is None or exc.reason == "replay":  # a replay's hash is the original's: keep it
         return
     await node.store.hset(
@@ -142,7 +149,10 @@ def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: A
             "updated_at": stamp,
         },
     )
-    tx.hset(body.in_reply_to, {"status": request_status.value, "updated_at": stamp})
+    tx.hset(
+        body.in_reply_to,
+        {"status": request_status.value, "updated_at": stamp, "processed_at": stamp},
+    )
     tx.lpush(keys.reply(body.in_reply_to), [reply])
     tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
 

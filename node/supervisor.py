@@ -47,12 +47,20 @@ async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
         await check_outgoing(node, ctx, message)
         await route(node, ctx, message)
     except Rejected as exc:
-        await reject(node, ctx, key, exc, message, SERVICE)
+        await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
     except StoreError:
         raise
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("supervisor failed on %s (context %d)", key, ctx)
-        await reject(node, ctx, key, Rejected("internal_error", repr(exc)), message, SERVICE)
+        await reject(
+            node,
+            ctx,
+            key,
+            Rejected("internal_error", repr(exc)),
+            message,
+            SERVICE,
+            queue=keys.MSG_OUT,
+        )
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
