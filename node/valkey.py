@@ -131,7 +131,7 @@ async def run_valkey(
     """
     binary = find_valkey_binary()
     spec.data_dir.mkdir(parents=True, exist_ok=True)
-    await trio.to_thread.run_sync(_stop_stale, spec.data_dir)
+    await trio.to_thread.run_sync(stop_stale, spec.data_dir)
     proc = await trio.lowlevel.open_process(
         spec.argv(binary),
         stdout=subprocess.PIPE,
@@ -153,7 +153,7 @@ async def run_valkey(
             await _stop(proc)
 
 
-def _stop_stale(data_dir: Path) -> None:
+def stop_stale(data_dir: Path) -> None:
     """Stop a valkey-server a killed node left running on this data dir: two servers must never
     share one AOF. SIGTERM first, so it flushes what it holds; nothing it acknowledged is lost."""
     pidfile = data_dir / "valkey.pid"

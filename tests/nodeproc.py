@@ -13,7 +13,7 @@ from pathlib import Path
 import trio
 
 from node.home import init_home
-from node.valkey import free_port
+from node.valkey import free_port, stop_stale
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +63,12 @@ class NodeProcess:
         await self.signal_and_wait(signal.SIGKILL)
 
     async def close(self) -> None:
+        """Stop the node (SIGTERM, then SIGKILL) and any Valkey a killed run of it left."""
         if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
+            self.proc.send_signal(signal.SIGTERM)
+            with trio.move_on_after(30):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+        await trio.to_thread.run_sync(stop_stale, self.config.valkey_dir)

@@ -1,0 +1,999 @@
+"""The seven bench cases. Each returns table rows; none asserts anything about timing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import coredis
+import trio
+from trio_websocket import open_websocket_url, serve_websocket
+
+from bench import workload
+from bench.harness import (
+    ACTOR_ID,
+    CONTEXT_ID,
+    BenchNode,
+    Procs,
+    Row,
+    cpu_times,
+    hwm_mb,
+    make_home,
+    node_key,
+    own_cpu_s,
+    percentile,
+    rss_mb,
+    wait_served,
+    wire,
+)
+from bus.client import Client, open_client
+from bus.envelope import verify_message
+from bus.frames import Frame, encode_frame
+from bus.models import Message
+from bus.transport import Link, Transport
+from crypto import KeyPair
+
+SUBMITTERS = 8  # concurrent submit tasks sharing one client
+WAITERS = 32  # concurrent BLPOP waiters (each holds a pool connection while blocked)
+RESULT_TIMEOUT_S = 300
+
+
+@dataclass
+class Plan:
+    quick: bool
+    runs: int
+    jobs: int
+    roundtrips: int
+    budget_s: float  # per measured run; N is capped to what fits at the calibrated rate
+    transport_msgs: int
+    valkey_jobs: int
+    cmdstat_jobs: int
+    backlogs: tuple[int, ...]
+    memory_backlogs: tuple[int, ...]
+    materialised_jobs: int
+    slots: tuple[int, ...] = (1, 2, 4)
+    profile_dir: Path | None = None
+
+    @classmethod
+    def make(cls, quick: bool, runs: int | None, budget_s: float | None) -> Plan:
+        if quick:
+            return cls(
+                quick=True,
+                runs=runs or 1,
+                jobs=50,
+                roundtrips=20,
+                budget_s=budget_s or 5.0,
+                transport_msgs=500,
+                valkey_jobs=2_000,
+                cmdstat_jobs=20,
+                backlogs=(100, 1_000),
+                memory_backlogs=(1_000,),
+                materialised_jobs=1_000,
+            )
+        return cls(
+            quick=False,
+            runs=runs or 3,
+            jobs=5_000,
+            roundtrips=300,
+            budget_s=budget_s or 10.0,
+            transport_msgs=20_000,
+            valkey_jobs=50_000,
+            cmdstat_jobs=300,
+            backlogs=(1_000, 10_000, 100_000),
+            memory_backlogs=(10_000, 100_000),
+            materialised_jobs=10_000,
+        )
+
+
+@dataclass
+class Env:
+    """Shared state of one bench run: processes, a temp dir, the bench actor, lazy node pair."""
+
+    plan: Plan
+    procs: Procs
+    nursery: trio.Nursery
+    base: Path
+    actor: KeyPair = field(default_factory=KeyPair.generate)
+    pair: tuple[BenchNode, BenchNode] | None = None
+    idle: dict[str, list[float]] = field(default_factory=dict)
+    calibrated_rate: float = 0.0  # local jobs/s seen by the first calibration
+
+    async def get_pair(self) -> tuple[BenchNode, BenchNode]:
+        """Nodes A and B (python=4, sh=1, embedded Valkey), wired, warmed up both ways."""
+        if self.pair is None:
+            runners = {"python": 4, "sh": 1}
+            a = await self.procs.start_node(
+                self.nursery, "a", make_home(self.base / "a", "a", runners, actor_id=1)
+            )
+            b = await self.procs.start_node(
+                self.nursery, "b", make_home(self.base / "b", "b", runners, actor_id=2)
+            )
+            await wire([a, b], self.actor)
+            async with open_client(a.redis_url) as client:
+                with trio.fail_after(60):
+                    await wait_served(client, self.actor, a.node_id)
+                    await wait_served(client, self.actor, b.node_id)
+            # idle memory: right after start-up and one warm-up job each way
+            await trio.sleep(0.5)
+            for _ in range(3):
+                for key, value in (
+                    ("node", rss_mb(a.pid)),
+                    ("valkey", rss_mb(a.valkey_pid)),
+                ):
+                    self.idle.setdefault(key, []).append(value)
+                await trio.sleep(0.3)
+            self.pair = (a, b)
+        return self.pair
+
+
+# -- throughput helpers ----------
+
+
+@dataclass
+class Throughput:
+    n: int
+    submit_s: float
+    total_s: float
+    errors: int
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the run
+
+    @property
+    def rate(self) -> float:
+        return self.n / self.total_s
+
+    @property
+    def submit_rate(self) -> float:
+        return self.n / self.submit_s
+
+
+async def run_throughput(
+    client: Client, actor: KeyPair, to: str, n: int, watch: dict[str, int] | None = None
+) -> Throughput:
+    """Submit ``n`` one-job messages concurrently, wait for every result (bounded waiters)."""
+    send, receive = trio.open_memory_channel[Message](n)
+    counter = iter(range(n))
+    errors = 0
+    submit_done = 0.0
+    before = {name: cpu_times(pid) for name, pid in (watch or {}).items()}
+    bench_cpu0 = own_cpu_s()
+
+    async def submitter() -> None:
+        for _ in counter:
+            message = await client.submit_job(
+                actor,
+                ACTOR_ID,
+                to=to,
+                context_id=CONTEXT_ID,
+                script_type="python",
+                script=workload.SCRIPT,
+            )
+            send.send_nowait(message)
+
+    async def waiter() -> None:
+        nonlocal errors
+        async for message in receive:
+            results = await client.wait_results(message, timeout_s=RESULT_TIMEOUT_S)
+            errors += sum(1 for r in results if not r.ok)
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(WAITERS):
+            nursery.start_soon(waiter)
+        async with trio.open_nursery() as submitters:
+            for _ in range(SUBMITTERS):
+                submitters.start_soon(submitter)
+        submit_done = time.perf_counter()
+        send.close()
+    t_end = time.perf_counter()
+    cpu: dict[str, float] = {"bench client": own_cpu_s() - bench_cpu0}
+    for name, pid in (watch or {}).items():
+        after = cpu_times(pid)
+        cpu[name] = after.self_s - before[name].self_s
+        if after.children_s or before[name].children_s:
+            cpu[f"{name} job processes"] = after.children_s - before[name].children_s
+    return Throughput(n, submit_done - t0, t_end - t0, errors, cpu)
+
+
+async def calibrate(env: Env, client: Client, to: str, n_max: int) -> tuple[int, str]:
+    """N for one measured run: n_max, or what fits the per-run budget at the calibrated rate."""
+    if env.plan.quick:
+        return n_max, ""
+    probe = await run_throughput(client, env.actor, to, 40)
+    n = max(min(n_max, 200), min(n_max, int(probe.rate * env.plan.budget_s)))
+    if not env.calibrated_rate:
+        env.calibrated_rate = probe.rate
+    note = ""
+    if n < n_max:
+        note = (
+            f"N capped to {n} of {n_max} jobs: calibration ran {probe.rate:.0f} jobs/s and the "
+            f"per-run budget is {env.plan.budget_s:g} s (--budget)"
+        )
+    return n, note
+
+
+def cpu_rows(case: str, samples: list[Throughput]) -> list[Row]:
+    names = sorted({k for t in samples for k in t.cpu})
+    return [
+        Row(
+            case,
+            f"CPU per job: {name}",
+            "ms",
+            [t.cpu.get(name, 0.0) * 1000 / t.n for t in samples],
+        )
+        for name in names
+    ]
+
+
+async def profile_start(env: Env, label: str, pid: int) -> trio.Process | None:
+    if env.plan.profile_dir is None or not shutil.which("py-spy", path=_venv_bin()):
+        return None
+    env.plan.profile_dir.mkdir(parents=True, exist_ok=True)
+    out = env.plan.profile_dir / f"{label}.txt"
+    return await trio.lowlevel.open_process(
+        [
+            str(Path(_venv_bin()) / "py-spy"),
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            "200",
+            "--nonblocking",
+            "-o",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def profile_stop(proc: trio.Process | None) -> None:
+    if proc is None:
+        return
+    with trio.CancelScope(shield=True):
+        proc.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        with trio.move_on_after(20):
+            await proc.wait()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def _venv_bin() -> str:
+    import sys
+
+    return str(Path(sys.executable).parent)
+
+
+async def throughput_case(
+    env: Env, case: str, client: Client, to: str, watch: dict[str, int], profile: dict[str, int]
+) -> list[Row]:
+    n, note = await calibrate(env, client, to, env.plan.jobs)
+    samples: list[Throughput] = []
+    for i in range(env.plan.runs):
+        spies = []
+        if i == 0:
+            for label, pid in profile.items():
+                spies.append(await profile_start(env, label, pid))
+        try:
+            t = await run_throughput(client, env.actor, to, n, watch)
+        finally:
+            for spy in spies:
+                await profile_stop(spy)
+        samples.append(t)
+    errors = sum(t.errors for t in samples)
+    err_note = f"{errors} jobs ended in error" if errors else ""
+    target = ">= 4000" if case.startswith("1") else ">= 2500"
+    rows = [
+        Row(
+            case,
+            f"jobs/s submit->last result (N={n})",
+            "jobs/s",
+            [t.rate for t in samples],
+            target,
+            "; ".join(x for x in (note, err_note) if x),
+        ),
+        Row(
+            case,
+            "submit-only rate (while runners work)",
+            "msgs/s",
+            [t.submit_rate for t in samples],
+        ),
+    ]
+    return rows + cpu_rows(case, samples)
+
+
+# -- cases ----------
+
+
+async def case_local_throughput(env: Env) -> list[Row]:
+    a, _ = await env.get_pair()
+    async with open_client(a.redis_url) as client:
+        return await throughput_case(
+            env,
+            "1 local",
+            client,
+            a.node_id,
+            {"node A": a.pid, "valkey A": a.valkey_pid},
+            {"node-local": a.pid, "client-local": _self_pid()},
+        )
+
+
+async def case_cross_throughput(env: Env) -> list[Row]:
+    a, b = await env.get_pair()
+    async with open_client(a.redis_url) as client:
+        return await throughput_case(
+            env,
+            "2 cross",
+            client,
+            b.node_id,
+            {
+                "node A": a.pid,
+                "valkey A": a.valkey_pid,
+                "node B": b.pid,
+                "valkey B": b.valkey_pid,
+            },
+            {"node-cross-A": a.pid, "node-cross-B": b.pid},
+        )
+
+
+def _self_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+async def roundtrips(client: Client, actor: KeyPair, to: str, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        message = await client.submit_job(
+            actor,
+            ACTOR_ID,
+            to=to,
+            context_id=CONTEXT_ID,
+            script_type="python",
+            script=workload.SCRIPT,
+        )
+        [result] = await client.wait_results(message, timeout_s=RESULT_TIMEOUT_S)
+        out.append((time.perf_counter() - t0) * 1000)
+        if not result.ok:
+            raise RuntimeError(f"round-trip job failed: {result.status} {result.reason}")
+    return out
+
+
+async def case_latency(env: Env) -> list[Row]:
+    a, b = await env.get_pair()
+    rows: list[Row] = []
+    async with open_client(a.redis_url) as client:
+        for label, to, targets in (
+            ("local", a.node_id, (("p50", "<= 1.5"), ("p90", ""), ("p99", "<= 3"))),
+            ("cross", b.node_id, (("p50", "<= 3"), ("p90", ""), ("p99", "<= 6"))),
+        ):
+            warm = await roundtrips(client, env.actor, to, 5)
+            n = env.plan.roundtrips
+            note = ""
+            if not env.plan.quick:
+                fit = int(env.plan.budget_s * 1000 / statistics.median(warm))
+                if fit < n:
+                    n = max(50, fit)
+                    note = (
+                        f"capped to {n} of {env.plan.roundtrips} round trips by the "
+                        f"{env.plan.budget_s:g} s per-run budget"
+                    )
+            runs = [await roundtrips(client, env.actor, to, n) for _ in range(env.plan.runs)]
+            for p, target in targets:
+                pv = float(p[1:])
+                rows.append(
+                    Row(
+                        "3 round trip",
+                        f"{label} {p} (n={n} sequential)",
+                        "ms",
+                        [percentile(r, pv) for r in runs],
+                        target,
+                        note if p == "p50" else "",
+                    )
+                )
+    return rows
+
+
+# -- transport ----------
+
+
+class _Counter:
+    def __init__(self, n: int, verify_key: str = "") -> None:
+        self.n = n
+        self.got = 0
+        self.done = trio.Event()
+        self.verify_key = verify_key
+        self.bad = 0
+
+    async def on_msg(self, link: Link, frame: Frame) -> None:
+        """Receiver side: what a node must do at least per delivery (ack it), nothing stored."""
+        if frame.type == "msg":
+            if self.verify_key:
+                message = Message.from_hash(frame.body["fields"])
+                if not verify_message(message, self.verify_key).ok:
+                    self.bad += 1
+            await link.send("ack", ctx=frame.body["ctx"], key=frame.body["key"])
+
+    async def on_ack(self, link: Link, frame: Frame) -> None:
+        if frame.type == "ack":
+            self.got += 1
+            if self.got >= self.n:
+                self.done.set()
+
+    async def on_bad(self, link: Link, detail: str) -> None:
+        raise RuntimeError(f"bad frame in transport bench: {detail}")
+
+
+async def transport_run(
+    n: int, messages: list[Message], actor: KeyPair, verify: bool
+) -> tuple[float, float]:
+    """(signed msgs/s over an authenticated Transport link with acks, raw echo msgs/s)."""
+    ka, kb = KeyPair.generate(), KeyPair.generate()
+    counter = _Counter(n, actor.public_hex if verify else "")
+    frames = [
+        {"ctx": CONTEXT_ID, "key": m.key, "fields": m.to_hash()} for m in messages
+    ]  # what the outbox sends: the stored message hash
+    async with trio.open_nursery() as nursery:
+        ta = Transport(ka, lambda: {kb.public_hex}, counter.on_ack, counter.on_bad)
+        tb = Transport(kb, lambda: {ka.public_hex}, counter.on_msg, counter.on_bad)
+        port = await nursery.start(tb.serve, "127.0.0.1", 0)
+        nursery.start_soon(ta.dial_forever, kb.public_hex, f"ws://127.0.0.1:{port}")
+        with trio.fail_after(30):
+            link = await ta.wait_link(kb.public_hex)
+        t0 = time.perf_counter()
+        with trio.fail_after(300):
+            for i in range(n):
+                f = frames[i % len(frames)]
+                await link.send("msg", **f)
+            await counter.done.wait()
+        transport_rate = n / (time.perf_counter() - t0)
+        nursery.cancel_scope.cancel()
+    if counter.bad:
+        raise RuntimeError(f"{counter.bad} signatures failed in the transport bench")
+
+    payloads = [encode_frame("msg", **f) for f in frames]
+
+    async def echo(request: Any) -> None:
+        ws = await request.accept()
+        try:
+            while True:
+                await ws.send_message(await ws.get_message())
+        except Exception:  # noqa: BLE001 - connection closed by the client
+            return
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(serve_websocket, echo, "127.0.0.1", 0, None)
+        async with open_websocket_url(f"ws://127.0.0.1:{server.port}") as ws:
+            got = 0
+            done = trio.Event()
+
+            async def reader() -> None:
+                nonlocal got
+                while got < n:
+                    await ws.get_message()
+                    got += 1
+                done.set()
+
+            t0 = time.perf_counter()
+            with trio.fail_after(300):
+                nursery.start_soon(reader)
+                for i in range(n):
+                    await ws.send_message(payloads[i % len(payloads)])
+                await done.wait()
+            raw_rate = n / (time.perf_counter() - t0)
+        nursery.cancel_scope.cancel()
+    return transport_rate, raw_rate
+
+
+async def case_transport(env: Env) -> list[Row]:
+    origin, dest = KeyPair.generate().public_hex, KeyPair.generate().public_hex
+    messages = [
+        workload.signed_job_message(env.actor, ACTOR_ID, CONTEXT_ID, origin, dest)
+        for _ in range(200)
+    ]
+    size = len(
+        encode_frame("msg", ctx=CONTEXT_ID, key=messages[0].key, fields=messages[0].to_hash())
+    )
+    n = env.plan.transport_msgs
+    plain: list[tuple[float, float]] = []
+    verified: list[tuple[float, float]] = []
+    for _ in range(env.plan.runs):
+        plain.append(await transport_run(n, messages, env.actor, verify=False))
+        verified.append(await transport_run(max(100, n // 4), messages, env.actor, verify=True))
+    case = "4 transport"
+    return [
+        Row(
+            case,
+            f"signed msgs/s over one link, msg+ack ({size} B frame)",
+            "msgs/s",
+            [t for t, _ in plain],
+        ),
+        Row(case, "raw trio-websocket echo, same payload", "msgs/s", [r for _, r in plain]),
+        Row(case, "transport / raw echo", "%", [100 * t / r for t, r in plain], ">= 70"),
+        Row(
+            case,
+            "same, receiver parses + verifies signature",
+            "msgs/s",
+            [t for t, _ in verified],
+            note="the node's link handler does not verify on delivery; the consumer does, later",
+        ),
+    ]
+
+
+# -- valkey ----------
+
+
+def _sum_calls(stats: dict[str, Any]) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for name, value in stats.items():
+        if isinstance(value, dict) and "calls" in value:
+            out[name.removeprefix("cmdstat_")] += int(value["calls"])
+    return out
+
+
+async def _client_cmds_by_owner(r: Any, my_ports: set[int]) -> tuple[int, int]:
+    """(tot-cmds of bench connections, tot-cmds of all other connections) from CLIENT LIST."""
+    mine = other = 0
+    for c in await r.client_list():
+        port = int(str(c.get("addr", ":0")).rsplit(":", 1)[1])
+        cmds = int(c.get("tot-cmds", 0))
+        if port in my_ports:
+            mine += cmds
+        else:
+            other += cmds
+    return mine, other
+
+
+def _my_local_ports() -> set[int]:
+    """Local TCP ports of this process's sockets (to tell bench connections from the node's)."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def case_valkey(env: Env) -> list[Row]:
+    case = "5 valkey"
+    rows: list[Row] = []
+    # (a) the ceiling: a fresh Valkey with the node's own argv (AOF everysec), driven from trio
+    server = env.procs.start_valkey(env.base / "valkey-ceiling", persist=True)
+    messages = [
+        workload.signed_job_message(env.actor, ACTOR_ID, CONTEXT_ID, "o" * 64, "d" * 64)
+        for _ in range(100)
+    ]
+    hashes = [(m.job[0].key, m.job[0].to_hash() | {"message_key": m.key}) for m in messages]
+    pipelined: list[float] = []
+    sequential: list[float] = []
+    try:
+        r: Any = coredis.Redis.from_url(server.url, db=CONTEXT_ID, decode_responses=True)
+        async with r:
+            n = env.plan.valkey_jobs
+            for run in range(env.plan.runs):
+                t0 = time.perf_counter()
+                for start in range(0, n, 100):
+                    async with r.pipeline(transaction=False) as pipe:
+                        for i in range(start, min(n, start + 100)):
+                            key, h = hashes[i % len(hashes)]
+                            k = f"{key}:{run}:{i}"
+                            pipe.hset(k, h)
+                            pipe.lpush("queue:python", [k])
+                pipelined.append(2 * n / (time.perf_counter() - t0))
+                m = max(200, n // 20)
+                t0 = time.perf_counter()
+                for i in range(m):
+                    key, h = hashes[i % len(hashes)]
+                    k = f"{key}:s{run}:{i}"
+                    await r.hset(k, h)
+                    await r.lpush("queue:python", [k])
+                sequential.append(2 * m / (time.perf_counter() - t0))
+                await r.flushdb()
+    finally:
+        env.procs.stop_valkey(server)
+    rows.append(Row(case, "raw pipelined HSET+LPUSH (100 jobs/pipeline)", "cmds/s", pipelined))
+    rows.append(Row(case, "raw sequential awaited HSET, LPUSH (1 task)", "cmds/s", sequential))
+
+    # (b) the node's commands per job: INFO commandstats and CLIENT LIST deltas over a local run
+    a, _ = await env.get_pair()
+    per_job: list[float] = []
+    node_per_job: list[float] = []
+    client_per_job: list[float] = []
+    breakdown: Counter[str] = Counter()
+    async with open_client(a.redis_url) as client:
+        r0: Any = await client.store.db(0)
+        n = env.plan.cmdstat_jobs
+        for _ in range(env.plan.runs):
+            await trio.sleep(0.2)  # let stragglers of earlier work settle
+            ports = _my_local_ports()
+            before = _sum_calls(await r0.info("commandstats"))
+            mine0, other0 = await _client_cmds_by_owner(r0, ports)
+            t = await run_throughput(client, env.actor, a.node_id, n)
+            await trio.sleep(0.2)
+            ports |= _my_local_ports()
+            mine1, other1 = await _client_cmds_by_owner(r0, ports)
+            after = _sum_calls(await r0.info("commandstats"))
+            delta = after - before
+            per_job.append(sum(delta.values()) / t.n)
+            node_per_job.append((other1 - other0) / t.n)
+            client_per_job.append((mine1 - mine0) / t.n)
+            breakdown += delta
+    runs = env.plan.runs
+    top = ", ".join(
+        f"{name} {calls / (runs * env.plan.cmdstat_jobs):.1f}"
+        for name, calls in breakdown.most_common(12)
+    )
+    rows.append(
+        Row(
+            case,
+            f"Valkey commands per local job, total (N={env.plan.cmdstat_jobs})",
+            "cmds/job",
+            per_job,
+            note=f"per job by command (node + client): {top}",
+            extra={
+                "per_job_by_command": {
+                    k: v / (runs * env.plan.cmdstat_jobs) for k, v in breakdown.items()
+                }
+            },
+        )
+    )
+    rows.append(Row(case, "  of which the node's connections", "cmds/job", node_per_job))
+    rows.append(Row(case, "  of which the bench client's", "cmds/job", client_per_job))
+    ceiling = [s / c for s, c in zip(sequential, node_per_job, strict=False) if c]
+    rows.append(
+        Row(
+            case,
+            "implied ceiling: sequential cmds/s / node cmds per job",
+            "jobs/s",
+            ceiling,
+            note="rough: the node's services await each command in turn; they overlap only "
+            "across services (supervisor, consumer, runner slots)",
+        )
+    )
+    return rows
+
+
+# -- backlog (memory and scaling) ----------
+
+
+@dataclass
+class BacklogResult:
+    backlog: int
+    window: int
+    rate: float  # jobs/s executed over the window
+    submitted_bytes_per_job: float
+    node_rss_mb: float
+    node_hwm_mb: float
+    valkey_rss_mb: float
+    replies_in_window: int
+    load_s: float
+
+
+class Backlogs:
+    """Signs the backlog once (max size) and replays it into a fresh Valkey per run."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.prepared: list[workload.Prepared] = []
+        self.home: Path | None = None
+        self.results: dict[int, list[BacklogResult]] = {}
+        self.window = 0
+        self.window_note = ""
+
+    def prepare(self, count: int) -> None:
+        if self.home is None:
+            self.home = make_home(
+                self.env.base / "backlog",
+                "backlog",
+                {"python": 4, "sh": 1},
+                redis_url="redis://127.0.0.1:1",  # replaced per run (config.toml rewritten)
+            )
+        node_id = node_key(self.home).public_hex
+        while len(self.prepared) < count:
+            m = workload.signed_job_message(self.env.actor, ACTOR_ID, CONTEXT_ID, node_id, node_id)
+            self.prepared.append(workload.submitted_form(m))
+
+    async def run_all(self) -> None:
+        plan = self.env.plan
+        biggest = max(plan.backlogs + plan.memory_backlogs)
+        if not self.prepared:
+            await trio.to_thread.run_sync(self.prepare, biggest)
+        smallest = min(plan.backlogs + plan.memory_backlogs)
+        if not plan.quick and not self.env.calibrated_rate:
+            a, _ = await self.env.get_pair()
+            async with open_client(a.redis_url) as client:
+                await calibrate(self.env, client, a.node_id, plan.jobs)
+        rate = self.env.calibrated_rate
+        window = smallest
+        if not plan.quick and rate:
+            window = min(smallest, max(200, int(rate * plan.budget_s)))
+        elif not plan.quick:
+            window = min(smallest, 1000)
+        self.window = window
+        if window < smallest:
+            self.window_note = (
+                f"each backlog run measures the first {window} jobs executed (same window for "
+                f"every backlog; at ~{rate:.0f} jobs/s draining 100k would take "
+                f"{100_000 / max(rate, 1):.0f} s per run)"
+            )
+        for _ in range(plan.runs):
+            for b in sorted(set(plan.backlogs + plan.memory_backlogs)):
+                self.results.setdefault(b, []).append(await self.run_one(b, window))
+
+    async def run_one(self, backlog: int, window: int) -> BacklogResult:
+        env = self.env
+        assert self.home is not None
+        data = env.base / f"backlog-valkey-{backlog}"
+        shutil.rmtree(data, ignore_errors=True)
+        server = env.procs.start_valkey(data, persist=True)
+        node: BenchNode | None = None
+        try:
+            _point_home_at(self.home, server.url)
+            async with open_client(server.url) as client:
+                await client.register_actor(ACTOR_ID, env.actor.public_hex)
+                await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
+                r: Any = await client.store.db(CONTEXT_ID)
+                mem0 = int((await r.info("memory"))["used_memory"])
+                items = self.prepared[:backlog]
+                t0 = time.perf_counter()
+                await trio.to_thread.run_sync(
+                    workload.send_resp,
+                    server.spec.port,
+                    CONTEXT_ID,
+                    list(workload.chunked([p.resp for p in items], 3)),
+                )
+                load_s = time.perf_counter() - t0
+                mem1 = int((await r.info("memory"))["used_memory"])
+                node = await env.procs.start_node(env.nursery, f"backlog{backlog}", self.home)
+                keys_ = [p.job_key for p in items[:window]]
+                rate = await _drain_rate(r, keys_)
+                replies = await _count_replies(r, [p.message_key for p in items[:window]])
+                result = BacklogResult(
+                    backlog,
+                    window,
+                    rate,
+                    (mem1 - mem0) / backlog,
+                    rss_mb(node.pid),
+                    hwm_mb(node.pid),
+                    rss_mb(server.pid),
+                    replies,
+                    load_s,
+                )
+        finally:
+            if node is not None:
+                await env.procs.stop_node(node)
+            env.procs.stop_valkey(server)
+            shutil.rmtree(data, ignore_errors=True)
+        return result
+
+
+def _point_home_at(home: Path, url: str) -> None:
+    path = home / "config.toml"
+    lines = path.read_text().splitlines()
+    out = [f'redis_url = "{url}"' if ln.startswith("redis_url") else ln for ln in lines]
+    path.write_text("\n".join(out) + "\n")
+
+
+async def _drain_rate(r: Any, job_keys: list[str]) -> float:
+    """Executed jobs/s over ``job_keys`` (FIFO order): poll their status until all finished.
+
+    Timed from the first finished job seen to the last, so node start-up is not counted.
+    Results are not used here: they queue behind the backlog in msg_out (see README).
+    """
+    done_prefix = 0
+    first_t = 0.0
+    first_done = 0
+    with trio.fail_after(RESULT_TIMEOUT_S * 4):
+        while done_prefix < len(job_keys):
+            window = job_keys[done_prefix : done_prefix + 256]
+            async with r.pipeline(transaction=False) as pipe:
+                for k in window:
+                    pipe.hget(k, "status")
+            statuses = pipe.results or ()
+            finished = [s in ("finished", "error") for s in statuses]
+            advance = 0
+            for f in finished:
+                if not f:
+                    break
+                advance += 1
+            done_prefix += advance
+            beyond = sum(finished[advance:])
+            if not first_t and done_prefix + beyond > 0:
+                first_t = time.perf_counter()
+                first_done = done_prefix + beyond
+            if done_prefix < len(job_keys):
+                await trio.sleep(0.05)
+    elapsed = time.perf_counter() - first_t
+    return (len(job_keys) - first_done) / elapsed if elapsed > 0 else float("nan")
+
+
+async def _count_replies(r: Any, message_keys: list[str]) -> int:
+    n = 0
+    for start in range(0, len(message_keys), 500):
+        async with r.pipeline(transaction=False) as pipe:
+            for k in message_keys[start : start + 500]:
+                pipe.exists([f"reply:{k}"])
+        n += sum(int(x) for x in pipe.results or ())
+    return n
+
+
+async def case_memory(env: Env, backlogs: Backlogs) -> list[Row]:
+    case = "6 memory"
+    await env.get_pair()
+    rows = [
+        Row(case, "node RSS idle (python process)", "MB", env.idle["node"], "<= 80"),
+        Row(case, "embedded valkey-server RSS idle", "MB", env.idle["valkey"]),
+    ]
+    if not backlogs.results:
+        await backlogs.run_all()
+    for b in env.plan.memory_backlogs:
+        res = backlogs.results[b]
+        rows.append(
+            Row(
+                case,
+                f"node RSS peak, {b:,} jobs queued",
+                "MB",
+                [x.node_hwm_mb for x in res],
+                note="VmHWM of the node process while it drained the first "
+                f"{backlogs.window} jobs of the backlog",
+            )
+        )
+        rows.append(
+            Row(case, f"valkey RSS, {b:,} jobs queued", "MB", [x.valkey_rss_mb for x in res])
+        )
+        rows.append(
+            Row(
+                case,
+                f"valkey bytes per job as submitted ({b:,} in msg_out)",
+                "B/job",
+                [x.submitted_bytes_per_job for x in res],
+                f"<= {1024 + len(workload.SCRIPT)}",
+            )
+        )
+    # materialised form, written directly into a fresh Valkey
+    samples = []
+    n = env.plan.materialised_jobs
+    origin = KeyPair.generate().public_hex
+    prepared = [
+        workload.materialised_form(
+            workload.signed_job_message(env.actor, ACTOR_ID, CONTEXT_ID, origin, origin)
+        )
+        for _ in range(n)
+    ]
+    for i in range(env.plan.runs):
+        server = env.procs.start_valkey(env.base / f"valkey-mem-{i}", persist=False)
+        try:
+            r: Any = coredis.Redis.from_url(server.url, db=CONTEXT_ID, decode_responses=True)
+            async with r:
+                mem0 = int((await r.info("memory"))["used_memory"])
+                await trio.to_thread.run_sync(
+                    workload.send_resp,
+                    server.spec.port,
+                    CONTEXT_ID,
+                    list(workload.chunked(prepared, 4)),
+                )
+                mem1 = int((await r.info("memory"))["used_memory"])
+                samples.append((mem1 - mem0) / n)
+        finally:
+            env.procs.stop_valkey(server)
+    rows.append(
+        Row(
+            case,
+            f"valkey bytes per job as materialised ({n:,} in queue:python)",
+            "B/job",
+            samples,
+            f"<= {1024 + len(workload.SCRIPT)}",
+            note="job hash + signed message hash + queue entry + seen marker, as the consumer "
+            f"leaves a local job; script is {len(workload.SCRIPT)} B, target 1 KiB + script",
+        )
+    )
+    return rows
+
+
+async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
+    case = "7 scaling"
+    rows: list[Row] = []
+    for slots in env.plan.slots:
+        home = make_home(env.base / f"slots{slots}", f"slots{slots}", {"python": slots, "sh": 1})
+        node = await env.procs.start_node(env.nursery, f"slots{slots}", home)
+        try:
+            await wire([node], env.actor)
+            async with open_client(node.redis_url) as client:
+                with trio.fail_after(60):
+                    await wait_served(client, env.actor, node.node_id)
+                n, note = await calibrate(env, client, node.node_id, env.plan.jobs)
+                samples = [
+                    await run_throughput(client, env.actor, node.node_id, n)
+                    for _ in range(env.plan.runs)
+                ]
+        finally:
+            await env.procs.stop_node(node)
+        rows.append(
+            Row(
+                case,
+                f"python runner slots={slots}, jobs/s (N={n})",
+                "jobs/s",
+                [t.rate for t in samples],
+                note=note,
+            )
+        )
+    if not backlogs.results:
+        await backlogs.run_all()
+    base: list[float] = []
+    for b in env.plan.backlogs:
+        res = backlogs.results[b]
+        rates = [x.rate for x in res]
+        if not base:
+            base = rates
+        rows.append(
+            Row(
+                case,
+                f"{b:,} queued up front: executed jobs/s (first {backlogs.window})",
+                "jobs/s",
+                rates,
+                note=backlogs.window_note if b == env.plan.backlogs[0] else "",
+                extra={
+                    "replies_delivered_in_window": [x.replies_in_window for x in res],
+                    "load_s": [x.load_s for x in res],
+                },
+            )
+        )
+        if b != env.plan.backlogs[0]:
+            ratio = [100 * x / statistics.median(base) for x in rates]
+            rows.append(
+                Row(
+                    case,
+                    f"{b:,} vs {env.plan.backlogs[0]:,} queued",
+                    "%",
+                    ratio,
+                    ">= 80",
+                )
+            )
+        replies = [x.replies_in_window for x in res]
+        rows.append(
+            Row(
+                case,
+                f"{b:,} queued: results delivered for the first {backlogs.window}",
+                "jobs",
+                [float(x) for x in replies],
+                note=""
+                if b != env.plan.backlogs[-1]
+                else "results travel msg_out -> supervisor -> msg_in -> consumer, behind every "
+                "job message still queued in msg_out (FIFO), so they lag the backlog",
+            )
+        )
+    return rows
+
+
+def summary_json(rows: list[Row]) -> list[dict[str, Any]]:
+    return [r.as_json() for r in rows]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=str)

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""hero-node benchmarks: real nodes (embedded Valkey, real websocket links), one table.
+
+Cases: 1 local throughput, 2 cross-node throughput, 3 round-trip latency, 4 transport vs raw
+websocket, 5 Valkey ceiling and commands per job, 6 memory, 7 scaling (runner slots, backlog).
+Every figure is the median of --runs runs with min and max; targets are printed beside them
+(verdict ok/MISS). Nothing asserts: this is an instrument, not a test. Results are also saved
+as JSON (bench/results/<timestamp>.json unless --json). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import cases  # noqa: E402
+from bench.harness import Procs, Row, render_table  # noqa: E402
+
+ALL_CASES = (1, 2, 3, 4, 5, 6, 7)
+
+
+async def main_async(args: argparse.Namespace, base: Path) -> list[Row]:
+    plan = cases.Plan.make(args.quick, args.runs, args.budget)
+    plan.profile_dir = args.profile
+    procs = Procs()
+    rows: list[Row] = []
+    async with trio.open_nursery() as nursery:
+        env = cases.Env(plan, procs, nursery, base)
+        backlogs = cases.Backlogs(env)
+        try:
+            for number in args.cases:
+                t0 = time.perf_counter()
+                print(f"[bench] case {number} ...", file=sys.stderr, flush=True)
+                try:
+                    found = await run_case(env, backlogs, number)
+                except Exception as exc:  # noqa: BLE001 - report it, go on with the next case
+                    print(f"[bench] case {number} FAILED: {exc!r}", file=sys.stderr, flush=True)
+                    traceback.print_exc()
+                    found = [
+                        Row(f"{number} FAILED", type(exc).__name__, "", [], note=repr(exc)[:300])
+                    ]
+                rows += found
+                print(
+                    f"[bench] case {number} done in {time.perf_counter() - t0:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        finally:
+            await procs.stop_all()
+            nursery.cancel_scope.cancel()
+    return rows
+
+
+async def run_case(env: cases.Env, backlogs: cases.Backlogs, number: int) -> list[Row]:
+    if number == 1:
+        found = await cases.case_local_throughput(env)
+    elif number == 2:
+        found = await cases.case_cross_throughput(env)
+    elif number == 3:
+        found = await cases.case_latency(env)
+    elif number == 4:
+        found = await cases.case_transport(env)
+    elif number == 5:
+        found = await cases.case_valkey(env)
+    elif number == 6:
+        found = await cases.case_memory(env, backlogs)
+    else:
+        found = await cases.case_scaling(env, backlogs)
+    return found
+
+
+def parse_cases(text: str) -> list[int]:
+    try:
+        found = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--cases wants numbers like 1,3,5: {text!r}") from None
+    if not found or any(c not in ALL_CASES for c in found):
+        raise argparse.ArgumentTypeError(f"cases are 1..7, got {text!r}")
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="every case small (CI smoke check)")
+    parser.add_argument(
+        "--runs", type=int, default=None, help="runs per figure (default 3; 1 with --quick)"
+    )
+    parser.add_argument("--cases", type=parse_cases, default=list(ALL_CASES), help="e.g. 1,3,5")
+    parser.add_argument("--json", type=Path, default=None, help="where to save the JSON results")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds per measured run; job counts are capped to fit at the calibrated rate "
+        "(default 10; 5 with --quick)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="record py-spy profiles (collapsed stacks) of the nodes and the client during the "
+        "first run of cases 1 and 2 into this directory",
+    )
+    parser.add_argument("--keep-dir", action="store_true", help="keep the node homes (debugging)")
+    args = parser.parse_args()
+    if args.runs is not None and args.runs < 1:
+        parser.error("--runs must be >= 1")
+
+    base = Path(tempfile.mkdtemp(prefix="hero-bench-"))
+    started = time.strftime("%Y%m%dT%H%M%S")
+    t0 = time.perf_counter()
+    try:
+        rows = trio.run(main_async, args, base)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if not args.keep_dir:
+            shutil.rmtree(base, ignore_errors=True)
+    elapsed = time.perf_counter() - t0
+    print()
+    print(render_table(rows))
+    print(f"\n{len(rows)} figures in {elapsed:.0f} s ({'quick' if args.quick else 'full'} run)")
+    out = args.json or ROOT / "bench" / "results" / f"{started}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "started_at": started,
+        "elapsed_s": elapsed,
+        "argv": sys.argv[1:],
+        "quick": args.quick,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "rows": cases.summary_json(rows),
+    }
+    out.write_text(cases.dumps(report) + "\n")
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Who may run a flow job: the checks on actor-signed flow documents and node-signed flow jobs.
+
+See bus/flows.py for the trust design. :func:`check_flow_doc` is shared by the origin's flow
+engine (once per evaluation) and by :func:`authorise_flow_job`, which the consumer runs on every
+incoming ``flow_job`` message before materialising it. Both raise
+:class:`node.messages.Rejected` with a reason token.
+"""
+
+from __future__ import annotations
+
+from bus import keys
+from bus.dag import FlowError, validate_flow
+from bus.errors import ModelError
+from bus.flows import FlowDoc, FlowJobPayload, verify_flow
+from bus.ids import now
+from bus.models import Message
+from bus.verify import judge
+from node.messages import Rejected
+from node.state import NodeState
+
+
+async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) -> FlowDoc:
+    """Parse the document and check the actor's signature against its key registered here,
+    its DAG and its validity period. Raises Rejected (malformed, unknown_signer,
+    bad_signature, wrong_signer, expired, from_future, invalid_flow)."""
+    try:
+        doc = FlowDoc.from_dict(doc_dict)
+    except (FlowError, ModelError) as exc:
+        raise Rejected("malformed", f"flow document: {exc}") from None
+    actor = await node.store.get_actor(doc.caller_id)
+    if actor is None:
+        raise Rejected("unknown_signer", f"actor {doc.caller_id} is not registered here")
+    assert isinstance(doc_dict, dict)  # from_dict accepted it
+    verdict = verify_flow(doc_dict, signatures, actor.pubkey)
+    if not verdict.ok:
+        reason = "wrong_signer" if verdict.reason == "wrong_signer" else "bad_signature"
+        raise Rejected(reason, f"flow {doc.id} of actor {doc.caller_id}: {verdict.detail}")
+    stamp = now()
+    if stamp > doc.expires_at:
+        raise Rejected("expired", f"flow {doc.id} expired {stamp - doc.expires_at} s ago")
+    if doc.created_at - stamp > node.freshness.max_skew_s:
+        raise Rejected("from_future", f"flow {doc.id} is dated {doc.created_at - stamp} s ahead")
+    try:
+        validate_flow(doc.spec)
+    except FlowError as exc:
+        raise Rejected("invalid_flow", str(exc)) from None
+    return doc
+
+
+async def check_may_execute(node: NodeState, ctx: int, actor_id: int) -> None:
+    """Rejected('permission_denied'/'unknown_context') unless the actor may execute in ctx."""
+    context = await node.store.get_context(ctx)
+    if context is None:
+        raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
+    if not context.may_execute(actor_id):
+        raise Rejected(
+            "permission_denied", f"actor {actor_id} is not admin/executor of context {ctx}"
+        )
+
+
+async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> None:
+    """Check an incoming ``flow_job`` message (see bus/flows.py); Rejected if it may not run.
+
+    Order: origin node's signature and freshness, payload shape, the actor-signed document,
+    that the document belongs to this origin and caller, that the job targets this node and
+    context and is exactly the signed job with the node-signed inputs, the actor's permission
+    here, and the once-only claim on the job key (``replay`` if another message claimed it).
+    """
+    signer = message.origin if node.is_known_node(message.origin) else None
+    verdict = judge(message, signer, now=now(), freshness=node.freshness)
+    if not verdict.ok:
+        raise Rejected(verdict.reason, f"origin node: {verdict.detail}")
+    try:
+        payload = FlowJobPayload.decode(message.message)
+    except ModelError as exc:
+        raise Rejected("malformed", str(exc)) from None
+    doc = await check_flow_doc(node, payload.flow, payload.flow_signatures)
+    if doc.origin != message.origin or doc.caller_id != message.caller_id:
+        raise Rejected("wrong_signer", f"flow {doc.id} was submitted elsewhere or by another actor")
+    _check_job(node, ctx, message, doc, payload)
+    await check_may_execute(node, ctx, doc.caller_id)
+    await _claim(node, ctx, message, doc)
+
+
+def _check_job(
+    node: NodeState, ctx: int, message: Message, doc: FlowDoc, payload: FlowJobPayload
+) -> None:
+    try:
+        job = doc.job(payload.job)
+    except FlowError as exc:
+        raise Rejected("malformed", str(exc)) from None
+    if job.node != node.node_id or job.context_id != ctx or message.context_id != ctx:
+        raise Rejected("wrong_destination", f"flow job {job.id} is not for this node/context")
+    if set(payload.inputs) != set(job.depends):
+        raise Rejected("malformed", f"flow job {job.id}: inputs do not match its prerequisites")
+    expected = doc.runner_job(job.id, payload.inputs, 0).signed_dict()
+    if [j.signed_dict() for j in message.job] != [expected]:
+        raise Rejected("malformed", f"flow job {job.id} differs from the actor-signed flow")
+
+
+async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> None:
+    """Claim the job key for this message (TTL: until the flow expires, plus the window)."""
+    job_key = message.job[0].key
+    ttl_s = max(doc.expires_at - now(), 0) + node.freshness.window_s
+    claim = keys.flow_job_claim(job_key)
+    won = await node.store.call(ctx, lambda r: r.set(claim, message.key, nx=True, ex=ttl_s))
+    if won:
+        return
+    holder = await node.store.call(ctx, lambda r: r.get(claim))
+    if holder != message.key:
+        raise Rejected("replay", f"flow job {job_key} was already released by {holder}")
+
