@@ -45,6 +45,7 @@ class NodeConfig:
     max_output_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
+    python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
 
     @property
     def node_key_path(self) -> Path:
@@ -81,7 +82,7 @@ _INT_FIELDS = (
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
 _STR_FIELDS = ("name", "listen_host", "redis_url")
-_BOOL_FIELDS = ("tls",)
+_BOOL_FIELDS = ("tls", "python_workers")
 
 
 def load_config(home: Path) -> NodeConfig:
@@ -155,6 +156,10 @@ max_skew_s = {cfg.max_skew_s}
 max_output_bytes = {cfg.max_output_bytes}
 # on SIGTERM/SIGINT, running jobs get this long to finish
 grace_s = {cfg.grace_s}
+
+# python jobs run in warm worker processes (one per slot, recycled every 500 jobs, killed on
+# timeout); false: one fresh interpreter per job
+python_workers = {"true" if cfg.python_workers else "false"}
 
 # concurrency of the built-in runners per context, by script type
 [runners]

@@ -50,7 +50,9 @@ def job_env(job: RunnerJob) -> dict[str, str]:
     )
 
 
-def _clip(data: bytes, limit: int) -> str:
+def _clip(data: bytes | str, limit: int) -> str:
+    if isinstance(data, str):
+        return data
     text = data[:limit].decode("utf-8", "replace")
     return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
 
@@ -98,7 +100,8 @@ async def execute(
             pidfile.unlink(missing_ok=True)
     if not completed:
         return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
-    return _outcome(completed[0], max_output_bytes)
+    done = completed[0]
+    return outcome_of(done.returncode, done.stdout, done.stderr, max_output_bytes)
 
 
 async def _kill_group(proc: trio.Process) -> None:
@@ -113,18 +116,21 @@ async def _kill_group(proc: trio.Process) -> None:
         pass
 
 
-def _outcome(done: subprocess.CompletedProcess[bytes], max_output_bytes: int) -> Outcome:
+def outcome_of(
+    returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
+) -> Outcome:
+    """The job's outcome from its exit status and output (``max_output_bytes`` 0: as given)."""
     result = {
-        "stdout": _clip(done.stdout, max_output_bytes),
-        "stderr": _clip(done.stderr, max_output_bytes),
-        "exit_code": str(done.returncode),
+        "stdout": _clip(stdout, max_output_bytes),
+        "stderr": _clip(stderr, max_output_bytes),
+        "exit_code": str(returncode),
     }
-    if done.returncode == 0:
+    if returncode == 0:
         return Outcome(JobStatus.FINISHED, result)
-    if done.returncode < 0:  # killed by a signal we did not send: the runner process was lost
-        name = signal.Signals(-done.returncode).name
+    if returncode < 0:  # killed by a signal we did not send: the runner process was lost
+        name = signal.Signals(-returncode).name
         return Outcome(JobStatus.ERROR, result, f"runner_lost: killed by {name}")
-    return Outcome(JobStatus.ERROR, result, f"exit code {done.returncode}")
+    return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
 
 
 def _record(pid_dir: Path | None, pid: int, job: RunnerJob) -> Path | None:
@@ -146,8 +152,10 @@ def kill_orphans(pid_dir: Path) -> int:
         except (ValueError, OSError):
             path.unlink(missing_ok=True)
             continue
-        caller, _, ident = path.read_text().partition(":")
-        if f"\0HERO_JOB_ID={ident}\0".encode() in b"\0" + environ + b"\0":
+        marker = path.read_text()
+        if "=" not in marker:  # a job: "<caller>:<id>"
+            marker = f"HERO_JOB_ID={marker.partition(':')[2]}"
+        if f"\0{marker}\0".encode() in b"\0" + environ + b"\0":
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
                 killed += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import trio
@@ -24,6 +25,7 @@ from node.executor import Outcome, execute
 from node.lifecycle import after_attempt
 from node.messages import result_message
 from node.state import NodeState
+from node.workers import PythonWorker
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +65,34 @@ async def run_runner(
     await recover_slot(node, ctx, inflight, queue)
     task_status.started()
     token_base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
-    while not node.stopping.is_set():
-        job_key = await _pop(node, ctx, queue, inflight)
-        if job_key is None:
-            continue
-        node.job_started()
-        try:
-            await run_job(node, ctx, job_key, command, inflight, queue, token_base)
-        finally:
-            node.job_ended()
+    pid_dir = node.config.run_dir / "jobs"
+    worker = (
+        PythonWorker(max_output_bytes=node.config.max_output_bytes, pid_dir=pid_dir)
+        if script_type == "python" and node.config.python_workers
+        else None
+    )
+
+    async def run_script(job: RunnerJob) -> Outcome:
+        if worker is not None:
+            return await worker.run(job)
+        return await execute(
+            job, command, max_output_bytes=node.config.max_output_bytes, pid_dir=pid_dir
+        )
+
+    try:
+        while not node.stopping.is_set():
+            job_key = await _pop(node, ctx, queue, inflight)
+            if job_key is None:
+                continue
+            node.job_started()
+            try:
+                await run_job(node, ctx, job_key, run_script, inflight, queue, token_base)
+            finally:
+                node.job_ended()
+    finally:
+        if worker is not None:
+            with trio.CancelScope(shield=True):
+                await worker.close()
 
 
 async def _pop(node: NodeState, ctx: int, queue: str, inflight: str) -> str | None:
@@ -118,7 +139,7 @@ async def run_job(
     node: NodeState,
     ctx: int,
     job_key: str,
-    command: list[str],
+    run_script: Callable[[RunnerJob], Awaitable[Outcome]],
     inflight: str,
     queue: str,
     token_base: str,
@@ -141,12 +162,7 @@ async def run_job(
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_heartbeat, node, ctx, job_key, token)
-            outcome = await execute(
-                job,
-                command,
-                max_output_bytes=node.config.max_output_bytes,
-                pid_dir=node.config.run_dir / "jobs",
-            )
+            outcome = await run_script(job)
             nursery.cancel_scope.cancel()
     finally:
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later

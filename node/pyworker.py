@@ -1,0 +1,105 @@
+"""A warm Python worker: runs one job after another in fresh namespaces (``python -m
+node.pyworker``). It is started, fed and killed by :mod:`node.workers`; a script that crashes
+or hangs takes down at most this process, never the node.
+
+Protocol on the inherited fds 0 (requests) and 1 (replies), which are moved aside at start so
+that a script can neither read requests nor corrupt replies: each frame is a 4-byte big-endian
+length and a JSON object. Request ``{"script", "env"}``; reply ``{"exit_code", "stdout",
+"stderr"}``. The script's own fds 0/1/2 are /dev/null and two capture files, so output written
+by the script, by C code or by child processes is all captured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import tempfile
+import traceback
+from typing import Any, BinaryIO
+
+_HEADER = struct.Struct(">I")
+
+
+def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    body = stream.read(_HEADER.unpack(header)[0])
+    return dict(json.loads(body))
+
+
+def write_frame(stream: BinaryIO, obj: dict[str, Any]) -> None:
+    body = json.dumps(obj).encode()
+    stream.write(_HEADER.pack(len(body)) + body)
+    stream.flush()
+
+
+class Capture:
+    """fd 1 and 2 redirected into reusable temp files for the duration of one job."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.files = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
+
+    def start(self) -> None:
+        for fd, f in zip((1, 2), self.files, strict=True):
+            f.seek(0)
+            f.truncate()
+            os.dup2(f.fileno(), fd)
+
+    def finish(self) -> tuple[str, str]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return self._read(self.files[0]), self._read(self.files[1])
+
+    def _read(self, f: BinaryIO) -> str:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        text = f.read(self.limit).decode("utf-8", "replace")
+        return text + (f"\n[... {size - self.limit} more bytes cut]" if size > self.limit else "")
+
+
+def run_one(script: str, env: dict[str, str]) -> int:
+    """Exec ``script`` as ``__main__`` in a fresh namespace with ``env``; its exit code."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(env)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+    try:
+        exec(compile(script, "<job>", "exec"), namespace)  # noqa: S102 - running jobs is the point
+        return 0
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - any failure of the script is its exit status
+        traceback.print_exc()
+        return 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+
+
+def main() -> None:
+    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 1024 * 1024
+    requests = os.fdopen(os.dup(0), "rb")
+    replies = os.fdopen(os.dup(1), "wb")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    capture = Capture(limit)
+    while (request := read_frame(requests)) is not None:
+        capture.start()
+        code = run_one(request["script"], request["env"])
+        out, err = capture.finish()
+        write_frame(replies, {"exit_code": code, "stdout": out, "stderr": err})
+
+
+if __name__ == "__main__":
+    main()
