@@ -7,6 +7,7 @@ on wire input: every problem becomes a :class:`Verdict` with ``ok=False`` and a 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import nacl.exceptions
@@ -75,10 +76,22 @@ def verify_raw(public_key: bytes, message: bytes, signature: bytes) -> bool:
     if not all(isinstance(item, bytes) for item in (public_key, message, signature)):
         return False
     try:
-        nacl.signing.VerifyKey(public_key).verify(message, signature)
+        _verify_key(public_key).verify(message, signature)
     except (nacl.exceptions.CryptoError, ValueError, TypeError):
         return False
     return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _verify_key(public_key: bytes) -> nacl.signing.VerifyKey:
+    """Keys verify over and over (an actor's, a peer's): build each VerifyKey once."""
+    return nacl.signing.VerifyKey(public_key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_public_key_cached(value: str) -> bytes:
+    """parse_public_key (point validation included) once per distinct key; errors not cached."""
+    return parse_public_key(value)
 
 
 def sign_object(key: KeyPair, domain: str, value: object) -> dict[str, str]:
@@ -108,7 +121,7 @@ def _parse_entry(entry: object) -> tuple[bytes, bytes] | Verdict:
     if not isinstance(public_hex, str) or not isinstance(signature_hex, str):
         return Verdict(False, "malformed_signature", detail="public_key/signature missing")
     try:
-        public_key = parse_public_key(public_hex)
+        public_key = _parse_public_key_cached(public_hex)
     except KeyFormatError as exc:
         return Verdict(False, "malformed_signature", detail=str(exc))
     if len(signature_hex) != 2 * SIGNATURE_BYTES or not _is_hex(signature_hex):
@@ -158,7 +171,7 @@ def verify_object(
     expected: bytes | None = None
     if expected_public_key is not None:
         try:
-            expected = parse_public_key(expected_public_key)
+            expected = _parse_public_key_cached(expected_public_key)
         except KeyFormatError as exc:
             detail = f"the expected public key is invalid: {exc}"
             return Verdict(False, "wrong_signer", detail=detail)
