@@ -63,6 +63,26 @@ return 1
 """
 )
 
+# The origin is this node: no result message, the origin's copy is the job itself.
+# KEYS: job lease running inflight attempts request reply flow_events
+# ARGV: token status result reason now attempt_entry reply reply_ttl
+_FINISH_LOCAL = Script(
+    script=_HOLDS
+    + """
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
+           'updated_at', ARGV[5])
+redis.call('RPUSH', KEYS[5], ARGV[6])
+local done = 'error'
+if ARGV[2] == 'finished' then done = 'processed' end
+redis.call('HSET', KEYS[6], 'status', done, 'updated_at', ARGV[5], 'processed_at', ARGV[5])
+redis.call('LPUSH', KEYS[7], ARGV[7])
+redis.call('EXPIRE', KEYS[7], ARGV[8])
+local flow = redis.call('HGET', KEYS[1], 'flow_id')
+if flow and flow ~= '' then redis.call('LPUSH', KEYS[8], flow) end
+return 1
+"""
+)
+
 # KEYS: job lease running inflight attempts delayed
 # ARGV: token reason now attempt_entry due_ms member
 _RETRY = Script(
@@ -147,6 +167,33 @@ async def finish(
     args = [token, status, json.dumps(result), reason, str(now()), entry, *fields]
     key_list = [*_attempt_keys(job_key, inflight), answer.key, keys.MSG_OUT]
     return bool(await store.script(ctx, _FINISH, key_list, args))
+
+
+async def finish_local(
+    store: Store,
+    ctx: int,
+    job_key: str,
+    token: str,
+    inflight: str,
+    *,
+    status: str,
+    result: dict[str, str],
+    reason: str,
+    entry: str,
+    request_key: str,
+    reply_ttl_s: int,
+) -> bool:
+    """Finish a job submitted on this node: final state, request status and the client's reply
+    in one step, with no result message in between. False if the lease was lost."""
+    reply = json.dumps({"job_key": job_key, "status": status, "result": result, "reason": reason})
+    args = [token, status, json.dumps(result), reason, str(now()), entry, reply, str(reply_ttl_s)]
+    key_list = [
+        *_attempt_keys(job_key, inflight),
+        request_key,
+        keys.reply(request_key),
+        keys.FLOW_EVENTS,
+    ]
+    return bool(await store.script(ctx, _FINISH_LOCAL, key_list, args))
 
 
 async def retry_later(

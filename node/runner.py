@@ -220,19 +220,8 @@ async def conclude(
                 )
                 node.wake_retries(ctx)
             else:
-                result = outcome.result | {"attempts": str(attempt)}
-                body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
-                ok = await jobstore.finish(
-                    node.store,
-                    ctx,
-                    job.key,
-                    token,
-                    inflight,
-                    status=outcome.status.value,
-                    result=result,
-                    reason=outcome.reason,
-                    entry=entry,
-                    answer=result_message(node, request, body),
+                ok = await _finish(
+                    node, ctx, job, request, outcome, token, inflight, entry, attempt
                 )
             break
         except StoreError as exc:
@@ -244,6 +233,48 @@ async def conclude(
         log.warning("%s: result of a runner that lost its lease refused", job.key)
         return
     node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+
+
+async def _finish(
+    node: NodeState,
+    ctx: int,
+    job: RunnerJob,
+    request: Message,
+    outcome: Outcome,
+    token: str,
+    inflight: str,
+    entry: str,
+    attempt: int,
+) -> bool:
+    result = outcome.result | {"attempts": str(attempt)}
+    status = outcome.status.value
+    if request.origin == node.node_id:  # answered here: no signed result message needed
+        return await jobstore.finish_local(
+            node.store,
+            ctx,
+            job.key,
+            token,
+            inflight,
+            status=status,
+            result=result,
+            reason=outcome.reason,
+            entry=entry,
+            request_key=request.key,
+            reply_ttl_s=node.config.reply_ttl_s,
+        )
+    body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
+    return await jobstore.finish(
+        node.store,
+        ctx,
+        job.key,
+        token,
+        inflight,
+        status=status,
+        result=result,
+        reason=outcome.reason,
+        entry=entry,
+        answer=result_message(node, request, body),
+    )
 
 
 async def run_retry_scheduler(
