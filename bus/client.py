@@ -257,15 +257,13 @@ class Client:
             report[jkey] = (await store.hgetall(context_id, jkey)).get("status", "(not here)")
         return report
 
+    async def _pop_progress(self, db: int, progress: str, timeout_s: float) -> object:
+        return await self.store.call(
+            db, lambda r: r.blpop([progress], timeout=max(timeout_s, 0.01))
+        )
+
     async def _in_list(self, db: int, list_key: str, value: str) -> bool:
         return await self.store.call(db, lambda r: r.lpos(list_key, value)) is not None
-
-
-def _stamp(value: str) -> str:
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(value))) + f" ({value})"
-    except ValueError:
-        return value
 
     # -- flows -----------------------------------------------------------------------------------
 
@@ -309,11 +307,14 @@ def _stamp(value: str) -> str:
         return doc.id
 
     async def _resolve_flow_nodes(self, spec: FlowSpec) -> FlowSpec:
-        """``spec`` with every job's node as a node id; FlowError naming unknown ones."""
+        """``spec`` with every job's node as a node id ('self', this node's name, a peer's id,
+        name or id prefix); FlowError naming the jobs whose node is unknown."""
+        own = await self.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
         resolved, strays = [], []
         for job in spec.jobs:
             try:
-                node = job.node if len(job.node) == 64 else await self.resolve_node(job.node)
+                ref = "self" if job.node == own.get("name") else job.node
+                node = ref if len(ref) == 64 else await self.resolve_node(ref)
             except ClientError:
                 strays.append(job)
                 continue
@@ -393,11 +394,16 @@ def _stamp(value: str) -> str:
                 return state
             if left <= 0:
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
-            popped = await self.store.call(
-                context_id, lambda r: r.blpop([progress], timeout=max(left, 0.01))
-            )
+            popped = await self._pop_progress(context_id, progress, left)
             if popped is None:
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
+
+
+def _stamp(value: str) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(value))) + f" ({value})"
+    except ValueError:
+        return value
 
 
 @asynccontextmanager

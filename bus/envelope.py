@@ -1,8 +1,9 @@
 """Signing and verifying messages: pure functions over models, no I/O.
 
 A job message is signed by the calling actor's key; a result message by the executing node's
-key. Both sign :meth:`Message.signed_content` under their own domain, so a signature over one
-kind can never be replayed as the other.
+key; a flow job message by the origin node's key (it carries the actor-signed flow, see
+bus/flows.py). Each signs :meth:`Message.signed_content` under its own domain, so a signature
+over one kind can never be replayed as another.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ DOMAIN_FLOW = "flow"
 DEFAULT_FLOW_TTL_S = 24 * 3600
 
 _JSON = dict[str, Any]
+_HEADER = ("id", "caller_id", "context_id", "created_at", "expires_at")
 
 
 def _dump(value: object) -> str:

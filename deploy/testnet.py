@@ -3,9 +3,10 @@
 
 Each node is a real `hero-node run` subprocess with its own home, key, embedded Valkey and
 websocket port. The testnet registers one actor (its own key) with context 2 on every node, then
-sends a python job from node 1 to nodes 2..N and a shell job from node N to node 1, and prints a
-table of results with timings. With --keep it stays up until Ctrl-C. Every process it started is
-stopped before it exits.
+sends a python job from node 1 to nodes 2..N and a shell job from node N to node 1, prints a
+table of results with timings, then runs a cross-node flow with a diamond dependency (A on node1,
+B on node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. With
+--keep it stays up until Ctrl-C. Every process it started is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 from bus.client import JobResult, open_client  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
+from node.cli_flow import render  # noqa: E402
 from node.home import init_home  # noqa: E402
 
 ACTOR_ID = 42
@@ -110,6 +112,56 @@ async def run_job(
         return result, (time.perf_counter() - started) * 1000
 
 
+DIAMOND_B = "import os\nprint(int(os.environ['HERO_DEP_A_STDOUT']) * 7)"
+DIAMOND_C = "echo $((HERO_DEP_A_STDOUT + 1))"
+DIAMOND_D = (
+    "import os\n"
+    "b, c = int(os.environ['HERO_DEP_B_STDOUT']), int(os.environ['HERO_DEP_C_STDOUT'])\n"
+    "print(f\"D on {os.environ['WHERE']}: B*C = {b}*{c} = {b * c}\")"
+)
+
+
+def diamond_flow(nodes: list[TestNode]) -> dict[str, object]:
+    """A -> B, A -> C, B+C -> D: A and D on node1, B on node2, C on node3 (or node2)."""
+    a, b, c = nodes[0].name, nodes[1].name, nodes[min(2, len(nodes) - 1)].name
+
+    def job(jid: str, node: str, kind: str, script: str, depends: list[str]) -> dict[str, object]:
+        return {
+            "id": jid,
+            "node": node,
+            "context": CONTEXT_ID,
+            "type": kind,
+            "script": script,
+            "depends": depends,
+        }
+
+    return {
+        "name": "diamond",
+        "env_vars": {"WHERE": a},
+        "jobs": [
+            job("A", a, "python", "print(6)", []),
+            job("B", b, "python", DIAMOND_B, ["A"]),
+            job("C", c, "sh", DIAMOND_C, ["A"]),
+            job("D", a, "python", DIAMOND_D, ["B", "C"]),
+        ],
+    }
+
+
+async def run_diamond(nodes: list[TestNode], actor: KeyPair) -> bool:
+    """Run the diamond flow from node1, print its DAG and results; True if it finished."""
+    names = {n.node_id: n.name for n in nodes}
+    async with open_client(nodes[0].redis_url) as client:
+        started = time.perf_counter()
+        flow_id = await client.submit_flow(
+            actor, ACTOR_ID, diamond_flow(nodes), context_id=CONTEXT_ID
+        )
+        state = await client.wait_flow(flow_id, CONTEXT_ID, timeout_s=120)
+        ms = (time.perf_counter() - started) * 1000
+    print(f"\ncross-node flow (diamond: A -> B, A -> C, B+C -> D), {ms:.0f} ms")
+    print("\n".join(render(state, names, summary=True)))
+    return state.ok
+
+
 def print_table(rows: list[tuple[str, str, str, JobResult, float]]) -> None:
     header = f"{'from':<7} {'to':<7} {'type':<7} {'status':<9} {'ms':>8}  output"
     print(header)
@@ -150,6 +202,7 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
             print()
             print_table(rows)
             ok = all(r[3].ok for r in rows)
+            ok = await run_diamond(nodes, actor) and ok
             if args.keep:
                 print("\ntestnet running; homes under", base, "- press Ctrl-C to stop")
                 await trio.sleep_forever()

@@ -17,6 +17,7 @@ import trio
 from bus.client import Client, open_client
 from bus.errors import BusError
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
+from node.cli_flow import add_flow_commands
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
 
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_async(job_show))
 
     _add_dlq_commands(sub)
+    add_flow_commands(sub)
     msg = sub.add_parser("msg", help="inspect messages").add_subparsers(metavar="ACTION")
     s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
     s.add_argument("key", help="message:<caller>:<id>")

@@ -21,6 +21,8 @@ from bus.errors import ModelError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageStatus, MessageType
 from bus.verify import judge
+from node.authz import authorise_caller
+from node.flowtrust import authorise_flow_job
 from node.messages import Rejected, apply_result, load_message, queue_result, reject
 from node.state import NodeState
 
@@ -84,6 +86,10 @@ async def handle_incoming(
         await _authorise(node, ctx, message)
         await check_replay(node, ctx, message)
         await materialise(node, ctx, message, script_types, inflight)
+    elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flowtrust.py
+        await authorise_flow_job(node, ctx, message)
+        await check_replay(node, ctx, message)
+        await materialise(node, ctx, message, script_types, inflight)
     else:  # chat and mail are stored; nothing runs
         await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
 
@@ -100,18 +106,7 @@ async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
 
 
 async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
-    actor = await node.store.get_actor(message.caller_id)
-    signer = actor.pubkey if actor is not None else None
-    verdict = judge(message, signer, now=now(), freshness=node.freshness)
-    if not verdict.ok:
-        raise Rejected(verdict.reason, f"actor {message.caller_id}: {verdict.detail}")
-    context = await node.store.get_context(ctx)
-    if context is None:
-        raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
-    if not context.may_execute(message.caller_id):
-        raise Rejected(
-            "permission_denied", f"actor {message.caller_id} is not admin/executor of context {ctx}"
-        )
+    await authorise_caller(node, ctx, message)
     if any(job.caller_id != message.caller_id or job.context_id != ctx for job in message.job):
         raise Rejected("malformed", "a job names another caller or context than its message")
 

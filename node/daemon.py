@@ -5,7 +5,7 @@ run_node
 └── services (store open)
     ├── transport listener (websocket, authenticated links)
     ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, runner pools (python, sh, ...)
+    ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
     └── registry watcher (contexts and peers registered while running)
 """
 
@@ -29,6 +29,7 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.consumer import run_consumer
 from node.executor import BUILTIN_COMMANDS, kill_orphans
+from node.flows import run_flow_engine
 from node.links import LinkHandler
 from node.messages import Rejected, load_message, reject
 from node.resilient import resilient
@@ -172,6 +173,7 @@ class Registry:
             )
             if event is not None:
                 log.info("registry event %s", event[1])
+                self.node.forget_registry()
                 await self.refresh()
 
     async def _run_peer(
@@ -197,6 +199,7 @@ class Registry:
                 resilient, f"consumer {ctx}", run_consumer, node, ctx, set(self.script_types)
             )
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
+            await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
             for script_type, command in self.script_types.items():
                 for slot in range(node.config.runners[script_type]):
                     await nursery.start(

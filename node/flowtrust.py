@@ -8,6 +8,8 @@ incoming ``flow_job`` message before materialising it. Both raise
 
 from __future__ import annotations
 
+from coredis.tokens import PureToken
+
 from bus import keys
 from bus.dag import FlowError, validate_flow
 from bus.errors import ModelError
@@ -103,10 +105,11 @@ async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> N
     job_key = message.job[0].key
     ttl_s = max(doc.expires_at - now(), 0) + node.freshness.window_s
     claim = keys.flow_job_claim(job_key)
-    won = await node.store.call(ctx, lambda r: r.set(claim, message.key, nx=True, ex=ttl_s))
+    won = await node.store.call(
+        ctx, lambda r: r.set(claim, message.key, condition=PureToken.NX, ex=ttl_s)
+    )
     if won:
         return
     holder = await node.store.call(ctx, lambda r: r.get(claim))
     if holder != message.key:
         raise Rejected("replay", f"flow job {job_key} was already released by {holder}")
-

@@ -94,7 +94,7 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     overwrite the origin's result); for unauthenticated messages only when they came from
     this node's own clients.
     """
-    if message.message_type is not MessageType.JOB or reason == "replay":
+    if message.message_type not in (MessageType.JOB, MessageType.FLOW_JOB) or reason == "replay":
         return False
     if reason in UNAUTHENTICATED:
         return message.origin == node.node_id
@@ -126,8 +126,8 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
 
 
 def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
-    """Queue in ``tx``, at the origin: the job copy's final state, the request's status, and
-    the reply that wakes the waiting client."""
+    """Queue in ``tx``, at the origin: the job copy's final state, the request's status, the
+    reply that wakes the waiting client and, for a flow's job, a wake-up of the flow engine."""
     reply = json.dumps(
         {
             "job_key": body.job_key,
@@ -155,6 +155,15 @@ def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: A
     )
     tx.lpush(keys.reply(body.in_reply_to), [reply])
     tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
+    tx.eval(_FLOW_EVENT_LUA, [body.job_key, keys.FLOW_EVENTS], [])  # wakes node/flows.py
+
+
+# A job that belongs to a flow (its origin copy has a flow_id) wakes the flow engine.
+_FLOW_EVENT_LUA = """
+local flow = redis.call('HGET', KEYS[1], 'flow_id')
+if flow and flow ~= '' then redis.call('LPUSH', KEYS[2], flow) end
+return 0
+"""
 
 
 def with_status(message: Message, status: MessageStatus) -> Message:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import trio
 
 from bus import keys
-from bus.models import Peer
+from bus.models import Actor, Context, Peer
 from bus.outbox import PeerOutbox
 from bus.store import Store
 from bus.verify import Freshness
@@ -17,6 +19,9 @@ from crypto import KeyPair
 from node.config import NodeConfig
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+REGISTRY_TTL_S = 2.0
 
 
 @dataclass
@@ -34,6 +39,7 @@ class NodeState:
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
+    _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 
     def stop_intake(self) -> None:
         """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
@@ -50,6 +56,28 @@ class NodeState:
         self.running_jobs -= 1
         if self.running_jobs == 0 and self.stopping.is_set():
             self.idle.set()
+
+    async def actor(self, actor_id: int) -> Actor | None:
+        """``actor:<id>``, cached for REGISTRY_TTL_S (a re-registered key applies that soon)."""
+        return await self._cached(("actor", actor_id), self.store.get_actor(actor_id))
+
+    async def context(self, context_id: int) -> Context | None:
+        """``context:<id>``, cached for REGISTRY_TTL_S (a permission change applies that soon)."""
+        return await self._cached(("context", context_id), self.store.get_context(context_id))
+
+    async def _cached(self, key: tuple[str, int], load: Coroutine[Any, Any, T]) -> T:
+        hit = self._registry_cache.get(key)
+        if hit is not None and hit[0] > trio.current_time():
+            load.close()
+            return hit[1]
+        value = await load
+        if value is not None:  # absence is never cached: a registration applies at once
+            self._registry_cache[key] = (trio.current_time() + REGISTRY_TTL_S, value)
+        return value
+
+    def forget_registry(self) -> None:
+        """Drop cached actors and contexts (a registration event arrived)."""
+        self._registry_cache.clear()
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

@@ -16,6 +16,7 @@ from bus.errors import StoreError
 from bus.ids import now
 from bus.models import Message, MessageType
 from bus.verify import judge
+from node.authz import authorise_caller
 from node.messages import Rejected, load_message, reject
 from node.state import NodeState
 
@@ -66,24 +67,14 @@ async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
     """Job messages: signed by the caller's registered key, fresh, and the caller may execute
     in ``ctx``. Result messages: created and signed by this node."""
-    if message.message_type is MessageType.RESULT:
+    if message.message_type in (MessageType.RESULT, MessageType.FLOW_JOB):  # flows hook
         if message.origin != node.node_id:
             raise Rejected("forged_result", "result messages in msg_out must come from this node")
-        signer: str | None = node.node_id
+        verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
+        if not verdict.ok:
+            raise Rejected(verdict.reason, verdict.detail)
     else:
-        actor = await node.store.get_actor(message.caller_id)
-        if actor is None:
-            raise Rejected("unknown_signer", f"actor {message.caller_id} is not registered")
-        context = await node.store.get_context(ctx)
-        if context is None or not context.may_execute(message.caller_id):
-            raise Rejected(
-                "permission_denied",
-                f"actor {message.caller_id} is not admin/executor of context {ctx}",
-            )
-        signer = actor.pubkey
-    verdict = judge(message, signer, now=now(), freshness=node.freshness)
-    if not verdict.ok:
-        raise Rejected(verdict.reason, verdict.detail)
+        await authorise_caller(node, ctx, message)
     if message.origin != node.node_id:
         raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
 

@@ -1,0 +1,162 @@
+"""``hero-node flow ...``: submit a flow from a file, follow it live, show its state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bus import keys
+from bus.client import Client
+from bus.dag import FlowError
+from bus.flows import FlowState
+from crypto import load_key_file
+from node.errors import NodeError
+
+FILE_HELP = (
+    "flow file: JSON (YAML too when PyYAML is installed) with 'name', 'env_vars' and 'jobs', "
+    "each job {id, node, context, type, script, env, timeout, retries, depends}"
+)
+_STATUS_MARK = {
+    "waiting_for_prerequisites": "..",
+    "dispatched": "->",
+    "started": ">>",
+    "finished": "ok",
+    "error": "!!",
+}
+
+
+def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
+    """Add ``flow submit|status|show`` to the ``hero-node`` parser's subcommands."""
+    from node.cli import _async  # late: node.cli imports this module
+
+    flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(metavar="ACTION")
+    s = flow.add_parser("submit", help="check, sign and submit a flow; --wait follows it live")
+    s.add_argument("file", type=Path, help=FILE_HELP)
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+    s.add_argument("--wait", action="store_true", help="live table until the flow is final")
+    s.add_argument("--timeout", type=float, default=3600, help="--wait gives up after this (s)")
+    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
+    s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
+    s.set_defaults(func=_async(flow_submit))
+    for name, fn, text in (
+        ("status", flow_status, "a table of the flow's jobs: node, status, output"),
+        ("show", flow_show, "the flow and its jobs as JSON"),
+    ):
+        s = flow.add_parser(name, help=text)
+        s.add_argument("flow_id", type=int)
+        s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+        s.set_defaults(func=_async(fn))
+
+
+def read_flow_file(path: Path) -> object:
+    """The parsed flow document; NodeError if unreadable or not JSON/YAML."""
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        raise NodeError(f"cannot read {path}: {exc}") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise NodeError("YAML flow files need PyYAML (pip install pyyaml); use JSON") from None
+        return yaml.safe_load(text)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise NodeError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _context(args: argparse.Namespace) -> int:
+    from node.cli import _config
+
+    return int(args.context if args.context is not None else _config(args).context_id)
+
+
+async def flow_submit(client: Client, args: argparse.Namespace) -> int:
+    from node.cli import _config
+
+    config = _config(args)
+    doc = read_flow_file(args.file)
+    if not isinstance(doc, dict):
+        raise NodeError(f"{args.file}: a flow must be an object with a list of jobs")
+    key = load_key_file(args.key or config.actor_key_path)
+    ctx = _context(args)
+    try:
+        flow_id = await client.submit_flow(key, args.actor or config.actor_id, doc, context_id=ctx)
+    except FlowError as exc:
+        print(f"hero-node: flow refused: {exc}", file=sys.stderr)
+        return 1
+    print(f"flow {flow_id} submitted")
+    if not args.wait:
+        return 0
+    names = await _node_names(client)
+    live = LiveTable(sys.stdout.isatty())
+    state = await client.wait_flow(
+        flow_id, ctx, args.timeout, on_change=lambda s: live.show(render(s, names))
+    )
+    print()
+    print("\n".join(render(state, names, summary=True)))
+    return 0 if state.ok else 1
+
+
+async def flow_status(client: Client, args: argparse.Namespace) -> int:
+    state = await client.flow_state(args.flow_id, _context(args))
+    print("\n".join(render(state, await _node_names(client), summary=True)))
+    return 0 if state.ok else 1
+
+
+async def flow_show(client: Client, args: argparse.Namespace) -> int:
+    ctx = _context(args)
+    state = await client.flow_state(args.flow_id, ctx)
+    fields: dict[str, Any] = dict(await client.store.hgetall(ctx, keys.flow(args.flow_id)))
+    for name in ("doc", "signatures", "result", "env_vars", "jobs"):
+        if name in fields:
+            fields[name] = json.loads(fields[name] or "null")
+    fields["job_states"] = {
+        j.id: {"job_key": j.job_key, "node": j.node, "status": j.status.value, "reason": j.reason}
+        for j in state.jobs
+    }
+    print(json.dumps(fields, indent=2))
+    return 0
+
+
+async def _node_names(client: Client) -> dict[str, str]:
+    names = {p.id: p.name for p in await client.peers() if p.name}
+    own = await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+    if own.get("id"):
+        names[own["id"]] = own.get("name") or "self"
+    return names
+
+
+def render(state: FlowState, names: dict[str, str], *, summary: bool = False) -> list[str]:
+    """The flow as a table: one row per job (dependencies, node, status, output or reason)."""
+    title = f"flow {state.id}" + (f" ({state.name})" if state.name else "")
+    lines = [f"{title}: {state.status.value}" + (f" - {state.reason}" if state.reason else "")]
+    lines.append(f"  {'job':<12} {'after':<14} {'node':<12} {'status':<28} output")
+    for job in state.jobs:
+        node = names.get(job.node, job.node[:12])
+        status = f"{_STATUS_MARK.get(job.status.value, '  ')} {job.status.value}"
+        out = job.stdout.strip().replace("\n", " | ") or job.reason
+        if not summary:
+            out = out[:40]
+        after = ",".join(job.depends) or "-"
+        lines.append(f"  {job.id:<12} {after:<14} {node:<12} {status:<28} {out}")
+    return lines
+
+
+class LiveTable:
+    """Redraws a block of lines in place on a terminal (ANSI), else prints each version."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.height = 0
+
+    def show(self, lines: list[str]) -> None:
+        if self.tty and self.height:
+            sys.stdout.write(f"\x1b[{self.height}F\x1b[J")
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+        self.height = len(lines)

@@ -1,0 +1,258 @@
+"""The flow engine of one context, at the flow's origin node: releases jobs as their
+prerequisites finish, dooms the dependents of failed jobs, and keeps the flow's status/result.
+
+Event-driven and recoverable. The client stores an actor-signed flow (``flow:<id>``, see
+bus/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
+it to ``flows:active`` and pushes its id on ``flow_events``. Every job result that reaches this
+node for a flow job pushes the flow id there too (node/messages.py ``apply_result``). The
+engine pops ``flow_events`` reliably and *re-evaluates* the flow from what Valkey holds: the
+job copies' statuses go into :func:`bus.dag.schedule`; doomed jobs end in ``error`` with
+reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_job`` messages on
+``msg_out`` (atomically with their copy turning ``dispatched``); the flow's status and result
+are written and a change is pushed on ``flow_progress:<id>`` for waiting clients. Evaluation
+is idempotent, so a restart simply re-evaluates every flow still in ``flows:active``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import NoReturn
+
+import trio
+
+from bus import keys
+from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
+from bus.envelope import sign_message
+from bus.errors import ModelError, StoreError
+from bus.flows import FlowDoc, FlowJobPayload
+from bus.ids import new_id, new_nonce, now
+from bus.models import FlowStatus, JobStatus, Message, MessageType
+from node.flowtrust import check_flow_doc, check_may_execute
+from node.messages import Rejected
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+SERVICE = "flows"
+POP_TIMEOUT_S = 5.0
+_FINAL = (FlowStatus.FINISHED.value, FlowStatus.ERROR.value)
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    doc: FlowDoc
+    raw: dict[str, object]  # the document exactly as the actor signed it
+    signatures: list[dict[str, str]]
+
+
+async def run_flow_engine(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Drive context ``ctx``'s flows until cancelled. Reports started once the events a
+    previous run left in flight are requeued and every non-final flow was re-evaluated.
+    Raises StoreError if Valkey fails (``resilient`` restarts it)."""
+    inflight = keys.inflight(SERVICE)
+    await node.store.recover(ctx, inflight, keys.FLOW_EVENTS)
+    await reevaluate_active(node, ctx)
+    task_status.started()
+    while True:
+        item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
+        if item is None:
+            continue
+        await evaluate_guarded(node, ctx, item)
+        await node.store.ack(ctx, inflight, item)
+
+
+async def reevaluate_active(node: NodeState, ctx: int) -> int:
+    """Evaluate every flow in ``flows:active``; returns how many there were."""
+    ids = await node.store.call(ctx, lambda r: r.smembers(keys.FLOWS_ACTIVE))
+    for flow_id in sorted(ids):
+        await evaluate_guarded(node, ctx, flow_id)
+    return len(ids)
+
+
+async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
+    """:func:`evaluate`, logging (not raising) anything but StoreError: the flow stays active
+    and is evaluated again on its next event or at the next start."""
+    try:
+        await evaluate(node, ctx, int(raw_id))
+    except StoreError:
+        raise
+    except Exception:
+        log.exception("flow engine failed on flow %r (context %d)", raw_id, ctx)
+
+
+async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None:
+    """Bring flow ``flow_id`` up to date; returns its status (None: no such flow).
+
+    Raises StoreError if Valkey fails (nothing is half-done: each step is one transaction
+    and evaluation is idempotent).
+    """
+    fields = await node.store.hgetall(ctx, keys.flow(flow_id))
+    if not fields or fields.get("status") in _FINAL:
+        await node.store.call(ctx, lambda r: r.srem(keys.FLOWS_ACTIVE, [str(flow_id)]))
+        return FlowStatus(fields["status"]) if fields else None
+    try:
+        loaded = await _load(node, ctx, flow_id, fields)
+    except Rejected as exc:
+        await _refuse(node, ctx, flow_id, fields, exc)
+        return FlowStatus.ERROR
+    doc = loaded.doc
+    states, results = await _read_jobs(node, ctx, doc)
+    decision = schedule(doc.spec, states)
+    await _doom(node, ctx, doc, decision.doomed)
+    for job_id in decision.ready:
+        await _release(node, ctx, loaded, job_id, results)
+    states |= {j: JobStatus.ERROR for j in decision.doomed}
+    states |= {j: JobStatus.DISPATCHED for j in decision.ready}
+    after = schedule(doc.spec, states)
+    await _save(node, ctx, doc, states, results, after)
+    return after.flow_status
+
+
+async def _load(node: NodeState, ctx: int, flow_id: int, fields: dict[str, str]) -> _Loaded:
+    """The flow's signed document, checked; Rejected if this node must not run it."""
+    try:
+        raw = json.loads(fields.get("doc", ""))
+        signatures = json.loads(fields.get("signatures", "[]"))
+    except ValueError:
+        raise Rejected("malformed", f"flow {flow_id}: document or signatures not JSON") from None
+    doc = await check_flow_doc(node, raw, signatures)
+    if (doc.id, doc.context_id, doc.origin) != (flow_id, ctx, node.node_id):
+        raise Rejected("malformed", f"flow {flow_id}: document is for another flow/context/node")
+    await check_may_execute(node, ctx, doc.caller_id)
+    strays = [j.id for j in doc.spec.jobs if not node.is_known_node(j.node) or j.context_id != ctx]
+    if strays:
+        raise Rejected("unknown_destination", f"unknown node or context for {', '.join(strays)}")
+    return _Loaded(doc, raw, signatures)
+
+
+async def _read_jobs(
+    node: NodeState, ctx: int, doc: FlowDoc
+) -> tuple[dict[str, JobStatus], dict[str, dict[str, str]]]:
+    """The origin copies' statuses (released jobs only) and result maps."""
+    states: dict[str, JobStatus] = {}
+    results: dict[str, dict[str, str]] = {}
+    for job in doc.spec.jobs:
+        fields = await node.store.hgetall(ctx, doc.job_key(job.id))
+        try:
+            states[job.id] = JobStatus(fields.get("status", ""))
+        except ValueError:
+            continue
+        try:
+            result = json.loads(fields.get("result") or "{}")
+        except ValueError:
+            result = {}
+        if isinstance(result, dict):
+            results[job.id] = {str(k): str(v) for k, v in result.items()}
+    return states, results
+
+
+async def _doom(node: NodeState, ctx: int, doc: FlowDoc, doomed: tuple[str, ...]) -> None:
+    if not doomed:
+        return
+    stamp = str(now())
+    async with node.store.transaction(ctx) as tx:
+        for job_id in doomed:
+            tx.hset(
+                doc.job_key(job_id),
+                {"status": JobStatus.ERROR.value, "reason": DOOMED_REASON, "updated_at": stamp},
+            )
+    log.info("flow %d: %s doomed (%s)", doc.id, ", ".join(doomed), DOOMED_REASON)
+
+
+async def _release(
+    node: NodeState, ctx: int, loaded: _Loaded, job_id: str, results: dict[str, dict[str, str]]
+) -> None:
+    """Sign (node key) and queue the job's ``flow_job`` message; its copy turns dispatched."""
+    doc = loaded.doc
+    spec = doc.job(job_id)
+    inputs = {dep: results.get(dep, {}) for dep in spec.depends}
+    stamp = now()
+    job = doc.runner_job(job_id, inputs, stamp)
+    payload = FlowJobPayload(loaded.raw, loaded.signatures, job_id, inputs)
+    message = sign_message(
+        Message(
+            id=new_id(),
+            caller_id=doc.caller_id,
+            context_id=ctx,
+            message=payload.encode(),
+            message_type=MessageType.FLOW_JOB,
+            timeout=job.timeout,
+            job=[job],
+            created_at=stamp,
+            updated_at=stamp,
+            origin=node.node_id,
+            destination=spec.node,
+            nonce=new_nonce(),
+        ),
+        node.key,
+    )
+    copy = job.to_hash() | {"flow_id": str(doc.id), "flow_job": job_id, "node": spec.node}
+    async with node.store.transaction(ctx) as tx:
+        tx.hset(job.key, copy | {"status": JobStatus.DISPATCHED.value, "message_key": message.key})
+        tx.hset(message.key, message.to_hash())
+        tx.lpush(keys.MSG_OUT, [message.key])
+    node.count("flow_jobs_released")
+    log.info("flow %d: released %s to %s… as %s", doc.id, job_id, spec.node[:16], message.key)
+
+
+def _reason(doc: FlowDoc, states: dict[str, JobStatus], decision: Decision) -> str:
+    if decision.flow_status is not FlowStatus.ERROR:
+        return ""
+    failed = [j.id for j in doc.spec.jobs if states.get(j.id) is JobStatus.ERROR]
+    return f"job(s) in error: {', '.join(failed)}"
+
+
+async def _save(
+    node: NodeState,
+    ctx: int,
+    doc: FlowDoc,
+    states: dict[str, JobStatus],
+    results: dict[str, dict[str, str]],
+    decision: Decision,
+) -> None:
+    """Write the flow's status and result and wake waiting clients, in one transaction."""
+    result = flow_result(doc.spec, results, states)
+    fields = {
+        "status": decision.flow_status.value,
+        "result": json.dumps(result, separators=(",", ":")),
+        "reason": _reason(doc, states, decision),
+        "updated_at": str(now()),
+    }
+    await _write_flow(node, ctx, doc.id, fields, decision.done)
+    if decision.done:
+        log.info("flow %d %s", doc.id, decision.flow_status.value)
+
+
+async def _write_flow(
+    node: NodeState, ctx: int, flow_id: int, fields: dict[str, str], done: bool
+) -> None:
+    progress = keys.flow_progress(flow_id)
+    async with node.store.transaction(ctx) as tx:
+        tx.hset(keys.flow(flow_id), fields)
+        if done:
+            tx.srem(keys.FLOWS_ACTIVE, [str(flow_id)])
+        tx.lpush(progress, [fields["status"]])
+        tx.expire(progress, node.config.reply_ttl_s)
+
+
+async def _refuse(
+    node: NodeState, ctx: int, flow_id: int, fields: dict[str, str], exc: Rejected
+) -> None:
+    """The flow may not run here: it and its unreleased jobs end in error with the reason."""
+    log.warning("flow %d (context %d) refused: %s", flow_id, ctx, exc)
+    node.count(f"flows_refused_{exc.reason}")
+    try:
+        job_keys = [keys.job(int(fields["caller_id"]), j) for j in json.loads(fields["jobs"])]
+    except (KeyError, ValueError, TypeError, ModelError):
+        job_keys = []
+    stamp = str(now())
+    async with node.store.transaction(ctx) as tx:
+        for job_key in job_keys:
+            tx.hset(job_key, {"status": JobStatus.ERROR.value, "reason": exc.reason})
+    reason = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+    flow_fields = {"status": FlowStatus.ERROR.value, "reason": reason, "updated_at": stamp}
+    await _write_flow(node, ctx, flow_id, flow_fields, True)
