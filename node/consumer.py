@@ -96,10 +96,10 @@ async def handle_incoming(
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     """Rejected('replay') for a message key or nonce accepted within the freshness window."""
-    seen_key = await node.store.exists(ctx, keys.seen(message.key))
-    seen_nonce = message.nonce and await node.store.exists(
-        ctx, keys.nonce(message.caller_id, message.nonce)
-    )
+    nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
+    found = await node.store.call(ctx, lambda r: r.exists([keys.seen(message.key), nonce_key]))
+    seen_key = found and await node.store.exists(ctx, keys.seen(message.key))
+    seen_nonce = found and not seen_key
     if seen_key or seen_nonce:
         what = "message key" if seen_key else "nonce"
         raise Rejected("replay", f"{what} of {message.key} was already accepted")
@@ -133,6 +133,7 @@ async def materialise(
                 "created_at": str(stamp),
                 "updated_at": str(stamp),
                 "message_key": message.key,
+                "origin": message.origin,
             }
             if job in unknown:
                 fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}

@@ -194,7 +194,9 @@ class Registry:
     ) -> None:
         node = self.node
         async with trio.open_nursery() as nursery:
-            await nursery.start(resilient, f"supervisor {ctx}", run_supervisor, node, ctx)
+            await nursery.start(
+                resilient, f"supervisor {ctx}", run_supervisor, node, ctx, set(self.script_types)
+            )
             await nursery.start(
                 resilient, f"consumer {ctx}", run_consumer, node, ctx, set(self.script_types)
             )

@@ -22,12 +22,12 @@ ANY_TOKEN = "*"
 _START = Script(
     script="""
 local st = redis.call('HGET', KEYS[1], 'status')
-if (not st) or st == 'finished' or st == 'error' then return -1 end
-local a = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+if (not st) or st == 'finished' or st == 'error' then return {} end
+redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('SADD', KEYS[3], KEYS[1])
-return a
+return redis.call('HGETALL', KEYS[1])
 """
 )
 
@@ -95,6 +95,15 @@ return 1
 """
 )
 
+# KEYS: job lease running inflight ; ARGV: token reason now
+_MALFORMED = Script(
+    script=_HOLDS
+    + """
+redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[2], 'updated_at', ARGV[3])
+return 1
+"""
+)
+
 # KEYS: job lease running inflight queue ; ARGV: token now
 _REQUEUE = Script(
     script=_HOLDS
@@ -139,10 +148,14 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
     return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
-async def start(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> int:
-    """Take the lease and mark the job started; the attempt number, or -1 if it is final."""
+async def start(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> dict[str, str]:
+    """Take the lease and mark the job started; the job's fields (``attempt`` counts this
+    attempt), or {} if the job is final or gone."""
     args = [token, str(ttl_ms), str(now())]
-    return int(await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args))
+    flat = await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args)
+    if isinstance(flat, dict):  # RESP3 may already give a map
+        return {str(k): str(v) for k, v in flat.items()}
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 async def renew(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> bool:
@@ -212,6 +225,15 @@ async def retry_later(
     args = [token, reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
     key_list = [*_attempt_keys(job_key, inflight), keys.DELAYED]
     return bool(await store.script(ctx, _RETRY, key_list, args))
+
+
+async def finish_malformed(
+    store: Store, ctx: int, job_key: str, token: str, inflight: str, detail: str
+) -> bool:
+    """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
+    args = [token, f"malformed_job: {detail}", str(now())]
+    return bool(await store.script(ctx, _MALFORMED, key_list, args))
 
 
 async def requeue(

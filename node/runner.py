@@ -144,19 +144,20 @@ async def run_job(
     queue: str,
     token_base: str,
 ) -> None:
+    token = f"{token_base}:{job_key}"
+    fields = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
+    if not fields:  # final or gone (a duplicate queue entry)
+        await node.store.ack(ctx, inflight, job_key)
+        return
     try:
-        job = RunnerJob.from_hash(await node.store.hgetall(ctx, job_key))
-        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        job = RunnerJob.from_hash(fields)
+        request = await _request_of(node, ctx, job, fields)
     except ModelError as exc:
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
-        await node.store.ack(ctx, inflight, job_key)
+        await jobstore.finish_malformed(node.store, ctx, job_key, token, inflight, str(exc))
         return
-    token = f"{token_base}:{job.id}"
-    attempt = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
-    if attempt < 0:  # already final (a duplicate queue entry)
-        await node.store.ack(ctx, inflight, job_key)
-        return
+    attempt = int(fields.get("attempt", "1"))
     started_at = int(time.time())
     outcome: Outcome | None = None
     try:
@@ -173,6 +174,19 @@ async def run_job(
                 except StoreError as exc:  # recovered at the next start instead
                     log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
     await conclude(node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at)
+
+
+async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[str, str]) -> Message:
+    """The message that carried ``job``, as far as answering it needs: read from the job hash
+    (materialise copies ``origin`` there), or from the message hash for older jobs."""
+    origin = fields.get("origin")
+    if not origin:
+        return Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+    try:
+        caller, ident = keys.parse_message_key(job.message_key)
+    except ValueError:
+        raise ModelError(f"bad message_key {job.message_key!r}") from None
+    return Message(ident, caller, ctx, origin=origin, destination=node.node_id)
 
 
 async def _heartbeat(node: NodeState, ctx: int, job_key: str, token: str) -> None:

@@ -7,6 +7,7 @@ outbox of the destination peer. A message that fails a check goes to ``dlq`` wit
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import NoReturn
 
 import trio
@@ -17,6 +18,7 @@ from bus.ids import now
 from bus.models import Message, MessageType
 from bus.verify import judge
 from node.authz import authorise_caller
+from node.consumer import check_replay, materialise
 from node.messages import Rejected, load_message, reject
 from node.state import NodeState
 
@@ -27,7 +29,11 @@ POP_TIMEOUT_S = 5.0
 
 
 async def run_supervisor(
-    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    node: NodeState,
+    ctx: int,
+    script_types: Collection[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Route context ``ctx``'s outgoing messages until cancelled; reports started after recovery."""
     inflight = keys.inflight(SERVICE)
@@ -37,15 +43,25 @@ async def run_supervisor(
         key = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
         if key is None:
             continue
-        await _handle_guarded(node, ctx, key)
-        await node.store.ack(ctx, inflight, key)
+        if not await _handle_guarded(node, ctx, key, script_types, inflight):
+            await node.store.ack(ctx, inflight, key)
 
 
-async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
+async def _handle_guarded(
+    node: NodeState, ctx: int, key: str, script_types: Collection[str], inflight: str
+) -> bool:
+    """Handle one message; True if it was already acknowledged (the local fast path)."""
     message: Message | None = None
     try:
         message = await load_message(node, ctx, key)
         await check_outgoing(node, ctx, message)
+        if message.destination == node.node_id and message.message_type is MessageType.JOB:
+            # Runs here: the caller was just verified, so materialise now instead of a second
+            # hop through msg_in and a second verification by the consumer.
+            await check_replay(node, ctx, message)
+            await materialise(node, ctx, message, script_types, inflight)
+            node.count("routed")
+            return True
         await route(node, ctx, message)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
@@ -62,6 +78,7 @@ async def _handle_guarded(node: NodeState, ctx: int, key: str) -> None:
             SERVICE,
             queue=keys.MSG_OUT,
         )
+    return False
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:

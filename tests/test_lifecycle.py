@@ -116,7 +116,8 @@ async def test_stale_runner_result_is_refused(node_factory):
 
 async def test_jobstore_refuses_transitions_without_the_lease(store):
     await store.hset(1, "job:1:1", {"status": "dispatched", "attempt": "0"})
-    assert await jobstore.start(store, 1, "job:1:1", "tok", 10_000) == 1
+    started = await jobstore.start(store, 1, "job:1:1", "tok", 10_000)
+    assert (started["attempt"], started["status"], started["runner"]) == ("1", "started", "tok")
     assert not await jobstore.renew(store, 1, "job:1:1", "other", 10_000)
     assert await jobstore.renew(store, 1, "job:1:1", "tok", 10_000)
     assert not await jobstore.requeue(store, 1, "job:1:1", "other", "inflight:x", "queue:python")
@@ -125,4 +126,4 @@ async def test_jobstore_refuses_transitions_without_the_lease(store):
     job = await store.hgetall(1, "job:1:1")
     assert (job["status"], job["attempt"]) == ("dispatched", "0")
     await store.hset(1, "job:1:1", {"status": "finished"})
-    assert await jobstore.start(store, 1, "job:1:1", "tok", 10_000) == -1
+    assert await jobstore.start(store, 1, "job:1:1", "tok", 10_000) == {}
