@@ -55,13 +55,16 @@ class JobResult:
 class Client:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._node_id: str | None = None
 
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
-        node_id = await self.store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
-        if not node_id:
-            raise ClientError("no hero-node has run on this Redis yet (no node:info)")
-        return str(node_id)
+        if self._node_id is None:
+            found = await self.store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
+            if not found:
+                raise ClientError("no hero-node has run on this Redis yet (no node:info)")
+            self._node_id = str(found)
+        return self._node_id
 
     # -- registry --------------------------------------------------------------------------------
 

@@ -47,17 +47,18 @@ async def run_consumer(
         key = await node.store.pop_reliable(ctx, keys.MSG_IN, inflight, POP_TIMEOUT_S)
         if key is None:
             continue
-        await _handle_guarded(node, ctx, key, script_types, inflight)
-        await node.store.ack(ctx, inflight, key)
+        if not await _handle_guarded(node, ctx, key, script_types, inflight):
+            await node.store.ack(ctx, inflight, key)
 
 
 async def _handle_guarded(
     node: NodeState, ctx: int, key: str, script_types: Collection[str], inflight: str
-) -> None:
+) -> bool:
+    """Handle one message; True if its handling already removed it from ``inflight``."""
     message: Message | None = None
     try:
         message = await load_message(node, ctx, key)
-        await handle_incoming(node, ctx, message, script_types, inflight)
+        return await handle_incoming(node, ctx, message, script_types, inflight)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
@@ -73,11 +74,14 @@ async def _handle_guarded(
             SERVICE,
             queue=keys.MSG_IN,
         )
+    return False
 
 
 async def handle_incoming(
     node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
-) -> None:
+) -> bool:
+    """Accept ``message``; True when it was acknowledged with what it caused (one transaction).
+    Raises Rejected with the reason it is refused."""
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
     if message.message_type is MessageType.RESULT:
@@ -92,6 +96,8 @@ async def handle_incoming(
         await materialise(node, ctx, message, script_types, inflight)
     else:  # chat and mail are stored; nothing runs
         await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
+        return False
+    return True
 
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
