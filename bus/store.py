@@ -41,6 +41,19 @@ return 1
 
 MAX_REDELIVERIES = 5
 
+# KEYS: source inflight ; ARGV: limit
+_POP_BATCH = Script(
+    script="""
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  if not v then break end
+  out[#out + 1] = v
+end
+return out
+"""
+)
+
 # KEYS: inflight source redeliveries dlq ; ARGV: max now source-name
 _RECOVER = Script(
     script="""
@@ -166,6 +179,18 @@ class Store:
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
         return await self.call(db, lambda r: script(keys=keys, args=args, client=r))
 
+    async def scripts(
+        self, db: int, calls: list[tuple[Script[str], list[str], list[str]]]
+    ) -> list[Any]:
+        """Several Lua scripts in one pipelined round trip (not atomic together); results."""
+        client = await self.db(db)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pending: list[Any] = [script(keys=k, args=a, client=pipe) for script, k, a in calls]
+            return [await p for p in pending]
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
+
     async def ping(self) -> None:
         await self.call(0, lambda r: r.ping())
 
@@ -214,6 +239,34 @@ class Store:
                 break
             out.append(str(value))
         return out
+
+    async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
+        """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
+        trip; the batching partner of a blocking :meth:`pop_reliable`)."""
+        if limit <= 0:
+            return []
+        moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit)])
+        return [str(v) for v in moved]
+
+    async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
+        """HGETALL of several hashes in one pipelined round trip."""
+        client = await self.db(db)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.hgetall(k) for k in hash_keys]
+            return [decode_hash(await p) for p in pending]
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    async def exists_many(self, db: int, names: list[str]) -> list[bool]:
+        """EXISTS of each key, in one pipelined round trip."""
+        client = await self.db(db)
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.exists([k]) for k in names]
+            return [bool(await p) for p in pending]
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
 
     async def ack(self, db: int, inflight: str, value: str) -> None:
         await self.call(db, lambda r: r.lrem(inflight, 1, value))

@@ -19,7 +19,7 @@ from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.ids import now
-from bus.models import JobStatus, Message, MessageStatus, MessageType
+from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
 from bus.verify import judge
 from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
@@ -100,6 +100,11 @@ async def handle_incoming(
     return True
 
 
+def replay_markers(message: Message) -> list[str]:
+    """The keys whose existence means ``message`` (its key, or its nonce) was accepted before."""
+    return [keys.seen(message.key), keys.nonce(message.caller_id, message.nonce or "-")]
+
+
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     """Rejected('replay') for a message key or nonce accepted within the freshness window."""
     nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
@@ -130,26 +135,39 @@ async def materialise(
     node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
 ) -> None:
     """Create each job hash and queue it, atomically with the replay markers and the ack."""
-    stamp = now()
-    unknown = [j for j in message.job if j.script_type not in script_types]
+    await materialise_many(node, ctx, [message], script_types, inflight)
+
+
+async def materialise_many(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+) -> None:
+    """:func:`materialise` for a batch of checked messages, in one transaction."""
+    stamp = str(now())
+    unknown: list[tuple[Message, RunnerJob]] = []
     async with node.store.transaction(ctx) as tx:
-        for job in message.job:
-            fields = job.to_hash() | {
-                "status": JobStatus.DISPATCHED.value,
-                "created_at": str(stamp),
-                "updated_at": str(stamp),
-                "message_key": message.key,
-                "origin": message.origin,
-            }
-            if job in unknown:
-                fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
-            tx.hset(job.key, fields)
-            if job not in unknown:
-                tx.lpush(keys.queue(job.script_type), [job.key])
-        tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value, "updated_at": str(stamp)})
-        mark_accepted(tx, node, message, inflight)
-    node.count("materialised", len(message.job))
-    for job in unknown:
+        for message in messages:
+            for job in message.job:
+                fields = job.to_hash() | {
+                    "status": JobStatus.DISPATCHED.value,
+                    "created_at": stamp,
+                    "updated_at": stamp,
+                    "message_key": message.key,
+                    "origin": message.origin,
+                }
+                if job.script_type in script_types:
+                    tx.lpush(keys.queue(job.script_type), [job.key])
+                else:
+                    fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
+                    unknown.append((message, job))
+                tx.hset(job.key, fields)
+            tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value, "updated_at": stamp})
+            mark_accepted(tx, node, message, inflight)
+    node.count("materialised", sum(len(m.job) for m in messages))
+    for message, job in unknown:
         detail = (
             f"unknown_script_type: no runner for {job.script_type!r} on this node "
             f"(known: {', '.join(sorted(script_types))})"

@@ -9,6 +9,7 @@ cannot write a late result: it is refused. Recovery of a dead runner's jobs uses
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from coredis.commands.script import Script
 
@@ -28,6 +29,28 @@ redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at'
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('SADD', KEYS[3], KEYS[1])
 return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Take the next queued job and start it, in the same round trip as finishing the last one.
+# KEYS: queue inflight running ; ARGV: token_base ttl_ms now lease_prefix
+_TAKE_NEXT = Script(
+    script="""
+local nxt = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+if not nxt then return {} end
+local st = redis.call('HGET', nxt, 'status')
+if (not st) or st == 'finished' or st == 'error' then
+  redis.call('LREM', KEYS[2], 1, nxt)
+  return {nxt}
+end
+local tok = ARGV[1] .. ':' .. nxt
+redis.call('HINCRBY', nxt, 'attempt', 1)
+redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3])
+redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
+redis.call('SADD', KEYS[3], nxt)
+local out = redis.call('HGETALL', nxt)
+table.insert(out, 1, nxt)
+return out
 """
 )
 
@@ -174,12 +197,14 @@ async def finish(
     reason: str,
     entry: str,
     answer: Message,
-) -> bool:
-    """Record the final state and queue the signed answer; False if the lease was lost."""
+    take_next: NextJob | None = None,
+) -> tuple[bool, Started | None]:
+    """Record the final state and queue the signed answer (False if the lease was lost); with
+    ``take_next``, also start the next queued job in the same round trip."""
     fields = [x for kv in answer.to_hash().items() for x in kv]
     args = [token, status, json.dumps(result), reason, str(now()), entry, *fields]
     key_list = [*_attempt_keys(job_key, inflight), answer.key, keys.MSG_OUT]
-    return bool(await store.script(ctx, _FINISH, key_list, args))
+    return await _with_next(store, ctx, (_FINISH, key_list, args), inflight, take_next)
 
 
 async def finish_local(
@@ -195,7 +220,8 @@ async def finish_local(
     entry: str,
     request_key: str,
     reply_ttl_s: int,
-) -> bool:
+    take_next: NextJob | None = None,
+) -> tuple[bool, Started | None]:
     """Finish a job submitted on this node: final state, request status and the client's reply
     in one step, with no result message in between. False if the lease was lost."""
     reply = json.dumps({"job_key": job_key, "status": status, "result": result, "reason": reason})
@@ -206,7 +232,37 @@ async def finish_local(
         keys.reply(request_key),
         keys.FLOW_EVENTS,
     ]
-    return bool(await store.script(ctx, _FINISH_LOCAL, key_list, args))
+    return await _with_next(store, ctx, (_FINISH_LOCAL, key_list, args), inflight, take_next)
+
+
+@dataclass(frozen=True)
+class NextJob:
+    """Where a runner takes its next job from, and how it names its lease."""
+
+    queue: str
+    token_base: str
+    ttl_ms: int
+
+
+Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
+
+
+async def _with_next(
+    store: Store,
+    ctx: int,
+    finish_call: tuple[Script[str], list[str], list[str]],
+    inflight: str,
+    take_next: NextJob | None,
+) -> tuple[bool, Started | None]:
+    if take_next is None:
+        return bool(await store.script(ctx, *finish_call)), None
+    nxt_keys = [take_next.queue, inflight, keys.RUNNING]
+    nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
+    done, nxt = await store.scripts(ctx, [finish_call, (_TAKE_NEXT, nxt_keys, nxt_args)])
+    if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
+        return bool(done), None
+    flat = [str(x) for x in nxt[1:]]
+    return bool(done), (str(nxt[0]), dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 async def retry_later(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +29,11 @@ class Rejected(Exception):
 
 async def load_message(node: NodeState, ctx: int, key: str) -> Message:
     """Read and parse a message hash; Rejected('malformed', ...) if it cannot be used."""
-    fields = await node.store.hgetall(ctx, key)
+    return parse_message(ctx, key, await node.store.hgetall(ctx, key))
+
+
+def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
+    """Parse the hash stored under ``key`` in context ``ctx``; Rejected if it is unusable."""
     if not fields:
         raise Rejected("missing_hash", f"{key} has no hash in context {ctx}")
     try:

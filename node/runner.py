@@ -79,19 +79,30 @@ async def run_runner(
             job, command, max_output_bytes=node.config.max_output_bytes, pid_dir=pid_dir
         )
 
+    take_next = jobstore.NextJob(queue, token_base, LEASE_TTL_MS)
+    started: jobstore.Started | None = None
     try:
         while not node.stopping.is_set():
-            job_key = await _pop(node, ctx, queue, inflight)
-            if job_key is None:
-                continue
+            if started is None:
+                job_key = await _pop(node, ctx, queue, inflight)
+                if job_key is None:
+                    continue
+                fields = None
+            else:
+                (job_key, fields), started = started, None
             node.job_started()
             try:
-                await run_job(node, ctx, job_key, run_script, inflight, queue, token_base)
+                started = await run_job(
+                    node, ctx, job_key, fields, run_script, inflight, queue, take_next
+                )
             finally:
                 node.job_ended()
     finally:
-        if worker is not None:
-            with trio.CancelScope(shield=True):
+        with trio.CancelScope(shield=True):
+            if started is not None:  # taken with the last result, but we are stopping
+                token = f"{token_base}:{started[0]}"
+                await jobstore.requeue(node.store, ctx, started[0], token, inflight, queue)
+            if worker is not None:
                 await worker.close()
 
 
@@ -139,16 +150,20 @@ async def run_job(
     node: NodeState,
     ctx: int,
     job_key: str,
+    fields: dict[str, str] | None,
     run_script: Callable[[RunnerJob], Awaitable[Outcome]],
     inflight: str,
     queue: str,
-    token_base: str,
-) -> None:
-    token = f"{token_base}:{job_key}"
-    fields = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
+    take_next: jobstore.NextJob,
+) -> jobstore.Started | None:
+    """Run one job (``fields``: already started by the previous job's conclusion). Returns the
+    next job if it was started in the same round trip as this one's result."""
+    token = f"{take_next.token_base}:{job_key}"
+    if fields is None:
+        fields = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
     if not fields:  # final or gone (a duplicate queue entry)
         await node.store.ack(ctx, inflight, job_key)
-        return
+        return None
     try:
         job = RunnerJob.from_hash(fields)
         request = await _request_of(node, ctx, job, fields)
@@ -156,7 +171,7 @@ async def run_job(
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
         await jobstore.finish_malformed(node.store, ctx, job_key, token, inflight, str(exc))
-        return
+        return None
     attempt = int(fields.get("attempt", "1"))
     started_at = int(time.time())
     outcome: Outcome | None = None
@@ -173,7 +188,10 @@ async def run_job(
                     log.info("%s interrupted by shutdown; requeued", job_key)
                 except StoreError as exc:  # recovered at the next start instead
                     log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
-    await conclude(node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at)
+    nxt = None if node.stopping.is_set() else take_next
+    return await conclude(
+        node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at, nxt
+    )
 
 
 async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[str, str]) -> Message:
@@ -211,9 +229,12 @@ async def conclude(
     queue: str,
     attempt: int,
     started_at: int,
-) -> None:
+    take_next: jobstore.NextJob | None = None,
+) -> jobstore.Started | None:
     """Finish the job or schedule its retry; retried while Redis is unreachable, because the
-    outcome exists only here (re-running the job instead would run it twice)."""
+    outcome exists only here (re-running the job instead would run it twice). With
+    ``take_next``, a finished job's runner also starts its next job in the same round trip."""
+    started: jobstore.Started | None = None
     nxt = after_attempt(outcome.status, outcome.reason, attempt, job.retries)
     entry = jobstore.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
     delay = 0.2
@@ -234,19 +255,21 @@ async def conclude(
                 )
                 node.wake_retries(ctx)
             else:
-                ok = await _finish(
-                    node, ctx, job, request, outcome, token, inflight, entry, attempt
+                ok, started = await _finish(
+                    node, ctx, job, request, outcome, token, inflight, entry, attempt, take_next
                 )
             break
         except StoreError as exc:
             log.warning("%s: cannot record the outcome yet (%s); retrying", job.key, exc)
+            take_next = None  # a half-applied pipeline must not take a second job
             await trio.sleep(delay)
             delay = min(delay * 2, 5.0)
     if not ok:
         node.count("stale_results")
         log.warning("%s: result of a runner that lost its lease refused", job.key)
-        return
-    node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+    else:
+        node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+    return started
 
 
 async def _finish(
@@ -259,7 +282,8 @@ async def _finish(
     inflight: str,
     entry: str,
     attempt: int,
-) -> bool:
+    take_next: jobstore.NextJob | None,
+) -> tuple[bool, jobstore.Started | None]:
     result = outcome.result | {"attempts": str(attempt)}
     status = outcome.status.value
     if request.origin == node.node_id:  # answered here: no signed result message needed
@@ -275,6 +299,7 @@ async def _finish(
             entry=entry,
             request_key=request.key,
             reply_ttl_s=node.config.reply_ttl_s,
+            take_next=take_next,
         )
     body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
     return await jobstore.finish(
@@ -288,6 +313,7 @@ async def _finish(
         reason=outcome.reason,
         entry=entry,
         answer=result_message(node, request, body),
+        take_next=take_next,
     )
 
 

@@ -18,14 +18,15 @@ from bus.ids import now
 from bus.models import Message, MessageType
 from bus.verify import judge
 from node.authz import authorise_caller
-from node.consumer import check_replay, materialise
-from node.messages import Rejected, load_message, reject
+from node.consumer import materialise_many, replay_markers
+from node.messages import Rejected, parse_message, reject
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 SERVICE = "supervisor"
 POP_TIMEOUT_S = 5.0
+BATCH = 64
 
 
 async def run_supervisor(
@@ -40,28 +41,52 @@ async def run_supervisor(
     await node.store.recover(ctx, inflight, keys.MSG_OUT)
     task_status.started()
     while True:
-        key = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
-        if key is None:
+        first = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
+        if first is None:
             continue
-        if not await _handle_guarded(node, ctx, key, script_types, inflight):
-            await node.store.ack(ctx, inflight, key)
+        batch = [first, *await node.store.pop_batch(ctx, keys.MSG_OUT, inflight, BATCH - 1)]
+        await handle_batch(node, ctx, batch, script_types, inflight)
 
 
-async def _handle_guarded(
-    node: NodeState, ctx: int, key: str, script_types: Collection[str], inflight: str
-) -> bool:
-    """Handle one message; True if it was already acknowledged (the local fast path)."""
+async def handle_batch(
+    node: NodeState, ctx: int, batch: list[str], script_types: Collection[str], inflight: str
+) -> None:
+    """Route a batch popped from msg_out: one read for all hashes, and the jobs that run on this
+    node materialised together in one transaction (a batch of one when the queue is short)."""
+    local: list[Message] = []
+    for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
+        message = await _guarded(node, ctx, key, fields)
+        if message is not None:
+            local.append(message)
+    if not local:
+        return
+    fresh: list[Message] = []
+    markers = [m for message in local for m in replay_markers(message)]
+    found = await node.store.exists_many(ctx, markers)
+    for i, message in enumerate(local):
+        if found[2 * i] or found[2 * i + 1]:
+            what = "message key" if found[2 * i] else "nonce"
+            replay = Rejected("replay", f"{what} of {message.key} was already accepted")
+            await reject(node, ctx, message.key, replay, message, SERVICE, queue=keys.MSG_OUT)
+            await node.store.ack(ctx, inflight, message.key)
+        else:
+            fresh.append(message)
+    if fresh:
+        await materialise_many(node, ctx, fresh, script_types, inflight)
+        node.count("routed", len(fresh))
+
+
+async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
+    """Check and route one message; a job for this node is returned (to be materialised with
+    its batch) instead. Anything else is finished here: routed, or refused, and acknowledged."""
     message: Message | None = None
     try:
-        message = await load_message(node, ctx, key)
+        message = parse_message(ctx, key, fields)
         await check_outgoing(node, ctx, message)
         if message.destination == node.node_id and message.message_type is MessageType.JOB:
-            # Runs here: the caller was just verified, so materialise now instead of a second
-            # hop through msg_in and a second verification by the consumer.
-            await check_replay(node, ctx, message)
-            await materialise(node, ctx, message, script_types, inflight)
-            node.count("routed")
-            return True
+            # Runs here: the caller was just verified, so no second hop through msg_in and no
+            # second verification by the consumer.
+            return message
         await route(node, ctx, message)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
@@ -69,16 +94,10 @@ async def _handle_guarded(
         raise
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("supervisor failed on %s (context %d)", key, ctx)
-        await reject(
-            node,
-            ctx,
-            key,
-            Rejected("internal_error", repr(exc)),
-            message,
-            SERVICE,
-            queue=keys.MSG_OUT,
-        )
-    return False
+        bug = Rejected("internal_error", repr(exc))
+        await reject(node, ctx, key, bug, message, SERVICE, queue=keys.MSG_OUT)
+    await node.store.ack(ctx, keys.inflight(SERVICE), key)
+    return None
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
