@@ -200,6 +200,37 @@ class Client:
             tx.lpush(keys.MSG_OUT, [message.key])
         return message
 
+    async def stop_job(
+        self, signer: KeyPair, caller_id: int, job_key: str, context_id: int
+    ) -> Message:
+        """Send a signed stop request for ``job_key`` to the node that runs it; the job ends in
+        ``error`` with reason ``stopped`` and its waiting client is answered as usual."""
+        job = await self.store.hgetall(context_id, job_key)
+        if not job:
+            raise ClientError(f"no job {job_key} in context {context_id}")
+        request = await self.store.hgetall(context_id, job.get("message_key", ""))
+        origin = await self.node_id()
+        body = json.dumps({"job_key": job_key, "request": job.get("message_key", "")})
+        message = sign_message(
+            Message(
+                id=new_id(),
+                caller_id=caller_id,
+                context_id=context_id,
+                message=body,
+                message_type=MessageType.STOP,
+                created_at=now(),
+                updated_at=now(),
+                origin=origin,
+                destination=request.get("destination") or origin,
+                nonce=new_nonce(),
+            ),
+            signer,
+        )
+        async with self.store.transaction(context_id) as tx:
+            tx.hset(message.key, message.to_hash())
+            tx.lpush(keys.MSG_OUT, [message.key])
+        return message
+
     async def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
         """Wait for one result per job of ``message``; ClientError after ``timeout_s``."""
         results: list[JobResult] = []

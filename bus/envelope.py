@@ -17,6 +17,7 @@ from crypto import KeyPair, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
 DOMAIN_RESULT = "result"
+DOMAIN_STOP = "stop"
 DOMAIN_FLOW_JOB = "flow-job"  # a flow job released by its origin node (see node/flowtrust.py)
 
 
@@ -25,6 +26,8 @@ def domain_for(message: Message) -> str:
         return DOMAIN_RESULT
     if message.message_type is MessageType.FLOW_JOB:
         return DOMAIN_FLOW_JOB
+    if message.message_type is MessageType.STOP:
+        return DOMAIN_STOP
     return DOMAIN_JOB
 
 

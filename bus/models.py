@@ -51,6 +51,7 @@ class MessageType(StrEnum):
     MAIL = "mail"
     RESULT = "result"  # extension: a signed job result travelling back (spec step 7)
     FLOW_JOB = "flow_job"  # extension: a flow's job, released and signed by the origin node
+    STOP = "stop"  # extension: an actor's signed request to stop one of its jobs
 
 
 class MessageFormat(StrEnum):

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import trio
 
 from bus.client import Client, open_client
 from bus.errors import BusError
+from bus.models import Message
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.cli_flow import add_flow_commands
 from node.config import NodeConfig, default_home, load_config
@@ -148,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
     s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
     s.set_defaults(func=_async(job_submit))
+    s = job.add_parser("stop", help="stop a job (signed; only its caller or a context admin)")
+    s.add_argument("key", help="job:<caller>:<id>")
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
+    s.add_argument("--key-file", type=Path, default=None, help="actor key (default: actor.key)")
+    s.add_argument("--wait", action="store_true", help="wait until the job has ended")
+    s.set_defaults(func=_async(job_stop))
     s = job.add_parser("show", help="print a job or message hash as JSON")
     s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
     s.add_argument("--context", type=int, default=None)
@@ -382,6 +391,22 @@ def _parse_env(item: str) -> tuple[str, str]:
     if not sep or not name:
         raise NodeError(f"--env wants NAME=VALUE, got {item!r}")
     return name, value
+
+
+async def job_stop(client: Client, args: argparse.Namespace) -> int:
+    config = _config(args)
+    key = load_key_file(args.key_file or config.actor_key_path)
+    ctx = _ctx(args)
+    actor = args.actor or config.actor_id
+    job = await client.store.hgetall(ctx, args.key)
+    await client.stop_job(key, actor, args.key, ctx)
+    print(f"stop requested for {args.key}")
+    if args.wait and job.get("message_key"):
+        request = await client.store.hgetall(ctx, job["message_key"])
+        message = Message.from_hash(request)
+        [result] = await client.wait_results(replace(message, job=message.job[:1]), 60)
+        print(f"{result.job_key}: {result.status.value} {result.reason}")
+    return 0
 
 
 async def job_show(client: Client, args: argparse.Namespace) -> int:

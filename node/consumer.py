@@ -25,6 +25,7 @@ from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
 from node.messages import Rejected, apply_result, load_message, queue_result, reject
 from node.state import NodeState
+from node.stops import apply_stop
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,13 @@ async def handle_incoming(
         await authorise_flow_job(node, ctx, message)
         await check_replay(node, ctx, message)
         await materialise(node, ctx, message, script_types, inflight)
+    elif message.message_type is MessageType.STOP:
+        await authorise_caller(node, ctx, message)
+        await check_replay(node, ctx, message)
+        await apply_stop(node, ctx, message)
+        async with node.store.transaction(ctx) as tx:
+            tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
+            mark_accepted(tx, node, message, inflight)
     else:  # chat and mail are stored; nothing runs
         await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
         return False

@@ -175,12 +175,19 @@ async def run_job(
     attempt = int(fields.get("attempt", "1"))
     started_at = int(time.time())
     outcome: Outcome | None = None
+    stop = trio.CancelScope()
+    node.running[job_key] = stop
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_heartbeat, node, ctx, job_key, token)
-            outcome = await run_script(job)
+            with stop:
+                outcome = await run_script(job)
+            if stop.cancelled_caught:  # a signed stop request (see node/stops.py)
+                reason = node.stop_reasons.pop(job_key, "stopped")
+                outcome = Outcome(JobStatus.ERROR, {}, reason)
             nursery.cancel_scope.cancel()
     finally:
+        node.running.pop(job_key, None)
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
@@ -188,6 +195,7 @@ async def run_job(
                     log.info("%s interrupted by shutdown; requeued", job_key)
                 except StoreError as exc:  # recovered at the next start instead
                     log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
+    assert outcome is not None  # set on every path that gets here (else the finally re-raised)
     nxt = None if node.stopping.is_set() else take_next
     return await conclude(
         node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at, nxt

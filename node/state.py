@@ -39,6 +39,9 @@ class NodeState:
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
+    # jobs running in this process, by job key: cancelling the scope stops the script
+    running: dict[str, trio.CancelScope] = field(default_factory=dict)
+    stop_reasons: dict[str, str] = field(default_factory=dict)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 
     def stop_intake(self) -> None:
@@ -78,6 +81,15 @@ class NodeState:
     def forget_registry(self) -> None:
         """Drop cached actors and contexts (a registration event arrived)."""
         self._registry_cache.clear()
+
+    def stop_running(self, job_key: str, reason: str) -> bool:
+        """Stop ``job_key`` if one of this node's runners is running it; whether it was."""
+        scope = self.running.get(job_key)
+        if scope is None:
+            return False
+        self.stop_reasons[job_key] = reason
+        scope.cancel()
+        return True
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

@@ -1,0 +1,85 @@
+"""Stopping a job: an actor-signed ``stop`` message reaches the node that runs the job.
+
+Only the job's caller or an admin of its context may stop it. A running job's script is
+killed (the runner ends it in ``error`` with reason ``stopped``); a queued one is taken off its
+queue and ended here; a final one is left as it is. Either way the job's origin is answered
+through the usual result path, so a waiting client learns the job was stopped. External
+runners learn of a stop from ``stop:<script_type>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from coredis.commands.script import Script
+
+from bus import keys
+from bus.envelope import ResultBody
+from bus.errors import ModelError
+from bus.ids import now
+from bus.models import JobStatus, Message, RunnerJob
+from node.messages import Rejected, queue_result
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+# KEYS: job queue delayed stop_list ; ARGV: reason now job_key
+# A queued job leaves its queue (and the retry schedule) and ends here; a started one is only
+# announced on the stop list (its runner stops it). Returns the status it had.
+_STOP = Script(
+    script="""
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return '' end
+if st == 'dispatched' or st == 'waiting_for_prerequisites' then
+  redis.call('LREM', KEYS[2], 0, ARGV[3])
+  redis.call('ZREM', KEYS[3], KEYS[2] .. '|' .. ARGV[3])
+  redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
+elseif st == 'started' then
+  redis.call('LPUSH', KEYS[4], ARGV[3])
+end
+return st
+"""
+)
+
+
+def parse_stop(message: Message) -> str:
+    """The job key a stop message names; Rejected('malformed') if there is none."""
+    try:
+        job_key = json.loads(message.message)["job_key"]
+    except (ValueError, KeyError, TypeError):
+        raise Rejected("malformed", "a stop message names no job_key") from None
+    if not isinstance(job_key, str) or not job_key.startswith("job:"):
+        raise Rejected("malformed", "a stop message names no job_key")
+    return str(job_key)
+
+
+async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
+    """Stop the job ``message`` names (the caller is already authenticated and authorised to
+    execute in ``ctx``). Raises Rejected: unknown_job, permission_denied."""
+    job_key = parse_stop(message)
+    fields = await node.store.hgetall(ctx, job_key)
+    if not fields:
+        raise Rejected("unknown_job", f"no job {job_key} in context {ctx}")
+    try:
+        job = RunnerJob.from_hash(fields)
+    except ModelError as exc:
+        raise Rejected("malformed", str(exc)) from None
+    context = await node.store.get_context(ctx)
+    if message.caller_id != job.caller_id and not (context and message.caller_id in context.admins):
+        raise Rejected("permission_denied", "only the job's caller or a context admin may stop it")
+    reason = f"stopped: by actor {message.caller_id}"
+    script_keys = [
+        job_key,
+        keys.queue(job.script_type),
+        keys.DELAYED,
+        keys.stop_queue(job.script_type),
+    ]
+    before = await node.store.script(ctx, _STOP, script_keys, [reason, str(now()), job_key])
+    log.info("stop %s (was %s) by actor %d", job_key, before, message.caller_id)
+    if before == "started":
+        node.stop_running(job_key, reason)
+    elif before in ("dispatched", "waiting_for_prerequisites"):
+        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        body = ResultBody(request.key, job_key, JobStatus.ERROR, {}, reason)
+        await queue_result(node, request, body)
