@@ -146,8 +146,13 @@ class Client:
         env_vars: Mapping[str, str] | None = None,
         timeout_s: int = 60,
         retries: int = 0,
+        timeout_ack_s: int = 30,
+        timeout_result_s: int = 3600,
     ) -> Message:
-        """Sign and queue a one-job message for node ``to``; returns the message."""
+        """Sign and queue a one-job message for node ``to``; returns the message.
+
+        ``timeout_s`` bounds one run of the script; a remote node that does not acknowledge the
+        message within ``timeout_ack_s``, or answer within ``timeout_result_s``, fails it."""
         job = RunnerJob(
             id=new_id(),
             caller_id=caller_id,
@@ -161,7 +166,14 @@ class Client:
             updated_at=now(),
         )
         return await self.submit(
-            signer, caller_id, to=to, context_id=context_id, jobs=[job], timeout_s=timeout_s
+            signer,
+            caller_id,
+            to=to,
+            context_id=context_id,
+            jobs=[job],
+            timeout_s=timeout_s,
+            timeout_ack_s=timeout_ack_s,
+            timeout_result_s=timeout_result_s,
         )
 
     async def submit(
@@ -173,6 +185,8 @@ class Client:
         context_id: int,
         jobs: list[RunnerJob],
         timeout_s: int = 60,
+        timeout_ack_s: int = 30,
+        timeout_result_s: int = 3600,
     ) -> Message:
         origin = await self.node_id()
         if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
@@ -184,6 +198,8 @@ class Client:
                 context_id=context_id,
                 message_type=MessageType.JOB,
                 timeout=timeout_s,
+                timeout_ack=timeout_ack_s,
+                timeout_result=timeout_result_s,
                 job=jobs,
                 created_at=now(),
                 updated_at=now(),

@@ -88,12 +88,34 @@ def attempts(job_key: str) -> str:
 
 
 REDELIVERIES = "redeliveries"  # hash: in-flight entry -> times it was recovered (poison guard)
+DEADLINES = "deadlines"  # zset "ack|<message key>" / "result|<message key>" by due time (ms)
 RUNNING = "running"  # set of job keys with a lease (started, not final)
 DELAYED = "delayed"  # zset of "<queue>|<job key>" scored by the time (ms) a retry is due
 
 
 def presence_runner(runner_id: str) -> str:
+    """A live runner's heartbeat (JSON, with a TTL it keeps refreshing); gone = not live."""
     return f"presence:runner:{runner_id}"
+
+
+PRESENCE_RUNNER_PATTERN = "presence:runner:*"
+
+
+def runner_inflight(runner_id: str) -> str:
+    """The in-flight list of an external runner (README "External runners")."""
+    return inflight(f"runner:{runner_id}")
+
+
+# Job keys an external runner finished (final status and result written): the node answers
+# them (reply or signed result message) and applies retries. See node/external.py.
+RESULTS = "results"
+
+PRIORITIES = ("high", "normal", "low")  # consumed in this order, with aging (node/queues.py)
+
+
+def queue_prio(base: str, priority: str) -> str:
+    """The ``priority`` sub-queue of a job queue (``normal`` is the base queue itself)."""
+    return base if priority == "normal" else f"{base}:prio:{priority}"
 
 
 # -- node level (DB 0) -------------------------------------------------------------------------

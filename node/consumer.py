@@ -196,9 +196,13 @@ async def _accept_result(node: NodeState, ctx: int, message: Message, inflight: 
         body = ResultBody.decode(message.message)
     except ModelError as exc:
         raise Rejected("malformed", str(exc)) from None
-    destination = await node.store.call(ctx, lambda r: r.hget(body.in_reply_to, "destination"))
+    destination, status, reason = await node.store.call(
+        ctx, lambda r: r.hmget(body.in_reply_to, ["destination", "status", "reason"])
+    )
     if destination is None:
         raise Rejected("unknown_request", f"no request {body.in_reply_to} in context {ctx}")
+    if status == MessageStatus.ERROR.value and str(reason or "").startswith("timeout_"):
+        raise Rejected("late_result", f"{body.in_reply_to} already ended: {reason}")
     if message.origin not in (destination, node.node_id):
         raise Rejected("wrong_signer", f"{body.in_reply_to} was not sent to the node that answered")
     async with node.store.transaction(ctx) as tx:

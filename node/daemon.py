@@ -28,6 +28,7 @@ from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.consumer import run_consumer
+from node.deadlines import run_deadlines
 from node.executor import BUILTIN_COMMANDS, kill_orphans
 from node.flows import run_flow_engine
 from node.links import LinkHandler
@@ -201,6 +202,7 @@ class Registry:
                 resilient, f"consumer {ctx}", run_consumer, node, ctx, set(self.script_types)
             )
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
+            await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
             for script_type, command in self.script_types.items():
                 for slot in range(node.config.runners[script_type]):

@@ -37,6 +37,7 @@ class NodeState:
     running_jobs: int = 0
     intake: set[trio.CancelScope] = field(default_factory=set)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
     # jobs running in this process, by job key: cancelling the scope stops the script

@@ -17,6 +17,7 @@ from bus.errors import StoreError
 from bus.ids import now
 from bus.models import Message, MessageType
 from bus.verify import judge
+from node import deadlines
 from node.authz import authorise_caller
 from node.consumer import materialise_many, replay_markers
 from node.messages import Rejected, parse_message, reject
@@ -120,6 +121,8 @@ async def route(node: NodeState, ctx: int, message: Message) -> None:
         await node.store.lpush(ctx, keys.MSG_IN, message.key)
     elif message.destination in node.peers:
         await outbox.enqueue(node.store, message.destination, ctx, message.key)
+        if message.message_type is MessageType.JOB:
+            await deadlines.schedule(node, ctx, message)
     else:
         raise Rejected("unknown_destination", f"node {message.destination[:16]}… is not a peer")
     node.count("routed")

@@ -1,0 +1,91 @@
+"""A message's ``timeout_ack`` and ``timeout_result`` at its origin (dispatcher protocol).
+
+When the supervisor sends a job message to a peer, it schedules two deadlines in the context's
+``deadlines`` zset. If the peer has not acknowledged the message by the first, or no result has
+come back by the second, the origin's copy ends in ``error`` (reason ``timeout_ack`` or
+``timeout_result``) and the waiting client is answered. A result that arrives after that is
+refused as ``late_result``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import NoReturn
+
+import trio
+from coredis.commands.script import Script
+
+from bus import keys
+from bus.envelope import ResultBody
+from bus.errors import ModelError
+from bus.models import JobStatus, Message, MessageStatus
+from node.messages import apply_result
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+# KEYS: deadlines ; ARGV: now_ms. Pops every due entry; returns them and the next due time.
+_POP_DUE = Script(
+    script="""
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, member in ipairs(due) do redis.call('ZREM', KEYS[1], member) end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local after = -1
+if #nxt > 0 then after = tonumber(nxt[2]) end
+return {after, due}
+"""
+)
+
+UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
+
+
+async def schedule(node: NodeState, ctx: int, message: Message) -> None:
+    """Arm the ack and result deadlines of a job message just sent to a peer."""
+    now_ms = time.time() * 1000
+    members: dict[str | bytes, int | float] = {
+        f"ack|{message.key}": now_ms + message.timeout_ack * 1000,
+        f"result|{message.key}": now_ms + message.timeout_result * 1000,
+    }
+    await node.store.call(ctx, lambda r: r.zadd(keys.DEADLINES, members))
+    node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+
+
+async def run_deadlines(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Fail what is overdue; sleeps until the next deadline or a newly armed one (no polling)."""
+    task_status.started()
+    while True:
+        wake = node.deadline_scheduled.setdefault(ctx, trio.Event())
+        after, due = await node.store.script(
+            ctx, _POP_DUE, [keys.DEADLINES], [str(int(time.time() * 1000))]
+        )
+        for member in due:
+            kind, _, key = str(member).partition("|")
+            await expire(node, ctx, kind, key)
+        wait_s = 3600.0 if int(after) < 0 else max(0.0, int(after) / 1000 - time.time())
+        with trio.move_on_after(wait_s):
+            await wake.wait()
+        node.deadline_scheduled[ctx] = trio.Event()
+
+
+async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
+    """Fail message ``key`` if its ``kind`` deadline (ack or result) passed unmet."""
+    try:
+        message = Message.from_hash(await node.store.hgetall(ctx, key))
+    except ModelError:
+        return
+    status = message.status.value
+    if status not in UNANSWERED or (kind == "ack" and status != "dispatched"):
+        return
+    limit = message.timeout_ack if kind == "ack" else message.timeout_result
+    reason = (
+        f"timeout_{kind}: no {'acknowledgement' if kind == 'ack' else 'result'} from "
+        f"{message.destination[:16]}… within {limit} s"
+    )
+    log.warning("%s: %s", key, reason)
+    async with node.store.transaction(ctx) as tx:
+        for job in message.job:
+            apply_result(tx, node, ResultBody(key, job.key, JobStatus.ERROR, {}, reason))
+        tx.hset(key, {"status": MessageStatus.ERROR.value, "reason": reason})
