@@ -23,6 +23,7 @@ from bus.transport import Link, Transport
 log = logging.getLogger(__name__)
 
 POP_TIMEOUT_S = 5.0
+BATCH = 64
 MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
 
 
@@ -119,19 +120,36 @@ class PeerOutbox:
             )
             if value is None:
                 continue
-            more = await self.store.pop_more(keys.ACTORS_DB, self.source, self.inflight, 63)
-            for item in [value, *more]:
+            batch = [
+                value,
+                *await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH - 1),
+            ]
+            for item, fields in await self._load(batch):
                 await self.window.acquire(self.ack_timeout_s)
-                await self._send(link, item)
+                await self._send(link, item, fields)
 
-    async def _send(self, link: Link, item: str) -> None:
+    async def _load(self, batch: list[str]) -> list[tuple[str, dict[str, str] | None]]:
+        """The message hashes of a batch of entries, one pipelined read per context."""
+        by_ctx: dict[int, list[str]] = {}
+        for item in batch:
+            try:
+                ctx, key = parse_entry(item)
+            except ValueError:
+                continue
+            by_ctx.setdefault(ctx, []).append(key)
+        found: dict[str, dict[str, str]] = {}
+        for ctx, message_keys in by_ctx.items():
+            hashes = await self.store.hgetall_many(ctx, message_keys)
+            found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
+        return [(item, found.get(item)) for item in batch]
+
+    async def _send(self, link: Link, item: str, fields: dict[str, str] | None) -> None:
         try:
             ctx, key = parse_entry(item)
         except ValueError:
             log.error("dropping malformed outbox entry %r", item)
             await self._drop(item)
             return
-        fields = await self.store.hgetall(ctx, key)
         if not fields:
             log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
             await self._drop(item)

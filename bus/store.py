@@ -228,18 +228,6 @@ class Store:
         )
         return None if value is None else str(value)
 
-    async def pop_more(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
-        """Non-blocking LMOVEs of what is already queued (batching after a blocking pop)."""
-        out: list[str] = []
-        for _ in range(limit):
-            value = await self.call(
-                db, lambda r: r.lmove(source, inflight, PureToken.RIGHT, PureToken.LEFT)
-            )
-            if value is None:
-                break
-            out.append(str(value))
-        return out
-
     async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
         """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
         trip; the batching partner of a blocking :meth:`pop_reliable`)."""
@@ -321,6 +309,49 @@ class Store:
             await self.call(db, lambda r: r.delete([keys.DLQ]))
             return count
         return int(await self.script(db, _PURGE_DEAD, [keys.DLQ], [key]))
+
+    # -- expiry events (keyspace notifications) --------------------------------------------------
+
+    async def enable_expired_events(self) -> bool:
+        """Make the server publish expired-key events (``notify-keyspace-events`` gains ``Ex``,
+        keeping what is set). False if the server refuses CONFIG (a managed Redis); StoreError
+        if it cannot be reached."""
+        client = await self.db(keys.ACTORS_DB)
+        try:
+            current = await client.config_get(["notify-keyspace-events"])
+            flags = str(next(iter(current.values()), "") or "")
+            if "E" in flags and ("x" in flags or "A" in flags):
+                return True
+            merged = "".join(sorted(set(flags) | {"E", "x"}))
+            await client.config_set({"notify-keyspace-events": merged})
+            return True
+        except coredis.exceptions.ResponseError as exc:
+            log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
+            return False
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    async def watch_expired(
+        self,
+        db: int,
+        on_key: Callable[[str], Awaitable[None]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_key`` with each key of DB ``db`` that expires (needs
+        :meth:`enable_expired_events`); reports started once subscribed. Runs until cancelled;
+        StoreError if Redis fails. Events are not durable: a subscriber that reconnects misses
+        what expired meanwhile, so callers pair this with a sweep."""
+        client = await self.db(db)
+        channel = f"__keyevent@{db}__:expired"
+        try:
+            async with client.pubsub(channels=[channel], ignore_subscribe_messages=True) as ps:
+                task_status.started()
+                async for message in ps:
+                    if message["type"] == "message":
+                        await on_key(str(message["data"]))
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            raise StoreError(f"redis {self.url}: {exc}") from exc
 
     # -- registry objects ------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import trio
 from coredis.commands.script import Script
@@ -40,15 +40,15 @@ return {after, due}
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 
 
-async def schedule(node: NodeState, ctx: int, message: Message) -> None:
-    """Arm the ack and result deadlines of a job message just sent to a peer."""
+def schedule_in(tx: Any, message: Message) -> None:  # noqa: ANN401
+    """Queue in ``tx`` the ack and result deadlines of a job message sent to a peer (the caller
+    then wakes the deadline service: NodeState.deadline_scheduled)."""
     now_ms = time.time() * 1000
     members: dict[str | bytes, int | float] = {
         f"ack|{message.key}": now_ms + message.timeout_ack * 1000,
         f"result|{message.key}": now_ms + message.timeout_result * 1000,
     }
-    await node.store.call(ctx, lambda r: r.zadd(keys.DEADLINES, members))
-    node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+    tx.zadd(keys.DEADLINES, members)
 
 
 async def run_deadlines(

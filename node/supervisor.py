@@ -55,10 +55,17 @@ async def handle_batch(
     """Route a batch popped from msg_out: one read for all hashes, and the jobs that run on this
     node materialised together in one transaction (a batch of one when the queue is short)."""
     local: list[Message] = []
+    remote: list[Message] = []
     for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
         message = await _guarded(node, ctx, key, fields)
-        if message is not None:
+        if message is None:
+            continue
+        if message.destination == node.node_id and message.message_type is MessageType.JOB:
             local.append(message)
+        else:
+            remote.append(message)
+    if remote:
+        await route_many(node, ctx, remote, inflight)
     if not local:
         return
     fresh: list[Message] = []
@@ -78,17 +85,16 @@ async def handle_batch(
 
 
 async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
-    """Check and route one message; a job for this node is returned (to be materialised with
-    its batch) instead. Anything else is finished here: routed, or refused, and acknowledged."""
+    """Check one message: returned when it may go on (routed with its batch; a job for this
+    node is materialised right here: the caller was just verified, so no second hop through
+    msg_in and no second verification). A refused one is dead-lettered and acknowledged."""
     message: Message | None = None
     try:
         message = parse_message(ctx, key, fields)
         await check_outgoing(node, ctx, message)
-        if message.destination == node.node_id and message.message_type is MessageType.JOB:
-            # Runs here: the caller was just verified, so no second hop through msg_in and no
-            # second verification by the consumer.
-            return message
-        await route(node, ctx, message)
+        if message.destination != node.node_id and message.destination not in node.peers:
+            raise Rejected("unknown_destination", f"node {message.destination[:16]}… is not a peer")
+        return message
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
     except StoreError:
@@ -116,13 +122,25 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
         raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
 
 
-async def route(node: NodeState, ctx: int, message: Message) -> None:
-    if message.destination == node.node_id:
-        await node.store.lpush(ctx, keys.MSG_IN, message.key)
-    elif message.destination in node.peers:
-        await outbox.enqueue(node.store, message.destination, ctx, message.key)
-        if message.message_type is MessageType.JOB:
-            await deadlines.schedule(node, ctx, message)
-    else:
-        raise Rejected("unknown_destination", f"node {message.destination[:16]}… is not a peer")
-    node.count("routed")
+async def route_many(node: NodeState, ctx: int, messages: list[Message], inflight: str) -> None:
+    """Send checked messages on: to this node's msg_in, or to each peer's durable outbox (one
+    pipelined write per database), then acknowledge them all. A job message to a peer arms its
+    ack and result deadlines."""
+    by_peer: dict[str, list[str]] = {}
+    for m in messages:
+        if m.destination != node.node_id:
+            by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
+    if by_peer:
+        async with node.store.transaction(keys.ACTORS_DB) as tx:
+            for peer, entries in by_peer.items():
+                tx.lpush(keys.outbox(peer), entries)
+    async with node.store.transaction(ctx) as tx:
+        for m in messages:
+            if m.destination == node.node_id:
+                tx.lpush(keys.MSG_IN, [m.key])
+            elif m.message_type is MessageType.JOB:
+                deadlines.schedule_in(tx, m)
+            tx.lrem(inflight, 1, m.key)
+    if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
+        node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+    node.count("routed", len(messages))
