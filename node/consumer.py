@@ -23,7 +23,8 @@ from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
 from bus.verify import judge
 from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
-from node.messages import Rejected, apply_result, load_message, queue_result, reject
+from node.messages import Rejected, apply_result, parse_message, queue_result, reject
+from node.queues import target_queue
 from node.state import NodeState
 from node.stops import apply_stop
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = "consumer"
 POP_TIMEOUT_S = 5.0
+BATCH = 64
 
 
 async def run_consumer(
@@ -45,21 +47,33 @@ async def run_consumer(
     await node.store.recover(ctx, inflight, keys.MSG_IN)
     task_status.started()
     while True:
-        key = await node.store.pop_reliable(ctx, keys.MSG_IN, inflight, POP_TIMEOUT_S)
-        if key is None:
+        first = await node.store.pop_reliable(ctx, keys.MSG_IN, inflight, POP_TIMEOUT_S)
+        if first is None:
             continue
-        if not await _handle_guarded(node, ctx, key, script_types, inflight):
-            await node.store.ack(ctx, inflight, key)
+        batch = [first, *await node.store.pop_batch(ctx, keys.MSG_IN, inflight, BATCH - 1)]
+        jobs: list[Message] = []
+        for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
+            if not await _handle_guarded(node, ctx, key, fields, script_types, inflight, jobs):
+                await node.store.ack(ctx, inflight, key)
+        if jobs:
+            await materialise_fresh(node, ctx, jobs, script_types, inflight, SERVICE)
 
 
 async def _handle_guarded(
-    node: NodeState, ctx: int, key: str, script_types: Collection[str], inflight: str
+    node: NodeState,
+    ctx: int,
+    key: str,
+    fields: dict[str, str],
+    script_types: Collection[str],
+    inflight: str,
+    jobs: list[Message],
 ) -> bool:
-    """Handle one message; True if its handling already removed it from ``inflight``."""
+    """Handle one message of a batch (its job messages are collected in ``jobs``, to be
+    materialised together); True if it is acknowledged already or will be with its batch."""
     message: Message | None = None
     try:
-        message = await load_message(node, ctx, key)
-        return await handle_incoming(node, ctx, message, script_types, inflight)
+        message = parse_message(ctx, key, fields)
+        return await handle_incoming(node, ctx, message, script_types, inflight, jobs)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
@@ -79,9 +93,15 @@ async def _handle_guarded(
 
 
 async def handle_incoming(
-    node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
+    node: NodeState,
+    ctx: int,
+    message: Message,
+    script_types: Collection[str],
+    inflight: str,
+    jobs: list[Message] | None = None,
 ) -> bool:
-    """Accept ``message``; True when it was acknowledged with what it caused (one transaction).
+    """Accept ``message``; True when it was acknowledged with what it caused (one transaction;
+    an authorised job message goes to ``jobs`` instead when given, for its batch).
     Raises Rejected with the reason it is refused."""
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
@@ -89,6 +109,9 @@ async def handle_incoming(
         await _accept_result(node, ctx, message, inflight)
     elif message.message_type is MessageType.JOB:
         await _authorise(node, ctx, message)
+        if jobs is not None:
+            jobs.append(message)
+            return True
         await check_replay(node, ctx, message)
         await materialise(node, ctx, message, script_types, inflight)
     elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flowtrust.py
@@ -139,6 +162,38 @@ def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> 
     tx.lrem(inflight, 1, message.key)
 
 
+async def materialise_fresh(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+    service: str,
+) -> None:
+    """Materialise a batch of authorised job messages: one replay check for all of them (a
+    replay is refused and dead-lettered), then one transaction for the rest."""
+    found = await node.store.exists_many(ctx, [m for msg in messages for m in replay_markers(msg)])
+    fresh: list[Message] = []
+    taken: set[str] = set()  # markers of this batch's fresh messages: a batch can hold a replay
+    for i, message in enumerate(messages):
+        seen_key = found[2 * i] or keys.seen(message.key) in taken
+        seen_nonce = found[2 * i + 1] or (
+            bool(message.nonce) and replay_markers(message)[1] in taken
+        )
+        if not (seen_key or seen_nonce):
+            taken.update(replay_markers(message))
+        if seen_key or seen_nonce:
+            what = "message key" if seen_key else "nonce"
+            replay = Rejected("replay", f"{what} of {message.key} was already accepted")
+            queue = keys.MSG_IN if service == SERVICE else keys.MSG_OUT
+            await reject(node, ctx, message.key, replay, message, service, queue=queue)
+            await node.store.ack(ctx, inflight, message.key)
+        else:
+            fresh.append(message)
+    if fresh:
+        await materialise_many(node, ctx, fresh, script_types, inflight)
+
+
 async def materialise(
     node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
 ) -> None:
@@ -167,7 +222,7 @@ async def materialise_many(
                     "origin": message.origin,
                 }
                 if job.script_type in script_types:
-                    tx.lpush(keys.queue(job.script_type), [job.key])
+                    tx.lpush(target_queue(job), [job.key])  # node/queues.py
                 else:
                     fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
                     unknown.append((message, job))

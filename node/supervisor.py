@@ -19,7 +19,7 @@ from bus.models import Message, MessageType
 from bus.verify import judge
 from node import deadlines
 from node.authz import authorise_caller
-from node.consumer import materialise_many, replay_markers
+from node.consumer import materialise_fresh
 from node.messages import Rejected, parse_message, reject
 from node.state import NodeState
 
@@ -66,22 +66,9 @@ async def handle_batch(
             remote.append(message)
     if remote:
         await route_many(node, ctx, remote, inflight)
-    if not local:
-        return
-    fresh: list[Message] = []
-    markers = [m for message in local for m in replay_markers(message)]
-    found = await node.store.exists_many(ctx, markers)
-    for i, message in enumerate(local):
-        if found[2 * i] or found[2 * i + 1]:
-            what = "message key" if found[2 * i] else "nonce"
-            replay = Rejected("replay", f"{what} of {message.key} was already accepted")
-            await reject(node, ctx, message.key, replay, message, SERVICE, queue=keys.MSG_OUT)
-            await node.store.ack(ctx, inflight, message.key)
-        else:
-            fresh.append(message)
-    if fresh:
-        await materialise_many(node, ctx, fresh, script_types, inflight)
-        node.count("routed", len(fresh))
+    if local:
+        await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
+        node.count("routed", len(local))
 
 
 async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
