@@ -146,7 +146,7 @@ class Client:
         env_vars: Mapping[str, str] | None = None,
         timeout_s: int = 60,
         retries: int = 0,
-        timeout_ack_s: int = 30,
+        timeout_ack_s: int = 120,
         timeout_result_s: int = 3600,
     ) -> Message:
         """Sign and queue a one-job message for node ``to``; returns the message.
@@ -185,7 +185,7 @@ class Client:
         context_id: int,
         jobs: list[RunnerJob],
         timeout_s: int = 60,
-        timeout_ack_s: int = 30,
+        timeout_ack_s: int = 120,
         timeout_result_s: int = 3600,
     ) -> Message:
         origin = await self.node_id()

@@ -81,5 +81,5 @@ class ResultBody:
             return cls(
                 str(d["in_reply_to"]), str(d["job_key"]), status, result, str(d.get("reason", ""))
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None

@@ -40,13 +40,24 @@ def encode_frame(frame_type: str, **body: Any) -> str:  # noqa: ANN401
 
 def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
     """Parse and validate one frame; FrameError names what is wrong."""
-    size = len(data.encode() if isinstance(data, str) else data)
+    if isinstance(data, str):
+        try:
+            raw = data.encode()
+        except UnicodeEncodeError:
+            raise FrameError("frame is not valid UTF-8 text") from None
+    else:
+        raw = data
+    size = len(raw)
     if size > max_bytes:
         raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
     try:
-        obj = json.loads(data)
+        obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise FrameError(f"frame is not JSON: {exc}") from None
+    except RecursionError:
+        raise FrameError("frame nests too deeply") from None
+    if b"\\ud" in raw.lower() and _has_surrogate(obj):  # escaped lone surrogates
+        raise FrameError("frame holds a lone UTF-16 surrogate (not valid Unicode text)")
     if not isinstance(obj, dict):
         raise FrameError("frame is not a JSON object")
     frame_type = obj.get("t")
@@ -61,3 +72,12 @@ def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) ->
     ):
         raise FrameError("msg frame: fields must map strings to strings")
     return Frame(frame_type, obj)
+
+
+def _has_surrogate(value: object) -> bool:
+    """True if a string anywhere in ``value`` cannot be encoded as UTF-8."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False

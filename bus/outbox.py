@@ -154,6 +154,10 @@ class PeerOutbox:
             log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
             await self._drop(item)
             return
+        if fields.get("status") == "error":  # failed meanwhile (e.g. timeout_ack): withdrawn
+            log.info("outbox entry %s (context %d) failed meanwhile; not sent", key, ctx)
+            await self._drop(item)
+            return
         frame = encode_frame("msg", ctx=ctx, key=key, fields=fields)
         if len(frame.encode()) > self.transport.config.max_frame_bytes:
             await self._drop(item)

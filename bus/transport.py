@@ -36,6 +36,7 @@ from crypto import KeyPair
 
 log = logging.getLogger(__name__)
 
+CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
 
@@ -220,6 +221,8 @@ class Transport:
             address,
             ssl_context if address.startswith("wss://") else None,
             max_message_size=self.config.max_frame_bytes,
+            connect_timeout=min(self.config.handshake_timeout_s, CONNECT_TIMEOUT_S),
+            disconnect_timeout=self.config.handshake_timeout_s,
         ) as ws:
             try:
                 with trio.fail_after(self.config.handshake_timeout_s):
@@ -288,7 +291,11 @@ class Transport:
                 except FrameError as exc:
                     await self._on_bad_frame(link, str(exc))
                     continue
-                await self._on_frame(link, frame)
+                try:
+                    await self._on_frame(link, frame)
+                except TransportError as exc:  # answering on a link that just closed
+                    log.info("link %s… closed while handling a frame: %s", link.peer_id[:16], exc)
+                    return
         finally:
             self._unregister(link)
             log.info("link down: %s…", link.peer_id[:16])

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import trio
 from coredis.commands.script import Script
 
-from bus import keys
+from bus import keys, outbox
 from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.models import JobStatus, Message, MessageStatus
@@ -85,6 +85,11 @@ async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
         f"{message.destination[:16]}… within {limit} s"
     )
     log.warning("%s: %s", key, reason)
+    # withdraw it: a message its client was told failed must not run later
+    await node.store.call(
+        keys.ACTORS_DB,
+        lambda r: r.lrem(keys.outbox(message.destination), 0, outbox.entry(ctx, key)),
+    )
     async with node.store.transaction(ctx) as tx:
         for job in message.job:
             apply_result(tx, node, ResultBody(key, job.key, JobStatus.ERROR, {}, reason))

@@ -15,6 +15,7 @@ from node.state import NodeState
 log = logging.getLogger(__name__)
 
 _ACK_LUA = """
+if redis.call('HGET', KEYS[1], 'destination') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
 if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
   redis.call('HSET', KEYS[1], 'status', 'acknowledged', 'updated_at', ARGV[1])
@@ -99,7 +100,8 @@ class LinkHandler:
 
     async def _acked(self, link: Link, ctx: int, key: str) -> None:
         await self._outbox_acked(link, ctx, key)
-        await self.node.store.call(ctx, lambda r: r.eval(_ACK_LUA, [key], [str(now())]))
+        args = [str(now()), link.peer_id]
+        await self.node.store.call(ctx, lambda r: r.eval(_ACK_LUA, [key], args))
 
     async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
         await self._outbox_acked(link, ctx, key)
@@ -107,6 +109,11 @@ class LinkHandler:
             message = await load_message(self.node, ctx, key)
         except Rejected:
             message = None
+        if message is None or message.destination != link.peer_id:
+            log.warning(
+                "nack for %s from %s…, which it was not sent to; ignored", key, link.peer_id[:16]
+            )
+            return
         token, _, detail = reason.partition(": ")
         await reject(
             self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message, "transport"
