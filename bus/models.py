@@ -117,8 +117,8 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
         return default
     try:
         value = json.loads(raw)
-    except ValueError:
-        raise ModelError(f"field {name!r} is not valid JSON") from None
+    except (ValueError, RecursionError):
+        raise ModelError(f"field {name!r} is not valid JSON (or nests too deeply)") from None
     if not isinstance(value, kind):
         raise ModelError(f"field {name!r} must be a JSON {kind.__name__}")
     return value
@@ -332,6 +332,11 @@ class RunnerJob:
     status: JobStatus = JobStatus.DISPATCHED
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
+    # extension: targeting (node/queues.py); signed only when set, so that the signatures of
+    # jobs without them (every older message) stay valid
+    group: str = ""
+    instance: str = ""
+    priority: str = ""  # high | normal | low ("": normal)
 
     FIELDS = (
         "id",
@@ -371,11 +376,16 @@ class RunnerJob:
 
         return keys.job(self.caller_id, self.id)
 
+    TARGETING = ("group", "instance", "priority")  # signed and stored only when non-empty
+
     def to_hash(self) -> Hash:
-        return _to_hash(self, self.FIELDS)
+        return _to_hash(self, self.FIELDS) | self._targeting()
 
     def signed_dict(self) -> dict[str, object]:
-        return {name: _plain(getattr(self, name)) for name in self.SIGNED}
+        return {name: _plain(getattr(self, name)) for name in self.SIGNED} | self._targeting()
+
+    def _targeting(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in self.TARGETING if getattr(self, name)}
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
@@ -398,6 +408,9 @@ class RunnerJob:
             status=_enum(h, "status", JobStatus, JobStatus.DISPATCHED),
             message_key=h.get("message_key", ""),
             reason=h.get("reason", ""),
+            group=h.get("group", ""),
+            instance=h.get("instance", ""),
+            priority=h.get("priority", ""),
         )
 
     @classmethod

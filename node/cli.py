@@ -18,6 +18,7 @@ import trio
 from bus.client import Client, open_client
 from bus.errors import BusError
 from bus.models import Message
+from bus.store import Store
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.cli_flow import add_flow_commands
 from node.config import NodeConfig, default_home, load_config
@@ -324,7 +325,18 @@ async def status(client: Client, args: argparse.Namespace) -> int:
         queues = [k for k in await store.call(ctx, lambda r: r.keys("queue:*"))]
         lens += [f"{q}={await store.llen(ctx, q)}" for q in sorted(queues)]
         print(f"  context {ctx}: {' '.join(lens)}")
+        await _print_runners(store, ctx)
     return 0
+
+
+async def _print_runners(store: Store, ctx: int) -> None:
+    """The live runners of a context (those with a presence key): type, busy with which job."""
+    from node.presence import live_runners
+
+    for runner in await live_runners(store, ctx):
+        where = "local" if runner.local else "external"
+        state = f"busy {', '.join(runner.jobs)}" if runner.busy else "idle"
+        print(f"    runner {runner.runner_id} ({runner.script_type}, {where}): {state}")
 
 
 async def peer_add(client: Client, args: argparse.Namespace) -> int:

@@ -11,11 +11,13 @@ Layout of a node's home directory (``hero-node init`` creates it):
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.commands import validate_commands, validate_groups
 from node.errors import ConfigError
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
@@ -37,6 +39,10 @@ class NodeConfig:
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
+    # script type -> command template for types beyond the built-ins (node/commands.py)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    # script type -> runner group of this node's slots (targeted queues, node/queues.py)
+    runner_groups: dict[str, str] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     reply_ttl_s: int = 86_400
@@ -116,18 +122,34 @@ def load_config(home: Path) -> NodeConfig:
         values[name] = value
     runners = raw.get("runners", DEFAULT_RUNNERS)
     if not isinstance(runners, dict) or not all(
-        isinstance(v, int) and v > 0 for v in runners.values()
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in runners.values()
     ):
-        raise ConfigError(f"{path}: [runners] maps a script type to a concurrency >= 1")
+        raise ConfigError(
+            f"{path}: [runners] maps a script type to a concurrency >= 0 "
+            "(0: no local runner; external runners serve the type)"
+        )
     unknown = set(section) - set(_INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS + _BOOL_FIELDS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
-    return NodeConfig(home=home, runners=dict(runners), **values)  # type: ignore[arg-type]
+    try:
+        commands = validate_commands(raw.get("commands", {}), runners)
+        groups = validate_groups(raw.get("runner_groups", {}), runners)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return NodeConfig(
+        home=home,
+        runners=dict(runners),
+        commands=commands,
+        runner_groups=groups,
+        **values,  # type: ignore[arg-type]
+    )
 
 
 def render_config(cfg: NodeConfig) -> str:
     """The TOML text ``hero-node init`` writes, with comments explaining each setting."""
     runners = "\n".join(f"{k} = {v}" for k, v in cfg.runners.items())
+    commands = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.commands.items())
+    groups = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.runner_groups.items())
     return f"""\
 # hero-node configuration (see `hero-node --help`)
 [node]
@@ -161,7 +183,20 @@ grace_s = {cfg.grace_s}
 # timeout); false: one fresh interpreter per job
 python_workers = {"true" if cfg.python_workers else "false"}
 
-# concurrency of the built-in runners per context, by script type
+# concurrency of the runners per context, by script type (python and sh are built in;
+# other types need a command below)
 [runners]
 {runners}
+
+# commands of other script types: a non-empty list of strings; placeholders {{script_file}}
+# (the script in a 0600 temp file, removed after the job; else the script is on stdin),
+# {{job_id}}, {{caller_id}}, {{context_id}}, {{script_type}}. Example:
+#   v = ["v", "run", "{{script_file}}"]
+[commands]
+{commands}
+
+# optional: the group of this node's slots of a type; slot i then consumes
+# queue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>
+[runner_groups]
+{groups}
 """

@@ -26,13 +26,17 @@ from bus.store import open_store
 from bus.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
+from node.commands import script_commands, validate_commands
 from node.config import NodeConfig
 from node.consumer import run_consumer
 from node.deadlines import run_deadlines
-from node.executor import BUILTIN_COMMANDS, kill_orphans
+from node.executor import kill_orphans
+from node.external import run_reaper, run_results
 from node.flows import run_flow_engine
 from node.links import LinkHandler
 from node.messages import Rejected, load_message, reject
+from node.presence import Slot, run_presence, runner_id
+from node.queues import consume_order, slot_bases
 from node.resilient import resilient
 from node.runner import run_retry_scheduler, run_runner
 from node.state import NodeState
@@ -101,7 +105,7 @@ async def _run_services(
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
         scheme = "wss" if config.tls else "ws"
         ws_url = f"{scheme}://{config.listen_host}:{port}"
-        registry = Registry(node, transport, services, contexts)
+        registry = Registry(node, transport, services, contexts, ws_url=ws_url)
         await registry.refresh()
         await services.start(resilient, "registry", registry.watch)
         info = NodeInfo(node.node_id, config.name, redis_url, ws_url, os.getpid())
@@ -147,15 +151,43 @@ class Registry:
     """Starts services for contexts and peers as they are registered, also while running."""
 
     def __init__(
-        self, node: NodeState, transport: Transport, nursery: trio.Nursery, contexts: set[int]
+        self,
+        node: NodeState,
+        transport: Transport,
+        nursery: trio.Nursery,
+        contexts: set[int],
+        *,
+        ws_url: str = "",
     ) -> None:
+        """Raises ConfigError if a [runners] type has no command (node/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery
         self.contexts = contexts
-        self.script_types = {
-            t: BUILTIN_COMMANDS[t] for t in node.config.runners if t in BUILTIN_COMMANDS
-        }
+        self.ws_url = ws_url
+        # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
+        # command (external runners serve it, see README "External runners")
+        config = node.config
+        validate_commands(config.commands, config.runners)
+        commands = script_commands(config.runners, config.commands)
+        self.script_types = {t: commands.get(t, []) for t in config.runners}
+
+    def slots(self, ctx: int) -> list[Slot]:
+        """The local runner slots of context ``ctx`` (for registration and presence)."""
+        config, out = self.node.config, []
+        for script_type in self.script_types:
+            group = config.runner_groups.get(script_type, "")
+            for slot in range(config.runners[script_type]):
+                bases = slot_bases(script_type, group, str(slot))
+                out.append(
+                    Slot(
+                        runner_id(self.node.node_id, ctx, script_type, slot),
+                        script_type,
+                        tuple(consume_order(bases)),
+                        keys.inflight(f"runner:{script_type}:{slot}"),
+                    )
+                )
+        return out
 
     async def refresh(self) -> None:
         for peer in await self.node.load_peers():
@@ -204,6 +236,13 @@ class Registry:
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
+            # -- runner presence, external runners (node/presence.py, node/external.py) --
+            await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
+            await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)
+            await nursery.start(
+                resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
+            )
+            # -- end runner presence, external runners --
             for script_type, command in self.script_types.items():
                 for slot in range(node.config.runners[script_type]):
                     await nursery.start(

@@ -18,6 +18,7 @@ from pathlib import Path
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from node.commands import prepared
 
 KILL_GRACE_S = 2.0
 
@@ -67,9 +68,26 @@ async def execute(
 ) -> Outcome:
     """Run ``job.script`` through ``command``; never raises for what the script does.
 
+    ``command`` is a template (see node/commands.py): ``{script_file}`` and the other
+    placeholders are expanded first; with ``{script_file}`` the script goes in a 0600 file
+    (in ``pid_dir``) that is removed afterwards, else on stdin.
     With ``pid_dir``, the child's pid is recorded there while it runs, so that a node restarted
     after a crash can kill what the dead node left running (see :func:`kill_orphans`).
     """
+    try:
+        with prepared(command, job, pid_dir) as (argv, fed):
+            return await _execute(fed, argv, max_output_bytes, env, pid_dir)
+    except OSError as exc:  # the script file could not be written
+        return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
+
+
+async def _execute(
+    job: RunnerJob,
+    command: list[str],
+    max_output_bytes: int,
+    env: Mapping[str, str] | None,
+    pid_dir: Path | None,
+) -> Outcome:
     completed: list[subprocess.CompletedProcess[bytes]] = []
 
     async def run(*, task_status: trio.TaskStatus[trio.Process]) -> None:

@@ -1,0 +1,224 @@
+"""External runners (README "External runners"): answering what they finish, reaping the dead.
+
+An external runner (any language, raw Redis commands) pops ``queue:<type>``, leases the job,
+runs it, writes the final ``status``/``result``/``reason`` and pushes the job key on ``results``.
+It cannot sign, so per context the node runs:
+
+* the **results service**: pops ``results`` reliably (in-flight list ``inflight:results``) and,
+  for each final job not answered yet, applies the retry policy (an error with retries left goes
+  back through the ``delayed`` zset), or answers: a local origin gets its reply list pushed as
+  a local runner's conclusion does, a remote origin gets a result message signed by this node.
+  The answer and the ``answered`` mark on the job are one Lua transaction, so a crash between
+  pop and answer re-answers nothing twice.
+* the **reaper**: when an external runner's ``lease:<job>`` expires while the job is
+  ``started``, the attempt ends in ``error`` (``runner_lost``) and goes to ``results`` (so it is
+  retried or answered as above). Event-driven: Valkey publishes expired keys (keyspace
+  notifications, enabled at start); as notifications are not durable (a reconnecting
+  subscriber misses some), the ``running`` set is also swept at start and every ``SWEEP_S``.
+  A server that refuses CONFIG SET is swept every lease TTL instead.
+
+Leases of this node's own runners (tokens starting with its id prefix) are left to them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import NoReturn
+
+import trio
+from coredis.commands.script import Script
+
+from bus import keys
+from bus.envelope import ResultBody
+from bus.errors import ModelError
+from bus.ids import now
+from bus.models import JobStatus, Message, RunnerJob
+from node import jobstore
+from node.lifecycle import after_attempt
+from node.messages import result_message
+from node.queues import queue_of
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+RESULTS_INFLIGHT = keys.inflight("results")
+POP_TIMEOUT_S = 5.0
+SWEEP_S = 60.0  # safety net for missed expiry events
+FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
+
+_ANSWERED = """
+if redis.call('HGET', KEYS[1], 'answered') or redis.call('HGET', KEYS[1], 'status') ~= ARGV[2]
+then
+  redis.call('LREM', KEYS[2], 1, KEYS[1])
+  return 0
+end
+redis.call('LREM', KEYS[2], 1, KEYS[1])
+redis.call('RPUSH', KEYS[3], ARGV[3])
+"""
+
+# KEYS: job results_inflight attempts delayed ; ARGV: now status entry reason due_ms member
+_RETRY = Script(
+    script=_ANSWERED
+    + """
+redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[4], 'updated_at', ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+return 1
+"""
+)
+
+# KEYS: job results_inflight attempts request reply flow_events
+# ARGV: now status entry result reply reply_ttl
+_ANSWER_LOCAL = Script(
+    script=_ANSWERED
+    + """
+redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[4])
+local done = 'error'
+if ARGV[2] == 'finished' then done = 'processed' end
+redis.call('HSET', KEYS[4], 'status', done, 'updated_at', ARGV[1], 'processed_at', ARGV[1])
+redis.call('LPUSH', KEYS[5], ARGV[5])
+redis.call('EXPIRE', KEYS[5], ARGV[6])
+local flow = redis.call('HGET', KEYS[1], 'flow_id')
+if flow and flow ~= '' then redis.call('LPUSH', KEYS[6], flow) end
+return 1
+"""
+)
+
+# KEYS: job results_inflight attempts answer msg_out ; ARGV: now status entry result fields...
+_ANSWER_REMOTE = Script(
+    script=_ANSWERED
+    + """
+redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[4])
+redis.call('HSET', KEYS[4], unpack(ARGV, 5))
+redis.call('LPUSH', KEYS[5], KEYS[4])
+return 1
+"""
+)
+
+# KEYS: job lease running results ; ARGV: token now reason inflight-prefix
+_REAP = Script(
+    script="""
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('HGET', KEYS[1], 'status') ~= 'started' then return 0 end
+if redis.call('HGET', KEYS[1], 'runner') ~= ARGV[1] then return 0 end
+redis.call('SREM', KEYS[3], KEYS[1])
+local rid = redis.call('HGET', KEYS[1], 'runner_id')
+if rid and rid ~= '' then redis.call('LREM', ARGV[4] .. rid, 1, KEYS[1]) end
+redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[3], 'result', '{}',
+           'updated_at', ARGV[2])
+redis.call('LPUSH', KEYS[4], KEYS[1])
+return 1
+"""
+)
+
+
+async def run_results(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Answer the jobs external runners finish in context ``ctx`` until cancelled.
+
+    Raises StoreError if Redis fails (the caller restarts the service)."""
+    await node.store.recover(ctx, RESULTS_INFLIGHT, keys.RESULTS)
+    task_status.started()
+    while True:
+        job_key = await node.store.pop_reliable(ctx, keys.RESULTS, RESULTS_INFLIGHT, POP_TIMEOUT_S)
+        if job_key is not None:
+            await answer(node, ctx, job_key)
+
+
+async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
+    """Retry or answer one finished job; False if there was nothing to do (not final, already
+    answered, malformed: dead-lettered). Raises StoreError if Redis fails."""
+    fields = await node.store.hgetall(ctx, job_key)
+    status = fields.get("status", "")
+    if status not in (JobStatus.FINISHED.value, JobStatus.ERROR.value) or "answered" in fields:
+        await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
+        return False
+    try:
+        job = RunnerJob.from_hash(fields)
+        attempt = int(fields.get("attempt") or 1)
+        caller, ident = keys.parse_message_key(job.message_key)
+    except (ModelError, ValueError) as exc:
+        log.error("cannot answer %s (context %d): %s", job_key, ctx, exc)
+        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=keys.RESULTS)
+        await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
+        return False
+    entry = jobstore.attempt_entry(
+        attempt, fields.get("runner", ""), status, job.reason, int(fields.get("started_at") or 0)
+    )
+    nxt = after_attempt(job.status, job.reason, attempt, job.retries)
+    base = [job_key, RESULTS_INFLIGHT, keys.attempts(job_key)]
+    if nxt.retry:
+        due_ms = int((time.time() + nxt.delay_s) * 1000)
+        member = f"{queue_of(fields)}|{job_key}"
+        args = [str(now()), status, entry, f"retrying after: {job.reason}", str(due_ms), member]
+        done = await node.store.script(ctx, _RETRY, [*base, keys.DELAYED], args)
+        node.wake_retries(ctx)
+        return bool(done)
+    result = job.result | {"attempts": str(attempt)}
+    request = Message(ident, caller, ctx, origin=fields.get("origin", ""), destination=node.node_id)
+    common = [str(now()), status, entry, json.dumps(result)]
+    if request.origin in ("", node.node_id):
+        reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
+        key_list = [*base, request.key, keys.reply(request.key), keys.FLOW_EVENTS]
+        args = [*common, json.dumps(reply), str(node.config.reply_ttl_s)]
+        return bool(await node.store.script(ctx, _ANSWER_LOCAL, key_list, args))
+    body = ResultBody(request.key, job_key, job.status, result, job.reason)
+    msg = result_message(node, request, body)
+    flat = [x for kv in msg.to_hash().items() for x in kv]
+    key_list = [*base, msg.key, keys.MSG_OUT]
+    return bool(await node.store.script(ctx, _ANSWER_REMOTE, key_list, [*common, *flat]))
+
+
+async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
+    """End the attempt of an external runner whose lease on ``job_key`` expired (error
+    ``runner_lost``, handed to the results service); False if the job is not such a job.
+    Raises StoreError if Redis fails."""
+    fields = await node.store.hgetall(ctx, job_key)
+    token = fields.get("runner", "")
+    if fields.get("status") != JobStatus.STARTED.value or _is_local(node, token):
+        return False
+    reason = f"runner_lost: the lease of runner {fields.get('runner_id') or token} expired"
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
+    args = [token, str(now()), reason, keys.runner_inflight("")]
+    done = bool(await node.store.script(ctx, _REAP, key_list, args))
+    if done:
+        log.warning("%s (context %d): %s", job_key, ctx, reason)
+        node.count("runners_lost")
+    return done
+
+
+def _is_local(node: NodeState, token: str) -> bool:
+    """Whether a lease token is one of this node's runners' (they recover their own jobs)."""
+    return token.startswith(f"{node.node_id[:12]}:")
+
+
+async def sweep(node: NodeState, ctx: int) -> int:
+    """Reap every started job whose lease is gone; how many. Raises StoreError."""
+    running = sorted(await node.store.call(ctx, lambda r: r.smembers(keys.RUNNING)))
+    present = await node.store.exists_many(ctx, [keys.lease(k) for k in running])
+    return sum(
+        [await reap(node, ctx, k) for k, alive in zip(running, present, strict=True) if not alive]
+    )
+
+
+async def run_reaper(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Reap dead external runners' jobs in context ``ctx`` until cancelled (see the module
+    docstring). Raises StoreError if Redis fails (the caller restarts the service)."""
+    prefix = keys.lease("")
+
+    async def on_expired(name: str) -> None:
+        if name.startswith(prefix):
+            await reap(node, ctx, name[len(prefix) :])
+
+    async with trio.open_nursery() as nursery:
+        events = await node.store.enable_expired_events()
+        if events:
+            await nursery.start(node.store.watch_expired, ctx, on_expired)
+        task_status.started()
+        while True:  # the sweep: a safety net with events, the mechanism without
+            await sweep(node, ctx)
+            await trio.sleep(SWEEP_S if events else FALLBACK_SWEEP_S)

@@ -1,0 +1,177 @@
+"""Runner registration and presence.
+
+Every runner slot is registered as ``runner:<id>`` (the spec's Runner hash, plus
+``script_type``) in its context DB, with id ``<node id, 12 hex>:<ctx>:<type>:<slot>``. While the
+node runs, ``presence:runner:<id>`` holds a JSON heartbeat with a TTL of ``PRESENCE_TTL_S``,
+refreshed every ``PRESENCE_REFRESH_S`` by one timer task per context for all its slots (a
+slot's liveness is its node's: a slot task that fails is restarted by ``resilient``). A clean
+stop deletes the presence keys; a crash lets them expire.
+
+The heartbeat names the runner's in-flight list (``inflight``): a runner is busy with the job
+keys in that list (between its pop and the job's final transition). So "busy" needs no hook in
+the runner's job code, and external runners that follow the README protocol show up alike.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from bus import keys
+from bus.ids import now
+from bus.models import Runner, decode_hash
+from bus.store import Store
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+PRESENCE_TTL_S = 15
+PRESENCE_REFRESH_S = 5.0
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One local runner slot: its id, type, the lists it consumes (in order) and its
+    in-flight list."""
+
+    runner_id: str
+    script_type: str
+    queues: tuple[str, ...]
+    inflight: str
+
+
+def runner_id(node_id: str, ctx: int, script_type: str, slot: int) -> str:
+    return f"{node_id[:12]}:{ctx}:{script_type}:{slot}"
+
+
+async def run_presence(
+    node: NodeState,
+    ctx: int,
+    slots: list[Slot],
+    address: str,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Register ``slots`` and keep their presence alive until cancelled; then delete it.
+
+    Raises StoreError if Redis fails (the caller restarts the service)."""
+    await register(node, ctx, slots, address)
+    started_at = now()
+    try:
+        await _beat(node, ctx, slots, started_at)
+        task_status.started()
+        while True:
+            await trio.sleep(PRESENCE_REFRESH_S)  # a heartbeat timer, not polling for state
+            await _beat(node, ctx, slots, started_at)
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await _clear(node.store, ctx, slots)
+
+
+async def register(node: NodeState, ctx: int, slots: list[Slot], address: str) -> None:
+    """Write (or refresh) the ``runner:<id>`` hashes; created_at is kept from a previous run."""
+    stamp = now()
+    async with node.store.transaction(ctx) as tx:
+        for slot in slots:
+            runner = Runner(
+                id=slot.runner_id,
+                pubkey=node.node_id,  # the node signs its runners' results
+                address=address,
+                topic=slot.queues[0],
+                local=True,
+                script_type=slot.script_type,
+                created_at=stamp,
+                updated_at=stamp,
+            )
+            fields = runner.to_hash()
+            created = fields.pop("created_at")
+            tx.hset(keys.runner(slot.runner_id), fields)
+            tx.hsetnx(keys.runner(slot.runner_id), "created_at", created)
+
+
+async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -> None:
+    stamp = now()
+    async with node.store.transaction(ctx) as tx:
+        for slot in slots:
+            value = {
+                "node": node.node_id,
+                "pid": os.getpid(),
+                "boot": node.boot,
+                "script_type": slot.script_type,
+                "queues": list(slot.queues),
+                "inflight": slot.inflight,
+                "started_at": started_at,
+                "last_heartbeat": stamp,
+            }
+            tx.set(keys.presence_runner(slot.runner_id), json.dumps(value), ex=PRESENCE_TTL_S)
+
+
+async def _clear(store: Store, ctx: int, slots: list[Slot]) -> None:
+    names = [keys.presence_runner(s.runner_id) for s in slots]
+    if names:
+        await store.call(ctx, lambda r: r.delete(names))
+
+
+@dataclass(frozen=True)
+class LiveRunner:
+    runner_id: str
+    script_type: str
+    local: bool
+    address: str
+    jobs: list[str]  # job keys it is busy with (empty: idle)
+    presence: dict[str, Any]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.jobs)
+
+
+async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
+    """The runners of context ``ctx`` with a presence key (sorted by id), and their jobs.
+
+    Raises StoreError if Redis fails."""
+    prefix = keys.presence_runner("")
+    names = sorted(await _scan(store, ctx, keys.PRESENCE_RUNNER_PATTERN))
+    out = []
+    for name in names:
+        rid = name[len(prefix) :]
+        raw = await store.call(ctx, lambda r: r.get(name))  # noqa: B023
+        if raw is None:  # expired meanwhile
+            continue
+        try:
+            presence = json.loads(raw)
+        except ValueError:
+            presence = {}
+        hash_ = decode_hash(await store.hgetall(ctx, keys.runner(rid)))
+        inflight = str(presence.get("inflight") or keys.runner_inflight(rid))
+        jobs = await store.lrange(ctx, inflight)
+        out.append(
+            LiveRunner(
+                runner_id=rid,
+                script_type=hash_.get("script_type") or str(presence.get("script_type", "")),
+                local=hash_.get("local", "true") == "true",
+                address=hash_.get("address", ""),
+                jobs=jobs,
+                presence=presence,
+            )
+        )
+    return out
+
+
+async def _scan(store: Store, ctx: int, pattern: str) -> list[str]:
+    """Every key of DB ``ctx`` matching ``pattern`` (SCAN: no long block of the server)."""
+    found: list[str] = []
+    cursor = 0
+    while True:
+        cursor, batch = await store.call(
+            ctx,
+            lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
+        )
+        found.extend(str(k) for k in batch)
+        if not cursor:
+            return found

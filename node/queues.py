@@ -1,0 +1,112 @@
+"""Which list a job is queued on, and which lists a runner slot consumes (pure functions).
+
+A job is queued on the most specific queue it names (``bus.keys``)::
+
+    queue:<type>                           no target (the plain, fast path)
+    queue:<type>:group:<g>                 group g: any slot of that group
+    queue:<type>:group:<g>:inst:<i>        instance i of group g (an instance needs a group)
+
+each with a priority suffix: ``normal`` is the queue itself, ``high``/``low`` append
+``:prio:high``/``:prio:low``. A slot of group g, instance i (its slot number) consumes its
+instance, then its group, then the type queue; a slot without a group only the type queue.
+Priorities come first: every high list before any normal one before any low one, except that
+every ``AGING_EVERY``-th pop of a slot serves the lowest non-empty priority first, so a stream
+of high-priority jobs cannot starve low ones (a low job waits at most AGING_EVERY pops of its
+slots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from coredis.commands.script import Script
+
+from bus import keys
+from bus.models import RunnerJob
+from bus.store import Store
+
+AGING_EVERY = 8
+
+
+def target_queue(job: RunnerJob) -> str:
+    """The list materialisation pushes ``job`` on (its type, group, instance, priority)."""
+    return queue_for(job.script_type, job.group, job.instance, job.priority)
+
+
+def queue_for(script_type: str, group: str = "", instance: str = "", priority: str = "") -> str:
+    """The list a job with these targeting fields is pushed on (unknown priority: normal)."""
+    if group and instance:
+        base = keys.queue_instance(script_type, group, instance)
+    elif group:
+        base = keys.queue_group(script_type, group)
+    else:
+        base = keys.queue(script_type)
+    return keys.queue_prio(base, priority if priority in keys.PRIORITIES else "normal")
+
+
+def queue_of(fields: Mapping[str, str]) -> str:
+    """:func:`target_queue` of a job hash (or a job's signed dict as strings)."""
+    return queue_for(
+        fields.get("script_type", ""),
+        fields.get("group", ""),
+        fields.get("instance", ""),
+        fields.get("priority", ""),
+    )
+
+
+def slot_bases(script_type: str, group: str = "", instance: str = "") -> list[str]:
+    """The base queues of a slot, most specific first."""
+    if not group:
+        return [keys.queue(script_type)]
+    return [
+        keys.queue_instance(script_type, group, instance),
+        keys.queue_group(script_type, group),
+        keys.queue(script_type),
+    ]
+
+
+def consume_order(bases: list[str], pop_number: int = 1) -> list[str]:
+    """Every list a slot consumes, in the order of its ``pop_number``-th pop (1-based):
+    priority first, then specificity; on every AGING_EVERY-th pop, lowest priority first."""
+    prios = list(keys.PRIORITIES)
+    if pop_number % AGING_EVERY == 0:
+        prios.reverse()
+    return [keys.queue_prio(base, p) for p in prios for base in bases]
+
+
+# Non-blocking, reliable: move the oldest entry of the first non-empty list onto the in-flight
+# list. KEYS: inflight, then the lists in consume order.
+_POP_FIRST = Script(
+    script="""
+for i = 2, #KEYS do
+  local v = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
+  if v then return v end
+end
+return false
+"""
+)
+
+
+async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> str | None:
+    """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
+    a crash never loses it), or None. Raises StoreError."""
+    value = await store.script(ctx, _POP_FIRST, [inflight, *lists], [])
+    return None if value is None else str(value)
+
+
+async def pop_slot(
+    store: Store, ctx: int, lists: list[str], inflight: str, timeout_s: float
+) -> str | None:
+    """A slot's reliable pop over several lists: :func:`pop_first`, and only when all are
+    empty a blocking BLMOVE on the type queue (``lists`` holds it; the plain, busiest list).
+
+    Trade-off: BLMPOP waits on many lists but loses the entry if the node dies between its pop
+    and the in-flight push, and Lua cannot block; so the wait is on one list. A job arriving
+    on another list (a priority or targeted queue) while every slot of its type idles is taken
+    at the next wake-up: the next job on the type queue, or ``timeout_s``. Raises StoreError.
+    """
+    found = await pop_first(store, ctx, lists, inflight)
+    if found is not None:
+        return found
+    base = next((q for q in lists if q.count(":") == 1), lists[0])
+    return await store.pop_reliable(ctx, base, inflight, timeout_s)

@@ -1,0 +1,75 @@
+"""Targeted queues and priorities: naming, consume order with aging, signing compatibility,
+and the reliable multi-list pop."""
+
+from __future__ import annotations
+
+import trio
+
+from bus.envelope import sign_message, verify_message
+from bus.models import Message, RunnerJob
+from crypto import KeyPair
+from node.queues import AGING_EVERY, consume_order, pop_first, pop_slot, slot_bases, target_queue
+
+
+def job(**kw) -> RunnerJob:
+    return RunnerJob(id=7, caller_id=1, context_id=1, script="x", script_type="v", **kw)
+
+
+def test_target_queue_most_specific_with_priority():
+    assert target_queue(job()) == "queue:v"
+    assert target_queue(job(group="gpu")) == "queue:v:group:gpu"
+    assert target_queue(job(group="gpu", instance="2")) == "queue:v:group:gpu:inst:2"
+    assert target_queue(job(instance="2")) == "queue:v"  # an instance needs its group
+    assert target_queue(job(priority="high")) == "queue:v:prio:high"
+    assert target_queue(job(group="g", priority="low")) == "queue:v:group:g:prio:low"
+    assert target_queue(job(priority="urgent")) == "queue:v"  # unknown: normal
+
+
+def test_consume_order_instance_group_type_and_aging():
+    bases = slot_bases("v", "gpu", "1")
+    assert bases == ["queue:v:group:gpu:inst:1", "queue:v:group:gpu", "queue:v"]
+    order = consume_order(bases, 1)
+    assert order[:3] == [f"{b}:prio:high" for b in bases]
+    assert order[3:6] == bases
+    assert order[6:] == [f"{b}:prio:low" for b in bases]
+    aged = consume_order(bases, AGING_EVERY)
+    assert aged[:3] == [f"{b}:prio:low" for b in bases]
+    assert consume_order(slot_bases("sh"), 1) == [
+        "queue:sh:prio:high",
+        "queue:sh",
+        "queue:sh:prio:low",
+    ]
+
+
+def test_targeting_is_signed_only_when_set():
+    plain = job()
+    assert "group" not in plain.signed_dict()
+    assert "group" not in plain.to_hash()
+    targeted = job(group="gpu", priority="high")
+    assert targeted.signed_dict()["group"] == "gpu"
+    assert RunnerJob.from_hash(targeted.to_hash()) == targeted
+    key = KeyPair.generate()
+    msg = sign_message(
+        Message(1, 1, 1, job=[targeted], created_at=1, origin="a", destination="b"), key
+    )
+    back = Message.from_hash(msg.to_hash())
+    assert back.job[0].group == "gpu"
+    assert verify_message(back, key.public_hex).ok
+    tampered = Message.from_hash(
+        msg.to_hash() | {"job": msg.to_hash()["job"].replace("gpu", "cpu")}
+    )
+    assert not verify_message(tampered, key.public_hex).ok
+
+
+async def test_pop_first_takes_in_order_reliably(store):
+    await store.lpush(1, "queue:v", "job:1:1")
+    await store.lpush(1, "queue:v:prio:high", "job:1:2")
+    lists = consume_order(slot_bases("v"), 1)
+    assert await pop_first(store, 1, lists, "inflight:runner:v:0") == "job:1:2"
+    assert await pop_first(store, 1, lists, "inflight:runner:v:0") == "job:1:1"
+    assert await pop_first(store, 1, lists, "inflight:runner:v:0") is None
+    assert await store.lrange(1, "inflight:runner:v:0") == ["job:1:1", "job:1:2"]
+    with trio.fail_after(5):  # all empty: blocks on the type queue until a job arrives
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.lpush, 1, "queue:v", "job:1:3")
+            assert await pop_slot(store, 1, lists, "inflight:runner:v:0", 3) == "job:1:3"
