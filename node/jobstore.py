@@ -33,21 +33,26 @@ return redis.call('HGETALL', KEYS[1])
 )
 
 # Take the next queued job and start it, in the same round trip as finishing the last one.
-# KEYS: queue inflight running ; ARGV: token_base ttl_ms now lease_prefix
+# KEYS: inflight running, then the slot's lists in consume order
+# ARGV: token_base ttl_ms now lease_prefix
 _TAKE_NEXT = Script(
     script="""
-local nxt = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+local nxt = false
+for i = 3, #KEYS do
+  nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
+  if nxt then break end
+end
 if not nxt then return {} end
 local st = redis.call('HGET', nxt, 'status')
 if (not st) or st == 'finished' or st == 'error' then
-  redis.call('LREM', KEYS[2], 1, nxt)
+  redis.call('LREM', KEYS[1], 1, nxt)
   return {nxt}
 end
 local tok = ARGV[1] .. ':' .. nxt
 redis.call('HINCRBY', nxt, 'attempt', 1)
 redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3])
 redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
-redis.call('SADD', KEYS[3], nxt)
+redis.call('SADD', KEYS[2], nxt)
 local out = redis.call('HGETALL', nxt)
 table.insert(out, 1, nxt)
 return out
@@ -237,9 +242,10 @@ async def finish_local(
 
 @dataclass(frozen=True)
 class NextJob:
-    """Where a runner takes its next job from, and how it names its lease."""
+    """Where a runner takes its next job from (its lists, in consume order), and how it names
+    its lease."""
 
-    queue: str
+    lists: tuple[str, ...]
     token_base: str
     ttl_ms: int
 
@@ -256,7 +262,7 @@ async def _with_next(
 ) -> tuple[bool, Started | None]:
     if take_next is None:
         return bool(await store.script(ctx, *finish_call)), None
-    nxt_keys = [take_next.queue, inflight, keys.RUNNING]
+    nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
     nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
     done, nxt = await store.scripts(ctx, [finish_call, (_TAKE_NEXT, nxt_keys, nxt_args)])
     if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)

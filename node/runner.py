@@ -20,7 +20,7 @@ from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
-from node import jobstore
+from node import jobstore, queues
 from node.executor import Outcome, execute
 from node.lifecycle import after_attempt
 from node.messages import result_message
@@ -79,12 +79,18 @@ async def run_runner(
             job, command, max_output_bytes=node.config.max_output_bytes, pid_dir=pid_dir
         )
 
-    take_next = jobstore.NextJob(queue, token_base, LEASE_TTL_MS)
+    bases = queues.slot_bases(
+        script_type, node.config.runner_groups.get(script_type, ""), str(slot)
+    )
+    pops = 0
     started: jobstore.Started | None = None
     try:
         while not node.stopping.is_set():
+            pops += 1
+            lists = queues.consume_order(bases, pops)
+            take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
             if started is None:
-                job_key = await _pop(node, ctx, queue, inflight)
+                job_key = await _pop(node, ctx, lists, inflight)
                 if job_key is None:
                     continue
                 fields = None
@@ -101,17 +107,20 @@ async def run_runner(
         with trio.CancelScope(shield=True):
             if started is not None:  # taken with the last result, but we are stopping
                 token = f"{token_base}:{started[0]}"
-                await jobstore.requeue(node.store, ctx, started[0], token, inflight, queue)
+                await jobstore.requeue(
+                    node.store, ctx, started[0], token, inflight, queues.queue_of(started[1])
+                )
             if worker is not None:
                 await worker.close()
 
 
-async def _pop(node: NodeState, ctx: int, queue: str, inflight: str) -> str | None:
-    """A blocking pop that shutdown can interrupt (see NodeState.stop_intake)."""
+async def _pop(node: NodeState, ctx: int, lists: list[str], inflight: str) -> str | None:
+    """A slot's reliable pop over its lists (node/queues.py) that shutdown can interrupt (see
+    NodeState.stop_intake)."""
     with trio.CancelScope() as scope:
         node.intake.add(scope)
         try:
-            return await node.store.pop_reliable(ctx, queue, inflight, POP_TIMEOUT_S)
+            return await queues.pop_slot(node.store, ctx, lists, inflight, POP_TIMEOUT_S)
         finally:
             node.intake.discard(scope)
     return None
@@ -139,7 +148,7 @@ async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> 
             lost,
             jobstore.ANY_TOKEN,
             inflight,
-            queue,
+            queues.queue_of(fields),
             int(fields.get("attempt", "1") or 1),
             0,
         )
@@ -173,6 +182,7 @@ async def run_job(
         await jobstore.finish_malformed(node.store, ctx, job_key, token, inflight, str(exc))
         return None
     attempt = int(fields.get("attempt", "1"))
+    queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
     started_at = int(time.time())
     outcome: Outcome | None = None
     stop = trio.CancelScope()

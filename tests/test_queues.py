@@ -73,3 +73,36 @@ async def test_pop_first_takes_in_order_reliably(store):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(store.lpush, 1, "queue:v", "job:1:3")
             assert await pop_slot(store, 1, lists, "inflight:runner:v:0", 3) == "job:1:3"
+
+
+async def _submit(node, actor, script: str, **targeting: str):
+    from bus.ids import new_id, now
+    from bus.models import RunnerJob
+
+    job = RunnerJob(new_id(), 1, 1, script, "python", created_at=now(), **targeting)
+    return await node.client.submit(actor, 1, to=node.node_id, context_id=1, jobs=[job])
+
+
+async def test_local_slots_take_high_priority_first_and_serve_their_group(node_factory, tmp_path):
+    import trio
+
+    from crypto import read_key_file
+    from tests.scripts import announcing, wait_announced
+
+    alice = await node_factory("alice", runners={"python": 1}, runner_groups={"python": "gpu"})
+    actor = read_key_file(alice.config.actor_key_path)
+    order = tmp_path / "order"
+    blocker = await _submit(
+        alice, actor, announcing(alice.info.redis_url, "block", "import time\ntime.sleep(1)\n")
+    )
+    await wait_announced(alice.store, "block")  # the only slot is busy: the rest queue up
+    record = f"open({str(order)!r}, 'a').write('{{}}\\n')"
+    low = await _submit(alice, actor, record.format("low"), priority="low")
+    normal = await _submit(alice, actor, record.format("normal"))
+    grouped = await _submit(alice, actor, record.format("gpu"), group="gpu")
+    high = await _submit(alice, actor, record.format("high"), priority="high")
+    with trio.fail_after(30):
+        for msg in (blocker, low, normal, grouped, high):
+            [result] = await alice.client.wait_results(msg, timeout_s=30)
+            assert result.ok, result
+    assert order.read_text().split() == ["high", "gpu", "normal", "low"]
