@@ -247,6 +247,51 @@ class Client:
             tx.lpush(keys.MSG_OUT, [message.key])
         return message
 
+    async def job_logs(
+        self, context_id: int, job_key: str, *, follow: bool = False
+    ) -> AsyncIterator[tuple[str, str]]:
+        """The output of a job on this node as ``(stream, text)`` pairs: what a running job has
+        written so far (live with ``follow``, until it ends), or a finished job's output.
+        Raises ClientError if there is no such job."""
+        last = "0-0"
+        while True:
+            entries = await self._log_entries(context_id, job_key, last, block=follow)
+            for entry_id, fields in entries:
+                last = entry_id
+                if "end" in fields:
+                    return
+                yield fields.get("stream", "stdout"), fields.get("data", "")
+            if entries:
+                continue
+            job = await self.store.hgetall(context_id, job_key)
+            if not job:
+                raise ClientError(f"no job {job_key} in context {context_id}")
+            done = job.get("status") in ("finished", "error")
+            if done and last == "0-0":  # it ended without publishing live: its result has it
+                result = json.loads(job.get("result") or "{}")
+                for stream in ("stdout", "stderr"):
+                    if result.get(stream):
+                        yield stream, result[stream]
+                return
+            if done or not follow:
+                return
+
+    async def _log_entries(
+        self, ctx: int, job_key: str, after: str, *, block: bool
+    ) -> list[tuple[str, dict[str, str]]]:
+        stream = keys.logs(job_key)
+        if block:
+            found = await self.store.call(
+                ctx, lambda r: r.xread({stream: after}, count=100, block=1000)
+            )
+            entries = list((found or {}).get(stream, ()))
+        else:
+            entries = list(await self.store.call(ctx, lambda r: r.xrange(stream, f"({after}")))
+        return [
+            (str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()})
+            for e in entries
+        ]
+
     async def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
         """Wait for one result per job of ``message``; ClientError after ``timeout_s``."""
         results: list[JobResult] = []

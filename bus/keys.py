@@ -82,6 +82,11 @@ def lease(job_key: str) -> str:
     return f"lease:{job_key}"
 
 
+def logs(job_key: str) -> str:
+    """Stream of a running job's output (entries: stream=stdout|stderr, data; end=status)."""
+    return f"logs:{job_key}"
+
+
 def attempts(job_key: str) -> str:
     """List of a job's attempts (JSON entries: attempt, runner, status, reason, times)."""
     return f"attempts:{job_key}"

@@ -158,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key-file", type=Path, default=None, help="actor key (default: actor.key)")
     s.add_argument("--wait", action="store_true", help="wait until the job has ended")
     s.set_defaults(func=_async(job_stop))
+    s = job.add_parser("logs", help="a job's output (stdout and stderr); --follow while it runs")
+    s.add_argument("key", help="job:<caller>:<id> (on this node: where it runs, or ran)")
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+    s.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    s.set_defaults(func=_async(job_logs))
     s = job.add_parser("show", help="print a job or message hash as JSON")
     s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
     s.add_argument("--context", type=int, default=None)
@@ -418,6 +423,14 @@ async def job_stop(client: Client, args: argparse.Namespace) -> int:
         message = Message.from_hash(request)
         [result] = await client.wait_results(replace(message, job=message.job[:1]), 60)
         print(f"{result.job_key}: {result.status.value} {result.reason}")
+    return 0
+
+
+async def job_logs(client: Client, args: argparse.Namespace) -> int:
+    async for stream, text in client.job_logs(_ctx(args), args.key, follow=args.follow):
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        out.write(text)
+        out.flush()
     return 0
 
 

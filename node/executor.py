@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -65,8 +66,10 @@ async def execute(
     max_output_bytes: int,
     env: Mapping[str, str] | None = None,
     pid_dir: Path | None = None,
+    logs: tuple[Path, Path] | None = None,
 ) -> Outcome:
     """Run ``job.script`` through ``command``; never raises for what the script does.
+    With ``logs``, stdout and stderr are written there as the script runs (followed live).
 
     ``command`` is a template (see node/commands.py): ``{script_file}`` and the other
     placeholders are expanded first; with ``{script_file}`` the script goes in a 0600 file
@@ -76,7 +79,7 @@ async def execute(
     """
     try:
         with prepared(command, job, pid_dir) as (argv, fed):
-            return await _execute(fed, argv, max_output_bytes, env, pid_dir)
+            return await _execute(fed, argv, max_output_bytes, env, pid_dir, logs)
     except OSError as exc:  # the script file could not be written
         return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
 
@@ -87,16 +90,22 @@ async def _execute(
     max_output_bytes: int,
     env: Mapping[str, str] | None,
     pid_dir: Path | None,
+    logs: tuple[Path, Path] | None = None,
 ) -> Outcome:
     completed: list[subprocess.CompletedProcess[bytes]] = []
+    files = [p.open("w+b") for p in logs] if logs else []  # noqa: ASYNC230 - local, tiny
+    streams: dict[str, Any] = (
+        {"stdout": files[0], "stderr": files[1]}
+        if files
+        else {"capture_stdout": True, "capture_stderr": True}
+    )
 
     async def run(*, task_status: trio.TaskStatus[trio.Process]) -> None:
         completed.append(
             await trio.run_process(
                 command,
                 stdin=job.script.encode(),
-                capture_stdout=True,
-                capture_stderr=True,
+                **streams,
                 check=False,
                 env=dict(env if env is not None else job_env(job)),
                 start_new_session=True,
@@ -116,10 +125,21 @@ async def _execute(
     finally:
         if pidfile is not None:
             pidfile.unlink(missing_ok=True)
+        output = [_read_back(f, max_output_bytes) for f in files]
     if not completed:
         return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
     done = completed[0]
-    return outcome_of(done.returncode, done.stdout, done.stderr, max_output_bytes)
+    out, err = output if files else (done.stdout, done.stderr)
+    return outcome_of(done.returncode, out, err, max_output_bytes)
+
+
+def _read_back(f: Any, limit: int) -> str:  # noqa: ANN401 - a binary file
+    """What a script wrote to its log file, bounded like captured output; closes the file."""
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(0)
+        text: str = f.read(limit).decode("utf-8", "replace")
+    return text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
 
 
 async def _kill_group(proc: trio.Process) -> None:

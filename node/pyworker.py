@@ -41,9 +41,15 @@ class Capture:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.files = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
+        self.spare = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
+        self.files: tuple[BinaryIO, BinaryIO] = self.spare
 
-    def start(self) -> None:
+    def start(self, paths: list[str] | None = None) -> None:
+        """Capture into ``paths`` (files the node follows live), else into the spare files."""
+        if paths:
+            self.files = (open(paths[0], "w+b"), open(paths[1], "w+b"))  # noqa: SIM115
+        else:
+            self.files = self.spare
         for fd, f in zip((1, 2), self.files, strict=True):
             f.seek(0)
             f.truncate()
@@ -52,7 +58,11 @@ class Capture:
     def finish(self) -> tuple[str, str]:
         sys.stdout.flush()
         sys.stderr.flush()
-        return self._read(self.files[0]), self._read(self.files[1])
+        out, err = self._read(self.files[0]), self._read(self.files[1])
+        if self.files is not self.spare:
+            for f in self.files:
+                f.close()
+        return out, err
 
     def _read(self, f: BinaryIO) -> str:
         size = f.seek(0, os.SEEK_END)
@@ -93,9 +103,10 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "wb")
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # live logs per line
     capture = Capture(limit)
     while (request := read_frame(requests)) is not None:
-        capture.start()
+        capture.start(request.get("logs"))
         code = run_one(request["script"], request["env"])
         out, err = capture.finish()
         write_frame(replies, {"exit_code": code, "stdout": out, "stderr": err})

@@ -9,9 +9,11 @@ slot's in-flight list are written in one Lua transaction that checks the lease f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import NoReturn
 
 import trio
@@ -22,6 +24,7 @@ from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node import jobstore, queues
 from node.executor import Outcome, execute
+from node.joblogs import LogPump, log_paths
 from node.lifecycle import after_attempt
 from node.messages import result_message
 from node.state import NodeState
@@ -72,11 +75,15 @@ async def run_runner(
         else None
     )
 
-    async def run_script(job: RunnerJob) -> Outcome:
+    async def run_script(job: RunnerJob, logs: tuple[Path, Path]) -> Outcome:
         if worker is not None:
-            return await worker.run(job)
+            return await worker.run(job, logs)
         return await execute(
-            job, command, max_output_bytes=node.config.max_output_bytes, pid_dir=pid_dir
+            job,
+            command,
+            max_output_bytes=node.config.max_output_bytes,
+            pid_dir=pid_dir,
+            logs=logs,
         )
 
     bases = queues.slot_bases(
@@ -160,7 +167,7 @@ async def run_job(
     ctx: int,
     job_key: str,
     fields: dict[str, str] | None,
-    run_script: Callable[[RunnerJob], Awaitable[Outcome]],
+    run_script: Callable[[RunnerJob, tuple[Path, Path]], Awaitable[Outcome]],
     inflight: str,
     queue: str,
     take_next: jobstore.NextJob,
@@ -187,17 +194,22 @@ async def run_job(
     outcome: Outcome | None = None
     stop = trio.CancelScope()
     node.running[job_key] = stop
+    pump = LogPump(node, ctx, job_key, log_paths(node, job_key))
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_heartbeat, node, ctx, job_key, token)
+            nursery.start_soon(pump.run)
             with stop:
-                outcome = await run_script(job)
+                outcome = await run_script(job, pump.paths)
             if stop.cancelled_caught:  # a signed stop request (see node/stops.py)
                 reason = node.stop_reasons.pop(job_key, "stopped")
                 outcome = Outcome(JobStatus.ERROR, {}, reason)
             nursery.cancel_scope.cancel()
     finally:
         node.running.pop(job_key, None)
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            with contextlib.suppress(StoreError):
+                await pump.finish(outcome.status.value if outcome else "interrupted")
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:

@@ -46,15 +46,17 @@ class PythonWorker:
         self.jobs = 0
         self._buffer = bytearray()
 
-    async def run(self, job: RunnerJob) -> Outcome:
-        """Run one job; never raises for what the script does."""
+    async def run(self, job: RunnerJob, logs: tuple[Path, Path] | None = None) -> Outcome:
+        """Run one job (its stdout/stderr written live to ``logs`` if given); never raises for
+        what the script does."""
         if self.proc is None or self.jobs >= self.max_jobs or self.proc.returncode is not None:
             await self.close()
             await self._start()
         assert self.proc is not None
         assert self.proc.stdin is not None
         self.jobs += 1
-        request = json.dumps({"script": job.script, "env": job_env(job)}).encode()
+        paths = [str(p) for p in logs] if logs else None
+        request = json.dumps({"script": job.script, "env": job_env(job), "logs": paths}).encode()
         try:
             with trio.move_on_after(job.timeout or 1e9) as deadline:
                 await self.proc.stdin.send_all(_HEADER.pack(len(request)) + request)
