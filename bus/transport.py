@@ -60,6 +60,24 @@ class Link:
     ws: WebSocketConnection
     initiator: bool
     closed: trio.Event = field(default_factory=trio.Event)
+    _posted: list[str] = field(default_factory=list)
+    _post_ready: trio.Event = field(default_factory=trio.Event)
+
+    def post(self, frame_type: str, **body: object) -> None:
+        """Queue a frame for the link's writer without waiting. The frame handler answers this
+        way (acks), so the reader never blocks on a send: two nodes whose readers both waited
+        for the other to read would deadlock."""
+        self._posted.append(encode_frame(frame_type, **body))
+        self._post_ready.set()
+
+    async def write_posted(self) -> None:
+        """Send posted frames in order, until the link closes (runs beside the reader)."""
+        while True:
+            await self._post_ready.wait()
+            self._post_ready = trio.Event()
+            batch, self._posted = self._posted, []
+            for frame in batch:
+                await self.send_raw(frame)
 
     async def send(self, frame_type: str, **body: object) -> None:
         """Send one frame; TransportError if the link is gone."""
@@ -266,6 +284,26 @@ class Transport:
             remote = "a closed connection"
         log.warning("%s handshake with %s refused: %s", direction, remote, exc)
 
+    async def _read(self, link: Link) -> None:
+        while True:
+            try:
+                data = await link.ws.get_message()
+            except ConnectionClosed as exc:
+                self._closed(link, exc)
+                return
+            try:
+                frame = decode_frame(data, self.config.max_frame_bytes)
+            except FrameError as exc:
+                await self._on_bad_frame(link, str(exc))
+                continue
+            await self._on_frame(link, frame)
+
+    async def _write_posted(self, link: Link) -> None:
+        try:
+            await link.write_posted()
+        except TransportError as exc:  # the reader sees the close too, and ends the link
+            log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
+
     def _closed(self, link: Link, exc: ConnectionClosed) -> None:
         code = getattr(exc.reason, "code", None)
         if code == 1009:  # MESSAGE_TOO_BIG: trio-websocket enforced max_frame_bytes
@@ -280,22 +318,10 @@ class Transport:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
         try:
-            while True:
-                try:
-                    data = await link.ws.get_message()
-                except ConnectionClosed as exc:
-                    self._closed(link, exc)
-                    return
-                try:
-                    frame = decode_frame(data, self.config.max_frame_bytes)
-                except FrameError as exc:
-                    await self._on_bad_frame(link, str(exc))
-                    continue
-                try:
-                    await self._on_frame(link, frame)
-                except TransportError as exc:  # answering on a link that just closed
-                    log.info("link %s… closed while handling a frame: %s", link.peer_id[:16], exc)
-                    return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_posted, link)
+                await self._read(link)
+                nursery.cancel_scope.cancel()
         finally:
             self._unregister(link)
             log.info("link down: %s…", link.peer_id[:16])

@@ -55,7 +55,7 @@ class LinkHandler:
         if reason:
             log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
             await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
-            await link.send("nack", ctx=ctx, key=key, reason=reason)
+            link.post("nack", ctx=ctx, key=key, reason=reason)
             return
         stamp = str(now())
         fields |= {
@@ -66,7 +66,7 @@ class LinkHandler:
         }
         fresh = await self.node.store.deliver(ctx, key, fields, keys.MSG_IN)
         self.node.count("delivered" if fresh else "redelivered")
-        await link.send("ack", ctx=ctx, key=key)
+        link.post("ack", ctx=ctx, key=key)
 
     async def _check_delivery(self, ctx: int, key: str, fields: dict[str, str]) -> str:
         if ctx not in self.contexts and not await self._registered(ctx):

@@ -79,3 +79,26 @@ async def test_cross_node_over_tls(node_factory):
         [result] = await alice.client.wait_results(msg, timeout_s=25)
     assert result.stdout == "sealed\n"
     assert (bob.config.home / "tls.key").stat().st_mode & 0o077 == 0
+
+
+async def test_a_busy_link_in_both_directions_does_not_deadlock(node_factory):
+    """Jobs one way and results the other way on one link, hundreds in flight: each side's
+    reader must keep reading while its acks wait to be written (regression: both readers once
+    blocked sending acks to each other and the link stalled)."""
+    alice = await node_factory("alice")
+    bob = await node_factory("bob", runners={"python": 4})
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
+    await bob.client.add_peer(alice.node_id, "", name="alice")
+    await bob.client.register_actor(1, actor.public_hex)
+    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    msgs = [
+        await alice.client.submit_job(
+            actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(1)"
+        )
+        for _ in range(400)
+    ]
+    with trio.fail_after(120):
+        for msg in msgs:
+            [result] = await alice.client.wait_results(msg, timeout_s=120)
+            assert result.ok
