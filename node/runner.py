@@ -104,6 +104,7 @@ async def run_runner(
             else:
                 (job_key, fields), started = started, None
             node.job_started()
+            node.job_taken()
             try:
                 started = await run_job(
                     node, ctx, job_key, fields, run_script, inflight, queue, take_next

@@ -43,6 +43,7 @@ class NodeState:
     # jobs running in this process, by job key: cancelling the scope stops the script
     running: dict[str, trio.CancelScope] = field(default_factory=dict)
     stop_reasons: dict[str, str] = field(default_factory=dict)
+    _job_taken: trio.Event = field(default_factory=trio.Event)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 
     def stop_intake(self) -> None:
@@ -91,6 +92,14 @@ class NodeState:
         self.stop_reasons[job_key] = reason
         scope.cancel()
         return True
+
+    def job_taken_event(self) -> trio.Event:
+        """Set the next time a runner of this node takes a job (supervisor backpressure)."""
+        return self._job_taken
+
+    def job_taken(self) -> None:
+        self._job_taken.set()
+        self._job_taken = trio.Event()
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 SERVICE = "supervisor"
 POP_TIMEOUT_S = 5.0
 BATCH = 64
+HIGH_WATER = 256
+BACKPRESSURE_MAX_S = 2.0
 
 
 async def run_supervisor(
@@ -67,8 +69,25 @@ async def handle_batch(
     if remote:
         await route_many(node, ctx, remote, inflight)
     if local:
+        await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
         node.count("routed", len(local))
+
+
+async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> None:
+    """Materialise no further ahead of the runners than HIGH_WATER queued jobs per type: a deep
+    msg_out backlog then costs the runners nothing while they work (it waits, unverified, in
+    msg_out). Woken when a runner takes a job; re-checked at least every second (runners of
+    other processes, e.g. external ones, do not wake it). Never waits more than
+    BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to route back,
+    stops) are delayed by at most that while this node's runners are saturated."""
+    with trio.move_on_after(BACKPRESSURE_MAX_S):
+        while True:
+            depths = [await node.store.llen(ctx, keys.queue(t)) for t in script_types]
+            if max(depths, default=0) < HIGH_WATER:
+                return
+            with trio.move_on_after(1.0):
+                await node.job_taken_event().wait()
 
 
 async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
