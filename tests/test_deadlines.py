@@ -6,6 +6,7 @@ import trio
 
 from bus.models import JobStatus
 from crypto import KeyPair, read_key_file
+from tests.nodes import link_to
 from tests.scripts import announcing, wait_announced
 
 
@@ -27,11 +28,7 @@ async def test_unreachable_peer_times_out_the_ack(node_factory):
 async def test_slow_answer_times_out_the_result_and_a_late_one_is_refused(node_factory):
     alice = await node_factory("alice")
     bob = await node_factory("bob", runners={"python": 1})  # one slot: bob answers in order
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[2], executors=[1])
+    actor = await link_to(alice, bob)
     script = announcing(bob.info.redis_url, "slow", "import time\ntime.sleep(3)\n")
     msg = await alice.client.submit_job(
         actor, 1, to="bob", context_id=1, script_type="python", script=script, timeout_result_s=1

@@ -12,6 +12,7 @@ from bus.ids import new_id, now
 from bus.models import JobStatus, Message
 from bus.verify import Freshness, freshness_problem
 from crypto import read_key_file
+from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in, run_and_wait
 
 
@@ -28,11 +29,7 @@ def test_freshness_window_is_pure_arithmetic():
 async def test_captured_message_replayed_is_refused(node_factory, tmp_path):
     alice = await node_factory("alice")
     bob = await node_factory("bob")
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[2], executors=[1])
+    actor = await link_to(alice, bob)
     runs = tmp_path / "runs"
     script = f"open({str(runs)!r}, 'a').write('run\\n')"
     msg = await alice.client.submit_job(

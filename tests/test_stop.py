@@ -6,6 +6,7 @@ import trio
 
 from bus.models import JobStatus
 from crypto import KeyPair, read_key_file
+from tests.nodes import link_to
 from tests.scripts import announcing, wait_announced
 
 LONG = "import time\ntime.sleep(60)\nprint('not stopped')\n"
@@ -74,11 +75,7 @@ async def test_stop_a_queued_job_and_only_by_caller_or_admin(node_factory):
 async def test_stop_reaches_the_node_that_runs_the_job(node_factory):
     alice = await node_factory("alice")
     bob = await node_factory("bob")
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[2], executors=[1])
+    actor = await link_to(alice, bob)
     msg = await alice.client.submit_job(
         actor,
         1,

@@ -7,17 +7,7 @@ import trio
 from bus import keys
 from bus.models import JobStatus
 from crypto import read_key_file
-
-
-async def wire(a, b) -> None:
-    """Make a and b peers of each other, and let a's actor run jobs in b's context 1."""
-    await a.client.add_peer(b.node_id, b.info.ws_url, name=b.config.name)
-    await b.client.add_peer(a.node_id, a.info.ws_url, name=a.config.name)
-    actor = read_key_file(a.config.actor_key_path)
-    await b.client.register_actor(a.config.actor_id + 100, actor.public_hex)
-    await b.client.register_context(
-        1, admins=[b.config.actor_id], executors=[a.config.actor_id + 100]
-    )
+from tests.nodes import link_to
 
 
 async def test_local_job_round_trip(node_factory):
@@ -38,11 +28,7 @@ async def test_cross_node_round_trip(node_factory):
     alice = await node_factory("alice")
     bob = await node_factory("bob")
     # alice's actor is known to bob as actor 101
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    actor = await link_to(alice, bob)
     with trio.fail_after(30):
         msg = await alice.client.submit_job(
             actor,
@@ -67,11 +53,7 @@ async def test_cross_node_over_tls(node_factory):
     alice = await node_factory("alice")
     bob = await node_factory("bob", tls=True)
     assert bob.info.ws_url.startswith("wss://")
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    actor = await link_to(alice, bob)
     with trio.fail_after(30):
         msg = await alice.client.submit_job(
             actor, 1, to="bob", context_id=1, script_type="python", script="print('sealed')"
@@ -87,11 +69,7 @@ async def test_a_busy_link_in_both_directions_does_not_deadlock(node_factory):
     blocked sending acks to each other and the link stalled)."""
     alice = await node_factory("alice")
     bob = await node_factory("bob", runners={"python": 4})
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[bob.config.actor_id], executors=[1])
+    actor = await link_to(alice, bob)
     msgs = [
         await alice.client.submit_job(
             actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(1)"

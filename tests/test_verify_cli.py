@@ -10,6 +10,7 @@ import trio
 
 from bus import keys
 from crypto import KeyPair, read_key_file
+from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in
 from tests.test_replay import sync
 
@@ -28,11 +29,7 @@ async def hero_verify(*args: str) -> tuple[int, dict]:
 async def test_verdicts_match_the_nodes(node_factory):
     alice = await node_factory("alice")
     bob = await node_factory("bob")
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(bob.node_id, bob.info.ws_url, name="bob")
-    await bob.client.add_peer(alice.node_id, "", name="alice")
-    await bob.client.register_actor(1, actor.public_hex)
-    await bob.client.register_context(1, admins=[2], executors=[1])
+    actor = await link_to(alice, bob)
     msg = await alice.client.submit_job(
         actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(1)"
     )
