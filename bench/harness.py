@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client import Client, open_client  # noqa: E402
+from bus.client import Client  # noqa: E402
 from crypto import KeyPair, read_key_file  # noqa: E402
 from node.home import init_home  # noqa: E402
+from node.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 from node.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
 
 ACTOR_ID = 42
@@ -136,32 +136,13 @@ class Procs:
         self.valkeys: list[ValkeyProcess] = []
 
     async def start_node(self, nursery: trio.Nursery, name: str, home: Path) -> BenchNode:
-        proc = await trio.lowlevel.open_process(
-            [
-                sys.executable,
-                "-m",
-                "node.cli",
-                "--home",
-                str(home),
-                "--log-level",
-                "warning",
-                "run",
-            ],
-            stdout=subprocess.PIPE,
-            cwd=ROOT,
+        proc, ready = await start_node_process(
+            home, log_level="warning", cwd=ROOT, ready_timeout_s=READY_TIMEOUT_S
         )
-        node = BenchNode(name, home, proc)
+        node = BenchNode(name, home, proc, ready.node_id, ready.ws_url, ready.redis_url)
         self.nodes.append(node)
         assert proc.stdout is not None
-        with trio.fail_after(READY_TIMEOUT_S):
-            line = await _read_line(proc.stdout)
-        if "ready:" not in line:
-            raise RuntimeError(f"node {name} did not start (its log is above): {line!r}")
-        words = line.split()
-        node.node_id = words[words.index("id") + 1]
-        node.ws_url = words[words.index("listen") + 1]
-        node.redis_url = words[words.index("redis") + 1]
-        nursery.start_soon(_drain, proc.stdout)
+        nursery.start_soon(drain, proc.stdout)
         for child in children_of(node.pid):
             if "valkey" in proc_name(child) or "redis" in proc_name(child):
                 node.valkey_pid = child
@@ -229,30 +210,10 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
-async def _read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
-
-
-async def _drain(stream: trio.abc.ReceiveStream) -> None:
-    async for chunk in stream:
-        sys.stdout.write(chunk.decode(errors="replace"))
-
-
 async def wire(nodes: list[BenchNode], actor: KeyPair) -> None:
     """Every node knows every other (with its address), the bench actor, and context 2."""
-    for node in nodes:
-        async with open_client(node.redis_url) as client:
-            for other in nodes:
-                if other is not node:
-                    await client.add_peer(other.node_id, other.ws_url, name=other.name)
-            await client.register_actor(ACTOR_ID, actor.public_hex)
-            await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
+    ready = [(n.name, Ready(n.node_id, n.ws_url, n.redis_url)) for n in nodes]
+    await wire_mesh(ready, actor, ACTOR_ID, CONTEXT_ID)
 
 
 async def wait_served(client: Client, actor: KeyPair, to: str, timeout_s: float = 60) -> None:

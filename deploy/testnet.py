@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,10 +30,10 @@ from bus.client import JobResult, open_client  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli_flow import render  # noqa: E402
 from node.home import init_home  # noqa: E402
+from node.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 
 ACTOR_ID = 42
 CONTEXT_ID = 2
-READY_TIMEOUT_S = 30
 
 
 @dataclass
@@ -42,56 +41,32 @@ class TestNode:
     name: str
     home: Path
     proc: trio.Process
-    node_id: str = ""
-    ws_url: str = ""
-    redis_url: str = ""
+    ready: Ready
+
+    @property
+    def node_id(self) -> str:
+        return self.ready.node_id
+
+    @property
+    def ws_url(self) -> str:
+        return self.ready.ws_url
+
+    @property
+    def redis_url(self) -> str:
+        return self.ready.redis_url
 
 
 async def start_node(nursery: trio.Nursery, name: str, home: Path) -> TestNode:
     init_home(home, name=name, listen_port=0)
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "--log-level", "warning", "run"],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-    )
-    node = TestNode(name, home, proc)
+    proc, ready = await start_node_process(home, log_level="warning", cwd=ROOT)
     assert proc.stdout is not None
-    with trio.fail_after(READY_TIMEOUT_S):
-        line = await _read_line(proc.stdout)
-    if "ready:" not in line:
-        raise RuntimeError(f"{name} did not start (see its log above): {line!r}")
-    words = line.split()
-    node.node_id = words[words.index("id") + 1]
-    node.ws_url = words[words.index("listen") + 1]
-    node.redis_url = words[words.index("redis") + 1]
-    nursery.start_soon(_drain, proc.stdout)
-    return node
-
-
-async def _read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
-
-
-async def _drain(stream: trio.abc.ReceiveStream) -> None:
-    async for chunk in stream:
-        sys.stdout.write(chunk.decode(errors="replace"))
+    nursery.start_soon(drain, proc.stdout)
+    return TestNode(name, home, proc, ready)
 
 
 async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
     """Every node knows every other (with its address), the actor, and context 2."""
-    for node in nodes:
-        async with open_client(node.redis_url) as client:
-            for other in nodes:
-                if other is not node:
-                    await client.add_peer(other.node_id, other.ws_url, name=other.name)
-            await client.register_actor(ACTOR_ID, actor.public_hex)
-            await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
+    await wire_mesh([(n.name, n.ready) for n in nodes], actor, ACTOR_ID, CONTEXT_ID)
 
 
 async def run_job(

@@ -23,6 +23,7 @@ from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.cli_flow import add_flow_commands
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
+from node.launch import Ready, ready_line
 
 log = logging.getLogger("hero-node")
 
@@ -261,11 +262,8 @@ async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals
 
             info = await nursery.start(node_then_exit)
-            print(
-                f"hero-node {config.name} ready: id {info.node_id} listen {info.ws_url} "
-                f"redis {info.redis_url}",
-                flush=True,
-            )
+            ready = Ready(info.node_id, info.ws_url, info.redis_url)
+            print(ready_line(config.name, ready), flush=True)
             nursery.start_soon(_on_signals, signals, stop, nursery.cancel_scope)
 
 

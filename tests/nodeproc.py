@@ -6,13 +6,13 @@ Each has fixed ports (listener and embedded Valkey) so it comes back where it wa
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import trio
 
+from node.errors import NodeError
 from node.home import init_home
+from node.launch import start_node_process
 from node.valkey import free_port, stop_stale
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,22 +36,11 @@ class NodeProcess:
     async def start(self) -> None:
         """Start `hero-node run` and wait (bounded) for its ready line."""
         with self.log.open("ab") as logf:  # noqa: ASYNC230 - a local file, opened once
-            self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "node.cli", "--home", str(self.home), "run"],
-                stdout=subprocess.PIPE,
-                stderr=logf,
-                cwd=ROOT,
-            )
-        assert self.proc.stdout is not None
-        line = b""
-        with trio.fail_after(30):
-            while not line.endswith(b"\n"):
-                chunk = await self.proc.stdout.receive_some(1)
-                if not chunk:
-                    raise RuntimeError(f"{self.name} died: {self.log.read_text()[-2000:]}")
-                line += chunk
-        words = line.decode().split()
-        self.node_id = words[words.index("id") + 1]
+            try:
+                self.proc, ready = await start_node_process(self.home, stderr=logf, cwd=ROOT)
+            except NodeError as exc:
+                raise RuntimeError(f"{self.name} died: {self.log.read_text()[-2000:]}") from exc
+        self.node_id = ready.node_id
 
     async def signal_and_wait(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
         assert self.proc is not None
