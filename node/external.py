@@ -71,16 +71,11 @@ return 1
 # KEYS: job results_inflight attempts request reply flow_events
 # ARGV: now status entry result reply reply_ttl
 _ANSWER_LOCAL = Script(
-    script=_ANSWERED
+    script=jobstore.ANSWER_HERE_LUA
+    + _ANSWERED
     + """
 redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[4])
-local done = 'error'
-if ARGV[2] == 'finished' then done = 'processed' end
-redis.call('HSET', KEYS[4], 'status', done, 'updated_at', ARGV[1], 'processed_at', ARGV[1])
-redis.call('LPUSH', KEYS[5], ARGV[5])
-redis.call('EXPIRE', KEYS[5], ARGV[6])
-local flow = redis.call('HGET', KEYS[1], 'flow_id')
-if flow and flow ~= '' then redis.call('LPUSH', KEYS[6], flow) end
+answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[5], ARGV[6])
 return 1
 """
 )

@@ -92,21 +92,30 @@ return 1
 )
 
 # The origin is this node: no result message, the origin's copy is the job itself.
+# Answering a request made on this node, shared by the node's runners and the external-runner
+# results service: the request's status, the waiting client's reply, the flow engine's wake-up.
+ANSWER_HERE_LUA = """
+local function answer_here(job, request, reply_list, flow_events, status, now, reply, ttl)
+  local done = 'error'
+  if status == 'finished' then done = 'processed' end
+  redis.call('HSET', request, 'status', done, 'updated_at', now, 'processed_at', now)
+  redis.call('LPUSH', reply_list, reply)
+  redis.call('EXPIRE', reply_list, ttl)
+  local flow = redis.call('HGET', job, 'flow_id')
+  if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
+end
+"""
+
 # KEYS: job lease running inflight attempts request reply flow_events
 # ARGV: token status result reason now attempt_entry reply reply_ttl
 _FINISH_LOCAL = Script(
-    script=_HOLDS
+    script=ANSWER_HERE_LUA
+    + _HOLDS
     + """
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
-local done = 'error'
-if ARGV[2] == 'finished' then done = 'processed' end
-redis.call('HSET', KEYS[6], 'status', done, 'updated_at', ARGV[5], 'processed_at', ARGV[5])
-redis.call('LPUSH', KEYS[7], ARGV[7])
-redis.call('EXPIRE', KEYS[7], ARGV[8])
-local flow = redis.call('HGET', KEYS[1], 'flow_id')
-if flow and flow ~= '' then redis.call('LPUSH', KEYS[8], flow) end
+answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8])
 return 1
 """
 )
