@@ -984,8 +984,8 @@ async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
                 [float(x) for x in replies],
                 note=""
                 if b != env.plan.backlogs[-1]
-                else "results travel msg_out -> supervisor -> msg_in -> consumer, behind every "
-                "job message still queued in msg_out (FIFO), so they lag the backlog",
+                else "a job submitted and run on the same node is answered by its runner directly "
+                "(no result message), so results do not wait behind the msg_out backlog",
             )
         )
     return rows
