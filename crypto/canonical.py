@@ -55,37 +55,49 @@ def _fail(path: str, what: str) -> NoReturn:
     raise CanonicalError(f"{what} at {path}; signed content must be integer-only JSON")
 
 
-def _check_value(value: object, path: str, depth: int) -> None:
-    """Walk ``value`` and refuse anything outside integer-only JSON.
+def _check_value(value: object, path: str, depth: int) -> bool:
+    """Walk ``value`` and refuse anything outside integer-only JSON. Returns True if an object
+    key holds a character outside the BMP (the only case where JCS's UTF-16 key order differs
+    from Python's code-point order).
 
     Raises:
         CanonicalError: float, unsafe integer, non-str key, unsupported type, or too deep.
     """
     if value is None or isinstance(value, bool | str):
-        return
+        return False
     if isinstance(value, int):
         if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
             _fail(path, f"integer {value} is outside +/-(2**53 - 1) and cannot be represented")
-        return
+        return False
     if isinstance(value, float):
         _fail(path, f"float {value!r} is not allowed")
     if depth >= MAX_DEPTH:
         _fail(path, f"nesting deeper than {MAX_DEPTH} levels")
+    astral = False
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check_value(item, f"{path}[{index}]", depth + 1)
-        return
+            if type(item) is not str:
+                astral |= _check_value(item, f"{path}[{index}]", depth + 1)
+        return astral
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 _fail(path, f"object key {key!r} of type {type(key).__name__} is not a string")
-            _check_value(item, f"{path}.{key}", depth + 1)
-        return
+            if not key.isascii() and max(key) > "\uffff":
+                astral = True
+            if type(item) is not str:
+                astral |= _check_value(item, f"{path}.{key}", depth + 1)
+        return astral
     _fail(path, f"value of unsupported type {type(value).__name__}")
 
 
 def canonical_json(value: object) -> bytes:
     """Return the RFC 8785 (JCS) canonical bytes of an integer-only JSON value.
+
+    For integer-only JSON, JCS is what the C-accelerated ``json.dumps`` with sorted keys, no
+    whitespace and no ASCII escaping prints, except for the key order of keys holding
+    characters outside the BMP (JCS sorts UTF-16 code units): those values go through the
+    ``rfc8785`` reference implementation (tests/test_crypto_props.py checks both agree).
 
     Raises:
         CanonicalError: the value contains a float (anywhere), an integer outside
@@ -93,8 +105,15 @@ def canonical_json(value: object) -> bytes:
             None/bool/int/str/list/tuple/dict, a string that is not valid Unicode
             (lone surrogate), or is nested more than :data:`MAX_DEPTH` levels.
     """
-    _check_value(value, "$", 0)
-    return _jcs_bytes(value)
+    if _check_value(value, "$", 0):
+        return _jcs_bytes(value)
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalError(f"content cannot be canonicalised: {exc}") from exc
+    except RecursionError as exc:
+        raise CanonicalError("content is nested too deeply to canonicalise") from exc
 
 
 def _refuse_float(text: str) -> NoReturn:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from crypto.canonical import (
     DOMAIN_PREFIX,
     MAX_SAFE_INTEGER,
+    _jcs_bytes,
     canonical_json,
     loads_strict,
     signing_input,
@@ -86,6 +87,43 @@ def test_canonical_bytes_are_compact_sorted_utf8(value):
     assert data.decode("utf-8") == json.dumps(
         _sort_utf16(value), separators=(",", ":"), ensure_ascii=False
     )
+
+
+# Keys drawn from characters that sort differently in UTF-16 and in code points (private-use
+# BMP characters against astral ones), mixed with ASCII and escapes.
+tricky_text = st.text(
+    alphabet=st.sampled_from(
+        [
+            "a",
+            "Z",
+            "\ue000",
+            "\ufffd",
+            "\U0001f600",
+            "\U00010000",
+            '"',
+            "\\",
+            "\n",
+            "\x00",
+            "\x1f",
+            "\x7f",
+            "\u2028",
+            "\u00e9",
+        ]
+    ),
+    max_size=6,
+)
+tricky_values = st.recursive(
+    st.none() | st.booleans() | safe_ints | tricky_text,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(tricky_text, children, max_size=5)
+    ),
+    max_leaves=25,
+)
+
+
+@given(value=json_values | tricky_values)
+def test_fast_canonical_path_equals_the_rfc8785_reference(value):
+    assert canonical_json(value) == _jcs_bytes(value)
 
 
 def _sort_utf16(value: object) -> object:
