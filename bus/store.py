@@ -110,6 +110,10 @@ return n
 )
 
 
+class _NoScript:
+    """A pipelined EVALSHA the server did not know (the script did not run)."""
+
+
 class Store:
     """Access to one Valkey/Redis server; ``await db(n)`` gives the client for DB n.
 
@@ -182,14 +186,41 @@ class Store:
     async def scripts(
         self, db: int, calls: list[tuple[Script[str], list[str], list[str]]]
     ) -> list[Any]:
-        """Several Lua scripts in one pipelined round trip (not atomic together); results."""
+        """Several Lua scripts in one pipelined round trip (not atomic together); results.
+
+        coredis checks ``SCRIPT EXISTS`` before every pipeline that runs a Script (one more
+        round trip each time); here the pipeline sends bare EVALSHAs and only the calls that
+        come back NOSCRIPT (a fresh or restarted server: nothing of them ran) are loaded and
+        run again."""
         client = await self.db(db)
         try:
-            async with client.pipeline(transaction=False) as pipe:
-                pending: list[Any] = [script(keys=k, args=a, client=pipe) for script, k, a in calls]
-            return [await p for p in pending]
+            results = await self._evalsha_many(client, calls)
+            missing = [i for i, r in enumerate(results) if isinstance(r, _NoScript)]
+            if missing:
+                for script in {calls[i][0] for i in missing}:
+                    await client.script_load(script.script)
+                retried = await self._evalsha_many(client, [calls[i] for i in missing])
+                for i, r in zip(missing, retried, strict=True):
+                    if isinstance(r, _NoScript):
+                        raise StoreError(f"redis {self.url}: script still missing after load")
+                    results[i] = r
+            return results
         except (coredis.exceptions.RedisError, OSError) as exc:
             raise StoreError(f"redis {self.url}: {exc}") from exc
+
+    @staticmethod
+    async def _evalsha_many(
+        client: Redis, calls: list[tuple[Script[str], list[str], list[str]]]
+    ) -> list[Any]:
+        async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
+            pending: list[Any] = [pipe.evalsha(s.sha, keys=k, args=a) for s, k, a in calls]
+        out: list[Any] = []
+        for p in pending:
+            try:
+                out.append(await p)
+            except coredis.exceptions.NoScriptError:
+                out.append(_NoScript())
+        return out
 
     async def ping(self) -> None:
         await self.call(0, lambda r: r.ping())
