@@ -1,15 +1,16 @@
 """Live job logs: a running script's stdout/stderr, followed while it runs.
 
-Scripts write their output to two files under ``run/logs``; while the job runs, a pump appends
-what is new to the stream ``logs:<job key>`` every LOG_FLUSH_S (a job that ends sooner has its
-output in its result and never touches the stream). When a job that published ends, the rest
-and an ``end`` entry follow. Each stream forwards at most ``max_output_bytes``, keeps at most
-MAX_ENTRIES entries and expires with the reply lists. ``hero-node job logs KEY --follow`` reads it.
+Scripts write their output to two files under ``run/logs``, one pair per runner slot (truncated
+when the slot's next job starts); while the job runs, its pump appends what is new to the
+stream ``logs:<job key>`` every LOG_FLUSH_S (a job that ends sooner has its output in its result
+and never touches the stream). The slot's watcher (node/runner.py) drives the flushes. When a
+job that published ends, the rest and an ``end`` entry follow. Each stream forwards at most
+``max_output_bytes``, keeps at most MAX_ENTRIES entries and expires with the reply lists.
+``hero-node job logs KEY --follow`` reads it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 from pathlib import Path
 
@@ -17,17 +18,17 @@ import trio
 from coredis.tokens import PureToken
 
 from bus import keys
-from bus.errors import StoreError
 from node.state import NodeState
 
 LOG_FLUSH_S = 0.5
 MAX_ENTRIES = 2000
 
 
-def log_paths(node: NodeState, job_key: str) -> tuple[Path, Path]:
+def log_paths(node: NodeState, slot_name: str) -> tuple[Path, Path]:
+    """The output files of one runner slot (reused by each job it runs)."""
     base = node.config.run_dir / "logs"
     base.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", job_key)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", slot_name)
     return base / f"{name}.out", base / f"{name}.err"
 
 
@@ -38,15 +39,13 @@ class LogPump:
         self.node, self.ctx, self.job_key, self.paths = node, ctx, job_key, paths
         self.offsets = [0, 0]
         self.published = False
-
-    async def run(self) -> None:
-        """Flush every LOG_FLUSH_S until cancelled (the job ended)."""
-        while True:
-            await trio.sleep(LOG_FLUSH_S)
-            with contextlib.suppress(StoreError):
-                await self.flush()
+        self._lock = trio.Lock()  # a flush in progress ends before the end marker is written
 
     async def flush(self) -> None:
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
         limit = self.node.config.max_output_bytes
         stream = keys.logs(self.job_key)
         for i, (name, path) in enumerate(zip(("stdout", "stderr"), self.paths, strict=True)):
@@ -61,13 +60,13 @@ class LogPump:
 
     async def finish(self, status: str) -> None:
         """After the job: the rest and an end marker, if anything was published live."""
-        if self.published:
-            await self.flush()
+        async with self._lock:
+            if not self.published:
+                return
+            await self._flush()
             await self._add(keys.logs(self.job_key), {"end": status})
             ttl = self.node.config.reply_ttl_s
             await self.node.store.call(self.ctx, lambda r: r.expire(keys.logs(self.job_key), ttl))
-        for path in self.paths:
-            path.unlink(missing_ok=True)
 
     async def _add(self, stream: str, fields: dict[str, str]) -> None:
         await self.node.store.call(

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,7 +25,7 @@ from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node import jobstore, queues
 from node.executor import Outcome, execute
-from node.joblogs import LogPump, log_paths
+from node.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.lifecycle import after_attempt
 from node.messages import result_message
 from node.state import NodeState
@@ -91,26 +92,30 @@ async def run_runner(
     )
     pops = 0
     started: jobstore.Started | None = None
+    watch = SlotWatch(node, ctx, log_paths(node, f"{ctx}-{slot_id}"))
     try:
-        while not node.stopping.is_set():
-            pops += 1
-            lists = queues.consume_order(bases, pops)
-            take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
-            if started is None:
-                job_key = await _pop(node, ctx, lists, inflight)
-                if job_key is None:
-                    continue
-                fields = None
-            else:
-                (job_key, fields), started = started, None
-            node.job_started()
-            node.job_taken()
-            try:
-                started = await run_job(
-                    node, ctx, job_key, fields, run_script, inflight, queue, take_next
-                )
-            finally:
-                node.job_ended()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.run)
+            while not node.stopping.is_set():
+                pops += 1
+                lists = queues.consume_order(bases, pops)
+                take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
+                if started is None:
+                    job_key = await _pop(node, ctx, lists, inflight)
+                    if job_key is None:
+                        continue
+                    fields = None
+                else:
+                    (job_key, fields), started = started, None
+                node.job_started()
+                node.job_taken()
+                try:
+                    started = await run_job(
+                        node, ctx, job_key, fields, run_script, inflight, queue, take_next, watch
+                    )
+                finally:
+                    node.job_ended()
+            nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
             if started is not None:  # taken with the last result, but we are stopping
@@ -172,6 +177,7 @@ async def run_job(
     inflight: str,
     queue: str,
     take_next: jobstore.NextJob,
+    watch: SlotWatch,
 ) -> jobstore.Started | None:
     """Run one job (``fields``: already started by the previous job's conclusion). Returns the
     next job if it was started in the same round trip as this one's result."""
@@ -195,22 +201,21 @@ async def run_job(
     outcome: Outcome | None = None
     stop = trio.CancelScope()
     node.running[job_key] = stop
-    pump = LogPump(node, ctx, job_key, log_paths(node, job_key))
+    pump = LogPump(node, ctx, job_key, watch.paths)
+    watch.begin(job_key, token, pump)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_heartbeat, node, ctx, job_key, token)
-            nursery.start_soon(pump.run)
-            with stop:
-                outcome = await run_script(job, pump.paths)
-            if stop.cancelled_caught:  # a signed stop request (see node/stops.py)
-                reason = node.stop_reasons.pop(job_key, "stopped")
-                outcome = Outcome(JobStatus.ERROR, {}, reason)
-            nursery.cancel_scope.cancel()
+        with stop:
+            outcome = await run_script(job, pump.paths)
+        if stop.cancelled_caught:  # a signed stop request (see node/stops.py)
+            reason = node.stop_reasons.pop(job_key, "stopped")
+            outcome = Outcome(JobStatus.ERROR, {}, reason)
     finally:
+        watch.end()
         node.running.pop(job_key, None)
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            with contextlib.suppress(StoreError):
-                await pump.finish(outcome.status.value if outcome else "interrupted")
+        if pump.published:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                with contextlib.suppress(StoreError):
+                    await pump.finish(outcome.status.value if outcome else "interrupted")
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
@@ -238,15 +243,65 @@ async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[st
     return Message(ident, caller, ctx, origin=origin, destination=node.node_id)
 
 
-async def _heartbeat(node: NodeState, ctx: int, job_key: str, token: str) -> None:
-    while True:
-        await trio.sleep(HEARTBEAT_S)
+@dataclass(eq=False)
+class _Running:
+    job_key: str
+    token: str
+    pump: LogPump
+    next_flush: float
+    next_renew: float
+    lease_held: bool = True
+
+
+class SlotWatch:
+    """One per slot, for whatever job the slot is running: keeps its lease alive (every
+    HEARTBEAT_S) and forwards its live output (every LOG_FLUSH_S). A job that ends before its
+    first flush is never looked at, so a short job costs no task, timer or Redis command here."""
+
+    def __init__(self, node: NodeState, ctx: int, paths: tuple[Path, Path]) -> None:
+        self.node, self.ctx, self.paths = node, ctx, paths
+        self.current: _Running | None = None
+        self._began = trio.Event()
+
+    def begin(self, job_key: str, token: str, pump: LogPump) -> None:
+        now = trio.current_time()
+        self.current = _Running(job_key, token, pump, now + LOG_FLUSH_S, now + HEARTBEAT_S)
+        self._began.set()
+
+    def end(self) -> None:
+        self.current = None
+
+    async def run(self) -> NoReturn:
+        while True:
+            job = self.current
+            if job is None:
+                self._began = trio.Event()
+                await self._began.wait()
+                continue
+            await trio.sleep_until(min(job.next_flush, job.next_renew))
+            if self.current is not job:
+                continue  # that job ended; look at the one running now (if any)
+            if trio.current_time() >= job.next_renew:
+                job.next_renew += HEARTBEAT_S
+                await self._renew(job)
+            if trio.current_time() >= job.next_flush:
+                job.next_flush += LOG_FLUSH_S
+                with contextlib.suppress(StoreError):
+                    await job.pump.flush()
+
+    async def _renew(self, job: _Running) -> None:
+        if not job.lease_held:
+            return
         try:
-            if not await jobstore.renew(node.store, ctx, job_key, token, LEASE_TTL_MS):
-                log.warning("%s: lease lost while running; its result will be refused", job_key)
-                return
+            held = await jobstore.renew(
+                self.node.store, self.ctx, job.job_key, job.token, LEASE_TTL_MS
+            )
         except StoreError as exc:
-            log.warning("%s: cannot renew lease: %s", job_key, exc)
+            log.warning("%s: cannot renew lease: %s", job.job_key, exc)
+            return
+        if not held and self.current is job:
+            job.lease_held = False
+            log.warning("%s: lease lost while running; its result will be refused", job.job_key)
 
 
 async def conclude(

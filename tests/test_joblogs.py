@@ -58,3 +58,30 @@ async def test_logs_of_a_short_job_come_from_its_result(node_factory):
         await alice.client.wait_results(msg, timeout_s=20)
         pairs = [p async for p in alice.client.job_logs(1, msg.job[0].key, follow=True)]
     assert pairs == [("stdout", "quick\n"), ("stderr", "err\n")]
+
+
+async def test_a_job_longer_than_its_lease_keeps_it_and_its_slot_logs_are_reused(
+    node_factory, monkeypatch
+):
+    """The slot's watcher renews the lease of a job that outlives LEASE_TTL_MS (without it the
+    result would be refused as stale), and the next job on that slot starts with clean output
+    files."""
+    from node import runner
+
+    monkeypatch.setattr(runner, "LEASE_TTL_MS", 600)
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.15)
+    alice = await node_factory("alice", runners={"python": 1})
+    actor = read_key_file(alice.config.actor_key_path)
+
+    async def run(script: str) -> str:
+        msg = await alice.client.submit_job(
+            actor, 1, to=alice.node_id, context_id=1, script_type="python", script=script
+        )
+        with trio.fail_after(20):
+            [result] = await alice.client.wait_results(msg, timeout_s=20)
+        assert result.ok, result.reason
+        return result.stdout
+
+    # a refused (stale) result would never reach the client: wait_results would time out
+    assert await run("import time\nprint('long')\ntime.sleep(1.5)") == "long\n"
+    assert await run("print('next')") == "next\n"
