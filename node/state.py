@@ -43,7 +43,8 @@ class NodeState:
     # jobs running in this process, by job key: cancelling the scope stops the script
     running: dict[str, trio.CancelScope] = field(default_factory=dict)
     stop_reasons: dict[str, str] = field(default_factory=dict)
-    _job_taken: trio.Event = field(default_factory=trio.Event)
+    jobs_taken: int = 0  # by this node's runner slots, since start
+    _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 
     def stop_intake(self) -> None:
@@ -93,13 +94,25 @@ class NodeState:
         scope.cancel()
         return True
 
-    def job_taken_event(self) -> trio.Event:
-        """Set the next time a runner of this node takes a job (supervisor backpressure)."""
-        return self._job_taken
+    async def wait_jobs_taken(self, count: int) -> None:
+        """Until this node's runner slots have taken ``count`` more jobs (supervisor
+        backpressure: one wake-up for the lot, not one per job)."""
+        event = trio.Event()
+        self._taken_waiters.append((self.jobs_taken + count, event))
+        try:
+            await event.wait()
+        finally:
+            if not event.is_set():  # cancelled (timeout): forget the waiter
+                self._taken_waiters[:] = [w for w in self._taken_waiters if w[1] is not event]
 
     def job_taken(self) -> None:
-        self._job_taken.set()
-        self._job_taken = trio.Event()
+        self.jobs_taken += 1
+        if self._taken_waiters:
+            due = [w for w in self._taken_waiters if w[0] <= self.jobs_taken]
+            if due:
+                for _, event in due:
+                    event.set()
+                self._taken_waiters[:] = [w for w in self._taken_waiters if not w[1].is_set()]
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

@@ -77,17 +77,19 @@ async def handle_batch(
 async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> None:
     """Materialise no further ahead of the runners than HIGH_WATER queued jobs per type: a deep
     msg_out backlog then costs the runners nothing while they work (it waits, unverified, in
-    msg_out). Woken when a runner takes a job; re-checked at least every second (runners of
-    other processes, e.g. external ones, do not wake it). Never waits more than
-    BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to route back,
-    stops) are delayed by at most that while this node's runners are saturated."""
+    msg_out). When the queue is at the mark, wait until this node's runners have taken enough
+    for a whole batch to fit (one wake-up and one LLEN per batch, not per job); re-checked at
+    least every second (runners of other processes, e.g. external ones, take jobs too). Never
+    waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
+    route back, stops) are delayed by at most that while this node's runners are saturated."""
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
             depths = [await node.store.llen(ctx, keys.queue(t)) for t in script_types]
-            if max(depths, default=0) < HIGH_WATER:
+            depth = max(depths, default=0)
+            if depth < HIGH_WATER:
                 return
             with trio.move_on_after(1.0):
-                await node.job_taken_event().wait()
+                await node.wait_jobs_taken(depth - (HIGH_WATER - BATCH))
 
 
 async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
