@@ -44,10 +44,14 @@ async def run_supervisor(
     await node.store.recover(ctx, inflight, keys.MSG_OUT)
     task_status.started()
     while True:
-        first = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
-        if first is None:
-            continue
-        batch = [first, *await node.store.pop_batch(ctx, keys.MSG_OUT, inflight, BATCH - 1)]
+        # What is already queued, in one batch; only when msg_out is empty a blocking pop,
+        # whose message is handled at once (no second round trip on the latency path).
+        batch = await node.store.pop_batch(ctx, keys.MSG_OUT, inflight, BATCH)
+        if not batch:
+            first = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
+            if first is None:
+                continue
+            batch = [first]
         await handle_batch(node, ctx, batch, script_types, inflight)
 
 
