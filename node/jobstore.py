@@ -249,14 +249,15 @@ async def finish_local(
     return await _with_next(store, ctx, (_FINISH_LOCAL, key_list, args), inflight, take_next)
 
 
-@dataclass(frozen=True)
+@dataclass
 class NextJob:
     """Where a runner takes its next job from (its lists, in consume order), and how it names
-    its lease."""
+    its lease. ``found_empty`` is set when the take found every list empty."""
 
     lists: tuple[str, ...]
     token_base: str
     ttl_ms: int
+    found_empty: bool = False
 
 
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
@@ -275,6 +276,7 @@ async def _with_next(
     nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
     done, nxt = await store.scripts(ctx, [finish_call, (_TAKE_NEXT, nxt_keys, nxt_args)])
     if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
+        take_next.found_empty = not nxt
         return bool(done), None
     flat = [str(x) for x in nxt[1:]]
     return bool(done), (str(nxt[0]), dict(zip(flat[::2], flat[1::2], strict=True)))

@@ -95,7 +95,13 @@ async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> 
 
 
 async def pop_slot(
-    store: Store, ctx: int, lists: list[str], inflight: str, timeout_s: float
+    store: Store,
+    ctx: int,
+    lists: list[str],
+    inflight: str,
+    timeout_s: float,
+    *,
+    check_first: bool = True,
 ) -> str | None:
     """A slot's reliable pop over several lists: :func:`pop_first`, and only when all are
     empty a blocking BLMOVE on the type queue (``lists`` holds it; the plain, busiest list).
@@ -103,10 +109,12 @@ async def pop_slot(
     Trade-off: BLMPOP waits on many lists but loses the entry if the node dies between its pop
     and the in-flight push, and Lua cannot block; so the wait is on one list. A job arriving
     on another list (a priority or targeted queue) while every slot of its type idles is taken
-    at the next wake-up: the next job on the type queue, or ``timeout_s``. Raises StoreError.
+    at the next wake-up: the next job on the type queue, or ``timeout_s``. ``check_first=False``
+    skips :func:`pop_first` when the caller has just found every list empty. Raises StoreError.
     """
-    found = await pop_first(store, ctx, lists, inflight)
-    if found is not None:
-        return found
+    if check_first:
+        found = await pop_first(store, ctx, lists, inflight)
+        if found is not None:
+            return found
     base = next((q for q in lists if q.count(":") == 1), lists[0])
     return await store.pop_reliable(ctx, base, inflight, timeout_s)

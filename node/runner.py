@@ -92,6 +92,7 @@ async def run_runner(
     )
     pops = 0
     started: jobstore.Started | None = None
+    found_empty = False
     watch = SlotWatch(node, ctx, log_paths(node, f"{ctx}-{slot_id}"))
     try:
         async with trio.open_nursery() as nursery:
@@ -101,7 +102,8 @@ async def run_runner(
                 lists = queues.consume_order(bases, pops)
                 take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
                 if started is None:
-                    job_key = await _pop(node, ctx, lists, inflight)
+                    job_key = await _pop(node, ctx, lists, inflight, check_first=not found_empty)
+                    found_empty = False
                     if job_key is None:
                         continue
                     fields = None
@@ -115,6 +117,7 @@ async def run_runner(
                     )
                 finally:
                     node.job_ended()
+                found_empty = take_next.found_empty  # no need to look again before blocking
             nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
@@ -127,13 +130,17 @@ async def run_runner(
                 await worker.close()
 
 
-async def _pop(node: NodeState, ctx: int, lists: list[str], inflight: str) -> str | None:
+async def _pop(
+    node: NodeState, ctx: int, lists: list[str], inflight: str, *, check_first: bool = True
+) -> str | None:
     """A slot's reliable pop over its lists (node/queues.py) that shutdown can interrupt (see
-    NodeState.stop_intake)."""
+    NodeState.stop_intake). ``check_first=False``: the lists were just found empty, block."""
     with trio.CancelScope() as scope:
         node.intake.add(scope)
         try:
-            return await queues.pop_slot(node.store, ctx, lists, inflight, POP_TIMEOUT_S)
+            return await queues.pop_slot(
+                node.store, ctx, lists, inflight, POP_TIMEOUT_S, check_first=check_first
+            )
         finally:
             node.intake.discard(scope)
     return None
