@@ -23,6 +23,7 @@ from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
 from bus.verify import judge
 from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
+from node.materialise import REPLAY_WHAT, JobWrite, materialise_batch
 from node.messages import Rejected, apply_result, parse_message, queue_result, reject
 from node.queues import target_queue
 from node.state import NodeState
@@ -131,11 +132,6 @@ async def handle_incoming(
     return True
 
 
-def replay_markers(message: Message) -> list[str]:
-    """The keys whose existence means ``message`` (its key, or its nonce) was accepted before."""
-    return [keys.seen(message.key), keys.nonce(message.caller_id, message.nonce or "-")]
-
-
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     """Rejected('replay') for a message key or nonce accepted within the freshness window."""
     nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
@@ -170,35 +166,22 @@ async def materialise_fresh(
     inflight: str,
     service: str,
 ) -> None:
-    """Materialise a batch of authorised job messages: one replay check for all of them (a
-    replay is refused and dead-lettered), then one transaction for the rest."""
-    found = await node.store.exists_many(ctx, [m for msg in messages for m in replay_markers(msg)])
-    fresh: list[Message] = []
-    taken: set[str] = set()  # markers of this batch's fresh messages: a batch can hold a replay
-    for i, message in enumerate(messages):
-        seen_key = found[2 * i] or keys.seen(message.key) in taken
-        seen_nonce = found[2 * i + 1] or (
-            bool(message.nonce) and replay_markers(message)[1] in taken
-        )
-        if not (seen_key or seen_nonce):
-            taken.update(replay_markers(message))
-        if seen_key or seen_nonce:
-            what = "message key" if seen_key else "nonce"
-            replay = Rejected("replay", f"{what} of {message.key} was already accepted")
-            queue = keys.MSG_IN if service == SERVICE else keys.MSG_OUT
-            await reject(node, ctx, message.key, replay, message, service, queue=queue)
-            await node.store.ack(ctx, inflight, message.key)
-        else:
-            fresh.append(message)
-    if fresh:
-        await materialise_many(node, ctx, fresh, script_types, inflight)
+    """Materialise a batch of authorised job messages in one atomic step (node/materialise.py);
+    a replay (its key or nonce accepted before, or earlier in this batch) is refused and
+    dead-lettered."""
+    replays = await materialise_many(node, ctx, messages, script_types, inflight)
+    for message, what in replays:
+        replay = Rejected("replay", f"{what} of {message.key} was already accepted")
+        queue = keys.MSG_IN if service == SERVICE else keys.MSG_OUT
+        await reject(node, ctx, message.key, replay, message, service, queue=queue)
+        await node.store.ack(ctx, inflight, message.key)
 
 
 async def materialise(
     node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
 ) -> None:
     """Create each job hash and queue it, atomically with the replay markers and the ack."""
-    await materialise_many(node, ctx, [message], script_types, inflight)
+    await materialise_fresh(node, ctx, [message], script_types, inflight, SERVICE)
 
 
 async def materialise_many(
@@ -207,30 +190,42 @@ async def materialise_many(
     messages: list[Message],
     script_types: Collection[str],
     inflight: str,
-) -> None:
-    """:func:`materialise` for a batch of checked messages, in one transaction."""
-    stamp = str(now())
+) -> list[tuple[Message, str]]:
+    """Write the jobs of checked messages, their queue entries, the message status, the replay
+    markers and the ack, in one Lua call; returns the replays (message, what was seen), for
+    which nothing was written."""
+    stamp = now()
     unknown: list[tuple[Message, RunnerJob]] = []
-    async with node.store.transaction(ctx) as tx:
-        for message in messages:
-            for job in message.job:
-                fields = job.to_hash() | {
-                    "status": JobStatus.DISPATCHED.value,
-                    "created_at": stamp,
-                    "updated_at": stamp,
-                    "message_key": message.key,
-                    "origin": message.origin,
-                }
-                if job.script_type in script_types:
-                    tx.lpush(target_queue(job), [job.key])  # node/queues.py
-                else:
-                    fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
-                    unknown.append((message, job))
-                tx.hset(job.key, fields)
-            tx.hset(message.key, {"status": MessageStatus.ACKNOWLEDGED.value, "updated_at": stamp})
-            mark_accepted(tx, node, message, inflight)
-    node.count("materialised", sum(len(m.job) for m in messages))
+    batch: list[tuple[Message, list[JobWrite]]] = []
+    for message in messages:
+        writes = []
+        for job in message.job:
+            fields = job.to_hash() | {
+                "status": JobStatus.DISPATCHED.value,
+                "created_at": str(stamp),
+                "updated_at": str(stamp),
+                "message_key": message.key,
+                "origin": message.origin,
+            }
+            queue = ""
+            if job.script_type in script_types:
+                queue = target_queue(job)  # node/queues.py
+            else:
+                fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
+                unknown.append((message, job))
+            writes.append(JobWrite(job.key, queue, fields))
+        batch.append((message, writes))
+    codes = await materialise_batch(
+        node.store, ctx, inflight, batch, now=stamp, window_s=node.freshness.window_s
+    )
+    replays = [(m, REPLAY_WHAT[c]) for m, c in zip(messages, codes, strict=True) if c]
+    node.count(
+        "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
+    )
+    refused = {m.key for m, _ in replays}
     for message, job in unknown:
+        if message.key in refused:
+            continue
         detail = (
             f"unknown_script_type: no runner for {job.script_type!r} on this node "
             f"(known: {', '.join(sorted(script_types))})"
@@ -239,6 +234,7 @@ async def materialise_many(
         await queue_result(
             node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
         )
+    return replays
 
 
 async def _accept_result(node: NodeState, ctx: int, message: Message, inflight: str) -> None:

@@ -99,3 +99,24 @@ async def test_stale_and_future_messages_are_refused(node_factory):
     assert future.reason.startswith("from_future")
     reasons = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
     assert reasons == {old.key: "expired", ahead.key: "from_future"}
+
+
+async def test_the_same_message_twice_in_one_pop_runs_once(node_factory, tmp_path):
+    """Both copies are popped together (msg_out and msg_in): the replay check and the writes
+    are one atomic step per batch, so the second copy is refused, not materialised again."""
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    runs = tmp_path / "runs"
+    script = f"open({str(runs)!r}, 'a').write('run\\n')"
+    for queue in (keys.MSG_OUT, keys.MSG_IN):
+        msg = job_message(actor, 1, alice.node_id, alice.node_id, script)
+        async with alice.store.transaction(1) as tx:
+            tx.hset(msg.key, msg.to_hash())
+            tx.lpush(queue, [msg.key, msg.key])
+        assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
+        with trio.fail_after(20):
+            [result] = await alice.client.wait_results(msg, timeout_s=20)
+        assert result.ok
+        entries = [e for e in await alice.store.dead_letters(1) if e["key"] == msg.key]
+        assert [e["reason"] for e in entries] == ["replay"]
+    assert runs.read_text() == "run\nrun\n"  # each message ran exactly once
