@@ -1,8 +1,11 @@
 """Transport frames: JSON objects with a type tag ``t``, decoded strictly. Pure, no I/O.
 
 Handshake frames: ``hello`` (both sides), ``auth`` (initiator), ``welcome`` (responder).
-Data frames: ``msg`` (a message hash for a context), ``ack`` (it is stored and queued),
-``nack`` (refused, with a reason; the sender dead-letters it instead of retrying forever).
+Data frames: ``msgs`` (up to :data:`MAX_BATCH` message hashes, each for a context: whatever
+the sender had ready, never held back to fill a batch) answered by one ``acks`` (the keys stored
+and queued, and the ``nacks``: keys refused, each with a reason; the sender dead-letters those
+instead of retrying forever). The one-message forms ``msg``, ``ack`` and ``nack`` are still
+understood (a ``msg`` is answered with ``acks`` too).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from bus.errors import FrameError
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_BATCH = 256  # messages in one msgs frame, keys in one acks frame (acks + nacks)
 
 _REQUIRED: dict[str, dict[str, type]] = {
     "hello": {"v": int, "node": str, "nonce": str},
@@ -23,7 +27,17 @@ _REQUIRED: dict[str, dict[str, type]] = {
     "msg": {"ctx": int, "key": str, "fields": dict},
     "ack": {"ctx": int, "key": str},
     "nack": {"ctx": int, "key": str, "reason": str},
+    "msgs": {"msgs": list},
+    "acks": {"acks": list, "nacks": list},
 }
+# The items of the list fields of batch frames. A msgs item's ``fields`` is only checked to be
+# an object here: fields that are not all strings make that one message refused (nacked), not
+# the whole frame.
+_ITEMS: dict[str, dict[str, dict[str, type]]] = {
+    "msgs": {"msgs": {"ctx": int, "key": str, "fields": dict}},
+    "acks": {"acks": {"ctx": int, "key": str}, "nacks": {"ctx": int, "key": str, "reason": str}},
+}
+_MSGS_HEAD, _MSGS_TAIL = '{"t":"msgs","msgs":[', "]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +50,26 @@ def encode_frame(frame_type: str, **body: Any) -> str:  # noqa: ANN401
     if frame_type not in _REQUIRED:
         raise FrameError(f"unknown frame type {frame_type!r}")
     return json.dumps({"t": frame_type, **body}, separators=(",", ":"))
+
+
+def encode_msg_item(ctx: int, key: str, fields: Mapping[str, str]) -> str:
+    """One message of a ``msgs`` frame, encoded once: the sender sizes batches by its length
+    (ASCII: ``json.dumps`` escapes everything else, so characters are bytes)."""
+    return json.dumps({"ctx": ctx, "key": key, "fields": fields}, separators=(",", ":"))
+
+
+def msgs_frame_size(item_sizes: int, count: int) -> int:
+    """Bytes of the ``msgs`` frame holding ``count`` encoded items of ``item_sizes`` in all."""
+    return len(_MSGS_HEAD) + item_sizes + max(count - 1, 0) + len(_MSGS_TAIL)
+
+
+def encode_msgs(items: list[str]) -> str:
+    """A ``msgs`` frame from items made by :func:`encode_msg_item`."""
+    return _MSGS_HEAD + ",".join(items) + _MSGS_TAIL
+
+
+def fields_are_strings(fields: Mapping[Any, Any]) -> bool:
+    return all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items())
 
 
 def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Frame:
@@ -63,15 +97,34 @@ def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) ->
     frame_type = obj.get("t")
     if not isinstance(frame_type, str) or frame_type not in _REQUIRED:
         raise FrameError(f"unknown frame type {str(frame_type)[:40]!r}")
-    for name, kind in _REQUIRED[frame_type].items():
+    _check_fields(f"{frame_type} frame", obj, _REQUIRED[frame_type])
+    if frame_type == "msg" and not fields_are_strings(obj["fields"]):
+        raise FrameError("msg frame: fields must map strings to strings")
+    if frame_type in _ITEMS:
+        _check_items(frame_type, obj)
+    return Frame(frame_type, obj)
+
+
+def _check_fields(what: str, obj: Mapping[str, Any], required: dict[str, type]) -> None:
+    for name, kind in required.items():
         value = obj.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise FrameError(f"{frame_type} frame: field {name!r} missing or not {kind.__name__}")
-    if frame_type == "msg" and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in obj["fields"].items()
-    ):
-        raise FrameError("msg frame: fields must map strings to strings")
-    return Frame(frame_type, obj)
+            raise FrameError(f"{what}: field {name!r} missing or not {kind.__name__}")
+
+
+def _check_items(frame_type: str, obj: Mapping[str, Any]) -> None:
+    """The list fields of a batch frame: objects with typed fields, at most MAX_BATCH in all."""
+    lists = _ITEMS[frame_type]
+    count = sum(len(obj[name]) for name in lists)
+    if frame_type == "msgs" and count == 0:
+        raise FrameError("msgs frame: no message")
+    if count > MAX_BATCH:
+        raise FrameError(f"{frame_type} frame: {count} items, more than {MAX_BATCH}")
+    for name, required in lists.items():
+        for i, item in enumerate(obj[name]):
+            if not isinstance(item, dict):
+                raise FrameError(f"{frame_type} frame: {name}[{i}] is not an object")
+            _check_fields(f"{frame_type} frame, {name}[{i}]", item, required)
 
 
 def _has_surrogate(value: object) -> bool:

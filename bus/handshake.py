@@ -20,7 +20,9 @@ from bus.errors import HandshakeError
 from crypto import KeyPair, parse_public_key, sign_object, verify_object
 from crypto.errors import KeyFormatError
 
-PROTOCOL_VERSION = 1
+# 2: data travels in batch frames (``msgs`` answered by ``acks``, see bus/frames.py), which a v1
+# node would take for bad frames and never acknowledge: the versions refuse each other at once.
+PROTOCOL_VERSION = 2
 DOMAIN = "handshake"
 NONCE_BYTES = 32
 

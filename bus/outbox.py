@@ -3,20 +3,21 @@
 An entry ``<context id>|<message key>`` waits in ``outbox:<peer>`` (DB 0) until a link is up,
 moves to ``outbox:<peer>:inflight`` when sent, and is removed only when the peer acks it (after
 it stored the message and queued it). When a link drops, unacked entries go back to the outbox
-and are resent; the receiver's idempotent delivery makes a resend harmless.
+and are resent; the receiver's idempotent delivery makes a resend harmless. Messages travel in
+``msgs`` frames of whatever the outbox held when popped, each answered by one ``acks`` frame.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NoReturn
 
 import trio
 
 from bus import keys
 from bus.errors import TransportError
-from bus.frames import encode_frame
+from bus.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
 from bus.store import Store
 from bus.transport import Link, Transport
 
@@ -43,25 +44,36 @@ async def enqueue(store: Store, peer_id: str, context_id: int, message_key: str)
 Undeliverable = Callable[[int, str, str], Awaitable[None]]
 
 
+async def remove_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
+    """Drop acknowledged entries from ``peer_id``'s in-flight list (one round trip); how many
+    were there."""
+    if not entries:
+        return 0
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
+    return sum([int(await p) for p in pending])
+
+
 class Window:
-    """At most ``size`` unacknowledged frames on a link; each ack opens a place again."""
+    """At most ``size`` unacknowledged messages on a link; each ack opens a place again."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.unacked = 0
         self._opened = trio.Event()
 
-    async def acquire(self, ack_timeout_s: float) -> None:
-        """Wait for a place; TransportError if the peer acks nothing for ``ack_timeout_s``."""
-        while self.unacked >= self.size:
+    async def acquire(self, count: int, ack_timeout_s: float) -> None:
+        """Wait for ``count`` places (at most ``size``); TransportError if the peer acks
+        nothing for ``ack_timeout_s`` while the window is too full."""
+        while self.unacked > self.size - min(count, self.size):
             with trio.move_on_after(ack_timeout_s) as waited:
                 await self._opened.wait()
             if waited.cancelled_caught:
                 raise TransportError(f"no ack for {ack_timeout_s:g} s with a full window")
-        self.unacked += 1
+        self.unacked += count
 
-    def release(self) -> None:
-        self.unacked = max(0, self.unacked - 1)
+    def release(self, count: int = 1) -> None:
+        self.unacked = max(0, self.unacked - count)
         self._opened.set()
         self._opened = trio.Event()
 
@@ -90,10 +102,11 @@ class PeerOutbox:
         self.ack_timeout_s = ack_timeout_s
         self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
 
-    async def acked(self, context_id: int, message_key: str) -> None:
-        """The peer stored and queued the message (or refused it): it leaves the outbox."""
-        await self.store.ack(keys.ACTORS_DB, self.inflight, entry(context_id, message_key))
-        self.window.release()
+    async def acked(self, entries: Sequence[str]) -> None:
+        """The peer stored and queued these messages (or refused them): they leave the outbox,
+        and the window opens by as many as were in flight (one round trip for a whole acks
+        frame)."""
+        self.window.release(await remove_inflight(self.store, self.peer_id, entries))
 
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -114,6 +127,8 @@ class PeerOutbox:
                 await link.close()
 
     async def _pump(self, link: Link) -> None:
+        """Send what the outbox holds in ``msgs`` frames: each batch popped is what was queued
+        at that moment (nothing waits for a batch to fill), split by count and bytes."""
         while not link.closed.is_set():
             value = await self.store.pop_reliable(
                 keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
@@ -124,9 +139,10 @@ class PeerOutbox:
                 value,
                 *await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH - 1),
             ]
-            for item, fields in await self._load(batch):
-                await self.window.acquire(self.ack_timeout_s)
-                await self._send(link, item, fields)
+            items = await self._encode(await self._load(batch))
+            for chunk in self._chunks(items):
+                await self.window.acquire(len(chunk), self.ack_timeout_s)
+                await link.send_raw(encode_msgs(chunk))
 
     async def _load(self, batch: list[str]) -> list[tuple[str, dict[str, str] | None]]:
         """The message hashes of a batch of entries, one pipelined read per context."""
@@ -143,29 +159,56 @@ class PeerOutbox:
             found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
         return [(item, found.get(item)) for item in batch]
 
-    async def _send(self, link: Link, item: str, fields: dict[str, str] | None) -> None:
+    async def _encode(self, loaded: list[tuple[str, dict[str, str] | None]]) -> list[str]:
+        """The ``msgs`` items of the entries that can be sent; the others leave the outbox."""
+        items: list[str] = []
+        for value, fields in loaded:
+            item = await self._encode_one(value, fields)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def _encode_one(self, value: str, fields: dict[str, str] | None) -> str | None:
         try:
-            ctx, key = parse_entry(item)
+            ctx, key = parse_entry(value)
         except ValueError:
-            log.error("dropping malformed outbox entry %r", item)
-            await self._drop(item)
-            return
+            log.error("dropping malformed outbox entry %r", value)
+            await self._drop(value)
+            return None
         if not fields:
             log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
-            await self._drop(item)
-            return
+            await self._drop(value)
+            return None
         if fields.get("status") == "error":  # failed meanwhile (e.g. timeout_ack): withdrawn
             log.info("outbox entry %s (context %d) failed meanwhile; not sent", key, ctx)
-            await self._drop(item)
-            return
-        frame = encode_frame("msg", ctx=ctx, key=key, fields=fields)
-        if len(frame.encode()) > self.transport.config.max_frame_bytes:
-            await self._drop(item)
-            limit = self.transport.config.max_frame_bytes
+            await self._drop(value)
+            return None
+        item = encode_msg_item(ctx, key, fields)
+        limit = self.transport.config.max_frame_bytes
+        if msgs_frame_size(len(item), 1) > limit:
+            await self._drop(value)
             await self.on_undeliverable(ctx, key, f"oversize: the message exceeds {limit} bytes")
-            return
-        await link.send_raw(frame)
+            return None
+        return item
 
-    async def _drop(self, item: str) -> None:
-        await self.store.ack(keys.ACTORS_DB, self.inflight, item)
-        self.window.release()
+    def _chunks(self, items: list[str]) -> list[list[str]]:
+        """Consecutive runs of ``items`` that each fit one frame (bytes) and the window."""
+        most = min(MAX_BATCH, self.window.size)
+        limit = self.transport.config.max_frame_bytes
+        chunks: list[list[str]] = []
+        current: list[str] = []
+        size = 0
+        for item in items:
+            if current and (
+                len(current) >= most or msgs_frame_size(size + len(item), len(current) + 1) > limit
+            ):
+                chunks.append(current)
+                current, size = [], 0
+            current.append(item)
+            size += len(item)
+        if current:
+            chunks.append(current)
+        return chunks
+
+    async def _drop(self, value: str) -> None:
+        await self.store.ack(keys.ACTORS_DB, self.inflight, value)

@@ -1,11 +1,21 @@
-"""What a node does with the frames its links carry (the transport only authenticates)."""
+"""What a node does with the frames its links carry (the transport only authenticates).
+
+Messages arrive in batches (``msgs`` frames): each is checked on its own, the acceptable ones
+are stored and queued together (one pipeline per context) and the whole batch is answered with
+one ``acks`` frame, where a refused message is a nack with its reason. Acks are applied the same
+way: one round trip for the outbox, one per context for the messages' status.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coredis.commands.script import Script
 
 from bus import keys, outbox
-from bus.frames import Frame
+from bus.frames import Frame, fields_are_strings
 from bus.ids import now
 from bus.models import MessageStatus
 from bus.transport import Link
@@ -14,7 +24,22 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-_ACK_LUA = """
+# KEYS: message msg_in ; ARGV: the hash's fields and values. Store the hash and queue its key
+# only if the key is new, so a redelivered message is acknowledged again but stored and queued
+# once. Returns 1 if stored, 0 if it was already there. (Store.deliver's script, as a Script so
+# that a whole batch runs as pipelined EVALSHAs.)
+_DELIVER = Script(
+    script="""
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+redis.call('LPUSH', KEYS[2], KEYS[1])
+return 1
+"""
+)
+
+# KEYS: message ; ARGV: now peer. Only the peer the message was sent to can acknowledge it.
+_ACK = Script(
+    script="""
 if redis.call('HGET', KEYS[1], 'destination') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
 if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
@@ -22,6 +47,9 @@ if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
 end
 return 1
 """
+)
+
+Item = tuple[int, str, Mapping[str, Any]]  # context, message key, fields (as received)
 
 
 class LinkHandler:
@@ -33,12 +61,17 @@ class LinkHandler:
 
     async def on_frame(self, link: Link, frame: Frame) -> None:
         body = frame.body
-        if frame.type == "msg":
-            await self._deliver(link, body["ctx"], body["key"], dict(body["fields"]))
+        if frame.type == "msgs":
+            await self._deliver(link, [(m["ctx"], m["key"], m["fields"]) for m in body["msgs"]])
+        elif frame.type == "msg":
+            await self._deliver(link, [(body["ctx"], body["key"], body["fields"])])
+        elif frame.type == "acks":
+            nacks = [(n["ctx"], n["key"], n["reason"]) for n in body["nacks"]]
+            await self._answered(link, [(a["ctx"], a["key"]) for a in body["acks"]], nacks)
         elif frame.type == "ack":
-            await self._acked(link, body["ctx"], body["key"])
+            await self._answered(link, [(body["ctx"], body["key"])], [])
         elif frame.type == "nack":
-            await self._nacked(link, body["ctx"], body["key"], body["reason"])
+            await self._answered(link, [], [(body["ctx"], body["key"], body["reason"])])
         else:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 
@@ -49,28 +82,59 @@ class LinkHandler:
             keys.ACTORS_DB, f"link:{link.peer_id}", "bad_frame", detail
         )
 
-    async def _deliver(self, link: Link, ctx: int, key: str, fields: dict[str, str]) -> None:
-        """Store the message and queue it on ``msg_in`` before acknowledging it."""
-        reason = await self._check_delivery(ctx, key, fields)
-        if reason:
-            log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
-            await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
-            link.post("nack", ctx=ctx, key=key, reason=reason)
-            return
+    # -- receiving messages ----------------------------------------------------------------------
+
+    async def _deliver(self, link: Link, items: Sequence[Item]) -> None:
+        """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
+        ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
+        (posted, never sent from the reader: see :meth:`bus.transport.Link.post`). A refused
+        message is dead-lettered and nacked; the others of its batch are delivered."""
         stamp = str(now())
-        fields |= {
+        extra = {
             "status": MessageStatus.DISPATCHED.value,
             "logs": "[]",
             "updated_at": stamp,
             "received_at": stamp,
         }
-        fresh = await self.node.store.deliver(ctx, key, fields, keys.MSG_IN)
-        self.node.count("delivered" if fresh else "redelivered")
-        link.post("ack", ctx=ctx, key=key)
+        nacks: list[dict[str, object]] = []
+        by_ctx: dict[int, list[tuple[str, dict[str, str]]]] = {}
+        known: dict[int, bool] = {}
+        for ctx, key, fields in items:
+            reason = await self._check_delivery(ctx, key, fields, known)
+            if reason:
+                log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
+                await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
+                nacks.append({"ctx": ctx, "key": key, "reason": reason})
+            else:
+                by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
+        acks: list[dict[str, object]] = []
+        for ctx, group in by_ctx.items():
+            calls = [
+                (_DELIVER, [key, keys.MSG_IN], [x for kv in fields.items() for x in kv])
+                for key, fields in group
+            ]
+            fresh = sum(1 for stored in await self.node.store.scripts(ctx, calls) if stored)
+            self._count("delivered", fresh)
+            self._count("redelivered", len(group) - fresh)
+            acks.extend({"ctx": ctx, "key": key} for key, _ in group)
+        link.post("acks", acks=acks, nacks=nacks)
 
-    async def _check_delivery(self, ctx: int, key: str, fields: dict[str, str]) -> str:
-        if ctx not in self.contexts and not await self._registered(ctx):
-            return f"unknown_context: context {ctx} does not exist on this node"
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.node.count(name, n)
+
+    async def _check_delivery(
+        self, ctx: int, key: str, fields: Mapping[str, Any], known: dict[int, bool]
+    ) -> str:
+        """Why a message cannot be delivered ("" if it can); ``known`` memoises, for one batch,
+        whether a context this node does not serve yet is registered."""
+        if ctx not in self.contexts:
+            if ctx not in known:
+                known[ctx] = await self._registered(ctx)
+            if not known[ctx]:
+                return f"unknown_context: context {ctx} does not exist on this node"
+        if not fields_are_strings(fields):
+            return "malformed: message fields must map strings to strings"
         try:
             caller, ident = keys.parse_message_key(key)
         except ValueError:
@@ -83,32 +147,51 @@ class LinkHandler:
 
     async def _registered(self, ctx: int) -> bool:
         """A context registered but not yet picked up by the registry watcher still counts."""
-        if not 0 < ctx < self.node.config.valkey_databases:
+        if not self._valid_db(ctx):
             return False
         found = await self.node.store.call(
             keys.ACTORS_DB, lambda r: r.sismember(keys.CONTEXTS, str(ctx))
         )
         return bool(found)
 
-    async def _outbox_acked(self, link: Link, ctx: int, key: str) -> None:
+    def _valid_db(self, ctx: int) -> bool:
+        return 0 < ctx < self.node.config.valkey_databases
+
+    # -- answers to what we sent -----------------------------------------------------------------
+
+    async def _answered(
+        self, link: Link, acks: Sequence[tuple[int, str]], nacks: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """The peer's answer to messages we sent: all of them leave the outbox (one round
+        trip), the acked ones are marked acknowledged (one round trip per context) and each
+        refused one is failed with the peer's reason."""
+        answered = [outbox.entry(ctx, key) for ctx, key in acks]
+        answered += [outbox.entry(ctx, key) for ctx, key, _ in nacks]
         box = self.node.outboxes.get(link.peer_id)
         if box is not None:
-            await box.acked(ctx, key)
+            await box.acked(answered)
         else:  # the peer registered a moment ago; its outbox task is starting
-            entry = outbox.entry(ctx, key)
-            await self.node.store.ack(keys.ACTORS_DB, keys.outbox_inflight(link.peer_id), entry)
+            await outbox.remove_inflight(self.node.store, link.peer_id, answered)
+        await self._mark_acked(link, acks)
+        for ctx, key, reason in nacks:
+            await self._nacked(link, ctx, key, reason)
 
-    async def _acked(self, link: Link, ctx: int, key: str) -> None:
-        await self._outbox_acked(link, ctx, key)
+    async def _mark_acked(self, link: Link, acks: Sequence[tuple[int, str]]) -> None:
         args = [str(now()), link.peer_id]
-        await self.node.store.call(ctx, lambda r: r.eval(_ACK_LUA, [key], args))
+        by_ctx: dict[int, list[str]] = {}
+        for ctx, key in acks:
+            if self._valid_db(ctx):  # we never sent anything else: no need to ask Redis
+                by_ctx.setdefault(ctx, []).append(key)
+        for ctx, message_keys in by_ctx.items():
+            await self.node.store.scripts(ctx, [(_ACK, [key], args) for key in message_keys])
 
     async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
-        await self._outbox_acked(link, ctx, key)
-        try:
-            message = await load_message(self.node, ctx, key)
-        except Rejected:
-            message = None
+        message = None
+        if self._valid_db(ctx):
+            try:
+                message = await load_message(self.node, ctx, key)
+            except Rejected:
+                pass
         if message is None or message.destination != link.peer_id:
             log.warning(
                 "nack for %s from %s…, which it was not sent to; ignored", key, link.peer_id[:16]

@@ -446,6 +446,16 @@ class Peer:
     async def on_bad_frame(self, link: Link, detail: str) -> None:
         raise AssertionError(f"the node sent a bad frame: {detail}")
 
+    def nacks(self) -> dict[str, str]:
+        """key -> reason of every refusal the node answered with (``acks`` frames' nacks)."""
+        found = {
+            n["key"]: n["reason"] for f in self.frames if f.type == "acks" for n in f.body["nacks"]
+        }
+        return found | {f.body["key"]: f.body["reason"] for f in self.frames if f.type == "nack"}
+
+    def acks(self) -> list[str]:
+        return [a["key"] for f in self.frames if f.type == "acks" for a in f.body["acks"]]
+
     async def wait_frame(self, pred, timeout_s: float = 20) -> Frame:
         """The first frame received (so far or later) that matches ``pred``."""
         with trio.fail_after(timeout_s):
@@ -478,6 +488,13 @@ async def link_of(transport: Transport, node_id: str) -> Link:
         return await transport.wait_link(node_id)
 
 
+def sent_in(frame: Frame) -> list[dict]:
+    """The messages a data frame carries."""
+    return (
+        frame.body["msgs"] if frame.type == "msgs" else [frame.body] if frame.type == "msg" else []
+    )
+
+
 def msg_frame(msg: Message, **override: str) -> str:
     return encode_frame("msg", ctx=msg.context_id, key=msg.key, fields=msg.to_hash() | override)
 
@@ -486,10 +503,10 @@ async def good_message_runs(node, peer: Peer, link: Link, actor: KeyPair, tag: s
     """A good job message over the link is acked, run, and answered (a result frame back)."""
     msg = job_message(actor, 50, peer.key.public_hex, node.node_id, f"print({tag!r})")
     await link.send_raw(msg_frame(msg))
-    frame = await peer.wait_frame(
-        lambda f: f.type == "msg" and f.body["fields"].get("message", "").find(msg.key) >= 0
+    answer = await peer.wait_frame(
+        lambda f: any(m["fields"].get("message", "").find(msg.key) >= 0 for m in sent_in(f))
     )
-    assert frame.body["fields"]["origin"] == node.node_id
+    assert all(m["fields"]["origin"] == node.node_id for m in sent_in(answer))
     job = await node.store.hgetall(1, msg.job[0].key)
     assert job["status"] == "finished"
     assert json.loads(job["result"])["stdout"] == f"{tag}\n"
@@ -565,7 +582,7 @@ async def test_refused_messages_on_an_authenticated_link(node_factory, nursery):
     await link.send_raw(msg_frame(negative_id, timeout="-5"))
     await good_message_runs(alice, peer, link, actor, "after refusals")
 
-    nacks = {f.body["key"]: f.body["reason"] for f in peer.frames if f.type == "nack"}
+    nacks = peer.nacks()
     assert nacks[unknown_ctx.key].startswith("unknown_context")
     assert nacks[mismatch.key].startswith("malformed")
     assert nacks["job:1:2"].startswith("malformed")
@@ -673,9 +690,11 @@ def test_load_message_raises_only_rejected(fields, on_valid):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.sampled_from(["msg", "ack", "nack", "hello", "auth", "welcome"]),
+    st.sampled_from(["msg", "ack", "nack", "hello", "auth", "welcome", "msgs", "acks"]),
     st.dictionaries(
-        st.sampled_from(["ctx", "key", "fields", "reason", "v", "node", "nonce", "sig"]),
+        st.sampled_from(
+            ["ctx", "key", "fields", "reason", "v", "node", "nonce", "sig", "msgs", "acks", "nacks"]
+        ),
         json_values,
         max_size=6,
     ),
@@ -690,6 +709,10 @@ def test_decode_frame_on_typed_bodies(frame_type, body):
     if frame.type == "msg":
         assert isinstance(frame.body["ctx"], int)
         assert all(isinstance(v, str) for v in frame.body["fields"].values())
+    for item in frame.body.get("msgs", []) if frame.type == "msgs" else []:
+        assert isinstance(item["ctx"], int)
+        assert isinstance(item["key"], str)
+        assert isinstance(item["fields"], dict)
 
 
 def test_deep_nesting_raises_only_the_documented_errors():

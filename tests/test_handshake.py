@@ -27,14 +27,18 @@ def test_hello_checks():
     with pytest.raises(HandshakeError) as e:
         hs.check_hello(hello(A), known={B.public_hex})
     assert e.value.reason == "unknown_node"
-    with pytest.raises(HandshakeError) as e:
-        hs.check_hello(hello(A, v=0), known={A.public_hex})
-    assert e.value.reason == "version_mismatch"
+    for old in (0, 1):  # v1 sends single msg frames and cannot read msgs/acks batches
+        with pytest.raises(HandshakeError) as e:
+            hs.check_hello(hello(A, v=old), known={A.public_hex})
+        assert e.value.reason == "version_mismatch"
     with pytest.raises(HandshakeError) as e:
         hs.check_hello(hello(A), known=None, expected=B.public_hex)
     assert e.value.reason == "unexpected_node"
     with pytest.raises(HandshakeError) as e:
-        hs.check_hello({"v": 1, "node": "01" + "00" * 31, "nonce": hs.new_nonce()}, known=None)
+        hs.check_hello(
+            {"v": hs.PROTOCOL_VERSION, "node": "01" + "00" * 31, "nonce": hs.new_nonce()},
+            known=None,
+        )
     assert e.value.reason == "bad_node_id"  # the identity point is no node key
     with pytest.raises(HandshakeError) as e:
         hs.check_hello(hello(A, nonce="ab"), known=None)
@@ -123,7 +127,9 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
     # record a genuine auth from one session...
     n_i = hs.new_nonce()
     async with open_websocket_url(url_b) as ws:
-        await ws.send_message(encode_frame("hello", v=1, node=A.public_hex, nonce=n_i))
+        await ws.send_message(
+            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=A.public_hex, nonce=n_i)
+        )
         answer = await ws.get_message()
         import json
 
@@ -134,7 +140,9 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
     # ...and replay it in a new one: B's fresh nonce makes it worthless
     with trio.fail_after(10):
         async with open_websocket_url(url_b) as ws:
-            await ws.send_message(encode_frame("hello", v=1, node=A.public_hex, nonce=n_i))
+            await ws.send_message(
+                encode_frame("hello", v=hs.PROTOCOL_VERSION, node=A.public_hex, nonce=n_i)
+            )
             await ws.get_message()
             await ws.send_message(encode_frame("auth", sig=old_sig))
             with pytest.raises(ConnectionClosed):
