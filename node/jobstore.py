@@ -263,6 +263,37 @@ class NextJob:
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
+def _then(first: Script[str], second: Script[str]) -> Script[str]:
+    """One script that runs ``first`` then ``second``, each with its own KEYS and ARGV
+    (ARGV[1], ARGV[2]: how many keys and args belong to ``first``); returns both results."""
+    combined = _COMBINED.get((first.sha, second.sha))
+    if combined is None:
+        one, two = (_text(s.script) for s in (first, second))
+        combined = Script(
+            script=f"""
+local function first(KEYS, ARGV)
+{one}
+end
+local function second(KEYS, ARGV)
+{two}
+end
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 3, 2 + na)}})
+local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 3 + na)}})
+return {{r1, r2}}
+"""
+        )
+        _COMBINED[(first.sha, second.sha)] = combined
+    return combined
+
+
+_COMBINED: dict[tuple[str, str], Script[str]] = {}
+
+
+def _text(source: str | bytes) -> str:
+    return source.decode() if isinstance(source, bytes) else source
+
+
 async def _with_next(
     store: Store,
     ctx: int,
@@ -274,7 +305,13 @@ async def _with_next(
         return bool(await store.script(ctx, *finish_call)), None
     nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
     nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
-    done, nxt = await store.scripts(ctx, [finish_call, (_TAKE_NEXT, nxt_keys, nxt_args)])
+    script, f_keys, f_args = finish_call
+    done, nxt = await store.script(
+        ctx,
+        _then(script, _TAKE_NEXT),
+        [*f_keys, *nxt_keys],
+        [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
+    )
     if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
         take_next.found_empty = not nxt
         return bool(done), None
