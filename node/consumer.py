@@ -215,8 +215,15 @@ async def materialise_many(
                 unknown.append((message, job))
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
-    codes = await materialise_batch(
-        node.store, ctx, inflight, batch, now=stamp, window_s=node.freshness.window_s
+    types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
+    codes, node.queue_depth[ctx] = await materialise_batch(
+        node.store,
+        ctx,
+        inflight,
+        batch,
+        now=stamp,
+        window_s=node.freshness.window_s,
+        depth_of=[keys.queue(t) for t in types],
     )
     replays = [(m, REPLAY_WHAT[c]) for m, c in zip(messages, codes, strict=True) if c]
     node.count(

@@ -18,9 +18,10 @@ from bus import keys
 from bus.models import Message
 from bus.store import Store
 
-# KEYS: inflight ; ARGV: batch (JSON) now window_s
+# KEYS: inflight, then the type queues whose depth to report ; ARGV: batch (JSON) now window_s
 # batch: [{key, seen, nonce ("" if none), jobs: [{key, queue ("" = none), fields: [k, v...]}]}]
-# Returns one code per message: 0 materialised, 1 replay of the message key, 2 replay of the nonce.
+# Returns {codes, depth}: one code per message (0 materialised, 1 replay of the message key,
+# 2 replay of the nonce) and the deepest of the reported queues afterwards.
 _MATERIALISE = Script(
     script="""
 local batch = cjson.decode(ARGV[1])
@@ -44,7 +45,9 @@ for i, m in ipairs(batch) do
   end
   out[i] = code
 end
-return out
+local depth = 0
+for i = 2, #KEYS do depth = math.max(depth, redis.call('LLEN', KEYS[i])) end
+return {out, depth}
 """
 )
 
@@ -68,9 +71,11 @@ async def materialise_batch(
     *,
     now: int,
     window_s: int,
-) -> list[int]:
-    """Write each message's jobs unless the message (key or nonce) was accepted before; one
-    code per message: 0 written, 1 or 2 a replay (see REPLAY_WHAT), nothing written for it."""
+    depth_of: list[str],
+) -> tuple[list[int], int]:
+    """Write each message's jobs unless the message (key or nonce) was accepted before. Returns
+    one code per message (0 written; 1 or 2 a replay, see REPLAY_WHAT: nothing written for it)
+    and the depth of the deepest queue of ``depth_of`` afterwards."""
     payload = [
         {
             "key": message.key,
@@ -88,5 +93,5 @@ async def materialise_batch(
         for message, jobs in batch
     ]
     args = [json.dumps(payload), str(now), str(window_s)]
-    codes = await store.script(ctx, _MATERIALISE, [inflight], args)
-    return [int(c) for c in codes]
+    codes, depth = await store.script(ctx, _MATERIALISE, [inflight, *depth_of], args)
+    return [int(c) for c in codes], int(depth)

@@ -44,6 +44,9 @@ class NodeState:
     running: dict[str, trio.CancelScope] = field(default_factory=dict)
     stop_reasons: dict[str, str] = field(default_factory=dict)
     jobs_taken: int = 0  # by this node's runner slots, since start
+    # per context: the deepest type queue as the last materialisation left it (runners have
+    # only shortened it since, unless a retry or another process pushed meanwhile)
+    queue_depth: dict[int, int] = field(default_factory=dict)
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 

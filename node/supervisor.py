@@ -85,11 +85,14 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
     for a whole batch to fit (one wake-up and one LLEN per batch, not per job); re-checked at
     least every second (runners of other processes, e.g. external ones, take jobs too). Never
     waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
-    route back, stops) are delayed by at most that while this node's runners are saturated."""
+    route back, stops) are delayed by at most that while this node's runners are saturated.
+    Far from the mark (as the last materialisation found the queue), it costs no round trip."""
+    if node.queue_depth.get(ctx, 0) < HIGH_WATER:  # no round trip while far from the mark
+        return
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
             depths = [await node.store.llen(ctx, keys.queue(t)) for t in script_types]
-            depth = max(depths, default=0)
+            depth = node.queue_depth[ctx] = max(depths, default=0)
             if depth < HIGH_WATER:
                 return
             with trio.move_on_after(1.0):
