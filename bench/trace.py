@@ -1,0 +1,102 @@
+"""Where one job's time goes, hop by hop: a Valkey MONITOR timeline of a single round trip.
+
+Starts nodes A and B as `bench/run.py` does (embedded Valkey, real link), warms them up, then
+runs one `submit_job` + `wait_results` (local on A, or A -> B with ``--cross``) while a MONITOR
+connection on each node's Valkey records every command with the server's timestamp. Prints the
+commands of that round trip in time order, with the gap since the previous one: a gap is time
+spent outside Valkey (the client or a node service computing, or waking up). Diagnostic only.
+
+    .venv/bin/python bench/trace.py            # local round trip
+    .venv/bin/python bench/trace.py --cross    # A -> B -> A
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import cases, harness  # noqa: E402
+from bus.client import open_client  # noqa: E402
+
+WARM_UP = 30
+WIDTH = 140
+
+
+async def monitor(
+    url: str, label: str, lines: list[tuple[float, str, str]], ready: trio.Event
+) -> None:
+    """Record ``(server time, node label, command)`` for every command the server runs."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    sock = trio.socket.socket()
+    await sock.connect((host, int(port)))
+    await sock.send(b"MONITOR\r\n")
+    ready.set()
+    buffer = b""
+    while True:
+        data = await sock.recv(65536)
+        if not data:
+            return
+        buffer += data
+        *complete, buffer = buffer.split(b"\r\n")
+        for raw in complete:
+            text = raw.decode(errors="replace").lstrip("+")
+            stamp, _, rest = text.partition(" ")
+            try:
+                lines.append((float(stamp), label, rest.split("]", 1)[-1].strip()))
+            except ValueError:
+                continue  # the +OK answering MONITOR itself
+
+
+async def trace(cross: bool) -> None:
+    procs = harness.Procs()
+    base = Path(tempfile.mkdtemp(prefix="hero-trace-"))
+    async with trio.open_nursery() as nursery:
+        try:
+            env = cases.Env(cases.Plan.make(True, 1, None), procs, nursery, base)
+            a, b = await env.get_pair()
+            to = b.node_id if cross else a.node_id
+            async with open_client(a.redis_url) as client:
+                await cases.roundtrips(client, env.actor, to, WARM_UP)
+                lines: list[tuple[float, str, str]] = []
+                for node, label in ((a, "A"), (b, "B")):
+                    ready = trio.Event()
+                    nursery.start_soon(monitor, node.redis_url, label, lines, ready)
+                    await ready.wait()
+                await trio.sleep(0.3)
+                t0 = time.time()
+                [ms] = await cases.roundtrips(client, env.actor, to, 1)
+                t1 = time.time()
+                await trio.sleep(0.2)
+            print(f"{'cross-node' if cross else 'local'} round trip: {ms:.2f} ms\n")
+            print(f"{'t (ms)':>8} {'gap':>7}  node  command")
+            prev = t0
+            for stamp, label, command in sorted(lines):
+                if t0 - 0.0005 <= stamp <= t1 + 0.0005:
+                    print(
+                        f"{(stamp - t0) * 1000:8.3f} {(stamp - prev) * 1000:+7.3f}  {label:4}  "
+                        f"{command[:WIDTH]}"
+                    )
+                    prev = stamp
+            print(f"{(t1 - t0) * 1000:8.3f} {(t1 - prev) * 1000:+7.3f}  client has the result")
+        finally:
+            await procs.stop_all()
+            nursery.cancel_scope.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cross", action="store_true", help="trace a job from node A to node B")
+    trio.run(trace, parser.parse_args().cross)
+
+
+if __name__ == "__main__":
+    main()
