@@ -20,6 +20,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
+from bus.store import Redis
 from bus.verify import judge
 from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 SERVICE = "consumer"
 POP_TIMEOUT_S = 5.0
 BATCH = 64
+VerifiedResult = tuple[Message, ResultBody]  # a result message and its decoded body
 
 
 async def run_consumer(
@@ -53,9 +55,15 @@ async def run_consumer(
             continue
         batch = [first, *await node.store.pop_batch(ctx, keys.MSG_IN, inflight, BATCH - 1)]
         jobs: list[Message] = []
+        results: list[VerifiedResult] = []
         for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
-            if not await _handle_guarded(node, ctx, key, fields, script_types, inflight, jobs):
+            handled = await _handle_guarded(
+                node, ctx, key, fields, script_types, inflight, jobs, results
+            )
+            if not handled:
                 await node.store.ack(ctx, inflight, key)
+        if results:
+            await accept_results(node, ctx, results, inflight)
         if jobs:
             await materialise_fresh(node, ctx, jobs, script_types, inflight, SERVICE)
 
@@ -68,13 +76,17 @@ async def _handle_guarded(
     script_types: Collection[str],
     inflight: str,
     jobs: list[Message],
+    results: list[VerifiedResult],
 ) -> bool:
-    """Handle one message of a batch (its job messages are collected in ``jobs``, to be
-    materialised together); True if it is acknowledged already or will be with its batch."""
+    """Handle one message of a batch (its job messages and verified result messages are
+    collected, to be accepted together); True if it is acknowledged already or will be with
+    its batch."""
     message: Message | None = None
     try:
         message = parse_message(ctx, key, fields)
-        return await handle_incoming(node, ctx, message, script_types, inflight, jobs)
+        return await handle_incoming(
+            node, ctx, message, script_types, inflight, jobs, results=results
+        )
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
@@ -100,14 +112,20 @@ async def handle_incoming(
     script_types: Collection[str],
     inflight: str,
     jobs: list[Message] | None = None,
+    *,
+    results: list[VerifiedResult] | None = None,
 ) -> bool:
     """Accept ``message``; True when it was acknowledged with what it caused (one transaction;
-    an authorised job message goes to ``jobs`` instead when given, for its batch).
-    Raises Rejected with the reason it is refused."""
+    an authorised job message goes to ``jobs`` instead when given, a verified result message
+    to ``results``, for its batch). Raises Rejected with the reason it is refused."""
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
     if message.message_type is MessageType.RESULT:
-        await _accept_result(node, ctx, message, inflight)
+        verified = verify_result(node, message)
+        if results is not None:
+            results.append(verified)
+            return True
+        await accept_results(node, ctx, [verified], inflight)
     elif message.message_type is MessageType.JOB:
         await _authorise(node, ctx, message)
         if jobs is not None:
@@ -244,26 +262,83 @@ async def materialise_many(
     return replays
 
 
-async def _accept_result(node: NodeState, ctx: int, message: Message, inflight: str) -> None:
+def verify_result(node: NodeState, message: Message) -> VerifiedResult:
+    """A result message signed by the node it names as origin (a node we know), fresh, with
+    a well-formed body; Rejected otherwise. Pure: what Redis knows is checked with its batch."""
     signer = message.origin if node.is_known_node(message.origin) else None
     verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
         raise Rejected(verdict.reason, verdict.detail)
-    await check_replay(node, ctx, message)
     try:
-        body = ResultBody.decode(message.message)
+        return message, ResultBody.decode(message.message)
     except ModelError as exc:
         raise Rejected("malformed", str(exc)) from None
-    destination, status, reason = await node.store.call(
-        ctx, lambda r: r.hmget(body.in_reply_to, ["destination", "status", "reason"])
-    )
+
+
+async def accept_results(
+    node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
+) -> None:
+    """Apply a batch of verified result messages: one read for all their replay markers and
+    requests, one transaction for every one that stands (the job copy, the request, the reply
+    that wakes the client, the markers, the ack). Each refused one (a replay, also of another
+    in this batch; an unknown request; a late result; a signer the request was not sent to)
+    is dead-lettered and acknowledged alone."""
+    markers = [_result_markers(message) for message, _ in results]
+    requests = [body.in_reply_to for _, body in results]
+    flat = [m for mine in markers for m in mine]
+    found, meta = await node.store.call(ctx, lambda r: _read_results(r, flat, requests))
+    existing = {m for m, there in zip(flat, found, strict=True) if there}
+    taken: set[str] = set()
+    accepted: list[VerifiedResult] = []
+    for (message, body), mine, request in zip(results, markers, meta, strict=True):
+        seen = [m in existing or m in taken for m in mine]
+        try:
+            _check_result(node, ctx, message, body, seen, request)
+        except Rejected as exc:
+            await reject(node, ctx, message.key, exc, message, SERVICE, queue=keys.MSG_IN)
+            await node.store.ack(ctx, inflight, message.key)
+            continue
+        taken.update(mine)
+        accepted.append((message, body))
+    if not accepted:
+        return
+    async with node.store.transaction(ctx) as tx:
+        for message, body in accepted:
+            apply_result(tx, node, body)
+            tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
+            mark_accepted(tx, node, message, inflight)
+
+
+def _result_markers(message: Message) -> list[str]:
+    """The message's key marker and, if it has a nonce, its nonce marker (mark_accepted)."""
+    seen = [keys.seen(message.key)]
+    return seen + [keys.nonce(message.caller_id, message.nonce)] if message.nonce else seen
+
+
+async def _read_results(
+    r: Redis, markers: list[str], requests: list[str]
+) -> tuple[list[bool], list[list[str | None]]]:
+    async with r.pipeline(transaction=False) as pipe:
+        found = [pipe.exists([m]) for m in markers]
+        meta = [pipe.hmget(k, ["destination", "status", "reason"]) for k in requests]
+    return [bool(await f) for f in found], [list(await m) for m in meta]
+
+
+def _check_result(
+    node: NodeState,
+    ctx: int,
+    message: Message,
+    body: ResultBody,
+    seen: list[bool],
+    request: list[str | None],
+) -> None:
+    if any(seen):
+        what = "message key" if seen[0] else "nonce"
+        raise Rejected("replay", f"{what} of {message.key} was already accepted")
+    destination, status, reason = request
     if destination is None:
         raise Rejected("unknown_request", f"no request {body.in_reply_to} in context {ctx}")
     if status == MessageStatus.ERROR.value and str(reason or "").startswith("timeout_"):
         raise Rejected("late_result", f"{body.in_reply_to} already ended: {reason}")
     if message.origin not in (destination, node.node_id):
         raise Rejected("wrong_signer", f"{body.in_reply_to} was not sent to the node that answered")
-    async with node.store.transaction(ctx) as tx:
-        apply_result(tx, node, body)
-        tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
-        mark_accepted(tx, node, message, inflight)
