@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -106,6 +107,20 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     return node.is_known_node(message.origin)
 
 
+# Result messages this process signed, by (node id, message key): their signature entry
+# ({algorithm, public_key, signature}). Bounded: what falls out, or was signed before a
+# restart, is verified again like any other (see signed_here).
+_SIGNED: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+SIGNED_MEMORY = 4096
+
+
+def signed_here(node_id: str, message: Message) -> bool:
+    """True once if this process signed ``message`` (same key, same signature) as node
+    ``node_id`` with :func:`result_message`: the supervisor's shortcut, see check_outgoing."""
+    signature = _SIGNED.pop((node_id, message.key), None)
+    return signature is not None and message.signatures == [signature]
+
+
 def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
     """A result message answering ``request``, signed by this node, addressed to its origin."""
     msg = Message(
@@ -120,7 +135,11 @@ def result_message(node: NodeState, request: Message, body: ResultBody) -> Messa
         destination=request.origin,
         nonce=new_nonce(),
     )
-    return sign_message(msg, node.key)
+    signed = sign_message(msg, node.key)
+    _SIGNED[(node.node_id, signed.key)] = signed.signatures[0]
+    while len(_SIGNED) > SIGNED_MEMORY:
+        _SIGNED.popitem(last=False)
+    return signed
 
 
 async def queue_result(node: NodeState, request: Message, body: ResultBody) -> None:

@@ -16,11 +16,11 @@ from bus import keys, outbox
 from bus.errors import StoreError
 from bus.ids import now
 from bus.models import Message, MessageType
-from bus.verify import judge
+from bus.verify import freshness_problem, judge
 from node import deadlines
 from node.authz import authorise_caller
 from node.consumer import materialise_fresh
-from node.messages import Rejected, parse_message, reject
+from node.messages import Rejected, parse_message, reject, signed_here
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -124,10 +124,25 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
     """Job messages: signed by the caller's registered key, fresh, and the caller may execute
-    in ``ctx``. Result messages: created and signed by this node."""
+    in ``ctx``. Result messages: created and signed by this node.
+
+    A result message this process signed itself moments ago (same key, same signature entry:
+    :func:`node.messages.signed_here`) is not verified again here, only checked for origin and
+    freshness. Verifying it here is not what lets no one in: every result is verified against
+    this node's registered key by whoever acts on it, before it changes anything: the peer's
+    consumer (``verify_result``), or ours for a request of this node (``route_many`` sends it
+    through our msg_in). A hash altered in Redis after signing fails there, is dead-lettered
+    and changes nothing. Every other result in msg_out (written by some other Redis client, or
+    left from before a restart) is still verified in full, so a forgery is refused here, at
+    the origin, as before."""
     if message.message_type in (MessageType.RESULT, MessageType.FLOW_JOB):  # flows hook
         if message.origin != node.node_id:
             raise Rejected("forged_result", "result messages in msg_out must come from this node")
+        if message.message_type is MessageType.RESULT and signed_here(node.node_id, message):
+            stale = freshness_problem(message, now(), node.freshness)
+            if stale is not None:
+                raise Rejected(stale.reason, stale.detail)
+            return
         verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
         if not verdict.ok:
             raise Rejected(verdict.reason, verdict.detail)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import trio
 
-from bus import keys
-from bus.envelope import ResultBody
+from bus import keys, outbox
+from bus.envelope import ResultBody, sign_message
+from bus.ids import new_id
 from bus.models import JobStatus, Message
 from crypto import KeyPair, read_key_file
-from node.messages import result_message
-from tests.test_rejections import job_message
+from node.messages import result_message, signed_here
+from tests.test_rejections import job_message, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
 
@@ -75,3 +77,37 @@ async def test_a_batch_of_results_with_bad_ones_among_them(node_factory):
     for msg in (good1, good2):
         assert (await alice.store.hgetall(1, msg.key))["status"] == "processed"
     assert await alice.store.lrange(1, keys.inflight("consumer")) == []
+
+
+def test_signed_here_knows_only_what_result_message_signed():
+    request = job_message(Q, 1, Q.public_hex, P.public_hex, "print(1)")
+    mine, twin, copy = (answer(P, request, "x") for _ in range(3))
+    other = sign_message(replace(mine, id=new_id(), signatures=[]), P)  # P's key, signed elsewhere
+    assert not signed_here(P.public_hex, other)
+    assert not signed_here(Q.public_hex, mine)  # signed as P, not as Q
+    assert not signed_here(P.public_hex, replace(twin, signatures=other.signatures))
+    assert signed_here(P.public_hex, copy)
+    assert not signed_here(P.public_hex, copy)  # once: a recovered re-route verifies in full
+
+
+async def test_results_in_msg_out_that_this_node_did_not_just_sign_are_verified(node_factory):
+    """The supervisor's shortcut (check_outgoing) covers only results this process signed; a
+    result signed elsewhere is verified in full and a forgery is refused at the origin. (One
+    altered after signing is routed: the receiver verifies it, see the batch test above.)"""
+    alice = await node_factory("alice")
+    await alice.client.add_peer(P.public_hex, "", name="p")
+    actor = read_key_file(alice.config.actor_key_path)
+    me = read_key_file(alice.config.node_key_path)
+    request = job_message(actor, 1, P.public_hex, alice.node_id, "print(1)")
+    fresh = answer(me, request, "signed here")  # via result_message, as alice's runners do
+    forged = replace(answer(Q, request, "forged"), origin=alice.node_id)
+    forged = sign_message(replace(forged, signatures=[]), Q)  # names alice, signed by Q
+    async with alice.store.transaction(1) as tx:
+        for msg in (fresh, forged):
+            tx.hset(msg.key, msg.to_hash())
+        tx.lpush(keys.MSG_OUT, [fresh.key, forged.key])
+    assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
+    [dead] = await alice.store.dead_letters(1)
+    assert (dead["key"], dead["reason"]) == (forged.key, "wrong_signer")
+    queued = await alice.store.lrange(0, keys.outbox(P.public_hex))
+    assert queued == [outbox.entry(1, fresh.key)]
