@@ -384,6 +384,12 @@ class RunnerJob:
     def signed_dict(self) -> dict[str, object]:
         return {name: _plain(getattr(self, name)) for name in self.SIGNED} | self._targeting()
 
+    def stored_dict(self) -> dict[str, object]:
+        """:meth:`signed_dict` without the entries that hold what :meth:`from_hash` assumes
+        when they are absent: what a message hash stores of its job. Parsed back, it gives the
+        same job, so the same signed content."""
+        return {k: v for k, v in self.signed_dict().items() if _JOB_DEFAULTS.get(k, _ANY) != v}
+
     def _targeting(self) -> dict[str, str]:
         return {name: getattr(self, name) for name in self.TARGETING if getattr(self, name)}
 
@@ -430,6 +436,20 @@ def _plain(value: object) -> object:
     if isinstance(value, dict):
         return dict(value)
     return value
+
+
+# What a stored message (and each job it carries) may leave out: the values from_hash assumes
+# for an absent field, here and in every earlier version (so older readers parse it the same).
+# Every field of the spec is stored (the contract); of the extensions, only what is set.
+_MESSAGE_DEFAULTS = {"reason": ""}
+_JOB_DEFAULTS: dict[str, object] = {
+    "timeout": 60,
+    "retries": 0,
+    "env_vars": {},
+    "prerequisites": [],
+    "depends": [],
+}
+_ANY = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,8 +525,16 @@ class Message:
         return content
 
     def to_hash(self) -> Hash:
-        h = _to_hash(self, tuple(n for n in self.FIELDS if n != "job"))
-        h["job"] = _dump([j.signed_dict() for j in self.job])
+        """The stored hash: every spec field, the extensions that are set, and in ``job`` each
+        job without the entries that hold their defaults (:meth:`RunnerJob.stored_dict`): the
+        parsed message, and so its signed content, is the same, in less memory per queued
+        message."""
+        h: Hash = {}
+        for name in self.FIELDS:
+            value = _as_str(getattr(self, name)) if name != "job" else ""
+            if name != "job" and _MESSAGE_DEFAULTS.get(name) != value:
+                h[name] = value
+        h["job"] = _dump([j.stored_dict() for j in self.job])
         return h
 
     def with_status(self, status: MessageStatus, reason: str = "") -> Self:
