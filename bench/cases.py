@@ -766,7 +766,7 @@ class Backlogs:
                     workload.send_resp,
                     server.spec.port,
                     CONTEXT_ID,
-                    list(workload.chunked([p.resp for p in items], 3)),
+                    list(workload.chunked([p.resp for p in items], workload.SUBMITTED_CMDS)),
                 )
                 load_s = time.perf_counter() - t0
                 mem1 = int((await r.info("memory"))["used_memory"])
@@ -874,6 +874,8 @@ async def case_memory(env: Env, backlogs: Backlogs) -> list[Row]:
                 "B/job",
                 [x.submitted_bytes_per_job for x in res],
                 f"<= {1024 + len(workload.SCRIPT)}",
+                note="signed message hash (it embeds the job) + msg_out entry, as Client.submit "
+                "writes them; the node writes the job hash when it routes the message",
             )
         )
     # materialised form, written directly into a fresh Valkey
@@ -896,7 +898,7 @@ async def case_memory(env: Env, backlogs: Backlogs) -> list[Row]:
                     workload.send_resp,
                     server.spec.port,
                     CONTEXT_ID,
-                    list(workload.chunked(prepared, 4)),
+                    list(workload.chunked(prepared, workload.MATERIALISED_CMDS)),
                 )
                 mem1 = int((await r.info("memory"))["used_memory"])
                 samples.append((mem1 - mem0) / n)

@@ -1,9 +1,9 @@
 """Job workloads: signed messages shaped exactly as the client writes them, and raw RESP loading.
 
-The backlog cases need 100k queued messages quickly; going through ``Client.submit`` (one
-transaction and one ``node:info`` read per message) would take minutes. Here the same hashes
-(``RunnerJob.to_hash() | message_key``, ``Message.to_hash()``, ``LPUSH msg_out``) are built once,
-encoded as RESP, and written to a fresh Valkey in big pipelined chunks.
+The backlog cases need 100k queued messages quickly; going through ``Client.submit`` would
+take minutes. Here the same writes (``HSET`` of ``Message.to_hash()``, ``LPUSH msg_out``: the
+client writes only the message, which embeds its jobs; the node writes the job hashes) are
+built once, encoded as RESP, and written to a fresh Valkey in big pipelined chunks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ SCRIPT = 'x = "41"\nprint(int(x) + 1)'
 class Prepared:
     job_key: str
     message_key: str
-    resp: bytes  # HSET job, HSET message, LPUSH msg_out (3 commands, as Client.submit writes)
+    resp: bytes  # HSET message, LPUSH msg_out (SUBMITTED_CMDS commands, as Client.submit writes)
+
+
+SUBMITTED_CMDS = 2
+MATERIALISED_CMDS = 4
 
 
 def signed_job_message(
@@ -72,12 +76,11 @@ def hset_cmd(key: str, fields: dict[str, str]) -> bytes:
 
 
 def submitted_form(message: Message) -> Prepared:
-    """What ``Client.submit`` writes for a one-job message (its MULTI/EXEC without the wrapper)."""
+    """What ``Client.submit`` writes for a one-job message (its MULTI/EXEC without the wrapper;
+    a group commit pushes several keys with one LPUSH, which stores the same list entries)."""
     [job] = message.job
-    resp = (
-        hset_cmd(job.key, job.to_hash() | {"message_key": message.key})
-        + hset_cmd(message.key, message.to_hash())
-        + resp_command("LPUSH", keys.MSG_OUT, message.key)
+    resp = hset_cmd(message.key, message.to_hash()) + resp_command(
+        "LPUSH", keys.MSG_OUT, message.key
     )
     return Prepared(job.key, message.key, resp)
 
@@ -85,8 +88,8 @@ def submitted_form(message: Message) -> Prepared:
 def materialised_form(message: Message) -> bytes:
     """What a node holds for a queued job after its consumer materialised it (local job).
 
-    Job hash as rewritten by the consumer, the message hash as delivered and acknowledged,
-    the ``queue:python`` entry and the ``seen:`` marker (``node/consumer.py`` materialise).
+    Job hash as the consumer writes it, the message hash as submitted and then acknowledged,
+    the ``queue:python`` entry and the ``seen:`` marker (``node/consumer.py`` materialise_many).
     """
     [job] = message.job
     stamp = str(now())
@@ -95,10 +98,10 @@ def materialised_form(message: Message) -> bytes:
         "created_at": stamp,
         "updated_at": stamp,
         "message_key": message.key,
+        "origin": message.origin,
     }
     msg_fields = message.to_hash() | {
         "status": MessageStatus.ACKNOWLEDGED.value,
-        "logs": "[]",
         "updated_at": stamp,
     }
     return (

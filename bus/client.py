@@ -1,24 +1,32 @@
 """The trio client API: register actors, contexts and peers on a node; submit jobs; await results.
 
-A client talks to its node's Redis, as the spec's actors do: it writes the signed message and
-its jobs into the context DB, pushes the message key on ``msg_out``, and waits on the dedicated
-``reply:<message key>`` list (BLPOP, no polling) for the results.
+A client talks to its node's Redis, as the spec's actors do (step 1, "Publish"): it writes the
+signed message, which embeds its jobs, into the context DB, pushes the message key on
+``msg_out``, and waits on the dedicated ``reply:<message key>`` list (BLPOP, no polling) for the
+results. The job hashes are written by the node: where a job runs when it is materialised, and
+the origin's copy when the supervisor routes the message to a peer. Until then a job is
+found through its message (:meth:`Client.job_fields`).
+
+Concurrent submissions on one client are group-committed: whoever finds no write in progress
+writes everything queued meanwhile in one transaction; the others wait for the write that
+carries theirs (a lone caller writes at once).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import trio
 
 from bus import keys
 from bus.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.envelope import sign_message
-from bus.errors import BusError, ClientError
+from bus.errors import BusError, ClientError, StoreError
 from bus.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
 from bus.ids import new_id, new_nonce, now
 from bus.models import (
@@ -27,9 +35,11 @@ from bus.models import (
     Flow,
     JobStatus,
     Message,
+    MessageStatus,
     MessageType,
     Peer,
     RunnerJob,
+    decode_hash,
 )
 from bus.store import Store, open_store
 from crypto import KeyPair, parse_public_key
@@ -52,10 +62,52 @@ class JobResult:
         return self.result.get("stdout", "")
 
 
+# The supervisor's processing list (node/supervisor.py SERVICE): a message popped from msg_out
+# waits there until it is routed.
+SUPERVISOR_INFLIGHT = keys.inflight("supervisor")
+WRITE_CHUNK = 512  # messages per transaction when a batch is large
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Messages of one context waiting to be written together (group commit)."""
+
+    messages: list[Message] = field(default_factory=list)
+    taken: bool = False  # a flusher is writing (or wrote) it: nothing more may join
+    error: BaseException | None = None
+
+
+def new_job(
+    caller_id: int,
+    context_id: int,
+    script_type: str,
+    script: str,
+    *,
+    env_vars: Mapping[str, str] | None = None,
+    timeout_s: int = 60,
+    retries: int = 0,
+) -> RunnerJob:
+    """A job with a fresh id, for :meth:`Client.submit` and :meth:`Client.submit_many`."""
+    return RunnerJob(
+        id=new_id(),
+        caller_id=caller_id,
+        context_id=context_id,
+        script=script,
+        script_type=script_type,
+        timeout=timeout_s,
+        retries=retries,
+        env_vars=dict(env_vars or {}),
+        created_at=now(),
+        updated_at=now(),
+    )
+
+
 class Client:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._node_id: str | None = None
+        self._open: dict[int, _Batch] = {}  # per context DB: the batch new writes join
+        self._write_locks: dict[int, trio.Lock] = {}
 
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
@@ -152,18 +204,16 @@ class Client:
         """Sign and queue a one-job message for node ``to``; returns the message.
 
         ``timeout_s`` bounds one run of the script; a remote node that does not acknowledge the
-        message within ``timeout_ack_s``, or answer within ``timeout_result_s``, fails it."""
-        job = RunnerJob(
-            id=new_id(),
-            caller_id=caller_id,
-            context_id=context_id,
-            script=script,
-            script_type=script_type,
-            timeout=timeout_s,
+        message within ``timeout_ack_s``, or answer within ``timeout_result_s``, fails it.
+        Raises ClientError for an unknown node, StoreError if the write failed."""
+        job = new_job(
+            caller_id,
+            context_id,
+            script_type,
+            script,
+            env_vars=env_vars,
+            timeout_s=timeout_s,
             retries=retries,
-            env_vars=dict(env_vars or {}),
-            created_at=now(),
-            updated_at=now(),
         )
         return await self.submit(
             signer,
@@ -188,11 +238,47 @@ class Client:
         timeout_ack_s: int = 120,
         timeout_result_s: int = 3600,
     ) -> Message:
+        """Sign and queue one message carrying ``jobs`` for node ``to``; returns the message.
+        Raises ClientError for an unknown node, StoreError if the write failed."""
+        [message] = await self.submit_many(
+            signer,
+            caller_id,
+            to=to,
+            context_id=context_id,
+            jobs=[jobs],
+            timeout_s=timeout_s,
+            timeout_ack_s=timeout_ack_s,
+            timeout_result_s=timeout_result_s,
+        )
+        return message
+
+    async def submit_many(
+        self,
+        signer: KeyPair,
+        caller_id: int,
+        *,
+        to: str,
+        context_id: int,
+        jobs: Iterable[RunnerJob | Sequence[RunnerJob]],
+        timeout_s: int = 60,
+        timeout_ack_s: int = 120,
+        timeout_result_s: int = 3600,
+    ) -> list[Message]:
+        """Sign and queue one message per item of ``jobs`` (a job, or the jobs one message
+        carries; see :func:`new_job`) for node ``to``, written together (one transaction per
+        512 messages); returns the messages in order, each to be awaited with
+        :meth:`wait_results`. Raises ClientError for an unknown node or an empty message,
+        StoreError if the write failed (then none of a chunk's messages was queued)."""
         origin = await self.node_id()
         if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
             to = await self.resolve_node(to)
-        message = sign_message(
-            Message(
+        messages = []
+        for item in jobs:
+            carried = [item] if isinstance(item, RunnerJob) else list(item)
+            if not carried:
+                raise ClientError("a job message must carry at least one job")
+            stamp = now()
+            message = Message(
                 id=new_id(),
                 caller_id=caller_id,
                 context_id=context_id,
@@ -200,28 +286,66 @@ class Client:
                 timeout=timeout_s,
                 timeout_ack=timeout_ack_s,
                 timeout_result=timeout_result_s,
-                job=jobs,
-                created_at=now(),
-                updated_at=now(),
+                job=carried,
+                created_at=stamp,
+                updated_at=stamp,
                 origin=origin,
                 destination=to,
                 nonce=new_nonce(),
-            ),
-            signer,
-        )
-        async with self.store.transaction(context_id) as tx:
-            for job in jobs:
-                tx.hset(job.key, job.to_hash() | {"message_key": message.key})
-            tx.hset(message.key, message.to_hash())
-            tx.lpush(keys.MSG_OUT, [message.key])
-        return message
+            )
+            messages.append(sign_message(message, signer))
+        await self._publish(context_id, messages)
+        return messages
+
+    async def _publish(self, context_id: int, messages: list[Message]) -> None:
+        """Write ``messages`` and push their keys on ``msg_out`` (spec step 1), group-committed
+        with the concurrent calls on this context: they join the open batch; whoever then holds
+        the write lock and finds its batch not yet taken writes the whole batch. Raises the
+        write's error in every caller whose batch failed (StoreError for a Redis failure)."""
+        batch = self._open.setdefault(context_id, _Batch())
+        batch.messages.extend(messages)
+        lock = self._write_locks.setdefault(context_id, trio.Lock())
+        try:
+            await lock.acquire()
+        except BaseException:  # cancelled before any write took it: withdraw ours
+            if not batch.taken:
+                ours = {id(m) for m in messages}
+                batch.messages[:] = [m for m in batch.messages if id(m) not in ours]
+            raise
+        try:
+            if not batch.taken:
+                batch.taken = True
+                if self._open.get(context_id) is batch:
+                    del self._open[context_id]
+                try:
+                    await self._write(context_id, batch.messages)
+                except BaseException as exc:
+                    batch.error = exc
+                    raise
+                return
+        finally:
+            lock.release()
+        if batch.error is not None:  # written by another caller, and that write failed
+            err = batch.error
+            what = f"the write carrying {messages[0].key} failed"
+            if isinstance(err, StoreError):
+                raise StoreError(f"{what}: {err}") from err
+            raise ClientError(f"{what}: {err!r}") from err
+
+    async def _write(self, context_id: int, messages: list[Message]) -> None:
+        for start in range(0, len(messages), WRITE_CHUNK):
+            chunk = messages[start : start + WRITE_CHUNK]
+            async with self.store.transaction(context_id) as tx:
+                for message in chunk:
+                    tx.hset(message.key, message.to_hash())
+                tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
 
     async def stop_job(
         self, signer: KeyPair, caller_id: int, job_key: str, context_id: int
     ) -> Message:
         """Send a signed stop request for ``job_key`` to the node that runs it; the job ends in
         ``error`` with reason ``stopped`` and its waiting client is answered as usual."""
-        job = await self.store.hgetall(context_id, job_key)
+        job = await self.job_fields(context_id, job_key)
         if not job:
             raise ClientError(f"no job {job_key} in context {context_id}")
         request = await self.store.hgetall(context_id, job.get("message_key", ""))
@@ -242,10 +366,63 @@ class Client:
             ),
             signer,
         )
-        async with self.store.transaction(context_id) as tx:
-            tx.hset(message.key, message.to_hash())
-            tx.lpush(keys.MSG_OUT, [message.key])
+        await self._publish(context_id, [message])
         return message
+
+    async def job_fields(self, context_id: int, job_key: str) -> dict[str, str]:
+        """The hash of job ``job_key`` on this node or, for a job submitted here whose message
+        the supervisor has not routed yet (still in ``msg_out``, or being routed), what its
+        message says of it: its fields, ``message_key``, ``status`` dispatched and ``pending``
+        (where it waits). {} if there is neither. Raises StoreError."""
+        async with self.store.transaction(context_id) as tx:  # one snapshot of hash and lists
+            found = tx.hgetall(job_key)
+            queued = tx.lrange(keys.MSG_OUT, 0, -1)
+            routing = tx.lrange(SUPERVISOR_INFLIGHT, 0, -1)
+        fields = decode_hash(await found)
+        if fields:
+            return fields
+        for where, waiting in (("routing", await routing), ("msg_out", await queued)):
+            message = await self._carrier(context_id, job_key, [str(k) for k in waiting])
+            if message is not None:
+                [job] = [j for j in message.job if j.key == job_key]
+                return job.to_hash() | {
+                    "status": JobStatus.DISPATCHED.value,
+                    "created_at": str(message.created_at),
+                    "updated_at": str(message.created_at),
+                    "message_key": message.key,
+                    "origin": message.origin,
+                    "node": message.destination,
+                    "pending": f"{where}: submitted, not routed yet",
+                }
+        return {}
+
+    async def _carrier(self, ctx: int, job_key: str, message_keys: list[str]) -> Message | None:
+        """The message among ``message_keys`` that carries job ``job_key`` (read in chunks of
+        256 ``job`` fields; only this fallback of :meth:`job_fields` scans)."""
+        caller, _, job_id = job_key.removeprefix("job:").partition(":")
+        needle = f'"id":{job_id}'
+        for start in range(0, len(message_keys), 256):
+            chunk = [k for k in message_keys[start : start + 256] if k.split(":")[1:2] == [caller]]
+            if not chunk:
+                continue
+            for key, raw in zip(chunk, await self._hget_many(ctx, chunk, "job"), strict=True):
+                if raw is None or needle not in str(raw):
+                    continue
+                try:
+                    message = Message.from_hash(await self.store.hgetall(ctx, key))
+                except BusError:
+                    continue
+                if any(j.key == job_key for j in message.job):
+                    return message
+        return None
+
+    async def _hget_many(self, ctx: int, hash_keys: list[str], name: str) -> list[object]:
+        async def read(r: Any) -> list[object]:  # noqa: ANN401
+            async with r.pipeline(transaction=False) as pipe:
+                pending = [pipe.hget(k, name) for k in hash_keys]
+            return [await p for p in pending]
+
+        return await self.store.call(ctx, read)
 
     async def job_logs(
         self, context_id: int, job_key: str, *, follow: bool = False
@@ -263,7 +440,7 @@ class Client:
                 yield fields.get("stream", "stdout"), fields.get("data", "")
             if entries:
                 continue
-            job = await self.store.hgetall(context_id, job_key)
+            job = await self.job_fields(context_id, job_key)
             if not job:
                 raise ClientError(f"no job {job_key} in context {context_id}")
             done = job.get("status") in ("finished", "error")
@@ -323,6 +500,8 @@ class Client:
             state = "processed"
         elif await self._in_list(context_id, keys.MSG_OUT, key):
             state = "pending (msg_out)"
+        elif await self._in_list(context_id, SUPERVISOR_INFLIGHT, key):
+            state = "pending (msg_out, being routed)"
         elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox(dest), entry):
             state = "pending (outbox, waiting for a link)"
         elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox_inflight(dest), entry):
@@ -332,7 +511,7 @@ class Client:
         elif "acked_at" in fields or fields.get("status") == "acknowledged":
             state = "acknowledged"
         else:
-            state = fields.get("status", "?")
+            state = fields.get("status", MessageStatus.DISPATCHED.value)
         report = {"state": state}
         for name in (
             "status",
@@ -347,9 +526,13 @@ class Client:
         ):
             if fields.get(name):
                 report[name] = _stamp(fields[name]) if name.endswith("_at") else fields[name]
+        pending = state.startswith("pending (msg_out")
         for job in json.loads(fields.get("job", "[]") or "[]"):
             jkey = keys.job(int(job["caller_id"]), int(job["id"]))
-            report[jkey] = (await store.hgetall(context_id, jkey)).get("status", "(not here)")
+            status = (await store.hgetall(context_id, jkey)).get("status")
+            if status is None:  # its job hashes are written when the message is routed
+                status = "dispatched (not routed yet)" if pending else "(not here)"
+            report[jkey] = status
         return report
 
     async def _pop_progress(self, db: int, progress: str, timeout_s: float) -> object:

@@ -413,7 +413,7 @@ async def job_stop(client: Client, args: argparse.Namespace) -> int:
     key = load_key_file(args.key_file or config.actor_key_path)
     ctx = _ctx(args)
     actor = args.actor or config.actor_id
-    job = await client.store.hgetall(ctx, args.key)
+    job = await client.job_fields(ctx, args.key)
     await client.stop_job(key, actor, args.key, ctx)
     print(f"stop requested for {args.key}")
     if args.wait and job.get("message_key"):
@@ -435,6 +435,8 @@ async def job_logs(client: Client, args: argparse.Namespace) -> int:
 async def job_show(client: Client, args: argparse.Namespace) -> int:
     ctx = args.context or _config(args).context_id
     fields: dict[str, Any] = await client.store.hgetall(ctx, args.key)
+    if not fields and args.key.startswith("job:"):  # submitted, not routed yet: from its message
+        fields = await client.job_fields(ctx, args.key)
     if not fields:
         print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)
         return 1

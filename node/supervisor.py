@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import trio
 
 from bus import keys, outbox
 from bus.errors import StoreError
 from bus.ids import now
-from bus.models import Message, MessageType
+from bus.models import JobStatus, Message, MessageType
 from bus.verify import freshness_problem, judge
 from node import deadlines
 from node.authz import authorise_caller
@@ -112,6 +112,8 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
         return message
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
+        if message is not None and message.message_type is MessageType.JOB:
+            await _refused_copies(node, ctx, message, exc)
     except StoreError:
         raise
     except Exception as exc:  # a bug must not stop the queue: record it and go on
@@ -120,6 +122,17 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
         await reject(node, ctx, key, bug, message, SERVICE, queue=keys.MSG_OUT)
     await node.store.ack(ctx, keys.inflight(SERVICE), key)
     return None
+
+
+async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Rejected) -> None:
+    """A refused job message of this node's own clients never reaches route_many: its jobs'
+    copies are written here, failed, so that the client sees why (its error result, queued by
+    ``reject``, passes through this same task later, so it lands on the copy)."""
+    if message.origin != node.node_id:
+        return
+    failed = {"status": JobStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())}
+    async with node.store.transaction(ctx) as tx:
+        write_origin_copies(tx, message, failed)
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
@@ -154,8 +167,9 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
 
 async def route_many(node: NodeState, ctx: int, messages: list[Message], inflight: str) -> None:
     """Send checked messages on: to this node's msg_in, or to each peer's durable outbox (one
-    pipelined write per database), then acknowledge them all. A job message to a peer arms its
-    ack and result deadlines."""
+    pipelined write per database), then acknowledge them all. A job message to a peer gets this
+    node's copy of its jobs (the client wrote only the message: the origin tracks status and
+    result in the copy) and arms its ack and result deadlines."""
     by_peer: dict[str, list[str]] = {}
     for m in messages:
         if m.destination != node.node_id:
@@ -164,13 +178,23 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
         async with node.store.transaction(keys.ACTORS_DB) as tx:
             for peer, entries in by_peer.items():
                 tx.lpush(keys.outbox(peer), entries)
+    stamp = str(now())
     async with node.store.transaction(ctx) as tx:
         for m in messages:
             if m.destination == node.node_id:
                 tx.lpush(keys.MSG_IN, [m.key])
             elif m.message_type is MessageType.JOB:
+                write_origin_copies(tx, m, {"updated_at": stamp})
                 deadlines.schedule_in(tx, m)
             tx.lrem(inflight, 1, m.key)
     if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
         node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
     node.count("routed", len(messages))
+
+
+def write_origin_copies(tx: Any, message: Message, fields: dict[str, str]) -> None:  # noqa: ANN401
+    """Queue in ``tx`` the origin's copy of each job of ``message`` (job hash as the message
+    carries it, linked to the message), with ``fields`` on top."""
+    for job in message.job:
+        base = {"created_at": str(message.created_at), "message_key": message.key}
+        tx.hset(job.key, job.to_hash() | base | fields)
