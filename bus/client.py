@@ -294,7 +294,8 @@ class Client:
                 nonce=new_nonce(),
             )
             messages.append(sign_message(message, signer))
-        await self._publish(context_id, messages)
+        if messages:
+            await self._publish(context_id, messages)
         return messages
 
     async def _publish(self, context_id: int, messages: list[Message]) -> None:

@@ -169,6 +169,7 @@ async def test_submit_many_signs_each_message_and_writes_them_together(store):
     assert queued[::-1] == [m.key for m in messages]  # popped from the right: in order
     with pytest.raises(Exception, match="at least one job"):
         await client.submit_many(actor, 7, to="self", context_id=CTX, jobs=[[]])
+    assert await client.submit_many(actor, 7, to="self", context_id=CTX, jobs=[]) == []
 
 
 async def test_the_origin_keeps_a_copy_of_a_job_sent_to_a_peer(node_factory):
