@@ -14,18 +14,26 @@ from collections.abc import Collection
 from typing import Any, NoReturn
 
 import trio
+from coredis.commands.script import Script
 
 from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
-from bus.store import Redis
 from bus.verify import judge
 from node.authz import authorise_caller
 from node.flowtrust import authorise_flow_job
 from node.materialise import REPLAY_WHAT, JobWrite, materialise_batch
-from node.messages import Rejected, apply_result, parse_message, queue_result, reject
+from node.messages import (
+    APPLY_RESULT_LUA,
+    Rejected,
+    parse_message,
+    queue_result,
+    reject,
+    result_args,
+    result_keys,
+)
 from node.queues import target_queue
 from node.state import NodeState
 from node.stops import apply_stop
@@ -278,67 +286,62 @@ def verify_result(node: NodeState, message: Message) -> VerifiedResult:
 async def accept_results(
     node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
 ) -> None:
-    """Apply a batch of verified result messages: one read for all their replay markers and
-    requests, one transaction for every one that stands (the job copy, the request, the reply
-    that wakes the client, the markers, the ack). Each refused one (a replay, also of another
-    in this batch; an unknown request; a late result; a signer the request was not sent to)
-    is dead-lettered and acknowledged alone."""
-    markers = [_result_markers(message) for message, _ in results]
-    requests = [body.in_reply_to for _, body in results]
-    flat = [m for mine in markers for m in mine]
-    found, meta = await node.store.call(ctx, lambda r: _read_results(r, flat, requests))
-    existing = {m for m, there in zip(flat, found, strict=True) if there}
-    taken: set[str] = set()
-    accepted: list[VerifiedResult] = []
-    for (message, body), mine, request in zip(results, markers, meta, strict=True):
-        seen = [m in existing or m in taken for m in mine]
-        try:
-            _check_result(node, ctx, message, body, seen, request)
-        except Rejected as exc:
+    """Apply a batch of verified result messages in one round trip: per message, one atomic
+    script checks what Redis knows and writes the job copy, the request, the reply that wakes
+    the client, the replay markers and the ack. Each refused one (a replay, also of another in
+    this batch; an unknown request; a late result; a signer the request was not sent to) is
+    dead-lettered and acknowledged alone."""
+    window = str(node.freshness.window_s)
+    calls = []
+    for message, body in results:
+        nonce = keys.nonce(message.caller_id, message.nonce) if message.nonce else ""
+        calls.append(
+            (
+                _ACCEPT_RESULT,
+                [message.key, keys.seen(message.key), nonce, inflight, *result_keys(body)],
+                [*result_args(node, body), window, message.key, message.origin, node.node_id],
+            )
+        )
+    verdicts = await node.store.scripts(ctx, calls)
+    for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
+        if reason != "ok":
+            exc = _refusal(ctx, message, body, str(reason), str(detail))
             await reject(node, ctx, message.key, exc, message, SERVICE, queue=keys.MSG_IN)
             await node.store.ack(ctx, inflight, message.key)
-            continue
-        taken.update(mine)
-        accepted.append((message, body))
-    if not accepted:
-        return
-    async with node.store.transaction(ctx) as tx:
-        for message, body in accepted:
-            apply_result(tx, node, body)
-            tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
-            mark_accepted(tx, node, message, inflight)
 
 
-def _result_markers(message: Message) -> list[str]:
-    """The message's key marker and, if it has a nonce, its nonce marker (mark_accepted)."""
-    seen = [keys.seen(message.key)]
-    return seen + [keys.nonce(message.caller_id, message.nonce)] if message.nonce else seen
+# KEYS: message seen nonce-marker ("" if none) inflight, then APPLY_RESULT_LUA's four keys.
+# ARGV: its seven values, then window message-key origin this-node. The checks against what
+# Redis holds, then the writes, atomically: {"ok", ""}, or {reason, detail} and nothing
+# written. Run in message order, a second copy in the same batch is a replay of the first.
+_ACCEPT_RESULT = Script(
+    script=APPLY_RESULT_LUA
+    + """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
+if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then return {'replay', 'nonce'} end
+local meta = redis.call('HMGET', KEYS[6], 'destination', 'status', 'reason')
+if not meta[1] then return {'unknown_request', ''} end
+local why = meta[3] or ''
+if meta[2] == 'error' and string.sub(why, 1, 8) == 'timeout_' then
+  return {'late_result', why}
+end
+if ARGV[10] ~= meta[1] and ARGV[10] ~= ARGV[11] then return {'wrong_signer', ''} end
+apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV)
+redis.call('HSET', KEYS[1], 'status', 'processed')
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[8])
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[9], 'EX', ARGV[8]) end
+redis.call('LREM', KEYS[4], 1, ARGV[9])
+return {'ok', ''}
+"""
+)
 
 
-async def _read_results(
-    r: Redis, markers: list[str], requests: list[str]
-) -> tuple[list[bool], list[list[str | None]]]:
-    async with r.pipeline(transaction=False) as pipe:
-        found = [pipe.exists([m]) for m in markers]
-        meta = [pipe.hmget(k, ["destination", "status", "reason"]) for k in requests]
-    return [bool(await f) for f in found], [list(await m) for m in meta]
-
-
-def _check_result(
-    node: NodeState,
-    ctx: int,
-    message: Message,
-    body: ResultBody,
-    seen: list[bool],
-    request: list[str | None],
-) -> None:
-    if any(seen):
-        what = "message key" if seen[0] else "nonce"
-        raise Rejected("replay", f"{what} of {message.key} was already accepted")
-    destination, status, reason = request
-    if destination is None:
-        raise Rejected("unknown_request", f"no request {body.in_reply_to} in context {ctx}")
-    if status == MessageStatus.ERROR.value and str(reason or "").startswith("timeout_"):
-        raise Rejected("late_result", f"{body.in_reply_to} already ended: {reason}")
-    if message.origin not in (destination, node.node_id):
-        raise Rejected("wrong_signer", f"{body.in_reply_to} was not sent to the node that answered")
+def _refusal(ctx: int, message: Message, body: ResultBody, reason: str, detail: str) -> Rejected:
+    request = body.in_reply_to
+    if reason == "replay":
+        return Rejected("replay", f"{detail} of {message.key} was already accepted")
+    if reason == "unknown_request":
+        return Rejected(reason, f"no request {request} in context {ctx}")
+    if reason == "late_result":
+        return Rejected(reason, f"{request} already ended: {detail}")
+    return Rejected(reason, f"{request} was not sent to the node that answered")

@@ -149,9 +149,32 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
         tx.lpush(keys.MSG_OUT, [msg.key])
 
 
-def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
-    """Queue in ``tx``, at the origin: the job copy's final state, the request's status, the
-    reply that wakes the waiting client and, for a flow's job, a wake-up of the flow engine."""
+# The origin's side of a result, as a Lua function other scripts include (the consumer's
+# accept script) and apply_result runs: the job copy's final state, the request's status, the
+# reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of the flow
+# engine (node/flows.py). a: status result reason stamp request-status reply reply-ttl
+APPLY_RESULT_LUA = """
+local function apply_result(job, request, reply, flow_events, a)
+  redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
+  redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
+  redis.call('LPUSH', reply, a[6])
+  redis.call('EXPIRE', reply, a[7])
+  local flow = redis.call('HGET', job, 'flow_id')
+  if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
+end
+"""
+_APPLY_RESULT = (
+    APPLY_RESULT_LUA + "apply_result(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV)\nreturn 0"
+)
+
+
+def result_keys(body: ResultBody) -> list[str]:
+    """KEYS of APPLY_RESULT_LUA's function: job copy, request, reply list, flow events."""
+    return [body.job_key, body.in_reply_to, keys.reply(body.in_reply_to), keys.FLOW_EVENTS]
+
+
+def result_args(node: NodeState, body: ResultBody) -> list[str]:
+    """Its ``a`` argument (7 values)."""
     reply = json.dumps(
         {
             "job_key": body.job_key,
@@ -160,34 +183,23 @@ def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: A
             "reason": body.reason,
         }
     )
-    stamp = str(now())
     request_status = (
         MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
     )
-    tx.hset(
-        body.job_key,
-        {
-            "status": body.status.value,
-            "result": json.dumps(body.result),
-            "reason": body.reason,
-            "updated_at": stamp,
-        },
-    )
-    tx.hset(
-        body.in_reply_to,
-        {"status": request_status.value, "updated_at": stamp, "processed_at": stamp},
-    )
-    tx.lpush(keys.reply(body.in_reply_to), [reply])
-    tx.expire(keys.reply(body.in_reply_to), node.config.reply_ttl_s)
-    tx.eval(_FLOW_EVENT_LUA, [body.job_key, keys.FLOW_EVENTS], [])  # wakes node/flows.py
+    return [
+        body.status.value,
+        json.dumps(body.result),
+        body.reason,
+        str(now()),
+        request_status.value,
+        reply,
+        str(node.config.reply_ttl_s),
+    ]
 
 
-# A job that belongs to a flow (its origin copy has a flow_id) wakes the flow engine.
-_FLOW_EVENT_LUA = """
-local flow = redis.call('HGET', KEYS[1], 'flow_id')
-if flow and flow ~= '' then redis.call('LPUSH', KEYS[2], flow) end
-return 0
-"""
+def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
+    """Queue in ``tx``, at the origin, what a result changes (see APPLY_RESULT_LUA)."""
+    tx.eval(_APPLY_RESULT, result_keys(body), result_args(node, body))
 
 
 def with_status(message: Message, status: MessageStatus) -> Message:

@@ -14,7 +14,7 @@ from bus.ids import new_id
 from bus.models import JobStatus, Message
 from crypto import KeyPair, read_key_file
 from node.messages import result_message, signed_here
-from tests.test_rejections import job_message, run_and_wait
+from tests.test_rejections import job_message, push_in, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
 
@@ -50,9 +50,13 @@ async def test_a_batch_of_results_with_bad_ones_among_them(node_factory):
         tx.hset(tampered.key, tampered_hash)
         order = [good1, good1, unknown, wrong, tampered, late, good2]  # good1 twice: a replay
         tx.lpush(keys.MSG_IN, [m.key for m in order])
+    probe = job_message(actor, 1, alice.node_id, alice.node_id, "print('probe')")
+    await push_in(alice, probe)  # msg_in is worked off in order: its result comes after
     with trio.fail_after(20):
         [one] = await alice.client.wait_results(requests[0], timeout_s=20)
         [two] = await alice.client.wait_results(requests[1], timeout_s=20)
+        [after] = await alice.client.wait_results(probe, timeout_s=20)
+    assert after.stdout == "probe\n"
     assert (one.status, one.result, two.result) == (
         JobStatus.FINISHED,
         {"stdout": "one"},
