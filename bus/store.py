@@ -54,6 +54,21 @@ return out
 """
 )
 
+# Like _POP_BATCH, and each entry's hash with it: KEYS: source inflight ; ARGV: limit
+# Returns {key1, {field, value, ...}, key2, {...}, ...}
+_POP_READ = Script(
+    script="""
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  if not v then break end
+  out[#out + 1] = v
+  out[#out + 1] = redis.call('HGETALL', v)
+end
+return out
+"""
+)
+
 # KEYS: inflight source redeliveries dlq ; ARGV: max now source-name
 _RECOVER = Script(
     script="""
@@ -108,6 +123,12 @@ end
 return n
 """
 )
+
+
+def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or RESP3 map)
+    if isinstance(raw, dict):
+        return decode_hash(raw)
+    return decode_hash({raw[i]: raw[i + 1] for i in range(0, len(raw), 2)})
 
 
 class _NoScript:
@@ -266,6 +287,21 @@ class Store:
             return []
         moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit)])
         return [str(v) for v in moved]
+
+    async def pop_read(
+        self, db: int, source: str, inflight: str, limit: int, timeout_s: float
+    ) -> list[tuple[str, Hash]]:
+        """Move up to ``limit`` entries of ``source`` to ``inflight`` and read the hash each one
+        names: what is queued already in one round trip (entries and hashes in one Lua call);
+        only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
+        whose entry is read at once. [] after the timeout."""
+        raw = await self.script(db, _POP_READ, [source, inflight], [str(limit)])
+        if raw:
+            return [(str(raw[i]), _flat_hash(raw[i + 1])) for i in range(0, len(raw), 2)]
+        first = await self.pop_reliable(db, source, inflight, timeout_s)
+        if first is None:
+            return []
+        return [(first, await self.hgetall(db, first))]
 
     async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
         """HGETALL of several hashes in one pipelined round trip."""

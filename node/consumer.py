@@ -58,13 +58,11 @@ async def run_consumer(
     await node.store.recover(ctx, inflight, keys.MSG_IN)
     task_status.started()
     while True:
-        first = await node.store.pop_reliable(ctx, keys.MSG_IN, inflight, POP_TIMEOUT_S)
-        if first is None:
-            continue
-        batch = [first, *await node.store.pop_batch(ctx, keys.MSG_IN, inflight, BATCH - 1)]
+        # What is queued already, with its hashes, in one round trip; else a blocking pop.
+        batch = await node.store.pop_read(ctx, keys.MSG_IN, inflight, BATCH, POP_TIMEOUT_S)
         jobs: list[Message] = []
         results: list[VerifiedResult] = []
-        for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
+        for key, fields in batch:
             handled = await _handle_guarded(
                 node, ctx, key, fields, script_types, inflight, jobs, results
             )

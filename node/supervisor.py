@@ -44,25 +44,25 @@ async def run_supervisor(
     await node.store.recover(ctx, inflight, keys.MSG_OUT)
     task_status.started()
     while True:
-        # What is already queued, in one batch; only when msg_out is empty a blocking pop,
-        # whose message is handled at once (no second round trip on the latency path).
-        batch = await node.store.pop_batch(ctx, keys.MSG_OUT, inflight, BATCH)
-        if not batch:
-            first = await node.store.pop_reliable(ctx, keys.MSG_OUT, inflight, POP_TIMEOUT_S)
-            if first is None:
-                continue
-            batch = [first]
-        await handle_batch(node, ctx, batch, script_types, inflight)
+        # What is queued already, read with its hashes in one round trip; only on an empty
+        # msg_out a blocking pop, whose message is handled at once.
+        batch = await node.store.pop_read(ctx, keys.MSG_OUT, inflight, BATCH, POP_TIMEOUT_S)
+        if batch:
+            await handle_batch(node, ctx, batch, script_types, inflight)
 
 
 async def handle_batch(
-    node: NodeState, ctx: int, batch: list[str], script_types: Collection[str], inflight: str
+    node: NodeState,
+    ctx: int,
+    batch: list[tuple[str, dict[str, str]]],
+    script_types: Collection[str],
+    inflight: str,
 ) -> None:
-    """Route a batch popped from msg_out: one read for all hashes, and the jobs that run on this
-    node materialised together in one transaction (a batch of one when the queue is short)."""
+    """Route a batch popped from msg_out (keys and their hashes), the jobs that run on this
+    node materialised together in one step (a batch of one when the queue is short)."""
     local: list[Message] = []
     remote: list[Message] = []
-    for key, fields in zip(batch, await node.store.hgetall_many(ctx, batch), strict=True):
+    for key, fields in batch:
         message = await _guarded(node, ctx, key, fields)
         if message is None:
             continue

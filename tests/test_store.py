@@ -40,3 +40,28 @@ async def test_commandstats_lookup_counts(store: Store) -> None:
     before = await _calls(store, "evalsha")
     await store.scripts(0, [(_ECHO, [], ["x"])])
     assert await _calls(store, "evalsha") > before
+
+
+async def test_pop_read_takes_what_is_queued_with_hashes_then_blocks(store: Store) -> None:
+    import trio
+
+    for i in range(3):
+        await store.hset(0, f"h{i}", {"n": str(i)})
+    await store.lpush(0, "src", "h0", "h1", "h2", "missing")  # h0 is the oldest
+    popped = await store.pop_read(0, "src", "inflight", 2, 1.0)
+    assert popped == [("h0", {"n": "0"}), ("h1", {"n": "1"})]
+    assert await store.pop_read(0, "src", "inflight", 10, 1.0) == [
+        ("h2", {"n": "2"}),
+        ("missing", {}),
+    ]
+    assert await store.lrange(0, "inflight") == ["missing", "h2", "h1", "h0"]  # until acked
+
+    async def push_later() -> None:
+        await trio.sleep(0.2)
+        await store.lpush(0, "src", "h1")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(push_later)
+        with trio.fail_after(5):  # an empty source: the blocking pop, read at once
+            assert await store.pop_read(0, "src", "inflight", 10, 3.0) == [("h1", {"n": "1"})]
+    assert await store.pop_read(0, "src", "inflight", 10, 0.1) == []  # timed out
