@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -107,17 +106,14 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     return node.is_known_node(message.origin)
 
 
-# Result messages this process signed, by (node id, message key): their signature entry
-# ({algorithm, public_key, signature}). Bounded: what falls out, or was signed before a
-# restart, is verified again like any other (see signed_here).
-_SIGNED: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
-SIGNED_MEMORY = 4096
+SIGNED_MEMORY = 4096  # result messages remembered by NodeState.signed_results
 
 
-def signed_here(node_id: str, message: Message) -> bool:
-    """True once if this process signed ``message`` (same key, same signature) as node
-    ``node_id`` with :func:`result_message`: the supervisor's shortcut, see check_outgoing."""
-    signature = _SIGNED.pop((node_id, message.key), None)
+def signed_here(node: NodeState, message: Message) -> bool:
+    """True once if this node signed ``message`` (same key, same signature) with
+    :func:`result_message` since it started: the supervisor's shortcut, see check_outgoing.
+    Bounded: what fell out, or was signed before a restart, is verified like any other."""
+    signature = node.signed_results.pop(message.key, None)
     return signature is not None and message.signatures == [signature]
 
 
@@ -136,9 +132,9 @@ def result_message(node: NodeState, request: Message, body: ResultBody) -> Messa
         nonce=new_nonce(),
     )
     signed = sign_message(msg, node.key)
-    _SIGNED[(node.node_id, signed.key)] = signed.signatures[0]
-    while len(_SIGNED) > SIGNED_MEMORY:
-        _SIGNED.popitem(last=False)
+    node.signed_results[signed.key] = signed.signatures[0]
+    while len(node.signed_results) > SIGNED_MEMORY:
+        node.signed_results.popitem(last=False)
     return signed
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -47,6 +48,9 @@ class NodeState:
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)
     queue_depth: dict[int, int] = field(default_factory=dict)
+    # result messages this node signed lately, by key: their signature entry (see
+    # node.messages.signed_here)
+    signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 

@@ -151,7 +151,7 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
     if message.message_type in (MessageType.RESULT, MessageType.FLOW_JOB):  # flows hook
         if message.origin != node.node_id:
             raise Rejected("forged_result", "result messages in msg_out must come from this node")
-        if message.message_type is MessageType.RESULT and signed_here(node.node_id, message):
+        if message.message_type is MessageType.RESULT and signed_here(node, message):
             stale = freshness_problem(message, now(), node.freshness)
             if stale is not None:
                 raise Rejected(stale.reason, stale.detail)

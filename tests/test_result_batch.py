@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -17,12 +18,20 @@ from node.messages import result_message, signed_here
 from tests.test_rejections import job_message, push_in, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
+# what result_message needs of those nodes (and what signed_here remembers for each)
+NODES = {
+    k.public_hex: SimpleNamespace(node_id=k.public_hex, key=k, signed_results=OrderedDict())
+    for k in (P, Q)
+}
 
 
 def answer(signer: KeyPair, request: Message, stdout: str) -> Message:
     """A result for ``request``'s job, signed by ``signer`` as that node would sign it."""
     body = ResultBody(request.key, request.job[0].key, JobStatus.FINISHED, {"stdout": stdout})
-    node = SimpleNamespace(node_id=signer.public_hex, key=signer)
+    node = NODES.setdefault(
+        signer.public_hex,
+        SimpleNamespace(node_id=signer.public_hex, key=signer, signed_results=OrderedDict()),
+    )
     return result_message(node, request, body)  # type: ignore[arg-type]
 
 
@@ -87,11 +96,12 @@ def test_signed_here_knows_only_what_result_message_signed():
     request = job_message(Q, 1, Q.public_hex, P.public_hex, "print(1)")
     mine, twin, copy = (answer(P, request, "x") for _ in range(3))
     other = sign_message(replace(mine, id=new_id(), signatures=[]), P)  # P's key, signed elsewhere
-    assert not signed_here(P.public_hex, other)
-    assert not signed_here(Q.public_hex, mine)  # signed as P, not as Q
-    assert not signed_here(P.public_hex, replace(twin, signatures=other.signatures))
-    assert signed_here(P.public_hex, copy)
-    assert not signed_here(P.public_hex, copy)  # once: a recovered re-route verifies in full
+    p, q = NODES[P.public_hex], NODES[Q.public_hex]
+    assert not signed_here(p, other)  # type: ignore[arg-type]
+    assert not signed_here(q, mine)  # type: ignore[arg-type]  # signed as P, not as Q
+    assert not signed_here(p, replace(twin, signatures=other.signatures))  # type: ignore[arg-type]
+    assert signed_here(p, copy)  # type: ignore[arg-type]
+    assert not signed_here(p, copy)  # type: ignore[arg-type]  # once: a re-route verifies in full
 
 
 async def test_results_in_msg_out_that_this_node_did_not_just_sign_are_verified(node_factory):
@@ -103,7 +113,8 @@ async def test_results_in_msg_out_that_this_node_did_not_just_sign_are_verified(
     actor = read_key_file(alice.config.actor_key_path)
     me = read_key_file(alice.config.node_key_path)
     request = job_message(actor, 1, P.public_hex, alice.node_id, "print(1)")
-    fresh = answer(me, request, "signed here")  # via result_message, as alice's runners do
+    # alice's key, but not signed by alice's node process: verified in full, and routed
+    fresh = answer(me, request, "signed with alice's key")
     forged = replace(answer(Q, request, "forged"), origin=alice.node_id)
     forged = sign_message(replace(forged, signatures=[]), Q)  # names alice, signed by Q
     async with alice.store.transaction(1) as tx:
