@@ -72,3 +72,9 @@ async def test_cancellation_kills_the_worker(worker, tmp_path):
         await worker.run(job("import time\ntime.sleep(30)"))
     assert worker.proc is None
     assert list((tmp_path / "pids").iterdir()) == []
+
+
+async def test_jobs_run_under_batch_scheduling(worker):
+    """A waking job does not preempt the node that fed it (node/pyworker.py)."""
+    out = await worker.run(job("import os\nprint(os.sched_getscheduler(0) == os.SCHED_BATCH)"))
+    assert out.result["stdout"] == "True\n"
