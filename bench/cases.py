@@ -25,6 +25,7 @@ from bench.harness import (
     Row,
     cpu_times,
     hwm_mb,
+    job_cpu_s,
     make_home,
     node_key,
     own_cpu_s,
@@ -163,6 +164,7 @@ async def run_throughput(
     errors = 0
     submit_done = 0.0
     before = {name: cpu_times(pid) for name, pid in (watch or {}).items()}
+    jobs_before = {name: job_cpu_s(pid) for name, pid in (watch or {}).items()}
     bench_cpu0 = own_cpu_s()
 
     async def submitter() -> None:
@@ -197,8 +199,8 @@ async def run_throughput(
     for name, pid in (watch or {}).items():
         after = cpu_times(pid)
         cpu[name] = after.self_s - before[name].self_s
-        if after.children_s or before[name].children_s:
-            cpu[f"{name} job processes"] = after.children_s - before[name].children_s
+        if name.startswith("node"):
+            cpu[f"{name} job processes"] = job_cpu_s(pid) - jobs_before[name]
     return Throughput(n, submit_done - t0, t_end - t0, errors, cpu)
 
 

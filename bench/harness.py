@@ -75,7 +75,7 @@ def proc_name(pid: int) -> str:
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """CPU seconds of a process (self) and of its reaped children (the job processes)."""
+    """CPU seconds of a process (self) and of its reaped children (see job_cpu_s)."""
 
     self_s: float
     children_s: float
@@ -90,6 +90,18 @@ def cpu_times(pid: int) -> CpuTimes:
     # fields[0] is state (field 3); utime=14, stime=15, cutime=16, cstime=17 (1-based)
     utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
     return CpuTimes((utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK)
+
+
+def job_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid``'s job processes: its reaped children, plus its live children
+    (the warm python workers) except valkey-server. Taken before and after a run, the
+    difference counts a worker that lived through the run, started in it, or was recycled."""
+    total = cpu_times(pid).children_s
+    for child in children_of(pid):
+        name = proc_name(child)
+        if "valkey" not in name and "redis" not in name:
+            total += cpu_times(child).self_s
+    return total
 
 
 def own_cpu_s() -> float:
