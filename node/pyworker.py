@@ -74,9 +74,8 @@ class Capture:
 
 def run_one(script: str, env: dict[str, str]) -> int:
     """Exec ``script`` as ``__main__`` in a fresh namespace with ``env``; its exit code."""
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
-    os.environ.clear()
-    os.environ.update(env)
+    saved_cwd = os.getcwd()
+    os.environ.update(env)  # the worker's own environment is empty (see main)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(compile(script, "<job>", "exec"), namespace)  # noqa: S102 - running jobs is the point
@@ -94,8 +93,8 @@ def run_one(script: str, env: dict[str, str]) -> int:
         return 1
     finally:
         os.environ.clear()
-        os.environ.update(saved_env)
-        os.chdir(saved_cwd)
+        if os.getcwd() != saved_cwd:
+            os.chdir(saved_cwd)
 
 
 def batch_scheduling() -> None:
@@ -113,6 +112,10 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # live logs per line
+    # A job sees exactly its own environment; emptied once here, not saved and restored per
+    # job (that cost more than running a small script). /proc/<pid>/environ, which
+    # kill_orphans reads, still shows what the worker was started with.
+    os.environ.clear()
     capture = Capture(limit)
     while (request := read_frame(requests)) is not None:
         capture.start(request.get("logs"))

@@ -78,3 +78,25 @@ async def test_jobs_run_under_batch_scheduling(worker):
     """A waking job does not preempt the node that fed it (node/pyworker.py)."""
     out = await worker.run(job("import os\nprint(os.sched_getscheduler(0) == os.SCHED_BATCH)"))
     assert out.result["stdout"] == "True\n"
+
+
+async def test_a_crashed_nodes_worker_is_found_and_killed_at_the_next_start(tmp_path):
+    """kill_orphans (run at start-up) recognises a worker left by a dead node by its pid file
+    and the marker in /proc/<pid>/environ (kept although the worker empties its environment),
+    and leaves an unrelated process with a stale pid file alone."""
+    import os
+
+    from node.executor import kill_orphans
+
+    pids = tmp_path / "pids"
+    left = PythonWorker(max_output_bytes=1000, pid_dir=pids)
+    assert (await left.run(job("print(1)"))).result["stdout"] == "1\n"
+    proc = left.proc
+    assert proc is not None
+    (pids / str(os.getpid())).write_text("HERO_WORKER=someone-else")  # not ours: untouched
+    assert await trio.to_thread.run_sync(kill_orphans, pids) == 1
+    with trio.fail_after(5):
+        await proc.wait()
+    assert proc.returncode == -9
+    assert list(pids.iterdir()) == []
+    left.proc = None  # already gone
