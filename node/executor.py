@@ -36,10 +36,11 @@ class Outcome:
     reason: str = ""
 
 
+_PASSED_ON = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # of the node's own environment
+
+
 def job_env(job: RunnerJob) -> dict[str, str]:
-    base = {
-        k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
-    }
+    base = {k: v for k in _PASSED_ON if (v := os.environ.get(k)) is not None}
     base.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     return (
         base
