@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -19,6 +20,9 @@ async def test_embedded_valkey_persists_with_aof_and_stops_on_cancel(tmp_path):
             async with open_store(url) as store:
                 await store.hset(31, "k", {"a": "1"})  # a high DB exists: databases applied
                 config = await store.call(0, lambda r: r.config_get(["appendfsync", "bind"]))
+                server = await store.call(0, lambda r: r.info("server"))
+                # batch scheduling: woken by a command, it does not preempt the node
+                assert os.sched_getscheduler(int(server["process_id"])) == os.SCHED_BATCH
             nursery.cancel_scope.cancel()
     assert config["appendfsync"] == "everysec"
     assert config["bind"].startswith("127.0.0.1")
