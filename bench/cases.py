@@ -43,6 +43,7 @@ from crypto import KeyPair
 
 SUBMITTERS = 8  # concurrent submit tasks sharing one client
 WAITERS = 32  # concurrent BLPOP waiters (each holds a pool connection while blocked)
+CALIBRATION_JOBS = 200  # enough for the rate to be past the start-up of a run
 BATCH = 64  # messages per msgs frame in the batched transport rows (case 4)
 RESULT_TIMEOUT_S = 300
 
@@ -208,7 +209,7 @@ async def calibrate(env: Env, client: Client, to: str, n_max: int) -> tuple[int,
     """N for one measured run: n_max, or what fits the per-run budget at the calibrated rate."""
     if env.plan.quick:
         return n_max, ""
-    probe = await run_throughput(client, env.actor, to, 40)
+    probe = await run_throughput(client, env.actor, to, CALIBRATION_JOBS)
     n = max(min(n_max, 200), min(n_max, int(probe.rate * env.plan.budget_s)))
     if not env.calibrated_rate:
         env.calibrated_rate = probe.rate
