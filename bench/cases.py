@@ -382,7 +382,8 @@ async def case_latency(env: Env) -> list[Row]:
             ("local", a.node_id, (("p50", "<= 1.5"), ("p90", ""), ("p99", "<= 3"))),
             ("cross", b.node_id, (("p50", "<= 3"), ("p90", ""), ("p99", "<= 6"))),
         ):
-            warm = await roundtrips(client, env.actor, to, 5)
+            await roundtrips(client, env.actor, to, 10)  # connections, caches, workers
+            warm = await roundtrips(client, env.actor, to, 10)
             n = env.plan.roundtrips
             note = ""
             if not env.plan.quick:

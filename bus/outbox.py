@@ -130,15 +130,16 @@ class PeerOutbox:
         """Send what the outbox holds in ``msgs`` frames: each batch popped is what was queued
         at that moment (nothing waits for a batch to fill), split by count and bytes."""
         while not link.closed.is_set():
-            value = await self.store.pop_reliable(
-                keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
-            )
-            if value is None:
-                continue
-            batch = [
-                value,
-                *await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH - 1),
-            ]
+            # what is queued already; only on an empty outbox a blocking pop, whose entry is
+            # sent at once (no second pop on the latency path)
+            batch = await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH)
+            if not batch:
+                value = await self.store.pop_reliable(
+                    keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
+                )
+                if value is None:
+                    continue
+                batch = [value]
             items = await self._encode(await self._load(batch))
             for chunk in self._chunks(items):
                 await self.window.acquire(len(chunk), self.ack_timeout_s)
