@@ -41,7 +41,8 @@ return 1
 
 MAX_REDELIVERIES = 5
 
-# KEYS: source inflight ; ARGV: limit
+# Move up to ARGV[1] entries from KEYS[1] (source) to KEYS[2] (inflight), oldest first. With
+# ARGV[2] == '1' each entry is followed by the hash it names: {key1, {field, value, ...}, ...}
 _POP_BATCH = Script(
     script="""
 local out = {}
@@ -49,21 +50,7 @@ for i = 1, tonumber(ARGV[1]) do
   local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   if not v then break end
   out[#out + 1] = v
-end
-return out
-"""
-)
-
-# Like _POP_BATCH, and each entry's hash with it: KEYS: source inflight ; ARGV: limit
-# Returns {key1, {field, value, ...}, key2, {...}, ...}
-_POP_READ = Script(
-    script="""
-local out = {}
-for i = 1, tonumber(ARGV[1]) do
-  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  if not v then break end
-  out[#out + 1] = v
-  out[#out + 1] = redis.call('HGETALL', v)
+  if ARGV[2] == '1' then out[#out + 1] = redis.call('HGETALL', v) end
 end
 return out
 """
@@ -285,7 +272,7 @@ class Store:
         trip; the batching partner of a blocking :meth:`pop_reliable`)."""
         if limit <= 0:
             return []
-        moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit)])
+        moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "0"])
         return [str(v) for v in moved]
 
     async def pop_read(
@@ -295,7 +282,7 @@ class Store:
         names: what is queued already in one round trip (entries and hashes in one Lua call);
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
         whose entry is read at once. [] after the timeout."""
-        raw = await self.script(db, _POP_READ, [source, inflight], [str(limit)])
+        raw = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "1"])
         if raw:
             return [(str(raw[i]), _flat_hash(raw[i + 1])) for i in range(0, len(raw), 2)]
         first = await self.pop_reliable(db, source, inflight, timeout_s)
