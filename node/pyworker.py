@@ -115,8 +115,8 @@ def main() -> None:
     # A job sees exactly its own environment; emptied once here, not saved and restored per
     # job (that cost more than running a small script). /proc/<pid>/environ, which
     # kill_orphans reads, still shows what the worker was started with.
+    capture = Capture(limit)  # its spare files where the node's TMPDIR says
     os.environ.clear()
-    capture = Capture(limit)
     while (request := read_frame(requests)) is not None:
         capture.start(request.get("logs"))
         code = run_one(request["script"], request["env"])
