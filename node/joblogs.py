@@ -41,6 +41,11 @@ class LogPump:
         self.published = False
         self._lock = trio.Lock()  # a flush in progress ends before the end marker is written
 
+    @property
+    def touched(self) -> bool:
+        """Something was (or is being) published: :meth:`finish` has work to do."""
+        return self.published or self._lock.locked()
+
     async def flush(self) -> None:
         async with self._lock:
             await self._flush()

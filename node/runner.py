@@ -219,7 +219,7 @@ async def run_job(
     finally:
         watch.end()
         node.running.pop(job_key, None)
-        if pump.published:
+        if pump.touched:  # a flush in progress ends first, then the rest and the end marker
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 with contextlib.suppress(StoreError):
                     await pump.finish(outcome.status.value if outcome else "interrupted")
