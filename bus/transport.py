@@ -115,6 +115,9 @@ def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
     return hashlib.sha256(der).hexdigest() if der else ""
 
 
+RELOAD_INTERVAL_S = 1.0
+
+
 class Transport:
     """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
 
@@ -125,11 +128,17 @@ class Transport:
         on_frame: FrameHandler,
         on_bad_frame: BadFrameHandler,
         config: TransportConfig | None = None,
+        reload_peers: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.key = key
         self.node_id = key.public_hex
         self.config = config or TransportConfig()
         self._known_peers = known_peers
+        # A dialler unknown here may have been registered a moment ago (both ends learn a new
+        # peer from their own registry events): re-read the registry once before refusing it,
+        # at most every RELOAD_INTERVAL_S whoever dials.
+        self._reload_peers = reload_peers
+        self._reloaded_at = -RELOAD_INTERVAL_S
         self._on_frame = on_frame
         self._on_bad_frame = on_bad_frame
         self._links: dict[str, Link] = {}
@@ -199,7 +208,12 @@ class Transport:
 
     async def _respond(self, ws: WebSocketConnection) -> str:
         hello = await self._receive(ws, "hello")
-        peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+        try:
+            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+        except HandshakeError as exc:
+            if exc.reason != "unknown_node" or not await self._reload():
+                raise
+            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
         n_r = hs.new_nonce()
         await ws.send_message(
             encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_r)
@@ -210,6 +224,15 @@ class Transport:
         sig = hs.sign_transcript(self.key, "responder", session)
         await ws.send_message(encode_frame("welcome", sig=sig))
         return peer_id
+
+    async def _reload(self) -> bool:
+        """Re-read the peer registry, unless that was done within RELOAD_INTERVAL_S."""
+        now = trio.current_time()
+        if self._reload_peers is None or now - self._reloaded_at < RELOAD_INTERVAL_S:
+            return False
+        self._reloaded_at = now
+        await self._reload_peers()
+        return True
 
     # -- dialling --------------------------------------------------------------------------------
 

@@ -94,12 +94,19 @@ async def _run_services(
     await bootstrap(node)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
+    registry: Registry | None = None
+
+    async def reload_peers() -> None:  # an unknown dialler may have just been registered
+        if registry is not None:
+            await registry.refresh()
+
     transport = Transport(
         node.key,
         node.known_peer_ids,
         handler.on_frame,
         handler.on_bad_frame,
         transport_config(config),
+        reload_peers=reload_peers,
     )
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
@@ -171,6 +178,7 @@ class Registry:
         validate_commands(config.commands, config.runners)
         commands = script_commands(config.runners, config.commands)
         self.script_types = {t: commands.get(t, []) for t in config.runners}
+        self._refreshing = trio.Lock()
 
     def slots(self, ctx: int) -> list[Slot]:
         """The local runner slots of context ``ctx`` (for registration and presence)."""
@@ -190,6 +198,12 @@ class Registry:
         return out
 
     async def refresh(self) -> None:
+        """Start what was registered since the last refresh (one refresh at a time: registry
+        events and the transport, for an unknown dialler, both ask for one)."""
+        async with self._refreshing:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
         for peer in await self.node.load_peers():
             await self.nursery.start(self._run_peer, peer)
         for ctx in await self.node.store.context_ids():

@@ -177,6 +177,53 @@ async def test_node_refuses_unknown_peer_without_writing_redis(node_factory):
     assert after == before
 
 
+async def test_a_dialler_registered_a_moment_ago_is_let_in_after_one_registry_read(nursery):
+    """Both ends learn a new peer from their own registry events; the one dialled may not have
+    caught up yet. It re-reads its registry once before refusing an unknown dialler (at most
+    once a second, so strangers cannot make it hammer Redis), and still refuses strangers."""
+    rb = Recorder()
+    known: set[str] = set()
+    reloads: list[float] = []
+
+    async def reload_peers() -> None:  # the registry as it is in Redis by now: A was added
+        reloads.append(trio.current_time())
+        known.add(A.public_hex)
+
+    tb = Transport(B, lambda: known, rb.on_frame, rb.on_bad_frame, reload_peers=reload_peers)
+    port = await nursery.start(tb.serve, "127.0.0.1", 0)
+    ta = Transport(A, lambda: {B.public_hex}, Recorder().on_frame, Recorder().on_bad_frame)
+    nursery.start_soon(ta.dial_forever, B.public_hex, f"ws://127.0.0.1:{port}")
+    with trio.fail_after(10):
+        await tb.wait_link(A.public_hex)
+    assert len(reloads) == 1
+    assert tb.refused == {}
+    tc = Transport(C, lambda: {B.public_hex}, rb.on_frame, rb.on_bad_frame)
+    with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
+        await tc._dial_once(B.public_hex, f"ws://127.0.0.1:{port}")
+    assert tb.refused == {"unknown_node": 1}  # a stranger right after: no second read
+    assert len(reloads) == 1
+
+
+async def test_node_lets_in_a_peer_registered_before_its_registry_event(node_factory):
+    """A peer added to the node's Redis whose registry event the node has not seen yet (here:
+    never sent) is accepted when it dials, after one registry read."""
+    from bus import keys
+    from bus.ids import now
+    from bus.models import Peer
+
+    alice = await node_factory("alice")
+    peer = Peer(C.public_hex, "", "carol", created_at=now(), updated_at=now())
+    async with alice.store.transaction(keys.ACTORS_DB) as tx:  # as add_peer, minus the event
+        tx.hset(keys.peer(peer.id), peer.to_hash())
+        tx.sadd(keys.PEERS, [peer.id])
+    carol = Transport(C, lambda: {alice.node_id}, Recorder().on_frame, Recorder().on_bad_frame)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as inner:
+            inner.start_soon(carol.dial_forever, alice.node_id, alice.info.ws_url)
+            await carol.wait_link(alice.node_id)
+            inner.cancel_scope.cancel()
+
+
 async def test_oversize_frame_closes_the_link(nursery):
     ra, rb = Recorder(), Recorder()
     ta, _ = await serve(nursery, A, {B.public_hex}, ra)
