@@ -250,6 +250,10 @@ async def materialise_many(
         depth_of=[keys.queue(t) for t in types],
     )
     replays = [(m, REPLAY_WHAT[c]) for m, c in zip(messages, codes, strict=True) if c]
+    for (_, writes), code in zip(batch, codes, strict=True):
+        for w in writes:  # idle slots wait on the plain type queue only
+            if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
+                node.wake_idle_slots(ctx, w.fields["script_type"])
     node.count(
         "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
     )

@@ -102,7 +102,9 @@ async def run_runner(
                 lists = queues.consume_order(bases, pops)
                 take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
                 if started is None:
-                    job_key = await _pop(node, ctx, lists, inflight, check_first=not found_empty)
+                    job_key = await _pop(
+                        node, ctx, script_type, lists, inflight, check_first=not found_empty
+                    )
                     found_empty = False
                     if job_key is None:
                         continue
@@ -131,19 +133,39 @@ async def run_runner(
 
 
 async def _pop(
-    node: NodeState, ctx: int, lists: list[str], inflight: str, *, check_first: bool = True
+    node: NodeState,
+    ctx: int,
+    script_type: str,
+    lists: list[str],
+    inflight: str,
+    *,
+    check_first: bool = True,
 ) -> str | None:
-    """A slot's reliable pop over its lists (node/queues.py) that shutdown can interrupt (see
-    NodeState.stop_intake). ``check_first=False``: the lists were just found empty, block."""
+    """A slot's reliable pop over its lists (node/queues.py). Shutdown interrupts it (see
+    NodeState.stop_intake); so does a job queued on one of the slot's other lists (a priority
+    or targeted one) while the slot blocks on its type queue (see NodeState.wake_idle_slots):
+    then it returns None and the slot looks at all its lists again. ``check_first=False``: the
+    lists were just found empty, block at once."""
+    before: int | None = None  # the in-flight list's length before popping (it may hold keys
+    # of jobs whose result was refused as stale)
     with trio.CancelScope() as scope:
         node.intake.add(scope)
+        idle = node.idle_slots.setdefault((ctx, script_type), set())
+        idle.add(scope)
         try:
+            before = await node.store.llen(ctx, inflight)
             return await queues.pop_slot(
                 node.store, ctx, lists, inflight, POP_TIMEOUT_S, check_first=check_first
             )
         finally:
             node.intake.discard(scope)
-    return None
+            idle.discard(scope)
+    if node.stopping.is_set() or before is None:
+        return None  # nothing popped yet, or recovered at the next start (shutdown)
+    # A pop the server had already carried out when it was interrupted pushed its entry on the
+    # slot's in-flight list (at the head): take it from there.
+    moved = await node.store.call(ctx, lambda r: r.lrange(inflight, 0, -1))
+    return str(moved[0]) if len(moved) > before else None
 
 
 async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> None:

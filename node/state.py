@@ -37,6 +37,8 @@ class NodeState:
     idle: trio.Event = field(default_factory=trio.Event)
     running_jobs: int = 0
     intake: set[trio.CancelScope] = field(default_factory=set)
+    # runner slots blocked on their type queue, by (context, script type): see wake_idle_slots
+    idle_slots: dict[tuple[int, str], set[trio.CancelScope]] = field(default_factory=dict)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
@@ -120,6 +122,13 @@ class NodeState:
                 for _, event in due:
                     event.set()
                 self._taken_waiters[:] = [w for w in self._taken_waiters if not w[1].is_set()]
+
+    def wake_idle_slots(self, ctx: int, script_type: str) -> None:
+        """A job was queued on a priority or targeted list: idle slots block on the plain type
+        queue only, so interrupt them to look at all their lists now (not at their pop
+        timeout)."""
+        for scope in self.idle_slots.get((ctx, script_type), ()):
+            scope.cancel()
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

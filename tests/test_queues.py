@@ -106,3 +106,62 @@ async def test_local_slots_take_high_priority_first_and_serve_their_group(node_f
             [result] = await alice.client.wait_results(msg, timeout_s=30)
             assert result.ok, result
     assert order.read_text().split() == ["high", "gpu", "normal", "low"]
+
+
+async def test_idle_slots_take_a_priority_or_targeted_job_at_once(node_factory, monkeypatch):
+    """Idle slots block on their type queue only; a job queued on a priority or group list
+    interrupts them, so it starts now, not at their pop timeout (made 60 s here)."""
+    from crypto import read_key_file
+    from node import runner
+
+    monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
+    alice = await node_factory("alice", runners={"python": 2}, runner_groups={"python": "gpu"})
+    actor = read_key_file(alice.config.actor_key_path)
+    warm = await _submit(alice, actor, "print('warm')")  # then every slot idles, blocked
+    with trio.fail_after(20):
+        await alice.client.wait_results(warm, timeout_s=20)
+    for targeting in ({"priority": "high"}, {"group": "gpu"}, {"priority": "low"}):
+        await trio.sleep(0.3)  # the slots are back in their blocking pop
+        msg = await _submit(alice, actor, "print('now')", **targeting)
+        with trio.fail_after(20):  # far below the 60 s pop timeout
+            [result] = await alice.client.wait_results(msg, timeout_s=20)
+        assert result.stdout == "now\n", targeting
+
+
+async def test_an_interrupted_pop_that_had_moved_a_job_still_runs_it(node_factory, monkeypatch):
+    """If the server carried out a slot's pop just before the pop was interrupted (its reply
+    lost), the job is in the slot's in-flight list: the slot takes it from there, and not an
+    older key it may hold there (a stale attempt's)."""
+    from bus import keys
+    from crypto import read_key_file
+    from node import queues, runner
+
+    monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
+    real_pop = queues.pop_slot
+    lost: list[str] = []
+    moved = trio.Event()
+
+    async def pop_then_lose_the_reply(store, ctx, lists, inflight, timeout_s, *, check_first=True):
+        if lost:  # once: the server moves the job, the slot never hears of it
+            return await real_pop(store, ctx, lists, inflight, timeout_s, check_first=check_first)
+        found = await real_pop(store, ctx, lists, inflight, timeout_s, check_first=check_first)
+        if found is None:
+            return None
+        lost.append(found)
+        moved.set()
+        await trio.sleep_forever()  # until the wake-up below interrupts it
+
+    monkeypatch.setattr(queues, "pop_slot", pop_then_lose_the_reply)
+    alice = await node_factory("alice", runners={"python": 1})
+    actor = read_key_file(alice.config.actor_key_path)
+    inflight = keys.inflight("runner:python:0")
+    await alice.store.lpush(1, inflight, "job:1:1")  # a stale key left by a refused result
+    msg = await _submit(alice, actor, "print('ran')")
+    with trio.fail_after(20):
+        await moved.wait()
+    assert lost == [msg.job[0].key]
+    high = await _submit(alice, actor, "print('high')", priority="high")  # wakes the slot
+    with trio.fail_after(20):
+        [first] = await alice.client.wait_results(msg, timeout_s=20)
+        [second] = await alice.client.wait_results(high, timeout_s=20)
+    assert (first.stdout, second.stdout) == ("ran\n", "high\n")
