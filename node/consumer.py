@@ -63,9 +63,7 @@ async def run_consumer(
         jobs: list[Message] = []
         results: list[VerifiedResult] = []
         for key, fields in batch:
-            handled = await _handle_guarded(
-                node, ctx, key, fields, script_types, inflight, jobs, results
-            )
+            handled = await _handle_guarded(node, ctx, key, fields, inflight, jobs, results)
             if not handled:
                 await node.store.ack(ctx, inflight, key)
         if results:
@@ -79,7 +77,6 @@ async def _handle_guarded(
     ctx: int,
     key: str,
     fields: dict[str, str],
-    script_types: Collection[str],
     inflight: str,
     jobs: list[Message],
     results: list[VerifiedResult],
@@ -90,9 +87,7 @@ async def _handle_guarded(
     message: Message | None = None
     try:
         message = parse_message(ctx, key, fields)
-        return await handle_incoming(
-            node, ctx, message, script_types, inflight, jobs, results=results
-        )
+        return await handle_incoming(node, ctx, message, inflight, jobs, results)
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
@@ -115,34 +110,24 @@ async def handle_incoming(
     node: NodeState,
     ctx: int,
     message: Message,
-    script_types: Collection[str],
     inflight: str,
-    jobs: list[Message] | None = None,
-    *,
-    results: list[VerifiedResult] | None = None,
+    jobs: list[Message],
+    results: list[VerifiedResult],
 ) -> bool:
-    """Accept ``message``; True when it was acknowledged with what it caused (one transaction;
-    an authorised job message goes to ``jobs`` instead when given, a verified result message
-    to ``results``, for its batch). Raises Rejected with the reason it is refused."""
+    """Accept ``message``; True when it was acknowledged with what it caused, or will be with
+    its batch: an authorised job (or flow job) message goes to ``jobs``, a verified result
+    message to ``results`` (both accepted together, replay checks included). Raises Rejected
+    with the reason it is refused."""
     if message.destination != node.node_id:
         raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
     if message.message_type is MessageType.RESULT:
-        verified = verify_result(node, message)
-        if results is not None:
-            results.append(verified)
-            return True
-        await accept_results(node, ctx, [verified], inflight)
+        results.append(verify_result(node, message))
     elif message.message_type is MessageType.JOB:
         await _authorise(node, ctx, message)
-        if jobs is not None:
-            jobs.append(message)
-            return True
-        await check_replay(node, ctx, message)
-        await materialise(node, ctx, message, script_types, inflight)
+        jobs.append(message)
     elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flowtrust.py
         await authorise_flow_job(node, ctx, message)
-        await check_replay(node, ctx, message)
-        await materialise(node, ctx, message, script_types, inflight)
+        jobs.append(message)
     elif message.message_type is MessageType.STOP:
         await authorise_caller(node, ctx, message)
         await check_replay(node, ctx, message)
@@ -199,13 +184,6 @@ async def materialise_fresh(
         queue = keys.MSG_IN if service == SERVICE else keys.MSG_OUT
         await reject(node, ctx, message.key, replay, message, service, queue=queue)
         await node.store.ack(ctx, inflight, message.key)
-
-
-async def materialise(
-    node: NodeState, ctx: int, message: Message, script_types: Collection[str], inflight: str
-) -> None:
-    """Create each job hash and queue it, atomically with the replay markers and the ack."""
-    await materialise_fresh(node, ctx, [message], script_types, inflight, SERVICE)
 
 
 async def materialise_many(
