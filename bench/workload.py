@@ -89,7 +89,8 @@ def materialised_form(message: Message) -> bytes:
     """What a node holds for a queued job after its consumer materialised it (local job).
 
     Job hash as the consumer writes it, the message hash as submitted and then acknowledged,
-    the ``queue:python`` entry and the ``seen:`` marker (``node/consumer.py`` materialise_many).
+    the ``queue:python`` entry and the ``seen:`` marker (materialise_many,
+    ``node/routing/materialise.py``).
     """
     [job] = message.job
     stamp = str(now())

@@ -62,8 +62,8 @@ class JobResult:
         return self.result.get("stdout", "")
 
 
-# The supervisor's processing list (node/supervisor.py SERVICE): a message popped from msg_out
-# waits there until it is routed.
+# The supervisor's processing list (node/routing/supervisor.py SERVICE): a message popped from
+# msg_out waits there until it is routed.
 SUPERVISOR_INFLIGHT = keys.inflight("supervisor")
 WRITE_CHUNK = 512  # messages per transaction when a batch is large
 

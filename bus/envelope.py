@@ -18,7 +18,7 @@ from crypto import KeyPair, Verdict, sign_object, verify_object
 DOMAIN_JOB = "message"
 DOMAIN_RESULT = "result"
 DOMAIN_STOP = "stop"
-DOMAIN_FLOW_JOB = "flow-job"  # a flow job released by its origin node (see node/flowtrust.py)
+DOMAIN_FLOW_JOB = "flow-job"  # a flow job released by its origin node (see node/flows/trust.py)
 
 
 def domain_for(message: Message) -> str:

@@ -12,7 +12,7 @@ Trust design (also in README "Flows"):
   :class:`FlowJobPayload`: the actor-signed document with its signature, the flow-local job id
   and ``inputs`` (the prerequisites' result maps). The message carries the job with the env
   ``dag.merged_env(spec, job, inputs)``.
-* The **destination** checks (node/flowtrust.py): the origin node's signature (a known node), the
+* The **destination** checks (node/flows/trust.py): the origin node's signature (a known node), the
   message's freshness and replay markers (fresh ``created_at``/nonce set at release); the
   actor's signature over the document against ``actor:<caller_id>`` registered *there*; that the
   document names this origin, has not expired and targets this node and context; that the job in

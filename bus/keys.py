@@ -112,10 +112,11 @@ def runner_inflight(runner_id: str) -> str:
 
 
 # Job keys an external runner finished (final status and result written): the node answers
-# them (reply or signed result message) and applies retries. See node/external.py.
+# them (reply or signed result message) and applies retries. See node/runners/external.py.
 RESULTS = "results"
 
-PRIORITIES = ("high", "normal", "low")  # consumed in this order, with aging (node/queues.py)
+# consumed in this order, with aging (node/runners/queues.py)
+PRIORITIES = ("high", "normal", "low")
 
 
 def queue_prio(base: str, priority: str) -> str:

@@ -332,7 +332,7 @@ class RunnerJob:
     status: JobStatus = JobStatus.DISPATCHED
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
-    # extension: targeting (node/queues.py); signed only when set, so that the signatures of
+    # extension: targeting (node/runners/queues.py); signed only when set, so that the signatures of
     # jobs without them (every older message) stay valid
     group: str = ""
     instance: str = ""

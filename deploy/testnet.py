@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 from bus.client import JobResult, open_client  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
-from node.cli_flow import render  # noqa: E402
+from node.cli.flow import render  # noqa: E402
 from node.home import init_home  # noqa: E402
 from node.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 

@@ -17,8 +17,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.commands import validate_commands, validate_groups
 from node.errors import ConfigError
+from node.runners.commands import validate_commands, validate_groups
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
 
@@ -39,9 +39,9 @@ class NodeConfig:
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
-    # script type -> command template for types beyond the built-ins (node/commands.py)
+    # script type -> command template for types beyond the built-ins (node/runners/commands.py)
     commands: dict[str, list[str]] = field(default_factory=dict)
-    # script type -> runner group of this node's slots (targeted queues, node/queues.py)
+    # script type -> runner group of this node's slots (targeted queues, node/runners/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0

@@ -26,21 +26,21 @@ from bus.store import open_store
 from bus.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
-from node.commands import script_commands, validate_commands
 from node.config import NodeConfig
-from node.consumer import run_consumer
-from node.deadlines import run_deadlines
-from node.executor import kill_orphans
-from node.external import run_reaper, run_results
-from node.flows import run_flow_engine
-from node.links import LinkHandler
-from node.messages import Rejected, load_message, reject
-from node.presence import Slot, run_presence, runner_id
-from node.queues import consume_order, slot_bases
+from node.flows.engine import run_flow_engine
 from node.resilient import resilient
-from node.runner import run_retry_scheduler, run_runner
+from node.routing.consumer import run_consumer
+from node.routing.deadlines import run_deadlines
+from node.routing.links import LinkHandler
+from node.routing.messages import Rejected, load_message, reject
+from node.routing.supervisor import run_supervisor
+from node.runners.commands import script_commands, validate_commands
+from node.runners.executor import kill_orphans
+from node.runners.external import run_reaper, run_results
+from node.runners.presence import Slot, run_presence, runner_id
+from node.runners.queues import consume_order, slot_bases
+from node.runners.runner import run_retry_scheduler, run_runner
 from node.state import NodeState
-from node.supervisor import run_supervisor
 from node.valkey import ValkeySpec, free_port, run_valkey
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Registry:
         *,
         ws_url: str = "",
     ) -> None:
-        """Raises ConfigError if a [runners] type has no command (node/commands.py)."""
+        """Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery
@@ -250,7 +250,7 @@ class Registry:
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
-            # -- runner presence, external runners (node/presence.py, node/external.py) --
+            # -- runner presence, external runners (node/runners/presence.py, external.py) --
             await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
             await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)
             await nursery.start(

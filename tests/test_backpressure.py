@@ -7,7 +7,7 @@ import trio
 
 from bus import keys
 from crypto import read_key_file
-from node import supervisor
+from node.routing import supervisor
 
 
 async def test_queue_depth_stays_bounded_and_nothing_is_lost(node_factory, monkeypatch):

@@ -41,7 +41,7 @@ from bus.frames import Frame, decode_frame, encode_frame
 from bus.models import JobStatus, Message, RunnerJob
 from bus.transport import Link, Transport, TransportConfig
 from crypto import KeyPair, read_key_file
-from node.messages import Rejected, load_message
+from node.routing.messages import Rejected, load_message
 from node.valkey import ValkeyProcess, ValkeySpec, free_port
 from tests.faults_proxy import TcpProxy
 from tests.nodeproc import NodeProcess
@@ -148,7 +148,7 @@ async def kill_runner(rig: Rig, client: Client) -> None:
                 cmdline = await trio.Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue  # it already ended: take the next one
-            if b"node.pyworker" not in cmdline and b"-u\0-\0" not in cmdline:
+            if b"node.runners.pyworker" not in cmdline and b"-u\0-\0" not in cmdline:
                 continue
             try:
                 os.kill(int(pid), signal.SIGKILL)

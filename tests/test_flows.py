@@ -18,7 +18,7 @@ from bus.models import FlowStatus, JobStatus, Message
 from bus.store import open_store
 from crypto import KeyPair, read_key_file
 from node.daemon import run_node
-from node.flows import evaluate
+from node.flows.engine import evaluate
 from node.home import init_home
 from node.state import NodeState
 

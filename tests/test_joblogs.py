@@ -66,7 +66,7 @@ async def test_a_job_longer_than_its_lease_keeps_it_and_its_slot_logs_are_reused
     """The slot's watcher renews the lease of a job that outlives LEASE_TTL_MS (without it the
     result would be refused as stale), and the next job on that slot starts with clean output
     files."""
-    from node import runner
+    from node.runners import runner
 
     monkeypatch.setattr(runner, "LEASE_TTL_MS", 600)
     monkeypatch.setattr(runner, "HEARTBEAT_S", 0.15)

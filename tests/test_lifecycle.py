@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from bus import keys
 from bus.models import JobStatus
 from crypto import read_key_file
-from node import jobstore
-from node.lifecycle import after_attempt, backoff_s
+from node.runners import jobstore
+from node.runners.lifecycle import after_attempt, backoff_s
 from tests.scripts import announcing, wait_announced
 
 

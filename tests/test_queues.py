@@ -8,7 +8,14 @@ import trio
 from bus.envelope import sign_message, verify_message
 from bus.models import Message, RunnerJob
 from crypto import KeyPair
-from node.queues import AGING_EVERY, consume_order, pop_first, pop_slot, slot_bases, target_queue
+from node.runners.queues import (
+    AGING_EVERY,
+    consume_order,
+    pop_first,
+    pop_slot,
+    slot_bases,
+    target_queue,
+)
 
 
 def job(**kw) -> RunnerJob:
@@ -112,7 +119,7 @@ async def test_idle_slots_take_a_priority_or_targeted_job_at_once(node_factory, 
     """Idle slots block on their type queue only; a job queued on a priority or group list
     interrupts them, so it starts now, not at their pop timeout (made 60 s here)."""
     from crypto import read_key_file
-    from node import runner
+    from node.runners import runner
 
     monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
     alice = await node_factory("alice", runners={"python": 2}, runner_groups={"python": "gpu"})
@@ -134,7 +141,7 @@ async def test_an_interrupted_pop_that_had_moved_a_job_still_runs_it(node_factor
     older key it may hold there (a stale attempt's)."""
     from bus import keys
     from crypto import read_key_file
-    from node import queues, runner
+    from node.runners import queues, runner
 
     monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
     real_pop = queues.pop_slot

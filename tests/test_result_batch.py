@@ -14,7 +14,7 @@ from bus.envelope import ResultBody, sign_message
 from bus.ids import new_id
 from bus.models import JobStatus, Message
 from crypto import KeyPair, read_key_file
-from node.messages import result_message, signed_here
+from node.routing.messages import result_message, signed_here
 from tests.test_rejections import job_message, push_in, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's

@@ -15,7 +15,7 @@ from node.config import NodeConfig, load_config, render_config
 from node.daemon import run_node
 from node.errors import ConfigError
 from node.home import init_home
-from node.presence import live_runners
+from node.runners.presence import live_runners
 from tests.scripts import announcing, wait_announced
 
 # README "External runners": finishing a job (atomic, only while the lease is ours).

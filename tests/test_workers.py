@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from bus.models import JobStatus, RunnerJob
-from node.workers import PythonWorker
+from node.runners.workers import PythonWorker
 
 
 def job(script: str, timeout: int = 10, **env: str) -> RunnerJob:
@@ -75,7 +75,7 @@ async def test_cancellation_kills_the_worker(worker, tmp_path):
 
 
 async def test_jobs_run_under_batch_scheduling(worker):
-    """A waking job does not preempt the node that fed it (node/pyworker.py)."""
+    """A waking job does not preempt the node that fed it (node/runners/pyworker.py)."""
     out = await worker.run(job("import os\nprint(os.sched_getscheduler(0) == os.SCHED_BATCH)"))
     assert out.result["stdout"] == "True\n"
 
@@ -86,7 +86,7 @@ async def test_a_crashed_nodes_worker_is_found_and_killed_at_the_next_start(tmp_
     and leaves an unrelated process with a stale pid file alone."""
     import os
 
-    from node.executor import kill_orphans
+    from node.runners.executor import kill_orphans
 
     pids = tmp_path / "pids"
     left = PythonWorker(max_output_bytes=1000, pid_dir=pids)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bus.ids import now
 from bus.models import Message
 from bus.verify import judge
-from node.messages import Rejected
+from node.routing.messages import Rejected
 from node.state import NodeState
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -38,6 +39,12 @@ PLACEHOLDERS = frozenset({"script_file", "job_id", "caller_id", "context_id", "s
 _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _TYPE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
+# The built-in script types: the script goes on the interpreter's stdin.
+BUILTIN_COMMANDS: dict[str, list[str]] = {
+    "python": [sys.executable, "-u", "-"],
+    "sh": ["/bin/sh", "-s"],
+}
+
 
 def validate_commands(raw: object, runners: Mapping[str, int]) -> dict[str, list[str]]:
     """Check the ``[commands]`` table against ``[runners]``; the commands as a plain dict.
@@ -45,8 +52,6 @@ def validate_commands(raw: object, runners: Mapping[str, int]) -> dict[str, list
     Raises ConfigError naming the offending entry: a template that is not a non-empty list of
     strings, an unknown placeholder, a bad type name, a type configured in one table only.
     """
-    from node.executor import BUILTIN_COMMANDS
-
     if not isinstance(raw, Mapping):
         raise ConfigError("[commands] must map a script type to a command (a list of strings)")
     out: dict[str, list[str]] = {}
@@ -113,8 +118,6 @@ def script_commands(
 ) -> dict[str, list[str]]:
     """The command of every script type this node runs (a ``[runners]`` entry): configured
     commands first (they may replace a built-in), then the built-ins."""
-    from node.executor import BUILTIN_COMMANDS
-
     table = {**BUILTIN_COMMANDS, **commands}
     return {t: list(table[t]) for t, n in runners.items() if n > 0 and t in table}
 

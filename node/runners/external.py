@@ -35,10 +35,10 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
-from node import jobstore
-from node.lifecycle import after_attempt
-from node.messages import result_message
-from node.queues import queue_of
+from node.routing.messages import result_message
+from node.runners import jobstore
+from node.runners.lifecycle import after_attempt
+from node.runners.queues import queue_of
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -23,13 +23,13 @@ from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
-from node import jobstore, queues
-from node.executor import Outcome, execute
-from node.joblogs import LOG_FLUSH_S, LogPump, log_paths
-from node.lifecycle import after_attempt
-from node.messages import result_message
+from node.routing.messages import result_message
+from node.runners import jobstore, queues
+from node.runners.executor import Outcome, execute
+from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
+from node.runners.lifecycle import after_attempt
+from node.runners.workers import PythonWorker
 from node.state import NodeState
-from node.workers import PythonWorker
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ async def _pop(
     *,
     check_first: bool = True,
 ) -> str | None:
-    """A slot's reliable pop over its lists (node/queues.py). Shutdown interrupts it (see
+    """A slot's reliable pop over its lists (node/runners/queues.py). Shutdown interrupts it (see
     NodeState.stop_intake); so does a job queued on one of the slot's other lists (a priority
     or targeted one) while the slot blocks on its type queue (see NodeState.wake_idle_slots):
     then it returns None and the slot looks at all its lists again. ``check_first=False``: the
@@ -235,7 +235,7 @@ async def run_job(
     try:
         with stop:
             outcome = await run_script(job, pump.paths)
-        if stop.cancelled_caught:  # a signed stop request (see node/stops.py)
+        if stop.cancelled_caught:  # a signed stop request (see node/routing/stops.py)
             reason = node.stop_reasons.pop(job_key, "stopped")
             outcome = Outcome(JobStatus.ERROR, {}, reason)
     finally:

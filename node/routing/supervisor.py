@@ -17,10 +17,10 @@ from bus.errors import StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
 from bus.verify import freshness_problem, judge
-from node import deadlines
-from node.authz import authorise_caller
-from node.consumer import materialise_fresh
-from node.messages import Rejected, parse_message, reject, signed_here
+from node.routing import deadlines
+from node.routing.admission import authorise_caller
+from node.routing.materialise import materialise_fresh
+from node.routing.messages import Rejected, parse_message, reject, signed_here
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,8 @@
 Scripts write their output to two files under ``run/logs``, one pair per runner slot (truncated
 when the slot's next job starts); while the job runs, its pump appends what is new to the
 stream ``logs:<job key>`` every LOG_FLUSH_S (a job that ends sooner has its output in its result
-and never touches the stream). The slot's watcher (node/runner.py) drives the flushes. When a
-job that published ends, the rest and an ``end`` entry follow. Each stream forwards at most
+and never touches the stream). The slot's watcher (node/runners/runner.py) drives the flushes.
+When a job that published ends, the rest and an ``end`` entry follow. Each stream forwards at most
 ``max_output_bytes``, keeps at most MAX_ENTRIES entries and expires with the reply lists.
 ``hero-node job logs KEY --follow`` reads it.
 """

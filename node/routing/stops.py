@@ -19,7 +19,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
-from node.messages import Rejected, queue_result
+from node.routing.messages import Rejected, queue_result
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """A warm Python worker: runs one job after another in fresh namespaces (``python -m
-node.pyworker``). It is started, fed and killed by :mod:`node.workers`; a script that crashes
-or hangs takes down at most this process, never the node.
+node.runners.pyworker``). It is started, fed and killed by :mod:`node.runners.workers`; a
+script that crashes or hangs takes down at most this process, never the node.
 
 Protocol on the inherited fds 0 (requests) and 1 (replies), which are moved aside at start so
 that a script can neither read requests nor corrupt replies: each frame is a 4-byte big-endian

@@ -1,4 +1,4 @@
-"""Warm Python workers (see :mod:`node.pyworker`), one per runner slot.
+"""Warm Python workers (see :mod:`node.runners.pyworker`), one per runner slot.
 
 A worker is started on first use and reused for up to ``max_jobs`` jobs, then recycled. A job
 that outlives its timeout, or is stopped, kills the worker's whole process group (a fresh one
@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from bus.models import JobStatus, RunnerJob
-from node.executor import KILL_GRACE_S, Outcome, job_env, outcome_of
+from node.runners.executor import KILL_GRACE_S, Outcome, job_env, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class PythonWorker:
     async def _start(self) -> None:
         env = dict(os.environ) | {"HERO_WORKER": str(id(self))}
         self.proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "node.pyworker", str(self.max_output_bytes)],
+            [sys.executable, "-m", "node.runners.pyworker", str(self.max_output_bytes)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,

@@ -109,7 +109,7 @@ async def pop_slot(
     Trade-off: BLMPOP waits on many lists but loses the entry if the node dies between its pop
     and the in-flight push, and Lua cannot block; so the wait is on one list. A job that this
     node queues on another list (a priority or targeted queue) while its slots idle interrupts
-    their wait (node/runner.py ``_pop``); one queued there by another process (an operator's
+    their wait (node/runners/runner.py ``_pop``); one queued there by another process (an operator's
     ``dlq retry``) is taken at the next wake-up: the next job on the type queue, or
     ``timeout_s``. ``check_first=False``
     skips :func:`pop_first` when the caller has just found every list empty. Raises StoreError.

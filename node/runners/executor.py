@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,14 +18,9 @@ from typing import Any
 import trio
 
 from bus.models import JobStatus, RunnerJob
-from node.commands import prepared
+from node.runners.commands import prepared
 
 KILL_GRACE_S = 2.0
-
-BUILTIN_COMMANDS: dict[str, list[str]] = {
-    "python": [sys.executable, "-u", "-"],
-    "sh": ["/bin/sh", "-s"],
-}
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,7 @@ async def execute(
     """Run ``job.script`` through ``command``; never raises for what the script does.
     With ``logs``, stdout and stderr are written there as the script runs (followed live).
 
-    ``command`` is a template (see node/commands.py): ``{script_file}`` and the other
+    ``command`` is a template (see node/runners/commands.py): ``{script_file}`` and the other
     placeholders are expanded first; with ``{script_file}`` the script goes in a 0600 file
     (in ``pid_dir``) that is removed afterwards, else on stdin.
     With ``pid_dir``, the child's pid is recorded there while it runs, so that a node restarted

@@ -4,7 +4,7 @@ prerequisites finish, dooms the dependents of failed jobs, and keeps the flow's 
 Event-driven and recoverable. The client stores an actor-signed flow (``flow:<id>``, see
 bus/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
 it to ``flows:active`` and pushes its id on ``flow_events``. Every job result that reaches this
-node for a flow job pushes the flow id there too (node/messages.py ``apply_result``). The
+node for a flow job pushes the flow id there too (node/routing/messages.py ``apply_result``). The
 engine pops ``flow_events`` reliably and *re-evaluates* the flow from what Valkey holds: the
 job copies' statuses go into :func:`bus.dag.schedule`; doomed jobs end in ``error`` with
 reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_job`` messages on
@@ -29,8 +29,8 @@ from bus.errors import ModelError, StoreError
 from bus.flows import FlowDoc, FlowJobPayload
 from bus.ids import new_id, new_nonce, now
 from bus.models import FlowStatus, JobStatus, Message, MessageType
-from node.flowtrust import check_flow_doc, check_may_execute
-from node.messages import Rejected
+from node.flows.trust import check_flow_doc, check_may_execute
+from node.routing.messages import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -8,20 +8,21 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from bus.client import Client, open_client
+from bus.client import Client
 from bus.errors import BusError
 from bus.models import Message
 from bus.store import Store
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
-from node.cli_flow import add_flow_commands
-from node.config import NodeConfig, default_home, load_config
+from node.cli.common import config_of, context_of, home_of, with_client
+from node.cli.flow import add_flow_commands
+from node.config import NodeConfig
 from node.errors import NodeError
 from node.launch import Ready, ready_line
 
@@ -113,22 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_id)
 
     s = sub.add_parser("status", help="show the running node: id, contexts, peers, queues")
-    s.set_defaults(func=_async(status))
+    s.set_defaults(func=with_client(status))
 
     peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(metavar="ACTION")
     s = peer.add_parser("add", help="register a peer node (it may then link to us)")
     s.add_argument("node_id", help="the peer's node id (hex public key)")
     s.add_argument("address", nargs="?", default="", help="ws://host:port to dial (optional)")
     s.add_argument("--name", default="", help="a short name, usable as --to")
-    s.set_defaults(func=_async(peer_add))
+    s.set_defaults(func=with_client(peer_add))
     s = peer.add_parser("list", help="list peers")
-    s.set_defaults(func=_async(peer_list))
+    s.set_defaults(func=with_client(peer_list))
 
     actor = sub.add_parser("actor", help="manage actors").add_subparsers(metavar="ACTION")
     s = actor.add_parser("add", help="register an actor's public key")
     s.add_argument("--id", type=int, required=True, dest="actor_id")
     s.add_argument("--pubkey", required=True, help="hex Ed25519 public key")
-    s.set_defaults(func=_async(actor_add))
+    s.set_defaults(func=with_client(actor_add))
 
     ctx = sub.add_parser("context", help="manage contexts").add_subparsers(metavar="ACTION")
     s = ctx.add_parser("add", help="create or replace a context and its permission lists")
@@ -136,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--admin", type=int, action="append", default=[])
     s.add_argument("--executor", type=int, action="append", default=[])
     s.add_argument("--reader", type=int, action="append", default=[])
-    s.set_defaults(func=_async(context_add))
+    s.set_defaults(func=with_client(context_add))
 
     job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(metavar="ACTION")
     s = job.add_parser("submit", help="sign and submit a job; --wait prints its output")
@@ -151,23 +152,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="wait, print stdout, exit with its status")
     s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
     s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
-    s.set_defaults(func=_async(job_submit))
+    s.set_defaults(func=with_client(job_submit))
     s = job.add_parser("stop", help="stop a job (signed; only its caller or a context admin)")
     s.add_argument("key", help="job:<caller>:<id>")
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
     s.add_argument("--key-file", type=Path, default=None, help="actor key (default: actor.key)")
     s.add_argument("--wait", action="store_true", help="wait until the job has ended")
-    s.set_defaults(func=_async(job_stop))
+    s.set_defaults(func=with_client(job_stop))
     s = job.add_parser("logs", help="a job's output (stdout and stderr); --follow while it runs")
     s.add_argument("key", help="job:<caller>:<id> (on this node: where it runs, or ran)")
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
-    s.set_defaults(func=_async(job_logs))
+    s.set_defaults(func=with_client(job_logs))
     s = job.add_parser("show", help="print a job or message hash as JSON")
     s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
     s.add_argument("--context", type=int, default=None)
-    s.set_defaults(func=_async(job_show))
+    s.set_defaults(func=with_client(job_show))
 
     _add_dlq_commands(sub)
     add_flow_commands(sub)
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
     s.add_argument("key", help="message:<caller>:<id>")
     s.add_argument("--context", type=int, default=None)
-    s.set_defaults(func=_async(msg_status))
+    s.set_defaults(func=with_client(msg_status))
     return p
 
 
@@ -186,39 +187,31 @@ def _add_dlq_commands(sub: Any) -> None:  # noqa: ANN401
     ctx_help = "context id (default: config; 0: transport-level dead letters)"
     s = dlq.add_parser("list", help="one line per dead letter, newest first")
     s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=_async(dlq_list))
+    s.set_defaults(func=with_client(dlq_list))
     s = dlq.add_parser("show", help="a dead letter and the message it refers to")
     s.add_argument("key", help="the dead-lettered key (message:<caller>:<id>, ...)")
     s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=_async(dlq_show))
+    s.set_defaults(func=with_client(dlq_show))
     s = dlq.add_parser("retry", help="queue a dead-lettered message again where it was refused")
     s.add_argument("key", nargs="?", help="the key to re-drive")
     s.add_argument("--all", action="store_true", help="re-drive every re-drivable dead letter")
     s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=_async(dlq_retry))
+    s.set_defaults(func=with_client(dlq_retry))
     s = dlq.add_parser("purge", help="delete dead letters")
     s.add_argument("key", nargs="?", help="only this key's dead letters")
     s.add_argument("--all", action="store_true", help="all of the context's dead letters")
     s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=_async(dlq_purge))
+    s.set_defaults(func=with_client(dlq_purge))
 
 
 # -- local commands ----------------------------------------------------------------------------
-
-
-def _home(args: argparse.Namespace) -> Path:
-    return Path(args.home) if args.home else default_home()
-
-
-def _config(args: argparse.Namespace) -> NodeConfig:
-    return load_config(_home(args))
 
 
 def cmd_init(args: argparse.Namespace) -> int:
     from node.home import init_home
 
     config = init_home(
-        _home(args),
+        home_of(args),
         name=args.name,
         listen_port=args.listen_port,
         redis_url=args.redis,
@@ -239,12 +232,12 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_id(args: argparse.Namespace) -> int:
-    print(load_key_file(_config(args).node_key_path).public_hex)
+    print(load_key_file(config_of(args).node_key_path).public_hex)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = config_of(args)
     key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
     trio.run(_run_until_signal, config, key)
     return 0
@@ -284,30 +277,6 @@ async def _on_signals(
 # -- commands that talk to the node's Redis ----------------------------------------------------
 
 
-def _async(
-    fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
-) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        url = redis_url_of(_config(args))
-
-        async def go() -> int:
-            async with open_client(url) as client:
-                return await fn(client, args)
-
-        return trio.run(go)
-
-    return run
-
-
-def redis_url_of(config: NodeConfig) -> str:
-    if config.redis_url:
-        return config.redis_url
-    info = config.run_dir / "node.json"
-    if not info.exists():
-        raise NodeError(f"the node at {config.home} is not running (start it: hero-node run)")
-    return str(json.loads(info.read_text())["redis_url"])
-
-
 async def status(client: Client, args: argparse.Namespace) -> int:
     from bus import keys
 
@@ -334,7 +303,7 @@ async def status(client: Client, args: argparse.Namespace) -> int:
 
 async def _print_runners(store: Store, ctx: int) -> None:
     """The live runners of a context (those with a presence key): type, busy with which job."""
-    from node.presence import live_runners
+    from node.runners.presence import live_runners
 
     for runner in await live_runners(store, ctx):
         where = "local" if runner.local else "external"
@@ -369,7 +338,7 @@ async def context_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def job_submit(client: Client, args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = config_of(args)
     script = (
         args.script
         if args.script is not None
@@ -409,9 +378,9 @@ def _parse_env(item: str) -> tuple[str, str]:
 
 
 async def job_stop(client: Client, args: argparse.Namespace) -> int:
-    config = _config(args)
+    config = config_of(args)
     key = load_key_file(args.key_file or config.actor_key_path)
-    ctx = _ctx(args)
+    ctx = context_of(args)
     actor = args.actor or config.actor_id
     job = await client.job_fields(ctx, args.key)
     await client.stop_job(key, actor, args.key, ctx)
@@ -425,7 +394,7 @@ async def job_stop(client: Client, args: argparse.Namespace) -> int:
 
 
 async def job_logs(client: Client, args: argparse.Namespace) -> int:
-    async for stream, text in client.job_logs(_ctx(args), args.key, follow=args.follow):
+    async for stream, text in client.job_logs(context_of(args), args.key, follow=args.follow):
         out = sys.stdout if stream == "stdout" else sys.stderr
         out.write(text)
         out.flush()
@@ -433,7 +402,7 @@ async def job_logs(client: Client, args: argparse.Namespace) -> int:
 
 
 async def job_show(client: Client, args: argparse.Namespace) -> int:
-    ctx = args.context or _config(args).context_id
+    ctx = args.context or config_of(args).context_id
     fields: dict[str, Any] = await client.store.hgetall(ctx, args.key)
     if not fields and args.key.startswith("job:"):  # submitted, not routed yet: from its message
         fields = await client.job_fields(ctx, args.key)
@@ -444,21 +413,17 @@ async def job_show(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _ctx(args: argparse.Namespace) -> int:
-    return int(_config(args).context_id if args.context is None else args.context)
-
-
 async def dlq_list(client: Client, args: argparse.Namespace) -> int:
-    entries = await client.store.dead_letters(_ctx(args))
+    entries = await client.store.dead_letters(context_of(args))
     for e in entries:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("at", 0)))
         print(f"{stamp}  {e.get('reason', '?'):<22} {e.get('key', '?')}  {e.get('detail', '')}")
-    print(f"{len(entries)} dead letter(s) in context {_ctx(args)}", file=sys.stderr)
+    print(f"{len(entries)} dead letter(s) in context {context_of(args)}", file=sys.stderr)
     return 0
 
 
 async def dlq_show(client: Client, args: argparse.Namespace) -> int:
-    ctx = _ctx(args)
+    ctx = context_of(args)
     entries = [e for e in await client.store.dead_letters(ctx) if e.get("key") == args.key]
     if not entries:
         print(f"hero-node: no dead letter for {args.key} in context {ctx}", file=sys.stderr)
@@ -469,7 +434,7 @@ async def dlq_show(client: Client, args: argparse.Namespace) -> int:
 
 
 async def dlq_retry(client: Client, args: argparse.Namespace) -> int:
-    ctx = _ctx(args)
+    ctx = context_of(args)
     if args.all == bool(args.key):
         raise NodeError("give a key or --all")
     targets = (
@@ -487,13 +452,13 @@ async def dlq_retry(client: Client, args: argparse.Namespace) -> int:
 async def dlq_purge(client: Client, args: argparse.Namespace) -> int:
     if args.all == bool(args.key):
         raise NodeError("give a key or --all")
-    gone = await client.store.purge_dead_letters(_ctx(args), args.key)
+    gone = await client.store.purge_dead_letters(context_of(args), args.key)
     print(f"purged {gone} dead letter(s)")
     return 0
 
 
 async def msg_status(client: Client, args: argparse.Namespace) -> int:
-    ctx = _ctx(args)
+    ctx = context_of(args)
     report = await client.delivery_status(ctx, args.key)
     if report is None:
         print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)

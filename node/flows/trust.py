@@ -17,7 +17,7 @@ from bus.flows import FlowDoc, FlowJobPayload, verify_flow
 from bus.ids import now
 from bus.models import Message
 from bus.verify import judge
-from node.messages import Rejected
+from node.routing.messages import Rejected
 from node.state import NodeState
 
 

@@ -20,23 +20,21 @@ from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.ids import now
-from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
+from bus.models import Message, MessageStatus, MessageType
 from bus.verify import judge
-from node.authz import authorise_caller
-from node.flowtrust import authorise_flow_job
-from node.materialise import REPLAY_WHAT, JobWrite, materialise_batch
-from node.messages import (
+from node.flows.trust import authorise_flow_job
+from node.routing.admission import authorise_caller
+from node.routing.materialise import materialise_fresh
+from node.routing.messages import (
     APPLY_RESULT_LUA,
     Rejected,
     parse_message,
-    queue_result,
     reject,
     result_args,
     result_keys,
 )
-from node.queues import target_queue
+from node.routing.stops import apply_stop
 from node.state import NodeState
-from node.stops import apply_stop
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +123,7 @@ async def handle_incoming(
     elif message.message_type is MessageType.JOB:
         await _authorise(node, ctx, message)
         jobs.append(message)
-    elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flowtrust.py
+    elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flows/trust.py
         await authorise_flow_job(node, ctx, message)
         jobs.append(message)
     elif message.message_type is MessageType.STOP:
@@ -165,89 +163,6 @@ def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> 
     if message.nonce:
         tx.set(keys.nonce(message.caller_id, message.nonce), message.key, ex=window)
     tx.lrem(inflight, 1, message.key)
-
-
-async def materialise_fresh(
-    node: NodeState,
-    ctx: int,
-    messages: list[Message],
-    script_types: Collection[str],
-    inflight: str,
-    service: str,
-) -> None:
-    """Materialise a batch of authorised job messages in one atomic step (node/materialise.py);
-    a replay (its key or nonce accepted before, or earlier in this batch) is refused and
-    dead-lettered."""
-    replays = await materialise_many(node, ctx, messages, script_types, inflight)
-    for message, what in replays:
-        replay = Rejected("replay", f"{what} of {message.key} was already accepted")
-        queue = keys.MSG_IN if service == SERVICE else keys.MSG_OUT
-        await reject(node, ctx, message.key, replay, message, service, queue=queue)
-        await node.store.ack(ctx, inflight, message.key)
-
-
-async def materialise_many(
-    node: NodeState,
-    ctx: int,
-    messages: list[Message],
-    script_types: Collection[str],
-    inflight: str,
-) -> list[tuple[Message, str]]:
-    """Write the jobs of checked messages, their queue entries, the message status, the replay
-    markers and the ack, in one Lua call; returns the replays (message, what was seen), for
-    which nothing was written."""
-    stamp = now()
-    unknown: list[tuple[Message, RunnerJob]] = []
-    batch: list[tuple[Message, list[JobWrite]]] = []
-    for message in messages:
-        writes = []
-        for job in message.job:
-            fields = job.to_hash() | {
-                "status": JobStatus.DISPATCHED.value,
-                "created_at": str(stamp),
-                "updated_at": str(stamp),
-                "message_key": message.key,
-                "origin": message.origin,
-            }
-            queue = ""
-            if job.script_type in script_types:
-                queue = target_queue(job)  # node/queues.py
-            else:
-                fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
-                unknown.append((message, job))
-            writes.append(JobWrite(job.key, queue, fields))
-        batch.append((message, writes))
-    types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
-    codes, node.queue_depth[ctx] = await materialise_batch(
-        node.store,
-        ctx,
-        inflight,
-        batch,
-        now=stamp,
-        window_s=node.freshness.window_s,
-        depth_of=[keys.queue(t) for t in types],
-    )
-    replays = [(m, REPLAY_WHAT[c]) for m, c in zip(messages, codes, strict=True) if c]
-    for (_, writes), code in zip(batch, codes, strict=True):
-        for w in writes:  # idle slots wait on the plain type queue only
-            if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
-                node.wake_idle_slots(ctx, w.fields["script_type"])
-    node.count(
-        "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
-    )
-    refused = {m.key for m, _ in replays}
-    for message, job in unknown:
-        if message.key in refused:
-            continue
-        detail = (
-            f"unknown_script_type: no runner for {job.script_type!r} on this node "
-            f"(known: {', '.join(sorted(script_types))})"
-        )
-        log.warning("job %s: %s", job.key, detail)
-        await queue_result(
-            node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
-        )
-    return replays
 
 
 def verify_result(node: NodeState, message: Message) -> VerifiedResult:

@@ -148,7 +148,7 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
 # The origin's side of a result, as a Lua function other scripts include (the consumer's
 # accept script) and apply_result runs: the job copy's final state, the request's status, the
 # reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of the flow
-# engine (node/flows.py). a: status result reason stamp request-status reply reply-ttl
+# engine (node/flows/engine.py). a: status result reason stamp request-status reply reply-ttl
 APPLY_RESULT_LUA = """
 local function apply_result(job, request, reply, flow_events, a)
   redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])

@@ -13,6 +13,7 @@ from bus.client import Client
 from bus.dag import FlowError
 from bus.flows import FlowState
 from crypto import load_key_file
+from node.cli.common import config_of, with_client
 from node.errors import NodeError
 
 FILE_HELP = (
@@ -30,7 +31,6 @@ _STATUS_MARK = {
 
 def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
     """Add ``flow submit|status|show`` to the ``hero-node`` parser's subcommands."""
-    from node.cli import _async  # late: node.cli imports this module
 
     flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(metavar="ACTION")
     s = flow.add_parser("submit", help="check, sign and submit a flow; --wait follows it live")
@@ -40,7 +40,7 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
     s.add_argument("--timeout", type=float, default=3600, help="--wait gives up after this (s)")
     s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
     s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
-    s.set_defaults(func=_async(flow_submit))
+    s.set_defaults(func=with_client(flow_submit))
     for name, fn, text in (
         ("status", flow_status, "a table of the flow's jobs: node, status, output"),
         ("show", flow_show, "the flow and its jobs as JSON"),
@@ -48,7 +48,7 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
         s = flow.add_parser(name, help=text)
         s.add_argument("flow_id", type=int)
         s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-        s.set_defaults(func=_async(fn))
+        s.set_defaults(func=with_client(fn))
 
 
 def read_flow_file(path: Path) -> object:
@@ -70,15 +70,13 @@ def read_flow_file(path: Path) -> object:
 
 
 def _context(args: argparse.Namespace) -> int:
-    from node.cli import _config
 
-    return int(args.context if args.context is not None else _config(args).context_id)
+    return int(args.context if args.context is not None else config_of(args).context_id)
 
 
 async def flow_submit(client: Client, args: argparse.Namespace) -> int:
-    from node.cli import _config
 
-    config = _config(args)
+    config = config_of(args)
     doc = read_flow_file(args.file)
     if not isinstance(doc, dict):
         raise NodeError(f"{args.file}: a flow must be an object with a list of jobs")

@@ -20,7 +20,7 @@ from bus import keys, outbox
 from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.models import JobStatus, Message, MessageStatus
-from node.messages import apply_result
+from node.routing.messages import apply_result
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

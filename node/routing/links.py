@@ -19,7 +19,7 @@ from bus.frames import Frame, fields_are_strings
 from bus.ids import now
 from bus.models import MessageStatus
 from bus.transport import Link
-from node.messages import Rejected, load_message, reject
+from node.routing.messages import Rejected, load_message, reject
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,5 @@
+"""``hero-node``, the command line: :func:`main` parses and dispatches (node/cli/main.py)."""
+
+from node.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,51 @@
+"""What every ``hero-node`` command shares: the home, its configuration, a client on the
+node's Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import trio
+
+from bus.client import Client, open_client
+from node.config import NodeConfig, default_home, load_config
+from node.errors import NodeError
+
+
+def home_of(args: argparse.Namespace) -> Path:
+    return Path(args.home) if args.home else default_home()
+
+
+def config_of(args: argparse.Namespace) -> NodeConfig:
+    return load_config(home_of(args))
+
+
+def with_client(
+    fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        url = redis_url_of(config_of(args))
+
+        async def go() -> int:
+            async with open_client(url) as client:
+                return await fn(client, args)
+
+        return trio.run(go)
+
+    return run
+
+
+def redis_url_of(config: NodeConfig) -> str:
+    if config.redis_url:
+        return config.redis_url
+    info = config.run_dir / "node.json"
+    if not info.exists():
+        raise NodeError(f"the node at {config.home} is not running (start it: hero-node run)")
+    return str(json.loads(info.read_text())["redis_url"])
+
+
+def context_of(args: argparse.Namespace) -> int:
+    return int(config_of(args).context_id if args.context is None else args.context)

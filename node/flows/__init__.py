@@ -1,0 +1,2 @@
+"""Flows at their origin node: the engine that releases jobs as prerequisites finish, and the
+checks on actor-signed flow documents and node-signed flow jobs."""
