@@ -3,22 +3,26 @@ another's job, sizes are bounded, and a job message past its signed ack deadline
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import trio
 
-from bus import keys
+from bus import keys, outbox
 from bus.envelope import sign_message
-from bus.ids import new_id, now
+from bus.ids import new_id, now, set_clock
 from bus.models import JobStatus, Message
 from bus.store import Store
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
 from node.routing.admission import check_ack_deadline, delivery_problem
+from node.routing.deadlines import fail_due, schedule_in
 from node.routing.materialise import JobWrite, materialise_batch
 from node.routing.messages import Rejected
+from node.state import NodeState
 from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in, run_and_wait
 
@@ -205,3 +209,63 @@ async def test_consumer_refuses_a_job_message_taken_after_its_deadline(node_fact
     [entry] = await alice.store.dead_letters(1)
     assert (entry["key"], entry["reason"]) == (late.key, "expired")
     assert not marker.exists()
+
+
+async def test_destination_nacks_a_job_message_received_after_its_deadline(node_factory, tmp_path):
+    """What a frozen peer reads off its socket after the deadline is refused on arrival: the
+    origin's client is told (peer_refused_expired) and nothing runs at the destination."""
+    alice = await node_factory("alice")
+    bob = await node_factory("bob")
+    actor = await link_to(alice, bob)
+    marker = tmp_path / "ran"
+    late = job_message(actor, 1, alice.node_id, bob.node_id, marker_script(marker))
+    late = sign_message(replace(late, created_at=now() - 40, timeout_ack=30, signatures=[]), actor)
+    await push_in(alice, late, queue=keys.MSG_OUT)
+    with trio.fail_after(20):
+        [result] = await alice.client.wait_results(late, timeout_s=20)
+    assert result.reason.startswith("peer_refused_expired")
+    [refused] = await bob.store.dead_letters(keys.ACTORS_DB)
+    assert (refused["key"], refused["reason"]) == (late.key, "refused_delivery")
+    assert not await bob.store.exists(1, late.key)
+    assert not marker.exists()
+
+
+@pytest.fixture
+def clock() -> Iterator[list[float]]:
+    """The wall clock of bus.ids, set by the test: ``clock[0]`` is now."""
+    fake = [float(now())]
+    previous = set_clock(lambda: fake[0])
+    yield fake
+    set_clock(previous)
+
+
+async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, tmp_path, clock):
+    """The origin's ack deadline is the signed one plus max_skew_s; when it passes, the entry
+    leaves the outbox and its in-flight list (one transaction) and the client is told."""
+    config = NodeConfig(home=tmp_path, max_skew_s=60)
+    node = NodeState(config, KeyPair.generate(), store)
+    peer = KeyPair.generate().public_hex
+    actor = KeyPair.generate()
+    msg = job_message(actor, 1, node.node_id, peer, "print(1)")
+    msg = sign_message(replace(msg, created_at=int(clock[0]), timeout_ack=30, signatures=[]), actor)
+    entry = outbox.entry(1, msg.key)
+    async with store.transaction(1) as tx:
+        tx.hset(msg.key, msg.to_hash())
+        tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
+        schedule_in(tx, msg, config.max_skew_s)
+    await store.lpush(keys.ACTORS_DB, keys.outbox(peer), entry)
+    await store.lpush(keys.ACTORS_DB, keys.outbox_inflight(peer), entry)
+
+    clock[0] = msg.created_at + 30 + 59  # past the signed deadline, within the skew
+    assert await fail_due(node, 1) == (msg.created_at + 90) * 1000
+    assert (await store.hgetall(1, msg.key))["status"] == "dispatched"
+
+    clock[0] = msg.created_at + 91
+    await fail_due(node, 1)
+    fields = await store.hgetall(1, msg.key)
+    assert (fields["status"], fields["reason"][:11]) == ("error", "timeout_ack")
+    for listed in (keys.outbox(peer), keys.outbox_inflight(peer)):
+        assert await store.call(keys.ACTORS_DB, lambda r, k=listed: r.lrange(k, 0, -1)) == []
+    reply = await store.call(1, lambda r: r.lrange(keys.reply(msg.key), 0, -1))
+    assert json.loads(reply[0])["reason"].startswith("timeout_ack")
+    assert (await store.hgetall(1, msg.job[0].key))["status"] == "error"

@@ -160,7 +160,7 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
                 tx.lpush(keys.MSG_IN, [m.key])
             elif m.message_type is MessageType.JOB:
                 write_origin_copies(tx, m, {"updated_at": stamp})
-                deadlines.schedule_in(tx, m)
+                deadlines.schedule_in(tx, m, node.freshness.max_skew_s)
             tx.lrem(inflight, 1, m.key)
     if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
         node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
