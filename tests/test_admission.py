@@ -269,3 +269,87 @@ async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, t
     reply = await store.call(1, lambda r: r.lrange(keys.reply(msg.key), 0, -1))
     assert json.loads(reply[0])["reason"].startswith("timeout_ack")
     assert (await store.hgetall(1, msg.job[0].key))["status"] == "error"
+
+
+class HeldLink:
+    """A TCP proxy between two nodes whose forward direction can be held: what the origin
+    sends waits unread, as on the socket of a frozen peer, until released."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.url = ""
+        self.gate = trio.Event()
+        self.gate.set()
+
+    def hold(self) -> None:
+        self.gate = trio.Event()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None]) -> None:
+        [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.url = f"ws://127.0.0.1:{listener.socket.getsockname()[1]}"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, [listener])
+            task_status.started()
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, client, upstream, True, nursery.cancel_scope)
+            nursery.start_soon(self._pump, upstream, client, False, nursery.cancel_scope)
+
+    async def _pump(
+        self, src: trio.SocketStream, dst: trio.SocketStream, gated: bool, both: trio.CancelScope
+    ) -> None:
+        try:
+            async for chunk in src:
+                if gated:
+                    await self.gate.wait()
+                await dst.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            both.cancel()
+
+
+async def test_told_failed_never_runs_on_a_frozen_peer(node_factory, nursery, tmp_path):
+    """Frames sent to a peer that reads them only after the origin declared timeout_ack are
+    refused there (expired): the client was told failed, and the job never runs."""
+    alice = await node_factory("alice", max_skew_s=1)
+    bob = await node_factory("bob")
+    link = HeldLink(int(bob.info.ws_url.rsplit(":", 1)[1]))
+    await nursery.start(link.serve)
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(bob.node_id, link.url, name="bob")  # through the proxy
+    await bob.client.add_peer(alice.node_id, "", name="alice")
+    await bob.client.register_actor(1, actor.public_hex)
+    await bob.client.register_context(1, admins=[2], executors=[1])
+    warm = await alice.client.submit_job(
+        actor, 1, to="bob", context_id=1, script_type="python", script="print(1)"
+    )
+    with trio.fail_after(20):
+        await alice.client.wait_results(warm, timeout_s=20)
+    link.hold()
+    marker = tmp_path / "ran"
+    msg = await alice.client.submit_job(
+        actor,
+        1,
+        to="bob",
+        context_id=1,
+        script_type="python",
+        script=marker_script(marker),
+        timeout_ack_s=2,
+    )
+    with trio.fail_after(20):
+        [told] = await alice.client.wait_results(msg, timeout_s=20)
+    assert told.reason.startswith("timeout_ack")
+    link.gate.set()
+    probe = await alice.client.submit_job(  # same connection: read after the held frames
+        actor, 1, to="bob", context_id=1, script_type="python", script="print('after')"
+    )
+    with trio.fail_after(20):
+        [after] = await alice.client.wait_results(probe, timeout_s=20)
+    assert after.stdout == "after\n"
+    refused = [(e["key"], e["reason"]) for e in await bob.store.dead_letters(keys.ACTORS_DB)]
+    assert refused == [(msg.key, "refused_delivery")]
+    assert not await bob.store.exists(1, msg.key)
+    assert not marker.exists()
