@@ -52,7 +52,7 @@ async def finished_job_of(node, signer: KeyPair, caller: int) -> dict[str, str]:
 # -- item 2: a job is its message's, and is never another message's job ------------------------
 
 
-@pytest.mark.parametrize("aim", ["caller", "context"])
+@pytest.mark.parametrize("aim", ["caller", "new_job_of_caller", "context"])
 async def test_local_job_of_another_caller_or_context_is_refused(node_factory, tmp_path, aim):
     """The supervisor path (a message to this node's own runners) refuses what the consumer
     path refuses: a job naming another caller or context than its signed message."""
@@ -66,6 +66,8 @@ async def test_local_job_of_another_caller_or_context_is_refused(node_factory, t
     base = job_message(actor, 1, alice.node_id, alice.node_id, marker_script(marker))
     if aim == "caller":  # actor 1 signs a job that names actor 9's finished job
         forged = resigned(base, actor, caller_id=VICTIM, id=int(before["id"]))
+    elif aim == "new_job_of_caller":  # ... or a job key of actor 9's not taken yet
+        forged = resigned(base, actor, caller_id=VICTIM)
     else:
         forged = resigned(base, actor, context_id=2)
     await push_in(alice, forged, queue=keys.MSG_OUT)
@@ -77,6 +79,7 @@ async def test_local_job_of_another_caller_or_context_is_refused(node_factory, t
     reasons = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
     assert reasons == {forged.key: "malformed"}
     assert await alice.store.hgetall(1, keys.job(VICTIM, int(before["id"]))) == before
+    assert not await alice.store.exists(1, keys.job(VICTIM, base.job[0].id))  # no squatting
     assert not marker.exists()
 
 

@@ -170,7 +170,10 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
 def write_origin_copies(tx: Any, message: Message, fields: dict[str, str]) -> None:  # noqa: ANN401
     """Queue in ``tx`` the origin's copy of each job of ``message`` (job hash as the message
     carries it, linked to the message), with ``fields`` on top; never over another message's
-    job (materialise.write_own_job)."""
+    job (materialise.write_own_job), nor under another caller's key (a refused message may
+    name one)."""
     for job in message.job:
+        if job.caller_id != message.caller_id:
+            continue
         base = {"created_at": str(message.created_at), "message_key": message.key}
         write_own_job(tx, job.key, message.key, job.to_hash() | base | fields)
