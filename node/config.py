@@ -49,6 +49,10 @@ class NodeConfig:
     max_age_s: int = 300  # messages older than this are refused ("expired")
     max_skew_s: int = 60  # ... and dated further ahead than this ("from_future")
     max_output_bytes: int = 1024 * 1024
+    # admission: a message (its stored hash) or one job's script above these is refused
+    # ("oversize") on every path, local or from a peer, before its signature is checked
+    max_message_bytes: int = 1024 * 1024
+    max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
@@ -85,6 +89,8 @@ _INT_FIELDS = (
     "max_age_s",
     "max_skew_s",
     "max_output_bytes",
+    "max_message_bytes",
+    "max_script_bytes",
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
 _STR_FIELDS = ("name", "listen_host", "redis_url")
@@ -176,6 +182,9 @@ reply_ttl_s = {cfg.reply_ttl_s}
 max_age_s = {cfg.max_age_s}
 max_skew_s = {cfg.max_skew_s}
 max_output_bytes = {cfg.max_output_bytes}
+# a message (its stored fields) or a job's script larger than this is refused ("oversize")
+max_message_bytes = {cfg.max_message_bytes}
+max_script_bytes = {cfg.max_script_bytes}
 # on SIGTERM/SIGINT, running jobs get this long to finish
 grace_s = {cfg.grace_s}
 
