@@ -27,6 +27,11 @@ from tests.test_runners import External
 
 FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "echo hi"}
 FLOW_B = FLOW_JOB | {"id": "b", "depends": ["a"]}
+# README "External runners", step 4
+KEEP_LEASE = (
+    "if redis.call('GET',KEYS[1])==ARGV[1] then return redis.call('PEXPIRE',KEYS[1],ARGV[2]) end "
+    "return 0"
+)
 TRUSTED = ("actor:1", "context:1", "peer:" + "ab" * 32, "node:info")
 
 
@@ -77,7 +82,7 @@ async def test_embedded_valkey_is_private_and_clients_submit_but_never_rewrite_t
     actor = read_key_file(alice.config.actor_key_path)
     with trio.fail_after(30):
         async with open_client(client_url) as client:
-            for key in TRUSTED:
+            for key in (*TRUSTED, "job:1:1"):
                 assert await refused(client.store, key), key
             job = new_job(1, 1, "python", "print(6 * 7)")
             msg = await client.submit(actor, 1, to="self", context_id=1, jobs=[job])
@@ -110,6 +115,10 @@ async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
             job = new_job(1, 1, "ext", "say 42")
             msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
             key, token = await ext.take()
+            keep = await runner_store.call(
+                1, lambda r: r.eval(KEEP_LEASE, [f"lease:{key}"], [token, "15000"])
+            )
+            assert keep == 1
             assert await ext.finish(key, token, "finished", {"stdout": "42"}) == 1
             [res] = await alice.client.wait_results(msg, 15)
     assert res.ok
