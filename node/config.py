@@ -163,7 +163,8 @@ listen_port = {cfg.listen_port}
 # handshake binds the certificate, so no CA is involved); peers dial wss://host:port
 tls = {"true" if cfg.tls else "false"}
 # Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec).
-# A Redis of your own needs ACL users and no usable default user (README "Security")
+# A Redis of your own needs ACL users and the default user off (README: "Who may write the
+# node's Valkey"); the URL then names the node's user and password
 redis_url = "{cfg.redis_url}"
 # the embedded Valkey listens on the unix socket run/valkey.sock (only this user may connect;
 # every role authenticates with its password in secrets/). A port (not 0) opens TCP too, on

@@ -60,7 +60,9 @@ async def refused(store: Store, key: str) -> bool:
     return False
 
 
-async def test_embedded_valkey_is_private_and_clients_submit_but_never_rewrite_trust(node_factory):
+async def test_embedded_valkey_has_no_tcp_port_and_admits_no_one_without_a_password(
+    node_factory,
+):
     alice = await node_factory("alice", embedded=True)
     home, sock = alice.config.home, valkey_socket(alice.config)
     assert mode(alice.config.run_dir) == 0o700
@@ -78,20 +80,28 @@ async def test_embedded_valkey_is_private_and_clients_submit_but_never_rewrite_t
     assert reply.startswith(b"-WRONGPASS"), reply
     assert (await alice.store.hgetall(0, "actor:1"))["pubkey"] != "x"
 
+
+async def test_client_credentials_serve_the_client_api_but_never_rewrite_trust(node_factory):
+    alice = await node_factory("alice", embedded=True)
     client_url = role_url(alice.config, alice.info.redis_url, CLIENT)
     actor = read_key_file(alice.config.actor_key_path)
-    with trio.fail_after(30):
+    with trio.fail_after(40):
         async with open_client(client_url) as client:
             for key in (*TRUSTED, "job:1:1"):
                 assert await refused(client.store, key), key
-            job = new_job(1, 1, "python", "print(6 * 7)")
-            msg = await client.submit(actor, 1, to="self", context_id=1, jobs=[job])
-            [res] = await client.wait_results(msg, 25)
-            assert await client.job_fields(1, job.key)
+            jobs = [new_job(1, 1, "python", "print(6 * 7)"), new_job(1, 1, "sh", "sleep 30")]
+            short, long = await client.submit_many(actor, 1, to="self", context_id=1, jobs=jobs)
+            [res] = await client.wait_results(short, 25)
+            assert [text async for _, text in client.job_logs(1, jobs[0].key)] == ["42\n"]
+            assert (await client.delivery_status(1, short.key) or {})["state"] == "processed"
+            await client.stop_job(actor, 1, jobs[1].key, 1)
+            [stopped] = await client.wait_results(long, 25)
+            assert (await client.job_fields(1, jobs[1].key))["status"] == "error"
             flow_id = await client.submit_flow(actor, 1, {"jobs": [FLOW_JOB, FLOW_B]}, context_id=1)
             flow = await client.wait_flow(flow_id, 1, 25)
     assert res.status is JobStatus.FINISHED
     assert res.result["stdout"].strip() == "42"
+    assert stopped.reason.startswith("stopped"), stopped
     assert flow.status.value == "finished", flow
 
 

@@ -252,7 +252,7 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     if config.redis_url:
         raise NodeError(
             "this node uses the Redis of its redis_url setting: create the ACL users on that "
-            'server yourself (README "Security")'
+            "server yourself (README: Who may write the node's Valkey)"
         )
     print(role_url(config, reachable_url(config), args.role))
     return 0
