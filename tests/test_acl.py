@@ -125,8 +125,10 @@ async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
             job = new_job(1, 1, "ext", "say 42")
             msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
             key, token = await ext.take()
+            lease = f"lease:{key}"
+            held = await runner_store.call(1, lambda r: r.get(lease))
             keep = await runner_store.call(
-                1, lambda r: r.eval(KEEP_LEASE, [f"lease:{key}"], [token, "15000"])
+                1, lambda r: r.eval(KEEP_LEASE, [lease], [held, "15000"])
             )
             assert keep == 1
             assert await ext.finish(key, token, "finished", {"stdout": "42"}) == 1
