@@ -78,14 +78,12 @@ def ensure_secrets(home: Path) -> dict[str, str]:
     folder = secrets_dir(home)
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)
-    passwords = {}
-    for role in ROLES:
-        path = secret_path(home, role)
-        if not path.exists():
-            _write_private(path, secrets.token_urlsafe(32) + "\n")
-            log.info("generated the Valkey password of role %r in %s", role, path)
-        passwords[role] = read_secret(home, role)
-    return passwords
+    made = [r for r in ROLES if not secret_path(home, r).exists()]
+    for role in made:
+        _write_private(secret_path(home, role), secrets.token_urlsafe(32) + "\n")
+    if made:
+        log.info("generated Valkey password(s) for %s in %s", ", ".join(made), folder)
+    return {role: read_secret(home, role) for role in ROLES}
 
 
 def read_secret(home: Path, role: str) -> str:

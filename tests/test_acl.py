@@ -150,7 +150,7 @@ async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):
             nursery.cancel_scope.cancel()
     assert {mode(secret_path(config.home, r)) for r in ROLES} == {0o600}
     assert mode(config.run_dir) == 0o700
-    assert "generated the Valkey password of role 'node'" in caplog.text
+    assert "generated Valkey password(s) for node, client, runner" in caplog.text
 
 
 async def test_credentials_command_gives_a_tcp_runner_url_when_a_port_is_open(tmp_path, capsys):

@@ -236,6 +236,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
     scheme = "wss" if config.tls else "ws"
     print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
+    if not config.redis_url:
+        print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 
