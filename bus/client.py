@@ -620,12 +620,9 @@ class Client:
             "signatures": json.dumps(signatures),
             "reason": "",
         }
+        # no job hashes: a client may not write job:* (the engine writes each job's copy when
+        # it releases it; until then a missing copy reads as waiting_for_prerequisites)
         async with self.store.transaction(doc.context_id) as tx:
-            for job in doc.spec.jobs:
-                copy = doc.runner_job(job.id, {}, doc.created_at)
-                fields = copy.to_hash() | {"flow_id": str(doc.id), "flow_job": job.id}
-                fields["status"] = JobStatus.WAITING_FOR_PREREQUISITES.value
-                tx.hset(copy.key, fields | {"node": job.node})
             tx.hset(keys.flow(doc.id), flow.to_hash() | extra)
             tx.sadd(keys.FLOWS_ACTIVE, [str(doc.id)])
             tx.lpush(keys.FLOW_EVENTS, [str(doc.id)])

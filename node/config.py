@@ -6,7 +6,8 @@ Layout of a node's home directory (``hero-node init`` creates it):
     node.key      the node's Ed25519 key (mode 0600); its public key is the node id
     actor.key     a default actor key for the CLI (mode 0600)
     valkey/       data and AOF of the embedded Valkey
-    run/          runtime facts of the running node (redis.url, node.json)
+    secrets/      passwords of the embedded Valkey's ACL users, one file per role (0600)
+    run/          runtime facts of the running node (node.json, valkey.sock); mode 0700
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class NodeConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 7700
     redis_url: str = ""  # empty: start an embedded Valkey
-    valkey_port: int = 0  # 0: a free port at every start
+    valkey_port: int = 0  # 0: the embedded Valkey listens on run/valkey.sock only (no TCP)
+    valkey_host: str = "127.0.0.1"  # where it listens when valkey_port is set
     valkey_databases: int = 256
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
@@ -93,7 +95,7 @@ _INT_FIELDS = (
     "max_script_bytes",
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
-_STR_FIELDS = ("name", "listen_host", "redis_url")
+_STR_FIELDS = ("name", "listen_host", "redis_url", "valkey_host")
 _BOOL_FIELDS = ("tls", "python_workers")
 
 
@@ -166,10 +168,15 @@ listen_port = {cfg.listen_port}
 # serve wss:// with a self-signed certificate (peers authenticate by node key, and the
 # handshake binds the certificate, so no CA is involved); peers dial wss://host:port
 tls = {"true" if cfg.tls else "false"}
-# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec)
+# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec).
+# A Redis of your own needs ACL users and the default user off (README: "Who may write the
+# node's Valkey"); the URL then names the node's user and password
 redis_url = "{cfg.redis_url}"
-# port of the embedded Valkey (0: a free port at each start; the CLI finds it in run/)
+# the embedded Valkey listens on the unix socket run/valkey.sock (only this user may connect;
+# every role authenticates with its password in secrets/). A port (not 0) opens TCP too, on
+# valkey_host, for external runners on other machines: `hero-node runner credentials`
 valkey_port = {cfg.valkey_port}
+valkey_host = "{cfg.valkey_host}"
 valkey_databases = {cfg.valkey_databases}
 # the actor of actor.key and the context the node creates for it on first start
 actor_id = {cfg.actor_id}

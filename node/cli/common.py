@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from bus.client import Client, open_client
+from node.acl import NODE, role_url
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
 
@@ -44,7 +45,8 @@ def redis_url_of(config: NodeConfig) -> str:
     info = config.run_dir / "node.json"
     if not info.exists():
         raise NodeError(f"the node at {config.home} is not running (start it: hero-node run)")
-    return str(json.loads(info.read_text())["redis_url"])
+    # node.json names the socket, not the password: that is read from the home's secrets/
+    return role_url(config, str(json.loads(info.read_text())["redis_url"]), NODE)
 
 
 def context_of(args: argparse.Namespace) -> int:
