@@ -60,6 +60,11 @@ async def test_a_second_run_on_a_running_home_exits_2_and_touches_nothing(tmp_pa
         assert int((node.config.valkey_dir / "valkey.pid").read_text()) == valkey_pid
         ok = await cli(node.home, *SUBMIT, "--script", "print(6*7)", "--wait")
         assert (ok.returncode, ok.stdout) == (0, "42\n"), ok.stderr
+        # however a node dies, its lock goes with it (no child inherits it): a new run starts
+        await node.kill()
+        await node.start()
+        again = await cli(node.home, *SUBMIT, "--script", "print(7)", "--wait")
+        assert (again.returncode, again.stdout) == (0, "7\n"), again.stderr
     finally:
         await node.close()
 
