@@ -48,6 +48,7 @@ class NodeConfig:
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     reply_ttl_s: int = 86_400
+    flow_deadline_s: int = 3600  # a flow whose document sets no deadline_s ends by then
     max_age_s: int = 300  # messages older than this are refused ("expired")
     max_skew_s: int = 60  # ... and dated further ahead than this ("from_future")
     max_output_bytes: int = 1024 * 1024
@@ -88,6 +89,7 @@ _INT_FIELDS = (
     "context_id",
     "max_frame_bytes",
     "reply_ttl_s",
+    "flow_deadline_s",
     "max_age_s",
     "max_skew_s",
     "max_output_bytes",
@@ -184,6 +186,9 @@ context_id = {cfg.context_id}
 max_frame_bytes = {cfg.max_frame_bytes}
 handshake_timeout_s = {cfg.handshake_timeout_s}
 reply_ttl_s = {cfg.reply_ttl_s}
+# a flow not over this long after its creation ends in error (flow_deadline), its unfinished
+# jobs too, unless its signed document sets its own deadline_s
+flow_deadline_s = {cfg.flow_deadline_s}
 # freshness: refuse messages older than max_age_s or dated more than max_skew_s ahead;
 # keys and nonces of accepted messages are remembered for that window (replay protection)
 max_age_s = {cfg.max_age_s}

@@ -30,6 +30,7 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
 from node.flows.engine import run_flow_engine
+from node.homelock import hold_home
 from node.resilient import resilient
 from node.routing.consumer import run_consumer
 from node.routing.deadlines import run_deadlines
@@ -66,10 +67,21 @@ async def run_node(
 ) -> None:
     """Run the node until cancelled, or until ``stop`` is set: then stop intake, give running
     jobs ``config.grace_s`` to finish, requeue the rest and return. Reports :class:`NodeInfo`
-    once every service is up.
+    once every service is up. The home's lock is held all along (node/homelock.py).
 
-    Raises ConfigError/KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
+    Raises HomeInUse (touching nothing) if another node runs on this home, ConfigError/
+    KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
     """
+    with hold_home(config.home, config.run_dir):
+        await _run_node(config, key, stop, task_status)
+
+
+async def _run_node(
+    config: NodeConfig,
+    key: KeyPair | None,
+    stop: trio.Event | None,
+    task_status: trio.TaskStatus[NodeInfo],
+) -> None:
     if key is None:
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:

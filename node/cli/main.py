@@ -57,16 +57,21 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except (NodeError, BusError, CryptoError) as exc:
         print(f"hero-node: {exc}", file=sys.stderr)
-        return 1
+        return _exit_code([exc])
     except BaseExceptionGroup as group:  # errors raised inside the node's nurseries
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
             raise
         for leaf in _leaves(expected):
             print(f"hero-node: {leaf}", file=sys.stderr)
-        return 1
+        return _exit_code(_leaves(expected))
     except KeyboardInterrupt:
         return 130
+
+
+def _exit_code(errors: list[BaseException]) -> int:
+    """1, or what an error asks for (2: another node holds the home)."""
+    return max(int(getattr(exc, "exit_code", 1)) for exc in errors)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
