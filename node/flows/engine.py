@@ -64,13 +64,14 @@ return -1
 )
 
 # KEYS: job copies ; ARGV: reason, updated_at. Ends those not final, leaving final ones as they
-# are (a result applied meanwhile stands); returns how many it ended.
+# are (a result applied meanwhile stands); a job never released has no copy yet and gets one
+# that says why it never ran. Returns how many it ended.
 _END_UNFINISHED = Script(
     script="""
 local ended = 0
 for _, key in ipairs(KEYS) do
   local status = redis.call('HGET', key, 'status')
-  if status and status ~= 'finished' and status ~= 'error' then
+  if (not status) or (status ~= 'finished' and status ~= 'error') then
     redis.call('HSET', key, 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
     ended = ended + 1
   end
