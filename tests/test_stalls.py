@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -62,6 +63,7 @@ RUNNERS = {"python": 4, "sh": 1}
 NAMES = ("a", "b", "c")
 LEASE_TTL_MS = 6_000  # where the node lets it be configured (else its fixed TTL)
 ACK_S = 8  # timeout_ack of every message: B's freeze outlasts it
+MAX_SKEW_S = 2  # allowed clock skew (all nodes on one clock)
 RECOVERY_BOUND_S = 60.0
 ORPHANS = 3  # jobs running at C when it is killed (if they do within 20 s)
 
@@ -98,11 +100,19 @@ def stall_s() -> float:
 
 
 def node_options(node: NodeProcess) -> None:
-    """A short lease TTL, where the node has the setting, written into the home's config."""
-    if not lease_configurable():
-        return
+    """Written into the home's config: the clocks of one machine agree, so the skew an origin
+    allows for past an ack deadline is MAX_SKEW_S; a short lease TTL where the node has the
+    setting."""
+    options = {"max_skew_s": MAX_SKEW_S}
+    if lease_configurable():
+        options["lease_ttl_ms"] = LEASE_TTL_MS
     path = node.config.config_path
-    text = path.read_text().replace("[node]\n", f"[node]\nlease_ttl_ms = {LEASE_TTL_MS}\n", 1)
+    text = path.read_text()
+    for key, value in options.items():
+        line = f"{key} = {value}"
+        text, found = re.subn(rf"(?m)^{key} = .*$", line, text, count=1)
+        if not found:
+            text = text.replace("[node]\n", f"[node]\n{line}\n", 1)
     path.write_text(text)
 
 
