@@ -4,8 +4,8 @@ running jobs.
 Three `hero-node run` subprocesses A, B and C, each on its own external Valkey. A dials B and C;
 B and C know A's actor as actor 1, executor of their context 1. Python jobs go from A to B, to
 C and to A itself: 240 up front, then a steady trickle while the faults happen, 600 or more. Each
-job appends ``S <tag> <pid>`` to one execution log when it starts and ``E <tag> <pid>`` when it
-ends, so every execution, completed or not, is counted, in order.
+job appends ``S <tag> <pid> <start time>`` to one execution log when it starts and ``E ...`` when
+it ends, so every execution, completed or not, is counted, in order.
 
 Two cases, the faults at moments from a fixed seed:
 
@@ -72,10 +72,12 @@ ORPHANS = 3  # jobs running at C when it is killed (if they do within 20 s)
 SCRIPT = """\
 import os, time
 tag = os.environ["TAG"]
+with open("/proc/self/stat") as f:
+    born = f.read().rsplit(")", 1)[1].split()[19]
 def log(kind):
     fd = os.open(os.environ["OUT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, ("%s %s %d\\n" % (kind, tag, os.getpid())).encode())
+        os.write(fd, ("%s %s %d %s\\n" % (kind, tag, os.getpid(), born)).encode())
     finally:
         os.close(fd)
 log("S")
@@ -128,7 +130,8 @@ class Rig:
     t0: float = field(default_factory=time.monotonic)
     events: list[str] = field(default_factory=list)
     frozen: set[int] = field(default_factory=set)  # pids under SIGSTOP right now
-    node_pids: set[int] = field(default_factory=set)  # every node process ever started
+    # every node and Valkey process started: (pid, start time) -> what it is
+    processes: dict[tuple[int, str], str] = field(default_factory=dict)
     orphans: dict[str, list[str]] = field(default_factory=dict)  # node -> tags running at its kill
 
     def note(self, text: str) -> None:
@@ -140,7 +143,10 @@ class Rig:
         node = self.nodes[name]
         await node.start()
         assert node.proc is not None
-        self.node_pids.add(node.proc.pid)
+        self.own(node.proc.pid, f"node {name}")
+
+    def own(self, pid: int, what: str) -> None:
+        self.processes[(pid, born(pid) or "?")] = f"{what} (pid {pid})"
 
 
 def make_rig(tmp: Path) -> Rig:
@@ -201,19 +207,19 @@ async def stall(rig: Rig, what: str, pid: int) -> None:
     rig.note(f"SIGCONT {what}")
 
 
-def executions(out: Path) -> list[tuple[str, str, int]]:
-    """(kind, tag, pid) of every line of the execution log, in the order written."""
+def executions(out: Path) -> list[tuple[str, str, int, str]]:
+    """(kind, tag, pid, start time) of every line of the execution log, in the order written."""
     found = []
     for line in out.read_text().splitlines():
-        kind, tag, pid = line.split()
-        found.append((kind, tag, int(pid)))
+        kind, tag, pid, start = line.split()
+        found.append((kind, tag, int(pid), start))
     return found
 
 
 def running(out: Path, tags: set[str]) -> list[str]:
     """The executions of ``tags`` started and not ended so far."""
     count: Counter[str] = Counter()
-    for kind, tag, _ in executions(out):
+    for kind, tag, _, _ in executions(out):
         if tag in tags:
             count[tag] += 1 if kind == "S" else -1
     return [tag for tag, n in count.items() if n > 0]
@@ -427,7 +433,7 @@ async def job_views(rig: Rig, run: Run) -> list[JobView]:
     starts: Counter[str] = Counter()
     ends: Counter[str] = Counter()
     rerun: set[str] = set()
-    for kind, tag, _ in executions(rig.out):
+    for kind, tag, _, _ in executions(rig.out):
         (starts if kind == "S" else ends)[tag] += 1
         if kind == "S" and ends[tag]:
             rerun.add(tag)
@@ -437,25 +443,30 @@ async def job_views(rig: Rig, run: Run) -> list[JobView]:
     ]
 
 
-def pid_alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a reaped or exited pid is gone)."""
+def born(pid: int) -> str | None:
+    """The start time of live process ``pid`` (clock ticks after boot: with the pid, it names
+    one process even if the pid is reused); None if it is gone or a zombie."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return None
+    return None if stat[0] == "Z" else stat[19]
 
 
 async def processes_left(rig: Rig) -> list[str]:
     """Node, Valkey and job processes still alive once everything was stopped (job processes
     get a few seconds: an orphan may be ending its nap)."""
-    pids = {pid: f"node pid {pid}" for pid in rig.node_pids}
-    pids |= {v.pid: f"valkey {n} pid {v.pid}" for n, v in rig.valkeys.items() if v._proc}
-    pids |= {pid: f"job process pid {pid} (ran {tag})" for _, tag, pid in executions(rig.out)}
+    procs = dict(rig.processes)
+    for _, tag, pid, start in executions(rig.out):
+        procs.setdefault((pid, start), f"job process (pid {pid}, ran {tag})")
+
+    def left() -> list[str]:
+        return [what for (pid, start), what in procs.items() if born(pid) == start]
+
     with trio.move_on_after(10):  # bounded polling of /proc: these are not our children
-        while any(pid_alive(p) for p in pids):  # noqa: ASYNC110 - /proc, no event
+        while left():  # noqa: ASYNC110
             await trio.sleep(0.2)
-    return [what for pid, what in pids.items() if pid_alive(pid)]
+    return left()
 
 
 # -- the test ---------------------------------------------------------------------------------
@@ -470,8 +481,9 @@ async def test_stalls_and_orphans_keep_every_promise(tmp_path: Path, case: str) 
     rig = make_rig(tmp_path)
     counters = Counters()
     try:
-        for v in rig.valkeys.values():
+        for name, v in rig.valkeys.items():
             await trio.to_thread.run_sync(v.start)
+            rig.own(v.pid, f"valkey-server of {name}")
         async with trio.open_nursery() as nursery:
             run = await run_scenario(rig, case, rng, nursery)
             nursery.cancel_scope.cancel()
