@@ -346,7 +346,6 @@ async def check_outcome(
     for tag, (status, reason), attempt_list in zip(tags, at_a, attempts, strict=True):
         if status not in final:
             not_final.append(f"{tag}: {status}")
-            lost.append(tag)
         elif status == JobStatus.FINISHED.value and runs[tag] == 0:
             lost.append(tag)  # "finished" without ever running
         elif status == JobStatus.ERROR.value:
@@ -379,11 +378,12 @@ async def check_outcome(
         ("final at A (finished | error)", N_JOBS - len(not_final)),
         ("executed (distinct tags)", executed),
         ("executions (lines)", sum(runs.values())),
-        ("re-runs (tags run > 1x)", len(reruns)),
-        ("duplicates not explained by a lost runner", len(unaccounted)),
         ("lost", len(lost)),
+        ("stuck (not final at A in the recovery bound)", len(not_final)),
+        ("told-failed-but-ran", len(told_failed_but_ran)),
+        ("finished-then-run-again (tags run > 1x)", len(reruns)),
+        ("silent duplicates (no lost runner explains)", len(unaccounted)),
         ("error jobs", len(errors)),
-        ("  ... of which ran at B all the same", len(told_failed_but_ran)),
         ("attempts at B (total)", attempt_total),
         ("runners killed by the test (mid-job)", len(rig.killed_runners)),
         (
