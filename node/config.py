@@ -52,6 +52,7 @@ class NodeConfig:
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
+    lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
 
     @property
     def node_key_path(self) -> Path:
@@ -85,6 +86,7 @@ _INT_FIELDS = (
     "max_age_s",
     "max_skew_s",
     "max_output_bytes",
+    "lease_ttl_ms",
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
 _STR_FIELDS = ("name", "listen_host", "redis_url")

@@ -1,0 +1,141 @@
+"""A stall is not a crash: attempts are fenced by their number, not by lease presence.
+
+Lua-level tests of the fence against a real Valkey, then running nodes whose leases lapse
+under a live job (re-taken, the job finishes once) or under a job no process runs (reaped).
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from bus import keys
+from bus.models import JobStatus
+from crypto import read_key_file
+from node.runners import jobstore
+from tests.scripts import announcing, wait_announced
+
+JOB = "job:1:1"
+
+
+async def _started(store, attempts: int = 1) -> dict[str, str]:
+    await store.hset(1, JOB, {"status": "dispatched", "attempt": "0"})
+    fields: dict[str, str] = {}
+    for _ in range(attempts):
+        fields = await jobstore.start(store, 1, JOB, "tok", 10_000, "python:0")
+    return fields
+
+
+async def _finish_local(store, attempt: int) -> bool:
+    done, _ = await jobstore.finish_local(
+        store,
+        1,
+        JOB,
+        attempt,
+        "inflight:runner:python:0",
+        status="finished",
+        result={"stdout": "x"},
+        reason="",
+        entry="{}",
+        request_key="message:1:1",
+        reply_ttl_s=60,
+    )
+    return done
+
+
+async def test_a_current_attempt_is_accepted_after_its_lease_expired(store):
+    fields = await _started(store)
+    assert (fields["attempt"], fields["runner_id"]) == ("1", "python:0")
+    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))  # lapsed during a stall
+    assert await _finish_local(store, 1)
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], json.loads(job["result"])) == ("finished", {"stdout": "x"})
+    assert await store.llen(1, keys.reply("message:1:1")) == 1
+    assert not await _finish_local(store, 1)  # ended: a second conclusion is refused
+
+
+async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store):
+    await _started(store, attempts=2)  # attempt 1 was presumed lost and the job started again
+    assert not await _finish_local(store, 1)
+    assert not await jobstore.retry_later(
+        store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
+    )
+    assert not await jobstore.finish_malformed(store, 1, JOB, 1, "inflight:x", "bad")
+    assert not await jobstore.requeue(store, 1, JOB, 1, "inflight:x", "queue:python")
+    assert (await store.hgetall(1, JOB))["status"] == "started"
+    assert await store.llen(1, keys.reply("message:1:1")) == 0
+    assert await _finish_local(store, 2)
+
+
+async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store):
+    await _started(store, attempts=2)
+    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))
+    assert not await jobstore.renew(store, 1, JOB, "old", 10_000, 1)
+    assert not await store.exists_many(1, [keys.lease(JOB)]) == [True]
+    assert await jobstore.renew(store, 1, JOB, "tok", 10_000, 2)
+    assert await store.call(1, lambda r: r.get(keys.lease(JOB))) == "tok"
+
+
+async def _submit(node, script: str, script_type: str = "python", **kw):
+    actor = read_key_file(node.config.actor_key_path)
+    return await node.client.submit_job(
+        actor, 1, to=node.node_id, context_id=1, script_type=script_type, script=script, **kw
+    )
+
+
+def _gated(node, tag: str, tmp_path) -> str:
+    """A python job that announces itself, waits until the test creates ``<tag>.go``, then
+    records one run in ``<tag>.runs`` and prints ``done``."""
+    body = (
+        "import pathlib, time\n"
+        f"base = pathlib.Path({str(tmp_path)!r})\n"
+        f"while not (base / '{tag}.go').exists(): time.sleep(0.02)\n"
+        f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
+        "print('done')\n"
+    )
+    return announcing(node.info.redis_url, f"pid:{tag}", body)
+
+
+async def test_a_live_job_whose_lease_expired_retakes_it_and_finishes_once(node_factory, tmp_path):
+    alice = await node_factory("alice", runners={"python": 1})
+    msg = await _submit(alice, _gated(alice, "live", tmp_path), retries=2)
+    await wait_announced(alice.store, "pid:live")
+    job_key = msg.job[0].key
+    lease = keys.lease(job_key)
+    await alice.store.call(1, lambda r: r.pexpire(lease, 1))  # as a stall would let it lapse
+    with trio.fail_after(10):  # the reaper sees the expiry, finds the attempt alive here
+        while not await alice.store.call(1, lambda r: r.exists([lease])):  # noqa: ASYNC110
+            await trio.sleep(0.05)  # a real job process holds it: poll what Valkey shows
+    assert (await alice.store.hgetall(1, job_key))["status"] == "started"
+    (tmp_path / "live.go").touch()
+    with trio.fail_after(20):
+        [result] = await alice.client.wait_results(msg, timeout_s=20)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "live.runs").read_text() == "run\n"
+
+
+async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
+    """A job started under this node's current run but run by none of its slots (the slot's
+    task failed after starting it) is ended ``runner_lost`` once its lease expires."""
+    alice = await node_factory("alice", runners={"python": 1, "ext": 0})
+    first = await _submit(alice, "print(1)")
+    with trio.fail_after(20):
+        await alice.client.wait_results(first, timeout_s=20)
+    token = (await alice.store.hgetall(1, first.job[0].key))["runner"]
+    orphan = await _submit(alice, "print(2)", script_type="ext")  # queued, never popped here
+    job_key = orphan.job[0].key
+    await alice.store.call(1, lambda r: r.lrem("queue:ext", 1, job_key))
+    await alice.store.call(1, lambda r: r.rpush("inflight:runner:python:0", [job_key]))
+    await alice.store.call(1, lambda r: r.hincrby(job_key, "attempt", 1))
+    started = {"status": "started", "runner": token, "runner_id": "python:0"}
+    await alice.store.hset(1, job_key, started)
+    await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, [job_key]))
+    await alice.store.call(1, lambda r: r.set(keys.lease(job_key), token, px=200))
+    with trio.fail_after(20):
+        [result] = await alice.client.wait_results(orphan, timeout_s=20)
+    assert result.status is JobStatus.ERROR
+    assert result.reason == "runner_lost: slot python:0 of this node no longer runs it"
+    assert await alice.store.lrange(1, "inflight:runner:python:0") == []
+    assert await alice.store.call(1, lambda r: r.smembers(keys.RUNNING)) == set()
