@@ -7,13 +7,17 @@ under a live job (re-taken, the job finishes once) or under a job no process run
 from __future__ import annotations
 
 import json
+import signal
 
+import pytest
 import trio
 
 from bus import keys
+from bus.client import open_client
 from bus.models import JobStatus
 from crypto import read_key_file
 from node.runners import jobstore
+from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 
 JOB = "job:1:1"
@@ -84,7 +88,7 @@ async def _submit(node, script: str, script_type: str = "python", **kw):
     )
 
 
-def _gated(node, tag: str, tmp_path) -> str:
+def _gated(redis_url: str, tag: str, tmp_path) -> str:
     """A python job that announces itself, waits until the test creates ``<tag>.go``, then
     records one run in ``<tag>.runs`` and prints ``done``."""
     body = (
@@ -94,12 +98,12 @@ def _gated(node, tag: str, tmp_path) -> str:
         f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
         "print('done')\n"
     )
-    return announcing(node.info.redis_url, f"pid:{tag}", body)
+    return announcing(redis_url, f"pid:{tag}", body)
 
 
 async def test_a_live_job_whose_lease_expired_retakes_it_and_finishes_once(node_factory, tmp_path):
     alice = await node_factory("alice", runners={"python": 1})
-    msg = await _submit(alice, _gated(alice, "live", tmp_path), retries=2)
+    msg = await _submit(alice, _gated(alice.info.redis_url, "live", tmp_path), retries=2)
     await wait_announced(alice.store, "pid:live")
     job_key = msg.job[0].key
     lease = keys.lease(job_key)
@@ -139,3 +143,107 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
     assert result.reason == "runner_lost: slot python:0 of this node no longer runs it"
     assert await alice.store.lrange(1, "inflight:runner:python:0") == []
     assert await alice.store.call(1, lambda r: r.smembers(keys.RUNNING)) == set()
+
+
+# -- real node processes: a stall of the node, a kill of the node --------------------------------
+
+
+@pytest.fixture
+async def node_proc(tmp_path):
+    made: list[NodeProcess] = []
+
+    def make(name: str, **node_options: object) -> NodeProcess:
+        made.append(NodeProcess(tmp_path / name, name))
+        cfg = made[-1].config.config_path
+        extra = "".join(f"{k} = {v}\n" for k, v in node_options.items())
+        cfg.write_text(cfg.read_text().replace("[node]\n", f"[node]\n{extra}", 1))
+        return made[-1]
+
+    yield make
+    for n in made:
+        await n.close()
+
+
+async def _submit_to(node: NodeProcess, script: str, script_type: str = "python", **kw):
+    actor = read_key_file(node.config.actor_key_path)
+    async with open_client(node.redis_url) as client:
+        return await client.submit_job(
+            actor, 1, to=node.node_id, context_id=1, script_type=script_type, script=script, **kw
+        )
+
+
+async def _result(node: NodeProcess, msg, timeout_s: float = 30):
+    async with open_client(node.redis_url) as client:
+        with trio.fail_after(timeout_s):
+            [result] = await client.wait_results(msg, timeout_s=timeout_s)
+    return result
+
+
+def _runs_once(tmp_path, tag: str, nap: float) -> str:
+    """Python: sleeps ``nap`` s, then records one run in ``<tag>.runs``."""
+    return (
+        f"import time, pathlib; base = pathlib.Path({str(tmp_path)!r})\n"
+        f"time.sleep({nap})\n"
+        f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
+        "print('done')\n"
+    )
+
+
+async def test_node_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
+    node = node_proc("a", lease_ttl_ms=600)
+    await node.start()
+    script = announcing(node.redis_url, "began:stall", _runs_once(tmp_path, "stall", 0.5))
+    msg = await _submit_to(node, script, retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "began:stall")
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGSTOP)  # the script ends, the lease lapses meanwhile
+    try:
+        await trio.sleep(2.5)  # the stall itself (> 4 lease TTLs), not a wait for state
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    result = await _result(node, msg, timeout_s=15)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "stall.runs").read_text() == "run\n"
+
+
+async def _wait_for_file(path, timeout_s: float = 20) -> None:
+    with trio.fail_after(timeout_s):
+        while not path.exists():  # noqa: ASYNC110 - written by a job process, not by us
+            await trio.sleep(0.05)
+
+
+async def test_killed_node_adopts_a_python_job_still_running_at_restart(node_proc, tmp_path):
+    """kill -9 of the node; its warm worker finishes the job after the restart began: the
+    restarted node waits for it and adopts its outcome; the job ran once."""
+    node = node_proc("a")
+    await node.start()
+    msg = await _submit_to(node, _gated(node.redis_url, "py", tmp_path), retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "pid:py")
+    await node.kill()
+    await node.start()  # the job's process still runs: it waits for py.go
+    (tmp_path / "py.go").touch()
+    result = await _result(node, msg)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "py.runs").read_text() == "run\n"
+
+
+async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_proc, tmp_path):
+    """kill -9 of the node; its sh job ends while no node runs: the restarted node finds the
+    outcome the job's wrapper wrote and concludes with it (output from the slot's log)."""
+    node = node_proc("a")
+    await node.start()
+    began, runs = tmp_path / "sh.began", tmp_path / "sh.runs"
+    script = f"touch {began}; sleep 1; echo run >> {runs}; echo hello"
+    msg = await _submit_to(node, script, script_type="sh", retries=2)
+    await _wait_for_file(began)
+    await node.kill()
+    await _wait_for_file(runs)
+    await node.start()
+    result = await _result(node, msg)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("hello\n", "1")
+    assert runs.read_text() == "run\n"

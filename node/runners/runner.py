@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,7 +27,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
-from node.runners import jobstore, queues
+from node.runners import adoption, jobstore, outcomes, queues
 from node.runners.executor import Outcome, execute
 from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.runners.lifecycle import after_attempt
@@ -66,7 +67,9 @@ async def run_runner(
     """One slot: recover what a previous run left in flight, then pop and run until stopping."""
     slot_id = f"{script_type}:{slot}"
     queue, inflight = keys.queue(script_type), keys.inflight(f"runner:{slot_id}")
-    await recover_slot(node, ctx, inflight, queue)
+    logs = log_paths(node, f"{ctx}-{slot_id}")
+    outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
+    pending = await recover_slot(node, ctx, inflight, queue, logs)
     task_status.started()
     token_base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
     pid_dir = node.config.run_dir / "jobs"
@@ -76,15 +79,16 @@ async def run_runner(
         else None
     )
 
-    async def run_script(job: RunnerJob, logs: tuple[Path, Path]) -> Outcome:
+    async def run_script(job: RunnerJob, logs: tuple[Path, Path], outcome: Path) -> Outcome:
         if worker is not None:
-            return await worker.run(job, logs)
+            return await worker.run(job, logs, outcome)
         return await execute(
             job,
             command,
             max_output_bytes=node.config.max_output_bytes,
             pid_dir=pid_dir,
             logs=logs,
+            outcome=outcome,
         )
 
     bases = queues.slot_bases(
@@ -93,10 +97,12 @@ async def run_runner(
     pops = 0
     started: jobstore.Started | None = None
     found_empty = False
-    watch = SlotWatch(node, ctx, log_paths(node, f"{ctx}-{slot_id}"))
+    watch = SlotWatch(node, ctx, logs)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
+            for adopt in pending:  # processes a dead run of the node left running
+                nursery.start_soon(adopt)
             while not node.stopping.is_set():
                 pops += 1
                 lists = queues.consume_order(bases, pops)
@@ -170,33 +176,86 @@ async def _pop(
     return str(moved[0]) if len(moved) > before else None
 
 
-async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> None:
-    """Jobs a previous run of this slot left behind: a started one lost its runner (the node
-    died under it) and counts as a failed attempt; one not started yet goes back to the queue."""
-    for job_key in await node.store.lrange(ctx, inflight):
-        fields = await node.store.hgetall(ctx, job_key)
-        if fields.get("status") != JobStatus.STARTED.value:
-            continue
-        try:
-            job = RunnerJob.from_hash(fields)
-            request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
-        except ModelError:
-            continue
-        log.warning("%s lost its runner (the node stopped while it ran)", job_key)
-        lost = Outcome(JobStatus.ERROR, {}, "runner_lost: the node stopped while it ran")
-        await conclude(
-            node,
-            ctx,
-            job,
-            request,
-            lost,
-            fields.get("runner", ""),
-            inflight,
-            queues.queue_of(fields),
-            int(fields.get("attempt", "1") or 1),
-            0,
-        )
+async def recover_slot(
+    node: NodeState, ctx: int, inflight: str, queue: str, logs: tuple[Path, Path]
+) -> list[Callable[[], Awaitable[None]]]:
+    """Jobs a previous run of this slot left behind (see node/runners/adoption.py). A started
+    one whose current attempt wrote its outcome is concluded with it; one whose process still
+    runs is set aside (``<inflight>:adopting``) and returned as a task that waits for that
+    process, then adopts its outcome; one whose process is gone with no outcome lost its
+    runner (a failed attempt). A job not started yet goes back to the queue."""
+    adopting = f"{inflight}:adopting"  # survives another crash: looked at again next time
+    pending: list[Callable[[], Awaitable[None]]] = []
+    for where in (adopting, inflight):
+        for job_key in await node.store.lrange(ctx, where):
+            left = await _left_behind(node, ctx, job_key, logs)
+            if left is None:
+                if where == adopting:  # ended meanwhile
+                    await node.store.ack(ctx, adopting, job_key)
+                continue
+            pid = await trio.to_thread.run_sync(adoption.process_of, node, left.path)
+            if pid is None:
+                await _adopt(node, ctx, left, where)
+                continue
+            log.info("%s: attempt %d still runs (pid %d); adopting it", job_key, left.attempt, pid)
+            if where == inflight:
+                async with node.store.transaction(ctx) as tx:
+                    tx.lrem(inflight, 1, job_key)
+                    tx.rpush(adopting, [job_key])
+            pending.append(partial(_adopt_at_exit, node, ctx, left, adopting, pid))
     await node.store.recover(ctx, inflight, queue)
+    return pending
+
+
+@dataclass(frozen=True)
+class _LeftBehind:
+    job: RunnerJob
+    request: Message
+    fields: dict[str, str]
+    attempt: int
+    path: Path  # where its current attempt writes its outcome
+    logs: tuple[Path, Path]
+
+
+async def _left_behind(
+    node: NodeState, ctx: int, job_key: str, logs: tuple[Path, Path]
+) -> _LeftBehind | None:
+    """A job left ``started`` (None if it is not, or cannot be read)."""
+    fields = await node.store.hgetall(ctx, job_key)
+    if fields.get("status") != JobStatus.STARTED.value:
+        return None
+    try:
+        job = RunnerJob.from_hash(fields)
+        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        attempt = int(fields.get("attempt") or 0)
+    except (ModelError, ValueError):
+        return None
+    path = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
+    return _LeftBehind(job, request, fields, attempt, path, logs)
+
+
+async def _adopt_at_exit(
+    node: NodeState, ctx: int, left: _LeftBehind, inflight: str, pid: int
+) -> None:
+    await adoption.wait_exit(pid)
+    (adoption.pid_dir(node) / str(pid)).unlink(missing_ok=True)
+    await _adopt(node, ctx, left, inflight)
+
+
+async def _adopt(node: NodeState, ctx: int, left: _LeftBehind, inflight: str) -> None:
+    """Conclude the attempt a dead run of the node left ``started``: with the outcome its
+    process recorded, or ``runner_lost`` if it recorded none."""
+    found = adoption.adopted_outcome(left.path, left.logs, node.config.max_output_bytes)
+    key, attempt = left.job.key, left.attempt
+    if found.found:
+        log.warning("%s: outcome of attempt %d adopted (its node had died)", key, attempt)
+        node.count("outcomes_adopted")
+    else:
+        log.warning("%s lost its runner (the node stopped while it ran)", key)
+    runner, queue = left.fields.get("runner", ""), queues.queue_of(left.fields)
+    request = left.request
+    await conclude(node, ctx, left.job, request, found.outcome, runner, inflight, queue, attempt, 0)
+    outcomes.discard(left.path)
 
 
 async def run_job(
@@ -204,7 +263,7 @@ async def run_job(
     ctx: int,
     job_key: str,
     fields: dict[str, str] | None,
-    run_script: Callable[[RunnerJob, tuple[Path, Path]], Awaitable[Outcome]],
+    run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
     inflight: str,
     queue: str,
     take_next: jobstore.NextJob,
@@ -236,7 +295,7 @@ async def _run_attempt(
     ctx: int,
     job_key: str,
     fields: dict[str, str],
-    run_script: Callable[[RunnerJob, tuple[Path, Path]], Awaitable[Outcome]],
+    run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
     inflight: str,
     queue: str,
     take_next: jobstore.NextJob,
@@ -256,13 +315,14 @@ async def _run_attempt(
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
     started_at = int(time.time())
     outcome: Outcome | None = None
+    outcome_file = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
     stop = trio.CancelScope()
     node.running[job_key] = stop
     pump = LogPump(node, ctx, job_key, watch.paths)
     watch.begin(job_key, token, attempt, pump)
     try:
         with stop:
-            outcome = await run_script(job, pump.paths)
+            outcome = await run_script(job, pump.paths, outcome_file)
         if stop.cancelled_caught:  # a signed stop request (see node/routing/stops.py)
             reason = node.stop_reasons.pop(job_key, "stopped")
             outcome = Outcome(JobStatus.ERROR, {}, reason)
@@ -277,14 +337,17 @@ async def _run_attempt(
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
                     await jobstore.requeue(node.store, ctx, job_key, attempt, inflight, queue)
+                    outcomes.discard(outcome_file)
                     log.info("%s interrupted by shutdown; requeued", job_key)
                 except StoreError as exc:  # recovered at the next start instead
                     log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
     assert outcome is not None  # set on every path that gets here (else the finally re-raised)
     nxt = None if node.stopping.is_set() else take_next
-    return await conclude(
+    started = await conclude(
         node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at, nxt
     )
+    outcomes.discard(outcome_file)  # recorded in Valkey (or refused): nothing to adopt
+    return started
 
 
 async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[str, str]) -> Message:
