@@ -7,6 +7,7 @@ under a live job (re-taken, the job finishes once) or under a job no process run
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -242,8 +243,31 @@ async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_pr
     await _wait_for_file(began)
     await node.kill()
     await _wait_for_file(runs)
+    stale = node.config.run_dir / "outcomes" / "1-job:1:999-1"  # of no started job
+    stale.write_text('{"exit_code": 0}')
     await node.start()
     result = await _result(node, msg)
     assert result.ok, result.reason
     assert (result.stdout, result.result["attempts"]) == ("hello\n", "1")
     assert runs.read_text() == "run\n"
+    assert not stale.exists()
+    assert list((node.config.run_dir / "outcomes").iterdir()) == []  # adopted, then dropped
+
+
+async def test_valkey_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
+    node = node_proc("a", lease_ttl_ms=600)
+    await node.start()
+    script = announcing(node.redis_url, "began:vk", _runs_once(tmp_path, "vk", 0.5))
+    msg = await _submit_to(node, script, retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "began:vk")
+    valkey = int((node.config.valkey_dir / "valkey.pid").read_text())
+    os.kill(valkey, signal.SIGSTOP)  # the script ends; the lease expires when Valkey wakes
+    try:
+        await trio.sleep(2.5)  # the stall itself, not a wait for state
+    finally:
+        os.kill(valkey, signal.SIGCONT)
+    result = await _result(node, msg, timeout_s=15)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "vk.runs").read_text() == "run\n"

@@ -23,7 +23,7 @@ import trio
 from bus.errors import StoreError
 from bus.models import JobStatus
 from node.runners.executor import Outcome, kill_orphans, live_processes, outcome_of
-from node.runners.outcomes import parse_outcome_name, read_outcome
+from node.runners.outcomes import outcome_dir, parse_outcome_name, read_outcome
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,18 @@ def pid_dir(node: NodeState) -> Path:
 
 async def kill_orphans_but_adoptable(node: NodeState) -> int:
     """Kill the scripts a dead run of this node left behind, except those still running the
-    current attempt of a ``started`` job (their slot adopts them); how many were killed."""
+    current attempt of a ``started`` job (their slot adopts them), and drop outcome files no
+    slot will adopt (their job was concluded, or moved on); how many scripts were killed.
+    Runs at start, before any runner slot."""
     live = await trio.to_thread.run_sync(live_processes, pid_dir(node))
     keep = frozenset([o for o in set(live.values()) if o and await _current(node, o)])
-    return await trio.to_thread.run_sync(kill_orphans, pid_dir(node), keep)
+    killed = await trio.to_thread.run_sync(kill_orphans, pid_dir(node), keep)
+    folder = outcome_dir(node.config.run_dir)
+    names = await trio.to_thread.run_sync(lambda: list(folder.glob("*")) if folder.exists() else [])
+    for path in names:
+        if not await _current(node, str(path)):
+            path.unlink(missing_ok=True)
+    return killed
 
 
 async def _current(node: NodeState, outcome: str) -> bool:
@@ -60,7 +68,7 @@ async def _current(node: NodeState, outcome: str) -> bool:
 
 def process_of(node: NodeState, outcome: Path) -> int | None:
     """The live process (a pid) still running the attempt whose outcome file is ``outcome``."""
-    for pid, named in live_processes(pid_dir(node)).items():
+    for pid, named in live_processes(pid_dir(node), prune=False).items():
         if named == str(outcome):
             return pid
     return None

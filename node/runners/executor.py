@@ -182,9 +182,11 @@ def _record(
     return path
 
 
-def live_processes(pid_dir: Path) -> dict[int, str]:
+def live_processes(pid_dir: Path, *, prune: bool = True) -> dict[int, str]:
     """The processes this node's pid files name that still run (checked by their environment,
-    as a pid may have been reused): pid -> the outcome file its pid file names ("" if none)."""
+    as a pid may have been reused): pid -> the outcome file its pid file names ("" if none).
+    ``prune``: remove the other pid files (only while no job runs: one being written would
+    look stale)."""
     pid_dir.mkdir(parents=True, exist_ok=True)
     alive: dict[int, str] = {}
     for path in pid_dir.iterdir():
@@ -193,13 +195,14 @@ def live_processes(pid_dir: Path) -> dict[int, str]:
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             marker, _, outcome = path.read_text().partition("\n")
         except (ValueError, OSError):
-            path.unlink(missing_ok=True)
+            if prune:
+                path.unlink(missing_ok=True)
             continue
         if "=" not in marker:  # a job: "<caller>:<id>"
             marker = f"HERO_JOB_ID={marker.partition(':')[2]}"
         if f"\0{marker}\0".encode() in b"\0" + environ + b"\0":
             alive[pid] = outcome
-        else:
+        elif prune:
             path.unlink(missing_ok=True)
     return alive
 
