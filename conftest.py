@@ -15,6 +15,7 @@ import trio
 
 from bus.client import Client
 from bus.store import Store, open_store
+from node.acl import role_url
 from node.config import NodeConfig
 from node.daemon import NodeInfo, run_node
 from node.home import init_home
@@ -75,15 +76,16 @@ class RunningNode:
 
 @pytest.fixture
 def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
-    """``await start(name)`` -> a RunningNode on its own Valkey, with its default actor/context."""
+    """``await start(name)`` -> a RunningNode on its own Valkey, with its default actor/context;
+    ``embedded=True``: on the node's embedded Valkey (unix socket, ACL users), its client
+    authenticated as the node."""
 
-    async def start(name: str, **overrides: object) -> RunningNode:
-        server = valkey_factory()
+    async def start(name: str, *, embedded: bool = False, **overrides: object) -> RunningNode:
         config = init_home(
             tmp_path / name,
             name=name,
             listen_port=0,
-            redis_url=server.url,
+            redis_url="" if embedded else valkey_factory().url,
             runners={"python": 2, "sh": 1},
         )
         config = replace(config, **overrides)  # type: ignore[arg-type]
@@ -92,7 +94,7 @@ def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
             with trio.CancelScope() as scope:
                 async with trio.open_nursery() as inner:
                     info = await inner.start(run_node, config)
-                    async with open_store(info.redis_url) as store:
+                    async with open_store(role_url(config, info.redis_url)) as store:
                         task_status.started(RunningNode(config, info, Client(store), scope))
                         await trio.sleep_forever()
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import trio
 
@@ -35,9 +36,15 @@ async def monitor(
     url: str, label: str, lines: list[tuple[float, str, str]], ready: trio.Event
 ) -> None:
     """Record ``(server time, node label, command)`` for every command the server runs."""
-    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    sock = trio.socket.socket()
-    await sock.connect((host, int(port)))
+    parts = urlsplit(url)
+    if parts.scheme == "unix":  # the embedded Valkey: its socket, as the node (ACL)
+        sock = trio.socket.socket(trio.socket.AF_UNIX)
+        await sock.connect(parts.path)
+    else:
+        sock = trio.socket.socket()
+        await sock.connect((parts.hostname, parts.port))
+    if parts.password:
+        await sock.send(f"AUTH {parts.username} {parts.password}\r\n".encode())
     await sock.send(b"MONITOR\r\n")
     ready.set()
     buffer = b""

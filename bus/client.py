@@ -554,8 +554,11 @@ class Client:
         *,
         context_id: int,
         ttl_s: int = DEFAULT_FLOW_TTL_S,
+        deadline_s: int | None = None,
     ) -> int:
         """Check, sign and store a flow at this node, and wake its flow engine; returns its id.
+        The flow ends in error if not over ``deadline_s`` after submission (signed; None: the
+        node's ``flow_deadline_s``).
 
         Node refs ('self', peer names, ids, prefixes) are resolved to node ids. Raises
         FlowError naming the offending jobs for a bad document, an invalid DAG (cycle, unknown
@@ -581,6 +584,7 @@ class Client:
             nonce=new_nonce(),
             spec=spec,
             job_ids={j.id: new_id() for j in spec.jobs},
+            deadline_s=deadline_s,
         )
         await self._store_flow(doc, sign_flow(doc, signer))
         return doc.id
@@ -620,12 +624,9 @@ class Client:
             "signatures": json.dumps(signatures),
             "reason": "",
         }
+        # no job hashes: a client may not write job:* (the engine writes each job's copy when
+        # it releases it; until then a missing copy reads as waiting_for_prerequisites)
         async with self.store.transaction(doc.context_id) as tx:
-            for job in doc.spec.jobs:
-                copy = doc.runner_job(job.id, {}, doc.created_at)
-                fields = copy.to_hash() | {"flow_id": str(doc.id), "flow_job": job.id}
-                fields["status"] = JobStatus.WAITING_FOR_PREREQUISITES.value
-                tx.hset(copy.key, fields | {"node": job.node})
             tx.hset(keys.flow(doc.id), flow.to_hash() | extra)
             tx.sadd(keys.FLOWS_ACTIVE, [str(doc.id)])
             tx.lpush(keys.FLOW_EVENTS, [str(doc.id)])

@@ -5,8 +5,9 @@ Trust design (also in README "Flows"):
 * The **actor** signs the whole flow once, at submission, under domain ``flow``: a
   :class:`FlowDoc` holding every job's script, type, env, timeout, retries, target node (a
   resolved node id), context, prerequisites and its pre-assigned RunnerJob id, plus the flow's
-  id, caller, origin node, creation time, expiry and a nonce. The client stores it (with the
-  signature) in ``flow:<id>`` at the origin; the node never holds actor keys.
+  id, caller, origin node, creation time, expiry, a nonce and optionally its deadline. The
+  client stores it (with the signature) in ``flow:<id>`` at the origin; the node never holds
+  actor keys.
 * When a job's prerequisites have finished, the **origin node** releases it as a message of type
   ``flow_job`` signed by the node's key (domain ``flow-job``). Its ``message`` field is a
   :class:`FlowJobPayload`: the actor-signed document with its signature, the flow-local job id
@@ -74,9 +75,15 @@ class FlowDoc:
     nonce: str
     spec: FlowSpec
     job_ids: dict[str, int] = field(default_factory=dict)
+    # seconds after created_at by which the flow must be over (None: the origin node's
+    # flow_deadline_s); signed, so no one but the actor can stretch it
+    deadline_s: int | None = None
+
+    def __post_init__(self) -> None:
+        _deadline_s(self.deadline_s)  # ModelError before anyone signs a bad one
 
     def to_dict(self) -> _JSON:
-        return {
+        return self._optional() | {
             "id": self.id,
             "caller_id": self.caller_id,
             "context_id": self.context_id,
@@ -88,6 +95,17 @@ class FlowDoc:
             "env_vars": dict(self.spec.env_vars),
             "jobs": [_job_dict(j, self.job_ids[j.id]) for j in self.spec.jobs],
         }
+
+    def _optional(self) -> _JSON:
+        """Signed fields present only when set: a document signed without them verifies
+        unchanged."""
+        return {} if self.deadline_s is None else {"deadline_s": self.deadline_s}
+
+    def deadline(self, default_s: int) -> int:
+        """When the flow must be over (wall-clock seconds): ``deadline_s`` (else ``default_s``)
+        after its creation, and never after it expires (no job may be released then)."""
+        relative = default_s if self.deadline_s is None else self.deadline_s
+        return min(self.created_at + relative, self.expires_at)
 
     @classmethod
     def from_dict(cls, d: object) -> FlowDoc:
@@ -110,7 +128,10 @@ class FlowDoc:
             raise ModelError(f"flow document is missing {exc}") from None
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in header.values()):
             raise ModelError("flow document header fields must be integers")
-        return cls(spec=spec, job_ids=job_ids, origin=origin, nonce=nonce, **header)
+        deadline_s = _deadline_s(d.get("deadline_s"))
+        return cls(
+            spec=spec, job_ids=job_ids, origin=origin, nonce=nonce, deadline_s=deadline_s, **header
+        )
 
     def job(self, job_id: str) -> FlowJobSpec:
         """The job with flow-local id ``job_id``; FlowError if there is none."""
@@ -137,6 +158,14 @@ class FlowDoc:
             created_at=stamp,
             updated_at=stamp,
         )
+
+
+def _deadline_s(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**32:
+        raise ModelError(f"flow document deadline_s must be a positive integer, not {value!r}")
+    return value
 
 
 def sign_flow(doc: FlowDoc, key: KeyPair) -> list[dict[str, str]]:

@@ -29,6 +29,11 @@ def now() -> int:
     return int(_clock())
 
 
+def now_ms() -> int:
+    """Wall-clock milliseconds, from the same clock as :func:`now`."""
+    return int(_clock() * 1000)
+
+
 def set_clock(clock: Callable[[], float]) -> Callable[[], float]:
     """Replace the wall clock (tests); returns the previous one."""
     global _clock

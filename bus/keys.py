@@ -163,6 +163,7 @@ def seen(message_key: str) -> str:
 
 FLOW_EVENTS = "flow_events"  # list of flow ids whose state may have changed (engine wake-ups)
 FLOWS_ACTIVE = "flows:active"  # set of flow ids not final yet (re-evaluated on engine start)
+FLOW_DEADLINES = "flow_deadlines"  # zset of flow ids not final yet, by deadline (s)
 
 
 def flow_progress(flow_id: int) -> str:

@@ -23,6 +23,7 @@ from bus import keys
 from bus.errors import StoreError
 from bus.ids import now
 from bus.models import Actor, Context, Hash, decode_hash
+from bus.urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,8 @@ class Store:
     """
 
     def __init__(self, url: str, nursery: trio.Nursery) -> None:
-        self.url = url
+        self.url = redact(url)  # for errors and logs; only the pool sees the password
+        self._dial_url = url
         self._nursery = nursery
         self._clients: dict[int, Redis] = {}
         self._open_lock = trio.Lock()
@@ -150,7 +152,7 @@ class Store:
         """Own DB ``n``'s client until the store closes. Shielded, so that the services the
         store serves can still write (a shutdown requeue, say) while they are being cancelled;
         :func:`open_store` bounds how long that may take."""
-        client: Redis = coredis.Redis.from_url(self.url, db=n, decode_responses=True)
+        client: Redis = coredis.Redis.from_url(self._dial_url, db=n, decode_responses=True)
         with trio.CancelScope(shield=True) as scope:
             self._holders.add(scope)
             try:

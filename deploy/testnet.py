@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bus.client import JobResult, open_client  # noqa: E402
+from bus.urls import redact  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
 from node.home import init_home  # noqa: E402
@@ -157,7 +158,7 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
                 nodes.append(await start_node(nursery, f"node{i}", base / f"node{i}"))
             print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
             for n in nodes:
-                print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {n.redis_url}")
+                print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {redact(n.redis_url)}")
             await wire(nodes, actor)
             plan = [
                 (

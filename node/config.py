@@ -6,7 +6,8 @@ Layout of a node's home directory (``hero-node init`` creates it):
     node.key      the node's Ed25519 key (mode 0600); its public key is the node id
     actor.key     a default actor key for the CLI (mode 0600)
     valkey/       data and AOF of the embedded Valkey
-    run/          runtime facts of the running node (redis.url, node.json)
+    secrets/      passwords of the embedded Valkey's ACL users, one file per role (0600)
+    run/          runtime facts of the running node (node.json, valkey.sock); mode 0700
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class NodeConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 7700
     redis_url: str = ""  # empty: start an embedded Valkey
-    valkey_port: int = 0  # 0: a free port at every start
+    valkey_port: int = 0  # 0: the embedded Valkey listens on run/valkey.sock only (no TCP)
+    valkey_host: str = "127.0.0.1"  # where it listens when valkey_port is set
     valkey_databases: int = 256
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
@@ -46,9 +48,14 @@ class NodeConfig:
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     reply_ttl_s: int = 86_400
+    flow_deadline_s: int = 3600  # a flow whose document sets no deadline_s ends by then
     max_age_s: int = 300  # messages older than this are refused ("expired")
     max_skew_s: int = 60  # ... and dated further ahead than this ("from_future")
     max_output_bytes: int = 1024 * 1024
+    # admission: a message (its stored hash) or one job's script above these is refused
+    # ("oversize") on every path, local or from a peer, before its signature is checked
+    max_message_bytes: int = 1024 * 1024
+    max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
@@ -83,13 +90,16 @@ _INT_FIELDS = (
     "context_id",
     "max_frame_bytes",
     "reply_ttl_s",
+    "flow_deadline_s",
     "max_age_s",
     "max_skew_s",
     "max_output_bytes",
     "lease_ttl_ms",
+    "max_message_bytes",
+    "max_script_bytes",
 )
 _FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
-_STR_FIELDS = ("name", "listen_host", "redis_url")
+_STR_FIELDS = ("name", "listen_host", "redis_url", "valkey_host")
 _BOOL_FIELDS = ("tls", "python_workers")
 
 
@@ -162,10 +172,15 @@ listen_port = {cfg.listen_port}
 # serve wss:// with a self-signed certificate (peers authenticate by node key, and the
 # handshake binds the certificate, so no CA is involved); peers dial wss://host:port
 tls = {"true" if cfg.tls else "false"}
-# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec)
+# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec).
+# A Redis of your own needs ACL users and the default user off (README: "Who may write the
+# node's Valkey"); the URL then names the node's user and password
 redis_url = "{cfg.redis_url}"
-# port of the embedded Valkey (0: a free port at each start; the CLI finds it in run/)
+# the embedded Valkey listens on the unix socket run/valkey.sock (only this user may connect;
+# every role authenticates with its password in secrets/). A port (not 0) opens TCP too, on
+# valkey_host, for external runners on other machines: `hero-node runner credentials`
 valkey_port = {cfg.valkey_port}
+valkey_host = "{cfg.valkey_host}"
 valkey_databases = {cfg.valkey_databases}
 # the actor of actor.key and the context the node creates for it on first start
 actor_id = {cfg.actor_id}
@@ -173,11 +188,17 @@ context_id = {cfg.context_id}
 max_frame_bytes = {cfg.max_frame_bytes}
 handshake_timeout_s = {cfg.handshake_timeout_s}
 reply_ttl_s = {cfg.reply_ttl_s}
+# a flow not over this long after its creation ends in error (flow_deadline), its unfinished
+# jobs too, unless its signed document sets its own deadline_s
+flow_deadline_s = {cfg.flow_deadline_s}
 # freshness: refuse messages older than max_age_s or dated more than max_skew_s ahead;
 # keys and nonces of accepted messages are remembered for that window (replay protection)
 max_age_s = {cfg.max_age_s}
 max_skew_s = {cfg.max_skew_s}
 max_output_bytes = {cfg.max_output_bytes}
+# a message (its stored fields) or a job's script larger than this is refused ("oversize")
+max_message_bytes = {cfg.max_message_bytes}
+max_script_bytes = {cfg.max_script_bytes}
 # on SIGTERM/SIGINT, running jobs get this long to finish
 grace_s = {cfg.grace_s}
 

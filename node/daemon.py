@@ -24,10 +24,13 @@ from bus.ids import now
 from bus.models import Actor, Context, Peer
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
+from bus.urls import redact
 from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
+from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
 from node.flows.engine import run_flow_engine
+from node.homelock import hold_home
 from node.resilient import resilient
 from node.routing.consumer import run_consumer
 from node.routing.deadlines import run_deadlines
@@ -41,7 +44,7 @@ from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.queues import consume_order, slot_bases
 from node.runners.runner import run_retry_scheduler, run_runner
 from node.state import NodeState
-from node.valkey import ValkeySpec, free_port, run_valkey
+from node.valkey import run_valkey
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +67,29 @@ async def run_node(
 ) -> None:
     """Run the node until cancelled, or until ``stop`` is set: then stop intake, give running
     jobs ``config.grace_s`` to finish, requeue the rest and return. Reports :class:`NodeInfo`
-    once every service is up.
+    once every service is up. The home's lock is held all along (node/homelock.py).
 
-    Raises ConfigError/KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
+    Raises HomeInUse (touching nothing) if another node runs on this home, ConfigError/
+    KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
     """
+    with hold_home(config.home, config.run_dir):
+        await _run_node(config, key, stop, task_status)
+
+
+async def _run_node(
+    config: NodeConfig,
+    key: KeyPair | None,
+    stop: trio.Event | None,
+    task_status: trio.TaskStatus[NodeInfo],
+) -> None:
     if key is None:
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
         redis_url = config.redis_url
         if not redis_url:
-            spec = ValkeySpec(
-                port=config.valkey_port or free_port(),
-                data_dir=config.valkey_dir,
-                databases=config.valkey_databases,
-            )
-            redis_url = await root.start(run_valkey, spec)
+            spec = embedded_spec(config)
+            published = await root.start(run_valkey, spec)
+            redis_url = role_url(config, published, NODE)
         async with open_store(redis_url) as store:
             await _run_services(NodeState(config, key, store), redis_url, stop, task_status)
         root.cancel_scope.cancel()
@@ -115,10 +126,12 @@ async def _run_services(
         registry = Registry(node, transport, services, contexts, ws_url=ws_url)
         await registry.refresh()
         await services.start(resilient, "registry", registry.watch)
-        info = NodeInfo(node.node_id, config.name, redis_url, ws_url, os.getpid())
+        # published (node.json, node:info, the ready line) without its password: readers take
+        # theirs from the home (node/acl.py)
+        info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid())
         await _publish(node, info)
         log.info(
-            "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, redis_url
+            "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, info.redis_url
         )
         task_status.started(info)
         if stop is not None:

@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from crypto import KeyPair, write_key_file
+from node.acl import ensure_secrets
 from node.config import NodeConfig, render_config
 from node.errors import ConfigError
 
@@ -24,7 +25,8 @@ def init_home(
     valkey_port: int = 0,
     grace_s: float = 10.0,
 ) -> NodeConfig:
-    """Create ``home`` with a node key, a default actor key and config.toml; return the config.
+    """Create ``home`` with a node key, a default actor key, the Valkey passwords (secrets/) and
+    config.toml; return the config.
 
     Raises ConfigError if a configuration already exists there (unless ``force``).
     """
@@ -47,5 +49,9 @@ def init_home(
     for path in (config.node_key_path, config.actor_key_path):
         if not path.exists() or force:
             write_key_file(path, KeyPair.generate(), passphrase=passphrase, overwrite=force)
+    # passwords of the embedded Valkey's ACL users (node/acl.py), and run/ for its socket
+    ensure_secrets(home)
+    config.run_dir.mkdir(mode=0o700, exist_ok=True)
+    config.run_dir.chmod(0o700)
     config.config_path.write_text(render_config(config))
     return config

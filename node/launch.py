@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -18,6 +18,8 @@ import trio
 
 from bus.client import open_client
 from crypto import KeyPair
+from node.acl import NODE, role_url
+from node.config import load_config
 from node.errors import NodeError
 
 READY_TIMEOUT_S = 30.0
@@ -55,7 +57,8 @@ async def start_node_process(
     cwd: Path | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> tuple[trio.Process, Ready]:
-    """Run `hero-node --home HOME run`; return the process once it is ready.
+    """Run `hero-node --home HOME run`; return the process once it is ready, and its
+    announcement with a Redis URL that authenticates as the node (from the home).
 
     Raises NodeError if it exits or does not get ready within ``ready_timeout_s`` (it is
     then killed). The caller owns the process and must drain its stdout (:func:`drain`).
@@ -72,7 +75,10 @@ async def start_node_process(
             line = await _read_line(proc.stdout)
         if "ready:" not in line:
             raise NodeError(f"the node at {home} did not start (see its log): {line!r}")
-        return proc, parse_ready_line(line)
+        ready = parse_ready_line(line)
+        # the ready line names the URL without its password; the home has it
+        url = role_url(load_config(home), ready.redis_url, NODE)
+        return proc, replace(ready, redis_url=url)
     except BaseException:
         with trio.CancelScope(shield=True):
             proc.kill()

@@ -41,6 +41,7 @@ class NodeState:
     idle_slots: dict[tuple[int, str], set[trio.CancelScope]] = field(default_factory=dict)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
     # jobs running in this process, by job key: cancelling the scope stops the script

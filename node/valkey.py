@@ -1,4 +1,5 @@
-"""Embedded Valkey: find the binary, start it on 127.0.0.1, know when it is ready, stop it.
+"""Embedded Valkey: find the binary, start it (a unix socket and/or 127.0.0.1), know when it is
+ready, stop it.
 
 The node runs it as a child in its nursery (:func:`run_valkey`); the test fixtures use the same
 argv builder and readiness check through :class:`ValkeyProcess`. Readiness is event-driven: we
@@ -64,23 +65,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# sun_path holds 108 bytes on Linux, 104 on macOS (with the terminating NUL)
+MAX_SOCKET_PATH = 100
+
+
 @dataclass(frozen=True)
 class ValkeySpec:
+    """How to run one valkey-server. ``port`` 0 with a ``unix_socket``: no TCP listener.
+    With ``aclfile`` every connection must authenticate (``auth``: who PINGs it when ready)."""
+
     port: int
     data_dir: Path
     databases: int = 256
     persist: bool = True
     maxmemory: str = ""
+    bind: str = "127.0.0.1"
+    unix_socket: Path | None = None
+    aclfile: Path | None = None
+    auth: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        """The server's URL, without credentials (the unix socket when it has one)."""
+        if self.unix_socket is not None:
+            return f"unix://{self.unix_socket}"
+        return f"redis://{self.bind}:{self.port}"
+
+    @property
+    def where(self) -> str:
+        return str(self.unix_socket) if self.port == 0 else f"port {self.port}"
 
     def argv(self, binary: Path) -> list[str]:
         args = [
             str(binary),
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--port",
             str(self.port),
             "--protected-mode",
@@ -113,17 +132,58 @@ class ValkeySpec:
             args += ["--appendonly", "no"]
         if self.maxmemory:
             args += ["--maxmemory", self.maxmemory]
+        if self.unix_socket is not None:
+            # 700: only the node's own user may even connect (the ACL is the second wall)
+            args += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
+        if self.aclfile is not None:
+            args += ["--aclfile", str(self.aclfile)]
         return args
 
+    def check(self) -> None:
+        """ValkeyError if valkey-server could not listen where this spec says."""
+        if self.unix_socket is not None and len(os.fsencode(self.unix_socket)) > MAX_SOCKET_PATH:
+            raise ValkeyError(
+                f"the Valkey socket path {self.unix_socket} is longer than {MAX_SOCKET_PATH} "
+                "bytes (the system limit); use a home with a shorter path"
+            )
 
-def ping(port: int, timeout_s: float = 2.0) -> bool:
-    """One blocking PING over a raw socket (used right after the ready line, never in a loop)."""
+
+def _command(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def ping(spec: ValkeySpec, timeout_s: float = 2.0) -> bool:
+    """One blocking PING over a raw socket, after AUTH if the spec names credentials (used right
+    after the ready line, never in a loop)."""
+    request = b""
+    if spec.auth is not None:
+        request += _command(b"AUTH", spec.auth[0].encode(), spec.auth[1].encode())
+    request += _command(b"PING")
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
-            s.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+        with _connect(spec, timeout_s) as s:
+            s.sendall(request)
+            reply = b""
+            while b"PONG" not in reply and b"-" not in reply and len(reply) < 256:
+                chunk = s.recv(256)
+                if not chunk:
+                    break
+                reply += chunk
+            return b"+PONG" in reply
     except OSError:
         return False
+
+
+def _connect(spec: ValkeySpec, timeout_s: float) -> socket.socket:
+    if spec.unix_socket is None:
+        return socket.create_connection((spec.bind, spec.port), timeout=timeout_s)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout_s)
+        s.connect(str(spec.unix_socket))
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 async def run_valkey(
@@ -135,6 +195,7 @@ async def run_valkey(
     gets SIGTERM (Valkey flushes its AOF) and SIGKILL after STOP_GRACE_S.
     """
     binary = find_valkey_binary()
+    spec.check()
     spec.data_dir.mkdir(parents=True, exist_ok=True)
     await trio.to_thread.run_sync(stop_stale, spec.data_dir)
     proc = await trio.lowlevel.open_process(
@@ -146,9 +207,9 @@ async def run_valkey(
     batch_scheduling(proc.pid)
     try:
         assert proc.stdout is not None
-        await _await_ready(proc.stdout, spec.port)
-        if not await trio.to_thread.run_sync(ping, spec.port):
-            raise ValkeyError(f"valkey-server on port {spec.port} said ready but PING failed")
+        await _await_ready(proc.stdout, spec.where)
+        if not await trio.to_thread.run_sync(ping, spec):
+            raise ValkeyError(f"valkey-server on {spec.where} said ready but PING failed")
         log.info("embedded valkey ready on %s (pid %d)", spec.url, proc.pid)
         task_status.started(spec.url)
         await _drain(proc.stdout)
@@ -196,7 +257,7 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:
+async def _await_ready(stream: trio.abc.ReceiveStream, where: str) -> None:
     seen = bytearray()
     async for chunk in stream:
         seen += chunk
@@ -204,9 +265,7 @@ async def _await_ready(stream: trio.abc.ReceiveStream, port: int) -> None:
             return
         del seen[:-4096]
     tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
-    raise ValkeyError(
-        f"valkey-server on port {port} exited before it was ready: {' / '.join(tail)}"
-    )
+    raise ValkeyError(f"valkey-server on {where} exited before it was ready: {' / '.join(tail)}")
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:
@@ -245,6 +304,7 @@ class ValkeyProcess:
         return self._proc.pid
 
     def start(self) -> None:
+        self.spec.check()
         self.spec.data_dir.mkdir(parents=True, exist_ok=True)
         self._proc = subprocess.Popen(
             self.spec.argv(find_valkey_binary()),
@@ -256,10 +316,10 @@ class ValkeyProcess:
         lines = _read_until_ready(self._proc.stdout)
         if lines is not None:
             self._proc.wait()
-            raise ValkeyError(f"valkey-server on port {self.spec.port} failed: {lines}")
+            raise ValkeyError(f"valkey-server on {self.spec.where} failed: {lines}")
         threading.Thread(target=_discard, args=(self._proc.stdout,), daemon=True).start()
-        if not ping(self.spec.port):
-            raise ValkeyError(f"valkey-server on port {self.spec.port} does not answer PING")
+        if not ping(self.spec):
+            raise ValkeyError(f"valkey-server on {self.spec.where} does not answer PING")
 
     def stop(self) -> None:
         if self._proc is None or self._proc.poll() is not None:

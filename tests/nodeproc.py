@@ -10,6 +10,7 @@ from pathlib import Path
 
 import trio
 
+from node.acl import reachable_url, role_url
 from node.errors import NodeError
 from node.home import init_home
 from node.launch import start_node_process
@@ -30,7 +31,7 @@ class NodeProcess:
         self.proc: trio.Process | None = None
         self.node_id = ""
         self.ws_url = f"ws://127.0.0.1:{self.listen_port}"
-        self.redis_url = f"redis://127.0.0.1:{self.valkey_port}"
+        self.redis_url = role_url(self.config, reachable_url(self.config))  # as the node
         self.log = home / "node.log"
 
     async def start(self) -> None:

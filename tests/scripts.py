@@ -3,25 +3,35 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import trio
 
 _ANNOUNCE = """\
 import os, socket
-def _announce(port, key):
+def _announce(where, auth, key):
     val = str(os.getpid())
-    parts = [b"SELECT", b"1", b"LPUSH", key.encode(), val.encode()]
     def cmd(*args):
         return b"*%d\\r\\n" % len(args) + b"".join(b"$%d\\r\\n%s\\r\\n" % (len(a), a) for a in args)
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall(cmd(*parts[:2]) + cmd(*parts[2:]))
+    if isinstance(where, str):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(where)
+    else:
+        s = socket.create_connection(where)
+    with s:
+        login = cmd(b"AUTH", *(a.encode() for a in auth)) if auth else b""
+        s.sendall(login + cmd(b"SELECT", b"1") + cmd(b"LPUSH", key.encode(), val.encode()))
         s.recv(100)
 """
 
 
 def announcing(redis_url: str, key: str, body: str) -> str:
-    """A python script that LPUSHes its pid on ``key`` (DB 1), then runs ``body``."""
-    port = int(redis_url.rsplit(":", 1)[1])
-    return f"{_ANNOUNCE}_announce({port}, {key!r})\n{body}"
+    """A python script that LPUSHes its pid on ``key`` (DB 1), then runs ``body``; it connects
+    to ``redis_url`` (TCP or unix socket) with the URL's credentials, if any."""
+    url = urlsplit(redis_url)
+    where = url.path if url.scheme == "unix" else ("127.0.0.1", url.port)
+    auth = (url.username, url.password) if url.password else None
+    return f"{_ANNOUNCE}_announce({where!r}, {auth!r}, {key!r})\n{body}"
 
 
 async def wait_announced(store, key: str, timeout_s: float = 20) -> int:

@@ -143,10 +143,10 @@ def test_testnet_runs_three_nodes_and_cleans_up(tmp_path):
     assert ("node1", "node2", "python", "finished") in table
     assert ("node1", "node3", "python", "finished") in table
     assert ("node3", "node1", "sh", "finished") in table
-    ports = re.findall(r"redis://127\.0\.0\.1:(\d+)", result.stdout)
-    assert len(ports) == 3
+    sockets = re.findall(r"unix://node@(\S+/run/valkey\.sock)", result.stdout)
+    assert len(sockets) == 3
     running = subprocess.run(
         ["pgrep", "-af", "valkey-server"], capture_output=True, text=True, check=False
     ).stdout
-    for port in ports:  # each node's embedded valkey-server names its port in its title
-        assert f"127.0.0.1:{port}" not in running
+    for path in sockets:  # each node's embedded valkey-server names its socket in its title
+        assert path not in running

@@ -45,7 +45,8 @@ async def test_a_batch_of_results_with_bad_ones_among_them(node_factory):
     async with alice.store.transaction(1) as tx:
         for request in requests:
             tx.hset(request.key, request.to_hash() | {"status": "dispatched"})
-            tx.hset(request.job[0].key, request.job[0].to_hash())
+            # as route_many writes the origin's copy: linked to its request
+            tx.hset(request.job[0].key, request.job[0].to_hash() | {"message_key": request.key})
         tx.hset(requests[2].key, {"status": "error", "reason": "timeout_result"})
     good1, good2 = answer(P, requests[0], "one"), answer(P, requests[1], "two")
     unknown = answer(P, job_message(actor, 1, alice.node_id, P.public_hex, "print(9)"), "?")

@@ -11,8 +11,10 @@ from pathlib import Path
 import trio
 
 from bus.client import Client, open_client
+from node.acl import NODE, role_url
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
+from node.homelock import holder
 
 
 def home_of(args: argparse.Namespace) -> Path:
@@ -42,9 +44,11 @@ def redis_url_of(config: NodeConfig) -> str:
     if config.redis_url:
         return config.redis_url
     info = config.run_dir / "node.json"
-    if not info.exists():
-        raise NodeError(f"the node at {config.home} is not running (start it: hero-node run)")
-    return str(json.loads(info.read_text())["redis_url"])
+    # node.json outlives its node: only the home's lock says whether a node runs there
+    if holder(config.run_dir) is None or not info.exists():
+        raise NodeError(f"{config.home}: the node is not running (start it with: hero-node run)")
+    # node.json names the socket, not the password: that is read from the home's secrets/
+    return role_url(config, str(json.loads(info.read_text())["redis_url"]), NODE)
 
 
 def context_of(args: argparse.Namespace) -> int:

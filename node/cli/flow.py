@@ -40,6 +40,13 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
     s.add_argument("--timeout", type=float, default=3600, help="--wait gives up after this (s)")
     s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
     s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
+    s.add_argument(
+        "--deadline",
+        type=int,
+        default=None,
+        help="the flow ends in error if not over this long (s) after submission; signed "
+        "(default: the node's flow_deadline_s)",
+    )
     s.set_defaults(func=with_client(flow_submit))
     for name, fn, text in (
         ("status", flow_status, "a table of the flow's jobs: node, status, output"),
@@ -83,7 +90,9 @@ async def flow_submit(client: Client, args: argparse.Namespace) -> int:
     key = load_key_file(args.key or config.actor_key_path)
     ctx = _context(args)
     try:
-        flow_id = await client.submit_flow(key, args.actor or config.actor_id, doc, context_id=ctx)
+        flow_id = await client.submit_flow(
+            key, args.actor or config.actor_id, doc, context_id=ctx, deadline_s=args.deadline
+        )
     except FlowError as exc:
         print(f"hero-node: flow refused: {exc}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ from bus.errors import BusError
 from bus.models import Message
 from bus.store import Store
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
+from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, context_of, home_of, with_client
 from node.cli.flow import add_flow_commands
 from node.config import NodeConfig
@@ -56,16 +57,21 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except (NodeError, BusError, CryptoError) as exc:
         print(f"hero-node: {exc}", file=sys.stderr)
-        return 1
+        return _exit_code([exc])
     except BaseExceptionGroup as group:  # errors raised inside the node's nurseries
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
             raise
         for leaf in _leaves(expected):
             print(f"hero-node: {leaf}", file=sys.stderr)
-        return 1
+        return _exit_code(_leaves(expected))
     except KeyboardInterrupt:
         return 130
+
+
+def _exit_code(errors: list[BaseException]) -> int:
+    """1, or what an error asks for (2: another node holds the home)."""
+    return max(int(getattr(exc, "exit_code", 1)) for exc in errors)
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
@@ -112,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("id", help="print this node's id (its public key)")
     s.set_defaults(func=cmd_id)
+
+    s = sub.add_parser(
+        "credentials",
+        help="print the Redis URL (with its password) a client or an external runner connects "
+        "with to this node's embedded Valkey",
+    )
+    s.add_argument("role", choices=[CLIENT, RUNNER])
+    s.set_defaults(func=cmd_credentials)
 
     s = sub.add_parser("status", help="show the running node: id, contexts, peers, queues")
     s.set_defaults(func=with_client(status))
@@ -227,12 +241,27 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
     scheme = "wss" if config.tls else "ws"
     print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
+    if not config.redis_url:
+        print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 
 
 def cmd_id(args: argparse.Namespace) -> int:
     print(load_key_file(config_of(args).node_key_path).public_hex)
+    return 0
+
+
+def cmd_credentials(args: argparse.Namespace) -> int:
+    """The URL of ``args.role``: over TCP when the config opens a Valkey port (what runners on
+    other machines need), else the unix socket in run/."""
+    config = config_of(args)
+    if config.redis_url:
+        raise NodeError(
+            "this node uses the Redis of its redis_url setting: create the ACL users on that "
+            "server yourself (README: Who may write the node's Valkey)"
+        )
+    print(role_url(config, reachable_url(config), args.role))
     return 0
 
 

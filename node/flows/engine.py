@@ -11,6 +11,12 @@ reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_jo
 ``msg_out`` (atomically with their copy turning ``dispatched``); the flow's status and result
 are written and a change is pushed on ``flow_progress:<id>`` for waiting clients. Evaluation
 is idempotent, so a restart simply re-evaluates every flow still in ``flows:active``.
+
+Every flow has a deadline (bus/flows.py ``FlowDoc.deadline``: signed, else the node's
+``flow_deadline_s``), kept in the ``flow_deadlines`` zset while the flow is not final. A timer
+sleeps until the earliest one and moves due flows onto ``flow_events``; evaluated past its
+deadline, a flow's unfinished jobs end in ``error`` (``flow_deadline``) and so does the flow, so
+nothing waits forever on a job refused where the origin never hears of it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import trio
+from coredis.commands.script import Script
 
 from bus import keys
 from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
@@ -38,6 +45,40 @@ log = logging.getLogger(__name__)
 SERVICE = "flows"
 POP_TIMEOUT_S = 5.0
 _FINAL = (FlowStatus.FINISHED.value, FlowStatus.ERROR.value)
+FLOW_DEADLINE = "flow_deadline"
+IDLE_WAIT_S = 3600.0  # no flow pending: the timer waits for one to be armed
+
+# KEYS: flow_deadlines, flow_events ; ARGV: now (s). Moves every due flow id onto flow_events
+# (atomically: a crash cannot lose one); returns the next deadline, or -1.
+_DUE_TO_EVENTS = Script(
+    script="""
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('LPUSH', KEYS[2], id)
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #nxt > 0 then return tonumber(nxt[2]) end
+return -1
+"""
+)
+
+# KEYS: job copies ; ARGV: reason, updated_at. Ends those not final, leaving final ones as they
+# are (a result applied meanwhile stands); a job never released has no copy yet and gets one
+# that says why it never ran. Returns how many it ended.
+_END_UNFINISHED = Script(
+    script="""
+local ended = 0
+for _, key in ipairs(KEYS) do
+  local status = redis.call('HGET', key, 'status')
+  if (not status) or (status ~= 'finished' and status ~= 'error') then
+    redis.call('HSET', key, 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
+    ended = ended + 1
+  end
+end
+return ended
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -56,13 +97,29 @@ async def run_flow_engine(
     inflight = keys.inflight(SERVICE)
     await node.store.recover(ctx, inflight, keys.FLOW_EVENTS)
     await reevaluate_active(node, ctx)
-    task_status.started()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_deadline_timer, node, ctx)
+        task_status.started()
+        while True:
+            item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
+            if item is None:
+                continue
+            await evaluate_guarded(node, ctx, item)
+            await node.store.ack(ctx, inflight, item)
+
+
+async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
+    """Queue flows whose deadline passed on ``flow_events`` (the engine's evaluation ends them;
+    one evaluation at a time). Sleeps until the next deadline or until one is armed (no
+    polling). Raises StoreError if Valkey fails."""
     while True:
-        item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
-        if item is None:
-            continue
-        await evaluate_guarded(node, ctx, item)
-        await node.store.ack(ctx, inflight, item)
+        wake = node.flow_deadline_scheduled.setdefault(ctx, trio.Event())
+        args = [str(now())]
+        due_keys = [keys.FLOW_DEADLINES, keys.FLOW_EVENTS]
+        after = int(await node.store.script(ctx, _DUE_TO_EVENTS, due_keys, args))
+        with trio.move_on_after(IDLE_WAIT_S if after < 0 else max(0.0, after - now())):
+            await wake.wait()
+        node.flow_deadline_scheduled[ctx] = trio.Event()
 
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
@@ -100,6 +157,10 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
         await _refuse(node, ctx, flow_id, fields, exc)
         return FlowStatus.ERROR
     doc = loaded.doc
+    deadline = doc.deadline(node.config.flow_deadline_s)
+    overdue = now() >= deadline
+    if overdue:
+        await _end_unfinished(node, ctx, doc)
     states, results = await _read_jobs(node, ctx, doc)
     decision = schedule(doc.spec, states)
     await _doom(node, ctx, doc, decision.doomed)
@@ -108,8 +169,17 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
     states |= {j: JobStatus.ERROR for j in decision.doomed}
     states |= {j: JobStatus.DISPATCHED for j in decision.ready}
     after = schedule(doc.spec, states)
-    await _save(node, ctx, doc, states, results, after)
+    await _save(node, ctx, doc, states, results, after, (deadline, overdue))
+    if not after.done and fields.get("deadline") != str(deadline):  # armed just now
+        node.flow_deadline_scheduled.setdefault(ctx, trio.Event()).set()
     return after.flow_status
+
+
+async def _end_unfinished(node: NodeState, ctx: int, doc: FlowDoc) -> None:
+    """Past the flow's deadline: every job copy not final yet ends in error (flow_deadline)."""
+    job_keys = [doc.job_key(j.id) for j in doc.spec.jobs]
+    ended = await node.store.script(ctx, _END_UNFINISHED, job_keys, [FLOW_DEADLINE, str(now())])
+    log.warning("flow %d: deadline passed; %s unfinished job(s) ended", doc.id, ended)
 
 
 async def _load(node: NodeState, ctx: int, flow_id: int, fields: dict[str, str]) -> _Loaded:
@@ -199,11 +269,14 @@ async def _release(
     log.info("flow %d: released %s to %s… as %s", doc.id, job_id, spec.node[:16], message.key)
 
 
-def _reason(doc: FlowDoc, states: dict[str, JobStatus], decision: Decision) -> str:
+def _reason(doc: FlowDoc, states: dict[str, JobStatus], decision: Decision, overdue: bool) -> str:
     if decision.flow_status is not FlowStatus.ERROR:
         return ""
     failed = [j.id for j in doc.spec.jobs if states.get(j.id) is JobStatus.ERROR]
-    return f"job(s) in error: {', '.join(failed)}"
+    in_error = f"job(s) in error: {', '.join(failed)}"
+    if overdue:
+        return f"{FLOW_DEADLINE}: not over by its deadline; {in_error}"
+    return in_error
 
 
 async def _save(
@@ -213,28 +286,42 @@ async def _save(
     states: dict[str, JobStatus],
     results: dict[str, dict[str, str]],
     decision: Decision,
+    deadline: tuple[int, bool],
 ) -> None:
-    """Write the flow's status and result and wake waiting clients, in one transaction."""
+    """Write the flow's status, result and ``deadline`` (when, and whether it passed), and
+    wake waiting clients, in one transaction."""
+    when, overdue = deadline
     result = flow_result(doc.spec, results, states)
     fields = {
         "status": decision.flow_status.value,
         "result": json.dumps(result, separators=(",", ":")),
-        "reason": _reason(doc, states, decision),
+        "reason": _reason(doc, states, decision, overdue),
+        "deadline": str(when),
         "updated_at": str(now()),
     }
-    await _write_flow(node, ctx, doc.id, fields, decision.done)
+    await _write_flow(node, ctx, doc.id, fields, decision.done, when)
     if decision.done:
         log.info("flow %d %s", doc.id, decision.flow_status.value)
 
 
 async def _write_flow(
-    node: NodeState, ctx: int, flow_id: int, fields: dict[str, str], done: bool
+    node: NodeState,
+    ctx: int,
+    flow_id: int,
+    fields: dict[str, str],
+    done: bool,
+    deadline: int | None = None,
 ) -> None:
+    """Write the flow's fields; a final flow leaves ``flows:active`` and ``flow_deadlines``,
+    another is (re)armed there with ``deadline``."""
     progress = keys.flow_progress(flow_id)
     async with node.store.transaction(ctx) as tx:
         tx.hset(keys.flow(flow_id), fields)
         if done:
             tx.srem(keys.FLOWS_ACTIVE, [str(flow_id)])
+            tx.zrem(keys.FLOW_DEADLINES, [str(flow_id)])
+        elif deadline is not None:
+            tx.zadd(keys.FLOW_DEADLINES, {str(flow_id): deadline})
         tx.lpush(progress, [fields["status"]])
         tx.expire(progress, node.config.reply_ttl_s)
 

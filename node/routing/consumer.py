@@ -18,12 +18,9 @@ from coredis.commands.script import Script
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError, StoreError
-from bus.ids import now
+from bus.errors import StoreError
 from bus.models import Message, MessageStatus, MessageType
-from bus.verify import judge
-from node.flows.trust import authorise_flow_job
-from node.routing.admission import authorise_caller
+from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
 from node.routing.messages import (
     APPLY_RESULT_LUA,
@@ -113,22 +110,15 @@ async def handle_incoming(
     results: list[VerifiedResult],
 ) -> bool:
     """Accept ``message``; True when it was acknowledged with what it caused, or will be with
-    its batch: an authorised job (or flow job) message goes to ``jobs``, a verified result
-    message to ``results`` (both accepted together, replay checks included). Raises Rejected
-    with the reason it is refused."""
-    if message.destination != node.node_id:
-        raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
-    if message.message_type is MessageType.RESULT:
-        results.append(verify_result(node, message))
-    elif message.message_type is MessageType.JOB:
-        await _authorise(node, ctx, message)
-        jobs.append(message)
-    elif message.message_type is MessageType.FLOW_JOB:  # flows hook: see node/flows/trust.py
-        await authorise_flow_job(node, ctx, message)
+    its batch: an admitted job (or flow job) message goes to ``jobs``, a result message to
+    ``results`` (both accepted together, replay checks included). Raises Rejected with the
+    reason it is refused (the one admission check: node/routing/admission.py)."""
+    body = await admit(node, ctx, message, incoming=True)
+    if body is not None:
+        results.append((message, body))
+    elif message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):
         jobs.append(message)
     elif message.message_type is MessageType.STOP:
-        await authorise_caller(node, ctx, message)
-        await check_replay(node, ctx, message)
         await apply_stop(node, ctx, message)
         async with node.store.transaction(ctx) as tx:
             tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
@@ -139,23 +129,6 @@ async def handle_incoming(
     return True
 
 
-async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
-    """Rejected('replay') for a message key or nonce accepted within the freshness window."""
-    nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
-    found = await node.store.call(ctx, lambda r: r.exists([keys.seen(message.key), nonce_key]))
-    seen_key = found and await node.store.exists(ctx, keys.seen(message.key))
-    seen_nonce = found and not seen_key
-    if seen_key or seen_nonce:
-        what = "message key" if seen_key else "nonce"
-        raise Rejected("replay", f"{what} of {message.key} was already accepted")
-
-
-async def _authorise(node: NodeState, ctx: int, message: Message) -> None:
-    await authorise_caller(node, ctx, message)
-    if any(job.caller_id != message.caller_id or job.context_id != ctx for job in message.job):
-        raise Rejected("malformed", "a job names another caller or context than its message")
-
-
 def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> None:  # noqa: ANN401
     """Queue, in transaction ``tx``: the replay markers (with TTL) and the in-flight ack."""
     window = node.freshness.window_s
@@ -163,19 +136,6 @@ def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> 
     if message.nonce:
         tx.set(keys.nonce(message.caller_id, message.nonce), message.key, ex=window)
     tx.lrem(inflight, 1, message.key)
-
-
-def verify_result(node: NodeState, message: Message) -> VerifiedResult:
-    """A result message signed by the node it names as origin (a node we know), fresh, with
-    a well-formed body; Rejected otherwise. Pure: what Redis knows is checked with its batch."""
-    signer = message.origin if node.is_known_node(message.origin) else None
-    verdict = judge(message, signer, now=now(), freshness=node.freshness)
-    if not verdict.ok:
-        raise Rejected(verdict.reason, verdict.detail)
-    try:
-        return message, ResultBody.decode(message.message)
-    except ModelError as exc:
-        raise Rejected("malformed", str(exc)) from None
 
 
 async def accept_results(

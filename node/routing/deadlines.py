@@ -5,12 +5,18 @@ When the supervisor sends a job message to a peer, it schedules two deadlines in
 come back by the second, the origin's copy ends in ``error`` (reason ``timeout_ack`` or
 ``timeout_result``) and the waiting client is answered. A result that arrives after that is
 refused as ``late_result``.
+
+The ack deadline is the signed one, ``created_at + timeout_ack`` (node/routing/admission.py):
+the destination refuses the message after it (``expired``), on arrival and when its consumer
+takes it. The origin fails the message only once that deadline plus the allowed clock skew
+(``max_skew_s``) has passed, so by then the destination refuses it too, and withdraws it from
+the peer's outbox and its in-flight list in one transaction: a message its client was told
+failed is never sent again, and one already on the wire is refused where it lands.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, NoReturn
 
 import trio
@@ -19,7 +25,9 @@ from coredis.commands.script import Script
 from bus import keys, outbox
 from bus.envelope import ResultBody
 from bus.errors import ModelError
+from bus.ids import now_ms
 from bus.models import JobStatus, Message, MessageStatus
+from node.routing.admission import ack_deadline
 from node.routing.messages import apply_result
 from node.state import NodeState
 
@@ -40,13 +48,13 @@ return {after, due}
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 
 
-def schedule_in(tx: Any, message: Message) -> None:  # noqa: ANN401
+def schedule_in(tx: Any, message: Message, skew_s: int) -> None:  # noqa: ANN401
     """Queue in ``tx`` the ack and result deadlines of a job message sent to a peer (the caller
-    then wakes the deadline service: NodeState.deadline_scheduled)."""
-    now_ms = time.time() * 1000
+    then wakes the deadline service: NodeState.deadline_scheduled): the ack one at the signed
+    deadline plus ``skew_s``, the allowed clock skew (see the module doc)."""
     members: dict[str | bytes, int | float] = {
-        f"ack|{message.key}": now_ms + message.timeout_ack * 1000,
-        f"result|{message.key}": now_ms + message.timeout_result * 1000,
+        f"ack|{message.key}": (ack_deadline(message) + skew_s) * 1000,
+        f"result|{message.key}": now_ms() + message.timeout_result * 1000,
     }
     tx.zadd(keys.DEADLINES, members)
 
@@ -58,16 +66,21 @@ async def run_deadlines(
     task_status.started()
     while True:
         wake = node.deadline_scheduled.setdefault(ctx, trio.Event())
-        after, due = await node.store.script(
-            ctx, _POP_DUE, [keys.DEADLINES], [str(int(time.time() * 1000))]
-        )
-        for member in due:
-            kind, _, key = str(member).partition("|")
-            await expire(node, ctx, kind, key)
-        wait_s = 3600.0 if int(after) < 0 else max(0.0, int(after) / 1000 - time.time())
+        after = await fail_due(node, ctx)
+        wait_s = 3600.0 if after < 0 else max(0.0, (after - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()
         node.deadline_scheduled[ctx] = trio.Event()
+
+
+async def fail_due(node: NodeState, ctx: int) -> int:
+    """Fail every message whose deadline is due by the wall clock (bus.ids); returns when the
+    next one is due (Unix ms), -1 if none is armed."""
+    after, due = await node.store.script(ctx, _POP_DUE, [keys.DEADLINES], [str(now_ms())])
+    for member in due:
+        kind, _, key = str(member).partition("|")
+        await expire(node, ctx, kind, key)
+    return int(after)
 
 
 async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
@@ -85,12 +98,22 @@ async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
         f"{message.destination[:16]}… within {limit} s"
     )
     log.warning("%s: %s", key, reason)
-    # withdraw it: a message its client was told failed must not run later
-    await node.store.call(
-        keys.ACTORS_DB,
-        lambda r: r.lrem(keys.outbox(message.destination), 0, outbox.entry(ctx, key)),
-    )
+    await withdraw(node, message.destination, outbox.entry(ctx, key))
     async with node.store.transaction(ctx) as tx:
         for job in message.job:
             apply_result(tx, node, ResultBody(key, job.key, JobStatus.ERROR, {}, reason))
         tx.hset(key, {"status": MessageStatus.ERROR.value, "reason": reason})
+
+
+async def withdraw(node: NodeState, peer: str, entry: str) -> None:
+    """Take ``entry`` out of every outbox list of ``peer`` in one transaction (waiting, or
+    sent and unacknowledged: the pump moves it atomically from one to the other, so it is
+    in neither afterwards). A message its client is told failed must not be sent again;
+    the in-flight place it held in the link's window opens, since no ack will count it."""
+    async with node.store.transaction(keys.ACTORS_DB) as tx:
+        tx.lrem(keys.outbox(peer), 0, entry)
+        sent = tx.lrem(keys.outbox_inflight(peer), 0, entry)
+    unacked = int(await sent)
+    box = node.outboxes.get(peer)
+    if unacked and box is not None:
+        box.window.release(unacked)

@@ -19,6 +19,7 @@ from bus.frames import Frame, fields_are_strings
 from bus.ids import now
 from bus.models import MessageStatus
 from bus.transport import Link
+from node.routing.admission import delivery_problem
 from node.routing.messages import Rejected, load_message, reject
 from node.state import NodeState
 
@@ -143,7 +144,10 @@ class LinkHandler:
             return "malformed: message fields do not match its key"
         if fields.get("context_id") != str(ctx):
             return "malformed: message is for another context"
-        return ""
+        problem = delivery_problem(fields, self.node.config, now())
+        if problem.startswith("expired") and await self.node.store.exists(ctx, key):
+            return ""  # stored in time, its ack lost: acknowledged again, stored once
+        return problem
 
     async def _registered(self, ctx: int) -> bool:
         """A context registered but not yet picked up by the registry watcher still counts."""
@@ -198,6 +202,9 @@ class LinkHandler:
             )
             return
         token, _, detail = reason.partition(": ")
+        if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
+            await self.node.store.dead_letter(ctx, key, f"peer_refused_{token}", detail)
+            return
         await reject(
             self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message, "transport"
         )

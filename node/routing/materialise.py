@@ -13,6 +13,7 @@ import json
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from coredis.commands.script import Script
 
@@ -27,18 +28,34 @@ from node.state import NodeState
 
 # KEYS: inflight, then the type queues whose depth to report ; ARGV: batch (JSON) now window_s
 # batch: [{key, seen, nonce ("" if none), jobs: [{key, queue ("" = none), fields: [k, v...]}]}]
-# Returns {codes, depth}: one code per message (0 materialised, 1 replay of the message key,
-# 2 replay of the nonce) and the deepest of the reported queues afterwards.
+# Returns {codes, depth, owners}: one code per message (0 materialised, 1 replay of the message
+# key, 2 replay of the nonce, 3 a job key held by another message), the deepest of the reported
+# queues afterwards, and per message "<job key> <its holder>" for code 3 ("" otherwise). A job
+# hash that exists is written only by the message it names as message_key: a message naming
+# another message's job (a replayed or reused job id) is refused whole, nothing of it written.
 _MATERIALISE = Script(
     script="""
+local function taken(m)
+  for _, j in ipairs(m.jobs) do
+    local kind = redis.call('TYPE', j.key).ok
+    if kind ~= 'none' then
+      local holder = kind == 'hash' and redis.call('HGET', j.key, 'message_key') or false
+      if holder ~= m.key then return j.key .. ' ' .. (holder or ('a ' .. kind)) end
+    end
+  end
+  return ''
+end
 local batch = cjson.decode(ARGV[1])
-local out = {}
+local out, owners = {}, {}
 for i, m in ipairs(batch) do
-  local code = 0
+  local code, owner = 0, ''
   if redis.call('EXISTS', m.seen) == 1 then
     code = 1
   elseif m.nonce ~= '' and redis.call('EXISTS', m.nonce) == 1 then
     code = 2
+  else
+    owner = taken(m)
+    if owner ~= '' then code = 3 end
   end
   if code == 0 then
     for _, j in ipairs(m.jobs) do
@@ -51,12 +68,30 @@ for i, m in ipairs(batch) do
     redis.call('LREM', KEYS[1], 1, m.key)
   end
   out[i] = code
+  owners[i] = owner
 end
 local depth = 0
 for i = 2, #KEYS do depth = math.max(depth, redis.call('LLEN', KEYS[i])) end
-return {out, depth}
+return {out, depth, owners}
 """
 )
+
+# KEYS: job ; ARGV: message key, then the job's fields and values. The same rule outside the
+# batch script (the origin's copies): a job key held by another message is left as it is.
+_WRITE_OWN_JOB = """
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'message_key') ~= ARGV[1])
+then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+return 1
+"""
+
+
+def write_own_job(tx: Any, job_key: str, message_key: str, fields: dict[str, str]) -> None:  # noqa: ANN401
+    """Queue in ``tx`` the write of job hash ``job_key`` of message ``message_key`` (``fields``
+    must name it as message_key), unless that key holds another message's job."""
+    tx.eval(_WRITE_OWN_JOB, [job_key], [message_key, *(x for kv in fields.items() for x in kv)])
+
 
 REPLAY_WHAT = {1: "message key", 2: "nonce"}
 log = logging.getLogger(__name__)
@@ -80,10 +115,11 @@ async def materialise_batch(
     now: int,
     window_s: int,
     depth_of: list[str],
-) -> tuple[list[int], int]:
-    """Write each message's jobs unless the message (key or nonce) was accepted before. Returns
-    one code per message (0 written; 1 or 2 a replay, see REPLAY_WHAT: nothing written for it)
-    and the depth of the deepest queue of ``depth_of`` afterwards."""
+) -> tuple[list[int], int, list[str]]:
+    """Write each message's jobs unless the message (key or nonce) was accepted before or one
+    of its job keys is another message's. Returns one code per message (0 written; else see
+    :func:`refusal`: nothing written for it), the depth of the deepest queue of ``depth_of``
+    afterwards, and per message the job key refused and its holder ("" if none)."""
     payload = [
         {
             "key": message.key,
@@ -101,8 +137,16 @@ async def materialise_batch(
         for message, jobs in batch
     ]
     args = [json.dumps(payload), str(now), str(window_s)]
-    codes, depth = await store.script(ctx, _MATERIALISE, [inflight, *depth_of], args)
-    return [int(c) for c in codes], int(depth)
+    codes, depth, owners = await store.script(ctx, _MATERIALISE, [inflight, *depth_of], args)
+    return [int(c) for c in codes], int(depth), [str(o) for o in owners]
+
+
+def refusal(message: Message, code: int, owner: str) -> Rejected:
+    """Why the materialise script refused ``message`` (``code`` > 0)."""
+    if code in REPLAY_WHAT:
+        return Rejected("replay", f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
+    job_key, _, holder = owner.partition(" ")
+    return Rejected("job_exists", f"{job_key} exists already, held by {holder}")
 
 
 async def materialise_fresh(
@@ -114,27 +158,19 @@ async def materialise_fresh(
     service: str,
 ) -> None:
     """Materialise a batch of authorised job messages in one atomic step (materialise_batch);
-    a replay (its key or nonce accepted before, or earlier in this batch) is refused and
-    dead-lettered."""
-    replays = await materialise_many(node, ctx, messages, script_types, inflight)
-    for message, what in replays:
-        replay = Rejected("replay", f"{what} of {message.key} was already accepted")
+    a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
+    a job key of another message is refused and dead-lettered."""
+    refused = await materialise_many(node, ctx, messages, script_types, inflight)
+    for message, exc in refused:
         queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
-        await reject(node, ctx, message.key, replay, message, service, queue=queue)
+        await reject(node, ctx, message.key, exc, message, service, queue=queue)
         await node.store.ack(ctx, inflight, message.key)
 
 
-async def materialise_many(
-    node: NodeState,
-    ctx: int,
-    messages: list[Message],
-    script_types: Collection[str],
-    inflight: str,
-) -> list[tuple[Message, str]]:
-    """Write the jobs of checked messages, their queue entries, the message status, the replay
-    markers and the ack, in one Lua call; returns the replays (message, what was seen), for
-    which nothing was written."""
-    stamp = now_s()
+def _writes(
+    messages: list[Message], script_types: Collection[str], stamp: int
+) -> tuple[list[tuple[Message, list[JobWrite]]], list[tuple[Message, RunnerJob]]]:
+    """Each message's job hashes and queue entries, and its jobs of no known script type."""
     unknown: list[tuple[Message, RunnerJob]] = []
     batch: list[tuple[Message, list[JobWrite]]] = []
     for message in messages:
@@ -155,8 +191,23 @@ async def materialise_many(
                 unknown.append((message, job))
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
+    return batch, unknown
+
+
+async def materialise_many(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+) -> list[tuple[Message, Rejected]]:
+    """Write the jobs of checked messages, their queue entries, the message status, the replay
+    markers and the ack, in one Lua call; returns the refused messages (replays, and those
+    naming another message's job) with why, for which nothing was written."""
+    stamp = now_s()
+    batch, unknown = _writes(messages, script_types, stamp)
     types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
-    codes, node.queue_depth[ctx] = await materialise_batch(
+    codes, node.queue_depth[ctx], owners = await materialise_batch(
         node.store,
         ctx,
         inflight,
@@ -165,7 +216,7 @@ async def materialise_many(
         window_s=node.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
     )
-    replays = [(m, REPLAY_WHAT[c]) for m, c in zip(messages, codes, strict=True) if c]
+    refused = [(m, refusal(m, c, o)) for m, c, o in zip(messages, codes, owners, strict=True) if c]
     for (_, writes), code in zip(batch, codes, strict=True):
         for w in writes:  # idle slots wait on the plain type queue only
             if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
@@ -173,7 +224,18 @@ async def materialise_many(
     node.count(
         "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
     )
-    refused = {m.key for m, _ in replays}
+    await _unknown_types(node, unknown, {m.key for m, _ in refused}, script_types)
+    return refused
+
+
+async def _unknown_types(
+    node: NodeState,
+    unknown: list[tuple[Message, RunnerJob]],
+    refused: set[str],
+    script_types: Collection[str],
+) -> None:
+    """Answer each materialised job of a type no runner here serves (it was written in
+    error): its origin learns why."""
     for message, job in unknown:
         if message.key in refused:
             continue
@@ -185,4 +247,3 @@ async def materialise_many(
         await queue_result(
             node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
         )
-    return replays

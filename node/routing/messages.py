@@ -149,13 +149,19 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
 # accept script) and apply_result runs: the job copy's final state, the request's status, the
 # reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of the flow
 # engine (node/flows/engine.py). a: status result reason stamp request-status reply reply-ttl
+# The job copy changes only if it is the request's (its message_key): a refused message that
+# named another message's job key is answered without touching that job.
 APPLY_RESULT_LUA = """
 local function apply_result(job, request, reply, flow_events, a)
-  redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
+  local mine = redis.call('TYPE', job).ok == 'hash'
+    and redis.call('HGET', job, 'message_key') == request
+  if mine then
+    redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
+  end
   redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
   redis.call('LPUSH', reply, a[6])
   redis.call('EXPIRE', reply, a[7])
-  local flow = redis.call('HGET', job, 'flow_id')
+  local flow = mine and redis.call('HGET', job, 'flow_id')
   if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
 end
 """

@@ -16,11 +16,10 @@ from bus import keys, outbox
 from bus.errors import StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
-from bus.verify import freshness_problem, judge
 from node.routing import deadlines
-from node.routing.admission import authorise_caller
-from node.routing.materialise import materialise_fresh
-from node.routing.messages import Rejected, parse_message, reject, signed_here
+from node.routing.admission import admit
+from node.routing.materialise import materialise_fresh, write_own_job
+from node.routing.messages import Rejected, parse_message, reject
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -136,33 +135,9 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
-    """Job messages: signed by the caller's registered key, fresh, and the caller may execute
-    in ``ctx``. Result messages: created and signed by this node.
-
-    A result message this process signed itself moments ago (same key, same signature entry:
-    :func:`node.messages.signed_here`) is not verified again here, only checked for origin and
-    freshness. Verifying it here is not what lets no one in: every result is verified against
-    this node's registered key by whoever acts on it, before it changes anything: the peer's
-    consumer (``verify_result``), or ours for a request of this node (``route_many`` sends it
-    through our msg_in). A hash altered in Redis after signing fails there, is dead-lettered
-    and changes nothing. Every other result in msg_out (written by some other Redis client, or
-    left from before a restart) is still verified in full, so a forgery is refused here, at
-    the origin, as before."""
-    if message.message_type in (MessageType.RESULT, MessageType.FLOW_JOB):  # flows hook
-        if message.origin != node.node_id:
-            raise Rejected("forged_result", "result messages in msg_out must come from this node")
-        if message.message_type is MessageType.RESULT and signed_here(node, message):
-            stale = freshness_problem(message, now(), node.freshness)
-            if stale is not None:
-                raise Rejected(stale.reason, stale.detail)
-            return
-        verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
-        if not verdict.ok:
-            raise Rejected(verdict.reason, verdict.detail)
-    else:
-        await authorise_caller(node, ctx, message)
-    if message.origin != node.node_id:
-        raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
+    """Rejected unless ``message`` may leave msg_out: the one admission check
+    (node/routing/admission.py), as the consumer runs it on msg_in."""
+    await admit(node, ctx, message, incoming=False)
 
 
 async def route_many(node: NodeState, ctx: int, messages: list[Message], inflight: str) -> None:
@@ -185,7 +160,7 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
                 tx.lpush(keys.MSG_IN, [m.key])
             elif m.message_type is MessageType.JOB:
                 write_origin_copies(tx, m, {"updated_at": stamp})
-                deadlines.schedule_in(tx, m)
+                deadlines.schedule_in(tx, m, node.freshness.max_skew_s)
             tx.lrem(inflight, 1, m.key)
     if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
         node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
@@ -194,7 +169,11 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
 
 def write_origin_copies(tx: Any, message: Message, fields: dict[str, str]) -> None:  # noqa: ANN401
     """Queue in ``tx`` the origin's copy of each job of ``message`` (job hash as the message
-    carries it, linked to the message), with ``fields`` on top."""
+    carries it, linked to the message), with ``fields`` on top; never over another message's
+    job (materialise.write_own_job), nor under another caller's key (a refused message may
+    name one)."""
     for job in message.job:
+        if job.caller_id != message.caller_id:
+            continue
         base = {"created_at": str(message.created_at), "message_key": message.key}
-        tx.hset(job.key, job.to_hash() | base | fields)
+        write_own_job(tx, job.key, message.key, job.to_hash() | base | fields)

@@ -1,7 +1,8 @@
 """Run one job's script in a child process: stdin carries the script, env the job's variables.
 
 Returns the job's final status and result map (stdout, stderr, exit_code). A timeout kills the
-whole process group (SIGTERM, then SIGKILL) and ends the job in ``error`` with reason ``timeout``.
+whole process group (SIGTERM, then SIGKILL) and ends the job in ``error`` with reason ``timeout``;
+when the script exits, what it left running in its group is killed.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ async def _execute(
             async with trio.open_nursery() as nursery:
                 proc = await nursery.start(run)
                 pidfile = _record(pid_dir, proc.pid, job, outcome)
+                nursery.start_soon(_end_group_after, proc)
     except OSError as exc:
         return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
     finally:
@@ -153,6 +155,15 @@ async def _kill_group(proc: trio.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+async def _end_group_after(proc: trio.Process) -> None:
+    """Once the script exits, kill what it left running in its process group (``cmd &``):
+    a job's processes end with the job, and their open pipes no longer hold its output open.
+    A process that left the group with setsid() escapes (README "Runners")."""
+    await proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def outcome_of(
