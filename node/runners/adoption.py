@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
 
-from bus.errors import StoreError
-from bus.models import JobStatus
+from bus.errors import ModelError, StoreError
+from bus.models import JobStatus, Message, RunnerJob
+from node.runners import outcomes
 from node.runners.executor import Outcome, kill_orphans, live_processes, outcome_of
 from node.runners.outcomes import outcome_dir, parse_outcome_name, read_outcome
 from node.state import NodeState
@@ -114,3 +117,97 @@ def _head(path: Path, limit: int) -> str:
     except OSError:
         return ""
     return text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
+
+
+@dataclass(frozen=True)
+class LeftBehind:
+    """A job a dead run of the node left ``started``."""
+
+    job: RunnerJob
+    request: Message
+    fields: dict[str, str]
+    attempt: int
+    path: Path  # where its current attempt writes its outcome
+    logs: tuple[Path, Path]  # the slot's log files, which a command job's output went to
+
+
+# How the runner concludes an attempt (node/runners/runner.py: conclude), given here so that
+# this module does not import the runner that imports it.
+Conclude = Callable[[NodeState, int, LeftBehind, Outcome, str], Awaitable[None]]
+
+
+async def recover_slot(
+    node: NodeState,
+    ctx: int,
+    inflight: str,
+    queue: str,
+    logs: tuple[Path, Path],
+    conclude: Conclude,
+) -> list[Callable[[], Awaitable[None]]]:
+    """For each job of the slot's in-flight lists left ``started``: conclude it with the outcome
+    its current attempt recorded, or ``runner_lost`` if its process is gone without one; one
+    whose process still runs is set aside (``<inflight>:adopting``, looked at again after
+    another crash) and returned as a task that waits for the process, then adopts its outcome.
+    The rest of the in-flight list goes back to the queue."""
+    adopting = f"{inflight}:adopting"
+    pending: list[Callable[[], Awaitable[None]]] = []
+    for where in (adopting, inflight):
+        for job_key in await node.store.lrange(ctx, where):
+            left = await _left_behind(node, ctx, job_key, logs)
+            if left is None:
+                if where == adopting:  # ended meanwhile
+                    await node.store.ack(ctx, adopting, job_key)
+                continue
+            pid = await trio.to_thread.run_sync(process_of, node, left.path)
+            if pid is None:
+                await _adopt(node, ctx, left, where, conclude)
+                continue
+            log.info("%s: attempt %d still runs (pid %d); adopting it", job_key, left.attempt, pid)
+            if where == inflight:
+                async with node.store.transaction(ctx) as tx:
+                    tx.lrem(inflight, 1, job_key)
+                    tx.rpush(adopting, [job_key])
+            pending.append(partial(_adopt_at_exit, node, ctx, left, adopting, pid, conclude))
+    await node.store.recover(ctx, inflight, queue)
+    return pending
+
+
+async def _left_behind(
+    node: NodeState, ctx: int, job_key: str, logs: tuple[Path, Path]
+) -> LeftBehind | None:
+    """A job left ``started`` (None if it is not, or cannot be read)."""
+    fields = await node.store.hgetall(ctx, job_key)
+    if fields.get("status") != JobStatus.STARTED.value:
+        return None
+    try:
+        job = RunnerJob.from_hash(fields)
+        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        attempt = int(fields.get("attempt") or 0)
+    except (ModelError, ValueError):
+        return None
+    path = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
+    return LeftBehind(job, request, fields, attempt, path, logs)
+
+
+async def _adopt_at_exit(
+    node: NodeState, ctx: int, left: LeftBehind, inflight: str, pid: int, conclude: Conclude
+) -> None:
+    await wait_exit(pid)
+    (pid_dir(node) / str(pid)).unlink(missing_ok=True)
+    await _adopt(node, ctx, left, inflight, conclude)
+
+
+async def _adopt(
+    node: NodeState, ctx: int, left: LeftBehind, inflight: str, conclude: Conclude
+) -> None:
+    """Conclude the attempt a dead run of the node left ``started``: with the outcome its
+    process recorded, or ``runner_lost`` if it recorded none."""
+    found = adopted_outcome(left.path, left.logs, node.config.max_output_bytes)
+    if found.found:
+        key, attempt = left.job.key, left.attempt
+        log.warning("%s: outcome of attempt %d adopted (its node had died)", key, attempt)
+        node.count("outcomes_adopted")
+    else:
+        log.warning("%s lost its runner (the node stopped while it ran)", left.job.key)
+    await conclude(node, ctx, left, found.outcome, inflight)
+    outcomes.discard(left.path)

@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -179,83 +178,19 @@ async def _pop(
 async def recover_slot(
     node: NodeState, ctx: int, inflight: str, queue: str, logs: tuple[Path, Path]
 ) -> list[Callable[[], Awaitable[None]]]:
-    """Jobs a previous run of this slot left behind (see node/runners/adoption.py). A started
-    one whose current attempt wrote its outcome is concluded with it; one whose process still
-    runs is set aside (``<inflight>:adopting``) and returned as a task that waits for that
-    process, then adopts its outcome; one whose process is gone with no outcome lost its
-    runner (a failed attempt). A job not started yet goes back to the queue."""
-    adopting = f"{inflight}:adopting"  # survives another crash: looked at again next time
-    pending: list[Callable[[], Awaitable[None]]] = []
-    for where in (adopting, inflight):
-        for job_key in await node.store.lrange(ctx, where):
-            left = await _left_behind(node, ctx, job_key, logs)
-            if left is None:
-                if where == adopting:  # ended meanwhile
-                    await node.store.ack(ctx, adopting, job_key)
-                continue
-            pid = await trio.to_thread.run_sync(adoption.process_of, node, left.path)
-            if pid is None:
-                await _adopt(node, ctx, left, where)
-                continue
-            log.info("%s: attempt %d still runs (pid %d); adopting it", job_key, left.attempt, pid)
-            if where == inflight:
-                async with node.store.transaction(ctx) as tx:
-                    tx.lrem(inflight, 1, job_key)
-                    tx.rpush(adopting, [job_key])
-            pending.append(partial(_adopt_at_exit, node, ctx, left, adopting, pid))
-    await node.store.recover(ctx, inflight, queue)
-    return pending
+    """Jobs a previous run of this slot left behind: concluded with the outcome their process
+    recorded, adopted when their process ends, or ``runner_lost`` (see
+    node/runners/adoption.py); the tasks that wait for processes still running are returned.
+    A job not started yet goes back to the queue."""
+    return await adoption.recover_slot(node, ctx, inflight, queue, logs, _conclude_adopted)
 
 
-@dataclass(frozen=True)
-class _LeftBehind:
-    job: RunnerJob
-    request: Message
-    fields: dict[str, str]
-    attempt: int
-    path: Path  # where its current attempt writes its outcome
-    logs: tuple[Path, Path]
-
-
-async def _left_behind(
-    node: NodeState, ctx: int, job_key: str, logs: tuple[Path, Path]
-) -> _LeftBehind | None:
-    """A job left ``started`` (None if it is not, or cannot be read)."""
-    fields = await node.store.hgetall(ctx, job_key)
-    if fields.get("status") != JobStatus.STARTED.value:
-        return None
-    try:
-        job = RunnerJob.from_hash(fields)
-        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
-        attempt = int(fields.get("attempt") or 0)
-    except (ModelError, ValueError):
-        return None
-    path = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
-    return _LeftBehind(job, request, fields, attempt, path, logs)
-
-
-async def _adopt_at_exit(
-    node: NodeState, ctx: int, left: _LeftBehind, inflight: str, pid: int
+async def _conclude_adopted(
+    node: NodeState, ctx: int, left: adoption.LeftBehind, outcome: Outcome, inflight: str
 ) -> None:
-    await adoption.wait_exit(pid)
-    (adoption.pid_dir(node) / str(pid)).unlink(missing_ok=True)
-    await _adopt(node, ctx, left, inflight)
-
-
-async def _adopt(node: NodeState, ctx: int, left: _LeftBehind, inflight: str) -> None:
-    """Conclude the attempt a dead run of the node left ``started``: with the outcome its
-    process recorded, or ``runner_lost`` if it recorded none."""
-    found = adoption.adopted_outcome(left.path, left.logs, node.config.max_output_bytes)
-    key, attempt = left.job.key, left.attempt
-    if found.found:
-        log.warning("%s: outcome of attempt %d adopted (its node had died)", key, attempt)
-        node.count("outcomes_adopted")
-    else:
-        log.warning("%s lost its runner (the node stopped while it ran)", key)
     runner, queue = left.fields.get("runner", ""), queues.queue_of(left.fields)
-    request = left.request
-    await conclude(node, ctx, left.job, request, found.outcome, runner, inflight, queue, attempt, 0)
-    outcomes.discard(left.path)
+    job, request, attempt = left.job, left.request, left.attempt
+    await conclude(node, ctx, job, request, outcome, runner, inflight, queue, attempt, 0)
 
 
 async def run_job(
