@@ -59,6 +59,7 @@ class NodeConfig:
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
+    lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
 
     @property
     def node_key_path(self) -> Path:
@@ -93,6 +94,7 @@ _INT_FIELDS = (
     "max_age_s",
     "max_skew_s",
     "max_output_bytes",
+    "lease_ttl_ms",
     "max_message_bytes",
     "max_script_bytes",
 )

@@ -37,8 +37,8 @@ from node.routing.deadlines import run_deadlines
 from node.routing.links import LinkHandler
 from node.routing.messages import Rejected, load_message, reject
 from node.routing.supervisor import run_supervisor
+from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
-from node.runners.executor import kill_orphans
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.queues import consume_order, slot_bases
@@ -297,10 +297,11 @@ async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> Non
 
 
 async def bootstrap(node: NodeState) -> None:
-    """Kill scripts a crashed run left behind; on first start, register this home's default
-    actor and its context (admin)."""
+    """Kill scripts a crashed run left behind (not those still running a job's current attempt:
+    their slots adopt them); on first start, register this home's default actor and its
+    context (admin)."""
     config, store = node.config, node.store
-    orphans = await trio.to_thread.run_sync(kill_orphans, config.run_dir / "jobs")
+    orphans = await kill_orphans_but_adoptable(node)
     if orphans:
         log.warning("killed %d script(s) a previous run of this node left running", orphans)
     if config.actor_key_path.exists() and await store.get_actor(config.actor_id) is None:

@@ -47,6 +47,9 @@ class NodeState:
     # jobs running in this process, by job key: cancelling the scope stops the script
     running: dict[str, trio.CancelScope] = field(default_factory=dict)
     stop_reasons: dict[str, str] = field(default_factory=dict)
+    # attempts this process runs or is concluding, by (context, job key): their process is
+    # alive, so a reaper that finds their lease expired (a stall) re-takes it, never ends them
+    attempts_here: dict[tuple[int, str], int] = field(default_factory=dict)
     jobs_taken: int = 0  # by this node's runner slots, since start
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)

@@ -61,16 +61,11 @@ async def test_logs_of_a_short_job_come_from_its_result(node_factory):
 
 
 async def test_a_job_longer_than_its_lease_keeps_it_and_its_slot_logs_are_reused(
-    node_factory, monkeypatch
+    node_factory,
 ):
-    """The slot's watcher renews the lease of a job that outlives LEASE_TTL_MS (without it the
-    result would be refused as stale), and the next job on that slot starts with clean output
-    files."""
-    from node.runners import runner
-
-    monkeypatch.setattr(runner, "LEASE_TTL_MS", 600)
-    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.15)
-    alice = await node_factory("alice", runners={"python": 1})
+    """The slot's watcher renews the lease of a job that outlives its lease TTL, and the next
+    job on that slot starts with clean output files."""
+    alice = await node_factory("alice", runners={"python": 1}, lease_ttl_ms=600)
     actor = read_key_file(alice.config.actor_key_path)
 
     async def run(script: str) -> str:

@@ -103,7 +103,8 @@ async def test_stale_runner_result_is_refused(node_factory):
     msg = await submit(alice, long_script(alice, "stale"), env_vars={"NAP": "1"}, retries=0)
     await wait_announced(alice.store, "pid:stale")
     job_key = msg.job[0].key
-    # the lease passes to someone else (as if this runner had been presumed dead)
+    # another attempt starts (as if this runner had been presumed dead): this one is superseded
+    await alice.store.call(1, lambda r: r.hincrby(job_key, "attempt", 1))
     await alice.store.call(1, lambda r: r.set(keys.lease(job_key), "another-runner"))
     after = await submit(alice, "print('next')")  # runs once the stale attempt has concluded
     with trio.fail_after(20):
@@ -114,14 +115,14 @@ async def test_stale_runner_result_is_refused(node_factory):
     assert await alice.store.llen(1, keys.reply(msg.key)) == 0
 
 
-async def test_jobstore_refuses_transitions_without_the_lease(store):
+async def test_jobstore_fences_transitions_by_attempt(store):
     await store.hset(1, "job:1:1", {"status": "dispatched", "attempt": "0"})
     started = await jobstore.start(store, 1, "job:1:1", "tok", 10_000)
     assert (started["attempt"], started["status"], started["runner"]) == ("1", "started", "tok")
-    assert not await jobstore.renew(store, 1, "job:1:1", "other", 10_000)
-    assert await jobstore.renew(store, 1, "job:1:1", "tok", 10_000)
-    assert not await jobstore.requeue(store, 1, "job:1:1", "other", "inflight:x", "queue:python")
-    assert await jobstore.requeue(store, 1, "job:1:1", "tok", "inflight:x", "queue:python")
+    assert await jobstore.renew(store, 1, "job:1:1", "tok", 10_000, 1)
+    assert not await jobstore.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
+    assert not await jobstore.requeue(store, 1, "job:1:1", 2, "inflight:x", "queue:python")
+    assert await jobstore.requeue(store, 1, "job:1:1", 1, "inflight:x", "queue:python")
     assert await store.lrange(1, "queue:python") == ["job:1:1"]
     job = await store.hgetall(1, "job:1:1")
     assert (job["status"], job["attempt"]) == ("dispatched", "0")

@@ -18,9 +18,10 @@ from node.home import init_home
 from node.runners.presence import live_runners
 from tests.scripts import announcing, wait_announced
 
-# README "External runners": finishing a job (atomic, only while the lease is ours).
+# README "External runners": finishing a job (atomic, only while the attempt is current).
 FINISH_LUA = """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
+if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('DEL', KEYS[2])
@@ -160,7 +161,7 @@ class External:
         await self.store.call(1, lambda r: r.set(f"presence:runner:{self.id}", presence, ex=15))
 
     async def take(self, lease_ms: int = 15_000) -> tuple[str, str]:
-        """Pop a job reliably, lease it and mark it started; (job key, token)."""
+        """Pop a job reliably, lease it and mark it started; (job key, attempt number)."""
         job = await self.store.call(
             1, lambda r: r.blmove(f"queue:{self.type}", self.inflight, "RIGHT", "LEFT", 10)
         )
@@ -169,15 +170,15 @@ class External:
         assert await self.store.call(
             1, lambda r: r.set(f"lease:{job}", token, condition="NX", px=lease_ms)
         )
-        await self.store.call(1, lambda r: r.hincrby(job, "attempt", 1))
+        attempt = await self.store.call(1, lambda r: r.hincrby(job, "attempt", 1))
         started = {"status": "started", "runner": token, "runner_id": self.id}
         await self.store.call(1, lambda r: r.hset(job, started))
         await self.store.call(1, lambda r: r.sadd("running", [job]))
-        return job, token
+        return job, str(attempt)
 
-    async def finish(self, job: str, token: str, status: str, result: dict, reason: str = ""):
+    async def finish(self, job: str, attempt: str, status: str, result: dict, reason: str = ""):
         names = [job, f"lease:{job}", "running", self.inflight, "results"]
-        args = [token, status, json.dumps(result), reason, "0"]
+        args = [attempt, status, json.dumps(result), reason, "0"]
         return await self.store.call(1, lambda r: r.eval(FINISH_LUA, names, args))
 
 
@@ -187,12 +188,12 @@ async def test_external_runner_local_origin(node_factory):
     await ext.register()
     with trio.fail_after(20):
         msg = await submit(alice, "ext", "say 42")
-        job, token = await ext.take()
+        job, attempt = await ext.take()
         assert [r.jobs for r in await live_runners(alice.store, 1) if r.runner_id == "ext-1"] == [
             [job]
         ]
         script = (await alice.store.hgetall(1, job))["script"]
-        assert await ext.finish(job, token, "finished", {"stdout": script.split()[1]}) == 1
+        assert await ext.finish(job, attempt, "finished", {"stdout": script.split()[1]}) == 1
         [res] = await alice.client.wait_results(msg, 15)
     assert res.ok
     assert res.result == {"stdout": "42", "attempts": "1"}
@@ -211,8 +212,8 @@ async def test_external_runner_remote_origin_signed_result(node_factory):
     ext = External(bob.store, "bob-ext", "ext")
     with trio.fail_after(30):
         msg = await submit(alice, "ext", "anything", to=bob.node_id)
-        job, token = await ext.take()
-        assert await ext.finish(job, token, "error", {"stderr": "boom"}, "exit code 3") == 1
+        job, attempt = await ext.take()
+        assert await ext.finish(job, attempt, "error", {"stderr": "boom"}, "exit code 3") == 1
         [res] = await alice.client.wait_results(msg, 25)
     assert res.status is JobStatus.ERROR
     assert res.reason == "exit code 3"
@@ -225,14 +226,14 @@ async def test_external_runner_dies_job_requeued_then_lost(node_factory):
     ext = External(alice.store, "ext-dead", "ext")
     with trio.fail_after(30):
         msg = await submit(alice, "ext", "x", retries=1)
-        job, token = await ext.take(lease_ms=300)  # ... and never renews: it "died"
-        again, token2 = await ext.take(lease_ms=300)  # the reaper re-queued it (retry)
+        job, attempt = await ext.take(lease_ms=300)  # ... and never renews: it "died"
+        again, attempt2 = await ext.take(lease_ms=300)  # the reaper re-queued it (retry)
         assert again == job
         [res] = await alice.client.wait_results(msg, 25)
     assert res.status is JobStatus.ERROR
     assert res.reason.startswith("runner_lost")
     assert res.result["attempts"] == "2"
-    assert await ext.finish(job, token2, "finished", {}) == 0  # too late: the lease is gone
+    assert await ext.finish(job, attempt2, "finished", {}) == 0  # too late: that attempt was reaped
     assert await alice.store.call(1, lambda r: r.smembers("running")) == set()
     attempts = [json.loads(e) for e in await alice.store.lrange(1, keys.attempts(job))]
     assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "error"), (2, "error")]

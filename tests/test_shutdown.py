@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -38,14 +39,20 @@ def slow_script(tmp_path, tag: str, nap: float = 30) -> str:
 
 
 async def submit_and_wait_started(node: NodeProcess, script: str, tmp_path, tag: str, **kw):
+    msg, _ = await submit_and_get_pid(node, script, tag, **kw)
+    return msg
+
+
+async def submit_and_get_pid(node: NodeProcess, script: str, tag: str, **kw):
+    """Submit a python job and wait until it runs; (message, pid of the process running it)."""
     actor = read_key_file(node.config.actor_key_path)
     async with open_client(node.redis_url) as client:
         script = announcing(node.redis_url, f"began:{tag}", script)
         msg = await client.submit_job(
             actor, 1, to=node.node_id, context_id=1, script_type="python", script=script, **kw
         )
-        await wait_announced(client.store, f"began:{tag}")
-    return msg
+        pid = await wait_announced(client.store, f"began:{tag}")
+    return msg, pid
 
 
 async def results_after_restart(node: NodeProcess, msg):
@@ -79,11 +86,13 @@ async def test_sigterm_requeues_what_outlives_the_grace_period(node_proc, tmp_pa
     assert (tmp_path / "g.runs").read_text() == "run\n"
 
 
-async def test_sigkill_mid_job_counts_as_a_lost_runner(node_proc, tmp_path):
+async def test_sigkill_of_node_and_job_counts_as_a_lost_runner(node_proc, tmp_path):
+    """The job's process died with the node (mid-run, no outcome): it runs again."""
     node = node_proc("a")
     await node.start()
-    msg = await submit_and_wait_started(node, slow_script(tmp_path, "k"), tmp_path, "k", retries=1)
+    msg, pid = await submit_and_get_pid(node, slow_script(tmp_path, "k"), "k", retries=1)
     await node.kill()
+    os.killpg(pid, signal.SIGKILL)
     (tmp_path / "k.nap").write_text("0")
     [result] = await results_after_restart(node, msg)
     assert result.ok
@@ -94,8 +103,9 @@ async def test_sigkill_mid_job_counts_as_a_lost_runner(node_proc, tmp_path):
 async def test_sigkill_without_retries_ends_in_runner_lost(node_proc, tmp_path):
     node = node_proc("a")
     await node.start()
-    msg = await submit_and_wait_started(node, slow_script(tmp_path, "n"), tmp_path, "n")
+    msg, pid = await submit_and_get_pid(node, slow_script(tmp_path, "n"), "n")
     await node.kill()
+    os.killpg(pid, signal.SIGKILL)
     [result] = await results_after_restart(node, msg)
     assert result.status is JobStatus.ERROR
     assert result.reason.startswith("runner_lost")

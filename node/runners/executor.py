@@ -20,6 +20,7 @@ import trio
 
 from bus.models import JobStatus, RunnerJob
 from node.runners.commands import prepared
+from node.runners.outcomes import wrapped
 
 KILL_GRACE_S = 2.0
 
@@ -63,9 +64,12 @@ async def execute(
     env: Mapping[str, str] | None = None,
     pid_dir: Path | None = None,
     logs: tuple[Path, Path] | None = None,
+    outcome: Path | None = None,
 ) -> Outcome:
     """Run ``job.script`` through ``command``; never raises for what the script does.
     With ``logs``, stdout and stderr are written there as the script runs (followed live).
+    With ``outcome``, the exit status is also written there by a wrapper process, even if the
+    node dies meanwhile (see node/runners/outcomes.py); the pid file names that file.
 
     ``command`` is a template (see node/runners/commands.py): ``{script_file}`` and the other
     placeholders are expanded first; with ``{script_file}`` the script goes in a 0600 file
@@ -75,7 +79,8 @@ async def execute(
     """
     try:
         with prepared(command, job, pid_dir) as (argv, fed):
-            return await _execute(fed, argv, max_output_bytes, env, pid_dir, logs)
+            argv = wrapped(argv, outcome) if outcome is not None else argv
+            return await _execute(fed, argv, max_output_bytes, env, pid_dir, logs, outcome)
     except OSError as exc:  # the script file could not be written
         return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
 
@@ -87,6 +92,7 @@ async def _execute(
     env: Mapping[str, str] | None,
     pid_dir: Path | None,
     logs: tuple[Path, Path] | None = None,
+    outcome: Path | None = None,
 ) -> Outcome:
     completed: list[subprocess.CompletedProcess[bytes]] = []
     files = [p.open("w+b") for p in logs] if logs else []  # noqa: ASYNC230 - local, tiny
@@ -115,7 +121,7 @@ async def _execute(
         with trio.move_on_after(job.timeout or 1e9):
             async with trio.open_nursery() as nursery:
                 proc = await nursery.start(run)
-                pidfile = _record(pid_dir, proc.pid, job)
+                pidfile = _record(pid_dir, proc.pid, job, outcome)
                 nursery.start_soon(_end_group_after, proc)
     except OSError as exc:
         return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
@@ -177,31 +183,50 @@ def outcome_of(
     return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
 
 
-def _record(pid_dir: Path | None, pid: int, job: RunnerJob) -> Path | None:
+def _record(
+    pid_dir: Path | None, pid: int, job: RunnerJob, outcome: Path | None = None
+) -> Path | None:
     if pid_dir is None:
         return None
     path = pid_dir / str(pid)
-    path.write_text(f"{job.caller_id}:{job.id}")
+    path.write_text(f"{job.caller_id}:{job.id}" + (f"\n{outcome}" if outcome else ""))
     return path
 
 
-def kill_orphans(pid_dir: Path) -> int:
-    """Kill the process groups of scripts a crashed run of this node left behind; how many."""
+def live_processes(pid_dir: Path, *, prune: bool = True) -> dict[int, str]:
+    """The processes this node's pid files name that still run (checked by their environment,
+    as a pid may have been reused): pid -> the outcome file its pid file names ("" if none).
+    ``prune``: remove the other pid files (only while no job runs: one being written would
+    look stale)."""
     pid_dir.mkdir(parents=True, exist_ok=True)
-    killed = 0
+    alive: dict[int, str] = {}
     for path in pid_dir.iterdir():
         try:
             pid = int(path.name)
             environ = Path(f"/proc/{pid}/environ").read_bytes()
+            marker, _, outcome = path.read_text().partition("\n")
         except (ValueError, OSError):
-            path.unlink(missing_ok=True)
+            if prune:
+                path.unlink(missing_ok=True)
             continue
-        marker = path.read_text()
         if "=" not in marker:  # a job: "<caller>:<id>"
             marker = f"HERO_JOB_ID={marker.partition(':')[2]}"
         if f"\0{marker}\0".encode() in b"\0" + environ + b"\0":
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-                killed += 1
-        path.unlink(missing_ok=True)
+            alive[pid] = outcome
+        elif prune:
+            path.unlink(missing_ok=True)
+    return alive
+
+
+def kill_orphans(pid_dir: Path, keep: frozenset[str] = frozenset()) -> int:
+    """Kill the process groups of scripts a crashed run of this node left behind, except those
+    running an attempt whose outcome file is in ``keep`` (they are adopted); how many."""
+    killed = 0
+    for pid, outcome in live_processes(pid_dir).items():
+        if outcome and outcome in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        (pid_dir / str(pid)).unlink(missing_ok=True)
     return killed

@@ -10,14 +10,20 @@ It cannot sign, so per context the node runs:
   a local runner's conclusion does, a remote origin gets a result message signed by this node.
   The answer and the ``answered`` mark on the job are one Lua transaction, so a crash between
   pop and answer re-answers nothing twice.
-* the **reaper**: when an external runner's ``lease:<job>`` expires while the job is
-  ``started``, the attempt ends in ``error`` (``runner_lost``) and goes to ``results`` (so it is
-  retried or answered as above). Event-driven: Valkey publishes expired keys (keyspace
+* the **reaper**: when ``lease:<job>`` expires while the job is ``started``, and the attempt's
+  process is gone, the attempt ends in ``error`` (``runner_lost``) and goes to ``results`` (so
+  it is retried or answered as above). Event-driven: Valkey publishes expired keys (keyspace
   notifications, enabled at start); as notifications are not durable (a reconnecting
   subscriber misses some), the ``running`` set is also swept at start and every ``SWEEP_S``.
   A server that refuses CONFIG SET is swept every lease TTL instead.
 
-Leases of this node's own runners (tokens starting with its id prefix) are left to them.
+An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
+TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
+attempt this process still runs or concludes (``NodeState.attempts_here``) re-takes its lease;
+one it no longer runs is ended. An external runner's process cannot be seen from here, so its
+lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
+node/runners/jobstore.py). Jobs started by an earlier run of this node are left to that slot's
+recovery at start (node/runners/runner.py: recover_slot), which adopts what finished meanwhile.
 """
 
 from __future__ import annotations
@@ -48,9 +54,10 @@ POP_TIMEOUT_S = 5.0
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
+# Answer only the attempt that was read (ARGV[4]), with the status it ended in, and only once.
 _ANSWERED = """
-if redis.call('HGET', KEYS[1], 'answered') or redis.call('HGET', KEYS[1], 'status') ~= ARGV[2]
-then
+local cur = redis.call('HMGET', KEYS[1], 'answered', 'status', 'attempt')
+if cur[1] or cur[2] ~= ARGV[2] or (cur[3] or '') ~= ARGV[4] then
   redis.call('LREM', KEYS[2], 1, KEYS[1])
   return 0
 end
@@ -58,45 +65,47 @@ redis.call('LREM', KEYS[2], 1, KEYS[1])
 redis.call('RPUSH', KEYS[3], ARGV[3])
 """
 
-# KEYS: job results_inflight attempts delayed ; ARGV: now status entry reason due_ms member
+# KEYS: job results_inflight attempts delayed
+# ARGV: now status entry attempt reason due_ms member
 _RETRY = Script(
     script=_ANSWERED
     + """
-redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[4], 'updated_at', ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[6])
+redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[5], 'updated_at', ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
 return 1
 """
 )
 
 # KEYS: job results_inflight attempts request reply flow_events
-# ARGV: now status entry result reply reply_ttl
+# ARGV: now status entry attempt result reply reply_ttl
 _ANSWER_LOCAL = Script(
     script=jobstore.ANSWER_HERE_LUA
     + _ANSWERED
     + """
-redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[4])
-answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[5], ARGV[6])
+redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
+answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[6], ARGV[7])
 return 1
 """
 )
 
-# KEYS: job results_inflight attempts answer msg_out ; ARGV: now status entry result fields...
+# KEYS: job results_inflight attempts answer msg_out
+# ARGV: now status entry attempt result fields...
 _ANSWER_REMOTE = Script(
     script=_ANSWERED
     + """
-redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[4])
-redis.call('HSET', KEYS[4], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
+redis.call('HSET', KEYS[4], unpack(ARGV, 6))
 redis.call('LPUSH', KEYS[5], KEYS[4])
 return 1
 """
 )
 
-# KEYS: job lease running results ; ARGV: token now reason inflight-prefix
+# KEYS: job lease running results ; ARGV: attempt now reason inflight-prefix
 _REAP = Script(
     script="""
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-if redis.call('HGET', KEYS[1], 'status') ~= 'started' then return 0 end
-if redis.call('HGET', KEYS[1], 'runner') ~= ARGV[1] then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
+if cur[1] ~= 'started' or (cur[2] or '') ~= ARGV[1] then return 0 end
 redis.call('SREM', KEYS[3], KEYS[1])
 local rid = redis.call('HGET', KEYS[1], 'runner_id')
 if rid and rid ~= '' then redis.call('LREM', ARGV[4] .. rid, 1, KEYS[1]) end
@@ -144,16 +153,17 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     )
     nxt = after_attempt(job.status, job.reason, attempt, job.retries)
     base = [job_key, RESULTS_INFLIGHT, keys.attempts(job_key)]
+    fence = [str(now()), status, entry, fields.get("attempt", "")]
     if nxt.retry:
         due_ms = int((time.time() + nxt.delay_s) * 1000)
         member = f"{queue_of(fields)}|{job_key}"
-        args = [str(now()), status, entry, f"retrying after: {job.reason}", str(due_ms), member]
+        args = [*fence, f"retrying after: {job.reason}", str(due_ms), member]
         done = await node.store.script(ctx, _RETRY, [*base, keys.DELAYED], args)
         node.wake_retries(ctx)
         return bool(done)
     result = job.result | {"attempts": str(attempt)}
     request = Message(ident, caller, ctx, origin=fields.get("origin", ""), destination=node.node_id)
-    common = [str(now()), status, entry, json.dumps(result)]
+    common = [*fence, json.dumps(result)]
     if request.origin in ("", node.node_id):
         reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
         key_list = [*base, request.key, keys.reply(request.key), keys.FLOW_EVENTS]
@@ -167,16 +177,25 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
 
 
 async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
-    """End the attempt of an external runner whose lease on ``job_key`` expired (error
-    ``runner_lost``, handed to the results service); False if the job is not such a job.
-    Raises StoreError if Redis fails."""
+    """End the attempt on ``job_key`` whose lease expired if its process is gone (error
+    ``runner_lost``, handed to the results service); an attempt this process still runs
+    re-takes its lease instead. False if nothing was ended. Raises StoreError if Redis fails."""
     fields = await node.store.hgetall(ctx, job_key)
-    token = fields.get("runner", "")
-    if fields.get("status") != JobStatus.STARTED.value or _is_local(node, token):
+    token, attempt = fields.get("runner", ""), fields.get("attempt", "")
+    if fields.get("status") != JobStatus.STARTED.value:
         return False
-    reason = f"runner_lost: the lease of runner {fields.get('runner_id') or token} expired"
+    runner = fields.get("runner_id") or token
+    reason = f"runner_lost: the lease of runner {runner} expired"
+    if _is_local(node, token):
+        if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
+            return False  # an earlier run of this node: its slot's recovery adopts or ends it
+        if attempt.isdigit() and node.attempts_here.get((ctx, job_key)) == int(attempt):
+            ttl_ms = node.config.lease_ttl_ms
+            await jobstore.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
+            return False
+        reason = f"runner_lost: slot {runner} of this node no longer runs it"
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
-    args = [token, str(now()), reason, keys.runner_inflight("")]
+    args = [attempt, str(now()), reason, keys.runner_inflight("")]
     done = bool(await node.store.script(ctx, _REAP, key_list, args))
     if done:
         log.warning("%s (context %d): %s", job_key, ctx, reason)
@@ -185,7 +204,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
 
 
 def _is_local(node: NodeState, token: str) -> bool:
-    """Whether a lease token is one of this node's runners' (they recover their own jobs)."""
+    """Whether a lease token is one of this node's runners' (this run's or an earlier one's)."""
     return token.startswith(f"{node.node_id[:12]}:")
 
 

@@ -1,9 +1,14 @@
-"""Atomic job-attempt transitions in Valkey (Lua), keyed by the runner's lease token.
+"""Atomic job-attempt transitions in Valkey (Lua), fenced by the attempt number.
 
-A runner that starts a job takes ``lease:<job>`` with its token and a TTL it keeps alive. Every
-later transition of that attempt (finish, retry, requeue) happens only while the lease still
-holds that token, so a runner that lost its lease (it was presumed dead and the job moved on)
-cannot write a late result: it is refused. Recovery of a dead runner's jobs uses token ``*``.
+Starting a job increments its ``attempt`` field: that number is the attempt's fencing token.
+Every transition that ends an attempt (finish, retry, requeue, malformed, reap) names the
+attempt it ends and happens only while the job is still ``started`` with that attempt, so the
+result of a superseded attempt (the job was presumed lost and started again, or ended) is
+refused, while a result that arrives after a stall, its lease expired but nobody else having
+started the job, is accepted: an expired lease alone proves nothing about the process.
+
+The runner also holds ``lease:<job>`` (its token, a TTL it renews): that is liveness, which the
+reapers read to find attempts whose process may be gone; it is never the fence.
 """
 
 from __future__ import annotations
@@ -18,14 +23,13 @@ from bus.ids import now
 from bus.models import Message
 from bus.store import Store
 
-ANY_TOKEN = "*"
-
 _START = Script(
     script="""
 local st = redis.call('HGET', KEYS[1], 'status')
 if (not st) or st == 'finished' or st == 'error' then return {} end
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3])
+redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3],
+           'runner_id', ARGV[4])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('SADD', KEYS[3], KEYS[1])
 return redis.call('HGETALL', KEYS[1])
@@ -34,7 +38,7 @@ return redis.call('HGETALL', KEYS[1])
 
 # Take the next queued job and start it, in the same round trip as finishing the last one.
 # KEYS: inflight running, then the slot's lists in consume order
-# ARGV: token_base ttl_ms now lease_prefix
+# ARGV: token_base ttl_ms now lease_prefix runner_id
 _TAKE_NEXT = Script(
     script="""
 local nxt = false
@@ -50,7 +54,8 @@ if (not st) or st == 'finished' or st == 'error' then
 end
 local tok = ARGV[1] .. ':' .. nxt
 redis.call('HINCRBY', nxt, 'attempt', 1)
-redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3])
+redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3],
+           'runner_id', ARGV[5])
 redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
 redis.call('SADD', KEYS[2], nxt)
 local out = redis.call('HGETALL', nxt)
@@ -59,26 +64,33 @@ return out
 """
 )
 
+# Keep the lease of a live attempt, re-taking it if it lapsed (a stall longer than its TTL):
+# only while the job is still started with that attempt (0: the attempt was superseded).
+# KEYS: lease job ; ARGV: token ttl_ms attempt
 _RENEW = Script(
     script="""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+local cur = redis.call('HMGET', KEYS[2], 'status', 'attempt')
+if cur[1] ~= 'started' or cur[2] ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 )
 
-# The lease check shared by every transition that ends an attempt.
+# The fence shared by every transition that ends an attempt (ARGV[1]: the attempt it ends).
 _HOLDS = """
-local lease = redis.call('GET', KEYS[2])
-if ARGV[1] ~= '*' and lease ~= ARGV[1] then return 0 end
-if ARGV[1] == '*' and redis.call('HGET', KEYS[1], 'status') ~= 'started' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
+if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[3], KEYS[1])
 redis.call('LREM', KEYS[4], 1, KEYS[1])
 """
 
 # KEYS: job lease running inflight attempts answer msg_out
-# ARGV: token status result reason now attempt_entry answer-fields...
+# ARGV: attempt status result reason now attempt_entry answer-fields...
 _FINISH = Script(
     script=_HOLDS
     + """
@@ -107,7 +119,7 @@ end
 """
 
 # KEYS: job lease running inflight attempts request reply flow_events
-# ARGV: token status result reason now attempt_entry reply reply_ttl
+# ARGV: attempt status result reason now attempt_entry reply reply_ttl
 _FINISH_LOCAL = Script(
     script=ANSWER_HERE_LUA
     + _HOLDS
@@ -121,7 +133,7 @@ return 1
 )
 
 # KEYS: job lease running inflight attempts delayed
-# ARGV: token reason now attempt_entry due_ms member
+# ARGV: attempt reason now attempt_entry due_ms member
 _RETRY = Script(
     script=_HOLDS
     + """
@@ -132,7 +144,7 @@ return 1
 """
 )
 
-# KEYS: job lease running inflight ; ARGV: token reason now
+# KEYS: job lease running inflight ; ARGV: attempt reason now
 _MALFORMED = Script(
     script=_HOLDS
     + """
@@ -141,7 +153,9 @@ return 1
 """
 )
 
-# KEYS: job lease running inflight queue ; ARGV: token now
+# The attempt number goes back (an interrupted attempt does not count): safe for the fence,
+# as only the holder of the current attempt gets here, and it has stopped its process.
+# KEYS: job lease running inflight queue ; ARGV: attempt now
 _REQUEUE = Script(
     script=_HOLDS
     + """
@@ -185,25 +199,32 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
     return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
-async def start(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> dict[str, str]:
+async def start(
+    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, runner_id: str = ""
+) -> dict[str, str]:
     """Take the lease and mark the job started; the job's fields (``attempt`` counts this
-    attempt), or {} if the job is final or gone."""
-    args = [token, str(ttl_ms), str(now())]
+    attempt), or {} if the job is final or gone. ``runner_id`` names the in-flight list
+    (``inflight:runner:<runner_id>``) a reaper removes the job from."""
+    args = [token, str(ttl_ms), str(now()), runner_id]
     flat = await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args)
     if isinstance(flat, dict):  # RESP3 may already give a map
         return {str(k): str(v) for k, v in flat.items()}
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
-async def renew(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> bool:
-    return bool(await store.script(ctx, _RENEW, [keys.lease(job_key)], [token, str(ttl_ms)]))
+async def renew(
+    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, attempt: int
+) -> bool:
+    """Keep (or re-take) the lease of ``attempt``; False if that attempt was superseded."""
+    key_list = [keys.lease(job_key), job_key]
+    return bool(await store.script(ctx, _RENEW, key_list, [token, str(ttl_ms), str(attempt)]))
 
 
 async def finish(
     store: Store,
     ctx: int,
     job_key: str,
-    token: str,
+    attempt: int,
     inflight: str,
     *,
     status: str,
@@ -213,10 +234,11 @@ async def finish(
     answer: Message,
     take_next: NextJob | None = None,
 ) -> tuple[bool, Started | None]:
-    """Record the final state and queue the signed answer (False if the lease was lost); with
+    """Record the final state and queue the signed answer (False if ``attempt`` is not the
+    job's current one: superseded, or already ended); with
     ``take_next``, also start the next queued job in the same round trip."""
     fields = [x for kv in answer.to_hash().items() for x in kv]
-    args = [token, status, json.dumps(result), reason, str(now()), entry, *fields]
+    args = [str(attempt), status, json.dumps(result), reason, str(now()), entry, *fields]
     key_list = [*_attempt_keys(job_key, inflight), answer.key, keys.MSG_OUT]
     return await _with_next(store, ctx, (_FINISH, key_list, args), inflight, take_next)
 
@@ -225,7 +247,7 @@ async def finish_local(
     store: Store,
     ctx: int,
     job_key: str,
-    token: str,
+    attempt: int,
     inflight: str,
     *,
     status: str,
@@ -237,9 +259,10 @@ async def finish_local(
     take_next: NextJob | None = None,
 ) -> tuple[bool, Started | None]:
     """Finish a job submitted on this node: final state, request status and the client's reply
-    in one step, with no result message in between. False if the lease was lost."""
+    in one step, with no result message in between. False if ``attempt`` is not current."""
     reply = json.dumps({"job_key": job_key, "status": status, "result": result, "reason": reason})
-    args = [token, status, json.dumps(result), reason, str(now()), entry, reply, str(reply_ttl_s)]
+    args = [str(attempt), status, json.dumps(result), reason, str(now()), entry, reply]
+    args.append(str(reply_ttl_s))
     key_list = [
         *_attempt_keys(job_key, inflight),
         request_key,
@@ -257,6 +280,7 @@ class NextJob:
     lists: tuple[str, ...]
     token_base: str
     ttl_ms: int
+    runner_id: str = ""
     found_empty: bool = False
 
 
@@ -305,6 +329,7 @@ async def _with_next(
         return bool(await store.script(ctx, *finish_call)), None
     nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
     nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
+    nxt_args.append(take_next.runner_id)
     script, f_keys, f_args = finish_call
     done, nxt = await store.script(
         ctx,
@@ -323,7 +348,7 @@ async def retry_later(
     store: Store,
     ctx: int,
     job_key: str,
-    token: str,
+    attempt: int,
     inflight: str,
     *,
     queue: str,
@@ -331,27 +356,27 @@ async def retry_later(
     entry: str,
     due_ms: int,
 ) -> bool:
-    """Record the failed attempt and schedule the next one; False if the lease was lost."""
-    args = [token, reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
+    """Record the failed attempt and schedule the next one; False if ``attempt`` is not current."""
+    args = [str(attempt), reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
     key_list = [*_attempt_keys(job_key, inflight), keys.DELAYED]
     return bool(await store.script(ctx, _RETRY, key_list, args))
 
 
 async def finish_malformed(
-    store: Store, ctx: int, job_key: str, token: str, inflight: str, detail: str
+    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, detail: str
 ) -> bool:
     """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-    args = [token, f"malformed_job: {detail}", str(now())]
+    args = [str(attempt), f"malformed_job: {detail}", str(now())]
     return bool(await store.script(ctx, _MALFORMED, key_list, args))
 
 
 async def requeue(
-    store: Store, ctx: int, job_key: str, token: str, inflight: str, queue: str
+    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, queue: str
 ) -> bool:
     """Give an interrupted attempt back (shutdown): not counted, queued at the consuming end."""
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
-    return bool(await store.script(ctx, _REQUEUE, key_list, [token, str(now())]))
+    return bool(await store.script(ctx, _REQUEUE, key_list, [str(attempt), str(now())]))
 
 
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:

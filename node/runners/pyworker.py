@@ -4,9 +4,11 @@ script that crashes or hangs takes down at most this process, never the node.
 
 Protocol on the inherited fds 0 (requests) and 1 (replies), which are moved aside at start so
 that a script can neither read requests nor corrupt replies: each frame is a 4-byte big-endian
-length and a JSON object. Request ``{"script", "env"}``; reply ``{"exit_code", "stdout",
-"stderr"}``. The script's own fds 0/1/2 are /dev/null and two capture files, so output written
-by the script, by C code or by child processes is all captured.
+length and a JSON object. Request ``{"script", "env", "logs", "outcome"}``; reply
+``{"exit_code", "stdout", "stderr"}``, first written durably to the ``outcome`` file if the
+request names one (node/runners/outcomes.py: a node that died meanwhile adopts it at start).
+The script's own fds 0/1/2 are /dev/null and two capture files, so output written by the
+script, by C code or by child processes is all captured.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import struct
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 from typing import Any, BinaryIO
+
+from node.runners.outcomes import write_outcome
 
 _HEADER = struct.Struct(">I")
 
@@ -105,6 +110,14 @@ def batch_scheduling() -> None:
     job and has more bookkeeping to do); jobs still get their fair share of CPU."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+
+
+def record_outcome(path: object, reply: dict[str, Any]) -> None:
+    """Write the job's outcome where the node's next start finds it, before replying (the node
+    may be gone: then this worker's reply is lost, not the outcome)."""
+    if isinstance(path, str) and path:
+        with contextlib.suppress(OSError):  # the node then records runner_lost, as before
+            write_outcome(Path(path), reply)
 
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -211,7 +224,9 @@ def main() -> None:
         code = run_one(request["script"], request["env"])
         end_leftovers(subreaper)
         out, err = capture.finish()
-        write_frame(replies, {"exit_code": code, "stdout": out, "stderr": err})
+        reply = {"exit_code": code, "stdout": out, "stderr": err}
+        record_outcome(request.get("outcome"), reply)
+        write_frame(replies, reply)
 
 
 if __name__ == "__main__":

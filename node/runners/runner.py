@@ -1,10 +1,12 @@
 """Runner pools: per context and script type, N slots that pop ``queue:<type>`` and execute.
 
-Each attempt holds a lease (``lease:<job>``, TTL renewed by a heartbeat while the script runs);
-status moves ``dispatched -> started -> finished | error``. A failed attempt is retried after a
-backoff while the job has retries left (``delayed`` zset, moved back to the queue when due).
-When a job ends, its final state, the signed result for the origin and the removal from the
-slot's in-flight list are written in one Lua transaction that checks the lease first.
+Each attempt is numbered (``attempt``, its fencing token: node/runners/jobstore.py) and holds a
+lease (``lease:<job>``, TTL renewed by a heartbeat while the script runs, re-taken if a stall
+let it lapse); status moves ``dispatched -> started -> finished | error``. A failed attempt is
+retried after a backoff while the job has retries left (``delayed`` zset, moved back to the
+queue when due). When a job ends, its final state, the signed result for the origin and the
+removal from the slot's in-flight list are written in one Lua transaction that checks first
+that the attempt is still the job's current one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
-from node.runners import jobstore, queues
+from node.runners import adoption, jobstore, outcomes, queues
 from node.runners.executor import Outcome, execute
 from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.runners.lifecycle import after_attempt
@@ -34,8 +36,6 @@ from node.state import NodeState
 log = logging.getLogger(__name__)
 
 POP_TIMEOUT_S = 5.0
-LEASE_TTL_MS = 15_000
-HEARTBEAT_S = LEASE_TTL_MS / 1000 / 3
 
 
 async def run_runner_pool(
@@ -66,7 +66,9 @@ async def run_runner(
     """One slot: recover what a previous run left in flight, then pop and run until stopping."""
     slot_id = f"{script_type}:{slot}"
     queue, inflight = keys.queue(script_type), keys.inflight(f"runner:{slot_id}")
-    await recover_slot(node, ctx, inflight, queue)
+    logs = log_paths(node, f"{ctx}-{slot_id}")
+    outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
+    pending = await recover_slot(node, ctx, inflight, queue, logs)
     task_status.started()
     token_base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
     pid_dir = node.config.run_dir / "jobs"
@@ -76,15 +78,16 @@ async def run_runner(
         else None
     )
 
-    async def run_script(job: RunnerJob, logs: tuple[Path, Path]) -> Outcome:
+    async def run_script(job: RunnerJob, logs: tuple[Path, Path], outcome: Path) -> Outcome:
         if worker is not None:
-            return await worker.run(job, logs)
+            return await worker.run(job, logs, outcome)
         return await execute(
             job,
             command,
             max_output_bytes=node.config.max_output_bytes,
             pid_dir=pid_dir,
             logs=logs,
+            outcome=outcome,
         )
 
     bases = queues.slot_bases(
@@ -93,14 +96,18 @@ async def run_runner(
     pops = 0
     started: jobstore.Started | None = None
     found_empty = False
-    watch = SlotWatch(node, ctx, log_paths(node, f"{ctx}-{slot_id}"))
+    watch = SlotWatch(node, ctx, logs)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
+            for adopt in pending:  # processes a dead run of the node left running
+                nursery.start_soon(adopt)
             while not node.stopping.is_set():
                 pops += 1
                 lists = queues.consume_order(bases, pops)
-                take_next = jobstore.NextJob(tuple(lists), token_base, LEASE_TTL_MS)
+                take_next = jobstore.NextJob(
+                    tuple(lists), token_base, node.config.lease_ttl_ms, slot_id
+                )
                 if started is None:
                     job_key = await _pop(
                         node, ctx, script_type, lists, inflight, check_first=not found_empty
@@ -124,9 +131,9 @@ async def run_runner(
     finally:
         with trio.CancelScope(shield=True):
             if started is not None:  # taken with the last result, but we are stopping
-                token = f"{token_base}:{started[0]}"
+                attempt = int(started[1].get("attempt") or 0)
                 await jobstore.requeue(
-                    node.store, ctx, started[0], token, inflight, queues.queue_of(started[1])
+                    node.store, ctx, started[0], attempt, inflight, queues.queue_of(started[1])
                 )
             if worker is not None:
                 await worker.close()
@@ -168,33 +175,22 @@ async def _pop(
     return str(moved[0]) if len(moved) > before else None
 
 
-async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> None:
-    """Jobs a previous run of this slot left behind: a started one lost its runner (the node
-    died under it) and counts as a failed attempt; one not started yet goes back to the queue."""
-    for job_key in await node.store.lrange(ctx, inflight):
-        fields = await node.store.hgetall(ctx, job_key)
-        if fields.get("status") != JobStatus.STARTED.value:
-            continue
-        try:
-            job = RunnerJob.from_hash(fields)
-            request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
-        except ModelError:
-            continue
-        log.warning("%s lost its runner (the node stopped while it ran)", job_key)
-        lost = Outcome(JobStatus.ERROR, {}, "runner_lost: the node stopped while it ran")
-        await conclude(
-            node,
-            ctx,
-            job,
-            request,
-            lost,
-            jobstore.ANY_TOKEN,
-            inflight,
-            queues.queue_of(fields),
-            int(fields.get("attempt", "1") or 1),
-            0,
-        )
-    await node.store.recover(ctx, inflight, queue)
+async def recover_slot(
+    node: NodeState, ctx: int, inflight: str, queue: str, logs: tuple[Path, Path]
+) -> list[Callable[[], Awaitable[None]]]:
+    """Jobs a previous run of this slot left behind: concluded with the outcome their process
+    recorded, adopted when their process ends, or ``runner_lost`` (see
+    node/runners/adoption.py); the tasks that wait for processes still running are returned.
+    A job not started yet goes back to the queue."""
+    return await adoption.recover_slot(node, ctx, inflight, queue, logs, _conclude_adopted)
+
+
+async def _conclude_adopted(
+    node: NodeState, ctx: int, left: adoption.LeftBehind, outcome: Outcome, inflight: str
+) -> None:
+    runner, queue = left.fields.get("runner", ""), queues.queue_of(left.fields)
+    job, request, attempt = left.job, left.request, left.attempt
+    await conclude(node, ctx, job, request, outcome, runner, inflight, queue, attempt, 0)
 
 
 async def run_job(
@@ -202,7 +198,7 @@ async def run_job(
     ctx: int,
     job_key: str,
     fields: dict[str, str] | None,
-    run_script: Callable[[RunnerJob, tuple[Path, Path]], Awaitable[Outcome]],
+    run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
     inflight: str,
     queue: str,
     take_next: jobstore.NextJob,
@@ -212,29 +208,56 @@ async def run_job(
     next job if it was started in the same round trip as this one's result."""
     token = f"{take_next.token_base}:{job_key}"
     if fields is None:
-        fields = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
+        fields = await jobstore.start(
+            node.store, ctx, job_key, token, take_next.ttl_ms, take_next.runner_id
+        )
     if not fields:  # final or gone (a duplicate queue entry)
         await node.store.ack(ctx, inflight, job_key)
         return None
+    attempt = int(fields["attempt"])  # HINCRBY wrote it: always an integer
+    node.attempts_here[(ctx, job_key)] = attempt
+    try:
+        return await _run_attempt(
+            node, ctx, job_key, fields, run_script, inflight, queue, take_next, watch
+        )
+    finally:
+        if node.attempts_here.get((ctx, job_key)) == attempt:
+            del node.attempts_here[(ctx, job_key)]
+
+
+async def _run_attempt(
+    node: NodeState,
+    ctx: int,
+    job_key: str,
+    fields: dict[str, str],
+    run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
+    inflight: str,
+    queue: str,
+    take_next: jobstore.NextJob,
+    watch: SlotWatch,
+) -> jobstore.Started | None:
+    """Run and conclude the started attempt ``fields["attempt"]`` of ``job_key``."""
+    token = f"{take_next.token_base}:{job_key}"
+    attempt = int(fields["attempt"])
     try:
         job = RunnerJob.from_hash(fields)
         request = await _request_of(node, ctx, job, fields)
     except ModelError as exc:
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
-        await jobstore.finish_malformed(node.store, ctx, job_key, token, inflight, str(exc))
+        await jobstore.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
         return None
-    attempt = int(fields.get("attempt", "1"))
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
     started_at = int(time.time())
     outcome: Outcome | None = None
+    outcome_file = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
     stop = trio.CancelScope()
     node.running[job_key] = stop
     pump = LogPump(node, ctx, job_key, watch.paths)
-    watch.begin(job_key, token, pump)
+    watch.begin(job_key, token, attempt, pump)
     try:
         with stop:
-            outcome = await run_script(job, pump.paths)
+            outcome = await run_script(job, pump.paths, outcome_file)
         if stop.cancelled_caught:  # a signed stop request (see node/routing/stops.py)
             reason = node.stop_reasons.pop(job_key, "stopped")
             outcome = Outcome(JobStatus.ERROR, {}, reason)
@@ -248,15 +271,18 @@ async def run_job(
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    await jobstore.requeue(node.store, ctx, job_key, token, inflight, queue)
+                    await jobstore.requeue(node.store, ctx, job_key, attempt, inflight, queue)
+                    outcomes.discard(outcome_file)
                     log.info("%s interrupted by shutdown; requeued", job_key)
                 except StoreError as exc:  # recovered at the next start instead
                     log.warning("%s interrupted; not requeued now (%s)", job_key, exc)
     assert outcome is not None  # set on every path that gets here (else the finally re-raised)
     nxt = None if node.stopping.is_set() else take_next
-    return await conclude(
+    started = await conclude(
         node, ctx, job, request, outcome, token, inflight, queue, attempt, started_at, nxt
     )
+    outcomes.discard(outcome_file)  # recorded in Valkey (or refused): nothing to adopt
+    return started
 
 
 async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[str, str]) -> Message:
@@ -276,25 +302,29 @@ async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[st
 class _Running:
     job_key: str
     token: str
+    attempt: int
     pump: LogPump
     next_flush: float
     next_renew: float
-    lease_held: bool = True
+    current: bool = True  # False once the attempt was superseded: nothing left to renew
 
 
 class SlotWatch:
-    """One per slot, for whatever job the slot is running: keeps its lease alive (every
-    HEARTBEAT_S) and forwards its live output (every LOG_FLUSH_S). A job that ends before its
+    """One per slot, for whatever job the slot is running: keeps its lease alive (three times
+    per lease TTL) and forwards its live output (every LOG_FLUSH_S). A job that ends before its
     first flush is never looked at, so a short job costs no task, timer or Redis command here."""
 
     def __init__(self, node: NodeState, ctx: int, paths: tuple[Path, Path]) -> None:
         self.node, self.ctx, self.paths = node, ctx, paths
+        self.ttl_ms = node.config.lease_ttl_ms
+        self.heartbeat_s = self.ttl_ms / 1000 / 3
         self.current: _Running | None = None
         self._began = trio.Event()
 
-    def begin(self, job_key: str, token: str, pump: LogPump) -> None:
+    def begin(self, job_key: str, token: str, attempt: int, pump: LogPump) -> None:
         now = trio.current_time()
-        self.current = _Running(job_key, token, pump, now + LOG_FLUSH_S, now + HEARTBEAT_S)
+        next_renew = now + self.heartbeat_s
+        self.current = _Running(job_key, token, attempt, pump, now + LOG_FLUSH_S, next_renew)
         self._began.set()
 
     def end(self) -> None:
@@ -311,7 +341,7 @@ class SlotWatch:
             if self.current is not job:
                 continue  # that job ended; look at the one running now (if any)
             if trio.current_time() >= job.next_renew:
-                job.next_renew += HEARTBEAT_S
+                job.next_renew += self.heartbeat_s
                 await self._renew(job)
             if trio.current_time() >= job.next_flush:
                 job.next_flush += LOG_FLUSH_S
@@ -319,18 +349,19 @@ class SlotWatch:
                     await job.pump.flush()
 
     async def _renew(self, job: _Running) -> None:
-        if not job.lease_held:
+        """Keep the lease, or re-take it if a stall let it lapse: the process is alive."""
+        if not job.current:
             return
         try:
-            held = await jobstore.renew(
-                self.node.store, self.ctx, job.job_key, job.token, LEASE_TTL_MS
+            current = await jobstore.renew(
+                self.node.store, self.ctx, job.job_key, job.token, self.ttl_ms, job.attempt
             )
         except StoreError as exc:
             log.warning("%s: cannot renew lease: %s", job.job_key, exc)
             return
-        if not held and self.current is job:
-            job.lease_held = False
-            log.warning("%s: lease lost while running; its result will be refused", job.job_key)
+        if not current and self.current is job:
+            job.current = False
+            log.warning("%s: attempt %d superseded (result refused)", job.job_key, job.attempt)
 
 
 async def conclude(
@@ -361,7 +392,7 @@ async def conclude(
                     node.store,
                     ctx,
                     job.key,
-                    token,
+                    attempt,
                     inflight,
                     queue=queue,
                     reason=f"retrying after: {outcome.reason}",
@@ -371,7 +402,7 @@ async def conclude(
                 node.wake_retries(ctx)
             else:
                 ok, started = await _finish(
-                    node, ctx, job, request, outcome, token, inflight, entry, attempt, take_next
+                    node, ctx, job, request, outcome, inflight, entry, attempt, take_next
                 )
             break
         except StoreError as exc:
@@ -381,7 +412,7 @@ async def conclude(
             delay = min(delay * 2, 5.0)
     if not ok:
         node.count("stale_results")
-        log.warning("%s: result of a runner that lost its lease refused", job.key)
+        log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:
         node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
     return started
@@ -393,7 +424,6 @@ async def _finish(
     job: RunnerJob,
     request: Message,
     outcome: Outcome,
-    token: str,
     inflight: str,
     entry: str,
     attempt: int,
@@ -406,7 +436,7 @@ async def _finish(
             node.store,
             ctx,
             job.key,
-            token,
+            attempt,
             inflight,
             status=status,
             result=result,
@@ -421,7 +451,7 @@ async def _finish(
         node.store,
         ctx,
         job.key,
-        token,
+        attempt,
         inflight,
         status=status,
         result=result,

@@ -46,9 +46,11 @@ class PythonWorker:
         self.jobs = 0
         self._buffer = bytearray()
 
-    async def run(self, job: RunnerJob, logs: tuple[Path, Path] | None = None) -> Outcome:
-        """Run one job (its stdout/stderr written live to ``logs`` if given); never raises for
-        what the script does."""
+    async def run(
+        self, job: RunnerJob, logs: tuple[Path, Path] | None = None, outcome: Path | None = None
+    ) -> Outcome:
+        """Run one job (its stdout/stderr written live to ``logs`` if given; its outcome to
+        ``outcome``, see node/runners/outcomes.py); never raises for what the script does."""
         if self.proc is None or self.jobs >= self.max_jobs or self.proc.returncode is not None:
             await self.close()
             await self._start()
@@ -56,7 +58,9 @@ class PythonWorker:
         assert self.proc.stdin is not None
         self.jobs += 1
         paths = [str(p) for p in logs] if logs else None
-        request = json.dumps({"script": job.script, "env": job_env(job), "logs": paths}).encode()
+        self._name_outcome(outcome)
+        fields = {"script": job.script, "env": job_env(job), "logs": paths}
+        request = json.dumps(fields | {"outcome": str(outcome or "")}).encode()
         try:
             with trio.move_on_after(job.timeout or 1e9) as deadline:
                 await self.proc.stdin.send_all(_HEADER.pack(len(request)) + request)
@@ -92,6 +96,12 @@ class PythonWorker:
         if self.pid_dir is not None:
             self.pid_dir.mkdir(parents=True, exist_ok=True)
             (self.pid_dir / str(self.proc.pid)).write_text(f"HERO_WORKER={id(self)}")
+
+    def _name_outcome(self, outcome: Path | None) -> None:
+        """Name the job's outcome file in the worker's pid file: the orphan killer at the next
+        start spares a worker still running an attempt that is worth adopting."""
+        if self.pid_dir is not None and self.proc is not None and outcome is not None:
+            (self.pid_dir / str(self.proc.pid)).write_text(f"HERO_WORKER={id(self)}\n{outcome}")
 
     async def _read_frame(self) -> dict[str, object]:
         header = await self._read_exactly(_HEADER.size)

@@ -1,0 +1,83 @@
+"""Job outcomes written where the next start of the node finds them, tied to their attempt.
+
+A node killed while its jobs run leaves their processes running (each in its own session):
+they finish, and only they know how. So the process that waits for a script writes the
+script's outcome to ``run/outcomes/<ctx>-<job key>-<attempt>`` before it reports to the node:
+the ``sh`` wrapper around a command's process (:func:`wrapped`), the warm python worker
+(node/runners/pyworker.py). The attempt in the name is the fencing token: at start, a slot
+adopts the outcome of a job's *current* attempt (node/runners/runner.py: recover_slot), waiting
+first for a process that still runs it; only a job whose process died with no outcome is
+recorded ``runner_lost``. A job's pid file (``run/jobs/<pid>``) names its outcome file on its
+second line, so the start-up orphan killer can spare a process that is still worth adopting.
+
+This module is imported by the worker process too: standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Runs the command, then records its exit status as the node would see it (a script killed by
+# signal N as -N) and exits the same way. Shell builtins only, as it wraps every command job:
+# one write of a few bytes into the outcome file, which a reader takes whole or not at all
+# (read_outcome). Not fsynced: that needs another process per job, and a machine crash that
+# could lose the write also kills the job and may lose Valkey's last second (appendfsync
+# everysec), so such a job is run again at worst.
+_WRAP = """o=$1; shift
+"$@"; c=$?
+if [ "$c" -gt 128 ]; then e=$((128 - c)); else e=$c; fi
+printf '{"exit_code": %d}' "$e" > "$o"
+if [ "$c" -gt 128 ]; then kill -"$((c - 128))" $$; fi
+exit "$c"
+"""
+
+
+def outcome_dir(run_dir: Path) -> Path:
+    return run_dir / "outcomes"
+
+
+def outcome_path(run_dir: Path, ctx: int, job_key: str, attempt: int) -> Path:
+    """Where attempt ``attempt`` of ``job_key`` (context ``ctx``) writes its outcome."""
+    return outcome_dir(run_dir) / f"{ctx}-{job_key}-{attempt}"
+
+
+def parse_outcome_name(name: str) -> tuple[int, str, int] | None:
+    """(context, job key, attempt) of an outcome file's name; None if it is not one."""
+    ctx, _, rest = name.partition("-")
+    job_key, _, attempt = rest.rpartition("-")
+    if not (ctx.isdigit() and attempt.isdigit() and job_key):
+        return None
+    return int(ctx), job_key, int(attempt)
+
+
+def wrapped(argv: list[str], outcome: Path) -> list[str]:
+    """``argv`` run under the shell wrapper that writes its outcome to ``outcome``."""
+    return ["/bin/sh", "-c", _WRAP, "hero-job", str(outcome), *argv]
+
+
+def write_outcome(path: Path, outcome: dict[str, Any]) -> None:
+    """Write ``outcome`` durably: a temporary file, fsync, rename over ``path``."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(outcome, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def read_outcome(path: Path) -> dict[str, Any] | None:
+    """The outcome recorded at ``path``, or None if there is none (or it is unreadable)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) and isinstance(value.get("exit_code"), int) else None
+
+
+def discard(path: Path) -> None:
+    """Forget an outcome the node has recorded in Valkey (or that was superseded)."""
+    for p in (path, path.with_name(path.name + ".tmp")):
+        p.unlink(missing_ok=True)

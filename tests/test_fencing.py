@@ -1,0 +1,319 @@
+"""A stall is not a crash: attempts are fenced by their number, not by lease presence.
+
+Lua-level tests of the fence against a real Valkey, then running nodes whose leases lapse
+under a live job (re-taken, the job finishes once) or under a job no process runs (reaped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import trio
+
+from bus import keys
+from bus.client import open_client
+from bus.models import JobStatus, RunnerJob
+from crypto import read_key_file
+from node.runners import jobstore, outcomes
+from node.runners.executor import execute
+from node.runners.workers import PythonWorker
+from tests.nodeproc import NodeProcess
+from tests.scripts import announcing, wait_announced
+
+JOB = "job:1:1"
+
+
+async def _started(store, attempts: int = 1) -> dict[str, str]:
+    await store.hset(1, JOB, {"status": "dispatched", "attempt": "0"})
+    fields: dict[str, str] = {}
+    for _ in range(attempts):
+        fields = await jobstore.start(store, 1, JOB, "tok", 10_000, "python:0")
+    return fields
+
+
+async def _finish_local(store, attempt: int) -> bool:
+    done, _ = await jobstore.finish_local(
+        store,
+        1,
+        JOB,
+        attempt,
+        "inflight:runner:python:0",
+        status="finished",
+        result={"stdout": "x"},
+        reason="",
+        entry="{}",
+        request_key="message:1:1",
+        reply_ttl_s=60,
+    )
+    return done
+
+
+async def test_a_current_attempt_is_accepted_after_its_lease_expired(store):
+    fields = await _started(store)
+    assert (fields["attempt"], fields["runner_id"]) == ("1", "python:0")
+    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))  # lapsed during a stall
+    assert await _finish_local(store, 1)
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], json.loads(job["result"])) == ("finished", {"stdout": "x"})
+    assert await store.llen(1, keys.reply("message:1:1")) == 1
+    assert not await _finish_local(store, 1)  # ended: a second conclusion is refused
+
+
+async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store):
+    await _started(store, attempts=2)  # attempt 1 was presumed lost and the job started again
+    assert not await _finish_local(store, 1)
+    assert not await jobstore.retry_later(
+        store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
+    )
+    assert not await jobstore.finish_malformed(store, 1, JOB, 1, "inflight:x", "bad")
+    assert not await jobstore.requeue(store, 1, JOB, 1, "inflight:x", "queue:python")
+    assert (await store.hgetall(1, JOB))["status"] == "started"
+    assert await store.llen(1, keys.reply("message:1:1")) == 0
+    assert await _finish_local(store, 2)
+
+
+async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store):
+    await _started(store, attempts=2)
+    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))
+    assert not await jobstore.renew(store, 1, JOB, "old", 10_000, 1)
+    assert not await store.exists_many(1, [keys.lease(JOB)]) == [True]
+    assert await jobstore.renew(store, 1, JOB, "tok", 10_000, 2)
+    assert await store.call(1, lambda r: r.get(keys.lease(JOB))) == "tok"
+
+
+async def _submit(node, script: str, script_type: str = "python", **kw):
+    actor = read_key_file(node.config.actor_key_path)
+    return await node.client.submit_job(
+        actor, 1, to=node.node_id, context_id=1, script_type=script_type, script=script, **kw
+    )
+
+
+def _gated(redis_url: str, tag: str, tmp_path) -> str:
+    """A python job that announces itself, waits until the test creates ``<tag>.go``, then
+    records one run in ``<tag>.runs`` and prints ``done``."""
+    body = (
+        "import pathlib, time\n"
+        f"base = pathlib.Path({str(tmp_path)!r})\n"
+        f"while not (base / '{tag}.go').exists(): time.sleep(0.02)\n"
+        f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
+        "print('done')\n"
+    )
+    return announcing(redis_url, f"pid:{tag}", body)
+
+
+async def test_a_live_job_whose_lease_expired_retakes_it_and_finishes_once(node_factory, tmp_path):
+    alice = await node_factory("alice", runners={"python": 1})
+    msg = await _submit(alice, _gated(alice.info.redis_url, "live", tmp_path), retries=2)
+    await wait_announced(alice.store, "pid:live")
+    job_key = msg.job[0].key
+    lease = keys.lease(job_key)
+    await alice.store.call(1, lambda r: r.pexpire(lease, 1))  # as a stall would let it lapse
+    with trio.fail_after(10):  # the reaper sees the expiry, finds the attempt alive here
+        while not await alice.store.call(1, lambda r: r.exists([lease])):  # noqa: ASYNC110
+            await trio.sleep(0.05)  # a real job process holds it: poll what Valkey shows
+    assert (await alice.store.hgetall(1, job_key))["status"] == "started"
+    (tmp_path / "live.go").touch()
+    with trio.fail_after(20):
+        [result] = await alice.client.wait_results(msg, timeout_s=20)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "live.runs").read_text() == "run\n"
+
+
+async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
+    """A job started under this node's current run but run by none of its slots (the slot's
+    task failed after starting it) is ended ``runner_lost`` once its lease expires."""
+    alice = await node_factory("alice", runners={"python": 1, "ext": 0})
+    first = await _submit(alice, "print(1)")
+    with trio.fail_after(20):
+        await alice.client.wait_results(first, timeout_s=20)
+    token = (await alice.store.hgetall(1, first.job[0].key))["runner"]
+    orphan = await _submit(alice, "print(2)", script_type="ext")  # queued, never popped here
+    job_key = orphan.job[0].key
+    await alice.store.call(1, lambda r: r.lrem("queue:ext", 1, job_key))
+    await alice.store.call(1, lambda r: r.rpush("inflight:runner:python:0", [job_key]))
+    await alice.store.call(1, lambda r: r.hincrby(job_key, "attempt", 1))
+    started = {"status": "started", "runner": token, "runner_id": "python:0"}
+    await alice.store.hset(1, job_key, started)
+    await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, [job_key]))
+    await alice.store.call(1, lambda r: r.set(keys.lease(job_key), token, px=200))
+    with trio.fail_after(20):
+        [result] = await alice.client.wait_results(orphan, timeout_s=20)
+    assert result.status is JobStatus.ERROR
+    assert result.reason == "runner_lost: slot python:0 of this node no longer runs it"
+    assert await alice.store.lrange(1, "inflight:runner:python:0") == []
+    assert await alice.store.call(1, lambda r: r.smembers(keys.RUNNING)) == set()
+
+
+# -- the processes that write outcomes ----------------------------------------------------------
+
+
+async def test_a_command_job_writes_its_outcome_as_the_node_sees_it(tmp_path):
+    """The wrapper records the exit status as the node reads it (a signal as -N) and keeps
+    what the node concludes unchanged; the pid file names the outcome file while it runs."""
+    pids, logs = tmp_path / "jobs", (tmp_path / "out", tmp_path / "err")
+    pids.mkdir()
+    seen = tmp_path / "seen"
+    cases = [
+        (f"cat {pids}/* > {seen}; echo hi; exit 3", 3, "exit code 3"),
+        ("kill -9 $$", -9, "runner_lost: killed by SIGKILL"),
+    ]
+    for script, code, reason in cases:
+        path = outcomes.outcome_path(tmp_path, 1, "job:1:2", 1)
+        path.parent.mkdir(exist_ok=True)
+        job = RunnerJob(1, 2, 1, script, "sh", timeout=30)
+        done = await execute(
+            job, ["/bin/sh", "-s"], max_output_bytes=1000, pid_dir=pids, logs=logs, outcome=path
+        )
+        assert done.reason == reason
+        assert outcomes.read_outcome(path) == {"exit_code": code}
+    assert seen.read_text() == f"{job.caller_id}:{job.id}\n{path}"
+
+
+async def test_a_python_worker_writes_its_outcome_before_replying(tmp_path):
+    path = outcomes.outcome_path(tmp_path, 1, "job:1:2", 4)
+    path.parent.mkdir()
+    worker = PythonWorker(max_output_bytes=1000, pid_dir=tmp_path / "pids")
+    try:
+        done = await worker.run(RunnerJob(1, 2, 1, "print('hi')", "python"), None, path)
+    finally:
+        await worker.close()
+    assert done.result["stdout"] == "hi\n"
+    assert outcomes.read_outcome(path) == {"exit_code": 0, "stdout": "hi\n", "stderr": ""}
+
+
+def test_outcome_names_carry_context_job_and_attempt(tmp_path):
+    path = outcomes.outcome_path(tmp_path, 7, "job:12:34", 3)
+    assert outcomes.parse_outcome_name(path.name) == (7, "job:12:34", 3)
+    assert outcomes.parse_outcome_name(path.name + ".tmp") is None
+    assert outcomes.parse_outcome_name("junk") is None
+
+
+# -- real node processes: a stall of the node, a kill of the node --------------------------------
+
+
+@pytest.fixture
+async def node_proc(tmp_path):
+    made: list[NodeProcess] = []
+
+    def make(name: str, **node_options: object) -> NodeProcess:
+        made.append(NodeProcess(tmp_path / name, name))
+        cfg = made[-1].config.config_path
+        extra = "".join(f"{k} = {v}\n" for k, v in node_options.items())
+        cfg.write_text(cfg.read_text().replace("[node]\n", f"[node]\n{extra}", 1))
+        return made[-1]
+
+    yield make
+    for n in made:
+        await n.close()
+
+
+async def _submit_to(node: NodeProcess, script: str, script_type: str = "python", **kw):
+    actor = read_key_file(node.config.actor_key_path)
+    async with open_client(node.redis_url) as client:
+        return await client.submit_job(
+            actor, 1, to=node.node_id, context_id=1, script_type=script_type, script=script, **kw
+        )
+
+
+async def _result(node: NodeProcess, msg, timeout_s: float = 30):
+    async with open_client(node.redis_url) as client:
+        with trio.fail_after(timeout_s):
+            [result] = await client.wait_results(msg, timeout_s=timeout_s)
+    return result
+
+
+def _runs_once(tmp_path, tag: str, nap: float) -> str:
+    """Python: sleeps ``nap`` s, then records one run in ``<tag>.runs``."""
+    return (
+        f"import time, pathlib; base = pathlib.Path({str(tmp_path)!r})\n"
+        f"time.sleep({nap})\n"
+        f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
+        "print('done')\n"
+    )
+
+
+async def test_node_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
+    node = node_proc("a", lease_ttl_ms=600)
+    await node.start()
+    script = announcing(node.redis_url, "began:stall", _runs_once(tmp_path, "stall", 0.5))
+    msg = await _submit_to(node, script, retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "began:stall")
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGSTOP)  # the script ends, the lease lapses meanwhile
+    try:
+        await trio.sleep(2.5)  # the stall itself (> 4 lease TTLs), not a wait for state
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
+    result = await _result(node, msg, timeout_s=15)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "stall.runs").read_text() == "run\n"
+
+
+async def _wait_for_file(path, timeout_s: float = 20) -> None:
+    with trio.fail_after(timeout_s):
+        while not path.exists():  # noqa: ASYNC110 - written by a job process, not by us
+            await trio.sleep(0.05)
+
+
+async def test_killed_node_adopts_a_python_job_still_running_at_restart(node_proc, tmp_path):
+    """kill -9 of the node; its warm worker finishes the job after the restart began: the
+    restarted node waits for it and adopts its outcome; the job ran once."""
+    node = node_proc("a")
+    await node.start()
+    msg = await _submit_to(node, _gated(node.redis_url, "py", tmp_path), retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "pid:py")
+    await node.kill()
+    await node.start()  # the job's process still runs: it waits for py.go
+    (tmp_path / "py.go").touch()
+    result = await _result(node, msg)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "py.runs").read_text() == "run\n"
+
+
+async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_proc, tmp_path):
+    """kill -9 of the node; its sh job ends while no node runs: the restarted node finds the
+    outcome the job's wrapper wrote and concludes with it (output from the slot's log)."""
+    node = node_proc("a")
+    await node.start()
+    began, runs = tmp_path / "sh.began", tmp_path / "sh.runs"
+    script = f"touch {began}; sleep 1; echo run >> {runs}; echo hello"
+    msg = await _submit_to(node, script, script_type="sh", retries=2)
+    await _wait_for_file(began)
+    await node.kill()
+    await _wait_for_file(runs)
+    stale = node.config.run_dir / "outcomes" / "1-job:1:999-1"  # of no started job
+    stale.write_text('{"exit_code": 0}')
+    await node.start()
+    result = await _result(node, msg)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("hello\n", "1")
+    assert runs.read_text() == "run\n"
+    assert not stale.exists()
+    assert list((node.config.run_dir / "outcomes").iterdir()) == []  # adopted, then dropped
+
+
+async def test_valkey_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
+    node = node_proc("a", lease_ttl_ms=600)
+    await node.start()
+    script = announcing(node.redis_url, "began:vk", _runs_once(tmp_path, "vk", 0.5))
+    msg = await _submit_to(node, script, retries=2)
+    async with open_client(node.redis_url) as client:
+        await wait_announced(client.store, "began:vk")
+    valkey = int((node.config.valkey_dir / "valkey.pid").read_text())
+    os.kill(valkey, signal.SIGSTOP)  # the script ends; the lease expires when Valkey wakes
+    try:
+        await trio.sleep(2.5)  # the stall itself, not a wait for state
+    finally:
+        os.kill(valkey, signal.SIGCONT)
+    result = await _result(node, msg, timeout_s=15)
+    assert result.ok, result.reason
+    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
+    assert (tmp_path / "vk.runs").read_text() == "run\n"
