@@ -1,0 +1,35 @@
+"""The one layer of atomic Valkey scripts.
+
+Every Lua script of the project lives in ``bus/atomic/lua/<name>.lua``, with a header comment
+that states its KEYS, its ARGV and its atomic effect, and is run through a named, typed method
+of a module of this package; nothing above ``bus/`` builds a script or a command by hand.
+
+A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
+shared local functions, such as the attempt fence) is placed there, so a rule that several
+scripts enforce is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from coredis.commands.script import Script
+
+__all__ = ["script", "source"]
+
+_INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua`` with its includes expanded (each at most once)."""
+    text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return _INCLUDE.sub(lambda m: source(m.group(1)), text)
+
+
+@cache
+def script(name: str) -> Script[str]:
+    """The script ``lua/<name>.lua`` (loaded once; run with EVALSHA, loaded on NOSCRIPT)."""
+    return Script(script=source(name))
