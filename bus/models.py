@@ -8,6 +8,7 @@ malformed hash can be dead-lettered with a clear reason instead of crashing a se
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -115,13 +116,37 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
     raw = h.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ModelError(f"field {name!r} is not valid JSON (or nests too deeply)") from None
+    value = loads_text(raw, f"field {name!r}")
     if not isinstance(value, kind):
         raise ModelError(f"field {name!r} must be a JSON {kind.__name__}")
     return value
+
+
+# A JSON escape of a surrogate code point: only a pair of them stands for a character. A lone
+# one decodes to a str that is no Unicode text (it cannot be encoded, so not signed, stored or
+# logged), so parsing refuses it here, once, instead of each later step failing on it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
+    """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
+    for the parser, and strings that are not Unicode text (lone surrogate escapes)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
+    if _SURROGATE_ESCAPE.search(raw) and not _scalar_values(value):
+        raise ModelError(f"{what} holds a lone surrogate (\\uD800-\\uDFFF escape)")
+    return value
+
+
+def _scalar_values(value: object) -> bool:
+    """Whether every string in a decoded JSON value (keys too) is valid Unicode text."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError, ValueError):
+        return False
+    return True
 
 
 def _int_list(h: Mapping[str, str], name: str) -> list[int]:

@@ -18,7 +18,7 @@ from coredis.commands.script import Script
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.ids import now
 from bus.models import Message, MessageStatus, MessageType
 from bus.verify import judge
@@ -90,6 +90,9 @@ async def _handle_guarded(
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
         raise
+    except ContentError as exc:  # a key the message names holds something unusable
+        refused = Rejected("bad_content", str(exc))
+        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_IN)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("consumer failed on %s (context %d)", key, ctx)
         await reject(

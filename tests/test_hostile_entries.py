@@ -1,0 +1,127 @@
+"""One hostile entry never costs anything else: focused cases, one per reproduced flaw
+(tests/test_hostile.py throws generated content at every queue)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from bus import keys
+from bus.errors import ModelError
+from bus.models import Message
+from crypto import read_key_file
+from node.routing.messages import Rejected
+from tests.test_rejections import job_message
+
+
+async def _push_all(node, queue: str, entries: list[str], ctx: int = 1) -> None:
+    """One LPUSH: the node pops them oldest first (the order given)."""
+    await node.store.lpush(ctx, queue, *entries)
+
+
+def _restarts(node) -> dict[str, int]:
+    return dict(node.info.state.restarts)
+
+
+async def _results(node, messages: list[Message]) -> list[str]:
+    out = []
+    with trio.fail_after(20):
+        for m in messages:
+            [result] = await node.client.wait_results(m, timeout_s=20)
+            out.append(result.stdout)
+    return out
+
+
+def _surrogate_job(message: Message) -> dict[str, str]:
+    """``message``'s hash with a lone surrogate escape in its job's script (plain ASCII JSON)."""
+    fields = message.to_hash()
+    job = json.loads(fields["job"])
+    job[0]["script"] = "PLACEHOLDER"
+    fields["job"] = json.dumps(job).replace("PLACEHOLDER", "echo \\ud800")
+    return fields
+
+
+def test_models_refuse_a_lone_surrogate_escape_naming_the_field() -> None:
+    fields = {
+        "id": "1",
+        "caller_id": "1",
+        "context_id": "1",
+        "message_type": "job",
+        "created_at": "1",
+        "origin": "a",
+        "destination": "b",
+        "job": '[{"id":1,"caller_id":1,"context_id":1,"script":"echo \\ud800","script_type":"sh"}]',
+    }
+    with pytest.raises(ModelError, match="field 'job' holds a lone surrogate"):
+        Message.from_hash(fields)
+    pair = fields | {"job": fields["job"].replace("\\ud800", "\\ud83d\\ude00")}
+    assert Message.from_hash(pair).job[0].script == "echo \U0001f600"
+
+
+def test_refusal_details_always_encode() -> None:
+    from bus.store import printable
+
+    refused = Rejected("malformed", "script 'echo \ud800'")
+    assert refused.detail.encode("utf-8") == b"script 'echo \\ud800'"
+    assert printable(b"bad\xffkey") == "bad\\xffkey"
+    assert printable("x" * 500, 10) == "x" * 10 + "… (500 chars)"
+
+
+async def test_lone_surrogate_on_msg_out_costs_nothing_else(node_factory) -> None:
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    hostile = job_message(actor, 1, alice.node_id, alice.node_id, "print('never')", "sh")
+    good = [job_message(actor, 1, alice.node_id, alice.node_id, f"print({i})") for i in range(3)]
+    async with alice.store.transaction(1) as tx:
+        tx.hset(hostile.key, _surrogate_job(hostile))
+        for m in good:
+            tx.hset(m.key, m.to_hash())
+        tx.lpush(keys.MSG_OUT, [good[0].key, hostile.key, good[1].key, good[2].key])
+    assert await _results(alice, good) == ["0\n", "1\n", "2\n"]
+    [entry] = await alice.store.dead_letters(1)
+    assert (entry["key"], entry["reason"]) == (hostile.key, "malformed")
+    assert "surrogate" in entry["detail"]
+    assert _restarts(alice) == {}
+
+
+async def _wrong_type_batch(node, queue: str) -> None:
+    actor = read_key_file(node.config.actor_key_path)
+    good = [job_message(actor, 1, node.node_id, node.node_id, f"print({i})") for i in range(4)]
+    for m in good:
+        await node.store.hset(1, m.key, m.to_hash())
+    await node.store.call(1, lambda r: r.set("message:1:77", "a string"))
+    await node.store.call(1, lambda r: r.rpush("message:1:78", ["a", "list"]))
+    entries = [good[0].key, "message:1:77", good[1].key, "message:1:78", good[2].key, good[3].key]
+    await _push_all(node, queue, entries)
+    assert await _results(node, good) == ["0\n", "1\n", "2\n", "3\n"]
+    for m in good:
+        assert (await node.store.hgetall(1, m.key))["status"] != "dispatched"
+    letters = {e["key"]: (e["reason"], e["detail"]) for e in await node.store.dead_letters(1)}
+    assert letters == {
+        "message:1:77": ("wrong_type", "message:1:77 holds a string, not a hash"),
+        "message:1:78": ("wrong_type", "message:1:78 holds a list, not a hash"),
+    }
+    assert _restarts(node) == {}
+
+
+async def test_wrong_type_key_on_msg_out_costs_nothing_else(node_factory) -> None:
+    await _wrong_type_batch(await node_factory("alice"), keys.MSG_OUT)
+
+
+async def test_wrong_type_key_on_msg_in_costs_nothing_else(node_factory) -> None:
+    await _wrong_type_batch(await node_factory("alice"), keys.MSG_IN)
+
+
+async def test_non_utf8_entry_is_dead_lettered(node_factory) -> None:
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    good = job_message(actor, 1, alice.node_id, alice.node_id, "print('ok')")
+    await alice.store.hset(1, good.key, good.to_hash())
+    await alice.store.call(1, lambda r: r.lpush(keys.MSG_IN, [b"message:1:\xff", good.key]))
+    assert await _results(alice, [good]) == ["ok\n"]
+    [entry] = await alice.store.dead_letters(1)
+    assert (entry["key"], entry["reason"]) == ("message:1:\\xff", "not_utf8")
+    assert await alice.store.llen(1, keys.inflight("consumer")) == 0
+    assert _restarts(alice) == {}
