@@ -17,6 +17,9 @@ from typing import Any, Self, TypeVar
 from bus.errors import ModelError
 
 Hash = dict[str, str]
+# Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
+# and would overflow wherever it meets a float (a timeout) or a Lua number.
+MAX_INT = 2**63 - 1
 RawHash = Mapping[str, str] | Mapping[bytes, bytes]
 
 
@@ -109,6 +112,8 @@ def _int(h: Mapping[str, str], name: str, default: int | None = None) -> int:
         raise ModelError(f"field {name!r} is not an integer: {raw[:40]!r}") from None
     if value < 0:
         raise ModelError(f"field {name!r} is negative: {value}")
+    if value > MAX_INT:
+        raise ModelError(f"field {name!r} is out of range: {raw[:40]}…")
     return value
 
 
@@ -151,7 +156,7 @@ def _scalar_values(value: object) -> bool:
 
 def _int_list(h: Mapping[str, str], name: str) -> list[int]:
     value = _json(h, name, list, [])
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_INT for x in value):
         raise ModelError(f"field {name!r} must be a list of non-negative integers")
     return list(value)
 

@@ -125,3 +125,47 @@ async def test_non_utf8_entry_is_dead_lettered(node_factory) -> None:
     assert (entry["key"], entry["reason"]) == ("message:1:\\xff", "not_utf8")
     assert await alice.store.llen(1, keys.inflight("consumer")) == 0
     assert _restarts(alice) == {}
+
+
+async def _hostile_keys(node, ctx: int = 1) -> dict[str, str]:
+    """Keys a queue entry may name that no service can use, and the reason each earns."""
+    await node.store.call(ctx, lambda r: r.set("job:1:901", "a string"))
+    await node.store.call(ctx, lambda r: r.rpush("job:1:902", ["a", "list"]))
+    await node.store.hset(ctx, "job:1:903", {"script": "print('no status')"})
+    await node.store.hset(ctx, "job:1:904", {"status": "dispatched", "attempt": "lots"})
+    return {
+        "job:1:901": "wrong_type",
+        "job:1:902": "wrong_type",
+        "job:1:903": "malformed_job",
+        "job:1:904": "malformed_job",
+        "job:1:905": "missing_hash",
+    }
+
+
+async def _submit(node, actor, scripts: list[str]) -> list[Message]:
+    return [
+        await node.client.submit_job(
+            actor, 1, to=node.node_id, context_id=1, script_type="python", script=s
+        )
+        for s in scripts
+    ]
+
+
+async def test_hostile_entries_on_a_runner_queue_cost_nothing_else(node_factory) -> None:
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    expected = await _hostile_keys(alice)
+    before = await _submit(alice, actor, ["import time; time.sleep(0.3); print(0)", "print(1)"])
+    await alice.store.call(
+        1, lambda r: r.lpush(keys.queue("python"), [*expected, b"job:1:\xfe"])
+    )
+    after = await _submit(alice, actor, ["print(2)", "print(3)"])
+    assert await _results(alice, before + after) == ["0\n", "1\n", "2\n", "3\n"]
+    with trio.fail_after(10):  # the slots go on after the last result; wait for the rest
+        while len(await alice.store.dead_letters(1)) < len(expected) + 1:
+            await trio.sleep(0.05)  # bounded polling of an observable: the dlq
+    letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
+    assert letters == expected | {"job:1:\\xfe": "not_utf8"}
+    for n in range(2):
+        assert await alice.store.llen(1, keys.inflight(f"runner:python:{n}")) == 0
+    assert _restarts(alice) == {}

@@ -20,10 +20,31 @@ from bus.store import Store
 
 ANY_TOKEN = "*"
 
+# Why the queue entry ``v`` names nothing a runner can start (a reason token), or false; a
+# final job's entry is a harmless duplicate (false too: the caller sees its status). Checked
+# before any write, so that one hostile entry never aborts a script half-way.
+UNRUNNABLE_LUA = """
+local function unrunnable(v)
+  local t = redis.call('TYPE', v)['ok']
+  if t == 'none' then return 'missing_hash' end
+  if t ~= 'hash' then return 'wrong_type' end
+  if string.find(v, '[\\128-\\255]') then return 'malformed_job' end
+  local st = redis.call('HGET', v, 'status')
+  if not st then return 'malformed_job' end
+  if st == 'finished' or st == 'error' then return false end
+  local n = redis.call('HGET', v, 'attempt')
+  if n and not string.match(n, '^%d%d?%d?%d?%d?%d?%d?%d?%d?$') then return 'malformed_job' end
+  return false
+end
+"""
+
 _START = Script(
-    script="""
+    script=UNRUNNABLE_LUA
+    + """
+local bad = unrunnable(KEYS[1])
+if bad then return bad end
 local st = redis.call('HGET', KEYS[1], 'status')
-if (not st) or st == 'finished' or st == 'error' then return {} end
+if st == 'finished' or st == 'error' then return {} end
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
@@ -35,16 +56,24 @@ return redis.call('HGETALL', KEYS[1])
 # Take the next queued job and start it, in the same round trip as finishing the last one.
 # KEYS: inflight running, then the slot's lists in consume order
 # ARGV: token_base ttl_ms now lease_prefix
+# Returns {} (nothing queued), {key} (a final job's duplicate entry, dropped), {key, reason}
+# (an entry no runner can start: dropped, for the caller to dead-letter) or {key, fields...}.
 _TAKE_NEXT = Script(
-    script="""
+    script=UNRUNNABLE_LUA
+    + """
 local nxt = false
 for i = 3, #KEYS do
   nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
   if nxt then break end
 end
 if not nxt then return {} end
+local bad = unrunnable(nxt)
+if bad then
+  redis.call('LREM', KEYS[1], 1, nxt)
+  return {nxt, bad}
+end
 local st = redis.call('HGET', nxt, 'status')
-if (not st) or st == 'finished' or st == 'error' then
+if st == 'finished' or st == 'error' then
   redis.call('LREM', KEYS[1], 1, nxt)
   return {nxt}
 end
@@ -185,11 +214,16 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
     return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
-async def start(store: Store, ctx: int, job_key: str, token: str, ttl_ms: int) -> dict[str, str]:
+async def start(
+    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int
+) -> dict[str, str] | str:
     """Take the lease and mark the job started; the job's fields (``attempt`` counts this
-    attempt), or {} if the job is final or gone."""
+    attempt), {} if the job is final, or why the entry names nothing to start (a reason token:
+    UNRUNNABLE_LUA)."""
     args = [token, str(ttl_ms), str(now())]
     flat = await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args)
+    if isinstance(flat, str | bytes):
+        return flat.decode() if isinstance(flat, bytes) else flat
     if isinstance(flat, dict):  # RESP3 may already give a map
         return {str(k): str(v) for k, v in flat.items()}
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -312,11 +346,22 @@ async def _with_next(
         [*f_keys, *nxt_keys],
         [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
     )
+    if len(nxt) == 2:  # an entry no runner can start: taken off already, recorded here
+        detail = unrunnable_detail(str(nxt[1]))
+        await store.refuse_entry(ctx, inflight, nxt[0], str(nxt[1]), detail, queue="")
     if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
         take_next.found_empty = not nxt
         return bool(done), None
     flat = [str(x) for x in nxt[1:]]
     return bool(done), (str(nxt[0]), dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def unrunnable_detail(reason: str) -> str:
+    """What an UNRUNNABLE_LUA reason token means, for the dead letter."""
+    return {
+        "missing_hash": "the queue entry names no job hash",
+        "wrong_type": "the queue entry names a key that holds no hash",
+    }.get(reason, "no status, an attempt that is not a small integer, or a key that is not ASCII")
 
 
 async def retry_later(

@@ -21,7 +21,7 @@ import trio
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
 from node.runners import jobstore, queues
@@ -172,7 +172,10 @@ async def recover_slot(node: NodeState, ctx: int, inflight: str, queue: str) -> 
     """Jobs a previous run of this slot left behind: a started one lost its runner (the node
     died under it) and counts as a failed attempt; one not started yet goes back to the queue."""
     for job_key in await node.store.lrange(ctx, inflight):
-        fields = await node.store.hgetall(ctx, job_key)
+        try:
+            fields = await node.store.hgetall(ctx, job_key)
+        except ContentError:  # requeued below, then refused when popped
+            continue
         if fields.get("status") != JobStatus.STARTED.value:
             continue
         try:
@@ -212,8 +215,13 @@ async def run_job(
     next job if it was started in the same round trip as this one's result."""
     token = f"{take_next.token_base}:{job_key}"
     if fields is None:
-        fields = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
-    if not fields:  # final or gone (a duplicate queue entry)
+        begun = await jobstore.start(node.store, ctx, job_key, token, LEASE_TTL_MS)
+        if isinstance(begun, str):  # the entry names nothing to run: refused, alone
+            detail = jobstore.unrunnable_detail(begun)
+            await node.store.refuse_entry(ctx, inflight, job_key, begun, detail, queue=queue)
+            return None
+        fields = begun
+    if not fields:  # final (a duplicate queue entry)
         await node.store.ack(ctx, inflight, job_key)
         return None
     try:
