@@ -132,19 +132,26 @@ def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or R
     return decode_hash({raw[i]: raw[i + 1] for i in range(0, len(raw), 2)})
 
 
-# Replies that say the content a command touched is unusable, not that the server failed.
-_CONTENT_ERRORS = ("WRONGTYPE", "not an integer", "out of range", "overflow")
+# Replies that say the content a command touched is unusable, not that the server failed,
+# and the reason each gives the entry that named it.
+_CONTENT_ERRORS = {
+    "WRONGTYPE": "wrong_type",
+    "not an integer": "not_a_number",
+    "overflow": "not_a_number",
+    "DB index is out of range": "unknown_context",
+}
 
 
 def _translate(url: str, exc: Exception) -> BusError:
     """The bus error for a coredis or socket error: ContentError when the reply blames what a
     key holds (a service refuses the entry that named it), else StoreError (Redis failed)."""
     text = str(exc)
-    if isinstance(exc, coredis.exceptions.WrongTypeError) or (
-        isinstance(exc, coredis.exceptions.ResponseError)
-        and any(marker in text for marker in _CONTENT_ERRORS)
-    ):
-        return ContentError(f"redis {url}: {printable(text)}")
+    if isinstance(exc, coredis.exceptions.WrongTypeError):
+        return ContentError("wrong_type", printable(text))
+    if isinstance(exc, coredis.exceptions.ResponseError):
+        for marker, reason in _CONTENT_ERRORS.items():
+            if marker in text:
+                return ContentError(reason, printable(text))
     return StoreError(f"redis {url}: {exc}")
 
 
@@ -171,6 +178,10 @@ def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
 
 
 _READ_HASH = Script(script=READ_HASH_LUA + "return read_hash(KEYS[1])")
+_READ_HASHES = Script(
+    script=READ_HASH_LUA
+    + "local out = {}\nfor i, k in ipairs(KEYS) do out[i] = read_hash(k) end\nreturn out"
+)
 
 
 class _NoScript:
@@ -338,7 +349,8 @@ class Store:
         if limit <= 0:
             return []
         moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "0"])
-        return [str(v) for v in moved]
+        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
+        return [t for t in texts if t is not None]
 
     async def pop_read(
         self, db: int, source: str, inflight: str, limit: int, timeout_s: float
@@ -375,6 +387,16 @@ class Store:
         async with self.transaction(db) as tx:
             tx.lpush(keys.DLQ, [_dlq_entry(key, reason, detail, queue)])
             tx.lrem(inflight, 1, value)
+
+    async def read_hashes(self, db: int, hash_keys: list[str]) -> list[Hash | str]:
+        """Each hash of ``hash_keys`` ({} if absent), or in its place the name of the type
+        its key holds instead (READ_HASH_LUA), in one round trip: one key of the wrong type
+        costs the others nothing."""
+        raw = await self.script(db, _READ_HASHES, hash_keys, [])
+        return [
+            r.decode() if isinstance(r, bytes) else r if isinstance(r, str) else _flat_hash(r)
+            for r in raw
+        ]
 
     async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
         """HGETALL of several hashes in one pipelined round trip."""

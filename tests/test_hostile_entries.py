@@ -152,7 +152,9 @@ async def _submit(node, actor, scripts: list[str]) -> list[Message]:
 
 
 async def test_hostile_entries_on_a_runner_queue_cost_nothing_else(node_factory) -> None:
-    alice = await node_factory("alice")
+    # one slot: it takes entries oldest first, so the hostile ones are judged before the
+    # jobs queued after them can answer
+    alice = await node_factory("alice", runners={"python": 1, "sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
     expected = await _hostile_keys(alice)
     before = await _submit(alice, actor, ["import time; time.sleep(0.3); print(0)", "print(1)"])
@@ -161,11 +163,89 @@ async def test_hostile_entries_on_a_runner_queue_cost_nothing_else(node_factory)
     )
     after = await _submit(alice, actor, ["print(2)", "print(3)"])
     assert await _results(alice, before + after) == ["0\n", "1\n", "2\n", "3\n"]
-    with trio.fail_after(10):  # the slots go on after the last result; wait for the rest
-        while len(await alice.store.dead_letters(1)) < len(expected) + 1:
-            await trio.sleep(0.05)  # bounded polling of an observable: the dlq
     letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
     assert letters == expected | {"job:1:\\xfe": "not_utf8"}
-    for n in range(2):
-        assert await alice.store.llen(1, keys.inflight(f"runner:python:{n}")) == 0
+    assert await alice.store.llen(1, keys.inflight("runner:python:0")) == 0
+    assert _restarts(alice) == {}
+
+
+async def test_hostile_entries_on_results_cost_nothing_else(node_factory) -> None:
+    from tests.test_runners import External, submit
+
+    alice = await node_factory("alice", runners={"python": 1, "ext": 0})
+    expected = await _hostile_keys(alice)
+    await alice.store.hset(
+        1, "job:1:906", {"status": "finished", "started_at": "soon", "message_key": "message:1:1"}
+    )
+    expected = {k: "wrong_type" for k in ("job:1:901", "job:1:902")} | {
+        "job:1:905": "missing_hash",
+        "job:1:906": "malformed_job",
+    }
+    ext = External(alice.store, "ext-1", "ext")
+    await ext.register()
+    with trio.fail_after(20):
+        msg = await submit(alice, "ext", "say 42")
+        job, token = await ext.take()
+        await alice.store.call(1, lambda r: r.lpush(keys.RESULTS, [*expected, b"job:1:\xfe"]))
+        assert await ext.finish(job, token, "finished", {"stdout": "42"}) == 1
+        [res] = await alice.client.wait_results(msg, 15)
+    assert res.result == {"stdout": "42", "attempts": "1"}
+    letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
+    assert letters == expected | {"job:1:\\xfe": "not_utf8"}
+    assert await alice.store.llen(1, keys.inflight("results")) == 0
+    assert _restarts(alice) == {}
+
+
+async def test_hostile_flow_events_cost_nothing_else(node_factory) -> None:
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.store.call(1, lambda r: r.set(keys.flow(77), "a string"))
+    hostile = ["abc", "-1", "9" * 40, "77", "123456"]
+    await alice.store.call(1, lambda r: r.lpush(keys.FLOW_EVENTS, [*hostile, b"\xff"]))
+    job = {"id": "a", "node": alice.node_id, "context": 1, "type": "python", "script": "print(5)"}
+    spec = {"jobs": [job]}
+    with trio.fail_after(20):  # one engine pops flow_events in order: the flow's come after
+        flow_id = await alice.client.submit_flow(actor, 1, spec, context_id=1)
+        state = await alice.client.wait_flow(flow_id, 1, timeout_s=15)
+    assert state.status.value == "finished"
+    letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
+    assert letters == {
+        "abc": "malformed_entry",
+        "-1": "malformed_entry",
+        "9" * 40: "malformed_entry",
+        "77": "wrong_type",
+        "123456": "unknown_flow",
+        "\\xff": "not_utf8",
+    }
+    assert _restarts(alice) == {}
+
+
+async def test_hostile_outbox_entries_cost_nothing_else(node_factory) -> None:
+    from tests.nodes import link_to
+
+    alice, bob = await node_factory("alice"), await node_factory("bob")
+    actor = await link_to(alice, bob)
+    await alice.store.call(1, lambda r: r.set("message:1:77", "a string"))
+    hostile = ["nonsense", "0|message:1:1", "-3|message:1:1", "999|message:1:1", "1|"]
+    hostile += ["1|message:1:77", "1|message:1:78", "99999999999|message:1:1"]
+    await alice.store.call(0, lambda r: r.lpush(keys.outbox(bob.node_id), [*hostile, b"1|\xff"]))
+    with trio.fail_after(20):
+        msg = await alice.client.submit_job(
+            actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print('hi')"
+        )
+        [result] = await alice.client.wait_results(msg, timeout_s=15)
+    assert result.stdout == "hi\n"
+    letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(0)}
+    assert letters == {
+        "nonsense": "malformed_entry",
+        "0|message:1:1": "malformed_entry",
+        "-3|message:1:1": "malformed_entry",
+        "999|message:1:1": "unknown_context",
+        "1|": "malformed_entry",
+        "1|message:1:77": "wrong_type",
+        "1|message:1:78": "missing_hash",
+        "99999999999|message:1:1": "malformed_entry",
+        "1|\\xff": "not_utf8",
+    }
+    assert await alice.store.llen(0, keys.outbox_inflight(bob.node_id)) == 0
     assert _restarts(alice) == {}

@@ -25,7 +25,7 @@ import trio
 from bus import keys
 from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
 from bus.envelope import sign_message
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.flows import FlowDoc, FlowJobPayload
 from bus.ids import new_id, new_nonce, now
 from bus.models import FlowStatus, JobStatus, Message, MessageType
@@ -61,8 +61,11 @@ async def run_flow_engine(
         item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
         if item is None:
             continue
-        await evaluate_guarded(node, ctx, item)
-        await node.store.ack(ctx, inflight, item)
+        refused = await evaluate_guarded(node, ctx, item)
+        if refused is None:
+            await node.store.ack(ctx, inflight, item)
+        else:
+            await node.store.refuse_entry(ctx, inflight, item, *refused, queue=keys.FLOW_EVENTS)
 
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
@@ -73,15 +76,22 @@ async def reevaluate_active(node: NodeState, ctx: int) -> int:
     return len(ids)
 
 
-async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
+async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
     """:func:`evaluate`, logging (not raising) anything but StoreError: the flow stays active
-    and is evaluated again on its next event or at the next start."""
+    and is evaluated again on its next event or at the next start. Returns why ``raw_id``
+    names no flow to evaluate (reason, detail), for its event to be dead-lettered."""
+    if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
+        return "malformed_entry", "a flow event must be a flow id (a decimal number)"
     try:
-        await evaluate(node, ctx, int(raw_id))
+        if await evaluate(node, ctx, int(raw_id)) is None:
+            return "unknown_flow", f"no flow {raw_id} in context {ctx}"
     except StoreError:
         raise
+    except ContentError as exc:
+        return exc.reason, str(exc)
     except Exception:
         log.exception("flow engine failed on flow %r (context %d)", raw_id, ctx)
+    return None
 
 
 async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None:

@@ -91,7 +91,7 @@ async def _handle_guarded(
     except StoreError:
         raise
     except ContentError as exc:  # a key the message names holds something unusable
-        refused = Rejected("bad_content", str(exc))
+        refused = Rejected(exc.reason, str(exc))
         await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_IN)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("consumer failed on %s (context %d)", key, ctx)

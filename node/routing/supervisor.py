@@ -117,7 +117,7 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
     except StoreError:
         raise
     except ContentError as exc:  # a key the message names holds something unusable
-        refused = Rejected("bad_content", str(exc))
+        refused = Rejected(exc.reason, str(exc))
         await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_OUT)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("supervisor failed on %s (context %d)", key, ctx)
