@@ -382,8 +382,10 @@ class Store:
         """Dead-letter one popped entry that cannot be used (its key holds no hash, it is not
         UTF-8, ...) and take it off ``inflight`` (by its exact bytes), in one transaction;
         logged. A retry (``dlq retry``) sends it back to ``queue``."""
-        key = printable(value)
-        log.warning("refused entry %s of %s (db %d): %s: %s", key, queue, db, reason, detail)
+        key = printable(value, 1000)
+        log.warning(
+            "refused entry %s of %s (db %d): %s: %s", printable(key), queue, db, reason, detail
+        )
         async with self.transaction(db) as tx:
             tx.lpush(keys.DLQ, [_dlq_entry(key, reason, detail, queue)])
             tx.lrem(inflight, 1, value)
