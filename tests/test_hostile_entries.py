@@ -249,3 +249,36 @@ async def test_hostile_outbox_entries_cost_nothing_else(node_factory) -> None:
     }
     assert await alice.store.llen(0, keys.outbox_inflight(bob.node_id)) == 0
     assert _restarts(alice) == {}
+
+
+async def test_stop_naming_a_key_of_another_type_costs_nothing_else(node_factory) -> None:
+    from bus.envelope import sign_message
+    from bus.ids import new_id, new_nonce, now
+    from bus.models import MessageType
+
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.store.call(1, lambda r: r.set("job:1:901", "a string"))
+    stop = sign_message(
+        Message(
+            id=new_id(),
+            caller_id=1,
+            context_id=1,
+            message=json.dumps({"job_key": "job:1:901"}),
+            message_type=MessageType.STOP,
+            created_at=now(),
+            origin=alice.node_id,
+            destination=alice.node_id,
+            nonce=new_nonce(),
+        ),
+        actor,
+    )
+    good = job_message(actor, 1, alice.node_id, alice.node_id, "print('after')")
+    async with alice.store.transaction(1) as tx:
+        tx.hset(stop.key, stop.to_hash())
+        tx.hset(good.key, good.to_hash())
+        tx.lpush(keys.MSG_IN, [stop.key, good.key])  # one consumer: judged in this order
+    assert await _results(alice, [good]) == ["after\n"]
+    [entry] = await alice.store.dead_letters(1)
+    assert (entry["key"], entry["reason"]) == (stop.key, "wrong_type")
+    assert _restarts(alice) == {}
