@@ -282,3 +282,29 @@ async def test_stop_naming_a_key_of_another_type_costs_nothing_else(node_factory
     [entry] = await alice.store.dead_letters(1)
     assert (entry["key"], entry["reason"]) == (stop.key, "wrong_type")
     assert _restarts(alice) == {}
+
+
+async def test_hostile_delayed_retries_cost_nothing_else(node_factory, tmp_path) -> None:
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.store.call(1, lambda r: r.set("job:1:901", "a string"))
+    hostile = {"no separator": 0.0, "job:1:901|job:1:5": 0.0, b"\xff\xfe": 0.0}
+    await alice.store.call(1, lambda r: r.zadd(keys.DELAYED, hostile))
+    marker = tmp_path / "failed-once"
+    script = (
+        f"import pathlib, sys\np = pathlib.Path({str(marker)!r})\n"
+        "if not p.exists():\n    p.touch()\n    sys.exit(1)\nprint('second')"
+    )
+    msg = await alice.client.submit_job(
+        actor, 1, to=alice.node_id, context_id=1, script_type="python", script=script, retries=1
+    )
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(msg, timeout_s=30)
+    assert (result.stdout, result.result["attempts"]) == ("second\n", "2")
+    letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
+    assert letters == {
+        "no separator": "malformed_entry",
+        "job:1:901|job:1:5": "malformed_entry",
+        "\\xff\\xfe": "malformed_entry",
+    }
+    assert _restarts(alice) == {}

@@ -181,14 +181,24 @@ return 1
 """
 )
 
-# KEYS: delayed ; ARGV: now_ms. Moves every due entry to its queue; returns the next due time.
+# KEYS: delayed dlq ; ARGV: now_ms now_s. Moves every due entry to its queue; returns the next
+# due time. A member that is no "<queue>|<job key>", or names a key that holds no list, goes to
+# the dlq (its bytes escaped, so the entry is JSON text) instead of failing the whole move.
 _MOVE_DUE = Script(
     script="""
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, member in ipairs(due) do
   local sep = string.find(member, '|', 1, true)
   redis.call('ZREM', KEYS[1], member)
-  redis.call('LPUSH', string.sub(member, 1, sep - 1), string.sub(member, sep + 1))
+  local pushed = sep and redis.pcall('LPUSH', string.sub(member, 1, sep - 1),
+                                     string.sub(member, sep + 1))
+  if (not pushed) or (type(pushed) == 'table' and pushed.err) then
+    local shown = string.gsub(string.sub(member, 1, 1000), '[^\\32-\\126]', function(c)
+      return string.format('\\\\x%02x', string.byte(c)) end)
+    redis.call('LPUSH', KEYS[2], cjson.encode({key = shown, reason = 'malformed_entry',
+      detail = 'a delayed retry must be <queue>|<job key> naming a list', at = tonumber(ARGV[2]),
+      queue = ''}))
+  end
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #nxt == 0 then return -1 end
@@ -401,4 +411,5 @@ async def requeue(
 
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:
     """Queue every retry that is due; return when the next one is due (ms), or -1."""
-    return int(await store.script(ctx, _MOVE_DUE, [keys.DELAYED], [str(now_ms)]))
+    args = [str(now_ms), str(now())]
+    return int(await store.script(ctx, _MOVE_DUE, [keys.DELAYED, keys.DLQ], args))
