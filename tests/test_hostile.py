@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from bus import keys
+from bus.errors import ModelError
 from bus.ids import new_id
-from bus.models import Message
+from bus.models import Message, decode_hash
 from bus.store import printable
 from crypto import KeyPair
 from tests.nodes import link_to
@@ -108,6 +109,17 @@ def mutated_message(draw: st.DrawFn, template: dict[str, str]) -> dict[str, Any]
     return fields
 
 
+def still_signed(fields: dict[str, Any], template: dict[str, str]) -> bool:
+    """Whether damage left the signed content as it was (a field dropped that parses to its
+    default, an integer spelt another way): such a message is valid, not hostile."""
+    try:
+        damaged = Message.from_hash(decode_hash(fields))  # as the node reads it
+    except ModelError:
+        return False
+    original = Message.from_hash(template)
+    return (damaged.key, damaged.signed_content()) == (original.key, original.signed_content())
+
+
 def job_hashes(statuses: list[str]) -> st.SearchStrategy[dict[str, Any]]:
     """Job-like hashes whose status is one that gets them judged (not a duplicate's)."""
     return st.builds(
@@ -122,7 +134,12 @@ def entries_for(queue: str, template: dict[str, str]) -> st.SearchStrategy[Hosti
         own_key = keys.message(int(template["caller_id"]), int(template["id"]))
         return st.one_of(
             keyed("message", random_hashes),
-            st.builds(Hostile, st.just(own_key), st.just("hash"), mutated_message(template)),
+            st.builds(
+                Hostile,
+                st.just(own_key),
+                st.just("hash"),
+                mutated_message(template).filter(lambda f: not still_signed(f, template)),
+            ),
         )
     if queue == "queue":  # a final job's entry is a duplicate, dropped quietly by design
         return keyed("job", job_hashes(["", "dispatched", "started", "junk"]))
