@@ -158,9 +158,7 @@ async def test_hostile_entries_on_a_runner_queue_cost_nothing_else(node_factory)
     actor = read_key_file(alice.config.actor_key_path)
     expected = await _hostile_keys(alice)
     before = await _submit(alice, actor, ["import time; time.sleep(0.3); print(0)", "print(1)"])
-    await alice.store.call(
-        1, lambda r: r.lpush(keys.queue("python"), [*expected, b"job:1:\xfe"])
-    )
+    await alice.store.call(1, lambda r: r.lpush(keys.queue("python"), [*expected, b"job:1:\xfe"]))
     after = await _submit(alice, actor, ["print(2)", "print(3)"])
     assert await _results(alice, before + after) == ["0\n", "1\n", "2\n", "3\n"]
     letters = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
@@ -306,5 +304,33 @@ async def test_hostile_delayed_retries_cost_nothing_else(node_factory, tmp_path)
         "no separator": "malformed_entry",
         "job:1:901|job:1:5": "malformed_entry",
         "\\xff\\xfe": "malformed_entry",
+    }
+    assert _restarts(alice) == {}
+
+
+async def test_signed_result_naming_a_key_of_another_type_costs_nothing_else(node_factory):
+    from bus.envelope import ResultBody
+    from bus.models import JobStatus
+    from node.routing.messages import result_message
+    from tests.nodes import link_to
+
+    alice, bob = await node_factory("alice"), await node_factory("bob")
+    actor = await link_to(alice, bob)
+    sent = await alice.client.submit_job(
+        actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print('there')"
+    )
+    assert await _results(alice, [sent]) == ["there\n"]
+    await alice.store.call(1, lambda r: r.set("job:1:901", "a string"))
+    body = ResultBody(sent.key, "job:1:901", JobStatus.FINISHED, {"stdout": "forged"}, "")
+    forged = result_message(bob.info.state, sent, body)  # signed by bob, a known peer
+    good = job_message(actor, 1, alice.node_id, alice.node_id, "print('after')")
+    async with alice.store.transaction(1) as tx:
+        tx.hset(forged.key, forged.to_hash())
+        tx.hset(good.key, good.to_hash())
+        tx.lpush(keys.MSG_IN, [forged.key, good.key])
+    assert await _results(alice, [good]) == ["after\n"]
+    letters = {e["key"]: (e["reason"], e["detail"]) for e in await alice.store.dead_letters(1)}
+    assert letters == {
+        forged.key: ("wrong_type", "job:1:901 holds a string, not what a result updates")
     }
     assert _restarts(alice) == {}
