@@ -334,3 +334,13 @@ async def test_signed_result_naming_a_key_of_another_type_costs_nothing_else(nod
         forged.key: ("wrong_type", "job:1:901 holds a string, not what a result updates")
     }
     assert _restarts(alice) == {}
+
+
+async def test_the_reaper_passes_over_a_running_member_of_another_type(node_factory) -> None:
+    from node.runners.external import reap, sweep
+
+    alice = await node_factory("alice")
+    await alice.store.call(1, lambda r: r.set("job:1:901", "a string"))
+    await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, ["job:1:901"]))
+    assert await reap(alice.info.state, 1, "job:1:901") is False
+    assert await sweep(alice.info.state, 1) == 0

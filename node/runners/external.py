@@ -192,7 +192,11 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     """End the attempt of an external runner whose lease on ``job_key`` expired (error
     ``runner_lost``, handed to the results service); False if the job is not such a job.
     Raises StoreError if Redis fails."""
-    fields = await node.store.hgetall(ctx, job_key)
+    try:
+        fields = await node.store.hgetall(ctx, job_key)
+    except ContentError as exc:  # no job: nothing to reap (the reaper goes on)
+        log.warning("not reaping %s (context %d): %s", job_key, ctx, exc)
+        return False
     token = fields.get("runner", "")
     if fields.get("status") != JobStatus.STARTED.value or _is_local(node, token):
         return False
