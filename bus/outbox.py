@@ -106,6 +106,7 @@ class PeerOutbox:
         self.window = Window(window)
         self.ack_timeout_s = ack_timeout_s
         self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
+        self._contexts: set[int] = set()  # served contexts, re-read when an entry names another
 
     async def acked(self, entries: Sequence[str]) -> None:
         """The peer stored and queued these messages (or refused them): they leave the outbox,
@@ -153,7 +154,7 @@ class PeerOutbox:
     async def _load(self, batch: list[str]) -> list[tuple[str, Hash | str | None]]:
         """The message hashes of a batch of entries, one read per context; in place of a hash,
         the type a key holds instead (see Store.read_hashes), or None for an entry that
-        cannot be parsed or names a context Redis has no database for."""
+        cannot be parsed or names a context this node does not serve."""
         by_ctx: dict[int, list[str]] = {}
         for item in batch:
             try:
@@ -161,8 +162,12 @@ class PeerOutbox:
             except ValueError:
                 continue
             by_ctx.setdefault(ctx, []).append(key)
+        if not by_ctx.keys() <= self._contexts:
+            self._contexts = set(await self.store.context_ids())
         found: dict[str, Hash | str] = {}
         for ctx, message_keys in by_ctx.items():
+            if ctx not in self._contexts:  # never open a client on a database no one serves
+                continue
             try:
                 hashes = await self.store.read_hashes(ctx, message_keys)
             except ContentError:  # no such database
@@ -186,7 +191,7 @@ class PeerOutbox:
             await self._refuse(value, "malformed_entry", str(exc))
             return None
         if fields is None:
-            await self._refuse(value, "unknown_context", f"no database for context {ctx}")
+            await self._refuse(value, "unknown_context", f"this node serves no context {ctx}")
             return None
         if isinstance(fields, str):
             await self._refuse(value, "wrong_type", f"{key} holds a {fields}, not a hash")

@@ -225,7 +225,7 @@ async def test_hostile_outbox_entries_cost_nothing_else(node_factory) -> None:
     actor = await link_to(alice, bob)
     await alice.store.call(1, lambda r: r.set("message:1:77", "a string"))
     hostile = ["nonsense", "0|message:1:1", "-3|message:1:1", "999|message:1:1", "1|"]
-    hostile += ["1|message:1:77", "1|message:1:78", "99999999999|message:1:1"]
+    hostile += ["1|message:1:77", "1|message:1:78", "99999999999|message:1:1", "5|message:1:1"]
     await alice.store.call(0, lambda r: r.lpush(keys.outbox(bob.node_id), [*hostile, b"1|\xff"]))
     with trio.fail_after(20):
         msg = await alice.client.submit_job(
@@ -243,6 +243,7 @@ async def test_hostile_outbox_entries_cost_nothing_else(node_factory) -> None:
         "1|message:1:77": "wrong_type",
         "1|message:1:78": "missing_hash",
         "99999999999|message:1:1": "malformed_entry",
+        "5|message:1:1": "unknown_context",  # a database, but no context this node serves
         "1|\\xff": "not_utf8",
     }
     assert await alice.store.llen(0, keys.outbox_inflight(bob.node_id)) == 0
