@@ -61,11 +61,8 @@ async def run_flow_engine(
         item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
         if item is None:
             continue
-        refused = await evaluate_guarded(node, ctx, item)
-        if refused is None:
-            await node.store.ack(ctx, inflight, item)
-        else:
-            await node.store.refuse_entry(ctx, inflight, item, *refused, queue=keys.FLOW_EVENTS)
+        await evaluate_guarded(node, ctx, item)
+        await node.store.ack(ctx, inflight, item)
 
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
@@ -76,10 +73,19 @@ async def reevaluate_active(node: NodeState, ctx: int) -> int:
     return len(ids)
 
 
-async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
+async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
     """:func:`evaluate`, logging (not raising) anything but StoreError: the flow stays active
-    and is evaluated again on its next event or at the next start. Returns why ``raw_id``
-    names no flow to evaluate (reason, detail), for its event to be dead-lettered."""
+    and is evaluated again on its next event or at the next start. An id that names no flow
+    (not a number, no such flow, a key of another type) is dead-lettered, its event taken off
+    the engine's in-flight list."""
+    refused = await _judged(node, ctx, raw_id)
+    if refused is not None:
+        inflight = keys.inflight(SERVICE)
+        await node.store.refuse_entry(ctx, inflight, raw_id, *refused, queue=keys.FLOW_EVENTS)
+
+
+async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
+    """Evaluate flow ``raw_id``; why it names no flow to evaluate (reason, detail), or None."""
     if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
         return "malformed_entry", "a flow event must be a flow id (a decimal number)"
     try:
