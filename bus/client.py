@@ -26,7 +26,7 @@ import trio
 from bus import keys
 from bus.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.envelope import sign_message
-from bus.errors import BusError, ClientError, StoreError
+from bus.errors import BusError, ClientError, ContentError, StoreError
 from bus.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
 from bus.ids import new_id, new_nonce, now
 from bus.models import (
@@ -336,10 +336,13 @@ class Client:
     async def _write(self, context_id: int, messages: list[Message]) -> None:
         for start in range(0, len(messages), WRITE_CHUNK):
             chunk = messages[start : start + WRITE_CHUNK]
-            async with self.store.transaction(context_id) as tx:
-                for message in chunk:
-                    tx.hset(message.key, message.to_hash())
-                tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
+            try:
+                async with self.store.transaction(context_id) as tx:
+                    for message in chunk:
+                        tx.hset(message.key, message.to_hash())
+                    tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
+            except ContentError as exc:  # msg_out (or a key) of another type: the write failed
+                raise StoreError(f"redis {self.store.url}: {exc}") from exc
 
     async def stop_job(
         self, signer: KeyPair, caller_id: int, job_key: str, context_id: int

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, replace
 
 from bus.errors import ModelError
-from bus.models import JobStatus, Message, MessageType
+from bus.models import JobStatus, Message, MessageType, loads_text
 from crypto import KeyPair, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
@@ -73,7 +73,7 @@ class ResultBody:
     @classmethod
     def decode(cls, text: str) -> ResultBody:
         try:
-            d = json.loads(text)
+            d = loads_text(text, "result body")
             status = JobStatus(d["status"])
             result = d.get("result", {})
             if not isinstance(result, dict) or not all(isinstance(v, str) for v in result.values()):

@@ -32,3 +32,14 @@ class FrameError(TransportError):
 
 class ClientError(BusError):
     """A client request could not be carried out (bad arguments, unknown node, timeout)."""
+
+
+class ContentError(BusError):
+    """What Redis holds under a key cannot be used as asked (a key of another type, a field
+    that is not an integer, a database that does not exist): a fault of the content that an
+    entry named, not of the server. The entry is refused (``reason``: ``wrong_type``,
+    ``not_a_number``, ``unknown_context``); no service restarts over it."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason

@@ -8,6 +8,7 @@ malformed hash can be dead-lettered with a clear reason instead of crashing a se
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -16,6 +17,9 @@ from typing import Any, Self, TypeVar
 from bus.errors import ModelError
 
 Hash = dict[str, str]
+# Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
+# and would overflow wherever it meets a float (a timeout) or a Lua number.
+MAX_INT = 2**63 - 1
 RawHash = Mapping[str, str] | Mapping[bytes, bytes]
 
 
@@ -108,6 +112,8 @@ def _int(h: Mapping[str, str], name: str, default: int | None = None) -> int:
         raise ModelError(f"field {name!r} is not an integer: {raw[:40]!r}") from None
     if value < 0:
         raise ModelError(f"field {name!r} is negative: {value}")
+    if value > MAX_INT:
+        raise ModelError(f"field {name!r} is out of range: {raw[:40]}…")
     return value
 
 
@@ -115,18 +121,42 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
     raw = h.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ModelError(f"field {name!r} is not valid JSON (or nests too deeply)") from None
+    value = loads_text(raw, f"field {name!r}")
     if not isinstance(value, kind):
         raise ModelError(f"field {name!r} must be a JSON {kind.__name__}")
     return value
 
 
+# A JSON escape of a surrogate code point: only a pair of them stands for a character. A lone
+# one decodes to a str that is no Unicode text (it cannot be encoded, so not signed, stored or
+# logged), so parsing refuses it here, once, instead of each later step failing on it.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
+    """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
+    for the parser, and strings that are not Unicode text (lone surrogate escapes)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
+    if _SURROGATE_ESCAPE.search(raw) and not _scalar_values(value):
+        raise ModelError(f"{what} holds a lone surrogate (\\uD800-\\uDFFF escape)")
+    return value
+
+
+def _scalar_values(value: object) -> bool:
+    """Whether every string in a decoded JSON value (keys too) is valid Unicode text."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError, ValueError):
+        return False
+    return True
+
+
 def _int_list(h: Mapping[str, str], name: str) -> list[int]:
     value = _json(h, name, list, [])
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_INT for x in value):
         raise ModelError(f"field {name!r} must be a list of non-negative integers")
     return list(value)
 

@@ -16,8 +16,9 @@ from typing import NoReturn
 import trio
 
 from bus import keys
-from bus.errors import TransportError
+from bus.errors import ContentError, TransportError
 from bus.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
+from bus.models import Hash
 from bus.store import Store
 from bus.transport import Link, Transport
 
@@ -33,7 +34,11 @@ def entry(context_id: int, message_key: str) -> str:
 
 
 def parse_entry(value: str) -> tuple[int, str]:
+    """``(context id, message key)`` of an outbox entry; ValueError unless the context is a
+    decimal number from 1 (DB 0 holds no messages) and a key follows."""
     ctx, _, key = value.partition("|")
+    if not (ctx.isascii() and ctx.isdecimal() and len(ctx) <= 9 and int(ctx) > 0 and key):
+        raise ValueError(f"not <context>|<message key>: {value[:80]!r}")
     return int(ctx), key
 
 
@@ -101,6 +106,7 @@ class PeerOutbox:
         self.window = Window(window)
         self.ack_timeout_s = ack_timeout_s
         self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
+        self._contexts: set[int] = set()  # served contexts, re-read when an entry names another
 
     async def acked(self, entries: Sequence[str]) -> None:
         """The peer stored and queued these messages (or refused them): they leave the outbox,
@@ -145,8 +151,10 @@ class PeerOutbox:
                 await self.window.acquire(len(chunk), self.ack_timeout_s)
                 await link.send_raw(encode_msgs(chunk))
 
-    async def _load(self, batch: list[str]) -> list[tuple[str, dict[str, str] | None]]:
-        """The message hashes of a batch of entries, one pipelined read per context."""
+    async def _load(self, batch: list[str]) -> list[tuple[str, Hash | str | None]]:
+        """The message hashes of a batch of entries, one read per context; in place of a hash,
+        the type a key holds instead (see Store.read_hashes), or None for an entry that
+        cannot be parsed or names a context this node does not serve."""
         by_ctx: dict[int, list[str]] = {}
         for item in batch:
             try:
@@ -154,13 +162,20 @@ class PeerOutbox:
             except ValueError:
                 continue
             by_ctx.setdefault(ctx, []).append(key)
-        found: dict[str, dict[str, str]] = {}
+        if not by_ctx.keys() <= self._contexts:
+            self._contexts = set(await self.store.context_ids())
+        found: dict[str, Hash | str] = {}
         for ctx, message_keys in by_ctx.items():
-            hashes = await self.store.hgetall_many(ctx, message_keys)
+            if ctx not in self._contexts:  # never open a client on a database no one serves
+                continue
+            try:
+                hashes = await self.store.read_hashes(ctx, message_keys)
+            except ContentError:  # no such database
+                continue
             found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
         return [(item, found.get(item)) for item in batch]
 
-    async def _encode(self, loaded: list[tuple[str, dict[str, str] | None]]) -> list[str]:
+    async def _encode(self, loaded: list[tuple[str, Hash | str | None]]) -> list[str]:
         """The ``msgs`` items of the entries that can be sent; the others leave the outbox."""
         items: list[str] = []
         for value, fields in loaded:
@@ -169,16 +184,20 @@ class PeerOutbox:
                 items.append(item)
         return items
 
-    async def _encode_one(self, value: str, fields: dict[str, str] | None) -> str | None:
+    async def _encode_one(self, value: str, fields: Hash | str | None) -> str | None:
         try:
             ctx, key = parse_entry(value)
-        except ValueError:
-            log.error("dropping malformed outbox entry %r", value)
-            await self._drop(value)
+        except ValueError as exc:
+            await self._refuse(value, "malformed_entry", str(exc))
+            return None
+        if fields is None:
+            await self._refuse(value, "unknown_context", f"this node serves no context {ctx}")
+            return None
+        if isinstance(fields, str):
+            await self._refuse(value, "wrong_type", f"{key} holds a {fields}, not a hash")
             return None
         if not fields:
-            log.error("outbox entry %s (context %d) has no message hash; dropped", key, ctx)
-            await self._drop(value)
+            await self._refuse(value, "missing_hash", f"{key} has no hash in context {ctx}")
             return None
         if fields.get("status") == "error":  # failed meanwhile (e.g. timeout_ack): withdrawn
             log.info("outbox entry %s (context %d) failed meanwhile; not sent", key, ctx)
@@ -213,3 +232,9 @@ class PeerOutbox:
 
     async def _drop(self, value: str) -> None:
         await self.store.ack(keys.ACTORS_DB, self.inflight, value)
+
+    async def _refuse(self, value: str, reason: str, detail: str) -> None:
+        """An entry that names no message to send: dead-lettered in DB 0 (the outbox's)."""
+        await self.store.refuse_entry(
+            keys.ACTORS_DB, self.inflight, value, reason, detail, queue=self.source
+        )

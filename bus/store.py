@@ -20,7 +20,7 @@ from coredis.commands.script import Script
 from coredis.tokens import PureToken
 
 from bus import keys
-from bus.errors import StoreError
+from bus.errors import BusError, ContentError, StoreError
 from bus.ids import now
 from bus.models import Actor, Context, Hash, decode_hash
 from bus.urls import redact
@@ -42,16 +42,30 @@ return 1
 
 MAX_REDELIVERIES = 5
 
+# The hash an entry names ({} if there is none), or the name of the type its key holds instead:
+# a reply per entry, so that one entry naming a string or a list costs no other entry of the
+# batch (an HGETALL on it would abort the script after it moved the others).
+READ_HASH_LUA = """
+local function read_hash(v)
+  local t = redis.call('TYPE', v)['ok']
+  if t == 'hash' then return redis.call('HGETALL', v) end
+  if t == 'none' then return {} end
+  return t
+end
+"""
+
 # Move up to ARGV[1] entries from KEYS[1] (source) to KEYS[2] (inflight), oldest first. With
-# ARGV[2] == '1' each entry is followed by the hash it names: {key1, {field, value, ...}, ...}
+# ARGV[2] == '1' each entry is followed by what READ_HASH_LUA reads of the hash it names:
+# {key1, {field, value, ...} | type, ...}
 _POP_BATCH = Script(
-    script="""
+    script=READ_HASH_LUA
+    + """
 local out = {}
 for i = 1, tonumber(ARGV[1]) do
   local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   if not v then break end
   out[#out + 1] = v
-  if ARGV[2] == '1' then out[#out + 1] = redis.call('HGETALL', v) end
+  if ARGV[2] == '1' then out[#out + 1] = read_hash(v) end
 end
 return out
 """
@@ -119,6 +133,58 @@ def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or R
     return decode_hash({raw[i]: raw[i + 1] for i in range(0, len(raw), 2)})
 
 
+# Replies that say the content a command touched is unusable, not that the server failed,
+# and the reason each gives the entry that named it.
+_CONTENT_ERRORS = {
+    "WRONGTYPE": "wrong_type",
+    "not an integer": "not_a_number",
+    "overflow": "not_a_number",
+    "DB index is out of range": "unknown_context",
+}
+
+
+def _translate(url: str, exc: Exception) -> BusError:
+    """The bus error for a coredis or socket error: ContentError when the reply blames what a
+    key holds (a service refuses the entry that named it), else StoreError (Redis failed)."""
+    text = str(exc)
+    if isinstance(exc, coredis.exceptions.WrongTypeError):
+        return ContentError("wrong_type", printable(text))
+    if isinstance(exc, coredis.exceptions.ResponseError):
+        for marker, reason in _CONTENT_ERRORS.items():
+            if marker in text:
+                return ContentError(reason, printable(text))
+    return StoreError(f"redis {url}: {exc}")
+
+
+def printable(value: str | bytes, limit: int = 200) -> str:
+    """``value`` as text that always encodes (bytes that are not UTF-8 and lone surrogates
+    written as backslash escapes), cut to ``limit`` characters: what a log line or a dlq
+    entry may quote of hostile content."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "backslashreplace")
+    else:
+        text = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
+
+
+def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
+    """A dead letter as JSON that always serialises (ASCII, surrogates escaped) and stays
+    bounded whatever the refused content held."""
+    fields = {
+        "key": printable(key, 1000),
+        "reason": printable(reason),
+        "detail": printable(detail, 2000),
+    }
+    return json.dumps(fields | {"at": now(), "queue": printable(queue, 1000)})
+
+
+_READ_HASH = Script(script=READ_HASH_LUA + "return read_hash(KEYS[1])")
+_READ_HASHES = Script(
+    script=READ_HASH_LUA
+    + "local out = {}\nfor i, k in ipairs(KEYS) do out[i] = read_hash(k) end\nreturn out"
+)
+
+
 class _NoScript:
     """A pipelined EVALSHA the server did not know (the script did not run)."""
 
@@ -175,7 +241,7 @@ class Store:
         try:
             return await fn(client)
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
         except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
@@ -187,7 +253,7 @@ class Store:
             async with client.pipeline(transaction=True) as pipe:
                 yield pipe
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
@@ -216,7 +282,7 @@ class Store:
                     results[i] = r
             return results
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     @staticmethod
     async def _evalsha_many(
@@ -259,7 +325,8 @@ class Store:
     async def pop_reliable(
         self, db: int, source: str, inflight: str, timeout_s: float
     ) -> str | None:
-        """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s.
+        """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s, or
+        when the entry was not UTF-8 (it is dead-lettered: no key of this bus is such).
 
         The entry stays in ``inflight`` until :meth:`ack` removes it, so a crash between pop and
         ack leaves it recoverable by :meth:`recover`.
@@ -267,7 +334,16 @@ class Store:
         value = await self.call(
             db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
         )
-        return None if value is None else str(value)
+        return None if value is None else await self.utf8_entry(db, inflight, value, source)
+
+    async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
+        """A popped entry as text; None if it is not UTF-8 (coredis then hands over its bytes):
+        refused with reason ``not_utf8``."""
+        if not isinstance(value, bytes):
+            return str(value)
+        detail = "the entry is not UTF-8 text"
+        await self.refuse_entry(db, inflight, value, "not_utf8", detail, queue=queue)
+        return None
 
     async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
         """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
@@ -275,7 +351,8 @@ class Store:
         if limit <= 0:
             return []
         moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "0"])
-        return [str(v) for v in moved]
+        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
+        return [t for t in texts if t is not None]
 
     async def pop_read(
         self, db: int, source: str, inflight: str, limit: int, timeout_s: float
@@ -285,12 +362,45 @@ class Store:
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
         whose entry is read at once. [] after the timeout."""
         raw = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "1"])
-        if raw:
-            return [(str(raw[i]), _flat_hash(raw[i + 1])) for i in range(0, len(raw), 2)]
-        first = await self.pop_reliable(db, source, inflight, timeout_s)
-        if first is None:
-            return []
-        return [(first, await self.hgetall(db, first))]
+        if not raw:
+            first = await self.pop_reliable(db, source, inflight, timeout_s)
+            if first is None:
+                return []
+            raw = [first, await self.script(db, _READ_HASH, [first], [])]
+        out: list[tuple[str, Hash]] = []
+        for value, read in zip(raw[::2], raw[1::2], strict=True):
+            if await self.utf8_entry(db, inflight, value, source) is None:
+                continue
+            if isinstance(read, str | bytes):
+                detail = f"{printable(value)} holds a {printable(read)}, not a hash"
+                await self.refuse_entry(db, inflight, value, "wrong_type", detail, queue=source)
+            else:
+                out.append((str(value), _flat_hash(read)))
+        return out
+
+    async def refuse_entry(
+        self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str
+    ) -> None:
+        """Dead-letter one popped entry that cannot be used (its key holds no hash, it is not
+        UTF-8, ...) and take it off ``inflight`` (by its exact bytes), in one transaction;
+        logged. A retry (``dlq retry``) sends it back to ``queue``."""
+        key = printable(value, 1000)
+        log.warning(
+            "refused entry %s of %s (db %d): %s: %s", printable(key), queue, db, reason, detail
+        )
+        async with self.transaction(db) as tx:
+            tx.lpush(keys.DLQ, [_dlq_entry(key, reason, detail, queue)])
+            tx.lrem(inflight, 1, value)
+
+    async def read_hashes(self, db: int, hash_keys: list[str]) -> list[Hash | str]:
+        """Each hash of ``hash_keys`` ({} if absent), or in its place the name of the type
+        its key holds instead (READ_HASH_LUA), in one round trip: one key of the wrong type
+        costs the others nothing."""
+        raw = await self.script(db, _READ_HASHES, hash_keys, [])
+        return [
+            r.decode() if isinstance(r, bytes) else r if isinstance(r, str) else _flat_hash(r)
+            for r in raw
+        ]
 
     async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
         """HGETALL of several hashes in one pipelined round trip."""
@@ -300,7 +410,7 @@ class Store:
                 pending = [pipe.hgetall(k) for k in hash_keys]
             return [decode_hash(await p) for p in pending]
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     async def exists_many(self, db: int, names: list[str]) -> list[bool]:
         """EXISTS of each key, in one pipelined round trip."""
@@ -310,7 +420,7 @@ class Store:
                 pending = [pipe.exists([k]) for k in names]
             return [bool(await p) for p in pending]
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     async def ack(self, db: int, inflight: str, value: str) -> None:
         await self.call(db, lambda r: r.lrem(inflight, 1, value))
@@ -344,10 +454,7 @@ class Store:
         self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
     ) -> None:
         """Record why ``key`` was refused; ``queue`` is where a retry would send it back."""
-        entry = json.dumps(
-            {"key": key, "reason": reason, "detail": detail, "at": now(), "queue": queue}
-        )
-        await self.lpush(db, keys.DLQ, entry)
+        await self.lpush(db, keys.DLQ, _dlq_entry(key, reason, detail, queue))
 
     async def dead_letters(self, db: int) -> list[dict[str, Any]]:
         """The dead letters of DB ``db``, newest first."""
@@ -385,7 +492,7 @@ class Store:
             log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
             return False
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     async def watch_expired(
         self,
@@ -407,7 +514,7 @@ class Store:
                     if message["type"] == "message":
                         await on_key(str(message["data"]))
         except (coredis.exceptions.RedisError, OSError) as exc:
-            raise StoreError(f"redis {self.url}: {exc}") from exc
+            raise _translate(self.url, exc) from exc
 
     # -- registry objects ------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import trio
@@ -56,6 +56,8 @@ class NodeInfo:
     redis_url: str
     ws_url: str
     pid: int
+    # the running node's shared state (metrics, restarts), for whoever runs it in-process
+    state: NodeState | None = field(default=None, compare=False, repr=False)
 
 
 async def run_node(
@@ -125,10 +127,10 @@ async def _run_services(
         ws_url = f"{scheme}://{config.listen_host}:{port}"
         registry = Registry(node, transport, services, contexts, ws_url=ws_url)
         await registry.refresh()
-        await services.start(resilient, "registry", registry.watch)
+        await services.start(registry.resilient, "registry", registry.watch)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
-        info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid())
+        info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)
         await _publish(node, info)
         log.info(
             "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, info.redis_url
@@ -192,6 +194,8 @@ class Registry:
         commands = script_commands(config.runners, config.commands)
         self.script_types = {t: commands.get(t, []) for t in config.runners}
         self._refreshing = trio.Lock()
+        # every service restart is counted on the node (NodeState.restarts)
+        self.resilient = partial(resilient, on_restart=node.service_restarted)
 
     def slots(self, ctx: int) -> list[Slot]:
         """The local runner slots of context ``ctx`` (for registration and presence)."""
@@ -239,6 +243,7 @@ class Registry:
     async def _run_peer(
         self, peer: Peer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        resilient = self.resilient
         async with trio.open_nursery() as nursery:
             box = outbox.PeerOutbox(
                 self.node.store, self.transport, peer.id, partial(undeliverable, self.node)
@@ -252,7 +257,7 @@ class Registry:
     async def _run_context(
         self, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        node = self.node
+        node, resilient = self.node, self.resilient
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 resilient, f"supervisor {ctx}", run_supervisor, node, ctx, set(self.script_types)

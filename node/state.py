@@ -51,6 +51,8 @@ class NodeState:
     # alive, so a reaper that finds their lease expired (a stall) re-takes it, never ends them
     attempts_here: dict[tuple[int, str], int] = field(default_factory=dict)
     jobs_taken: int = 0  # by this node's runner slots, since start
+    # services restarted by node.resilient, by name (a Redis outage; never content)
+    restarts: dict[str, int] = field(default_factory=dict)
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)
     queue_depth: dict[int, int] = field(default_factory=dict)
@@ -150,6 +152,10 @@ class NodeState:
 
     def is_known_node(self, node_id: str) -> bool:
         return node_id == self.node_id or node_id in self.peers
+
+    def service_restarted(self, name: str) -> None:
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        self.count("service_restarts")
 
     def count(self, name: str, n: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + n

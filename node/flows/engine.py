@@ -32,7 +32,7 @@ from coredis.commands.script import Script
 from bus import keys
 from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
 from bus.envelope import sign_message
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.flows import FlowDoc, FlowJobPayload
 from bus.ids import new_id, new_nonce, now
 from bus.models import FlowStatus, JobStatus, Message, MessageType
@@ -132,13 +132,29 @@ async def reevaluate_active(node: NodeState, ctx: int) -> int:
 
 async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
     """:func:`evaluate`, logging (not raising) anything but StoreError: the flow stays active
-    and is evaluated again on its next event or at the next start."""
+    and is evaluated again on its next event or at the next start. An id that names no flow
+    (not a number, no such flow, a key of another type) is dead-lettered, its event taken off
+    the engine's in-flight list."""
+    refused = await _judged(node, ctx, raw_id)
+    if refused is not None:
+        inflight = keys.inflight(SERVICE)
+        await node.store.refuse_entry(ctx, inflight, raw_id, *refused, queue=keys.FLOW_EVENTS)
+
+
+async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
+    """Evaluate flow ``raw_id``; why it names no flow to evaluate (reason, detail), or None."""
+    if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
+        return "malformed_entry", "a flow event must be a flow id (a decimal number)"
     try:
-        await evaluate(node, ctx, int(raw_id))
+        if await evaluate(node, ctx, int(raw_id)) is None:
+            return "unknown_flow", f"no flow {raw_id} in context {ctx}"
     except StoreError:
         raise
+    except ContentError as exc:
+        return exc.reason, str(exc)
     except Exception:
         log.exception("flow engine failed on flow %r (context %d)", raw_id, ctx)
+    return None
 
 
 async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None:

@@ -18,7 +18,7 @@ from coredis.commands.script import Script
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import StoreError
+from bus.errors import ContentError, StoreError
 from bus.models import Message, MessageStatus, MessageType
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
@@ -87,6 +87,9 @@ async def _handle_guarded(
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
     except StoreError:
         raise
+    except ContentError as exc:  # a key the message names holds something unusable
+        refused = Rejected(exc.reason, str(exc))
+        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_IN)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("consumer failed on %s (context %d)", key, ctx)
         await reject(
@@ -172,6 +175,11 @@ async def accept_results(
 _ACCEPT_RESULT = Script(
     script=APPLY_RESULT_LUA
     + """
+local want = {'hash', 'hash', 'list', 'list'}
+for i = 1, 4 do  -- keys a (signed, yet hostile) result names: one of another type is refused
+  local t = redis.call('TYPE', KEYS[4 + i])['ok']
+  if t ~= 'none' and t ~= want[i] then return {'wrong_type', KEYS[4 + i] .. ' holds a ' .. t} end
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
 if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then return {'replay', 'nonce'} end
 local meta = redis.call('HMGET', KEYS[6], 'destination', 'status', 'reason')
@@ -193,6 +201,8 @@ return {'ok', ''}
 
 def _refusal(ctx: int, message: Message, body: ResultBody, reason: str, detail: str) -> Rejected:
     request = body.in_reply_to
+    if reason == "wrong_type":
+        return Rejected(reason, f"{detail}, not what a result updates")
     if reason == "replay":
         return Rejected("replay", f"{detail} of {message.key} was already accepted")
     if reason == "unknown_request":

@@ -10,9 +10,10 @@ from typing import Any
 
 from bus import keys
 from bus.envelope import ResultBody, sign_message
-from bus.errors import ModelError
+from bus.errors import ModelError, StoreError
 from bus.ids import new_id, new_nonce, now
 from bus.models import JobStatus, Message, MessageStatus, MessageType
+from bus.store import printable
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,9 @@ class Rejected(Exception):
     """A message is refused; ``reason`` is the token recorded in the dead-letter list."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
+        # the detail often quotes hostile content: made printable here, so that logging it,
+        # storing it and signing it into the sender's error result cannot fail
+        detail = printable(detail, 2000)
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
@@ -62,11 +66,23 @@ async def reject(
     The sender is told through error results for each of its jobs (only for job messages whose
     origin is a node we know), so a client waiting on the reply list does not wait forever.
     """
-    log.warning("%s rejected %s (context %d): %s", service, key, ctx, exc)
+    log.warning("%s rejected %s (context %d): %s", service, printable(key), ctx, exc)
     node.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
     if message is None or exc.reason == "replay":  # a replay's hash is the original's: keep it
         return
+    try:
+        await _mark_refused(node, ctx, key, exc, message)
+    except StoreError:
+        raise
+    except Exception:  # the dead letter is written; a flaw in telling the sender stops nothing
+        log.exception("%s could not tell the sender of %s why", service, printable(key))
+
+
+async def _mark_refused(
+    node: NodeState, ctx: int, key: str, exc: Rejected, message: Message
+) -> None:
+    """The refused message's status, and its sender's error results (see :func:`reject`)."""
     await node.store.hset(
         ctx,
         key,

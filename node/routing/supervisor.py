@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import trio
 
 from bus import keys, outbox
-from bus.errors import StoreError
+from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
 from node.routing import deadlines
@@ -115,6 +115,9 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
             await _refused_copies(node, ctx, message, exc)
     except StoreError:
         raise
+    except ContentError as exc:  # a key the message names holds something unusable
+        refused = Rejected(exc.reason, str(exc))
+        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_OUT)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("supervisor failed on %s (context %d)", key, ctx)
         bug = Rejected("internal_error", repr(exc))
@@ -130,8 +133,14 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
     if message.origin != node.node_id:
         return
     failed = {"status": JobStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())}
-    async with node.store.transaction(ctx) as tx:
-        write_origin_copies(tx, message, failed)
+    try:
+        async with node.store.transaction(ctx) as tx:
+            write_origin_copies(tx, message, failed)
+    except StoreError:
+        raise
+    except Exception:  # the refusal is recorded already; a copy that cannot be written stops
+        # nothing (a job key that holds another type, say)
+        log.exception("no failed job copies for refused %s (context %d)", message.key, ctx)
 
 
 async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.runners import outcomes
 from node.runners.executor import Outcome, kill_orphans, live_processes, outcome_of
@@ -175,15 +175,16 @@ async def recover_slot(
 async def _left_behind(
     node: NodeState, ctx: int, job_key: str, logs: tuple[Path, Path]
 ) -> LeftBehind | None:
-    """A job left ``started`` (None if it is not, or cannot be read)."""
-    fields = await node.store.hgetall(ctx, job_key)
-    if fields.get("status") != JobStatus.STARTED.value:
-        return None
+    """A job left ``started`` (None if it is not, or cannot be read: a hostile entry is
+    requeued with the rest and refused alone when popped)."""
     try:
+        fields = await node.store.hgetall(ctx, job_key)
+        if fields.get("status") != JobStatus.STARTED.value:
+            return None
         job = RunnerJob.from_hash(fields)
         request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
         attempt = int(fields.get("attempt") or 0)
-    except (ModelError, ValueError):
+    except (ContentError, ModelError, ValueError):
         return None
     path = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
     return LeftBehind(job, request, fields, attempt, path, logs)

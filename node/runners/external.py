@@ -38,7 +38,7 @@ from coredis.commands.script import Script
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
@@ -128,13 +128,35 @@ async def run_results(
     while True:
         job_key = await node.store.pop_reliable(ctx, keys.RESULTS, RESULTS_INFLIGHT, POP_TIMEOUT_S)
         if job_key is not None:
-            await answer(node, ctx, job_key)
+            await _answer_guarded(node, ctx, job_key)
+
+
+async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
+    """:func:`answer`; an entry it cannot use (its key holds no hash, or a field it reads is
+    no number) is dead-lettered alone and the service goes on."""
+    try:
+        await answer(node, ctx, job_key)
+    except StoreError:
+        raise
+    except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
+        reason = exc.reason if isinstance(exc, ContentError) else "malformed_job"
+        log.warning("cannot answer %s (context %d): %r", job_key, ctx, exc)
+        detail = f"cannot answer it: {exc!r}"
+        await node.store.refuse_entry(
+            ctx, RESULTS_INFLIGHT, job_key, reason, detail, queue=keys.RESULTS
+        )
 
 
 async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     """Retry or answer one finished job; False if there was nothing to do (not final, already
     answered, malformed: dead-lettered). Raises StoreError if Redis fails."""
     fields = await node.store.hgetall(ctx, job_key)
+    if not fields:
+        detail = "the entry names no job hash"
+        await node.store.refuse_entry(
+            ctx, RESULTS_INFLIGHT, job_key, "missing_hash", detail, queue=keys.RESULTS
+        )
+        return False
     status = fields.get("status", "")
     if status not in (JobStatus.FINISHED.value, JobStatus.ERROR.value) or "answered" in fields:
         await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
@@ -180,7 +202,11 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     """End the attempt on ``job_key`` whose lease expired if its process is gone (error
     ``runner_lost``, handed to the results service); an attempt this process still runs
     re-takes its lease instead. False if nothing was ended. Raises StoreError if Redis fails."""
-    fields = await node.store.hgetall(ctx, job_key)
+    try:
+        fields = await node.store.hgetall(ctx, job_key)
+    except ContentError as exc:  # no job: nothing to reap (the reaper goes on)
+        log.warning("not reaping %s (context %d): %s", job_key, ctx, exc)
+        return False
     token, attempt = fields.get("runner", ""), fields.get("attempt", "")
     if fields.get("status") != JobStatus.STARTED.value:
         return False

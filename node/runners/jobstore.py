@@ -23,10 +23,31 @@ from bus.ids import now
 from bus.models import Message
 from bus.store import Store
 
+# Why the queue entry ``v`` names nothing a runner can start (a reason token), or false; a
+# final job's entry is a harmless duplicate (false too: the caller sees its status). Checked
+# before any write, so that one hostile entry never aborts a script half-way.
+UNRUNNABLE_LUA = """
+local function unrunnable(v)
+  local t = redis.call('TYPE', v)['ok']
+  if t == 'none' then return 'missing_hash' end
+  if t ~= 'hash' then return 'wrong_type' end
+  if string.find(v, '[\\128-\\255]') then return 'malformed_job' end
+  local st = redis.call('HGET', v, 'status')
+  if not st then return 'malformed_job' end
+  if st == 'finished' or st == 'error' then return false end
+  local n = redis.call('HGET', v, 'attempt')
+  if n and not string.match(n, '^%d%d?%d?%d?%d?%d?%d?%d?%d?$') then return 'malformed_job' end
+  return false
+end
+"""
+
 _START = Script(
-    script="""
+    script=UNRUNNABLE_LUA
+    + """
+local bad = unrunnable(KEYS[1])
+if bad then return bad end
 local st = redis.call('HGET', KEYS[1], 'status')
-if (not st) or st == 'finished' or st == 'error' then return {} end
+if st == 'finished' or st == 'error' then return {} end
 redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3],
            'runner_id', ARGV[4])
@@ -39,16 +60,24 @@ return redis.call('HGETALL', KEYS[1])
 # Take the next queued job and start it, in the same round trip as finishing the last one.
 # KEYS: inflight running, then the slot's lists in consume order
 # ARGV: token_base ttl_ms now lease_prefix runner_id
+# Returns {} (nothing queued), {key} (a final job's duplicate entry, dropped), {key, reason}
+# (an entry no runner can start: dropped, for the caller to dead-letter) or {key, fields...}.
 _TAKE_NEXT = Script(
-    script="""
+    script=UNRUNNABLE_LUA
+    + """
 local nxt = false
 for i = 3, #KEYS do
   nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
   if nxt then break end
 end
 if not nxt then return {} end
+local bad = unrunnable(nxt)
+if bad then
+  redis.call('LREM', KEYS[1], 1, nxt)
+  return {nxt, bad}
+end
 local st = redis.call('HGET', nxt, 'status')
-if (not st) or st == 'finished' or st == 'error' then
+if st == 'finished' or st == 'error' then
   redis.call('LREM', KEYS[1], 1, nxt)
   return {nxt}
 end
@@ -166,14 +195,24 @@ return 1
 """
 )
 
-# KEYS: delayed ; ARGV: now_ms. Moves every due entry to its queue; returns the next due time.
+# KEYS: delayed dlq ; ARGV: now_ms now_s. Moves every due entry to its queue; returns the next
+# due time. A member that is no "<queue>|<job key>", or names a key that holds no list, goes to
+# the dlq (its bytes escaped, so the entry is JSON text) instead of failing the whole move.
 _MOVE_DUE = Script(
     script="""
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, member in ipairs(due) do
   local sep = string.find(member, '|', 1, true)
   redis.call('ZREM', KEYS[1], member)
-  redis.call('LPUSH', string.sub(member, 1, sep - 1), string.sub(member, sep + 1))
+  local pushed = sep and redis.pcall('LPUSH', string.sub(member, 1, sep - 1),
+                                     string.sub(member, sep + 1))
+  if (not pushed) or (type(pushed) == 'table' and pushed.err) then
+    local shown = string.gsub(string.sub(member, 1, 1000), '[^\\32-\\126]', function(c)
+      return string.format('\\\\x%02x', string.byte(c)) end)
+    redis.call('LPUSH', KEYS[2], cjson.encode({key = shown, reason = 'malformed_entry',
+      detail = 'a delayed retry must be <queue>|<job key> naming a list', at = tonumber(ARGV[2]),
+      queue = ''}))
+  end
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #nxt == 0 then return -1 end
@@ -201,12 +240,15 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
 
 async def start(
     store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, runner_id: str = ""
-) -> dict[str, str]:
+) -> dict[str, str] | str:
     """Take the lease and mark the job started; the job's fields (``attempt`` counts this
-    attempt), or {} if the job is final or gone. ``runner_id`` names the in-flight list
-    (``inflight:runner:<runner_id>``) a reaper removes the job from."""
+    attempt), {} if the job is final, or why the entry names nothing to start (a reason token:
+    UNRUNNABLE_LUA). ``runner_id`` names the in-flight list (``inflight:runner:<runner_id>``)
+    a reaper removes the job from."""
     args = [token, str(ttl_ms), str(now()), runner_id]
     flat = await store.script(ctx, _START, [job_key, keys.lease(job_key), keys.RUNNING], args)
+    if isinstance(flat, str | bytes):
+        return flat.decode() if isinstance(flat, bytes) else flat
     if isinstance(flat, dict):  # RESP3 may already give a map
         return {str(k): str(v) for k, v in flat.items()}
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -337,11 +379,22 @@ async def _with_next(
         [*f_keys, *nxt_keys],
         [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
     )
+    if len(nxt) == 2:  # an entry no runner can start: taken off already, recorded here
+        detail = unrunnable_detail(str(nxt[1]))
+        await store.refuse_entry(ctx, inflight, nxt[0], str(nxt[1]), detail, queue="")
     if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
         take_next.found_empty = not nxt
         return bool(done), None
     flat = [str(x) for x in nxt[1:]]
     return bool(done), (str(nxt[0]), dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def unrunnable_detail(reason: str) -> str:
+    """What an UNRUNNABLE_LUA reason token means, for the dead letter."""
+    return {
+        "missing_hash": "the queue entry names no job hash",
+        "wrong_type": "the queue entry names a key that holds no hash",
+    }.get(reason, "no status, an attempt that is not a small integer, or a key that is not ASCII")
 
 
 async def retry_later(
@@ -381,4 +434,5 @@ async def requeue(
 
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:
     """Queue every retry that is due; return when the next one is due (ms), or -1."""
-    return int(await store.script(ctx, _MOVE_DUE, [keys.DELAYED], [str(now_ms)]))
+    args = [str(now_ms), str(now())]
+    return int(await store.script(ctx, _MOVE_DUE, [keys.DELAYED, keys.DLQ], args))

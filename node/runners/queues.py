@@ -91,7 +91,7 @@ async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> 
     """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
     a crash never loses it), or None. Raises StoreError."""
     value = await store.script(ctx, _POP_FIRST, [inflight, *lists], [])
-    return None if value is None else str(value)
+    return None if value is None else await store.utf8_entry(ctx, inflight, value, "")
 
 
 async def pop_slot(

@@ -23,7 +23,7 @@ import trio
 
 from bus import keys
 from bus.envelope import ResultBody
-from bus.errors import ModelError, StoreError
+from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
 from node.runners import adoption, jobstore, outcomes, queues
@@ -208,10 +208,15 @@ async def run_job(
     next job if it was started in the same round trip as this one's result."""
     token = f"{take_next.token_base}:{job_key}"
     if fields is None:
-        fields = await jobstore.start(
+        begun = await jobstore.start(
             node.store, ctx, job_key, token, take_next.ttl_ms, take_next.runner_id
         )
-    if not fields:  # final or gone (a duplicate queue entry)
+        if isinstance(begun, str):  # the entry names nothing to run: refused, alone
+            detail = jobstore.unrunnable_detail(begun)
+            await node.store.refuse_entry(ctx, inflight, job_key, begun, detail, queue=queue)
+            return None
+        fields = begun
+    if not fields:  # final (a duplicate queue entry)
         await node.store.ack(ctx, inflight, job_key)
         return None
     attempt = int(fields["attempt"])  # HINCRBY wrote it: always an integer
@@ -242,7 +247,7 @@ async def _run_attempt(
     try:
         job = RunnerJob.from_hash(fields)
         request = await _request_of(node, ctx, job, fields)
-    except ModelError as exc:
+    except (ModelError, ContentError) as exc:  # its message_key may name a key of another type
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
         await jobstore.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
