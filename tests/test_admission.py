@@ -356,3 +356,25 @@ async def test_told_failed_never_runs_on_a_frozen_peer(node_factory, nursery, tm
     assert refused == [(msg.key, "refused_delivery")]
     assert not await bob.store.exists(1, msg.key)
     assert not marker.exists()
+
+
+async def test_a_hostile_deadline_member_costs_the_others_nothing(store, tmp_path, clock):
+    """Due deadline members are popped together: one naming a key of another type is
+    dead-lettered alone and the message due with it still fails on time."""
+    config = NodeConfig(home=tmp_path, max_skew_s=0)
+    node = NodeState(config, KeyPair.generate(), store)
+    peer = KeyPair.generate().public_hex
+    actor = KeyPair.generate()
+    msg = job_message(actor, 1, node.node_id, peer, "print(1)")
+    msg = sign_message(replace(msg, created_at=int(clock[0]), timeout_ack=30, signatures=[]), actor)
+    async with store.transaction(1) as tx:
+        tx.hset(msg.key, msg.to_hash())
+        tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
+        schedule_in(tx, msg, config.max_skew_s)
+        tx.lpush("message:9:9", ["not a hash"])
+        tx.zadd(keys.DEADLINES, {"ack|message:9:9": 0})
+    clock[0] = msg.created_at + 31
+    await fail_due(node, 1)
+    assert (await store.hgetall(1, msg.key))["status"] == "error"
+    [dead] = await store.dead_letters(1)
+    assert (dead["key"], dead["reason"]) == ("message:9:9", "wrong_type")

@@ -24,7 +24,7 @@ from coredis.commands.script import Script
 
 from bus import keys, outbox
 from bus.envelope import ResultBody
-from bus.errors import ModelError
+from bus.errors import ContentError, ModelError
 from bus.ids import now_ms
 from bus.models import JobStatus, Message, MessageStatus
 from node.routing.admission import ack_deadline
@@ -84,7 +84,16 @@ async def fail_due(node: NodeState, ctx: int) -> int:
 
 
 async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
-    """Fail message ``key`` if its ``kind`` deadline (ack or result) passed unmet."""
+    """Fail message ``key`` if its ``kind`` deadline (ack or result) passed unmet. A member
+    naming a key of another type (written by some other Redis client) is dead-lettered alone:
+    the due members were popped together, so one that raised would cost the others theirs."""
+    try:
+        await _expire(node, ctx, kind, key)
+    except ContentError as exc:
+        await node.store.dead_letter(ctx, key, exc.reason, f"{kind} deadline: {exc}")
+
+
+async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
     try:
         message = Message.from_hash(await node.store.hgetall(ctx, key))
     except ModelError:
