@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import coredis
@@ -20,7 +20,8 @@ from coredis.commands.script import Script
 from coredis.tokens import PureToken
 
 from bus import keys
-from bus.errors import BusError, ContentError, StoreError
+from bus.atomic import queues
+from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import Actor, Context, Hash, decode_hash
 from bus.urls import redact
@@ -30,101 +31,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Redis = coredis.Redis[str]
 
-# Store the hash and queue its key only if the key is new: deliveries and redeliveries of the
-# same message are idempotent. Returns 1 if stored, 0 if it was already there.
-_DELIVER_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-redis.call('LPUSH', KEYS[2], KEYS[1])
-return 1
-"""
-
-
 MAX_REDELIVERIES = 5
-
-# The hash an entry names ({} if there is none), or the name of the type its key holds instead:
-# a reply per entry, so that one entry naming a string or a list costs no other entry of the
-# batch (an HGETALL on it would abort the script after it moved the others).
-READ_HASH_LUA = """
-local function read_hash(v)
-  local t = redis.call('TYPE', v)['ok']
-  if t == 'hash' then return redis.call('HGETALL', v) end
-  if t == 'none' then return {} end
-  return t
-end
-"""
-
-# Move up to ARGV[1] entries from KEYS[1] (source) to KEYS[2] (inflight), oldest first. With
-# ARGV[2] == '1' each entry is followed by what READ_HASH_LUA reads of the hash it names:
-# {key1, {field, value, ...} | type, ...}
-_POP_BATCH = Script(
-    script=READ_HASH_LUA
-    + """
-local out = {}
-for i = 1, tonumber(ARGV[1]) do
-  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  if not v then break end
-  out[#out + 1] = v
-  if ARGV[2] == '1' then out[#out + 1] = read_hash(v) end
-end
-return out
-"""
-)
-
-# KEYS: inflight source redeliveries dlq ; ARGV: max now source-name
-_RECOVER = Script(
-    script="""
-local moved = 0
-while true do
-  local item = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
-  if not item then break end
-  local n = redis.call('HINCRBY', KEYS[3], item, 1)
-  if n > tonumber(ARGV[1]) then
-    redis.call('LREM', KEYS[2], -1, item)
-    redis.call('HDEL', KEYS[3], item)
-    redis.call('LPUSH', KEYS[4], cjson.encode({key = item, reason = 'too_many_deliveries',
-      detail = 'delivered ' .. n .. ' times without being processed', at = tonumber(ARGV[2]),
-      queue = ARGV[3], count = n}))
-  else
-    moved = moved + 1
-  end
-end
-redis.call('EXPIRE', KEYS[3], 86400)
-return moved
-"""
-)
-
-
-# KEYS: dlq redeliveries ; ARGV: key
-_RETRY_DEAD = Script(
-    script="""
-local n = 0
-for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  local ok, e = pcall(cjson.decode, raw)
-  if ok and e.key == ARGV[1] and e.queue and e.queue ~= '' then
-    redis.call('LREM', KEYS[1], 1, raw)
-    redis.call('HDEL', KEYS[2], e.key)
-    if n == 0 then redis.call('LPUSH', e.queue, e.key) end
-    n = n + 1
-  end
-end
-return n
-"""
-)
-
-_PURGE_DEAD = Script(
-    script="""
-local n = 0
-for _, raw in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  local ok, e = pcall(cjson.decode, raw)
-  if ok and e.key == ARGV[1] then
-    redis.call('LREM', KEYS[1], 1, raw)
-    n = n + 1
-  end
-end
-return n
-"""
-)
 
 
 def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or RESP3 map)
@@ -143,9 +50,8 @@ _CONTENT_ERRORS = {
 }
 
 
-def _translate(url: str, exc: Exception) -> BusError:
-    """The bus error for a coredis or socket error: ContentError when the reply blames what a
-    key holds (a service refuses the entry that named it), else StoreError (Redis failed)."""
+def _content_error(exc: Exception) -> ContentError | None:
+    """The ContentError a reply means when it blames what a key holds, not the server."""
     text = str(exc)
     if isinstance(exc, coredis.exceptions.WrongTypeError):
         return ContentError("wrong_type", printable(text))
@@ -153,7 +59,19 @@ def _translate(url: str, exc: Exception) -> BusError:
         for marker, reason in _CONTENT_ERRORS.items():
             if marker in text:
                 return ContentError(reason, printable(text))
-    return StoreError(f"redis {url}: {exc}")
+    return None
+
+
+@contextmanager
+def _translated(url: str, *, content: bool = True) -> Iterator[None]:
+    """The one translation of coredis and socket errors into bus errors: ContentError when the
+    reply blames what a key holds (a service refuses the entry that named it; only with
+    ``content``), else StoreError (Redis failed). Nothing of coredis leaves this block."""
+    try:
+        yield
+    except (coredis.exceptions.RedisError, OSError) as exc:
+        refused = _content_error(exc) if content else None
+        raise refused or StoreError(f"redis {url}: {exc}") from exc
 
 
 def printable(value: str | bytes, limit: int = 200) -> str:
@@ -176,13 +94,6 @@ def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
         "detail": printable(detail, 2000),
     }
     return json.dumps(fields | {"at": now(), "queue": printable(queue, 1000)})
-
-
-_READ_HASH = Script(script=READ_HASH_LUA + "return read_hash(KEYS[1])")
-_READ_HASHES = Script(
-    script=READ_HASH_LUA
-    + "local out = {}\nfor i, k in ipairs(KEYS) do out[i] = read_hash(k) end\nreturn out"
-)
 
 
 class _NoScript:
@@ -219,14 +130,14 @@ class Store:
         store serves can still write (a shutdown requeue, say) while they are being cancelled;
         :func:`open_store` bounds how long that may take."""
         client: Redis = coredis.Redis.from_url(self._dial_url, db=n, decode_responses=True)
-        with trio.CancelScope(shield=True) as scope:
+        with (
+            trio.CancelScope(shield=True) as scope,
+            _translated(f"{self.url} db {n}", content=False),
+        ):
             self._holders.add(scope)
-            try:
-                async with client:
-                    task_status.started(client)
-                    await self._closing.wait()
-            except (coredis.exceptions.RedisError, OSError) as exc:
-                raise StoreError(f"redis {self.url} db {n}: {exc}") from exc
+            async with client:
+                task_status.started(client)
+                await self._closing.wait()
 
     def _close(self, grace_s: float = 5.0) -> None:
         self._closing.set()
@@ -239,9 +150,8 @@ class Store:
         """Run one coredis command on DB ``db``, translating its errors."""
         client = await self.db(db)
         try:
-            return await fn(client)
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
+            with _translated(self.url):
+                return await fn(client)
         except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
@@ -249,11 +159,9 @@ class Store:
     async def transaction(self, db: int) -> AsyncIterator[Any]:
         """A MULTI/EXEC pipeline on DB ``db``; commands queued inside run atomically on exit."""
         client = await self.db(db)
-        try:
+        with _translated(self.url):
             async with client.pipeline(transaction=True) as pipe:
                 yield pipe
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
 
     async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
@@ -269,7 +177,7 @@ class Store:
         come back NOSCRIPT (a fresh or restarted server: nothing of them ran) are loaded and
         run again."""
         client = await self.db(db)
-        try:
+        with _translated(self.url):
             results = await self._evalsha_many(client, calls)
             missing = [i for i, r in enumerate(results) if isinstance(r, _NoScript)]
             if missing:
@@ -281,8 +189,6 @@ class Store:
                         raise StoreError(f"redis {self.url}: script still missing after load")
                     results[i] = r
             return results
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
 
     @staticmethod
     async def _evalsha_many(
@@ -320,6 +226,38 @@ class Store:
     async def exists(self, db: int, key: str) -> bool:
         return bool(await self.call(db, lambda r: r.exists([key])))
 
+    async def count_existing(self, db: int, names: list[str]) -> int:
+        """How many of ``names`` exist (one EXISTS)."""
+        return int(await self.call(db, lambda r: r.exists(names)))
+
+    async def get(self, db: int, key: str) -> str | None:
+        value = await self.call(db, lambda r: r.get(key))
+        return None if value is None else str(value)
+
+    async def set_new(self, db: int, key: str, value: str, ttl_s: int) -> bool:
+        """SET ``key`` with a TTL unless it exists; True if this call set it."""
+        won = await self.call(db, lambda r: r.set(key, value, condition=PureToken.NX, ex=ttl_s))
+        return bool(won)
+
+    async def smembers(self, db: int, key: str) -> set[str]:
+        return {str(m) for m in await self.call(db, lambda r: r.smembers(key))}
+
+    async def sismember(self, db: int, key: str, member: str) -> bool:
+        return bool(await self.call(db, lambda r: r.sismember(key, member)))
+
+    async def srem(self, db: int, key: str, *members: str) -> int:
+        return int(await self.call(db, lambda r: r.srem(key, list(members))))
+
+    async def blpop(self, db: int, key: str, timeout_s: float) -> str | None:
+        """The oldest entry of list ``key``, waiting up to ``timeout_s``; None after that."""
+        popped = await self.call(db, lambda r: r.blpop([key], timeout=timeout_s))
+        return None if popped is None else str(popped[1])
+
+    async def keys_matching(self, db: int, pattern: str) -> list[str]:
+        """The keys of DB ``db`` that match ``pattern`` (KEYS: for operators' commands, never
+        on a hot path)."""
+        return [str(k) for k in await self.call(db, lambda r: r.keys(pattern))]
+
     # -- reliable queues -------------------------------------------------------------------------
 
     async def pop_reliable(
@@ -350,7 +288,7 @@ class Store:
         trip; the batching partner of a blocking :meth:`pop_reliable`)."""
         if limit <= 0:
             return []
-        moved = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "0"])
+        moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
         texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 
@@ -361,12 +299,12 @@ class Store:
         names: what is queued already in one round trip (entries and hashes in one Lua call);
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
         whose entry is read at once. [] after the timeout."""
-        raw = await self.script(db, _POP_BATCH, [source, inflight], [str(limit), "1"])
+        raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
         if not raw:
             first = await self.pop_reliable(db, source, inflight, timeout_s)
             if first is None:
                 return []
-            raw = [first, await self.script(db, _READ_HASH, [first], [])]
+            raw = [first, await queues.read_hash(self, db, first)]
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
             if await self.utf8_entry(db, inflight, value, source) is None:
@@ -394,9 +332,9 @@ class Store:
 
     async def read_hashes(self, db: int, hash_keys: list[str]) -> list[Hash | str]:
         """Each hash of ``hash_keys`` ({} if absent), or in its place the name of the type
-        its key holds instead (READ_HASH_LUA), in one round trip: one key of the wrong type
+        its key holds instead (queues_hash_reader.lua), in one round trip: one key of the wrong type
         costs the others nothing."""
-        raw = await self.script(db, _READ_HASHES, hash_keys, [])
+        raw = await queues.read_hashes(self, db, hash_keys)
         return [
             r.decode() if isinstance(r, bytes) else r if isinstance(r, str) else _flat_hash(r)
             for r in raw
@@ -405,22 +343,18 @@ class Store:
     async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
         """HGETALL of several hashes in one pipelined round trip."""
         client = await self.db(db)
-        try:
+        with _translated(self.url):
             async with client.pipeline(transaction=False) as pipe:
                 pending = [pipe.hgetall(k) for k in hash_keys]
             return [decode_hash(await p) for p in pending]
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
 
     async def exists_many(self, db: int, names: list[str]) -> list[bool]:
         """EXISTS of each key, in one pipelined round trip."""
         client = await self.db(db)
-        try:
+        with _translated(self.url):
             async with client.pipeline(transaction=False) as pipe:
                 pending = [pipe.exists([k]) for k in names]
             return [bool(await p) for p in pending]
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
 
     async def ack(self, db: int, inflight: str, value: str) -> None:
         await self.call(db, lambda r: r.lrem(inflight, 1, value))
@@ -434,21 +368,12 @@ class Store:
         consumer would loop forever, so past ``max_redeliveries`` it goes to ``dlq`` instead
         (reason ``too_many_deliveries``). Returns how many entries were requeued.
         """
-        args = [str(max_redeliveries), str(now()), source]
-        moved = await self.script(
-            db, _RECOVER, [inflight, source, keys.REDELIVERIES, keys.DLQ], args
+        moved = await queues.recover(
+            self, db, inflight, source, max_deliveries=max_redeliveries, now=now()
         )
         if moved:
             log.info("recovered %d in-flight entries of %s (db %d)", moved, source, db)
         return int(moved)
-
-    async def deliver(
-        self, db: int, message_key: str, fields: Mapping[str, str], queue: str
-    ) -> bool:
-        """Store a message hash and queue its key unless it is already here (idempotent)."""
-        args = [x for kv in fields.items() for x in kv]
-        result = await self.call(db, lambda r: r.eval(_DELIVER_LUA, [message_key, queue], args))
-        return bool(result)
 
     async def dead_letter(
         self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
@@ -463,7 +388,7 @@ class Store:
     async def retry_dead_letter(self, db: int, key: str) -> int:
         """Re-drive ``key``: its dead letters leave the dlq and it is queued again where it
         was refused. Returns how many entries were re-driven (0: none, or not re-drivable)."""
-        return int(await self.script(db, _RETRY_DEAD, [keys.DLQ, keys.REDELIVERIES], [key]))
+        return await queues.retry_dead(self, db, key)
 
     async def purge_dead_letters(self, db: int, key: str | None = None) -> int:
         """Delete the dead letters of ``key`` (all of them if None); how many went."""
@@ -471,7 +396,7 @@ class Store:
             count = await self.llen(db, keys.DLQ)
             await self.call(db, lambda r: r.delete([keys.DLQ]))
             return count
-        return int(await self.script(db, _PURGE_DEAD, [keys.DLQ], [key]))
+        return await queues.purge_dead(self, db, key)
 
     # -- expiry events (keyspace notifications) --------------------------------------------------
 
@@ -480,19 +405,18 @@ class Store:
         keeping what is set). False if the server refuses CONFIG (a managed Redis); StoreError
         if it cannot be reached."""
         client = await self.db(keys.ACTORS_DB)
-        try:
-            current = await client.config_get(["notify-keyspace-events"])
-            flags = str(next(iter(current.values()), "") or "")
-            if "E" in flags and ("x" in flags or "A" in flags):
+        with _translated(self.url):
+            try:
+                current = await client.config_get(["notify-keyspace-events"])
+                flags = str(next(iter(current.values()), "") or "")
+                if "E" in flags and ("x" in flags or "A" in flags):
+                    return True
+                merged = "".join(sorted(set(flags) | {"E", "x"}))
+                await client.config_set({"notify-keyspace-events": merged})
                 return True
-            merged = "".join(sorted(set(flags) | {"E", "x"}))
-            await client.config_set({"notify-keyspace-events": merged})
-            return True
-        except coredis.exceptions.ResponseError as exc:
-            log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
-            return False
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
+            except coredis.exceptions.ResponseError as exc:
+                log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
+                return False
 
     async def watch_expired(
         self,
@@ -507,14 +431,12 @@ class Store:
         what expired meanwhile, so callers pair this with a sweep."""
         client = await self.db(db)
         channel = f"__keyevent@{db}__:expired"
-        try:
+        with _translated(self.url):
             async with client.pubsub(channels=[channel], ignore_subscribe_messages=True) as ps:
                 task_status.started()
                 async for message in ps:
                     if message["type"] == "message":
                         await on_key(str(message["data"]))
-        except (coredis.exceptions.RedisError, OSError) as exc:
-            raise _translate(self.url, exc) from exc
 
     # -- registry objects ------------------------------------------------------------------------
 
@@ -539,8 +461,7 @@ class Store:
             pipe.lpush(keys.NODE_EVENTS, [keys.context(context.id)])
 
     async def context_ids(self) -> list[int]:
-        members = await self.call(keys.ACTORS_DB, lambda r: r.smembers(keys.CONTEXTS))
-        return sorted(int(m) for m in members)
+        return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))
 
 
 @asynccontextmanager

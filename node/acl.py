@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 NODE, CLIENT, RUNNER = "node", "client", "runner"
 ROLES = (NODE, CLIENT, RUNNER)
 
-# Commands every role needs to connect (coredis: HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
+# Commands every role needs to connect (a client sends HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
 # run a MULTI/EXEC transaction (the commands queued inside are checked one by one).
 _CONNECT = "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard"
 

@@ -232,11 +232,9 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await self.node.store.call(
-                keys.ACTORS_DB, lambda r: r.blpop([keys.NODE_EVENTS], timeout=30)
-            )
+            event = await self.node.store.blpop(keys.ACTORS_DB, keys.NODE_EVENTS, 30)
             if event is not None:
-                log.info("registry event %s", event[1])
+                log.info("registry event %s", event)
                 self.node.forget_registry()
                 await self.refresh()
 

@@ -162,7 +162,7 @@ class NodeState:
 
     async def load_peers(self) -> list[Peer]:
         """Refresh the in-memory peer registry from DB 0; return peers not seen before."""
-        ids = await self.store.call(keys.ACTORS_DB, lambda r: r.smembers(keys.PEERS))
+        ids = await self.store.smembers(keys.ACTORS_DB, keys.PEERS)
         fresh = []
         for peer_id in ids:
             h = await self.store.hgetall(keys.ACTORS_DB, keys.peer(peer_id))

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from bus import keys, outbox
+from bus.atomic.routing import JobWrite, materialise_batch
 from bus.envelope import sign_message
 from bus.ids import new_id, now, set_clock
 from bus.models import JobStatus, Message
@@ -20,7 +21,6 @@ from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
 from node.routing.admission import check_ack_deadline, delivery_problem
 from node.routing.deadlines import fail_due, schedule_in
-from node.routing.materialise import JobWrite, materialise_batch
 from node.routing.messages import Rejected
 from node.state import NodeState
 from tests.nodes import link_to

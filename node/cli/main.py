@@ -323,7 +323,7 @@ async def status(client: Client, args: argparse.Namespace) -> int:
         )
     for ctx in await store.context_ids():
         lens = [f"{q}={await store.llen(ctx, q)}" for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)]
-        queues = [k for k in await store.call(ctx, lambda r: r.keys("queue:*"))]
+        queues = await store.keys_matching(ctx, "queue:*")
         lens += [f"{q}={await store.llen(ctx, q)}" for q in sorted(queues)]
         print(f"  context {ctx}: {' '.join(lens)}")
         await _print_runners(store, ctx)

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import trio
-from coredis.commands.script import Script
 
 from bus import keys
+from bus.atomic import flows as atomic_flows
 from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
 from bus.envelope import sign_message
 from bus.errors import ContentError, ModelError, StoreError
@@ -47,38 +47,6 @@ POP_TIMEOUT_S = 5.0
 _FINAL = (FlowStatus.FINISHED.value, FlowStatus.ERROR.value)
 FLOW_DEADLINE = "flow_deadline"
 IDLE_WAIT_S = 3600.0  # no flow pending: the timer waits for one to be armed
-
-# KEYS: flow_deadlines, flow_events ; ARGV: now (s). Moves every due flow id onto flow_events
-# (atomically: a crash cannot lose one); returns the next deadline, or -1.
-_DUE_TO_EVENTS = Script(
-    script="""
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('LPUSH', KEYS[2], id)
-end
-local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #nxt > 0 then return tonumber(nxt[2]) end
-return -1
-"""
-)
-
-# KEYS: job copies ; ARGV: reason, updated_at. Ends those not final, leaving final ones as they
-# are (a result applied meanwhile stands); a job never released has no copy yet and gets one
-# that says why it never ran. Returns how many it ended.
-_END_UNFINISHED = Script(
-    script="""
-local ended = 0
-for _, key in ipairs(KEYS) do
-  local status = redis.call('HGET', key, 'status')
-  if (not status) or (status ~= 'finished' and status ~= 'error') then
-    redis.call('HSET', key, 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
-    ended = ended + 1
-  end
-end
-return ended
-"""
-)
 
 
 @dataclass(frozen=True)
@@ -114,9 +82,7 @@ async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
     polling). Raises StoreError if Valkey fails."""
     while True:
         wake = node.flow_deadline_scheduled.setdefault(ctx, trio.Event())
-        args = [str(now())]
-        due_keys = [keys.FLOW_DEADLINES, keys.FLOW_EVENTS]
-        after = int(await node.store.script(ctx, _DUE_TO_EVENTS, due_keys, args))
+        after = await atomic_flows.due_to_events(node.store, ctx, now())
         with trio.move_on_after(IDLE_WAIT_S if after < 0 else max(0.0, after - now())):
             await wake.wait()
         node.flow_deadline_scheduled[ctx] = trio.Event()
@@ -124,7 +90,7 @@ async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
     """Evaluate every flow in ``flows:active``; returns how many there were."""
-    ids = await node.store.call(ctx, lambda r: r.smembers(keys.FLOWS_ACTIVE))
+    ids = await node.store.smembers(ctx, keys.FLOWS_ACTIVE)
     for flow_id in sorted(ids):
         await evaluate_guarded(node, ctx, flow_id)
     return len(ids)
@@ -165,7 +131,7 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
     """
     fields = await node.store.hgetall(ctx, keys.flow(flow_id))
     if not fields or fields.get("status") in _FINAL:
-        await node.store.call(ctx, lambda r: r.srem(keys.FLOWS_ACTIVE, [str(flow_id)]))
+        await node.store.srem(ctx, keys.FLOWS_ACTIVE, str(flow_id))
         return FlowStatus(fields["status"]) if fields else None
     try:
         loaded = await _load(node, ctx, flow_id, fields)
@@ -194,7 +160,7 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
 async def _end_unfinished(node: NodeState, ctx: int, doc: FlowDoc) -> None:
     """Past the flow's deadline: every job copy not final yet ends in error (flow_deadline)."""
     job_keys = [doc.job_key(j.id) for j in doc.spec.jobs]
-    ended = await node.store.script(ctx, _END_UNFINISHED, job_keys, [FLOW_DEADLINE, str(now())])
+    ended = await atomic_flows.end_unfinished(node.store, ctx, job_keys, FLOW_DEADLINE, now())
     log.warning("flow %d: deadline passed; %s unfinished job(s) ended", doc.id, ended)
 
 

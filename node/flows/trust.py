@@ -8,8 +8,6 @@ incoming ``flow_job`` message before materialising it. Both raise
 
 from __future__ import annotations
 
-from coredis.tokens import PureToken
-
 from bus import keys
 from bus.dag import FlowError, validate_flow
 from bus.errors import ModelError
@@ -105,11 +103,8 @@ async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> N
     job_key = message.job[0].key
     ttl_s = max(doc.expires_at - now(), 0) + node.freshness.window_s
     claim = keys.flow_job_claim(job_key)
-    won = await node.store.call(
-        ctx, lambda r: r.set(claim, message.key, condition=PureToken.NX, ex=ttl_s)
-    )
-    if won:
+    if await node.store.set_new(ctx, claim, message.key, ttl_s):
         return
-    holder = await node.store.call(ctx, lambda r: r.get(claim))
+    holder = await node.store.get(ctx, claim)
     if holder != message.key:
         raise Rejected("replay", f"flow job {job_key} was already released by {holder}")

@@ -235,7 +235,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     """Rejected('replay') for a message key or nonce accepted within the freshness window."""
     nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
-    found = await node.store.call(ctx, lambda r: r.exists([keys.seen(message.key), nonce_key]))
+    found = await node.store.count_existing(ctx, [keys.seen(message.key), nonce_key])
     seen_key = found and await node.store.exists(ctx, keys.seen(message.key))
     seen_nonce = found and not seen_key
     if seen_key or seen_nonce:

@@ -14,22 +14,15 @@ from collections.abc import Collection
 from typing import Any, NoReturn
 
 import trio
-from coredis.commands.script import Script
 
 from bus import keys
+from bus.atomic import routing
 from bus.envelope import ResultBody
 from bus.errors import ContentError, StoreError
 from bus.models import Message, MessageStatus, MessageType
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
-from node.routing.messages import (
-    APPLY_RESULT_LUA,
-    Rejected,
-    parse_message,
-    reject,
-    result_args,
-    result_keys,
-)
+from node.routing.messages import Rejected, parse_message, reject, result_write
 from node.routing.stops import apply_stop
 from node.state import NodeState
 
@@ -149,54 +142,23 @@ async def accept_results(
     the client, the replay markers and the ack. Each refused one (a replay, also of another in
     this batch; an unknown request; a late result; a signer the request was not sent to) is
     dead-lettered and acknowledged alone."""
-    window = str(node.freshness.window_s)
-    calls = []
-    for message, body in results:
-        nonce = keys.nonce(message.caller_id, message.nonce) if message.nonce else ""
-        calls.append(
-            (
-                _ACCEPT_RESULT,
-                [message.key, keys.seen(message.key), nonce, inflight, *result_keys(body)],
-                [*result_args(node, body), window, message.key, message.origin, node.node_id],
-            )
+    accepts = [
+        routing.ResultAccept(
+            message_key=message.key,
+            nonce_key=keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
+            origin=message.origin,
+            write=result_write(node, body),
         )
-    verdicts = await node.store.scripts(ctx, calls)
+        for message, body in results
+    ]
+    verdicts = await routing.accept_results(
+        node.store, ctx, inflight, accepts, window_s=node.freshness.window_s, node_id=node.node_id
+    )
     for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
         if reason != "ok":
-            exc = _refusal(ctx, message, body, str(reason), str(detail))
+            exc = _refusal(ctx, message, body, reason, detail)
             await reject(node, ctx, message.key, exc, message, SERVICE, queue=keys.MSG_IN)
             await node.store.ack(ctx, inflight, message.key)
-
-
-# KEYS: message seen nonce-marker ("" if none) inflight, then APPLY_RESULT_LUA's four keys.
-# ARGV: its seven values, then window message-key origin this-node. The checks against what
-# Redis holds, then the writes, atomically: {"ok", ""}, or {reason, detail} and nothing
-# written. Run in message order, a second copy in the same batch is a replay of the first.
-_ACCEPT_RESULT = Script(
-    script=APPLY_RESULT_LUA
-    + """
-local want = {'hash', 'hash', 'list', 'list'}
-for i = 1, 4 do  -- keys a (signed, yet hostile) result names: one of another type is refused
-  local t = redis.call('TYPE', KEYS[4 + i])['ok']
-  if t ~= 'none' and t ~= want[i] then return {'wrong_type', KEYS[4 + i] .. ' holds a ' .. t} end
-end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
-if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then return {'replay', 'nonce'} end
-local meta = redis.call('HMGET', KEYS[6], 'destination', 'status', 'reason')
-if not meta[1] then return {'unknown_request', ''} end
-local why = meta[3] or ''
-if meta[2] == 'error' and string.sub(why, 1, 8) == 'timeout_' then
-  return {'late_result', why}
-end
-if ARGV[10] ~= meta[1] and ARGV[10] ~= ARGV[11] then return {'wrong_signer', ''} end
-apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV)
-redis.call('HSET', KEYS[1], 'status', 'processed')
-redis.call('SET', KEYS[2], '1', 'EX', ARGV[8])
-if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[9], 'EX', ARGV[8]) end
-redis.call('LREM', KEYS[4], 1, ARGV[9])
-return {'ok', ''}
-"""
-)
 
 
 def _refusal(ctx: int, message: Message, body: ResultBody, reason: str, detail: str) -> Rejected:

@@ -20,9 +20,9 @@ import logging
 from typing import Any, NoReturn
 
 import trio
-from coredis.commands.script import Script
 
 from bus import keys, outbox
+from bus.atomic.routing import pop_due
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError
 from bus.ids import now_ms
@@ -32,18 +32,6 @@ from node.routing.messages import apply_result
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-# KEYS: deadlines ; ARGV: now_ms. Pops every due entry; returns them and the next due time.
-_POP_DUE = Script(
-    script="""
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, member in ipairs(due) do redis.call('ZREM', KEYS[1], member) end
-local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local after = -1
-if #nxt > 0 then after = tonumber(nxt[2]) end
-return {after, due}
-"""
-)
 
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 
@@ -76,11 +64,11 @@ async def run_deadlines(
 async def fail_due(node: NodeState, ctx: int) -> int:
     """Fail every message whose deadline is due by the wall clock (bus.ids); returns when the
     next one is due (Unix ms), -1 if none is armed."""
-    after, due = await node.store.script(ctx, _POP_DUE, [keys.DEADLINES], [str(now_ms())])
+    after, due = await pop_due(node.store, ctx, now_ms())
     for member in due:
-        kind, _, key = str(member).partition("|")
+        kind, _, key = member.partition("|")
         await expire(node, ctx, kind, key)
-    return int(after)
+    return after
 
 
 async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:

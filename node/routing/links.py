@@ -12,9 +12,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from coredis.commands.script import Script
-
 from bus import keys, outbox
+from bus.atomic import routing
 from bus.frames import Frame, fields_are_strings
 from bus.ids import now
 from bus.models import MessageStatus
@@ -24,31 +23,6 @@ from node.routing.messages import Rejected, load_message, reject
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-# KEYS: message msg_in ; ARGV: the hash's fields and values. Store the hash and queue its key
-# only if the key is new, so a redelivered message is acknowledged again but stored and queued
-# once. Returns 1 if stored, 0 if it was already there. (Store.deliver's script, as a Script so
-# that a whole batch runs as pipelined EVALSHAs.)
-_DELIVER = Script(
-    script="""
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-redis.call('LPUSH', KEYS[2], KEYS[1])
-return 1
-"""
-)
-
-# KEYS: message ; ARGV: now peer. Only the peer the message was sent to can acknowledge it.
-_ACK = Script(
-    script="""
-if redis.call('HGET', KEYS[1], 'destination') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
-if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
-  redis.call('HSET', KEYS[1], 'status', 'acknowledged', 'updated_at', ARGV[1])
-end
-return 1
-"""
-)
 
 Item = tuple[int, str, Mapping[str, Any]]  # context, message key, fields (as received)
 
@@ -110,11 +84,7 @@ class LinkHandler:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
         for ctx, group in by_ctx.items():
-            calls = [
-                (_DELIVER, [key, keys.MSG_IN], [x for kv in fields.items() for x in kv])
-                for key, fields in group
-            ]
-            fresh = sum(1 for stored in await self.node.store.scripts(ctx, calls) if stored)
+            fresh = sum(await routing.deliver(self.node.store, ctx, group))
             self._count("delivered", fresh)
             self._count("redelivered", len(group) - fresh)
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
@@ -153,10 +123,7 @@ class LinkHandler:
         """A context registered but not yet picked up by the registry watcher still counts."""
         if not self._valid_db(ctx):
             return False
-        found = await self.node.store.call(
-            keys.ACTORS_DB, lambda r: r.sismember(keys.CONTEXTS, str(ctx))
-        )
-        return bool(found)
+        return await self.node.store.sismember(keys.ACTORS_DB, keys.CONTEXTS, str(ctx))
 
     def _valid_db(self, ctx: int) -> bool:
         return 0 < ctx < self.node.config.valkey_databases
@@ -181,13 +148,14 @@ class LinkHandler:
             await self._nacked(link, ctx, key, reason)
 
     async def _mark_acked(self, link: Link, acks: Sequence[tuple[int, str]]) -> None:
-        args = [str(now()), link.peer_id]
         by_ctx: dict[int, list[str]] = {}
         for ctx, key in acks:
             if self._valid_db(ctx):  # we never sent anything else: no need to ask Redis
                 by_ctx.setdefault(ctx, []).append(key)
         for ctx, message_keys in by_ctx.items():
-            await self.node.store.scripts(ctx, [(_ACK, [key], args) for key in message_keys])
+            await routing.mark_acked(
+                self.node.store, ctx, message_keys, now=now(), peer=link.peer_id
+            )
 
     async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
         message = None

@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from bus import keys
+from bus.atomic import routing as atomic_routing
+from bus.atomic.routing import ResultWrite
 from bus.envelope import ResultBody, sign_message
 from bus.errors import ModelError, StoreError
 from bus.ids import new_id, new_nonce, now
@@ -161,38 +163,10 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
         tx.lpush(keys.MSG_OUT, [msg.key])
 
 
-# The origin's side of a result, as a Lua function other scripts include (the consumer's
-# accept script) and apply_result runs: the job copy's final state, the request's status, the
-# reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of the flow
-# engine (node/flows/engine.py). a: status result reason stamp request-status reply reply-ttl
-# The job copy changes only if it is the request's (its message_key): a refused message that
-# named another message's job key is answered without touching that job.
-APPLY_RESULT_LUA = """
-local function apply_result(job, request, reply, flow_events, a)
-  local mine = redis.call('TYPE', job).ok == 'hash'
-    and redis.call('HGET', job, 'message_key') == request
-  if mine then
-    redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
-  end
-  redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
-  redis.call('LPUSH', reply, a[6])
-  redis.call('EXPIRE', reply, a[7])
-  local flow = mine and redis.call('HGET', job, 'flow_id')
-  if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
-end
-"""
-_APPLY_RESULT = (
-    APPLY_RESULT_LUA + "apply_result(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV)\nreturn 0"
-)
-
-
-def result_keys(body: ResultBody) -> list[str]:
-    """KEYS of APPLY_RESULT_LUA's function: job copy, request, reply list, flow events."""
-    return [body.job_key, body.in_reply_to, keys.reply(body.in_reply_to), keys.FLOW_EVENTS]
-
-
-def result_args(node: NodeState, body: ResultBody) -> list[str]:
-    """Its ``a`` argument (7 values)."""
+def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
+    """What ``body`` changes at the origin: the job copy's final state, the request's status,
+    the reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of
+    the flow engine (node/flows/engine.py); see bus/atomic/lua/routing_apply_result_fn.lua."""
     reply = json.dumps(
         {
             "job_key": body.job_key,
@@ -204,20 +178,22 @@ def result_args(node: NodeState, body: ResultBody) -> list[str]:
     request_status = (
         MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
     )
-    return [
-        body.status.value,
-        json.dumps(body.result),
-        body.reason,
-        str(now()),
-        request_status.value,
-        reply,
-        str(node.config.reply_ttl_s),
-    ]
+    return ResultWrite(
+        job_key=body.job_key,
+        request=body.in_reply_to,
+        status=body.status.value,
+        result=json.dumps(body.result),
+        reason=body.reason,
+        stamp=now(),
+        request_status=request_status.value,
+        reply=reply,
+        reply_ttl_s=node.config.reply_ttl_s,
+    )
 
 
 def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
-    """Queue in ``tx``, at the origin, what a result changes (see APPLY_RESULT_LUA)."""
-    tx.eval(_APPLY_RESULT, result_keys(body), result_args(node, body))
+    """Queue in ``tx``, at the origin, what a result changes (see :func:`result_write`)."""
+    atomic_routing.apply_result(tx, result_write(node, body))
 
 
 def with_status(message: Message, status: MessageStatus) -> Message:

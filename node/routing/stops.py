@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import logging
 
-from coredis.commands.script import Script
-
-from bus import keys
+from bus.atomic.routing import stop_job
 from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.ids import now
@@ -23,24 +21,6 @@ from node.routing.messages import Rejected, queue_result
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-# KEYS: job queue delayed stop_list ; ARGV: reason now job_key
-# A queued job leaves its queue (and the retry schedule) and ends here; a started one is only
-# announced on the stop list (its runner stops it). Returns the status it had.
-_STOP = Script(
-    script="""
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return '' end
-if st == 'dispatched' or st == 'waiting_for_prerequisites' then
-  redis.call('LREM', KEYS[2], 0, ARGV[3])
-  redis.call('ZREM', KEYS[3], KEYS[2] .. '|' .. ARGV[3])
-  redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
-elseif st == 'started' then
-  redis.call('LPUSH', KEYS[4], ARGV[3])
-end
-return st
-"""
-)
 
 
 def parse_stop(message: Message) -> str:
@@ -69,13 +49,7 @@ async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
     if message.caller_id != job.caller_id and not (context and message.caller_id in context.admins):
         raise Rejected("permission_denied", "only the job's caller or a context admin may stop it")
     reason = f"stopped: by actor {message.caller_id}"
-    script_keys = [
-        job_key,
-        keys.queue(job.script_type),
-        keys.DELAYED,
-        keys.stop_queue(job.script_type),
-    ]
-    before = await node.store.script(ctx, _STOP, script_keys, [reason, str(now()), job_key])
+    before = await stop_job(node.store, ctx, job_key, job.script_type, reason=reason, now=now())
     log.info("stop %s (was %s) by actor %d", job_key, before, message.caller_id)
     if before == "started":
         node.stop_running(job_key, reason)

@@ -13,12 +13,13 @@ from typing import Any, NoReturn
 import trio
 
 from bus import keys, outbox
+from bus.atomic.routing import write_own_job
 from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
 from node.routing import deadlines
 from node.routing.admission import admit
-from node.routing.materialise import materialise_fresh, write_own_job
+from node.routing.materialise import materialise_fresh
 from node.routing.messages import Rejected, parse_message, reject
 from node.state import NodeState
 
@@ -179,7 +180,7 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
 def write_origin_copies(tx: Any, message: Message, fields: dict[str, str]) -> None:  # noqa: ANN401
     """Queue in ``tx`` the origin's copy of each job of ``message`` (job hash as the message
     carries it, linked to the message), with ``fields`` on top; never over another message's
-    job (materialise.write_own_job), nor under another caller's key (a refused message may
+    job (bus.atomic.routing.write_own_job), nor under another caller's key (a refused message may
     name one)."""
     for job in message.job:
         if job.caller_id != message.caller_id:

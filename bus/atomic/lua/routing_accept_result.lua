@@ -1,0 +1,33 @@
+-- Accept a verified result message at the origin.
+-- KEYS: [1] the result message, [2] its seen marker, [3] its nonce marker ("" if none),
+--       [4] the in-flight list, [5..8] apply_result's keys (job copy, request, reply list,
+--       flow_events)
+-- ARGV: [1..7] apply_result's values, [8] the replay window (s), [9] the result's key,
+--       [10] its origin (the signer), [11] this node's id
+-- Returns: {'ok', ''}, or {reason, detail} with nothing written: wrong_type (a key a result
+-- updates holds another type), replay (of the message key or nonce), unknown_request,
+-- late_result (the request already ended on a timeout), wrong_signer.
+-- Atomic effect: the checks against what Valkey holds, then apply_result's writes, the result
+-- message turns 'processed', its replay markers are set (TTL: the window) and it leaves the
+-- in-flight list. Run in message order, a second copy in the same batch is a replay.
+-- include: routing_apply_result_fn
+local want = {'hash', 'hash', 'list', 'list'}
+for i = 1, 4 do  -- keys a (signed, yet hostile) result names: one of another type is refused
+  local t = redis.call('TYPE', KEYS[4 + i])['ok']
+  if t ~= 'none' and t ~= want[i] then return {'wrong_type', KEYS[4 + i] .. ' holds a ' .. t} end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
+if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then return {'replay', 'nonce'} end
+local meta = redis.call('HMGET', KEYS[6], 'destination', 'status', 'reason')
+if not meta[1] then return {'unknown_request', ''} end
+local why = meta[3] or ''
+if meta[2] == 'error' and string.sub(why, 1, 8) == 'timeout_' then
+  return {'late_result', why}
+end
+if ARGV[10] ~= meta[1] and ARGV[10] ~= ARGV[11] then return {'wrong_signer', ''} end
+apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV)
+redis.call('HSET', KEYS[1], 'status', 'processed')
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[8])
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[9], 'EX', ARGV[8]) end
+redis.call('LREM', KEYS[4], 1, ARGV[9])
+return {'ok', ''}

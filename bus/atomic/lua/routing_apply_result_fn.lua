@@ -1,0 +1,20 @@
+-- Fragment (included, never run alone): apply_result(job, request, reply, flow_events, a).
+-- The origin's side of a result. Arguments: the job copy, the request message, the reply list
+-- that wakes the waiting client, the flow_events list; a: {status, result (JSON), reason,
+-- stamp, request status, reply (JSON), reply TTL (s)}.
+-- Effect: the job copy takes the final state, only if it is the request's (its message_key):
+-- a refused message that named another message's job key is answered without touching that
+-- job; the request takes its status; the reply is pushed (with its TTL); for a flow's job the
+-- flow id is pushed on flow_events, which wakes the flow engine.
+local function apply_result(job, request, reply, flow_events, a)
+  local mine = redis.call('TYPE', job).ok == 'hash'
+    and redis.call('HGET', job, 'message_key') == request
+  if mine then
+    redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
+  end
+  redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
+  redis.call('LPUSH', reply, a[6])
+  redis.call('EXPIRE', reply, a[7])
+  local flow = mine and redis.call('HGET', job, 'flow_id')
+  if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
+end

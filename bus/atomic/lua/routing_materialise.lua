@@ -1,0 +1,52 @@
+-- Materialise a batch of job messages.
+-- KEYS: [1] the in-flight list, then the type queues whose depth to report
+-- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none),
+--         jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}], [2] now (s),
+--       [3] the replay window (s)
+-- Returns: {codes, depth, owners}: one code per message (0 materialised, 1 replay of the
+-- message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of the
+-- reported queues afterwards, and per message "<job key> <its holder>" for code 3 ("" else).
+-- Atomic effect: per message, the replay check and, unless refused, its job hashes, their
+-- queue entries, the message's status 'acknowledged', its replay markers (with the window as
+-- TTL) and its in-flight ack. A job hash that exists is written only by the message it names
+-- as message_key: a message naming another message's job (a replayed or reused job id) is
+-- refused whole, nothing of it written. A replay of an earlier message of the same batch is
+-- refused as such.
+local function taken(m)
+  for _, j in ipairs(m.jobs) do
+    local kind = redis.call('TYPE', j.key).ok
+    if kind ~= 'none' then
+      local holder = kind == 'hash' and redis.call('HGET', j.key, 'message_key') or false
+      if holder ~= m.key then return j.key .. ' ' .. (holder or ('a ' .. kind)) end
+    end
+  end
+  return ''
+end
+local batch = cjson.decode(ARGV[1])
+local out, owners = {}, {}
+for i, m in ipairs(batch) do
+  local code, owner = 0, ''
+  if redis.call('EXISTS', m.seen) == 1 then
+    code = 1
+  elseif m.nonce ~= '' and redis.call('EXISTS', m.nonce) == 1 then
+    code = 2
+  else
+    owner = taken(m)
+    if owner ~= '' then code = 3 end
+  end
+  if code == 0 then
+    for _, j in ipairs(m.jobs) do
+      redis.call('HSET', j.key, unpack(j.fields))
+      if j.queue ~= '' then redis.call('LPUSH', j.queue, j.key) end
+    end
+    redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
+    redis.call('SET', m.seen, '1', 'EX', ARGV[3])
+    if m.nonce ~= '' then redis.call('SET', m.nonce, m.key, 'EX', ARGV[3]) end
+    redis.call('LREM', KEYS[1], 1, m.key)
+  end
+  out[i] = code
+  owners[i] = owner
+end
+local depth = 0
+for i = 2, #KEYS do depth = math.max(depth, redis.call('LLEN', KEYS[i])) end
+return {out, depth, owners}

@@ -1,0 +1,17 @@
+-- Stop a job.
+-- KEYS: [1] the job hash, [2] its type queue, [3] the delayed (retry) zset, [4] its stop list
+-- ARGV: [1] the reason, [2] now (s), [3] the job key
+-- Returns: the status the job had ('' if there is no such job).
+-- Atomic effect: a queued job ('dispatched' or 'waiting_for_prerequisites') leaves its queue
+-- and the retry schedule and ends in 'error' with the reason; a 'started' one is announced on
+-- the stop list (its runner stops it); a final one is left as it is.
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return '' end
+if st == 'dispatched' or st == 'waiting_for_prerequisites' then
+  redis.call('LREM', KEYS[2], 0, ARGV[3])
+  redis.call('ZREM', KEYS[3], KEYS[2] .. '|' .. ARGV[3])
+  redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
+elseif st == 'started' then
+  redis.call('LPUSH', KEYS[4], ARGV[3])
+end
+return st

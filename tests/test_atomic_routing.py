@@ -1,0 +1,308 @@
+"""Each script of bus/atomic/queues.py, routing.py and flows.py on its own, against a real Valkey:
+what it writes and what it returns, refusals included."""
+
+from __future__ import annotations
+
+from bus import keys
+from bus.atomic import flows, queues, routing
+from bus.models import Message, MessageType
+from bus.store import Store
+
+CTX = 1
+REQUEST = "message:7:1"
+JOB = "job:7:1"
+
+
+async def _zset(store: Store, key: str) -> list[tuple[str, float]]:
+    return [
+        (str(m), float(s))
+        for m, s in await store.call(CTX, lambda r: r.zrange(key, 0, -1, withscores=True))
+    ]
+
+
+async def test_pop_batch_moves_oldest_first_and_reads_each_hash(store: Store) -> None:
+    await store.hset(CTX, "job:1:1", {"a": "1"})
+    await store.call(CTX, lambda r: r.set("job:1:2", "a string"))
+    await store.lpush(CTX, "src", "job:1:1", "job:1:2", "job:1:3", "job:1:4")
+    raw = await queues.pop_batch(store, CTX, "src", "fly", 3, read=True)
+    assert raw[0::2] == ["job:1:1", "job:1:2", "job:1:3"]
+    assert raw[1] in (["a", "1"], {"a": "1"})
+    assert raw[3] == "string"
+    assert not raw[5]
+    assert await store.lrange(CTX, "src") == ["job:1:4"]
+    assert await store.lrange(CTX, "fly") == ["job:1:3", "job:1:2", "job:1:1"]
+    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == ["job:1:4"]
+    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == []
+
+
+async def test_read_hash_and_read_hashes_name_the_wrong_type(store: Store) -> None:
+    await store.hset(CTX, "h", {"f": "v"})
+    await store.lpush(CTX, "l", "x")
+    assert await queues.read_hash(store, CTX, "l") == "list"
+    assert not await queues.read_hash(store, CTX, "absent")
+    hashes = await queues.read_hashes(store, CTX, ["h", "l", "absent"])
+    assert hashes[0] in (["f", "v"], {"f": "v"})
+    assert hashes[1] == "list"
+    assert not hashes[2]
+
+
+async def test_recover_requeues_then_dead_letters_a_poison_entry(store: Store) -> None:
+    await store.lpush(CTX, "fly", "a", "b")  # fly: b a (a popped first)
+    assert await queues.recover(store, CTX, "fly", "src", max_deliveries=1, now=5) == 2
+    assert await store.lrange(CTX, "src") == ["b", "a"]  # a is consumed first again
+    assert not await store.lrange(CTX, "fly")
+    await store.call(CTX, lambda r: r.lmove("src", "fly", "RIGHT", "LEFT"))  # "a" again
+    assert await queues.recover(store, CTX, "fly", "src", max_deliveries=1, now=6) == 0
+    assert await store.lrange(CTX, "src") == ["b"]
+    (letter,) = await store.dead_letters(CTX)
+    assert letter == {
+        "key": "a",
+        "reason": "too_many_deliveries",
+        "detail": "delivered 2 times without being processed",
+        "at": 6,
+        "queue": "src",
+        "count": 2,
+    }
+    assert await store.hgetall(CTX, keys.REDELIVERIES) == {"b": "1"}
+    assert await store.call(CTX, lambda r: r.ttl(keys.REDELIVERIES)) > 0
+
+
+async def test_retry_dead_redrives_once_and_leaves_what_names_no_queue(store: Store) -> None:
+    await store.dead_letter(CTX, "k", "r1", queue="q")
+    await store.dead_letter(CTX, "k", "r2", queue="q")
+    await store.dead_letter(CTX, "k", "r3")  # refused where no retry can send it
+    await store.lpush(CTX, keys.DLQ, "not json")
+    await store.hset(CTX, keys.REDELIVERIES, {"k": "3"})
+    assert await queues.retry_dead(store, CTX, "k") == 2
+    assert await store.lrange(CTX, "q") == ["k"]
+    assert [e for e in await store.lrange(CTX, keys.DLQ) if "r3" in e or e == "not json"]
+    assert await store.llen(CTX, keys.DLQ) == 2
+    assert await store.hgetall(CTX, keys.REDELIVERIES) == {}
+    assert await queues.retry_dead(store, CTX, "other") == 0
+
+
+async def test_purge_dead_deletes_only_the_key_s_letters(store: Store) -> None:
+    for key in ("k", "other", "k"):
+        await store.dead_letter(CTX, key, "r")
+    await store.lpush(CTX, keys.DLQ, "not json")
+    assert await queues.purge_dead(store, CTX, "k") == 2
+    assert len(await store.lrange(CTX, keys.DLQ)) == 2
+
+
+async def test_deliver_stores_and_queues_a_message_once(store: Store) -> None:
+    batch = [("message:1:1", {"a": "1"}), ("message:1:2", {"b": "2"})]
+    assert await routing.deliver(store, CTX, batch) == [True, True]
+    again = [("message:1:1", {"a": "changed"})]
+    assert await routing.deliver(store, CTX, again) == [False]
+    assert await store.hgetall(CTX, "message:1:1") == {"a": "1"}
+    assert await store.lrange(CTX, keys.MSG_IN) == ["message:1:2", "message:1:1"]
+
+
+async def test_mark_acked_only_by_the_destination(store: Store) -> None:
+    await store.hset(CTX, "m1", {"destination": "peer", "status": "dispatched"})
+    await store.hset(CTX, "m2", {"destination": "peer", "status": "processed"})
+    await store.hset(CTX, "m3", {"destination": "someone else", "status": "dispatched"})
+    assert await routing.mark_acked(store, CTX, ["m1", "m2", "m3"], now=9, peer="peer") == [
+        True,
+        True,
+        False,
+    ]
+    m1 = await store.hgetall(CTX, "m1")
+    assert m1 == {
+        "destination": "peer",
+        "status": "acknowledged",
+        "acked_at": "9",
+        "updated_at": "9",
+    }
+    assert (await store.hgetall(CTX, "m2"))["status"] == "processed"
+    assert await store.hgetall(CTX, "m3") == {"destination": "someone else", "status": "dispatched"}
+
+
+def _message(ident: int, nonce: str) -> Message:
+    return Message(
+        id=ident, caller_id=7, context_id=CTX, message="", message_type=MessageType.JOB, nonce=nonce
+    )
+
+
+async def test_materialise_writes_or_refuses_each_message_whole(store: Store) -> None:
+    first, replay, reused_nonce, squatter = (
+        _message(1, "n1"),
+        _message(1, "n9"),
+        _message(2, "n1"),
+        _message(3, ""),
+    )
+    await store.lpush(CTX, "fly", first.key, squatter.key)
+    write = routing.JobWrite(JOB, "queue:py", {"message_key": first.key, "x": "1"})
+    stolen = routing.JobWrite(JOB, "queue:py", {"message_key": squatter.key})
+    batch = [(first, [write]), (replay, [write]), (reused_nonce, []), (squatter, [stolen])]
+    codes, depth, owners = await routing.materialise_batch(
+        store, CTX, "fly", batch, now=50, window_s=60, depth_of=["queue:py", "queue:none"]
+    )
+    assert codes == [0, 1, 2, 3]
+    assert depth == 1
+    assert owners == ["", "", "", f"{JOB} {first.key}"]
+    assert await store.hgetall(CTX, JOB) == {"message_key": first.key, "x": "1"}
+    assert await store.lrange(CTX, "queue:py") == [JOB]
+    assert await store.hgetall(CTX, first.key) == {"status": "acknowledged", "updated_at": "50"}
+    assert await store.get(CTX, keys.nonce(7, "n1")) == first.key
+    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen(first.key))) <= 60
+    assert await store.lrange(CTX, "fly") == [squatter.key]  # refused: left for its refusal
+
+
+async def test_write_own_job_never_overwrites_another_message_s_job(store: Store) -> None:
+    await store.call(CTX, lambda r: r.set("job:7:9", "a string"))
+    async with store.transaction(CTX) as tx:
+        routing.write_own_job(tx, JOB, "m1", {"message_key": "m1", "v": "1"})
+        routing.write_own_job(tx, JOB, "m2", {"message_key": "m2", "v": "2"})
+        routing.write_own_job(tx, JOB, "m1", {"message_key": "m1", "v": "3"})
+        routing.write_own_job(tx, "job:7:9", "m1", {"message_key": "m1"})
+    assert await store.hgetall(CTX, JOB) == {"message_key": "m1", "v": "3"}
+    assert await store.get(CTX, "job:7:9") == "a string"
+
+
+def _write(job_key: str = JOB, status: str = "finished") -> routing.ResultWrite:
+    return routing.ResultWrite(
+        job_key=job_key,
+        request=REQUEST,
+        status=status,
+        result='{"out": "1"}',
+        reason="",
+        stamp=70,
+        request_status="processed",
+        reply='{"done": true}',
+        reply_ttl_s=30,
+    )
+
+
+async def test_apply_result_touches_only_the_request_s_own_job(store: Store) -> None:
+    await store.hset(CTX, JOB, {"message_key": REQUEST, "flow_id": "4", "status": "started"})
+    await store.hset(CTX, "job:7:2", {"message_key": "message:9:9", "status": "started"})
+    async with store.transaction(CTX) as tx:
+        routing.apply_result(tx, _write())
+        routing.apply_result(tx, _write("job:7:2"))
+    job = await store.hgetall(CTX, JOB)
+    assert job["status"] == "finished"
+    assert job["result"] == '{"out": "1"}'
+    assert job["updated_at"] == "70"
+    assert (await store.hgetall(CTX, "job:7:2"))["status"] == "started"
+    request = await store.hgetall(CTX, REQUEST)
+    assert request == {"status": "processed", "updated_at": "70", "processed_at": "70"}
+    assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}'] * 2
+    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.reply(REQUEST))) <= 30
+    assert await store.lrange(CTX, keys.FLOW_EVENTS) == ["4"]
+
+
+def _accept(key: str, nonce: str = "", origin: str = "peer") -> routing.ResultAccept:
+    return routing.ResultAccept(key, nonce, origin, _write())
+
+
+async def _accept_all(store: Store, results: list[routing.ResultAccept]) -> list[tuple[str, str]]:
+    return await routing.accept_results(store, CTX, "fly", results, window_s=60, node_id="me")
+
+
+async def test_accept_results_checks_then_writes_atomically(store: Store) -> None:
+    assert await _accept_all(store, [_accept("message:8:1")]) == [("unknown_request", "")]
+    await store.hset(CTX, REQUEST, {"destination": "peer", "status": "acknowledged"})
+    await store.hset(CTX, JOB, {"message_key": REQUEST})
+    await store.lpush(CTX, "fly", "message:8:1", "message:8:2")
+    verdicts = await _accept_all(
+        store,
+        [
+            _accept("message:8:3", origin="stranger"),
+            _accept("message:8:1", "nonce:8:x"),
+            _accept("message:8:1"),
+            _accept("message:8:2", "nonce:8:x"),
+        ],
+    )
+    assert verdicts == [("wrong_signer", ""), ("ok", ""), ("replay", "message key")] + [
+        ("replay", "nonce")
+    ]
+    assert (await store.hgetall(CTX, JOB))["status"] == "finished"
+    assert await store.hgetall(CTX, "message:8:1") == {"status": "processed"}
+    assert await store.get(CTX, keys.seen("message:8:1")) == "1"
+    assert await store.get(CTX, "nonce:8:x") == "message:8:1"
+    assert await store.lrange(CTX, "fly") == ["message:8:2"]
+    assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}']
+
+
+async def test_accept_results_refuses_wrong_types_and_late_results(store: Store) -> None:
+    await store.call(CTX, lambda r: r.set(keys.reply(REQUEST), "x"))
+    ((reason, detail),) = await _accept_all(store, [_accept("message:8:1")])
+    assert reason == "wrong_type"
+    assert detail == f"{keys.reply(REQUEST)} holds a string"
+    await store.call(CTX, lambda r: r.delete([keys.reply(REQUEST)]))
+    await store.hset(
+        CTX, REQUEST, {"destination": "peer", "status": "error", "reason": "timeout_ack: late"}
+    )
+    assert await _accept_all(store, [_accept("message:8:1")]) == [
+        ("late_result", "timeout_ack: late")
+    ]
+    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert not await store.exists(CTX, keys.reply(REQUEST))
+
+
+async def test_pop_due_takes_what_is_due_once(store: Store) -> None:
+    members = {"ack|m1": 100, "result|m1": 200, "ack|m2": 300}
+    await store.call(CTX, lambda r: r.zadd(keys.DEADLINES, members))
+    assert await routing.pop_due(store, CTX, 200) == (300, ["ack|m1", "result|m1"])
+    assert await routing.pop_due(store, CTX, 200) == (300, [])
+    assert await routing.pop_due(store, CTX, 300) == (-1, ["ack|m2"])
+    assert await _zset(store, keys.DEADLINES) == []
+
+
+async def test_stop_job_by_the_status_the_job_had(store: Store) -> None:
+    queue, delayed = keys.queue("py"), f"{keys.queue('py')}|{JOB}"
+    await store.hset(CTX, JOB, {"status": "dispatched"})
+    await store.lpush(CTX, queue, JOB, "job:7:2")
+    await store.call(CTX, lambda r: r.zadd(keys.DELAYED, {delayed: 1}))
+    assert await routing.stop_job(store, CTX, JOB, "py", reason="stopped: x", now=3) == "dispatched"
+    assert await store.hgetall(CTX, JOB) == {
+        "status": "error",
+        "reason": "stopped: x",
+        "updated_at": "3",
+    }
+    assert await store.lrange(CTX, queue) == ["job:7:2"]
+    assert not await _zset(store, keys.DELAYED)
+    await store.hset(CTX, "job:7:2", {"status": "started"})
+    assert await routing.stop_job(store, CTX, "job:7:2", "py", reason="r", now=4) == "started"
+    assert await store.lrange(CTX, keys.stop_queue("py")) == ["job:7:2"]
+    assert (await store.hgetall(CTX, "job:7:2"))["status"] == "started"
+    assert await routing.stop_job(store, CTX, JOB, "py", reason="again", now=5) == "error"
+    assert (await store.hgetall(CTX, JOB))["reason"] == "stopped: x"
+    assert await routing.stop_job(store, CTX, "job:7:3", "py", reason="r", now=5) == ""
+
+
+async def test_due_to_events_moves_due_flows_onto_flow_events(store: Store) -> None:
+    await store.call(CTX, lambda r: r.zadd(keys.FLOW_DEADLINES, {"1": 10, "2": 20, "3": 30}))
+    assert await flows.due_to_events(store, CTX, 20) == 30
+    assert sorted(await store.lrange(CTX, keys.FLOW_EVENTS)) == ["1", "2"]
+    assert await _zset(store, keys.FLOW_DEADLINES) == [("3", 30.0)]
+    assert await flows.due_to_events(store, CTX, 40) == -1
+
+
+async def test_end_unfinished_leaves_final_jobs_as_they_are(store: Store) -> None:
+    await store.hset(CTX, "job:7:1", {"status": "finished"})
+    await store.hset(CTX, "job:7:2", {"status": "error", "reason": "own"})
+    await store.hset(CTX, "job:7:3", {"status": "dispatched"})
+    names = ["job:7:1", "job:7:2", "job:7:3", "job:7:4"]
+    assert await flows.end_unfinished(store, CTX, names, "flow_deadline", 8) == 2
+    assert await store.hgetall(CTX, "job:7:1") == {"status": "finished"}
+    assert (await store.hgetall(CTX, "job:7:2"))["reason"] == "own"
+    ended = {"status": "error", "reason": "flow_deadline", "updated_at": "8"}
+    assert await store.hgetall(CTX, "job:7:3") == ended
+    assert await store.hgetall(CTX, "job:7:4") == ended
+
+
+def test_every_script_states_its_contract() -> None:
+    from importlib import resources
+
+    lua = resources.files("bus.atomic").joinpath("lua")
+    mine = [f for f in lua.iterdir() if f.name.split("_")[0] in ("queues", "routing", "flows")]
+    assert len(mine) >= 18
+    for f in mine:
+        head = f.read_text("utf-8").split("\n")[:14]
+        assert head[0].startswith("-- "), f.name
+        if "Fragment" not in head[0]:
+            text = "\n".join(head)
+            missing = [w for w in ("KEYS", "ARGV", "Returns", "Atomic effect") if w not in text]
+            assert not missing, f.name
