@@ -6,7 +6,8 @@ run_node
     ├── transport listener (websocket, authenticated links)
     ├── per peer: dialer (if it has an address) + durable outbox sender
     ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
-    └── registry watcher (contexts and peers registered while running)
+    ├── registry watcher (contexts and peers registered while running)
+    └── counters publisher (node:info ``counters``, for ``hero-node status``)
 """
 
 from __future__ import annotations
