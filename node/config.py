@@ -169,8 +169,9 @@ _HELP = {
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
     "python_workers": "python jobs run in warm worker processes (one per slot, recycled every 500 "
     "jobs, killed on\ntimeout); false: one fresh interpreter per job",
-    "lease_ttl_ms": "a runner's lease on the job it runs (renewed every third of it); a runner "
-    "that misses it\nis taken for stalled and its job is run again",
+    "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
+    "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
+    "while the job has\nretries left",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
     "in;\nother types need a command below)",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "
