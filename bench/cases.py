@@ -36,7 +36,7 @@ from bench.harness import (
 )
 from bus.client import Client, open_client
 from bus.envelope import verify_message
-from bus.frames import Frame, encode_frame, encode_msg_item, encode_msgs
+from bus.frames import Frame, encode_msg_item, encode_msgs
 from bus.models import Message
 from bus.transport import Link, Transport
 from crypto import KeyPair
@@ -420,10 +420,7 @@ class _Counter:
 
     async def on_msg(self, link: Link, frame: Frame) -> None:
         """Receiver side: what a node must do at least per delivery (ack it), nothing stored."""
-        if frame.type == "msg":
-            self._check(frame.body["fields"])
-            await link.send("ack", ctx=frame.body["ctx"], key=frame.body["key"])
-        elif frame.type == "msgs":  # a batch, answered by one acks frame (as LinkHandler does)
+        if frame.type == "msgs":  # a batch, answered by one acks frame (as LinkHandler does)
             for item in frame.body["msgs"]:
                 self._check(item["fields"])
             acks = [{"ctx": item["ctx"], "key": item["key"]} for item in frame.body["msgs"]]
@@ -436,8 +433,8 @@ class _Counter:
                 self.bad += 1
 
     async def on_ack(self, link: Link, frame: Frame) -> None:
-        if frame.type in ("ack", "acks"):
-            self.got += len(frame.body["acks"]) if frame.type == "acks" else 1
+        if frame.type == "acks":
+            self.got += len(frame.body["acks"])
             if self.got >= self.n:
                 self.done.set()
 
@@ -448,16 +445,14 @@ class _Counter:
 async def transport_run(
     n: int, messages: list[Message], actor: KeyPair, verify: bool, batch: int = 1
 ) -> tuple[float, float]:
-    """(signed msgs/s over an authenticated Transport link with acks, raw echo msgs/s). With
-    ``batch`` > 1, messages travel in ``msgs`` frames of that many (as the outbox sends what it
-    holds under load), each answered by one ``acks`` frame; the raw echo carries the same
+    """(signed msgs/s over an authenticated Transport link with acks, raw echo msgs/s). Messages
+    travel in ``msgs`` frames of ``batch`` (as the outbox sends what it holds: one when idle,
+    more under load), each answered by one ``acks`` frame; the raw echo carries the same
     frames."""
     ka, kb = KeyPair.generate(), KeyPair.generate()
     n = max(batch, n - n % batch)  # whole frames
     counter = _Counter(n, actor.public_hex if verify else "")
-    frames = [
-        {"ctx": CONTEXT_ID, "key": m.key, "fields": m.to_hash()} for m in messages
-    ]  # what the outbox sends: the stored message hash
+    # what the outbox sends: the stored message hash
     items = [encode_msg_item(CONTEXT_ID, m.key, m.to_hash()) for m in messages]
     batch_payloads = [
         encode_msgs([items[(i + j) % len(items)] for j in range(batch)])
@@ -472,20 +467,15 @@ async def transport_run(
             link = await ta.wait_link(kb.public_hex)
         t0 = time.perf_counter()
         with trio.fail_after(300):
-            if batch == 1:
-                for i in range(n):
-                    f = frames[i % len(frames)]
-                    await link.send("msg", **f)
-            else:
-                for i in range(0, n, batch):
-                    await link.send_raw(batch_payloads[(i // batch) % len(batch_payloads)])
+            for i in range(0, n, batch):
+                await link.send_raw(batch_payloads[(i // batch) % len(batch_payloads)])
             await counter.done.wait()
         transport_rate = n / (time.perf_counter() - t0)
         nursery.cancel_scope.cancel()
     if counter.bad:
         raise RuntimeError(f"{counter.bad} signatures failed in the transport bench")
 
-    payloads = [encode_frame("msg", **f) for f in frames] if batch == 1 else batch_payloads
+    payloads = batch_payloads
 
     async def echo(request: Any) -> None:
         ws = await request.accept()
@@ -525,9 +515,7 @@ async def case_transport(env: Env) -> list[Row]:
         workload.signed_job_message(env.actor, ACTOR_ID, CONTEXT_ID, origin, dest)
         for _ in range(200)
     ]
-    size = len(
-        encode_frame("msg", ctx=CONTEXT_ID, key=messages[0].key, fields=messages[0].to_hash())
-    )
+    size = len(encode_msgs([encode_msg_item(CONTEXT_ID, messages[0].key, messages[0].to_hash())]))
     n = env.plan.transport_msgs
     plain: list[tuple[float, float]] = []
     batched: list[tuple[float, float]] = []

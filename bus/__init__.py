@@ -1,0 +1,52 @@
+"""hero-bus for trio programs: submit signed jobs to a node and await their results.
+
+A client talks to its node's Redis (``hero-node status`` names it; ``hero-node credentials
+client`` prints the URL of the client role of an embedded Valkey) and signs with an actor's key
+(``hero-node init`` writes one, ``actor.key``, for actor 1 in context 1)::
+
+    import trio
+    from bus import new_job, open_client
+    from crypto import read_key_file
+
+    async def main(redis_url: str, actor_key: str) -> None:
+        actor = read_key_file(actor_key)
+        async with open_client(redis_url) as client:
+            job = new_job(1, 1, "python", "print(6 * 7)")  # caller 1, context 1
+            message = await client.submit(actor, 1, to="self", context_id=1, jobs=[job])
+            [result] = await client.wait_results(message, timeout_s=30)
+            print(result.status.value, result.stdout, end="")
+
+    trio.run(main, "redis://127.0.0.1:6379", "actor.key")  # prints: finished 42
+
+Every error raised here is a :class:`BusError`; signing keys and their errors come from
+``crypto``.
+"""
+
+from bus.client import Client, JobResult, new_job, open_client
+from bus.dag import FlowError
+from bus.errors import (
+    BusError,
+    ClientError,
+    ContentError,
+    FrameError,
+    HandshakeError,
+    ModelError,
+    StoreError,
+    TransportError,
+)
+
+__all__ = [
+    "BusError",
+    "Client",
+    "ClientError",
+    "ContentError",
+    "FlowError",
+    "FrameError",
+    "HandshakeError",
+    "JobResult",
+    "ModelError",
+    "StoreError",
+    "TransportError",
+    "new_job",
+    "open_client",
+]

@@ -48,6 +48,9 @@ from crypto.errors import KeyFormatError
 
 @dataclass(frozen=True)
 class JobResult:
+    """The final state of one job, as its result message reported it (:meth:`Client.wait_results`):
+    ``result`` holds ``stdout``, ``stderr`` and ``exit_code``; ``reason`` says why it failed."""
+
     job_key: str
     status: JobStatus
     result: dict[str, str]
@@ -103,6 +106,12 @@ def new_job(
 
 
 class Client:
+    """The client API on one node's Redis: registrations, submissions, results, flows and logs.
+
+    Open one with :func:`open_client`; one client may serve many concurrent tasks (their writes
+    are group-committed). Its methods raise ClientError for a request that cannot be carried out
+    and StoreError when Redis fails."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
         self._node_id: str | None = None
@@ -691,5 +700,8 @@ def _stamp(value: str) -> str:
 
 @asynccontextmanager
 async def open_client(redis_url: str) -> AsyncIterator[Client]:
+    """A :class:`Client` on the node's Redis at ``redis_url``, closed on exit.
+
+    Raises StoreError if Redis cannot be reached."""
     async with open_store(redis_url) as store:
         yield Client(store)

@@ -4,8 +4,8 @@ Handshake frames: ``hello`` (both sides), ``auth`` (initiator), ``welcome`` (res
 Data frames: ``msgs`` (up to :data:`MAX_BATCH` message hashes, each for a context: whatever
 the sender had ready, never held back to fill a batch) answered by one ``acks`` (the keys stored
 and queued, and the ``nacks``: keys refused, each with a reason; the sender dead-letters those
-instead of retrying forever). The one-message forms ``msg``, ``ack`` and ``nack`` are still
-understood (a ``msg`` is answered with ``acks`` too).
+instead of retrying forever). A single message travels as a ``msgs`` frame of one: any other
+type tag is refused as an unknown frame.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ _REQUIRED: dict[str, dict[str, type]] = {
     "hello": {"v": int, "node": str, "nonce": str},
     "auth": {"sig": str},
     "welcome": {"sig": str},
-    "msg": {"ctx": int, "key": str, "fields": dict},
-    "ack": {"ctx": int, "key": str},
-    "nack": {"ctx": int, "key": str, "reason": str},
     "msgs": {"msgs": list},
     "acks": {"acks": list, "nacks": list},
 }
@@ -98,8 +95,6 @@ def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) ->
     if not isinstance(frame_type, str) or frame_type not in _REQUIRED:
         raise FrameError(f"unknown frame type {str(frame_type)[:40]!r}")
     _check_fields(f"{frame_type} frame", obj, _REQUIRED[frame_type])
-    if frame_type == "msg" and not fields_are_strings(obj["fields"]):
-        raise FrameError("msg frame: fields must map strings to strings")
     if frame_type in _ITEMS:
         _check_items(frame_type, obj)
     return Frame(frame_type, obj)

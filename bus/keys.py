@@ -136,7 +136,6 @@ CONTEXTS = "contexts"  # set of context ids this node serves
 NODE_EVENTS = (
     "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
 )
-NODE_DLQ = DLQ  # dead letters that belong to no context (bad frames) go to DB 0's dlq
 NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
 
 

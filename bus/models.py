@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
@@ -62,21 +62,6 @@ class MessageFormat(StrEnum):
     HTML = "html"
     TEXT = "text"
     MD = "md"
-
-
-class ScriptType(StrEnum):
-    OSIS = "osis"
-    SAL = "sal"
-    V = "v"
-    PYTHON = "python"
-    SH = "sh"
-
-
-class RunnerType(StrEnum):
-    V = "v"
-    PYTHON = "python"
-    OSIS = "osis"
-    RUST = "rust"
 
 
 # -- field codecs ------------------------------------------------------------------------------
@@ -566,9 +551,6 @@ class Message:
                 h[name] = value
         h["job"] = _dump([j.stored_dict() for j in self.job])
         return h
-
-    def with_status(self, status: MessageStatus, reason: str = "") -> Self:
-        return replace(self, status=status, reason=reason)
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:

@@ -129,6 +129,8 @@ class Transport:
         on_bad_frame: BadFrameHandler,
         config: TransportConfig | None = None,
         reload_peers: Callable[[], Awaitable[None]] | None = None,
+        *,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
         self.key = key
         self.node_id = key.public_hex
@@ -143,7 +145,10 @@ class Transport:
         self._on_bad_frame = on_bad_frame
         self._links: dict[str, Link] = {}
         self._link_added = trio.Event()
-        self.refused: dict[str, int] = {}  # handshake refusal reasons -> count (metrics)
+        # refusal reasons (handshakes, oversize frames) -> count; ``on_refused(reason)`` is
+        # called after each, so that the node publishes the counts (node/counters.py)
+        self.refused: dict[str, int] = {}
+        self._on_refused = on_refused
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -300,12 +305,17 @@ class Transport:
 
     def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:
         reason = exc.reason if isinstance(exc, HandshakeError) else type(exc).__name__
-        self.refused[reason] = self.refused.get(reason, 0) + 1
+        self._count_refused(reason)
         try:
             remote = getattr(ws.remote, "address", ws.remote)
         except OSError:  # the socket is already gone
             remote = "a closed connection"
         log.warning("%s handshake with %s refused: %s", direction, remote, exc)
+
+    def _count_refused(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        if self._on_refused is not None:
+            self._on_refused(reason)
 
     async def _read(self, link: Link) -> None:
         while True:
@@ -330,7 +340,7 @@ class Transport:
     def _closed(self, link: Link, exc: ConnectionClosed) -> None:
         code = getattr(exc.reason, "code", None)
         if code == 1009:  # MESSAGE_TOO_BIG: trio-websocket enforced max_frame_bytes
-            self.refused["oversize_frame"] = self.refused.get("oversize_frame", 0) + 1
+            self._count_refused("oversize_frame")
             log.warning(
                 "link %s…: frame above %d bytes; link closed",
                 link.peer_id[:16],

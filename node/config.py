@@ -12,11 +12,14 @@ Layout of a node's home directory (``hero-node init`` creates it):
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import get_type_hints
+
+import tomli_w
 
 from node.errors import ConfigError
 from node.runners.commands import validate_commands, validate_groups
@@ -82,25 +85,30 @@ class NodeConfig:
         return self.home / "config.toml"
 
 
-_INT_FIELDS = (
-    "listen_port",
-    "valkey_port",
-    "valkey_databases",
-    "actor_id",
-    "context_id",
-    "max_frame_bytes",
-    "reply_ttl_s",
-    "flow_deadline_s",
-    "max_age_s",
-    "max_skew_s",
-    "max_output_bytes",
-    "lease_ttl_ms",
-    "max_message_bytes",
-    "max_script_bytes",
-)
-_FLOAT_FIELDS = ("handshake_timeout_s", "grace_s")
-_STR_FIELDS = ("name", "listen_host", "redis_url", "valkey_host")
-_BOOL_FIELDS = ("tls", "python_workers")
+# The [node] settings are the fields of NodeConfig with a scalar type, checked against it; a field
+# with another type (the home, the tables below) is not a [node] setting.
+_SCALAR_TYPES = (bool, int, float, str)
+_SETTINGS: dict[str, type] = {
+    f.name: hint
+    for f in fields(NodeConfig)
+    if (hint := get_type_hints(NodeConfig)[f.name]) in _SCALAR_TYPES
+}
+
+# The tables of config.toml beside [node]: each dict field of NodeConfig, checked by its validator
+# (which knows [runners], read first) and carried over as the validator returns it.
+_TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] = {
+    "commands": validate_commands,
+    "runner_groups": validate_groups,
+}
+
+
+def _fits(value: object, kind: type) -> bool:
+    """Whether a TOML value may set a setting of type ``kind`` (an int serves as a float)."""
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
 
 
 def load_config(home: Path) -> NodeConfig:
@@ -111,115 +119,83 @@ def load_config(home: Path) -> NodeConfig:
             f"no node configuration at {path}; create one with: hero-node init --home {home}"
         )
     try:
-        raw = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     section = raw.get("node", {})
     values: dict[str, object] = {}
-    for name in _INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS + _BOOL_FIELDS:
-        if name not in section:
-            continue
-        value = section[name]
-        ok = (
-            isinstance(value, int) and not isinstance(value, bool)
-            if name in _INT_FIELDS
-            else isinstance(value, int | float)
-            if name in _FLOAT_FIELDS
-            else isinstance(value, bool)
-            if name in _BOOL_FIELDS
-            else isinstance(value, str)
-        )
-        if not ok:
-            raise ConfigError(f"{path}: [node] {name} has the wrong type ({value!r})")
-        values[name] = value
+    for name, kind in _SETTINGS.items():
+        if name in section:
+            if not _fits(section[name], kind):
+                raise ConfigError(f"{path}: [node] {name} has the wrong type ({section[name]!r})")
+            values[name] = section[name]
     runners = raw.get("runners", DEFAULT_RUNNERS)
-    if not isinstance(runners, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in runners.values()
-    ):
+    if not isinstance(runners, dict) or not all(_fits(v, int) and v >= 0 for v in runners.values()):
         raise ConfigError(
             f"{path}: [runners] maps a script type to a concurrency >= 0 "
             "(0: no local runner; external runners serve the type)"
         )
-    unknown = set(section) - set(_INT_FIELDS + _FLOAT_FIELDS + _STR_FIELDS + _BOOL_FIELDS)
+    unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
     try:
-        commands = validate_commands(raw.get("commands", {}), runners)
-        groups = validate_groups(raw.get("runner_groups", {}), runners)
+        tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return NodeConfig(
-        home=home,
-        runners=dict(runners),
-        commands=commands,
-        runner_groups=groups,
-        **values,  # type: ignore[arg-type]
-    )
+    return NodeConfig(home=home, runners=dict(runners), **tables, **values)  # type: ignore[arg-type]
+
+
+# What config.toml says above a setting or a table, for whoever edits it by hand.
+_HELP = {
+    "listen_host": "websocket listener for links from peer nodes",
+    "redis_url": "Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF "
+    'everysec).\nA Redis of your own needs ACL users and the default user off (README: "Who may '
+    "write the\nnode's Valkey\"); the URL then names the node's user and password",
+    "valkey_port": "the embedded Valkey listens on the unix socket run/valkey.sock (only this user "
+    "may connect;\nevery role authenticates with its password in secrets/). A port (not 0) opens "
+    "TCP too, on\nvalkey_host, for external runners on other machines: `hero-node runner "
+    "credentials`",
+    "actor_id": "the actor of actor.key and the context the node creates for it on first start",
+    "flow_deadline_s": "a flow not over this long after its creation ends in error "
+    "(flow_deadline), its unfinished\njobs too, unless its signed document sets its own "
+    "deadline_s",
+    "max_age_s": "freshness: refuse messages older than max_age_s or dated more than max_skew_s "
+    "ahead;\nkeys and nonces of accepted messages are remembered for that window (replay "
+    "protection)",
+    "max_message_bytes": 'a message (its stored fields) or a job\'s script larger than this is '
+    'refused ("oversize")',
+    "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
+    "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
+    "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
+    "python_workers": "python jobs run in warm worker processes (one per slot, recycled every 500 "
+    "jobs, killed on\ntimeout); false: one fresh interpreter per job",
+    "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
+    "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
+    "while the job has\nretries left",
+    "runners": "concurrency of the runners per context, by script type (python and sh are built "
+    "in;\nother types need a command below)",
+    "commands": "commands of other script types: a non-empty list of strings; placeholders "
+    "{script_file}\n(the script in a 0600 temp file, removed after the job; else the script is "
+    "on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = [\"v\", "
+    '"run", "{script_file}"]',
+    "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
+    "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
+}
+
+
+def _commented(name: str, toml: str) -> str:
+    note = _HELP.get(name)
+    return "".join(f"# {line}\n" for line in note.splitlines()) + toml if note else toml
 
 
 def render_config(cfg: NodeConfig) -> str:
-    """The TOML text ``hero-node init`` writes, with comments explaining each setting."""
-    runners = "\n".join(f"{k} = {v}" for k, v in cfg.runners.items())
-    commands = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.commands.items())
-    groups = "\n".join(f"{k} = {json.dumps(v)}" for k, v in cfg.runner_groups.items())
-    return f"""\
-# hero-node configuration (see `hero-node --help`)
-[node]
-name = "{cfg.name}"
-# websocket listener for links from peer nodes
-listen_host = "{cfg.listen_host}"
-listen_port = {cfg.listen_port}
-# serve wss:// with a self-signed certificate (peers authenticate by node key, and the
-# handshake binds the certificate, so no CA is involved); peers dial wss://host:port
-tls = {"true" if cfg.tls else "false"}
-# Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF everysec).
-# A Redis of your own needs ACL users and the default user off (README: "Who may write the
-# node's Valkey"); the URL then names the node's user and password
-redis_url = "{cfg.redis_url}"
-# the embedded Valkey listens on the unix socket run/valkey.sock (only this user may connect;
-# every role authenticates with its password in secrets/). A port (not 0) opens TCP too, on
-# valkey_host, for external runners on other machines: `hero-node runner credentials`
-valkey_port = {cfg.valkey_port}
-valkey_host = "{cfg.valkey_host}"
-valkey_databases = {cfg.valkey_databases}
-# the actor of actor.key and the context the node creates for it on first start
-actor_id = {cfg.actor_id}
-context_id = {cfg.context_id}
-max_frame_bytes = {cfg.max_frame_bytes}
-handshake_timeout_s = {cfg.handshake_timeout_s}
-reply_ttl_s = {cfg.reply_ttl_s}
-# a flow not over this long after its creation ends in error (flow_deadline), its unfinished
-# jobs too, unless its signed document sets its own deadline_s
-flow_deadline_s = {cfg.flow_deadline_s}
-# freshness: refuse messages older than max_age_s or dated more than max_skew_s ahead;
-# keys and nonces of accepted messages are remembered for that window (replay protection)
-max_age_s = {cfg.max_age_s}
-max_skew_s = {cfg.max_skew_s}
-max_output_bytes = {cfg.max_output_bytes}
-# a message (its stored fields) or a job's script larger than this is refused ("oversize")
-max_message_bytes = {cfg.max_message_bytes}
-max_script_bytes = {cfg.max_script_bytes}
-# on SIGTERM/SIGINT, running jobs get this long to finish
-grace_s = {cfg.grace_s}
-
-# python jobs run in warm worker processes (one per slot, recycled every 500 jobs, killed on
-# timeout); false: one fresh interpreter per job
-python_workers = {"true" if cfg.python_workers else "false"}
-
-# concurrency of the runners per context, by script type (python and sh are built in;
-# other types need a command below)
-[runners]
-{runners}
-
-# commands of other script types: a non-empty list of strings; placeholders {{script_file}}
-# (the script in a 0600 temp file, removed after the job; else the script is on stdin),
-# {{job_id}}, {{caller_id}}, {{context_id}}, {{script_type}}. Example:
-#   v = ["v", "run", "{{script_file}}"]
-[commands]
-{commands}
-
-# optional: the group of this node's slots of a type; slot i then consumes
-# queue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>
-[runner_groups]
-{groups}
-"""
+    """The TOML text ``hero-node init`` writes, with comments explaining the settings; values
+    are written (and escaped) by tomli-w, so any string loads back as it was."""
+    settings = "".join(
+        _commented(name, tomli_w.dumps({name: getattr(cfg, name)})) for name in _SETTINGS
+    )
+    tables = "\n".join(
+        _commented(name, tomli_w.dumps({name: getattr(cfg, name)}))
+        for name in ("runners", *_TABLES)
+    )
+    return f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}"

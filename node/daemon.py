@@ -6,7 +6,8 @@ run_node
     ├── transport listener (websocket, authenticated links)
     ├── per peer: dialer (if it has an address) + durable outbox sender
     ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
-    └── registry watcher (contexts and peers registered while running)
+    ├── registry watcher (contexts and peers registered while running)
+    └── counters publisher (node:info ``counters``, for ``hero-node status``)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
+from node.counters import run_counters
 from node.flows.engine import run_flow_engine
 from node.homelock import hold_home
 from node.resilient import resilient
@@ -120,6 +122,7 @@ async def _run_services(
         handler.on_bad_frame,
         transport_config(config),
         reload_peers=reload_peers,
+        on_refused=lambda _reason: node.counted.set(),
     )
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
@@ -128,6 +131,7 @@ async def _run_services(
         registry = Registry(node, transport, services, contexts, ws_url=ws_url)
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
+        await services.start(registry.resilient, "counters", run_counters, node, transport)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)

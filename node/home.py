@@ -53,5 +53,5 @@ def init_home(
     ensure_secrets(home)
     config.run_dir.mkdir(mode=0o700, exist_ok=True)
     config.run_dir.chmod(0o700)
-    config.config_path.write_text(render_config(config))
+    config.config_path.write_text(render_config(config), encoding="utf-8")
     return config

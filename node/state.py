@@ -31,7 +31,10 @@ class NodeState:
     key: KeyPair
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
+    # counters of what happened, by name (see count); `counted` is set when one changes and
+    # re-armed by the service that publishes them (node/counters.py)
     metrics: dict[str, int] = field(default_factory=dict)
+    counted: trio.Event = field(default_factory=trio.Event)
     # graceful shutdown: intake stops when `stopping` is set; `idle` is set when no job runs
     stopping: trio.Event = field(default_factory=trio.Event)
     idle: trio.Event = field(default_factory=trio.Event)
@@ -159,6 +162,7 @@ class NodeState:
 
     def count(self, name: str, n: int = 1) -> None:
         self.metrics[name] = self.metrics.get(name, 0) + n
+        self.counted.set()
 
     async def load_peers(self) -> list[Peer]:
         """Refresh the in-memory peer registry from DB 0; return peers not seen before."""

@@ -221,8 +221,9 @@ async def run_valkey(
 
 
 def batch_scheduling(pid: int) -> None:
-    """SCHED_BATCH for the embedded server: woken by each command the node sends, it no longer
-    preempts the node mid-batch (it runs on the other core, or when the node waits)."""
+    """SCHED_BATCH for the embedded server: woken by each command the node sends, a server under
+    the default policy would preempt the node mid-batch; under SCHED_BATCH it runs on the other
+    core, or when the node waits."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
         os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
 
@@ -249,7 +250,7 @@ def stop_stale(data_dir: Path) -> None:
 
 
 def process_gone(pid: int) -> bool:
-    """True once ``pid`` no longer runs (a zombie waiting for a reaper counts as gone)."""
+    """True once ``pid`` has exited (a zombie waiting for a reaper counts as gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"

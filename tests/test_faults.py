@@ -451,7 +451,7 @@ class Peer:
         found = {
             n["key"]: n["reason"] for f in self.frames if f.type == "acks" for n in f.body["nacks"]
         }
-        return found | {f.body["key"]: f.body["reason"] for f in self.frames if f.type == "nack"}
+        return found
 
     def acks(self) -> list[str]:
         return [a["key"] for f in self.frames if f.type == "acks" for a in f.body["acks"]]
@@ -490,13 +490,16 @@ async def link_of(transport: Transport, node_id: str) -> Link:
 
 def sent_in(frame: Frame) -> list[dict]:
     """The messages a data frame carries."""
-    return (
-        frame.body["msgs"] if frame.type == "msgs" else [frame.body] if frame.type == "msg" else []
-    )
+    return frame.body["msgs"] if frame.type == "msgs" else []
+
+
+def one_msg(ctx: int, key: str, fields: dict) -> str:
+    """A ``msgs`` frame carrying one message."""
+    return encode_frame("msgs", msgs=[{"ctx": ctx, "key": key, "fields": fields}])
 
 
 def msg_frame(msg: Message, **override: str) -> str:
-    return encode_frame("msg", ctx=msg.context_id, key=msg.key, fields=msg.to_hash() | override)
+    return one_msg(msg.context_id, msg.key, msg.to_hash() | override)
 
 
 async def good_message_runs(node, peer: Peer, link: Link, actor: KeyPair, tag: str) -> None:
@@ -516,7 +519,7 @@ async def test_bad_frames_on_an_authenticated_link_are_dead_lettered(node_factor
     alice = await node_factory("alice")
     peer, transport, actor = await linked_peer(nursery, alice)
     link = await link_of(transport, alice.node_id)
-    good = encode_frame("ack", ctx=1, key="message:1:1")
+    good = encode_frame("acks", acks=[{"ctx": 1, "key": "message:1:1"}], nacks=[])
     bad = {
         "garbage": "this is not a frame {",
         "truncated": msg_frame(job_message(actor, 50, peer.key.public_hex, alice.node_id, "1"))[
@@ -525,10 +528,12 @@ async def test_bad_frames_on_an_authenticated_link_are_dead_lettered(node_factor
         "not an object": "[1, 2, 3]",
         "unknown type": json.dumps({"t": "bogus", "ctx": 1}),
         "no type": json.dumps({"ctx": 1, "key": "message:1:1"}),
-        "wrong field type": json.dumps({"t": "msg", "ctx": "1", "key": 5, "fields": []}),
-        "missing field": json.dumps({"t": "nack", "ctx": 1, "key": "message:1:1"}),
-        "non-string field values": json.dumps(
-            {"t": "msg", "ctx": 1, "key": "message:1:1", "fields": {"id": 1}}
+        "wrong field type": json.dumps(
+            {"t": "msgs", "msgs": [{"ctx": "1", "key": 5, "fields": []}]}
+        ),
+        "missing field": json.dumps({"t": "acks", "acks": []}),
+        "a single-message frame": json.dumps(
+            {"t": "msg", "ctx": 1, "key": "message:1:1", "fields": {"id": "1"}}
         ),
         "handshake frame after the handshake": encode_frame(
             "hello", v=1, node=peer.key.public_hex, nonce="00" * 32
@@ -559,15 +564,15 @@ async def test_refused_messages_on_an_authenticated_link(node_factory, nursery):
 
     # refused at delivery (nack, DB 0 dlq): unknown context, key/fields mismatch, bad key
     unknown_ctx = base()
-    await link.send_raw(encode_frame("msg", ctx=77, key=unknown_ctx.key, fields={}))
+    await link.send_raw(one_msg(77, unknown_ctx.key, {}))
     mismatch = base()
-    await link.send_raw(encode_frame("msg", ctx=1, key=mismatch.key, fields={"id": "1"}))
-    await link.send_raw(encode_frame("msg", ctx=1, key="job:1:2", fields={}))
+    await link.send_raw(one_msg(1, mismatch.key, {"id": "1"}))
+    await link.send_raw(one_msg(1, "job:1:2", {}))
     # delivered (ack), then refused by the consumer (context 1 dlq)
     no_origin = base()
     fields = no_origin.to_hash()
     del fields["origin"]
-    await link.send_raw(encode_frame("msg", ctx=1, key=no_origin.key, fields=fields))
+    await link.send_raw(one_msg(1, no_origin.key, fields))
     bad_job_list = base()
     await link.send_raw(msg_frame(bad_job_list, job="this is not JSON"))
     job_not_list = base()
@@ -706,9 +711,7 @@ def test_decode_frame_on_typed_bodies(frame_type, body):
         frame = decode_frame(json.dumps({"t": frame_type, **body}))
     except FrameError:
         return
-    if frame.type == "msg":
-        assert isinstance(frame.body["ctx"], int)
-        assert all(isinstance(v, str) for v in frame.body["fields"].values())
+    assert frame.type in {"hello", "auth", "welcome", "msgs", "acks"}  # no single-message forms
     for item in frame.body.get("msgs", []) if frame.type == "msgs" else []:
         assert isinstance(item["ctx"], int)
         assert isinstance(item["key"], str)

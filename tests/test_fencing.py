@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -202,8 +203,11 @@ async def node_proc(tmp_path):
     def make(name: str, **node_options: object) -> NodeProcess:
         made.append(NodeProcess(tmp_path / name, name))
         cfg = made[-1].config.config_path
-        extra = "".join(f"{k} = {v}\n" for k, v in node_options.items())
-        cfg.write_text(cfg.read_text().replace("[node]\n", f"[node]\n{extra}", 1))
+        text = cfg.read_text()
+        for key, value in node_options.items():  # init writes every setting: replace its line
+            text, found = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text, count=1)
+            assert found, key
+        cfg.write_text(text)
         return made[-1]
 
     yield make

@@ -94,14 +94,14 @@ async def test_link_carries_frames_both_ways(nursery):
     with trio.fail_after(10):
         link_ab = await ta.wait_link(B.public_hex)
         link_ba = await tb.wait_link(A.public_hex)
-        await link_ab.send("ack", ctx=1, key="message:1:2")
+        await link_ab.send("acks", acks=[{"ctx": 1, "key": "message:1:2"}], nacks=[])
         await rb.got.wait()
-        await link_ba.send("ack", ctx=1, key="message:1:3")
+        await link_ba.send("acks", acks=[{"ctx": 1, "key": "message:1:3"}], nacks=[])
         await ra.got.wait()
     assert rb.frames[0][0] == A.public_hex
-    assert rb.frames[0][1].body["key"] == "message:1:2"
+    assert rb.frames[0][1].body["acks"][0]["key"] == "message:1:2"
     assert ra.frames[0][0] == B.public_hex
-    assert ra.frames[0][1].body["key"] == "message:1:3"
+    assert ra.frames[0][1].body["acks"][0]["key"] == "message:1:3"
 
 
 async def test_unknown_node_and_wrong_key_are_refused(nursery):
@@ -152,7 +152,8 @@ async def test_replayed_auth_and_garbage_are_refused_before_any_frame(nursery):
             with pytest.raises(ConnectionClosed):
                 await ws.get_message()
         async with open_websocket_url(url_b) as ws:  # a data frame before authenticating
-            await ws.send_message(encode_frame("msg", ctx=1, key="message:1:1", fields={}))
+            item = {"ctx": 1, "key": "message:1:1", "fields": {}}
+            await ws.send_message(encode_frame("msgs", msgs=[item]))
             with pytest.raises(ConnectionClosed):
                 await ws.get_message()
         async with open_websocket_url(url_b) as ws:  # downgrade attempt
@@ -238,7 +239,7 @@ async def test_oversize_frame_closes_the_link(nursery):
     nursery.start_soon(ta.dial_forever, B.public_hex, f"ws://127.0.0.1:{port}")
     with trio.fail_after(10):
         link = await ta.wait_link(B.public_hex)
-        await link.send("ack", ctx=1, key="message:1:" + "9" * 10_000)
+        await link.send("acks", acks=[{"ctx": 1, "key": "message:1:" + "9" * 10_000}], nacks=[])
         await link.closed.wait()
     assert tb.refused["oversize_frame"] == 1
     assert rb.frames == []
@@ -260,9 +261,9 @@ async def test_tls_link_binds_the_certificate(nursery, tmp_path):
     nursery.start_soon(ta.dial_forever, B.public_hex, f"wss://127.0.0.1:{port}")
     with trio.fail_after(10):
         link = await ta.wait_link(B.public_hex)
-        await link.send("ack", ctx=1, key="message:1:2")
+        await link.send("acks", acks=[{"ctx": 1, "key": "message:1:2"}], nacks=[])
         await rb.got.wait()
-    assert rb.frames[0][1].body["key"] == "message:1:2"
+    assert rb.frames[0][1].body["acks"][0]["key"] == "message:1:2"
     # when the certificate the dialler saw is not the one the responder binds (what a TLS
     # man-in-the-middle with its own certificate produces), the transcripts differ: refused
     rc = Recorder()

@@ -18,11 +18,11 @@ import trio
 from bus.client import Client
 from bus.errors import BusError
 from bus.models import Message
-from bus.store import Store
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, context_of, home_of, with_client
 from node.cli.flow import add_flow_commands
+from node.cli.status import status
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.launch import Ready, ready_line
@@ -127,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("role", choices=[CLIENT, RUNNER])
     s.set_defaults(func=cmd_credentials)
 
-    s = sub.add_parser("status", help="show the running node: id, contexts, peers, queues")
+    s = sub.add_parser(
+        "status", help="show the running node: id, peers, queues, runners, counters"
+    )
+    s.add_argument("--json", action="store_true", help="print it as one JSON object")
     s.set_defaults(func=with_client(status))
 
     peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(metavar="ACTION")
@@ -304,40 +307,6 @@ async def _on_signals(
 
 
 # -- commands that talk to the node's Redis ----------------------------------------------------
-
-
-async def status(client: Client, args: argparse.Namespace) -> int:
-    from bus import keys
-
-    store = client.store
-    info = await store.hgetall(0, keys.NODE_INFO)
-    print(f"node {info.get('name', '?')}  id {info.get('id', '?')}")
-    print(
-        f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
-        f"pid {info.get('pid', '?')}"
-    )
-    for peer in await client.peers():
-        print(
-            f"  peer {peer.name or '-':<10} {peer.id[:16]}…  {peer.address or '(dials us)'}  "
-            f"outbox {await store.llen(0, keys.outbox(peer.id))}"
-        )
-    for ctx in await store.context_ids():
-        lens = [f"{q}={await store.llen(ctx, q)}" for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)]
-        queues = await store.keys_matching(ctx, "queue:*")
-        lens += [f"{q}={await store.llen(ctx, q)}" for q in sorted(queues)]
-        print(f"  context {ctx}: {' '.join(lens)}")
-        await _print_runners(store, ctx)
-    return 0
-
-
-async def _print_runners(store: Store, ctx: int) -> None:
-    """The live runners of a context (those with a presence key): type, busy with which job."""
-    from node.runners.presence import live_runners
-
-    for runner in await live_runners(store, ctx):
-        where = "local" if runner.local else "external"
-        state = f"busy {', '.join(runner.jobs)}" if runner.busy else "idle"
-        print(f"    runner {runner.runner_id} ({runner.script_type}, {where}): {state}")
 
 
 async def peer_add(client: Client, args: argparse.Namespace) -> int:

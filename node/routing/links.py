@@ -38,15 +38,9 @@ class LinkHandler:
         body = frame.body
         if frame.type == "msgs":
             await self._deliver(link, [(m["ctx"], m["key"], m["fields"]) for m in body["msgs"]])
-        elif frame.type == "msg":
-            await self._deliver(link, [(body["ctx"], body["key"], body["fields"])])
         elif frame.type == "acks":
             nacks = [(n["ctx"], n["key"], n["reason"]) for n in body["nacks"]]
             await self._answered(link, [(a["ctx"], a["key"]) for a in body["acks"]], nacks)
-        elif frame.type == "ack":
-            await self._answered(link, [(body["ctx"], body["key"])], [])
-        elif frame.type == "nack":
-            await self._answered(link, [], [(body["ctx"], body["key"], body["reason"])])
         else:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 

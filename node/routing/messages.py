@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from bus import keys
@@ -194,7 +193,3 @@ def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
 def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
     """Queue in ``tx``, at the origin, what a result changes (see :func:`result_write`)."""
     atomic_routing.apply_result(tx, result_write(node, body))
-
-
-def with_status(message: Message, status: MessageStatus) -> Message:
-    return replace(message, status=status, updated_at=now())

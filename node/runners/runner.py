@@ -38,22 +38,6 @@ log = logging.getLogger(__name__)
 POP_TIMEOUT_S = 5.0
 
 
-async def run_runner_pool(
-    node: NodeState,
-    ctx: int,
-    script_type: str,
-    command: list[str],
-    slots: int,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run ``slots`` runners for ``script_type`` in context ``ctx`` until cancelled."""
-    async with trio.open_nursery() as nursery:
-        for slot in range(slots):
-            await nursery.start(run_runner, node, ctx, script_type, command, slot)
-        task_status.started()
-
-
 async def run_runner(
     node: NodeState,
     ctx: int,

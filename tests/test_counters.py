@@ -1,0 +1,82 @@
+"""The node's counters are read: published in DB 0 (node:info) and shown by ``hero-node status``."""
+
+import argparse
+import json
+from collections.abc import Callable
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed
+
+from bus import keys
+from bus.client import new_job
+from bus.errors import HandshakeError
+from bus.store import Store
+from bus.transport import Transport
+from crypto import KeyPair, read_key_file
+from node.cli.status import status
+from node.config import NodeConfig
+from node.counters import PUBLISH_INTERVAL_S, read, run_counters
+from node.state import NodeState
+
+
+async def published(store: Store, want: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+    """The published counters, once they satisfy ``want``."""
+    with trio.fail_after(10):
+        while True:
+            counters = read(await store.hgetall(keys.ACTORS_DB, keys.NODE_INFO))
+            if want(counters):
+                return counters
+            await trio.sleep(0.05)  # written by another task within PUBLISH_INTERVAL_S
+
+
+async def _ignore(*_: object) -> None:
+    return None
+
+
+async def test_counters_are_published_then_again_on_change(store, nursery, tmp_path):
+    node = NodeState(NodeConfig(home=tmp_path), KeyPair.generate(), store)
+    node.count("routed", 2)
+    server = Transport(
+        node.key, set, _ignore, _ignore, on_refused=lambda _reason: node.counted.set()
+    )
+    port = await nursery.start(server.serve, "127.0.0.1", 0)
+    await store.hset(keys.ACTORS_DB, keys.NODE_INFO, {"counters": '{"stale":9}'})
+    with trio.fail_after(10):
+        await nursery.start(run_counters, node, server)
+    first = trio.current_time()
+    assert read(await store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)) == {"routed": 2}
+    stranger = Transport(KeyPair.generate(), lambda: {node.node_id}, _ignore, _ignore)
+    with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
+        await stranger._dial_once(node.node_id, f"ws://127.0.0.1:{port}")
+    node.service_restarted("outbox x")
+    counters = await published(store, lambda c: "restarts:outbox x" in c)
+    assert counters == {
+        "routed": 2,
+        "service_restarts": 1,
+        "refused:unknown_node": 1,
+        "restarts:outbox x": 1,
+    }
+    assert trio.current_time() - first >= PUBLISH_INTERVAL_S * 0.99  # at most once a second
+
+
+async def test_status_shows_the_counters_as_text_and_json(node_factory, capsys):
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    with trio.fail_after(30):
+        message = await alice.client.submit(
+            actor, 1, to="self", context_id=1, jobs=[new_job(1, 1, "python", "print(1)")]
+        )
+        await alice.client.wait_results(message, 25)
+        await published(alice.store, lambda c: c.get("jobs_finished") == 1)
+        capsys.readouterr()
+        assert await status(alice.client, argparse.Namespace(json=False)) == 0
+        text = capsys.readouterr().out
+        assert await status(alice.client, argparse.Namespace(json=True)) == 0
+        facts = json.loads(capsys.readouterr().out)
+    assert "context 1: msg_out=0" in text
+    assert "jobs_finished=1" in text.splitlines()[-1]
+    assert facts["counters"]["jobs_finished"] == 1
+    assert facts["node"]["id"] == alice.node_id
+    assert "counters" not in facts["node"]
+    assert facts["contexts"]["1"]["lists"]["msg_in"] == 0
