@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from bus.atomic import runs
 from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.runners import outcomes
@@ -61,9 +62,7 @@ async def _current(node: NodeState, outcome: str) -> bool:
         return False
     ctx, job_key, attempt = named
     try:
-        status, current = await node.store.call(
-            ctx, lambda r: r.hmget(job_key, ["status", "attempt"])
-        )
+        status, current = await runs.attempt_state(node.store, ctx, job_key)
     except StoreError:  # an unknown context, say: nothing to adopt it into
         return False
     return status == JobStatus.STARTED.value and current == str(attempt)

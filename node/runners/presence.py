@@ -112,9 +112,7 @@ async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -
 
 
 async def _clear(store: Store, ctx: int, slots: list[Slot]) -> None:
-    names = [keys.presence_runner(s.runner_id) for s in slots]
-    if names:
-        await store.call(ctx, lambda r: r.delete(names))
+    await store.delete(ctx, [keys.presence_runner(s.runner_id) for s in slots])
 
 
 @dataclass(frozen=True)
@@ -136,11 +134,11 @@ async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
 
     Raises StoreError if Redis fails."""
     prefix = keys.presence_runner("")
-    names = sorted(await _scan(store, ctx, keys.PRESENCE_RUNNER_PATTERN))
+    names = sorted(await store.scan_keys(ctx, keys.PRESENCE_RUNNER_PATTERN))
     out = []
     for name in names:
         rid = name[len(prefix) :]
-        raw = await store.call(ctx, lambda r: r.get(name))  # noqa: B023
+        raw = await store.get(ctx, name)
         if raw is None:  # expired meanwhile
             continue
         try:
@@ -162,16 +160,3 @@ async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
         )
     return out
 
-
-async def _scan(store: Store, ctx: int, pattern: str) -> list[str]:
-    """Every key of DB ``ctx`` matching ``pattern`` (SCAN: no long block of the server)."""
-    found: list[str] = []
-    cursor = 0
-    while True:
-        cursor, batch = await store.call(
-            ctx,
-            lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
-        )
-        found.extend(str(k) for k in batch)
-        if not cursor:
-            return found
