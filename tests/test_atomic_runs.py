@@ -10,8 +10,8 @@ from importlib import resources
 import pytest
 
 from bus import keys
-from bus.atomic import runs, source
-from bus.models import Message
+from bus.atomic import runs, slots, source
+from bus.models import Message, Runner
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"
@@ -339,3 +339,25 @@ async def test_runner_reads_and_plain_writes(store) -> None:
     assert await store.get(1, "presence:runner:a") == "{}"
     await store.delete(1, ["presence:runner:a"])
     assert await store.get(1, "presence:runner:a") is None
+
+
+async def test_register_runners_keeps_created_at(store) -> None:
+    first = Runner(id="n:1:python:0", pubkey="ab", address="", topic=QUEUE, created_at=1)
+    await slots.register_runners(store, 1, [first])
+    again = Runner(id="n:1:python:0", pubkey="cd", address="", topic=QUEUE, created_at=2)
+    await slots.register_runners(store, 1, [again])
+    runner = await store.hgetall(1, keys.runner("n:1:python:0"))
+    assert (runner["pubkey"], runner["created_at"]) == ("cd", "1")
+
+
+async def test_write_presence_sets_each_heartbeat_with_its_ttl(store) -> None:
+    await slots.write_presence(store, 1, {"a": '{"pid": 1}', "b": "{}"}, 15)
+    assert await store.get(1, keys.presence_runner("a")) == '{"pid": 1}'
+    assert 0 < await _ttl_ms(store, keys.presence_runner("b")) <= 15_000
+
+
+async def test_hand_over_moves_one_job_between_lists(store) -> None:
+    await store.lpush(1, INFLIGHT, "job:1:2", JOB)
+    await slots.hand_over(store, 1, JOB, INFLIGHT, f"{INFLIGHT}:adopting")
+    assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
+    assert await store.lrange(1, f"{INFLIGHT}:adopting") == [JOB]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from bus.atomic import runs
+from bus.atomic import runs, slots
 from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.runners import outcomes
@@ -163,9 +163,7 @@ async def recover_slot(
                 continue
             log.info("%s: attempt %d still runs (pid %d); adopting it", job_key, left.attempt, pid)
             if where == inflight:
-                async with node.store.transaction(ctx) as tx:
-                    tx.lrem(inflight, 1, job_key)
-                    tx.rpush(adopting, [job_key])
+                await slots.hand_over(node.store, ctx, job_key, inflight, adopting)
             pending.append(partial(_adopt_at_exit, node, ctx, left, adopting, pid, conclude))
     await node.store.recover(ctx, inflight, queue)
     return pending

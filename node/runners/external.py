@@ -52,6 +52,7 @@ POP_TIMEOUT_S = 5.0
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
+
 async def run_results(
     node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> NoReturn:
