@@ -28,18 +28,18 @@ async def _ttl_ms(store, key: str) -> int:
     return int(await store.call(1, lambda r: r.pttl(key)))
 
 
-async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None):
+async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None, job: str = JOB):
     return await runs.finish_local(
         store,
         1,
-        JOB,
+        job,
         attempt,
         INFLIGHT,
         status="finished",
         result={"stdout": "x"},
         reason="",
         entry='{"attempt": 1}',
-        request_key="message:1:1",
+        request_key=f"message:{job[4:]}",
         reply_ttl_s=60,
         take_next=take_next,
     )
@@ -202,20 +202,7 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store) ->
     assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
     await _started(store, "job:1:2")
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
-    done, nxt = await runs.finish_local(
-        store,
-        1,
-        "job:1:2",
-        1,
-        INFLIGHT,
-        status="finished",
-        result={},
-        reason="",
-        entry="{}",
-        request_key="message:1:2",
-        reply_ttl_s=60,
-        take_next=take,
-    )
+    done, nxt = await _finish_local(store, 1, take, "job:1:2")
     assert (done, nxt, take.found_empty) == (True, None, True)
 
 
