@@ -463,6 +463,47 @@ class Store:
     async def context_ids(self) -> list[int]:
         return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))
 
+    # -- runner reads (and the plain writes of presence and job logs) ----------------------------
+
+    async def get(self, db: int, key: str) -> str | None:
+        value = await self.call(db, lambda r: r.get(key))
+        return None if value is None else str(value)
+
+    async def delete(self, db: int, names: list[str]) -> None:
+        if names:
+            await self.call(db, lambda r: r.delete(names))
+
+    async def expire(self, db: int, key: str, ttl_s: int) -> None:
+        await self.call(db, lambda r: r.expire(key, ttl_s))
+
+    async def scan_keys(self, db: int, pattern: str) -> list[str]:
+        """Every key of DB ``db`` matching ``pattern`` (SCAN: no long block of the server)."""
+        found: list[str] = []
+        cursor = 0
+        while True:
+            cursor, batch = await self.call(
+                db,
+                lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
+            )
+            found.extend(str(k) for k in batch)
+            if not cursor:
+                return found
+
+    async def xadd_capped(
+        self, db: int, stream: str, fields: Mapping[str, str], max_entries: int
+    ) -> None:
+        """Append ``fields`` to ``stream``, trimmed to about ``max_entries`` entries."""
+        await self.call(
+            db,
+            lambda r: r.xadd(
+                stream,
+                dict(fields),
+                trim_strategy=PureToken.MAXLEN,
+                threshold=max_entries,
+                trim_operator=PureToken.APPROXIMATELY,
+            ),
+        )
+
 
 @asynccontextmanager
 async def open_store(url: str) -> AsyncIterator[Store]:

@@ -15,10 +15,11 @@ import pytest
 import trio
 
 from bus import keys
+from bus.atomic import runs
 from bus.client import open_client
 from bus.models import JobStatus, RunnerJob
 from crypto import read_key_file
-from node.runners import jobstore, outcomes
+from node.runners import outcomes
 from node.runners.executor import execute
 from node.runners.workers import PythonWorker
 from tests.nodeproc import NodeProcess
@@ -31,12 +32,12 @@ async def _started(store, attempts: int = 1) -> dict[str, str]:
     await store.hset(1, JOB, {"status": "dispatched", "attempt": "0"})
     fields: dict[str, str] = {}
     for _ in range(attempts):
-        fields = await jobstore.start(store, 1, JOB, "tok", 10_000, "python:0")
+        fields = await runs.start(store, 1, JOB, "tok", 10_000, "python:0")
     return fields
 
 
 async def _finish_local(store, attempt: int) -> bool:
-    done, _ = await jobstore.finish_local(
+    done, _ = await runs.finish_local(
         store,
         1,
         JOB,
@@ -66,11 +67,11 @@ async def test_a_current_attempt_is_accepted_after_its_lease_expired(store):
 async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store):
     await _started(store, attempts=2)  # attempt 1 was presumed lost and the job started again
     assert not await _finish_local(store, 1)
-    assert not await jobstore.retry_later(
+    assert not await runs.retry_later(
         store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
     )
-    assert not await jobstore.finish_malformed(store, 1, JOB, 1, "inflight:x", "bad")
-    assert not await jobstore.requeue(store, 1, JOB, 1, "inflight:x", "queue:python")
+    assert not await runs.finish_malformed(store, 1, JOB, 1, "inflight:x", "bad")
+    assert not await runs.requeue(store, 1, JOB, 1, "inflight:x", "queue:python")
     assert (await store.hgetall(1, JOB))["status"] == "started"
     assert await store.llen(1, keys.reply("message:1:1")) == 0
     assert await _finish_local(store, 2)
@@ -79,9 +80,9 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store):
 async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store):
     await _started(store, attempts=2)
     await store.call(1, lambda r: r.delete([keys.lease(JOB)]))
-    assert not await jobstore.renew(store, 1, JOB, "old", 10_000, 1)
+    assert not await runs.renew(store, 1, JOB, "old", 10_000, 1)
     assert not await store.exists_many(1, [keys.lease(JOB)]) == [True]
-    assert await jobstore.renew(store, 1, JOB, "tok", 10_000, 2)
+    assert await runs.renew(store, 1, JOB, "tok", 10_000, 2)
     assert await store.call(1, lambda r: r.get(keys.lease(JOB))) == "tok"
 
 

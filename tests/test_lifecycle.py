@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus import keys
+from bus.atomic import runs
 from bus.models import JobStatus
 from crypto import read_key_file
-from node.runners import jobstore
 from node.runners.lifecycle import after_attempt, backoff_s
 from tests.scripts import announcing, wait_announced
 
@@ -117,14 +117,14 @@ async def test_stale_runner_result_is_refused(node_factory):
 
 async def test_jobstore_fences_transitions_by_attempt(store):
     await store.hset(1, "job:1:1", {"status": "dispatched", "attempt": "0"})
-    started = await jobstore.start(store, 1, "job:1:1", "tok", 10_000)
+    started = await runs.start(store, 1, "job:1:1", "tok", 10_000)
     assert (started["attempt"], started["status"], started["runner"]) == ("1", "started", "tok")
-    assert await jobstore.renew(store, 1, "job:1:1", "tok", 10_000, 1)
-    assert not await jobstore.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
-    assert not await jobstore.requeue(store, 1, "job:1:1", 2, "inflight:x", "queue:python")
-    assert await jobstore.requeue(store, 1, "job:1:1", 1, "inflight:x", "queue:python")
+    assert await runs.renew(store, 1, "job:1:1", "tok", 10_000, 1)
+    assert not await runs.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
+    assert not await runs.requeue(store, 1, "job:1:1", 2, "inflight:x", "queue:python")
+    assert await runs.requeue(store, 1, "job:1:1", 1, "inflight:x", "queue:python")
     assert await store.lrange(1, "queue:python") == ["job:1:1"]
     job = await store.hgetall(1, "job:1:1")
     assert (job["status"], job["attempt"]) == ("dispatched", "0")
     await store.hset(1, "job:1:1", {"status": "finished"})
-    assert await jobstore.start(store, 1, "job:1:1", "tok", 10_000) == {}
+    assert await runs.start(store, 1, "job:1:1", "tok", 10_000) == {}

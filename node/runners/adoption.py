@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from bus.atomic import runs, slots
 from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.runners import outcomes
@@ -61,9 +62,7 @@ async def _current(node: NodeState, outcome: str) -> bool:
         return False
     ctx, job_key, attempt = named
     try:
-        status, current = await node.store.call(
-            ctx, lambda r: r.hmget(job_key, ["status", "attempt"])
-        )
+        status, current = await runs.attempt_state(node.store, ctx, job_key)
     except StoreError:  # an unknown context, say: nothing to adopt it into
         return False
     return status == JobStatus.STARTED.value and current == str(attempt)
@@ -164,9 +163,7 @@ async def recover_slot(
                 continue
             log.info("%s: attempt %d still runs (pid %d); adopting it", job_key, left.attempt, pid)
             if where == inflight:
-                async with node.store.transaction(ctx) as tx:
-                    tx.lrem(inflight, 1, job_key)
-                    tx.rpush(adopting, [job_key])
+                await slots.hand_over(node.store, ctx, job_key, inflight, adopting)
             pending.append(partial(_adopt_at_exit, node, ctx, left, adopting, pid, conclude))
     await node.store.recover(ctx, inflight, queue)
     return pending

@@ -22,7 +22,7 @@ TTL lets the lease of a live process lapse. For this node's own runners the reap
 attempt this process still runs or concludes (``NodeState.attempts_here``) re-takes its lease;
 one it no longer runs is ended. An external runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
-node/runners/jobstore.py). Jobs started by an earlier run of this node are left to that slot's
+bus/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
 recovery at start (node/runners/runner.py: recover_slot), which adopts what finished meanwhile.
 """
 
@@ -34,87 +34,23 @@ import time
 from typing import NoReturn
 
 import trio
-from coredis.commands.script import Script
 
 from bus import keys
+from bus.atomic import runs
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
-from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
-from node.runners import jobstore
 from node.runners.lifecycle import after_attempt
 from node.runners.queues import queue_of
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-RESULTS_INFLIGHT = keys.inflight("results")
+RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
 POP_TIMEOUT_S = 5.0
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
-
-# Answer only the attempt that was read (ARGV[4]), with the status it ended in, and only once.
-_ANSWERED = """
-local cur = redis.call('HMGET', KEYS[1], 'answered', 'status', 'attempt')
-if cur[1] or cur[2] ~= ARGV[2] or (cur[3] or '') ~= ARGV[4] then
-  redis.call('LREM', KEYS[2], 1, KEYS[1])
-  return 0
-end
-redis.call('LREM', KEYS[2], 1, KEYS[1])
-redis.call('RPUSH', KEYS[3], ARGV[3])
-"""
-
-# KEYS: job results_inflight attempts delayed
-# ARGV: now status entry attempt reason due_ms member
-_RETRY = Script(
-    script=_ANSWERED
-    + """
-redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[5], 'updated_at', ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
-return 1
-"""
-)
-
-# KEYS: job results_inflight attempts request reply flow_events
-# ARGV: now status entry attempt result reply reply_ttl
-_ANSWER_LOCAL = Script(
-    script=jobstore.ANSWER_HERE_LUA
-    + _ANSWERED
-    + """
-redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
-answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[6], ARGV[7])
-return 1
-"""
-)
-
-# KEYS: job results_inflight attempts answer msg_out
-# ARGV: now status entry attempt result fields...
-_ANSWER_REMOTE = Script(
-    script=_ANSWERED
-    + """
-redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
-redis.call('HSET', KEYS[4], unpack(ARGV, 6))
-redis.call('LPUSH', KEYS[5], KEYS[4])
-return 1
-"""
-)
-
-# KEYS: job lease running results ; ARGV: attempt now reason inflight-prefix
-_REAP = Script(
-    script="""
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
-if cur[1] ~= 'started' or (cur[2] or '') ~= ARGV[1] then return 0 end
-redis.call('SREM', KEYS[3], KEYS[1])
-local rid = redis.call('HGET', KEYS[1], 'runner_id')
-if rid and rid ~= '' then redis.call('LREM', ARGV[4] .. rid, 1, KEYS[1]) end
-redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[3], 'result', '{}',
-           'updated_at', ARGV[2])
-redis.call('LPUSH', KEYS[4], KEYS[1])
-return 1
-"""
-)
 
 
 async def run_results(
@@ -170,32 +106,36 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=keys.RESULTS)
         await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
         return False
-    entry = jobstore.attempt_entry(
+    entry = runs.attempt_entry(
         attempt, fields.get("runner", ""), status, job.reason, int(fields.get("started_at") or 0)
     )
+    read = runs.Answered(job_key, status, fields.get("attempt", ""), entry)
     nxt = after_attempt(job.status, job.reason, attempt, job.retries)
-    base = [job_key, RESULTS_INFLIGHT, keys.attempts(job_key)]
-    fence = [str(now()), status, entry, fields.get("attempt", "")]
     if nxt.retry:
         due_ms = int((time.time() + nxt.delay_s) * 1000)
-        member = f"{queue_of(fields)}|{job_key}"
-        args = [*fence, f"retrying after: {job.reason}", str(due_ms), member]
-        done = await node.store.script(ctx, _RETRY, [*base, keys.DELAYED], args)
+        reason = f"retrying after: {job.reason}"
+        queue = queue_of(fields)
+        done = await runs.answered_retry(
+            node.store, ctx, read, reason=reason, due_ms=due_ms, queue=queue
+        )
         node.wake_retries(ctx)
-        return bool(done)
+        return done
     result = job.result | {"attempts": str(attempt)}
     request = Message(ident, caller, ctx, origin=fields.get("origin", ""), destination=node.node_id)
-    common = [*fence, json.dumps(result)]
     if request.origin in ("", node.node_id):
         reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
-        key_list = [*base, request.key, keys.reply(request.key), keys.FLOW_EVENTS]
-        args = [*common, json.dumps(reply), str(node.config.reply_ttl_s)]
-        return bool(await node.store.script(ctx, _ANSWER_LOCAL, key_list, args))
+        return await runs.answer_local(
+            node.store,
+            ctx,
+            read,
+            result=result,
+            request_key=request.key,
+            reply=json.dumps(reply),
+            reply_ttl_s=node.config.reply_ttl_s,
+        )
     body = ResultBody(request.key, job_key, job.status, result, job.reason)
     msg = result_message(node, request, body)
-    flat = [x for kv in msg.to_hash().items() for x in kv]
-    key_list = [*base, msg.key, keys.MSG_OUT]
-    return bool(await node.store.script(ctx, _ANSWER_REMOTE, key_list, [*common, *flat]))
+    return await runs.answer_remote(node.store, ctx, read, result=result, answer=msg)
 
 
 async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
@@ -217,12 +157,10 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
         if attempt.isdigit() and node.attempts_here.get((ctx, job_key)) == int(attempt):
             ttl_ms = node.config.lease_ttl_ms
-            await jobstore.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
+            await runs.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False
         reason = f"runner_lost: slot {runner} of this node no longer runs it"
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
-    args = [attempt, str(now()), reason, keys.runner_inflight("")]
-    done = bool(await node.store.script(ctx, _REAP, key_list, args))
+    done = await runs.reap(node.store, ctx, job_key, attempt, reason)
     if done:
         log.warning("%s (context %d): %s", job_key, ctx, reason)
         node.count("runners_lost")
@@ -236,7 +174,7 @@ def _is_local(node: NodeState, token: str) -> bool:
 
 async def sweep(node: NodeState, ctx: int) -> int:
     """Reap every started job whose lease is gone; how many. Raises StoreError."""
-    running = sorted(await node.store.call(ctx, lambda r: r.smembers(keys.RUNNING)))
+    running = await runs.running_jobs(node.store, ctx)
     present = await node.store.exists_many(ctx, [keys.lease(k) for k in running])
     return sum(
         [await reap(node, ctx, k) for k, alive in zip(running, present, strict=True) if not alive]

@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 
 import trio
-from coredis.tokens import PureToken
 
 from bus import keys
 from node.state import NodeState
@@ -71,19 +70,10 @@ class LogPump:
             await self._flush()
             await self._add(keys.logs(self.job_key), {"end": status})
             ttl = self.node.config.reply_ttl_s
-            await self.node.store.call(self.ctx, lambda r: r.expire(keys.logs(self.job_key), ttl))
+            await self.node.store.expire(self.ctx, keys.logs(self.job_key), ttl)
 
     async def _add(self, stream: str, fields: dict[str, str]) -> None:
-        await self.node.store.call(
-            self.ctx,
-            lambda r: r.xadd(
-                stream,
-                fields,
-                trim_strategy=PureToken.MAXLEN,
-                threshold=MAX_ENTRIES,
-                trim_operator=PureToken.APPROXIMATELY,
-            ),
-        )
+        await self.node.store.xadd_capped(self.ctx, stream, fields, MAX_ENTRIES)
         self.published = True
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from bus import keys
+from bus.atomic import slots as atomic_slots
 from bus.ids import now
 from bus.models import Runner, decode_hash
 from bus.store import Store
@@ -76,29 +77,27 @@ async def run_presence(
 async def register(node: NodeState, ctx: int, slots: list[Slot], address: str) -> None:
     """Write (or refresh) the ``runner:<id>`` hashes; created_at is kept from a previous run."""
     stamp = now()
-    async with node.store.transaction(ctx) as tx:
-        for slot in slots:
-            runner = Runner(
-                id=slot.runner_id,
-                pubkey=node.node_id,  # the node signs its runners' results
-                address=address,
-                topic=slot.queues[0],
-                local=True,
-                script_type=slot.script_type,
-                created_at=stamp,
-                updated_at=stamp,
-            )
-            fields = runner.to_hash()
-            created = fields.pop("created_at")
-            tx.hset(keys.runner(slot.runner_id), fields)
-            tx.hsetnx(keys.runner(slot.runner_id), "created_at", created)
+    runners = [
+        Runner(
+            id=slot.runner_id,
+            pubkey=node.node_id,  # the node signs its runners' results
+            address=address,
+            topic=slot.queues[0],
+            local=True,
+            script_type=slot.script_type,
+            created_at=stamp,
+            updated_at=stamp,
+        )
+        for slot in slots
+    ]
+    await atomic_slots.register_runners(node.store, ctx, runners)
 
 
 async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -> None:
     stamp = now()
-    async with node.store.transaction(ctx) as tx:
-        for slot in slots:
-            value = {
+    values = {
+        slot.runner_id: json.dumps(
+            {
                 "node": node.node_id,
                 "pid": os.getpid(),
                 "boot": node.boot,
@@ -108,13 +107,14 @@ async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -
                 "started_at": started_at,
                 "last_heartbeat": stamp,
             }
-            tx.set(keys.presence_runner(slot.runner_id), json.dumps(value), ex=PRESENCE_TTL_S)
+        )
+        for slot in slots
+    }
+    await atomic_slots.write_presence(node.store, ctx, values, PRESENCE_TTL_S)
 
 
 async def _clear(store: Store, ctx: int, slots: list[Slot]) -> None:
-    names = [keys.presence_runner(s.runner_id) for s in slots]
-    if names:
-        await store.call(ctx, lambda r: r.delete(names))
+    await store.delete(ctx, [keys.presence_runner(s.runner_id) for s in slots])
 
 
 @dataclass(frozen=True)
@@ -136,11 +136,11 @@ async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
 
     Raises StoreError if Redis fails."""
     prefix = keys.presence_runner("")
-    names = sorted(await _scan(store, ctx, keys.PRESENCE_RUNNER_PATTERN))
+    names = sorted(await store.scan_keys(ctx, keys.PRESENCE_RUNNER_PATTERN))
     out = []
     for name in names:
         rid = name[len(prefix) :]
-        raw = await store.call(ctx, lambda r: r.get(name))  # noqa: B023
+        raw = await store.get(ctx, name)
         if raw is None:  # expired meanwhile
             continue
         try:
@@ -161,17 +161,3 @@ async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
             )
         )
     return out
-
-
-async def _scan(store: Store, ctx: int, pattern: str) -> list[str]:
-    """Every key of DB ``ctx`` matching ``pattern`` (SCAN: no long block of the server)."""
-    found: list[str] = []
-    cursor = 0
-    while True:
-        cursor, batch = await store.call(
-            ctx,
-            lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
-        )
-        found.extend(str(k) for k in batch)
-        if not cursor:
-            return found

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coredis.commands.script import Script
-
 from bus import keys
+from bus.atomic.runs import pop_first
 from bus.models import RunnerJob
 from bus.store import Store
 
@@ -72,26 +71,6 @@ def consume_order(bases: list[str], pop_number: int = 1) -> list[str]:
     if pop_number % AGING_EVERY == 0:
         prios.reverse()
     return [keys.queue_prio(base, p) for p in prios for base in bases]
-
-
-# Non-blocking, reliable: move the oldest entry of the first non-empty list onto the in-flight
-# list. KEYS: inflight, then the lists in consume order.
-_POP_FIRST = Script(
-    script="""
-for i = 2, #KEYS do
-  local v = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
-  if v then return v end
-end
-return false
-"""
-)
-
-
-async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> str | None:
-    """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
-    a crash never loses it), or None. Raises StoreError."""
-    value = await store.script(ctx, _POP_FIRST, [inflight, *lists], [])
-    return None if value is None else await store.utf8_entry(ctx, inflight, value, "")
 
 
 async def pop_slot(

@@ -1,6 +1,6 @@
 """Runner pools: per context and script type, N slots that pop ``queue:<type>`` and execute.
 
-Each attempt is numbered (``attempt``, its fencing token: node/runners/jobstore.py) and holds a
+Each attempt is numbered (``attempt``, its fencing token: bus/atomic/runs.py) and holds a
 lease (``lease:<job>``, TTL renewed by a heartbeat while the script runs, re-taken if a stall
 let it lapse); status moves ``dispatched -> started -> finished | error``. A failed attempt is
 retried after a backoff while the job has retries left (``delayed`` zset, moved back to the
@@ -22,11 +22,12 @@ from typing import NoReturn
 import trio
 
 from bus import keys
+from bus.atomic import runs
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
-from node.runners import adoption, jobstore, outcomes, queues
+from node.runners import adoption, outcomes, queues
 from node.runners.executor import Outcome, execute
 from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.runners.lifecycle import after_attempt
@@ -78,7 +79,7 @@ async def run_runner(
         script_type, node.config.runner_groups.get(script_type, ""), str(slot)
     )
     pops = 0
-    started: jobstore.Started | None = None
+    started: runs.Started | None = None
     found_empty = False
     watch = SlotWatch(node, ctx, logs)
     try:
@@ -89,7 +90,7 @@ async def run_runner(
             while not node.stopping.is_set():
                 pops += 1
                 lists = queues.consume_order(bases, pops)
-                take_next = jobstore.NextJob(
+                take_next = runs.NextJob(
                     tuple(lists), token_base, node.config.lease_ttl_ms, slot_id
                 )
                 if started is None:
@@ -116,7 +117,7 @@ async def run_runner(
         with trio.CancelScope(shield=True):
             if started is not None:  # taken with the last result, but we are stopping
                 attempt = int(started[1].get("attempt") or 0)
-                await jobstore.requeue(
+                await runs.requeue(
                     node.store, ctx, started[0], attempt, inflight, queues.queue_of(started[1])
                 )
             if worker is not None:
@@ -155,7 +156,7 @@ async def _pop(
         return None  # nothing popped yet, or recovered at the next start (shutdown)
     # A pop the server had already carried out when it was interrupted pushed its entry on the
     # slot's in-flight list (at the head): take it from there.
-    moved = await node.store.call(ctx, lambda r: r.lrange(inflight, 0, -1))
+    moved = await node.store.lrange(ctx, inflight)
     return str(moved[0]) if len(moved) > before else None
 
 
@@ -185,18 +186,18 @@ async def run_job(
     run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
     inflight: str,
     queue: str,
-    take_next: jobstore.NextJob,
+    take_next: runs.NextJob,
     watch: SlotWatch,
-) -> jobstore.Started | None:
+) -> runs.Started | None:
     """Run one job (``fields``: already started by the previous job's conclusion). Returns the
     next job if it was started in the same round trip as this one's result."""
     token = f"{take_next.token_base}:{job_key}"
     if fields is None:
-        begun = await jobstore.start(
+        begun = await runs.start(
             node.store, ctx, job_key, token, take_next.ttl_ms, take_next.runner_id
         )
         if isinstance(begun, str):  # the entry names nothing to run: refused, alone
-            detail = jobstore.unrunnable_detail(begun)
+            detail = runs.unrunnable_detail(begun)
             await node.store.refuse_entry(ctx, inflight, job_key, begun, detail, queue=queue)
             return None
         fields = begun
@@ -222,9 +223,9 @@ async def _run_attempt(
     run_script: Callable[[RunnerJob, tuple[Path, Path], Path], Awaitable[Outcome]],
     inflight: str,
     queue: str,
-    take_next: jobstore.NextJob,
+    take_next: runs.NextJob,
     watch: SlotWatch,
-) -> jobstore.Started | None:
+) -> runs.Started | None:
     """Run and conclude the started attempt ``fields["attempt"]`` of ``job_key``."""
     token = f"{take_next.token_base}:{job_key}"
     attempt = int(fields["attempt"])
@@ -234,7 +235,7 @@ async def _run_attempt(
     except (ModelError, ContentError) as exc:  # its message_key may name a key of another type
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
         await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
-        await jobstore.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
+        await runs.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
         return None
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
     started_at = int(time.time())
@@ -260,7 +261,7 @@ async def _run_attempt(
         if outcome is None:  # cancelled (shutdown): the attempt does not count; run it later
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 try:
-                    await jobstore.requeue(node.store, ctx, job_key, attempt, inflight, queue)
+                    await runs.requeue(node.store, ctx, job_key, attempt, inflight, queue)
                     outcomes.discard(outcome_file)
                     log.info("%s interrupted by shutdown; requeued", job_key)
                 except StoreError as exc:  # recovered at the next start instead
@@ -342,7 +343,7 @@ class SlotWatch:
         if not job.current:
             return
         try:
-            current = await jobstore.renew(
+            current = await runs.renew(
                 self.node.store, self.ctx, job.job_key, job.token, self.ttl_ms, job.attempt
             )
         except StoreError as exc:
@@ -364,20 +365,20 @@ async def conclude(
     queue: str,
     attempt: int,
     started_at: int,
-    take_next: jobstore.NextJob | None = None,
-) -> jobstore.Started | None:
+    take_next: runs.NextJob | None = None,
+) -> runs.Started | None:
     """Finish the job or schedule its retry; retried while Redis is unreachable, because the
     outcome exists only here (re-running the job instead would run it twice). With
     ``take_next``, a finished job's runner also starts its next job in the same round trip."""
-    started: jobstore.Started | None = None
+    started: runs.Started | None = None
     nxt = after_attempt(outcome.status, outcome.reason, attempt, job.retries)
-    entry = jobstore.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
+    entry = runs.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
     delay = 0.2
     while True:
         try:
             if nxt.retry:
                 due_ms = int((time.time() + nxt.delay_s) * 1000)
-                ok = await jobstore.retry_later(
+                ok = await runs.retry_later(
                     node.store,
                     ctx,
                     job.key,
@@ -416,12 +417,12 @@ async def _finish(
     inflight: str,
     entry: str,
     attempt: int,
-    take_next: jobstore.NextJob | None,
-) -> tuple[bool, jobstore.Started | None]:
+    take_next: runs.NextJob | None,
+) -> tuple[bool, runs.Started | None]:
     result = outcome.result | {"attempts": str(attempt)}
     status = outcome.status.value
     if request.origin == node.node_id:  # answered here: no signed result message needed
-        return await jobstore.finish_local(
+        return await runs.finish_local(
             node.store,
             ctx,
             job.key,
@@ -436,7 +437,7 @@ async def _finish(
             take_next=take_next,
         )
     body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
-    return await jobstore.finish(
+    return await runs.finish(
         node.store,
         ctx,
         job.key,
@@ -459,7 +460,7 @@ async def run_retry_scheduler(
     task_status.started()
     while True:
         wake = node.retry_scheduled.setdefault(ctx, trio.Event())
-        next_due = await jobstore.move_due(node.store, ctx, int(time.time() * 1000))
+        next_due = await runs.move_due(node.store, ctx, int(time.time() * 1000))
         wait_s = 3600.0 if next_due < 0 else max(0.0, next_due / 1000 - time.time())
         with trio.move_on_after(wait_s):
             await wake.wait()

@@ -1,0 +1,11 @@
+-- Results service: answer an external runner's final job whose request came from another node.
+-- KEYS: job results_inflight attempts answer msg_out
+-- ARGV: now status entry attempt result answer-fields...
+-- Returns 1, or 0 if already answered or changed since read (runs_answered).
+-- Atomic effect: runs_answered's; the job marked answered (at now) with the result, the
+-- signed result message hash written and its key pushed on msg_out.
+-- include: runs_answered
+redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
+redis.call('HSET', KEYS[4], unpack(ARGV, 6))
+redis.call('LPUSH', KEYS[5], KEYS[4])
+return 1

@@ -1,0 +1,10 @@
+-- Results service: an external runner's failed attempt with retries left is retried later.
+-- KEYS: job results_inflight attempts delayed
+-- ARGV: now status entry attempt reason due_ms member ('<queue>|<job key>')
+-- Returns 1, or 0 if already answered or changed since read (runs_answered).
+-- Atomic effect: runs_answered's; the job 'dispatched' with the reason, the member added to
+-- the delayed zset at due_ms.
+-- include: runs_answered
+redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[5], 'updated_at', ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
+return 1

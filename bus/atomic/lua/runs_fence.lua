@@ -1,0 +1,9 @@
+-- Fragment: the attempt fence, top-level code shared by every transition that ends an attempt.
+-- KEYS[1] job, KEYS[2] lease, KEYS[3] running, KEYS[4] inflight; ARGV[1] the attempt it ends.
+-- Returns 0 from the script (nothing written) unless the job is 'started' with that attempt;
+-- then releases the attempt: the lease deleted, the job taken off running and the in-flight list.
+local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
+if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], KEYS[1])
+redis.call('LREM', KEYS[4], 1, KEYS[1])

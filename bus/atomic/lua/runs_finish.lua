@@ -1,0 +1,14 @@
+-- End an attempt with its final state and queue the signed answer for its origin.
+-- KEYS: job lease running inflight attempts answer msg_out
+-- ARGV: attempt status result reason now attempt_entry answer-fields...
+-- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
+-- Atomic effect: the fence's release; status/result/reason/updated_at on the job, the attempt
+-- entry appended to the attempts list, the answer message hash written and its key pushed on
+-- msg_out.
+-- include: runs_fence
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
+           'updated_at', ARGV[5])
+redis.call('RPUSH', KEYS[5], ARGV[6])
+redis.call('HSET', KEYS[6], unpack(ARGV, 7))
+redis.call('LPUSH', KEYS[7], KEYS[6])
+return 1

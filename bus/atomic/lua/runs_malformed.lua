@@ -1,0 +1,8 @@
+-- End an attempt whose job hash cannot be run (the caller dead-letters it).
+-- KEYS: job lease running inflight
+-- ARGV: attempt reason now
+-- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
+-- Atomic effect: the fence's release; the job 'error' with the reason.
+-- include: runs_fence
+redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[2], 'updated_at', ARGV[3])
+return 1

@@ -1,0 +1,18 @@
+-- Start an attempt on one job: the attempt number (the fencing token) goes up by one.
+-- KEYS: job lease running
+-- ARGV: token ttl_ms now runner_id
+-- Returns a reason token if the job cannot be started (runs_unrunnable), {} if the job is
+-- final, else the job's fields (flat) after the start.
+-- Atomic effect: attempt + 1, status 'started' with runner/updated_at/runner_id, the lease
+-- set to the token with a TTL, the job added to the running set; nothing written on refusal.
+-- include: runs_unrunnable
+local bad = unrunnable(KEYS[1])
+if bad then return bad end
+local st = redis.call('HGET', KEYS[1], 'status')
+if st == 'finished' or st == 'error' then return {} end
+redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at', ARGV[3],
+           'runner_id', ARGV[4])
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('SADD', KEYS[3], KEYS[1])
+return redis.call('HGETALL', KEYS[1])

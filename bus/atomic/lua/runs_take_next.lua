@@ -1,0 +1,34 @@
+-- Take the next queued job of a slot and start it (run after a finish in one round trip).
+-- KEYS: inflight running, then the slot's lists in consume order
+-- ARGV: token_base ttl_ms now lease_prefix runner_id
+-- Returns {} (nothing queued), {key} (a final job's duplicate entry, dropped), {key, reason}
+-- (an entry no runner can start: dropped, for the caller to dead-letter) or {key, fields...}.
+-- Atomic effect: the entry moves from the first non-empty list to the in-flight list (taken
+-- off it again when dropped); a started job is as after runs_start, its token
+-- '<token_base>:<key>' and its lease '<lease_prefix><key>'.
+-- include: runs_unrunnable
+local nxt = false
+for i = 3, #KEYS do
+  nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
+  if nxt then break end
+end
+if not nxt then return {} end
+local bad = unrunnable(nxt)
+if bad then
+  redis.call('LREM', KEYS[1], 1, nxt)
+  return {nxt, bad}
+end
+local st = redis.call('HGET', nxt, 'status')
+if st == 'finished' or st == 'error' then
+  redis.call('LREM', KEYS[1], 1, nxt)
+  return {nxt}
+end
+local tok = ARGV[1] .. ':' .. nxt
+redis.call('HINCRBY', nxt, 'attempt', 1)
+redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3],
+           'runner_id', ARGV[5])
+redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
+redis.call('SADD', KEYS[2], nxt)
+local out = redis.call('HGETALL', nxt)
+table.insert(out, 1, nxt)
+return out

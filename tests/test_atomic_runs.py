@@ -1,0 +1,350 @@
+"""Each script of bus/atomic/lua/runs_*.lua against a real Valkey: what it writes and returns,
+and what it refuses (the attempt fence, the answer fence) without writing anything."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+
+import pytest
+
+from bus import keys
+from bus.atomic import runs, slots, source
+from bus.models import Message, Runner
+
+JOB = "job:1:1"
+INFLIGHT = "inflight:runner:python:0"
+QUEUE = "queue:python"
+
+
+async def _started(store, job: str = JOB, attempt: str = "0", **fields: str) -> None:
+    await store.hset(1, job, {"status": "dispatched", "attempt": attempt, **fields})
+    await store.lpush(1, INFLIGHT, job)
+    assert isinstance(await runs.start(store, 1, job, f"tok:{job}", 10_000, "python:0"), dict)
+
+
+async def _ttl_ms(store, key: str) -> int:
+    return int(await store.call(1, lambda r: r.pttl(key)))
+
+
+async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None, job: str = JOB):
+    return await runs.finish_local(
+        store,
+        1,
+        job,
+        attempt,
+        INFLIGHT,
+        status="finished",
+        result={"stdout": "x"},
+        reason="",
+        entry='{"attempt": 1}',
+        request_key=f"message:{job[4:]}",
+        reply_ttl_s=60,
+        take_next=take_next,
+    )
+
+
+def test_every_script_states_its_keys_argv_and_effect() -> None:
+    folder = resources.files("bus.atomic").joinpath("lua")
+    names = [p.name[:-4] for p in folder.iterdir() if p.name.startswith("runs_")]
+    assert len(names) >= 18
+    for name in names:
+        head = folder.joinpath(f"{name}.lua").read_text("utf-8").split("\n\n")[0]
+        if head.startswith("-- Fragment:"):
+            continue
+        for word in ("KEYS:", "ARGV:", "Returns", "Atomic effect:"):
+            assert word in head, (name, word)
+    assert "local function unrunnable" in source("runs_start")
+    assert not re.search(r"^-- include:", source("runs_finish_local"), re.MULTILINE)
+
+
+async def test_start_marks_started_leases_and_counts_the_attempt(store) -> None:
+    await store.hset(1, JOB, {"status": "dispatched", "attempt": "2"})
+    fields = await runs.start(store, 1, JOB, "tok", 10_000, "python:0")
+    assert isinstance(fields, dict)
+    assert (fields["status"], fields["attempt"], fields["runner"]) == ("started", "3", "tok")
+    assert fields["runner_id"] == "python:0"
+    assert await store.get(1, keys.lease(JOB)) == "tok"
+    assert 0 < await _ttl_ms(store, keys.lease(JOB)) <= 10_000
+    assert await runs.running_jobs(store, 1) == [JOB]
+
+
+@pytest.mark.parametrize(
+    ("setup", "key", "reason"),
+    [
+        ({}, JOB, "missing_hash"),
+        ({"list": True}, JOB, "wrong_type"),
+        ({"status": "dispatched", "attempt": "x1"}, JOB, "malformed_job"),
+        ({"attempt": "1"}, JOB, "malformed_job"),
+        ({"status": "dispatched"}, "job:1:\u00e9", "malformed_job"),
+    ],
+)
+async def test_start_refuses_what_no_runner_can_start(store, setup, key, reason) -> None:
+    if setup.pop("list", False):
+        await store.lpush(1, key, "x")
+    elif setup:
+        await store.hset(1, key, setup)
+    assert await runs.start(store, 1, key, "tok", 10_000) == reason
+    assert not await store.exists(1, keys.lease(key))
+    assert await runs.running_jobs(store, 1) == []
+
+
+async def test_start_leaves_a_final_job_alone(store) -> None:
+    await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
+    assert await runs.start(store, 1, JOB, "tok", 10_000) == {}
+    assert await runs.attempt_state(store, 1, JOB) == ("finished", "1")
+    assert not await store.exists(1, keys.lease(JOB))
+
+
+async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store) -> None:
+    await _started(store)
+    await store.call(1, lambda r: r.pexpire(keys.lease(JOB), 500))
+    assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
+    assert await _ttl_ms(store, keys.lease(JOB)) > 500
+    await store.delete(1, [keys.lease(JOB)])  # lapsed during a stall: taken again
+    assert await runs.renew(store, 1, JOB, "tok2", 10_000, 1)
+    assert await store.get(1, keys.lease(JOB)) == "tok2"
+    await store.delete(1, [keys.lease(JOB)])
+    assert not await runs.renew(store, 1, JOB, "old", 10_000, 2)  # not the current attempt
+    assert not await store.exists(1, keys.lease(JOB))
+
+
+async def test_finish_records_the_end_and_queues_the_answer(store) -> None:
+    await _started(store)
+    answer = Message(7, 9, 1, origin="elsewhere")
+    done, nxt = await runs.finish(
+        store,
+        1,
+        JOB,
+        1,
+        INFLIGHT,
+        status="error",
+        result={"stderr": "e"},
+        reason="exit_1",
+        entry='{"attempt": 1}',
+        answer=answer,
+    )
+    assert (done, nxt) == (True, None)
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], job["reason"], json.loads(job["result"])) == (
+        "error",
+        "exit_1",
+        {"stderr": "e"},
+    )
+    assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
+    assert (await store.hgetall(1, answer.key))["origin"] == "elsewhere"
+    assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
+    assert not await store.exists(1, keys.lease(JOB))
+    assert await runs.running_jobs(store, 1) == []
+    assert await store.lrange(1, INFLIGHT) == []
+
+
+async def test_the_fence_refuses_another_attempt_and_writes_nothing(store) -> None:
+    await _started(store, attempt="1")  # the current attempt is 2
+    before = await store.hgetall(1, JOB)
+    assert await _finish_local(store, 1) == (False, None)
+    assert not await runs.retry_later(
+        store, 1, JOB, 3, INFLIGHT, queue=QUEUE, reason="r", entry="{}", due_ms=1
+    )
+    assert not await runs.finish_malformed(store, 1, JOB, 1, INFLIGHT, "bad")
+    assert not await runs.requeue(store, 1, JOB, 1, INFLIGHT, QUEUE)
+    assert await store.hgetall(1, JOB) == before
+    assert await store.exists(1, keys.lease(JOB))
+    assert await store.lrange(1, INFLIGHT) == [JOB]
+    assert await store.lrange(1, "reply:message:1:1") == []
+    assert await store.lrange(1, keys.attempts(JOB)) == []
+
+
+async def test_the_fence_refuses_a_job_that_is_not_started(store) -> None:
+    await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
+    assert await _finish_local(store, 1) == (False, None)
+    assert await store.hgetall(1, "message:1:1") == {}
+
+
+async def test_finish_local_answers_the_request_here(store) -> None:
+    await _started(store, flow_id="flow:1")
+    assert await _finish_local(store, 1) == (True, None)
+    assert (await store.hgetall(1, JOB))["status"] == "finished"
+    request = await store.hgetall(1, "message:1:1")
+    assert request["status"] == "processed"
+    assert request["processed_at"] == request["updated_at"]
+    (reply,) = await store.lrange(1, keys.reply("message:1:1"))
+    assert json.loads(reply)["result"] == {"stdout": "x"}
+    assert 0 < await _ttl_ms(store, keys.reply("message:1:1")) <= 60_000
+    assert await store.lrange(1, keys.FLOW_EVENTS) == ["flow:1"]
+    assert await store.lrange(1, INFLIGHT) == []
+
+
+async def test_finish_then_take_next_starts_the_next_job_in_one_step(store) -> None:
+    await _started(store)
+    await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
+    await store.lpush(1, QUEUE, "job:1:2")
+    take = runs.NextJob(("queue:python:prio:high", QUEUE), "base", 10_000, "python:0")
+    done, nxt = await _finish_local(store, 1, take)
+    assert done
+    assert nxt is not None
+    assert (nxt[0], nxt[1]["status"], nxt[1]["attempt"]) == ("job:1:2", "started", "1")
+    assert await store.get(1, keys.lease("job:1:2")) == "base:job:1:2"
+    assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
+    assert await runs.running_jobs(store, 1) == ["job:1:2"]
+    assert not take.found_empty
+
+
+async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store) -> None:
+    await _started(store)
+    await store.lpush(1, QUEUE, "job:1:404")  # names no hash
+    take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
+    done, nxt = await _finish_local(store, 1, take)
+    assert (done, nxt, take.found_empty) == (True, None, False)
+    assert await store.lrange(1, INFLIGHT) == []
+    (dead,) = await store.dead_letters(1)
+    assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
+    await _started(store, "job:1:2")
+    take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
+    done, nxt = await _finish_local(store, 1, take, "job:1:2")
+    assert (done, nxt, take.found_empty) == (True, None, True)
+
+
+async def test_retry_later_schedules_the_next_attempt(store) -> None:
+    await _started(store)
+    args = {"queue": QUEUE, "reason": "exit_1", "entry": "{}", "due_ms": 1234}
+    assert await runs.retry_later(store, 1, JOB, 1, INFLIGHT, **args)
+    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "1")
+    assert (await store.hgetall(1, JOB))["reason"] == "exit_1"
+    delayed = await store.call(1, lambda r: r.zrange(keys.DELAYED, 0, -1, withscores=True))
+    assert [(str(m), int(s)) for m, s in delayed] == [(f"{QUEUE}|{JOB}", 1234)]
+    assert await store.lrange(1, keys.attempts(JOB)) == ["{}"]
+
+
+async def test_finish_malformed_ends_the_job_in_error(store) -> None:
+    await _started(store)
+    assert await runs.finish_malformed(store, 1, JOB, 1, INFLIGHT, "no script")
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], job["reason"]) == ("error", "malformed_job: no script")
+    assert not await store.exists(1, keys.lease(JOB))
+
+
+async def test_requeue_gives_the_attempt_back(store) -> None:
+    await _started(store, attempt="4")
+    assert await runs.requeue(store, 1, JOB, 5, INFLIGHT, QUEUE)
+    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "4")
+    assert await store.lrange(1, QUEUE) == [JOB]
+    assert await store.lrange(1, INFLIGHT) == []
+    assert await runs.running_jobs(store, 1) == []
+
+
+async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -> None:
+    members = {f"{QUEUE}|job:1:1": 100, "no-separator": 100, f"{JOB}|job:1:3": 100}
+    members[f"{QUEUE}|job:1:2"] = 5000
+    await store.hset(1, JOB, {"status": "dispatched"})  # a hash: LPUSH on it fails
+    await store.call(1, lambda r: r.zadd(keys.DELAYED, members))
+    assert await runs.move_due(store, 1, 1000) == 5000
+    assert await store.lrange(1, QUEUE) == ["job:1:1"]
+    dead = sorted(d["key"] for d in await store.dead_letters(1))
+    assert dead == [f"{JOB}|job:1:3", "no-separator"]
+    assert await runs.move_due(store, 1, 6000) == -1
+    assert await store.lrange(1, QUEUE) == ["job:1:2", "job:1:1"]
+
+
+async def test_pop_first_moves_the_first_entry_of_the_first_list(store) -> None:
+    await store.lpush(1, "queue:b", "job:1:2")
+    await store.lpush(1, "queue:c", "job:1:3")
+    assert await runs.pop_first(store, 1, ["queue:a", "queue:b", "queue:c"], INFLIGHT) == "job:1:2"
+    assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
+    assert await runs.pop_first(store, 1, ["queue:a", "queue:b"], INFLIGHT) is None
+
+
+async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answered:
+    await store.hset(1, JOB, {"status": status, "attempt": attempt, "flow_id": ""})
+    await store.lpush(1, runs.RESULTS_INFLIGHT, JOB)
+    return runs.Answered(JOB, status, attempt, '{"attempt": 1}')
+
+
+async def test_answered_retry_sends_the_attempt_back_once(store) -> None:
+    read = await _ended(store)
+    args = {"reason": "retrying after: exit_1", "due_ms": 99, "queue": QUEUE}
+    assert await runs.answered_retry(store, 1, read, **args)
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], job["reason"]) == ("dispatched", "retrying after: exit_1")
+    assert await store.call(1, lambda r: r.zscore(keys.DELAYED, f"{QUEUE}|{JOB}")) == 99
+    assert await store.lrange(1, runs.RESULTS_INFLIGHT) == []
+    assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
+    assert not await runs.answered_retry(store, 1, read, **args)  # its status changed
+
+
+async def test_answer_local_answers_once_and_refuses_another_attempt(store) -> None:
+    read = await _ended(store, "finished")
+    args = {"result": {"a": "1"}, "request_key": "message:1:1", "reply": "{}", "reply_ttl_s": 60}
+    stale = runs.Answered(JOB, "finished", "2", "{}")
+    assert not await runs.answer_local(store, 1, stale, **args)  # not the attempt read
+    assert "answered" not in await store.hgetall(1, JOB)
+    assert await store.lrange(1, runs.RESULTS_INFLIGHT) == []  # taken off either way
+    assert await runs.answer_local(store, 1, read, **args)
+    job = await store.hgetall(1, JOB)
+    assert "answered" in job
+    assert json.loads(job["result"]) == {"a": "1"}
+    assert (await store.hgetall(1, "message:1:1"))["status"] == "processed"
+    assert await store.lrange(1, keys.reply("message:1:1")) == ["{}"]
+    assert not await runs.answer_local(store, 1, read, **args)  # answered already
+    assert await store.lrange(1, keys.reply("message:1:1")) == ["{}"]
+
+
+async def test_answer_remote_queues_the_signed_result_once(store) -> None:
+    read = await _ended(store)
+    answer = Message(7, 9, 1, destination="origin")
+    assert await runs.answer_remote(store, 1, read, result={}, answer=answer)
+    assert (await store.hgetall(1, answer.key))["destination"] == "origin"
+    assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
+    assert not await runs.answer_remote(store, 1, read, result={}, answer=answer)
+    assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
+
+
+async def test_reap_ends_an_attempt_whose_lease_is_gone(store) -> None:
+    await _started(store)
+    assert not await runs.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease exists
+    await store.delete(1, [keys.lease(JOB)])
+    assert not await runs.reap(store, 1, JOB, "2", "runner_lost: x")  # not its attempt
+    assert await store.lrange(1, keys.RESULTS) == []
+    assert await runs.reap(store, 1, JOB, "1", "runner_lost: x")
+    job = await store.hgetall(1, JOB)
+    assert (job["status"], job["reason"], job["result"]) == ("error", "runner_lost: x", "{}")
+    assert await store.lrange(1, keys.RESULTS) == [JOB]
+    assert await store.lrange(1, INFLIGHT) == []
+    assert await runs.running_jobs(store, 1) == []
+
+
+async def test_runner_reads_and_plain_writes(store) -> None:
+    assert await runs.attempt_state(store, 1, JOB) == (None, None)
+    await store.xadd_capped(1, keys.logs(JOB), {"stream": "stdout", "data": "hi"}, 10)
+    await store.expire(1, keys.logs(JOB), 30)
+    assert 0 < await _ttl_ms(store, keys.logs(JOB)) <= 30_000
+    entries = await store.call(1, lambda r: r.xrange(keys.logs(JOB)))
+    assert [dict(e[1]) for e in entries] == [{"stream": "stdout", "data": "hi"}]
+    await store.call(1, lambda r: r.set("presence:runner:a", "{}"))
+    assert await store.scan_keys(1, keys.PRESENCE_RUNNER_PATTERN) == ["presence:runner:a"]
+    assert await store.get(1, "presence:runner:a") == "{}"
+    await store.delete(1, ["presence:runner:a"])
+    assert await store.get(1, "presence:runner:a") is None
+
+
+async def test_register_runners_keeps_created_at(store) -> None:
+    first = Runner(id="n:1:python:0", pubkey="ab", address="", topic=QUEUE, created_at=1)
+    await slots.register_runners(store, 1, [first])
+    again = Runner(id="n:1:python:0", pubkey="cd", address="", topic=QUEUE, created_at=2)
+    await slots.register_runners(store, 1, [again])
+    runner = await store.hgetall(1, keys.runner("n:1:python:0"))
+    assert (runner["pubkey"], runner["created_at"]) == ("cd", "1")
+
+
+async def test_write_presence_sets_each_heartbeat_with_its_ttl(store) -> None:
+    await slots.write_presence(store, 1, {"a": '{"pid": 1}', "b": "{}"}, 15)
+    assert await store.get(1, keys.presence_runner("a")) == '{"pid": 1}'
+    assert 0 < await _ttl_ms(store, keys.presence_runner("b")) <= 15_000
+
+
+async def test_hand_over_moves_one_job_between_lists(store) -> None:
+    await store.lpush(1, INFLIGHT, "job:1:2", JOB)
+    await slots.hand_over(store, 1, JOB, INFLIGHT, f"{INFLIGHT}:adopting")
+    assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
+    assert await store.lrange(1, f"{INFLIGHT}:adopting") == [JOB]
