@@ -253,11 +253,6 @@ class Store:
         popped = await self.call(db, lambda r: r.blpop([key], timeout=timeout_s))
         return None if popped is None else str(popped[1])
 
-    async def keys_matching(self, db: int, pattern: str) -> list[str]:
-        """The keys of DB ``db`` that match ``pattern`` (KEYS: for operators' commands, never
-        on a hot path)."""
-        return [str(k) for k in await self.call(db, lambda r: r.keys(pattern))]
-
     # -- reliable queues -------------------------------------------------------------------------
 
     async def pop_reliable(
@@ -463,11 +458,7 @@ class Store:
     async def context_ids(self) -> list[int]:
         return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))
 
-    # -- runner reads (and the plain writes of presence and job logs) ----------------------------
-
-    async def get(self, db: int, key: str) -> str | None:
-        value = await self.call(db, lambda r: r.get(key))
-        return None if value is None else str(value)
+    # -- plain reads and writes of presence and job logs ------------------------------------------
 
     async def delete(self, db: int, names: list[str]) -> None:
         if names:

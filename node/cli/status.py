@@ -74,7 +74,7 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     from node.runners.presence import live_runners
 
     lens = {q: await store.llen(ctx, q) for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)}
-    queues = await store.keys_matching(ctx, "queue:*")
+    queues = await store.scan_keys(ctx, "queue:*")
     lens |= {q: await store.llen(ctx, q) for q in sorted(queues)}
     runners = [
         {"id": r.runner_id, "script_type": r.script_type, "local": r.local, "jobs": r.jobs}
