@@ -34,6 +34,11 @@ def now_ms() -> int:
     return int(_clock() * 1000)
 
 
+def ms_after(delay_s: float) -> int:
+    """The wall-clock millisecond ``delay_s`` seconds from now (a due time to store)."""
+    return int((_clock() + delay_s) * 1000)
+
+
 def set_clock(clock: Callable[[], float]) -> Callable[[], float]:
     """Replace the wall clock (tests); returns the previous one."""
     global _clock

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import NoReturn
 
 import trio
@@ -39,7 +38,7 @@ from coredis.commands.script import Script
 from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
-from bus.ids import now
+from bus.ids import ms_after, now
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
 from node.runners import jobstore
@@ -177,7 +176,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     base = [job_key, RESULTS_INFLIGHT, keys.attempts(job_key)]
     fence = [str(now()), status, entry, fields.get("attempt", "")]
     if nxt.retry:
-        due_ms = int((time.time() + nxt.delay_s) * 1000)
+        due_ms = ms_after(nxt.delay_s)
         member = f"{queue_of(fields)}|{job_key}"
         args = [*fence, f"retrying after: {job.reason}", str(due_ms), member]
         done = await node.store.script(ctx, _RETRY, [*base, keys.DELAYED], args)

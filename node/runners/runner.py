@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import trio
 from bus import keys
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
+from bus.ids import ms_after, now, now_ms
 from bus.models import JobStatus, Message, RunnerJob
 from node.routing.messages import result_message
 from node.runners import adoption, jobstore, outcomes, queues
@@ -253,7 +253,7 @@ async def _run_attempt(
         await jobstore.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
         return None
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
-    started_at = int(time.time())
+    started_at = now()
     outcome: Outcome | None = None
     outcome_file = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
     stop = trio.CancelScope()
@@ -392,7 +392,7 @@ async def conclude(
     while True:
         try:
             if nxt.retry:
-                due_ms = int((time.time() + nxt.delay_s) * 1000)
+                due_ms = ms_after(nxt.delay_s)
                 ok = await jobstore.retry_later(
                     node.store,
                     ctx,
@@ -475,8 +475,8 @@ async def run_retry_scheduler(
     task_status.started()
     while True:
         wake = node.retry_scheduled.setdefault(ctx, trio.Event())
-        next_due = await jobstore.move_due(node.store, ctx, int(time.time() * 1000))
-        wait_s = 3600.0 if next_due < 0 else max(0.0, next_due / 1000 - time.time())
+        next_due = await jobstore.move_due(node.store, ctx, now_ms())
+        wait_s = 3600.0 if next_due < 0 else max(0.0, (next_due - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()
         node.retry_scheduled[ctx] = trio.Event()
