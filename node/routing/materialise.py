@@ -21,6 +21,7 @@ from bus import keys
 from bus.envelope import ResultBody
 from bus.ids import now as now_s
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from bus.store import Store
 from node.routing.messages import Rejected, queue_result, reject
 from node.runners.queues import target_queue
@@ -144,9 +145,9 @@ async def materialise_batch(
 def refusal(message: Message, code: int, owner: str) -> Rejected:
     """Why the materialise script refused ``message`` (``code`` > 0)."""
     if code in REPLAY_WHAT:
-        return Rejected("replay", f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
+        return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
     job_key, _, holder = owner.partition(" ")
-    return Rejected("job_exists", f"{job_key} exists already, held by {holder}")
+    return Rejected(Reason.JOB_EXISTS, f"{job_key} exists already, held by {holder}")
 
 
 async def materialise_fresh(
@@ -187,7 +188,7 @@ def _writes(
             if job.script_type in script_types:
                 queue = target_queue(job)  # node/runners/queues.py
             else:
-                fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
+                fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
                 unknown.append((message, job))
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
@@ -240,7 +241,7 @@ async def _unknown_types(
         if message.key in refused:
             continue
         detail = (
-            f"unknown_script_type: no runner for {job.script_type!r} on this node "
+            f"{Reason.UNKNOWN_SCRIPT_TYPE}: no runner for {job.script_type!r} on this node "
             f"(known: {', '.join(sorted(script_types))})"
         )
         log.warning("job %s: %s", job.key, detail)

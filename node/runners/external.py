@@ -40,6 +40,7 @@ from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
 from bus.ids import ms_after, now
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import result_message
 from node.runners import jobstore
 from node.runners.lifecycle import after_attempt
@@ -138,7 +139,7 @@ async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
     except StoreError:
         raise
     except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
-        reason = exc.reason if isinstance(exc, ContentError) else "malformed_job"
+        reason = exc.reason if isinstance(exc, ContentError) else Reason.MALFORMED_JOB
         log.warning("cannot answer %s (context %d): %r", job_key, ctx, exc)
         detail = f"cannot answer it: {exc!r}"
         await node.store.refuse_entry(
@@ -153,7 +154,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
-            ctx, RESULTS_INFLIGHT, job_key, "missing_hash", detail, queue=keys.RESULTS
+            ctx, RESULTS_INFLIGHT, job_key, Reason.MISSING_HASH, detail, queue=keys.RESULTS
         )
         return False
     status = fields.get("status", "")
@@ -166,7 +167,9 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
         caller, ident = keys.parse_message_key(job.message_key)
     except (ModelError, ValueError) as exc:
         log.error("cannot answer %s (context %d): %s", job_key, ctx, exc)
-        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=keys.RESULTS)
+        await node.store.dead_letter(
+            ctx, job_key, Reason.MALFORMED_JOB, str(exc), queue=keys.RESULTS
+        )
         await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
         return False
     entry = jobstore.attempt_entry(
@@ -210,7 +213,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     if fields.get("status") != JobStatus.STARTED.value:
         return False
     runner = fields.get("runner_id") or token
-    reason = f"runner_lost: the lease of runner {runner} expired"
+    reason = f"{Reason.RUNNER_LOST}: the lease of runner {runner} expired"
     if _is_local(node, token):
         if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
@@ -218,7 +221,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
             ttl_ms = node.config.lease_ttl_ms
             await jobstore.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False
-        reason = f"runner_lost: slot {runner} of this node no longer runs it"
+        reason = f"{Reason.RUNNER_LOST}: slot {runner} of this node no longer runs it"
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
     args = [attempt, str(now()), reason, keys.runner_inflight("")]
     done = bool(await node.store.script(ctx, _REAP, key_list, args))

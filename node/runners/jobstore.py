@@ -21,6 +21,7 @@ from coredis.commands.script import Script
 from bus import keys
 from bus.ids import now
 from bus.models import Message
+from bus.reasons import Reason
 from bus.store import Store
 
 # Why the queue entry ``v`` names nothing a runner can start (a reason token), or false; a
@@ -392,9 +393,12 @@ async def _with_next(
 def unrunnable_detail(reason: str) -> str:
     """What an UNRUNNABLE_LUA reason token means, for the dead letter."""
     return {
-        "missing_hash": "the queue entry names no job hash",
-        "wrong_type": "the queue entry names a key that holds no hash",
-    }.get(reason, "no status, an attempt that is not a small integer, or a key that is not ASCII")
+        Reason.MISSING_HASH: "the queue entry names no job hash",
+        Reason.WRONG_TYPE: "the queue entry names a key that holds no hash",
+    }.get(
+        Reason(reason),
+        "no status, an attempt that is not a small integer, or a key that is not ASCII",
+    )
 
 
 async def retry_later(
@@ -420,7 +424,7 @@ async def finish_malformed(
 ) -> bool:
     """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-    args = [str(attempt), f"malformed_job: {detail}", str(now())]
+    args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
     return bool(await store.script(ctx, _MALFORMED, key_list, args))
 
 

@@ -25,6 +25,7 @@ from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
 from bus.ids import ms_after, now, now_ms
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import result_message
 from node.runners import adoption, jobstore, outcomes, queues
 from node.runners.executor import Outcome, execute
@@ -249,7 +250,7 @@ async def _run_attempt(
         request = await _request_of(node, ctx, job, fields)
     except (ModelError, ContentError) as exc:  # its message_key may name a key of another type
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
-        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
+        await node.store.dead_letter(ctx, job_key, Reason.MALFORMED_JOB, str(exc), queue=queue)
         await jobstore.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
         return None
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
@@ -264,7 +265,7 @@ async def _run_attempt(
         with stop:
             outcome = await run_script(job, pump.paths, outcome_file)
         if stop.cancelled_caught:  # a signed stop request (see node/routing/stops.py)
-            reason = node.stop_reasons.pop(job_key, "stopped")
+            reason = node.stop_reasons.pop(job_key, Reason.STOPPED)
             outcome = Outcome(JobStatus.ERROR, {}, reason)
     finally:
         watch.end()

@@ -19,16 +19,13 @@ from pathlib import Path
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from node.errors import WorkerLost
 from node.runners.executor import KILL_GRACE_S, Outcome, job_env, outcome_of
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 DEFAULT_MAX_JOBS = 500
-
-
-class WorkerLost(Exception):
-    """The worker process exited (or was killed) before it answered."""
 
 
 class PythonWorker:
