@@ -236,7 +236,7 @@ class PeerOutbox:
     async def _drop(self, value: str) -> None:
         await self.store.ack(keys.ACTORS_DB, self.inflight, value)
 
-    async def _refuse(self, value: str, reason: str, detail: str) -> None:
+    async def _refuse(self, value: str, reason: Reason, detail: str) -> None:
         """An entry that names no message to send: dead-lettered in DB 0 (the outbox's)."""
         await self.store.refuse_entry(
             keys.ACTORS_DB, self.inflight, value, reason, detail, queue=self.source

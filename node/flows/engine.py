@@ -142,7 +142,7 @@ async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
         await node.store.refuse_entry(ctx, inflight, raw_id, *refused, queue=keys.FLOW_EVENTS)
 
 
-async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
+async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[Reason, str] | None:
     """Evaluate flow ``raw_id``; why it names no flow to evaluate (reason, detail), or None."""
     if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
         return Reason.MALFORMED_ENTRY, "a flow event must be a flow id (a decimal number)"
