@@ -26,7 +26,7 @@ class TransportError(BusError):
 class HandshakeError(TransportError):
     """A peer failed to authenticate; ``reason`` is a short token for logs and metrics."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: Reason, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail

@@ -56,7 +56,8 @@ class Reason(StrEnum):
     UNKNOWN_SIGNER = "unknown_signer", "No key is registered for the message's signer."
     BAD_SIGNATURE = (
         "bad_signature",
-        "A signature is missing, malformed, of an unsupported algorithm, or does not verify.",
+        "A signature is missing, malformed, of an unsupported algorithm, or does not verify "
+        "(a message's, or a peer's handshake signature).",
     )
     WRONG_SIGNER = (
         "wrong_signer",
@@ -129,6 +130,16 @@ class Reason(StrEnum):
         "peer_refused",
         "Prefix: the peer refused the message; `peer_refused_<its reason>` names why. Links.",
     )
+
+    # -- a link refused during its handshake (bus/handshake.py, bus/transport.py): logged only --
+    MALFORMED_HELLO = "malformed_hello", "The peer's hello frame lacks or mistypes a field."
+    VERSION_MISMATCH = "version_mismatch", "The peer speaks another protocol version."
+    BAD_NODE_ID = "bad_node_id", "The node id in the peer's hello is not a public key."
+    BAD_NONCE = "bad_nonce", "The nonce in the peer's hello is not of the required hex length."
+    UNEXPECTED_NODE = "unexpected_node", "The node that answered is not the one dialled."
+    UNKNOWN_NODE = "unknown_node", "The node that connected is not a known peer."
+    MALFORMED_FRAME = "malformed_frame", "A handshake frame cannot be decoded."
+    UNEXPECTED_FRAME = "unexpected_frame", "A handshake frame of another type than the next one."
 
     # -- why a job ended in error (its result's reason) -----------------------------------------
     TIMEOUT_ACK = "timeout_ack", "The destination did not acknowledge in time. Deadlines."
