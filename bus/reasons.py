@@ -144,6 +144,7 @@ class Reason(StrEnum):
     # -- why a job ended in error (its result's reason) -----------------------------------------
     TIMEOUT_ACK = "timeout_ack", "The destination did not acknowledge in time. Deadlines."
     TIMEOUT_RESULT = "timeout_result", "No result came back in time. Deadlines."
+    TIMEOUT = "timeout", "The job ran longer than its `timeout_s` and was killed. Runners."
     RUNNER_LOST = (
         "runner_lost",
         "The process running the job died, or the external runner's lease expired. Runners.",

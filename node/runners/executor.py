@@ -131,7 +131,7 @@ async def _execute(
             pidfile.unlink(missing_ok=True)
         output = [_read_back(f, max_output_bytes) for f in files]
     if not completed:
-        return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
+        return Outcome(JobStatus.ERROR, {}, f"{Reason.TIMEOUT}: killed after {job.timeout} s")
     done = completed[0]
     out, err = output if files else (done.stdout, done.stderr)
     return outcome_of(done.returncode, out, err, max_output_bytes)

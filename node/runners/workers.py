@@ -19,6 +19,7 @@ from pathlib import Path
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from bus.reasons import Reason
 from node.errors import WorkerLost
 from node.runners.executor import KILL_GRACE_S, Outcome, job_env, outcome_of
 
@@ -71,7 +72,7 @@ class PythonWorker:
             raise
         if deadline.cancelled_caught:
             await self.close()
-            return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
+            return Outcome(JobStatus.ERROR, {}, f"{Reason.TIMEOUT}: killed after {job.timeout} s")
         return outcome_of(
             int(str(reply["exit_code"])),
             str(reply["stdout"]),
