@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from bus.client import Client
+from bus.ids import set_clock
 from bus.store import Store, open_store
 from node.acl import role_url
 from node.config import NodeConfig
@@ -22,6 +24,25 @@ from node.home import init_home
 from node.valkey import ValkeyProcess, valkey_server
 
 logging.getLogger("trio-websocket").setLevel(logging.WARNING)
+
+
+# Real Valkey I/O is not a trio sleep: jumping the clock whenever every task waits would let
+# trio time run ahead while a reply is on its way. Jumping only after this much real idle time
+# keeps the jumps to the moments the node really waits for a timer.
+IDLE_BEFORE_JUMP_S = 0.1
+
+
+@pytest.fixture
+def wall_clock_on_trio(mock_clock: trio.testing.MockClock) -> Iterator[None]:
+    """Trio's clock autojumps over idle waits, and the node's wall clock (bus.ids) follows it:
+    a test that also takes ``mock_clock`` sees deadlines that live in timestamps (message
+    ages, retry due times, flow deadlines) pass as fast as the trio timers that wait for them."""
+    mock_clock.autojump_threshold = IDLE_BEFORE_JUMP_S
+    previous = set_clock(lambda: 0.0)
+    base = previous() - mock_clock.current_time()
+    set_clock(lambda: base + mock_clock.current_time())
+    yield
+    set_clock(previous)
 
 
 @pytest.fixture

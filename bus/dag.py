@@ -22,23 +22,16 @@ from collections import Counter, deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bus.errors import BusError
+from bus.errors import FlowError
 from bus.models import FlowStatus, JobStatus
+from bus.reasons import Reason
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-DOOMED_REASON = "prerequisite_failed"
+DOOMED_REASON = Reason.PREREQUISITE_FAILED
 DEPS_JSON_VAR = "HERO_DEPS_JSON"
 _MAX_U32 = 2**32 - 1
 _MAX_RETRIES = 255  # u8 in the spec
 _NOT_DISPATCHED = (None, JobStatus.WAITING_FOR_PREREQUISITES)
-
-
-class FlowError(BusError):
-    """A flow document or flow spec is invalid; ``jobs`` names the offending job ids."""
-
-    def __init__(self, message: str, jobs: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.jobs: list[str] = list(jobs)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,11 @@
 """Exceptions raised by the bus package. No coredis or trio-websocket error leaks out of bus/."""
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from bus.reasons import Reason
+
 
 class BusError(Exception):
     """Root of every error raised by bus/."""
@@ -20,7 +26,7 @@ class TransportError(BusError):
 class HandshakeError(TransportError):
     """A peer failed to authenticate; ``reason`` is a short token for logs and metrics."""
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: Reason, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
@@ -40,6 +46,14 @@ class ContentError(BusError):
     entry named, not of the server. The entry is refused (``reason``: ``wrong_type``,
     ``not_a_number``, ``unknown_context``); no service restarts over it."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+class FlowError(BusError):
+    """A flow document or flow spec is invalid; ``jobs`` names the offending job ids."""
+
+    def __init__(self, message: str, jobs: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.jobs: list[str] = list(jobs)

@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 
 from bus.errors import HandshakeError
+from bus.reasons import Reason
 from crypto import KeyPair, parse_public_key, sign_object, verify_object
 from crypto.errors import KeyFormatError
 
@@ -63,24 +64,26 @@ def check_hello(
 ) -> tuple[str, str]:
     """Validate a peer's hello; return its (node id, nonce) or raise HandshakeError."""
     if not isinstance(body, dict):
-        raise HandshakeError("malformed_hello")
+        raise HandshakeError(Reason.MALFORMED_HELLO)
     version, node, nonce = body.get("v"), body.get("node"), body.get("nonce")
     if version != PROTOCOL_VERSION:
         raise HandshakeError(
-            "version_mismatch", f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}"
+            Reason.VERSION_MISMATCH, f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}"
         )
     if not isinstance(node, str) or not isinstance(nonce, str):
-        raise HandshakeError("malformed_hello")
+        raise HandshakeError(Reason.MALFORMED_HELLO)
     try:
         parse_public_key(node)
     except KeyFormatError as exc:
-        raise HandshakeError("bad_node_id", str(exc)) from None
+        raise HandshakeError(Reason.BAD_NODE_ID, str(exc)) from None
     if len(nonce) != 2 * NONCE_BYTES or not _is_hex(nonce):
-        raise HandshakeError("bad_nonce")
+        raise HandshakeError(Reason.BAD_NONCE)
     if expected is not None and node != expected:
-        raise HandshakeError("unexpected_node", f"dialled {expected[:16]}…, answered {node[:16]}…")
+        raise HandshakeError(
+            Reason.UNEXPECTED_NODE, f"dialled {expected[:16]}…, answered {node[:16]}…"
+        )
     if known is not None and node not in known:
-        raise HandshakeError("unknown_node", node)
+        raise HandshakeError(Reason.UNKNOWN_NODE, node)
     return node, nonce
 
 
@@ -93,7 +96,7 @@ def verify_transcript(signature: object, signer: str, role: str, session: Sessio
     entry = [{"algorithm": "ed25519", "public_key": signer, "signature": signature}]
     verdict = verify_object(entry, DOMAIN, session.transcript(role), expected_public_key=signer)
     if not verdict.ok:
-        raise HandshakeError("bad_signature", f"{role} signature: {verdict.reason}")
+        raise HandshakeError(Reason.BAD_SIGNATURE, f"{role} signature: {verdict.reason}")
 
 
 def _is_hex(s: str) -> bool:

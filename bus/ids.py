@@ -2,7 +2,13 @@
 
 Ids are random 53-bit integers: globally unique without coordination between nodes (a
 decentralised bus has no central counter) and still exact in JSON/JCS, which cannot carry
-integers above 2**53. Wall-clock time goes through :func:`now` so tests can drive it.
+integers above 2**53.
+
+Every wall-clock timestamp or stored due time in bus/ and node/ is read here (:func:`now`,
+:func:`now_ms`, :func:`ms_after`), so that a test can drive it with :func:`set_clock`; waits
+use trio's clock (``trio.sleep``, ``move_on_after``), which the tests replace with a mock
+clock. Tests that need both in step set this clock from trio's (conftest.py's
+``wall_clock_on_trio``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ def now() -> int:
 def now_ms() -> int:
     """Wall-clock milliseconds, from the same clock as :func:`now`."""
     return int(_clock() * 1000)
+
+
+def ms_after(delay_s: float) -> int:
+    """The wall-clock millisecond ``delay_s`` seconds from now (a due time to store)."""
+    return int((_clock() + delay_s) * 1000)
 
 
 def set_clock(clock: Callable[[], float]) -> Callable[[], float]:

@@ -19,6 +19,7 @@ from bus import keys
 from bus.errors import ContentError, TransportError
 from bus.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
 from bus.models import Hash
+from bus.reasons import Reason
 from bus.store import Store
 from bus.transport import Link, Transport
 
@@ -188,16 +189,16 @@ class PeerOutbox:
         try:
             ctx, key = parse_entry(value)
         except ValueError as exc:
-            await self._refuse(value, "malformed_entry", str(exc))
+            await self._refuse(value, Reason.MALFORMED_ENTRY, str(exc))
             return None
         if fields is None:
-            await self._refuse(value, "unknown_context", f"this node serves no context {ctx}")
+            await self._refuse(value, Reason.UNKNOWN_CONTEXT, f"this node serves no context {ctx}")
             return None
         if isinstance(fields, str):
-            await self._refuse(value, "wrong_type", f"{key} holds a {fields}, not a hash")
+            await self._refuse(value, Reason.WRONG_TYPE, f"{key} holds a {fields}, not a hash")
             return None
         if not fields:
-            await self._refuse(value, "missing_hash", f"{key} has no hash in context {ctx}")
+            await self._refuse(value, Reason.MISSING_HASH, f"{key} has no hash in context {ctx}")
             return None
         if fields.get("status") == "error":  # failed meanwhile (e.g. timeout_ack): withdrawn
             log.info("outbox entry %s (context %d) failed meanwhile; not sent", key, ctx)
@@ -207,7 +208,9 @@ class PeerOutbox:
         limit = self.transport.config.max_frame_bytes
         if msgs_frame_size(len(item), 1) > limit:
             await self._drop(value)
-            await self.on_undeliverable(ctx, key, f"oversize: the message exceeds {limit} bytes")
+            await self.on_undeliverable(
+                ctx, key, f"{Reason.OVERSIZE}: the message exceeds {limit} bytes"
+            )
             return None
         return item
 
@@ -233,7 +236,7 @@ class PeerOutbox:
     async def _drop(self, value: str) -> None:
         await self.store.ack(keys.ACTORS_DB, self.inflight, value)
 
-    async def _refuse(self, value: str, reason: str, detail: str) -> None:
+    async def _refuse(self, value: str, reason: Reason, detail: str) -> None:
         """An entry that names no message to send: dead-lettered in DB 0 (the outbox's)."""
         await self.store.refuse_entry(
             keys.ACTORS_DB, self.inflight, value, reason, detail, queue=self.source

@@ -24,6 +24,7 @@ from bus.atomic import queues
 from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import Actor, Context, Hash, decode_hash
+from bus.reasons import Reason
 from bus.urls import redact
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,10 @@ def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or R
 # Replies that say the content a command touched is unusable, not that the server failed,
 # and the reason each gives the entry that named it.
 _CONTENT_ERRORS = {
-    "WRONGTYPE": "wrong_type",
-    "not an integer": "not_a_number",
-    "overflow": "not_a_number",
-    "DB index is out of range": "unknown_context",
+    "WRONGTYPE": Reason.WRONG_TYPE,
+    "not an integer": Reason.NOT_A_NUMBER,
+    "overflow": Reason.NOT_A_NUMBER,
+    "DB index is out of range": Reason.UNKNOWN_CONTEXT,
 }
 
 
@@ -54,7 +55,7 @@ def _content_error(exc: Exception) -> ContentError | None:
     """The ContentError a reply means when it blames what a key holds, not the server."""
     text = str(exc)
     if isinstance(exc, coredis.exceptions.WrongTypeError):
-        return ContentError("wrong_type", printable(text))
+        return ContentError(Reason.WRONG_TYPE, printable(text))
     if isinstance(exc, coredis.exceptions.ResponseError):
         for marker, reason in _CONTENT_ERRORS.items():
             if marker in text:
@@ -275,7 +276,7 @@ class Store:
         if not isinstance(value, bytes):
             return str(value)
         detail = "the entry is not UTF-8 text"
-        await self.refuse_entry(db, inflight, value, "not_utf8", detail, queue=queue)
+        await self.refuse_entry(db, inflight, value, Reason.NOT_UTF8, detail, queue=queue)
         return None
 
     async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
@@ -306,7 +307,9 @@ class Store:
                 continue
             if isinstance(read, str | bytes):
                 detail = f"{printable(value)} holds a {printable(read)}, not a hash"
-                await self.refuse_entry(db, inflight, value, "wrong_type", detail, queue=source)
+                await self.refuse_entry(
+                    db, inflight, value, Reason.WRONG_TYPE, detail, queue=source
+                )
             else:
                 out.append((str(value), _flat_hash(read)))
         return out

@@ -32,6 +32,7 @@ from trio_websocket import (
 from bus import handshake as hs
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from bus.reasons import Reason
 from crypto import KeyPair
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class Transport:
         try:
             peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
         except HandshakeError as exc:
-            if exc.reason != "unknown_node" or not await self._reload():
+            if exc.reason != Reason.UNKNOWN_NODE or not await self._reload():
                 raise
             peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
         n_r = hs.new_nonce()
@@ -298,9 +299,9 @@ class Transport:
         try:
             frame = decode_frame(await ws.get_message(), self.config.max_frame_bytes)
         except FrameError as exc:
-            raise HandshakeError("malformed_frame", str(exc)) from None
+            raise HandshakeError(Reason.MALFORMED_FRAME, str(exc)) from None
         if frame.type != expected:
-            raise HandshakeError("unexpected_frame", f"wanted {expected}, got {frame.type}")
+            raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {expected}, got {frame.type}")
         return frame
 
     def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:

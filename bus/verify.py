@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from bus.envelope import verify_message
 from bus.models import Message
+from bus.reasons import Reason
 
 DEFAULT_MAX_AGE_S = 300
 DEFAULT_MAX_SKEW_S = 60
@@ -41,11 +42,13 @@ def freshness_problem(message: Message, now: int, freshness: Freshness) -> Messa
     age = now - message.created_at
     if age > freshness.max_age_s:
         return MessageVerdict(
-            False, "expired", f"created {age} s ago; the limit is {freshness.max_age_s} s"
+            False, Reason.EXPIRED, f"created {age} s ago; the limit is {freshness.max_age_s} s"
         )
     if -age > freshness.max_skew_s:
         return MessageVerdict(
-            False, "from_future", f"dated {-age} s ahead; the limit is {freshness.max_skew_s} s"
+            False,
+            Reason.FROM_FUTURE,
+            f"dated {-age} s ahead; the limit is {freshness.max_skew_s} s",
         )
     return None
 
@@ -62,14 +65,14 @@ def judge(
     With ``now`` given, freshness is judged too (``freshness`` defaults to 5 min / 60 s).
     """
     if registered_key is None:
-        return MessageVerdict(False, "unknown_signer", "no key is registered for the signer")
+        return MessageVerdict(False, Reason.UNKNOWN_SIGNER, "no key is registered for the signer")
     verdict = verify_message(message, registered_key)
     if not verdict.ok:
         reason = {
-            "malformed_content": "malformed",
-            "malformed_signature": "bad_signature",
-            "no_signature": "bad_signature",
-            "unsupported_algorithm": "bad_signature",
+            "malformed_content": Reason.MALFORMED,
+            "malformed_signature": Reason.BAD_SIGNATURE,
+            "no_signature": Reason.BAD_SIGNATURE,
+            "unsupported_algorithm": Reason.BAD_SIGNATURE,
         }.get(verdict.reason, verdict.reason)
         return MessageVerdict(
             False, reason, f"{verdict.reason}: {verdict.detail}".strip(": "), verdict.signer

@@ -14,6 +14,7 @@ from bus import keys
 from bus.errors import BusError, ModelError
 from bus.ids import now
 from bus.models import Message, MessageType
+from bus.reasons import Reason
 from bus.store import Store, open_store
 from bus.verify import Freshness, judge
 from crypto import Verdict
@@ -52,7 +53,7 @@ async def _verify(url: str, db: int, key: str, max_age: int | None) -> Verdict |
         try:
             message = Message.from_hash(fields)
         except ModelError as exc:
-            return Verdict(False, "malformed", detail=str(exc))
+            return Verdict(False, Reason.MALFORMED, detail=str(exc))
         signer = await registered_signer(store, message)
         freshness = Freshness(max_age_s=max_age) if max_age is not None else None
         verdict = judge(message, signer, now=now() if freshness else None, freshness=freshness)

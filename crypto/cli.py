@@ -13,7 +13,7 @@ from typing import Any
 
 from crypto.canonical import loads_strict
 from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
-from crypto.errors import CanonicalError, CryptoError, PassphraseRequiredError
+from crypto.errors import CanonicalError, CryptoError, InputError, PassphraseRequiredError
 from crypto.keys import (
     KeyPair,
     parse_public_key,
@@ -40,10 +40,6 @@ examples:
   cat job.signed.json | hero-verify verify - --json
   hero-verify verify message:1:123 --redis redis://127.0.0.1:6379 --db 1
 """
-
-
-class InputError(Exception):
-    """Input could not be read or is not what the subcommand needs (exit code 2)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,3 +26,7 @@ class KeyFileError(CryptoError):
 
 class PassphraseRequiredError(KeyFileError):
     """The key file is encrypted and no passphrase was supplied."""
+
+
+class InputError(CryptoError):
+    """Input could not be read or is not what a ``hero-verify`` subcommand needs (exit code 2)."""

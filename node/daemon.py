@@ -23,6 +23,7 @@ import trio
 from bus import keys, outbox
 from bus.ids import now
 from bus.models import Actor, Context, Peer
+from bus.reasons import Reason
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
 from bus.urls import redact
@@ -300,7 +301,9 @@ async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> Non
     except Rejected:
         message = None
     token, _, detail = reason.partition(": ")
-    await reject(node, ctx, key, Rejected(token, detail), message, "outbox", queue=keys.MSG_OUT)
+    await reject(
+        node, ctx, key, Rejected(Reason(token), detail), message, "outbox", queue=keys.MSG_OUT
+    )
 
 
 async def bootstrap(node: NodeState) -> None:

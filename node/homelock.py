@@ -16,21 +16,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from node.errors import NodeError
+from node.errors import HomeInUse
 
 LOCK_FILE = "node.lock"
 _PROBE_WAIT_S = 1.0  # a client's probe holds the lock (shared) for microseconds
 _RETRY_S = 0.01
-
-
-class HomeInUse(NodeError):
-    """Another node holds this home's lock."""
-
-    exit_code = 2
-
-    def __init__(self, home: Path, pid: int) -> None:
-        super().__init__(f"a node is already running on {home} (pid {pid or '?'})")
-        self.pid = pid
 
 
 @contextlib.contextmanager

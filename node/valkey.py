@@ -25,16 +25,12 @@ from typing import IO, NoReturn
 
 import trio
 
-from node.errors import NodeError
+from node.errors import ValkeyError
 
 log = logging.getLogger(__name__)
 
 READY_MARKER = b"Ready to accept connections"
 STOP_GRACE_S = 10.0
-
-
-class ValkeyError(NodeError):
-    """The embedded Valkey could not be found, started or reached."""
 
 
 def find_valkey_binary() -> Path:

@@ -10,7 +10,7 @@ from tests.nodes import link_to
 from tests.scripts import announcing, wait_announced
 
 
-async def test_unreachable_peer_times_out_the_ack(node_factory):
+async def test_unreachable_peer_times_out_the_ack(node_factory, mock_clock, wall_clock_on_trio):
     alice = await node_factory("alice", max_skew_s=1)  # the ack fails at created_at + 1 + 1
     ghost = KeyPair.generate()  # a known peer that never comes up
     await alice.client.add_peer(ghost.public_hex, "ws://127.0.0.1:9", name="ghost")

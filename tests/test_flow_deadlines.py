@@ -83,7 +83,9 @@ async def test_deadline_signed_or_from_config_ends_the_flow(tmp_path: Path, valk
         set_clock(previous)
 
 
-async def test_flow_whose_job_never_comes_back_ends_at_its_deadline(node_factory):
+async def test_flow_whose_job_never_comes_back_ends_at_its_deadline(
+    node_factory, mock_clock, wall_clock_on_trio
+):
     """A's peer never answers (it never connects): without a deadline the flow stays
     ``started`` forever; with one, the engine's timer ends it and the waiting client hears."""
     alice = await node_factory("alice")

@@ -41,7 +41,9 @@ async def submit(node, script: str, **kw):
     )
 
 
-async def test_failing_job_is_retried_then_finishes(node_factory, tmp_path):
+async def test_failing_job_is_retried_then_finishes(
+    node_factory, tmp_path, mock_clock, wall_clock_on_trio
+):
     alice = await node_factory("alice")
     counter = tmp_path / "count"
     script = (
@@ -64,7 +66,7 @@ async def test_failing_job_is_retried_then_finishes(node_factory, tmp_path):
     ]
 
 
-async def test_retries_run_out(node_factory):
+async def test_retries_run_out(node_factory, mock_clock, wall_clock_on_trio):
     alice = await node_factory("alice")
     msg = await submit(alice, "raise SystemExit(4)", retries=1)
     with trio.fail_after(30):

@@ -29,6 +29,7 @@ from bus import keys
 from bus.atomic import script, source
 from bus.ids import now
 from bus.models import Message
+from bus.reasons import Reason
 from bus.store import Store
 
 __all__ = [
@@ -88,9 +89,12 @@ def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_a
 def unrunnable_detail(reason: str) -> str:
     """What a reason token of ``runs_unrunnable.lua`` means, for the dead letter."""
     return {
-        "missing_hash": "the queue entry names no job hash",
-        "wrong_type": "the queue entry names a key that holds no hash",
-    }.get(reason, "no status, an attempt that is not a small integer, or a key that is not ASCII")
+        Reason.MISSING_HASH: "the queue entry names no job hash",
+        Reason.WRONG_TYPE: "the queue entry names a key that holds no hash",
+    }.get(
+        Reason(reason),
+        "no status, an attempt that is not a small integer, or a key that is not ASCII",
+    )
 
 
 def _attempt_keys(job_key: str, inflight: str) -> list[str]:
@@ -251,7 +255,7 @@ async def finish_malformed(
 ) -> bool:
     """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
     key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-    args = [str(attempt), f"malformed_job: {detail}", str(now())]
+    args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
     return bool(await store.script(ctx, script("runs_malformed"), key_list, args))
 
 

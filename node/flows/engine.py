@@ -36,6 +36,7 @@ from bus.errors import ContentError, ModelError, StoreError
 from bus.flows import FlowDoc, FlowJobPayload
 from bus.ids import new_id, new_nonce, now
 from bus.models import FlowStatus, JobStatus, Message, MessageType
+from bus.reasons import Reason
 from node.flows.trust import check_flow_doc, check_may_execute
 from node.routing.messages import Rejected
 from node.state import NodeState
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 SERVICE = "flows"
 POP_TIMEOUT_S = 5.0
 _FINAL = (FlowStatus.FINISHED.value, FlowStatus.ERROR.value)
-FLOW_DEADLINE = "flow_deadline"
+FLOW_DEADLINE = Reason.FLOW_DEADLINE
 IDLE_WAIT_S = 3600.0  # no flow pending: the timer waits for one to be armed
 
 
@@ -107,13 +108,13 @@ async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
         await node.store.refuse_entry(ctx, inflight, raw_id, *refused, queue=keys.FLOW_EVENTS)
 
 
-async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[str, str] | None:
+async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[Reason, str] | None:
     """Evaluate flow ``raw_id``; why it names no flow to evaluate (reason, detail), or None."""
     if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
-        return "malformed_entry", "a flow event must be a flow id (a decimal number)"
+        return Reason.MALFORMED_ENTRY, "a flow event must be a flow id (a decimal number)"
     try:
         if await evaluate(node, ctx, int(raw_id)) is None:
-            return "unknown_flow", f"no flow {raw_id} in context {ctx}"
+            return Reason.UNKNOWN_FLOW, f"no flow {raw_id} in context {ctx}"
     except StoreError:
         raise
     except ContentError as exc:
@@ -170,14 +171,20 @@ async def _load(node: NodeState, ctx: int, flow_id: int, fields: dict[str, str])
         raw = json.loads(fields.get("doc", ""))
         signatures = json.loads(fields.get("signatures", "[]"))
     except ValueError:
-        raise Rejected("malformed", f"flow {flow_id}: document or signatures not JSON") from None
+        raise Rejected(
+            Reason.MALFORMED, f"flow {flow_id}: document or signatures not JSON"
+        ) from None
     doc = await check_flow_doc(node, raw, signatures)
     if (doc.id, doc.context_id, doc.origin) != (flow_id, ctx, node.node_id):
-        raise Rejected("malformed", f"flow {flow_id}: document is for another flow/context/node")
+        raise Rejected(
+            Reason.MALFORMED, f"flow {flow_id}: document is for another flow/context/node"
+        )
     await check_may_execute(node, ctx, doc.caller_id)
     strays = [j.id for j in doc.spec.jobs if not node.is_known_node(j.node) or j.context_id != ctx]
     if strays:
-        raise Rejected("unknown_destination", f"unknown node or context for {', '.join(strays)}")
+        raise Rejected(
+            Reason.UNKNOWN_DESTINATION, f"unknown node or context for {', '.join(strays)}"
+        )
     return _Loaded(doc, raw, signatures)
 
 

@@ -14,6 +14,7 @@ from bus.errors import ModelError
 from bus.flows import FlowDoc, FlowJobPayload, verify_flow
 from bus.ids import now
 from bus.models import Message
+from bus.reasons import Reason
 from bus.verify import judge
 from node.routing.messages import Rejected
 from node.state import NodeState
@@ -26,24 +27,26 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     try:
         doc = FlowDoc.from_dict(doc_dict)
     except (FlowError, ModelError) as exc:
-        raise Rejected("malformed", f"flow document: {exc}") from None
+        raise Rejected(Reason.MALFORMED, f"flow document: {exc}") from None
     actor = await node.store.get_actor(doc.caller_id)
     if actor is None:
-        raise Rejected("unknown_signer", f"actor {doc.caller_id} is not registered here")
+        raise Rejected(Reason.UNKNOWN_SIGNER, f"actor {doc.caller_id} is not registered here")
     assert isinstance(doc_dict, dict)  # from_dict accepted it
     verdict = verify_flow(doc_dict, signatures, actor.pubkey)
     if not verdict.ok:
-        reason = "wrong_signer" if verdict.reason == "wrong_signer" else "bad_signature"
+        reason = Reason.WRONG_SIGNER if verdict.reason == "wrong_signer" else Reason.BAD_SIGNATURE
         raise Rejected(reason, f"flow {doc.id} of actor {doc.caller_id}: {verdict.detail}")
     stamp = now()
     if stamp > doc.expires_at:
-        raise Rejected("expired", f"flow {doc.id} expired {stamp - doc.expires_at} s ago")
+        raise Rejected(Reason.EXPIRED, f"flow {doc.id} expired {stamp - doc.expires_at} s ago")
     if doc.created_at - stamp > node.freshness.max_skew_s:
-        raise Rejected("from_future", f"flow {doc.id} is dated {doc.created_at - stamp} s ahead")
+        raise Rejected(
+            Reason.FROM_FUTURE, f"flow {doc.id} is dated {doc.created_at - stamp} s ahead"
+        )
     try:
         validate_flow(doc.spec)
     except FlowError as exc:
-        raise Rejected("invalid_flow", str(exc)) from None
+        raise Rejected(Reason.INVALID_FLOW, str(exc)) from None
     return doc
 
 
@@ -51,10 +54,10 @@ async def check_may_execute(node: NodeState, ctx: int, actor_id: int) -> None:
     """Rejected('permission_denied'/'unknown_context') unless the actor may execute in ctx."""
     context = await node.store.get_context(ctx)
     if context is None:
-        raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
+        raise Rejected(Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node")
     if not context.may_execute(actor_id):
         raise Rejected(
-            "permission_denied", f"actor {actor_id} is not admin/executor of context {ctx}"
+            Reason.PERMISSION_DENIED, f"actor {actor_id} is not admin/executor of context {ctx}"
         )
 
 
@@ -69,14 +72,16 @@ async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> Non
     signer = message.origin if node.is_known_node(message.origin) else None
     verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected(verdict.reason, f"origin node: {verdict.detail}")
+        raise Rejected(Reason(verdict.reason), f"origin node: {verdict.detail}")
     try:
         payload = FlowJobPayload.decode(message.message)
     except ModelError as exc:
-        raise Rejected("malformed", str(exc)) from None
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
     doc = await check_flow_doc(node, payload.flow, payload.flow_signatures)
     if doc.origin != message.origin or doc.caller_id != message.caller_id:
-        raise Rejected("wrong_signer", f"flow {doc.id} was submitted elsewhere or by another actor")
+        raise Rejected(
+            Reason.WRONG_SIGNER, f"flow {doc.id} was submitted elsewhere or by another actor"
+        )
     _check_job(node, ctx, message, doc, payload)
     await check_may_execute(node, ctx, doc.caller_id)
     await _claim(node, ctx, message, doc)
@@ -88,14 +93,16 @@ def _check_job(
     try:
         job = doc.job(payload.job)
     except FlowError as exc:
-        raise Rejected("malformed", str(exc)) from None
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
     if job.node != node.node_id or job.context_id != ctx or message.context_id != ctx:
-        raise Rejected("wrong_destination", f"flow job {job.id} is not for this node/context")
+        raise Rejected(Reason.WRONG_DESTINATION, f"flow job {job.id} is not for this node/context")
     if set(payload.inputs) != set(job.depends):
-        raise Rejected("malformed", f"flow job {job.id}: inputs do not match its prerequisites")
+        raise Rejected(
+            Reason.MALFORMED, f"flow job {job.id}: inputs do not match its prerequisites"
+        )
     expected = doc.runner_job(job.id, payload.inputs, 0).signed_dict()
     if [j.signed_dict() for j in message.job] != [expected]:
-        raise Rejected("malformed", f"flow job {job.id} differs from the actor-signed flow")
+        raise Rejected(Reason.MALFORMED, f"flow job {job.id} differs from the actor-signed flow")
 
 
 async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> None:
@@ -107,4 +114,4 @@ async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> N
         return
     holder = await node.store.get(ctx, claim)
     if holder != message.key:
-        raise Rejected("replay", f"flow job {job_key} was already released by {holder}")
+        raise Rejected(Reason.REPLAY, f"flow job {job_key} was already released by {holder}")

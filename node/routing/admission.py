@@ -31,6 +31,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.ids import now
 from bus.models import Message, MessageType
+from bus.reasons import Reason
 from bus.verify import freshness_problem, judge
 from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job
@@ -51,10 +52,10 @@ async def admit(
     check_size(node.config, message)
     check_shape(ctx, message)
     if incoming and message.destination != node.node_id:
-        raise Rejected("wrong_destination", f"addressed to {message.destination[:16]}…")
+        raise Rejected(Reason.WRONG_DESTINATION, f"addressed to {message.destination[:16]}…")
     body = await _check_signer(node, ctx, message, incoming=incoming)
     if not incoming and message.origin != node.node_id:
-        raise Rejected("wrong_origin", "messages in msg_out must name this node as origin")
+        raise Rejected(Reason.WRONG_ORIGIN, "messages in msg_out must name this node as origin")
     if incoming and message.origin != node.node_id:
         check_ack_deadline(message, now())
     if incoming and message.message_type is MessageType.STOP:
@@ -87,11 +88,11 @@ def check_size(config: NodeConfig, message: Message) -> None:
         size = len(job.script.encode("utf-8", "replace"))
         if size > config.max_script_bytes:
             raise Rejected(
-                "oversize", f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
+                Reason.OVERSIZE, f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
             )
     size, limit = stored_size(message.to_hash()), size_limit(config, message.message_type)
     if size > limit:
-        raise Rejected("oversize", f"message of {size} bytes > {limit}")
+        raise Rejected(Reason.OVERSIZE, f"message of {size} bytes > {limit}")
 
 
 def check_shape(ctx: int, message: Message) -> None:
@@ -101,12 +102,12 @@ def check_shape(ctx: int, message: Message) -> None:
     for job in message.job:
         if job.caller_id != message.caller_id or job.context_id != ctx:
             raise Rejected(
-                "malformed",
+                Reason.MALFORMED,
                 f"job {job.key} (context {job.context_id}) is not of the message's caller "
                 f"{message.caller_id} and context {ctx}",
             )
         if job.id in seen:
-            raise Rejected("malformed", f"job {job.key} appears twice in the message")
+            raise Rejected(Reason.MALFORMED, f"job {job.key} appears twice in the message")
         seen.add(job.id)
     if message.message_type is MessageType.STOP:
         parse_stop(message)
@@ -128,7 +129,7 @@ def check_ack_deadline(message: Message, stamp: int) -> None:
     late = stamp - ack_deadline(message)
     if late > 0:
         raise Rejected(
-            "expired", f"received {late} s after its ack deadline (created_at + timeout_ack)"
+            Reason.EXPIRED, f"received {late} s after its ack deadline (created_at + timeout_ack)"
         )
 
 
@@ -139,7 +140,7 @@ def delivery_problem(fields: Mapping[str, str], config: NodeConfig, stamp: int) 
     own message refused."""
     size, limit = stored_size(fields), size_limit(config, fields.get("message_type", ""))
     if size > limit:
-        return f"oversize: message of {size} bytes > {limit}"
+        return f"{Reason.OVERSIZE}: message of {size} bytes > {limit}"
     if fields.get("message_type") != MessageType.JOB.value:
         return ""
     try:
@@ -147,7 +148,7 @@ def delivery_problem(fields: Mapping[str, str], config: NodeConfig, stamp: int) 
     except ValueError:
         return ""  # malformed: the consumer says so, with the other checks
     if stamp > deadline:
-        return f"expired: received {stamp - deadline} s after its ack deadline"
+        return f"{Reason.EXPIRED}: received {stamp - deadline} s after its ack deadline"
     return ""
 
 
@@ -182,15 +183,15 @@ def _check_own(node: NodeState, message: Message) -> None:
     other Redis client, or left from before a restart) is verified in full, so a forgery is
     refused here, at the origin."""
     if message.origin != node.node_id:
-        raise Rejected("forged_result", "result messages in msg_out must come from this node")
+        raise Rejected(Reason.FORGED_RESULT, "result messages in msg_out must come from this node")
     if message.message_type is MessageType.RESULT and signed_here(node, message):
         stale = freshness_problem(message, now(), node.freshness)
         if stale is not None:
-            raise Rejected(stale.reason, stale.detail)
+            raise Rejected(Reason(stale.reason), stale.detail)
         return
     verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected(verdict.reason, verdict.detail)
+        raise Rejected(Reason(verdict.reason), verdict.detail)
 
 
 def verify_result(node: NodeState, message: Message) -> ResultBody:
@@ -200,11 +201,11 @@ def verify_result(node: NodeState, message: Message) -> ResultBody:
     signer = message.origin if node.is_known_node(message.origin) else None
     verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected(verdict.reason, verdict.detail)
+        raise Rejected(Reason(verdict.reason), verdict.detail)
     try:
         return ResultBody.decode(message.message)
     except ModelError as exc:
-        raise Rejected("malformed", str(exc)) from None
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
 
 
 async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
@@ -222,13 +223,13 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
     actor = await (node.store.get_actor(caller) if fresh else node.actor(caller))
     verdict = judge(message, actor.pubkey if actor else None, now=now(), freshness=node.freshness)
     if not verdict.ok:
-        raise Rejected(verdict.reason, f"actor {caller}: {verdict.detail}")
+        raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
     if context is None:
-        raise Rejected("unknown_context", f"context {ctx} does not exist on this node")
+        raise Rejected(Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node")
     if not context.may_execute(caller):
         raise Rejected(
-            "permission_denied", f"actor {caller} is not admin/executor of context {ctx}"
+            Reason.PERMISSION_DENIED, f"actor {caller} is not admin/executor of context {ctx}"
         )
 
 
@@ -240,4 +241,4 @@ async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     seen_nonce = found and not seen_key
     if seen_key or seen_nonce:
         what = "message key" if seen_key else "nonce"
-        raise Rejected("replay", f"{what} of {message.key} was already accepted")
+        raise Rejected(Reason.REPLAY, f"{what} of {message.key} was already accepted")

@@ -20,6 +20,7 @@ from bus.atomic import routing
 from bus.envelope import ResultBody
 from bus.errors import ContentError, StoreError
 from bus.models import Message, MessageStatus, MessageType
+from bus.reasons import Reason
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
 from node.routing.messages import Rejected, parse_message, reject, result_write
@@ -89,7 +90,7 @@ async def _handle_guarded(
             node,
             ctx,
             key,
-            Rejected("internal_error", repr(exc)),
+            Rejected(Reason.INTERNAL_ERROR, repr(exc)),
             message,
             SERVICE,
             queue=keys.MSG_IN,
@@ -156,19 +157,19 @@ async def accept_results(
     )
     for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
         if reason != "ok":
-            exc = _refusal(ctx, message, body, reason, detail)
+            exc = _refusal(ctx, message, body, Reason(str(reason)), str(detail))
             await reject(node, ctx, message.key, exc, message, SERVICE, queue=keys.MSG_IN)
             await node.store.ack(ctx, inflight, message.key)
 
 
-def _refusal(ctx: int, message: Message, body: ResultBody, reason: str, detail: str) -> Rejected:
+def _refusal(ctx: int, message: Message, body: ResultBody, reason: Reason, detail: str) -> Rejected:
     request = body.in_reply_to
-    if reason == "wrong_type":
+    if reason == Reason.WRONG_TYPE:
         return Rejected(reason, f"{detail}, not what a result updates")
-    if reason == "replay":
-        return Rejected("replay", f"{detail} of {message.key} was already accepted")
-    if reason == "unknown_request":
+    if reason == Reason.REPLAY:
+        return Rejected(Reason.REPLAY, f"{detail} of {message.key} was already accepted")
+    if reason == Reason.UNKNOWN_REQUEST:
         return Rejected(reason, f"no request {request} in context {ctx}")
-    if reason == "late_result":
+    if reason == Reason.LATE_RESULT:
         return Rejected(reason, f"{request} already ended: {detail}")
     return Rejected(reason, f"{request} was not sent to the node that answered")

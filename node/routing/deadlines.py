@@ -27,6 +27,7 @@ from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError
 from bus.ids import now_ms
 from bus.models import JobStatus, Message, MessageStatus
+from bus.reasons import Reason
 from node.routing.admission import ack_deadline
 from node.routing.messages import apply_result
 from node.state import NodeState
@@ -90,8 +91,9 @@ async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
     if status not in UNANSWERED or (kind == "ack" and status != "dispatched"):
         return
     limit = message.timeout_ack if kind == "ack" else message.timeout_result
+    token = Reason.TIMEOUT_ACK if kind == "ack" else Reason.TIMEOUT_RESULT
     reason = (
-        f"timeout_{kind}: no {'acknowledgement' if kind == 'ack' else 'result'} from "
+        f"{token}: no {'acknowledgement' if kind == 'ack' else 'result'} from "
         f"{message.destination[:16]}… within {limit} s"
     )
     log.warning("%s: %s", key, reason)

@@ -17,6 +17,7 @@ from bus.atomic import routing
 from bus.frames import Frame, fields_are_strings
 from bus.ids import now
 from bus.models import MessageStatus
+from bus.reasons import Reason
 from bus.transport import Link
 from node.routing.admission import delivery_problem
 from node.routing.messages import Rejected, load_message, reject
@@ -48,7 +49,7 @@ class LinkHandler:
         log.warning("bad frame from %s…: %s", link.peer_id[:16], detail)
         self.node.count("bad_frames")
         await self.node.store.dead_letter(
-            keys.ACTORS_DB, f"link:{link.peer_id}", "bad_frame", detail
+            keys.ACTORS_DB, f"link:{link.peer_id}", Reason.BAD_FRAME, detail
         )
 
     # -- receiving messages ----------------------------------------------------------------------
@@ -72,7 +73,9 @@ class LinkHandler:
             reason = await self._check_delivery(ctx, key, fields, known)
             if reason:
                 log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
-                await self.node.store.dead_letter(keys.ACTORS_DB, key, "refused_delivery", reason)
+                await self.node.store.dead_letter(
+                    keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, reason
+                )
                 nacks.append({"ctx": ctx, "key": key, "reason": reason})
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
@@ -97,19 +100,19 @@ class LinkHandler:
             if ctx not in known:
                 known[ctx] = await self._registered(ctx)
             if not known[ctx]:
-                return f"unknown_context: context {ctx} does not exist on this node"
+                return f"{Reason.UNKNOWN_CONTEXT}: context {ctx} does not exist on this node"
         if not fields_are_strings(fields):
-            return "malformed: message fields must map strings to strings"
+            return f"{Reason.MALFORMED}: message fields must map strings to strings"
         try:
             caller, ident = keys.parse_message_key(key)
         except ValueError:
-            return f"malformed: {key[:80]!r} is not a message key"
+            return f"{Reason.MALFORMED}: {key[:80]!r} is not a message key"
         if fields.get("caller_id") != str(caller) or fields.get("id") != str(ident):
-            return "malformed: message fields do not match its key"
+            return f"{Reason.MALFORMED}: message fields do not match its key"
         if fields.get("context_id") != str(ctx):
-            return "malformed: message is for another context"
+            return f"{Reason.MALFORMED}: message is for another context"
         problem = delivery_problem(fields, self.node.config, now())
-        if problem.startswith("expired") and await self.node.store.exists(ctx, key):
+        if problem.startswith(Reason.EXPIRED) and await self.node.store.exists(ctx, key):
             return ""  # stored in time, its ack lost: acknowledged again, stored once
         return problem
 
@@ -165,8 +168,8 @@ class LinkHandler:
             return
         token, _, detail = reason.partition(": ")
         if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
-            await self.node.store.dead_letter(ctx, key, f"peer_refused_{token}", detail)
+            await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
         await reject(
-            self.node, ctx, key, Rejected(f"peer_refused_{token}", detail), message, "transport"
+            self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport"
         )

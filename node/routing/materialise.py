@@ -15,6 +15,7 @@ from bus.atomic.routing import JobWrite, materialise_batch
 from bus.envelope import ResultBody
 from bus.ids import now as now_s
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import Rejected, queue_result, reject
 from node.runners.queues import target_queue
 from node.state import NodeState
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 def refusal(message: Message, code: int, owner: str) -> Rejected:
     """Why the materialise script refused ``message`` (``code`` > 0)."""
     if code in REPLAY_WHAT:
-        return Rejected("replay", f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
+        return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
     job_key, _, holder = owner.partition(" ")
-    return Rejected("job_exists", f"{job_key} exists already, held by {holder}")
+    return Rejected(Reason.JOB_EXISTS, f"{job_key} exists already, held by {holder}")
 
 
 async def materialise_fresh(
@@ -69,7 +70,7 @@ def _writes(
             if job.script_type in script_types:
                 queue = target_queue(job)  # node/runners/queues.py
             else:
-                fields |= {"status": JobStatus.ERROR.value, "reason": "unknown_script_type"}
+                fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
                 unknown.append((message, job))
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
@@ -122,7 +123,7 @@ async def _unknown_types(
         if message.key in refused:
             continue
         detail = (
-            f"unknown_script_type: no runner for {job.script_type!r} on this node "
+            f"{Reason.UNKNOWN_SCRIPT_TYPE}: no runner for {job.script_type!r} on this node "
             f"(known: {', '.join(sorted(script_types))})"
         )
         log.warning("job %s: %s", job.key, detail)

@@ -14,22 +14,12 @@ from bus.envelope import ResultBody, sign_message
 from bus.errors import ModelError, StoreError
 from bus.ids import new_id, new_nonce, now
 from bus.models import JobStatus, Message, MessageStatus, MessageType
+from bus.reasons import Reason
 from bus.store import printable
+from node.errors import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-
-class Rejected(Exception):
-    """A message is refused; ``reason`` is the token recorded in the dead-letter list."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        # the detail often quotes hostile content: made printable here, so that logging it,
-        # storing it and signing it into the sender's error result cannot fail
-        detail = printable(detail, 2000)
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 async def load_message(node: NodeState, ctx: int, key: str) -> Message:
@@ -40,15 +30,15 @@ async def load_message(node: NodeState, ctx: int, key: str) -> Message:
 def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
     """Parse the hash stored under ``key`` in context ``ctx``; Rejected if it is unusable."""
     if not fields:
-        raise Rejected("missing_hash", f"{key} has no hash in context {ctx}")
+        raise Rejected(Reason.MISSING_HASH, f"{key} has no hash in context {ctx}")
     try:
         message = Message.from_hash(fields)
     except ModelError as exc:
-        raise Rejected("malformed", str(exc)) from None
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
     if message.key != key:
-        raise Rejected("malformed", f"hash fields name {message.key}, stored under {key}")
+        raise Rejected(Reason.MALFORMED, f"hash fields name {message.key}, stored under {key}")
     if message.context_id != ctx:
-        raise Rejected("wrong_context", f"message is for context {message.context_id}")
+        raise Rejected(Reason.WRONG_CONTEXT, f"message is for context {message.context_id}")
     return message
 
 
@@ -70,7 +60,7 @@ async def reject(
     log.warning("%s rejected %s (context %d): %s", service, printable(key), ctx, exc)
     node.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
-    if message is None or exc.reason == "replay":  # a replay's hash is the original's: keep it
+    if message is None or exc.reason == Reason.REPLAY:  # a replay's hash is the original's: keep it
         return
     try:
         await _mark_refused(node, ctx, key, exc, message)
@@ -99,12 +89,12 @@ async def _mark_refused(
 # sent them, so only this node's own clients are told.
 UNAUTHENTICATED = frozenset(
     {
-        "bad_signature",
-        "unknown_signer",
-        "malformed",
-        "wrong_signer",
-        "missing_hash",
-        "wrong_context",
+        Reason.BAD_SIGNATURE,
+        Reason.UNKNOWN_SIGNER,
+        Reason.MALFORMED,
+        Reason.WRONG_SIGNER,
+        Reason.MISSING_HASH,
+        Reason.WRONG_CONTEXT,
     }
 )
 
@@ -116,7 +106,10 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     overwrite the origin's result); for unauthenticated messages only when they came from
     this node's own clients.
     """
-    if message.message_type not in (MessageType.JOB, MessageType.FLOW_JOB) or reason == "replay":
+    if (
+        message.message_type not in (MessageType.JOB, MessageType.FLOW_JOB)
+        or reason == Reason.REPLAY
+    ):
         return False
     if reason in UNAUTHENTICATED:
         return message.origin == node.node_id

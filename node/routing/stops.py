@@ -17,6 +17,7 @@ from bus.envelope import ResultBody
 from bus.errors import ModelError
 from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import Rejected, queue_result
 from node.state import NodeState
 
@@ -28,9 +29,9 @@ def parse_stop(message: Message) -> str:
     try:
         job_key = json.loads(message.message)["job_key"]
     except (ValueError, KeyError, TypeError):
-        raise Rejected("malformed", "a stop message names no job_key") from None
+        raise Rejected(Reason.MALFORMED, "a stop message names no job_key") from None
     if not isinstance(job_key, str) or not job_key.startswith("job:"):
-        raise Rejected("malformed", "a stop message names no job_key")
+        raise Rejected(Reason.MALFORMED, "a stop message names no job_key")
     return str(job_key)
 
 
@@ -40,15 +41,17 @@ async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
     job_key = parse_stop(message)
     fields = await node.store.hgetall(ctx, job_key)
     if not fields:
-        raise Rejected("unknown_job", f"no job {job_key} in context {ctx}")
+        raise Rejected(Reason.UNKNOWN_JOB, f"no job {job_key} in context {ctx}")
     try:
         job = RunnerJob.from_hash(fields)
     except ModelError as exc:
-        raise Rejected("malformed", str(exc)) from None
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
     context = await node.store.get_context(ctx)
     if message.caller_id != job.caller_id and not (context and message.caller_id in context.admins):
-        raise Rejected("permission_denied", "only the job's caller or a context admin may stop it")
-    reason = f"stopped: by actor {message.caller_id}"
+        raise Rejected(
+            Reason.PERMISSION_DENIED, "only the job's caller or a context admin may stop it"
+        )
+    reason = f"{Reason.STOPPED}: by actor {message.caller_id}"
     before = await stop_job(node.store, ctx, job_key, job.script_type, reason=reason, now=now())
     log.info("stop %s (was %s) by actor %d", job_key, before, message.caller_id)
     if before == "started":

@@ -17,6 +17,7 @@ from bus.atomic.routing import write_own_job
 from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
+from bus.reasons import Reason
 from node.routing import deadlines
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
@@ -108,7 +109,9 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
         message = parse_message(ctx, key, fields)
         await check_outgoing(node, ctx, message)
         if message.destination != node.node_id and message.destination not in node.peers:
-            raise Rejected("unknown_destination", f"node {message.destination[:16]}… is not a peer")
+            raise Rejected(
+                Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
+            )
         return message
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
@@ -121,7 +124,7 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
         await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_OUT)
     except Exception as exc:  # a bug must not stop the queue: record it and go on
         log.exception("supervisor failed on %s (context %d)", key, ctx)
-        bug = Rejected("internal_error", repr(exc))
+        bug = Rejected(Reason.INTERNAL_ERROR, repr(exc))
         await reject(node, ctx, key, bug, message, SERVICE, queue=keys.MSG_OUT)
     await node.store.ack(ctx, keys.inflight(SERVICE), key)
     return None

@@ -25,6 +25,7 @@ import trio
 from bus.atomic import runs, slots
 from bus.errors import ContentError, ModelError, StoreError
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.runners import outcomes
 from node.runners.executor import Outcome, kill_orphans, live_processes, outcome_of
 from node.runners.outcomes import outcome_dir, parse_outcome_name, read_outcome
@@ -32,7 +33,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-LOST = Outcome(JobStatus.ERROR, {}, "runner_lost: the node stopped while it ran")
+LOST = Outcome(JobStatus.ERROR, {}, f"{Reason.RUNNER_LOST}: the node stopped while it ran")
 
 
 def pid_dir(node: NodeState) -> Path:

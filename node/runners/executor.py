@@ -19,6 +19,7 @@ from typing import Any
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from bus.reasons import Reason
 from node.runners.commands import prepared
 from node.runners.outcomes import wrapped
 
@@ -130,7 +131,7 @@ async def _execute(
             pidfile.unlink(missing_ok=True)
         output = [_read_back(f, max_output_bytes) for f in files]
     if not completed:
-        return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
+        return Outcome(JobStatus.ERROR, {}, f"{Reason.TIMEOUT}: killed after {job.timeout} s")
     done = completed[0]
     out, err = output if files else (done.stdout, done.stderr)
     return outcome_of(done.returncode, out, err, max_output_bytes)
@@ -179,7 +180,7 @@ def outcome_of(
         return Outcome(JobStatus.FINISHED, result)
     if returncode < 0:  # killed by a signal we did not send: the runner process was lost
         name = signal.Signals(-returncode).name
-        return Outcome(JobStatus.ERROR, result, f"runner_lost: killed by {name}")
+        return Outcome(JobStatus.ERROR, result, f"{Reason.RUNNER_LOST}: killed by {name}")
     return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
 
 

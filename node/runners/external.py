@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import NoReturn
 
 import trio
@@ -39,7 +38,9 @@ from bus import keys
 from bus.atomic import runs
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
+from bus.ids import ms_after
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import result_message
 from node.runners.lifecycle import after_attempt
 from node.runners.queues import queue_of
@@ -75,7 +76,7 @@ async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
     except StoreError:
         raise
     except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
-        reason = exc.reason if isinstance(exc, ContentError) else "malformed_job"
+        reason = exc.reason if isinstance(exc, ContentError) else Reason.MALFORMED_JOB
         log.warning("cannot answer %s (context %d): %r", job_key, ctx, exc)
         detail = f"cannot answer it: {exc!r}"
         await node.store.refuse_entry(
@@ -90,7 +91,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
-            ctx, RESULTS_INFLIGHT, job_key, "missing_hash", detail, queue=keys.RESULTS
+            ctx, RESULTS_INFLIGHT, job_key, Reason.MISSING_HASH, detail, queue=keys.RESULTS
         )
         return False
     status = fields.get("status", "")
@@ -103,7 +104,9 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
         caller, ident = keys.parse_message_key(job.message_key)
     except (ModelError, ValueError) as exc:
         log.error("cannot answer %s (context %d): %s", job_key, ctx, exc)
-        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=keys.RESULTS)
+        await node.store.dead_letter(
+            ctx, job_key, Reason.MALFORMED_JOB, str(exc), queue=keys.RESULTS
+        )
         await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
         return False
     entry = runs.attempt_entry(
@@ -112,7 +115,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
     read = runs.Answered(job_key, status, fields.get("attempt", ""), entry)
     nxt = after_attempt(job.status, job.reason, attempt, job.retries)
     if nxt.retry:
-        due_ms = int((time.time() + nxt.delay_s) * 1000)
+        due_ms = ms_after(nxt.delay_s)
         reason = f"retrying after: {job.reason}"
         queue = queue_of(fields)
         done = await runs.answered_retry(
@@ -151,7 +154,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     if fields.get("status") != JobStatus.STARTED.value:
         return False
     runner = fields.get("runner_id") or token
-    reason = f"runner_lost: the lease of runner {runner} expired"
+    reason = f"{Reason.RUNNER_LOST}: the lease of runner {runner} expired"
     if _is_local(node, token):
         if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
@@ -159,7 +162,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
             ttl_ms = node.config.lease_ttl_ms
             await runs.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False
-        reason = f"runner_lost: slot {runner} of this node no longer runs it"
+        reason = f"{Reason.RUNNER_LOST}: slot {runner} of this node no longer runs it"
     done = await runs.reap(node.store, ctx, job_key, attempt, reason)
     if done:
         log.warning("%s (context %d): %s", job_key, ctx, reason)

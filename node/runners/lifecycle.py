@@ -11,8 +11,9 @@ import random
 from dataclasses import dataclass
 
 from bus.models import JobStatus
+from bus.reasons import Reason
 
-NEVER_RETRY = ("stopped", "unknown_script_type")
+NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE)
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,9 @@ from bus import keys
 from bus.atomic import runs
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError, StoreError
+from bus.ids import ms_after, now, now_ms
 from bus.models import JobStatus, Message, RunnerJob
+from bus.reasons import Reason
 from node.routing.messages import result_message
 from node.runners import adoption, outcomes, queues
 from node.runners.executor import Outcome, execute
@@ -234,11 +235,11 @@ async def _run_attempt(
         request = await _request_of(node, ctx, job, fields)
     except (ModelError, ContentError) as exc:  # its message_key may name a key of another type
         log.error("cannot run %s (context %d): %s", job_key, ctx, exc)
-        await node.store.dead_letter(ctx, job_key, "malformed_job", str(exc), queue=queue)
+        await node.store.dead_letter(ctx, job_key, Reason.MALFORMED_JOB, str(exc), queue=queue)
         await runs.finish_malformed(node.store, ctx, job_key, attempt, inflight, str(exc))
         return None
     queue = queues.queue_of(fields)  # retries and requeues go back where the job was targeted
-    started_at = int(time.time())
+    started_at = now()
     outcome: Outcome | None = None
     outcome_file = outcomes.outcome_path(node.config.run_dir, ctx, job_key, attempt)
     stop = trio.CancelScope()
@@ -249,7 +250,7 @@ async def _run_attempt(
         with stop:
             outcome = await run_script(job, pump.paths, outcome_file)
         if stop.cancelled_caught:  # a signed stop request (see node/routing/stops.py)
-            reason = node.stop_reasons.pop(job_key, "stopped")
+            reason = node.stop_reasons.pop(job_key, Reason.STOPPED)
             outcome = Outcome(JobStatus.ERROR, {}, reason)
     finally:
         watch.end()
@@ -377,7 +378,7 @@ async def conclude(
     while True:
         try:
             if nxt.retry:
-                due_ms = int((time.time() + nxt.delay_s) * 1000)
+                due_ms = ms_after(nxt.delay_s)
                 ok = await runs.retry_later(
                     node.store,
                     ctx,
@@ -460,8 +461,8 @@ async def run_retry_scheduler(
     task_status.started()
     while True:
         wake = node.retry_scheduled.setdefault(ctx, trio.Event())
-        next_due = await runs.move_due(node.store, ctx, int(time.time() * 1000))
-        wait_s = 3600.0 if next_due < 0 else max(0.0, next_due / 1000 - time.time())
+        next_due = await runs.move_due(node.store, ctx, now_ms())
+        wait_s = 3600.0 if next_due < 0 else max(0.0, (next_due - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()
         node.retry_scheduled[ctx] = trio.Event()

@@ -19,16 +19,14 @@ from pathlib import Path
 import trio
 
 from bus.models import JobStatus, RunnerJob
+from bus.reasons import Reason
+from node.errors import WorkerLost
 from node.runners.executor import KILL_GRACE_S, Outcome, job_env, outcome_of
 
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 DEFAULT_MAX_JOBS = 500
-
-
-class WorkerLost(Exception):
-    """The worker process exited (or was killed) before it answered."""
 
 
 class PythonWorker:
@@ -74,7 +72,7 @@ class PythonWorker:
             raise
         if deadline.cancelled_caught:
             await self.close()
-            return Outcome(JobStatus.ERROR, {}, f"timeout: killed after {job.timeout} s")
+            return Outcome(JobStatus.ERROR, {}, f"{Reason.TIMEOUT}: killed after {job.timeout} s")
         return outcome_of(
             int(str(reply["exit_code"])),
             str(reply["stdout"]),
