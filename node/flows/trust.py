@@ -34,7 +34,8 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     assert isinstance(doc_dict, dict)  # from_dict accepted it
     verdict = verify_flow(doc_dict, signatures, actor.pubkey)
     if not verdict.ok:
-        reason = Reason.WRONG_SIGNER if verdict.reason == "wrong_signer" else Reason.BAD_SIGNATURE
+        wrong = verdict.reason == Reason.WRONG_SIGNER
+        reason = Reason.WRONG_SIGNER if wrong else Reason.BAD_SIGNATURE
         raise Rejected(reason, f"flow {doc.id} of actor {doc.caller_id}: {verdict.detail}")
     stamp = now()
     if stamp > doc.expires_at:
