@@ -39,11 +39,11 @@ __all__ = [
 
 _HOMES = {
     "ConfigError": "node.errors",
-    "HomeInUse": "node.homelock",
+    "HomeInUse": "node.errors",
     "NodeConfig": "node.config",
     "NodeError": "node.errors",
     "NodeInfo": "node.daemon",
-    "ValkeyError": "node.valkey",
+    "ValkeyError": "node.errors",
     "default_home": "node.config",
     "init_home": "node.home",
     "load_config": "node.config",
