@@ -29,16 +29,11 @@ async def _ttl_ms(store, key: str) -> int:
 
 
 async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None, job: str = JOB):
+    ending = runs.Ending(job, attempt, INFLIGHT, "finished", {"stdout": "x"}, "", '{"attempt": 1}')
     return await runs.finish_local(
         store,
         1,
-        job,
-        attempt,
-        INFLIGHT,
-        status="finished",
-        result={"stdout": "x"},
-        reason="",
-        entry='{"attempt": 1}',
+        ending,
         request_key=f"message:{job[4:]}",
         reply_ttl_s=60,
         take_next=take_next,
@@ -113,16 +108,11 @@ async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store) -> Non
 async def test_finish_records_the_end_and_queues_the_answer(store) -> None:
     await _started(store)
     answer = Message(7, 9, 1, origin="elsewhere")
+    ending = runs.Ending(JOB, 1, INFLIGHT, "error", {"stderr": "e"}, "exit_1", '{"attempt": 1}')
     done, nxt = await runs.finish(
         store,
         1,
-        JOB,
-        1,
-        INFLIGHT,
-        status="error",
-        result={"stderr": "e"},
-        reason="exit_1",
-        entry='{"attempt": 1}',
+        ending,
         answer=answer,
     )
     assert (done, nxt) == (True, None)

@@ -37,16 +37,13 @@ async def _started(store, attempts: int = 1) -> dict[str, str]:
 
 
 async def _finish_local(store, attempt: int) -> bool:
+    ending = runs.Ending(
+        JOB, attempt, "inflight:runner:python:0", "finished", {"stdout": "x"}, "", "{}"
+    )
     done, _ = await runs.finish_local(
         store,
         1,
-        JOB,
-        attempt,
-        "inflight:runner:python:0",
-        status="finished",
-        result={"stdout": "x"},
-        reason="",
-        entry="{}",
+        ending,
         request_key="message:1:1",
         reply_ttl_s=60,
     )

@@ -131,57 +131,70 @@ async def renew(
     return bool(await store.script(ctx, script("runs_renew"), key_list, args))
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How attempt ``attempt`` of ``job_key`` ended, as finish and finish_local record it
+    (``inflight``: the runner's in-flight list, which the job leaves)."""
+
+    job_key: str
+    attempt: int
+    inflight: str
+    status: str
+    result: dict[str, str]
+    reason: str
+    entry: str
+
+    def args(self) -> list[str]:
+        """ARGV[1..6] of runs_finish.lua and runs_finish_local.lua."""
+        result = json.dumps(self.result)
+        return [str(self.attempt), self.status, result, self.reason, str(now()), self.entry]
+
+
 async def finish(
     store: Store,
     ctx: int,
-    job_key: str,
-    attempt: int,
-    inflight: str,
+    ending: Ending,
     *,
-    status: str,
-    result: dict[str, str],
-    reason: str,
-    entry: str,
     answer: Message,
     take_next: NextJob | None = None,
 ) -> tuple[bool, Started | None]:
-    """Record the final state and queue the signed answer (False if ``attempt`` is not the
-    job's current one: superseded, or already ended); with ``take_next``, also start the next
-    queued job in the same round trip."""
+    """Record the final state and queue the signed answer (False if ``ending.attempt`` is not
+    the job's current one: superseded, or already ended); with ``take_next``, also start the
+    next queued job in the same round trip."""
     fields = [x for kv in answer.to_hash().items() for x in kv]
-    args = [str(attempt), status, json.dumps(result), reason, str(now()), entry, *fields]
-    key_list = [*_attempt_keys(job_key, inflight), answer.key, keys.MSG_OUT]
-    return await _with_next(store, ctx, ("runs_finish", key_list, args), inflight, take_next)
+    key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer.key, keys.MSG_OUT]
+    call = ("runs_finish", key_list, [*ending.args(), *fields])
+    return await _with_next(store, ctx, call, ending.inflight, take_next)
 
 
 async def finish_local(
     store: Store,
     ctx: int,
-    job_key: str,
-    attempt: int,
-    inflight: str,
+    ending: Ending,
     *,
-    status: str,
-    result: dict[str, str],
-    reason: str,
-    entry: str,
     request_key: str,
     reply_ttl_s: int,
     take_next: NextJob | None = None,
 ) -> tuple[bool, Started | None]:
     """Finish a job submitted on this node: final state, request status and the client's reply
-    in one step, with no result message in between. False if ``attempt`` is not current."""
-    reply = json.dumps({"job_key": job_key, "status": status, "result": result, "reason": reason})
-    args = [str(attempt), status, json.dumps(result), reason, str(now()), entry, reply]
-    args.append(str(reply_ttl_s))
+    in one step, with no result message in between. False if ``ending.attempt`` is not
+    current."""
+    reply = json.dumps(
+        {
+            "job_key": ending.job_key,
+            "status": ending.status,
+            "result": ending.result,
+            "reason": ending.reason,
+        }
+    )
     key_list = [
-        *_attempt_keys(job_key, inflight),
+        *_attempt_keys(ending.job_key, ending.inflight),
         request_key,
         keys.reply(request_key),
         keys.FLOW_EVENTS,
     ]
-    call = ("runs_finish_local", key_list, args)
-    return await _with_next(store, ctx, call, inflight, take_next)
+    call = ("runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)])
+    return await _with_next(store, ctx, call, ending.inflight, take_next)
 
 
 @cache

@@ -421,36 +421,21 @@ async def _finish(
     take_next: runs.NextJob | None,
 ) -> tuple[bool, runs.Started | None]:
     result = outcome.result | {"attempts": str(attempt)}
-    status = outcome.status.value
+    ending = runs.Ending(
+        job.key, attempt, inflight, outcome.status.value, result, outcome.reason, entry
+    )
     if request.origin == node.node_id:  # answered here: no signed result message needed
         return await runs.finish_local(
             node.store,
             ctx,
-            job.key,
-            attempt,
-            inflight,
-            status=status,
-            result=result,
-            reason=outcome.reason,
-            entry=entry,
+            ending,
             request_key=request.key,
             reply_ttl_s=node.config.reply_ttl_s,
             take_next=take_next,
         )
     body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
-    return await runs.finish(
-        node.store,
-        ctx,
-        job.key,
-        attempt,
-        inflight,
-        status=status,
-        result=result,
-        reason=outcome.reason,
-        entry=entry,
-        answer=result_message(node, request, body),
-        take_next=take_next,
-    )
+    answer = result_message(node, request, body)
+    return await runs.finish(node.store, ctx, ending, answer=answer, take_next=take_next)
 
 
 async def run_retry_scheduler(
