@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from bus import keys, outbox
-from bus.atomic.routing import JobWrite, materialise_batch
+from bus.atomic.routing import JobWrite, arm_deadlines, materialise_batch
 from bus.envelope import sign_message
 from bus.ids import new_id, now, set_clock
 from bus.models import JobStatus, Message
@@ -20,7 +20,7 @@ from bus.store import Store
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
 from node.routing.admission import check_ack_deadline, delivery_problem
-from node.routing.deadlines import fail_due, schedule_in
+from node.routing.deadlines import deadline_times, fail_due
 from node.routing.messages import Rejected
 from node.state import NodeState
 from tests.nodes import link_to
@@ -255,7 +255,7 @@ async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, t
     async with store.transaction(1) as tx:
         tx.hset(msg.key, msg.to_hash())
         tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
-        schedule_in(tx, msg, config.max_skew_s)
+        arm_deadlines(tx, msg.key, *deadline_times(msg, config.max_skew_s))
     await store.lpush(keys.ACTORS_DB, keys.outbox(peer), entry)
     await store.lpush(keys.ACTORS_DB, keys.outbox_inflight(peer), entry)
 
@@ -370,7 +370,7 @@ async def test_a_hostile_deadline_member_costs_the_others_nothing(store, tmp_pat
     async with store.transaction(1) as tx:
         tx.hset(msg.key, msg.to_hash())
         tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
-        schedule_in(tx, msg, config.max_skew_s)
+        arm_deadlines(tx, msg.key, *deadline_times(msg, config.max_skew_s))
         tx.lpush("message:9:9", ["not a hash"])
         tx.zadd(keys.DEADLINES, {"ack|message:9:9": 0})
     clock[0] = msg.created_at + 31

@@ -306,3 +306,83 @@ def test_every_script_states_its_contract() -> None:
             text = "\n".join(head)
             missing = [w for w in ("KEYS", "ARGV", "Returns", "Atomic effect") if w not in text]
             assert not missing, f.name
+
+
+async def test_queue_outgoing_stores_the_message_and_queues_it(store: Store) -> None:
+    message = _message(4, "n4")
+    await routing.queue_outgoing(store, CTX, message)
+    assert await store.hgetall(CTX, message.key) == message.to_hash()
+    assert await store.lrange(CTX, keys.MSG_OUT) == [message.key]
+
+
+async def test_accept_stop_marks_processed_sets_markers_and_acks(store: Store) -> None:
+    await store.lpush(CTX, "fly", "message:7:1", "message:7:2")
+    await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:1", 60, "n:7"))
+    await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:2", 60, ""))
+    assert await store.hgetall(CTX, "message:7:1") == {"status": "processed"}
+    assert await store.get(CTX, keys.seen("message:7:1")) == "1"
+    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen("message:7:1"))) <= 60
+    assert await store.get(CTX, "n:7") == "message:7:1"
+    assert 0 < await store.call(CTX, lambda r: r.ttl("n:7")) <= 60
+    assert await store.get(CTX, keys.seen("message:7:2")) == "1"
+    assert not await store.lrange(CTX, "fly")
+
+
+async def test_write_copies_writes_only_its_own_jobs(store: Store) -> None:
+    await store.hset(CTX, "job:7:2", {"message_key": "message:9:9"})
+    copies = [
+        routing.JobWrite(JOB, "", {"message_key": REQUEST, "status": "error"}),
+        routing.JobWrite("job:7:2", "", {"message_key": REQUEST, "status": "error"}),
+    ]
+    await routing.write_copies(store, CTX, REQUEST, copies)
+    assert await store.hgetall(CTX, JOB) == {"message_key": REQUEST, "status": "error"}
+    assert await store.hgetall(CTX, "job:7:2") == {"message_key": "message:9:9"}
+
+
+async def test_push_outboxes_pushes_each_peer_s_entries(store: Store) -> None:
+    await routing.push_outboxes(store, {"p1": ["1|a", "1|b"], "p2": ["1|c"]})
+    assert await store.lrange(keys.ACTORS_DB, keys.outbox("p1")) == ["1|b", "1|a"]
+    assert await store.lrange(keys.ACTORS_DB, keys.outbox("p2")) == ["1|c"]
+
+
+async def test_route_queues_local_copies_jobs_arms_deadlines_and_acks(store: Store) -> None:
+    await store.lpush(CTX, "fly", "local", REQUEST, "chat", "other")
+    copy = routing.JobWrite(JOB, "", {"message_key": REQUEST, "updated_at": "5"})
+    routed = [
+        routing.Routed("local", True, [], None),
+        routing.Routed(REQUEST, False, [copy], (1000, 2000)),
+        routing.Routed("chat", False, [], None),
+    ]
+    await routing.route(store, CTX, "fly", routed)
+    assert await store.lrange(CTX, keys.MSG_IN) == ["local"]
+    assert await store.hgetall(CTX, JOB) == {"message_key": REQUEST, "updated_at": "5"}
+    armed = [(f"ack|{REQUEST}", 1000.0), (f"result|{REQUEST}", 2000.0)]
+    assert await _zset(store, keys.DEADLINES) == armed
+    assert await store.lrange(CTX, "fly") == ["other"]
+
+
+async def test_arm_deadlines_queues_both_deadlines(store: Store) -> None:
+    async with store.transaction(CTX) as tx:
+        routing.arm_deadlines(tx, "m1", 300, 100)
+    assert await _zset(store, keys.DEADLINES) == [("result|m1", 100.0), ("ack|m1", 300.0)]
+
+
+async def test_fail_request_fails_its_jobs_and_the_request(store: Store) -> None:
+    await store.hset(CTX, JOB, {"message_key": REQUEST, "status": "dispatched"})
+    await store.hset(CTX, REQUEST, {"status": "dispatched"})
+    failed = routing.ResultWrite(JOB, REQUEST, "error", "{}", "timeout_ack", 70, "error", "{}", 30)
+    await routing.fail_request(store, CTX, REQUEST, [failed], "timeout_ack: late")
+    job = await store.hgetall(CTX, JOB)
+    assert (job["status"], job["reason"]) == ("error", "timeout_ack")
+    request = await store.hgetall(CTX, REQUEST)
+    assert (request["status"], request["reason"]) == ("error", "timeout_ack: late")
+    assert await store.lrange(CTX, keys.reply(REQUEST)) == ["{}"]
+
+
+async def test_withdraw_empties_both_outbox_lists_of_the_entry(store: Store) -> None:
+    await store.lpush(keys.ACTORS_DB, keys.outbox("p"), "1|a", "1|b", "1|a")
+    await store.lpush(keys.ACTORS_DB, keys.outbox_inflight("p"), "1|a", "1|c")
+    assert await routing.withdraw(store, "p", "1|a") == 1
+    assert await store.lrange(keys.ACTORS_DB, keys.outbox("p")) == ["1|b"]
+    assert await store.lrange(keys.ACTORS_DB, keys.outbox_inflight("p")) == ["1|c"]
+    assert await routing.withdraw(store, "p", "1|a") == 0

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus import keys
 from bus.atomic import script, source
-from bus.models import Message
+from bus.models import Message, MessageStatus
 
 if TYPE_CHECKING:
     from bus.store import Store
@@ -23,13 +23,23 @@ __all__ = [
     "JobWrite",
     "ResultAccept",
     "ResultWrite",
+    "Routed",
+    "StopAccept",
     "accept_results",
+    "accept_stop",
     "apply_result",
+    "arm_deadlines",
     "deliver",
+    "fail_request",
     "mark_acked",
     "materialise_batch",
     "pop_due",
+    "push_outboxes",
+    "queue_outgoing",
+    "route",
     "stop_job",
+    "withdraw",
+    "write_copies",
     "write_own_job",
 ]
 
@@ -184,3 +194,106 @@ async def stop_job(
     names = [job_key, keys.queue(script_type), keys.DELAYED, keys.stop_queue(script_type)]
     before = await store.script(ctx, script("routing_stop"), names, [reason, str(now), job_key])
     return str(before)
+
+
+async def queue_outgoing(store: Store, ctx: int, message: Message) -> None:
+    """Store ``message`` and queue it on ``msg_out``, in one transaction, so the supervisor
+    never pops a key whose hash is missing. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        tx.hset(message.key, message.to_hash())
+        tx.lpush(keys.MSG_OUT, [message.key])
+
+
+@dataclass(frozen=True)
+class StopAccept:
+    """An accepted stop message: its key, its replay markers' TTL and its nonce marker key
+    ("" for a message without a nonce)."""
+
+    key: str
+    window_s: int
+    nonce_key: str
+
+
+async def accept_stop(store: Store, ctx: int, inflight: str, stop: StopAccept) -> None:
+    """Mark the stop message processed, set its replay markers (TTL ``window_s``) and take it
+    off ``inflight``, in one transaction: a crash leaves it either unaccepted (popped again)
+    or fully accepted (never replayed). Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        tx.hset(stop.key, {"status": MessageStatus.PROCESSED.value})
+        tx.set(keys.seen(stop.key), "1", ex=stop.window_s)
+        if stop.nonce_key:
+            tx.set(stop.nonce_key, stop.key, ex=stop.window_s)
+        tx.lrem(inflight, 1, stop.key)
+
+
+def arm_deadlines(tx: Any, message_key: str, ack_ms: int, result_ms: int) -> None:  # noqa: ANN401
+    """Queue in ``tx`` the ack and result deadlines (Unix ms) of a job message sent on."""
+    members: dict[str | bytes, int | float] = {
+        f"ack|{message_key}": ack_ms,
+        f"result|{message_key}": result_ms,
+    }
+    tx.zadd(keys.DEADLINES, members)
+
+
+async def write_copies(store: Store, ctx: int, message_key: str, copies: list[JobWrite]) -> None:
+    """Write the origin's copies of message ``message_key``'s jobs (see write_own_job), in one
+    transaction. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for copy in copies:
+            write_own_job(tx, copy.key, message_key, copy.fields)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A checked message leaving ``msg_out``: ``local`` when this node is its destination;
+    for a job message to a peer, the origin's job copies and its deadlines (ack, result; ms)."""
+
+    key: str
+    local: bool
+    copies: list[JobWrite]
+    deadlines: tuple[int, int] | None
+
+
+async def push_outboxes(store: Store, by_peer: dict[str, list[str]]) -> None:
+    """Push each peer's outbox entries onto its durable outbox, in one transaction on the
+    actors DB. Raises StoreError."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        for peer, entries in by_peer.items():
+            tx.lpush(keys.outbox(peer), entries)
+
+
+async def route(store: Store, ctx: int, inflight: str, routed: list[Routed]) -> None:
+    """Queue each local message on ``msg_in``; write each job message's origin copies and arm
+    its deadlines; ack every one off ``inflight``: one transaction, so a message is never
+    acked without what routing it wrote. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for r in routed:
+            if r.local:
+                tx.lpush(keys.MSG_IN, [r.key])
+            else:
+                for copy in r.copies:
+                    write_own_job(tx, copy.key, r.key, copy.fields)
+                if r.deadlines is not None:
+                    arm_deadlines(tx, r.key, *r.deadlines)
+            tx.lrem(inflight, 1, r.key)
+
+
+async def fail_request(
+    store: Store, ctx: int, key: str, writes: list[ResultWrite], reason: str
+) -> None:
+    """Apply each of ``writes`` (a job's error result at its origin) and set request ``key``
+    to error with ``reason``, in one transaction. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for write in writes:
+            apply_result(tx, write)
+        tx.hset(key, {"status": MessageStatus.ERROR.value, "reason": reason})
+
+
+async def withdraw(store: Store, peer: str, entry: str) -> int:
+    """Take ``entry`` out of ``peer``'s outbox and its in-flight list in one transaction (the
+    pump moves an entry atomically from one to the other, so it is in neither afterwards);
+    returns how many in-flight copies it removed. Raises StoreError."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        tx.lrem(keys.outbox(peer), 0, entry)
+        sent = tx.lrem(keys.outbox_inflight(peer), 0, entry)
+    return int(await sent)

@@ -4,7 +4,7 @@ prerequisites finish, dooms the dependents of failed jobs, and keeps the flow's 
 Event-driven and recoverable. The client stores an actor-signed flow (``flow:<id>``, see
 bus/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
 it to ``flows:active`` and pushes its id on ``flow_events``. Every job result that reaches this
-node for a flow job pushes the flow id there too (node/routing/messages.py ``apply_result``). The
+node for a flow job pushes the flow id there too (node/routing/messages.py ``result_write``). The
 engine pops ``flow_events`` reliably and *re-evaluates* the flow from what Valkey holds: the
 job copies' statuses go into :func:`bus.dag.schedule`; doomed jobs end in ``error`` with
 reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_job`` messages on
@@ -212,13 +212,8 @@ async def _read_jobs(
 async def _doom(node: NodeState, ctx: int, doc: FlowDoc, doomed: tuple[str, ...]) -> None:
     if not doomed:
         return
-    stamp = str(now())
-    async with node.store.transaction(ctx) as tx:
-        for job_id in doomed:
-            tx.hset(
-                doc.job_key(job_id),
-                {"status": JobStatus.ERROR.value, "reason": DOOMED_REASON, "updated_at": stamp},
-            )
+    fields = {"status": JobStatus.ERROR.value, "reason": DOOMED_REASON, "updated_at": str(now())}
+    await atomic_flows.set_jobs(node.store, ctx, [doc.job_key(j) for j in doomed], fields)
     log.info("flow %d: %s doomed (%s)", doc.id, ", ".join(doomed), DOOMED_REASON)
 
 
@@ -250,10 +245,8 @@ async def _release(
         node.key,
     )
     copy = job.to_hash() | {"flow_id": str(doc.id), "flow_job": job_id, "node": spec.node}
-    async with node.store.transaction(ctx) as tx:
-        tx.hset(job.key, copy | {"status": JobStatus.DISPATCHED.value, "message_key": message.key})
-        tx.hset(message.key, message.to_hash())
-        tx.lpush(keys.MSG_OUT, [message.key])
+    copy |= {"status": JobStatus.DISPATCHED.value, "message_key": message.key}
+    await atomic_flows.release(node.store, ctx, job.key, copy, message)
     node.count("flow_jobs_released")
     log.info("flow %d: released %s to %s… as %s", doc.id, job_id, spec.node[:16], message.key)
 
@@ -303,16 +296,8 @@ async def _write_flow(
 ) -> None:
     """Write the flow's fields; a final flow leaves ``flows:active`` and ``flow_deadlines``,
     another is (re)armed there with ``deadline``."""
-    progress = keys.flow_progress(flow_id)
-    async with node.store.transaction(ctx) as tx:
-        tx.hset(keys.flow(flow_id), fields)
-        if done:
-            tx.srem(keys.FLOWS_ACTIVE, [str(flow_id)])
-            tx.zrem(keys.FLOW_DEADLINES, [str(flow_id)])
-        elif deadline is not None:
-            tx.zadd(keys.FLOW_DEADLINES, {str(flow_id): deadline})
-        tx.lpush(progress, [fields["status"]])
-        tx.expire(progress, node.config.reply_ttl_s)
+    write = atomic_flows.FlowWrite(flow_id, fields, done, deadline, node.config.reply_ttl_s)
+    await atomic_flows.write_flow(node.store, ctx, write)
 
 
 async def _refuse(
@@ -326,9 +311,8 @@ async def _refuse(
     except (KeyError, ValueError, TypeError, ModelError):
         job_keys = []
     stamp = str(now())
-    async with node.store.transaction(ctx) as tx:
-        for job_key in job_keys:
-            tx.hset(job_key, {"status": JobStatus.ERROR.value, "reason": exc.reason})
+    failed = {"status": JobStatus.ERROR.value, "reason": exc.reason}
+    await atomic_flows.set_jobs(node.store, ctx, job_keys, failed)
     reason = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
     flow_fields = {"status": FlowStatus.ERROR.value, "reason": reason, "updated_at": stamp}
     await _write_flow(node, ctx, flow_id, flow_fields, True)

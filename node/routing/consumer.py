@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import trio
 
@@ -117,22 +117,18 @@ async def handle_incoming(
         jobs.append(message)
     elif message.message_type is MessageType.STOP:
         await apply_stop(node, ctx, message)
-        async with node.store.transaction(ctx) as tx:
-            tx.hset(message.key, {"status": MessageStatus.PROCESSED.value})
-            mark_accepted(tx, node, message, inflight)
+        await routing.accept_stop(node.store, ctx, inflight, stop_accept(node, message))
     else:  # chat and mail are stored; nothing runs
         await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
         return False
     return True
 
 
-def mark_accepted(tx: Any, node: NodeState, message: Message, inflight: str) -> None:  # noqa: ANN401
-    """Queue, in transaction ``tx``: the replay markers (with TTL) and the in-flight ack."""
-    window = node.freshness.window_s
-    tx.set(keys.seen(message.key), "1", ex=window)
-    if message.nonce:
-        tx.set(keys.nonce(message.caller_id, message.nonce), message.key, ex=window)
-    tx.lrem(inflight, 1, message.key)
+def stop_accept(node: NodeState, message: Message) -> routing.StopAccept:
+    """What accepting stop ``message`` writes: its replay markers, kept for the freshness
+    window."""
+    nonce_key = keys.nonce(message.caller_id, message.nonce) if message.nonce else ""
+    return routing.StopAccept(message.key, node.freshness.window_s, nonce_key)
 
 
 async def accept_results(

@@ -17,19 +17,20 @@ failed is never sent again, and one already on the wire is refused where it land
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import trio
 
-from bus import keys, outbox
-from bus.atomic.routing import pop_due
+from bus import outbox
+from bus.atomic.routing import fail_request, pop_due
+from bus.atomic.routing import withdraw as atomic_withdraw
 from bus.envelope import ResultBody
 from bus.errors import ContentError, ModelError
 from bus.ids import now_ms
 from bus.models import JobStatus, Message, MessageStatus
 from bus.reasons import Reason
 from node.routing.admission import ack_deadline
-from node.routing.messages import apply_result
+from node.routing.messages import result_write
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -37,15 +38,13 @@ log = logging.getLogger(__name__)
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 
 
-def schedule_in(tx: Any, message: Message, skew_s: int) -> None:  # noqa: ANN401
-    """Queue in ``tx`` the ack and result deadlines of a job message sent to a peer (the caller
-    then wakes the deadline service: NodeState.deadline_scheduled): the ack one at the signed
-    deadline plus ``skew_s``, the allowed clock skew (see the module doc)."""
-    members: dict[str | bytes, int | float] = {
-        f"ack|{message.key}": (ack_deadline(message) + skew_s) * 1000,
-        f"result|{message.key}": now_ms() + message.timeout_result * 1000,
-    }
-    tx.zadd(keys.DEADLINES, members)
+def deadline_times(message: Message, skew_s: int) -> tuple[int, int]:
+    """The ack and result deadlines (Unix ms) of a job message sent to a peer (armed with
+    bus.atomic.routing.arm_deadlines; the caller then wakes the deadline service:
+    NodeState.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
+    allowed clock skew (see the module doc)."""
+    ack_ms = (ack_deadline(message) + skew_s) * 1000
+    return ack_ms, now_ms() + message.timeout_result * 1000
 
 
 async def run_deadlines(
@@ -98,10 +97,10 @@ async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
     )
     log.warning("%s: %s", key, reason)
     await withdraw(node, message.destination, outbox.entry(ctx, key))
-    async with node.store.transaction(ctx) as tx:
-        for job in message.job:
-            apply_result(tx, node, ResultBody(key, job.key, JobStatus.ERROR, {}, reason))
-        tx.hset(key, {"status": MessageStatus.ERROR.value, "reason": reason})
+    failed = [
+        result_write(node, ResultBody(key, j.key, JobStatus.ERROR, {}, reason)) for j in message.job
+    ]
+    await fail_request(node.store, ctx, key, failed, reason)
 
 
 async def withdraw(node: NodeState, peer: str, entry: str) -> None:
@@ -109,10 +108,7 @@ async def withdraw(node: NodeState, peer: str, entry: str) -> None:
     sent and unacknowledged: the pump moves it atomically from one to the other, so it is
     in neither afterwards). A message its client is told failed must not be sent again;
     the in-flight place it held in the link's window opens, since no ack will count it."""
-    async with node.store.transaction(keys.ACTORS_DB) as tx:
-        tx.lrem(keys.outbox(peer), 0, entry)
-        sent = tx.lrem(keys.outbox_inflight(peer), 0, entry)
-    unacked = int(await sent)
+    unacked = await atomic_withdraw(node.store, peer, entry)
     box = node.outboxes.get(peer)
     if unacked and box is not None:
         box.window.release(unacked)

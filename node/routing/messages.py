@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
 
-from bus import keys
 from bus.atomic import routing as atomic_routing
 from bus.atomic.routing import ResultWrite
 from bus.envelope import ResultBody, sign_message
@@ -150,9 +148,7 @@ def result_message(node: NodeState, request: Message, body: ResultBody) -> Messa
 
 async def queue_result(node: NodeState, request: Message, body: ResultBody) -> None:
     msg = result_message(node, request, body)
-    async with node.store.transaction(request.context_id) as tx:
-        tx.hset(msg.key, msg.to_hash())
-        tx.lpush(keys.MSG_OUT, [msg.key])
+    await atomic_routing.queue_outgoing(node.store, request.context_id, msg)
 
 
 def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
@@ -181,8 +177,3 @@ def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
         reply=reply,
         reply_ttl_s=node.config.reply_ttl_s,
     )
-
-
-def apply_result(tx: Any, node: NodeState, body: ResultBody) -> None:  # noqa: ANN401
-    """Queue in ``tx``, at the origin, what a result changes (see :func:`result_write`)."""
-    atomic_routing.apply_result(tx, result_write(node, body))

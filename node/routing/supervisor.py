@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import trio
 
 from bus import keys, outbox
-from bus.atomic.routing import write_own_job
+from bus.atomic import routing
 from bus.errors import ContentError, StoreError
 from bus.ids import now
 from bus.models import JobStatus, Message, MessageType
@@ -138,8 +138,7 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
         return
     failed = {"status": JobStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())}
     try:
-        async with node.store.transaction(ctx) as tx:
-            write_origin_copies(tx, message, failed)
+        await routing.write_copies(node.store, ctx, message.key, origin_copies(message, failed))
     except StoreError:
         raise
     except Exception:  # the refusal is recorded already; a copy that cannot be written stops
@@ -163,30 +162,33 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
         if m.destination != node.node_id:
             by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
     if by_peer:
-        async with node.store.transaction(keys.ACTORS_DB) as tx:
-            for peer, entries in by_peer.items():
-                tx.lpush(keys.outbox(peer), entries)
+        await routing.push_outboxes(node.store, by_peer)
     stamp = str(now())
-    async with node.store.transaction(ctx) as tx:
-        for m in messages:
-            if m.destination == node.node_id:
-                tx.lpush(keys.MSG_IN, [m.key])
-            elif m.message_type is MessageType.JOB:
-                write_origin_copies(tx, m, {"updated_at": stamp})
-                deadlines.schedule_in(tx, m, node.freshness.max_skew_s)
-            tx.lrem(inflight, 1, m.key)
+    await routing.route(node.store, ctx, inflight, [_routed(node, m, stamp) for m in messages])
     if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
         node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
     node.count("routed", len(messages))
 
 
-def write_origin_copies(tx: Any, message: Message, fields: dict[str, str]) -> None:  # noqa: ANN401
-    """Queue in ``tx`` the origin's copy of each job of ``message`` (job hash as the message
-    carries it, linked to the message), with ``fields`` on top; never over another message's
-    job (bus.atomic.routing.write_own_job), nor under another caller's key (a refused message may
-    name one)."""
-    for job in message.job:
-        if job.caller_id != message.caller_id:
-            continue
-        base = {"created_at": str(message.created_at), "message_key": message.key}
-        write_own_job(tx, job.key, message.key, job.to_hash() | base | fields)
+def _routed(node: NodeState, message: Message, stamp: str) -> routing.Routed:
+    """What routing ``message`` writes besides its outbox entry (see route_many)."""
+    if message.destination == node.node_id:
+        return routing.Routed(message.key, True, [], None)
+    if message.message_type is not MessageType.JOB:
+        return routing.Routed(message.key, False, [], None)
+    copies = origin_copies(message, {"updated_at": stamp})
+    times = deadlines.deadline_times(message, node.freshness.max_skew_s)
+    return routing.Routed(message.key, False, copies, times)
+
+
+def origin_copies(message: Message, fields: dict[str, str]) -> list[routing.JobWrite]:
+    """The origin's copy of each job of ``message`` (job hash as the message carries it,
+    linked to the message), with ``fields`` on top; written never over another message's job
+    (bus.atomic.routing.write_own_job), and none under another caller's key (a refused message
+    may name one)."""
+    base = {"created_at": str(message.created_at), "message_key": message.key}
+    return [
+        routing.JobWrite(job.key, "", job.to_hash() | base | fields)
+        for job in message.job
+        if job.caller_id == message.caller_id
+    ]
