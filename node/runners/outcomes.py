@@ -16,7 +16,6 @@ This module is imported by the worker process too: standard library only.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +58,13 @@ def wrapped(argv: list[str], outcome: Path) -> list[str]:
 
 
 def write_outcome(path: Path, outcome: dict[str, Any]) -> None:
-    """Write ``outcome`` durably: a temporary file, fsync, rename over ``path``."""
+    """Write ``outcome`` whole: a temporary file renamed over ``path``, so a reader sees all of
+    it or nothing. Not fsynced, like the command jobs' outcomes (see _WRAP): the file outlives
+    the node's death in the page cache, and a machine crash that could lose it also loses
+    Valkey's last second and the job itself, which then runs again at worst."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as f:
         json.dump(outcome, f)
-        f.flush()
-        os.fsync(f.fileno())
     tmp.replace(path)
 
 
