@@ -13,7 +13,7 @@ from bus.dag import FlowError, validate_flow
 from bus.errors import ModelError
 from bus.flows import FlowDoc, FlowJobPayload, verify_flow
 from bus.ids import now
-from bus.models import Message
+from bus.models import Context, Message
 from bus.reasons import Reason
 from bus.verify import judge
 from node.routing.messages import Rejected
@@ -53,7 +53,13 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
 
 async def check_may_execute(node: NodeState, ctx: int, actor_id: int) -> None:
     """Rejected('permission_denied'/'unknown_context') unless the actor may execute in ctx."""
-    context = await node.store.get_context(ctx)
+    may_execute_in(await node.store.get_context(ctx), ctx, actor_id)
+
+
+def may_execute_in(context: Context | None, ctx: int, actor_id: int) -> None:
+    """The one permission rule, for actors' messages and flows alike: Rejected
+    ('unknown_context', 'permission_denied') unless ``actor_id`` is an admin or executor of
+    ``context`` (context ``ctx`` as this node holds it; None if it holds none)."""
     if context is None:
         raise Rejected(Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node")
     if not context.may_execute(actor_id):

@@ -34,7 +34,7 @@ from bus.models import Message, MessageType
 from bus.reasons import Reason
 from bus.verify import freshness_problem, judge
 from node.config import NodeConfig
-from node.flows.trust import authorise_flow_job
+from node.flows.trust import authorise_flow_job, may_execute_in
 from node.routing.messages import Rejected, signed_here
 from node.routing.stops import parse_stop
 from node.state import NodeState
@@ -225,12 +225,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
-    if context is None:
-        raise Rejected(Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node")
-    if not context.may_execute(caller):
-        raise Rejected(
-            Reason.PERMISSION_DENIED, f"actor {caller} is not admin/executor of context {ctx}"
-        )
+    may_execute_in(context, ctx, caller)
 
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:

@@ -116,7 +116,7 @@ def record_outcome(path: object, reply: dict[str, Any]) -> None:
     """Write the job's outcome where the node's next start finds it, before replying (the node
     may be gone: then this worker's reply is lost, not the outcome)."""
     if isinstance(path, str) and path:
-        with contextlib.suppress(OSError):  # no outcome: the next start records runner_lost
+        with contextlib.suppress(OSError):  # the reply still goes; only a dead node misses it
             write_outcome(Path(path), reply)
 
 
