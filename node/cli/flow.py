@@ -32,7 +32,9 @@ _STATUS_MARK = {
 def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
     """Add ``flow submit|status|show`` to the ``hero-node`` parser's subcommands."""
 
-    flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(metavar="ACTION")
+    flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = flow.add_parser("submit", help="check, sign and submit a flow; --wait follows it live")
     s.add_argument("file", type=Path, help=FILE_HELP)
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
@@ -53,7 +55,7 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
         ("show", flow_show, "the flow and its jobs as JSON"),
     ):
         s = flow.add_parser(name, help=text)
-        s.add_argument("flow_id", type=int)
+        s.add_argument("flow_id", type=int, help="the id `flow submit` printed")
         s.add_argument("--context", type=int, default=None, help="context id (default: config)")
         s.set_defaults(func=with_client(fn))
 

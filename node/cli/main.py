@@ -22,6 +22,7 @@ from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, context_of, home_of, with_client
 from node.cli.flow import add_flow_commands
+from node.cli.parsing import HOME_HELP, finish, package_version
 from node.cli.status import status
 from node.config import NodeConfig
 from node.errors import NodeError
@@ -86,16 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hero-node",
         description="A node of the hero signed job bus.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--home", type=Path, default=None, help=HOME_HELP)
     p.add_argument(
-        "--home",
-        type=Path,
-        default=None,
-        help="node home directory (default: $HERO_NODE_HOME or ~/.hero-node)",
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log messages shown",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
 
     s = sub.add_parser("init", help="create the home: node key, default actor key, config.toml")
     s.add_argument("--name", default="node", help="a short name for this node")
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the Redis URL (with its password) a client or an external runner connects "
         "with to this node's embedded Valkey",
     )
-    s.add_argument("role", choices=[CLIENT, RUNNER])
+    s.add_argument("role", choices=[CLIENT, RUNNER], help="who connects with it")
     s.set_defaults(func=cmd_credentials)
 
     s = sub.add_parser(
@@ -133,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print it as one JSON object")
     s.set_defaults(func=with_client(status))
 
-    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(metavar="ACTION")
+    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = peer.add_parser("add", help="register a peer node (it may then link to us)")
     s.add_argument("node_id", help="the peer's node id (hex public key)")
     s.add_argument("address", nargs="?", default="", help="ws://host:port to dial (optional)")
@@ -142,21 +145,28 @@ def build_parser() -> argparse.ArgumentParser:
     s = peer.add_parser("list", help="list peers")
     s.set_defaults(func=with_client(peer_list))
 
-    actor = sub.add_parser("actor", help="manage actors").add_subparsers(metavar="ACTION")
+    actor = sub.add_parser("actor", help="manage actors").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = actor.add_parser("add", help="register an actor's public key")
-    s.add_argument("--id", type=int, required=True, dest="actor_id")
+    s.add_argument("--id", type=int, required=True, dest="actor_id", help="the actor's id")
     s.add_argument("--pubkey", required=True, help="hex Ed25519 public key")
     s.set_defaults(func=with_client(actor_add))
 
-    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(metavar="ACTION")
+    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = ctx.add_parser("add", help="create or replace a context and its permission lists")
-    s.add_argument("context_id", type=int)
-    s.add_argument("--admin", type=int, action="append", default=[])
-    s.add_argument("--executor", type=int, action="append", default=[])
-    s.add_argument("--reader", type=int, action="append", default=[])
+    s.add_argument("context_id", type=int, help="the context's id")
+    s.add_argument("--admin", type=int, action="append", default=[], help="admin actor id (repeat)")
+    many = "(repeat for more)"
+    s.add_argument("--executor", type=int, action="append", default=[], help=f"executor {many}")
+    s.add_argument("--reader", type=int, action="append", default=[], help=f"reader actor {many}")
     s.set_defaults(func=with_client(context_add))
 
-    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(metavar="ACTION")
+    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = job.add_parser("submit", help="sign and submit a job; --wait prints its output")
     s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
@@ -184,22 +194,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=with_client(job_logs))
     s = job.add_parser("show", help="print a job or message hash as JSON")
     s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None)
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.set_defaults(func=with_client(job_show))
 
     _add_dlq_commands(sub)
     add_flow_commands(sub)
-    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(metavar="ACTION")
+    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
     s.add_argument("key", help="message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None)
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.set_defaults(func=with_client(msg_status))
+    finish(p)
     return p
 
 
 def _add_dlq_commands(sub: Any) -> None:  # noqa: ANN401
     dlq = sub.add_parser("dlq", help="dead letters: what was refused, and why").add_subparsers(
-        metavar="ACTION"
+        metavar="ACTION", help="what to do"
     )
     ctx_help = "context id (default: config; 0: transport-level dead letters)"
     s = dlq.add_parser("list", help="one line per dead letter, newest first")
