@@ -1,9 +1,11 @@
-"""The CLI's parser as a user meets it: --home anywhere, --version, a group's help, and help
-text (with defaults) for every option."""
+"""The CLI on a user's mistakes and habits: no traceback, the usual exit codes, --home anywhere,
+--version, a group's help, and help text (with defaults) for every option."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import pytest
 
 from node.cli.main import build_parser
 from node.cli.parsing import walk
-from tests.test_cli import ROOT
+from tests.test_cli import ROOT, cli
 
 GROUPS = ["job", "flow", "peer", "actor", "context", "dlq", "msg"]
 
@@ -27,6 +29,42 @@ def bare(*args: str, stdout: int | None = subprocess.PIPE) -> subprocess.Complet
         cwd=ROOT,
         check=False,
     )
+
+
+def test_a_missing_script_file_is_a_usage_error(tmp_path):
+    result = bare("job", "submit", "--file", str(tmp_path / "missing.py"))
+    assert result.returncode == 2
+    assert "cannot read" in result.stderr
+    assert "missing.py" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    home = tmp_path / "h"
+    assert cli(home, "init").returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: EPIPE, every time
+    try:
+        result = bare("--home", str(home), "id", stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert result.stderr == ""
+
+
+def test_a_refused_connection_is_one_line_without_the_password(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    home = tmp_path / "h"
+    url = f"redis://:s3cret@127.0.0.1:{port}"
+    assert cli(home, "init", "--redis", url).returncode == 0
+    result = cli(home, "status")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert "s3cret" not in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_home_is_accepted_after_the_command(tmp_path):

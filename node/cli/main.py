@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -43,6 +44,20 @@ and on the executing node `hero-node actor add --id N --pubkey <actor key>` and
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command; a reader that went away (``| head``) ends it quietly, as it would end
+    any Unix filter: exit 141, the shell's code for SIGPIPE."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: buffered output fails here, not at exit
+    except BrokenPipeError:
+        # the interpreter flushes stdout again at exit: point it where that cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -50,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("trio-websocket").setLevel(logging.WARNING)
+    if args.log_level != "debug":  # its retries before an error the command reports anyway
+        logging.getLogger("coredis").setLevel(logging.WARNING)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
@@ -173,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--type", default="python", dest="script_type", help="script type")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--script", help="the script text")
-    src.add_argument("--file", type=Path, help="read the script from this file ('-': stdin)")
+    src.add_argument("--file", type=script_file, help="read the script from this file ('-': stdin)")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
     s.add_argument("--timeout", type=int, default=60, help="job timeout in seconds")
     s.add_argument("--wait", action="store_true", help="wait, print stdout, exit with its status")
@@ -350,11 +367,7 @@ async def context_add(client: Client, args: argparse.Namespace) -> int:
 
 async def job_submit(client: Client, args: argparse.Namespace) -> int:
     config = config_of(args)
-    script = (
-        args.script
-        if args.script is not None
-        else (sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
-    )
+    script = args.script if args.script is not None else _read_script(args.file)
     env = dict(_parse_env(item) for item in args.env)
     key = load_key_file(args.key or config.actor_key_path)
     to = await client.resolve_node(args.to)
@@ -379,6 +392,21 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
         print(f"hero-node: job {result.job_key} failed: {result.reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def script_file(value: str) -> Path:
+    """``--file``'s path, refused at parse time (exit 2, no traceback) if it cannot be read."""
+    path = Path(value)
+    if value != "-" and (path.is_dir() or not os.access(path, os.R_OK)):
+        raise argparse.ArgumentTypeError(f"cannot read {value}: no such readable file")
+    return path
+
+
+def _read_script(path: Path) -> str:
+    try:
+        return sys.stdin.read() if str(path) == "-" else path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NodeError(f"cannot read {path}: {exc}") from None
 
 
 def _parse_env(item: str) -> tuple[str, str]:
