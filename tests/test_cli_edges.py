@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from node.cli.main import build_parser
 from node.cli.parsing import walk
-from tests.test_cli import ROOT, cli
+from tests.test_cli import ROOT, cli, running_node  # noqa: F401 (fixture)
 
 GROUPS = ["job", "flow", "peer", "actor", "context", "dlq", "msg"]
 
@@ -65,6 +66,32 @@ def test_a_refused_connection_is_one_line_without_the_password(tmp_path):
     assert f"127.0.0.1:{port}" in result.stderr
     assert "s3cret" not in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_ctrl_c_while_waiting_names_the_job_and_exits_130(running_node):  # noqa: F811
+    home, _node = running_node
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "job", "submit"]
+        + ["--script", "import time; time.sleep(3)", "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert waiter.stderr is not None
+        first = waiter.stderr.readline()
+        assert first.startswith("waiting for job:"), first
+        waiter.send_signal(signal.SIGINT)
+        assert waiter.wait(timeout=30) == 130
+        rest = waiter.stderr.read()
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    job_key = first.split()[2]
+    assert f"hero-node job logs {job_key}" in rest
+    assert "Traceback" not in rest
 
 
 def test_home_is_accepted_after_the_command(tmp_path):

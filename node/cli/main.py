@@ -385,7 +385,17 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
     if not args.wait:
         print(message.job[0].key)
         return 0
-    [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
+    job_key = message.job[0].key
+    print(f"waiting for {job_key} (Ctrl-C stops waiting, not the job)", file=sys.stderr)
+    try:
+        [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
+    except KeyboardInterrupt:
+        print(
+            f"hero-node: stopped waiting; {job_key} goes on (message {message.key}): "
+            f"hero-node job logs {job_key} --follow",
+            file=sys.stderr,
+        )
+        return 130
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.result.get("stderr", ""))
     if not result.ok:
