@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -143,3 +144,34 @@ def test_help_shows_defaults():
     assert "(default: 60)" in result.stdout  # --timeout
     assert "(default: python)" in result.stdout  # --type
     assert "(default: False)" not in result.stdout  # a flag's default says nothing
+
+
+def test_ctrl_c_while_following_a_flow_names_it_and_exits_130(running_node, tmp_path):  # noqa: F811
+    home, _node = running_node
+    job = {"id": "A", "node": "self", "context": 1, "type": "python"}
+    flow = tmp_path / "slow.json"
+    flow.write_text(json.dumps({"jobs": [job | {"script": "import time; time.sleep(3)"}]}))
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "flow", "submit", str(flow)]
+        + ["--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert waiter.stderr is not None
+        first = waiter.stderr.readline()
+        assert first.startswith("following flow "), first
+        waiter.send_signal(signal.SIGINT)
+        code = waiter.wait(timeout=30)
+        rest = waiter.stderr.read()
+        assert code == 130, rest
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    flow_id = first.split()[2]
+    assert f"hero-node flow status {flow_id} --context 1" in rest
+    assert "Traceback" not in rest
+
