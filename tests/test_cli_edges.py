@@ -175,3 +175,28 @@ def test_ctrl_c_while_following_a_flow_names_it_and_exits_130(running_node, tmp_
     assert f"hero-node flow status {flow_id} --context 1" in rest
     assert "Traceback" not in rest
 
+
+def test_ctrl_c_while_following_logs_exits_130_without_a_traceback(running_node):  # noqa: F811
+    home, _node = running_node
+    script = "import time; print('started', flush=True); time.sleep(3)"
+    job_key = cli(home, "job", "submit", "--script", script).stdout.strip()
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "--home", str(home), "job", "logs", job_key, "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "started\n"  # it follows the running job now
+        follower.send_signal(signal.SIGINT)
+        code = follower.wait(timeout=30)
+        assert follower.stderr is not None
+        err = follower.stderr.read()
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert code == 130, err
+    assert "Traceback" not in err

@@ -77,6 +77,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"hero-node: {exc}", file=sys.stderr)
         return _exit_code([exc])
     except BaseExceptionGroup as group:  # errors raised inside the node's nurseries
+        if group.split(KeyboardInterrupt)[1] is None:  # Ctrl-C landed inside a nursery
+            return 130
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
             raise
@@ -386,8 +388,8 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
         print(message.job[0].key)
         return 0
     job_key = message.job[0].key
-    print(f"waiting for {job_key} (Ctrl-C stops waiting, not the job)", file=sys.stderr)
     try:
+        print(f"waiting for {job_key} (Ctrl-C stops waiting, not the job)", file=sys.stderr)
         [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
     except KeyboardInterrupt:
         print(
