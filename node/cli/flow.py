@@ -32,7 +32,9 @@ _STATUS_MARK = {
 def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
     """Add ``flow submit|status|show`` to the ``hero-node`` parser's subcommands."""
 
-    flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(metavar="ACTION")
+    flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = flow.add_parser("submit", help="check, sign and submit a flow; --wait follows it live")
     s.add_argument("file", type=Path, help=FILE_HELP)
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
@@ -53,7 +55,7 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
         ("show", flow_show, "the flow and its jobs as JSON"),
     ):
         s = flow.add_parser(name, help=text)
-        s.add_argument("flow_id", type=int)
+        s.add_argument("flow_id", type=int, help="the id `flow submit` printed")
         s.add_argument("--context", type=int, default=None, help="context id (default: config)")
         s.set_defaults(func=with_client(fn))
 
@@ -96,14 +98,26 @@ async def flow_submit(client: Client, args: argparse.Namespace) -> int:
     except FlowError as exc:
         print(f"hero-node: flow refused: {exc}", file=sys.stderr)
         return 1
-    print(f"flow {flow_id} submitted")
-    if not args.wait:
-        return 0
+    print(f"flow {flow_id} submitted", flush=True)
+    return await _follow(client, args, flow_id, ctx) if args.wait else 0
+
+
+async def _follow(client: Client, args: argparse.Namespace, flow_id: int, ctx: int) -> int:
+    """The live table of ``--wait``; Ctrl-C stops following (exit 130), the flow goes on."""
     names = await _node_names(client)
     live = LiveTable(sys.stdout.isatty())
-    state = await client.wait_flow(
-        flow_id, ctx, args.timeout, on_change=lambda s: live.show(render(s, names))
-    )
+    try:
+        print(f"following flow {flow_id} (Ctrl-C stops following, not the flow)", file=sys.stderr)
+        state = await client.wait_flow(
+            flow_id, ctx, args.timeout, on_change=lambda s: live.show(render(s, names))
+        )
+    except KeyboardInterrupt:
+        print(
+            f"hero-node: stopped following; flow {flow_id} goes on: "
+            f"hero-node flow status {flow_id} --context {ctx}",
+            file=sys.stderr,
+        )
+        return 130
     print()
     print("\n".join(render(state, names, summary=True)))
     return 0 if state.ok else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,6 +23,7 @@ from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, context_of, home_of, with_client
 from node.cli.flow import add_flow_commands
+from node.cli.parsing import HOME_HELP, finish, package_version
 from node.cli.status import status
 from node.config import NodeConfig
 from node.errors import NodeError
@@ -42,6 +44,20 @@ and on the executing node `hero-node actor add --id N --pubkey <actor key>` and
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one command; a reader that went away (``| head``) ends it quietly, as it would end
+    any Unix filter: exit 141, the shell's code for SIGPIPE."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: buffered output fails here, not at exit
+    except BrokenPipeError:
+        # the interpreter flushes stdout again at exit: point it where that cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -49,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("trio-websocket").setLevel(logging.WARNING)
+    if args.log_level != "debug":  # its retries before an error the command reports anyway
+        logging.getLogger("coredis").setLevel(logging.WARNING)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
@@ -59,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hero-node: {exc}", file=sys.stderr)
         return _exit_code([exc])
     except BaseExceptionGroup as group:  # errors raised inside the node's nurseries
+        if group.split(KeyboardInterrupt)[1] is None:  # Ctrl-C landed inside a nursery
+            return 130
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
             raise
@@ -86,16 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hero-node",
         description="A node of the hero signed job bus.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--home", type=Path, default=None, help=HOME_HELP)
     p.add_argument(
-        "--home",
-        type=Path,
-        default=None,
-        help="node home directory (default: $HERO_NODE_HOME or ~/.hero-node)",
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe log messages shown",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
 
     s = sub.add_parser("init", help="create the home: node key, default actor key, config.toml")
     s.add_argument("--name", default="node", help="a short name for this node")
@@ -124,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the Redis URL (with its password) a client or an external runner connects "
         "with to this node's embedded Valkey",
     )
-    s.add_argument("role", choices=[CLIENT, RUNNER])
+    s.add_argument("role", choices=[CLIENT, RUNNER], help="who connects with it")
     s.set_defaults(func=cmd_credentials)
 
     s = sub.add_parser(
@@ -133,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print it as one JSON object")
     s.set_defaults(func=with_client(status))
 
-    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(metavar="ACTION")
+    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = peer.add_parser("add", help="register a peer node (it may then link to us)")
     s.add_argument("node_id", help="the peer's node id (hex public key)")
     s.add_argument("address", nargs="?", default="", help="ws://host:port to dial (optional)")
@@ -142,28 +164,35 @@ def build_parser() -> argparse.ArgumentParser:
     s = peer.add_parser("list", help="list peers")
     s.set_defaults(func=with_client(peer_list))
 
-    actor = sub.add_parser("actor", help="manage actors").add_subparsers(metavar="ACTION")
+    actor = sub.add_parser("actor", help="manage actors").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = actor.add_parser("add", help="register an actor's public key")
-    s.add_argument("--id", type=int, required=True, dest="actor_id")
+    s.add_argument("--id", type=int, required=True, dest="actor_id", help="the actor's id")
     s.add_argument("--pubkey", required=True, help="hex Ed25519 public key")
     s.set_defaults(func=with_client(actor_add))
 
-    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(metavar="ACTION")
+    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = ctx.add_parser("add", help="create or replace a context and its permission lists")
-    s.add_argument("context_id", type=int)
-    s.add_argument("--admin", type=int, action="append", default=[])
-    s.add_argument("--executor", type=int, action="append", default=[])
-    s.add_argument("--reader", type=int, action="append", default=[])
+    s.add_argument("context_id", type=int, help="the context's id")
+    s.add_argument("--admin", type=int, action="append", default=[], help="admin actor id (repeat)")
+    many = "(repeat for more)"
+    s.add_argument("--executor", type=int, action="append", default=[], help=f"executor {many}")
+    s.add_argument("--reader", type=int, action="append", default=[], help=f"reader actor {many}")
     s.set_defaults(func=with_client(context_add))
 
-    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(metavar="ACTION")
+    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = job.add_parser("submit", help="sign and submit a job; --wait prints its output")
     s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.add_argument("--type", default="python", dest="script_type", help="script type")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--script", help="the script text")
-    src.add_argument("--file", type=Path, help="read the script from this file ('-': stdin)")
+    src.add_argument("--file", type=script_file, help="read the script from this file ('-': stdin)")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
     s.add_argument("--timeout", type=int, default=60, help="job timeout in seconds")
     s.add_argument("--wait", action="store_true", help="wait, print stdout, exit with its status")
@@ -184,22 +213,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=with_client(job_logs))
     s = job.add_parser("show", help="print a job or message hash as JSON")
     s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None)
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.set_defaults(func=with_client(job_show))
 
     _add_dlq_commands(sub)
     add_flow_commands(sub)
-    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(metavar="ACTION")
+    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(
+        metavar="ACTION", help="what to do"
+    )
     s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
     s.add_argument("key", help="message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None)
+    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.set_defaults(func=with_client(msg_status))
+    finish(p)
     return p
 
 
 def _add_dlq_commands(sub: Any) -> None:  # noqa: ANN401
     dlq = sub.add_parser("dlq", help="dead letters: what was refused, and why").add_subparsers(
-        metavar="ACTION"
+        metavar="ACTION", help="what to do"
     )
     ctx_help = "context id (default: config; 0: transport-level dead letters)"
     s = dlq.add_parser("list", help="one line per dead letter, newest first")
@@ -337,11 +369,7 @@ async def context_add(client: Client, args: argparse.Namespace) -> int:
 
 async def job_submit(client: Client, args: argparse.Namespace) -> int:
     config = config_of(args)
-    script = (
-        args.script
-        if args.script is not None
-        else (sys.stdin.read() if str(args.file) == "-" else args.file.read_text())
-    )
+    script = args.script if args.script is not None else _read_script(args.file)
     env = dict(_parse_env(item) for item in args.env)
     key = load_key_file(args.key or config.actor_key_path)
     to = await client.resolve_node(args.to)
@@ -359,13 +387,38 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
     if not args.wait:
         print(message.job[0].key)
         return 0
-    [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
+    job_key = message.job[0].key
+    try:
+        print(f"waiting for {job_key} (Ctrl-C stops waiting, not the job)", file=sys.stderr)
+        [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
+    except KeyboardInterrupt:
+        print(
+            f"hero-node: stopped waiting; {job_key} goes on (message {message.key}): "
+            f"hero-node job logs {job_key} --follow",
+            file=sys.stderr,
+        )
+        return 130
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.result.get("stderr", ""))
     if not result.ok:
         print(f"hero-node: job {result.job_key} failed: {result.reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def script_file(value: str) -> Path:
+    """``--file``'s path, refused at parse time (exit 2, no traceback) if it cannot be read."""
+    path = Path(value)
+    if value != "-" and (path.is_dir() or not os.access(path, os.R_OK)):
+        raise argparse.ArgumentTypeError(f"cannot read {value}: no such readable file")
+    return path
+
+
+def _read_script(path: Path) -> str:
+    try:
+        return sys.stdin.read() if str(path) == "-" else path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NodeError(f"cannot read {path}: {exc}") from None
 
 
 def _parse_env(item: str) -> tuple[str, str]:

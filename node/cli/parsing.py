@@ -1,0 +1,70 @@
+"""What every ``hero-node`` parser shares once the command tree is built: defaults in the help,
+``--home`` after any command, and a group's help when its action is missing."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+HOME_HELP = "node home directory (default: $HERO_NODE_HOME or ~/.hero-node)"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and appends an option's default to its help, unless the help
+    already says it or the default says nothing (None, False, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, "", []) or default == argparse.SUPPRESS:
+            return text
+        if not action.option_strings and action.nargs not in (argparse.OPTIONAL, "*"):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def package_version() -> str:
+    try:
+        return version("hero-node")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """The parsers directly under ``parser`` (its commands or actions)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from dict.fromkeys(action.choices.values())  # aliases map to one parser
+
+
+def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every parser below it."""
+    yield parser
+    for child in subparsers(parser):
+        yield from walk(child)
+
+
+def finish(root: argparse.ArgumentParser) -> None:
+    """Applies the shared behaviour to every parser below ``root``.
+
+    ``--home`` is repeated on each command (``init`` prints ``hero-node run --home DIR``) with a
+    suppressed default, so that the top-level ``--home`` still counts when it is not repeated."""
+    for parser in walk(root):
+        parser.formatter_class = HelpFormatter
+        if parser is root:
+            continue
+        if any(True for _ in subparsers(parser)):
+            parser.set_defaults(func=_group_help(parser))
+        else:
+            parser.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=HOME_HELP)
+
+
+def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    def show(_args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2  # a usage error, as argparse exits with: the action is missing
+
+    return show
