@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -15,6 +18,33 @@ from node.acl import NODE, role_url
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
 from node.homelock import holder
+
+T = TypeVar("T")
+
+
+async def unless_interrupted(wait: Callable[[], Awaitable[T]], note: str) -> T | None:
+    """``wait()``'s result, or None once Ctrl-C (SIGINT) arrives, the wait cancelled cleanly;
+    ``note`` goes to stderr once Ctrl-C is caught here, so a user (or a test) who reacts to it
+    is answered by this function. Waiting for KeyboardInterrupt instead is not enough: trio
+    raises it wherever the program happens to be, which may be inside the Redis client, whose
+    connection it then breaks (the command ends in a traceback, not in the message that says
+    how to re-attach)."""
+    result: list[T] = []
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        print(note, file=sys.stderr, flush=True)
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                result.append(await wait())
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run)
+            nursery.start_soon(watch)
+    return result[0] if result else None
 
 
 def home_of(args: argparse.Namespace) -> Path:

@@ -13,7 +13,7 @@ from bus.client import Client
 from bus.dag import FlowError
 from bus.flows import FlowState
 from crypto import load_key_file
-from node.cli.common import config_of, with_client
+from node.cli.common import config_of, unless_interrupted, with_client
 from node.errors import NodeError
 
 FILE_HELP = (
@@ -106,12 +106,13 @@ async def _follow(client: Client, args: argparse.Namespace, flow_id: int, ctx: i
     """The live table of ``--wait``; Ctrl-C stops following (exit 130), the flow goes on."""
     names = await _node_names(client)
     live = LiveTable(sys.stdout.isatty())
-    try:
-        print(f"following flow {flow_id} (Ctrl-C stops following, not the flow)", file=sys.stderr)
-        state = await client.wait_flow(
+    state = await unless_interrupted(
+        lambda: client.wait_flow(
             flow_id, ctx, args.timeout, on_change=lambda s: live.show(render(s, names))
-        )
-    except KeyboardInterrupt:
+        ),
+        f"following flow {flow_id} (Ctrl-C stops following, not the flow)",
+    )
+    if state is None:
         print(
             f"hero-node: stopped following; flow {flow_id} goes on: "
             f"hero-node flow status {flow_id} --context {ctx}",

@@ -21,7 +21,7 @@ from bus.errors import BusError
 from bus.models import Message
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
-from node.cli.common import config_of, context_of, home_of, with_client
+from node.cli.common import config_of, context_of, home_of, unless_interrupted, with_client
 from node.cli.flow import add_flow_commands
 from node.cli.parsing import HOME_HELP, finish, package_version
 from node.cli.status import status
@@ -388,16 +388,18 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
         print(message.job[0].key)
         return 0
     job_key = message.job[0].key
-    try:
-        print(f"waiting for {job_key} (Ctrl-C stops waiting, not the job)", file=sys.stderr)
-        [result] = await client.wait_results(message, timeout_s=args.timeout + 30)
-    except KeyboardInterrupt:
+    results = await unless_interrupted(
+        lambda: client.wait_results(message, timeout_s=args.timeout + 30),
+        f"waiting for {job_key} (Ctrl-C stops waiting, not the job)",
+    )
+    if results is None:
         print(
             f"hero-node: stopped waiting; {job_key} goes on (message {message.key}): "
             f"hero-node job logs {job_key} --follow",
             file=sys.stderr,
         )
         return 130
+    [result] = results
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.result.get("stderr", ""))
     if not result.ok:
