@@ -69,27 +69,37 @@ def test_a_refused_connection_is_one_line_without_the_password(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_ctrl_c_while_waiting_names_the_job_and_exits_130(running_node):  # noqa: F811
-    home, _node = running_node
-    waiter = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "job", "submit"]
-        + ["--script", "import time; time.sleep(3)", "--wait"],
+def interrupted(home, *args: str, after: str = "stderr") -> tuple[str, int, str]:
+    """Run ``hero-node --home HOME ARGS``, wait for its first line on ``after`` (stdout or
+    stderr), send it SIGINT; the first line, the exit code and the rest of its stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "--home", str(home), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
     try:
-        assert waiter.stderr is not None
-        first = waiter.stderr.readline()
-        assert first.startswith("waiting for job:"), first
-        waiter.send_signal(signal.SIGINT)
-        assert waiter.wait(timeout=30) == 130
-        rest = waiter.stderr.read()
+        stream = proc.stdout if after == "stdout" else proc.stderr
+        assert stream is not None
+        assert proc.stderr is not None
+        first = stream.readline()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        return first, code, proc.stderr.read()
     finally:
-        if waiter.poll() is None:
-            waiter.kill()
-            waiter.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_while_waiting_names_the_job_and_exits_130(running_node):  # noqa: F811
+    home, _node = running_node
+    first, code, rest = interrupted(
+        home, "job", "submit", "--script", "import time; time.sleep(3)", "--wait"
+    )
+    assert first.startswith("waiting for job:"), first
+    assert code == 130, rest
     job_key = first.split()[2]
     assert f"hero-node job logs {job_key}" in rest
     assert "Traceback" not in rest
@@ -151,26 +161,9 @@ def test_ctrl_c_while_following_a_flow_names_it_and_exits_130(running_node, tmp_
     job = {"id": "A", "node": "self", "context": 1, "type": "python"}
     flow = tmp_path / "slow.json"
     flow.write_text(json.dumps({"jobs": [job | {"script": "import time; time.sleep(3)"}]}))
-    waiter = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "flow", "submit", str(flow)]
-        + ["--wait"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        assert waiter.stderr is not None
-        first = waiter.stderr.readline()
-        assert first.startswith("following flow "), first
-        waiter.send_signal(signal.SIGINT)
-        code = waiter.wait(timeout=30)
-        rest = waiter.stderr.read()
-        assert code == 130, rest
-    finally:
-        if waiter.poll() is None:
-            waiter.kill()
-            waiter.wait()
+    first, code, rest = interrupted(home, "flow", "submit", str(flow), "--wait")
+    assert first.startswith("following flow "), first
+    assert code == 130, rest
     flow_id = first.split()[2]
     assert f"hero-node flow status {flow_id} --context 1" in rest
     assert "Traceback" not in rest
@@ -180,23 +173,7 @@ def test_ctrl_c_while_following_logs_exits_130_without_a_traceback(running_node)
     home, _node = running_node
     script = "import time; print('started', flush=True); time.sleep(3)"
     job_key = cli(home, "job", "submit", "--script", script).stdout.strip()
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "job", "logs", job_key, "-f"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    try:
-        assert follower.stdout is not None
-        assert follower.stdout.readline() == "started\n"  # it follows the running job now
-        follower.send_signal(signal.SIGINT)
-        code = follower.wait(timeout=30)
-        assert follower.stderr is not None
-        err = follower.stderr.read()
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
+    first, code, err = interrupted(home, "job", "logs", job_key, "-f", after="stdout")
+    assert first == "started\n"  # it follows the running job now
     assert code == 130, err
     assert "Traceback" not in err
