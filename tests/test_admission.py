@@ -242,20 +242,28 @@ def clock() -> Iterator[list[float]]:
     set_clock(previous)
 
 
-async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, tmp_path, clock):
-    """The origin's ack deadline is the signed one plus max_skew_s; when it passes, the entry
-    leaves the outbox and its in-flight list (one transaction) and the client is told."""
-    config = NodeConfig(home=tmp_path, max_skew_s=60)
+async def _sent_to_a_peer(store, tmp_path, clock, *, skew_s: int):
+    """A node (``max_skew_s`` = ``skew_s``), a peer's id, and a job message signed now
+    (``clock``) with timeout_ack 30, stored at the origin with its job copy and its deadlines
+    armed, as the supervisor leaves a message it sent to that peer."""
+    config = NodeConfig(home=tmp_path, max_skew_s=skew_s)
     node = NodeState(config, KeyPair.generate(), store)
     peer = KeyPair.generate().public_hex
     actor = KeyPair.generate()
     msg = job_message(actor, 1, node.node_id, peer, "print(1)")
     msg = sign_message(replace(msg, created_at=int(clock[0]), timeout_ack=30, signatures=[]), actor)
-    entry = outbox.entry(1, msg.key)
     async with store.transaction(1) as tx:
         tx.hset(msg.key, msg.to_hash())
         tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
         arm_deadlines(tx, msg.key, *deadline_times(msg, config.max_skew_s))
+    return node, peer, msg
+
+
+async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, tmp_path, clock):
+    """The origin's ack deadline is the signed one plus max_skew_s; when it passes, the entry
+    leaves the outbox and its in-flight list (one transaction) and the client is told."""
+    node, peer, msg = await _sent_to_a_peer(store, tmp_path, clock, skew_s=60)
+    entry = outbox.entry(1, msg.key)
     await store.lpush(keys.ACTORS_DB, keys.outbox(peer), entry)
     await store.lpush(keys.ACTORS_DB, keys.outbox_inflight(peer), entry)
 
@@ -361,16 +369,8 @@ async def test_told_failed_never_runs_on_a_frozen_peer(node_factory, nursery, tm
 async def test_a_hostile_deadline_member_costs_the_others_nothing(store, tmp_path, clock):
     """Due deadline members are popped together: one naming a key of another type is
     dead-lettered alone and the message due with it still fails on time."""
-    config = NodeConfig(home=tmp_path, max_skew_s=0)
-    node = NodeState(config, KeyPair.generate(), store)
-    peer = KeyPair.generate().public_hex
-    actor = KeyPair.generate()
-    msg = job_message(actor, 1, node.node_id, peer, "print(1)")
-    msg = sign_message(replace(msg, created_at=int(clock[0]), timeout_ack=30, signatures=[]), actor)
+    node, _peer, msg = await _sent_to_a_peer(store, tmp_path, clock, skew_s=0)
     async with store.transaction(1) as tx:
-        tx.hset(msg.key, msg.to_hash())
-        tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
-        arm_deadlines(tx, msg.key, *deadline_times(msg, config.max_skew_s))
         tx.lpush("message:9:9", ["not a hash"])
         tx.zadd(keys.DEADLINES, {"ack|message:9:9": 0})
     clock[0] = msg.created_at + 31
