@@ -42,7 +42,7 @@ from bus.models import (
     decode_hash,
 )
 from bus.store import Store, open_store
-from crypto import KeyPair, parse_public_key
+from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
 
 
@@ -130,13 +130,21 @@ class Client:
     # -- registry --------------------------------------------------------------------------------
 
     async def register_actor(
-        self, actor_id: int, pubkey: str, address: Iterable[str] = ()
+        self,
+        actor_id: int,
+        pubkey: str,
+        address: Iterable[str] = (),
+        *,
+        algorithm: str = ALGORITHM_ED25519,
     ) -> Actor:
+        """Register (or replace) ``actor_id``'s public key of ``algorithm`` (``ed25519`` or
+        ``secp256k1``, compressed); ClientError if the key is not valid for it."""
         try:
-            parse_public_key(pubkey)
+            parse_public_key_for(algorithm, pubkey)
         except KeyFormatError as exc:
             raise ClientError(f"actor {actor_id}: {exc}") from exc
-        actor = Actor(actor_id, pubkey.lower(), list(address), created_at=now(), updated_at=now())
+        stamp = now()
+        actor = Actor(actor_id, pubkey.lower(), list(address), stamp, stamp, algorithm)
         await self.store.put_actor(actor)
         return actor
 
@@ -197,7 +205,7 @@ class Client:
 
     async def submit_job(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -237,7 +245,7 @@ class Client:
 
     async def submit(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -263,7 +271,7 @@ class Client:
 
     async def submit_many(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -354,7 +362,7 @@ class Client:
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
 
     async def stop_job(
-        self, signer: KeyPair, caller_id: int, job_key: str, context_id: int
+        self, signer: Signer, caller_id: int, job_key: str, context_id: int
     ) -> Message:
         """Send a signed stop request for ``job_key`` to the node that runs it; the job ends in
         ``error`` with reason ``stopped`` and its waiting client is answered as usual."""
@@ -560,7 +568,7 @@ class Client:
 
     async def submit_flow(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         spec: FlowSpec | Mapping[str, object],
         *,
