@@ -144,8 +144,11 @@ def sign_object(key: Signer, domain: str, value: object) -> dict[str, str]:
     }
 
 
-def _parse_entry(entry: object, expected_algorithm: str) -> tuple[bytes, bytes] | Verdict:
-    """Return ``(public_key, signature)`` of a wire entry, or a failure Verdict."""
+def _parse_entry(
+    entry: object, expected_algorithm: str | None
+) -> tuple[str, bytes, bytes] | Verdict:
+    """Return ``(algorithm, public_key, signature)`` of a wire entry, or a failure Verdict.
+    ``expected_algorithm``: the one algorithm the entry may have (None: any known one)."""
     if not isinstance(entry, dict):
         return Verdict(False, "malformed_signature", detail="signature entry is not an object")
     algorithm = entry.get("algorithm")
@@ -153,7 +156,7 @@ def _parse_entry(entry: object, expected_algorithm: str) -> tuple[bytes, bytes] 
         return Verdict(
             False, "unsupported_algorithm", detail=f"unsupported algorithm {algorithm!r}"[:200]
         )
-    if algorithm != expected_algorithm:
+    if expected_algorithm is not None and algorithm != expected_algorithm:
         detail = f"a {algorithm} signature, but the signer's key is {expected_algorithm}"
         return Verdict(False, "wrong_algorithm", detail=detail)
     public_hex, signature_hex = entry.get("public_key"), entry.get("signature")
@@ -173,7 +176,7 @@ def _parse_entry(entry: object, expected_algorithm: str) -> tuple[bytes, bytes] 
             split_signature(signature)
         except KeyFormatError as exc:
             return Verdict(False, _SECP_TOKENS.get(type(exc), "malformed_signature"), str(exc))
-    return public_key, signature
+    return algorithm, public_key, signature
 
 
 def _is_hex(text: str) -> bool:
@@ -181,14 +184,14 @@ def _is_hex(text: str) -> bool:
 
 
 def _check_entry(
-    entry: object, message: bytes, expected: bytes | None, expected_algorithm: str
+    entry: object, message: bytes, expected: bytes | None, expected_algorithm: str | None
 ) -> Verdict:
     parsed = _parse_entry(entry, expected_algorithm)
     if isinstance(parsed, Verdict):
         return parsed
-    public_key, signature = parsed
+    algorithm, public_key, signature = parsed
     signer = public_key.hex()
-    if not verify_raw(public_key, message, signature, expected_algorithm):
+    if not verify_raw(public_key, message, signature, algorithm):
         return Verdict(False, "bad_signature", detail=f"signature by {signer} does not verify")
     if expected is not None and public_key != expected:
         return Verdict(
@@ -211,12 +214,13 @@ def verify_object(
 ) -> Verdict:
     """Check the wire signature list ``signatures`` over ``value`` under ``domain``.
 
-    Accepts if at least one entry of ``expected_algorithm`` verifies (and, when
-    ``expected_public_key`` is given, is by that key, of that algorithm). Garbage input never
-    raises; it yields ``ok=False`` with a reason: ``no_signature``, ``malformed_signature``,
-    ``unsupported_algorithm``, ``bad_signature``, ``wrong_signer`` (valid, but by another key),
-    ``malformed_content``, ``wrong_algorithm`` (an entry of another algorithm than the
-    signer's, or a signer whose algorithm is not in ``accepted``), and for secp256k1 entries
+    Accepts if at least one entry verifies and, when ``expected_public_key`` is given, is by
+    that key, of ``expected_algorithm`` (without one, an entry of any known algorithm may).
+    Garbage input never raises; it yields ``ok=False`` with a reason: ``no_signature``,
+    ``malformed_signature``, ``unsupported_algorithm``, ``bad_signature``, ``wrong_signer``
+    (valid, but by another key), ``malformed_content``, ``wrong_algorithm`` (an entry of
+    another algorithm than the signer's, or a signer whose algorithm is not in ``accepted``),
+    and for secp256k1 entries
     ``malformed_key``, ``uncompressed_key``, ``invalid_point`` and ``high_s``.
 
     Never raises: an invalid ``expected_public_key`` (not a valid key of its algorithm) can
@@ -247,7 +251,8 @@ def verify_object(
         return Verdict(False, "malformed_content", detail=str(exc))
     best = Verdict(False, "no_signature", detail="the object carries no signature")
     for entry in signatures:
-        verdict = _check_entry(entry, message, expected, expected_algorithm)
+        required = expected_algorithm if expected_public_key is not None else None
+        verdict = _check_entry(entry, message, expected, required)
         if verdict.ok:
             return verdict
         if _FAILURE_RANK[verdict.reason] > _FAILURE_RANK[best.reason]:
