@@ -42,6 +42,7 @@ from bus.models import (
     decode_hash,
 )
 from bus.store import Store, open_store
+from bus.urls import check_link_url
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
 
@@ -174,6 +175,10 @@ class Client:
             parse_public_key(node_id)
         except KeyFormatError as exc:
             raise ClientError(f"peer {node_id[:16]}…: {exc}") from exc
+        try:
+            check_link_url(address)
+        except ValueError as exc:
+            raise ClientError(f"peer {node_id[:16]}…: {exc}") from None
         peer = Peer(node_id.lower(), address, name, created_at=now(), updated_at=now())
         async with self.store.transaction(keys.ACTORS_DB) as tx:
             tx.hset(keys.peer(peer.id), peer.to_hash())
