@@ -174,7 +174,8 @@ def load_config(home: Path) -> NodeConfig:
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
 _HELP = {
-    "listen_host": "websocket listener for links from peer nodes",
+    "listen_host": "websocket listener for links from peer nodes; an IPv6 address (a Mycelium "
+    "overlay\naddress, or :: for all) works too: peers then dial ws://[address]:port",
     "redis_url": "Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF "
     'everysec).\nA Redis of your own needs ACL users and the default user off (README: "Who may '
     "write the\nnode's Valkey\"); the URL then names the node's user and password",

@@ -1,5 +1,5 @@
-"""`hero-verify keygen --algorithm secp256k1`, sign and verify with such keys, and
-`hero-node actor add --algorithm`."""
+"""`hero-verify keygen --algorithm secp256k1`, sign and verify with such keys,
+`hero-node actor add --algorithm`, and the `[algorithms]` table of config.toml."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from crypto import Secp256k1KeyPair, read_signing_key_file
 from crypto.cli import main
 from crypto.secp256k1 import CURVE_ORDER
 from node.cli.main import actor_add, build_parser
+from node.config import NodeConfig, load_config
+from node.errors import ConfigError
+from node.home import init_home
 
 
 def run(capsys, *argv: object) -> tuple[int, str, str]:
@@ -88,3 +91,31 @@ async def test_actor_add_registers_the_algorithm(node_factory, capsys):
     with pytest.raises(ClientError, match="64 hex characters"):
         await actor_add(alice.client, args)
     assert await alice.store.hgetall(0, keys.actor(10)) == {}
+
+
+def _config_with(tmp_path, table: str):
+    config = init_home(tmp_path / "home", name="n", listen_port=0, redis_url="redis://x")
+    text = config.config_path.read_text(encoding="utf-8")
+    assert "\n[algorithms]\n" in text  # init writes the table, empty, with its help
+    config.config_path.write_text(text.replace("\n[algorithms]\n", "\n" + table), "utf-8")
+    return load_config(config.home)
+
+
+def test_algorithms_per_context_from_config(tmp_path):
+    config = _config_with(tmp_path, '[algorithms]\ndefault = ["ed25519"]\n"2" = ["secp256k1"]\n')
+    assert config.accepted_algorithms(1) == ("ed25519",)
+    assert config.accepted_algorithms(2) == ("secp256k1",)
+    assert NodeConfig(home=tmp_path).accepted_algorithms(5) == ("ed25519", "secp256k1")
+
+
+@pytest.mark.parametrize(
+    ("table", "words"),
+    [
+        ('[algorithms]\n"1" = ["rsa"]\n', "a non-empty list of ed25519, secp256k1"),
+        ('[algorithms]\n"1" = []\n', "a non-empty list"),
+        ('[algorithms]\nctx = ["ed25519"]\n', "keys are context ids or 'default'"),
+    ],
+)
+def test_a_bad_algorithms_table_stops_the_node_from_starting(tmp_path, table, words):
+    with pytest.raises(ConfigError, match=words):
+        _config_with(tmp_path, table)
