@@ -10,7 +10,7 @@ import trio
 from bus import keys
 from bus.envelope import sign_message
 from bus.ids import new_id, new_nonce, now
-from bus.models import Message, MessageType, RunnerJob
+from bus.models import FlowStatus, Message, MessageType, RunnerJob
 from crypto import KeyPair, Secp256k1KeyPair, read_key_file
 from crypto.secp256k1 import CURVE_ORDER
 from tests.nodes import link_to
@@ -152,3 +152,32 @@ async def test_a_context_that_accepts_only_ed25519_refuses_a_secp256k1_actor(nod
     assert entry["key"] == refused.key
     assert entry["reason"] == "wrong_algorithm"
     assert "secp256k1 keys are not accepted" in entry["detail"]
+
+
+FLOW = {
+    "name": "k1",
+    "jobs": [{"id": "A", "node": "self", "context": 1, "type": "sh", "script": "echo flow by k1"}],
+}
+
+
+async def test_a_secp256k1_actor_runs_a_flow(node_factory):
+    alice = await node_factory("alice")
+    secp = Secp256k1KeyPair.generate()
+    await add_secp_actor(alice, secp, [SECP_ACTOR])
+    with trio.fail_after(30):
+        flow_id = await alice.client.submit_flow(secp, SECP_ACTOR, FLOW, context_id=1)
+        state = await alice.client.wait_flow(flow_id, 1, timeout_s=25)
+    assert state.status is FlowStatus.FINISHED, state
+    assert state.job("A").stdout == "flow by k1\n"
+
+
+async def test_a_flow_of_an_algorithm_the_context_refuses_ends_in_error(node_factory):
+    alice = await node_factory("alice", algorithms={"1": ["ed25519"]})
+    secp = Secp256k1KeyPair.generate()
+    await add_secp_actor(alice, secp, [SECP_ACTOR])
+    with trio.fail_after(30):
+        flow_id = await alice.client.submit_flow(secp, SECP_ACTOR, FLOW, context_id=1)
+        state = await alice.client.wait_flow(flow_id, 1, timeout_s=25)
+    assert state.status is FlowStatus.ERROR, state
+    assert state.reason.startswith("wrong_algorithm"), state.reason
+    assert state.job("A").stdout == ""
