@@ -42,7 +42,8 @@ from bus.models import (
     decode_hash,
 )
 from bus.store import Store, open_store
-from crypto import KeyPair, parse_public_key
+from bus.urls import check_link_url
+from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
 
 
@@ -130,13 +131,21 @@ class Client:
     # -- registry --------------------------------------------------------------------------------
 
     async def register_actor(
-        self, actor_id: int, pubkey: str, address: Iterable[str] = ()
+        self,
+        actor_id: int,
+        pubkey: str,
+        address: Iterable[str] = (),
+        *,
+        algorithm: str = ALGORITHM_ED25519,
     ) -> Actor:
+        """Register (or replace) ``actor_id``'s public key of ``algorithm`` (``ed25519`` or
+        ``secp256k1``, compressed); ClientError if the key is not valid for it."""
         try:
-            parse_public_key(pubkey)
+            parse_public_key_for(algorithm, pubkey)
         except KeyFormatError as exc:
             raise ClientError(f"actor {actor_id}: {exc}") from exc
-        actor = Actor(actor_id, pubkey.lower(), list(address), created_at=now(), updated_at=now())
+        stamp = now()
+        actor = Actor(actor_id, pubkey.lower(), list(address), stamp, stamp, algorithm)
         await self.store.put_actor(actor)
         return actor
 
@@ -166,6 +175,10 @@ class Client:
             parse_public_key(node_id)
         except KeyFormatError as exc:
             raise ClientError(f"peer {node_id[:16]}…: {exc}") from exc
+        try:
+            check_link_url(address)
+        except ValueError as exc:
+            raise ClientError(f"peer {node_id[:16]}…: {exc}") from None
         peer = Peer(node_id.lower(), address, name, created_at=now(), updated_at=now())
         async with self.store.transaction(keys.ACTORS_DB) as tx:
             tx.hset(keys.peer(peer.id), peer.to_hash())
@@ -197,7 +210,7 @@ class Client:
 
     async def submit_job(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -237,7 +250,7 @@ class Client:
 
     async def submit(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -263,7 +276,7 @@ class Client:
 
     async def submit_many(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         *,
         to: str,
@@ -354,7 +367,7 @@ class Client:
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
 
     async def stop_job(
-        self, signer: KeyPair, caller_id: int, job_key: str, context_id: int
+        self, signer: Signer, caller_id: int, job_key: str, context_id: int
     ) -> Message:
         """Send a signed stop request for ``job_key`` to the node that runs it; the job ends in
         ``error`` with reason ``stopped`` and its waiting client is answered as usual."""
@@ -560,7 +573,7 @@ class Client:
 
     async def submit_flow(
         self,
-        signer: KeyPair,
+        signer: Signer,
         caller_id: int,
         spec: FlowSpec | Mapping[str, object],
         *,

@@ -9,11 +9,12 @@ over one kind can never be replayed as another.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from bus.errors import ModelError
 from bus.models import JobStatus, Message, MessageType, loads_text
-from crypto import KeyPair, Verdict, sign_object, verify_object
+from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
 DOMAIN_RESULT = "result"
@@ -31,19 +32,27 @@ def domain_for(message: Message) -> str:
     return DOMAIN_JOB
 
 
-def sign_message(message: Message, key: KeyPair) -> Message:
+def sign_message(message: Message, key: Signer) -> Message:
     """Return the message with ``key``'s signature over its immutable fields."""
     signature = sign_object(key, domain_for(message), message.signed_content())
     return replace(message, signatures=[signature])
 
 
-def verify_message(message: Message, expected_public_key: str) -> Verdict:
-    """Check that ``expected_public_key`` signed this message's immutable fields."""
+def verify_message(
+    message: Message,
+    expected_public_key: str,
+    algorithm: str = ALGORITHM_ED25519,
+    accepted: Collection[str] | None = None,
+) -> Verdict:
+    """Check that ``expected_public_key`` (a key of ``algorithm``, which must be in
+    ``accepted`` when given) signed this message's immutable fields."""
     return verify_object(
         message.signatures,
         domain_for(message),
         message.signed_content(),
         expected_public_key=expected_public_key,
+        expected_algorithm=algorithm,
+        accepted=accepted,
     )
 
 

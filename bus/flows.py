@@ -27,6 +27,7 @@ Trust design (also in README "Flows"):
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from bus import keys
 from bus.dag import FlowError, FlowJobSpec, FlowSpec, merged_env, parse_flow
 from bus.errors import ModelError
 from bus.models import FlowStatus, JobStatus, RunnerJob
-from crypto import KeyPair, Verdict, sign_object, verify_object
+from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_FLOW = "flow"
 DEFAULT_FLOW_TTL_S = 24 * 3600
@@ -168,15 +169,29 @@ def _deadline_s(value: object) -> int | None:
     return value
 
 
-def sign_flow(doc: FlowDoc, key: KeyPair) -> list[dict[str, str]]:
+def sign_flow(doc: FlowDoc, key: Signer) -> list[dict[str, str]]:
     """The actor's signature list over the document (domain ``flow``)."""
     return [sign_object(key, DOMAIN_FLOW, doc.to_dict())]
 
 
-def verify_flow(doc: _JSON, signatures: object, expected_public_key: str) -> Verdict:
-    """Check that ``expected_public_key`` signed the flow document ``doc``."""
+def verify_flow(
+    doc: _JSON,
+    signatures: object,
+    expected_public_key: str,
+    algorithm: str = ALGORITHM_ED25519,
+    accepted: Collection[str] | None = None,
+) -> Verdict:
+    """Check that ``expected_public_key`` (of ``algorithm``, in ``accepted`` when given)
+    signed the flow document ``doc``."""
     sigs = signatures if isinstance(signatures, list) else []
-    return verify_object(sigs, DOMAIN_FLOW, doc, expected_public_key=expected_public_key)
+    return verify_object(
+        sigs,
+        DOMAIN_FLOW,
+        doc,
+        expected_public_key=expected_public_key,
+        expected_algorithm=algorithm,
+        accepted=accepted,
+    )
 
 
 @dataclass(frozen=True)

@@ -199,8 +199,10 @@ class Actor:
     address: list[str] = field(default_factory=list)
     created_at: int = 0
     updated_at: int = 0
+    # the key's algorithm (crypto.ALGORITHMS); a hash without it is an Ed25519 actor's
+    algorithm: str = "ed25519"
 
-    FIELDS = ("id", "pubkey", "address", "created_at", "updated_at")
+    FIELDS = ("id", "pubkey", "address", "created_at", "updated_at", "algorithm")
 
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
@@ -213,6 +215,7 @@ class Actor:
             address=_str_list(h, "address"),
             created_at=_int(h, "created_at", 0),
             updated_at=_int(h, "updated_at", 0),
+            algorithm=h.get("algorithm") or "ed25519",
         )
 
 

@@ -64,6 +64,30 @@ class Reason(StrEnum):
         "The message is signed by another key than the one that may sign it (a result from a "
         "node the request was not sent to, a flow submitted by another actor).",
     )
+    WRONG_ALGORITHM = (
+        "wrong_algorithm",
+        "The signature is of another algorithm than the signer's registered key, or the "
+        "signer's key algorithm is not accepted in the context (`[algorithms]`). Admission.",
+    )
+    MALFORMED_KEY = (
+        "malformed_key",
+        "A secp256k1 public key in a signature is not 33 bytes of hex starting with 02 or 03. "
+        "Admission.",
+    )
+    UNCOMPRESSED_KEY = (
+        "uncompressed_key",
+        "A secp256k1 public key in a signature is in the uncompressed form (04 + x + y); only "
+        "the compressed form is accepted. Admission.",
+    )
+    INVALID_POINT = (
+        "invalid_point",
+        "A secp256k1 public key in a signature is not a point on the curve. Admission.",
+    )
+    HIGH_S = (
+        "high_s",
+        "A secp256k1 signature has s > n/2; only low-S signatures are accepted (one valid "
+        "signature per message and key). Admission.",
+    )
     UNKNOWN_CONTEXT = (
         "unknown_context",
         "The context does not exist on this node (or an entry names a database it does not "

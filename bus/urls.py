@@ -25,3 +25,45 @@ def redact(url: str) -> str:
     userinfo, _, host = parts.netloc.rpartition("@")
     user = userinfo.partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
+
+
+# -- node link addresses (ws:// and wss://) ------------------------------------------------------
+
+LINK_SCHEMES = ("ws", "wss")
+
+
+def bare_host(host: str) -> str:
+    """``host`` without the brackets an IPv6 address wears in a URL (``[::1]`` -> ``::1``), the
+    form a listener binds to."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def link_url(scheme: str, host: str, port: int) -> str:
+    """The URL peers dial to reach a listener on ``host``:``port``: an IPv6 address (a Mycelium
+    overlay address, ``::1``) goes in brackets, ``ws://[::1]:7700``, as RFC 3986 requires."""
+    bare = bare_host(host)
+    return f"{scheme}://[{bare}]:{port}" if ":" in bare else f"{scheme}://{bare}:{port}"
+
+
+def check_link_url(address: str) -> str:
+    """``address`` if it is a URL a node can dial (``ws://host:port`` or ``wss://host:port``,
+    an IPv6 host in brackets; without a port, 80 or 443); "" stays "" (a peer that only
+    dials us).
+
+    Raises:
+        ValueError: what is wrong and the form to use.
+    """
+    if not address:
+        return address
+    try:
+        parts = urlsplit(address)
+        parts.port  # noqa: B018 - parsing the port is the check (":1:7700" is no port)
+    except ValueError as exc:
+        hint = " (write an IPv6 address in brackets: ws://[::1]:7700)" if "::" in address else ""
+        raise ValueError(f"{address!r} is not a ws://host:port URL: {exc}{hint}") from None
+    if parts.scheme not in LINK_SCHEMES or not parts.hostname:
+        raise ValueError(
+            f"{address!r} is not a ws://host:port or wss://host:port URL "
+            "(an IPv6 host goes in brackets: ws://[::1]:7700)"
+        )
+    return address

@@ -3,16 +3,19 @@
 The caller looks up the signer's registered key (``actor:<caller_id>`` for a job message, the
 origin node for a result) and passes it in; this module decides. Reasons are short tokens
 recorded in the dead-letter list: ``bad_signature``, ``unknown_signer``, ``wrong_signer``,
-``malformed``, ``expired``, ``from_future``.
+``malformed``, ``expired``, ``from_future``, and for the key algorithms ``wrong_algorithm``,
+``malformed_key``, ``uncompressed_key``, ``invalid_point``, ``high_s``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from bus.envelope import verify_message
 from bus.models import Message
 from bus.reasons import Reason
+from crypto import ALGORITHM_ED25519
 
 DEFAULT_MAX_AGE_S = 300
 DEFAULT_MAX_SKEW_S = 60
@@ -59,14 +62,17 @@ def judge(
     *,
     now: int | None = None,
     freshness: Freshness | None = None,
+    algorithm: str = ALGORITHM_ED25519,
+    accepted: Collection[str] | None = None,
 ) -> MessageVerdict:
-    """Verdict on ``message`` against the signer's registered key (None: signer unknown).
+    """Verdict on ``message`` against the signer's registered key (None: signer unknown) of
+    ``algorithm``; with ``accepted``, a key of an algorithm not in it is ``wrong_algorithm``.
 
     With ``now`` given, freshness is judged too (``freshness`` defaults to 5 min / 60 s).
     """
     if registered_key is None:
         return MessageVerdict(False, Reason.UNKNOWN_SIGNER, "no key is registered for the signer")
-    verdict = verify_message(message, registered_key)
+    verdict = verify_message(message, registered_key, algorithm, accepted)
     if not verdict.ok:
         reason = {
             "malformed_content": Reason.MALFORMED,

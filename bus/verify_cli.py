@@ -17,7 +17,7 @@ from bus.models import Message, MessageType
 from bus.reasons import Reason
 from bus.store import Store, open_store
 from bus.verify import Freshness, judge
-from crypto import Verdict
+from crypto import ALGORITHM_ED25519, Verdict
 from crypto import cli as crypto_cli
 
 
@@ -54,22 +54,31 @@ async def _verify(url: str, db: int, key: str, max_age: int | None) -> Verdict |
             message = Message.from_hash(fields)
         except ModelError as exc:
             return Verdict(False, Reason.MALFORMED, detail=str(exc))
-        signer = await registered_signer(store, message)
+        signer, algorithm = await registered_signer(store, message)
         freshness = Freshness(max_age_s=max_age) if max_age is not None else None
-        verdict = judge(message, signer, now=now() if freshness else None, freshness=freshness)
+        verdict = judge(
+            message,
+            signer,
+            now=now() if freshness else None,
+            freshness=freshness,
+            algorithm=algorithm,
+        )
         return Verdict(verdict.ok, verdict.reason, verdict.signer, verdict.detail)
 
 
-async def registered_signer(store: Store, message: Message) -> str | None:
-    """The key that must have signed ``message``: its actor's, or for a result its origin's."""
+async def registered_signer(store: Store, message: Message) -> tuple[str | None, str]:
+    """The key that must have signed ``message`` and its algorithm: its actor's, or for a
+    result its origin node's (always Ed25519)."""
     if message.message_type is MessageType.RESULT:
         own = await store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
         known = message.origin == own or await store.exists(
             keys.ACTORS_DB, keys.peer(message.origin)
         )
-        return message.origin if known else None
+        return (message.origin if known else None), ALGORITHM_ED25519
     actor = await store.get_actor(message.caller_id)
-    return actor.pubkey if actor is not None else None
+    if actor is None:
+        return None, ALGORITHM_ED25519
+    return actor.pubkey, actor.algorithm
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Canonical encoding, Ed25519 keys, key files and signatures for hero-bus.
+"""Canonical encoding, Ed25519 and secp256k1 keys, key files and signatures for hero-bus.
 
 Pure library code: no network, no Redis, and no imports of ``bus`` or ``node``.
 """
@@ -13,18 +13,31 @@ from crypto.errors import (
     PassphraseRequiredError,
 )
 from crypto.keys import (
+    ALGORITHMS,
     KeyPair,
+    Signer,
     load_key_file,
+    load_signing_key_file,
     parse_public_key,
+    parse_public_key_for,
     passphrase_from_env,
     prompt_passphrase,
     read_key_file,
+    read_signing_key_file,
     write_key_file,
 )
+from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
 from crypto.signing import ALGORITHM_ED25519, Verdict, sign_object, verify_object, verify_raw
 
 __all__ = [
     "ALGORITHM_ED25519",
+    "ALGORITHM_SECP256K1",
+    "ALGORITHMS",
+    "Secp256k1KeyPair",
+    "Signer",
+    "load_signing_key_file",
+    "parse_public_key_for",
+    "read_signing_key_file",
     "DEFAULT_DOMAIN",
     "DOMAIN_PREFIX",
     "CanonicalError",

@@ -15,14 +15,18 @@ from crypto.canonical import loads_strict
 from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
 from crypto.errors import CanonicalError, CryptoError, InputError, PassphraseRequiredError
 from crypto.keys import (
+    ALGORITHM_ED25519,
+    ALGORITHMS,
     KeyPair,
-    parse_public_key,
+    Signer,
+    parse_public_key_for,
     passphrase_from_env,
     prompt_passphrase,
-    read_key_file,
+    read_signing_key_file,
     write_key_file,
 )
-from crypto.signing import Verdict
+from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
+from crypto.signing import Verdict, verify_object
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -35,8 +39,9 @@ exit codes: 0 = ok / signature valid, 1 = signature invalid, 2 = usage or input 
 
 examples:
   hero-verify keygen --out node.key
+  hero-verify keygen --out actor.key --algorithm secp256k1
   hero-verify sign job.json --key node.key > job.signed.json
-  hero-verify verify job.signed.json --pubkey <64-hex public key>
+  hero-verify verify job.signed.json --pubkey <64-hex ed25519 / 66-hex secp256k1 key>
   cat job.signed.json | hero-verify verify - --json
   hero-verify verify message:1:123 --redis redis://127.0.0.1:6379 --db 1
 """
@@ -46,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of ``hero-verify``."""
     parser = argparse.ArgumentParser(
         prog="hero-verify",
-        description="Offline tool for hero-bus Ed25519 keys and signed JSON envelopes.",
+        description="Offline tool for hero-bus keys (Ed25519, secp256k1) and signed JSON "
+        "envelopes.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -71,11 +77,18 @@ def _add_passphrase_env(parser: argparse.ArgumentParser) -> None:
 def _add_keygen(sub: Any) -> None:
     parser = sub.add_parser(
         "keygen",
-        help="generate a new Ed25519 key file",
-        description="Generate a new Ed25519 key, write it to a mode-0600 key file and print "
-        "its public key (hex).",
+        help="generate a new key file (Ed25519, or secp256k1 for an actor)",
+        description="Generate a new key, write it to a mode-0600 key file and print its public "
+        "key (hex; secp256k1: the 33-byte compressed form).",
     )
     parser.add_argument("--out", required=True, metavar="FILE", help="key file to create")
+    parser.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default=ALGORITHM_ED25519,
+        help="key algorithm (default: ed25519; node keys must be ed25519, actor keys may be "
+        "secp256k1)",
+    )
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--passphrase-env",
@@ -131,7 +144,10 @@ def _add_verify(sub: Any) -> None:
         "file", metavar="FILE", nargs="?", default="-", help="envelope, or - for stdin"
     )
     parser.add_argument(
-        "--pubkey", metavar="HEX", help="require the signature to be by this public key"
+        "--pubkey",
+        metavar="HEX",
+        help="require the signature to be by this public key (64 hex: ed25519; 66 hex: "
+        "compressed secp256k1)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument(
@@ -182,20 +198,20 @@ def _stdin_is_tty() -> bool:
         return False
 
 
-def _load_key(path: str, env_var: str) -> KeyPair:
+def _load_key(path: str, env_var: str) -> Signer:
     """Read a key file, taking the passphrase from ``env_var`` or the terminal if needed.
 
     Raises:
         KeyFileError: see :func:`crypto.keys.read_key_file`.
     """
     try:
-        return read_key_file(path, passphrase=passphrase_from_env(env_var))
+        return read_signing_key_file(path, passphrase=passphrase_from_env(env_var))
     except PassphraseRequiredError as exc:
         if not _stdin_is_tty():
             raise PassphraseRequiredError(
                 f"{exc}; set {env_var} (no terminal to prompt on)"
             ) from exc
-    return read_key_file(path, passphrase=prompt_passphrase())
+    return read_signing_key_file(path, passphrase=prompt_passphrase())
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
@@ -206,7 +222,8 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
             raise InputError(f"environment variable {args.passphrase_env} is unset or empty")
     elif args.passphrase_prompt:
         passphrase = prompt_passphrase(confirm=True)
-    key = KeyPair.generate()
+    secp = args.algorithm == ALGORITHM_SECP256K1
+    key: Signer = Secp256k1KeyPair.generate() if secp else KeyPair.generate()
     write_key_file(args.out, key, passphrase=passphrase, overwrite=args.force)
     print(f"wrote key file {args.out}", file=sys.stderr)
     print(key.public_hex)
@@ -255,7 +272,12 @@ def _describe(verdict: Verdict, expected: str | None) -> str:
         "bad_signature": "bad signature (the payload or the signature was changed after signing)",
         "wrong_signer": f"signed by another key ({verdict.signer}) than expected ({expected})",
         "malformed_signature": "malformed signature",
-        "unsupported_algorithm": "no signature with a supported algorithm (ed25519)",
+        "unsupported_algorithm": "no signature with a supported algorithm (ed25519, secp256k1)",
+        "wrong_algorithm": "signed with another algorithm than the expected key's",
+        "malformed_key": "malformed secp256k1 public key",
+        "uncompressed_key": "uncompressed secp256k1 public key (only 02/03 + x is accepted)",
+        "invalid_point": "the public key is not a point on the curve",
+        "high_s": "high-S secp256k1 signature (only low-S is accepted)",
         "no_signature": "the envelope carries no signature",
         "malformed_content": "malformed encoding of the signed content",
         "malformed": "malformed message (fields missing or of the wrong type)",
@@ -279,20 +301,35 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         if _redis_verifier is None:
             raise InputError("--redis needs the hero-node bus package (run hero-verify)")
         return _report(_redis_verifier(args), None, args.json)
-    expected: str | None = None
-    if args.pubkey is not None:
-        try:
-            expected = parse_public_key(args.pubkey.strip()).hex()
-        except CryptoError as exc:
-            raise InputError(f"--pubkey: {exc}") from exc
+    expected, algorithm = _expected_key(args.pubkey)
     doc, verdict = _parse_envelope_input(_read_input(args.file), args.file)
     try:
-        check_envelope(doc)
+        domain, payload, signatures = check_envelope(doc)
     except CanonicalError as exc:
         raise InputError(f"{_display(args.file)}: {exc}") from exc
-    if verdict is None:
+    if verdict is None and algorithm == ALGORITHM_ED25519:
         verdict = verify_envelope(doc, expected)
+    elif verdict is None:
+        verdict = verify_object(
+            signatures, domain, payload, expected_public_key=expected, expected_algorithm=algorithm
+        )
     return _report(verdict, expected, args.json)
+
+
+def _expected_key(pubkey: str | None) -> tuple[str | None, str]:
+    """``--pubkey`` parsed, with its algorithm told by its length (66 hex: secp256k1).
+
+    Raises:
+        InputError: the key is not valid for that algorithm.
+    """
+    if pubkey is None:
+        return None, ALGORITHM_ED25519
+    text = pubkey.strip()
+    algorithm = ALGORITHM_SECP256K1 if len(text) in (66, 130) else ALGORITHM_ED25519
+    try:
+        return parse_public_key_for(algorithm, text).hex(), algorithm
+    except CryptoError as exc:
+        raise InputError(f"--pubkey: {exc}") from exc
 
 
 def _report(verdict: Verdict, expected: str | None, as_json: bool) -> int:

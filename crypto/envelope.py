@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from crypto.canonical import signing_input
 from crypto.errors import CanonicalError
-from crypto.keys import KeyPair
+from crypto.keys import Signer
 from crypto.signing import Verdict, sign_object, verify_object
 
 __all__ = ["DEFAULT_DOMAIN", "check_envelope", "sign_envelope", "verify_envelope"]
@@ -16,7 +16,7 @@ __all__ = ["DEFAULT_DOMAIN", "check_envelope", "sign_envelope", "verify_envelope
 DEFAULT_DOMAIN = "envelope"
 
 
-def sign_envelope(key: KeyPair, payload: object, domain: str = DEFAULT_DOMAIN) -> dict[str, object]:
+def sign_envelope(key: Signer, payload: object, domain: str = DEFAULT_DOMAIN) -> dict[str, object]:
     """Return ``{"domain": domain, "payload": payload, "signatures": [<entry by key>]}``.
 
     Raises:

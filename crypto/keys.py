@@ -4,6 +4,9 @@ Key file format (JSON text, mode 0600)::
 
     {"kind": "hero-ed25519-key", "version": 1, "public_key": <hex>, "seed": <hex>}
 
+A secp256k1 actor key (crypto/secp256k1.py) has the same format with kind
+``hero-secp256k1-key``, its compressed public key, and its 32-byte secret scalar as ``seed``.
+
 or, when protected by a passphrase (argon2id + XSalsa20-Poly1305 ``SecretBox``)::
 
     {"kind": "hero-ed25519-key", "version": 1, "public_key": <hex>, "kdf": "argon2id",
@@ -28,14 +31,20 @@ import nacl.pwhash.argon2id as argon2id
 import nacl.secret
 import nacl.signing
 
+from crypto import secp256k1
 from crypto.canonical import loads_strict
 from crypto.errors import CanonicalError, KeyFileError, KeyFormatError, PassphraseRequiredError
+from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair, parse_secp256k1_public_key
 
 __all__ = [
     "KEY_FILE_KIND",
     "KEY_FILE_VERSION",
     "KeyPair",
+    "Signer",
+    "load_signing_key_file",
     "parse_public_key",
+    "parse_public_key_for",
+    "read_signing_key_file",
     "passphrase_from_env",
     "prompt_passphrase",
     "read_key_file",
@@ -43,6 +52,10 @@ __all__ = [
 ]
 
 KEY_FILE_KIND = "hero-ed25519-key"
+ALGORITHM_ED25519 = "ed25519"
+ALGORITHMS = (ALGORITHM_ED25519, ALGORITHM_SECP256K1)
+"""Every key algorithm an actor may have; node keys are always Ed25519."""
+_KINDS = {ALGORITHM_ED25519: KEY_FILE_KIND, ALGORITHM_SECP256K1: "hero-secp256k1-key"}
 KEY_FILE_VERSION = 1
 SEED_BYTES = 32
 PUBLIC_KEY_BYTES = 32
@@ -72,6 +85,7 @@ class KeyPair:
     """An Ed25519 signing key (and its public key). ``repr`` never shows the secret."""
 
     signing_key: nacl.signing.SigningKey = field(repr=False)
+    algorithm: str = field(default=ALGORITHM_ED25519, init=False)
 
     @classmethod
     def generate(cls) -> KeyPair:
@@ -157,6 +171,25 @@ def parse_public_key(value: str | bytes) -> bytes:
     return raw
 
 
+def parse_public_key_for(algorithm: str, value: str | bytes) -> bytes:
+    """Parse and validate a public key of ``algorithm`` (``ed25519`` or ``secp256k1``).
+
+    Raises:
+        KeyFormatError: an unknown algorithm, or the key is invalid for it (the subclasses of
+            crypto/secp256k1.py name the secp256k1 cases: uncompressed, invalid point).
+    """
+    if algorithm == ALGORITHM_ED25519:
+        return parse_public_key(value)
+    if algorithm == ALGORITHM_SECP256K1:
+        return parse_secp256k1_public_key(value)
+    shown = algorithm[:40] if isinstance(algorithm, str) else type(algorithm).__name__
+    raise KeyFormatError(f"unknown key algorithm {shown!r} (known: {', '.join(ALGORITHMS)})")
+
+
+Signer = KeyPair | Secp256k1KeyPair
+"""A key that signs for an actor: Ed25519 or secp256k1 (``.algorithm`` says which)."""
+
+
 def _invalid_point_reason(raw: bytes) -> str:
     """Explain why libsodium refused ``raw``: off the curve, or carrying a torsion component."""
     try:
@@ -230,7 +263,7 @@ def _encrypt_seed(
 
 def write_key_file(
     path: str | os.PathLike[str],
-    key: KeyPair,
+    key: Signer,
     *,
     passphrase: bytes | None = None,
     overwrite: bool = False,
@@ -249,7 +282,7 @@ def write_key_file(
     """
     target = Path(path)
     doc: dict[str, object] = {
-        "kind": KEY_FILE_KIND,
+        "kind": _KINDS[key.algorithm],
         "version": KEY_FILE_VERSION,
         "public_key": key.public_hex,
     }
@@ -363,8 +396,9 @@ def _parse_key_doc(data: bytes, path: Path) -> dict[str, object]:
         doc = loads_strict(data)
     except CanonicalError as exc:
         raise KeyFileError(f"key file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("kind") != KEY_FILE_KIND:
-        raise KeyFileError(f"key file {path} is not a {KEY_FILE_KIND} file")
+    if not isinstance(doc, dict) or doc.get("kind") not in _KINDS.values():
+        secp = _KINDS[ALGORITHM_SECP256K1]
+        raise KeyFileError(f"key file {path} is not a {KEY_FILE_KIND} file (nor a {secp} file)")
     if doc.get("version") != KEY_FILE_VERSION:
         raise KeyFileError(
             f"key file {path} has unsupported version {doc.get('version')!r} "
@@ -374,7 +408,8 @@ def _parse_key_doc(data: bytes, path: Path) -> dict[str, object]:
 
 
 def read_key_file(path: str | os.PathLike[str], *, passphrase: bytes | None = None) -> KeyPair:
-    """Load a key pair from a key file written by :func:`write_key_file`.
+    """Load an Ed25519 key pair (a node's key, or an actor's) from a key file written by
+    :func:`write_key_file`; a secp256k1 key file is refused (KeyFileError).
 
     ``passphrase`` is only used (and only required) if the file is encrypted.
 
@@ -384,16 +419,35 @@ def read_key_file(path: str | os.PathLike[str], *, passphrase: bytes | None = No
             by group/others (the message says ``chmod 600 <path>``), is malformed, the
             passphrase is wrong, or its public_key does not match its seed.
     """
+    key = read_signing_key_file(path, passphrase=passphrase)
+    if not isinstance(key, KeyPair):
+        raise KeyFileError(f"key file {path} holds a {key.algorithm} key; an Ed25519 key is needed")
+    return key
+
+
+def read_signing_key_file(
+    path: str | os.PathLike[str], *, passphrase: bytes | None = None
+) -> Signer:
+    """Load an actor's key of either algorithm (the file's ``kind`` says which).
+
+    Raises:
+        as :func:`read_key_file`.
+    """
     target = Path(path)
     doc = _parse_key_doc(_read_private_file(target), target)
-    public = _hex_field(doc, "public_key", PUBLIC_KEY_BYTES, target)
+    secp = doc["kind"] == _KINDS[ALGORITHM_SECP256K1]
+    size = secp256k1.PUBLIC_KEY_BYTES if secp else PUBLIC_KEY_BYTES
+    public = _hex_field(doc, "public_key", size, target)
     if "seed" in doc and "ciphertext" not in doc:
         seed = _hex_field(doc, "seed", SEED_BYTES, target)
     elif "ciphertext" in doc:
         seed = _decrypt_seed(doc, passphrase, target)
     else:
         raise KeyFileError(f"key file {target} has neither 'seed' nor 'ciphertext'")
-    key = KeyPair.from_seed(seed)
+    try:
+        key: Signer = Secp256k1KeyPair.from_seed(seed) if secp else KeyPair.from_seed(seed)
+    except KeyFormatError as exc:
+        raise KeyFileError(f"key file {target}: {exc}") from exc
     if not secrets.compare_digest(key.public_bytes, public):
         raise KeyFileError(
             f"key file {target}: public_key does not match the secret seed "
@@ -426,6 +480,18 @@ def prompt_passphrase(confirm: bool = False) -> bytes:
     if not first:
         raise KeyFileError("the passphrase must not be empty")
     return first.encode("utf-8")
+
+
+def load_signing_key_file(
+    path: str | os.PathLike[str], *, env_var: str = "HERO_KEY_PASSPHRASE"
+) -> Signer:
+    """:func:`load_key_file` for an actor's key of either algorithm."""
+    try:
+        return read_signing_key_file(path, passphrase=passphrase_from_env(env_var))
+    except PassphraseRequiredError:
+        if not sys.stdin.isatty():
+            raise
+    return read_signing_key_file(path, passphrase=prompt_passphrase())
 
 
 def load_key_file(path: str | os.PathLike[str], *, env_var: str = "HERO_KEY_PASSPHRASE") -> KeyPair:

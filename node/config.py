@@ -21,6 +21,7 @@ from typing import get_type_hints
 
 import tomli_w
 
+from crypto import ALGORITHMS
 from node.errors import ConfigError
 from node.runners.commands import validate_commands, validate_groups
 
@@ -48,6 +49,8 @@ class NodeConfig:
     commands: dict[str, list[str]] = field(default_factory=dict)
     # script type -> runner group of this node's slots (targeted queues, node/runners/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)
+    # context id (or "default") -> the actor key algorithms accepted there (accepted_algorithms)
+    algorithms: dict[str, list[str]] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
     reply_ttl_s: int = 86_400
@@ -63,6 +66,13 @@ class NodeConfig:
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
+
+    def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
+        """The key algorithms whose actors may sign messages in ``context_id``: its entry in
+        ``[algorithms]``, else the ``default`` entry, else every algorithm (an actor's
+        signatures are held to its registered key's algorithm anyway)."""
+        chosen = self.algorithms.get(str(context_id)) or self.algorithms.get("default")
+        return tuple(chosen) if chosen else ALGORITHMS
 
     @property
     def node_key_path(self) -> Path:
@@ -94,11 +104,28 @@ _SETTINGS: dict[str, type] = {
     if (hint := get_type_hints(NodeConfig)[f.name]) in _SCALAR_TYPES
 }
 
+
+def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
+    """``[algorithms]``: ``default`` or a context id -> a non-empty list of known algorithms."""
+    if not isinstance(raw, dict):
+        raise ConfigError("[algorithms] must be a table")
+    for name, value in raw.items():
+        if name != "default" and not (name.isdigit() and int(name) >= 1):
+            raise ConfigError(f"[algorithms] {name!r}: keys are context ids or 'default'")
+        known = isinstance(value, list) and value and all(v in ALGORITHMS for v in value)
+        if not known:
+            raise ConfigError(
+                f"[algorithms] {name}: a non-empty list of {', '.join(ALGORITHMS)} (got {value!r})"
+            )
+    return {name: list(value) for name, value in raw.items()}
+
+
 # The tables of config.toml beside [node]: each dict field of NodeConfig, checked by its validator
 # (which knows [runners], read first) and carried over as the validator returns it.
 _TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] = {
     "commands": validate_commands,
     "runner_groups": validate_groups,
+    "algorithms": validate_algorithms,
 }
 
 
@@ -147,7 +174,8 @@ def load_config(home: Path) -> NodeConfig:
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
 _HELP = {
-    "listen_host": "websocket listener for links from peer nodes",
+    "listen_host": "websocket listener for links from peer nodes; an IPv6 address (a Mycelium "
+    "overlay\naddress, or :: for all) works too: peers then dial ws://[address]:port",
     "redis_url": "Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF "
     'everysec).\nA Redis of your own needs ACL users and the default user off (README: "Who may '
     "write the\nnode's Valkey\"); the URL then names the node's user and password",
@@ -180,6 +208,9 @@ _HELP = {
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
+    "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
+    'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '
+    "both; an actor's signatures must be of its registered key's algorithm anyway",
 }
 
 

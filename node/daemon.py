@@ -26,7 +26,7 @@ from bus.models import Actor, Context, Peer
 from bus.reasons import Reason
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
-from bus.urls import redact
+from bus.urls import bare_host, link_url, redact
 from crypto import KeyPair, passphrase_from_env, read_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
@@ -126,9 +126,9 @@ async def _run_services(
         on_refused=lambda _reason: node.counted.set(),
     )
     async with trio.open_nursery() as services:
-        port = await services.start(transport.serve, config.listen_host, config.listen_port)
-        scheme = "wss" if config.tls else "ws"
-        ws_url = f"{scheme}://{config.listen_host}:{port}"
+        host = bare_host(config.listen_host)  # "[::1]" names the address ::1
+        port = await services.start(transport.serve, host, config.listen_port)
+        ws_url = link_url("wss" if config.tls else "ws", host, port)
         registry = Registry(node, transport, services, contexts, ws_url=ws_url)
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)

@@ -20,6 +20,7 @@ from bus.client import Client
 from bus.errors import BusError
 from bus.models import Message
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
+from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, context_of, home_of, unless_interrupted, with_client
 from node.cli.flow import add_flow_commands
@@ -169,7 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s = actor.add_parser("add", help="register an actor's public key")
     s.add_argument("--id", type=int, required=True, dest="actor_id", help="the actor's id")
-    s.add_argument("--pubkey", required=True, help="hex Ed25519 public key")
+    s.add_argument(
+        "--pubkey",
+        required=True,
+        help="the actor's public key in hex (ed25519: 64 hex; secp256k1: 66 hex, compressed)",
+    )
+    s.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default=ALGORITHM_ED25519,
+        help="the key's algorithm; the actor's signatures must be of it (default: ed25519)",
+    )
     s.set_defaults(func=with_client(actor_add))
 
     ctx = sub.add_parser("context", help="manage contexts").add_subparsers(
@@ -354,7 +365,7 @@ async def peer_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actor_add(client: Client, args: argparse.Namespace) -> int:
-    actor = await client.register_actor(args.actor_id, args.pubkey)
+    actor = await client.register_actor(args.actor_id, args.pubkey, algorithm=args.algorithm)
     print(f"actor {actor.id} registered")
     return 0
 

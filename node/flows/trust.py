@@ -19,6 +19,15 @@ from bus.verify import judge
 from node.routing.messages import Rejected
 from node.state import NodeState
 
+# a flow refused for its key or signature algorithm says so, as a message would
+_KEY_REASONS = (
+    Reason.WRONG_ALGORITHM,
+    Reason.MALFORMED_KEY,
+    Reason.UNCOMPRESSED_KEY,
+    Reason.INVALID_POINT,
+    Reason.HIGH_S,
+)
+
 
 async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) -> FlowDoc:
     """Parse the document and check the actor's signature against its key registered here,
@@ -32,10 +41,11 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     if actor is None:
         raise Rejected(Reason.UNKNOWN_SIGNER, f"actor {doc.caller_id} is not registered here")
     assert isinstance(doc_dict, dict)  # from_dict accepted it
-    verdict = verify_flow(doc_dict, signatures, actor.pubkey)
+    accepted = node.config.accepted_algorithms(doc.context_id)
+    verdict = verify_flow(doc_dict, signatures, actor.pubkey, actor.algorithm, accepted)
     if not verdict.ok:
-        wrong = verdict.reason == Reason.WRONG_SIGNER
-        reason = Reason.WRONG_SIGNER if wrong else Reason.BAD_SIGNATURE
+        precise = verdict.reason in (Reason.WRONG_SIGNER, *_KEY_REASONS)
+        reason = Reason(verdict.reason) if precise else Reason.BAD_SIGNATURE
         raise Rejected(reason, f"flow {doc.id} of actor {doc.caller_id}: {verdict.detail}")
     stamp = now()
     if stamp > doc.expires_at:

@@ -210,7 +210,9 @@ def verify_result(node: NodeState, message: Message) -> ResultBody:
 
 async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
     """Raise Rejected (unknown_signer, bad_signature, expired, from_future, unknown_context,
-    permission_denied) unless ``message``'s caller signed it and may execute in ``ctx``."""
+    permission_denied; wrong_algorithm, malformed_key, uncompressed_key, invalid_point,
+    high_s) unless ``message``'s caller signed it with its registered key, of an algorithm
+    ``ctx`` accepts, and may execute in ``ctx``."""
     try:
         await _check(node, ctx, message, fresh=False)
     except Rejected:
@@ -221,7 +223,14 @@ async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
 async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) -> None:
     caller = message.caller_id
     actor = await (node.store.get_actor(caller) if fresh else node.actor(caller))
-    verdict = judge(message, actor.pubkey if actor else None, now=now(), freshness=node.freshness)
+    verdict = judge(
+        message,
+        actor.pubkey if actor else None,
+        now=now(),
+        freshness=node.freshness,
+        algorithm=actor.algorithm if actor else "",
+        accepted=node.config.accepted_algorithms(ctx),
+    )
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
