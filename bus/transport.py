@@ -53,6 +53,17 @@ class TransportConfig:
     tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
 
 
+@dataclass
+class Traffic:
+    """What the links to one peer carried after their handshakes, since the node started
+    (node/metrics.py): frames and their bytes, in and out."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
 @dataclass(eq=False)
 class Link:
     """One authenticated websocket connection to a peer node."""
@@ -63,6 +74,7 @@ class Link:
     closed: trio.Event = field(default_factory=trio.Event)
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
+    traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
 
     def post(self, frame_type: str, **body: object) -> None:
         """Queue a frame for the link's writer without waiting. The frame handler answers this
@@ -91,6 +103,8 @@ class Link:
         except ConnectionClosed as exc:
             self.closed.set()
             raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc
+        self.traffic.frames_out += 1
+        self.traffic.bytes_out += len(frame.encode())
 
     async def close(self) -> None:
         self.closed.set()
@@ -149,6 +163,7 @@ class Transport:
         # refusal reasons (handshakes, oversize frames) -> count; ``on_refused(reason)`` is
         # called after each, so that the node publishes the counts (node/counters.py)
         self.refused: dict[str, int] = {}
+        self.traffic: dict[str, Traffic] = {}  # by peer id
         self._on_refused = on_refused
 
     # -- links -----------------------------------------------------------------------------------
@@ -164,6 +179,7 @@ class Transport:
         return link
 
     def _register(self, link: Link) -> None:
+        link.traffic = self.traffic.setdefault(link.peer_id, Traffic())
         self._links[link.peer_id] = link
         self._link_added.set()
         self._link_added = trio.Event()
@@ -325,6 +341,8 @@ class Transport:
             except ConnectionClosed as exc:
                 self._closed(link, exc)
                 return
+            link.traffic.frames_in += 1
+            link.traffic.bytes_in += len(data.encode() if isinstance(data, str) else data)
             try:
                 frame = decode_frame(data, self.config.max_frame_bytes)
             except FrameError as exc:

@@ -125,6 +125,7 @@ async def _run_services(
         reload_peers=reload_peers,
         on_refused=lambda _reason: node.counted.set(),
     )
+    node.transport = transport
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
         scheme = "wss" if config.tls else "ws"
