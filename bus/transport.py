@@ -130,6 +130,40 @@ def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
     return hashlib.sha256(der).hexdigest() if der else ""
 
 
+def describe(exc: BaseException) -> str:
+    """Why a link failed, in words, never empty: trio-websocket raises an empty HandshakeError
+    whose cause holds the socket's error, and a close by the peer says why in its reason."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = _text(cur)
+        if text and text not in parts:
+            parts.append(text)
+        cur = cur.__cause__ or cur.__context__
+    return ": ".join(parts) or type(exc).__name__
+
+
+def _token(exc: BaseException) -> str:
+    """A link failure's reason token: a handshake's, else the exception's type."""
+    return str(exc.reason) if isinstance(exc, HandshakeError) else type(exc).__name__
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        why = exc.reason
+        if why is None:
+            return "the connection closed"
+        said = f": {why.reason}" if why.reason else ""
+        return f"closed by the peer ({why.code} {why.name}{said})"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(filter(None, (_text(e) for e in exc.exceptions)))
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    return str(exc)
+
+
 RELOAD_INTERVAL_S = 1.0
 
 
@@ -223,8 +257,9 @@ class Transport:
             with trio.fail_after(self.config.handshake_timeout_s):
                 peer_id = await self._respond(ws)
         except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
-            self._refuse(ws, "inbound", exc)
-            await ws.aclose(code=1008, reason="handshake failed")
+            reason = self._refuse(ws, "inbound", exc)
+            # the token only (no detail): the dialler's log then says why it was refused
+            await ws.aclose(code=1008, reason=f"handshake refused: {reason}")
             return
         await self._run_link(Link(peer_id, ws, initiator=False))
 
@@ -272,7 +307,17 @@ class Transport:
                 TransportError,
                 trio.TooSlowError,
             ) as exc:
-                log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
+                log.info(
+                    "link to %s… (%s) failed: %s",
+                    peer_id[:16],
+                    address,
+                    describe(exc),
+                    extra={
+                        "peer": peer_id,
+                        "address": address,
+                        "reason": _token(exc.__cause__ or exc),
+                    },
+                )
             except Exception:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
             await trio.sleep(delay * (0.5 + random.random()))
@@ -320,14 +365,22 @@ class Transport:
             raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {expected}, got {frame.type}")
         return frame
 
-    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:
-        reason = exc.reason if isinstance(exc, HandshakeError) else type(exc).__name__
+    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> str:
+        """Count and log a refused handshake; returns the reason token."""
+        reason = _token(exc)
         self._count_refused(reason)
         try:
             remote = getattr(ws.remote, "address", ws.remote)
         except OSError:  # the socket is already gone
             remote = "a closed connection"
-        log.warning("%s handshake with %s refused: %s", direction, remote, exc)
+        log.warning(
+            "%s handshake with %s refused: %s",
+            direction,
+            remote,
+            describe(exc),
+            extra={"reason": reason, "remote": str(remote)},
+        )
+        return reason
 
     def _count_refused(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
