@@ -12,7 +12,7 @@ if st == 'dispatched' or st == 'waiting_for_prerequisites' then
   redis.call('LREM', KEYS[2], 0, ARGV[3])
   redis.call('ZREM', KEYS[3], KEYS[2] .. '|' .. ARGV[3])
   redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[1], 'updated_at', ARGV[2])
-  stats_ended(KEYS[1], 'error', ARGV[1])
+  stats_ended_queued(KEYS[1], 'error', ARGV[1])
 elseif st == 'started' then
   redis.call('LPUSH', KEYS[4], ARGV[3])
 end

@@ -49,12 +49,17 @@ local function stats_started(job)
   redis.call('HSET', job, 'stats_started_ms', stats_ms())
   redis.call('HINCRBY', STATS, 'started|' .. stats_type(job), 1)
 end
--- an attempt ended where it ran (reason false: the job's own reason field)
-local function stats_ended(job, status, reason)
+-- a job ended where it would run, no attempt running (a queued job stopped)
+local function stats_ended_queued(job, status, reason)
   local stype = stats_type(job)
-  reason = reason or redis.call('HGET', job, 'reason')
   local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
   redis.call('HINCRBY', STATS, field, 1)
+  return stype
+end
+-- an attempt ended where it ran (reason false: the job's own reason field)
+local function stats_ended(job, status, reason)
+  reason = reason or redis.call('HGET', job, 'reason')
+  local stype = stats_ended_queued(job, status, reason)
   stats_observe('duration', stype, redis.call('HGET', job, 'stats_started_ms'))
 end
 -- a job answered at its origin (its copy there, or the job itself if it ran there)
