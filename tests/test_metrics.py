@@ -38,8 +38,8 @@ def value(samples: Samples, metric: str, **labels: str) -> float:
 
 
 async def run_jobs(alice, bob) -> None:  # noqa: ANN001
-    """On alice: a python job that finishes, an sh job that fails, a message signed with a key
-    that is not its actor's (refused); to bob: a python job."""
+    """On alice: a python job that finishes, an sh job that fails twice (one retry), a
+    message signed with a key that is not its actor's (refused); to bob: a python job."""
     actor = await link_to(alice, bob)
     stranger = KeyPair.generate()
     with trio.fail_after(30):
@@ -47,7 +47,7 @@ async def run_jobs(alice, bob) -> None:  # noqa: ANN001
             actor, 1, to="self", context_id=1, script_type="python", script="print(1)"
         )
         bad = await alice.client.submit_job(
-            actor, 1, to="self", context_id=1, script_type="sh", script="exit 3"
+            actor, 1, to="self", context_id=1, script_type="sh", script="exit 3", retries=1
         )
         forged = await alice.client.submit_job(
             stranger, 1, to="self", context_id=1, script_type="python", script="print(2)"
@@ -77,6 +77,9 @@ async def test_a_scrape_shows_jobs_queues_links_and_refusals(node_factory):
     assert value(a, "hero_jobs_started_total", **py) == 1
     assert value(a, "hero_jobs_finished_total", **py) == 1
     assert value(a, "hero_jobs_failed_total", **sh, reason="exit") == 1
+    assert value(a, "hero_jobs_retried_total", **sh, reason="exit") == 1
+    assert value(a, "hero_jobs_started_total", **sh) == 2
+    assert value(a, "hero_job_duration_seconds_count", **sh) == 2
     assert value(a, "hero_jobs_answered_total", **py, status="finished", reason="") == 2
     assert value(a, "hero_jobs_answered_total", **py, status="error", reason="wrong_signer") == 1
     assert value(a, "hero_job_duration_seconds_count", **py) == 1

@@ -58,7 +58,9 @@ local function stats_ended_queued(job, status, reason)
 end
 -- an attempt ended where it ran (reason false: the job's own reason field)
 local function stats_ended(job, status, reason)
-  reason = reason or redis.call('HGET', job, 'reason')
+  reason = reason or redis.call('HGET', job, 'reason') or ''
+  -- a retry is written 'retrying after: <the attempt's reason>' (node/runners): count the latter
+  if status == 'retry' then reason = string.match(reason, '^retrying after: (.*)') or reason end
   local stype = stats_ended_queued(job, status, reason)
   stats_observe('duration', stype, redis.call('HGET', job, 'stats_started_ms'))
 end
