@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from bus import keys
 from bus.transport import Transport
 from crypto import KeyPair
 from node.home import init_home
@@ -114,6 +115,12 @@ async def test_json_lines_name_the_job_the_message_and_the_reason(node_factory, 
         )
         for message in (ok, forged):
             await alice.client.wait_results(message, 25)
+        # an entry naming no hash, then a job behind it: refused alone, the job runs
+        await bob.store.lpush(1, keys.MSG_IN, "message:1:404")
+        behind = await alice.client.submit_job(
+            actor, 1, to=bob.node_id, context_id=1, script_type="sh", script="true"
+        )
+        await alice.client.wait_results(behind, 25)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
     [received] = [r for r in records if r.get("message_key") == ok.key and "received" in r["msg"]]
@@ -125,6 +132,9 @@ async def test_json_lines_name_the_job_the_message_and_the_reason(node_factory, 
     [refused] = [r for r in records if r.get("message_key") == forged.key]
     assert refused["level"] == "warning"
     assert refused["reason"] == "wrong_signer"
+    [hostile] = [r for r in records if r.get("reason") == "missing_hash"]
+    assert (hostile["ctx"], hostile["level"]) == (1, "warning")
+    assert "message:1:404" in hostile["msg"]
     assert "No matching script" not in out.getvalue()  # coredis at INFO: hidden
 
 

@@ -46,7 +46,12 @@ class LinkHandler:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 
     async def on_bad_frame(self, link: Link, detail: str) -> None:
-        log.warning("bad frame from %s…: %s", link.peer_id[:16], detail)
+        log.warning(
+            "bad frame from %s…: %s",
+            link.peer_id[:16],
+            detail,
+            extra={"peer": link.peer_id, "reason": Reason.BAD_FRAME},
+        )
         self.node.count("bad_frames")
         await self.node.store.dead_letter(
             keys.ACTORS_DB, f"link:{link.peer_id}", Reason.BAD_FRAME, detail
