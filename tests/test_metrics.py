@@ -8,10 +8,14 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionClosed
 
+from bus import keys
+from bus.atomic import runs, source
 from bus.errors import HandshakeError
 from bus.models import JobStatus
+from bus.store import open_store
 from bus.transport import Transport
-from crypto import KeyPair
+from crypto import KeyPair, read_key_file
+from node.acl import RUNNER, role_url
 from node.metrics import exposition
 from tests.nodes import link_to
 
@@ -143,3 +147,30 @@ async def test_link_refusals_are_counted_by_reason(node_factory):
     await alice.info.state.load_peers()  # as the registry watcher does on its event
     a, _ = await scrape(alice)
     assert a["hero_link_up"][(("name", "bob"), ("peer", bob.node_id))] == 0
+
+
+async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
+    """A runner process connected as the ``runner`` user ends a job with a script that counts
+    it in stats:jobs (Valkey's TIME, the hash): its rights allow that."""
+    alice = await node_factory("alice", embedded=True, runners={"python": 1, "ext": 0})
+    actor = read_key_file(alice.config.actor_key_path)
+    inflight = keys.runner_inflight("x")
+    # the runner user may not SCRIPT LOAD: the node loads its scripts
+    await alice.store.call(1, lambda r: r.script_load(source("runs_malformed")))
+    with trio.fail_after(30):
+        async with open_store(role_url(alice.config, alice.info.redis_url, RUNNER)) as runner:
+            await alice.client.submit_job(
+                actor, 1, to="self", context_id=1, script_type="ext", script="say 1"
+            )
+            key = await runner.call(
+                1, lambda r: r.blmove(keys.queue("ext"), inflight, "RIGHT", "LEFT", 20)
+            )
+            fields = await runs.start(alice.store, 1, key, "x:1", 15000, "x")
+            assert isinstance(fields, dict)
+            assert fields["attempt"] == "1"
+            assert await runs.finish_malformed(runner, 1, key, 1, inflight, "a test")
+    a, _ = await scrape(alice)
+    ext = {"ctx": "1", "type": "ext"}
+    assert value(a, "hero_jobs_started_total", **ext) == 1
+    assert value(a, "hero_jobs_failed_total", **ext, reason="malformed_job") == 1
+    assert value(a, "hero_job_duration_seconds_count", **ext) == 1
