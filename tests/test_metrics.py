@@ -174,3 +174,22 @@ async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
     assert value(a, "hero_jobs_started_total", **ext) == 1
     assert value(a, "hero_jobs_failed_total", **ext, reason="malformed_job") == 1
     assert value(a, "hero_job_duration_seconds_count", **ext) == 1
+
+
+async def test_job_statistics_keep_their_labels_few(store):
+    """Labels come from what runners write: a type is cut at a character no type name has, a
+    reason at its first word, and a retry counts under the reason of its attempt."""
+    job = "job:1:1"
+    await store.hset(1, job, {"status": "dispatched", "script_type": "v-lang.2|x", "attempt": "0"})
+    assert isinstance(await runs.start(store, 1, job, "t", 15000), dict)
+    reason = "retrying after: exit code 3: boom"
+    inflight = keys.inflight("r")
+    ok = await runs.retry_later(
+        store, 1, job, 1, inflight, queue="queue:v", reason=reason, entry="{}", due_ms=1
+    )
+    assert ok
+    stats = await store.hgetall(1, keys.STATS_JOBS)
+    assert stats["started|v-lang.2"] == "1"
+    assert stats["ended|v-lang.2|retry|exit"] == "1"
+    assert sum(int(v) for k, v in stats.items() if k.startswith("duration|v-lang.2|")) == 1
+    assert float(stats["duration_sum|v-lang.2"]) >= 0

@@ -20,8 +20,10 @@ end
 local function stats_token(text)
   return string.sub(string.match(text or '', '^[a-z0-9_]*'), 1, 40)
 end
+-- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|')
 local function stats_type(job)
-  return stats_token(redis.call('HGET', job, 'script_type'))
+  local t = redis.call('HGET', job, 'script_type') or ''
+  return string.sub(string.match(t, '^[%w_%.%-]*'), 1, 64)
 end
 local function stats_observe(name, stype, since_ms)
   local t0 = tonumber(since_ms)
