@@ -91,8 +91,10 @@ async def read(state: NodeState) -> Scrape:
     scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {})
     for ctx in await store.context_ids():
         scrape.stats[ctx] = await store.hgetall(ctx, keys.STATS_JOBS)
+        # each type's queue always (an empty list does not exist in Valkey), then the others
         names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ]
-        names += sorted(await store.scan_keys(ctx, "queue:*"))
+        names += [keys.queue(t) for t in sorted(state.config.runners)]
+        names += sorted(set(await store.scan_keys(ctx, "queue:*")) - set(names))
         scrape.depths[ctx] = {name: await store.llen(ctx, name) for name in names}
         scrape.runners[ctx] = await live_runners(store, ctx)
     for peer_id in state.peers:

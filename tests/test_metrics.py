@@ -102,6 +102,7 @@ async def test_a_scrape_shows_jobs_queues_links_and_refusals(node_factory):
     # queues read at scrape time
     assert value(a, "hero_queue_depth", ctx="1", queue="dlq") == 1
     assert value(a, "hero_queue_depth", ctx="1", queue="msg_out") == 0
+    assert a["hero_queue_depth"][(("ctx", "1"), ("queue", "queue:python"))] == 0  # empty: shown
     assert value(a, "hero_runner_slots", ctx="1", type="python", state="idle") == 2
     assert value(a, "hero_runner_slots", ctx="1", type="sh", state="busy") == 0
     assert value(a, "hero_valkey_ping_seconds") > 0
