@@ -107,69 +107,70 @@ async def read(state: NodeState) -> Scrape:
 # -- jobs (stats:jobs) ---------------------------------------------------------------------------
 
 
-def job_families(scrape: Scrape) -> list[Metric]:
-    ctx_type = ["ctx", "type"]
-    counts = {
-        "submitted": CounterMetricFamily(
-            "hero_jobs_submitted",
-            "Jobs submitted on this node (queued here or for a peer).",
-            labels=ctx_type,
-        ),
-        "received": CounterMetricFamily(
-            "hero_jobs_received",
-            "Jobs received from other nodes and queued here.",
-            labels=ctx_type,
-        ),
-        "started": CounterMetricFamily(
-            "hero_jobs_started", "Job attempts started on this node.", labels=ctx_type
-        ),
-    }
-    ended = {
-        "finished": CounterMetricFamily(
-            "hero_jobs_finished", "Jobs that finished on this node.", labels=ctx_type
-        ),
-        "error": CounterMetricFamily(
-            "hero_jobs_failed",
-            "Jobs that ended in error on this node, by reason.",
-            labels=[*ctx_type, "reason"],
-        ),
-        "retry": CounterMetricFamily(
-            "hero_jobs_retried",
-            "Failed attempts on this node retried later, by reason.",
-            labels=[*ctx_type, "reason"],
-        ),
-    }
-    answered = CounterMetricFamily(
+@dataclass(frozen=True)
+class JobCounter:
+    """A counter family read from stats:jobs fields ``<event>|<type>[|<status>|<reason>]``:
+    those of ``event`` (and ``status``, if set), labelled ctx, type and the ``picked`` parts
+    after the type (1: status, 2: reason)."""
+
+    event: str
+    status: str
+    name: str
+    doc: str
+    picked: tuple[int, ...] = ()
+
+    @property
+    def labels(self) -> list[str]:
+        return ["ctx", "type", *("status" if i == 1 else "reason" for i in self.picked)]
+
+    def sample(self, ctx: int, field: str) -> list[str] | None:
+        """The labels of the sample ``field`` counts in this family, or None."""
+        event, *parts = field.split("|")
+        if event != self.event or len(parts) != (3 if event in ("ended", "answered") else 1):
+            return None
+        if self.status and parts[1] != self.status:
+            return None
+        return [str(ctx), parts[0], *(parts[i] for i in self.picked)]
+
+
+JOB_COUNTERS = (
+    JobCounter("submitted", "", "hero_jobs_submitted", "Jobs submitted on this node."),
+    JobCounter("received", "", "hero_jobs_received", "Jobs received from other nodes."),
+    JobCounter("started", "", "hero_jobs_started", "Job attempts started on this node."),
+    JobCounter("ended", "finished", "hero_jobs_finished", "Jobs that finished on this node."),
+    JobCounter("ended", "error", "hero_jobs_failed", "Jobs that ended in error here.", (2,)),
+    JobCounter("ended", "retry", "hero_jobs_retried", "Failed attempts retried later.", (2,)),
+    JobCounter(
+        "answered",
+        "",
         "hero_jobs_answered",
-        "Jobs submitted on this node whose final result reached it, by status and reason.",
-        labels=[*ctx_type, "status", "reason"],
-    )
+        "Jobs submitted on this node whose final result reached it.",
+        (1, 2),
+    ),
+)
+
+
+def job_families(scrape: Scrape) -> list[Metric]:
+    families = {c: CounterMetricFamily(c.name, c.doc, labels=c.labels) for c in JOB_COUNTERS}
     for ctx, stats in sorted(scrape.stats.items()):
-        for name, value in sorted(stats.items()):
-            event, _, rest = name.partition("|")
-            parts = [str(ctx), *rest.split("|")]
-            if event in counts and len(parts) == 2:
-                counts[event].add_metric(parts, float(value))
-            elif event == "ended" and len(parts) == 4 and parts[2] in ended:
-                labels = parts[:2] if parts[2] == "finished" else [*parts[:2], parts[3]]
-                ended[parts[2]].add_metric(labels, float(value))
-            elif event == "answered" and len(parts) == 4:
-                answered.add_metric(parts, float(value))
-    histograms = [
-        histogram(
-            "hero_job_duration_seconds",
-            "Time from an attempt's start to its end, where the job ran.",
-            "duration",
-            scrape.stats,
-        ),
-        histogram(
-            "hero_job_round_trip_seconds",
-            "Time from a job's submission on this node to its result here.",
-            "roundtrip",
-            scrape.stats,
-        ),
-    ]
-    return [*counts.values(), *ended.values(), answered, *histograms]
+        for field, value in sorted(stats.items()):
+            for counter, family in families.items():
+                labels = counter.sample(ctx, field)
+                if labels is not None:
+                    family.add_metric(labels, float(value))
+    duration = histogram(
+        "hero_job_duration_seconds",
+        "Time from an attempt's start to its end, where the job ran.",
+        "duration",
+        scrape.stats,
+    )
+    round_trip = histogram(
+        "hero_job_round_trip_seconds",
+        "Time from a job's submission on this node to its result here.",
+        "roundtrip",
+        scrape.stats,
+    )
+    return [*families.values(), duration, round_trip]
 
 
 def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]]) -> Metric:
@@ -281,51 +282,58 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
 
 def counter_families(state: NodeState) -> Iterable[Metric]:
     """The node's in-memory counters, each in its family; the rest as hero_node_events_total."""
-    acks = CounterMetricFamily(
-        "hero_link_acks",
-        "Messages acknowledged (ack) or refused (nack) on links.",
-        labels=["direction", "kind"],
-    )
-    refused = CounterMetricFamily(
-        "hero_messages_refused", "Messages refused (dead-lettered), by reason.", labels=["reason"]
-    )
-    link_refusals = CounterMetricFamily(
-        "hero_link_refusals",
-        "Refusals on links: handshakes, frames, and messages refused at delivery, by reason.",
-        labels=["stage", "reason"],
-    )
-    verified = CounterMetricFamily(
-        "hero_signature_verifications",
-        "Message signatures checked: ok, or the reason of a refusal.",
-        labels=["result"],
-    )
-    events = CounterMetricFamily(
-        "hero_node_events",
-        "Other events the node counts (as hero-node status shows them).",
-        labels=["event"],
-    )
-    verified.add_metric(["ok"], float(state.metrics.get(VERIFIED, 0)))
+    fams = {
+        "acks": CounterMetricFamily(
+            "hero_link_acks",
+            "Messages acknowledged (ack) or refused (nack) on links.",
+            labels=["direction", "kind"],
+        ),
+        "refused": CounterMetricFamily(
+            "hero_messages_refused",
+            "Messages refused (dead-lettered), by reason.",
+            labels=["reason"],
+        ),
+        "links": CounterMetricFamily(
+            "hero_link_refusals",
+            "Refusals on links: handshakes, frames, and messages refused at delivery.",
+            labels=["stage", "reason"],
+        ),
+        "verified": CounterMetricFamily(
+            "hero_signature_verifications",
+            "Message signatures checked: ok, or the reason of a refusal.",
+            labels=["result"],
+        ),
+        "events": CounterMetricFamily(
+            "hero_node_events", "Other events the node counts (hero-node status).", labels=["event"]
+        ),
+        "restarts": CounterMetricFamily(
+            "hero_service_restarts", "Services restarted after a Redis outage.", labels=["service"]
+        ),
+    }
+    fams["verified"].add_metric(["ok"], float(state.metrics.get(VERIFIED, 0)))
     for name, n in sorted(state.metrics.items()):
-        if name in ACKS:
-            acks.add_metric(list(ACKS[name]), float(n))
-        elif name.startswith(REJECTED):
-            reason = name.removeprefix(REJECTED)
-            refused.add_metric([reason], float(n))
-            if reason in SIGNATURE_REASONS:
-                verified.add_metric([reason], float(n))
-        elif name.startswith(REFUSED_DELIVERY):
-            link_refusals.add_metric(["delivery", name.removeprefix(REFUSED_DELIVERY)], float(n))
-        elif name == "bad_frames":
-            link_refusals.add_metric(["frame", Reason.BAD_FRAME], float(n))
-        elif name != VERIFIED:
-            events.add_metric([name], float(n))
+        _file(fams, name, float(n))
     if state.transport is not None:
         for reason, n in sorted(state.transport.refused.items()):
             stage = "frame" if reason == "oversize_frame" else "handshake"
-            link_refusals.add_metric([stage, reason], float(n))
-    restarts = CounterMetricFamily(
-        "hero_service_restarts", "Services restarted after a Redis outage.", labels=["service"]
-    )
+            fams["links"].add_metric([stage, reason], float(n))
     for service, n in sorted(state.restarts.items()):
-        restarts.add_metric([service], float(n))
-    return [acks, refused, link_refusals, verified, events, restarts]
+        fams["restarts"].add_metric([service], float(n))
+    return fams.values()
+
+
+def _file(fams: dict[str, CounterMetricFamily], name: str, n: float) -> None:
+    """Add the node counter ``name`` to its family (see counter_families)."""
+    if name in ACKS:
+        fams["acks"].add_metric(list(ACKS[name]), n)
+    elif name.startswith(REJECTED):
+        reason = name.removeprefix(REJECTED)
+        fams["refused"].add_metric([reason], n)
+        if reason in SIGNATURE_REASONS:
+            fams["verified"].add_metric([reason], n)
+    elif name.startswith(REFUSED_DELIVERY):
+        fams["links"].add_metric(["delivery", name.removeprefix(REFUSED_DELIVERY)], n)
+    elif name == "bad_frames":
+        fams["links"].add_metric(["frame", Reason.BAD_FRAME], n)
+    elif name != VERIFIED:
+        fams["events"].add_metric([name], n)
