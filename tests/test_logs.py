@@ -19,7 +19,7 @@ from bus import keys
 from bus.transport import Transport
 from crypto import KeyPair
 from node.home import init_home
-from node.logs import configure
+from node.logs import CHATTY, configure
 from node.valkey import free_port
 from tests.nodes import link_to
 
@@ -63,14 +63,15 @@ def root_logging() -> Iterator[None]:
     """configure() replaces the root logger's handlers: give pytest's back afterwards."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    chatty = {name: logging.getLogger(name).level for name in CHATTY}
     yield
     for handler in list(root.handlers):
         root.removeHandler(handler)
     for handler in handlers:
         root.addHandler(handler)
     root.setLevel(level)
-    for name in ("coredis", "trio-websocket"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    for name, was in chatty.items():
+        logging.getLogger(name).setLevel(was)
 
 
 async def _ignore(*_: object) -> None:

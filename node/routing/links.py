@@ -195,4 +195,6 @@ class LinkHandler:
         if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
-        await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
+        await reject(
+            self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport"
+        )
