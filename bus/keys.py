@@ -115,6 +115,11 @@ def runner_inflight(runner_id: str) -> str:
 # them (reply or signed result message) and applies retries. See node/runners/external.py.
 RESULTS = "results"
 
+# Hash of job statistics of the context, counted by every script that starts or ends a job
+# (bus/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by
+# node/metrics.py. In Valkey, not in a node's memory: jobs end in runner processes too.
+STATS_JOBS = "stats:jobs"
+
 # consumed in this order, with aging (node/runners/queues.py)
 PRIORITIES = ("high", "normal", "low")
 

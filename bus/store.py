@@ -322,7 +322,13 @@ class Store:
         logged. A retry (``dlq retry``) sends it back to ``queue``."""
         key = printable(value, 1000)
         log.warning(
-            "refused entry %s of %s (db %d): %s: %s", printable(key), queue, db, reason, detail
+            "refused entry %s of %s (db %d): %s: %s",
+            printable(key),
+            queue,
+            db,
+            reason,
+            detail,
+            extra={"entry": printable(key), "queue": queue, "ctx": db, "reason": reason},
         )
         async with self.transaction(db) as tx:
             tx.lpush(keys.DLQ, [_dlq_entry(key, reason, detail, queue)])

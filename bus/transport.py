@@ -53,6 +53,17 @@ class TransportConfig:
     tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
 
 
+@dataclass
+class Traffic:
+    """What the links to one peer carried after their handshakes, since the node started
+    (node/metrics.py): frames and their bytes, in and out."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
 @dataclass(eq=False)
 class Link:
     """One authenticated websocket connection to a peer node."""
@@ -63,6 +74,7 @@ class Link:
     closed: trio.Event = field(default_factory=trio.Event)
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
+    traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
 
     def post(self, frame_type: str, **body: object) -> None:
         """Queue a frame for the link's writer without waiting. The frame handler answers this
@@ -91,6 +103,8 @@ class Link:
         except ConnectionClosed as exc:
             self.closed.set()
             raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc
+        self.traffic.frames_out += 1
+        self.traffic.bytes_out += len(frame.encode())
 
     async def close(self) -> None:
         self.closed.set()
@@ -114,6 +128,40 @@ def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
         return ""
     der = stream.getpeercert(binary_form=True)
     return hashlib.sha256(der).hexdigest() if der else ""
+
+
+def describe(exc: BaseException) -> str:
+    """Why a link failed, in words, never empty: trio-websocket raises an empty HandshakeError
+    whose cause holds the socket's error, and a close by the peer says why in its reason."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = _text(cur)
+        if text and text not in parts:
+            parts.append(text)
+        cur = cur.__cause__ or cur.__context__
+    return ": ".join(parts) or type(exc).__name__
+
+
+def _token(exc: BaseException) -> str:
+    """A link failure's reason token: a handshake's, else the exception's type."""
+    return str(exc.reason) if isinstance(exc, HandshakeError) else type(exc).__name__
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        why = exc.reason
+        if why is None:
+            return "the connection closed"
+        said = f": {why.reason}" if why.reason else ""
+        return f"closed by the peer ({why.code} {why.name}{said})"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(filter(None, (_text(e) for e in exc.exceptions)))
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    return str(exc)
 
 
 RELOAD_INTERVAL_S = 1.0
@@ -149,6 +197,7 @@ class Transport:
         # refusal reasons (handshakes, oversize frames) -> count; ``on_refused(reason)`` is
         # called after each, so that the node publishes the counts (node/counters.py)
         self.refused: dict[str, int] = {}
+        self.traffic: dict[str, Traffic] = {}  # by peer id
         self._on_refused = on_refused
 
     # -- links -----------------------------------------------------------------------------------
@@ -164,6 +213,7 @@ class Transport:
         return link
 
     def _register(self, link: Link) -> None:
+        link.traffic = self.traffic.setdefault(link.peer_id, Traffic())
         self._links[link.peer_id] = link
         self._link_added.set()
         self._link_added = trio.Event()
@@ -207,8 +257,9 @@ class Transport:
             with trio.fail_after(self.config.handshake_timeout_s):
                 peer_id = await self._respond(ws)
         except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
-            self._refuse(ws, "inbound", exc)
-            await ws.aclose(code=1008, reason="handshake failed")
+            reason = self._refuse(ws, "inbound", exc)
+            # the token only (no detail): the dialler's log then says why it was refused
+            await ws.aclose(code=1008, reason=f"handshake refused: {reason}")
             return
         await self._run_link(Link(peer_id, ws, initiator=False))
 
@@ -256,7 +307,17 @@ class Transport:
                 TransportError,
                 trio.TooSlowError,
             ) as exc:
-                log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
+                log.info(
+                    "link to %s… (%s) failed: %s",
+                    peer_id[:16],
+                    address,
+                    describe(exc),
+                    extra={
+                        "peer": peer_id,
+                        "address": address,
+                        "reason": _token(exc.__cause__ or exc),
+                    },
+                )
             except Exception:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
             await trio.sleep(delay * (0.5 + random.random()))
@@ -304,14 +365,22 @@ class Transport:
             raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {expected}, got {frame.type}")
         return frame
 
-    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> None:
-        reason = exc.reason if isinstance(exc, HandshakeError) else type(exc).__name__
+    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> str:
+        """Count and log a refused handshake; returns the reason token."""
+        reason = _token(exc)
         self._count_refused(reason)
         try:
             remote = getattr(ws.remote, "address", ws.remote)
         except OSError:  # the socket is already gone
             remote = "a closed connection"
-        log.warning("%s handshake with %s refused: %s", direction, remote, exc)
+        log.warning(
+            "%s handshake with %s refused: %s",
+            direction,
+            remote,
+            describe(exc),
+            extra={"reason": reason, "remote": str(remote)},
+        )
+        return reason
 
     def _count_refused(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -325,6 +394,8 @@ class Transport:
             except ConnectionClosed as exc:
                 self._closed(link, exc)
                 return
+            link.traffic.frames_in += 1
+            link.traffic.bytes_in += len(data.encode() if isinstance(data, str) else data)
             try:
                 frame = decode_frame(data, self.config.max_frame_bytes)
             except FrameError as exc:

@@ -61,6 +61,8 @@ _RUNNER_SELECTORS = (
     "+lpush ~results",
     "+hset +hgetall +del ~runner:*",
     "+set +get +expire +del ~presence:runner:*",
+    # the job statistics the runs_* scripts keep (bus/atomic/lua/stats_jobs.lua)
+    "+time +hincrby +hincrbyfloat ~stats:jobs",
     "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:*",
 )
 

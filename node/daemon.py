@@ -125,6 +125,7 @@ async def _run_services(
         reload_peers=reload_peers,
         on_refused=lambda _reason: node.counted.set(),
     )
+    node.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)

@@ -15,6 +15,7 @@ from bus import keys
 from bus.models import Actor, Context, Peer
 from bus.outbox import PeerOutbox
 from bus.store import Store
+from bus.transport import Transport
 from bus.verify import Freshness
 from crypto import KeyPair
 from node.config import NodeConfig
@@ -62,6 +63,8 @@ class NodeState:
     # result messages this node signed lately, by key: their signature entry (see
     # node.messages.signed_here)
     signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    # the node's links (their state and traffic, for node/metrics.py); set once they exist
+    transport: Transport | None = None
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 

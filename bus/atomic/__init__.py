@@ -6,7 +6,8 @@ of a module of this package; nothing above ``bus/`` builds a script or a command
 
 A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
 shared local functions, such as the attempt fence) is placed there, so a rule that several
-scripts enforce is written once.
+scripts enforce is written once. ``${NAME}`` in a script is replaced by the value of that name in
+:data:`CONSTANTS`: the job statistics' key and buckets (``stats_jobs.lua``), named once in Python.
 """
 
 from __future__ import annotations
@@ -17,16 +18,28 @@ from importlib import resources
 
 from coredis.commands.script import Script
 
-__all__ = ["script", "source"]
+from bus import keys
+
+__all__ = ["CONSTANTS", "STATS_BUCKETS_S", "script", "source"]
 
 _INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
+_CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
+
+# Upper bounds (s) of the job duration and round-trip histograms (node/metrics.py): from a
+# local python job (milliseconds) to a long batch job (an hour).
+STATS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+CONSTANTS = {
+    "STATS_KEY": keys.STATS_JOBS,
+    "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
+}
 
 
 @cache
 def source(name: str) -> str:
     """The text of ``lua/<name>.lua`` with its includes expanded (each at most once)."""
     text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-    return _INCLUDE.sub(lambda m: source(m.group(1)), text)
+    text = _INCLUDE.sub(lambda m: source(m.group(1)), text)
+    return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], text)
 
 
 @cache

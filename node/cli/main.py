@@ -29,6 +29,8 @@ from node.cli.status import status
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.launch import Ready, ready_line
+from node.logs import FORMATS
+from node.logs import configure as configure_logging
 
 log = logging.getLogger("hero-node")
 
@@ -61,13 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("trio-websocket").setLevel(logging.WARNING)
-    if args.log_level != "debug":  # its retries before an error the command reports anyway
-        logging.getLogger("coredis").setLevel(logging.WARNING)
+    configure_logging(args.log_level, getattr(args, "log_format", "text"))
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
@@ -135,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_init)
 
     s = sub.add_parser("run", help="run the node until SIGINT/SIGTERM")
+    s.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text lines, or one JSON object per line (ts, level, logger, msg, job, ctx, "
+        "reason, ...) for log shippers",
+    )
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("id", help="print this node's id (its public key)")

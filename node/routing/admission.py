@@ -40,6 +40,8 @@ from node.routing.stops import parse_stop
 from node.state import NodeState
 
 NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
+# the node counter of messages whose signature verified (node/metrics.py)
+VERIFIED = "signatures_verified"
 
 
 async def admit(
@@ -192,6 +194,7 @@ def _check_own(node: NodeState, message: Message) -> None:
     verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), verdict.detail)
+    node.count(VERIFIED)
 
 
 def verify_result(node: NodeState, message: Message) -> ResultBody:
@@ -202,6 +205,7 @@ def verify_result(node: NodeState, message: Message) -> ResultBody:
     verdict = judge(message, signer, now=now(), freshness=node.freshness)
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), verdict.detail)
+    node.count(VERIFIED)
     try:
         return ResultBody.decode(message.message)
     except ModelError as exc:
@@ -233,6 +237,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
     )
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
+    node.count(VERIFIED)
     context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
     may_execute_in(context, ctx, caller)
 

@@ -46,7 +46,12 @@ class LinkHandler:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 
     async def on_bad_frame(self, link: Link, detail: str) -> None:
-        log.warning("bad frame from %s…: %s", link.peer_id[:16], detail)
+        log.warning(
+            "bad frame from %s…: %s",
+            link.peer_id[:16],
+            detail,
+            extra={"peer": link.peer_id, "reason": Reason.BAD_FRAME},
+        )
         self.node.count("bad_frames")
         await self.node.store.dead_letter(
             keys.ACTORS_DB, f"link:{link.peer_id}", Reason.BAD_FRAME, detail
@@ -72,7 +77,15 @@ class LinkHandler:
         for ctx, key, fields in items:
             reason = await self._check_delivery(ctx, key, fields, known)
             if reason:
-                log.warning("refused %s from %s…: %s", key, link.peer_id[:16], reason)
+                token = reason.partition(": ")[0]
+                log.warning(
+                    "refused %s from %s…: %s",
+                    key,
+                    link.peer_id[:16],
+                    reason,
+                    extra={"message_key": key, "ctx": ctx, "peer": link.peer_id, "reason": token},
+                )
+                self.node.count(f"refused_delivery_{token}")
                 await self.node.store.dead_letter(
                     keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, reason
                 )
@@ -81,11 +94,21 @@ class LinkHandler:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
         for ctx, group in by_ctx.items():
-            fresh = sum(await routing.deliver(self.node.store, ctx, group))
-            self._count("delivered", fresh)
-            self._count("redelivered", len(group) - fresh)
+            stored = await routing.deliver(self.node.store, ctx, group)
+            self._count("delivered", sum(stored))
+            self._count("redelivered", len(group) - sum(stored))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
+            for (key, _), new in zip(group, stored, strict=True):
+                log.info(
+                    "received %s from %s…%s",
+                    key,
+                    link.peer_id[:16],
+                    "" if new else " again (stored already)",
+                    extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
+                )
         link.post("acks", acks=acks, nacks=nacks)
+        self._count("acks_sent", len(acks))
+        self._count("nacks_sent", len(nacks))
 
     def _count(self, name: str, n: int) -> None:
         if n:
@@ -141,6 +164,8 @@ class LinkHandler:
         else:  # the peer registered a moment ago; its outbox task is starting
             await outbox.remove_inflight(self.node.store, link.peer_id, answered)
         await self._mark_acked(link, acks)
+        self._count("acks_received", len(acks))
+        self._count("nacks_received", len(nacks))
         for ctx, key, reason in nacks:
             await self._nacked(link, ctx, key, reason)
 

@@ -44,10 +44,38 @@ async def materialise_fresh(
     a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
     a job key of another message is refused and dead-lettered."""
     refused = await materialise_many(node, ctx, messages, script_types, inflight)
+    _log_queued(ctx, messages, {m.key for m, _ in refused}, script_types)
     for message, exc in refused:
         queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
         await reject(node, ctx, message.key, exc, message, service, queue=queue)
         await node.store.ack(ctx, inflight, message.key)
+
+
+def _log_queued(
+    ctx: int, messages: list[Message], refused: set[str], script_types: Collection[str]
+) -> None:
+    """One line per job queued here (what an operator follows, or greps by job key)."""
+    for message in messages:
+        if message.key in refused:
+            continue
+        for job in message.job:
+            if job.script_type not in script_types:
+                continue  # logged with its refusal by _unknown_types
+            log.info(
+                "job %s (%s) queued on %s, from %s… (context %d)",
+                job.key,
+                job.script_type,
+                target_queue(job),
+                message.origin[:16],
+                ctx,
+                extra={
+                    "job": job.key,
+                    "ctx": ctx,
+                    "message_key": message.key,
+                    "type": job.script_type,
+                    "origin": message.origin,
+                },
+            )
 
 
 def _writes(
@@ -126,7 +154,12 @@ async def _unknown_types(
             f"{Reason.UNKNOWN_SCRIPT_TYPE}: no runner for {job.script_type!r} on this node "
             f"(known: {', '.join(sorted(script_types))})"
         )
-        log.warning("job %s: %s", job.key, detail)
+        log.warning(
+            "job %s: %s",
+            job.key,
+            detail,
+            extra={"job": job.key, "ctx": message.context_id, "reason": Reason.UNKNOWN_SCRIPT_TYPE},
+        )
         await queue_result(
             node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
         )

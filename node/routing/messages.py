@@ -55,7 +55,14 @@ async def reject(
     The sender is told through error results for each of its jobs (only for job messages whose
     origin is a node we know), so a client waiting on the reply list does not wait forever.
     """
-    log.warning("%s rejected %s (context %d): %s", service, printable(key), ctx, exc)
+    log.warning(
+        "%s rejected %s (context %d): %s",
+        service,
+        printable(key),
+        ctx,
+        exc,
+        extra={"message_key": printable(key), "ctx": ctx, "reason": str(exc.reason)},
+    )
     node.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
     if message is None or exc.reason == Reason.REPLAY:  # a replay's hash is the original's: keep it

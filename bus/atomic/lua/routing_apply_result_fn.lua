@@ -6,11 +6,13 @@
 -- a refused message that named another message's job key is answered without touching that
 -- job; the request takes its status; the reply is pushed (with its TTL); for a flow's job the
 -- flow id is pushed on flow_events, which wakes the flow engine.
+-- include: stats_jobs
 local function apply_result(job, request, reply, flow_events, a)
   local mine = redis.call('TYPE', job).ok == 'hash'
     and redis.call('HGET', job, 'message_key') == request
   if mine then
     redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
+    stats_answered(job, a[1], a[3])
   end
   redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
   redis.call('LPUSH', reply, a[6])

@@ -12,6 +12,7 @@
 -- as message_key: a message naming another message's job (a replayed or reused job id) is
 -- refused whole, nothing of it written. A replay of an earlier message of the same batch is
 -- refused as such.
+-- include: stats_jobs
 local function taken(m)
   for _, j in ipairs(m.jobs) do
     local kind = redis.call('TYPE', j.key).ok
@@ -38,6 +39,7 @@ for i, m in ipairs(batch) do
     for _, j in ipairs(m.jobs) do
       redis.call('HSET', j.key, unpack(j.fields))
       if j.queue ~= '' then redis.call('LPUSH', j.queue, j.key) end
+      stats_queued(j.key, m.key)
     end
     redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     redis.call('SET', m.seen, '1', 'EX', ARGV[3])

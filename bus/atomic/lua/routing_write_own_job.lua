@@ -4,8 +4,10 @@
 -- Returns: 1 if written, 0 if the key holds another message's job or another type.
 -- Atomic effect: the rule of routing_materialise: a job key held by another message (or by a
 -- value that is no hash) is left as it is; else the fields are written.
+-- include: stats_jobs
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'message_key') ~= ARGV[1])
 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+stats_queued(KEYS[1], false)
 return 1

@@ -3,11 +3,13 @@
 -- result message): the request's status ('processed' or 'error') and processed_at, the waiting
 -- client's reply pushed on reply_list (which expires after ttl seconds), and the job's flow id
 -- (if any) pushed on flow_events for the flow engine.
+-- include: stats_jobs
 local function answer_here(job, request, reply_list, flow_events, status, now, reply, ttl)
   local done = 'error'
   if status == 'finished' then done = 'processed' end
   redis.call('HSET', request, 'status', done, 'updated_at', now, 'processed_at', now)
   redis.call('LPUSH', reply_list, reply)
+  stats_answered(job, status, redis.call('HGET', job, 'reason'))
   redis.call('EXPIRE', reply_list, ttl)
   local flow = redis.call('HGET', job, 'flow_id')
   if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end

@@ -4,8 +4,10 @@
 -- Returns 1, or 0 if already answered or changed since read (runs_answered).
 -- Atomic effect: runs_answered's; the job marked answered (at now) with the result, the
 -- signed result message hash written and its key pushed on msg_out.
+-- include: stats_jobs
 -- include: runs_answered
 redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
 redis.call('HSET', KEYS[4], unpack(ARGV, 6))
 redis.call('LPUSH', KEYS[5], KEYS[4])
+stats_ended(KEYS[1], ARGV[2], false)
 return 1

@@ -4,7 +4,9 @@
 -- Returns 1, or 0 if already answered or changed since read (runs_answered).
 -- Atomic effect: runs_answered's; the job 'dispatched' with the reason, the member added to
 -- the delayed zset at due_ms.
+-- include: stats_jobs
 -- include: runs_answered
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[5], 'updated_at', ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
+stats_ended(KEYS[1], 'retry', ARGV[5])
 return 1

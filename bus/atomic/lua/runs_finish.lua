@@ -5,10 +5,12 @@
 -- Atomic effect: the fence's release; status/result/reason/updated_at on the job, the attempt
 -- entry appended to the attempts list, the answer message hash written and its key pushed on
 -- msg_out.
+-- include: stats_jobs
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
+stats_ended(KEYS[1], ARGV[2], ARGV[4])
 redis.call('HSET', KEYS[6], unpack(ARGV, 7))
 redis.call('LPUSH', KEYS[7], KEYS[6])
 return 1

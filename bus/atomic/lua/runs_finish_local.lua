@@ -5,9 +5,11 @@
 -- Atomic effect: the fence's release; the job's final state and attempt entry as runs_finish;
 -- the request answered (runs_answer_here).
 -- include: runs_answer_here
+-- include: stats_jobs
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
+stats_ended(KEYS[1], ARGV[2], ARGV[4])
 answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8])
 return 1

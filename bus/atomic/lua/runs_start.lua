@@ -6,6 +6,7 @@
 -- Atomic effect: attempt + 1, status 'started' with runner/updated_at/runner_id, the lease
 -- set to the token with a TTL, the job added to the running set; nothing written on refusal.
 -- include: runs_unrunnable
+-- include: stats_jobs
 local bad = unrunnable(KEYS[1])
 if bad then return bad end
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -15,4 +16,5 @@ redis.call('HSET', KEYS[1], 'status', 'started', 'runner', ARGV[1], 'updated_at'
            'runner_id', ARGV[4])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('SADD', KEYS[3], KEYS[1])
+stats_started(KEYS[1])
 return redis.call('HGETALL', KEYS[1])

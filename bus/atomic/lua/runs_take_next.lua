@@ -7,6 +7,7 @@
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>' and its lease '<lease_prefix><key>'.
 -- include: runs_unrunnable
+-- include: stats_jobs
 local nxt = false
 for i = 3, #KEYS do
   nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
@@ -29,6 +30,7 @@ redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3
            'runner_id', ARGV[5])
 redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
 redis.call('SADD', KEYS[2], nxt)
+stats_started(nxt)
 local out = redis.call('HGETALL', nxt)
 table.insert(out, 1, nxt)
 return out

@@ -1,0 +1,196 @@
+"""Prometheus metrics: running nodes run jobs (a success, a failure, a refusal, one across a
+link), then their exposition is parsed as Prometheus would and the families are checked."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+from trio_websocket import ConnectionClosed
+
+from bus import keys
+from bus.atomic import runs, source
+from bus.errors import HandshakeError
+from bus.models import JobStatus
+from bus.store import open_store
+from bus.transport import Transport
+from crypto import KeyPair, read_key_file
+from node.acl import RUNNER, role_url
+from node.metrics import exposition
+from tests.nodes import link_to
+
+Labels = tuple[tuple[str, str], ...]
+Samples = dict[str, dict[Labels, float]]
+
+
+async def scrape(node) -> tuple[Samples, set[str]]:  # noqa: ANN001 - conftest.RunningNode
+    """The node's metrics as Prometheus parses them: sample name -> labels -> value, and the
+    names and types of the families (``name:type``)."""
+    body, content_type = await exposition(node.info.state)
+    assert content_type.startswith("text/plain; version=")
+    samples: Samples = {}
+    families = set()
+    for family in text_string_to_metric_families(body.decode()):
+        families.add(f"{family.name}:{family.type}")
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples, families
+
+
+def value(samples: Samples, metric: str, **labels: str) -> float:
+    return samples.get(metric, {}).get(tuple(sorted(labels.items())), 0.0)
+
+
+async def run_jobs(alice, bob) -> None:  # noqa: ANN001
+    """On alice: a python job that finishes, an sh job that fails twice (one retry), a
+    message signed with a key that is not its actor's (refused); to bob: a python job."""
+    actor = await link_to(alice, bob)
+    stranger = KeyPair.generate()
+    with trio.fail_after(30):
+        ok = await alice.client.submit_job(
+            actor, 1, to="self", context_id=1, script_type="python", script="print(1)"
+        )
+        bad = await alice.client.submit_job(
+            actor, 1, to="self", context_id=1, script_type="sh", script="exit 3", retries=1
+        )
+        forged = await alice.client.submit_job(
+            stranger, 1, to="self", context_id=1, script_type="python", script="print(2)"
+        )
+        remote = await alice.client.submit_job(
+            actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(3)"
+        )
+        outcomes = [(await alice.client.wait_results(m, 25))[0] for m in (ok, bad, forged, remote)]
+    assert [r.status for r in outcomes] == [
+        JobStatus.FINISHED,
+        JobStatus.ERROR,
+        JobStatus.ERROR,
+        JobStatus.FINISHED,
+    ]
+    assert outcomes[2].reason.startswith("wrong_signer")
+
+
+async def test_a_scrape_shows_jobs_queues_links_and_refusals(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob")
+    await run_jobs(alice, bob)
+    a, families = await scrape(alice)
+    py, sh = {"ctx": "1", "type": "python"}, {"ctx": "1", "type": "sh"}
+    # jobs at the origin: submitted, run here, answered (the refusal too, with its reason)
+    assert value(a, "hero_jobs_submitted_total", **py) == 3
+    assert value(a, "hero_jobs_submitted_total", **sh) == 1
+    assert value(a, "hero_jobs_started_total", **py) == 1
+    assert value(a, "hero_jobs_finished_total", **py) == 1
+    assert value(a, "hero_jobs_failed_total", **sh, reason="exit") == 1
+    assert value(a, "hero_jobs_retried_total", **sh, reason="exit") == 1
+    assert value(a, "hero_jobs_started_total", **sh) == 2
+    assert value(a, "hero_job_duration_seconds_count", **sh) == 2
+    assert value(a, "hero_jobs_answered_total", **py, status="finished", reason="") == 2
+    assert value(a, "hero_jobs_answered_total", **py, status="error", reason="wrong_signer") == 1
+    assert value(a, "hero_job_duration_seconds_count", **py) == 1
+    assert value(a, "hero_job_duration_seconds_bucket", **py, le="+Inf") == 1
+    assert value(a, "hero_job_round_trip_seconds_count", **py) == 3
+    assert value(a, "hero_job_round_trip_seconds_count", **sh) == 1
+    buckets = [
+        v for k, v in a["hero_job_round_trip_seconds_bucket"].items() if ("type", "python") in k
+    ]
+    assert buckets == sorted(buckets)  # cumulative
+    assert value(a, "hero_job_round_trip_seconds_sum", **py) > 0
+    # refusals and verifications
+    assert value(a, "hero_messages_refused_total", reason="wrong_signer") == 1
+    assert value(a, "hero_signature_verifications_total", result="wrong_signer") == 1
+    assert value(a, "hero_signature_verifications_total", result="ok") >= 4
+    # queues read at scrape time
+    assert value(a, "hero_queue_depth", ctx="1", queue="dlq") == 1
+    assert value(a, "hero_queue_depth", ctx="1", queue="msg_out") == 0
+    assert a["hero_queue_depth"][(("ctx", "1"), ("queue", "queue:python"))] == 0  # empty: shown
+    assert value(a, "hero_runner_slots", ctx="1", type="python", state="idle") == 2
+    assert value(a, "hero_runner_slots", ctx="1", type="sh", state="busy") == 0
+    assert value(a, "hero_valkey_ping_seconds") > 0
+    # the link to bob
+    peer = {"peer": bob.node_id, "name": "bob"}
+    assert value(a, "hero_link_up", **peer) == 1
+    assert value(a, "hero_outbox_depth", **peer, state="pending") == 0
+    assert value(a, "hero_link_frames_total", **peer, direction="out") >= 1
+    assert value(a, "hero_link_frames_total", **peer, direction="in") >= 2  # ack, result
+    assert value(a, "hero_link_bytes_total", **peer, direction="out") > 100
+    assert value(a, "hero_link_acks_total", direction="received", kind="ack") >= 1
+    assert value(a, "hero_link_acks_total", direction="sent", kind="ack") >= 1  # the result
+    assert {
+        "hero_jobs_submitted:counter",
+        "hero_job_duration_seconds:histogram",
+        "hero_queue_depth:gauge",
+        "hero_link_refusals:counter",
+        "hero_service_restarts:counter",
+    } <= families
+    # bob ran alice's job: received, started, finished there
+    b, _ = await scrape(bob)
+    assert value(b, "hero_jobs_received_total", **py) == 1
+    assert value(b, "hero_jobs_submitted_total", **py) == 0
+    assert value(b, "hero_jobs_finished_total", **py) == 1
+    assert value(b, "hero_job_duration_seconds_count", **py) == 1
+    assert value(b, "hero_link_acks_total", direction="sent", kind="ack") >= 1
+
+
+async def _ignore(*_: object) -> None:
+    return None
+
+
+async def test_link_refusals_are_counted_by_reason(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob")
+    await alice.client.add_peer(bob.node_id, "", name="bob")  # known, never linked
+    # a node bob does not know dials him: he refuses the handshake (unknown_node)
+    stranger = Transport(KeyPair.generate(), lambda: {bob.node_id}, _ignore, _ignore)
+    with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
+        await stranger._dial_once(bob.node_id, bob.info.ws_url)
+    b, _ = await scrape(bob)
+    assert value(b, "hero_link_refusals_total", stage="handshake", reason="unknown_node") == 1
+    await alice.info.state.load_peers()  # as the registry watcher does on its event
+    a, _ = await scrape(alice)
+    assert a["hero_link_up"][(("name", "bob"), ("peer", bob.node_id))] == 0
+
+
+async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
+    """A runner process connected as the ``runner`` user ends a job with a script that counts
+    it in stats:jobs (Valkey's TIME, the hash): its rights allow that."""
+    alice = await node_factory("alice", embedded=True, runners={"python": 1, "ext": 0})
+    actor = read_key_file(alice.config.actor_key_path)
+    inflight = keys.runner_inflight("x")
+    # the runner user may not SCRIPT LOAD: the node loads its scripts
+    await alice.store.call(1, lambda r: r.script_load(source("runs_malformed")))
+    with trio.fail_after(30):
+        async with open_store(role_url(alice.config, alice.info.redis_url, RUNNER)) as runner:
+            await alice.client.submit_job(
+                actor, 1, to="self", context_id=1, script_type="ext", script="say 1"
+            )
+            key = await runner.call(
+                1, lambda r: r.blmove(keys.queue("ext"), inflight, "RIGHT", "LEFT", 20)
+            )
+            fields = await runs.start(alice.store, 1, key, "x:1", 15000, "x")
+            assert isinstance(fields, dict)
+            assert fields["attempt"] == "1"
+            assert await runs.finish_malformed(runner, 1, key, 1, inflight, "a test")
+    a, _ = await scrape(alice)
+    ext = {"ctx": "1", "type": "ext"}
+    assert value(a, "hero_jobs_started_total", **ext) == 1
+    assert value(a, "hero_jobs_failed_total", **ext, reason="malformed_job") == 1
+    assert value(a, "hero_job_duration_seconds_count", **ext) == 1
+
+
+async def test_job_statistics_keep_their_labels_few(store):
+    """Labels come from what runners write: a type is cut at a character no type name has, a
+    reason at its first word, and a retry counts under the reason of its attempt."""
+    job = "job:1:1"
+    await store.hset(1, job, {"status": "dispatched", "script_type": "v-lang.2|x", "attempt": "0"})
+    assert isinstance(await runs.start(store, 1, job, "t", 15000), dict)
+    reason = "retrying after: exit code 3: boom"
+    inflight = keys.inflight("r")
+    ok = await runs.retry_later(
+        store, 1, job, 1, inflight, queue="queue:v", reason=reason, entry="{}", due_ms=1
+    )
+    assert ok
+    stats = await store.hgetall(1, keys.STATS_JOBS)
+    assert stats["started|v-lang.2"] == "1"
+    assert stats["ended|v-lang.2|retry|exit"] == "1"
+    assert sum(int(v) for k, v in stats.items() if k.startswith("duration|v-lang.2|")) == 1
+    assert float(stats["duration_sum|v-lang.2"]) >= 0
