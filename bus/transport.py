@@ -97,6 +97,19 @@ class Link:
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             await self.ws.aclose()
 
+    async def round_trip(self, timeout_s: float) -> float | None:
+        """Seconds the peer took to answer a websocket ping (its frames queued before the pong
+        count too: this is the link's latency as traffic sees it); None if no answer came
+        within ``timeout_s`` or the link is closed."""
+        started = trio.current_time()
+        with trio.move_on_after(timeout_s):
+            try:
+                await self.ws.ping()
+            except ConnectionClosed:
+                return None
+            return trio.current_time() - started
+        return None
+
 
 def default_client_tls() -> ssl.SSLContext:
     """TLS for confidentiality only: peers are authenticated by the handshake, which binds the
