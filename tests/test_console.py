@@ -4,9 +4,11 @@ operator actions, and that it serves no secret. The browser test is test_console
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from node.acl import ROLES, read_secret
 from node.config import load_config
 from node.errors import ConfigError
 from node.home import init_home
+from node.launch import Ready, parse_ready_line, ready_line, start_node_process
 from node.web.server import ConsoleError, bind
 from node.web.settings import ConsoleConfig, parse_console
 from tests.console_http import get, next_state, post
@@ -244,13 +247,16 @@ async def test_retry_re_drives_a_dead_letter(node_factory):
 
 
 async def test_no_key_material_password_or_token_is_served(node_factory):
-    node = await node_factory(
-        "a", embedded=True, console=ConsoleConfig("127.0.0.1:0", token=TOKEN)
-    )
+    node = await node_factory("a", embedded=True, console=ConsoleConfig("127.0.0.1:0", token=TOKEN))
     home, base = node.config.home, node.info.console_url
     actor = read_key_file(node.config.actor_key_path)
     message = await node.client.submit_job(
-        actor, 1, to="self", context_id=1, script_type="sh", script="echo hi",
+        actor,
+        1,
+        to="self",
+        context_id=1,
+        script_type="sh",
+        script="echo hi",
         env_vars={"API_PASSWORD": "env-secret-value"},
     )
     await node.client.wait_results(message, timeout_s=30)
@@ -274,3 +280,32 @@ async def test_no_key_material_password_or_token_is_served(node_factory):
         assert secret.strip()
         assert secret.strip() not in text
     assert "redis_url" not in text
+
+
+def test_the_ready_line_names_the_console():
+    ready = Ready("ab" * 32, "ws://127.0.0.1:7701", "unix://node@/h/run/valkey.sock")
+    assert parse_ready_line(ready_line("a", ready)) == ready
+    with_console = replace(ready, console_url="http://127.0.0.1:7781")
+    assert parse_ready_line(ready_line("a", with_console)) == with_console
+
+
+@pytest.mark.slow
+async def test_hero_node_run_serves_the_console_and_stops_on_sigterm(tmp_path: Path):
+    home = tmp_path / "h"
+    init_home(home, listen_port=0)
+    proc, ready = await start_node_process(home, log_level="warning")
+    try:
+        assert ready.console_url.startswith("http://127.0.0.1:")
+        status, _, page = await get(ready.console_url + "/")
+        assert status == 200
+        assert b"hero-node" in page
+        with trio.fail_after(30):
+            state = await next_state(ready.console_url + "/api/events", lambda s: True)
+        assert state["node"]["id"] == ready.node_id
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

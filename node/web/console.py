@@ -116,14 +116,13 @@ async def _feed(console: Console) -> AsyncIterator[str]:
     while True:
         try:
             snapshot = await console.state()
-            text = json.dumps(snapshot, separators=(",", ":"))
-            changed = json.dumps(snapshot | {"now": 0}) != last
-            if changed:
-                last = json.dumps(snapshot | {"now": 0})
-                yield f"event: state\ndata: {text}\n\n"
+            compared = json.dumps(snapshot | {"now": 0}, separators=(",", ":"))
+            if compared != last:
+                last = compared
+                yield f"event: state\ndata: {json.dumps(snapshot, separators=(',', ':'))}\n\n"
                 quiet_since = trio.current_time()
         except BusError as exc:
-            last = ""
+            last = ""  # the first snapshot after an outage is sent whatever it holds
             yield f"event: trouble\ndata: {json.dumps(str(exc))}\n\n"
             quiet_since = trio.current_time()
         if trio.current_time() - quiet_since >= KEEPALIVE_S:

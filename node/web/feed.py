@@ -108,7 +108,6 @@ class Feed:
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.node_id,
             "name": self.node.config.name,
-            "running_jobs": self.node.running_jobs,
             "counters": counters.snapshot(self.node, self.transport),
         }
 
@@ -181,12 +180,7 @@ class Feed:
         lens = await store.llen_many(ctx, [*names, keys.DLQ])
         letters = []
         for raw in await store.lrange_head(ctx, keys.DLQ, DEAD_LETTERS_SHOWN):
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                entry = {"key": raw[:200], "reason": "unreadable"}
-            if isinstance(entry, dict):
-                letters.append({k: entry.get(k, "") for k in _DEAD_LETTER_FIELDS})
+            letters.append(dead_letter_view(raw))
         queues = dict(zip(names, lens, strict=False))
         return {
             "id": ctx,
@@ -298,9 +292,7 @@ class Feed:
                 sent.update(await store.lrange_head(keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
         return queued, sent
 
-    def _message_view(
-        self, ctx: int, key: str, row: dict[str, str], place: str
-    ) -> dict[str, Any]:
+    def _message_view(self, ctx: int, key: str, row: dict[str, str], place: str) -> dict[str, Any]:
         destination = row.get("destination", "")
         here = not destination or destination == self.node.node_id
         status = row.get("status", "")
@@ -334,6 +326,17 @@ _LOCAL = {
     "processed": "processed here",
     "error": "refused or failed",
 }
+
+
+def dead_letter_view(raw: str) -> dict[str, Any]:
+    """A dlq entry as the page lists it; one that is not a JSON object, as unreadable."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        entry = None
+    if not isinstance(entry, dict):
+        entry = {"key": raw[:200], "reason": "unreadable"}
+    return {k: str(entry.get(k, "")) for k in _DEAD_LETTER_FIELDS}
 
 
 def job_view(ctx: int, key: str, row: dict[str, str]) -> dict[str, Any]:

@@ -100,6 +100,6 @@ def render_console(console: ConsoleConfig) -> str:
     return (
         "# the web console (http://<listen>/): live view of this node, its peers, queues, jobs,\n"
         '# flows and dlq. listen = "" turns it off; a non-loopback host needs allow_remote =\n'
-        "# true; token = \"<a long random string>\" enables dlq retry/purge for whoever gives it\n"
+        '# true; token = "<a long random string>" enables dlq retry/purge for whoever gives it\n'
         + tomli_w.dumps({"console": table | ({"token": console.token} if console.token else {})})
     )

@@ -45,7 +45,7 @@ function table(head, rows) {
 }
 
 function fill(id, ...content) {
-  document.querySelector("#" + id + " .body").replaceChildren(...content);
+  document.querySelector("#" + id + " .body").replaceChildren(...content.flat());
 }
 
 function drawNode(s) {
@@ -55,7 +55,7 @@ function drawNode(s) {
   const counters = Object.entries(n.counters).map(([k, v]) => el("span", { class: "badge" }, k + " " + v));
   fill("node",
     el("p", {}, "listen ", el("span", { class: "mono" }, n.ws_url || "?"), " · pid ", n.pid,
-      " · up since ", ago(s.now, Number(n.started_at)), " · ", n.running_jobs, " job(s) running here"),
+      " · started ", ago(s.now, Number(n.started_at))),
     el("div", { class: "counters" }, counters.length ? counters : el("span", { class: "muted" }, "no counters yet")));
 }
 
@@ -63,7 +63,7 @@ function drawPeers(s) {
   fill("peers", table(["peer", "link", "last seen", "round trip", "outbox", "sent, unacked"],
     s.peers.map((p) => el("tr", { "data-peer": p.id },
       el("td", {}, p.name || "-", el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…")),
-      el("td", {}, badge(p.link), " ", el("span", { class: "muted" }, ago(s.now, p.since))),
+      el("td", {}, badge(p.link), " ", el("span", { class: "muted" }, "since " + ago(s.now, p.since))),
       el("td", {}, ago(s.now, p.last_seen)),
       el("td", {}, p.rtt_ms === null ? "—" : p.rtt_ms + " ms"),
       el("td", {}, p.outbox), el("td", {}, p.in_flight)))));
@@ -188,9 +188,20 @@ function feedState(text, cls) {
   b.textContent = text; b.className = "badge st-" + cls;
 }
 
+// The feed sends a snapshot only when something changed: between two, the page ages what it
+// shows ("3 s ago") by its own clock, redrawing once a second.
+let latest = null, receivedAt = 0;
+setInterval(() => {
+  if (latest) draw({ ...latest, now: latest.now + Math.floor((Date.now() - receivedAt) / 1000) });
+}, 1000);
+
 function connect() {
   const source = new EventSource("/api/events");
-  source.addEventListener("state", (e) => { feedState("live", "live"); draw(JSON.parse(e.data)); });
+  source.addEventListener("state", (e) => {
+    feedState("live", "live");
+    latest = JSON.parse(e.data); receivedAt = Date.now();
+    draw(latest);
+  });
   source.addEventListener("trouble", (e) => feedState(JSON.parse(e.data), "trouble"));
   source.onerror = () => feedState("reconnecting…", "trouble");  // EventSource retries by itself
 }

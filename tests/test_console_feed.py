@@ -1,0 +1,74 @@
+"""The console's read side against a real Valkey: finding the newest keys without an index
+(node/web/recent.py), and snapshots that survive whatever the hashes hold (node/web/feed.py)."""
+
+from __future__ import annotations
+
+import json
+
+from bus import keys
+from node.web import recent
+from node.web.recent import Recent
+from node.web.settings import ConsoleConfig
+from tests.console_http import get
+
+CTX = 1
+
+
+async def test_recent_keeps_the_newest_by_created_at(store):
+    for i in range(1, 41):
+        await store.hset(CTX, keys.job(1, i), {"created_at": str(1000 + i), "status": "x"})
+    await store.hset(CTX, "flow:9", {"created_at": "5000"})  # another pattern: not a job
+    jobs = Recent(CTX, "job:*", keep=5)
+    await jobs.refresh(store)
+    assert jobs.newest == [keys.job(1, i) for i in (40, 39, 38, 37, 36)]
+    await store.hset(CTX, keys.job(1, 99), {"created_at": "999999"})
+    await store.hset(CTX, keys.job(1, 98), {"created_at": "1"})  # older than all kept
+    await jobs.refresh(store)
+    assert jobs.newest[:2] == [keys.job(1, 99), keys.job(1, 40)]
+    assert keys.job(1, 98) not in jobs.newest
+    jobs.forget(keys.job(1, 99))
+    assert jobs.newest[0] == keys.job(1, 40)
+
+
+async def test_recent_walks_a_large_db_in_bounded_steps(store, monkeypatch):
+    monkeypatch.setattr(recent, "SCAN_COUNT", 10)
+    monkeypatch.setattr(recent, "SCAN_STEPS", 2)
+    for i in range(1, 201):
+        await store.hset(CTX, keys.job(1, i), {"created_at": str(i)})
+    jobs = Recent(CTX, "job:*", keep=3)
+    await jobs.refresh(store)
+    assert 0 < len(jobs._seen) < 200  # one refresh looked at part of the DB only
+    refreshes = 1
+    while len(jobs._seen) < 200:
+        await jobs.refresh(store)
+        refreshes += 1
+        assert refreshes < 100
+    assert jobs.newest == [keys.job(1, 200), keys.job(1, 199), keys.job(1, 198)]
+
+
+async def test_a_snapshot_survives_hostile_hashes(node_factory):
+    node = await node_factory("a", console=ConsoleConfig("127.0.0.1:0"))
+    store = node.store
+    await store.hset(CTX, keys.job(1, 5), {"created_at": "soon", "result": "[not json"})
+    await store.hset(CTX, keys.job(1, 6), {"created_at": "7", "result": '["a list"]'})
+    await store.hset(CTX, keys.flow(8), {"created_at": "7", "doc": "{broken"})
+    await store.hset(CTX, "flow:x", {"created_at": "7"})
+    not_utf8 = {"created_at": "7", "status": b"\xff\xfe"}
+    await store.call(CTX, lambda r: r.hset(keys.message(1, 9), not_utf8))
+    await store.lpush(CTX, keys.DLQ, "not json", json.dumps(["a", "list"]))
+    status, _, body = await get(node.info.console_url + "/api/state")
+    assert status == 200
+    state = json.loads(body)
+    shown = {j["key"]: j for j in state["jobs"]}
+    assert shown[keys.job(1, 5)]["stdout"] == ""
+    assert shown[keys.job(1, 6)]["created_at"] == 7
+    assert state["flows"] == []  # unreadable flows are left out
+    [ctx] = state["contexts"]
+    assert ctx["dlq"]["length"] == 2
+    unreadable = {"reason": "unreadable", "detail": "", "at": "", "queue": ""}
+    assert ctx["dlq"]["entries"] == [
+        {"key": '["a", "list"]'} | unreadable,
+        {"key": "not json"} | unreadable,
+    ]
+    [message] = state["messages"]
+    assert message["key"] == keys.message(1, 9)
