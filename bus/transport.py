@@ -32,6 +32,7 @@ from trio_websocket import (
 from bus import handshake as hs
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from bus.ids import now
 from bus.reasons import Reason
 from crypto import KeyPair
 
@@ -61,6 +62,7 @@ class Link:
     ws: WebSocketConnection
     initiator: bool
     closed: trio.Event = field(default_factory=trio.Event)
+    up_since: int = field(default_factory=now)  # wall clock (s): when the handshake succeeded
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
 

@@ -153,6 +153,7 @@ async def test_page_and_feed_show_a_job_submitted_after_they_opened(node_factory
     assert job["stdout"] == "42\n"
     assert job["exit_code"] == "0"
     assert job["duration_s"] is not None
+    assert job["node"] == "a"
     [ctx] = state["contexts"]
     assert ctx["id"] == 1
     assert "queue:python" in ctx["queues"]
@@ -178,6 +179,7 @@ async def test_peers_show_link_state_round_trip_and_outbox(node_factory):
     assert peer["rtt_ms"] >= 0
     assert peer["last_seen"] > 0
     assert peer["outbox"] == 0
+    assert 0 < peer["since"] <= state["now"]
     bob.stop()
     with trio.fail_after(30):
         state = await next_state(

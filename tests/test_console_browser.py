@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from bus import keys
 from node.web.settings import ConsoleConfig
 from tests.nodes import link_to
 
@@ -157,3 +158,30 @@ async def test_console_in_chromium_shows_new_jobs_and_a_live_dag(
     assert shot.read_bytes().startswith(b"\x89PNG")
     if target := os.environ.get("HERO_CONSOLE_SCREENSHOT"):
         shutil.copyfile(shot, target)
+
+
+async def test_console_in_chromium_purges_a_dead_letter_with_the_token(node_factory, browser):
+    token = "operator-token-for-the-browser-test"
+    node = await node_factory("a", console=ConsoleConfig("127.0.0.1:0", token=token))
+    await node.store.dead_letter(1, "message:1:77", "malformed", "a test entry", queue="msg_out")
+    driver = browser
+    purge = '#contexts tr[data-dlq="message:1:77"] button[data-act="purge"]'
+
+    def give_token_and_purge(value: str) -> None:
+        field = driver.find_element("css selector", "#token")
+        field.clear()
+        field.send_keys(value)
+        driver.find_element("css selector", purge).click()
+
+    with trio.fail_after(60):
+        await in_browser(driver.get, node.info.console_url + "/")
+        await wait_for(driver, purge)
+        await in_browser(give_token_and_purge, token + "-wrong")
+        await wait_for(driver, '#action-result[data-outcome="refused"]')
+        assert await node.store.llen(1, keys.DLQ) == 1
+        await in_browser(give_token_and_purge, token)
+        await wait_for(driver, '#action-result[data-outcome="done"]')
+        await wait_for(driver, '#contexts div[data-context="1"][data-dlq-length="0"]')
+    assert await node.store.llen(1, keys.DLQ) == 0
+    page = await in_browser(lambda: driver.page_source)
+    assert token not in page

@@ -54,8 +54,9 @@ MESSAGE_FIELDS: Final = ["status", "destination", "origin", "message_type", "cre
 
 @dataclass
 class LinkView:
-    """What the console remembers of a peer's link (the transport keeps only whether it is
-    up): since when it is up or down, when the peer last answered, its last round trip."""
+    """What the console knows of a peer's link: up or down and since when (up: from the
+    link; down: since the console saw it go), when the peer last answered a ping, and how
+    long that took."""
 
     up: bool = False
     since: int = 0
@@ -150,12 +151,14 @@ class Feed:
 
         async with trio.open_nursery() as nursery:
             for peer_id in peer_ids:
-                view = self.links.setdefault(peer_id, LinkView(since=stamp))
-                up = self.transport.link(peer_id) is not None
-                if up != view.up:
-                    view.up, view.since = up, stamp
-                if up:
+                # a link found down when the console first looks: down since unknown (0)
+                view = self.links.setdefault(peer_id, LinkView())
+                link = self.transport.link(peer_id)
+                if link is not None:
+                    view.up, view.since = True, link.up_since
                     nursery.start_soon(ping, peer_id, view)
+                elif view.up:
+                    view.up, view.since = False, stamp
 
     def _node_name(self, node_id: str) -> str:
         if node_id == self.node.node_id:
@@ -219,13 +222,24 @@ class Feed:
         for ctx in contexts:
             names = await self._newest(ctx, "job:*", JOBS_SHOWN)
             rows = await self.node.store.hmget_many(ctx, names, JOB_FIELDS)
+            views = []
             for key, row in zip(names, rows, strict=True):
                 if not row:
                     self._forget(ctx, "job:*", key)
                     continue
-                out.append(job_view(ctx, key, row))
+                views.append(job_view(ctx, key, row))
+            await self._where(ctx, views)
+            out.extend(views)
         out.sort(key=lambda j: j["created_at"], reverse=True)
         return out[:JOBS_SHOWN]
+
+    async def _where(self, ctx: int, jobs: list[dict[str, Any]]) -> None:
+        """Name the node each job runs on: the destination of the message that carried it."""
+        carriers = await self.node.store.hmget_many(
+            ctx, [j["message"] for j in jobs], ["destination"]
+        )
+        for job, carrier in zip(jobs, carriers, strict=True):
+            job["node"] = self._node_name(carrier.get("destination") or self.node.node_id)
 
     async def _flows(self, contexts: list[int]) -> list[dict[str, Any]]:
         out = []

@@ -121,10 +121,10 @@ function drawFlows(s) {
 }
 
 function drawJobs(s) {
-  fill("jobs", table(["job", "type", "status", "duration", "output", "submitted"],
+  fill("jobs", table(["job", "type", "on", "status", "duration", "output", "submitted"],
     s.jobs.map((j) => el("tr", { "data-key": j.key, "data-status": j.status },
       el("td", { class: "mono" }, j.key, j.context !== 1 ? " (ctx " + j.context + ")" : ""),
-      el("td", {}, j.type),
+      el("td", {}, j.type), el("td", {}, j.node),
       el("td", {}, badge(j.status), j.attempt > 1 ? " attempt " + j.attempt : "",
         j.reason ? el("div", { class: "muted" }, j.reason) : null),
       el("td", {}, j.duration_s === null ? "—" : j.duration_s + " s"),
@@ -143,7 +143,7 @@ function dlqRow(ctx, d) {
 }
 
 function drawContexts(s) {
-  fill("contexts", ...s.contexts.map((c) => el("div", { "data-context": c.id },
+  fill("contexts", ...s.contexts.map((c) => el("div", { "data-context": c.id, "data-dlq-length": c.dlq.length },
     el("h3", {}, "context " + c.id),
     el("div", { class: "counters" }, Object.entries(c.queues).map(([q, n]) =>
       el("span", { class: "badge", "data-queue": q }, q + " " + n))),
@@ -172,6 +172,7 @@ function draw(s) {
 }
 
 async function act(button) {
+  document.getElementById("action-result").dataset.outcome = "pending";
   const token = document.getElementById("token").value;
   sessionStorage.setItem("hero-console-token", token);
   const body = { context: Number(button.dataset.ctx), key: button.dataset.key || null };
@@ -180,7 +181,9 @@ async function act(button) {
     body: JSON.stringify(body),
   });
   const answer = await reply.json();
-  document.getElementById("action-result").textContent = answer.error || JSON.stringify(answer);
+  const result = document.getElementById("action-result");
+  result.textContent = answer.error || JSON.stringify(answer);
+  result.dataset.outcome = reply.ok ? "done" : "refused";
 }
 
 function feedState(text, cls) {
