@@ -40,12 +40,19 @@ async def next_state(
     url: str, until: Callable[[dict[str, Any]], bool], raw: list[str] | None = None
 ) -> dict[str, Any]:
     """Follow the live feed at ``url`` (/api/events) until a ``state`` event satisfies
-    ``until``; return it. Every event's text is appended to ``raw`` if given. Bound the
-    call with trio.fail_after: the thread reading the stream ends when its socket times out."""
-    return await trio.to_thread.run_sync(_follow, url, until, raw, abandon_on_cancel=True)
+    ``until``; return it. Every line read is appended to ``raw`` if given. Bound the call
+    with trio.fail_after: the thread reading the stream ends when its socket times out."""
+    return await next_event(url, "state", until, raw)
 
 
-def _follow(url: str, until: Callable[[dict[str, Any]], bool], raw: list[str] | None) -> dict:
+async def next_event(
+    url: str, name: str, until: Callable[[Any], bool], raw: list[str] | None = None
+) -> Any:  # noqa: ANN401 - an event's JSON data
+    """The data of the first event ``name`` of the feed at ``url`` that satisfies ``until``."""
+    return await trio.to_thread.run_sync(_follow, url, name, until, raw, abandon_on_cancel=True)
+
+
+def _follow(url: str, name: str, until: Callable[[Any], bool], raw: list[str] | None) -> Any:  # noqa: ANN401
     with urllib.request.urlopen(url, timeout=30) as stream:
         assert stream.headers["Content-Type"].startswith("text/event-stream")
         event, data = "", ""
@@ -57,8 +64,8 @@ def _follow(url: str, until: Callable[[dict[str, Any]], bool], raw: list[str] | 
                 event = text[len("event: ") :]
             elif text.startswith("data: "):
                 data = text[len("data: ") :]
-            elif not text and event == "state":
-                state = json.loads(data)
-                if until(state):
-                    return state
+            elif not text and event == name:
+                value = json.loads(data)
+                if until(value):
+                    return value
     raise AssertionError("the feed ended")

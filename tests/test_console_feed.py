@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import trio
+
 from bus import keys
 from node.web import recent
 from node.web.recent import Recent
 from node.web.settings import ConsoleConfig
-from tests.console_http import get
+from tests.console_http import get, next_event, next_state
+from tests.faults_proxy import TcpProxy
 
 CTX = 1
 
@@ -72,3 +75,29 @@ async def test_a_snapshot_survives_hostile_hashes(node_factory):
     ]
     [message] = state["messages"]
     assert message["key"] == keys.message(1, 9)
+
+
+async def test_the_console_says_when_valkey_is_unreachable_and_recovers(
+    node_factory, valkey_factory, nursery
+):
+    server = valkey_factory()
+    proxy = TcpProxy(int(server.url.rsplit(":", 1)[1]))
+    await nursery.start(proxy.run)
+    node = await node_factory(
+        "a", redis_url=f"redis://127.0.0.1:{proxy.port}", console=ConsoleConfig("127.0.0.1:0")
+    )
+    base = node.info.console_url
+    status, _, _ = await get(base + "/api/state")
+    assert status == 200
+    await proxy.cut()
+    raw: list[str] = []
+    with trio.fail_after(60):
+        trouble = await next_event(base + "/api/events", "trouble", lambda e: True)
+        assert trouble.startswith("redis ")  # the StoreError, as the node logs it
+        status, _, body = await get(base + "/api/state")
+        assert status == 503
+        assert "cannot read the node's Valkey" in json.loads(body)["error"]
+        await proxy.restore()
+        state = await next_state(base + "/api/events", lambda s: True, raw)
+    assert state["node"]["name"] == "a"
+    assert "event: state" in raw
