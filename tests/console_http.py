@@ -12,9 +12,9 @@ from typing import Any
 import trio
 
 
-async def get(url: str) -> tuple[int, dict[str, str], bytes]:
+async def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of GET ``url``."""
-    return await trio.to_thread.run_sync(_request, url, None, {})
+    return await trio.to_thread.run_sync(_request, url, None, headers or {})
 
 
 async def post(url: str, body: object, token: str | None = None) -> tuple[int, dict[str, Any]]:

@@ -164,6 +164,26 @@ async def test_page_and_feed_show_a_job_submitted_after_they_opened(node_factory
     assert msg["status"] == "processed" or msg["status"] == "acknowledged"
 
 
+async def test_a_loopback_console_answers_only_for_loopback_names(node_factory):
+    node = await node_factory("a", console=ON_FREE_PORT)
+    url = node.info.console_url
+    port = url.rsplit(":", 1)[1]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
+        status, _, _ = await get(url + "/api/state", {"Host": host})
+        assert status == 200, host
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        for path in ("/", "/api/state", "/api/events"):
+            status, _, body = await get(url + path, {"Host": host})
+            assert status == 421, (host, path)
+            assert b"job" not in body
+
+
+async def test_allow_remote_answers_for_any_host_name(node_factory):
+    node = await node_factory("a", console=ConsoleConfig("127.0.0.1:0", allow_remote=True))
+    status, _, _ = await get(node.info.console_url + "/api/state", {"Host": "node.example"})
+    assert status == 200
+
+
 async def test_peers_show_link_state_round_trip_and_outbox(node_factory):
     alice = await node_factory("alice", console=ON_FREE_PORT)
     bob = await node_factory("bob")

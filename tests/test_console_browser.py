@@ -50,7 +50,7 @@ observer.observe(document.documentElement, {subtree: true, childList: true, attr
 
 
 @pytest.fixture
-def browser(tmp_path: Path) -> Iterator[object]:
+def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         why = (
             f"the console test needs {CHROMIUM} and {CHROMEDRIVER} "
@@ -62,6 +62,7 @@ def browser(tmp_path: Path) -> Iterator[object]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager: never fetch a driver
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for flag in [*FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"]:

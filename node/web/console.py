@@ -47,12 +47,27 @@ HEADERS: Final = {
 }
 
 
-class Console:
-    """The app's state: the node's feed and the operator token ("" : read-only)."""
+LOOPBACK_HOSTS: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 
-    def __init__(self, feed: Feed, token: str) -> None:
+
+class Console:
+    """The app's state: the node's feed, the operator token ("" : read-only) and the host
+    names a request may name (None: any)."""
+
+    def __init__(self, feed: Feed, token: str, hosts: frozenset[str] | None = None) -> None:
         self.feed = feed
         self._token = token.encode()
+        self.hosts = hosts
+
+    def host_allowed(self, request: Request) -> bool:
+        """Whether the request names a host this console answers for. A console on loopback
+        answers only for loopback names: a web page whose DNS name was rebound to 127.0.0.1
+        would otherwise read the node's jobs from the operator's own browser."""
+        if self.hosts is None:
+            return True
+        host = request.headers.get("host", "")
+        name = host.rpartition("]")[0].lstrip("[") if host.startswith("[") else host.split(":")[0]
+        return name.lower() in self.hosts
 
     @property
     def actions(self) -> bool:
@@ -86,6 +101,8 @@ def build_app(console: Console) -> Starlette:
 
 def _endpoint(console: Console, handler: Any) -> Any:  # noqa: ANN401 - Starlette endpoints
     async def endpoint(request: Request) -> Response:
+        if not console.host_allowed(request):
+            return _refuse(421, "this console answers only for its own address")
         response: Response = await handler(console, request)
         response.headers.update(HEADERS)
         return response

@@ -17,7 +17,7 @@ from hypercorn.utils import wrap_app
 from bus.transport import Transport
 from node.errors import NodeError
 from node.state import NodeState
-from node.web.console import Console, build_app
+from node.web.console import LOOPBACK_HOSTS, Console, build_app
 from node.web.feed import Feed
 from node.web.settings import ConsoleConfig
 
@@ -73,7 +73,9 @@ async def run_console(
     hypercorn.accesslog = None
     hypercorn.errorlog = logging.getLogger("hypercorn.error")
     hypercorn.graceful_timeout = GRACEFUL_S
-    starlette: Any = build_app(Console(Feed(node, transport), config.token))  # an ASGI app
+    hosts = None if config.allow_remote else LOOPBACK_HOSTS | {host.lower()}
+    console = Console(Feed(node, transport), config.token, hosts)
+    starlette: Any = build_app(console)  # an ASGI app
     app = wrap_app(starlette, 0, "asgi")
     with sock:
         async with trio.open_nursery() as nursery:
