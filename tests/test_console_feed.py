@@ -8,11 +8,13 @@ import json
 import trio
 
 from bus import keys
-from node.web import recent
+from node.web import recent, views
 from node.web.recent import Recent
 from node.web.settings import ConsoleConfig
+from node.web.views import job_view, message_view
 from tests.console_http import get, next_event, next_state
 from tests.faults_proxy import TcpProxy
+from tests.nodes import link_to
 
 CTX = 1
 
@@ -101,3 +103,43 @@ async def test_the_console_says_when_valkey_is_unreachable_and_recovers(
         state = await next_state(base + "/api/events", lambda s: True, raw)
     assert state["node"]["name"] == "a"
     assert "event: state" in raw
+
+
+async def test_a_message_for_a_peer_that_is_down_shows_in_its_outbox(node_factory):
+    alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0"))
+    bob = await node_factory("bob")
+    actor = await link_to(alice, bob)
+    bob.stop()
+    message = await alice.client.submit_job(
+        actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(1)"
+    )
+
+    def queued(state: dict) -> bool:
+        # (the outbox's texts are the only ones that name the peer)
+        return any(m["key"] == message.key and "bob" in m["delivery"] for m in state["messages"])
+
+    with trio.fail_after(30):
+        state = await next_state(alice.info.console_url + "/api/events", queued)
+    [shown] = [m for m in state["messages"] if m["key"] == message.key]
+    assert shown["delivery"] in ("in the outbox for bob", "sent to bob, not acknowledged yet")
+    assert shown["to"] == "bob"
+    [peer] = state["peers"]
+    assert peer["outbox"] + peer["in_flight"] == 1
+
+
+def test_views_of_hostile_or_partial_rows():
+    names = {"n1": "alice", "n2": "bob"}.get
+    assert job_view(1, "job:1:2", {})["duration_s"] is None
+    done = {"status": "finished", "created_at": "10", "updated_at": "13", "result": "{}"}
+    assert job_view(1, "job:1:2", done)["duration_s"] == 3
+    backwards = done | {"updated_at": "9"}
+    assert job_view(1, "job:1:2", backwards)["duration_s"] == 0
+    long = json.dumps({"stdout": "x" * 10_000})
+    assert len(job_view(1, "job:1:2", {"result": long})["stdout"]) == views.OUTPUT_CHARS
+    row = {"status": "acknowledged", "destination": "n2"}
+    assert message_view(1, "m", row, "", "n1", names)["delivery"] == (
+        "stored and queued by the destination"
+    )
+    assert message_view(1, "m", row, "queued", "n1", names)["delivery"] == "in the outbox for bob"
+    local = message_view(1, "m", {"status": "processed"}, "", "n1", names)
+    assert (local["to"], local["delivery"]) == ("alice", "processed here")

@@ -9,7 +9,6 @@ Redis URL, the actors' keys, job scripts and job environments are never read int
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Final
@@ -26,6 +25,14 @@ from node.runners.presence import live_runners
 from node.runners.queues import consume_order, slot_bases
 from node.state import NodeState
 from node.web.recent import Recent
+from node.web.views import (
+    JOB_FIELDS,
+    MESSAGE_FIELDS,
+    dead_letter_view,
+    flow_view,
+    job_view,
+    message_view,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +43,7 @@ JOBS_SHOWN: Final = 30
 FLOWS_SHOWN: Final = 6
 MESSAGES_SHOWN: Final = 20
 DEAD_LETTERS_SHOWN: Final = 20
-OUTPUT_CHARS: Final = 400  # of a job's stdout/stderr
 OUTBOX_LOOKED_AT: Final = 500  # entries of a peer's outbox read to tell a message's place
-JOB_FIELDS: Final = [
-    "status",
-    "script_type",
-    "created_at",
-    "updated_at",
-    "result",
-    "reason",
-    "message_key",
-    "attempt",
-]
-_DEAD_LETTER_FIELDS: Final = ("key", "reason", "detail", "at", "queue")
-MESSAGE_FIELDS: Final = ["status", "destination", "origin", "message_type", "created_at", "reason"]
 
 
 @dataclass
@@ -250,29 +244,8 @@ class Feed:
                 except (BusError, ValueError, IndexError):
                     self._forget(ctx, "flow:*", key)
                     continue
-                out.append(self._flow_view(ctx, key, state))
+                out.append(flow_view(ctx, state, self._node_name))
         return out
-
-    def _flow_view(self, ctx: int, key: str, state: Any) -> dict[str, Any]:  # noqa: ANN401
-        return {
-            "id": str(state.id),
-            "context": ctx,
-            "name": state.name,
-            "status": str(state.status),
-            "reason": state.reason,
-            "jobs": [
-                {
-                    "id": j.id,
-                    "key": j.job_key,
-                    "node": self._node_name(j.node),
-                    "depends": list(j.depends),
-                    "status": str(j.status),
-                    "reason": j.reason,
-                    "stdout": j.stdout[-OUTPUT_CHARS:],
-                }
-                for j in state.jobs
-            ],
-        }
 
     async def _messages(
         self, contexts: list[int], peers: list[dict[str, Any]]
@@ -288,7 +261,7 @@ class Feed:
                     continue
                 entry = outbox.entry(ctx, key)
                 place = "queued" if entry in queued else "sent" if entry in sent else ""
-                out.append(self._message_view(ctx, key, row, place))
+                out.append(message_view(ctx, key, row, place, self.node.node_id, self._node_name))
         out.sort(key=lambda m: m["created_at"], reverse=True)
         return out[:MESSAGES_SHOWN]
 
@@ -305,83 +278,3 @@ class Feed:
                 box = keys.outbox_inflight(peer["id"])
                 sent.update(await store.lrange_head(keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
         return queued, sent
-
-    def _message_view(self, ctx: int, key: str, row: dict[str, str], place: str) -> dict[str, Any]:
-        destination = row.get("destination", "")
-        here = not destination or destination == self.node.node_id
-        status = row.get("status", "")
-        if place == "queued":
-            delivery = f"in the outbox for {self._node_name(destination)}"
-        elif place == "sent":
-            delivery = f"sent to {self._node_name(destination)}, not acknowledged yet"
-        else:
-            delivery = _DELIVERY.get(status, status) if not here else _LOCAL.get(status, status)
-        return {
-            "key": key,
-            "context": ctx,
-            "status": status,
-            "type": row.get("message_type", ""),
-            "to": self._node_name(destination) if destination else self.node.config.name,
-            "delivery": delivery,
-            "reason": row.get("reason", ""),
-            "created_at": _int(row.get("created_at")),
-        }
-
-
-_DELIVERY = {
-    "dispatched": "waiting to be routed",
-    "acknowledged": "stored and queued by the destination",
-    "processed": "processed, result back",
-    "error": "refused or failed",
-}
-_LOCAL = {
-    "dispatched": "waiting to be routed",
-    "acknowledged": "accepted here",
-    "processed": "processed here",
-    "error": "refused or failed",
-}
-
-
-def dead_letter_view(raw: str) -> dict[str, Any]:
-    """A dlq entry as the page lists it; one that is not a JSON object, as unreadable."""
-    try:
-        entry = json.loads(raw)
-    except ValueError:
-        entry = None
-    if not isinstance(entry, dict):
-        entry = {"key": raw[:200], "reason": "unreadable"}
-    return {k: str(entry.get(k, "")) for k in _DEAD_LETTER_FIELDS}
-
-
-def job_view(ctx: int, key: str, row: dict[str, str]) -> dict[str, Any]:
-    """A job as the page lists it: status, type, duration (s, once final) and output tails."""
-    try:
-        result = json.loads(row.get("result") or "{}")
-    except ValueError:
-        result = {}
-    if not isinstance(result, dict):
-        result = {}
-    created, updated = _int(row.get("created_at")), _int(row.get("updated_at"))
-    status = row.get("status", "")
-    final = status in ("finished", "error")
-    return {
-        "key": key,
-        "context": ctx,
-        "status": status,
-        "type": row.get("script_type", ""),
-        "created_at": created,
-        "duration_s": max(updated - created, 0) if final and created and updated else None,
-        "attempt": _int(row.get("attempt")),
-        "reason": row.get("reason", ""),
-        "stdout": str(result.get("stdout", ""))[-OUTPUT_CHARS:],
-        "stderr": str(result.get("stderr", ""))[-OUTPUT_CHARS:],
-        "exit_code": str(result.get("exit_code", "")),
-        "message": row.get("message_key", ""),
-    }
-
-
-def _int(value: str | None) -> int:
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
