@@ -85,6 +85,30 @@ def test_a_home_without_a_console_table_has_none(tmp_path: Path):
     assert not load_config(config.home).console.enabled
 
 
+@pytest.mark.slow
+def test_hero_node_init_says_where_the_console_is(tmp_path: Path):
+    def init(home: str, *extra: str) -> str:
+        argv = [sys.executable, "-m", "node.cli", "--home", str(tmp_path / home), "init"]
+        done = subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "console:    http://127.0.0.1:7783" in init("a", "--listen-port", "7703")
+    assert "console:" not in init("b", "--console", "")
+    assert not load_config(tmp_path / "b").console.enabled
+    assert "console:    http://[::1]:9000" in init("c", "--console", "[::1]:9000")
+    refused = subprocess.run(
+        [sys.executable, "-m", "node.cli", "--home", str(tmp_path / "d"), "init"]
+        + ["--console", "0.0.0.0:9000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    assert "allow_remote = true" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 # -- serving -----------------------------------------------------------------------------------
 
 

@@ -23,6 +23,10 @@ from node.web.settings import ConsoleConfig
 
 log = logging.getLogger(__name__)
 
+# hypercorn's own log: its errors (a failing request) reach the node's log, its banner
+# ("Running on ..., CTRL + C to quit") does not, as the node says where its console is
+HTTP_LOG: Final = logging.getLogger("node.web.http")
+HTTP_LOG.setLevel(logging.WARNING)
 BACKLOG: Final = 64  # a console has a few readers, not a crowd
 GRACEFUL_S: Final = 1.0  # open feeds are streams that never end by themselves
 
@@ -71,7 +75,7 @@ async def run_console(
     url = url_of(sock)
     hypercorn = HypercornConfig()
     hypercorn.accesslog = None
-    hypercorn.errorlog = logging.getLogger("hypercorn.error")
+    hypercorn.errorlog = HTTP_LOG
     hypercorn.graceful_timeout = GRACEFUL_S
     hosts = None if config.allow_remote else LOOPBACK_HOSTS | {host.lower()}
     console = Console(Feed(node, transport), config.token, hosts)
@@ -79,6 +83,8 @@ async def run_console(
     app = wrap_app(starlette, 0, "asgi")
     with sock:
         async with trio.open_nursery() as nursery:
+            # worker_serve (what hypercorn.trio.serve runs) takes sockets bound beforehand:
+            # serve() binds its own, and would report a port in use as a traceback
             await nursery.start(
                 lambda task_status: worker_serve(
                     app, hypercorn, sockets=Sockets([], [sock], []), task_status=task_status
