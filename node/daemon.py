@@ -139,7 +139,13 @@ async def _run_services(
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(
-            node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), console_url, node
+            node.node_id,
+            config.name,
+            redact(redis_url),
+            ws_url,
+            os.getpid(),
+            console_url=console_url,
+            state=node,
         )
         await _publish(node, info)
         log.info(

@@ -92,8 +92,10 @@ def build_app(console: Console) -> Starlette:
         Route("/api/events", _endpoint(console, events)),
         Route("/api/dlq/retry", _endpoint(console, dlq_retry), methods=["POST"]),
         Route("/api/dlq/purge", _endpoint(console, dlq_purge), methods=["POST"]),
-        # GET /metrics (Prometheus) belongs beside these: node/metrics.py's
-        # exposition(state) -> (body, content type), served read-only like /api/state.
+        # GET /metrics (Prometheus) belongs here, read-only and host-checked like the rest:
+        # Route("/metrics", _endpoint(console, metrics)), where metrics answers
+        # Response(body, media_type=kind) for body, kind = await
+        # node.metrics.exposition(console.feed.node).
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     return Starlette(routes=routes)
