@@ -108,6 +108,7 @@ def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
             listen_port=0,
             redis_url="" if embedded else valkey_factory().url,
             runners={"python": 2, "sh": 1},
+            console_listen="",  # no web console unless a test passes console=ConsoleConfig(...)
         )
         config = replace(config, **overrides)  # type: ignore[arg-type]
 

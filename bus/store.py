@@ -504,6 +504,41 @@ class Store:
             ),
         )
 
+    # -- bounded reads for the web console (node/web/feed.py) ------------------------------------
+
+    async def scan_page(
+        self, db: int, pattern: str, cursor: int, count: int
+    ) -> tuple[int, list[str]]:
+        """One SCAN step: the next cursor (0: the scan is complete) and the keys it found."""
+        nxt, batch = await self.call(db, lambda r: r.scan(cursor, match=pattern, count=count))
+        return int(nxt), [str(k) for k in batch]
+
+    async def hmget_many(
+        self, db: int, hash_keys: list[str], names: list[str]
+    ) -> list[dict[str, str]]:
+        """The fields ``names`` of each hash (absent ones left out), in one pipelined round
+        trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.hmget(k, names) for k in hash_keys]
+            rows = [await p for p in pending]
+        return [
+            {n: str(v) for n, v in zip(names, row, strict=True) if v is not None} for row in rows
+        ]
+
+    async def llen_many(self, db: int, names: list[str]) -> list[int]:
+        """LLEN of each list, in one pipelined round trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.llen(k) for k in names]
+            return [int(await p) for p in pending]
+
+    async def lrange_head(self, db: int, key: str, count: int) -> list[str]:
+        """The first ``count`` entries of list ``key`` (the newest of an LPUSHed list)."""
+        return [str(v) for v in await self.call(db, lambda r: r.lrange(key, 0, count - 1))]
+
 
 @asynccontextmanager
 async def open_store(url: str) -> AsyncIterator[Store]:

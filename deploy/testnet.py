@@ -5,8 +5,9 @@ Each node is a real `hero-node run` subprocess with its own home, key, embedded 
 websocket port. The testnet registers one actor (its own key) with context 2 on every node, then
 sends a python job from node 1 to nodes 2..N and a shell job from node N to node 1, prints a
 table of results with timings, then runs a cross-node flow with a diamond dependency (A on node1,
-B on node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. With
---keep it stays up until Ctrl-C. Every process it started is stopped before it exits.
+B on node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. Each
+node serves its web console on a free port (the URLs are printed). With --keep it stays up until
+Ctrl-C. Every process it started is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class TestNode:
 
 
 async def start_node(nursery: trio.Nursery, name: str, home: Path) -> TestNode:
+    # port 0 for the links and the console alike: every node on this machine gets free ones
     init_home(home, name=name, listen_port=0)
     proc, ready = await start_node_process(home, log_level="warning", cwd=ROOT)
     assert proc.stdout is not None
@@ -159,6 +161,9 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
             print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
             for n in nodes:
                 print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {redact(n.redis_url)}")
+            print("web consoles (live view of each node; --keep to browse them):")
+            for n in nodes:
+                print(f"  {n.name}: {n.ready.console_url or '(off)'}")
             await wire(nodes, actor)
             plan = [
                 (

@@ -24,6 +24,7 @@ import tomli_w
 from crypto import ALGORITHMS
 from node.errors import ConfigError
 from node.runners.commands import validate_commands, validate_groups
+from node.web.settings import ConsoleConfig, parse_console, render_console
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
 
@@ -66,6 +67,8 @@ class NodeConfig:
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
     python_workers: bool = True  # python jobs run in warm worker processes (else: spawn per job)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
+    # the [console] table: the web console (node/web/); off unless config.toml sets listen
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -169,7 +172,11 @@ def load_config(home: Path) -> NodeConfig:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return NodeConfig(home=home, runners=dict(runners), **tables, **values)  # type: ignore[arg-type]
+    try:
+        console = parse_console(raw.get("console", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return NodeConfig(home=home, runners=dict(runners), console=console, **tables, **values)  # type: ignore[arg-type]
 
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
@@ -229,4 +236,8 @@ def render_config(cfg: NodeConfig) -> str:
         _commented(name, tomli_w.dumps({name: getattr(cfg, name)}))
         for name in ("runners", *_TABLES)
     )
-    return f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}"
+    console = render_console(cfg.console)
+    return (
+        f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}\n"
+        f"{console}"
+    )

@@ -7,7 +7,8 @@ run_node
     ├── per peer: dialer (if it has an address) + durable outbox sender
     ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
     ├── registry watcher (contexts and peers registered while running)
-    └── counters publisher (node:info ``counters``, for ``hero-node status``)
+    ├── counters publisher (node:info ``counters``, for ``hero-node status``)
+    └── web console (HTTP, node/web/), when ``[console] listen`` is set
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class NodeInfo:
     redis_url: str
     ws_url: str
     pid: int
+    console_url: str = ""  # http://host:port of the web console ("": off)
     # the running node's shared state (metrics, restarts), for whoever runs it in-process
     state: NodeState | None = field(default=None, compare=False, repr=False)
 
@@ -134,9 +136,18 @@ async def _run_services(
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
+        console_url = await _start_console(node, transport, services)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
-        info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)
+        info = NodeInfo(
+            node.node_id,
+            config.name,
+            redact(redis_url),
+            ws_url,
+            os.getpid(),
+            console_url=console_url,
+            state=node,
+        )
         await _publish(node, info)
         log.info(
             "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, info.redis_url
@@ -145,6 +156,18 @@ async def _run_services(
         if stop is not None:
             await stop.wait()
             await drain(node, services.cancel_scope)
+
+
+async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nursery) -> str:
+    """Serve the web console if configured; its URL ("" if off). The web stack is imported
+    only then, so a node without a console never loads it. Raises ConsoleError (one line) if
+    its address cannot be bound."""
+    if not node.config.console.enabled:
+        return ""
+    from node.web.server import run_console
+
+    url: str = await nursery.start(run_console, node, transport, node.config.console)
+    return url
 
 
 async def drain(node: NodeState, services: trio.CancelScope) -> None:
@@ -336,6 +359,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "ws_url": info.ws_url,
         "redis_url": info.redis_url,
         "pid": str(info.pid),
+        "console_url": info.console_url,
         "started_at": str(now()),
     }
     await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)

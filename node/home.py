@@ -9,6 +9,7 @@ from crypto import KeyPair, write_key_file
 from node.acl import ensure_secrets
 from node.config import NodeConfig, render_config
 from node.errors import ConfigError
+from node.web.settings import ConsoleConfig, check_console, default_listen
 
 
 def init_home(
@@ -24,12 +25,21 @@ def init_home(
     tls: bool = False,
     valkey_port: int = 0,
     grace_s: float = 10.0,
+    console_listen: str | None = None,
 ) -> NodeConfig:
     """Create ``home`` with a node key, a default actor key, the Valkey passwords (secrets/) and
     config.toml; return the config.
 
-    Raises ConfigError if a configuration already exists there (unless ``force``).
+    ``console_listen``: the web console's "host:port" ("" off; None: 127.0.0.1, port
+    ``listen_port`` + 80, or a free one if ``listen_port`` is 0).
+
+    Raises ConfigError if a configuration already exists there (unless ``force``), or for a
+    console address that cannot be served.
     """
+    if console_listen is None:
+        console_listen = default_listen(listen_port)
+    console = ConsoleConfig(listen=console_listen)
+    check_console(console)
     config = NodeConfig(
         home=home,
         name=name,
@@ -39,6 +49,7 @@ def init_home(
         tls=tls,
         valkey_port=valkey_port,
         grace_s=grace_s,
+        console=console,
     )
     if runners is not None:
         config = replace(config, runners=dict(runners))

@@ -27,16 +27,19 @@ READY_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class Ready:
-    """What a started node announced: its id, websocket URL and Redis URL."""
+    """What a started node announced: its id, websocket URL, Redis URL and console URL."""
 
     node_id: str
     ws_url: str
     redis_url: str
+    console_url: str = ""  # the web console, if the node serves one
 
 
 def ready_line(name: str, ready: Ready) -> str:
+    console = f" console {ready.console_url}" if ready.console_url else ""
     return (
         f"hero-node {name} ready: id {ready.node_id} listen {ready.ws_url} redis {ready.redis_url}"
+        + console
     )
 
 
@@ -44,9 +47,12 @@ def parse_ready_line(line: str) -> Ready:
     """The announcement in a ready line; NodeError if ``line`` is not one."""
     words = line.split()
     try:
-        return Ready(*(words[words.index(w) + 1] for w in ("id", "listen", "redis")))
+        ready = Ready(*(words[words.index(w) + 1] for w in ("id", "listen", "redis")))
     except (ValueError, IndexError):
         raise NodeError(f"not a ready line: {line.strip()[:200]!r}") from None
+    if "console" in words[:-1]:
+        ready = replace(ready, console_url=words[words.index("console") + 1])
+    return ready
 
 
 async def start_node_process(

@@ -145,6 +145,8 @@ def test_testnet_runs_three_nodes_and_cleans_up(tmp_path):
     assert ("node3", "node1", "sh", "finished") in table
     sockets = re.findall(r"unix://node@(\S+/run/valkey\.sock)", result.stdout)
     assert len(sockets) == 3
+    consoles = re.findall(r"  node\d: (http://127\.0\.0\.1:\d+)", result.stdout)
+    assert len(set(consoles)) == 3  # each node its own web console
     running = subprocess.run(
         ["pgrep", "-af", "valkey-server"], capture_output=True, text=True, check=False
     ).stdout

@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="listen on wss:// (self-signed certificate, bound "
         "in the node handshake; peers then dial wss://host:port)",
     )
+    s.add_argument(
+        "--console",
+        default=None,
+        metavar="HOST:PORT",
+        help='web console address ("" off; default 127.0.0.1 and the websocket port + 80)',
+    )
     s.add_argument("--force", action="store_true", help="replace an existing home's keys/config")
     s.set_defaults(func=cmd_init)
 
@@ -282,6 +288,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         force=args.force,
         actor_id=args.actor_id,
         tls=args.tls,
+        console_listen=args.console,
     )
     node_key = load_key_file(config.node_key_path)
     actor_key = load_key_file(config.actor_key_path)
@@ -292,6 +299,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
     if not config.redis_url:
         print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
+    if config.console.enabled:
+        print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 
@@ -333,7 +342,7 @@ async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals
 
             info = await nursery.start(node_then_exit)
-            ready = Ready(info.node_id, info.ws_url, info.redis_url)
+            ready = Ready(info.node_id, info.ws_url, info.redis_url, info.console_url)
             print(ready_line(config.name, ready), flush=True)
             nursery.start_soon(_on_signals, signals, stop, nursery.cancel_scope)
 
