@@ -16,18 +16,22 @@ from bus.store import open_store
 from bus.transport import Transport
 from crypto import KeyPair, read_key_file
 from node.acl import RUNNER, role_url
-from node.metrics import exposition
+from node.web.settings import ConsoleConfig
+from tests.console_http import get
 from tests.nodes import link_to
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[str, dict[Labels, float]]
+SERVED = ConsoleConfig(listen="127.0.0.1:0")  # scraped over HTTP, as Prometheus does
 
 
 async def scrape(node) -> tuple[Samples, set[str]]:  # noqa: ANN001 - conftest.RunningNode
-    """The node's metrics as Prometheus parses them: sample name -> labels -> value, and the
-    names and types of the families (``name:type``)."""
-    body, content_type = await exposition(node.info.state)
-    assert content_type.startswith("text/plain; version=")
+    """The node's ``GET /metrics`` as Prometheus parses them: sample name -> labels -> value,
+    and the names and types of the families (``name:type``)."""
+    status, headers, body = await get(node.info.console_url + "/metrics")
+    assert status == 200, body
+    kind = {k.lower(): v for k, v in headers.items()}["content-type"]
+    assert kind.startswith("text/plain; version=")
     samples: Samples = {}
     families = set()
     for family in text_string_to_metric_families(body.decode()):
@@ -70,8 +74,8 @@ async def run_jobs(alice, bob) -> None:  # noqa: ANN001
 
 
 async def test_a_scrape_shows_jobs_queues_links_and_refusals(node_factory):
-    alice = await node_factory("alice")
-    bob = await node_factory("bob")
+    alice = await node_factory("alice", console=SERVED)
+    bob = await node_factory("bob", console=SERVED)
     await run_jobs(alice, bob)
     a, families = await scrape(alice)
     py, sh = {"ctx": "1", "type": "python"}, {"ctx": "1", "type": "sh"}
@@ -136,8 +140,8 @@ async def _ignore(*_: object) -> None:
 
 
 async def test_link_refusals_are_counted_by_reason(node_factory):
-    alice = await node_factory("alice")
-    bob = await node_factory("bob")
+    alice = await node_factory("alice", console=SERVED)
+    bob = await node_factory("bob", console=SERVED)
     await alice.client.add_peer(bob.node_id, "", name="bob")  # known, never linked
     # a node bob does not know dials him: he refuses the handshake (unknown_node)
     stranger = Transport(KeyPair.generate(), lambda: {bob.node_id}, _ignore, _ignore)
@@ -153,7 +157,9 @@ async def test_link_refusals_are_counted_by_reason(node_factory):
 async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
     """A runner process connected as the ``runner`` user ends a job with a script that counts
     it in stats:jobs (Valkey's TIME, the hash): its rights allow that."""
-    alice = await node_factory("alice", embedded=True, runners={"python": 1, "ext": 0})
+    alice = await node_factory(
+        "alice", embedded=True, runners={"python": 1, "ext": 0}, console=SERVED
+    )
     actor = read_key_file(alice.config.actor_key_path)
     inflight = keys.runner_inflight("x")
     # the runner user may not SCRIPT LOAD: the node loads its scripts

@@ -5,6 +5,7 @@ Routes:
     GET  /static/...       its script and style
     GET  /api/state        one snapshot (feed.py) as JSON
     GET  /api/events       the live feed: server-sent events, one ``state`` event per change
+    GET  /metrics          Prometheus exposition (node/metrics.py)
     POST /api/dlq/retry    {"context": n, "key": "..."}: re-drive a dead letter  (token)
     POST /api/dlq/purge    {"context": n, "key": "..." or null}: delete dead letters (token)
 
@@ -30,6 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from bus.errors import BusError
+from node.metrics import exposition
 from node.web.feed import Feed
 
 log = logging.getLogger(__name__)
@@ -92,10 +94,7 @@ def build_app(console: Console) -> Starlette:
         Route("/api/events", _endpoint(console, events)),
         Route("/api/dlq/retry", _endpoint(console, dlq_retry), methods=["POST"]),
         Route("/api/dlq/purge", _endpoint(console, dlq_purge), methods=["POST"]),
-        # GET /metrics (Prometheus) belongs here, read-only and host-checked like the rest:
-        # Route("/metrics", _endpoint(console, metrics)), where metrics answers
-        # Response(body, media_type=kind) for body, kind = await
-        # node.metrics.exposition(console.feed.node).
+        Route("/metrics", _endpoint(console, metrics)),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
     return Starlette(routes=routes)
@@ -114,6 +113,14 @@ def _endpoint(console: Console, handler: Any) -> Any:  # noqa: ANN401 - Starlett
 
 async def index(console: Console, request: Request) -> Response:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+async def metrics(console: Console, request: Request) -> Response:
+    try:
+        body, kind = await exposition(console.feed.node)
+    except BusError as exc:
+        return Response(f"cannot read the node's Valkey: {exc}\n", status_code=503)
+    return Response(body, media_type=kind)
 
 
 async def state(console: Console, request: Request) -> Response:
