@@ -134,19 +134,21 @@ def stop_accept(node: NodeState, message: Message) -> routing.StopAccept:
 async def accept_results(
     node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
 ) -> None:
-    """Apply a batch of verified result messages in one round trip: per message, one atomic
-    script checks what Redis knows and writes the job copy, the request, the reply that wakes
-    the client, the replay markers and the ack. Each refused one (a replay, also of another in
-    this batch; an unknown request; a late result; a signer the request was not sent to) is
-    dead-lettered and acknowledged alone."""
+    """Apply a batch of verified result messages in two round trips (the requests' inboxes,
+    then the accepts): per message, one atomic script checks what Redis knows and writes the
+    job copy, the request, the reply that wakes the client, the replay markers and the ack.
+    Each refused one (a replay, also of another in this batch; an unknown request; a late
+    result; a signer the request was not sent to) is dead-lettered and acknowledged alone."""
+    requests = [body.in_reply_to for _, body in results]
+    inboxes = await routing.reply_targets(node.store, ctx, requests)
     accepts = [
         routing.ResultAccept(
             message_key=message.key,
             nonce_key=keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
             origin=message.origin,
-            write=result_write(node, body),
+            write=result_write(node, body, reply_to),
         )
-        for message, body in results
+        for (message, body), reply_to in zip(results, inboxes, strict=True)
     ]
     verdicts = await routing.accept_results(
         node.store, ctx, inflight, accepts, window_s=node.freshness.window_s, node_id=node.node_id

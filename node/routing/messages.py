@@ -151,18 +151,11 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
     await atomic_routing.queue_outgoing(node.store, request.context_id, msg)
 
 
-def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
+def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> ResultWrite:
     """What ``body`` changes at the origin: the job copy's final state, the request's status,
-    the reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of
-    the flow engine (node/flows/engine.py); see bus/atomic/lua/routing_apply_result_fn.lua."""
-    reply = json.dumps(
-        {
-            "job_key": body.job_key,
-            "status": body.status.value,
-            "result": body.result,
-            "reason": body.reason,
-        }
-    )
+    the reply that wakes the waiting client (with a TTL; on the inbox the request's
+    ``reply_to`` names, if any) and, for a flow's job, a wake-up of the flow engine
+    (node/flows/engine.py); see bus/atomic/lua/routing_apply_result_fn.lua."""
     request_status = (
         MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
     )
@@ -174,6 +167,7 @@ def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
         reason=body.reason,
         stamp=now(),
         request_status=request_status.value,
-        reply=reply,
+        reply=body.encode(),  # what the client reads: in_reply_to, job_key, status, ...
         reply_ttl_s=node.config.reply_ttl_s,
+        reply_to=reply_to,
     )

@@ -124,9 +124,11 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
         node.wake_retries(ctx)
         return done
     result = job.result | {"attempts": str(attempt)}
-    request = Message(ident, caller, ctx, origin=fields.get("origin", ""), destination=node.node_id)
+    origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
+    request = Message(ident, caller, ctx, origin=origin, destination=node.node_id)
     if request.origin in ("", node.node_id):
         reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
+        reply["in_reply_to"] = request.key
         return await runs.answer_local(
             node.store,
             ctx,
@@ -135,6 +137,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
             request_key=request.key,
             reply=json.dumps(reply),
             reply_ttl_s=node.config.reply_ttl_s,
+            reply_to=reply_to,
         )
     body = ResultBody(request.key, job_key, job.status, result, job.reason)
     msg = result_message(node, request, body)
