@@ -185,8 +185,58 @@ TARGETS = (
 )
 
 
+def _flat_cost(rows: list[Row]) -> Row | None:
+    """Case 7's executed-jobs rate with the largest backlog against the smallest (%)."""
+    found = [
+        r for r in rows if r.case == "7 scaling" and r.metric.endswith(" queued") and r.samples
+    ]
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A target that passed before and must keep passing: our own figure, beside its limit."""
+
+    metric: str
+    target: str
+    unit: str
+    case: str
+    find: Callable[[list[Row]], Row | None]
+
+
+def _row(case: str, metric_start: str) -> Callable[[list[Row]], Row | None]:
+    def find(rows: list[Row]) -> Row | None:
+        for row in rows:
+            if row.case == case and row.metric.startswith(metric_start) and row.samples:
+                return row
+        return None
+
+    return find
+
+
+KEPT = (
+    Kept("kept: transport / raw echo", ">= 70", "%", "case 4", _row("4 transport", "transport /")),
+    Kept("kept: node RSS idle", "<= 80", "MB", "case 6", _row("6 memory", "node RSS idle")),
+    Kept("kept: flat cost, most vs fewest queued", ">= 80", "%", "case 7", _flat_cost),
+)
+
+
+def kept_rows(rows: list[Row]) -> list[Row]:
+    """One row per kept target, copied from its case (no sample when the case did not run)."""
+    out = []
+    for k in KEPT:
+        row = k.find(rows)
+        if row is None:
+            out.append(Row(CASE, k.metric, k.unit, [], k.target, f"no figure from {k.case}"))
+        else:
+            note = f"{k.case}: {row.metric}"
+            out.append(Row(CASE, k.metric, k.unit, list(row.samples), k.target, note))
+    return out
+
+
 def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
-    """One row per target: ours / theirs, with its verdict (no sample when a figure is missing)."""
+    """One row per target: ours / theirs, with its verdict (no sample when a figure is missing);
+    then the kept targets (:func:`kept_rows`)."""
     out = []
     for t in TARGETS:
         ours, theirs = t.ours(rows), t.theirs(rows, peers)
@@ -196,7 +246,7 @@ def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
             continue
         note = f"{ours:.4g} / {theirs:.4g} ({t.what_ours} / {t.what_theirs})"
         out.append(Row(CASE, t.metric, "x", [ours / theirs], t.target, note))
-    return out
+    return out + kept_rows(rows)
 
 
 def peer_rows(peers: dict[str, dict[str, Any]]) -> list[Row]:

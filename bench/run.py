@@ -144,7 +144,8 @@ def main() -> int:
         action="store_true",
         help="also run the peer job queues (SAQ, Celery, Dramatiq: ../shared/peers/compare.sh) "
         "after our cases, and print every speed target as a ratio with its verdict "
-        "(needs cases 1, 2, 3 and 7; first run builds the peers' virtualenvs)",
+        "and the kept targets of cases 4, 6 and 7 beside them (the ratios need cases 1, 2, 3 "
+        "and 7; first run builds the peers' virtualenvs)",
     )
     parser.add_argument("--keep-dir", action="store_true", help="keep the node homes (debugging)")
     args = parser.parse_args()
