@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, An
         "LAT_N": str(plan.lat_n),
         "REPEATS": str(plan.repeats),
         "VALKEY_PORT": str(port),
+        "PEERBENCH": str(_private_bench_dir(outdir)),
     }
     done = subprocess.run(
         ["bash", str(COMPARE), str(outdir)],
@@ -74,6 +76,19 @@ def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, An
     if not found:
         raise RuntimeError(f"compare.sh (exit {done.returncode}) printed no peer summary")
     return found
+
+
+def _private_bench_dir(outdir: Path) -> Path:
+    """compare.sh's working folder for this run: its own Valkey pid file, data and logs (so
+    that two runs on one machine never stop or reuse each other's Valkey), with the peers'
+    virtualenvs shared from the usual place (built once)."""
+    shared = Path(os.environ.get("PEERBENCH") or Path(tempfile.gettempdir()) / "peerbench")
+    (shared / "venvs").mkdir(parents=True, exist_ok=True)
+    private = outdir / "peerbench"
+    private.mkdir(parents=True, exist_ok=True)
+    if not (private / "venvs").exists():
+        (private / "venvs").symlink_to((shared / "venvs").resolve())
+    return private
 
 
 def _ours(rows: list[Row], case: str, metric_start: str) -> float | None:
