@@ -218,7 +218,8 @@ async def test_a_bad_reply_to_is_refused_with_its_reason_and_the_supervisor_goes
     [letter] = await alice.store.dead_letters(CTX)
     assert letter["reason"] == Reason.BAD_REPLY_TO
     job = await alice.store.hgetall(CTX, bad.job[0].key)  # the origin's copy of its answer
-    assert job["status"] == "error" and "started_at" not in job, job  # it never ran
+    assert job["status"] == "error"
+    assert "started_at" not in job, job  # it never ran
     assert await alice.store.scan_keys(CTX, "inbox:other-key*") == []
     assert fine.stdout == "next\n"
 
@@ -232,3 +233,59 @@ async def test_the_client_role_may_pop_its_inbox(node_factory):
             answered = await _submit_and_wait(client, actor, "self", _script_jobs(4))
     _check(answered)
     assert all(m.message_type is MessageType.JOB for m, _ in answered)
+
+
+async def test_external_runner_answers_reach_the_inbox(node_factory):
+    """Jobs an external runner finishes are answered by the results service, which takes
+    what is queued on ``results`` as a batch: on the inbox their message names."""
+    from tests.test_runners import External
+
+    alice = await node_factory("alice", runners={"python": 1, "ext": 0})
+    actor = read_key_file(alice.config.actor_key_path)
+    ext = External(alice.store, "ext-1", "ext")
+    await ext.register()
+    client = Client(alice.store, inbox=new_inbox_name())
+    jobs = [new_job(1, CTX, "ext", f"say {i}") for i in range(5)]
+    with trio.fail_after(40):
+        messages = await client.submit_many(actor, 1, to="self", context_id=CTX, jobs=jobs)
+        taken = [await ext.take() for _ in jobs]
+        for job_key, attempt in taken:
+            said = (await alice.store.hgetall(CTX, job_key))["script"].split()[1]
+            assert await ext.finish(job_key, attempt, "finished", {"stdout": said}) == 1
+        answered = [await client.wait_results(m, timeout_s=30) for m in messages]
+    for job, [result] in zip(jobs, answered, strict=True):
+        assert result.job_key == job.key
+        assert result.result == {"stdout": job.script.split()[1], "attempts": "1"}
+    assert await alice.store.scan_keys(CTX, "reply:*") == []
+    assert await alice.store.llen(CTX, keys.inflight("results")) == 0
+
+
+async def test_a_result_for_a_request_the_node_does_not_remember_reads_its_inbox(node_factory):
+    """After a restart the node no longer remembers where the requests it sent want their
+    answers: it reads their reply_to (one round trip per batch of results)."""
+    from tests.test_rejections import job_message, push_in
+    from tests.test_result_batch import P
+    from tests.test_result_batch import answer as result_from
+
+    alice = await node_factory("alice")
+    await alice.client.add_peer(P.public_hex, "", name="p")
+    actor = read_key_file(alice.config.actor_key_path)
+    name = new_inbox_name()
+    # as alice's supervisor routed them to P before a restart: request and job copy written
+    requests = [
+        replace(job_message(actor, 1, alice.node_id, P.public_hex, f"print({n})"), reply_to=name)
+        for n in range(2)
+    ]
+    plain = job_message(actor, 1, alice.node_id, P.public_hex, "print(2)")
+    async with alice.store.transaction(CTX) as tx:
+        for request in [*requests, plain]:
+            tx.hset(request.key, request.to_hash() | {"status": "dispatched"})
+            tx.hset(request.job[0].key, request.job[0].to_hash() | {"message_key": request.key})
+    for n, request in enumerate([*requests, plain]):
+        await push_in(alice, result_from(P, request, f"{n}\n"))
+    client = Client(alice.store, inbox=name)
+    with trio.fail_after(30):
+        got = [await client.wait_results(r, timeout_s=20) for r in requests]
+        [alone] = await client.wait_results(plain, timeout_s=20)  # no reply_to: its own list
+    assert [r.stdout for [r] in got] == ["0\n", "1\n"]
+    assert alone.stdout == "2\n"

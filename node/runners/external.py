@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
 POP_TIMEOUT_S = 5.0
+BATCH = 64  # finished jobs taken (and their hashes read) per round trip
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
@@ -63,16 +64,20 @@ async def run_results(
     await node.store.recover(ctx, RESULTS_INFLIGHT, keys.RESULTS)
     task_status.started()
     while True:
-        job_key = await node.store.pop_reliable(ctx, keys.RESULTS, RESULTS_INFLIGHT, POP_TIMEOUT_S)
-        if job_key is not None:
-            await _answer_guarded(node, ctx, job_key)
+        # What is queued already, with the job hashes, in one round trip (a key of another
+        # type is refused there); only on an empty list a blocking pop.
+        batch = await node.store.pop_read(ctx, keys.RESULTS, RESULTS_INFLIGHT, BATCH, POP_TIMEOUT_S)
+        for job_key, fields in batch:
+            await _answer_guarded(node, ctx, job_key, fields)
 
 
-async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
+async def _answer_guarded(
+    node: NodeState, ctx: int, job_key: str, fields: dict[str, str] | None = None
+) -> None:
     """:func:`answer`; an entry it cannot use (its key holds no hash, or a field it reads is
     no number) is dead-lettered alone and the service goes on."""
     try:
-        await answer(node, ctx, job_key)
+        await answer(node, ctx, job_key, fields)
     except StoreError:
         raise
     except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
@@ -84,10 +89,14 @@ async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
         )
 
 
-async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
-    """Retry or answer one finished job; False if there was nothing to do (not final, already
-    answered, malformed: dead-lettered). Raises StoreError if Redis fails."""
-    fields = await node.store.hgetall(ctx, job_key)
+async def answer(
+    node: NodeState, ctx: int, job_key: str, fields: dict[str, str] | None = None
+) -> bool:
+    """Retry or answer one finished job (``fields``: its hash, if read with the pop); False if
+    there was nothing to do (not final, already answered, malformed: dead-lettered). Raises
+    StoreError if Redis fails."""
+    if fields is None:
+        fields = await node.store.hgetall(ctx, job_key)
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
