@@ -115,6 +115,24 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
 
 
 SIGNED_MEMORY = 4096  # result messages remembered by NodeState.signed_results
+REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to NodeState.reply_targets keeps
+
+
+def remember_reply_to(node: NodeState, message: Message) -> None:
+    """Keep the signed ``reply_to`` of a job message this node sends to a peer (bounded)."""
+    node.reply_targets[message.context_id, message.key] = message.reply_to
+    while len(node.reply_targets) > REPLY_MEMORY:
+        node.reply_targets.popitem(last=False)
+
+
+async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request that results answer: remembered since it was sent,
+    else read from the requests (one round trip for all those, after a restart say)."""
+    known = {r: node.reply_targets.get((ctx, r)) for r in requests}
+    unknown = sorted(r for r, reply_to in known.items() if reply_to is None)
+    found = await atomic_routing.reply_targets(node.store, ctx, unknown)
+    read = dict(zip(unknown, found, strict=True))
+    return [known[r] or read.get(r, "") for r in requests]
 
 
 def signed_here(node: NodeState, message: Message) -> bool:
