@@ -8,6 +8,10 @@ popper, takes up to :data:`BATCH` answers with one BLMPOP, hands each to the wai
 message, and keeps popping until its own message is answered; then it wakes one of the
 others, which takes over. Nothing runs in the background, so a client needs no nursery.
 
+The blocking pop is shielded from cancellation and bounded to :data:`POP_S`: a popper cancelled
+in the middle of a pop (its caller gave up) must not drop the answers the server already took
+off the list for the other waiters; it files them, then leaves.
+
 Answers for a message nobody waits for yet are kept until :meth:`ReplyInbox.wait` claims them
 (at most :data:`UNCLAIMED_MAX` messages' worth: a client that never waits must not grow
 without bound).
@@ -31,6 +35,7 @@ from bus.store import Store
 log = logging.getLogger(__name__)
 
 BATCH = 256  # answers taken per blocking pop
+POP_S = 1.0  # longest blocking pop: how long a cancelled popper may take to leave
 UNCLAIMED_MAX = 65_536  # messages whose answers may wait for a waiter
 
 
@@ -94,6 +99,7 @@ class ReplyInbox:
         popper = False
         try:
             while len(lane.arrived.get(message.key, ())) < len(message.job):
+                await trio.lowlevel.checkpoint_if_cancelled()  # the pop itself is shielded
                 left = deadline - trio.current_time()
                 if left <= 0:
                     raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
@@ -118,10 +124,12 @@ class ReplyInbox:
         """Take up to BATCH answers off the inbox (blocking until one comes, or ``timeout_s``)
         and file each under its request, waking its waiter."""
         inbox = keys.inbox(message.reply_to)
-        popped = await self.store.call(
-            message.context_id,
-            lambda r: r.blmpop([inbox], max(timeout_s, 0.01), PureToken.RIGHT, count=BATCH),
-        )
+        wait_s = min(max(timeout_s, 0.01), POP_S)
+        with trio.CancelScope(shield=True):
+            popped = await self.store.call(
+                message.context_id,
+                lambda r: r.blmpop([inbox], wait_s, PureToken.RIGHT, count=BATCH),
+            )
         for raw in popped[1] if popped else ():
             try:
                 request, result = parse_reply(raw)

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import trio
+import trio.testing
 
 from bus import keys
 from bus.client import Client, new_job, open_client
@@ -120,6 +121,36 @@ async def test_answers_of_a_later_waiter_are_kept_and_a_missing_one_times_out(st
         # the waiter that gave up claims nothing: a new wait gets only what came after it
         with pytest.raises(ClientError, match="no result for"):
             await client.wait_results(two_jobs, timeout_s=0.3)
+
+
+async def test_a_popper_that_gives_up_leaves_the_others_their_answers(store):
+    """The waiter popping for everyone is cancelled while it pops: the answer that comes
+    then still reaches its own waiter (the pop is shielded and filed before it leaves)."""
+    name = new_inbox_name()
+    client = Client(store, inbox=name)
+    first, second = (replace(_message(name), id=i) for i in (1, 2))
+    got: list[JobResult] = []
+    popper = trio.CancelScope()
+
+    async def wait_first() -> None:
+        with popper:
+            await client.wait_results(first, timeout_s=10)
+
+    async def wait_second() -> None:
+        got.extend(await client.wait_results(second, timeout_s=10))
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_first)
+            await trio.testing.wait_all_tasks_blocked()  # first is in its BLMPOP
+            nursery.start_soon(wait_second)
+            await trio.testing.wait_all_tasks_blocked()  # second waits for first to pop
+            # the answer is taken by first's pop; first is cancelled before it reads it
+            await store.lpush(CTX, keys.inbox(name), _answer(second))
+            popper.cancel()
+    assert popper.cancelled_caught
+    assert [r.job_key for r in got] == [second.job[0].key]
+    assert await store.llen(CTX, keys.inbox(name)) == 0
 
 
 async def test_a_client_refuses_a_bad_inbox_name(store):
