@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import time
 from collections import Counter
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from bench.harness import (
 from bus.client import Client, open_client
 from bus.envelope import verify_message
 from bus.frames import Frame, encode_msg_item, encode_msgs
+from bus.inbox import new_inbox_name
 from bus.models import Message
 from bus.transport import Link, Transport
 from crypto import KeyPair
@@ -63,6 +65,7 @@ class Plan:
     materialised_jobs: int
     slots: tuple[int, ...] = (1, 2, 4)
     profile_dir: Path | None = None
+    inbox: bool = True  # bench clients wait on one reply inbox each (False: reply lists)
 
     @classmethod
     def make(cls, quick: bool, runs: int | None, budget_s: float | None) -> Plan:
@@ -318,7 +321,7 @@ async def throughput_case(
 
 async def case_local_throughput(env: Env) -> list[Row]:
     a, _ = await env.get_pair()
-    async with open_client(a.redis_url) as client:
+    async with bench_client(env, a.redis_url) as client:
         return await throughput_case(
             env,
             "1 local",
@@ -331,7 +334,7 @@ async def case_local_throughput(env: Env) -> list[Row]:
 
 async def case_cross_throughput(env: Env) -> list[Row]:
     a, b = await env.get_pair()
-    async with open_client(a.redis_url) as client:
+    async with bench_client(env, a.redis_url) as client:
         return await throughput_case(
             env,
             "2 cross",
@@ -345,6 +348,12 @@ async def case_cross_throughput(env: Env) -> list[Row]:
             },
             {"node-cross-A": a.pid, "node-cross-B": b.pid},
         )
+
+
+def bench_client(env: Env, redis_url: str) -> AbstractAsyncContextManager[Client]:
+    """The measuring client of cases 1, 2, 3 and 7: with a reply inbox of its own unless the
+    plan says reply lists (``bench/run.py --reply-lists``)."""
+    return open_client(redis_url, inbox=new_inbox_name() if env.plan.inbox else "")
 
 
 def _self_pid() -> int:
@@ -375,7 +384,7 @@ async def roundtrips(client: Client, actor: KeyPair, to: str, n: int) -> list[fl
 async def case_latency(env: Env) -> list[Row]:
     a, b = await env.get_pair()
     rows: list[Row] = []
-    async with open_client(a.redis_url) as client:
+    async with bench_client(env, a.redis_url) as client:
         for label, to, percentiles in (
             ("local", a.node_id, ("p50", "p90", "p99")),
             ("cross", b.node_id, ("p50", "p90", "p99")),
@@ -977,7 +986,7 @@ async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
         node = await env.procs.start_node(env.nursery, f"slots{slots}", home)
         try:
             await wire([node], env.actor)
-            async with open_client(node.redis_url) as client:
+            async with bench_client(env, node.redis_url) as client:
                 with trio.fail_after(60):
                     await wait_served(client, env.actor, node.node_id)
                 n, note = await calibrate(env, client, node.node_id, env.plan.jobs)

@@ -93,14 +93,21 @@ def cpu_times(pid: int) -> CpuTimes:
 
 
 def job_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid``'s job processes: its reaped children, plus its live children
-    (the warm python workers) except valkey-server. Taken before and after a run, the
-    difference counts a worker that lived through the run, started in it, or was recycled."""
+    """CPU seconds of ``pid``'s job processes: every descendant except valkey-server (runner
+    processes, the warm python workers, what those start), live or reaped. A live process
+    counts itself and its reaped children; a reaped one is in its parent's children time. Taken
+    before and after a run, the difference counts a process that lived through the run,
+    started in it, or was recycled."""
     total = cpu_times(pid).children_s
-    for child in children_of(pid):
+    todo = children_of(pid)
+    while todo:
+        child = todo.pop()
         name = proc_name(child)
-        if "valkey" not in name and "redis" not in name:
-            total += cpu_times(child).self_s
+        if "valkey" in name or "redis" in name:
+            continue
+        times = cpu_times(child)
+        total += times.self_s + times.children_s
+        todo += children_of(child)
     return total
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, An
         "LAT_N": str(plan.lat_n),
         "REPEATS": str(plan.repeats),
         "VALKEY_PORT": str(port),
+        "PEERBENCH": str(_private_bench_dir(outdir)),
     }
     done = subprocess.run(
         ["bash", str(COMPARE), str(outdir)],
@@ -74,6 +76,19 @@ def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, An
     if not found:
         raise RuntimeError(f"compare.sh (exit {done.returncode}) printed no peer summary")
     return found
+
+
+def _private_bench_dir(outdir: Path) -> Path:
+    """compare.sh's working folder for this run: its own Valkey pid file, data and logs (so
+    that two runs on one machine never stop or reuse each other's Valkey), with the peers'
+    virtualenvs shared from the usual place (built once)."""
+    shared = Path(os.environ.get("PEERBENCH") or Path(tempfile.gettempdir()) / "peerbench")
+    (shared / "venvs").mkdir(parents=True, exist_ok=True)
+    private = outdir / "peerbench"
+    private.mkdir(parents=True, exist_ok=True)
+    if not (private / "venvs").exists():
+        (private / "venvs").symlink_to((shared / "venvs").resolve())
+    return private
 
 
 def _ours(rows: list[Row], case: str, metric_start: str) -> float | None:
@@ -185,8 +200,58 @@ TARGETS = (
 )
 
 
+def _flat_cost(rows: list[Row]) -> Row | None:
+    """Case 7's executed-jobs rate with the largest backlog against the smallest (%)."""
+    found = [
+        r for r in rows if r.case == "7 scaling" and r.metric.endswith(" queued") and r.samples
+    ]
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A target that passed before and must keep passing: our own figure, beside its limit."""
+
+    metric: str
+    target: str
+    unit: str
+    case: str
+    find: Callable[[list[Row]], Row | None]
+
+
+def _row(case: str, metric_start: str) -> Callable[[list[Row]], Row | None]:
+    def find(rows: list[Row]) -> Row | None:
+        for row in rows:
+            if row.case == case and row.metric.startswith(metric_start) and row.samples:
+                return row
+        return None
+
+    return find
+
+
+KEPT = (
+    Kept("kept: transport / raw echo", ">= 70", "%", "case 4", _row("4 transport", "transport /")),
+    Kept("kept: node RSS idle", "<= 80", "MB", "case 6", _row("6 memory", "node RSS idle")),
+    Kept("kept: flat cost, most vs fewest queued", ">= 80", "%", "case 7", _flat_cost),
+)
+
+
+def kept_rows(rows: list[Row]) -> list[Row]:
+    """One row per kept target, copied from its case (no sample when the case did not run)."""
+    out = []
+    for k in KEPT:
+        row = k.find(rows)
+        if row is None:
+            out.append(Row(CASE, k.metric, k.unit, [], k.target, f"no figure from {k.case}"))
+        else:
+            note = f"{k.case}: {row.metric}"
+            out.append(Row(CASE, k.metric, k.unit, list(row.samples), k.target, note))
+    return out
+
+
 def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
-    """One row per target: ours / theirs, with its verdict (no sample when a figure is missing)."""
+    """One row per target: ours / theirs, with its verdict (no sample when a figure is missing);
+    then the kept targets (:func:`kept_rows`)."""
     out = []
     for t in TARGETS:
         ours, theirs = t.ours(rows), t.theirs(rows, peers)
@@ -196,7 +261,7 @@ def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
             continue
         note = f"{ours:.4g} / {theirs:.4g} ({t.what_ours} / {t.what_theirs})"
         out.append(Row(CASE, t.metric, "x", [ours / theirs], t.target, note))
-    return out
+    return out + kept_rows(rows)
 
 
 def peer_rows(peers: dict[str, dict[str, Any]]) -> list[Row]:

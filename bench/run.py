@@ -38,6 +38,7 @@ ALL_CASES = (1, 2, 3, 4, 5, 6, 7)
 async def main_async(args: argparse.Namespace, base: Path) -> list[Row]:
     plan = cases.Plan.make(args.quick, args.runs, args.budget)
     plan.profile_dir = args.profile
+    plan.inbox = not args.reply_lists
     procs = Procs()
     rows: list[Row] = []
     async with trio.open_nursery() as nursery:
@@ -144,7 +145,14 @@ def main() -> int:
         action="store_true",
         help="also run the peer job queues (SAQ, Celery, Dramatiq: ../shared/peers/compare.sh) "
         "after our cases, and print every speed target as a ratio with its verdict "
-        "(needs cases 1, 2, 3 and 7; first run builds the peers' virtualenvs)",
+        "and the kept targets of cases 4, 6 and 7 beside them (the ratios need cases 1, 2, 3 "
+        "and 7; first run builds the peers' virtualenvs)",
+    )
+    parser.add_argument(
+        "--reply-lists",
+        action="store_true",
+        help="bench clients wait on each message's own reply list instead of one reply inbox "
+        "(to compare the two)",
     )
     parser.add_argument("--keep-dir", action="store_true", help="keep the node homes (debugging)")
     args = parser.parse_args()

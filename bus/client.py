@@ -3,8 +3,10 @@
 A client talks to its node's Redis, as the spec's actors do (step 1, "Publish"): it writes the
 signed message, which embeds its jobs, into the context DB, pushes the message key on
 ``msg_out``, and waits on the dedicated ``reply:<message key>`` list (BLPOP, no polling) for the
-results. The job hashes are written by the node: where a job runs when it is materialised, and
-the origin's copy when the supervisor routes the message to a peer. Until then a job is
+results; a client opened with an ``inbox`` names it in each message (signed ``reply_to``) and
+pops the answers to all its messages from that one list, in batches (bus/inbox.py).
+The job hashes are written by the node: where a job runs when it is materialised, and the
+origin's copy when the supervisor routes the message to a peer. Until then a job is
 found through its message (:meth:`Client.job_fields`).
 
 Concurrent submissions on one client are group-committed: whoever finds no write in progress
@@ -29,6 +31,7 @@ from bus.envelope import sign_message
 from bus.errors import BusError, ClientError, ContentError, StoreError
 from bus.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
 from bus.ids import new_id, new_nonce, now
+from bus.inbox import JobResult, ReplyInbox, parse_reply
 from bus.models import (
     Actor,
     Context,
@@ -45,26 +48,6 @@ from bus.store import Store, open_store
 from bus.urls import check_link_url
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """The final state of one job, as its result message reported it (:meth:`Client.wait_results`):
-    ``result`` holds ``stdout``, ``stderr`` and ``exit_code``; ``reason`` says why it failed."""
-
-    job_key: str
-    status: JobStatus
-    result: dict[str, str]
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status is JobStatus.FINISHED
-
-    @property
-    def stdout(self) -> str:
-        return self.result.get("stdout", "")
-
 
 # The supervisor's processing list (node/routing/supervisor.py SERVICE): a message popped from
 # msg_out waits there until it is routed.
@@ -111,10 +94,15 @@ class Client:
 
     Open one with :func:`open_client`; one client may serve many concurrent tasks (their writes
     are group-committed). Its methods raise ClientError for a request that cannot be carried out
-    and StoreError when Redis fails."""
+    and StoreError when Redis fails. With an ``inbox`` name (see :func:`bus.inbox.new_inbox_name`)
+    its messages ask for their answers there, popped in batches; ClientError for a bad name."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, inbox: str = "") -> None:
         self.store = store
+        if inbox and keys.inbox_name_problem(inbox):
+            raise ClientError(f"inbox {inbox[:80]!r}: {keys.inbox_name_problem(inbox)}")
+        self.inbox = inbox
+        self._replies = ReplyInbox(store)
         self._node_id: str | None = None
         self._open: dict[int, _Batch] = {}  # per context DB: the batch new writes join
         self._write_locks: dict[int, trio.Lock] = {}
@@ -314,6 +302,7 @@ class Client:
                 origin=origin,
                 destination=to,
                 nonce=new_nonce(),
+                reply_to=self.inbox,
             )
             messages.append(sign_message(message, signer))
         if messages:
@@ -496,7 +485,11 @@ class Client:
         ]
 
     async def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
-        """Wait for one result per job of ``message``; ClientError after ``timeout_s``."""
+        """Wait for one result per job of ``message``; ClientError after ``timeout_s``. A
+        message that names an inbox is answered there (one pop per batch of answers, shared
+        with this client's other waiters); else on its own ``reply:<message key>``."""
+        if message.reply_to:
+            return await self._replies.wait(message, timeout_s)
         results: list[JobResult] = []
         reply_key = keys.reply(message.key)
         while len(results) < len(message.job):
@@ -505,10 +498,10 @@ class Client:
             )
             if popped is None:
                 raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
-            d = json.loads(popped[1])
-            results.append(
-                JobResult(d["job_key"], JobStatus(d["status"]), d["result"], d.get("reason", ""))
-            )
+            try:
+                results.append(parse_reply(popped[1])[1])
+            except ValueError as exc:
+                raise ClientError(f"{reply_key}: {exc}") from None
         return results
 
     async def delivery_status(self, context_id: int, key: str) -> dict[str, str] | None:
@@ -712,9 +705,10 @@ def _stamp(value: str) -> str:
 
 
 @asynccontextmanager
-async def open_client(redis_url: str) -> AsyncIterator[Client]:
-    """A :class:`Client` on the node's Redis at ``redis_url``, closed on exit.
+async def open_client(redis_url: str, *, inbox: str = "") -> AsyncIterator[Client]:
+    """A :class:`Client` on the node's Redis at ``redis_url``, closed on exit; with ``inbox``,
+    its messages are answered on that reply inbox (see :class:`Client`).
 
-    Raises StoreError if Redis cannot be reached."""
+    Raises StoreError if Redis cannot be reached, ClientError for a bad inbox name."""
     async with open_store(redis_url) as store:
-        yield Client(store)
+        yield Client(store, inbox=inbox)

@@ -72,6 +72,42 @@ def reply(message_key: str) -> str:
     return f"reply:{message_key}"
 
 
+# A client's reply inbox is named in its signed message (``reply_to``): untrusted input, so the
+# node builds the key itself from a short name of a strict charset, and nothing else can be named.
+INBOX_NAME_MAX = 64
+_INBOX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def inbox_name_problem(name: str) -> str:
+    """Why ``name`` cannot name a reply inbox ("" if it can): 1 to 64 of ``A-Za-z0-9_.-``."""
+    if not name:
+        return "empty inbox name"
+    if len(name) > INBOX_NAME_MAX:
+        return f"inbox name of {len(name)} characters > {INBOX_NAME_MAX}"
+    bad = sorted(set(name) - _INBOX_CHARS)
+    if bad:
+        return f"inbox name holds {''.join(bad)!r} (allowed: A-Z a-z 0-9 _ - .)"
+    return ""
+
+
+def inbox(name: str) -> str:
+    """The reply inbox of a client (a list it pops in batches); ValueError for a bad name."""
+    problem = inbox_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return f"inbox:{name}"
+
+
+def reply_list(message_key: str, reply_to: str = "") -> str:
+    """The list every answer to message ``message_key``'s jobs is pushed on: the inbox its
+    signed ``reply_to`` names, else :func:`reply`. Admission refuses a message with a bad name
+    before any job of it runs; a name that went bad afterwards (its hash rewritten) falls back to
+    the default, so an answer path never raises and never pushes on a key it did not build."""
+    if reply_to and not inbox_name_problem(reply_to):
+        return inbox(reply_to)
+    return reply(message_key)
+
+
 def inflight(service: str) -> str:
     """Per-consumer processing list for reliable pops (BLMOVE source -> here, LREM on ack)."""
     return f"inflight:{service}"

@@ -459,7 +459,7 @@ def _plain(value: object) -> object:
 # What a stored message (and each job it carries) may leave out: the values from_hash assumes
 # for an absent field, here and in every earlier version (so older readers parse it the same).
 # Every field of the spec is stored (the contract); of the extensions, only what is set.
-_MESSAGE_DEFAULTS = {"reason": ""}
+_MESSAGE_DEFAULTS = {"reason": "", "reply_to": ""}
 _JOB_DEFAULTS: dict[str, object] = {
     "timeout": 60,
     "retries": 0,
@@ -492,6 +492,8 @@ class Message:
     nonce: str = ""
     signatures: list[dict[str, str]] = field(default_factory=list)
     reason: str = ""
+    # the client's reply inbox (bus/keys.py reply_list); signed when set, stored when set
+    reply_to: str = ""
 
     FIELDS = (
         "id",
@@ -513,6 +515,7 @@ class Message:
         "nonce",
         "signatures",
         "reason",
+        "reply_to",
     )
     SIGNED = (
         "id",
@@ -540,6 +543,8 @@ class Message:
         """The immutable fields the signature covers (status, logs, updated_at are not)."""
         content = {name: _plain(getattr(self, name)) for name in self.SIGNED}
         content["job"] = [j.signed_dict() for j in self.job]
+        if self.reply_to:  # signed only when set: messages without one keep their signatures
+            content["reply_to"] = self.reply_to
         return content
 
     def to_hash(self) -> Hash:
@@ -582,6 +587,7 @@ class Message:
             nonce=h.get("nonce", ""),
             signatures=signatures,
             reason=h.get("reason", ""),
+            reply_to=h.get("reply_to", ""),
         )
 
 

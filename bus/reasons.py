@@ -103,6 +103,10 @@ class Reason(StrEnum):
         "job was released already. Admission, materialise, the consumer, flow trust.",
     )
     UNKNOWN_JOB = "unknown_job", "A stop message names a job this context does not hold."
+    BAD_REPLY_TO = (
+        "bad_reply_to",
+        "The message's `reply_to` is not an inbox name (1 to 64 of `A-Za-z0-9_.-`). Admission.",
+    )
     JOB_EXISTS = "job_exists", "A job key of the message is held by another message already."
     UNKNOWN_REQUEST = "unknown_request", "A result answers a request this node never sent."
     LATE_RESULT = (

@@ -6,8 +6,8 @@ without a password, and each role may touch only what it needs:
 
 - ``node``: every key and command (the daemon and the ``hero-node`` commands of its operator);
 - ``client``: submit (``message:*``, ``msg_out``), flows (``flow:*``, ``flow_events``, ...), wait
-  for replies (``reply:*``, ``flow_progress:*``) and read jobs, logs and the registry; never
-  write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
+  for replies (``reply:*``, ``inbox:*``, ``flow_progress:*``) and read jobs, logs and the
+  registry; never write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
 - ``runner``: the external-runner protocol (README "External runners"): queues, jobs, leases,
   ``running``, ``results``, its in-flight list, its presence and runner hash.
 
@@ -49,6 +49,7 @@ _CLIENT_SELECTORS = (
     "+lpush ~msg_out ~flow_events",
     "+sadd ~flows:active",
     "+blpop ~reply:* ~flow_progress:*",
+    "+blmpop ~inbox:*",
 )
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is

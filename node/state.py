@@ -65,6 +65,9 @@ class NodeState:
     signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
     # the node's links (their state and traffic, for node/metrics.py); set once they exist
     transport: Transport | None = None
+    # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
+    # none), so that the answers their results carry need no read (node.messages.reply_targets)
+    reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
 

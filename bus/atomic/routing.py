@@ -36,6 +36,7 @@ __all__ = [
     "pop_due",
     "push_outboxes",
     "queue_outgoing",
+    "reply_targets",
     "route",
     "stop_job",
     "withdraw",
@@ -124,9 +125,11 @@ class ResultWrite:
     request_status: str
     reply: str  # JSON, pushed on the request's reply list
     reply_ttl_s: int
+    reply_to: str = ""  # the request's signed reply_to (its client's inbox), "" if none
 
     def script_keys(self) -> list[str]:
-        return [self.job_key, self.request, keys.reply(self.request), keys.FLOW_EVENTS]
+        reply_list = keys.reply_list(self.request, self.reply_to)
+        return [self.job_key, self.request, reply_list, keys.FLOW_EVENTS]
 
     def script_args(self) -> list[str]:
         return [
@@ -177,6 +180,15 @@ async def accept_results(
         for r in results
     ]
     return [(str(reason), str(detail)) for reason, detail in await store.scripts(ctx, calls)]
+
+
+async def reply_targets(store: Store, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request message at its origin ("" if it has none, or is no
+    hash), in one round trip: where the answers its results carry are pushed."""
+    if not requests:
+        return []
+    found = await store.script(ctx, script("routing_reply_targets"), requests, [])
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in found]
 
 
 async def pop_due(store: Store, ctx: int, now_ms: int) -> tuple[int, list[str]]:

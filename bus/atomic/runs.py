@@ -174,13 +174,15 @@ async def finish_local(
     *,
     request_key: str,
     reply_ttl_s: int,
+    reply_to: str = "",
     take_next: NextJob | None = None,
 ) -> tuple[bool, Started | None]:
     """Finish a job submitted on this node: final state, request status and the client's reply
-    in one step, with no result message in between. False if ``ending.attempt`` is not
-    current."""
+    (on the list ``keys.reply_list`` picks for ``reply_to``) in one step, with no result
+    message in between. False if ``ending.attempt`` is not current."""
     reply = json.dumps(
         {
+            "in_reply_to": request_key,
             "job_key": ending.job_key,
             "status": ending.status,
             "result": ending.result,
@@ -190,7 +192,7 @@ async def finish_local(
     key_list = [
         *_attempt_keys(ending.job_key, ending.inflight),
         request_key,
-        keys.reply(request_key),
+        keys.reply_list(request_key, reply_to),
         keys.FLOW_EVENTS,
     ]
     call = ("runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)])
@@ -336,10 +338,13 @@ async def answer_local(
     request_key: str,
     reply: str,
     reply_ttl_s: int,
+    reply_to: str = "",
 ) -> bool:
     """Answer the attempt ``read`` of a request made on this node (request status, the
-    client's reply); False if it was answered or changed meanwhile. Raises StoreError."""
-    key_list = [*read.key_list(), request_key, keys.reply(request_key), keys.FLOW_EVENTS]
+    client's reply on ``keys.reply_list(request_key, reply_to)``); False if it was answered
+    or changed meanwhile. Raises StoreError."""
+    reply_list = keys.reply_list(request_key, reply_to)
+    key_list = [*read.key_list(), request_key, reply_list, keys.FLOW_EVENTS]
     args = [*read.arg_list(), json.dumps(result), reply, str(reply_ttl_s)]
     return bool(await store.script(ctx, script("runs_answer_local"), key_list, args))
 

@@ -53,6 +53,7 @@ async def admit(
     oversize or misshapen message costs no signature check and no round trip."""
     check_size(node.config, message)
     check_shape(ctx, message)
+    check_reply_to(message)
     if incoming and message.destination != node.node_id:
         raise Rejected(Reason.WRONG_DESTINATION, f"addressed to {message.destination[:16]}…")
     body = await _check_signer(node, ctx, message, incoming=incoming)
@@ -113,6 +114,14 @@ def check_shape(ctx: int, message: Message) -> None:
         seen.add(job.id)
     if message.message_type is MessageType.STOP:
         parse_stop(message)
+
+
+def check_reply_to(message: Message) -> None:
+    """Rejected('bad_reply_to') unless the message's ``reply_to`` is empty or an inbox name
+    (bus/keys.py): a client may only name its inbox, never a key of its choice."""
+    problem = keys.inbox_name_problem(message.reply_to) if message.reply_to else ""
+    if problem:
+        raise Rejected(Reason.BAD_REPLY_TO, f"reply_to {message.reply_to[:80]!r}: {problem}")
 
 
 # -- the ack deadline (pure) -------------------------------------------------------------------

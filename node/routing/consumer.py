@@ -23,7 +23,13 @@ from bus.models import Message, MessageStatus, MessageType
 from bus.reasons import Reason
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
-from node.routing.messages import Rejected, parse_message, reject, result_write
+from node.routing.messages import (
+    Rejected,
+    parse_message,
+    reject,
+    reply_targets,
+    result_write,
+)
 from node.routing.stops import apply_stop
 from node.state import NodeState
 
@@ -134,19 +140,21 @@ def stop_accept(node: NodeState, message: Message) -> routing.StopAccept:
 async def accept_results(
     node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
 ) -> None:
-    """Apply a batch of verified result messages in one round trip: per message, one atomic
-    script checks what Redis knows and writes the job copy, the request, the reply that wakes
-    the client, the replay markers and the ack. Each refused one (a replay, also of another in
-    this batch; an unknown request; a late result; a signer the request was not sent to) is
-    dead-lettered and acknowledged alone."""
+    """Apply a batch of verified result messages in one round trip (one more to read the
+    requests' inboxes when the node does not remember them): per message, one atomic script
+    checks what Redis knows and writes the job copy, the request, the reply that wakes the
+    client, the replay markers and the ack.
+    Each refused one (a replay, also of another in this batch; an unknown request; a late
+    result; a signer the request was not sent to) is dead-lettered and acknowledged alone."""
+    inboxes = await reply_targets(node, ctx, [body.in_reply_to for _, body in results])
     accepts = [
         routing.ResultAccept(
             message_key=message.key,
             nonce_key=keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
             origin=message.origin,
-            write=result_write(node, body),
+            write=result_write(node, body, reply_to),
         )
-        for message, body in results
+        for (message, body), reply_to in zip(results, inboxes, strict=True)
     ]
     verdicts = await routing.accept_results(
         node.store, ctx, inflight, accepts, window_s=node.freshness.window_s, node_id=node.node_id

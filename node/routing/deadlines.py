@@ -98,7 +98,8 @@ async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
     log.warning("%s: %s", key, reason)
     await withdraw(node, message.destination, outbox.entry(ctx, key))
     failed = [
-        result_write(node, ResultBody(key, j.key, JobStatus.ERROR, {}, reason)) for j in message.job
+        result_write(node, ResultBody(key, j.key, JobStatus.ERROR, {}, reason), message.reply_to)
+        for j in message.job
     ]
     await fail_request(node.store, ctx, key, failed, reason)
 

@@ -94,6 +94,8 @@ def _writes(
                 "message_key": message.key,
                 "origin": message.origin,
             }
+            if message.reply_to:  # where the runner answers a request made here
+                fields["reply_to"] = message.reply_to
             queue = ""
             if job.script_type in script_types:
                 queue = target_queue(job)  # node/runners/queues.py

@@ -122,6 +122,24 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
 
 
 SIGNED_MEMORY = 4096  # result messages remembered by NodeState.signed_results
+REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to NodeState.reply_targets keeps
+
+
+def remember_reply_to(node: NodeState, message: Message) -> None:
+    """Keep the signed ``reply_to`` of a job message this node sends to a peer (bounded)."""
+    node.reply_targets[message.context_id, message.key] = message.reply_to
+    while len(node.reply_targets) > REPLY_MEMORY:
+        node.reply_targets.popitem(last=False)
+
+
+async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request that results answer: remembered since it was sent,
+    else read from the requests (one round trip for all those, after a restart say)."""
+    known = {r: node.reply_targets.get((ctx, r)) for r in requests}
+    unknown = sorted(r for r, reply_to in known.items() if reply_to is None)
+    found = await atomic_routing.reply_targets(node.store, ctx, unknown)
+    read = dict(zip(unknown, found, strict=True))
+    return [known[r] or read.get(r, "") for r in requests]
 
 
 def signed_here(node: NodeState, message: Message) -> bool:
@@ -158,18 +176,11 @@ async def queue_result(node: NodeState, request: Message, body: ResultBody) -> N
     await atomic_routing.queue_outgoing(node.store, request.context_id, msg)
 
 
-def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
+def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> ResultWrite:
     """What ``body`` changes at the origin: the job copy's final state, the request's status,
-    the reply that wakes the waiting client (with a TTL) and, for a flow's job, a wake-up of
-    the flow engine (node/flows/engine.py); see bus/atomic/lua/routing_apply_result_fn.lua."""
-    reply = json.dumps(
-        {
-            "job_key": body.job_key,
-            "status": body.status.value,
-            "result": body.result,
-            "reason": body.reason,
-        }
-    )
+    the reply that wakes the waiting client (with a TTL; on the inbox the request's
+    ``reply_to`` names, if any) and, for a flow's job, a wake-up of the flow engine
+    (node/flows/engine.py); see bus/atomic/lua/routing_apply_result_fn.lua."""
     request_status = (
         MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
     )
@@ -181,6 +192,7 @@ def result_write(node: NodeState, body: ResultBody) -> ResultWrite:
         reason=body.reason,
         stamp=now(),
         request_status=request_status.value,
-        reply=reply,
+        reply=body.encode(),  # what the client reads: in_reply_to, job_key, status, ...
         reply_ttl_s=node.config.reply_ttl_s,
+        reply_to=reply_to,
     )

@@ -21,7 +21,7 @@ from bus.reasons import Reason
 from node.routing import deadlines
 from node.routing.admission import admit
 from node.routing.materialise import materialise_fresh
-from node.routing.messages import Rejected, parse_message, reject
+from node.routing.messages import Rejected, parse_message, reject, remember_reply_to
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -161,6 +161,8 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
     for m in messages:
         if m.destination != node.node_id:
             by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
+            if m.message_type is MessageType.JOB:
+                remember_reply_to(node, m)
     if by_peer:
         await routing.push_outboxes(node.store, by_peer)
     stamp = str(now())

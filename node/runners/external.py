@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
 POP_TIMEOUT_S = 5.0
+BATCH = 64  # finished jobs taken (and their hashes read) per round trip
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
@@ -63,16 +64,20 @@ async def run_results(
     await node.store.recover(ctx, RESULTS_INFLIGHT, keys.RESULTS)
     task_status.started()
     while True:
-        job_key = await node.store.pop_reliable(ctx, keys.RESULTS, RESULTS_INFLIGHT, POP_TIMEOUT_S)
-        if job_key is not None:
-            await _answer_guarded(node, ctx, job_key)
+        # What is queued already, with the job hashes, in one round trip (a key of another
+        # type is refused there); only on an empty list a blocking pop.
+        batch = await node.store.pop_read(ctx, keys.RESULTS, RESULTS_INFLIGHT, BATCH, POP_TIMEOUT_S)
+        for job_key, fields in batch:
+            await _answer_guarded(node, ctx, job_key, fields)
 
 
-async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
+async def _answer_guarded(
+    node: NodeState, ctx: int, job_key: str, fields: dict[str, str] | None = None
+) -> None:
     """:func:`answer`; an entry it cannot use (its key holds no hash, or a field it reads is
     no number) is dead-lettered alone and the service goes on."""
     try:
-        await answer(node, ctx, job_key)
+        await answer(node, ctx, job_key, fields)
     except StoreError:
         raise
     except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
@@ -84,10 +89,14 @@ async def _answer_guarded(node: NodeState, ctx: int, job_key: str) -> None:
         )
 
 
-async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
-    """Retry or answer one finished job; False if there was nothing to do (not final, already
-    answered, malformed: dead-lettered). Raises StoreError if Redis fails."""
-    fields = await node.store.hgetall(ctx, job_key)
+async def answer(
+    node: NodeState, ctx: int, job_key: str, fields: dict[str, str] | None = None
+) -> bool:
+    """Retry or answer one finished job (``fields``: its hash, if read with the pop); False if
+    there was nothing to do (not final, already answered, malformed: dead-lettered). Raises
+    StoreError if Redis fails."""
+    if fields is None:
+        fields = await node.store.hgetall(ctx, job_key)
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
@@ -124,9 +133,11 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
         node.wake_retries(ctx)
         return done
     result = job.result | {"attempts": str(attempt)}
-    request = Message(ident, caller, ctx, origin=fields.get("origin", ""), destination=node.node_id)
+    origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
+    request = Message(ident, caller, ctx, origin=origin, destination=node.node_id)
     if request.origin in ("", node.node_id):
         reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
+        reply["in_reply_to"] = request.key
         return await runs.answer_local(
             node.store,
             ctx,
@@ -135,6 +146,7 @@ async def answer(node: NodeState, ctx: int, job_key: str) -> bool:
             request_key=request.key,
             reply=json.dumps(reply),
             reply_ttl_s=node.config.reply_ttl_s,
+            reply_to=reply_to,
         )
     body = ResultBody(request.key, job_key, job.status, result, job.reason)
     msg = result_message(node, request, body)

@@ -286,7 +286,8 @@ async def _request_of(node: NodeState, ctx: int, job: RunnerJob, fields: dict[st
         caller, ident = keys.parse_message_key(job.message_key)
     except ValueError:
         raise ModelError(f"bad message_key {job.message_key!r}") from None
-    return Message(ident, caller, ctx, origin=origin, destination=node.node_id)
+    reply_to = fields.get("reply_to", "")
+    return Message(ident, caller, ctx, origin=origin, destination=node.node_id, reply_to=reply_to)
 
 
 @dataclass(eq=False)
@@ -431,6 +432,7 @@ async def _finish(
             ending,
             request_key=request.key,
             reply_ttl_s=node.config.reply_ttl_s,
+            reply_to=request.reply_to,
             take_next=take_next,
         )
     body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
