@@ -32,12 +32,16 @@ from trio_websocket import (
 from bus import handshake as hs
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from bus.linkstate import LinkStates
 from bus.reasons import Reason
 from crypto import KeyPair
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
+# A ping per link this often measures its round trip; a peer that stopped answering shows as
+# a last_seen that falls behind (the link is left open: a stalled peer may come back).
+PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
 
@@ -119,6 +123,23 @@ def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
 RELOAD_INTERVAL_S = 1.0
 
 
+def failure_text(exc: BaseException) -> str:
+    """Why a dial failed, never empty: trio-websocket's HandshakeError carries no text of its
+    own; the error at the root of its causes (the OSError of a refused connection, say) does."""
+    root = exc
+    for _ in range(10):  # causes, and the first error of a group (all attempts to connect)
+        if isinstance(root, BaseExceptionGroup) and root.exceptions:
+            root = root.exceptions[0]
+        elif root.__cause__ is not None or root.__context__ is not None:
+            root = root.__cause__ or root.__context__  # type: ignore[assignment]
+        else:
+            break
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if root is not exc:
+        text += f" ({type(root).__name__}: {root})" if str(root) else f" ({type(root).__name__})"
+    return text
+
+
 class Transport:
     """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
 
@@ -150,6 +171,7 @@ class Transport:
         # called after each, so that the node publishes the counts (node/counters.py)
         self.refused: dict[str, int] = {}
         self._on_refused = on_refused
+        self.states = LinkStates()  # per peer: up/down, last seen, round trip (published)
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -257,10 +279,16 @@ class Transport:
                 trio.TooSlowError,
             ) as exc:
                 log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
-            except Exception:
+                self._link_failed(peer_id, exc)
+            except Exception as exc:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
+                self._link_failed(peer_id, exc)
             await trio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.config.backoff_max_s)
+
+    def _link_failed(self, peer_id: str, exc: BaseException) -> None:
+        if self.link(peer_id) is None:  # a link the peer dialled may be up meanwhile
+            self.states.down(peer_id, failure_text(exc))
 
     async def _dial_once(self, peer_id: str, address: str) -> None:
         ssl_context = self.config.ssl_client or default_client_tls()
@@ -330,6 +358,7 @@ class Transport:
             except FrameError as exc:
                 await self._on_bad_frame(link, str(exc))
                 continue
+            self.states.seen(link.peer_id)
             await self._on_frame(link, frame)
 
     async def _write_posted(self, link: Link) -> None:
@@ -337,6 +366,17 @@ class Transport:
             await link.write_posted()
         except TransportError as exc:  # the reader sees the close too, and ends the link
             log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
+
+    async def _keep_alive(self, link: Link) -> None:
+        """Ping the peer every PING_INTERVAL_S and record the round trip."""
+        while True:
+            started = trio.current_time()
+            try:
+                await link.ws.ping()
+            except ConnectionClosed:
+                return  # the reader sees the close too, and ends the link
+            self.states.rtt(link.peer_id, trio.current_time() - started)
+            await trio.sleep(PING_INTERVAL_S)
 
     def _closed(self, link: Link, exc: ConnectionClosed) -> None:
         code = getattr(exc.reason, "code", None)
@@ -351,11 +391,15 @@ class Transport:
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
+        self.states.up(link.peer_id)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
+                nursery.start_soon(self._keep_alive, link)
                 await self._read(link)
                 nursery.cancel_scope.cancel()
         finally:
             self._unregister(link)
+            if self.link(link.peer_id) is None:  # no link the other way either
+                self.states.down(link.peer_id, "link closed")
             log.info("link down: %s…", link.peer_id[:16])
