@@ -75,3 +75,17 @@ def test_job_wait_reattaches_and_exits_with_the_jobs_code(running_node):  # noqa
     missing = cli(home, "job", "wait", "job:1:12345")
     assert missing.returncode == 1
     assert "no job:1:12345 in context 1" in missing.stderr
+
+
+def test_progress_shows_status_and_elapsed_on_a_terminal_only(capsys):
+    from node.cli.submit import Progress
+
+    shown = Progress("job:1:2", tty=True, started=time.monotonic() - 12.2)
+    shown.show("started")
+    shown.clear()
+    shown.clear()  # nothing left to clear
+    assert capsys.readouterr().err == "\r\x1b[Kjob:1:2: started, 12 s\r\x1b[K"
+    piped = Progress("job:1:2", tty=False)
+    piped.show("started")
+    piped.clear()
+    assert capsys.readouterr().err == ""

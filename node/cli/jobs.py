@@ -40,23 +40,7 @@ def add_job_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type
     job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(
         metavar="ACTION", help="what to do"
     )
-    s = job.add_parser("submit", help="sign and submit a job; --wait follows it to its end")
-    s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
-    s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
-    s.add_argument("--type", default="python", dest="script_type", help="script type")
-    src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--script", help="the script text")
-    src.add_argument("--file", type=script_file, help="read the script from this file ('-': stdin)")
-    s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
-    s.add_argument("--timeout", type=positive_int, default=60, help="job timeout in seconds")
-    s.add_argument(
-        "--wait",
-        action="store_true",
-        help="print the job's output live and exit with its exit code",
-    )
-    add_signer(s)
-    s.set_defaults(func=with_client(job_submit))
-
+    _add_submit(job)
     s = job.add_parser("wait", help="re-attach to a job: its output, then its exit code")
     s.add_argument("key", help="job:<caller>:<id>")
     s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
@@ -82,6 +66,25 @@ def add_job_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type
     s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
     add_json(s)
     s.set_defaults(func=with_client(job_show))
+
+
+def _add_submit(job: Any) -> None:  # noqa: ANN401
+    s = job.add_parser("submit", help="sign and submit a job; --wait follows it to its end")
+    s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
+    s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
+    s.add_argument("--type", default="python", dest="script_type", help="script type")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--script", help="the script text")
+    src.add_argument("--file", type=script_file, help="read the script from this file ('-': stdin)")
+    s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
+    s.add_argument("--timeout", type=positive_int, default=60, help="job timeout in seconds")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="print the job's output live and exit with its exit code",
+    )
+    add_signer(s)
+    s.set_defaults(func=with_client(job_submit))
 
 
 def script_file(value: str) -> Path:

@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -121,7 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
+    _add_local_commands(sub)
+    s = sub.add_parser(
+        "status",
+        help="show the running node: id, peers and their links, queues, runners, counters; "
+        "exit 1 if the node is down, 3 if a peer link is down (a health check)",
+    )
+    add_json(s)
+    s.set_defaults(func=cmd_status)
+    add_registry_commands(sub)
+    add_job_commands(sub)
+    add_flow_commands(sub)
+    add_dlq_commands(sub)
+    add_msg_commands(sub)
+    add_completion_command(sub)
+    finish(p)
+    return p
 
+
+def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type)
+    """The commands that work on the home without a running node."""
     s = sub.add_parser("init", help="create the home: node key, default actor key, config.toml")
     s.add_argument("--name", default="node", help="a short name for this node")
     s.add_argument("--listen-port", type=int, default=7700, help="websocket port (0: any free)")
@@ -152,23 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("role", choices=[CLIENT, RUNNER], help="who connects with it")
     s.set_defaults(func=cmd_credentials)
-
-    s = sub.add_parser(
-        "status",
-        help="show the running node: id, peers and their links, queues, runners, counters; "
-        "exit 1 if the node or a peer link is down (a health check)",
-    )
-    add_json(s)
-    s.set_defaults(func=cmd_status)
-
-    add_registry_commands(sub)
-    add_job_commands(sub)
-    add_flow_commands(sub)
-    add_dlq_commands(sub)
-    add_msg_commands(sub)
-    add_completion_command(sub)
-    finish(p)
-    return p
 
 
 # -- local commands ----------------------------------------------------------------------------

@@ -38,6 +38,13 @@ def ws_address(value: str) -> str:
 
 
 def add_registry_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type)
+    """``peer``, ``actor`` and ``context`` with their actions."""
+    _add_peer_commands(sub)
+    _add_actor_commands(sub)
+    _add_context_commands(sub)
+
+
+def _add_peer_commands(sub: Any) -> None:  # noqa: ANN401
     peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(
         metavar="ACTION", help="what to do"
     )
@@ -55,6 +62,8 @@ def add_registry_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private
     s.add_argument("node", help="the peer's id, id prefix or name")
     s.set_defaults(func=with_client(peer_remove))
 
+
+def _add_actor_commands(sub: Any) -> None:  # noqa: ANN401
     actor = sub.add_parser("actor", help="manage actors").add_subparsers(
         metavar="ACTION", help="what to do"
     )
@@ -70,6 +79,8 @@ def add_registry_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private
     s.add_argument("actor_id", type=int, help="the actor's id")
     s.set_defaults(func=with_client(actor_remove))
 
+
+def _add_context_commands(sub: Any) -> None:  # noqa: ANN401
     ctx = sub.add_parser("context", help="manage contexts").add_subparsers(
         metavar="ACTION", help="what to do"
     )
