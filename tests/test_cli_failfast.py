@@ -87,3 +87,19 @@ def test_a_job_for_a_peer_that_is_down_says_where_it_waits(running_node):  # noq
     assert job_key.startswith("job:1:")
     assert f"{job_key}: queued for peer ghost: " in result.stderr
     assert "hero-node msg status message:1:" in result.stderr
+
+
+def test_a_type_without_runners_or_an_oversize_script_is_refused_before_sending(
+    running_node,  # noqa: F811
+    tmp_path,
+):
+    home, _node = running_node
+    result = cli(home, "job", "submit", "--type", "rust", "--script", "fn main() {}", "--wait")
+    assert result.returncode == 1
+    assert "this node runs no 'rust' jobs (its types: python, sh; --type)" in result.stderr
+    big = tmp_path / "big.py"
+    big.write_text("#" * (1024 * 1024 + 1))
+    result = cli(home, "job", "submit", "--file", str(big), "--wait")
+    assert result.returncode == 1
+    assert "the script has 1048577 bytes; this node accepts at most 1048576" in result.stderr
+    assert "waiting for" not in result.stderr

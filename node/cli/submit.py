@@ -2,8 +2,9 @@
 deliver, then follow the job: its output live, its progress on a terminal, its exit code.
 
 Before anything is written, the submission is checked against what this node knows: the
-context must be one it serves (it never reads another context's ``msg_out``), and the message
-must be one it can parse (``--timeout`` > 0). A job for a peer whose link is down is queued
+context must be one it serves (it never reads another context's ``msg_out``), the message
+must be one it can parse (``--timeout`` > 0), the script within its ``max_script_bytes``, and
+a job that runs here of a type it has runners for. A job for a peer whose link is down is queued
 all the same (the outbox keeps it until the link is back), and the user is told so at once.
 Whatever the node still refuses reaches the waiting client through its reply list at once
 (node/routing/messages.py), with the reason.
@@ -26,6 +27,7 @@ from bus.models import JobStatus, Message
 from crypto import load_key_file
 from node.cli.common import config_of, context_of, unless_interrupted
 from node.cli.registry import peer_facts
+from node.config import NodeConfig
 from node.errors import NodeError
 
 LOG_GRACE_S = 2.0  # after the result: how long the live output may take to print its rest
@@ -44,6 +46,21 @@ def positive_int(value: str) -> int:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {number}")
     return number
+
+
+def check_job(config: NodeConfig, script: str, script_type: str, local: bool) -> None:
+    """NodeError for a job this node's own checks would refuse: a script above its
+    ``max_script_bytes`` (``oversize``) or, for a job that runs here, a type it has no runner
+    for (``unknown_script_type``)."""
+    size = len(script.encode("utf-8", "replace"))
+    if size > config.max_script_bytes:
+        raise NodeError(
+            f"the script has {size} bytes; this node accepts at most {config.max_script_bytes} "
+            "(max_script_bytes)"
+        )
+    if local and script_type not in config.runners:
+        known = ", ".join(sorted(config.runners))
+        raise NodeError(f"this node runs no {script_type!r} jobs (its types: {known}; --type)")
 
 
 async def preflight(client: Client, context: int, to: str) -> str:
@@ -76,6 +93,7 @@ async def job_submit(client: Client, args: argparse.Namespace) -> int:
     key = load_key_file(args.key_file or config.actor_key_path)
     to = await client.resolve_node(args.to)
     context = context_of(args)
+    check_job(config, script, args.script_type, local=to == await client.node_id())
     note = await preflight(client, context, to)
     message = await client.submit_job(
         key,
