@@ -1,8 +1,9 @@
 """How read commands print: a table for people, or one stable JSON document with ``--json``.
 
 Every ``--json`` output is a single JSON value on stdout (an object, or a list for the ``list``
-commands), with the field names README "JSON output" documents; timestamps are unix seconds
-(integers), never formatted dates.
+commands), with the field names README "JSON output" documents; timestamps are unix seconds,
+never formatted dates (integers, except in a hash printed as stored, whose values are all
+strings).
 """
 
 from __future__ import annotations
