@@ -16,6 +16,11 @@ def actor(actor_id: int) -> str:
     return f"actor:{actor_id}"
 
 
+ACTOR_PATTERN = "actor:*"  # SCAN pattern of every actor hash (DB 0)
+JOB_PATTERN = "job:*"  # SCAN pattern of every job hash of a context DB
+FLOW_PATTERN = "flow:*"  # SCAN pattern of every flow hash of a context DB
+
+
 def context(context_id: int) -> str:
     return f"context:{context_id}"
 

@@ -33,12 +33,16 @@ from bus import handshake as hs
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
 from bus.ids import now
+from bus.linkstate import LinkStates
 from bus.reasons import Reason
 from crypto import KeyPair
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
+# A ping per link this often measures its round trip; a peer that stopped answering shows as
+# a last_seen that falls behind (the link is left open: a stalled peer may come back).
+PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
 
@@ -214,6 +218,7 @@ class Transport:
         self.refused: dict[str, int] = {}
         self.traffic: dict[str, Traffic] = {}  # by peer id
         self._on_refused = on_refused
+        self.states = LinkStates()  # per peer: up/down, last seen, round trip (published)
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -333,10 +338,16 @@ class Transport:
                         "reason": _token(exc.__cause__ or exc),
                     },
                 )
-            except Exception:
+                self._link_failed(peer_id, exc)
+            except Exception as exc:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
+                self._link_failed(peer_id, exc)
             await trio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.config.backoff_max_s)
+
+    def _link_failed(self, peer_id: str, exc: BaseException) -> None:
+        if self.link(peer_id) is None:  # a link the peer dialled may be up meanwhile
+            self.states.down(peer_id, describe(exc))
 
     async def _dial_once(self, peer_id: str, address: str) -> None:
         ssl_context = self.config.ssl_client or default_client_tls()
@@ -416,6 +427,7 @@ class Transport:
             except FrameError as exc:
                 await self._on_bad_frame(link, str(exc))
                 continue
+            self.states.seen(link.peer_id)
             await self._on_frame(link, frame)
 
     async def _write_posted(self, link: Link) -> None:
@@ -423,6 +435,17 @@ class Transport:
             await link.write_posted()
         except TransportError as exc:  # the reader sees the close too, and ends the link
             log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
+
+    async def _keep_alive(self, link: Link) -> None:
+        """Ping the peer every PING_INTERVAL_S and record the round trip."""
+        while True:
+            started = trio.current_time()
+            try:
+                await link.ws.ping()
+            except ConnectionClosed:
+                return  # the reader sees the close too, and ends the link
+            self.states.rtt(link.peer_id, trio.current_time() - started)
+            await trio.sleep(PING_INTERVAL_S)
 
     def _closed(self, link: Link, exc: ConnectionClosed) -> None:
         code = getattr(exc.reason, "code", None)
@@ -437,11 +460,15 @@ class Transport:
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
+        self.states.up(link.peer_id)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
+                nursery.start_soon(self._keep_alive, link)
                 await self._read(link)
                 nursery.cancel_scope.cancel()
         finally:
             self._unregister(link)
+            if self.link(link.peer_id) is None:  # no link the other way either
+                self.states.down(link.peer_id, "link closed")
             log.info("link down: %s…", link.peer_id[:16])

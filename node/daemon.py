@@ -35,6 +35,7 @@ from node.config import NodeConfig
 from node.counters import run_counters
 from node.flows.engine import run_flow_engine
 from node.homelock import hold_home
+from node.linkinfo import run_link_info
 from node.resilient import resilient
 from node.routing.consumer import run_consumer
 from node.routing.deadlines import run_deadlines
@@ -136,6 +137,7 @@ async def _run_services(
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
+        await services.start(registry.resilient, "links", run_link_info, node, transport)
         console_url = await _start_console(node, transport, services)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)

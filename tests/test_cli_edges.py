@@ -101,7 +101,7 @@ def test_ctrl_c_while_waiting_names_the_job_and_exits_130(running_node):  # noqa
     assert first.startswith("waiting for job:"), first
     assert code == 130, rest
     job_key = first.split()[2]
-    assert f"hero-node job logs {job_key}" in rest
+    assert f"hero-node job wait {job_key}" in rest
     assert "Traceback" not in rest
 
 

@@ -83,3 +83,9 @@ def redis_url_of(config: NodeConfig) -> str:
 
 def context_of(args: argparse.Namespace) -> int:
     return int(config_of(args).context_id if args.context is None else args.context)
+
+
+class UsageError(NodeError):
+    """A mistake in what the user asked (exit 2, as argparse's own usage errors)."""
+
+    exit_code = 2

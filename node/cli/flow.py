@@ -12,8 +12,11 @@ from bus import keys
 from bus.client import Client
 from bus.dag import FlowError
 from bus.flows import FlowState
-from crypto import load_key_file
+from crypto import load_signing_key_file
 from node.cli.common import config_of, unless_interrupted, with_client
+from node.cli.jobs import add_signer
+from node.cli.lists import add_flow_list
+from node.cli.output import add_json, print_json
 from node.errors import NodeError
 
 FILE_HELP = (
@@ -30,7 +33,7 @@ _STATUS_MARK = {
 
 
 def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private subparsers type)
-    """Add ``flow submit|status|show`` to the ``hero-node`` parser's subcommands."""
+    """Add ``flow submit|status|show|list`` to the ``hero-node`` parser's subcommands."""
 
     flow = sub.add_parser("flow", help="DAGs of jobs across nodes").add_subparsers(
         metavar="ACTION", help="what to do"
@@ -40,8 +43,7 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
     s.add_argument("--context", type=int, default=None, help="context id (default: config)")
     s.add_argument("--wait", action="store_true", help="live table until the flow is final")
     s.add_argument("--timeout", type=float, default=3600, help="--wait gives up after this (s)")
-    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
-    s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
+    add_signer(s)
     s.add_argument(
         "--deadline",
         type=int,
@@ -57,7 +59,9 @@ def add_flow_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private sub
         s = flow.add_parser(name, help=text)
         s.add_argument("flow_id", type=int, help="the id `flow submit` printed")
         s.add_argument("--context", type=int, default=None, help="context id (default: config)")
+        add_json(s)
         s.set_defaults(func=with_client(fn))
+    add_flow_list(flow)
 
 
 def read_flow_file(path: Path) -> object:
@@ -89,7 +93,7 @@ async def flow_submit(client: Client, args: argparse.Namespace) -> int:
     doc = read_flow_file(args.file)
     if not isinstance(doc, dict):
         raise NodeError(f"{args.file}: a flow must be an object with a list of jobs")
-    key = load_key_file(args.key or config.actor_key_path)
+    key = load_signing_key_file(args.key_file or config.actor_key_path)
     ctx = _context(args)
     try:
         flow_id = await client.submit_flow(
@@ -125,9 +129,36 @@ async def _follow(client: Client, args: argparse.Namespace, flow_id: int, ctx: i
 
 
 async def flow_status(client: Client, args: argparse.Namespace) -> int:
+    """Exit 0 for a finished flow, 1 for any other status (running or failed)."""
     state = await client.flow_state(args.flow_id, _context(args))
-    print("\n".join(render(state, await _node_names(client), summary=True)))
+    if args.json:
+        print_json(state_json(state))
+    else:
+        print("\n".join(render(state, await _node_names(client), summary=True)))
     return 0 if state.ok else 1
+
+
+def state_json(state: FlowState) -> dict[str, Any]:
+    """A flow's state as ``flow status --json`` prints it."""
+    return {
+        "id": state.id,
+        "name": state.name,
+        "status": state.status.value,
+        "reason": state.reason,
+        "result": state.result,
+        "jobs": [
+            {
+                "id": j.id,
+                "job_key": j.job_key,
+                "node": j.node,
+                "depends": list(j.depends),
+                "status": j.status.value,
+                "reason": j.reason,
+                "result": j.result,
+            }
+            for j in state.jobs
+        ],
+    }
 
 
 async def flow_show(client: Client, args: argparse.Namespace) -> int:
@@ -141,7 +172,7 @@ async def flow_show(client: Client, args: argparse.Namespace) -> int:
         j.id: {"job_key": j.job_key, "node": j.node, "status": j.status.value, "reason": j.reason}
         for j in state.jobs
     }
-    print(json.dumps(fields, indent=2))
+    print(json.dumps(fields, indent=2, sort_keys=args.json))
     return 0
 
 

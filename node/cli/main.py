@@ -3,29 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from bus.client import Client
 from bus.errors import BusError
-from bus.models import Message
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
-from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.acl import CLIENT, RUNNER, reachable_url, role_url
-from node.cli.common import config_of, context_of, home_of, unless_interrupted, with_client
+from node.cli.common import config_of, home_of
+from node.cli.completion import add_completion_command, complete
+from node.cli.dlq import add_dlq_commands, add_msg_commands
 from node.cli.flow import add_flow_commands
-from node.cli.parsing import HOME_HELP, finish, package_version
-from node.cli.status import status
+from node.cli.jobs import add_job_commands
+from node.cli.output import add_json
+from node.cli.parsing import HOME_HELP, finish, hidden_alias, package_version
+from node.cli.registry import add_registry_commands
+from node.cli.status import cmd_status
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.launch import Ready, ready_line
@@ -41,7 +40,7 @@ Quick start (one node, embedded Valkey):
   hero-node job submit --to self --context 1 --type python --script 'print(6*7)' --wait
 
 Two nodes: run `hero-node id` on each, then on each `hero-node peer add <other id> ws://host:port`,
-and on the executing node `hero-node actor add --id N --pubkey <actor key>` and
+and on the executing node `hero-node actor add --actor N --pubkey <actor key>` and
 `hero-node context add 1 --executor N`.
 """
 
@@ -62,8 +61,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
+    if argv is None:  # the shell asking for completions: answered from the parser, then exit
+        complete(parser)
     args = parser.parse_args(argv)
     configure_logging(args.log_level, getattr(args, "log_format", "text"))
+    if args.log_level != "debug" and getattr(args, "func", None) is not cmd_run:
+        # a client command reports Redis errors itself; Ctrl-C during a connection attempt
+        # makes coredis log an ERROR with a traceback, which a user must not see
+        logging.getLogger("coredis").setLevel(logging.CRITICAL)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2
@@ -113,14 +118,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
+    _add_local_commands(sub)
+    s = sub.add_parser(
+        "status",
+        help="show the running node: id, peers and their links, queues, runners, counters; "
+        "exit 1 if the node is down, 3 if a peer link is down (a health check)",
+    )
+    add_json(s)
+    s.set_defaults(func=cmd_status)
+    add_registry_commands(sub)
+    add_job_commands(sub)
+    add_flow_commands(sub)
+    add_dlq_commands(sub)
+    add_msg_commands(sub)
+    add_completion_command(sub)
+    finish(p)
+    return p
 
+
+def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type)
+    """The commands that work on the home without a running node."""
     s = sub.add_parser("init", help="create the home: node key, default actor key, config.toml")
     s.add_argument("--name", default="node", help="a short name for this node")
     s.add_argument("--listen-port", type=int, default=7700, help="websocket port (0: any free)")
     s.add_argument("--redis", default="", help="use this Redis URL instead of an embedded Valkey")
     s.add_argument(
-        "--actor-id", type=int, default=1, help="id of this home's default actor (default 1)"
+        "--actor", type=int, default=1, dest="actor_id", help="id of this home's default actor"
     )
+    hidden_alias(s, "--actor-id", type=int, dest="actor_id")
     s.add_argument(
         "--tls",
         action="store_true",
@@ -156,121 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("role", choices=[CLIENT, RUNNER], help="who connects with it")
     s.set_defaults(func=cmd_credentials)
-
-    s = sub.add_parser(
-        "status", help="show the running node: id, peers, queues, runners, counters"
-    )
-    s.add_argument("--json", action="store_true", help="print it as one JSON object")
-    s.set_defaults(func=with_client(status))
-
-    peer = sub.add_parser("peer", help="manage peer nodes").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    s = peer.add_parser("add", help="register a peer node (it may then link to us)")
-    s.add_argument("node_id", help="the peer's node id (hex public key)")
-    s.add_argument("address", nargs="?", default="", help="ws://host:port to dial (optional)")
-    s.add_argument("--name", default="", help="a short name, usable as --to")
-    s.set_defaults(func=with_client(peer_add))
-    s = peer.add_parser("list", help="list peers")
-    s.set_defaults(func=with_client(peer_list))
-
-    actor = sub.add_parser("actor", help="manage actors").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    s = actor.add_parser("add", help="register an actor's public key")
-    s.add_argument("--id", type=int, required=True, dest="actor_id", help="the actor's id")
-    s.add_argument(
-        "--pubkey",
-        required=True,
-        help="the actor's public key in hex (ed25519: 64 hex; secp256k1: 66 hex, compressed)",
-    )
-    s.add_argument(
-        "--algorithm",
-        choices=ALGORITHMS,
-        default=ALGORITHM_ED25519,
-        help="the key's algorithm; the actor's signatures must be of it (default: ed25519)",
-    )
-    s.set_defaults(func=with_client(actor_add))
-
-    ctx = sub.add_parser("context", help="manage contexts").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    s = ctx.add_parser("add", help="create or replace a context and its permission lists")
-    s.add_argument("context_id", type=int, help="the context's id")
-    s.add_argument("--admin", type=int, action="append", default=[], help="admin actor id (repeat)")
-    many = "(repeat for more)"
-    s.add_argument("--executor", type=int, action="append", default=[], help=f"executor {many}")
-    s.add_argument("--reader", type=int, action="append", default=[], help=f"reader actor {many}")
-    s.set_defaults(func=with_client(context_add))
-
-    job = sub.add_parser("job", help="submit and inspect jobs").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    s = job.add_parser("submit", help="sign and submit a job; --wait prints its output")
-    s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
-    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-    s.add_argument("--type", default="python", dest="script_type", help="script type")
-    src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--script", help="the script text")
-    src.add_argument("--file", type=script_file, help="read the script from this file ('-': stdin)")
-    s.add_argument("--env", action="append", default=[], metavar="K=V", help="env var for the job")
-    s.add_argument("--timeout", type=int, default=60, help="job timeout in seconds")
-    s.add_argument("--wait", action="store_true", help="wait, print stdout, exit with its status")
-    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
-    s.add_argument("--key", type=Path, default=None, help="actor key file (default: actor.key)")
-    s.set_defaults(func=with_client(job_submit))
-    s = job.add_parser("stop", help="stop a job (signed; only its caller or a context admin)")
-    s.add_argument("key", help="job:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-    s.add_argument("--actor", type=int, default=None, help="actor id (default: config)")
-    s.add_argument("--key-file", type=Path, default=None, help="actor key (default: actor.key)")
-    s.add_argument("--wait", action="store_true", help="wait until the job has ended")
-    s.set_defaults(func=with_client(job_stop))
-    s = job.add_parser("logs", help="a job's output (stdout and stderr); --follow while it runs")
-    s.add_argument("key", help="job:<caller>:<id> (on this node: where it runs, or ran)")
-    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-    s.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
-    s.set_defaults(func=with_client(job_logs))
-    s = job.add_parser("show", help="print a job or message hash as JSON")
-    s.add_argument("key", help="job:<caller>:<id> or message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-    s.set_defaults(func=with_client(job_show))
-
-    _add_dlq_commands(sub)
-    add_flow_commands(sub)
-    msg = sub.add_parser("msg", help="inspect messages").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    s = msg.add_parser("status", help="where a message is: pending, sent, acknowledged, ...")
-    s.add_argument("key", help="message:<caller>:<id>")
-    s.add_argument("--context", type=int, default=None, help="context id (default: config)")
-    s.set_defaults(func=with_client(msg_status))
-    finish(p)
-    return p
-
-
-def _add_dlq_commands(sub: Any) -> None:  # noqa: ANN401
-    dlq = sub.add_parser("dlq", help="dead letters: what was refused, and why").add_subparsers(
-        metavar="ACTION", help="what to do"
-    )
-    ctx_help = "context id (default: config; 0: transport-level dead letters)"
-    s = dlq.add_parser("list", help="one line per dead letter, newest first")
-    s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=with_client(dlq_list))
-    s = dlq.add_parser("show", help="a dead letter and the message it refers to")
-    s.add_argument("key", help="the dead-lettered key (message:<caller>:<id>, ...)")
-    s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=with_client(dlq_show))
-    s = dlq.add_parser("retry", help="queue a dead-lettered message again where it was refused")
-    s.add_argument("key", nargs="?", help="the key to re-drive")
-    s.add_argument("--all", action="store_true", help="re-drive every re-drivable dead letter")
-    s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=with_client(dlq_retry))
-    s = dlq.add_parser("purge", help="delete dead letters")
-    s.add_argument("key", nargs="?", help="only this key's dead letters")
-    s.add_argument("--all", action="store_true", help="all of the context's dead letters")
-    s.add_argument("--context", type=int, default=None, help=ctx_help)
-    s.set_defaults(func=with_client(dlq_purge))
 
 
 # -- local commands ----------------------------------------------------------------------------
@@ -359,191 +269,6 @@ async def _on_signals(
             return
         log.info("received %s; finishing running jobs (again to stop now)", name)
         stop.set()
-
-
-# -- commands that talk to the node's Redis ----------------------------------------------------
-
-
-async def peer_add(client: Client, args: argparse.Namespace) -> int:
-    peer = await client.add_peer(args.node_id, args.address, args.name)
-    print(f"peer {peer.name or peer.id[:16]} added")
-    return 0
-
-
-async def peer_list(client: Client, args: argparse.Namespace) -> int:
-    for peer in await client.peers():
-        print(f"{peer.id}  {peer.name or '-'}  {peer.address or '-'}")
-    return 0
-
-
-async def actor_add(client: Client, args: argparse.Namespace) -> int:
-    actor = await client.register_actor(args.actor_id, args.pubkey, algorithm=args.algorithm)
-    print(f"actor {actor.id} registered")
-    return 0
-
-
-async def context_add(client: Client, args: argparse.Namespace) -> int:
-    ctx = await client.register_context(
-        args.context_id, admins=args.admin, executors=args.executor, readers=args.reader
-    )
-    print(f"context {ctx.id}: admins {ctx.admins} executors {ctx.executors} readers {ctx.readers}")
-    return 0
-
-
-async def job_submit(client: Client, args: argparse.Namespace) -> int:
-    config = config_of(args)
-    script = args.script if args.script is not None else _read_script(args.file)
-    env = dict(_parse_env(item) for item in args.env)
-    key = load_key_file(args.key or config.actor_key_path)
-    to = await client.resolve_node(args.to)
-    context = args.context or config.context_id
-    message = await client.submit_job(
-        key,
-        args.actor or config.actor_id,
-        to=to,
-        context_id=context,
-        script_type=args.script_type,
-        script=script,
-        env_vars=env,
-        timeout_s=args.timeout,
-    )
-    if not args.wait:
-        print(message.job[0].key)
-        return 0
-    job_key = message.job[0].key
-    results = await unless_interrupted(
-        lambda: client.wait_results(message, timeout_s=args.timeout + 30),
-        f"waiting for {job_key} (Ctrl-C stops waiting, not the job)",
-    )
-    if results is None:
-        print(
-            f"hero-node: stopped waiting; {job_key} goes on (message {message.key}): "
-            f"hero-node job logs {job_key} --follow",
-            file=sys.stderr,
-        )
-        return 130
-    [result] = results
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.result.get("stderr", ""))
-    if not result.ok:
-        print(f"hero-node: job {result.job_key} failed: {result.reason}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def script_file(value: str) -> Path:
-    """``--file``'s path, refused at parse time (exit 2, no traceback) if it cannot be read."""
-    path = Path(value)
-    if value != "-" and (path.is_dir() or not os.access(path, os.R_OK)):
-        raise argparse.ArgumentTypeError(f"cannot read {value}: no such readable file")
-    return path
-
-
-def _read_script(path: Path) -> str:
-    try:
-        return sys.stdin.read() if str(path) == "-" else path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NodeError(f"cannot read {path}: {exc}") from None
-
-
-def _parse_env(item: str) -> tuple[str, str]:
-    name, sep, value = item.partition("=")
-    if not sep or not name:
-        raise NodeError(f"--env wants NAME=VALUE, got {item!r}")
-    return name, value
-
-
-async def job_stop(client: Client, args: argparse.Namespace) -> int:
-    config = config_of(args)
-    key = load_key_file(args.key_file or config.actor_key_path)
-    ctx = context_of(args)
-    actor = args.actor or config.actor_id
-    job = await client.job_fields(ctx, args.key)
-    await client.stop_job(key, actor, args.key, ctx)
-    print(f"stop requested for {args.key}")
-    if args.wait and job.get("message_key"):
-        request = await client.store.hgetall(ctx, job["message_key"])
-        message = Message.from_hash(request)
-        [result] = await client.wait_results(replace(message, job=message.job[:1]), 60)
-        print(f"{result.job_key}: {result.status.value} {result.reason}")
-    return 0
-
-
-async def job_logs(client: Client, args: argparse.Namespace) -> int:
-    async for stream, text in client.job_logs(context_of(args), args.key, follow=args.follow):
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write(text)
-        out.flush()
-    return 0
-
-
-async def job_show(client: Client, args: argparse.Namespace) -> int:
-    ctx = args.context or config_of(args).context_id
-    fields: dict[str, Any] = await client.store.hgetall(ctx, args.key)
-    if not fields and args.key.startswith("job:"):  # submitted, not routed yet: from its message
-        fields = await client.job_fields(ctx, args.key)
-    if not fields:
-        print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)
-        return 1
-    print(json.dumps(fields, indent=2))
-    return 0
-
-
-async def dlq_list(client: Client, args: argparse.Namespace) -> int:
-    entries = await client.store.dead_letters(context_of(args))
-    for e in entries:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.get("at", 0)))
-        print(f"{stamp}  {e.get('reason', '?'):<22} {e.get('key', '?')}  {e.get('detail', '')}")
-    print(f"{len(entries)} dead letter(s) in context {context_of(args)}", file=sys.stderr)
-    return 0
-
-
-async def dlq_show(client: Client, args: argparse.Namespace) -> int:
-    ctx = context_of(args)
-    entries = [e for e in await client.store.dead_letters(ctx) if e.get("key") == args.key]
-    if not entries:
-        print(f"hero-node: no dead letter for {args.key} in context {ctx}", file=sys.stderr)
-        return 1
-    fields = await client.store.hgetall(ctx, args.key)
-    print(json.dumps({"dead_letters": entries, "hash": fields}, indent=2))
-    return 0
-
-
-async def dlq_retry(client: Client, args: argparse.Namespace) -> int:
-    ctx = context_of(args)
-    if args.all == bool(args.key):
-        raise NodeError("give a key or --all")
-    targets = (
-        [args.key]
-        if args.key
-        else sorted({e["key"] for e in await client.store.dead_letters(ctx) if e.get("queue")})
-    )
-    done = 0
-    for key in targets:
-        done += bool(await client.store.retry_dead_letter(ctx, key))
-    print(f"re-drove {done} of {len(targets)} message(s)")
-    return 0 if done == len(targets) else 1
-
-
-async def dlq_purge(client: Client, args: argparse.Namespace) -> int:
-    if args.all == bool(args.key):
-        raise NodeError("give a key or --all")
-    gone = await client.store.purge_dead_letters(context_of(args), args.key)
-    print(f"purged {gone} dead letter(s)")
-    return 0
-
-
-async def msg_status(client: Client, args: argparse.Namespace) -> int:
-    ctx = context_of(args)
-    report = await client.delivery_status(ctx, args.key)
-    if report is None:
-        print(f"hero-node: no {args.key} in context {ctx}", file=sys.stderr)
-        return 1
-    print(f"{args.key}: {report['state']}")
-    for name, value in report.items():
-        if name != "state":
-            print(f"  {name:<14} {value}")
-    return 0
 
 
 if __name__ == "__main__":

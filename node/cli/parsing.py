@@ -68,3 +68,9 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
         return 2  # a usage error, as argparse exits with: the action is missing
 
     return show
+
+
+def hidden_alias(parser: argparse.ArgumentParser, *names: str, **kwargs: object) -> None:
+    """An old spelling of an option, still accepted (scripts keep working), not shown in the
+    help; ``kwargs`` must name the new spelling's ``dest``."""
+    parser.add_argument(*names, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]

@@ -1,38 +1,66 @@
 """``hero-node status``: the running node as its Redis shows it, as text or JSON.
 
 It reads what the node publishes in DB 0 (``node:info``, with the node's counters: see
-node/counters.py), the peers and their outboxes, and per context the message lists, the job
-queues and the live runners.
+node/counters.py, and its links: node/linkinfo.py), the peers and their outboxes, and per
+context the message lists, the job queues and the live runners.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import time
 from typing import Any
 
 from bus import keys
 from bus.client import Client
 from bus.store import Store
 from node import counters
+from node.cli.common import with_client
+from node.cli.output import print_json
+from node.cli.registry import link_text, peer_facts
+from node.errors import NodeError
+from node.linkinfo import LINKS_FIELD
+
+LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``status``: exit 0 when the node runs and every peer link is up, 1 when the node is not
+    running (its home's lock is free, or no node ever ran on its Redis) or its Redis cannot
+    be reached, 3 when a peer link is down."""
+    return with_client(status)(args)
 
 
 async def status(client: Client, args: argparse.Namespace) -> int:
     facts = await status_facts(client)
+    if not facts["node"].get("id"):
+        raise NodeError("no hero-node has run on this Redis (no node:info)")
+    down = [p for p in facts["peers"] if p["link"] != "up"]
+    facts["health"] = {
+        "ok": not down,
+        "problems": [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down],
+    }
     if args.json:
-        print(json.dumps(facts, indent=2))
-        return 0
+        print_json(facts)
+    else:
+        print_text(facts)
+    return LINK_DOWN if down else 0
+
+
+def print_text(facts: dict[str, Any]) -> None:
     info = facts["node"]
     print(f"node {info.get('name', '?')}  id {info.get('id', '?')}")
     print(
         f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
         f"pid {info.get('pid', '?')}"
     )
+    now = time.time()
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
             f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}"
         )
+        print(f"    link {link_text(peer, now)}")
     for ctx, lists in facts["contexts"].items():
         lens = [f"{name}={length}" for name, length in lists["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
@@ -42,28 +70,22 @@ async def status(client: Client, args: argparse.Namespace) -> int:
             print(f"    runner {runner['id']} ({runner['script_type']}, {where}): {state}")
     counted = facts["counters"]
     print(f"  counters {' '.join(f'{k}={v}' for k, v in counted.items()) or '(none yet)'}")
-    return 0
+    for problem in facts["health"]["problems"]:
+        print(f"  unhealthy: {problem}")
 
 
 async def status_facts(client: Client) -> dict[str, Any]:
-    """What ``status`` shows: ``node`` (node:info), ``counters``, ``peers`` (with the length of
-    their outbox) and ``contexts`` (list lengths and live runners, by context id)."""
+    """What ``status`` shows: ``node`` (node:info), ``counters``, ``peers`` (with their link
+    and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
+    (list lengths and live runners, by context id)."""
     store = client.store
     info = await store.hgetall(0, keys.NODE_INFO)
-    peers = [
-        {
-            "id": peer.id,
-            "name": peer.name,
-            "address": peer.address,
-            "outbox": await store.llen(0, keys.outbox(peer.id)),
-        }
-        for peer in await client.peers()
-    ]
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
+    published = (counters.COUNTERS_FIELD, LINKS_FIELD)
     return {
-        "node": {k: v for k, v in info.items() if k != counters.COUNTERS_FIELD},
+        "node": {k: v for k, v in info.items() if k not in published},
         "counters": counters.read(info),
-        "peers": peers,
+        "peers": await peer_facts(client),
         "contexts": contexts,
     }
 

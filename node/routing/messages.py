@@ -6,6 +6,7 @@ import json
 import logging
 from collections.abc import Mapping
 
+from bus import keys
 from bus.atomic import routing as atomic_routing
 from bus.atomic.routing import ResultWrite
 from bus.envelope import ResultBody, sign_message
@@ -65,6 +66,8 @@ async def reject(
     )
     node.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
+    if message is None and queue == keys.MSG_OUT:
+        await _answer_unparsed(node, ctx, key, exc, service)
     if message is None or exc.reason == Reason.REPLAY:  # a replay's hash is the original's: keep it
         return
     try:
@@ -73,6 +76,43 @@ async def reject(
         raise
     except Exception:  # the dead letter is written; a flaw in telling the sender stops nothing
         log.exception("%s could not tell the sender of %s why", service, printable(key))
+
+
+async def _answer_unparsed(
+    node: NodeState, ctx: int, key: str, exc: Rejected, service: str
+) -> None:
+    """A message of this node's own clients (``msg_out``) that cannot even be parsed (a
+    negative timeout, say) gets no result message, which needs a parsed request: its waiting
+    client is answered here, on its reply list, with one error per job the hash names (one
+    without a job key if it names none), so that it stops waiting at once."""
+    try:
+        replies = [
+            json.dumps(
+                {
+                    "job_key": job,
+                    "status": JobStatus.ERROR.value,
+                    "result": {},
+                    "reason": f"{exc.reason}: {exc.detail}",
+                }
+            )
+            for job in _job_keys(await node.store.hgetall(ctx, key)) or [""]
+        ]
+        reply = keys.reply(key)
+        await node.store.lpush(ctx, reply, *replies)
+        await node.store.expire(ctx, reply, node.config.reply_ttl_s)
+    except StoreError:
+        raise
+    except Exception:  # the dead letter is written; a flaw in telling the client stops nothing
+        log.exception("%s could not answer the client of %s", service, printable(key))
+
+
+def _job_keys(fields: Mapping[str, str]) -> list[str]:
+    """The job keys an unparsable message hash names, read leniently ([] if none can be)."""
+    try:
+        jobs = json.loads(fields.get("job") or "[]")
+        return [keys.job(int(j["caller_id"]), int(j["id"])) for j in jobs]
+    except (ValueError, TypeError, KeyError):
+        return []
 
 
 async def _mark_refused(
