@@ -12,7 +12,8 @@ from bus.errors import ClientError
 from crypto import Secp256k1KeyPair, read_signing_key_file
 from crypto.cli import main
 from crypto.secp256k1 import CURVE_ORDER
-from node.cli.main import actor_add, build_parser
+from node.cli.main import build_parser
+from node.cli.registry import actor_add
 from node.config import NodeConfig, load_config
 from node.errors import ConfigError
 from node.home import init_home
@@ -82,12 +83,12 @@ async def test_actor_add_registers_the_algorithm(node_factory, capsys):
     alice = await node_factory("alice")
     key = Secp256k1KeyPair.generate()
     args = build_parser().parse_args(
-        ["actor", "add", "--id", "9", "--pubkey", key.public_hex, "--algorithm", "secp256k1"]
+        ["actor", "add", "--actor", "9", "--pubkey", key.public_hex, "--algorithm", "secp256k1"]
     )
     assert await actor_add(alice.client, args) == 0
     stored = await alice.store.hgetall(0, keys.actor(9))
     assert (stored["pubkey"], stored["algorithm"]) == (key.public_hex, "secp256k1")
-    args = build_parser().parse_args(["actor", "add", "--id", "10", "--pubkey", key.public_hex])
+    args = build_parser().parse_args(["actor", "add", "--actor", "10", "--pubkey", key.public_hex])
     with pytest.raises(ClientError, match="64 hex characters"):
         await actor_add(alice.client, args)
     assert await alice.store.hgetall(0, keys.actor(10)) == {}
