@@ -69,6 +69,11 @@ class LinkStates:
         state.rtt_ms, state.last_seen = round(seconds * 1000, 3), now()
         self._touch()
 
+    def get(self, peer_id: str) -> LinkState:
+        """A copy of one peer's state (a peer never linked: down since 0)."""
+        state = self._states.get(peer_id)
+        return LinkState() if state is None else LinkState(**asdict(state))
+
     def snapshot(self) -> dict[str, dict[str, object]]:
         """Every state as a JSON-ready dict, by peer id; re-arms :attr:`changed` first, so a
         change made after the snapshot is reported next time."""

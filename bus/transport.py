@@ -32,7 +32,6 @@ from trio_websocket import (
 from bus import handshake as hs
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
-from bus.ids import now
 from bus.linkstate import LinkStates
 from bus.reasons import Reason
 from crypto import KeyPair
@@ -77,7 +76,6 @@ class Link:
     ws: WebSocketConnection
     initiator: bool
     closed: trio.Event = field(default_factory=trio.Event)
-    up_since: int = field(default_factory=now)  # wall clock (s): when the handshake succeeded
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
     traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
@@ -116,19 +114,6 @@ class Link:
         self.closed.set()
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             await self.ws.aclose()
-
-    async def round_trip(self, timeout_s: float) -> float | None:
-        """Seconds the peer took to answer a websocket ping (its frames queued before the pong
-        count too: this is the link's latency as traffic sees it); None if no answer came
-        within ``timeout_s`` or the link is closed."""
-        started = trio.current_time()
-        with trio.move_on_after(timeout_s):
-            try:
-                await self.ws.ping()
-            except ConnectionClosed:
-                return None
-            return trio.current_time() - started
-        return None
 
 
 def default_client_tls() -> ssl.SSLContext:

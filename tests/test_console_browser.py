@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from selenium.common.exceptions import StaleElementReferenceException
 
 from bus import keys
 from node.web.settings import ConsoleConfig
@@ -172,7 +173,13 @@ async def test_console_in_chromium_purges_a_dead_letter_with_the_token(node_fact
         field = driver.find_element("css selector", "#token")
         field.clear()
         field.send_keys(value)
-        driver.find_element("css selector", purge).click()
+        for _ in range(5):  # the live feed may redraw the row between finding and clicking
+            try:
+                driver.find_element("css selector", purge).click()
+                return
+            except StaleElementReferenceException:
+                continue
+        raise AssertionError("the purge button was redrawn under every click")
 
     with trio.fail_after(60):
         await in_browser(driver.get, node.info.console_url + "/")

@@ -10,7 +10,6 @@ Redis URL, the actors' keys, job scripts and job environments are never read int
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
@@ -38,24 +37,11 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S: Final = 1.0  # the newest snapshot is reused by every page for this long
 RUNNERS_INTERVAL_S: Final = 3.0  # runners are found by SCAN: looked up less often
-PING_TIMEOUT_S: Final = 1.0
 JOBS_SHOWN: Final = 30
 FLOWS_SHOWN: Final = 6
 MESSAGES_SHOWN: Final = 20
 DEAD_LETTERS_SHOWN: Final = 20
 OUTBOX_LOOKED_AT: Final = 500  # entries of a peer's outbox read to tell a message's place
-
-
-@dataclass
-class LinkView:
-    """What the console knows of a peer's link: up or down and since when (up: from the
-    link; down: since the console saw it go), when the peer last answered a ping, and how
-    long that took."""
-
-    up: bool = False
-    since: int = 0
-    last_seen: int = 0
-    rtt_ms: float | None = None
 
 
 class Feed:
@@ -65,7 +51,6 @@ class Feed:
         self.node = node
         self.transport = transport
         self.client = Client(node.store)
-        self.links: dict[str, LinkView] = {}
         self._recent: dict[tuple[int, str], Recent] = {}
         self._lock = trio.Lock()
         self._snapshot: dict[str, Any] = {}
@@ -110,49 +95,28 @@ class Feed:
 
     async def _peers(self) -> list[dict[str, Any]]:
         peers = sorted(self.node.peers.values(), key=lambda p: (p.name, p.id))
-        await self._watch_links([p.id for p in peers])
         store, out = self.node.store, []
         lens = await store.llen_many(
             keys.ACTORS_DB,
             [k for p in peers for k in (keys.outbox(p.id), keys.outbox_inflight(p.id))],
         )
         for i, peer in enumerate(peers):
-            view = self.links[peer.id]
+            view = self.transport.states.get(peer.id)
             out.append(
                 {
                     "id": peer.id,
                     "name": peer.name,
                     "address": peer.address,
-                    "link": "up" if view.up else "down",
+                    "link": view.state,
                     "since": view.since,
                     "last_seen": view.last_seen,
-                    "rtt_ms": view.rtt_ms,
+                    "rtt_ms": view.rtt_ms if view.rtt_ms >= 0 else None,
+                    "error": view.error,
                     "outbox": lens[2 * i],
                     "in_flight": lens[2 * i + 1],
                 }
             )
         return out
-
-    async def _watch_links(self, peer_ids: list[str]) -> None:
-        """Note each link's state, and ping the links that are up (concurrently, bounded)."""
-        stamp = now()
-
-        async def ping(peer_id: str, view: LinkView) -> None:
-            link = self.transport.link(peer_id)
-            rtt = None if link is None else await link.round_trip(PING_TIMEOUT_S)
-            if rtt is not None:
-                view.rtt_ms, view.last_seen = round(rtt * 1000, 2), now()
-
-        async with trio.open_nursery() as nursery:
-            for peer_id in peer_ids:
-                # a link found down when the console first looks: down since unknown (0)
-                view = self.links.setdefault(peer_id, LinkView())
-                link = self.transport.link(peer_id)
-                if link is not None:
-                    view.up, view.since = True, link.up_since
-                    nursery.start_soon(ping, peer_id, view)
-                elif view.up:
-                    view.up, view.since = False, stamp
 
     def _node_name(self, node_id: str) -> str:
         if node_id == self.node.node_id:
