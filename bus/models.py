@@ -24,6 +24,8 @@ RawHash = Mapping[str, str] | Mapping[bytes, bytes]
 
 
 class JobStatus(StrEnum):
+    """A job's status; ``finished`` and ``error`` are final."""
+
     DISPATCHED = "dispatched"
     WAITING_FOR_PREREQUISITES = "waiting_for_prerequisites"
     STARTED = "started"
@@ -36,6 +38,8 @@ class JobStatus(StrEnum):
 
 
 class FlowStatus(StrEnum):
+    """A flow's status; ``finished`` and ``error`` are final."""
+
     DISPATCHED = "dispatched"
     STARTED = "started"
     ERROR = "error"
@@ -331,6 +335,9 @@ class Runner:
 
 @dataclass(frozen=True, slots=True)
 class RunnerJob:
+    """A job (``job:<caller_id>:<id>``): a script of a type, run in a context; make one with
+    :func:`bus.new_job`."""
+
     id: int
     caller_id: int
     context_id: int
@@ -469,6 +476,9 @@ _ANY = object()
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """A signed message (``message:<caller_id>:<id>``) carrying jobs to a node;
+    :meth:`bus.Client.submit` returns it, :meth:`bus.Client.wait_results` takes it."""
+
     id: int
     caller_id: int
     context_id: int
