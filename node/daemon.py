@@ -5,9 +5,10 @@ run_node
 └── services (store open)
     ├── transport listener (websocket, authenticated links)
     ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
+    ├── per context: supervisor, consumer, flow engine, dlq watcher, runner pools (python, sh, ...)
     ├── registry watcher (contexts and peers registered while running)
-    └── counters publisher (node:info ``counters``, for ``hero-node status``)
+    ├── counters publisher (node:info ``counters``, for ``hero-node status``)
+    └── dlq watcher of DB 0 (node/dlq.py)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
 from node.counters import run_counters
+from node.dlq import run_dlq_watch
 from node.flows.engine import run_flow_engine
 from node.homelock import hold_home
 from node.resilient import resilient
@@ -133,6 +135,7 @@ async def _run_services(
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
+        await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)
@@ -271,6 +274,7 @@ class Registry:
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
+            await nursery.start(resilient, f"dlq {ctx}", run_dlq_watch, node, ctx)
             # -- runner presence, external runners (node/runners/presence.py, external.py) --
             await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
             await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)
