@@ -132,6 +132,8 @@ class Transport:
         reload_peers: Callable[[], Awaitable[None]] | None = None,
         *,
         on_refused: Callable[[str], None] | None = None,
+        on_link: Callable[[str, bool], None] | None = None,
+        before_dial: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.key = key
         self.node_id = key.public_hex
@@ -150,6 +152,11 @@ class Transport:
         # called after each, so that the node publishes the counts (node/counters.py)
         self.refused: dict[str, int] = {}
         self._on_refused = on_refused
+        # a peer's circuit breaker (node/routing/peer_breakers.py): ``on_link(peer, up)`` after
+        # each link that came up (True) and each dial or link that failed (False);
+        # ``before_dial(peer)`` returns when the next dial may start
+        self._on_link = on_link or (lambda _peer, _up: None)
+        self._before_dial = before_dial
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -246,6 +253,8 @@ class Transport:
         """Keep a link to ``peer_id`` at ``address`` up, reconnecting with backoff and jitter."""
         delay = self.config.backoff_initial_s
         while True:
+            if self._before_dial is not None:
+                await self._before_dial(peer_id)
             try:
                 await self._dial_once(peer_id, address)
                 delay = self.config.backoff_initial_s
@@ -257,8 +266,10 @@ class Transport:
                 trio.TooSlowError,
             ) as exc:
                 log.info("link to %s… (%s) failed: %s", peer_id[:16], address, exc or type(exc))
+                self._on_link(peer_id, False)
             except Exception:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
+                self._on_link(peer_id, False)
             await trio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, self.config.backoff_max_s)
 
@@ -351,6 +362,7 @@ class Transport:
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
+        self._on_link(link.peer_id, True)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
@@ -358,4 +370,5 @@ class Transport:
                 nursery.cancel_scope.cancel()
         finally:
             self._unregister(link)
+            self._on_link(link.peer_id, False)
             log.info("link down: %s…", link.peer_id[:16])

@@ -69,6 +69,11 @@ class NodeConfig:
     dlq_limits: dict[str, int] = field(default_factory=dict)  # context id -> its own bound
     on_dead_letter: str = ""
     on_dead_letter_timeout_s: float = 10.0
+    # per-peer circuit breaker (node/routing/breaker.py): open after breaker_failures failed
+    # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
+    breaker_failures: int = 5
+    breaker_open_s: float = 30.0
+    breaker_probes: int = 1
 
     @property
     def node_key_path(self) -> Path:
@@ -199,6 +204,10 @@ _HELP = {
     "dlq_max_len": "each dlq (one per context, one in DB 0) keeps at most this many dead letters "
     "(0: no bound);\nthe oldest beyond it are appended to archive/dlq-<db>.jsonl and counted "
     "(dlq_archived)",
+    "breaker_failures": "a peer whose dials or links fail this many times in a row has its "
+    "circuit breaker opened:\nno dial for breaker_open_s, then breaker_probes at once; a job "
+    "for it whose ack deadline\ncomes before that fails at once (peer_unavailable); a link that "
+    "comes up closes it",
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "

@@ -37,10 +37,12 @@ from node.dlq import run_dlq_watch
 from node.flows.engine import run_flow_engine
 from node.homelock import hold_home
 from node.resilient import resilient
+from node.routing.breaker import BreakerConfig
 from node.routing.consumer import run_consumer
 from node.routing.deadlines import run_deadlines
 from node.routing.links import LinkHandler
 from node.routing.messages import Rejected, load_message, reject
+from node.routing.peer_breakers import PeerBreakers, run_breaker_publisher
 from node.routing.supervisor import run_supervisor
 from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
@@ -113,6 +115,9 @@ async def _run_services(
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
     registry: Registry | None = None
+    node.breakers = PeerBreakers(
+        BreakerConfig(config.breaker_failures, config.breaker_open_s, config.breaker_probes)
+    )
 
     async def reload_peers() -> None:  # an unknown dialler may have just been registered
         if registry is not None:
@@ -126,6 +131,8 @@ async def _run_services(
         transport_config(config),
         reload_peers=reload_peers,
         on_refused=lambda _reason: node.counted.set(),
+        on_link=node.breakers.on_link,
+        before_dial=node.breakers.before_dial,
     )
     async with trio.open_nursery() as services:
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
@@ -136,6 +143,7 @@ async def _run_services(
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
+        await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
 from bus import keys
 from bus.client import Client
 from bus.store import Store
 from node import counters
+from node.routing.peer_breakers import BREAKERS_FIELD
 
 
 async def status(client: Client, args: argparse.Namespace) -> int:
@@ -31,7 +33,7 @@ async def status(client: Client, args: argparse.Namespace) -> int:
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
-            f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}"
+            f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}{_breaker(peer)}"
         )
     for ctx, lists in facts["contexts"].items():
         lens = [f"{name}={length}" for name, length in lists["lists"].items()]
@@ -50,12 +52,14 @@ async def status_facts(client: Client) -> dict[str, Any]:
     their outbox) and ``contexts`` (list lengths and live runners, by context id)."""
     store = client.store
     info = await store.hgetall(0, keys.NODE_INFO)
+    breakers = _breakers(info.pop(BREAKERS_FIELD, "{}"))
     peers = [
         {
             "id": peer.id,
             "name": peer.name,
             "address": peer.address,
             "outbox": await store.llen(0, keys.outbox(peer.id)),
+            "breaker": breakers.get(peer.id, {"state": "closed", "failures": 0}),
         }
         for peer in await client.peers()
     ]
@@ -66,6 +70,24 @@ async def status_facts(client: Client) -> dict[str, Any]:
         "peers": peers,
         "contexts": contexts,
     }
+
+
+def _breakers(published: str) -> dict[str, Any]:
+    """The circuit breakers node:info holds, by peer id ({} if unreadable)."""
+    try:
+        value = json.loads(published)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _breaker(peer: dict[str, Any]) -> str:
+    """What the peer line says of its circuit breaker: nothing while it is closed."""
+    b = peer["breaker"]
+    if b.get("state") == "closed":
+        return ""
+    since = time.strftime("%H:%M:%S", time.localtime(int(b.get("opened_at") or 0)))
+    return f"  breaker {b.get('state')} since {since} ({b.get('failures')} failures in a row)"
 
 
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
