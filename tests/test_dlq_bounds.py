@@ -177,3 +177,24 @@ def _store(url: str):
     from bus.store import open_store
 
     return open_store(url)
+
+
+async def test_hostile_dlq_events_cost_the_watcher_nothing(node_factory, valkey_factory, tmp_path):
+    server = valkey_factory()
+    alice = await node_factory("alice", on_dead_letter=hook_script(tmp_path, server.url))
+    huge = "x" * 300_000
+    await alice.store.call(
+        1, lambda r: r.lpush(keys.DLQ_EVENTS, ["not json", "[1, 2]", huge, b"\xff\xfe"])
+    )
+    [key] = await refused(alice, 1)
+    async with _store(server.url) as announced:
+        # three of the four (the one that is no UTF-8 is dead-lettered as not_utf8 instead: that
+        # letter is the fourth), and the real one
+        for _ in range(5):
+            await wait_announced(announced, "hooked")
+    seen = [json.loads(line) for line in (tmp_path / "hooked.jsonl").read_text().splitlines()]
+    assert {"entry": "not json", "db": 1} in seen
+    assert {"entry": "[1, 2]", "db": 1} in seen
+    assert {"entry": huge, "db": 1} in seen
+    assert any(s.get("reason") == "not_utf8" for s in seen)
+    assert key in [s.get("key") for s in seen]
