@@ -72,7 +72,9 @@ class NodeConfig:
     # per-peer circuit breaker (node/routing/breaker.py): open after breaker_failures failed
     # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
     breaker_failures: int = 5
-    breaker_open_s: float = 30.0
+    # 10 s: the transport's longest dial backoff, so an open breaker delays no reconnection
+    # by more than the backoff would; a longer one fails more jobs fast, reconnects later
+    breaker_open_s: float = 10.0
     breaker_probes: int = 1
 
     @property

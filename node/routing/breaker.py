@@ -25,7 +25,7 @@ class BreakerState(StrEnum):
 @dataclass(frozen=True)
 class BreakerConfig:
     threshold: int = 5  # consecutive failures that open the breaker (>= 1)
-    open_s: float = 30.0  # how long it stays open before probes may go
+    open_s: float = 10.0  # how long it stays open before probes may go
     probes: int = 1  # attempts allowed at once while half-open (>= 1)
 
 
