@@ -20,6 +20,16 @@ client`` prints the URL of the client role of an embedded Valkey) and signs with
 
 Every error raised here is a :class:`BusError`; signing keys and their errors come from
 ``crypto``.
+
+The API: :func:`open_client` opens a :class:`Client` on a node's Redis; :func:`new_job` makes
+a :class:`RunnerJob` for :meth:`Client.submit` (several jobs in one signed :class:`Message`) or
+:meth:`Client.submit_many`, and :meth:`Client.submit_job` does both for one job;
+:meth:`Client.wait_results` gives one :class:`JobResult` per job (a :class:`JobStatus`, the
+``stdout``/``stderr``/``exit_code`` map and the ``reason`` of an error). Flows:
+:meth:`Client.submit_flow` (a DAG document, checked before anything is stored: :class:`FlowError`),
+:meth:`Client.wait_flow` and :meth:`Client.flow_state` (a :class:`FlowState` of
+:class:`FlowJobState`, :class:`FlowStatus`). README "Python client" and
+``examples/python_client.py`` show all of it.
 """
 
 from bus.client import Client, JobResult, new_job, open_client
@@ -34,6 +44,8 @@ from bus.errors import (
     StoreError,
     TransportError,
 )
+from bus.flows import FlowJobState, FlowState
+from bus.models import FlowStatus, JobStatus, Message, RunnerJob
 
 __all__ = [
     "BusError",
@@ -41,10 +53,16 @@ __all__ = [
     "ClientError",
     "ContentError",
     "FlowError",
+    "FlowJobState",
+    "FlowState",
+    "FlowStatus",
     "FrameError",
     "HandshakeError",
     "JobResult",
+    "JobStatus",
+    "Message",
     "ModelError",
+    "RunnerJob",
     "StoreError",
     "TransportError",
     "new_job",

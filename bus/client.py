@@ -42,6 +42,7 @@ from bus.models import (
     MessageType,
     Peer,
     RunnerJob,
+    check_retry_policy,
     decode_hash,
 )
 from bus.store import Store, open_store
@@ -73,8 +74,17 @@ def new_job(
     env_vars: Mapping[str, str] | None = None,
     timeout_s: int = 60,
     retries: int = 0,
+    retry_on: Sequence[str] = (),
+    backoff: str = "",
+    backoff_ms: int = 0,
 ) -> RunnerJob:
-    """A job with a fresh id, for :meth:`Client.submit` and :meth:`Client.submit_many`."""
+    """A job with a fresh id, for :meth:`Client.submit` and :meth:`Client.submit_many`.
+
+    ``retries`` failed attempts are run again; ``retry_on`` limits that to these causes
+    (``timeout``, ``runner_lost``, ``exit:<code>``, ``exit:any``; others fail at once), after an
+    ``exponential`` (default) or ``linear`` ``backoff`` from ``backoff_ms`` (default 500).
+    Raises ModelError for a policy the node would refuse."""
+    check_retry_policy(list(retry_on), backoff, backoff_ms)
     return RunnerJob(
         id=new_id(),
         caller_id=caller_id,
@@ -86,6 +96,9 @@ def new_job(
         env_vars=dict(env_vars or {}),
         created_at=now(),
         updated_at=now(),
+        retry_on=list(retry_on),
+        backoff=backoff,
+        backoff_ms=backoff_ms,
     )
 
 

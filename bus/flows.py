@@ -237,6 +237,9 @@ class FlowJobPayload:
 
 @dataclass(frozen=True)
 class FlowJobState:
+    """One job of a flow as its origin node sees it: its flow-local ``id``, the node it runs
+    on, its job key, prerequisites, status, error ``reason`` and result map."""
+
     id: str
     node: str
     job_key: str
@@ -252,6 +255,9 @@ class FlowJobState:
 
 @dataclass(frozen=True)
 class FlowState:
+    """A snapshot of a flow (:meth:`bus.Client.flow_state`): its status, its jobs (``job(id)``
+    finds one) and, once over, ``result`` mapping each job id to its status and result."""
+
     id: int
     name: str
     status: FlowStatus

@@ -54,6 +54,9 @@ def parse_message_key(key: str) -> tuple[int, int]:
 MSG_OUT = "msg_out"
 MSG_IN = "msg_in"
 DLQ = "dlq"
+# every dead letter is also pushed here, for the node's dlq watcher (node/dlq.py): its hook
+# and the dlq bound see each entry once, whoever wrote it
+DLQ_EVENTS = "dlq_events"
 
 
 def queue(script_type: str) -> str:

@@ -24,6 +24,8 @@ RawHash = Mapping[str, str] | Mapping[bytes, bytes]
 
 
 class JobStatus(StrEnum):
+    """A job's status; ``finished`` and ``error`` are final."""
+
     DISPATCHED = "dispatched"
     WAITING_FOR_PREREQUISITES = "waiting_for_prerequisites"
     STARTED = "started"
@@ -36,6 +38,8 @@ class JobStatus(StrEnum):
 
 
 class FlowStatus(StrEnum):
+    """A flow's status; ``finished`` and ``error`` are final."""
+
     DISPATCHED = "dispatched"
     STARTED = "started"
     ERROR = "error"
@@ -334,6 +338,9 @@ class Runner:
 
 @dataclass(frozen=True, slots=True)
 class RunnerJob:
+    """A job (``job:<caller_id>:<id>``): a script of a type, run in a context; make one with
+    :func:`bus.new_job`."""
+
     id: int
     caller_id: int
     context_id: int
@@ -355,6 +362,11 @@ class RunnerJob:
     group: str = ""
     instance: str = ""
     priority: str = ""  # high | normal | low ("": normal)
+    # extension: the retry policy (node/runners/lifecycle.py), signed and stored only when set
+    # like the targeting: which failures are retried (empty: every one) and the backoff
+    retry_on: list[str] = field(default_factory=list)
+    backoff: str = ""  # exponential | linear ("": exponential)
+    backoff_ms: int = 0  # the delay before the first retry (0: the node's default)
 
     FIELDS = (
         "id",
@@ -395,12 +407,18 @@ class RunnerJob:
         return keys.job(self.caller_id, self.id)
 
     TARGETING = ("group", "instance", "priority")  # signed and stored only when non-empty
+    RETRY_POLICY = ("retry_on", "backoff", "backoff_ms")  # the same
 
     def to_hash(self) -> Hash:
-        return _to_hash(self, self.FIELDS) | self._targeting()
+        policy = {name: _as_str(value) for name, value in self._policy().items()}
+        return _to_hash(self, self.FIELDS) | self._targeting() | policy
 
     def signed_dict(self) -> dict[str, object]:
-        return {name: _plain(getattr(self, name)) for name in self.SIGNED} | self._targeting()
+        signed = {name: _plain(getattr(self, name)) for name in self.SIGNED}
+        return signed | self._targeting() | self._policy()
+
+    def _policy(self) -> dict[str, object]:
+        return {name: _plain(v) for name in self.RETRY_POLICY if (v := getattr(self, name))}
 
     def stored_dict(self) -> dict[str, object]:
         """:meth:`signed_dict` without the entries that hold what :meth:`from_hash` assumes
@@ -435,6 +453,7 @@ class RunnerJob:
             group=h.get("group", ""),
             instance=h.get("instance", ""),
             priority=h.get("priority", ""),
+            **_retry_policy(h),
         )
 
     @classmethod
@@ -444,6 +463,38 @@ class RunnerJob:
             raise ModelError("a job entry must be a JSON object")
         flat = {k: v if isinstance(v, str) else _dump(v) for k, v in d.items()}
         return cls.from_hash(flat)
+
+
+# A retry_on entry: a failure cause (node/runners/lifecycle.py) or an exit code, exit:any for all.
+RETRY_CAUSE = re.compile(r"timeout|runner_lost|exit:(any|[1-9][0-9]{0,2})")
+BACKOFFS = ("exponential", "linear")
+MAX_BACKOFF_MS = 3_600_000
+
+
+def _retry_policy(h: Mapping[str, str]) -> dict[str, Any]:
+    """The retry policy fields of a job hash, checked (ModelError naming the bad one)."""
+    retry_on, backoff = _str_list(h, "retry_on"), h.get("backoff", "")
+    backoff_ms = _int(h, "backoff_ms", 0)
+    check_retry_policy(retry_on, backoff, backoff_ms)
+    return {"retry_on": retry_on, "backoff": backoff, "backoff_ms": backoff_ms}
+
+
+def check_retry_policy(retry_on: list[str], backoff: str, backoff_ms: int) -> None:
+    """ModelError naming the field of a retry policy the node refuses."""
+    bad = [c for c in retry_on if not (m := RETRY_CAUSE.fullmatch(c)) or _code(m[1]) > 255]
+    if bad:
+        raise ModelError(
+            f"field 'retry_on' holds {bad[0][:40]!r}: expected timeout, runner_lost, "
+            "exit:<1-255> or exit:any"
+        )
+    if backoff not in ("", *BACKOFFS):
+        raise ModelError(f"field 'backoff' is {backoff[:40]!r}, expected exponential|linear")
+    if not 0 <= backoff_ms <= MAX_BACKOFF_MS:
+        raise ModelError(f"field 'backoff_ms' is not within 0..{MAX_BACKOFF_MS}: {backoff_ms}")
+
+
+def _code(text: str | None) -> int:
+    return int(text) if text and text.isdigit() else 0
 
 
 def _plain(value: object) -> object:
@@ -472,6 +523,9 @@ _ANY = object()
 
 @dataclass(frozen=True, slots=True)
 class Message:
+    """A signed message (``message:<caller_id>:<id>``) carrying jobs to a node;
+    :meth:`bus.Client.submit` returns it, :meth:`bus.Client.wait_results` takes it."""
+
     id: int
     caller_id: int
     context_id: int

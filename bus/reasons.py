@@ -172,6 +172,11 @@ class Reason(StrEnum):
     # -- why a job ended in error (its result's reason) -----------------------------------------
     TIMEOUT_ACK = "timeout_ack", "The destination did not acknowledge in time. Deadlines."
     TIMEOUT_RESULT = "timeout_result", "No result came back in time. Deadlines."
+    PEER_UNAVAILABLE = (
+        "peer_unavailable",
+        "The destination peer's circuit breaker is open (its link keeps failing) and will not "
+        "try again before the message's ack deadline. The supervisor.",
+    )
     TIMEOUT = "timeout", "The job ran longer than its `timeout_s` and was killed. Runners."
     RUNNER_LOST = (
         "runner_lost",

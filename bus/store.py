@@ -330,8 +330,10 @@ class Store:
             detail,
             extra={"entry": printable(key), "queue": queue, "ctx": db, "reason": reason},
         )
+        entry = _dlq_entry(key, reason, detail, queue)
         async with self.transaction(db) as tx:
-            tx.lpush(keys.DLQ, [_dlq_entry(key, reason, detail, queue)])
+            tx.lpush(keys.DLQ, [entry])
+            tx.lpush(keys.DLQ_EVENTS, [entry])
             tx.lrem(inflight, 1, value)
 
     async def read_hashes(self, db: int, hash_keys: list[str]) -> list[Hash | str]:
@@ -383,7 +385,10 @@ class Store:
         self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
     ) -> None:
         """Record why ``key`` was refused; ``queue`` is where a retry would send it back."""
-        await self.lpush(db, keys.DLQ, _dlq_entry(key, reason, detail, queue))
+        entry = _dlq_entry(key, reason, detail, queue)
+        async with self.transaction(db) as tx:
+            tx.lpush(keys.DLQ, [entry])
+            tx.lpush(keys.DLQ_EVENTS, [entry])
 
     async def dead_letters(self, db: int) -> list[dict[str, Any]]:
         """The dead letters of DB ``db``, newest first."""

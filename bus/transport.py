@@ -184,6 +184,8 @@ class Transport:
         reload_peers: Callable[[], Awaitable[None]] | None = None,
         *,
         on_refused: Callable[[str], None] | None = None,
+        on_link: Callable[[str, bool], None] | None = None,
+        before_dial: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.key = key
         self.node_id = key.public_hex
@@ -204,6 +206,11 @@ class Transport:
         self.traffic: dict[str, Traffic] = {}  # by peer id
         self._on_refused = on_refused
         self.states = LinkStates()  # per peer: up/down, last seen, round trip (published)
+        # a peer's circuit breaker (node/routing/peer_breakers.py): ``on_link(peer, up)`` after
+        # each link that came up (True) and each dial or link that failed (False);
+        # ``before_dial(peer)`` returns when the next dial may start
+        self._on_link = on_link or (lambda _peer, _up: None)
+        self._before_dial = before_dial
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -302,6 +309,8 @@ class Transport:
         """Keep a link to ``peer_id`` at ``address`` up, reconnecting with backoff and jitter."""
         delay = self.config.backoff_initial_s
         while True:
+            if self._before_dial is not None:
+                await self._before_dial(peer_id)
             try:
                 await self._dial_once(peer_id, address)
                 delay = self.config.backoff_initial_s
@@ -331,6 +340,7 @@ class Transport:
             delay = min(delay * 2, self.config.backoff_max_s)
 
     def _link_failed(self, peer_id: str, exc: BaseException) -> None:
+        self._on_link(peer_id, False)
         if self.link(peer_id) is None:  # a link the peer dialled may be up meanwhile
             self.states.down(peer_id, describe(exc))
 
@@ -446,6 +456,7 @@ class Transport:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
         self.states.up(link.peer_id)
+        self._on_link(link.peer_id, True)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
@@ -456,4 +467,5 @@ class Transport:
             self._unregister(link)
             if self.link(link.peer_id) is None:  # no link the other way either
                 self.states.down(link.peer_id, "link closed")
+            self._on_link(link.peer_id, False)
             log.info("link down: %s…", link.peer_id[:16])

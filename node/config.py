@@ -69,6 +69,19 @@ class NodeConfig:
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # dead letters (node/dlq.py): each dlq's bound (0: none), the oldest beyond it archived to
+    # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
+    dlq_max_len: int = 10_000
+    dlq_limits: dict[str, int] = field(default_factory=dict)  # context id -> its own bound
+    on_dead_letter: str = ""
+    on_dead_letter_timeout_s: float = 10.0
+    # per-peer circuit breaker (node/routing/breaker.py): open after breaker_failures failed
+    # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
+    breaker_failures: int = 5
+    # 10 s: the transport's longest dial backoff, so an open breaker delays no reconnection
+    # by more than the backoff would; a longer one fails more jobs fast, reconnects later
+    breaker_open_s: float = 10.0
+    breaker_probes: int = 1
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -96,6 +109,14 @@ class NodeConfig:
     @property
     def config_path(self) -> Path:
         return self.home / "config.toml"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.home / "archive"
+
+    def dlq_limit(self, db: int) -> int:
+        """The bound of DB ``db``'s dlq (0: none): its own in [dlq_limits], else dlq_max_len."""
+        return self.dlq_limits.get(str(db), self.dlq_max_len)
 
 
 # The [node] settings are the fields of NodeConfig with a scalar type, checked against it; a field
@@ -129,7 +150,17 @@ _TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] 
     "commands": validate_commands,
     "runner_groups": validate_groups,
     "algorithms": validate_algorithms,
+    "dlq_limits": lambda raw, _runners: validate_dlq_limits(raw),
 }
+
+
+def validate_dlq_limits(raw: object) -> dict[str, int]:
+    """Check ``[dlq_limits]`` (a context id, as a TOML key, -> its dlq bound, 0: none)."""
+    if not isinstance(raw, Mapping) or not all(
+        str(k).isdigit() and _fits(v, int) and v >= 0 for k, v in raw.items()
+    ):
+        raise ConfigError("[dlq_limits] maps a context id (\"2\" = ...) to a dlq bound >= 0")
+    return {str(int(k)): int(v) for k, v in raw.items()}
 
 
 def _fits(value: object, kind: type) -> bool:
@@ -207,6 +238,18 @@ _HELP = {
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",
+    "dlq_max_len": "each dlq (one per context, one in DB 0) keeps at most this many dead letters "
+    "(0: no bound);\nthe oldest beyond it are appended to archive/dlq-<db>.jsonl and counted "
+    "(dlq_archived)",
+    "breaker_failures": "a peer whose dials or links fail this many times in a row has its "
+    "circuit breaker opened:\nno dial for breaker_open_s, then breaker_probes at once; a job "
+    "for it whose ack deadline\ncomes before that fails at once (peer_unavailable); a link that "
+    "comes up closes it",
+    "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
+    '  "2" = 100',
+    "on_dead_letter": "a command (split like a shell would, not run by one) started for each "
+    "new dead letter,\nthe entry as JSON on its stdin (with its \"db\"); killed after "
+    "on_dead_letter_timeout_s;\nits failure is logged and counted (dlq_hook_failed)",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
     "in;\nother types need a command below)",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "

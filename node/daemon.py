@@ -5,10 +5,11 @@ run_node
 └── services (store open)
     ├── transport listener (websocket, authenticated links)
     ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, flow engine, runner pools (python, sh, ...)
+    ├── per context: supervisor, consumer, flow engine, dlq watcher, runner pools (python, sh, ...)
     ├── registry watcher (contexts and peers registered while running)
     ├── counters publisher (node:info ``counters``, for ``hero-node status``)
-    └── web console (HTTP, node/web/), when ``[console] listen`` is set
+    ├── web console (HTTP, node/web/), when ``[console] listen`` is set
+    └── dlq watcher of DB 0 (node/dlq.py)
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
 from node.counters import run_counters
+from node.dlq import run_dlq_watch
 from node.flows.engine import run_flow_engine
 from node.homelock import hold_home
 from node.linkinfo import run_link_info
 from node.resilient import resilient
+from node.routing.breaker import BreakerConfig
 from node.routing.consumer import run_consumer
 from node.routing.deadlines import run_deadlines
 from node.routing.links import LinkHandler
 from node.routing.messages import Rejected, load_message, reject
+from node.routing.peer_breakers import PeerBreakers, run_breaker_publisher
 from node.routing.supervisor import run_supervisor
 from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
@@ -114,6 +118,9 @@ async def _run_services(
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
     registry: Registry | None = None
+    node.breakers = PeerBreakers(
+        BreakerConfig(config.breaker_failures, config.breaker_open_s, config.breaker_probes)
+    )
 
     async def reload_peers() -> None:  # an unknown dialler may have just been registered
         if registry is not None:
@@ -127,6 +134,8 @@ async def _run_services(
         transport_config(config),
         reload_peers=reload_peers,
         on_refused=lambda _reason: node.counted.set(),
+        on_link=node.breakers.on_link,
+        before_dial=node.breakers.before_dial,
     )
     node.transport = transport
     async with trio.open_nursery() as services:
@@ -139,6 +148,8 @@ async def _run_services(
         await services.start(registry.resilient, "counters", run_counters, node, transport)
         await services.start(registry.resilient, "links", run_link_info, node, transport)
         console_url = await _start_console(node, transport, services)
+        await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
+        await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(
@@ -297,6 +308,7 @@ class Registry:
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
+            await nursery.start(resilient, f"dlq {ctx}", run_dlq_watch, node, ctx)
             # -- runner presence, external runners (node/runners/presence.py, external.py) --
             await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
             await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)

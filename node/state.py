@@ -19,6 +19,7 @@ from bus.transport import Transport
 from bus.verify import Freshness
 from crypto import KeyPair
 from node.config import NodeConfig
+from node.routing.peer_breakers import PeerBreakers
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class NodeState:
     jobs_taken: int = 0  # by this node's runner slots, since start
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)
+    # the circuit breaker of each peer's link (node/routing/peer_breakers.py)
+    breakers: PeerBreakers = field(default_factory=PeerBreakers)
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)
     queue_depth: dict[int, int] = field(default_factory=dict)

@@ -41,7 +41,7 @@ async def recover(
 ) -> int:
     """Requeue what ``inflight`` holds on ``source``; an entry delivered more than
     ``max_deliveries`` times is dead-lettered instead. How many were requeued."""
-    names = [inflight, source, keys.REDELIVERIES, keys.DLQ]
+    names = [inflight, source, keys.REDELIVERIES, keys.DLQ, keys.DLQ_EVENTS]
     args = [str(max_deliveries), str(now), source]
     return int(await store.script(db, script("queues_recover"), names, args))
 
@@ -50,6 +50,12 @@ async def retry_dead(store: Store, db: int, key: str) -> int:
     """Re-drive the dead letters of ``key`` onto the queue they name; how many there were."""
     names = [keys.DLQ, keys.REDELIVERIES]
     return int(await store.script(db, script("queues_retry_dead"), names, [key]))
+
+
+async def trim_dead(store: Store, db: int, oldest: list[str]) -> int:
+    """Drop ``oldest`` (oldest first) from the old end of the dlq, as long as they are still
+    there in that order; how many went."""
+    return int(await store.script(db, script("queues_trim_dead"), [keys.DLQ], oldest))
 
 
 async def purge_dead(store: Store, db: int, key: str) -> int:

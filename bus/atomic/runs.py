@@ -286,7 +286,7 @@ async def requeue(
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:
     """Queue every retry that is due; return when the next one is due (ms), or -1."""
     args = [str(now_ms), str(now())]
-    key_list = [keys.DELAYED, keys.DLQ]
+    key_list = [keys.DELAYED, keys.DLQ, keys.DLQ_EVENTS]
     return int(await store.script(ctx, script("runs_move_due"), key_list, args))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
 from node.cli.parsing import hidden_alias
 from node.linkinfo import read_links
+from node.routing.peer_breakers import BREAKERS_FIELD
 
 RESTART_NOTE = "the running node keeps an open link to it until it restarts"
 
@@ -123,6 +125,7 @@ async def peer_facts(client: Client) -> list[dict[str, object]]:
     ``peer list --json`` and of ``status --json``'s ``peers``."""
     info = await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
     links = read_links(info)
+    breakers = _breakers(info.get(BREAKERS_FIELD, "{}"))
     out: list[dict[str, object]] = []
     for peer in await client.peers():
         link = links.get(peer.id, {})
@@ -137,9 +140,19 @@ async def peer_facts(client: Client) -> list[dict[str, object]]:
                 "last_seen": link.get("last_seen", 0),
                 "rtt_ms": link.get("rtt_ms", -1),
                 "error": link.get("error", ""),
+                "breaker": breakers.get(peer.id, {"state": "closed", "failures": 0}),
             }
         )
     return out
+
+
+def _breakers(published: str) -> dict[str, Any]:
+    """The circuit breakers node:info holds, by peer id ({} if unreadable)."""
+    try:
+        value = json.loads(published)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def link_text(peer: dict[str, object], now: float) -> str:

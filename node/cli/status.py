@@ -20,6 +20,7 @@ from node.cli.output import print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
 from node.linkinfo import LINKS_FIELD
+from node.routing.peer_breakers import BREAKERS_FIELD
 
 LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
 
@@ -58,7 +59,7 @@ def print_text(facts: dict[str, Any]) -> None:
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
-            f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}"
+            f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}{_breaker(peer)}"
         )
         print(f"    link {link_text(peer, now)}")
     for ctx, lists in facts["contexts"].items():
@@ -81,13 +82,22 @@ async def status_facts(client: Client) -> dict[str, Any]:
     store = client.store
     info = await store.hgetall(0, keys.NODE_INFO)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
-    published = (counters.COUNTERS_FIELD, LINKS_FIELD)
+    published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
     return {
         "node": {k: v for k, v in info.items() if k not in published},
         "counters": counters.read(info),
         "peers": await peer_facts(client),
         "contexts": contexts,
     }
+
+
+def _breaker(peer: dict[str, Any]) -> str:
+    """What the peer line says of its circuit breaker: nothing while it is closed."""
+    b = peer["breaker"]
+    if b.get("state") == "closed":
+        return ""
+    since = time.strftime("%H:%M:%S", time.localtime(int(b.get("opened_at") or 0)))
+    return f"  breaker {b.get('state')} since {since} ({b.get('failures')} failures in a row)"
 
 
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:

@@ -112,6 +112,11 @@ async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) 
             raise Rejected(
                 Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
             )
+        if message.destination != node.node_id and message.message_type is MessageType.JOB:
+            ack_in_s = deadlines.ack_deadline(message) - now()
+            why = node.breakers.refusal(message.destination, ack_in_s)
+            if why is not None:
+                raise Rejected(Reason.PEER_UNAVAILABLE, why)
         return message
     except Rejected as exc:
         await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)

@@ -42,7 +42,7 @@ from bus.ids import ms_after
 from bus.models import JobStatus, Message, RunnerJob
 from bus.reasons import Reason
 from node.routing.messages import result_message
-from node.runners.lifecycle import after_attempt
+from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.queues import queue_of
 from node.state import NodeState
 
@@ -122,7 +122,7 @@ async def answer(
         attempt, fields.get("runner", ""), status, job.reason, int(fields.get("started_at") or 0)
     )
     read = runs.Answered(job_key, status, fields.get("attempt", ""), entry)
-    nxt = after_attempt(job.status, job.reason, attempt, job.retries)
+    nxt = after_attempt(job.status, job.reason, attempt, job.retries, policy=RetryPolicy.of(job))
     if nxt.retry:
         due_ms = ms_after(nxt.delay_s)
         reason = f"retrying after: {job.reason}"

@@ -31,7 +31,7 @@ from node.routing.messages import result_message
 from node.runners import adoption, outcomes, queues
 from node.runners.executor import Outcome, execute
 from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
-from node.runners.lifecycle import after_attempt
+from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.workers import PythonWorker
 from node.state import NodeState
 
@@ -373,7 +373,8 @@ async def conclude(
     outcome exists only here (re-running the job instead would run it twice). With
     ``take_next``, a finished job's runner also starts its next job in the same round trip."""
     started: runs.Started | None = None
-    nxt = after_attempt(outcome.status, outcome.reason, attempt, job.retries)
+    policy = RetryPolicy.of(job)
+    nxt = after_attempt(outcome.status, outcome.reason, attempt, job.retries, policy=policy)
     entry = runs.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
     delay = 0.2
     while True:

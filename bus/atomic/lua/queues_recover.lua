@@ -1,5 +1,6 @@
 -- Recover what a previous run left in flight.
--- KEYS: [1] in-flight list, [2] source list, [3] redeliveries hash, [4] dlq list
+-- KEYS: [1] in-flight list, [2] source list, [3] redeliveries hash, [4] dlq list,
+--       [5] dlq events list (the dlq watcher's copy of each dead letter)
 -- ARGV: [1] the most deliveries an entry may have, [2] now (s), [3] the source's name
 -- Returns: how many entries went back to the source.
 -- Atomic effect: every in-flight entry moves back to the consuming (right) end of the source
@@ -14,9 +15,11 @@ while true do
   if n > tonumber(ARGV[1]) then
     redis.call('LREM', KEYS[2], -1, item)
     redis.call('HDEL', KEYS[3], item)
-    redis.call('LPUSH', KEYS[4], cjson.encode({key = item, reason = 'too_many_deliveries',
+    local entry = cjson.encode({key = item, reason = 'too_many_deliveries',
       detail = 'delivered ' .. n .. ' times without being processed', at = tonumber(ARGV[2]),
-      queue = ARGV[3], count = n}))
+      queue = ARGV[3], count = n})
+    redis.call('LPUSH', KEYS[4], entry)
+    redis.call('LPUSH', KEYS[5], entry)
   else
     moved = moved + 1
   end

@@ -1,5 +1,5 @@
 -- Queue every delayed retry that is due.
--- KEYS: delayed dlq
+-- KEYS: delayed dlq dlq_events (the dlq watcher's copy of each dead letter)
 -- ARGV: now_ms now_s
 -- Returns the score (ms) of the next entry still delayed, or -1 if none.
 -- Atomic effect: each member '<queue>|<job key>' scored <= now_ms leaves the zset and its job
@@ -15,9 +15,11 @@ for _, member in ipairs(due) do
   if (not pushed) or (type(pushed) == 'table' and pushed.err) then
     local shown = string.gsub(string.sub(member, 1, 1000), '[^\32-\126]', function(c)
       return string.format('\\x%02x', string.byte(c)) end)
-    redis.call('LPUSH', KEYS[2], cjson.encode({key = shown, reason = 'malformed_entry',
+    local entry = cjson.encode({key = shown, reason = 'malformed_entry',
       detail = 'a delayed retry must be <queue>|<job key> naming a list', at = tonumber(ARGV[2]),
-      queue = ''}))
+      queue = ''})
+    redis.call('LPUSH', KEYS[2], entry)
+    redis.call('LPUSH', KEYS[3], entry)
   end
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
