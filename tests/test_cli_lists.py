@@ -104,7 +104,9 @@ def test_peer_add_validates_and_peers_are_listed_and_removed(running_node):  # n
         "last_seen",
         "rtt_ms",
         "error",
+        "breaker",
     }
+    assert peer["breaker"]["state"] == "closed"
     removed = cli(home, "peer", "remove", "six")
     assert removed.returncode == 0, removed.stderr
     assert as_json(cli(home, "peer", "list", "--json")) == []
