@@ -93,10 +93,11 @@ def test_job_table_matches_the_model() -> None:
         "### 4.2 Job: an entry of a message's `job` list, and `job:<caller_id>:<id>` (context DB)"
     )
     names = [n for ns, _ in rows for n in ns]
-    assert set(RunnerJob.FIELDS) | set(RunnerJob.TARGETING) == set(names)
+    optional = (*RunnerJob.TARGETING, *RunnerJob.RETRY_POLICY)
+    assert set(RunnerJob.FIELDS) | set(optional) == set(names)
     assert [ns[0] for ns, c in rows if c[2] == "yes"] == list(RunnerJob.SIGNED)
     only_set = [ns[0] for ns, c in rows if c[2].startswith("**only when non-empty")]
-    assert only_set == list(RunnerJob.TARGETING)
+    assert only_set == list(optional)
     parsed = RunnerJob.from_hash(REQUIRED_JOB)
     for ns, cells in rows:
         if cells[1] == "required":
