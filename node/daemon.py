@@ -29,7 +29,7 @@ from bus.reasons import Reason
 from bus.store import open_store
 from bus.transport import Transport, TransportConfig
 from bus.urls import bare_host, link_url, redact
-from crypto import KeyPair, passphrase_from_env, read_key_file
+from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
@@ -353,9 +353,15 @@ async def bootstrap(node: NodeState) -> None:
     if orphans:
         log.warning("killed %d script(s) a previous run of this node left running", orphans)
     if config.actor_key_path.exists() and await store.get_actor(config.actor_id) is None:
-        actor_key = read_key_file(config.actor_key_path, passphrase=passphrase_from_env())
+        actor_key = read_signing_key_file(config.actor_key_path, passphrase=passphrase_from_env())
         await store.put_actor(
-            Actor(config.actor_id, actor_key.public_hex, created_at=now(), updated_at=now())
+            Actor(
+                config.actor_id,
+                actor_key.public_hex,
+                created_at=now(),
+                updated_at=now(),
+                algorithm=actor_key.algorithm,
+            )
         )
         log.info("registered default actor %d", config.actor_id)
     if await store.get_context(config.context_id) is None:

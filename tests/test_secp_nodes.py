@@ -11,8 +11,12 @@ from bus import keys
 from bus.envelope import sign_message
 from bus.ids import new_id, new_nonce, now
 from bus.models import FlowStatus, Message, MessageType, RunnerJob
-from crypto import KeyPair, Secp256k1KeyPair, read_key_file
+from bus.store import open_store
+from crypto import KeyPair, Secp256k1KeyPair, read_key_file, write_key_file
 from crypto.secp256k1 import CURVE_ORDER
+from node.acl import role_url
+from node.daemon import run_node
+from node.home import init_home
 from tests.nodes import link_to
 
 SECP_ACTOR = 7
@@ -181,3 +185,22 @@ async def test_a_flow_of_an_algorithm_the_context_refuses_ends_in_error(node_fac
     assert state.status is FlowStatus.ERROR, state
     assert state.reason.startswith("wrong_algorithm"), state.reason
     assert state.job("A").stdout == ""
+
+
+async def test_a_home_whose_actor_key_is_secp256k1_registers_its_actor_so(
+    tmp_path, valkey_factory, nursery
+):
+    """The node registers its home's default actor from actor.key at start, with the key's own
+    algorithm: a secp256k1 actor.key must not be registered as an Ed25519 key."""
+    config = init_home(
+        tmp_path / "h", name="h", listen_port=0, redis_url=valkey_factory().url, console_listen=""
+    )
+    key = Secp256k1KeyPair.generate()
+    write_key_file(config.actor_key_path, key, overwrite=True)
+    with trio.CancelScope() as scope:
+        info = await nursery.start(run_node, config)
+        async with open_store(role_url(config, info.redis_url)) as store:
+            actor = await store.get_actor(config.actor_id)
+        scope.cancel()
+    assert actor is not None
+    assert (actor.pubkey, actor.algorithm) == (key.public_hex, "secp256k1")
