@@ -47,8 +47,8 @@ def link_url(scheme: str, host: str, port: int) -> str:
 
 def check_link_url(address: str) -> str:
     """``address`` if it is a URL a node can dial (``ws://host:port`` or ``wss://host:port``,
-    an IPv6 host in brackets; without a port, 80 or 443); "" stays "" (a peer that only
-    dials us).
+    an IPv6 host in brackets, nothing after the port); "" stays "" (a peer that only dials
+    us). The one check of a peer's address, for ``peer add`` and ``Client.add_peer``.
 
     Raises:
         ValueError: what is wrong and the form to use.
@@ -66,4 +66,8 @@ def check_link_url(address: str) -> str:
             f"{address!r} is not a ws://host:port or wss://host:port URL "
             "(an IPv6 host goes in brackets: ws://[::1]:7700)"
         )
+    if not parts.port:
+        raise ValueError(f"{address!r}: the port is missing (ws://host:port)")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{address!r}: only ws://host:port, nothing after it")
     return address

@@ -107,6 +107,10 @@ def test_peer_add_validates_and_peers_are_listed_and_removed(running_node):  # n
         "breaker",
     }
     assert peer["breaker"]["state"] == "closed"
+    dials_us = KeyPair.generate().public_hex  # a peer without an address: it dials this node
+    added = cli(home, "peer", "add", dials_us, "--name", "in")
+    assert added.returncode == 0, added.stderr
+    assert cli(home, "peer", "remove", "in").returncode == 0
     removed = cli(home, "peer", "remove", "six")
     assert removed.returncode == 0, removed.stderr
     assert as_json(cli(home, "peer", "list", "--json")) == []

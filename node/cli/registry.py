@@ -7,12 +7,12 @@ import json
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from bus import keys
 from bus.client import Client
 from bus.errors import ModelError
 from bus.models import Actor, Context
+from bus.urls import check_link_url
 from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
@@ -24,20 +24,12 @@ RESTART_NOTE = "the running node keeps an open link to it until it restarts"
 
 
 def ws_address(value: str) -> str:
-    """A peer's address as ``ws://host:port`` or ``wss://host:port`` (IPv6 in brackets); an
+    """A peer's address (bus/urls.py ``check_link_url``; "" for a peer that only dials us); an
     argparse type, so a wrong one is a usage error before anything is written."""
     try:
-        parts = urlsplit(value)
-        port = parts.port
+        return check_link_url(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a ws URL: {exc}") from None
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"{value!r}: want ws://host:port or wss://host:port")
-    if port is None or port == 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: the port is missing (ws://host:port)")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise argparse.ArgumentTypeError(f"{value!r}: only ws://host:port, nothing after it")
-    return value
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_registry_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type)
