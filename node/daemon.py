@@ -44,8 +44,9 @@ from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
+from node.runners.procs import run_runner_process, slots_of
 from node.runners.queues import consume_order, slot_bases
-from node.runners.runner import run_retry_scheduler, run_runner
+from node.runners.runner import run_retry_scheduler
 from node.state import NodeState
 from node.valkey import run_valkey
 
@@ -129,7 +130,9 @@ async def _run_services(
         port = await services.start(transport.serve, config.listen_host, config.listen_port)
         scheme = "wss" if config.tls else "ws"
         ws_url = f"{scheme}://{config.listen_host}:{port}"
-        registry = Registry(node, transport, services, contexts, ws_url=ws_url)
+        registry = Registry(
+            node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url
+        )
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -185,13 +188,16 @@ class Registry:
         contexts: set[int],
         *,
         ws_url: str = "",
+        redis_url: str = "",
     ) -> None:
-        """Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
+        """``redis_url``: what the runner processes connect with (the node's own URL).
+        Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery
         self.contexts = contexts
         self.ws_url = ws_url
+        self.redis_url = redis_url
         # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
         # command (external runners serve it, see README "External runners")
         config = node.config
@@ -278,18 +284,18 @@ class Registry:
                 resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
             )
             # -- end runner presence, external runners --
-            for script_type, command in self.script_types.items():
-                for slot in range(node.config.runners[script_type]):
-                    await nursery.start(
-                        resilient,
-                        f"runner {ctx}/{script_type}:{slot}",
-                        run_runner,
-                        node,
-                        ctx,
-                        script_type,
-                        command,
-                        slot,
-                    )
+            for script_type, command, slot in slots_of(node, self.script_types):
+                await nursery.start(
+                    resilient,
+                    f"runner {ctx}/{script_type}:{slot}",
+                    run_runner_process,
+                    node,
+                    ctx,
+                    script_type,
+                    command,
+                    slot,
+                    self.redis_url,
+                )
             log.info("serving context %d", ctx)
             task_status.started()
 

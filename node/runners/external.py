@@ -158,7 +158,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     if _is_local(node, token):
         if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
-        if attempt.isdigit() and node.attempts_here.get((ctx, job_key)) == int(attempt):
+        if attempt.isdigit() and (ctx, fields.get("runner_id", "")) in node.runner_processes:
             ttl_ms = node.config.lease_ttl_ms
             await runs.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False

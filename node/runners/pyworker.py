@@ -206,6 +206,14 @@ def _reap_children() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--runner"]:  # a runner process (node/runners/proc.py)
+        # told to stop while it starts: it has taken nothing yet, so it just goes
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: os._exit(0))
+        from node.runners.proc import main as runner_main
+
+        runner_main()
+        return
     limit = int(sys.argv[1]) if len(sys.argv) > 1 else 1024 * 1024
     batch_scheduling()
     subreaper = become_subreaper()
