@@ -284,18 +284,22 @@ class Registry:
                 resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
             )
             # -- end runner presence, external runners --
-            for script_type, command, slot in slots_of(node, self.script_types):
-                await nursery.start(
-                    resilient,
-                    f"runner {ctx}/{script_type}:{slot}",
-                    run_runner_process,
-                    node,
-                    ctx,
-                    script_type,
-                    command,
-                    slot,
-                    self.redis_url,
-                )
+            async with trio.open_nursery() as starting:  # the processes start side by side
+                for script_type, command, slot in slots_of(node, self.script_types):
+                    starting.start_soon(
+                        partial(
+                            nursery.start,
+                            resilient,
+                            f"runner {ctx}/{script_type}:{slot}",
+                            run_runner_process,
+                            node,
+                            ctx,
+                            script_type,
+                            command,
+                            slot,
+                            self.redis_url,
+                        )
+                    )
             log.info("serving context %d", ctx)
             task_status.started()
 

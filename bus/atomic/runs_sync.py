@@ -22,6 +22,7 @@ from bus.atomic.runs import Ending, NextJob, Started, unrunnable_detail
 from bus.ids import now
 from bus.reasons import Reason
 from bus.store import _dlq_entry as dlq_entry
+from bus.store import printable
 
 __all__ = ["SyncRuns", "connect", "is_utf8"]
 
@@ -174,11 +175,13 @@ class SyncRuns:
     def dead_letter(
         self, key: str, reason: str, detail: str, queue: str, *, inflight: str = ""
     ) -> None:
-        """One dlq entry as the node's store writes it (and the entry off ``inflight``)."""
+        """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
+        its exact bytes: the client sends str values as strict UTF-8)."""
+        raw = key.encode("utf-8", "surrogateescape")
         pipe = self.client.pipeline(transaction=True)
-        pipe.lpush(keys.DLQ, dlq_entry(key, reason, detail, queue))
+        pipe.lpush(keys.DLQ, dlq_entry(printable(raw, 1000), reason, detail, queue))
         if inflight:
-            pipe.lrem(inflight, 1, key)
+            pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
         pipe.execute()
 
     def ack(self, inflight: str, value: str) -> None:

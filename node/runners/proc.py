@@ -54,8 +54,6 @@ from node.runners.procjob import PROCESS, Aborted, JobRun, Wake, prepare_process
 log = logging.getLogger("node.runners.proc")
 
 SPEC_ENV = "HERO_RUNNER"
-POP_TIMEOUT_S = 5.0
-TAKEN_EVERY = 16  # jobs taken between two reports to the node (its backpressure)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -78,6 +76,8 @@ class RunnerSpec:
     node_key: str
     in_process: bool  # python jobs run in this interpreter (else: the command, a subprocess)
     max_jobs: int
+    pop_timeout_s: float = 5.0  # a blocking pop's wait, after which every list is looked at
+    taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
     log_level: int = logging.INFO
 
     @property
@@ -129,7 +129,7 @@ class Runner:
                 else:
                     (job_key, fields), started = started, None
                 taken += 1
-                if taken >= TAKEN_EVERY:
+                if taken >= self.spec.taken_every:
                     report_taken(taken)
                     taken = 0
                 started = self.run_job(job_key, fields, nxt)
@@ -148,7 +148,7 @@ class Runner:
         return self.draining or self.jobs >= self.spec.max_jobs
 
     def pop(self, lists: list[str], *, check_first: bool) -> str | None:
-        """A reliable pop over the slot's lists (see node/runners/queues.py pop_slot): a
+        """A reliable pop over the slot's lists (see node/runners/queues.py): a
         signal (drain, wake) interrupts the blocking wait; an entry the server moved just
         before is then taken from the head of the in-flight list."""
         if check_first:
@@ -161,7 +161,7 @@ class Runner:
             self.popping = True
             if self.draining:
                 return None
-            value = self.runs.pop_blocking(base, self.inflight, POP_TIMEOUT_S)
+            value = self.runs.pop_blocking(base, self.inflight, self.spec.pop_timeout_s)
         except Wake:
             self.popping = False
             moved = self.runs.client.lrange(self.inflight, 0, 0)
@@ -325,13 +325,13 @@ class Runner:
 
 def report_taken(count: int) -> None:
     """Tell the node how many jobs this process took (its supervisor's backpressure waits
-    for that): once per TAKEN_EVERY jobs, not per job."""
+    for that): once per ``taken_every`` jobs, not per job."""
     if count:
         report(b"t%d" % count)
 
 
 def report(line: bytes) -> None:
-    """A line to the node on fd 3: ``t<n>`` jobs taken, ``r`` a retry scheduled."""
+    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``r`` a retry scheduled."""
     with contextlib.suppress(OSError):  # the node is gone: nobody to tell
         os.write(PROCESS.report, line + b"\n")
 
@@ -367,6 +367,7 @@ def main() -> None:
     if os.getppid() != runner.parent:
         return
     runner.job.start_watch()
+    report(b"up")
     log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid())
     runner.serve()
     sys.stdout.flush()

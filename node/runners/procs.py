@@ -11,7 +11,7 @@ Per slot, a task in the context's nursery:
   exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
   after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
 * reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
-  the retry scheduler), a line per TAKEN_EVERY jobs;
+  the retry scheduler), a line per few jobs (``taken_every``);
 * relays stop requests and wake-ups (a job queued on a priority or targeted list);
 * at shutdown: SIGTERM when intake stops (the running job finishes; an idle process exits at
   once), SIGINT when the grace period is over (the job is killed and given back uncounted),
@@ -33,6 +33,7 @@ from pathlib import Path
 import trio
 
 from bus import keys
+from node.routing import supervisor
 from node.runners import outcomes
 from node.runners.executor import KILL_GRACE_S
 from node.runners.joblogs import log_paths
@@ -42,6 +43,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
+POP_TIMEOUT_S = 5.0  # a runner's blocking pop (node/runners/queues.py: what it may miss)
 RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
 QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
@@ -67,6 +69,9 @@ def runner_spec(
         node_key=str(config.node_key_path),
         in_process=script_type == "python" and config.python_workers,
         max_jobs=RECYCLE_JOBS,
+        pop_timeout_s=POP_TIMEOUT_S,
+        # the supervisor waits for a batch's worth of jobs taken: report twice per batch
+        taken_every=max(1, min(16, supervisor.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
     )
 
@@ -155,7 +160,11 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     node.job_started()  # a live runner counts as running until it exits (graceful stop)
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_reports, node, spec.ctx, proc)
+            up = trio.Event()
+            nursery.start_soon(_read_reports, node, spec.ctx, proc, up)
+            with trio.CancelScope() as starting:
+                nursery.start_soon(_cancel_at_exit, proc, starting)
+                await up.wait()  # started: a job queued now finds a process ready for it
             task_status.started()
             await _wait(node, handle)
             nursery.cancel_scope.cancel()
@@ -200,8 +209,14 @@ async def _end(handle: RunnerProcess) -> None:
     await handle.proc.wait()
 
 
-async def _read_reports(node: NodeState, ctx: int, proc: trio.Process) -> None:
-    """The process's report lines: ``t<n>`` jobs taken, ``r`` a retry scheduled."""
+async def _cancel_at_exit(proc: trio.Process, scope: trio.CancelScope) -> None:
+    await proc.wait()
+    scope.cancel()
+
+
+async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.Event) -> None:
+    """The process's report lines: ``up`` (ready), ``t<n>`` jobs taken, ``r`` a retry
+    scheduled."""
     assert proc.stdout is not None
     buffer = b""
     while chunk := await proc.stdout.receive_some(4096):
@@ -213,6 +228,8 @@ async def _read_reports(node: NodeState, ctx: int, proc: trio.Process) -> None:
                     node.job_taken()
             elif line == b"r":
                 node.wake_retries(ctx)
+            elif line == b"up":
+                up.set()
 
 
 def slots_of(
