@@ -22,8 +22,9 @@ Every error raised here is a :class:`BusError`; signing keys and their errors co
 ``crypto``.
 """
 
-from bus.client import Client, JobResult, new_job, open_client
-from bus.dag import FlowError
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from bus.errors import (
     BusError,
     ClientError,
@@ -34,6 +35,28 @@ from bus.errors import (
     StoreError,
     TransportError,
 )
+
+if TYPE_CHECKING:
+    from bus.client import Client, JobResult, new_job, open_client
+    from bus.dag import FlowError
+
+# Loaded on first use: a runner process (node/runners/proc.py) uses the bus's keys, models and
+# scripts without the async client and its imports (coredis, trio), which would cost each
+# process a second of start-up.
+_LAZY = {
+    "Client": "bus.client",
+    "JobResult": "bus.client",
+    "new_job": "bus.client",
+    "open_client": "bus.client",
+    "FlowError": "bus.dag",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'bus' has no attribute {name!r}")
+    return getattr(import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "BusError",

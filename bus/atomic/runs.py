@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
-
-from coredis.commands.script import Script
+from typing import TYPE_CHECKING, Any
 
 from bus import keys
 from bus.atomic import script, source
 from bus.ids import now
 from bus.models import Message
 from bus.reasons import Reason
-from bus.store import Store
+
+if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
+    from coredis.commands.script import Script
+
+    from bus.store import Store
 
 __all__ = [
     "Answered",
@@ -201,8 +203,14 @@ async def finish_local(
 def _then(first: str, second: str) -> Script[str]:
     """One script that runs the script ``first`` then ``second``, each with its own KEYS and
     ARGV (ARGV[1], ARGV[2]: how many keys and args belong to ``first``); returns both results."""
-    return Script(
-        script=f"""
+    from coredis.commands.script import Script
+
+    return Script(script=then_source(first, second))
+
+
+def then_source(first: str, second: str) -> str:
+    """The text of :func:`_then`'s script (runner processes run it with their own client)."""
+    return f"""
 local function first(KEYS, ARGV)
 {source(first)}
 end
@@ -214,7 +222,6 @@ local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 3, 2 + na)}})
 local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 3 + na)}})
 return {{r1, r2}}
 """
-    )
 
 
 async def _with_next(

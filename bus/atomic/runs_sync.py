@@ -18,11 +18,9 @@ import redis
 
 from bus import keys
 from bus.atomic import source
-from bus.atomic.runs import Ending, NextJob, Started, unrunnable_detail
+from bus.atomic.runs import Ending, NextJob, Started, then_source, unrunnable_detail
 from bus.ids import now
 from bus.reasons import Reason
-from bus.store import _dlq_entry as dlq_entry
-from bus.store import printable
 
 __all__ = ["SyncRuns", "connect", "is_utf8"]
 
@@ -177,6 +175,9 @@ class SyncRuns:
     ) -> None:
         """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
         its exact bytes: the client sends str values as strict UTF-8)."""
+        from bus.store import _dlq_entry as dlq_entry  # a refusal: rare, and coredis with it
+        from bus.store import printable
+
         raw = key.encode("utf-8", "surrogateescape")
         pipe = self.client.pipeline(transaction=True)
         pipe.lpush(keys.DLQ, dlq_entry(printable(raw, 1000), reason, detail, queue))
@@ -204,6 +205,4 @@ def _source(name: str) -> str:
 
 
 def _then_source(first: str) -> str:
-    from bus.atomic.runs import _then  # the one definition of the two-script composition
-
-    return str(_then(first, "runs_take_next").script)
+    return then_source(first, "runs_take_next")

@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import select
 import signal
 import subprocess
@@ -31,14 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bus import keys
 from bus.ids import now
 from bus.models import JobStatus, Message, RunnerJob
 from bus.reasons import Reason
 from node.runners import outcomes
 from node.runners.commands import prepared
-from node.runners.executor import _PASSED_ON, KILL_GRACE_S, Outcome, _read_back, outcome_of
-from node.runners.joblogs import LOG_FLUSH_S, MAX_ENTRIES
+from node.runners.executor import KILL_GRACE_S, Outcome, _read_back, outcome_of
+from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.runners.pyworker import Capture, become_subreaper, end_leftovers, run_one
 
 if TYPE_CHECKING:
@@ -94,6 +92,9 @@ def prepare_process(spec: RunnerSpec) -> None:
     os.environ.clear()
 
 
+_PASSED_ON = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # of the node's own environment
+
+
 def job_env(job: RunnerJob) -> dict[str, str]:
     """The job's environment: a few of the node's variables, the job's, its ids."""
     ids = {
@@ -105,11 +106,8 @@ def job_env(job: RunnerJob) -> dict[str, str]:
 
 
 def slot_logs(spec: RunnerSpec) -> tuple[Path, Path]:
-    """The slot's output files (node/runners/joblogs.py ``log_paths``)."""
-    base = Path(spec.run_dir) / "logs"
-    base.mkdir(parents=True, exist_ok=True)
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{spec.ctx}-{spec.slot_id}")
-    return base / f"{name}.out", base / f"{name}.err"
+    """The slot's output files (reused by each job it runs)."""
+    return log_paths(Path(spec.run_dir), f"{spec.ctx}-{spec.slot_id}")
 
 
 @dataclass(eq=False)
@@ -118,7 +116,7 @@ class _Current:
     request: Message
     attempt: int
     token: str
-    pump: SyncPump
+    pump: LogPump
     next_flush: float
     next_renew: float
     deadline: float
@@ -154,7 +152,9 @@ class JobRun:
         """Run attempt ``attempt`` of ``job``; None if the runner was aborted meanwhile."""
         self.began, self.started_at = time.monotonic(), now()
         token = f"{self.spec.token_base}:{job.key}"
-        pump = SyncPump(self.runs, job.key, self.logs, self.spec)
+        pump = LogPump(
+            self.runs, job.key, self.logs, self.spec.max_output_bytes, self.spec.reply_ttl_s
+        )
         far = self.began + (job.timeout or 1e9)
         cur = _Current(
             job,
@@ -332,51 +332,3 @@ class JobRun:
 def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-class SyncPump:
-    """node/runners/joblogs.py's LogPump for a runner process: what the script wrote since the
-    last flush goes to ``logs:<job>``; after the job, the rest and an end marker (only if
-    something was published live)."""
-
-    def __init__(
-        self, runs: SyncRuns, job_key: str, paths: tuple[Path, Path], spec: RunnerSpec
-    ) -> None:
-        self.runs, self.job_key, self.paths = runs, job_key, paths
-        self.limit, self.ttl = spec.max_output_bytes, spec.reply_ttl_s
-        self.offsets = [0, 0]
-        self.published = False
-        self.lock = threading.Lock()
-
-    def flush(self) -> None:
-        with self.lock:
-            self._flush()
-
-    def _flush(self) -> None:
-        stream = keys.logs(self.job_key)
-        for i, (name, path) in enumerate(zip(("stdout", "stderr"), self.paths, strict=True)):
-            if self.offsets[i] >= self.limit:
-                continue
-            try:
-                with path.open("rb") as f:
-                    f.seek(self.offsets[i])
-                    chunk = f.read(self.limit - self.offsets[i])
-            except OSError:
-                continue
-            if chunk:
-                self.offsets[i] += len(chunk)
-                fields = {"stream": name, "data": chunk.decode("utf-8", "replace")}
-                self.runs.xadd_capped(stream, fields, MAX_ENTRIES)
-                self.published = True
-
-    def finish(self, status: str) -> None:
-        """The rest and the end marker, if anything was published (bounded: a Valkey that is
-        away does not hold the job's end)."""
-        if not self.published and not self.lock.locked():
-            return
-        with self.lock, contextlib.suppress(Exception):
-            if not self.published:
-                return
-            self._flush()
-            self.runs.xadd_capped(keys.logs(self.job_key), {"end": status}, MAX_ENTRIES)
-            self.runs.expire(keys.logs(self.job_key), self.ttl)

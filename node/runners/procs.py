@@ -117,7 +117,7 @@ async def run_runner_process(
 ) -> None:
     """Keep slot ``slot`` of ``script_type`` served by a runner process until cancelled."""
     spec = runner_spec(node, ctx, script_type, command, slot, redis_url)
-    logs = log_paths(node, f"{ctx}-{spec.slot_id}")
+    logs = log_paths(node.config.run_dir, f"{ctx}-{spec.slot_id}")
     outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
     quick = 0
     async with trio.open_nursery() as adoptions:
