@@ -18,14 +18,15 @@ client (redis-py) and no event loop:
 
 Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
 (the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
-every list (a priority or targeted job was queued). The node's death (PR_SET_PDEATHSIG)
-drains too: a job that outlives its node finishes and answers, then the process exits.
+every list (a priority or targeted job was queued). The node's death drains too (its end of
+the control pipe closes; not PR_SET_PDEATHSIG, which fires when the thread that forked exits,
+and trio forks from a worker thread): a job that outlives its node finishes and answers, then
+the process exits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -54,7 +55,6 @@ from node.runners.procjob import PROCESS, Aborted, JobRun, Wake, prepare_process
 log = logging.getLogger("node.runners.proc")
 
 SPEC_ENV = "HERO_RUNNER"
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -356,8 +356,6 @@ def main() -> None:
     """``python -m node.runners.pyworker --runner``: the spec in $HERO_RUNNER."""
     global _RUNNER
     spec = RunnerSpec(**json.loads(os.environ.pop(SPEC_ENV)))
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the drain comes by SIGTERM
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     _log_to(os.dup(2), spec.log_level)
     key = read_key_file(Path(spec.node_key), passphrase=passphrase_from_env())
     prepare_process(spec)  # fds, subreaper, pid file, environment
