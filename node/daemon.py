@@ -136,6 +136,8 @@ async def _run_services(
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
+        for up in registry.runners_up:  # ready means ready to run jobs
+            await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(node.node_id, config.name, redact(redis_url), ws_url, os.getpid(), node)
@@ -198,6 +200,7 @@ class Registry:
         self.contexts = contexts
         self.ws_url = ws_url
         self.redis_url = redis_url
+        self.runners_up: list[trio.Event] = []  # one per context: its runner processes are up
         # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
         # command (external runners serve it, see README "External runners")
         config = node.config
@@ -263,6 +266,25 @@ class Registry:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
 
+    async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
+        async with trio.open_nursery() as starting:
+            for script_type, command, slot in slots_of(self.node, self.script_types):
+                starting.start_soon(
+                    partial(
+                        nursery.start,
+                        self.resilient,
+                        f"runner {ctx}/{script_type}:{slot}",
+                        run_runner_process,
+                        self.node,
+                        ctx,
+                        script_type,
+                        command,
+                        slot,
+                        self.redis_url,
+                    )
+                )
+        up.set()
+
     async def _run_context(
         self, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -284,22 +306,11 @@ class Registry:
                 resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
             )
             # -- end runner presence, external runners --
-            async with trio.open_nursery() as starting:  # the processes start side by side
-                for script_type, command, slot in slots_of(node, self.script_types):
-                    starting.start_soon(
-                        partial(
-                            nursery.start,
-                            resilient,
-                            f"runner {ctx}/{script_type}:{slot}",
-                            run_runner_process,
-                            node,
-                            ctx,
-                            script_type,
-                            command,
-                            slot,
-                            self.redis_url,
-                        )
-                    )
+            # its runner processes start side by side, in the background: the context is served
+            # (its messages acked) meanwhile; the node reports ready once they are up
+            up = trio.Event()
+            self.runners_up.append(up)
+            nursery.start_soon(self._start_runners, nursery, ctx, up)
             log.info("serving context %d", ctx)
             task_status.started()
 
