@@ -15,6 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bus import keys
 from bus.atomic import source
@@ -31,12 +33,20 @@ def connect(url: str, db: int) -> redis.Redis:
     parts = urlsplit(url)
     if parts.scheme != "unix":
         parts = parts._replace(path="")
+    # No socket timeout: a blocking pop waits longer than redis-py's default of 5 s, and a
+    # stalled Valkey is waited for (as the node's store does), not given up on mid-script. No
+    # retries: a script resent after a lost reply could run twice (a second start, a second
+    # pop); what fails is handled by the caller (the runner's end retries; a failed pop ends
+    # the process, which the node recovers and restarts).
     client: redis.Redis = redis.Redis.from_url(
         urlunsplit(parts),
         db=db,
         decode_responses=True,
         encoding_errors="surrogateescape",
         health_check_interval=0,
+        socket_timeout=None,
+        socket_connect_timeout=10,
+        retry=Retry(NoBackoff(), 0),
     )
     return client
 

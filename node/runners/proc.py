@@ -31,12 +31,13 @@ import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
+
+import redis
 
 from bus import keys
 from bus.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
@@ -367,8 +368,12 @@ def main() -> None:
     runner.job.start_watch()
     report(b"up")
     log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid())
-    runner.serve()
-    sys.stdout.flush()
+    try:
+        runner.serve()
+    except redis.RedisError as exc:  # a pop or a start whose outcome is unknown: the node's
+        # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
+        log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc)
+        os._exit(2)
     os._exit(0)  # the watch thread is a daemon; nothing else to wait for
 
 
