@@ -191,8 +191,6 @@ class JobRun:
             outcomes.discard(self.outcome_file)
 
     def _run_python(self, cur: _Current) -> Outcome:
-        if PROCESS.pid_file is not None:  # the orphan killer spares a process worth adopting
-            PROCESS.pid_file.write_text(f"{PROCESS.marker}\n{self.outcome_file}")
         self.capture.start([str(p) for p in self.logs])
         code = run_one(cur.job.script, job_env(cur.job))
         end_leftovers(PROCESS.subreaper)
@@ -281,8 +279,8 @@ class JobRun:
                 due = min(cur.next_flush, cur.next_renew, cur.deadline, cur.kill_at or 1e18)
                 wait = max(0.0, min(wait, due - time.monotonic()))
             ready, _, _ = select.select([PROCESS.control], [], [], wait)
-            if ready and not self._read_control():
-                os.kill(os.getpid(), signal.SIGTERM)  # the node closed the pipe: drain
+            if ready and not self._read_control():  # the node is gone
+                self._orphaned()
                 return
             cur = self.current
             if cur is not None:
@@ -305,6 +303,17 @@ class JobRun:
         if t >= cur.next_flush:
             cur.next_flush += LOG_FLUSH_S
             cur.pump.flush()
+
+    def _orphaned(self) -> None:
+        """The node died: name the running python job's outcome file in this process's pid
+        file (the next node's orphan killer then spares it and adopts what it does; written
+        now, not per job), and drain: the job finishes and is answered, then the process
+        exits."""
+        cur = self.current
+        if cur is not None and self.spec.in_process and PROCESS.pid_file is not None:
+            with contextlib.suppress(OSError):
+                PROCESS.pid_file.write_text(f"{PROCESS.marker}\n{self.outcome_file}")
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _read_control(self) -> bool:
         """Apply the node's requests on the control pipe; False once the node closed it."""
