@@ -154,14 +154,16 @@ async def _run_services(
 async def drain(node: NodeState, services: trio.CancelScope) -> None:
     """Graceful stop: no new jobs; running ones get grace_s to finish; then everything stops
     (jobs still running are killed and requeued by their runner)."""
-    log.info(
-        "stopping intake; %d job(s) running, grace %.0f s", node.running_jobs, node.config.grace_s
+    log.info(  # running_jobs: live runner processes (node/runners/procs.py), busy or not
+        "stopping intake; %d runner process(es) finishing, grace %.0f s",
+        node.running_jobs,
+        node.config.grace_s,
     )
     node.stop_intake()
     with trio.move_on_after(node.config.grace_s) as grace:
         await node.idle.wait()
     if grace.cancelled_caught:
-        log.warning("grace period over; requeueing %d unfinished job(s)", node.running_jobs)
+        log.warning("grace period over; aborting %d runner process(es)", node.running_jobs)
     services.cancel()
 
 

@@ -107,13 +107,15 @@ class Runner:
         self.jobs = 0
         self.job = JobRun(spec, self.runs, self.end_from_watch)
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
+        self.taken = 0  # jobs taken since the last report to the node
+        self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
 
     # -- the loop ------------------------------------------------------------------------------
 
     def serve(self) -> None:
         """Run jobs until drained, recycled (``max_jobs``) or aborted."""
         started: Started | None = None
-        found_empty, pops, taken = False, 0, 0
+        found_empty, pops = False, 0
         try:
             while not self._leaving():
                 pops += 1
@@ -129,16 +131,15 @@ class Runner:
                     fields: dict[str, str] | None = None
                 else:
                     (job_key, fields), started = started, None
-                taken += 1
-                if taken >= self.spec.taken_every:
-                    report_taken(taken)
-                    taken = 0
+                self.taken += 1
+                if self.taken >= self.spec.taken_every:
+                    self.flush_reports()
                 started = self.run_job(job_key, fields, nxt)
                 found_empty = nxt.found_empty
         except Aborted:
             log.info("runner %s aborted", self.spec.slot_id)
         finally:
-            report_taken(taken)
+            self.flush_reports()
             if started is not None:  # taken with the last result, but we are leaving
                 attempt = int(started[1].get("attempt") or 0)
                 self.runs.requeue(started[0], attempt, self.inflight, queues.queue_of(started[1]))
@@ -157,6 +158,7 @@ class Runner:
             if found is not None:
                 return self._usable(found)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
+        self.flush_reports()  # idle now: the node's figures are complete while it waits
         before = self.runs.client.llen(self.inflight)
         try:
             self.popping = True
@@ -315,6 +317,9 @@ class Runner:
 
     def _log_end(self, job: RunnerJob, outcome: Outcome, retry: bool, ok: bool) -> None:
         took_ms = (time.monotonic() - self.job.began) * 1000
+        name = "job_retries" if retry else "jobs_" + outcome.status.value
+        name = name if ok else "stale_results"
+        self.counts[name] = self.counts.get(name, 0) + 1
         if not ok:
             log.warning("%s: result of a superseded attempt refused", job.key)
         elif outcome.status is JobStatus.FINISHED:
@@ -323,16 +328,21 @@ class Runner:
             then = "retrying" if retry else "failed"
             log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason)
 
-
-def report_taken(count: int) -> None:
-    """Tell the node how many jobs this process took (its supervisor's backpressure waits
-    for that): once per ``taken_every`` jobs, not per job."""
-    if count:
-        report(b"t%d" % count)
+    def flush_reports(self) -> None:
+        """Tell the node how many jobs this process took (its supervisor's backpressure waits
+        for that) and how they ended (its counters): every ``taken_every`` jobs and before
+        blocking for more, not per job."""
+        if self.taken:
+            report(b"t%d" % self.taken)
+            self.taken = 0
+        if self.counts:
+            report(b"c" + json.dumps(self.counts).encode())
+            self.counts = {}
 
 
 def report(line: bytes) -> None:
-    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``r`` a retry scheduled."""
+    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``c{json}`` counters to add,
+    ``r`` a retry scheduled."""
     with contextlib.suppress(OSError):  # the node is gone: nobody to tell
         os.write(PROCESS.report, line + b"\n")
 

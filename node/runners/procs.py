@@ -215,8 +215,8 @@ async def _cancel_at_exit(proc: trio.Process, scope: trio.CancelScope) -> None:
 
 
 async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.Event) -> None:
-    """The process's report lines: ``up`` (ready), ``t<n>`` jobs taken, ``r`` a retry
-    scheduled."""
+    """The process's report lines: ``up`` (ready), ``t<n>`` jobs taken, ``c{json}`` counters
+    (jobs_finished, jobs_error, job_retries, stale_results), ``r`` a retry scheduled."""
     assert proc.stdout is not None
     buffer = b""
     while chunk := await proc.stdout.receive_some(4096):
@@ -226,10 +226,18 @@ async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.
             if line.startswith(b"t") and line[1:].isdigit():
                 for _ in range(int(line[1:])):
                     node.job_taken()
+            elif line.startswith(b"c"):
+                _count(node, line[1:])
             elif line == b"r":
                 node.wake_retries(ctx)
             elif line == b"up":
                 up.set()
+
+
+def _count(node: NodeState, raw: bytes) -> None:
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        for name, n in json.loads(raw).items():
+            node.count(str(name), int(n))
 
 
 def slots_of(
