@@ -32,8 +32,9 @@ a :class:`RunnerJob` for :meth:`Client.submit` (several jobs in one signed :clas
 ``examples/python_client.py`` show all of it.
 """
 
-from bus.client import Client, JobResult, new_job, open_client
-from bus.dag import FlowError
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from bus.errors import (
     BusError,
     ClientError,
@@ -46,6 +47,28 @@ from bus.errors import (
 )
 from bus.flows import FlowJobState, FlowState
 from bus.models import FlowStatus, JobStatus, Message, RunnerJob
+
+if TYPE_CHECKING:
+    from bus.client import Client, JobResult, new_job, open_client
+    from bus.dag import FlowError
+
+# Loaded on first use: a runner process (node/runners/proc.py) uses the bus's keys, models and
+# scripts without the async client and its imports (coredis, trio), which would cost each
+# process a second of start-up.
+_LAZY = {
+    "Client": "bus.client",
+    "JobResult": "bus.client",
+    "new_job": "bus.client",
+    "open_client": "bus.client",
+    "FlowError": "bus.dag",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'bus' has no attribute {name!r}")
+    return getattr(import_module(_LAZY[name]), name)
+
 
 __all__ = [
     "BusError",

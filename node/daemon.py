@@ -50,8 +50,9 @@ from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
+from node.runners.procs import run_runner_process, slots_of
 from node.runners.queues import consume_order, slot_bases
-from node.runners.runner import run_retry_scheduler, run_runner
+from node.runners.runner import run_retry_scheduler
 from node.state import NodeState
 from node.valkey import run_valkey
 
@@ -142,7 +143,9 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(node, transport, services, contexts, ws_url=ws_url)
+        registry = Registry(
+            node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url
+        )
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -150,6 +153,8 @@ async def _run_services(
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
+        for up in registry.runners_up:  # ready means ready to run jobs
+            await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/acl.py)
         info = NodeInfo(
@@ -186,14 +191,16 @@ async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nu
 async def drain(node: NodeState, services: trio.CancelScope) -> None:
     """Graceful stop: no new jobs; running ones get grace_s to finish; then everything stops
     (jobs still running are killed and requeued by their runner)."""
-    log.info(
-        "stopping intake; %d job(s) running, grace %.0f s", node.running_jobs, node.config.grace_s
+    log.info(  # running_jobs: live runner processes (node/runners/procs.py), busy or not
+        "stopping intake; %d runner process(es) finishing, grace %.0f s",
+        node.running_jobs,
+        node.config.grace_s,
     )
     node.stop_intake()
     with trio.move_on_after(node.config.grace_s) as grace:
         await node.idle.wait()
     if grace.cancelled_caught:
-        log.warning("grace period over; requeueing %d unfinished job(s)", node.running_jobs)
+        log.warning("grace period over; aborting %d runner process(es)", node.running_jobs)
     services.cancel()
 
 
@@ -222,13 +229,17 @@ class Registry:
         contexts: set[int],
         *,
         ws_url: str = "",
+        redis_url: str = "",
     ) -> None:
-        """Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
+        """``redis_url``: what the runner processes connect with (the node's own URL).
+        Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery
         self.contexts = contexts
         self.ws_url = ws_url
+        self.redis_url = redis_url
+        self.runners_up: list[trio.Event] = []  # one per context: its runner processes are up
         # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
         # command (external runners serve it, see README "External runners")
         config = node.config
@@ -294,6 +305,25 @@ class Registry:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
 
+    async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
+        async with trio.open_nursery() as starting:
+            for script_type, command, slot in slots_of(self.node, self.script_types):
+                starting.start_soon(
+                    partial(
+                        nursery.start,
+                        self.resilient,
+                        f"runner {ctx}/{script_type}:{slot}",
+                        run_runner_process,
+                        self.node,
+                        ctx,
+                        script_type,
+                        command,
+                        slot,
+                        self.redis_url,
+                    )
+                )
+        up.set()
+
     async def _run_context(
         self, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -316,18 +346,11 @@ class Registry:
                 resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
             )
             # -- end runner presence, external runners --
-            for script_type, command in self.script_types.items():
-                for slot in range(node.config.runners[script_type]):
-                    await nursery.start(
-                        resilient,
-                        f"runner {ctx}/{script_type}:{slot}",
-                        run_runner,
-                        node,
-                        ctx,
-                        script_type,
-                        command,
-                        slot,
-                    )
+            # its runner processes start side by side, in the background: the context is served
+            # (its messages acked) meanwhile; the node reports ready once they are up
+            up = trio.Event()
+            self.runners_up.append(up)
+            nursery.start_soon(self._start_runners, nursery, ctx, up)
             log.info("serving context %d", ctx)
             task_status.started()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -24,6 +24,13 @@ from node.routing.peer_breakers import PeerBreakers
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Waker(Protocol):
+    """What wake_idle_slots interrupts (a runner process's blocking pop)."""
+
+    def cancel(self) -> None: ...
+
 REGISTRY_TTL_S = 2.0
 
 
@@ -42,19 +49,20 @@ class NodeState:
     idle: trio.Event = field(default_factory=trio.Event)
     running_jobs: int = 0
     intake: set[trio.CancelScope] = field(default_factory=set)
-    # runner slots blocked on their type queue, by (context, script type): see wake_idle_slots
-    idle_slots: dict[tuple[int, str], set[trio.CancelScope]] = field(default_factory=dict)
+    # runner slots that may block on their type queue, by (context, script type): see
+    # wake_idle_slots
+    idle_slots: dict[tuple[int, str], set[Waker]] = field(default_factory=dict)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
-    # jobs running in this process, by job key: cancelling the scope stops the script
-    running: dict[str, trio.CancelScope] = field(default_factory=dict)
-    stop_reasons: dict[str, str] = field(default_factory=dict)
-    # attempts this process runs or is concluding, by (context, job key): their process is
-    # alive, so a reaper that finds their lease expired (a stall) re-takes it, never ends them
-    attempts_here: dict[tuple[int, str], int] = field(default_factory=dict)
+    # this node's live runner processes (node/runners/procs.py), by (context, slot id): one
+    # runs its slot's started attempt, so a reaper that finds its lease expired (a stall)
+    # re-takes it, never ends it; each takes stop requests (job key, reason)
+    runner_processes: dict[tuple[int, str], Callable[[str, str], None]] = field(
+        default_factory=dict
+    )
     jobs_taken: int = 0  # by this node's runner slots, since start
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)
@@ -112,14 +120,11 @@ class NodeState:
         """Drop cached actors and contexts (a registration event arrived)."""
         self._registry_cache.clear()
 
-    def stop_running(self, job_key: str, reason: str) -> bool:
-        """Stop ``job_key`` if one of this node's runners is running it; whether it was."""
-        scope = self.running.get(job_key)
-        if scope is None:
-            return False
-        self.stop_reasons[job_key] = reason
-        scope.cancel()
-        return True
+    def stop_running(self, job_key: str, reason: str) -> None:
+        """Stop ``job_key`` if one of this node's runner processes is running it (each is
+        told; the one running it kills it and ends it with ``reason``)."""
+        for stop in self.runner_processes.values():
+            stop(job_key, reason)
 
     async def wait_jobs_taken(self, count: int) -> None:
         """Until this node's runner slots have taken ``count`` more jobs (supervisor

@@ -40,3 +40,31 @@ async def wait_announced(store, key: str, timeout_s: float = 20) -> int:
         popped = await store.call(1, lambda r: r.blpop([key], timeout=timeout_s))
     assert popped is not None, f"no script announced itself on {key}"
     return int(popped[1])
+
+
+def command_job_run(tmp_path, redis_url: str, command: list[str]):
+    """A runner process's JobRun (node/runners/procjob.py) for command jobs, set up in this
+    process as a runner would be (its run directory under ``tmp_path``): ``run(job)`` runs
+    one job through ``command`` and returns its Outcome."""
+    import os
+    from pathlib import Path
+
+    from bus.atomic.runs_sync import SyncRuns, connect
+    from bus.models import Message
+    from node.runners import procjob
+    from node.runners.proc import RunnerSpec
+
+    spec = RunnerSpec(
+        redis_url, 1, "sh", 0, command, "", "n:b:1:sh:0", 15_000, str(tmp_path), 1000, 60,
+        "n", "", False, 10,
+    )  # fmt: skip
+    procjob.PROCESS.base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    (Path(tmp_path) / "jobs").mkdir(parents=True, exist_ok=True)
+    (Path(tmp_path) / "outcomes").mkdir(parents=True, exist_ok=True)
+    jobs = procjob.JobRun(spec, SyncRuns(connect(redis_url, 1)), lambda *_: False)
+
+    def run(job, attempt: int = 1):
+        return jobs.run(job, Message(1, job.caller_id, 1, origin="n", destination="n"), attempt)
+
+    run.job_run = jobs  # type: ignore[attr-defined]
+    return run

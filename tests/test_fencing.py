@@ -20,10 +20,8 @@ from bus.client import open_client
 from bus.models import JobStatus, RunnerJob
 from crypto import read_key_file
 from node.runners import outcomes
-from node.runners.executor import execute
-from node.runners.workers import PythonWorker
 from tests.nodeproc import NodeProcess
-from tests.scripts import announcing, wait_announced
+from tests.scripts import announcing, command_job_run, wait_announced
 
 JOB = "job:1:1"
 
@@ -150,38 +148,23 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
 # -- the processes that write outcomes ----------------------------------------------------------
 
 
-async def test_a_command_job_writes_its_outcome_as_the_node_sees_it(tmp_path):
+def test_a_command_job_writes_its_outcome_as_the_node_sees_it(tmp_path, redis_url):
     """The wrapper records the exit status as the node reads it (a signal as -N) and keeps
     what the node concludes unchanged; the pid file names the outcome file while it runs."""
-    pids, logs = tmp_path / "jobs", (tmp_path / "out", tmp_path / "err")
-    pids.mkdir()
+    run = command_job_run(tmp_path, redis_url, ["/bin/sh", "-s"])
+    pids = tmp_path / "jobs"
     seen = tmp_path / "seen"
     cases = [
         (f"cat {pids}/* > {seen}; echo hi; exit 3", 3, "exit code 3"),
         ("kill -9 $$", -9, "runner_lost: killed by SIGKILL"),
     ]
     for script, code, reason in cases:
-        path = outcomes.outcome_path(tmp_path, 1, "job:1:2", 1)
-        path.parent.mkdir(exist_ok=True)
         job = RunnerJob(1, 2, 1, script, "sh", timeout=30)
-        done = await execute(
-            job, ["/bin/sh", "-s"], max_output_bytes=1000, pid_dir=pids, logs=logs, outcome=path
-        )
+        done = run(job)
+        path = outcomes.outcome_path(tmp_path, 1, job.key, 1)
         assert done.reason == reason
         assert outcomes.read_outcome(path) == {"exit_code": code}
     assert seen.read_text() == f"{job.caller_id}:{job.id}\n{path}"
-
-
-async def test_a_python_worker_writes_its_outcome_before_replying(tmp_path):
-    path = outcomes.outcome_path(tmp_path, 1, "job:1:2", 4)
-    path.parent.mkdir()
-    worker = PythonWorker(max_output_bytes=1000, pid_dir=tmp_path / "pids")
-    try:
-        done = await worker.run(RunnerJob(1, 2, 1, "print('hi')", "python"), None, path)
-    finally:
-        await worker.close()
-    assert done.result["stdout"] == "hi\n"
-    assert outcomes.read_outcome(path) == {"exit_code": 0, "stdout": "hi\n", "stderr": ""}
 
 
 def test_outcome_names_carry_context_job_and_attempt(tmp_path):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import trio
 
 from bus.models import JobStatus, RunnerJob
-from node.runners.executor import execute
-from node.runners.workers import PythonWorker
+from crypto import read_key_file
+from tests.scripts import command_job_run
 
 SH = ["/bin/sh", "-s"]
 
@@ -38,21 +37,12 @@ def pids_of(stdout: str) -> list[int]:
     return [int(line) for line in stdout.split()]
 
 
-@pytest.mark.parametrize("live_logs", [False, True])
-async def test_sh_job_background_process_ends_with_the_job(tmp_path, live_logs):
-    logs = (tmp_path / "out", tmp_path / "err") if live_logs else None
-    with trio.fail_after(20):  # captured output: a live sleep holds its stdout open
-        out = await execute(job("sleep 300 & echo $!", "sh"), SH, max_output_bytes=1000, logs=logs)
+def test_sh_job_background_process_ends_with_the_job(tmp_path, redis_url):
+    run = command_job_run(tmp_path, redis_url, SH)
+    out = run(job("sleep 300 & echo $!", "sh"))
     assert out.status is JobStatus.FINISHED
     [pid] = pids_of(out.result["stdout"])
-    assert await ended(pid)
-
-
-@pytest.fixture
-async def worker(tmp_path):
-    w = PythonWorker(max_output_bytes=1000, pid_dir=tmp_path / "pids")
-    yield w
-    await w.close()
+    assert trio.run(ended, pid)
 
 
 SPAWNS = """\
@@ -66,17 +56,25 @@ print(subprocess.Popen(['sleep', '300'], start_new_session=True).pid)
 """
 
 
-async def test_python_job_children_end_with_the_job_not_the_worker(worker):
-    with trio.fail_after(20):
-        out = await worker.run(job(SPAWNS))
+async def test_python_job_children_end_with_the_job_not_the_runner(node_factory):
+    """The runner process (a child subreaper) kills what a python job left, its own child, an
+    orphan re-parented to it and one in a session of its own, and lives on for the next job."""
+    alice = await node_factory("alice", runners={"python": 1})
+    actor = read_key_file(alice.config.actor_key_path)
+
+    async def run(script: str):
+        msg = await alice.client.submit_job(
+            actor, 1, to=alice.node_id, context_id=1, script_type="python", script=script
+        )
+        with trio.fail_after(20):
+            [result] = await alice.client.wait_results(msg, timeout_s=20)
+        return result
+
+    out = await run("import os\nprint(os.getpid())\n" + SPAWNS)
     assert (out.status, out.result["stderr"]) == (JobStatus.FINISHED, "")
-    pids = pids_of(out.result["stdout"])
+    runner_pid, *pids = pids_of(out.stdout)
     assert len(pids) == 3
     for pid in pids:
         assert await ended(pid), pid
-    assert worker.proc is not None
-    assert worker.proc.returncode is None  # the worker itself lives on and runs the next job
-    worker_pid = worker.proc.pid
-    with trio.fail_after(20):
-        after = await worker.run(job("print('next')"))
-    assert (after.result["stdout"], worker.proc.pid) == ("next\n", worker_pid)
+    after = await run("import os\nprint(os.getpid())")
+    assert pids_of(after.stdout) == [runner_pid]  # the same process ran the next job

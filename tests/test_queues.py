@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import trio
 
+from bus.atomic.runs import pop_first
 from bus.envelope import sign_message, verify_message
 from bus.models import Message, RunnerJob
 from crypto import KeyPair
 from node.runners.queues import (
     AGING_EVERY,
     consume_order,
-    pop_first,
-    pop_slot,
     slot_bases,
     target_queue,
 )
@@ -76,10 +75,6 @@ async def test_pop_first_takes_in_order_reliably(store):
     assert await pop_first(store, 1, lists, "inflight:runner:v:0") == "job:1:1"
     assert await pop_first(store, 1, lists, "inflight:runner:v:0") is None
     assert await store.lrange(1, "inflight:runner:v:0") == ["job:1:1", "job:1:2"]
-    with trio.fail_after(5):  # all empty: blocks on the type queue until a job arrives
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.lpush, 1, "queue:v", "job:1:3")
-            assert await pop_slot(store, 1, lists, "inflight:runner:v:0", 3) == "job:1:3"
 
 
 async def _submit(node, actor, script: str, **targeting: str):
@@ -119,9 +114,9 @@ async def test_idle_slots_take_a_priority_or_targeted_job_at_once(node_factory, 
     """Idle slots block on their type queue only; a job queued on a priority or group list
     interrupts them, so it starts now, not at their pop timeout (made 60 s here)."""
     from crypto import read_key_file
-    from node.runners import runner
+    from node.runners import procs
 
-    monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(procs, "POP_TIMEOUT_S", 60.0)
     alice = await node_factory("alice", runners={"python": 2}, runner_groups={"python": "gpu"})
     actor = read_key_file(alice.config.actor_key_path)
     warm = await _submit(alice, actor, "print('warm')")  # then every slot idles, blocked
@@ -133,42 +128,3 @@ async def test_idle_slots_take_a_priority_or_targeted_job_at_once(node_factory, 
         with trio.fail_after(20):  # far below the 60 s pop timeout
             [result] = await alice.client.wait_results(msg, timeout_s=20)
         assert result.stdout == "now\n", targeting
-
-
-async def test_an_interrupted_pop_that_had_moved_a_job_still_runs_it(node_factory, monkeypatch):
-    """If the server carried out a slot's pop just before the pop was interrupted (its reply
-    lost), the job is in the slot's in-flight list: the slot takes it from there, and not an
-    older key it may hold there (a stale attempt's)."""
-    from bus import keys
-    from crypto import read_key_file
-    from node.runners import queues, runner
-
-    monkeypatch.setattr(runner, "POP_TIMEOUT_S", 60.0)
-    real_pop = queues.pop_slot
-    lost: list[str] = []
-    moved = trio.Event()
-
-    async def pop_then_lose_the_reply(store, ctx, lists, inflight, timeout_s, *, check_first=True):
-        if lost:  # once: the server moves the job, the slot never hears of it
-            return await real_pop(store, ctx, lists, inflight, timeout_s, check_first=check_first)
-        found = await real_pop(store, ctx, lists, inflight, timeout_s, check_first=check_first)
-        if found is None:
-            return None
-        lost.append(found)
-        moved.set()
-        await trio.sleep_forever()  # until the wake-up below interrupts it
-
-    monkeypatch.setattr(queues, "pop_slot", pop_then_lose_the_reply)
-    alice = await node_factory("alice", runners={"python": 1})
-    actor = read_key_file(alice.config.actor_key_path)
-    inflight = keys.inflight("runner:python:0")
-    await alice.store.lpush(1, inflight, "job:1:1")  # a stale key left by a refused result
-    msg = await _submit(alice, actor, "print('ran')")
-    with trio.fail_after(20):
-        await moved.wait()
-    assert lost == [msg.job[0].key]
-    high = await _submit(alice, actor, "print('high')", priority="high")  # wakes the slot
-    with trio.fail_after(20):
-        [first] = await alice.client.wait_results(msg, timeout_s=20)
-        [second] = await alice.client.wait_results(high, timeout_s=20)
-    assert (first.stdout, second.stdout) == ("ran\n", "high\n")

@@ -15,8 +15,10 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from coredis.commands.script import Script
+if TYPE_CHECKING:
+    from coredis.commands.script import Script
 
 from bus import keys
 
@@ -44,5 +46,8 @@ def source(name: str) -> str:
 
 @cache
 def script(name: str) -> Script[str]:
-    """The script ``lua/<name>.lua`` (loaded once; run with EVALSHA, loaded on NOSCRIPT)."""
+    """The script ``lua/<name>.lua`` (loaded once; run with EVALSHA, loaded on NOSCRIPT).
+    coredis is imported here, not above: runner processes read :func:`source` without it."""
+    from coredis.commands.script import Script
+
     return Script(script=source(name))

@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
-
-from coredis.commands.script import Script
+from typing import TYPE_CHECKING, Any
 
 from bus import keys
 from bus.atomic import script, source
 from bus.ids import now
 from bus.models import Message
 from bus.reasons import Reason
-from bus.store import Store
+
+if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
+    from coredis.commands.script import Script
+
+    from bus.store import Store
 
 __all__ = [
     "Answered",
@@ -167,19 +169,13 @@ async def finish(
     return await _with_next(store, ctx, call, ending.inflight, take_next)
 
 
-async def finish_local(
-    store: Store,
-    ctx: int,
-    ending: Ending,
-    *,
-    request_key: str,
-    reply_ttl_s: int,
-    reply_to: str = "",
-    take_next: NextJob | None = None,
-) -> tuple[bool, Started | None]:
-    """Finish a job submitted on this node: final state, request status and the client's reply
-    (on the list ``keys.reply_list`` picks for ``reply_to``) in one step, with no result
-    message in between. False if ``ending.attempt`` is not current."""
+def finish_local_call(
+    ending: Ending, *, request_key: str, reply_ttl_s: int, reply_to: str = ""
+) -> tuple[str, list[str], list[str]]:
+    """The script, KEYS and ARGV of finishing a job submitted on this node: final state,
+    request status and the client's reply (on the list ``keys.reply_list`` picks for
+    ``reply_to``). One builder for the node's store and the runner processes' sync client
+    (bus/atomic/runs_sync.py), so both answer alike."""
     reply = json.dumps(
         {
             "in_reply_to": request_key,
@@ -195,7 +191,24 @@ async def finish_local(
         keys.reply_list(request_key, reply_to),
         keys.FLOW_EVENTS,
     ]
-    call = ("runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)])
+    return "runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)]
+
+
+async def finish_local(
+    store: Store,
+    ctx: int,
+    ending: Ending,
+    *,
+    request_key: str,
+    reply_ttl_s: int,
+    reply_to: str = "",
+    take_next: NextJob | None = None,
+) -> tuple[bool, Started | None]:
+    """Finish a job submitted on this node in one step, with no result message in between
+    (:func:`finish_local_call`). False if ``ending.attempt`` is not current."""
+    call = finish_local_call(
+        ending, request_key=request_key, reply_ttl_s=reply_ttl_s, reply_to=reply_to
+    )
     return await _with_next(store, ctx, call, ending.inflight, take_next)
 
 
@@ -203,8 +216,14 @@ async def finish_local(
 def _then(first: str, second: str) -> Script[str]:
     """One script that runs the script ``first`` then ``second``, each with its own KEYS and
     ARGV (ARGV[1], ARGV[2]: how many keys and args belong to ``first``); returns both results."""
-    return Script(
-        script=f"""
+    from coredis.commands.script import Script
+
+    return Script(script=then_source(first, second))
+
+
+def then_source(first: str, second: str) -> str:
+    """The text of :func:`_then`'s script (runner processes run it with their own client)."""
+    return f"""
 local function first(KEYS, ARGV)
 {source(first)}
 end
@@ -216,7 +235,6 @@ local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 3, 2 + na)}})
 local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 3 + na)}})
 return {{r1, r2}}
 """
-    )
 
 
 async def _with_next(

@@ -33,7 +33,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-LOST = Outcome(JobStatus.ERROR, {}, f"{Reason.RUNNER_LOST}: the node stopped while it ran")
+LOST = Outcome(JobStatus.ERROR, {}, f"{Reason.RUNNER_LOST}: its runner ended while it ran")
 
 
 def pid_dir(node: NodeState) -> Path:
@@ -101,6 +101,8 @@ def adopted_outcome(path: Path, logs: tuple[Path, Path], max_output_bytes: int) 
     recorded = read_outcome(path)
     if recorded is None:
         return Adopted(LOST, found=False)
+    if isinstance(recorded.get("reason"), str):  # killed by its runner (a stop, a timeout)
+        return Adopted(Outcome(JobStatus.ERROR, {}, recorded["reason"]), found=True)
     out, err = recorded.get("stdout"), recorded.get("stderr")
     if not isinstance(out, str) or not isinstance(err, str):
         out, err = (_head(p, max_output_bytes) for p in logs)
@@ -204,9 +206,10 @@ async def _adopt(
     found = adopted_outcome(left.path, left.logs, node.config.max_output_bytes)
     if found.found:
         key, attempt = left.job.key, left.attempt
-        log.warning("%s: outcome of attempt %d adopted (its node had died)", key, attempt)
+        log.warning("%s: outcome of attempt %d adopted (its runner had gone)", key, attempt)
         node.count("outcomes_adopted")
     else:
-        log.warning("%s lost its runner (the node stopped while it ran)", left.job.key)
+        log.warning("%s lost its runner (its process or node ended while it ran)", left.job.key)
     await conclude(node, ctx, left, found.outcome, inflight)
+    await node.store.ack(ctx, inflight, left.job.key)  # a refused end leaves no entry behind
     outcomes.discard(left.path)

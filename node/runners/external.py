@@ -19,8 +19,8 @@ It cannot sign, so per context the node runs:
 
 An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
 TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
-attempt this process still runs or concludes (``NodeState.attempts_here``) re-takes its lease;
-one it no longer runs is ended. An external runner's process cannot be seen from here, so its
+attempt a live runner process of this node runs (``NodeState.runner_processes``) re-takes its
+lease; one none of them runs is ended. An external runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
 bus/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
 recovery at start (node/runners/runner.py: recover_slot), which adopts what finished meanwhile.
@@ -170,7 +170,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     if _is_local(node, token):
         if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
-        if attempt.isdigit() and node.attempts_here.get((ctx, job_key)) == int(attempt):
+        if attempt.isdigit() and _runs_it(node, ctx, job_key, token, fields.get("runner_id", "")):
             ttl_ms = node.config.lease_ttl_ms
             await runs.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False
@@ -180,6 +180,15 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
         log.warning("%s (context %d): %s", job_key, ctx, reason)
         node.count("runners_lost")
     return done
+
+
+def _runs_it(node: NodeState, ctx: int, job_key: str, token: str, slot_id: str) -> bool:
+    """Whether a live runner process of this node runs the attempt holding ``token``: its
+    slot's process is alive and the token is the one that process takes for this job (a
+    process restarted since is not the one: its slot's recovery ended what its predecessor
+    left, or adopts it)."""
+    base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
+    return (ctx, slot_id) in node.runner_processes and token == f"{base}:{job_key}"
 
 
 def _is_local(node: NodeState, token: str) -> bool:

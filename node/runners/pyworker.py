@@ -1,48 +1,23 @@
-"""A warm Python worker: runs one job after another in fresh namespaces (``python -m
-node.runners.pyworker``). It is started, fed and killed by :mod:`node.runners.workers`; a
-script that crashes or hangs takes down at most this process, never the node.
+"""Python jobs in a warm interpreter: one job after another in fresh namespaces, inside a
+runner process (``python -m node.runners.pyworker --runner``, node/runners/proc.py); a script
+that crashes or hangs takes down at most that process, never the node.
 
-Protocol on the inherited fds 0 (requests) and 1 (replies), which are moved aside at start so
-that a script can neither read requests nor corrupt replies: each frame is a 4-byte big-endian
-length and a JSON object. Request ``{"script", "env", "logs", "outcome"}``; reply
-``{"exit_code", "stdout", "stderr"}``, first written durably to the ``outcome`` file if the
-request names one (node/runners/outcomes.py: a node that died meanwhile adopts it at start).
-The script's own fds 0/1/2 are /dev/null and two capture files, so output written by the
-script, by C code or by child processes is all captured.
+The script's own fds 0/1/2 are /dev/null and two capture files (:class:`Capture`), so output
+written by the script, by C code or by child processes is all captured; what it leaves running
+is killed after it (:func:`end_leftovers`: the process is a child subreaper).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import select
 import signal
-import struct
 import sys
 import tempfile
 import traceback
-from pathlib import Path
 from typing import Any, BinaryIO
-
-from node.runners.outcomes import write_outcome
-
-_HEADER = struct.Struct(">I")
-
-
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    body = stream.read(_HEADER.unpack(header)[0])
-    return dict(json.loads(body))
-
-
-def write_frame(stream: BinaryIO, obj: dict[str, Any]) -> None:
-    body = json.dumps(obj).encode()
-    stream.write(_HEADER.pack(len(body)) + body)
-    stream.flush()
 
 
 class Capture:
@@ -83,7 +58,7 @@ class Capture:
 def run_one(script: str, env: dict[str, str]) -> int:
     """Exec ``script`` as ``__main__`` in a fresh namespace with ``env``; its exit code."""
     saved_cwd = os.getcwd()
-    os.environ.update(env)  # the worker's own environment is empty (see main)
+    os.environ.update(env)  # the runner process emptied its own (procjob.prepare_process)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(compile(script, "<job>", "exec"), namespace)  # noqa: S102 - running jobs is the point
@@ -103,21 +78,6 @@ def run_one(script: str, env: dict[str, str]) -> int:
         os.environ.clear()
         if os.getcwd() != saved_cwd:
             os.chdir(saved_cwd)
-
-
-def batch_scheduling() -> None:
-    """SCHED_BATCH: a job that wakes up does not preempt the node (which just handed it the
-    job and has more bookkeeping to do); jobs still get their fair share of CPU."""
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not permitted
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-
-
-def record_outcome(path: object, reply: dict[str, Any]) -> None:
-    """Write the job's outcome where the node's next start finds it, before replying (the node
-    may be gone: then this worker's reply is lost, not the outcome)."""
-    if isinstance(path, str) and path:
-        with contextlib.suppress(OSError):  # the reply still goes; only a dead node misses it
-            write_outcome(Path(path), reply)
 
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -206,27 +166,15 @@ def _reap_children() -> None:
 
 
 def main() -> None:
-    limit = int(sys.argv[1]) if len(sys.argv) > 1 else 1024 * 1024
-    batch_scheduling()
-    subreaper = become_subreaper()
-    requests = os.fdopen(os.dup(0), "rb")
-    replies = os.fdopen(os.dup(1), "wb")
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # live logs per line
-    # A job sees exactly its own environment; emptied once here, not saved and restored per
-    # job (that cost more than running a small script). /proc/<pid>/environ, which
-    # kill_orphans reads, still shows what the worker was started with.
-    capture = Capture(limit)  # its spare files where the node's TMPDIR says
-    os.environ.clear()
-    while (request := read_frame(requests)) is not None:
-        capture.start(request.get("logs"))
-        code = run_one(request["script"], request["env"])
-        end_leftovers(subreaper)
-        out, err = capture.finish()
-        reply = {"exit_code": code, "stdout": out, "stderr": err}
-        record_outcome(request.get("outcome"), reply)
-        write_frame(replies, reply)
+    """``python -m node.runners.pyworker --runner``: a runner process (node/runners/proc.py)."""
+    if sys.argv[1:2] != ["--runner"]:
+        sys.exit("usage: python -m node.runners.pyworker --runner (started by the node)")
+    # told to stop while it starts: it has taken nothing yet, so it just goes
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: os._exit(0))
+    from node.runners.proc import main as runner_main
+
+    runner_main()
 
 
 if __name__ == "__main__":

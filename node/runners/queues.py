@@ -13,6 +13,14 @@ Priorities come first: every high list before any normal one before any low one,
 every ``AGING_EVERY``-th pop of a slot serves the lowest non-empty priority first, so a stream
 of high-priority jobs cannot starve low ones (a low job waits at most AGING_EVERY pops of its
 slots).
+
+A runner process pops with ``runs_pop_first`` over these lists and, when all are empty, blocks
+on the type queue alone (the plain, busiest list): BLMPOP waits on many lists but loses the
+entry if the process dies between its pop and the in-flight push, and Lua cannot block. A job
+that this node queues on another list (a priority or targeted one) while its runners idle
+interrupts their wait (``NodeState.wake_idle_slots``); one queued there by another process
+(an operator's ``dlq retry``) is taken at the next wake-up: the next job on the type queue, or
+the pop timeout (node/runners/proc.py).
 """
 
 from __future__ import annotations
@@ -20,9 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bus import keys
-from bus.atomic.runs import pop_first
 from bus.models import RunnerJob
-from bus.store import Store
 
 AGING_EVERY = 8
 
@@ -71,31 +77,3 @@ def consume_order(bases: list[str], pop_number: int = 1) -> list[str]:
     if pop_number % AGING_EVERY == 0:
         prios.reverse()
     return [keys.queue_prio(base, p) for p in prios for base in bases]
-
-
-async def pop_slot(
-    store: Store,
-    ctx: int,
-    lists: list[str],
-    inflight: str,
-    timeout_s: float,
-    *,
-    check_first: bool = True,
-) -> str | None:
-    """A slot's reliable pop over several lists: :func:`pop_first`, and only when all are
-    empty a blocking BLMOVE on the type queue (``lists`` holds it; the plain, busiest list).
-
-    Trade-off: BLMPOP waits on many lists but loses the entry if the node dies between its pop
-    and the in-flight push, and Lua cannot block; so the wait is on one list. A job that this
-    node queues on another list (a priority or targeted queue) while its slots idle interrupts
-    their wait (node/runners/runner.py ``_pop``); one queued there by another process (an operator's
-    ``dlq retry``) is taken at the next wake-up: the next job on the type queue, or
-    ``timeout_s``. ``check_first=False``
-    skips :func:`pop_first` when the caller has just found every list empty. Raises StoreError.
-    """
-    if check_first:
-        found = await pop_first(store, ctx, lists, inflight)
-        if found is not None:
-            return found
-    base = next((q for q in lists if q.count(":") == 1), lists[0])
-    return await store.pop_reliable(ctx, base, inflight, timeout_s)

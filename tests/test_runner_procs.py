@@ -1,0 +1,232 @@
+"""Runner processes (node/runners/proc.py, procs.py): their pop, and their life as the node
+starts, watches, restarts, recycles and stops them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+import trio
+
+from bus import keys, open_client
+from bus.atomic.runs_sync import SyncRuns, connect
+from bus.models import JobStatus
+from crypto import KeyPair, read_key_file
+from node.runners import procjob
+from node.runners.proc import Runner, RunnerSpec
+from node.runners.procjob import Wake
+from tests.nodeproc import NodeProcess
+from tests.scripts import announcing, wait_announced
+
+INFLIGHT = "inflight:runner:v:0"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def runner_processes_of(run_dir: Path) -> list[int]:
+    """The live runner processes started for the node whose run directory is ``run_dir``
+    (their environment names it: the spec in $HERO_RUNNER)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if (
+            b"HERO_RUNNER=" in environ
+            and str(run_dir).encode() in environ
+            and alive(int(entry.name))
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+# -- the pop of a runner process (no process needed: the loop's method, on a real Valkey) --------
+
+
+def _runner(redis_url: str, tmp_path: Path) -> Runner:
+    spec = RunnerSpec(
+        url=redis_url,
+        ctx=1,
+        script_type="v",
+        slot=0,
+        command=[],
+        group="",
+        token_base="n:b:1:v:0",
+        lease_ttl_ms=15_000,
+        run_dir=str(tmp_path),
+        max_output_bytes=1000,
+        reply_ttl_s=60,
+        node_id="n",
+        node_key="",
+        in_process=True,
+        max_jobs=10,
+        pop_timeout_s=1.0,
+    )
+    return Runner(spec, KeyPair.generate())
+
+
+def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url, tmp_path):
+    runner = _runner(redis_url, tmp_path)
+    client = connect(redis_url, 1)
+    client.lpush("queue:v", "job:1:1")
+    client.lpush("queue:v:prio:high", "job:1:2")
+    lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
+    assert runner.pop(lists, check_first=True) == "job:1:2"
+    assert runner.pop(lists, check_first=True) == "job:1:1"
+    assert runner.pop(lists, check_first=True) is None  # after the blocking pop's timeout
+    assert client.lrange(INFLIGHT, 0, -1) == ["job:1:1", "job:1:2"]
+
+
+def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
+    redis_url, tmp_path, monkeypatch
+):
+    """A wake-up (a signal) that lands after the server carried out the blocking pop loses its
+    reply: the entry is taken from the head of the in-flight list, not an older key there."""
+    runner = _runner(redis_url, tmp_path)
+    client = connect(redis_url, 1)
+    client.lpush(INFLIGHT, "job:1:1")  # a stale key left by a refused result
+    client.lpush("queue:v", "job:1:3")
+    real = SyncRuns.pop_blocking
+
+    def moved_then_woken(self: SyncRuns, source: str, inflight: str, timeout_s: float) -> str:
+        real(self, source, inflight, timeout_s)
+        raise Wake
+
+    monkeypatch.setattr(SyncRuns, "pop_blocking", moved_then_woken)
+    assert runner.pop(["queue:v"], check_first=False) == "job:1:3"
+    monkeypatch.setattr(SyncRuns, "pop_blocking", lambda *_: (_ for _ in ()).throw(Wake()))
+    assert runner.pop(["queue:v"], check_first=False) is None  # woken before anything moved
+
+
+def test_a_runner_refuses_an_entry_that_is_not_utf8(redis_url, tmp_path):
+    runner = _runner(redis_url, tmp_path)
+    raw = connect(redis_url, 1)
+    redis.Redis.from_url(redis_url, db=1).lpush("queue:v", b"job:1:\xff")
+    assert runner.pop(["queue:v"], check_first=True) is None
+    [entry] = [json.loads(e) for e in raw.lrange(keys.DLQ, 0, -1)]
+    assert entry["reason"] == "not_utf8"
+    assert raw.llen(INFLIGHT) == 0
+
+
+# -- the processes of a node ---------------------------------------------------------------------
+
+
+async def _python_job(node, script: str, **kw):
+    actor = read_key_file(node.config.actor_key_path)
+    return await node.client.submit_job(
+        actor, 1, to=node.node_id, context_id=1, script_type="python", script=script, **kw
+    )
+
+
+async def test_a_runner_killed_9_is_restarted_and_its_attempt_reaped(node_factory, tmp_path):
+    """SIGKILL of the runner process mid-job: the node sees it exit, ends the attempt
+    ``runner_lost`` (retried as the job allows) and starts a fresh process, which runs it."""
+    alice = await node_factory("alice", runners={"python": 1})
+    marker = tmp_path / "ran-once"
+    first = (
+        f"import pathlib\np = pathlib.Path({str(marker)!r})\nfirst = not p.exists()\np.touch()\n"
+    )
+    body = "import time\nif first:\n    time.sleep(60)\nprint('second')\n"
+    script = first + announcing(alice.info.redis_url, "run:k", body)  # marked, then announced
+    msg = await _python_job(alice, script, retries=1)
+    pid = await wait_announced(alice.store, "run:k")
+    os.kill(pid, signal.SIGKILL)
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(msg, timeout_s=30)
+    assert result.ok, result
+    assert result.stdout == "second\n"
+    assert result.result["attempts"] == "2"
+    history = [json.loads(e) for e in await alice.store.lrange(1, keys.attempts(result.job_key))]
+    assert history[0]["reason"].startswith("runner_lost")
+    second = await wait_announced(alice.store, "run:k")
+    assert second != pid
+    assert not alive(pid)
+    assert alice.info.state is not None
+    assert alice.info.state.metrics["runner_restarts"] >= 1
+    assert await alice.store.lrange(1, "inflight:runner:python:0") == []
+
+
+async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monkeypatch):
+    from node.runners import procs
+
+    monkeypatch.setattr(procs, "RECYCLE_JOBS", 2)
+    alice = await node_factory("alice", runners={"python": 1})
+    pids = []
+    for _ in range(5):
+        msg = await _python_job(alice, "import os\nprint(os.getpid())")
+        with trio.fail_after(30):
+            [result] = await alice.client.wait_results(msg, timeout_s=30)
+        assert result.ok, result
+        pids.append(int(result.stdout))
+    assert pids[0] == pids[1]
+    assert pids[2] == pids[3]
+    assert len(set(pids)) == 3  # 2 jobs per process
+    assert alice.info.state is not None
+    assert "runner_restarts" not in alice.info.state.metrics
+
+
+async def test_a_timed_out_python_job_ends_its_process_and_the_next_job_runs(node_factory):
+    alice = await node_factory("alice", runners={"python": 1})
+    msg = await _python_job(
+        alice, announcing(alice.info.redis_url, "run:t", "import time\ntime.sleep(60)"), timeout_s=1
+    )
+    pid = await wait_announced(alice.store, "run:t")
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(msg, timeout_s=30)
+    assert result.status is JobStatus.ERROR
+    assert result.reason.startswith("timeout")
+    assert not alive(pid)
+    nxt = await _python_job(alice, "print('next')")
+    with trio.fail_after(30):
+        [after] = await alice.client.wait_results(nxt, timeout_s=30)
+    assert after.stdout == "next\n"
+
+
+@pytest.mark.slow
+async def test_sigterm_stops_every_runner_process_and_leaves_nothing(tmp_path):
+    node = NodeProcess(tmp_path / "a", "a", grace_s=20)
+    try:
+        await node.start()
+        run_dir = node.config.run_dir
+        assert len(runner_processes_of(run_dir)) == 6  # python 4 + sh 2, context 1
+        script = announcing(node.redis_url, "run:s", "import time\ntime.sleep(1)\nprint('done')")
+        actor = read_key_file(node.config.actor_key_path)
+        async with open_client(node.redis_url) as client:
+            msg = await client.submit_job(
+                actor, 1, to=node.node_id, context_id=1, script_type="python", script=script
+            )
+            pid = await wait_announced(client.store, "run:s")
+            assert await node.signal_and_wait(signal.SIGTERM, timeout_s=60) == 0
+            assert not alive(pid)
+            assert runner_processes_of(run_dir) == []
+            await node.start()
+            with trio.fail_after(30):
+                [result] = await client.wait_results(msg, timeout_s=30)
+        assert result.ok  # it finished within the grace period
+        assert result.stdout == "done\n"
+        assert result.result["attempts"] == "1"
+    finally:
+        await node.close()
+    assert runner_processes_of(run_dir) == []
+    assert not list((run_dir / "jobs").glob("*"))  # their pid files went with them
+
+
+def test_spec_round_trips_through_the_environment():
+    spec = RunnerSpec("redis://x", 1, "sh", 2, ["sh"], "", "t", 1, "/r", 1, 1, "n", "k", False, 3)
+    assert RunnerSpec(**json.loads(spec.to_json())) == spec
+    assert spec.slot_id == "sh:2"
+    assert spec.inflight == "inflight:runner:sh:2"
+    assert procjob.PROCESS.control == -1  # nothing here set up a runner process
