@@ -52,16 +52,12 @@ async def push_in(node, msg: Message, queue: str = keys.MSG_IN) -> None:
 
 
 async def run_and_wait(node, actor: KeyPair, caller: int, ctx: int = 1):
-    """A good job after the bad ones: proof that the service went on. msg_in is consumed in
-    order by one consumer, so once this result is back every earlier message was handled."""
-    msg = await node.client.submit_job(
-        actor,
-        caller,
-        to=node.node_id,
-        context_id=ctx,
-        script_type="python",
-        script="print('still alive')",
-    )
+    """A good job after the bad ones: proof that the service went on. It is pushed on msg_in
+    behind them, which one consumer takes in order, so once its result is back every earlier
+    message there was handled (a job submitted through msg_out would not wait for them: the
+    supervisor queues a local job itself and a runner process answers it)."""
+    msg = job_message(actor, caller, node.node_id, node.node_id, "print('still alive')", ctx=ctx)
+    await push_in(node, msg)
     with trio.fail_after(15):
         [result] = await node.client.wait_results(msg, timeout_s=15)
     return result

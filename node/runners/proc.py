@@ -213,11 +213,15 @@ class Runner:
         with self.ending:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
+                self.job.end_logs("interrupted")
                 log.info("%s interrupted by shutdown; requeued", job_key)
                 raise Aborted
             self.job.forget()
             taken = None if self._leaving() else nxt
-            return self.conclude(job, request, outcome, attempt, taken)
+            try:
+                return self.conclude(job, request, outcome, attempt, taken)
+            finally:
+                self.job.end_logs(outcome.status.value)
 
     def _request_of(self, job: RunnerJob, fields: dict[str, str]) -> Message:
         """The message that carried ``job``, as far as answering it needs."""

@@ -141,6 +141,7 @@ class JobRun:
         self.began = 0.0
         self.started_at = 0
         self.outcome_file: Path | None = None
+        self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
 
     def start_watch(self) -> None:
@@ -176,14 +177,24 @@ class JobRun:
                 outcome = self._run_python(cur)
             else:
                 outcome = self._run_command(cur)
+        except BaseException:
+            pump.finish("interrupted")
+            raise
         finally:
             self.current = None
-            pump.finish(outcome.status.value if outcome and not self.aborted else "interrupted")
+        self.open_logs = pump
         if self.aborted or outcome is None:
             return None
         if cur.kill_reason:
             return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
         return outcome
+
+    def end_logs(self, status: str) -> None:
+        """End the live log stream of the attempt :meth:`run` ran, once its end is recorded:
+        a follower that sees the end marker (``job wait``) then finds the job's hash final."""
+        pump, self.open_logs = self.open_logs, None
+        if pump is not None:
+            pump.finish(status)
 
     def forget(self) -> None:
         """After the attempt's end is recorded: its outcome file is of no further use."""
