@@ -328,7 +328,7 @@ async def case_local_throughput(env: Env) -> list[Row]:
             client,
             a.node_id,
             {"node A": a.pid, "valkey A": a.valkey_pid},
-            {"node-local": a.pid, "client-local": _self_pid()},
+            {"node-local": a.pid, "client-local": _self_pid()} | _runner_spies(a.pid, "local"),
         )
 
 
@@ -346,7 +346,7 @@ async def case_cross_throughput(env: Env) -> list[Row]:
                 "node B": b.pid,
                 "valkey B": b.valkey_pid,
             },
-            {"node-cross-A": a.pid, "node-cross-B": b.pid},
+            {"node-cross-A": a.pid, "node-cross-B": b.pid} | _runner_spies(b.pid, "cross-B"),
         )
 
 
@@ -354,6 +354,23 @@ def bench_client(env: Env, redis_url: str) -> AbstractAsyncContextManager[Client
     """The measuring client of cases 1, 2, 3 and 7: with a reply inbox of its own unless the
     plan says reply lists (``bench/run.py --reply-lists``)."""
     return open_client(redis_url, inbox=new_inbox_name() if env.plan.inbox else "")
+
+
+def _runner_spies(node_pid: int, label: str) -> dict[str, int]:
+    """The node's runner processes (node/runners/procs.py), to profile beside the node: the
+    built-in runners pop, run and answer jobs in processes of their own."""
+    from pathlib import Path
+
+    found: dict[str, int] = {}
+    for status in sorted(Path("/proc").glob("[0-9]*/status")):
+        try:
+            text = status.read_text()
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"\nPPid:\t{node_pid}\n" in text and b"--runner" in cmdline:
+            found[f"runner-{label}-{len(found) + 1}"] = int(status.parent.name)
+    return found
 
 
 def _self_pid() -> int:
