@@ -81,6 +81,7 @@ class RunnerProcess:
 
     def __init__(self, proc: trio.Process) -> None:
         self.proc = proc
+        self.up = trio.Event()  # it reported ``up``: set up, about to pop
 
     def signal(self, signum: int) -> None:
         if self.proc.returncode is None:
@@ -160,11 +161,10 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     node.job_started()  # a live runner counts as running until it exits (graceful stop)
     try:
         async with trio.open_nursery() as nursery:
-            up = trio.Event()
-            nursery.start_soon(_read_reports, node, spec.ctx, proc, up)
+            nursery.start_soon(_read_reports, node, spec.ctx, proc, handle.up)
             with trio.CancelScope() as starting:
                 nursery.start_soon(_cancel_at_exit, proc, starting)
-                await up.wait()  # started: a job queued now finds a process ready for it
+                await handle.up.wait()  # started: a job queued now finds a process ready for it
             task_status.started()
             await _wait(node, handle)
             nursery.cancel_scope.cancel()
@@ -196,8 +196,15 @@ async def _wait(node: NodeState, handle: RunnerProcess) -> None:
 
 
 async def _end(handle: RunnerProcess) -> None:
-    """Cancelled (the grace period is over): abort the job (SIGINT), then SIGKILL."""
+    """Cancelled (the grace period is over): abort the job (SIGINT), then SIGKILL. A process
+    that has not reported ``up`` has taken nothing: it is killed at once (a SIGINT while its
+    interpreter starts would print a KeyboardInterrupt traceback on the node's stderr)."""
     if handle.proc.returncode is not None:
+        return
+    if not handle.up.is_set():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(handle.proc.pid, signal.SIGKILL)
+        await handle.proc.wait()
         return
     handle.send({"abort": True})  # a python job's attempt is given back by the watch thread
     handle.signal(signal.SIGINT)
