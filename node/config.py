@@ -135,8 +135,8 @@ _SETTINGS: dict[str, type] = {
 }
 
 
-# Lower bounds of [node] settings whose smaller values mean nothing.
-_AT_LEAST: dict[str, float] = {
+# Lower bounds of [node] settings whose smaller values mean nothing (refused at load).
+LOWER_BOUNDS: dict[str, float] = {
     "type_breaker_failures": 0,
     "type_breaker_open_s": 0.001,
     "type_breaker_probes": 1,
@@ -213,7 +213,7 @@ def load_config(home: Path) -> NodeConfig:
     unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
-    for name, low in _AT_LEAST.items():
+    for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
     try:
