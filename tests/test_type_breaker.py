@@ -15,16 +15,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bus import keys
 from bus.atomic import BREAKER_NEUTRAL, type_breakers
+from bus.atomic.runs import NextJob
 from bus.atomic.type_breakers import config_value, parse, verdict
+from bus.ids import now_ms
 from bus.models import JobStatus
 from bus.reasons import Reason
-from crypto import read_key_file
+from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import load_config, render_config
 from node.errors import ConfigError
 from node.home import init_home
 from node.metrics import exposition
 from node.routing.breaker import Breaker, BreakerConfig
+from node.runners.proc import Runner, RunnerSpec
 
 # -- the Lua state machine against the pure one ---------------------------------------------------
 
@@ -252,3 +255,46 @@ async def test_failing_jobs_open_it_queued_jobs_wait_probes_decide(node_factory,
     assert (after.state, after.failures, after.probing) == ("closed", 0, 0)
     again = await _result(alice, await _run(alice, "echo again"), timeout_s=OPEN_S)
     assert again.ok
+
+
+async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
+    store, redis_url, tmp_path
+):
+    """The start after a pop (``runs_start``) refuses while the breaker is open: the runner
+    puts the entry back at the consuming end of the list it came from and waits."""
+    spec = RunnerSpec(
+        url=redis_url,
+        ctx=1,
+        script_type="v",
+        slot=0,
+        command=[],
+        group="",
+        token_base="n:b:1:v:0",
+        lease_ttl_ms=15_000,
+        run_dir=str(tmp_path),
+        max_output_bytes=1000,
+        reply_ttl_s=60,
+        node_id="n",
+        node_key="",
+        in_process=True,
+        max_jobs=10,
+        pop_timeout_s=1.0,
+        breaker_failures=1,
+        breaker_open_ms=60_000,
+    )
+    runner = Runner(spec, KeyPair.generate())
+    runner.runs.set_breaker("v", 1, 60_000, 1)
+    assert await type_breakers.apply_event(store, 1, "v", "fail", now_ms()) > 0
+    job = {"status": "dispatched", "attempt": "0", "script_type": "v", "priority": "high"}
+    await store.hset(1, "job:1:1", job)
+    await store.lpush(1, "queue:v:prio:high", "job:1:0", "job:1:1")
+    lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
+    assert runner.pop(lists, check_first=True) == "job:1:0"
+    nxt = NextJob(tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type="v")
+    assert runner.run_job("job:1:0", None, nxt) is None  # job:1:0 has no hash: refused alone
+    assert runner.pop(lists, check_first=True) == "job:1:1"
+    assert runner.run_job("job:1:1", None, nxt) is None
+    assert await store.lrange(1, "queue:v:prio:high") == ["job:1:1"]
+    assert await store.llen(1, spec.inflight) == 0
+    assert await store.hgetall(1, "job:1:1") == job
+    assert 50_000 < runner.breaker_wait_ms <= 60_000
