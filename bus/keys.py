@@ -163,6 +163,8 @@ RESULTS = "results"
 # (bus/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by
 # node/metrics.py. In Valkey, not in a node's memory: jobs end in runner processes too.
 STATS_JOBS = "stats:jobs"
+# hash: the circuit breaker of each script type of a context (bus/atomic/type_breakers.py)
+TYPE_BREAKERS = "type_breakers"
 
 # consumed in this order, with aging (node/runners/queues.py)
 PRIORITIES = ("high", "normal", "low")

@@ -82,6 +82,12 @@ class NodeConfig:
     # by more than the backoff would; a longer one fails more jobs fast, reconnects later
     breaker_open_s: float = 10.0
     breaker_probes: int = 1
+    # per-script-type circuit breaker (bus/atomic/type_breakers.py): a type's runners stop
+    # taking its jobs after type_breaker_failures failed attempts in a row (0: off), for
+    # type_breaker_open_s, then let type_breaker_probes jobs through at once
+    type_breaker_failures: int = 5
+    type_breaker_open_s: float = 10.0
+    type_breaker_probes: int = 1
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -126,6 +132,14 @@ _SETTINGS: dict[str, type] = {
     f.name: hint
     for f in fields(NodeConfig)
     if (hint := get_type_hints(NodeConfig)[f.name]) in _SCALAR_TYPES
+}
+
+
+# Lower bounds of [node] settings whose smaller values mean nothing (refused at load).
+LOWER_BOUNDS: dict[str, float] = {
+    "type_breaker_failures": 0,
+    "type_breaker_open_s": 0.001,
+    "type_breaker_probes": 1,
 }
 
 
@@ -199,6 +213,9 @@ def load_config(home: Path) -> NodeConfig:
     unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
+    for name, low in LOWER_BOUNDS.items():
+        if name in values and values[name] < low:  # type: ignore[operator]
+            raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
     try:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
@@ -245,6 +262,10 @@ _HELP = {
     "circuit breaker opened:\nno dial for breaker_open_s, then breaker_probes at once; a job "
     "for it whose ack deadline\ncomes before that fails at once (peer_unavailable); a link that "
     "comes up closes it",
+    "type_breaker_failures": "a script type whose jobs fail this many times in a row (errors "
+    "other than stops and\nrefusals) has its circuit breaker opened: its runners take none of its "
+    "jobs for\ntype_breaker_open_s (they wait in the queue), then type_breaker_probes at once; "
+    "a success\ncloses it, a failed probe opens it again. 0: no breaker",
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "

@@ -31,7 +31,8 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from bus import keys
-from bus.atomic import STATS_BUCKETS_S
+from bus.atomic import STATS_BUCKETS_S, type_breakers
+from bus.atomic.type_breakers import TypeBreaker
 from bus.models import Peer
 from bus.reasons import Reason
 from node.routing.admission import VERIFIED
@@ -62,6 +63,8 @@ class Scrape:
     depths: dict[int, dict[str, int]]  # by context: list name -> length
     runners: dict[int, list[LiveRunner]]
     outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
+    # by context: each script type's circuit breaker (bus/atomic/type_breakers.py)
+    breakers: dict[int, dict[str, TypeBreaker]]
 
 
 async def exposition(state: NodeState) -> tuple[bytes, str]:
@@ -88,7 +91,7 @@ async def read(state: NodeState) -> Scrape:
     store = state.store
     started = time.perf_counter()
     await store.ping()
-    scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {})
+    scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {}, {})
     for ctx in await store.context_ids():
         scrape.stats[ctx] = await store.hgetall(ctx, keys.STATS_JOBS)
         # each type's queue always (an empty list does not exist in Valkey), then the others
@@ -97,6 +100,7 @@ async def read(state: NodeState) -> Scrape:
         names += sorted(set(await store.scan_keys(ctx, "queue:*")) - set(names))
         scrape.depths[ctx] = {name: await store.llen(ctx, name) for name in names}
         scrape.runners[ctx] = await live_runners(store, ctx)
+        scrape.breakers[ctx] = await type_breakers.read(store, ctx)
     for peer_id in state.peers:
         pending = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
         inflight = await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
@@ -202,6 +206,7 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
     return [
         *valkey_families(scrape),
         *runner_families(scrape),
+        *type_breaker_families(scrape),
         *link_families(state, scrape),
         *counter_families(state),
     ]
@@ -239,6 +244,29 @@ def runner_families(scrape: Scrape) -> Iterable[Metric]:
         for (script_type, state), n in sorted(tally.items()):
             slots.add_metric([str(ctx), script_type, state], float(n))
     return [slots]
+
+
+BREAKER_STATES = ("closed", "half_open", "open")
+
+
+def type_breaker_families(scrape: Scrape) -> Iterable[Metric]:
+    state = GaugeMetricFamily(
+        "hero_type_breaker_state",
+        "A script type's circuit breaker: 1 for its state (closed, half_open, open), 0 else.",
+        labels=["ctx", "type", "state"],
+    )
+    failures = GaugeMetricFamily(
+        "hero_type_breaker_failures",
+        "Failed attempts in a row of a script type (its breaker opens at the threshold).",
+        labels=["ctx", "type"],
+    )
+    for ctx, breakers in sorted(scrape.breakers.items()):
+        for script_type, breaker in breakers.items():
+            for name in BREAKER_STATES:
+                value = 1.0 if breaker.state == name else 0.0
+                state.add_metric([str(ctx), script_type, name], value)
+            failures.add_metric([str(ctx), script_type], float(breaker.failures))
+    return [state, failures]
 
 
 def _peer_labels(peer: Peer) -> list[str]:

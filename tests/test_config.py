@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.config import NodeConfig, load_config, render_config
+from node.config import LOWER_BOUNDS, NodeConfig, load_config, render_config
 from node.errors import ConfigError
 from node.home import init_home
 
@@ -20,6 +20,8 @@ _BY_TYPE = {
 }
 # every scalar field of NodeConfig, whatever fields it grows (home and the tables aside)
 _SCALARS = {f.name: _BY_TYPE[str(f.type)] for f in fields(NodeConfig) if str(f.type) in _BY_TYPE}
+# settings with a lower bound are drawn above it (a value below is refused: test_type_breaker.py)
+_SCALARS |= {n: _SCALARS[n].filter(lambda v, low=low: v >= low) for n, low in LOWER_BOUNDS.items()}
 
 _TYPE_NAME = st.from_regex(r"\A[A-Za-z0-9_.-]{1,12}\Z")
 _ARG = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1).filter(

@@ -7,7 +7,8 @@ of a module of this package; nothing above ``bus/`` builds a script or a command
 A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
 shared local functions, such as the attempt fence) is placed there, so a rule that several
 scripts enforce is written once. ``${NAME}`` in a script is replaced by the value of that name in
-:data:`CONSTANTS`: the job statistics' key and buckets (``stats_jobs.lua``), named once in Python.
+:data:`CONSTANTS`: the job statistics' key and buckets (``stats_jobs.lua``), the type breakers'
+key and the reasons that are no verdict on a type (``type_breaker.lua``), named once in Python.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     from coredis.commands.script import Script
 
 from bus import keys
+from bus.reasons import Reason
 
-__all__ = ["CONSTANTS", "STATS_BUCKETS_S", "script", "source"]
+__all__ = ["BREAKER_NEUTRAL", "CONSTANTS", "STATS_BUCKETS_S", "script", "source"]
 
 _INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
@@ -30,7 +32,12 @@ _CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
 # Upper bounds (s) of the job duration and round-trip histograms (node/metrics.py): from a
 # local python job (milliseconds) to a long batch job (an hour).
 STATS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+# A failed attempt whose reason's token is one of these is no verdict on its script type (a
+# refusal, a stop): every reason but a timeout and a lost runner (type_breakers.py).
+BREAKER_NEUTRAL = tuple(r.value for r in Reason if r not in (Reason.TIMEOUT, Reason.RUNNER_LOST))
 CONSTANTS = {
+    "TYPE_BREAKERS_KEY": keys.TYPE_BREAKERS,
+    "BREAKER_NEUTRAL": "{" + ", ".join(f"['{r}'] = true" for r in BREAKER_NEUTRAL) + "}",
     "STATS_KEY": keys.STATS_JOBS,
     "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
 }

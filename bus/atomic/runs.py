@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus import keys
 from bus.atomic import script, source
+from bus.atomic.type_breakers import open_wait
 from bus.ids import now
 from bus.models import Message
 from bus.reasons import Reason
@@ -62,13 +63,28 @@ __all__ = [
 @dataclass
 class NextJob:
     """Where a runner takes its next job from (its lists, in consume order), and how it names
-    its lease. ``found_empty`` is set when the take found every list empty."""
+    its lease. ``found_empty`` is set when the take found every list empty. With
+    ``script_type``, that type's circuit breaker (bus/atomic/type_breakers.py) is consulted:
+    ``breaker_wait_ms`` is then set when it let no job start (for that long)."""
 
     lists: tuple[str, ...]
     token_base: str
     ttl_ms: int
     runner_id: str = ""
     found_empty: bool = False
+    script_type: str = ""
+    breaker_wait_ms: int = 0
+
+    def args(self) -> list[str]:
+        """ARGV of runs_take_next.lua."""
+        return [
+            self.token_base,
+            str(self.ttl_ms),
+            str(now()),
+            keys.lease(""),
+            self.runner_id,
+            self.script_type,
+        ]
 
 
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
@@ -248,14 +264,16 @@ async def _with_next(
     if take_next is None:
         return bool(await store.script(ctx, script(name), f_keys, f_args)), None
     nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
-    nxt_args = [take_next.token_base, str(take_next.ttl_ms), str(now()), keys.lease("")]
-    nxt_args.append(take_next.runner_id)
+    nxt_args = take_next.args()
     done, nxt = await store.script(
         ctx,
         _then(name, "runs_take_next"),
         [*f_keys, *nxt_keys],
         [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
     )
+    if len(nxt) == 2 and (wait_ms := open_wait(nxt[1])) is not None:  # nothing taken
+        take_next.breaker_wait_ms = wait_ms
+        return bool(done), None
     if len(nxt) == 2:  # an entry no runner can start: taken off already, recorded here
         detail = unrunnable_detail(str(nxt[1]))
         await store.refuse_entry(ctx, inflight, nxt[0], str(nxt[1]), detail, queue="")

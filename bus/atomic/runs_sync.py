@@ -27,6 +27,7 @@ from bus.atomic.runs import (
     then_source,
     unrunnable_detail,
 )
+from bus.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.ids import now
 from bus.reasons import Reason
 
@@ -96,13 +97,31 @@ class SyncRuns:
         value = self.client.blmove(source_list, inflight, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
         return None if value is None else str(value)
 
-    def start(self, job_key: str, token: str, ttl_ms: int, runner_id: str) -> dict[str, str] | str:
-        """runs_start (see :func:`bus.atomic.runs.start`)."""
-        args = [token, str(ttl_ms), str(now()), runner_id]
+    def start(
+        self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
+    ) -> dict[str, str] | str | BreakerOpen:
+        """runs_start (see :func:`bus.atomic.runs.start`); with ``script_type``, refused
+        (:class:`BreakerOpen`, nothing written) while that type's circuit breaker is open."""
+        args = [token, str(ttl_ms), str(now()), runner_id, script_type]
         flat = self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args)
         if isinstance(flat, str):
-            return flat
+            wait_ms = open_wait(flat)
+            return flat if wait_ms is None else BreakerOpen(wait_ms)
         return _pairs(flat)
+
+    def give_back(self, inflight: str, job_key: str, queue: str) -> None:
+        """A popped entry that may not start yet back at the consuming end of ``queue`` (the
+        next taken), off ``inflight``, in one transaction."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lrem(inflight, 1, job_key)
+        pipe.rpush(queue, job_key)
+        pipe.execute()
+
+    def set_breaker(self, script_type: str, threshold: int, open_ms: int, probes: int) -> None:
+        """The settings of ``script_type``'s circuit breaker (threshold 0: none), which the
+        scripts that start and end its attempts read (bus/atomic/type_breakers.py)."""
+        value = config_value(threshold, open_ms, probes)
+        self.client.hset(keys.TYPE_BREAKERS, f"{script_type}|cfg", value)
 
     def renew(self, job_key: str, token: str, ttl_ms: int, attempt: int) -> bool:
         """runs_renew: False if ``attempt`` was superseded."""
@@ -139,13 +158,16 @@ class SyncRuns:
         if nxt is None:
             return bool(self._run(name, f_keys, f_args)), None
         n_keys = [ending.inflight, keys.RUNNING, *nxt.lists]
-        n_args = [nxt.token_base, str(nxt.ttl_ms), str(now()), keys.lease(""), nxt.runner_id]
+        n_args = nxt.args()
         both = f"{name}+runs_take_next"
         if both not in self._scripts:
             self._scripts[both] = self.client.register_script(_then_source(name))
         done, taken = self._scripts[both](
             keys=[*f_keys, *n_keys], args=[str(len(f_keys)), str(len(f_args)), *f_args, *n_args]
         )
+        if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
+            nxt.breaker_wait_ms = wait_ms
+            return bool(done), None
         if len(taken) == 2:  # an entry no runner can start: taken off already, recorded here
             self.refuse(ending.inflight, str(taken[0]), str(taken[1]), "")
         if len(taken) < 3:

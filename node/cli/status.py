@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from bus import keys
+from bus.atomic import type_breakers
 from bus.client import Client
 from bus.store import Store
 from node import counters
@@ -69,6 +70,9 @@ def print_text(facts: dict[str, Any]) -> None:
             where = "local" if runner["local"] else "external"
             state = f"busy {', '.join(runner['jobs'])}" if runner["jobs"] else "idle"
             print(f"    runner {runner['id']} ({runner['script_type']}, {where}): {state}")
+        for script_type, breaker in lists["type_breakers"].items():
+            if breaker["state"] != "closed":
+                print(f"    {_type_breaker(script_type, breaker)}")
     counted = facts["counters"]
     print(f"  counters {' '.join(f'{k}={v}' for k, v in counted.items()) or '(none yet)'}")
     for problem in facts["health"]["problems"]:
@@ -100,9 +104,20 @@ def _breaker(peer: dict[str, Any]) -> str:
     return f"  breaker {b.get('state')} since {since} ({b.get('failures')} failures in a row)"
 
 
+def _type_breaker(script_type: str, b: dict[str, Any]) -> str:
+    """A script type's breaker that is not closed, on its context's lines."""
+    since = time.strftime("%H:%M:%S", time.localtime(int(b.get("opened_at") or 0)))
+    then = f"probes in {b['probe_in_s']} s" if b["state"] == "open" else "probing"
+    return (
+        f"breaker of {script_type} {b['state']} since {since} "
+        f"({b['failures']} failures in a row; {then})"
+    )
+
+
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
-    """The lengths of a context's message lists and job queues, and its live runners (those
-    with a presence key): type, busy with which jobs."""
+    """The lengths of a context's message lists and job queues, its live runners (those
+    with a presence key: type, busy with which jobs) and its script types' circuit breakers
+    (bus/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
     from node.runners.presence import live_runners
 
     lens = {q: await store.llen(ctx, q) for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)}
@@ -112,4 +127,9 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
         {"id": r.runner_id, "script_type": r.script_type, "local": r.local, "jobs": r.jobs}
         for r in await live_runners(store, ctx)
     ]
-    return {"lists": lens, "runners": runners}
+    breakers = await type_breakers.read(store, ctx)
+    return {
+        "lists": lens,
+        "runners": runners,
+        "type_breakers": {t: b.to_json() for t, b in breakers.items()},
+    }

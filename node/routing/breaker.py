@@ -6,8 +6,9 @@ its own; every transition takes the time it happens at, so tests drive it with a
 - **half-open**: at most ``probes`` attempts go at once; a success closes the breaker, a
   failure opens it again for another ``open_s``.
 
-A success in any state closes it (the peer answered). Each method returns the new breaker and
-leaves the old one as it was.
+A success in any state closes it (the peer answered). A probe that ends with no verdict (a job
+stopped, or given back at shutdown) is :meth:`released`: it frees its place. Each method
+returns the new breaker and leaves the old one as it was.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Breaker:
 
     def succeeded(self, now: float) -> Breaker:
         return Breaker(self.config)
+
+    def released(self, now: float) -> Breaker:
+        """A probe ended with no verdict: another may go."""
+        return replace(self, probing=max(0, self.probing - 1))
 
     def failed(self, now: float) -> Breaker:
         failures = self.failures + 1

@@ -14,7 +14,9 @@ client (redis-py) and no event loop:
    lease, forwards live logs, enforces the timeout and stops the job on request;
 4. one Lua call ends the attempt and answers (``runs_finish_local``: the client's reply;
    ``runs_finish``: the result message signed here), or schedules the retry, and starts the
-   next queued job in the same round trip.
+   next queued job in the same round trip; while the type's circuit breaker is open
+   (bus/atomic/type_breakers.py) that start, or ``runs_start``, refuses and says for how
+   long, and the process waits that long without popping.
 
 Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
 (the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
@@ -42,6 +44,7 @@ import redis
 from bus import keys
 from bus.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
 from bus.atomic.runs_sync import SyncRuns, connect, is_utf8
+from bus.atomic.type_breakers import BreakerOpen
 from bus.envelope import ResultBody, sign_message
 from bus.errors import ContentError, ModelError
 from bus.ids import ms_after, new_id, new_nonce, now
@@ -78,6 +81,11 @@ class RunnerSpec:
     in_process: bool  # python jobs run in this interpreter (else: the command, a subprocess)
     max_jobs: int
     pop_timeout_s: float = 5.0  # a blocking pop's wait, after which every list is looked at
+    # the type's circuit breaker (bus/atomic/type_breakers.py): failures in a row that open
+    # it (0: none), for how long, and how many probes then go at once
+    breaker_failures: int = 0
+    breaker_open_ms: int = 10_000
+    breaker_probes: int = 1
     taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
     log_level: int = logging.INFO
 
@@ -109,6 +117,8 @@ class Runner:
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
         self.taken = 0  # jobs taken since the last report to the node
         self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
+        self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
+        self.gate = spec.script_type if spec.breaker_failures > 0 else ""
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -121,8 +131,15 @@ class Runner:
                 pops += 1
                 lists = tuple(queues.consume_order(self.bases, pops))
                 nxt = NextJob(
-                    lists, self.spec.token_base, self.spec.lease_ttl_ms, self.spec.slot_id
+                    lists,
+                    self.spec.token_base,
+                    self.spec.lease_ttl_ms,
+                    self.spec.slot_id,
+                    script_type=self.gate,
                 )
+                if started is None and self.breaker_wait_ms:
+                    self.wait_breaker()
+                    continue
                 if started is None:
                     job_key = self.pop(list(lists), check_first=not found_empty)
                     found_empty = False
@@ -136,6 +153,7 @@ class Runner:
                     self.flush_reports()
                 started = self.run_job(job_key, fields, nxt)
                 found_empty = nxt.found_empty
+                self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
         except Aborted:
             log.info("runner %s aborted", self.spec.slot_id)
         finally:
@@ -174,6 +192,29 @@ class Runner:
             self.popping = False
         return None if value is None else self._usable(value)
 
+    def wait_breaker(self) -> None:
+        """The type's circuit breaker is open: wait it out without popping (a wake-up or a
+        drain signal ends the wait early, as it ends a blocking pop)."""
+        wait_s, self.breaker_wait_ms = self.breaker_wait_ms / 1000, 0
+        # half-open, the runners without a probe look again every second: not worth a line each
+        level = logging.INFO if wait_s > 1 else logging.DEBUG
+        log.log(level, "%s: circuit breaker open; next try in %.1f s", self.spec.slot_id, wait_s)
+        self.flush_reports()
+        try:
+            self.popping = True
+            if not self.draining:
+                time.sleep(wait_s)
+        except Wake:
+            pass
+        finally:
+            self.popping = False
+
+    def queue_of(self, job_key: str) -> str:
+        """The list a popped job was queued on (its targeting fields)."""
+        names = ("script_type", "group", "instance", "priority")
+        values = self.runs.client.hmget(job_key, names)
+        return queues.queue_of({n: str(v or "") for n, v in zip(names, values, strict=True)})
+
     def _usable(self, value: str) -> str | None:
         if is_utf8(value):
             return value
@@ -188,7 +229,11 @@ class Runner:
         if it was started in the same round trip as this one's end."""
         if fields is None:
             token = f"{nxt.token_base}:{job_key}"
-            begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id)
+            begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.gate)
+            if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
+                self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
+                self.breaker_wait_ms = begun.wait_ms
+                return None
             if isinstance(begun, str):  # the entry names nothing to run: refused, alone
                 log.warning("refused %s: %s", job_key, unrunnable_detail(begun))
                 self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
@@ -394,6 +439,9 @@ def main() -> None:
     report(b"up")
     log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid())
     try:
+        runner.runs.set_breaker(
+            spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
+        )
         runner.serve()
     except redis.RedisError as exc:  # a pop or a start whose outcome is unknown: the node's
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)

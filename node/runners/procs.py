@@ -70,6 +70,9 @@ def runner_spec(
         in_process=script_type == "python" and config.python_workers,
         max_jobs=RECYCLE_JOBS,
         pop_timeout_s=POP_TIMEOUT_S,
+        breaker_failures=config.type_breaker_failures,
+        breaker_open_ms=int(config.type_breaker_open_s * 1000),
+        breaker_probes=config.type_breaker_probes,
         # the supervisor waits for a batch's worth of jobs taken: report twice per batch
         taken_every=max(1, min(16, supervisor.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),

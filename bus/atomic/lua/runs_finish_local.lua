@@ -3,13 +3,15 @@
 -- ARGV: attempt status result reason now attempt_entry reply reply_ttl
 -- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
 -- Atomic effect: the fence's release; the job's final state and attempt entry as runs_finish;
--- the request answered (runs_answer_here).
+-- the request answered (runs_answer_here); the job's type breaker told (type_breaker).
 -- include: runs_answer_here
 -- include: stats_jobs
+-- include: type_breaker
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
 stats_ended(KEYS[1], ARGV[2], ARGV[4])
+type_breaker_ended(KEYS[1], ARGV[2], ARGV[4])
 answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8])
 return 1

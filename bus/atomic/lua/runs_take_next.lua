@@ -1,13 +1,22 @@
 -- Take the next queued job of a slot and start it (run after a finish in one round trip).
 -- KEYS: inflight running, then the slot's lists in consume order
--- ARGV: token_base ttl_ms now lease_prefix runner_id
+-- ARGV: token_base ttl_ms now lease_prefix runner_id [script_type: its breaker is consulted]
 -- Returns {} (nothing queued), {key} (a final job's duplicate entry, dropped), {key, reason}
--- (an entry no runner can start: dropped, for the caller to dead-letter) or {key, fields...}.
+-- (an entry no runner can start: dropped, for the caller to dead-letter), {'', 'breaker_open:<ms>'}
+-- (the breaker of script_type lets no job start for that long: nothing taken) or
+-- {key, fields...}.
 -- Atomic effect: the entry moves from the first non-empty list to the in-flight list (taken
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>' and its lease '<lease_prefix><key>'.
 -- include: runs_unrunnable
 -- include: stats_jobs
+-- include: type_breaker
+local gate, now_ms = ARGV[6] or '', 0
+if gate ~= '' then
+  now_ms = tb_now()
+  local wait = tb_wait(gate, now_ms)
+  if wait > 0 then return {'', 'breaker_open:' .. wait} end
+end
 local nxt = false
 for i = 3, #KEYS do
   nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
@@ -31,6 +40,7 @@ redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3
 redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
 redis.call('SADD', KEYS[2], nxt)
 stats_started(nxt)
+if gate ~= '' then tb_started(gate, nxt, now_ms) end
 local out = redis.call('HGETALL', nxt)
 table.insert(out, 1, nxt)
 return out
