@@ -48,15 +48,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Send the root logger's records of ``level`` and above to ``stream`` (stderr) as
-    ``fmt``; the CHATTY libraries only from WARNING unless ``level`` is debug."""
+def configure(level: str | int = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Send the root logger's records of ``level`` (a name of LEVELS or a number) and above
+    to ``stream`` (stderr) as ``fmt``; the CHATTY libraries only from WARNING unless
+    ``level`` is debug."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(getattr(logging, level.upper()))
+    number = level if isinstance(level, int) else getattr(logging, level.upper())
+    root.setLevel(number)
     for name in CHATTY:
-        logging.getLogger(name).setLevel(logging.NOTSET if level == "debug" else logging.WARNING)
+        quiet = number > logging.DEBUG
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+
+
+def current_format() -> str:
+    """The format the root logger writes in ("json" if a handler of it writes JSON lines), so
+    that the node's runner processes (node/runners/proc.py) write theirs alike."""
+    json_lines = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+    return "json" if json_lines else "text"

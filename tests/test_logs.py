@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus import keys
+from bus import keys, open_client
 from bus.transport import Transport
-from crypto import KeyPair
+from crypto import KeyPair, read_key_file
+from node.acl import NODE, role_url
+from node.config import NodeConfig
 from node.home import init_home
+from node.launch import Ready, parse_ready_line
 from node.logs import CHATTY, configure
 from node.valkey import free_port
 from tests.nodes import link_to
@@ -152,8 +155,10 @@ async def test_coredis_noise_shows_at_debug_only(node_factory, root_logging):
 
 
 async def test_run_log_format_json_prints_one_object_per_line(tmp_path):
+    """Every line of a real node's stderr is one JSON object: the node's own lines and those
+    of its runner processes, whose job lines carry the job, its context and how it ended."""
     home = tmp_path / "home"
-    init_home(home, name="solo", listen_port=0)
+    config = init_home(home, name="solo", listen_port=0)
     command = [sys.executable, "-m", "node.cli", "--home", str(home), "run", "--log-format", "json"]
     log = tmp_path / "stderr"
     with log.open("wb") as stderr:  # noqa: ASYNC230 - a local file, opened once
@@ -162,12 +167,13 @@ async def test_run_log_format_json_prints_one_object_per_line(tmp_path):
         )
     assert proc.stdout is not None
     try:
-        with trio.fail_after(30):
+        with trio.fail_after(60):
             ready = b""
             while b"\n" not in ready:
                 chunk = await proc.stdout.receive_some()
                 assert chunk, "the node exited before its ready line"
                 ready += chunk
+            jobs = await _run_two_jobs(config, parse_ready_line(ready.decode()))
             proc.send_signal(signal.SIGTERM)
             assert await proc.wait() == 0
     finally:
@@ -177,5 +183,31 @@ async def test_run_log_format_json_prints_one_object_per_line(tmp_path):
     assert b"ready: id" in ready
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert any(r["msg"].startswith("node solo (") and " up: " in r["msg"] for r in records)
-    assert {r["logger"] for r in records} >= {"node.daemon", "hero-node"}
+    assert {r["logger"] for r in records} >= {"node.daemon", "hero-node", "node.runners.proc"}
     assert all(r["ts"].endswith("+00:00") for r in records)
+    ok, failed = ({r["msg"].split()[1]: r for r in records if r.get("job") == key} for key in jobs)
+    assert ok["started"]["ctx"] == 1
+    assert ok["started"]["attempt"] == 1
+    assert ok["started"]["runner"].startswith("python:")
+    assert ok["finished"]["status"] == "finished"
+    assert isinstance(ok["finished"]["duration_ms"], float)
+    assert (failed["failed"]["status"], failed["failed"]["reason"]) == ("error", "exit code 3")
+    assert failed["failed"]["runner"].startswith("sh:")
+    assert failed["failed"]["level"] == "info"
+
+
+async def _run_two_jobs(config: NodeConfig, ready: Ready) -> tuple[str, str]:
+    """A python job that finishes and an sh job that fails, run by the node of ``config``;
+    their job keys."""
+    actor = read_key_file(config.actor_key_path)
+    url = role_url(config, ready.redis_url, NODE)
+    async with open_client(url) as client:
+        keys_of = []
+        for script_type, script in (("python", "print(1)"), ("sh", "exit 3")):
+            message = await client.submit_job(
+                actor, 1, to=ready.node_id, context_id=1, script_type=script_type, script=script
+            )
+            [result] = await client.wait_results(message, timeout_s=30)
+            assert result.ok == (script_type == "python")
+            keys_of.append(message.job[0].key)
+    return keys_of[0], keys_of[1]

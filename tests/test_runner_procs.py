@@ -19,6 +19,7 @@ from crypto import KeyPair, read_key_file
 from node.runners import procjob
 from node.runners.proc import Runner, RunnerSpec
 from node.runners.procjob import Wake
+from node.valkey import ValkeyProcess, ValkeySpec
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 
@@ -222,6 +223,20 @@ async def test_sigterm_stops_every_runner_process_and_leaves_nothing(tmp_path):
         await node.close()
     assert runner_processes_of(run_dir) == []
     assert not list((run_dir / "jobs").glob("*"))  # their pid files went with them
+
+
+def test_a_runner_reaches_valkey_on_a_unix_socket_url_without_credentials(tmp_path):
+    sock = tmp_path / "v.sock"
+    spec = ValkeySpec(port=0, data_dir=tmp_path / "v", persist=False, unix_socket=sock)
+    server = ValkeyProcess(spec)
+    server.start()
+    try:
+        client = connect(f"unix://{sock}", 3)
+        client.set("k", "v")
+        assert client.get("k") == "v"
+        assert connect(f"unix://{sock}", 0).get("k") is None  # it was DB 3
+    finally:
+        server.stop()
 
 
 def test_spec_round_trips_through_the_environment():

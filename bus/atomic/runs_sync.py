@@ -38,15 +38,15 @@ def connect(url: str, db: int) -> redis.Redis:
     """A blocking client of DB ``db`` at ``url`` (a ``redis://``/``rediss://``/``unix://``
     URL as the node's store takes it; a DB in the URL is replaced by ``db``)."""
     parts = urlsplit(url)
-    if parts.scheme != "unix":
-        parts = parts._replace(path="")
+    if parts.scheme != "unix":  # a unix:/// URL is left whole: urlunsplit drops its "//"
+        url = urlunsplit(parts._replace(path=""))
     # No socket timeout: a blocking pop waits longer than redis-py's default of 5 s, and a
     # stalled Valkey is waited for (as the node's store does), not given up on mid-script. No
     # retries: a script resent after a lost reply could run twice (a second start, a second
     # pop); what fails is handled by the caller (the runner's end retries; a failed pop ends
     # the process, which the node recovers and restarts).
     client: redis.Redis = redis.Redis.from_url(
-        urlunsplit(parts),
+        url,
         db=db,
         decode_responses=True,
         encoding_errors="surrogateescape",

@@ -55,6 +55,7 @@ from node.runners import outcomes, queues
 from node.runners.executor import Outcome
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.procjob import PROCESS, Aborted, JobRun, Wake, prepare_process
+from node.runners.proclog import line_fields, log_to
 
 log = logging.getLogger("node.runners.proc")
 
@@ -88,6 +89,7 @@ class RunnerSpec:
     breaker_probes: int = 1
     taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
     log_level: int = logging.INFO
+    log_format: str = "text"  # the node's (node/logs.py FORMATS): its stderr stays one format
 
     @property
     def slot_id(self) -> str:
@@ -155,7 +157,7 @@ class Runner:
                 found_empty = nxt.found_empty
                 self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
         except Aborted:
-            log.info("runner %s aborted", self.spec.slot_id)
+            log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
         finally:
             self.flush_reports()
             if started is not None:  # taken with the last result, but we are leaving
@@ -218,7 +220,8 @@ class Runner:
     def _usable(self, value: str) -> str | None:
         if is_utf8(value):
             return value
-        log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type)
+        why = self.fields(reason=Reason.NOT_UTF8)
+        log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)
         self.runs.refuse(self.inflight, value, Reason.NOT_UTF8, keys.queue(self.spec.script_type))
         return None
 
@@ -235,7 +238,8 @@ class Runner:
                 self.breaker_wait_ms = begun.wait_ms
                 return None
             if isinstance(begun, str):  # the entry names nothing to run: refused, alone
-                log.warning("refused %s: %s", job_key, unrunnable_detail(begun))
+                detail = unrunnable_detail(begun)
+                log.warning("refused %s: %s", job_key, detail, extra=self.fields(job_key, begun))
                 self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
                 return None
             fields = begun
@@ -248,18 +252,20 @@ class Runner:
             job = RunnerJob.from_hash(fields)
             request = self._request_of(job, fields)
         except (ModelError, ContentError, ValueError) as exc:
-            log.error("cannot run %s (context %d): %s", job_key, self.spec.ctx, exc)
+            why = self.fields(job_key, Reason.MALFORMED_JOB)
+            log.error("cannot run %s (context %d): %s", job_key, self.spec.ctx, exc, extra=why)
             queue = queues.queue_of(fields)
             self.runs.dead_letter(job_key, Reason.MALFORMED_JOB, str(exc), queue)
             self.runs.finish_malformed(job_key, attempt, self.inflight, str(exc))
             return None
-        log.info("%s started (attempt %d)", job_key, attempt)
+        about = self.fields(job_key, attempt=attempt)
+        log.info("%s started (attempt %d)", job_key, attempt, extra=about)
         outcome = self.job.run(job, request, attempt)
         with self.ending:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
                 self.job.end_logs("interrupted")
-                log.info("%s interrupted by shutdown; requeued", job_key)
+                log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
                 raise Aborted
             self.job.forget()
             taken = None if self._leaving() else nxt
@@ -298,7 +304,7 @@ class Runner:
         if outcome is None:
             queue = queues.target_queue(job)
             self.runs.requeue(job.key, attempt, self.inflight, queue)
-            log.info("%s interrupted by shutdown; requeued", job.key)
+            log.info("%s interrupted by shutdown; requeued", job.key, extra=self.fields(job.key))
         elif self.job.outcome_file is not None:
             recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
             outcomes.write_outcome(self.job.outcome_file, recorded | {"reason": outcome.reason})
@@ -319,7 +325,12 @@ class Runner:
             try:
                 return self._end(job, request, outcome, attempt, nxt)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
-                log.warning("%s: cannot record the outcome yet (%r); retrying", job.key, exc)
+                log.warning(
+                    "%s: cannot record the outcome yet (%r); retrying",
+                    job.key,
+                    exc,
+                    extra=self.fields(job.key),
+                )
                 nxt = None  # a half-applied call must not take a second job
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -380,13 +391,18 @@ class Runner:
         name = "job_retries" if retry else "jobs_" + outcome.status.value
         name = name if ok else "stale_results"
         self.counts[name] = self.counts.get(name, 0) + 1
+        status = "retry" if retry else outcome.status.value
+        about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
         if not ok:
-            log.warning("%s: result of a superseded attempt refused", job.key)
+            log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
         elif outcome.status is JobStatus.FINISHED:
-            log.info("%s finished in %.1f ms", job.key, took_ms)
+            log.info("%s finished in %.1f ms", job.key, took_ms, extra=about)
         else:
             then = "retrying" if retry else "failed"
-            log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason)
+            log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
+
+    def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
+        return line_fields(self.spec, job_key, reason, **more)
 
     def flush_reports(self) -> None:
         """Tell the node how many jobs this process took (its supervisor's backpressure waits
@@ -427,7 +443,7 @@ def main() -> None:
     """``python -m node.runners.pyworker --runner``: the spec in $HERO_RUNNER."""
     global _RUNNER
     spec = RunnerSpec(**json.loads(os.environ.pop(SPEC_ENV)))
-    _log_to(os.dup(2), spec.log_level)
+    log_to(os.dup(2), spec)  # fd 2 becomes a python job's capture file
     key = read_key_file(Path(spec.node_key), passphrase=passphrase_from_env())
     prepare_process(spec)  # fds, subreaper, pid file, environment
     _RUNNER = runner = Runner(spec, key)
@@ -437,7 +453,8 @@ def main() -> None:
         return
     runner.job.start_watch()
     report(b"up")
-    log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid())
+    up = line_fields(spec)
+    log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid(), extra=up)
     try:
         runner.runs.set_breaker(
             spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
@@ -445,14 +462,6 @@ def main() -> None:
         runner.serve()
     except redis.RedisError as exc:  # a pop or a start whose outcome is unknown: the node's
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
-        log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc)
+        log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
         os._exit(2)
     os._exit(0)  # the watch thread is a daemon; nothing else to wait for
-
-
-def _log_to(fd: int, level: int) -> None:
-    handler = logging.StreamHandler(os.fdopen(fd, "w", buffering=1))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)

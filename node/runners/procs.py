@@ -33,6 +33,7 @@ from pathlib import Path
 import trio
 
 from bus import keys
+from node import logs
 from node.routing import supervisor
 from node.runners import outcomes
 from node.runners.executor import KILL_GRACE_S
@@ -76,6 +77,7 @@ def runner_spec(
         # the supervisor waits for a batch's worth of jobs taken: report twice per batch
         taken_every=max(1, min(16, supervisor.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
+        log_format=logs.current_format(),
     )
 
 
