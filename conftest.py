@@ -14,14 +14,14 @@ import pytest
 import trio
 import trio.testing
 
-from bus.client import Client
-from bus.ids import set_clock
-from bus.store import Store, open_store
-from node.acl import role_url
+from bus.client.api import Client
+from bus.core.ids import set_clock
+from bus.store.connection import Store, open_store
 from node.config import NodeConfig
 from node.daemon import NodeInfo, run_node
-from node.home import init_home
-from node.valkey import ValkeyProcess, valkey_server
+from node.host.acl import role_url
+from node.host.home import init_home
+from node.host.valkey import ValkeyProcess, valkey_server
 
 logging.getLogger("trio-websocket").setLevel(logging.WARNING)
 
@@ -34,7 +34,7 @@ IDLE_BEFORE_JUMP_S = 0.1
 
 @pytest.fixture
 def wall_clock_on_trio(mock_clock: trio.testing.MockClock) -> Iterator[None]:
-    """Trio's clock autojumps over idle waits, and the node's wall clock (bus.ids) follows it:
+    """Trio's clock autojumps over idle waits, and the node's wall clock (bus.core.ids) follows it:
     a test that also takes ``mock_clock`` sees deadlines that live in timestamps (message
     ages, retry due times, flow deadlines) pass as fast as the trio timers that wait for them."""
     mock_clock.autojump_threshold = IDLE_BEFORE_JUMP_S

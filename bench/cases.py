@@ -35,12 +35,12 @@ from bench.harness import (
     wait_served,
     wire,
 )
-from bus.client import Client, open_client
-from bus.envelope import verify_message
-from bus.frames import Frame, encode_msg_item, encode_msgs
-from bus.inbox import new_inbox_name
-from bus.models import Message
-from bus.transport import Link, Transport
+from bus.client.api import Client, open_client
+from bus.client.inbox import new_inbox_name
+from bus.core.envelope import verify_message
+from bus.core.frames import Frame, encode_msg_item, encode_msgs
+from bus.core.models import Message
+from bus.wire.transport import Link, Transport
 from crypto import KeyPair
 
 SUBMITTERS = 8  # concurrent submit tasks sharing one client
@@ -357,7 +357,7 @@ def bench_client(env: Env, redis_url: str) -> AbstractAsyncContextManager[Client
 
 
 def _runner_spies(node_pid: int, label: str) -> dict[str, int]:
-    """The node's runner processes (node/runners/procs.py), to profile beside the node: the
+    """The node's runner processes (node/runners/processes.py), to profile beside the node: the
     built-in runners pop, run and answer jobs in processes of their own."""
     from pathlib import Path
 

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.valkey import ValkeyProcess, ValkeySpec, free_port, process_gone  # noqa: E402
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port, process_gone  # noqa: E402
 
 LUA = "return redis.call('INCR', KEYS[1])"
 HASH = {"state": "queued", "node": "a" * 64, "at": "1763800000000", "tries": "0"}
@@ -79,7 +79,8 @@ def _ops(n: int) -> list[Op]:
 
 
 class CoredisAdapter:
-    """coredis as bus/store.py uses it: decode_responses, client entered by a parent task."""
+    """coredis as bus/store/connection.py uses it: decode_responses, client entered by a parent
+    task."""
 
     name = "coredis"
 

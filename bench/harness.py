@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client import Client  # noqa: E402
+from bus.client.api import Client  # noqa: E402
 from crypto import KeyPair, read_key_file  # noqa: E402
-from node.home import init_home  # noqa: E402
-from node.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
-from node.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
+from node.host.home import init_home  # noqa: E402
+from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
 
 ACTOR_ID = 42
 CONTEXT_ID = 2

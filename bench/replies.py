@@ -30,12 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus import keys  # noqa: E402
-from bus.client import Client, new_job  # noqa: E402
-from bus.inbox import new_inbox_name  # noqa: E402
-from bus.models import Message  # noqa: E402
-from bus.store import Store, open_store  # noqa: E402
-from node.valkey import ValkeyProcess, ValkeySpec, free_port, process_gone  # noqa: E402
+from bus.client.api import Client, new_job  # noqa: E402
+from bus.client.inbox import new_inbox_name  # noqa: E402
+from bus.core import keys  # noqa: E402
+from bus.core.models import Message  # noqa: E402
+from bus.store.connection import Store, open_store  # noqa: E402
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port, process_gone  # noqa: E402
 
 CTX = 1
 PUSH_CHUNK = 1000

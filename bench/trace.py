@@ -29,8 +29,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import cases, harness  # noqa: E402
-from bus.client import open_client  # noqa: E402
-from bus.inbox import new_inbox_name  # noqa: E402
+from bus.client.api import open_client  # noqa: E402
+from bus.client.inbox import new_inbox_name  # noqa: E402
 
 WARM_UP = 30
 WIDTH = 140

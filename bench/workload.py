@@ -12,10 +12,10 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from bus import keys
-from bus.envelope import sign_message
-from bus.ids import new_id, new_nonce, now
-from bus.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
+from bus.core import keys
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
 from crypto import KeyPair
 
 SCRIPT = 'x = "41"\nprint(int(x) + 1)'
@@ -90,7 +90,7 @@ def materialised_form(message: Message) -> bytes:
 
     Job hash as the consumer writes it, the message hash as submitted and then acknowledged,
     the ``queue:python`` entry and the ``seen:`` marker (materialise_many,
-    ``node/routing/materialise.py``).
+    ``node/intake/materialise.py``).
     """
     [job] = message.job
     stamp = str(now())

@@ -35,6 +35,8 @@ a :class:`RunnerJob` for :meth:`Client.submit` (several jobs in one signed :clas
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from bus.core.flows import FlowJobState, FlowState
+from bus.core.models import FlowStatus, JobStatus, Message, RunnerJob
 from bus.errors import (
     BusError,
     ClientError,
@@ -45,22 +47,20 @@ from bus.errors import (
     StoreError,
     TransportError,
 )
-from bus.flows import FlowJobState, FlowState
-from bus.models import FlowStatus, JobStatus, Message, RunnerJob
 
 if TYPE_CHECKING:
-    from bus.client import Client, JobResult, new_job, open_client
-    from bus.dag import FlowError
+    from bus.client.api import Client, JobResult, new_job, open_client
+    from bus.core.dag import FlowError
 
-# Loaded on first use: a runner process (node/runners/proc.py) uses the bus's keys, models and
+# Loaded on first use: a runner process (node/worker/loop.py) uses the bus's keys, models and
 # scripts without the async client and its imports (coredis, trio), which would cost each
 # process a second of start-up.
 _LAZY = {
-    "Client": "bus.client",
-    "JobResult": "bus.client",
-    "new_job": "bus.client",
-    "open_client": "bus.client",
-    "FlowError": "bus.dag",
+    "Client": "bus.client.api",
+    "JobResult": "bus.client.api",
+    "new_job": "bus.client.api",
+    "open_client": "bus.client.api",
+    "FlowError": "bus.core.dag",
 }
 
 

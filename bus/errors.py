@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bus.reasons import Reason
+from bus.core.reasons import Reason
 
 
 class BusError(Exception):

@@ -291,7 +291,7 @@ def _describe(verdict: Verdict, expected: str | None) -> str:
 
 
 # ``hero-verify verify --redis`` needs the bus package (data model, Redis); crypto must not
-# import it, so the console script installs this hook (see bus/verify_cli.py).
+# import it, so the console script installs this hook (see bus/client/verify_cli.py).
 RedisVerifier = Callable[[argparse.Namespace], Verdict]
 _redis_verifier: RedisVerifier | None = None
 

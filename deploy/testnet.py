@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client import JobResult, open_client  # noqa: E402
-from bus.urls import redact  # noqa: E402
+from bus.client.api import JobResult, open_client  # noqa: E402
+from bus.core.urls import redact  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
-from node.home import init_home  # noqa: E402
-from node.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
+from node.host.home import init_home  # noqa: E402
+from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 
 ACTOR_ID = 42
 CONTEXT_ID = 2

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from node.config import NodeConfig, default_home, load_config
     from node.daemon import NodeInfo, run_node
     from node.errors import ConfigError, NodeError
-    from node.home import init_home
-    from node.homelock import HomeInUse
-    from node.valkey import ValkeyError
+    from node.host.home import init_home
+    from node.host.homelock import HomeInUse
+    from node.host.valkey import ValkeyError
 
 __all__ = [
     "ConfigError",
@@ -45,7 +45,7 @@ _HOMES = {
     "NodeInfo": "node.daemon",
     "ValkeyError": "node.errors",
     "default_home": "node.config",
-    "init_home": "node.home",
+    "init_home": "node.host.home",
     "load_config": "node.config",
     "run_node": "node.daemon",
 }

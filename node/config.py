@@ -69,20 +69,21 @@ class NodeConfig:
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
-    # dead letters (node/dlq.py): each dlq's bound (0: none), the oldest beyond it archived to
+    # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
+    # to
     # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
     dlq_max_len: int = 10_000
     dlq_limits: dict[str, int] = field(default_factory=dict)  # context id -> its own bound
     on_dead_letter: str = ""
     on_dead_letter_timeout_s: float = 10.0
-    # per-peer circuit breaker (node/routing/breaker.py): open after breaker_failures failed
+    # per-peer circuit breaker (node/links/breaker.py): open after breaker_failures failed
     # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
     breaker_failures: int = 5
     # 10 s: the transport's longest dial backoff, so an open breaker delays no reconnection
     # by more than the backoff would; a longer one fails more jobs fast, reconnects later
     breaker_open_s: float = 10.0
     breaker_probes: int = 1
-    # per-script-type circuit breaker (bus/atomic/type_breakers.py): a type's runners stop
+    # per-script-type circuit breaker (bus/store/atomic/type_breakers.py): a type's runners stop
     # taking its jobs after type_breaker_failures failed attempts in a row (0: off), for
     # type_breaker_open_s, then let type_breaker_probes jobs through at once
     type_breaker_failures: int = 5

@@ -9,7 +9,7 @@ run_node
     ├── registry watcher (contexts and peers registered while running)
     ├── counters publisher (node:info ``counters``, for ``hero-node status``)
     ├── web console (HTTP, node/web/), when ``[console] listen`` is set
-    └── dlq watcher of DB 0 (node/dlq.py)
+    └── dlq watcher of DB 0 (node/observe/dlq.py)
 """
 
 from __future__ import annotations
@@ -22,39 +22,40 @@ from functools import partial
 
 import trio
 
-from bus import keys, outbox
-from bus.ids import now
-from bus.models import Actor, Context, Peer
-from bus.reasons import Reason
-from bus.store import open_store
-from bus.transport import Transport, TransportConfig
-from bus.urls import bare_host, link_url, redact
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import Actor, Context, Peer
+from bus.core.reasons import Reason
+from bus.core.urls import bare_host, link_url, redact
+from bus.store.connection import open_store
+from bus.wire import outbox
+from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
-from node.acl import NODE, embedded_spec, role_url
 from node.config import NodeConfig
-from node.counters import run_counters
-from node.dlq import run_dlq_watch
 from node.flows.engine import run_flow_engine
-from node.homelock import hold_home
-from node.linkinfo import run_link_info
+from node.host.acl import NODE, embedded_spec, role_url
+from node.host.homelock import hold_home
+from node.host.valkey import run_valkey
+from node.intake.consumer import run_consumer
+from node.intake.deadlines import run_deadlines
+from node.intake.messages import Rejected, load_message, reject
+from node.intake.supervisor import run_supervisor
+from node.links.breaker import BreakerConfig
+from node.links.frames import LinkHandler
+from node.links.peer_breakers import PeerBreakers, run_breaker_publisher
+from node.observe.counters import run_counters
+from node.observe.dlq import run_dlq_watch
+from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
-from node.routing.breaker import BreakerConfig
-from node.routing.consumer import run_consumer
-from node.routing.deadlines import run_deadlines
-from node.routing.links import LinkHandler
-from node.routing.messages import Rejected, load_message, reject
-from node.routing.peer_breakers import PeerBreakers, run_breaker_publisher
-from node.routing.supervisor import run_supervisor
 from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands, validate_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
-from node.runners.procs import run_runner_process, slots_of
+from node.runners.processes import run_runner_process, slots_of
 from node.runners.queues import consume_order, slot_bases
-from node.runners.runner import run_retry_scheduler
+from node.runners.recovery import run_retry_scheduler
 from node.state import NodeState
-from node.valkey import run_valkey
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ async def run_node(
 ) -> None:
     """Run the node until cancelled, or until ``stop`` is set: then stop intake, give running
     jobs ``config.grace_s`` to finish, requeue the rest and return. Reports :class:`NodeInfo`
-    once every service is up. The home's lock is held all along (node/homelock.py).
+    once every service is up. The home's lock is held all along (node/host/homelock.py).
 
     Raises HomeInUse (touching nothing) if another node runs on this home, ConfigError/
     KeyFileError for a bad home, ValkeyError/StoreError if Redis fails.
@@ -156,7 +157,7 @@ async def _run_services(
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take
-        # theirs from the home (node/acl.py)
+        # theirs from the home (node/host/acl.py)
         info = NodeInfo(
             node.node_id,
             config.name,
@@ -191,7 +192,7 @@ async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nu
 async def drain(node: NodeState, services: trio.CancelScope) -> None:
     """Graceful stop: no new jobs; running ones get grace_s to finish; then everything stops
     (jobs still running are killed and requeued by their runner)."""
-    log.info(  # running_jobs: live runner processes (node/runners/procs.py), busy or not
+    log.info(  # running_jobs: live runner processes (node/runners/processes.py), busy or not
         "stopping intake; %d runner process(es) finishing, grace %.0f s",
         node.running_jobs,
         node.config.grace_s,

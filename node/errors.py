@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bus.reasons import Reason
+from bus.core.reasons import Reason
 
 
 class NodeError(Exception):
@@ -50,7 +50,9 @@ class Rejected(NodeError):
     def _set(self, reason: str, detail: str) -> None:
         # the detail often quotes hostile content: made printable here, so that logging it,
         # storing it and signing it into the sender's error result cannot fail
-        from bus.store import printable  # not above: runner processes import this without coredis
+        from bus.store.connection import (
+            printable,  # not above: runner processes import this without coredis
+        )
 
         detail = printable(detail, 2000)
         super().__init__(f"{reason}: {detail}" if detail else reason)

@@ -11,15 +11,15 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from bus import keys
-from bus.models import Actor, Context, Peer
-from bus.outbox import PeerOutbox
-from bus.store import Store
-from bus.transport import Transport
-from bus.verify import Freshness
+from bus.core import keys
+from bus.core.models import Actor, Context, Peer
+from bus.core.verify import Freshness
+from bus.store.connection import Store
+from bus.wire.outbox import PeerOutbox
+from bus.wire.transport import Transport
 from crypto import KeyPair
 from node.config import NodeConfig
-from node.routing.peer_breakers import PeerBreakers
+from node.links.peer_breakers import PeerBreakers
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class NodeState:
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
     # counters of what happened, by name (see count); `counted` is set when one changes and
-    # re-armed by the service that publishes them (node/counters.py)
+    # re-armed by the service that publishes them (node/observe/counters.py)
     metrics: dict[str, int] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
     # graceful shutdown: intake stops when `stopping` is set; `idle` is set when no job runs
@@ -57,7 +57,7 @@ class NodeState:
     flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
     outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
-    # this node's live runner processes (node/runners/procs.py), by (context, slot id): one
+    # this node's live runner processes (node/runners/processes.py), by (context, slot id): one
     # runs its slot's started attempt, so a reaper that finds its lease expired (a stall)
     # re-takes it, never ends it; each takes stop requests (job key, reason)
     runner_processes: dict[tuple[int, str], Callable[[str, str], None]] = field(
@@ -66,7 +66,7 @@ class NodeState:
     jobs_taken: int = 0  # by this node's runner slots, since start
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)
-    # the circuit breaker of each peer's link (node/routing/peer_breakers.py)
+    # the circuit breaker of each peer's link (node/links/peer_breakers.py)
     breakers: PeerBreakers = field(default_factory=PeerBreakers)
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)
@@ -74,7 +74,7 @@ class NodeState:
     # result messages this node signed lately, by key: their signature entry (see
     # node.messages.signed_here)
     signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
-    # the node's links (their state and traffic, for node/metrics.py); set once they exist
+    # the node's links (their state and traffic, for node/observe/metrics.py); set once they exist
     transport: Transport | None = None
     # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
     # none), so that the answers their results carry need no read (node.messages.reply_targets)

@@ -8,7 +8,7 @@ from functools import partial
 
 import trio
 
-from node.valkey import free_port
+from node.host.valkey import free_port
 
 
 class TcpProxy:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import trio
 
-from node.acl import reachable_url, role_url
 from node.errors import NodeError
-from node.home import init_home
-from node.launch import start_node_process
-from node.valkey import free_port, stop_stale
+from node.host.acl import reachable_url, role_url
+from node.host.home import init_home
+from node.host.launch import start_node_process
+from node.host.valkey import free_port, stop_stale
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -43,16 +43,16 @@ async def wait_announced(store, key: str, timeout_s: float = 20) -> int:
 
 
 def command_job_run(tmp_path, redis_url: str, command: list[str]):
-    """A runner process's JobRun (node/runners/procjob.py) for command jobs, set up in this
+    """A runner process's JobRun (node/worker/job.py) for command jobs, set up in this
     process as a runner would be (its run directory under ``tmp_path``): ``run(job)`` runs
     one job through ``command`` and returns its Outcome."""
     import os
     from pathlib import Path
 
-    from bus.atomic.runs_sync import SyncRuns, connect
-    from bus.models import Message
-    from node.runners import procjob
-    from node.runners.proc import RunnerSpec
+    from bus.core.models import Message
+    from bus.store.atomic.runs_sync import SyncRuns, connect
+    from node.worker import job as procjob
+    from node.worker.loop import RunnerSpec
 
     spec = RunnerSpec(
         redis_url, 1, "sh", 0, command, "", "n:b:1:sh:0", 15_000, str(tmp_path), 1000, 60,

@@ -14,10 +14,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from bus.dag import parse_flow
-from bus.envelope import domain_for, sign_message
-from bus.flows import FlowDoc, sign_flow
-from bus.models import Message, MessageType, RunnerJob
+from bus.core.dag import parse_flow
+from bus.core.envelope import domain_for, sign_message
+from bus.core.flows import FlowDoc, sign_flow
+from bus.core.models import Message, MessageType, RunnerJob
 from crypto import Secp256k1KeyPair, canonical_json, sign_envelope, signing_input
 
 VECTORS = Path(__file__).resolve().parent / "vectors"

@@ -13,16 +13,16 @@ import coredis
 import pytest
 import trio
 
-from bus.client import new_job, open_client
+from bus.client.api import new_job, open_client
+from bus.core.models import JobStatus
 from bus.errors import StoreError
-from bus.models import JobStatus
-from bus.store import Store, open_store
+from bus.store.connection import Store, open_store
 from crypto import read_key_file
-from node.acl import CLIENT, ROLES, RUNNER, role_url, secret_path, valkey_socket
 from node.cli.main import main
 from node.daemon import run_node
-from node.home import init_home
-from node.valkey import free_port
+from node.host.acl import CLIENT, ROLES, RUNNER, role_url, secret_path, valkey_socket
+from node.host.home import init_home
+from node.host.valkey import free_port
 from tests.test_runners import External
 
 FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "echo hi"}
@@ -151,7 +151,7 @@ async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):
     config = init_home(tmp_path / "h", listen_port=0, runners={"sh": 1})
     shutil.rmtree(tmp_path / "h" / "secrets")
     (tmp_path / "h" / "run").chmod(0o755)
-    caplog.set_level(logging.INFO, logger="node.acl")
+    caplog.set_level(logging.INFO, logger="node.host.acl")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             info = await nursery.start(run_node, config)

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus import keys, outbox
-from bus.atomic.routing import JobWrite, arm_deadlines, materialise_batch
-from bus.envelope import sign_message
-from bus.ids import new_id, now, set_clock
-from bus.models import JobStatus, Message
-from bus.store import Store
+from bus.core import keys
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, now, set_clock
+from bus.core.models import JobStatus, Message
+from bus.store.atomic.routing import JobWrite, arm_deadlines, materialise_batch
+from bus.store.connection import Store
+from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
-from node.routing.admission import check_ack_deadline, delivery_problem
-from node.routing.deadlines import deadline_times, fail_due
-from node.routing.messages import Rejected
+from node.intake.admission import check_ack_deadline, delivery_problem
+from node.intake.deadlines import deadline_times, fail_due
+from node.intake.messages import Rejected
 from node.state import NodeState
 from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in, run_and_wait
@@ -235,7 +236,7 @@ async def test_destination_nacks_a_job_message_received_after_its_deadline(node_
 
 @pytest.fixture
 def clock() -> Iterator[list[float]]:
-    """The wall clock of bus.ids, set by the test: ``clock[0]`` is now."""
+    """The wall clock of bus.core.ids, set by the test: ``clock[0]`` is now."""
     fake = [float(now())]
     previous = set_clock(lambda: fake[0])
     yield fake

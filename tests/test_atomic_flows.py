@@ -1,12 +1,12 @@
-"""The transactions of bus/atomic/flows.py on their own, against a real Valkey: what each
+"""The transactions of bus/store/atomic/flows.py on their own, against a real Valkey: what each
 writes (the flow engine's scripts are tested in test_atomic_routing.py)."""
 
 from __future__ import annotations
 
-from bus import keys
-from bus.atomic import flows
-from bus.models import Message, MessageType
-from bus.store import Store
+from bus.core import keys
+from bus.core.models import Message, MessageType
+from bus.store.atomic import flows
+from bus.store.connection import Store
 
 CTX = 1
 

@@ -1,12 +1,13 @@
-"""Each script of bus/atomic/queues.py, routing.py and flows.py on its own, against a real Valkey:
+"""Each script of bus/store/atomic/queues.py, routing.py and flows.py on its own, against a real
+Valkey:
 what it writes and what it returns, refusals included."""
 
 from __future__ import annotations
 
-from bus import keys
-from bus.atomic import flows, queues, routing
-from bus.models import Message, MessageType
-from bus.store import Store
+from bus.core import keys
+from bus.core.models import Message, MessageType
+from bus.store.atomic import flows, queues, routing
+from bus.store.connection import Store
 
 CTX = 1
 REQUEST = "message:7:1"
@@ -304,7 +305,7 @@ async def test_end_unfinished_leaves_final_jobs_as_they_are(store: Store) -> Non
 def test_every_script_states_its_contract() -> None:
     from importlib import resources
 
-    lua = resources.files("bus.atomic").joinpath("lua")
+    lua = resources.files("bus.store.atomic").joinpath("lua")
     mine = [f for f in lua.iterdir() if f.name.split("_")[0] in ("queues", "routing", "flows")]
     assert len(mine) >= 18
     for f in mine:

@@ -1,4 +1,4 @@
-"""Each script of bus/atomic/lua/runs_*.lua against a real Valkey: what it writes and returns,
+"""Each script of bus/store/atomic/lua/runs_*.lua against a real Valkey: what it writes and returns,
 and what it refuses (the attempt fence, the answer fence) without writing anything."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from importlib import resources
 
 import pytest
 
-from bus import keys
-from bus.atomic import runs, slots, source
-from bus.models import Message, Runner
+from bus.core import keys
+from bus.core.models import Message, Runner
+from bus.store.atomic import runs, slots, source
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"
@@ -41,7 +41,7 @@ async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = No
 
 
 def test_every_script_states_its_keys_argv_and_effect() -> None:
-    folder = resources.files("bus.atomic").joinpath("lua")
+    folder = resources.files("bus.store.atomic").joinpath("lua")
     names = [p.name[:-4] for p in folder.iterdir() if p.name.startswith("runs_")]
     assert len(names) >= 18
     for name in names:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import trio
 
-from bus import keys
+from bus.core import keys
 from crypto import read_key_file
-from node.routing import supervisor
+from node.intake import supervisor
 
 
 async def test_queue_depth_stays_bounded_and_nothing_is_lost(node_factory, monkeypatch):

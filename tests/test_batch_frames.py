@@ -14,9 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from bus import keys, outbox
-from bus.errors import FrameError, TransportError
-from bus.frames import (
+from bus.core import keys
+from bus.core.frames import (
     MAX_BATCH,
     decode_frame,
     encode_frame,
@@ -24,9 +23,11 @@ from bus.frames import (
     encode_msgs,
     msgs_frame_size,
 )
-from bus.models import Message
-from bus.outbox import PeerOutbox, Window
-from bus.transport import Link, TransportConfig
+from bus.core.models import Message
+from bus.errors import FrameError, TransportError
+from bus.wire import outbox
+from bus.wire.outbox import PeerOutbox, Window
+from bus.wire.transport import Link, TransportConfig
 from tests.test_faults import Peer, good_message_runs, link_of, linked_peer, sent_in
 from tests.test_rejections import job_message
 

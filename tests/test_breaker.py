@@ -1,5 +1,5 @@
 """The per-peer circuit breaker: the pure state machine (property tests against a model), its
-wiring (node/routing/peer_breakers.py) on trio's clock, and a real node whose peer is down."""
+wiring (node/links/peer_breakers.py) on trio's clock, and a real node whose peer is down."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus import keys
-from bus.models import JobStatus
+from bus.core import keys
+from bus.core.models import JobStatus
 from crypto import read_key_file
 from node.cli.status import status_facts
-from node.routing.breaker import Breaker, BreakerConfig, BreakerState
-from node.routing.peer_breakers import BREAKERS_FIELD, PUBLISH_EVERY_S, PeerBreakers
+from node.links.breaker import Breaker, BreakerConfig, BreakerState
+from node.links.peer_breakers import BREAKERS_FIELD, PUBLISH_EVERY_S, PeerBreakers
 
 EVENTS = st.lists(
     st.tuples(st.sampled_from(["fail", "ok", "attempt"]), st.floats(0, 20)), max_size=60

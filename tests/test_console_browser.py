@@ -18,7 +18,7 @@ import pytest
 import trio
 from selenium.common.exceptions import StaleElementReferenceException
 
-from bus import keys
+from bus.core import keys
 from node.web.settings import ConsoleConfig
 from tests.nodes import link_to
 

@@ -7,7 +7,7 @@ import json
 
 import trio
 
-from bus import keys
+from bus.core import keys
 from node.web import recent, views
 from node.web.recent import Recent
 from node.web.settings import ConsoleConfig

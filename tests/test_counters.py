@@ -8,15 +8,15 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed
 
-from bus import keys
-from bus.client import new_job
+from bus.client.api import new_job
+from bus.core import keys
 from bus.errors import HandshakeError
-from bus.store import Store
-from bus.transport import Transport
+from bus.store.connection import Store
+from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
 from node.cli.status import status
 from node.config import NodeConfig
-from node.counters import PUBLISH_INTERVAL_S, read, run_counters
+from node.observe.counters import PUBLISH_INTERVAL_S, read, run_counters
 from node.state import NodeState
 
 

@@ -1,4 +1,4 @@
-"""bus.dag: flow parsing, graph validation, environment merging and the pure scheduler."""
+"""bus.core.dag: flow parsing, graph validation, environment merging and the pure scheduler."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bus.dag import (
+from bus.core.dag import (
     Decision,
     FlowError,
     FlowJobSpec,
@@ -22,8 +22,8 @@ from bus.dag import (
     schedule,
     validate_flow,
 )
+from bus.core.models import FlowStatus, JobStatus
 from bus.errors import BusError
-from bus.models import FlowStatus, JobStatus
 
 F, E = JobStatus.FINISHED, JobStatus.ERROR
 

@@ -6,8 +6,8 @@ import sys
 
 import trio
 
-from bus import keys
-from bus.models import JobStatus
+from bus.core import keys
+from bus.core.models import JobStatus
 from crypto import KeyPair, read_key_file
 
 

@@ -1,4 +1,4 @@
-"""Dead-letter bounds and the on_dead_letter hook (node/dlq.py), on real nodes."""
+"""Dead-letter bounds and the on_dead_letter hook (node/observe/dlq.py), on real nodes."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 import pytest
 import trio
 
-from bus import keys
-from bus.atomic import queues
+from bus.core import keys
+from bus.store.atomic import queues
 from crypto import KeyPair
 from node.config import load_config
-from node.dlq import archive_path, hook_input, run_hook
 from node.errors import ConfigError
-from node.home import init_home
+from node.host.home import init_home
+from node.observe.dlq import archive_path, hook_input, run_hook
 from tests.scripts import announcing, wait_announced
 
 NEWCOMER = 9
@@ -80,7 +80,7 @@ async def test_dlq_bound_archive_and_hook(node_factory, valkey_factory, tmp_path
 async def test_a_slow_or_failing_hook_is_bounded_logged_and_the_node_goes_on(
     node_factory, valkey_factory, tmp_path, caplog
 ):
-    caplog.set_level(logging.WARNING, logger="node.dlq")
+    caplog.set_level(logging.WARNING, logger="node.observe.dlq")
     server = valkey_factory()
     hook = hook_script(tmp_path, server.url, then="import time; time.sleep(60)")
     alice = await node_factory("alice", on_dead_letter=hook, on_dead_letter_timeout_s=1.0)
@@ -102,7 +102,7 @@ async def test_a_slow_or_failing_hook_is_bounded_logged_and_the_node_goes_on(
 
 
 async def test_a_failing_hook_is_logged_and_counted(node_factory, valkey_factory, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="node.dlq")
+    caplog.set_level(logging.WARNING, logger="node.observe.dlq")
     server = valkey_factory()
     then = "sys.stderr.write('broken pipe dream'); sys.exit(3)"
     alice = await node_factory("alice", on_dead_letter=hook_script(tmp_path, server.url, then=then))
@@ -117,7 +117,7 @@ async def test_a_failing_hook_is_logged_and_counted(node_factory, valkey_factory
 
 
 async def test_a_hook_that_cannot_start_is_logged(node_factory, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="node.dlq")
+    caplog.set_level(logging.WARNING, logger="node.observe.dlq")
     missing = tmp_path / "no-such-hook"
     alice = await node_factory("alice", on_dead_letter=str(missing))
     state = alice.info.state
@@ -139,7 +139,7 @@ async def test_trim_keeps_entries_retried_meanwhile(store):
 
 
 async def test_a_hook_with_bad_quoting_is_logged(node_factory, caplog):
-    caplog.set_level(logging.WARNING, logger="node.dlq")
+    caplog.set_level(logging.WARNING, logger="node.observe.dlq")
     alice = await node_factory("alice", on_dead_letter="notify 'unbalanced")
     state = alice.info.state
     assert state is not None
@@ -174,7 +174,7 @@ def test_hook_input_names_the_db_even_for_an_entry_that_is_no_json():
 
 
 def _store(url: str):
-    from bus.store import open_store
+    from bus.store.connection import open_store
 
     return open_store(url)
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus.envelope import sign_message, verify_message
-from bus.models import Message, MessageType, RunnerJob
-from bus.verify import judge
+from bus.core.envelope import sign_message, verify_message
+from bus.core.models import Message, MessageType, RunnerJob
+from bus.core.verify import judge
 from crypto import KeyPair
 
 KEY = KeyPair.generate()

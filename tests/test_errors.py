@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from bus.core.reasons import Reason
 from bus.errors import BusError, ContentError, FlowError
-from bus.reasons import Reason
 from crypto.cli import InputError as CliInputError
 from crypto.errors import CryptoError, InputError
 from node.errors import HomeInUse, NodeError, Rejected, ValkeyError, WorkerLost
-from node.homelock import HomeInUse as HomelockHomeInUse
-from node.routing.messages import Rejected as MessagesRejected
+from node.host.homelock import HomeInUse as HomelockHomeInUse
+from node.intake.messages import Rejected as MessagesRejected
 
 
 def test_each_error_is_under_its_root_and_importable_where_callers_look() -> None:

@@ -34,15 +34,15 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bus import keys
-from bus.client import Client, JobResult, open_client
+from bus.client.api import Client, JobResult, open_client
+from bus.core import keys
+from bus.core.frames import Frame, decode_frame, encode_frame
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.errors import ClientError, FrameError, ModelError
-from bus.frames import Frame, decode_frame, encode_frame
-from bus.models import JobStatus, Message, RunnerJob
-from bus.transport import Link, Transport, TransportConfig
+from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair, read_key_file
-from node.routing.messages import Rejected, load_message
-from node.valkey import ValkeyProcess, ValkeySpec, free_port
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
+from node.intake.messages import Rejected, load_message
 from tests.faults_proxy import TcpProxy
 from tests.nodeproc import NodeProcess
 from tests.test_rejections import job_message
@@ -148,7 +148,7 @@ async def kill_runner(rig: Rig, client: Client) -> None:
                 cmdline = await trio.Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue  # it already ended: take the next one
-            if b"node.runners.pyworker" not in cmdline and b"-u\0-\0" not in cmdline:
+            if b"node.worker.pyjobs" not in cmdline and b"-u\0-\0" not in cmdline:
                 continue
             try:
                 os.kill(int(pid), signal.SIGKILL)

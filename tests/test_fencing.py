@@ -14,10 +14,10 @@ import signal
 import pytest
 import trio
 
-from bus import keys
-from bus.atomic import runs
-from bus.client import open_client
-from bus.models import JobStatus, RunnerJob
+from bus.client.api import open_client
+from bus.core import keys
+from bus.core.models import JobStatus, RunnerJob
+from bus.store.atomic import runs
 from crypto import read_key_file
 from node.runners import outcomes
 from tests.nodeproc import NodeProcess

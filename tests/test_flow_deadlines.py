@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus import keys
-from bus.client import Client
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.flows import FlowDoc
+from bus.core.ids import now, set_clock
+from bus.core.models import FlowStatus, JobStatus
 from bus.errors import ModelError
-from bus.flows import FlowDoc
-from bus.ids import now, set_clock
-from bus.models import FlowStatus, JobStatus
-from bus.store import open_store
+from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
 from node.flows.engine import evaluate
-from node.home import init_home
+from node.host.home import init_home
 from node.state import NodeState
 from tests.test_flows import job, mesh
 

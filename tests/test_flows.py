@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus import keys
-from bus.client import Client
-from bus.dag import FlowError
-from bus.envelope import sign_message
-from bus.ids import new_id, new_nonce, now
-from bus.models import FlowStatus, JobStatus, Message
-from bus.store import open_store
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.dag import FlowError
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import FlowStatus, JobStatus, Message
+from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
 from node.daemon import run_node
 from node.flows.engine import evaluate
-from node.home import init_home
+from node.host.home import init_home
 from node.state import NodeState
 
 B_SCRIPT = "import os\nprint(int(os.environ['HERO_DEP_A_STDOUT']) * 7)"

@@ -8,10 +8,10 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from bus import handshake as hs
+from bus.core import handshake as hs
+from bus.core.frames import Frame, encode_frame
 from bus.errors import HandshakeError
-from bus.frames import Frame, encode_frame
-from bus.transport import Link, Transport, TransportConfig
+from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair
 from crypto.tls import make_self_signed, server_context
 
@@ -208,9 +208,9 @@ async def test_a_dialler_registered_a_moment_ago_is_let_in_after_one_registry_re
 async def test_node_lets_in_a_peer_registered_before_its_registry_event(node_factory):
     """A peer added to the node's Redis whose registry event the node has not seen yet (here:
     never sent) is accepted when it dials, after one registry read."""
-    from bus import keys
-    from bus.ids import now
-    from bus.models import Peer
+    from bus.core import keys
+    from bus.core.ids import now
+    from bus.core.models import Peer
 
     alice = await node_factory("alice")
     peer = Peer(C.public_hex, "", "carol", created_at=now(), updated_at=now())

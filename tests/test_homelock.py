@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.homelock import HomeInUse, hold_home, holder
-from node.valkey import process_gone
+from node.host.homelock import HomeInUse, hold_home, holder
+from node.host.valkey import process_gone
 from tests.nodeproc import ROOT, NodeProcess
 
 NOT_RUNNING = "the node is not running (start it with: hero-node run)"

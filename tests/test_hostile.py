@@ -23,11 +23,11 @@ import trio
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bus import keys
+from bus.core import keys
+from bus.core.ids import new_id
+from bus.core.models import Message, decode_hash
 from bus.errors import ModelError
-from bus.ids import new_id
-from bus.models import Message, decode_hash
-from bus.store import printable
+from bus.store.connection import printable
 from crypto import KeyPair
 from tests.nodes import link_to
 from tests.test_rejections import job_message

@@ -8,11 +8,11 @@ import json
 import pytest
 import trio
 
-from bus import keys
+from bus.core import keys
+from bus.core.models import Message
 from bus.errors import ModelError
-from bus.models import Message
 from crypto import read_key_file
-from node.routing.messages import Rejected
+from node.intake.messages import Rejected
 from tests.test_rejections import job_message
 
 
@@ -61,7 +61,7 @@ def test_models_refuse_a_lone_surrogate_escape_naming_the_field() -> None:
 
 
 def test_refusal_details_always_encode() -> None:
-    from bus.store import printable
+    from bus.store.connection import printable
 
     refused = Rejected("malformed", "script 'echo \ud800'")
     assert refused.detail.encode("utf-8") == b"script 'echo \\ud800'"
@@ -251,9 +251,9 @@ async def test_hostile_outbox_entries_cost_nothing_else(node_factory) -> None:
 
 
 async def test_stop_naming_a_key_of_another_type_costs_nothing_else(node_factory) -> None:
-    from bus.envelope import sign_message
-    from bus.ids import new_id, new_nonce, now
-    from bus.models import MessageType
+    from bus.core.envelope import sign_message
+    from bus.core.ids import new_id, new_nonce, now
+    from bus.core.models import MessageType
 
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
@@ -310,9 +310,9 @@ async def test_hostile_delayed_retries_cost_nothing_else(node_factory, tmp_path)
 
 
 async def test_signed_result_naming_a_key_of_another_type_costs_nothing_else(node_factory):
-    from bus.envelope import ResultBody
-    from bus.models import JobStatus
-    from node.routing.messages import result_message
+    from bus.core.envelope import ResultBody
+    from bus.core.models import JobStatus
+    from node.intake.messages import result_message
     from tests.nodes import link_to
 
     alice, bob = await node_factory("alice"), await node_factory("bob")

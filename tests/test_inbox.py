@@ -11,16 +11,16 @@ import pytest
 import trio
 import trio.testing
 
-from bus import keys
-from bus.client import Client, new_job, open_client
-from bus.envelope import sign_message, verify_message
+from bus.client.api import Client, new_job, open_client
+from bus.client.inbox import BATCH, JobResult, new_inbox_name
+from bus.core import keys
+from bus.core.envelope import sign_message, verify_message
+from bus.core.models import JobStatus, Message, MessageType
+from bus.core.reasons import Reason
 from bus.errors import ClientError
-from bus.inbox import BATCH, JobResult, new_inbox_name
-from bus.models import JobStatus, Message, MessageType
-from bus.reasons import Reason
-from bus.store import Store
+from bus.store.connection import Store
 from crypto import KeyPair, read_key_file
-from node.acl import CLIENT, role_url
+from node.host.acl import CLIENT, role_url
 from tests.nodes import link_to
 
 CTX = 1

@@ -8,8 +8,8 @@ import socket
 import pytest
 import trio
 
+from bus.core.urls import bare_host, check_link_url, link_url
 from bus.errors import ClientError
-from bus.urls import bare_host, check_link_url, link_url
 from tests.nodes import link_to
 
 

@@ -6,7 +6,7 @@ import os
 
 import trio
 
-from bus.models import JobStatus, RunnerJob
+from bus.core.models import JobStatus, RunnerJob
 from crypto import read_key_file
 from tests.scripts import command_job_run
 

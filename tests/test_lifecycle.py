@@ -12,9 +12,9 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus import keys
-from bus.atomic import runs
-from bus.models import JobStatus
+from bus.core import keys
+from bus.core.models import JobStatus
+from bus.store.atomic import runs
 from crypto import read_key_file
 from node.runners.lifecycle import after_attempt, backoff_s
 from tests.scripts import announcing, wait_announced

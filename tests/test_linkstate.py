@@ -1,5 +1,5 @@
-"""Per-peer link state (bus/linkstate.py): recorded by the transport as links come and go,
-with the round trip of its pings, and published in node:info by node/linkinfo.py."""
+"""Per-peer link state (bus/wire/linkstate.py): recorded by the transport as links come and go,
+with the round trip of its pings, and published in node:info by node/observe/linkinfo.py."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import socket
 
 import trio
 
-from bus import keys
-from bus.ids import set_clock
-from bus.linkstate import LinkStates
+from bus.core import keys
+from bus.core.ids import set_clock
+from bus.wire.linkstate import LinkStates
 from crypto import KeyPair
-from node.linkinfo import read_links
+from node.observe.linkinfo import read_links
 from tests.test_handshake import Recorder, serve
 
 A, B = KeyPair.generate(), KeyPair.generate()

@@ -15,15 +15,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus import keys, open_client
-from bus.transport import Transport
+from bus import open_client
+from bus.core import keys
+from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
-from node.acl import NODE, role_url
 from node.config import NodeConfig
-from node.home import init_home
-from node.launch import Ready, parse_ready_line
-from node.logs import CHATTY, configure
-from node.valkey import free_port
+from node.host.acl import NODE, role_url
+from node.host.home import init_home
+from node.host.launch import Ready, parse_ready_line
+from node.host.valkey import free_port
+from node.observe.logs import CHATTY, configure
 from tests.nodes import link_to
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ class Lines(logging.Handler):
 @pytest.fixture
 def lines() -> Iterator[Lines]:
     handler = Lines()
-    logger = logging.getLogger("bus.transport")
+    logger = logging.getLogger("bus.wire.transport")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     yield handler
@@ -132,7 +133,7 @@ async def test_json_lines_name_the_job_the_message_and_the_reason(node_factory, 
     assert received["ctx"] == 1
     [queued] = [r for r in records if r.get("job") == ok.job[0].key]
     assert queued["msg"].startswith(f"job {ok.job[0].key} (python) queued on queue:python")
-    assert queued["logger"] == "node.routing.materialise"
+    assert queued["logger"] == "node.intake.materialise"
     [refused] = [r for r in records if r.get("message_key") == forged.key]
     assert refused["level"] == "warning"
     assert refused["reason"] == "wrong_signer"
@@ -183,7 +184,7 @@ async def test_run_log_format_json_prints_one_object_per_line(tmp_path):
     assert b"ready: id" in ready
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert any(r["msg"].startswith("node solo (") and " up: " in r["msg"] for r in records)
-    assert {r["logger"] for r in records} >= {"node.daemon", "hero-node", "node.runners.proc"}
+    assert {r["logger"] for r in records} >= {"node.daemon", "hero-node", "node.worker.loop"}
     assert all(r["ts"].endswith("+00:00") for r in records)
     ok, failed = ({r["msg"].split()[1]: r for r in records if r.get("job") == key} for key in jobs)
     assert ok["started"]["ctx"] == 1

@@ -8,14 +8,14 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionClosed
 
-from bus import keys
-from bus.atomic import runs, source
+from bus.core import keys
+from bus.core.models import JobStatus
 from bus.errors import HandshakeError
-from bus.models import JobStatus
-from bus.store import open_store
-from bus.transport import Transport
+from bus.store.atomic import runs, source
+from bus.store.connection import open_store
+from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
-from node.acl import RUNNER, role_url
+from node.host.acl import RUNNER, role_url
 from node.web.settings import ConsoleConfig
 from tests.console_http import get
 from tests.nodes import link_to

@@ -8,10 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus import keys
-from bus.errors import ModelError
-from bus.frames import decode_frame
-from bus.models import (
+from bus.core import keys
+from bus.core.frames import decode_frame
+from bus.core.models import (
     Actor,
     Context,
     Flow,
@@ -24,6 +23,7 @@ from bus.models import (
     Runner,
     RunnerJob,
 )
+from bus.errors import ModelError
 
 # Key patterns and statuses, copied from shared/seeds/coordinator-specs.md section 3.
 SPEC_PATTERNS = {

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bus import handshake
+from bus.core import handshake
+from bus.core.models import Message, RunnerJob
+from bus.core.reasons import Reason
 from bus.errors import ModelError
-from bus.models import Message, RunnerJob
-from bus.reasons import Reason
 from crypto.canonical import DOMAIN_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bus import envelope as bus_envelope
-from bus import flows, handshake
+from bus.core import envelope as bus_envelope
+from bus.core import flows, handshake
+from bus.core.models import Flow, Message
 from bus.errors import HandshakeError
-from bus.models import Flow, Message
 from crypto import KeyPair, verify_envelope, verify_object
 from crypto.canonical import DOMAIN_PREFIX, canonical_json, signing_input
 from tests.vectors import make

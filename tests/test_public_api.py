@@ -6,7 +6,7 @@ import trio
 
 import bus
 from bus import BusError, Client, ClientError, JobResult, StoreError, new_job, open_client
-from bus.client import Client as ClientImpl
+from bus.client.api import Client as ClientImpl
 
 
 def test_bus_exports_the_client_api_and_its_errors() -> None:

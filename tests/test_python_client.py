@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from node.acl import CLIENT, reachable_url, role_url
+from node.host.acl import CLIENT, reachable_url, role_url
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "python_client.py"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import trio
 
-from bus.atomic.runs import pop_first
-from bus.envelope import sign_message, verify_message
-from bus.models import Message, RunnerJob
+from bus.core.envelope import sign_message, verify_message
+from bus.core.models import Message, RunnerJob
+from bus.store.atomic.runs import pop_first
 from crypto import KeyPair
 from node.runners.queues import (
     AGING_EVERY,
@@ -78,8 +78,8 @@ async def test_pop_first_takes_in_order_reliably(store):
 
 
 async def _submit(node, actor, script: str, **targeting: str):
-    from bus.ids import new_id, now
-    from bus.models import RunnerJob
+    from bus.core.ids import new_id, now
+    from bus.core.models import RunnerJob
 
     job = RunnerJob(new_id(), 1, 1, script, "python", created_at=now(), **targeting)
     return await node.client.submit(actor, 1, to=node.node_id, context_id=1, jobs=[job])
@@ -114,7 +114,7 @@ async def test_idle_slots_take_a_priority_or_targeted_job_at_once(node_factory, 
     """Idle slots block on their type queue only; a job queued on a priority or group list
     interrupts them, so it starts now, not at their pop timeout (made 60 s here)."""
     from crypto import read_key_file
-    from node.runners import procs
+    from node.runners import processes as procs
 
     monkeypatch.setattr(procs, "POP_TIMEOUT_S", 60.0)
     alice = await node_factory("alice", runners={"python": 2}, runner_groups={"python": "gpu"})

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bus.reasons import Reason, markdown_table
+from bus.core.reasons import Reason, markdown_table
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -21,7 +21,7 @@ def test_readme_lists_every_reason_from_the_enum() -> None:
 
 def test_the_module_prints_the_table() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bus.reasons"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "bus.core.reasons"], capture_output=True, text=True, check=True
     ).stdout
     assert out == markdown_table()
     assert all(f"| `{reason}` |" in out for reason in Reason)

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import trio
 
-from bus import keys
-from bus.envelope import sign_message
-from bus.ids import new_id, new_nonce, now
-from bus.models import JobStatus, Message, MessageType, RunnerJob
+from bus.core import keys
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from crypto import KeyPair, read_key_file
 
 

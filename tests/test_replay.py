@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import trio
 
-from bus import keys, outbox
-from bus.envelope import sign_message
-from bus.ids import new_id, now
-from bus.models import JobStatus, Message
-from bus.verify import Freshness, freshness_problem
+from bus.core import keys
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, now
+from bus.core.models import JobStatus, Message
+from bus.core.verify import Freshness, freshness_problem
+from bus.wire import outbox
 from crypto import read_key_file
 from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in, run_and_wait

@@ -9,12 +9,13 @@ from types import SimpleNamespace
 
 import trio
 
-from bus import keys, outbox
-from bus.envelope import ResultBody, sign_message
-from bus.ids import new_id
-from bus.models import JobStatus, Message
+from bus.core import keys
+from bus.core.envelope import ResultBody, sign_message
+from bus.core.ids import new_id
+from bus.core.models import JobStatus, Message
+from bus.wire import outbox
 from crypto import KeyPair, read_key_file
-from node.routing.messages import result_message, signed_here
+from node.intake.messages import result_message, signed_here
 from tests.test_rejections import job_message, push_in, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's

@@ -11,10 +11,10 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bus import keys
-from bus.client import new_job
+from bus.client.api import new_job
+from bus.core import keys
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.errors import ModelError
-from bus.models import JobStatus, Message, RunnerJob
 from crypto import read_key_file
 from node.runners.lifecycle import (
     BACKOFF_MAX_S,

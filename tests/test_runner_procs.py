@@ -1,4 +1,4 @@
-"""Runner processes (node/runners/proc.py, procs.py): their pop, and their life as the node
+"""Runner processes (node/worker/loop.py, procs.py): their pop, and their life as the node
 starts, watches, restarts, recycles and stops them."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import pytest
 import redis
 import trio
 
-from bus import keys, open_client
-from bus.atomic.runs_sync import SyncRuns, connect
-from bus.models import JobStatus
+from bus import open_client
+from bus.core import keys
+from bus.core.models import JobStatus
+from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import KeyPair, read_key_file
-from node.runners import procjob
-from node.runners.proc import Runner, RunnerSpec
-from node.runners.procjob import Wake
-from node.valkey import ValkeyProcess, ValkeySpec
+from node.host.valkey import ValkeyProcess, ValkeySpec
+from node.worker import job as procjob
+from node.worker.job import Wake
+from node.worker.loop import Runner, RunnerSpec
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 
@@ -161,7 +162,7 @@ async def test_a_runner_killed_9_is_restarted_and_its_attempt_reaped(node_factor
 
 
 async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monkeypatch):
-    from node.runners import procs
+    from node.runners import processes as procs
 
     monkeypatch.setattr(procs, "RECYCLE_JOBS", 2)
     alice = await node_factory("alice", runners={"python": 1})

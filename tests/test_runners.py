@@ -7,14 +7,14 @@ import json
 import pytest
 import trio
 
-from bus import keys
-from bus.models import JobStatus
-from bus.store import open_store
+from bus.core import keys
+from bus.core.models import JobStatus
+from bus.store.connection import open_store
 from crypto import read_key_file
 from node.config import NodeConfig, load_config, render_config
 from node.daemon import run_node
 from node.errors import ConfigError
-from node.home import init_home
+from node.host.home import init_home
 from node.runners.presence import live_runners
 from tests.scripts import announcing, wait_announced
 

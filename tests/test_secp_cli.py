@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bus import keys
+from bus.core import keys
 from bus.errors import ClientError
 from crypto import Secp256k1KeyPair, read_signing_key_file
 from crypto.cli import main
@@ -16,7 +16,7 @@ from node.cli.main import build_parser
 from node.cli.registry import actor_add
 from node.config import NodeConfig, load_config
 from node.errors import ConfigError
-from node.home import init_home
+from node.host.home import init_home
 
 
 def run(capsys, *argv: object) -> tuple[int, str, str]:

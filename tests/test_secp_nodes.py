@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import trio
 
-from bus import keys
-from bus.envelope import sign_message
-from bus.ids import new_id, new_nonce, now
-from bus.models import FlowStatus, Message, MessageType, RunnerJob
-from bus.store import open_store
+from bus.core import keys
+from bus.core.envelope import sign_message
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import FlowStatus, Message, MessageType, RunnerJob
+from bus.store.connection import open_store
 from crypto import KeyPair, Secp256k1KeyPair, read_key_file, write_key_file
 from crypto.secp256k1 import CURVE_ORDER
-from node.acl import role_url
 from node.daemon import run_node
-from node.home import init_home
+from node.host.acl import role_url
+from node.host.home import init_home
 from tests.nodes import link_to
 
 SECP_ACTOR = 7

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from bus.models import Message
-from bus.verify import judge
+from bus.core.models import Message
+from bus.core.verify import judge
 from crypto import Secp256k1KeyPair, canonical_json, signing_input, verify_envelope, verify_object
 from crypto.secp256k1 import CURVE_ORDER, verify_secp256k1
 from tests import secp_vectors

@@ -8,8 +8,8 @@ import signal
 import pytest
 import trio
 
-from bus.client import open_client
-from bus.models import JobStatus
+from bus.client.api import open_client
+from bus.core.models import JobStatus
 from crypto import read_key_file
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced

@@ -38,12 +38,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from bus.client import Client, JobResult, open_client
-from bus.models import JobStatus, Message
+from bus.client.api import Client, JobResult, open_client
+from bus.core.models import JobStatus, Message
 from crypto import read_key_file
 from node.config import NodeConfig
-from node.runners import runner
-from node.valkey import ValkeyProcess, ValkeySpec, free_port
+from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
+from node.runners import recovery as runner
 from tests.nodeproc import NodeProcess
 from tests.test_faults import (
     alive,

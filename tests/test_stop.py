@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from bus.models import JobStatus
+from bus.core.models import JobStatus
 from crypto import KeyPair, read_key_file
 from tests.nodes import link_to
 from tests.scripts import announcing, wait_announced

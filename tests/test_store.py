@@ -1,10 +1,10 @@
-"""bus.store pieces that the services rely on, against a real Valkey."""
+"""bus.store.connection pieces that the services rely on, against a real Valkey."""
 
 from __future__ import annotations
 
 from coredis.commands.script import Script
 
-from bus.store import Store
+from bus.store.connection import Store
 
 _INCR_BY = Script(script="return redis.call('INCRBY', KEYS[1], ARGV[1])")
 _ECHO = Script(script="return ARGV[1]")

@@ -14,12 +14,12 @@ import trio
 import trio.testing
 from coredis.tokens import PureToken
 
-from bus import keys
-from bus.client import SUPERVISOR_INFLIGHT, Client, new_job
-from bus.envelope import sign_message, verify_message
+from bus.client.api import SUPERVISOR_INFLIGHT, Client, new_job
+from bus.core import keys
+from bus.core.envelope import sign_message, verify_message
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.errors import StoreError
-from bus.models import JobStatus, Message, RunnerJob
-from bus.store import Store
+from bus.store.connection import Store
 from crypto import KeyPair, read_key_file
 from tests.nodes import link_to
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import trio
 
-from bus import keys
-from bus.models import JobStatus
+from bus.core import keys
+from bus.core.models import JobStatus
 from crypto import read_key_file
 from tests.nodes import link_to
 

@@ -1,5 +1,6 @@
-"""The circuit breaker per script type (bus/atomic/type_breakers.py, lua/type_breaker.lua): the
-Lua state machine replayed against node/routing/breaker.py, which attempts count, the settings,
+"""The circuit breaker per script type (bus/store/atomic/type_breakers.py, lua/type_breaker.lua):
+the
+Lua state machine replayed against node/links/breaker.py, which attempts count, the settings,
 and a real node whose sh jobs keep failing."""
 
 from __future__ import annotations
@@ -13,21 +14,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from bus import keys
-from bus.atomic import BREAKER_NEUTRAL, type_breakers
-from bus.atomic.runs import NextJob
-from bus.atomic.type_breakers import config_value, parse, verdict
-from bus.ids import now_ms
-from bus.models import JobStatus
-from bus.reasons import Reason
+from bus.core import keys
+from bus.core.ids import now_ms
+from bus.core.models import JobStatus
+from bus.core.reasons import Reason
+from bus.store.atomic import BREAKER_NEUTRAL, type_breakers
+from bus.store.atomic.runs import NextJob
+from bus.store.atomic.type_breakers import config_value, parse, verdict
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import load_config, render_config
 from node.errors import ConfigError
-from node.home import init_home
-from node.metrics import exposition
-from node.routing.breaker import Breaker, BreakerConfig
-from node.runners.proc import Runner, RunnerSpec
+from node.host.home import init_home
+from node.links.breaker import Breaker, BreakerConfig
+from node.observe.metrics import exposition
+from node.worker.loop import Runner, RunnerSpec
 
 # -- the Lua state machine against the pure one ---------------------------------------------------
 
@@ -39,7 +40,7 @@ def _may_start(b: Breaker, now: float) -> bool:
 
 async def test_the_lua_breaker_follows_the_pure_one(store):
     """Random events at random times, applied to the hash by ``type_breaker_event.lua`` (the
-    fragment every starting and ending script uses) and to node/routing/breaker.py: the
+    fragment every starting and ending script uses) and to node/links/breaker.py: the
     fields agree after every event. The model counts in milliseconds (its unit is its
     caller's), so that both compare the same integers."""
     rng = random.Random(14)

@@ -8,8 +8,8 @@ import socket
 import pytest
 import trio
 
-from bus.store import open_store
-from node.valkey import ValkeyError, ValkeySpec, free_port, run_valkey
+from bus.store.connection import open_store
+from node.host.valkey import ValkeyError, ValkeySpec, free_port, run_valkey
 
 
 async def test_embedded_valkey_persists_with_aof_and_stops_on_cancel(tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import trio
 
-from bus import keys
+from bus.core import keys
 from crypto import KeyPair, read_key_file
 from tests.nodes import link_to
 from tests.test_rejections import job_message, push_in
@@ -17,7 +17,7 @@ from tests.test_replay import sync
 
 async def hero_verify(*args: str) -> tuple[int, dict]:
     done = await trio.run_process(
-        [sys.executable, "-m", "bus.verify_cli", "verify", *args, "--json"],
+        [sys.executable, "-m", "bus.client.verify_cli", "verify", *args, "--json"],
         capture_stdout=True,
         capture_stderr=True,
         check=False,
@@ -69,7 +69,7 @@ async def test_missing_message_and_max_age(node_factory):
     actor = read_key_file(alice.config.actor_key_path)
     old = job_message(actor, 1, alice.node_id, alice.node_id, "print(1)")
     old = replace(old, created_at=old.created_at - 1000)
-    from bus.envelope import sign_message
+    from bus.core.envelope import sign_message
 
     old = sign_message(replace(old, signatures=[]), actor)
     await alice.store.hset(1, old.key, old.to_hash())

@@ -13,11 +13,11 @@ from typing import TypeVar
 
 import trio
 
-from bus.client import Client, open_client
-from node.acl import NODE, role_url
+from bus.client.api import Client, open_client
 from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
-from node.homelock import holder
+from node.host.acl import NODE, role_url
+from node.host.homelock import holder
 
 T = TypeVar("T")
 

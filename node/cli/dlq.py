@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any
 
-from bus.client import Client
+from bus.client.api import Client
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
 from node.errors import NodeError

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bus import keys
-from bus.client import Client
-from bus.dag import FlowError
-from bus.flows import FlowState
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.dag import FlowError
+from bus.core.flows import FlowState
 from crypto import load_signing_key_file
 from node.cli.common import config_of, unless_interrupted, with_client
 from node.cli.jobs import add_signer

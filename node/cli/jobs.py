@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bus.client import Client
-from bus.models import Message
+from bus.client.api import Client
+from bus.core.models import Message
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, with_client
 from node.cli.lists import add_job_list

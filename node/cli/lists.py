@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Any
 
-from bus import keys
-from bus.client import Client
-from bus.models import FlowStatus, JobStatus
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.models import FlowStatus, JobStatus
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
 

@@ -15,7 +15,6 @@ import trio
 
 from bus.errors import BusError
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
-from node.acl import CLIENT, RUNNER, reachable_url, role_url
 from node.cli.common import config_of, home_of
 from node.cli.completion import add_completion_command, complete
 from node.cli.dlq import add_dlq_commands, add_msg_commands
@@ -27,9 +26,10 @@ from node.cli.registry import add_registry_commands
 from node.cli.status import cmd_status
 from node.config import NodeConfig
 from node.errors import NodeError
-from node.launch import Ready, ready_line
-from node.logs import FORMATS
-from node.logs import configure as configure_logging
+from node.host.acl import CLIENT, RUNNER, reachable_url, role_url
+from node.host.launch import Ready, ready_line
+from node.observe.logs import FORMATS
+from node.observe.logs import configure as configure_logging
 
 log = logging.getLogger("hero-node")
 
@@ -187,7 +187,7 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from node.home import init_home
+    from node.host.home import init_home
 
     config = init_home(
         home_of(args),

@@ -8,23 +8,23 @@ import sys
 import time
 from typing import Any
 
-from bus import keys
-from bus.client import Client
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.models import Actor, Context
+from bus.core.urls import check_link_url
 from bus.errors import ModelError
-from bus.models import Actor, Context
-from bus.urls import check_link_url
 from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
 from node.cli.parsing import hidden_alias
-from node.linkinfo import read_links
-from node.routing.peer_breakers import BREAKERS_FIELD
+from node.links.peer_breakers import BREAKERS_FIELD
+from node.observe.linkinfo import read_links
 
 RESTART_NOTE = "the running node keeps an open link to it until it restarts"
 
 
 def ws_address(value: str) -> str:
-    """A peer's address (bus/urls.py ``check_link_url``; "" for a peer that only dials us); an
+    """A peer's address (bus/core/urls.py ``check_link_url``; "" for a peer that only dials us); an
     argparse type, so a wrong one is a usage error before anything is written."""
     try:
         return check_link_url(value)
@@ -113,7 +113,7 @@ async def peer_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def peer_facts(client: Client) -> list[dict[str, object]]:
-    """Every peer with its link (node/linkinfo.py) and outbox length; the shape of
+    """Every peer with its link (node/observe/linkinfo.py) and outbox length; the shape of
     ``peer list --json`` and of ``status --json``'s ``peers``."""
     info = await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
     links = read_links(info)

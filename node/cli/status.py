@@ -1,7 +1,8 @@
 """``hero-node status``: the running node as its Redis shows it, as text or JSON.
 
 It reads what the node publishes in DB 0 (``node:info``, with the node's counters: see
-node/counters.py, and its links: node/linkinfo.py), the peers and their outboxes, and per
+node/observe/counters.py, and its links: node/observe/linkinfo.py), the peers and their outboxes,
+and per
 context the message lists, the job queues and the live runners.
 """
 
@@ -11,17 +12,17 @@ import argparse
 import time
 from typing import Any
 
-from bus import keys
-from bus.atomic import type_breakers
-from bus.client import Client
-from bus.store import Store
-from node import counters
+from bus.client.api import Client
+from bus.core import keys
+from bus.store.atomic import type_breakers
+from bus.store.connection import Store
 from node.cli.common import with_client
 from node.cli.output import print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
-from node.linkinfo import LINKS_FIELD
-from node.routing.peer_breakers import BREAKERS_FIELD
+from node.links.peer_breakers import BREAKERS_FIELD
+from node.observe import counters
+from node.observe.linkinfo import LINKS_FIELD
 
 LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
 
@@ -117,7 +118,7 @@ def _type_breaker(script_type: str, b: dict[str, Any]) -> str:
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, its live runners (those
     with a presence key: type, busy with which jobs) and its script types' circuit breakers
-    (bus/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
+    (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
     from node.runners.presence import live_runners
 
     lens = {q: await store.llen(ctx, q) for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)}

@@ -7,7 +7,7 @@ must be one it can parse (``--timeout`` > 0), the script within its ``max_script
 a job that runs here of a type it has runners for. A job for a peer whose link is down is queued
 all the same (the outbox keeps it until the link is back), and the user is told so at once.
 Whatever the node still refuses reaches the waiting client through its reply list at once
-(node/routing/messages.py), with the reason.
+(node/intake/messages.py), with the reason.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import trio
 
-from bus.client import Client, JobResult
+from bus.client.api import Client, JobResult
+from bus.core.models import JobStatus, Message
 from bus.errors import ClientError
-from bus.models import JobStatus, Message
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, unless_interrupted
 from node.cli.registry import peer_facts

@@ -2,17 +2,17 @@
 prerequisites finish, dooms the dependents of failed jobs, and keeps the flow's status/result.
 
 Event-driven and recoverable. The client stores an actor-signed flow (``flow:<id>``, see
-bus/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
+bus/core/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
 it to ``flows:active`` and pushes its id on ``flow_events``. Every job result that reaches this
-node for a flow job pushes the flow id there too (node/routing/messages.py ``result_write``). The
+node for a flow job pushes the flow id there too (node/intake/messages.py ``result_write``). The
 engine pops ``flow_events`` reliably and *re-evaluates* the flow from what Valkey holds: the
-job copies' statuses go into :func:`bus.dag.schedule`; doomed jobs end in ``error`` with
+job copies' statuses go into :func:`bus.core.dag.schedule`; doomed jobs end in ``error`` with
 reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_job`` messages on
 ``msg_out`` (atomically with their copy turning ``dispatched``); the flow's status and result
 are written and a change is pushed on ``flow_progress:<id>`` for waiting clients. Evaluation
 is idempotent, so a restart simply re-evaluates every flow still in ``flows:active``.
 
-Every flow has a deadline (bus/flows.py ``FlowDoc.deadline``: signed, else the node's
+Every flow has a deadline (bus/core/flows.py ``FlowDoc.deadline``: signed, else the node's
 ``flow_deadline_s``), kept in the ``flow_deadlines`` zset while the flow is not final. A timer
 sleeps until the earliest one and moves due flows onto ``flow_events``; evaluated past its
 deadline, a flow's unfinished jobs end in ``error`` (``flow_deadline``) and so does the flow, so
@@ -28,17 +28,17 @@ from typing import NoReturn
 
 import trio
 
-from bus import keys
-from bus.atomic import flows as atomic_flows
-from bus.dag import DOOMED_REASON, Decision, flow_result, schedule
-from bus.envelope import sign_message
+from bus.core import keys
+from bus.core.dag import DOOMED_REASON, Decision, flow_result, schedule
+from bus.core.envelope import sign_message
+from bus.core.flows import FlowDoc, FlowJobPayload
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import FlowStatus, JobStatus, Message, MessageType
+from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
-from bus.flows import FlowDoc, FlowJobPayload
-from bus.ids import new_id, new_nonce, now
-from bus.models import FlowStatus, JobStatus, Message, MessageType
-from bus.reasons import Reason
+from bus.store.atomic import flows as atomic_flows
 from node.flows.trust import check_flow_doc, check_may_execute
-from node.routing.messages import Rejected
+from node.intake.messages import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

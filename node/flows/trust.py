@@ -1,6 +1,6 @@
 """Who may run a flow job: the checks on actor-signed flow documents and node-signed flow jobs.
 
-See bus/flows.py for the trust design. :func:`check_flow_doc` is shared by the origin's flow
+See bus/core/flows.py for the trust design. :func:`check_flow_doc` is shared by the origin's flow
 engine (once per evaluation) and by :func:`authorise_flow_job`, which the consumer runs on every
 incoming ``flow_job`` message before materialising it. Both raise
 :class:`node.messages.Rejected` with a reason token.
@@ -8,15 +8,15 @@ incoming ``flow_job`` message before materialising it. Both raise
 
 from __future__ import annotations
 
-from bus import keys
-from bus.dag import FlowError, validate_flow
+from bus.core import keys
+from bus.core.dag import FlowError, validate_flow
+from bus.core.flows import FlowDoc, FlowJobPayload, verify_flow
+from bus.core.ids import now
+from bus.core.models import Context, Message
+from bus.core.reasons import Reason
+from bus.core.verify import judge
 from bus.errors import ModelError
-from bus.flows import FlowDoc, FlowJobPayload, verify_flow
-from bus.ids import now
-from bus.models import Context, Message
-from bus.reasons import Reason
-from bus.verify import judge
-from node.routing.messages import Rejected
+from node.intake.messages import Rejected
 from node.state import NodeState
 
 # a flow refused for its key or signature algorithm says so, as a message would
@@ -79,7 +79,7 @@ def may_execute_in(context: Context | None, ctx: int, actor_id: int) -> None:
 
 
 async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> None:
-    """Check an incoming ``flow_job`` message (see bus/flows.py); Rejected if it may not run.
+    """Check an incoming ``flow_job`` message (see bus/core/flows.py); Rejected if it may not run.
 
     Order: origin node's signature and freshness, payload shape, the actor-signed document,
     that the document belongs to this origin and caller, that the job targets this node and

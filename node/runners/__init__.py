@@ -1,6 +1,7 @@
-"""Running jobs: runner processes that pop their own queues (their slots, leases and attempts,
-script execution, python in a warm interpreter), the node's side of them, presence, and the
-external runner protocol."""
+"""The node's side of running jobs (trio): supervising the runner processes (processes.py),
+recovering their slots and scheduling retries (recovery.py), adopting what a dead node's jobs
+finished (adoption.py), presence, and the external runner protocol. The runner process itself
+is node/worker/."""
 
 # The modules of this room are imported by their own names; the package re-exports none.
 __all__: list[str] = []

@@ -5,7 +5,7 @@ its attempt, into ``run/outcomes`` (node/runners/outcomes.py). At the next start
 
 * the orphan killer spares a process whose pid file names the outcome file of a job's current
   attempt (:func:`kill_orphans_but_adoptable`): it is worth waiting for;
-* each runner slot, for each job it left ``started`` (node/runners/runner.py: recover_slot),
+* each runner slot, for each job it left ``started`` (node/runners/recovery.py: recover_slot),
   adopts the outcome of the job's current attempt if one was written; if the process still
   runs, it waits for its exit (a pidfd, no polling) and adopts then; only a job whose process
   is gone with no outcome is ``runner_lost``.
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import trio
 
-from bus.atomic import runs, slots
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
-from bus.models import JobStatus, Message, RunnerJob
-from bus.reasons import Reason
+from bus.store.atomic import runs, slots
 from node.runners import outcomes
-from node.runners.executor import Outcome, kill_orphans, live_processes, outcome_of
+from node.runners.exits import Outcome, kill_orphans, live_processes, outcome_of
 from node.runners.outcomes import outcome_dir, parse_outcome_name, read_outcome
 from node.state import NodeState
 
@@ -133,7 +133,7 @@ class LeftBehind:
     logs: tuple[Path, Path]  # the slot's log files, which a command job's output went to
 
 
-# How the runner concludes an attempt (node/runners/runner.py: conclude), given here so that
+# How the runner concludes an attempt (node/runners/recovery.py: conclude), given here so that
 # this module does not import the runner that imports it.
 Conclude = Callable[[NodeState, int, LeftBehind, Outcome, str], Awaitable[None]]
 

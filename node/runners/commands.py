@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from bus.models import RunnerJob
+from bus.core.models import RunnerJob
 from node.errors import ConfigError
 
 SCRIPT_FILE = "{script_file}"

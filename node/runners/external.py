@@ -22,8 +22,8 @@ TTL lets the lease of a live process lapse. For this node's own runners the reap
 attempt a live runner process of this node runs (``NodeState.runner_processes``) re-takes its
 lease; one none of them runs is ended. An external runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
-bus/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
-recovery at start (node/runners/runner.py: recover_slot), which adopts what finished meanwhile.
+bus/store/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
+recovery at start (node/runners/recovery.py: recover_slot), which adopts what finished meanwhile.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from typing import NoReturn
 
 import trio
 
-from bus import keys
-from bus.atomic import runs
-from bus.envelope import ResultBody
+from bus.core import keys
+from bus.core.envelope import ResultBody
+from bus.core.ids import ms_after
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
-from bus.ids import ms_after
-from bus.models import JobStatus, Message, RunnerJob
-from bus.reasons import Reason
-from node.routing.messages import result_message
+from bus.store.atomic import runs
+from node.intake.messages import result_message
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.queues import queue_of
 from node.state import NodeState

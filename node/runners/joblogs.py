@@ -4,7 +4,7 @@ Scripts write their output to two files under ``run/logs``, one pair per runner 
 when the slot's next job starts); while the job runs, its pump appends what is new to the
 stream ``logs:<job key>`` every LOG_FLUSH_S (a job that ends sooner has its output in its result
 and never touches the stream). The runner process's watch thread drives the flushes
-(node/runners/procjob.py). When a job that published ends, the rest and an ``end`` entry
+(node/worker/job.py). When a job that published ends, the rest and an ``end`` entry
 follow. Each stream forwards at most ``max_output_bytes``, keeps at most MAX_ENTRIES entries and
 expires with the reply lists. ``hero-node job logs KEY --follow`` reads it.
 """
@@ -17,10 +17,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bus import keys
+from bus.core import keys
 
 if TYPE_CHECKING:
-    from bus.atomic.runs_sync import SyncRuns
+    from bus.store.atomic.runs_sync import SyncRuns
 
 LOG_FLUSH_S = 0.5
 MAX_ENTRIES = 2000

@@ -16,14 +16,14 @@ import random
 import re
 from dataclasses import dataclass
 
-from bus.models import JobStatus, RunnerJob
-from bus.reasons import Reason
+from bus.core.models import JobStatus, RunnerJob
+from bus.core.reasons import Reason
 
 NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE)
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 EXPONENTIAL, LINEAR = "exponential", "linear"
-# The reason of an attempt whose script exited non-zero (node/runners/executor.py).
+# The reason of an attempt whose script exited non-zero (node/runners/exits.py).
 _EXIT = re.compile(r"exit code (\d+)")
 
 

@@ -22,11 +22,11 @@ from typing import Any
 
 import trio
 
-from bus import keys
-from bus.atomic import slots as atomic_slots
-from bus.ids import now
-from bus.models import Runner, decode_hash
-from bus.store import Store
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import Runner, decode_hash
+from bus.store.atomic import slots as atomic_slots
+from bus.store.connection import Store
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Which list a job is queued on, and which lists a runner slot consumes (pure functions).
 
-A job is queued on the most specific queue it names (``bus.keys``)::
+A job is queued on the most specific queue it names (``bus.core.keys``)::
 
     queue:<type>                           no target (the plain, fast path)
     queue:<type>:group:<g>                 group g: any slot of that group
@@ -20,15 +20,15 @@ entry if the process dies between its pop and the in-flight push, and Lua cannot
 that this node queues on another list (a priority or targeted one) while its runners idle
 interrupts their wait (``NodeState.wake_idle_slots``); one queued there by another process
 (an operator's ``dlq retry``) is taken at the next wake-up: the next job on the type queue, or
-the pop timeout (node/runners/proc.py).
+the pop timeout (node/worker/loop.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bus import keys
-from bus.models import RunnerJob
+from bus.core import keys
+from bus.core.models import RunnerJob
 
 AGING_EVERY = 8
 

@@ -5,7 +5,7 @@ Routes:
     GET  /static/...       its script and style
     GET  /api/state        one snapshot (feed.py) as JSON
     GET  /api/events       the live feed: server-sent events, one ``state`` event per change
-    GET  /metrics          Prometheus exposition (node/metrics.py)
+    GET  /metrics          Prometheus exposition (node/observe/metrics.py)
     POST /api/dlq/retry    {"context": n, "key": "..."}: re-drive a dead letter  (token)
     POST /api/dlq/purge    {"context": n, "key": "..." or null}: delete dead letters (token)
 
@@ -31,7 +31,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from bus.errors import BusError
-from node.metrics import exposition
+from node.observe.metrics import exposition
 from node.web.feed import Feed
 
 log = logging.getLogger(__name__)

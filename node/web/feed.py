@@ -14,12 +14,13 @@ from typing import Any, Final
 
 import trio
 
-from bus import keys, outbox
-from bus.client import Client
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.ids import now
 from bus.errors import BusError
-from bus.ids import now
-from bus.transport import Transport
-from node import counters
+from bus.wire import outbox
+from bus.wire.transport import Transport
+from node.observe import counters
 from node.runners.presence import live_runners
 from node.runners.queues import consume_order, slot_bases
 from node.state import NodeState

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from bus.store import Store
+from bus.store.connection import Store
 
 SCAN_COUNT: Final = 500  # keys the server looks at per SCAN step
 SCAN_STEPS: Final = 20  # SCAN steps per refresh: at most 10 000 keys looked at per second

@@ -14,7 +14,7 @@ from hypercorn.config import Sockets
 from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
-from bus.transport import Transport
+from bus.wire.transport import Transport
 from node.errors import NodeError
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Final
 
-from bus.flows import FlowState
+from bus.core.flows import FlowState
 
 OUTPUT_CHARS: Final = 400  # the tail of a job's stdout/stderr that the page shows
 JOB_FIELDS: Final = [

@@ -16,12 +16,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bus.dag import parse_flow
-from bus.envelope import ResultBody, domain_for, sign_message
-from bus.flows import DOMAIN_FLOW, FlowDoc, FlowJobPayload, sign_flow
-from bus.handshake import DOMAIN as DOMAIN_HANDSHAKE
-from bus.handshake import Session, sign_transcript
-from bus.models import Flow, JobStatus, Message, MessageType, RunnerJob
+from bus.core.dag import parse_flow
+from bus.core.envelope import ResultBody, domain_for, sign_message
+from bus.core.flows import DOMAIN_FLOW, FlowDoc, FlowJobPayload, sign_flow
+from bus.core.handshake import DOMAIN as DOMAIN_HANDSHAKE
+from bus.core.handshake import Session, sign_transcript
+from bus.core.models import Flow, JobStatus, Message, MessageType, RunnerJob
 from crypto import KeyPair, sign_envelope
 from crypto.canonical import canonical_json, signing_input
 
@@ -189,7 +189,7 @@ def flow_doc() -> FlowDoc:
 
 
 def flow_hash(doc: FlowDoc, signatures: list[dict[str, str]]) -> dict[str, str]:
-    """``flow:<id>`` as a client stores it (bus/client.py ``Client._store_flow``)."""
+    """``flow:<id>`` as a client stores it (bus/client/api.py ``Client._store_flow``)."""
     flow = Flow(
         id=doc.id,
         caller_id=doc.caller_id,

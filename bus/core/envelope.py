@@ -1,0 +1,94 @@
+"""Signing and verifying messages: pure functions over models, no I/O.
+
+A job message is signed by the calling actor's key; a result message by the executing node's
+key; a flow job message by the origin node's key (it carries the actor-signed flow, see
+bus/core/flows.py). Each signs :meth:`Message.signed_content` under its own domain, so a signature
+over one kind can never be replayed as another.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+from bus.core.models import JobStatus, Message, MessageType, loads_text
+from bus.errors import ModelError
+from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
+
+DOMAIN_JOB = "message"
+DOMAIN_RESULT = "result"
+DOMAIN_STOP = "stop"
+DOMAIN_FLOW_JOB = "flow-job"  # a flow job released by its origin node (see node/flows/trust.py)
+
+
+def domain_for(message: Message) -> str:
+    if message.message_type is MessageType.RESULT:
+        return DOMAIN_RESULT
+    if message.message_type is MessageType.FLOW_JOB:
+        return DOMAIN_FLOW_JOB
+    if message.message_type is MessageType.STOP:
+        return DOMAIN_STOP
+    return DOMAIN_JOB
+
+
+def sign_message(message: Message, key: Signer) -> Message:
+    """Return the message with ``key``'s signature over its immutable fields."""
+    signature = sign_object(key, domain_for(message), message.signed_content())
+    return replace(message, signatures=[signature])
+
+
+def verify_message(
+    message: Message,
+    expected_public_key: str,
+    algorithm: str = ALGORITHM_ED25519,
+    accepted: Collection[str] | None = None,
+) -> Verdict:
+    """Check that ``expected_public_key`` (a key of ``algorithm``, which must be in
+    ``accepted`` when given) signed this message's immutable fields."""
+    return verify_object(
+        message.signatures,
+        domain_for(message),
+        message.signed_content(),
+        expected_public_key=expected_public_key,
+        expected_algorithm=algorithm,
+        accepted=accepted,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ResultBody:
+    """What a result message says (its ``message`` field, JSON): how one job ended."""
+
+    in_reply_to: str  # key of the job message this answers
+    job_key: str
+    status: JobStatus
+    result: dict[str, str]
+    reason: str = ""
+
+    def encode(self) -> str:
+        return json.dumps(
+            {
+                "in_reply_to": self.in_reply_to,
+                "job_key": self.job_key,
+                "status": self.status.value,
+                "result": self.result,
+                "reason": self.reason,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> ResultBody:
+        try:
+            d = loads_text(text, "result body")
+            status = JobStatus(d["status"])
+            result = d.get("result", {})
+            if not isinstance(result, dict) or not all(isinstance(v, str) for v in result.values()):
+                raise ModelError("result must map strings to strings")
+            return cls(
+                str(d["in_reply_to"]), str(d["job_key"]), status, result, str(d.get("reason", ""))
+            )
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ModelError(f"malformed result body: {exc}") from None

@@ -1,0 +1,226 @@
+"""Every Redis key hero-node uses is built here, and nowhere else.
+
+Contract: ``shared/seeds/coordinator-specs.md`` section 3 plus the extensions in
+``shared/DESIGN.md`` section 4. Actors, peers and node-level bookkeeping live in DB 0;
+everything that belongs to a context lives in that context's own DB (DB number = context id).
+"""
+
+from __future__ import annotations
+
+ACTORS_DB = 0
+
+# -- objects (hashes) ------------------------------------------------------------------------
+
+
+def actor(actor_id: int) -> str:
+    return f"actor:{actor_id}"
+
+
+ACTOR_PATTERN = "actor:*"  # SCAN pattern of every actor hash (DB 0)
+JOB_PATTERN = "job:*"  # SCAN pattern of every job hash of a context DB
+FLOW_PATTERN = "flow:*"  # SCAN pattern of every flow hash of a context DB
+
+
+def context(context_id: int) -> str:
+    return f"context:{context_id}"
+
+
+def flow(flow_id: int) -> str:
+    return f"flow:{flow_id}"
+
+
+def message(caller_id: int, message_id: int) -> str:
+    return f"message:{caller_id}:{message_id}"
+
+
+def runner(runner_id: str) -> str:
+    return f"runner:{runner_id}"
+
+
+def job(caller_id: int, job_id: int) -> str:
+    return f"job:{caller_id}:{job_id}"
+
+
+def parse_message_key(key: str) -> tuple[int, int]:
+    """``(caller_id, message_id)`` of a ``message:<caller_id>:<id>`` key; ValueError if not."""
+    prefix, caller, ident = key.split(":")
+    if prefix != "message":
+        raise ValueError(f"not a message key: {key!r}")
+    return int(caller), int(ident)
+
+
+# -- queues (lists) in a context DB ------------------------------------------------------------
+
+MSG_OUT = "msg_out"
+MSG_IN = "msg_in"
+DLQ = "dlq"
+# every dead letter is also pushed here, for the node's dlq watcher (node/observe/dlq.py): its hook
+# and the dlq bound see each entry once, whoever wrote it
+DLQ_EVENTS = "dlq_events"
+
+
+def queue(script_type: str) -> str:
+    return f"queue:{script_type}"
+
+
+def queue_group(script_type: str, group: str) -> str:
+    return f"queue:{script_type}:group:{group}"
+
+
+def queue_instance(script_type: str, group: str, instance: str) -> str:
+    return f"queue:{script_type}:group:{group}:inst:{instance}"
+
+
+def stop_queue(script_type: str) -> str:
+    return f"stop:{script_type}"
+
+
+def reply(message_key: str) -> str:
+    """Dedicated reply list a waiting client BLPOPs (rhailib pattern)."""
+    return f"reply:{message_key}"
+
+
+# A client's reply inbox is named in its signed message (``reply_to``): untrusted input, so the
+# node builds the key itself from a short name of a strict charset, and nothing else can be named.
+INBOX_NAME_MAX = 64
+_INBOX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def inbox_name_problem(name: str) -> str:
+    """Why ``name`` cannot name a reply inbox ("" if it can): 1 to 64 of ``A-Za-z0-9_.-``."""
+    if not name:
+        return "empty inbox name"
+    if len(name) > INBOX_NAME_MAX:
+        return f"inbox name of {len(name)} characters > {INBOX_NAME_MAX}"
+    bad = sorted(set(name) - _INBOX_CHARS)
+    if bad:
+        return f"inbox name holds {''.join(bad)!r} (allowed: A-Z a-z 0-9 _ - .)"
+    return ""
+
+
+def inbox(name: str) -> str:
+    """The reply inbox of a client (a list it pops in batches); ValueError for a bad name."""
+    problem = inbox_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return f"inbox:{name}"
+
+
+def reply_list(message_key: str, reply_to: str = "") -> str:
+    """The list every answer to message ``message_key``'s jobs is pushed on: the inbox its
+    signed ``reply_to`` names, else :func:`reply`. Admission refuses a message with a bad name
+    before any job of it runs; a name that went bad afterwards (its hash rewritten) falls back to
+    the default, so an answer path never raises and never pushes on a key it did not build."""
+    if reply_to and not inbox_name_problem(reply_to):
+        return inbox(reply_to)
+    return reply(message_key)
+
+
+def inflight(service: str) -> str:
+    """Per-consumer processing list for reliable pops (BLMOVE source -> here, LREM on ack)."""
+    return f"inflight:{service}"
+
+
+def lease(job_key: str) -> str:
+    """A runner's lease on the job it runs: its token, with a TTL kept alive by heartbeats."""
+    return f"lease:{job_key}"
+
+
+def logs(job_key: str) -> str:
+    """Stream of a running job's output (entries: stream=stdout|stderr, data; end=status)."""
+    return f"logs:{job_key}"
+
+
+def attempts(job_key: str) -> str:
+    """List of a job's attempts (JSON entries: attempt, runner, status, reason, times)."""
+    return f"attempts:{job_key}"
+
+
+REDELIVERIES = "redeliveries"  # hash: in-flight entry -> times it was recovered (poison guard)
+DEADLINES = "deadlines"  # zset "ack|<message key>" / "result|<message key>" by due time (ms)
+RUNNING = "running"  # set of job keys with a lease (started, not final)
+DELAYED = "delayed"  # zset of "<queue>|<job key>" scored by the time (ms) a retry is due
+
+
+def presence_runner(runner_id: str) -> str:
+    """A live runner's heartbeat (JSON, with a TTL it keeps refreshing); gone = not live."""
+    return f"presence:runner:{runner_id}"
+
+
+PRESENCE_RUNNER_PATTERN = "presence:runner:*"
+
+
+def runner_inflight(runner_id: str) -> str:
+    """The in-flight list of an external runner (README "External runners")."""
+    return inflight(f"runner:{runner_id}")
+
+
+# Job keys an external runner finished (final status and result written): the node answers
+# them (reply or signed result message) and applies retries. See node/runners/external.py.
+RESULTS = "results"
+
+# Hash of job statistics of the context, counted by every script that starts or ends a job
+# (bus/store/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by
+# node/observe/metrics.py. In Valkey, not in a node's memory: jobs end in runner processes too.
+STATS_JOBS = "stats:jobs"
+# hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
+TYPE_BREAKERS = "type_breakers"
+
+# consumed in this order, with aging (node/runners/queues.py)
+PRIORITIES = ("high", "normal", "low")
+
+
+def queue_prio(base: str, priority: str) -> str:
+    """The ``priority`` sub-queue of a job queue (``normal`` is the base queue itself)."""
+    return base if priority == "normal" else f"{base}:prio:{priority}"
+
+
+# -- node level (DB 0) -------------------------------------------------------------------------
+
+
+def peer(node_id: str) -> str:
+    return f"peer:{node_id}"
+
+
+PEERS = "peers"  # set of known node ids
+CONTEXTS = "contexts"  # set of context ids this node serves
+NODE_EVENTS = (
+    "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
+)
+NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
+
+
+def outbox(node_id: str) -> str:
+    """Durable per-peer outbox: entries ``<context_id>|<message key>`` wait here until acked."""
+    return f"outbox:{node_id}"
+
+
+def outbox_inflight(node_id: str) -> str:
+    return f"outbox:{node_id}:inflight"
+
+
+def nonce(caller_id: int, value: str) -> str:
+    """Marker that a caller's nonce was used (replay protection, expires with the window)."""
+    return f"nonce:{caller_id}:{value}"
+
+
+def seen(message_key: str) -> str:
+    """Marker that a message was accepted (replay / duplicate protection)."""
+    return f"seen:{message_key}"
+
+
+# -- flows (context DB of the flow's origin) ---------------------------------------------------
+
+FLOW_EVENTS = "flow_events"  # list of flow ids whose state may have changed (engine wake-ups)
+FLOWS_ACTIVE = "flows:active"  # set of flow ids not final yet (re-evaluated on engine start)
+FLOW_DEADLINES = "flow_deadlines"  # zset of flow ids not final yet, by deadline (s)
+
+
+def flow_progress(flow_id: int) -> str:
+    """List the engine LPUSHes on every evaluation of a flow; a waiting client BLPOPs it."""
+    return f"flow_progress:{flow_id}"
+
+
+def flow_job_claim(job_key: str) -> str:
+    """At a destination: the message that materialised a flow job (each runs at most once)."""
+    return f"flowjob:{job_key}"

@@ -1,0 +1,60 @@
+"""The one layer of atomic Valkey scripts.
+
+Every Lua script of the project lives in ``bus/store/atomic/lua/<name>.lua``, with a header comment
+that states its KEYS, its ARGV and its atomic effect, and is run through a named, typed method
+of a module of this package; nothing above ``bus/`` builds a script or a command by hand.
+
+A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
+shared local functions, such as the attempt fence) is placed there, so a rule that several
+scripts enforce is written once. ``${NAME}`` in a script is replaced by the value of that name in
+:data:`CONSTANTS`: the job statistics' key and buckets (``stats_jobs.lua``), the type breakers'
+key and the reasons that are no verdict on a type (``type_breaker.lua``), named once in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coredis.commands.script import Script
+
+from bus.core import keys
+from bus.core.reasons import Reason
+
+__all__ = ["BREAKER_NEUTRAL", "CONSTANTS", "STATS_BUCKETS_S", "script", "source"]
+
+_INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
+_CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
+
+# Upper bounds (s) of the job duration and round-trip histograms (node/observe/metrics.py): from a
+# local python job (milliseconds) to a long batch job (an hour).
+STATS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+# A failed attempt whose reason's token is one of these is no verdict on its script type (a
+# refusal, a stop): every reason but a timeout and a lost runner (type_breakers.py).
+BREAKER_NEUTRAL = tuple(r.value for r in Reason if r not in (Reason.TIMEOUT, Reason.RUNNER_LOST))
+CONSTANTS = {
+    "TYPE_BREAKERS_KEY": keys.TYPE_BREAKERS,
+    "BREAKER_NEUTRAL": "{" + ", ".join(f"['{r}'] = true" for r in BREAKER_NEUTRAL) + "}",
+    "STATS_KEY": keys.STATS_JOBS,
+    "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
+}
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua`` with its includes expanded (each at most once)."""
+    text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    text = _INCLUDE.sub(lambda m: source(m.group(1)), text)
+    return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], text)
+
+
+@cache
+def script(name: str) -> Script[str]:
+    """The script ``lua/<name>.lua`` (loaded once; run with EVALSHA, loaded on NOSCRIPT).
+    coredis is imported here, not above: runner processes read :func:`source` without it."""
+    from coredis.commands.script import Script
+
+    return Script(script=source(name))

@@ -1,0 +1,75 @@
+-- Fragment: local functions that keep the context's job statistics, the hash ${STATS_KEY}
+-- (read by node/observe/metrics.py). It is not in KEYS: every script that starts or ends a job counts
+-- it, whichever process runs it (the node, a runner process, the results service), and none of
+-- their callers has to know. Both ends of a duration are stamped by the server's clock (TIME),
+-- so node and runner processes never compare clocks.
+-- Fields: submitted|<type>, received|<type>, started|<type>,
+-- ended|<type>|<status>|<reason token> (status finished, error or retry; where the job ran),
+-- answered|<type>|<status>|<reason token> (at the job's origin), and the histograms
+-- duration|<type>|<le> and roundtrip|<type>|<le> (one count per bucket, not cumulative; le is
+-- the first bucket bound the value is not above, or +Inf) with duration_sum|<type> and
+-- roundtrip_sum|<type> (seconds). A job hash gains stats_queued_ms (when it was queued: on its
+-- origin, submitted; at its destination, received) and stats_started_ms (its attempt's start).
+local STATS = '${STATS_KEY}'
+local STATS_BUCKETS = ${STATS_BUCKETS}
+local function stats_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- a reason's token (its text up to ': '): labels stay few whatever a runner writes
+local function stats_token(text)
+  return string.sub(string.match(text or '', '^[a-z0-9_]*'), 1, 40)
+end
+-- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|')
+local function stats_type(job)
+  local t = redis.call('HGET', job, 'script_type') or ''
+  return string.sub(string.match(t, '^[%w_%.%-]*'), 1, 64)
+end
+local function stats_observe(name, stype, since_ms)
+  local t0 = tonumber(since_ms)
+  if not t0 then return end
+  local s = math.max(0, stats_ms() - t0) / 1000
+  local le = '+Inf'
+  for _, b in ipairs(STATS_BUCKETS) do
+    if s <= tonumber(b) then le = b; break end
+  end
+  redis.call('HINCRBY', STATS, name .. '|' .. stype .. '|' .. le, 1)
+  redis.call('HINCRBYFLOAT', STATS, name .. '_sum|' .. stype, s)
+end
+-- a job queued for the first time (a redelivery counts nothing): at its origin if its message
+-- names this node as both origin and destination or if message is false (the origin's copy)
+local function stats_queued(job, message)
+  if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
+  local event = 'submitted'
+  if message then
+    local m = redis.call('HMGET', message, 'origin', 'destination')
+    if not m[1] or m[1] ~= m[2] then event = 'received' end
+  end
+  redis.call('HINCRBY', STATS, event .. '|' .. stats_type(job), 1)
+end
+local function stats_started(job)
+  redis.call('HSET', job, 'stats_started_ms', stats_ms())
+  redis.call('HINCRBY', STATS, 'started|' .. stats_type(job), 1)
+end
+-- a job ended where it would run, no attempt running (a queued job stopped)
+local function stats_ended_queued(job, status, reason)
+  local stype = stats_type(job)
+  local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
+  redis.call('HINCRBY', STATS, field, 1)
+  return stype
+end
+-- an attempt ended where it ran (reason false: the job's own reason field)
+local function stats_ended(job, status, reason)
+  reason = reason or redis.call('HGET', job, 'reason') or ''
+  -- a retry is written 'retrying after: <the attempt's reason>' (node/runners): count the latter
+  if status == 'retry' then reason = string.match(reason, '^retrying after: (.*)') or reason end
+  local stype = stats_ended_queued(job, status, reason)
+  stats_observe('duration', stype, redis.call('HGET', job, 'stats_started_ms'))
+end
+-- a job answered at its origin (its copy there, or the job itself if it ran there)
+local function stats_answered(job, status, reason)
+  local stype = stats_type(job)
+  local field = 'answered|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
+  redis.call('HINCRBY', STATS, field, 1)
+  stats_observe('roundtrip', stype, redis.call('HGET', job, 'stats_queued_ms'))
+end

@@ -1,0 +1,64 @@
+"""Atomic steps of the reliable queues and the dead-letter list (``queues_*.lua``).
+
+Each function runs one script on DB ``db`` of a :class:`~bus.store.connection.Store` and returns
+its reply
+as the script gives it (entries may still be bytes that are not UTF-8: the Store refuses those).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bus.core import keys
+from bus.store.atomic import script
+
+if TYPE_CHECKING:
+    from bus.store.connection import Store
+
+__all__ = ["pop_batch", "purge_dead", "read_hash", "read_hashes", "recover", "retry_dead"]
+
+
+async def pop_batch(
+    store: Store, db: int, source: str, inflight: str, limit: int, *, read: bool
+) -> list[Any]:
+    """Move up to ``limit`` entries of ``source`` to ``inflight``: the entries, each followed
+    (``read``) by the hash it names or the name of the type its key holds instead."""
+    args = [str(limit), "1" if read else "0"]
+    return list(await store.script(db, script("queues_pop_batch"), [source, inflight], args))
+
+
+async def read_hash(store: Store, db: int, key: str) -> Any:
+    """The hash ``key`` names as a flat list ([] if absent), or the type it holds instead."""
+    return await store.script(db, script("queues_read_hash"), [key], [])
+
+
+async def read_hashes(store: Store, db: int, hash_keys: list[str]) -> list[Any]:
+    """:func:`read_hash` of each key, in one round trip."""
+    return list(await store.script(db, script("queues_read_hashes"), hash_keys, []))
+
+
+async def recover(
+    store: Store, db: int, inflight: str, source: str, *, max_deliveries: int, now: int
+) -> int:
+    """Requeue what ``inflight`` holds on ``source``; an entry delivered more than
+    ``max_deliveries`` times is dead-lettered instead. How many were requeued."""
+    names = [inflight, source, keys.REDELIVERIES, keys.DLQ, keys.DLQ_EVENTS]
+    args = [str(max_deliveries), str(now), source]
+    return int(await store.script(db, script("queues_recover"), names, args))
+
+
+async def retry_dead(store: Store, db: int, key: str) -> int:
+    """Re-drive the dead letters of ``key`` onto the queue they name; how many there were."""
+    names = [keys.DLQ, keys.REDELIVERIES]
+    return int(await store.script(db, script("queues_retry_dead"), names, [key]))
+
+
+async def trim_dead(store: Store, db: int, oldest: list[str]) -> int:
+    """Drop ``oldest`` (oldest first) from the old end of the dlq, as long as they are still
+    there in that order; how many went."""
+    return int(await store.script(db, script("queues_trim_dead"), [keys.DLQ], oldest))
+
+
+async def purge_dead(store: Store, db: int, key: str) -> int:
+    """Delete the dead letters of ``key``; how many there were."""
+    return int(await store.script(db, script("queues_purge_dead"), [keys.DLQ], [key]))

@@ -1,0 +1,313 @@
+"""Atomic steps of the routing of messages (``routing_*.lua``): delivery over a link, acks,
+materialising jobs, results at the origin, message deadlines and stops.
+
+Each async function runs on DB ``ctx`` of a :class:`~bus.store.connection.Store`; the two functions
+that
+take ``tx`` queue their script in a transaction of :meth:`~bus.store.connection.Store.transaction`,
+to
+run atomically with the other writes queued there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bus.core import keys
+from bus.core.models import Message, MessageStatus
+from bus.store.atomic import script, source
+
+if TYPE_CHECKING:
+    from bus.store.connection import Store
+
+__all__ = [
+    "JobWrite",
+    "ResultAccept",
+    "ResultWrite",
+    "Routed",
+    "StopAccept",
+    "accept_results",
+    "accept_stop",
+    "apply_result",
+    "arm_deadlines",
+    "deliver",
+    "fail_request",
+    "mark_acked",
+    "materialise_batch",
+    "pop_due",
+    "push_outboxes",
+    "queue_outgoing",
+    "reply_targets",
+    "route",
+    "stop_job",
+    "withdraw",
+    "write_copies",
+    "write_own_job",
+]
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [x for kv in fields.items() for x in kv]
+
+
+async def deliver(store: Store, ctx: int, messages: list[tuple[str, dict[str, str]]]) -> list[bool]:
+    """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists
+    (pipelined, each atomic); per message, True if it was stored, False if already here."""
+    deliver_one = script("routing_deliver")
+    calls = [(deliver_one, [key, keys.MSG_IN], _flat(fields)) for key, fields in messages]
+    return [bool(stored) for stored in await store.scripts(ctx, calls)]
+
+
+async def mark_acked(
+    store: Store, ctx: int, message_keys: list[str], *, now: int, peer: str
+) -> list[bool]:
+    """Mark each message acknowledged by ``peer``, if it was sent to that peer (pipelined);
+    per message, whether it was."""
+    ack = script("routing_ack")
+    calls = [(ack, [key], [str(now), peer]) for key in message_keys]
+    return [bool(done) for done in await store.scripts(ctx, calls)]
+
+
+@dataclass(frozen=True)
+class JobWrite:
+    """One job hash to write, and the queue to put its key on ("" for none)."""
+
+    key: str
+    queue: str
+    fields: dict[str, str]
+
+
+async def materialise_batch(
+    store: Store,
+    ctx: int,
+    inflight: str,
+    batch: list[tuple[Message, list[JobWrite]]],
+    *,
+    now: int,
+    window_s: int,
+    depth_of: list[str],
+) -> tuple[list[int], int, list[str]]:
+    """Write each message's jobs unless the message (key or nonce) was accepted before or one
+    of its job keys is another message's, in one atomic script. Returns one code per message
+    (0 written; 1 replay of its key, 2 of its nonce, 3 a job key held by another message:
+    nothing written for it), the depth of the deepest queue of ``depth_of`` afterwards, and
+    per message the job key refused and its holder ("" if none)."""
+    payload = [
+        {
+            "key": message.key,
+            "seen": keys.seen(message.key),
+            "nonce": keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
+            "jobs": [{"key": j.key, "queue": j.queue, "fields": _flat(j.fields)} for j in jobs],
+        }
+        for message, jobs in batch
+    ]
+    args = [json.dumps(payload), str(now), str(window_s)]
+    materialise = script("routing_materialise")
+    codes, depth, owners = await store.script(ctx, materialise, [inflight, *depth_of], args)
+    return [int(c) for c in codes], int(depth), [str(o) for o in owners]
+
+
+def write_own_job(tx: Any, job_key: str, message_key: str, fields: dict[str, str]) -> None:
+    """Queue in ``tx`` the write of job hash ``job_key`` of message ``message_key`` (``fields``
+    must name it as message_key), unless that key holds another message's job."""
+    tx.eval(source("routing_write_own_job"), [job_key], [message_key, *_flat(fields)])
+
+
+@dataclass(frozen=True)
+class ResultWrite:
+    """What a result changes at its origin (``routing_apply_result_fn.lua``)."""
+
+    job_key: str
+    request: str  # the request message's key
+    status: str  # the job's final status
+    result: str  # JSON
+    reason: str
+    stamp: int
+    request_status: str
+    reply: str  # JSON, pushed on the request's reply list
+    reply_ttl_s: int
+    reply_to: str = ""  # the request's signed reply_to (its client's inbox), "" if none
+
+    def script_keys(self) -> list[str]:
+        reply_list = keys.reply_list(self.request, self.reply_to)
+        return [self.job_key, self.request, reply_list, keys.FLOW_EVENTS]
+
+    def script_args(self) -> list[str]:
+        return [
+            self.status,
+            self.result,
+            self.reason,
+            str(self.stamp),
+            self.request_status,
+            self.reply,
+            str(self.reply_ttl_s),
+        ]
+
+
+def apply_result(tx: Any, write: ResultWrite) -> None:
+    """Queue in ``tx`` what a result changes at its origin."""
+    tx.eval(source("routing_apply_result"), write.script_keys(), write.script_args())
+
+
+@dataclass(frozen=True)
+class ResultAccept:
+    """A verified result message to accept: its key, nonce marker ("" if none), signer."""
+
+    message_key: str
+    nonce_key: str
+    origin: str
+    write: ResultWrite
+
+
+async def accept_results(
+    store: Store,
+    ctx: int,
+    inflight: str,
+    results: list[ResultAccept],
+    *,
+    window_s: int,
+    node_id: str,
+) -> list[tuple[str, str]]:
+    """Accept each result in order, each atomically with its checks (pipelined): per result
+    ("ok", "") or (reason, detail) with nothing written; see routing_accept_result.lua."""
+    accept = script("routing_accept_result")
+    calls = [
+        (
+            accept,
+            [r.message_key, keys.seen(r.message_key), r.nonce_key, inflight]
+            + r.write.script_keys(),
+            [*r.write.script_args(), str(window_s), r.message_key, r.origin, node_id],
+        )
+        for r in results
+    ]
+    return [(str(reason), str(detail)) for reason, detail in await store.scripts(ctx, calls)]
+
+
+async def reply_targets(store: Store, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request message at its origin ("" if it has none, or is no
+    hash), in one round trip: where the answers its results carry are pushed."""
+    if not requests:
+        return []
+    found = await store.script(ctx, script("routing_reply_targets"), requests, [])
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in found]
+
+
+async def pop_due(store: Store, ctx: int, now_ms: int) -> tuple[int, list[str]]:
+    """Take every message deadline due by ``now_ms`` off ``deadlines``: the next due time
+    (Unix ms, -1 if none is left) and the due members (``ack|<key>``, ``result|<key>``)."""
+    after, due = await store.script(ctx, script("routing_pop_due"), [keys.DEADLINES], [str(now_ms)])
+    return int(after), [str(m) for m in due]
+
+
+async def stop_job(
+    store: Store, ctx: int, job_key: str, script_type: str, *, reason: str, now: int
+) -> str:
+    """Stop job ``job_key``: a queued one leaves its queue and ends in error (``reason``), a
+    started one is announced on its type's stop list. The status it had ("" if none)."""
+    names = [job_key, keys.queue(script_type), keys.DELAYED, keys.stop_queue(script_type)]
+    before = await store.script(ctx, script("routing_stop"), names, [reason, str(now), job_key])
+    return str(before)
+
+
+async def queue_outgoing(store: Store, ctx: int, message: Message) -> None:
+    """Store ``message`` and queue it on ``msg_out``, in one transaction, so the supervisor
+    never pops a key whose hash is missing. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        tx.hset(message.key, message.to_hash())
+        tx.lpush(keys.MSG_OUT, [message.key])
+
+
+@dataclass(frozen=True)
+class StopAccept:
+    """An accepted stop message: its key, its replay markers' TTL and its nonce marker key
+    ("" for a message without a nonce)."""
+
+    key: str
+    window_s: int
+    nonce_key: str
+
+
+async def accept_stop(store: Store, ctx: int, inflight: str, stop: StopAccept) -> None:
+    """Mark the stop message processed, set its replay markers (TTL ``window_s``) and take it
+    off ``inflight``, in one transaction: a crash leaves it either unaccepted (popped again)
+    or fully accepted (never replayed). Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        tx.hset(stop.key, {"status": MessageStatus.PROCESSED.value})
+        tx.set(keys.seen(stop.key), "1", ex=stop.window_s)
+        if stop.nonce_key:
+            tx.set(stop.nonce_key, stop.key, ex=stop.window_s)
+        tx.lrem(inflight, 1, stop.key)
+
+
+def arm_deadlines(tx: Any, message_key: str, ack_ms: int, result_ms: int) -> None:  # noqa: ANN401
+    """Queue in ``tx`` the ack and result deadlines (Unix ms) of a job message sent on."""
+    members: dict[str | bytes, int | float] = {
+        f"ack|{message_key}": ack_ms,
+        f"result|{message_key}": result_ms,
+    }
+    tx.zadd(keys.DEADLINES, members)
+
+
+async def write_copies(store: Store, ctx: int, message_key: str, copies: list[JobWrite]) -> None:
+    """Write the origin's copies of message ``message_key``'s jobs (see write_own_job), in one
+    transaction. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for copy in copies:
+            write_own_job(tx, copy.key, message_key, copy.fields)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A checked message leaving ``msg_out``: ``local`` when this node is its destination;
+    for a job message to a peer, the origin's job copies and its deadlines (ack, result; ms)."""
+
+    key: str
+    local: bool
+    copies: list[JobWrite]
+    deadlines: tuple[int, int] | None
+
+
+async def push_outboxes(store: Store, by_peer: dict[str, list[str]]) -> None:
+    """Push each peer's outbox entries onto its durable outbox, in one transaction on the
+    actors DB. Raises StoreError."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        for peer, entries in by_peer.items():
+            tx.lpush(keys.outbox(peer), entries)
+
+
+async def route(store: Store, ctx: int, inflight: str, routed: list[Routed]) -> None:
+    """Queue each local message on ``msg_in``; write each job message's origin copies and arm
+    its deadlines; ack every one off ``inflight``: one transaction, so a message is never
+    acked without what routing it wrote. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for r in routed:
+            if r.local:
+                tx.lpush(keys.MSG_IN, [r.key])
+            else:
+                for copy in r.copies:
+                    write_own_job(tx, copy.key, r.key, copy.fields)
+                if r.deadlines is not None:
+                    arm_deadlines(tx, r.key, *r.deadlines)
+            tx.lrem(inflight, 1, r.key)
+
+
+async def fail_request(
+    store: Store, ctx: int, key: str, writes: list[ResultWrite], reason: str
+) -> None:
+    """Apply each of ``writes`` (a job's error result at its origin) and set request ``key``
+    to error with ``reason``, in one transaction. Raises StoreError."""
+    async with store.transaction(ctx) as tx:
+        for write in writes:
+            apply_result(tx, write)
+        tx.hset(key, {"status": MessageStatus.ERROR.value, "reason": reason})
+
+
+async def withdraw(store: Store, peer: str, entry: str) -> int:
+    """Take ``entry`` out of ``peer``'s outbox and its in-flight list in one transaction (the
+    pump moves an entry atomically from one to the other, so it is in neither afterwards);
+    returns how many in-flight copies it removed. Raises StoreError."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        tx.lrem(keys.outbox(peer), 0, entry)
+        sent = tx.lrem(keys.outbox_inflight(peer), 0, entry)
+    return int(await sent)

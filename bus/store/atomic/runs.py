@@ -1,0 +1,418 @@
+"""Atomic job-attempt transitions of the runners (scripts ``lua/runs_*.lua``), fenced by the
+attempt number.
+
+Starting a job increments its ``attempt`` field: that number is the attempt's fencing token.
+Every transition that ends an attempt (finish, retry, requeue, malformed, reap) names the
+attempt it ends and happens only while the job is still ``started`` with that attempt
+(``runs_fence.lua``), so the result of a superseded attempt (the job was presumed lost and
+started again, or ended) is refused, while a result that arrives after a stall, its lease
+expired but nobody else having started the job, is accepted: an expired lease alone proves
+nothing about the process.
+
+The runner also holds ``lease:<job>`` (its token, a TTL it renews): that is liveness, which the
+reapers read to find attempts whose process may be gone; it is never the fence.
+
+The results service of external runners answers each final job once (``runs_answered.lua``):
+only the attempt it read, with the status it read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import Message
+from bus.core.reasons import Reason
+from bus.store.atomic import script, source
+from bus.store.atomic.type_breakers import open_wait
+
+if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
+    from coredis.commands.script import Script
+
+    from bus.store.connection import Store
+
+__all__ = [
+    "Answered",
+    "RESULTS_INFLIGHT",
+    "NextJob",
+    "Started",
+    "answer_local",
+    "answer_remote",
+    "answered_retry",
+    "attempt_entry",
+    "attempt_state",
+    "finish",
+    "finish_local",
+    "finish_malformed",
+    "move_due",
+    "pop_first",
+    "reap",
+    "renew",
+    "requeue",
+    "retry_later",
+    "running_jobs",
+    "start",
+    "unrunnable_detail",
+]
+
+
+@dataclass
+class NextJob:
+    """Where a runner takes its next job from (its lists, in consume order), and how it names
+    its lease. ``found_empty`` is set when the take found every list empty. With
+    ``script_type``, that type's circuit breaker (bus/store/atomic/type_breakers.py) is consulted:
+    ``breaker_wait_ms`` is then set when it let no job start (for that long)."""
+
+    lists: tuple[str, ...]
+    token_base: str
+    ttl_ms: int
+    runner_id: str = ""
+    found_empty: bool = False
+    script_type: str = ""
+    breaker_wait_ms: int = 0
+
+    def args(self) -> list[str]:
+        """ARGV of runs_take_next.lua."""
+        return [
+            self.token_base,
+            str(self.ttl_ms),
+            str(now()),
+            keys.lease(""),
+            self.runner_id,
+            self.script_type,
+        ]
+
+
+Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
+
+
+def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
+    """The record of one ended attempt, appended to ``attempts:<job>``."""
+    return json.dumps(
+        {
+            "attempt": attempt,
+            "runner": runner,
+            "status": status,
+            "reason": reason,
+            "started_at": started_at,
+            "ended_at": now(),
+        }
+    )
+
+
+def unrunnable_detail(reason: str) -> str:
+    """What a reason token of ``runs_unrunnable.lua`` means, for the dead letter."""
+    return {
+        Reason.MISSING_HASH: "the queue entry names no job hash",
+        Reason.WRONG_TYPE: "the queue entry names a key that holds no hash",
+    }.get(
+        Reason(reason),
+        "no status, an attempt that is not a small integer, or a key that is not ASCII",
+    )
+
+
+def _attempt_keys(job_key: str, inflight: str) -> list[str]:
+    return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+async def start(
+    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, runner_id: str = ""
+) -> dict[str, str] | str:
+    """Take the lease and mark the job started; the job's fields (``attempt`` counts this
+    attempt), {} if the job is final, or why the entry names nothing to start (a reason token:
+    :func:`unrunnable_detail`). ``runner_id`` names the in-flight list
+    (``inflight:runner:<runner_id>``) a reaper removes the job from. Raises StoreError."""
+    args = [token, str(ttl_ms), str(now()), runner_id]
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING]
+    flat = await store.script(ctx, script("runs_start"), key_list, args)
+    if isinstance(flat, str | bytes):
+        return flat.decode() if isinstance(flat, bytes) else flat
+    if isinstance(flat, dict):  # RESP3 may already give a map
+        return {str(k): str(v) for k, v in flat.items()}
+    return _pairs(flat)
+
+
+async def renew(
+    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, attempt: int
+) -> bool:
+    """Keep (or re-take) the lease of ``attempt``; False if that attempt was superseded."""
+    key_list = [keys.lease(job_key), job_key]
+    args = [token, str(ttl_ms), str(attempt)]
+    return bool(await store.script(ctx, script("runs_renew"), key_list, args))
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How attempt ``attempt`` of ``job_key`` ended, as finish and finish_local record it
+    (``inflight``: the runner's in-flight list, which the job leaves)."""
+
+    job_key: str
+    attempt: int
+    inflight: str
+    status: str
+    result: dict[str, str]
+    reason: str
+    entry: str
+
+    def args(self) -> list[str]:
+        """ARGV[1..6] of runs_finish.lua and runs_finish_local.lua."""
+        result = json.dumps(self.result)
+        return [str(self.attempt), self.status, result, self.reason, str(now()), self.entry]
+
+
+async def finish(
+    store: Store,
+    ctx: int,
+    ending: Ending,
+    *,
+    answer: Message,
+    take_next: NextJob | None = None,
+) -> tuple[bool, Started | None]:
+    """Record the final state and queue the signed answer (False if ``ending.attempt`` is not
+    the job's current one: superseded, or already ended); with ``take_next``, also start the
+    next queued job in the same round trip."""
+    fields = [x for kv in answer.to_hash().items() for x in kv]
+    key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer.key, keys.MSG_OUT]
+    call = ("runs_finish", key_list, [*ending.args(), *fields])
+    return await _with_next(store, ctx, call, ending.inflight, take_next)
+
+
+def finish_local_call(
+    ending: Ending, *, request_key: str, reply_ttl_s: int, reply_to: str = ""
+) -> tuple[str, list[str], list[str]]:
+    """The script, KEYS and ARGV of finishing a job submitted on this node: final state,
+    request status and the client's reply (on the list ``keys.reply_list`` picks for
+    ``reply_to``). One builder for the node's store and the runner processes' sync client
+    (bus/store/atomic/runs_sync.py), so both answer alike."""
+    reply = json.dumps(
+        {
+            "in_reply_to": request_key,
+            "job_key": ending.job_key,
+            "status": ending.status,
+            "result": ending.result,
+            "reason": ending.reason,
+        }
+    )
+    key_list = [
+        *_attempt_keys(ending.job_key, ending.inflight),
+        request_key,
+        keys.reply_list(request_key, reply_to),
+        keys.FLOW_EVENTS,
+    ]
+    return "runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)]
+
+
+async def finish_local(
+    store: Store,
+    ctx: int,
+    ending: Ending,
+    *,
+    request_key: str,
+    reply_ttl_s: int,
+    reply_to: str = "",
+    take_next: NextJob | None = None,
+) -> tuple[bool, Started | None]:
+    """Finish a job submitted on this node in one step, with no result message in between
+    (:func:`finish_local_call`). False if ``ending.attempt`` is not current."""
+    call = finish_local_call(
+        ending, request_key=request_key, reply_ttl_s=reply_ttl_s, reply_to=reply_to
+    )
+    return await _with_next(store, ctx, call, ending.inflight, take_next)
+
+
+@cache
+def _then(first: str, second: str) -> Script[str]:
+    """One script that runs the script ``first`` then ``second``, each with its own KEYS and
+    ARGV (ARGV[1], ARGV[2]: how many keys and args belong to ``first``); returns both results."""
+    from coredis.commands.script import Script
+
+    return Script(script=then_source(first, second))
+
+
+def then_source(first: str, second: str) -> str:
+    """The text of :func:`_then`'s script (runner processes run it with their own client)."""
+    return f"""
+local function first(KEYS, ARGV)
+{source(first)}
+end
+local function second(KEYS, ARGV)
+{source(second)}
+end
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 3, 2 + na)}})
+local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 3 + na)}})
+return {{r1, r2}}
+"""
+
+
+async def _with_next(
+    store: Store,
+    ctx: int,
+    finish_call: tuple[str, list[str], list[str]],
+    inflight: str,
+    take_next: NextJob | None,
+) -> tuple[bool, Started | None]:
+    name, f_keys, f_args = finish_call
+    if take_next is None:
+        return bool(await store.script(ctx, script(name), f_keys, f_args)), None
+    nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
+    nxt_args = take_next.args()
+    done, nxt = await store.script(
+        ctx,
+        _then(name, "runs_take_next"),
+        [*f_keys, *nxt_keys],
+        [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
+    )
+    if len(nxt) == 2 and (wait_ms := open_wait(nxt[1])) is not None:  # nothing taken
+        take_next.breaker_wait_ms = wait_ms
+        return bool(done), None
+    if len(nxt) == 2:  # an entry no runner can start: taken off already, recorded here
+        detail = unrunnable_detail(str(nxt[1]))
+        await store.refuse_entry(ctx, inflight, nxt[0], str(nxt[1]), detail, queue="")
+    if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
+        take_next.found_empty = not nxt
+        return bool(done), None
+    return bool(done), (str(nxt[0]), _pairs(nxt[1:]))
+
+
+async def retry_later(
+    store: Store,
+    ctx: int,
+    job_key: str,
+    attempt: int,
+    inflight: str,
+    *,
+    queue: str,
+    reason: str,
+    entry: str,
+    due_ms: int,
+) -> bool:
+    """Record the failed attempt and schedule the next one; False if ``attempt`` is not current."""
+    args = [str(attempt), reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
+    key_list = [*_attempt_keys(job_key, inflight), keys.DELAYED]
+    return bool(await store.script(ctx, script("runs_retry"), key_list, args))
+
+
+async def finish_malformed(
+    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, detail: str
+) -> bool:
+    """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
+    args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
+    return bool(await store.script(ctx, script("runs_malformed"), key_list, args))
+
+
+async def requeue(
+    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, queue: str
+) -> bool:
+    """Give an interrupted attempt back (shutdown): not counted, queued at the consuming end."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+    args = [str(attempt), str(now())]
+    return bool(await store.script(ctx, script("runs_requeue"), key_list, args))
+
+
+async def move_due(store: Store, ctx: int, now_ms: int) -> int:
+    """Queue every retry that is due; return when the next one is due (ms), or -1."""
+    args = [str(now_ms), str(now())]
+    key_list = [keys.DELAYED, keys.DLQ, keys.DLQ_EVENTS]
+    return int(await store.script(ctx, script("runs_move_due"), key_list, args))
+
+
+async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> str | None:
+    """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
+    a crash never loses it), or None. Raises StoreError."""
+    value = await store.script(ctx, script("runs_pop_first"), [inflight, *lists], [])
+    return None if value is None else await store.utf8_entry(ctx, inflight, value, "")
+
+
+# -- the results service of external runners (node/runners/external.py) ------------------------
+
+RESULTS_INFLIGHT = keys.inflight("results")  # the results service's in-flight list
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The final state of an external runner's attempt as the results service read it: it is
+    answered only if the job still holds it (``runs_answered.lua``)."""
+
+    job_key: str
+    status: str
+    attempt: str  # as read ('' if the job has none)
+    entry: str  # the attempt's record (attempt_entry)
+
+    def key_list(self) -> list[str]:
+        return [self.job_key, RESULTS_INFLIGHT, keys.attempts(self.job_key)]
+
+    def arg_list(self) -> list[str]:
+        return [str(now()), self.status, self.entry, self.attempt]
+
+
+async def answered_retry(
+    store: Store, ctx: int, read: Answered, *, reason: str, due_ms: int, queue: str
+) -> bool:
+    """Send the attempt ``read`` back through the delayed zset (due at ``due_ms``, then pushed
+    on ``queue``); False if it was answered or changed meanwhile. Raises StoreError."""
+    args = [*read.arg_list(), reason, str(due_ms), f"{queue}|{read.job_key}"]
+    key_list = [*read.key_list(), keys.DELAYED]
+    return bool(await store.script(ctx, script("runs_answered_retry"), key_list, args))
+
+
+async def answer_local(
+    store: Store,
+    ctx: int,
+    read: Answered,
+    *,
+    result: dict[str, str],
+    request_key: str,
+    reply: str,
+    reply_ttl_s: int,
+    reply_to: str = "",
+) -> bool:
+    """Answer the attempt ``read`` of a request made on this node (request status, the
+    client's reply on ``keys.reply_list(request_key, reply_to)``); False if it was answered
+    or changed meanwhile. Raises StoreError."""
+    reply_list = keys.reply_list(request_key, reply_to)
+    key_list = [*read.key_list(), request_key, reply_list, keys.FLOW_EVENTS]
+    args = [*read.arg_list(), json.dumps(result), reply, str(reply_ttl_s)]
+    return bool(await store.script(ctx, script("runs_answer_local"), key_list, args))
+
+
+async def answer_remote(
+    store: Store, ctx: int, read: Answered, *, result: dict[str, str], answer: Message
+) -> bool:
+    """Answer the attempt ``read`` with the signed result message ``answer`` (queued on
+    msg_out); False if it was answered or changed meanwhile. Raises StoreError."""
+    flat = [x for kv in answer.to_hash().items() for x in kv]
+    key_list = [*read.key_list(), answer.key, keys.MSG_OUT]
+    args = [*read.arg_list(), json.dumps(result), *flat]
+    return bool(await store.script(ctx, script("runs_answer_remote"), key_list, args))
+
+
+async def reap(store: Store, ctx: int, job_key: str, attempt: str, reason: str) -> bool:
+    """End ``attempt`` of ``job_key`` (error ``reason``, handed to the results service) if its
+    lease is still gone and the job still started with it; False if not. Raises StoreError."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
+    args = [attempt, str(now()), reason, keys.runner_inflight("")]
+    return bool(await store.script(ctx, script("runs_reap"), key_list, args))
+
+
+# -- reads of the runners ------------------------------------------------------------------------
+
+
+async def running_jobs(store: Store, ctx: int) -> list[str]:
+    """The started jobs of context ``ctx`` (the ``running`` set), sorted. Raises StoreError."""
+    return sorted(await store.call(ctx, lambda r: r.smembers(keys.RUNNING)))
+
+
+async def attempt_state(store: Store, ctx: int, job_key: str) -> tuple[str | None, str | None]:
+    """The job's ``status`` and ``attempt`` fields (None where absent). Raises StoreError."""
+    status, attempt = await store.call(ctx, lambda r: r.hmget(job_key, ["status", "attempt"]))
+    return status, attempt

@@ -1,0 +1,245 @@
+"""The runner transitions of :mod:`bus.store.atomic.runs` for a synchronous client (redis-py).
+
+A built-in runner process (node/worker/loop.py) pops, starts, renews and ends its attempts
+itself, with no event loop: these functions run the same scripts (``lua/runs_*.lua``, the one
+layer) through a blocking ``redis.Redis`` opened with ``decode_responses=True`` and
+``encoding_errors="surrogateescape"`` (:func:`connect`), so that an entry that is not UTF-8
+survives the round trip byte for byte and can be refused by its exact value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.reasons import Reason
+from bus.store.atomic import source
+from bus.store.atomic.runs import (
+    Ending,
+    NextJob,
+    Started,
+    finish_local_call,
+    then_source,
+    unrunnable_detail,
+)
+from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
+
+__all__ = ["SyncRuns", "connect", "is_utf8"]
+
+
+def connect(url: str, db: int) -> redis.Redis:
+    """A blocking client of DB ``db`` at ``url`` (a ``redis://``/``rediss://``/``unix://``
+    URL as the node's store takes it; a DB in the URL is replaced by ``db``)."""
+    parts = urlsplit(url)
+    if parts.scheme != "unix":  # a unix:/// URL is left whole: urlunsplit drops its "//"
+        url = urlunsplit(parts._replace(path=""))
+    # No socket timeout: a blocking pop waits longer than redis-py's default of 5 s, and a
+    # stalled Valkey is waited for (as the node's store does), not given up on mid-script. No
+    # retries: a script resent after a lost reply could run twice (a second start, a second
+    # pop); what fails is handled by the caller (the runner's end retries; a failed pop ends
+    # the process, which the node recovers and restarts).
+    client: redis.Redis = redis.Redis.from_url(
+        url,
+        db=db,
+        decode_responses=True,
+        encoding_errors="surrogateescape",
+        health_check_interval=0,
+        socket_timeout=None,
+        socket_connect_timeout=10,
+        retry=Retry(NoBackoff(), 0),
+    )
+    return client
+
+
+def is_utf8(value: str) -> bool:
+    """Whether a decoded entry was valid UTF-8 (else it holds surrogate escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+@dataclass
+class SyncRuns:
+    """The transitions of one runner process on one context DB."""
+
+    client: redis.Redis
+
+    def __post_init__(self) -> None:
+        self._scripts: dict[str, Any] = {}
+
+    def _run(self, name: str, key_list: list[str], args: list[str]) -> Any:  # noqa: ANN401
+        script = self._scripts.get(name)
+        if script is None:
+            script = self._scripts[name] = self.client.register_script(_source(name))
+        return script(keys=key_list, args=args)
+
+    def pop_first(self, lists: list[str], inflight: str) -> str | None:
+        """runs_pop_first: the entry moved from the first non-empty list, or None."""
+        value = self._run("runs_pop_first", [inflight, *lists], [])
+        return None if value is None else str(value)
+
+    def pop_blocking(self, source_list: str, inflight: str, timeout_s: float) -> str | None:
+        """BLMOVE of the oldest entry of ``source_list`` onto ``inflight``; None on timeout."""
+        # seconds; redis-py's hint says int, the server takes fractions
+        value = self.client.blmove(source_list, inflight, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+        return None if value is None else str(value)
+
+    def start(
+        self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
+    ) -> dict[str, str] | str | BreakerOpen:
+        """runs_start (see :func:`bus.store.atomic.runs.start`); with ``script_type``, refused
+        (:class:`BreakerOpen`, nothing written) while that type's circuit breaker is open."""
+        args = [token, str(ttl_ms), str(now()), runner_id, script_type]
+        flat = self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args)
+        if isinstance(flat, str):
+            wait_ms = open_wait(flat)
+            return flat if wait_ms is None else BreakerOpen(wait_ms)
+        return _pairs(flat)
+
+    def give_back(self, inflight: str, job_key: str, queue: str) -> None:
+        """A popped entry that may not start yet back at the consuming end of ``queue`` (the
+        next taken), off ``inflight``, in one transaction."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lrem(inflight, 1, job_key)
+        pipe.rpush(queue, job_key)
+        pipe.execute()
+
+    def set_breaker(self, script_type: str, threshold: int, open_ms: int, probes: int) -> None:
+        """The settings of ``script_type``'s circuit breaker (threshold 0: none), which the
+        scripts that start and end its attempts read (bus/store/atomic/type_breakers.py)."""
+        value = config_value(threshold, open_ms, probes)
+        self.client.hset(keys.TYPE_BREAKERS, f"{script_type}|cfg", value)
+
+    def renew(self, job_key: str, token: str, ttl_ms: int, attempt: int) -> bool:
+        """runs_renew: False if ``attempt`` was superseded."""
+        args = [token, str(ttl_ms), str(attempt)]
+        return bool(self._run("runs_renew", [keys.lease(job_key), job_key], args))
+
+    def finish(
+        self, ending: Ending, answer_hash: dict[str, str], answer_key: str, nxt: NextJob | None
+    ) -> tuple[bool, Started | None]:
+        """runs_finish (a signed answer for a remote origin), then maybe runs_take_next."""
+        fields = [x for kv in answer_hash.items() for x in kv]
+        key_list = [*_attempt_keys(ending), answer_key, keys.MSG_OUT]
+        return self._with_next(("runs_finish", key_list, [*ending.args(), *fields]), ending, nxt)
+
+    def finish_local(
+        self,
+        ending: Ending,
+        request_key: str,
+        reply_ttl_s: int,
+        nxt: NextJob | None,
+        reply_to: str = "",
+    ) -> tuple[bool, Started | None]:
+        """runs_finish_local (the client's reply: :func:`bus.store.atomic.runs.finish_local_call`),
+        then maybe runs_take_next."""
+        call = finish_local_call(
+            ending, request_key=request_key, reply_ttl_s=reply_ttl_s, reply_to=reply_to
+        )
+        return self._with_next(call, ending, nxt)
+
+    def _with_next(
+        self, call: tuple[str, list[str], list[str]], ending: Ending, nxt: NextJob | None
+    ) -> tuple[bool, Started | None]:
+        name, f_keys, f_args = call
+        if nxt is None:
+            return bool(self._run(name, f_keys, f_args)), None
+        n_keys = [ending.inflight, keys.RUNNING, *nxt.lists]
+        n_args = nxt.args()
+        both = f"{name}+runs_take_next"
+        if both not in self._scripts:
+            self._scripts[both] = self.client.register_script(_then_source(name))
+        done, taken = self._scripts[both](
+            keys=[*f_keys, *n_keys], args=[str(len(f_keys)), str(len(f_args)), *f_args, *n_args]
+        )
+        if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
+            nxt.breaker_wait_ms = wait_ms
+            return bool(done), None
+        if len(taken) == 2:  # an entry no runner can start: taken off already, recorded here
+            self.refuse(ending.inflight, str(taken[0]), str(taken[1]), "")
+        if len(taken) < 3:
+            nxt.found_empty = not taken
+            return bool(done), None
+        return bool(done), (str(taken[0]), _pairs(taken[1:]))
+
+    def retry_later(self, ending: Ending, *, queue: str, reason: str, due_ms: int) -> bool:
+        """runs_retry: the failed attempt recorded, the next one due at ``due_ms``."""
+        args = [str(ending.attempt), reason, str(now()), ending.entry, str(due_ms)]
+        args.append(f"{queue}|{ending.job_key}")
+        return bool(self._run("runs_retry", [*_attempt_keys(ending), keys.DELAYED], args))
+
+    def requeue(self, job_key: str, attempt: int, inflight: str, queue: str) -> bool:
+        """runs_requeue: an interrupted attempt given back, not counted."""
+        key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+        return bool(self._run("runs_requeue", key_list, [str(attempt), str(now())]))
+
+    def finish_malformed(self, job_key: str, attempt: int, inflight: str, detail: str) -> bool:
+        """runs_malformed: a job whose hash cannot be run ends in error (dead-lettered)."""
+        key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
+        args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
+        return bool(self._run("runs_malformed", key_list, args))
+
+    def refuse(self, inflight: str, value: str, reason: str, queue: str) -> None:
+        """Dead-letter one popped entry (``reason`` a token of runs_unrunnable, or
+        ``not_utf8``) and take it off ``inflight``, in one transaction."""
+        detail = (
+            "the entry is not UTF-8 text"
+            if reason == Reason.NOT_UTF8
+            else unrunnable_detail(reason)
+        )
+        self.dead_letter(value, reason, detail, queue, inflight=inflight)
+
+    def dead_letter(
+        self, key: str, reason: str, detail: str, queue: str, *, inflight: str = ""
+    ) -> None:
+        """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
+        its exact bytes: the client sends str values as strict UTF-8)."""
+        from bus.store.connection import (
+            _dlq_entry as dlq_entry,  # a refusal: rare, and coredis with it
+        )
+        from bus.store.connection import printable
+
+        raw = key.encode("utf-8", "surrogateescape")
+        entry = dlq_entry(printable(raw, 1000), reason, detail, queue)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.lpush(keys.DLQ, entry)
+        # for the dlq watcher (node/observe/dlq.py), as the store does
+        pipe.lpush(keys.DLQ_EVENTS, entry)
+        if inflight:
+            pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
+        pipe.execute()
+
+    def ack(self, inflight: str, value: str) -> None:
+        self.client.lrem(inflight, 1, value)
+
+    def xadd_capped(self, stream: str, fields: dict[str, str], most: int) -> None:
+        self.client.xadd(stream, fields, maxlen=most, approximate=True)  # type: ignore[arg-type]
+
+    def expire(self, key: str, ttl_s: int) -> None:
+        self.client.expire(key, ttl_s)
+
+
+def _attempt_keys(ending: Ending) -> list[str]:
+    job_key = ending.job_key
+    return [job_key, keys.lease(job_key), keys.RUNNING, ending.inflight, keys.attempts(job_key)]
+
+
+def _source(name: str) -> str:
+    return source(name)
+
+
+def _then_source(first: str) -> str:
+    return then_source(first, "runs_take_next")

@@ -1,0 +1,557 @@
+"""The Redis store: one coredis client per DB, object load/save, reliable queues, atomic updates.
+
+Every coredis error is translated into :class:`StoreError` here; nothing above bus/ sees coredis.
+Blocking pops take a connection of their own from the pool, so a service waiting on BLMOVE never
+delays another's commands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+
+import coredis
+import coredis.exceptions
+import trio
+from coredis.commands.script import Script
+from coredis.tokens import PureToken
+
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import Actor, Context, Hash, decode_hash
+from bus.core.reasons import Reason
+from bus.core.urls import redact
+from bus.errors import ContentError, StoreError
+from bus.store.atomic import queues
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Redis = coredis.Redis[str]
+
+MAX_REDELIVERIES = 5
+
+
+def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or RESP3 map)
+    if isinstance(raw, dict):
+        return decode_hash(raw)
+    return decode_hash({raw[i]: raw[i + 1] for i in range(0, len(raw), 2)})
+
+
+# Replies that say the content a command touched is unusable, not that the server failed,
+# and the reason each gives the entry that named it.
+_CONTENT_ERRORS = {
+    "WRONGTYPE": Reason.WRONG_TYPE,
+    "not an integer": Reason.NOT_A_NUMBER,
+    "overflow": Reason.NOT_A_NUMBER,
+    "DB index is out of range": Reason.UNKNOWN_CONTEXT,
+}
+
+
+def _content_error(exc: Exception) -> ContentError | None:
+    """The ContentError a reply means when it blames what a key holds, not the server."""
+    text = str(exc)
+    if isinstance(exc, coredis.exceptions.WrongTypeError):
+        return ContentError(Reason.WRONG_TYPE, printable(text))
+    if isinstance(exc, coredis.exceptions.ResponseError):
+        for marker, reason in _CONTENT_ERRORS.items():
+            if marker in text:
+                return ContentError(reason, printable(text))
+    return None
+
+
+@contextmanager
+def _translated(url: str, *, content: bool = True) -> Iterator[None]:
+    """The one translation of coredis and socket errors into bus errors: ContentError when the
+    reply blames what a key holds (a service refuses the entry that named it; only with
+    ``content``), else StoreError (Redis failed). Nothing of coredis leaves this block."""
+    try:
+        yield
+    except (coredis.exceptions.RedisError, OSError) as exc:
+        refused = _content_error(exc) if content else None
+        raise refused or StoreError(f"redis {url}: {exc}") from exc
+
+
+def printable(value: str | bytes, limit: int = 200) -> str:
+    """``value`` as text that always encodes (bytes that are not UTF-8 and lone surrogates
+    written as backslash escapes), cut to ``limit`` characters: what a log line or a dlq
+    entry may quote of hostile content."""
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "backslashreplace")
+    else:
+        text = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
+
+
+def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
+    """A dead letter as JSON that always serialises (ASCII, surrogates escaped) and stays
+    bounded whatever the refused content held."""
+    fields = {
+        "key": printable(key, 1000),
+        "reason": printable(reason),
+        "detail": printable(detail, 2000),
+    }
+    return json.dumps(fields | {"at": now(), "queue": printable(queue, 1000)})
+
+
+class _NoScript:
+    """A pipelined EVALSHA the server did not know (the script did not run)."""
+
+
+class Store:
+    """Access to one Valkey/Redis server; ``await db(n)`` gives the client for DB n.
+
+    coredis wants each client's connection pool entered by a parent task before other tasks
+    share it, so every client is opened by a holder task in the store's own nursery.
+    """
+
+    def __init__(self, url: str, nursery: trio.Nursery) -> None:
+        self.url = redact(url)  # for errors and logs; only the pool sees the password
+        self._dial_url = url
+        self._nursery = nursery
+        self._clients: dict[int, Redis] = {}
+        self._open_lock = trio.Lock()
+        self._closing = trio.Event()
+        self._holders: set[trio.CancelScope] = set()
+
+    async def db(self, n: int) -> Redis:
+        client = self._clients.get(n)
+        if client is not None:
+            return client
+        async with self._open_lock:
+            if n not in self._clients:
+                self._clients[n] = await self._nursery.start(self._hold_client, n)
+        return self._clients[n]
+
+    async def _hold_client(self, n: int, *, task_status: trio.TaskStatus[Redis]) -> None:
+        """Own DB ``n``'s client until the store closes. Shielded, so that the services the
+        store serves can still write (a shutdown requeue, say) while they are being cancelled;
+        :func:`open_store` bounds how long that may take."""
+        client: Redis = coredis.Redis.from_url(self._dial_url, db=n, decode_responses=True)
+        with (
+            trio.CancelScope(shield=True) as scope,
+            _translated(f"{self.url} db {n}", content=False),
+        ):
+            self._holders.add(scope)
+            async with client:
+                task_status.started(client)
+                await self._closing.wait()
+
+    def _close(self, grace_s: float = 5.0) -> None:
+        self._closing.set()
+        for scope in self._holders:
+            scope.deadline = trio.current_time() + grace_s
+
+    # -- generic ---------------------------------------------------------------------------------
+
+    async def call(self, db: int, fn: Callable[[Redis], Awaitable[T]]) -> T:
+        """Run one coredis command on DB ``db``, translating its errors."""
+        client = await self.db(db)
+        try:
+            with _translated(self.url):
+                return await fn(client)
+        except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
+            raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
+
+    @asynccontextmanager
+    async def transaction(self, db: int) -> AsyncIterator[Any]:
+        """A MULTI/EXEC pipeline on DB ``db``; commands queued inside run atomically on exit."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=True) as pipe:
+                yield pipe
+
+    async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
+        """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
+        return await self.call(db, lambda r: script(keys=keys, args=args, client=r))
+
+    async def scripts(
+        self, db: int, calls: list[tuple[Script[str], list[str], list[str]]]
+    ) -> list[Any]:
+        """Several Lua scripts in one pipelined round trip (not atomic together); results.
+
+        coredis checks ``SCRIPT EXISTS`` before every pipeline that runs a Script (one more
+        round trip each time); here the pipeline sends bare EVALSHAs and only the calls that
+        come back NOSCRIPT (a fresh or restarted server: nothing of them ran) are loaded and
+        run again."""
+        client = await self.db(db)
+        with _translated(self.url):
+            results = await self._evalsha_many(client, calls)
+            missing = [i for i, r in enumerate(results) if isinstance(r, _NoScript)]
+            if missing:
+                for script in {calls[i][0] for i in missing}:
+                    await client.script_load(script.script)
+                retried = await self._evalsha_many(client, [calls[i] for i in missing])
+                for i, r in zip(missing, retried, strict=True):
+                    if isinstance(r, _NoScript):
+                        raise StoreError(f"redis {self.url}: script still missing after load")
+                    results[i] = r
+            return results
+
+    @staticmethod
+    async def _evalsha_many(
+        client: Redis, calls: list[tuple[Script[str], list[str], list[str]]]
+    ) -> list[Any]:
+        async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
+            pending: list[Any] = [pipe.evalsha(s.sha, keys=k, args=a) for s, k, a in calls]
+        out: list[Any] = []
+        for p in pending:
+            try:
+                out.append(await p)
+            except coredis.exceptions.NoScriptError:
+                out.append(_NoScript())
+        return out
+
+    async def ping(self) -> None:
+        await self.call(0, lambda r: r.ping())
+
+    async def hgetall(self, db: int, key: str) -> Hash:
+        raw = await self.call(db, lambda r: r.hgetall(key))
+        return decode_hash(raw)
+
+    async def hset(self, db: int, key: str, fields: Mapping[str, str]) -> None:
+        await self.call(db, lambda r: r.hset(key, dict(fields)))
+
+    async def lpush(self, db: int, key: str, *values: str) -> None:
+        await self.call(db, lambda r: r.lpush(key, list(values)))
+
+    async def lrange(self, db: int, key: str) -> list[str]:
+        return list(await self.call(db, lambda r: r.lrange(key, 0, -1)))
+
+    async def llen(self, db: int, key: str) -> int:
+        return int(await self.call(db, lambda r: r.llen(key)))
+
+    async def exists(self, db: int, key: str) -> bool:
+        return bool(await self.call(db, lambda r: r.exists([key])))
+
+    async def count_existing(self, db: int, names: list[str]) -> int:
+        """How many of ``names`` exist (one EXISTS)."""
+        return int(await self.call(db, lambda r: r.exists(names)))
+
+    async def get(self, db: int, key: str) -> str | None:
+        value = await self.call(db, lambda r: r.get(key))
+        return None if value is None else str(value)
+
+    async def set_new(self, db: int, key: str, value: str, ttl_s: int) -> bool:
+        """SET ``key`` with a TTL unless it exists; True if this call set it."""
+        won = await self.call(db, lambda r: r.set(key, value, condition=PureToken.NX, ex=ttl_s))
+        return bool(won)
+
+    async def smembers(self, db: int, key: str) -> set[str]:
+        return {str(m) for m in await self.call(db, lambda r: r.smembers(key))}
+
+    async def sismember(self, db: int, key: str, member: str) -> bool:
+        return bool(await self.call(db, lambda r: r.sismember(key, member)))
+
+    async def srem(self, db: int, key: str, *members: str) -> int:
+        return int(await self.call(db, lambda r: r.srem(key, list(members))))
+
+    async def blpop(self, db: int, key: str, timeout_s: float) -> str | None:
+        """The oldest entry of list ``key``, waiting up to ``timeout_s``; None after that."""
+        popped = await self.call(db, lambda r: r.blpop([key], timeout=timeout_s))
+        return None if popped is None else str(popped[1])
+
+    # -- reliable queues -------------------------------------------------------------------------
+
+    async def pop_reliable(
+        self, db: int, source: str, inflight: str, timeout_s: float
+    ) -> str | None:
+        """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s, or
+        when the entry was not UTF-8 (it is dead-lettered: no key of this bus is such).
+
+        The entry stays in ``inflight`` until :meth:`ack` removes it, so a crash between pop and
+        ack leaves it recoverable by :meth:`recover`.
+        """
+        value = await self.call(
+            db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
+        )
+        return None if value is None else await self.utf8_entry(db, inflight, value, source)
+
+    async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
+        """A popped entry as text; None if it is not UTF-8 (coredis then hands over its bytes):
+        refused with reason ``not_utf8``."""
+        if not isinstance(value, bytes):
+            return str(value)
+        detail = "the entry is not UTF-8 text"
+        await self.refuse_entry(db, inflight, value, Reason.NOT_UTF8, detail, queue=queue)
+        return None
+
+    async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
+        """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
+        trip; the batching partner of a blocking :meth:`pop_reliable`)."""
+        if limit <= 0:
+            return []
+        moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
+        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
+        return [t for t in texts if t is not None]
+
+    async def pop_read(
+        self, db: int, source: str, inflight: str, limit: int, timeout_s: float
+    ) -> list[tuple[str, Hash]]:
+        """Move up to ``limit`` entries of ``source`` to ``inflight`` and read the hash each one
+        names: what is queued already in one round trip (entries and hashes in one Lua call);
+        only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
+        whose entry is read at once. [] after the timeout."""
+        raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
+        if not raw:
+            first = await self.pop_reliable(db, source, inflight, timeout_s)
+            if first is None:
+                return []
+            raw = [first, await queues.read_hash(self, db, first)]
+        out: list[tuple[str, Hash]] = []
+        for value, read in zip(raw[::2], raw[1::2], strict=True):
+            if await self.utf8_entry(db, inflight, value, source) is None:
+                continue
+            if isinstance(read, str | bytes):
+                detail = f"{printable(value)} holds a {printable(read)}, not a hash"
+                await self.refuse_entry(
+                    db, inflight, value, Reason.WRONG_TYPE, detail, queue=source
+                )
+            else:
+                out.append((str(value), _flat_hash(read)))
+        return out
+
+    async def refuse_entry(
+        self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str
+    ) -> None:
+        """Dead-letter one popped entry that cannot be used (its key holds no hash, it is not
+        UTF-8, ...) and take it off ``inflight`` (by its exact bytes), in one transaction;
+        logged. A retry (``dlq retry``) sends it back to ``queue``."""
+        key = printable(value, 1000)
+        log.warning(
+            "refused entry %s of %s (db %d): %s: %s",
+            printable(key),
+            queue,
+            db,
+            reason,
+            detail,
+            extra={"entry": printable(key), "queue": queue, "ctx": db, "reason": reason},
+        )
+        entry = _dlq_entry(key, reason, detail, queue)
+        async with self.transaction(db) as tx:
+            tx.lpush(keys.DLQ, [entry])
+            tx.lpush(keys.DLQ_EVENTS, [entry])
+            tx.lrem(inflight, 1, value)
+
+    async def read_hashes(self, db: int, hash_keys: list[str]) -> list[Hash | str]:
+        """Each hash of ``hash_keys`` ({} if absent), or in its place the name of the type
+        its key holds instead (queues_hash_reader.lua), in one round trip: one key of the wrong type
+        costs the others nothing."""
+        raw = await queues.read_hashes(self, db, hash_keys)
+        return [
+            r.decode() if isinstance(r, bytes) else r if isinstance(r, str) else _flat_hash(r)
+            for r in raw
+        ]
+
+    async def hgetall_many(self, db: int, hash_keys: list[str]) -> list[Hash]:
+        """HGETALL of several hashes in one pipelined round trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.hgetall(k) for k in hash_keys]
+            return [decode_hash(await p) for p in pending]
+
+    async def exists_many(self, db: int, names: list[str]) -> list[bool]:
+        """EXISTS of each key, in one pipelined round trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.exists([k]) for k in names]
+            return [bool(await p) for p in pending]
+
+    async def ack(self, db: int, inflight: str, value: str) -> None:
+        await self.call(db, lambda r: r.lrem(inflight, 1, value))
+
+    async def recover(
+        self, db: int, inflight: str, source: str, *, max_redeliveries: int = MAX_REDELIVERIES
+    ) -> int:
+        """Move what a previous run left in ``inflight`` back to the consuming end of ``source``.
+
+        Every such entry was delivered and never finished: a message that keeps killing its
+        consumer would loop forever, so past ``max_redeliveries`` it goes to ``dlq`` instead
+        (reason ``too_many_deliveries``). Returns how many entries were requeued.
+        """
+        moved = await queues.recover(
+            self, db, inflight, source, max_deliveries=max_redeliveries, now=now()
+        )
+        if moved:
+            log.info("recovered %d in-flight entries of %s (db %d)", moved, source, db)
+        return int(moved)
+
+    async def dead_letter(
+        self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
+    ) -> None:
+        """Record why ``key`` was refused; ``queue`` is where a retry would send it back."""
+        entry = _dlq_entry(key, reason, detail, queue)
+        async with self.transaction(db) as tx:
+            tx.lpush(keys.DLQ, [entry])
+            tx.lpush(keys.DLQ_EVENTS, [entry])
+
+    async def dead_letters(self, db: int) -> list[dict[str, Any]]:
+        """The dead letters of DB ``db``, newest first."""
+        return [json.loads(e) for e in await self.lrange(db, keys.DLQ)]
+
+    async def retry_dead_letter(self, db: int, key: str) -> int:
+        """Re-drive ``key``: its dead letters leave the dlq and it is queued again where it
+        was refused. Returns how many entries were re-driven (0: none, or not re-drivable)."""
+        return await queues.retry_dead(self, db, key)
+
+    async def purge_dead_letters(self, db: int, key: str | None = None) -> int:
+        """Delete the dead letters of ``key`` (all of them if None); how many went."""
+        if key is None:
+            count = await self.llen(db, keys.DLQ)
+            await self.call(db, lambda r: r.delete([keys.DLQ]))
+            return count
+        return await queues.purge_dead(self, db, key)
+
+    # -- expiry events (keyspace notifications) --------------------------------------------------
+
+    async def enable_expired_events(self) -> bool:
+        """Make the server publish expired-key events (``notify-keyspace-events`` gains ``Ex``,
+        keeping what is set). False if the server refuses CONFIG (a managed Redis); StoreError
+        if it cannot be reached."""
+        client = await self.db(keys.ACTORS_DB)
+        with _translated(self.url):
+            try:
+                current = await client.config_get(["notify-keyspace-events"])
+                flags = str(next(iter(current.values()), "") or "")
+                if "E" in flags and ("x" in flags or "A" in flags):
+                    return True
+                merged = "".join(sorted(set(flags) | {"E", "x"}))
+                await client.config_set({"notify-keyspace-events": merged})
+                return True
+            except coredis.exceptions.ResponseError as exc:
+                log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
+                return False
+
+    async def watch_expired(
+        self,
+        db: int,
+        on_key: Callable[[str], Awaitable[None]],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_key`` with each key of DB ``db`` that expires (needs
+        :meth:`enable_expired_events`); reports started once subscribed. Runs until cancelled;
+        StoreError if Redis fails. Events are not durable: a subscriber that reconnects misses
+        what expired meanwhile, so callers pair this with a sweep."""
+        client = await self.db(db)
+        channel = f"__keyevent@{db}__:expired"
+        with _translated(self.url):
+            async with client.pubsub(channels=[channel], ignore_subscribe_messages=True) as ps:
+                task_status.started()
+                async for message in ps:
+                    if message["type"] == "message":
+                        await on_key(str(message["data"]))
+
+    # -- registry objects ------------------------------------------------------------------------
+
+    async def get_actor(self, actor_id: int) -> Actor | None:
+        h = await self.hgetall(keys.ACTORS_DB, keys.actor(actor_id))
+        return Actor.from_hash(h) if h else None
+
+    async def put_actor(self, actor: Actor) -> None:
+        await self.hset(keys.ACTORS_DB, keys.actor(actor.id), actor.to_hash())
+
+    async def get_context(self, context_id: int) -> Context | None:
+        h = await self.hgetall(context_id, keys.context(context_id))
+        return Context.from_hash(h) if h else None
+
+    async def put_context(self, context: Context) -> None:
+        """Save a context in its own DB and announce it so a running node starts serving it."""
+        if context.id < 1:
+            raise StoreError("context ids start at 1 (DB 0 holds actors and peers)")
+        await self.hset(context.id, keys.context(context.id), context.to_hash())
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            pipe.sadd(keys.CONTEXTS, [str(context.id)])
+            pipe.lpush(keys.NODE_EVENTS, [keys.context(context.id)])
+
+    async def context_ids(self) -> list[int]:
+        return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))
+
+    # -- plain reads and writes of presence and job logs ------------------------------------------
+
+    async def delete(self, db: int, names: list[str]) -> None:
+        if names:
+            await self.call(db, lambda r: r.delete(names))
+
+    async def expire(self, db: int, key: str, ttl_s: int) -> None:
+        await self.call(db, lambda r: r.expire(key, ttl_s))
+
+    async def scan_keys(self, db: int, pattern: str) -> list[str]:
+        """Every key of DB ``db`` matching ``pattern`` (SCAN: no long block of the server)."""
+        found: list[str] = []
+        cursor = 0
+        while True:
+            cursor, batch = await self.call(
+                db,
+                lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
+            )
+            found.extend(str(k) for k in batch)
+            if not cursor:
+                return found
+
+    async def xadd_capped(
+        self, db: int, stream: str, fields: Mapping[str, str], max_entries: int
+    ) -> None:
+        """Append ``fields`` to ``stream``, trimmed to about ``max_entries`` entries."""
+        await self.call(
+            db,
+            lambda r: r.xadd(
+                stream,
+                dict(fields),
+                trim_strategy=PureToken.MAXLEN,
+                threshold=max_entries,
+                trim_operator=PureToken.APPROXIMATELY,
+            ),
+        )
+
+    # -- bounded reads for the web console (node/web/feed.py) ------------------------------------
+
+    async def scan_page(
+        self, db: int, pattern: str, cursor: int, count: int
+    ) -> tuple[int, list[str]]:
+        """One SCAN step: the next cursor (0: the scan is complete) and the keys it found."""
+        nxt, batch = await self.call(db, lambda r: r.scan(cursor, match=pattern, count=count))
+        return int(nxt), [str(k) for k in batch]
+
+    async def hmget_many(
+        self, db: int, hash_keys: list[str], names: list[str]
+    ) -> list[dict[str, str]]:
+        """The fields ``names`` of each hash (absent ones left out), in one pipelined round
+        trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.hmget(k, names) for k in hash_keys]
+            rows = [await p for p in pending]
+        return [
+            {n: str(v) for n, v in zip(names, row, strict=True) if v is not None} for row in rows
+        ]
+
+    async def llen_many(self, db: int, names: list[str]) -> list[int]:
+        """LLEN of each list, in one pipelined round trip."""
+        client = await self.db(db)
+        with _translated(self.url):
+            async with client.pipeline(transaction=False) as pipe:
+                pending = [pipe.llen(k) for k in names]
+            return [int(await p) for p in pending]
+
+    async def lrange_head(self, db: int, key: str, count: int) -> list[str]:
+        """The first ``count`` entries of list ``key`` (the newest of an LPUSHed list)."""
+        return [str(v) for v in await self.call(db, lambda r: r.lrange(key, 0, count - 1))]
+
+
+@asynccontextmanager
+async def open_store(url: str) -> AsyncIterator[Store]:
+    """A connected store; raises StoreError if the server does not answer."""
+    async with trio.open_nursery() as nursery:
+        store = Store(url, nursery)
+        try:
+            await store.ping()
+            yield store
+        finally:
+            store._close()

@@ -1,0 +1,1 @@
+"""The wire between nodes: the websocket transport, durable per-peer outboxes, link state."""

@@ -1,0 +1,81 @@
+"""What a node knows of each peer link, in memory: up or down since when, when the peer was
+last heard from, the round-trip time of the last websocket ping, and why the last dial failed.
+
+The transport updates it as links come and go (:class:`bus.wire.transport.Transport` ``states``);
+the node publishes it (node/observe/linkinfo.py) where ``hero-node status`` and the web console read
+it. No I/O here: a change only sets :attr:`LinkStates.changed`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Final
+
+import trio
+
+from bus.core.ids import now
+
+UP: Final = "up"
+DOWN: Final = "down"
+
+
+@dataclass
+class LinkState:
+    """One peer's link. Times are wall-clock unix seconds (0: never); ``rtt_ms`` is -1 until a
+    ping was answered; ``error`` says why the link is down ("" while up)."""
+
+    state: str = DOWN
+    since: int = 0
+    last_seen: int = 0
+    rtt_ms: float = -1.0
+    error: str = ""
+
+
+class LinkStates:
+    """Every peer's :class:`LinkState`, by node id; ``changed`` is set on each change."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, LinkState] = {}
+        self.changed = trio.Event()
+
+    def _of(self, peer_id: str) -> LinkState:
+        return self._states.setdefault(peer_id, LinkState())
+
+    def _touch(self) -> None:
+        self.changed.set()
+
+    def up(self, peer_id: str) -> None:
+        state = self._of(peer_id)
+        stamp = now()
+        state.state, state.since, state.last_seen, state.error = UP, stamp, stamp, ""
+        self._touch()
+
+    def down(self, peer_id: str, error: str) -> None:
+        """The link closed or could not be opened; ``since`` keeps the first moment of an
+        outage across failed redials, so that it says how long the peer has been away."""
+        state = self._of(peer_id)
+        if state.state != DOWN or not state.since:
+            state.state, state.since = DOWN, now()
+        state.error = error or "link closed"
+        self._touch()
+
+    def seen(self, peer_id: str) -> None:
+        """A frame (or pong) came from the peer; published with the next change, so a busy
+        link costs no extra write."""
+        self._of(peer_id).last_seen = now()
+
+    def rtt(self, peer_id: str, seconds: float) -> None:
+        state = self._of(peer_id)
+        state.rtt_ms, state.last_seen = round(seconds * 1000, 3), now()
+        self._touch()
+
+    def get(self, peer_id: str) -> LinkState:
+        """A copy of one peer's state (a peer never linked: down since 0)."""
+        state = self._states.get(peer_id)
+        return LinkState() if state is None else LinkState(**asdict(state))
+
+    def snapshot(self) -> dict[str, dict[str, object]]:
+        """Every state as a JSON-ready dict, by peer id; re-arms :attr:`changed` first, so a
+        change made after the snapshot is reported next time."""
+        self.changed = trio.Event()
+        return {peer: asdict(state) for peer, state in sorted(self._states.items())}

@@ -1,0 +1,243 @@
+"""Durable per-peer outboxes: store-and-forward from the supervisor to a peer's ``msg_in``.
+
+An entry ``<context id>|<message key>`` waits in ``outbox:<peer>`` (DB 0) until a link is up,
+moves to ``outbox:<peer>:inflight`` when sent, and is removed only when the peer acks it (after
+it stored the message and queued it). When a link drops, unacked entries go back to the outbox
+and are resent; the receiver's idempotent delivery makes a resend harmless. Messages travel in
+``msgs`` frames of whatever the outbox held when popped, each answered by one ``acks`` frame.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
+
+import trio
+
+from bus.core import keys
+from bus.core.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
+from bus.core.models import Hash
+from bus.core.reasons import Reason
+from bus.errors import ContentError, TransportError
+from bus.store.connection import Store
+from bus.wire.transport import Link, Transport
+
+log = logging.getLogger(__name__)
+
+POP_TIMEOUT_S = 5.0
+BATCH = 64
+MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
+
+
+def entry(context_id: int, message_key: str) -> str:
+    return f"{context_id}|{message_key}"
+
+
+def parse_entry(value: str) -> tuple[int, str]:
+    """``(context id, message key)`` of an outbox entry; ValueError unless the context is a
+    decimal number from 1 (DB 0 holds no messages) and a key follows."""
+    ctx, _, key = value.partition("|")
+    if not (ctx.isascii() and ctx.isdecimal() and len(ctx) <= 9 and int(ctx) > 0 and key):
+        raise ValueError(f"not <context>|<message key>: {value[:80]!r}")
+    return int(ctx), key
+
+
+async def enqueue(store: Store, peer_id: str, context_id: int, message_key: str) -> None:
+    await store.lpush(keys.ACTORS_DB, keys.outbox(peer_id), entry(context_id, message_key))
+
+
+Undeliverable = Callable[[int, str, str], Awaitable[None]]
+
+
+async def remove_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
+    """Drop acknowledged entries from ``peer_id``'s in-flight list (one round trip); how many
+    were there."""
+    if not entries:
+        return 0
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
+    return sum([int(await p) for p in pending])
+
+
+class Window:
+    """At most ``size`` unacknowledged messages on a link; each ack opens a place again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.unacked = 0
+        self._opened = trio.Event()
+
+    async def acquire(self, count: int, ack_timeout_s: float) -> None:
+        """Wait for ``count`` places (at most ``size``); TransportError if the peer acks
+        nothing for ``ack_timeout_s`` while the window is too full."""
+        while self.unacked > self.size - min(count, self.size):
+            with trio.move_on_after(ack_timeout_s) as waited:
+                await self._opened.wait()
+            if waited.cancelled_caught:
+                raise TransportError(f"no ack for {ack_timeout_s:g} s with a full window")
+        self.unacked += count
+
+    def release(self, count: int = 1) -> None:
+        self.unacked = max(0, self.unacked - count)
+        self._opened.set()
+        self._opened = trio.Event()
+
+    def reset(self) -> None:
+        self.unacked = 0
+
+
+class PeerOutbox:
+    """The durable outbox of one peer and the task that forwards it (see module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        transport: Transport,
+        peer_id: str,
+        on_undeliverable: Undeliverable,
+        *,
+        window: int = 256,
+        ack_timeout_s: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.transport = transport
+        self.peer_id = peer_id
+        self.on_undeliverable = on_undeliverable
+        self.window = Window(window)
+        self.ack_timeout_s = ack_timeout_s
+        self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
+        self._contexts: set[int] = set()  # served contexts, re-read when an entry names another
+
+    async def acked(self, entries: Sequence[str]) -> None:
+        """The peer stored and queued these messages (or refused them): they leave the outbox,
+        and the window opens by as many as were in flight (one round trip for a whole acks
+        frame)."""
+        self.window.release(await remove_inflight(self.store, self.peer_id, entries))
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
+        """Forward the outbox over whatever link to the peer is up, forever. Whatever was sent
+        on a link that went down unacknowledged is sent again on the next one."""
+        task_status.started()
+        while True:
+            link = await self.transport.wait_link(self.peer_id)
+            self.window.reset()
+            await self.store.recover(
+                keys.ACTORS_DB, self.inflight, self.source, max_redeliveries=MAX_RESENDS
+            )
+            try:
+                await self._pump(link)
+            except TransportError as exc:
+                log.info("outbox to %s… paused: %s", self.peer_id[:16], exc)
+                await link.close()
+
+    async def _pump(self, link: Link) -> None:
+        """Send what the outbox holds in ``msgs`` frames: each batch popped is what was queued
+        at that moment (nothing waits for a batch to fill), split by count and bytes."""
+        while not link.closed.is_set():
+            # what is queued already; only on an empty outbox a blocking pop, whose entry is
+            # sent at once (no second pop on the latency path)
+            batch = await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH)
+            if not batch:
+                value = await self.store.pop_reliable(
+                    keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
+                )
+                if value is None:
+                    continue
+                batch = [value]
+            items = await self._encode(await self._load(batch))
+            for chunk in self._chunks(items):
+                await self.window.acquire(len(chunk), self.ack_timeout_s)
+                await link.send_raw(encode_msgs(chunk))
+
+    async def _load(self, batch: list[str]) -> list[tuple[str, Hash | str | None]]:
+        """The message hashes of a batch of entries, one read per context; in place of a hash,
+        the type a key holds instead (see Store.read_hashes), or None for an entry that
+        cannot be parsed or names a context this node does not serve."""
+        by_ctx: dict[int, list[str]] = {}
+        for item in batch:
+            try:
+                ctx, key = parse_entry(item)
+            except ValueError:
+                continue
+            by_ctx.setdefault(ctx, []).append(key)
+        if not by_ctx.keys() <= self._contexts:
+            self._contexts = set(await self.store.context_ids())
+        found: dict[str, Hash | str] = {}
+        for ctx, message_keys in by_ctx.items():
+            if ctx not in self._contexts:  # never open a client on a database no one serves
+                continue
+            try:
+                hashes = await self.store.read_hashes(ctx, message_keys)
+            except ContentError:  # no such database
+                continue
+            found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
+        return [(item, found.get(item)) for item in batch]
+
+    async def _encode(self, loaded: list[tuple[str, Hash | str | None]]) -> list[str]:
+        """The ``msgs`` items of the entries that can be sent; the others leave the outbox."""
+        items: list[str] = []
+        for value, fields in loaded:
+            item = await self._encode_one(value, fields)
+            if item is not None:
+                items.append(item)
+        return items
+
+    async def _encode_one(self, value: str, fields: Hash | str | None) -> str | None:
+        try:
+            ctx, key = parse_entry(value)
+        except ValueError as exc:
+            await self._refuse(value, Reason.MALFORMED_ENTRY, str(exc))
+            return None
+        if fields is None:
+            await self._refuse(value, Reason.UNKNOWN_CONTEXT, f"this node serves no context {ctx}")
+            return None
+        if isinstance(fields, str):
+            await self._refuse(value, Reason.WRONG_TYPE, f"{key} holds a {fields}, not a hash")
+            return None
+        if not fields:
+            await self._refuse(value, Reason.MISSING_HASH, f"{key} has no hash in context {ctx}")
+            return None
+        if fields.get("status") == "error":  # failed meanwhile (e.g. timeout_ack): withdrawn
+            log.info("outbox entry %s (context %d) failed meanwhile; not sent", key, ctx)
+            await self._drop(value)
+            return None
+        item = encode_msg_item(ctx, key, fields)
+        limit = self.transport.config.max_frame_bytes
+        if msgs_frame_size(len(item), 1) > limit:
+            await self._drop(value)
+            await self.on_undeliverable(
+                ctx, key, f"{Reason.OVERSIZE}: the message exceeds {limit} bytes"
+            )
+            return None
+        return item
+
+    def _chunks(self, items: list[str]) -> list[list[str]]:
+        """Consecutive runs of ``items`` that each fit one frame (bytes) and the window."""
+        most = min(MAX_BATCH, self.window.size)
+        limit = self.transport.config.max_frame_bytes
+        chunks: list[list[str]] = []
+        current: list[str] = []
+        size = 0
+        for item in items:
+            if current and (
+                len(current) >= most or msgs_frame_size(size + len(item), len(current) + 1) > limit
+            ):
+                chunks.append(current)
+                current, size = [], 0
+            current.append(item)
+            size += len(item)
+        if current:
+            chunks.append(current)
+        return chunks
+
+    async def _drop(self, value: str) -> None:
+        await self.store.ack(keys.ACTORS_DB, self.inflight, value)
+
+    async def _refuse(self, value: str, reason: Reason, detail: str) -> None:
+        """An entry that names no message to send: dead-lettered in DB 0 (the outbox's)."""
+        await self.store.refuse_entry(
+            keys.ACTORS_DB, self.inflight, value, reason, detail, queue=self.source
+        )

@@ -1,0 +1,471 @@
+"""Websocket links between nodes: mutual authentication, then JSON frames in both directions.
+
+:class:`Transport` owns the links. It listens (``serve``), dials each peer with backoff
+(``dial_forever``), runs the handshake of :mod:`bus.core.handshake` on every new connection and
+hands each authenticated data frame to the ``on_frame`` callback. Nothing touches Redis before
+a peer has authenticated: the set of known peers is held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NoReturn
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    WebSocketConnection,
+    WebSocketRequest,
+    open_websocket_url,
+    serve_websocket,
+)
+from trio_websocket import (
+    HandshakeError as WsHandshakeError,
+)
+
+from bus.core import handshake as hs
+from bus.core.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from bus.core.reasons import Reason
+from bus.errors import FrameError, HandshakeError, TransportError
+from bus.wire.linkstate import LinkStates
+from crypto import KeyPair
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
+# A ping per link this often measures its round trip; a peer that stopped answering shows as
+# a last_seen that falls behind (the link is left open: a stalled peer may come back).
+PING_INTERVAL_S = 5.0
+FrameHandler = Callable[["Link", Frame], Awaitable[None]]
+BadFrameHandler = Callable[["Link", str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    handshake_timeout_s: float = 10.0
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+    ssl_server: ssl.SSLContext | None = None  # listen on wss:// with this context
+    ssl_client: ssl.SSLContext | None = None  # for dialling wss:// addresses
+    tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
+
+
+@dataclass
+class Traffic:
+    """What the links to one peer carried after their handshakes, since the node started
+    (node/observe/metrics.py): frames and their bytes, in and out."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+@dataclass(eq=False)
+class Link:
+    """One authenticated websocket connection to a peer node."""
+
+    peer_id: str
+    ws: WebSocketConnection
+    initiator: bool
+    closed: trio.Event = field(default_factory=trio.Event)
+    _posted: list[str] = field(default_factory=list)
+    _post_ready: trio.Event = field(default_factory=trio.Event)
+    traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
+
+    def post(self, frame_type: str, **body: object) -> None:
+        """Queue a frame for the link's writer without waiting. The frame handler answers this
+        way (acks), so the reader never blocks on a send: two nodes whose readers both waited
+        for the other to read would deadlock."""
+        self._posted.append(encode_frame(frame_type, **body))
+        self._post_ready.set()
+
+    async def write_posted(self) -> None:
+        """Send posted frames in order, until the link closes (runs beside the reader)."""
+        while True:
+            await self._post_ready.wait()
+            self._post_ready = trio.Event()
+            batch, self._posted = self._posted, []
+            for frame in batch:
+                await self.send_raw(frame)
+
+    async def send(self, frame_type: str, **body: object) -> None:
+        """Send one frame; TransportError if the link is gone."""
+        await self.send_raw(encode_frame(frame_type, **body))
+
+    async def send_raw(self, frame: str) -> None:
+        """Send one encoded frame; TransportError if the link is gone."""
+        try:
+            await self.ws.send_message(frame)
+        except ConnectionClosed as exc:
+            self.closed.set()
+            raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc
+        self.traffic.frames_out += 1
+        self.traffic.bytes_out += len(frame.encode())
+
+    async def close(self) -> None:
+        self.closed.set()
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await self.ws.aclose()
+
+
+def default_client_tls() -> ssl.SSLContext:
+    """TLS for confidentiality only: peers are authenticated by the handshake, which binds the
+    certificate it was shown (see :class:`bus.core.handshake.Session`), not by a CA."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
+    """SHA-256 hex of the TLS certificate the peer showed, or "" on a plain connection."""
+    stream = getattr(ws, "_stream", None)  # trio-websocket keeps the transport stream here
+    if not isinstance(stream, trio.SSLStream):
+        return ""
+    der = stream.getpeercert(binary_form=True)
+    return hashlib.sha256(der).hexdigest() if der else ""
+
+
+def describe(exc: BaseException) -> str:
+    """Why a link failed, in words, never empty: trio-websocket raises an empty HandshakeError
+    whose cause holds the socket's error, and a close by the peer says why in its reason."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        text = _text(cur)
+        if text and text not in parts:
+            parts.append(text)
+        cur = cur.__cause__ or cur.__context__
+    return ": ".join(parts) or type(exc).__name__
+
+
+def _token(exc: BaseException) -> str:
+    """A link failure's reason token: a handshake's, else the exception's type."""
+    return str(exc.reason) if isinstance(exc, HandshakeError) else type(exc).__name__
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed):
+        why = exc.reason
+        if why is None:
+            return "the connection closed"
+        said = f": {why.reason}" if why.reason else ""
+        return f"closed by the peer ({why.code} {why.name}{said})"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(filter(None, (_text(e) for e in exc.exceptions)))
+    if isinstance(exc, trio.TooSlowError):
+        return "timed out"
+    return str(exc)
+
+
+RELOAD_INTERVAL_S = 1.0
+
+
+class Transport:
+    """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
+
+    def __init__(
+        self,
+        key: KeyPair,
+        known_peers: Callable[[], set[str]],
+        on_frame: FrameHandler,
+        on_bad_frame: BadFrameHandler,
+        config: TransportConfig | None = None,
+        reload_peers: Callable[[], Awaitable[None]] | None = None,
+        *,
+        on_refused: Callable[[str], None] | None = None,
+        on_link: Callable[[str, bool], None] | None = None,
+        before_dial: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.key = key
+        self.node_id = key.public_hex
+        self.config = config or TransportConfig()
+        self._known_peers = known_peers
+        # A dialler unknown here may have been registered a moment ago (both ends learn a new
+        # peer from their own registry events): re-read the registry once before refusing it,
+        # at most every RELOAD_INTERVAL_S whoever dials.
+        self._reload_peers = reload_peers
+        self._reloaded_at = -RELOAD_INTERVAL_S
+        self._on_frame = on_frame
+        self._on_bad_frame = on_bad_frame
+        self._links: dict[str, Link] = {}
+        self._link_added = trio.Event()
+        # refusal reasons (handshakes, oversize frames) -> count; ``on_refused(reason)`` is
+        # called after each, so that the node publishes the counts (node/observe/counters.py)
+        self.refused: dict[str, int] = {}
+        self.traffic: dict[str, Traffic] = {}  # by peer id
+        self._on_refused = on_refused
+        self.states = LinkStates()  # per peer: up/down, last seen, round trip (published)
+        # a peer's circuit breaker (node/links/peer_breakers.py): ``on_link(peer, up)`` after
+        # each link that came up (True) and each dial or link that failed (False);
+        # ``before_dial(peer)`` returns when the next dial may start
+        self._on_link = on_link or (lambda _peer, _up: None)
+        self._before_dial = before_dial
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def link(self, peer_id: str) -> Link | None:
+        link = self._links.get(peer_id)
+        return link if link is not None and not link.closed.is_set() else None
+
+    async def wait_link(self, peer_id: str) -> Link:
+        """Wait until an authenticated link to ``peer_id`` is up and return it."""
+        while (link := self.link(peer_id)) is None:
+            await self._link_added.wait()
+        return link
+
+    def _register(self, link: Link) -> None:
+        link.traffic = self.traffic.setdefault(link.peer_id, Traffic())
+        self._links[link.peer_id] = link
+        self._link_added.set()
+        self._link_added = trio.Event()
+
+    def _unregister(self, link: Link) -> None:
+        link.closed.set()
+        if self._links.get(link.peer_id) is link:
+            del self._links[link.peer_id]
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def serve(
+        self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
+        """Accept links on host:port until cancelled; reports the bound port when listening."""
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(
+                partial(serve_websocket, max_message_size=self.config.max_frame_bytes),
+                self._accept,
+                host,
+                port,
+                self.config.ssl_server,
+            )
+            task_status.started(server.port)
+            await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def _accept(self, request: WebSocketRequest) -> None:
+        """Handle one inbound connection; nothing it does may take the listener down."""
+        try:
+            await self._accept_one(request)
+        except Exception:
+            log.exception("inbound link failed")
+
+    async def _accept_one(self, request: WebSocketRequest) -> None:
+        try:
+            ws = await request.accept()
+        except (ConnectionClosed, WsHandshakeError):
+            return
+        try:
+            with trio.fail_after(self.config.handshake_timeout_s):
+                peer_id = await self._respond(ws)
+        except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
+            reason = self._refuse(ws, "inbound", exc)
+            # the token only (no detail): the dialler's log then says why it was refused
+            await ws.aclose(code=1008, reason=f"handshake refused: {reason}")
+            return
+        await self._run_link(Link(peer_id, ws, initiator=False))
+
+    async def _respond(self, ws: WebSocketConnection) -> str:
+        hello = await self._receive(ws, "hello")
+        try:
+            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+        except HandshakeError as exc:
+            if exc.reason != Reason.UNKNOWN_NODE or not await self._reload():
+                raise
+            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+        n_r = hs.new_nonce()
+        await ws.send_message(
+            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_r)
+        )
+        session = hs.Session(peer_id, self.node_id, n_i, n_r, self.config.tls_fingerprint)
+        auth = await self._receive(ws, "auth")
+        hs.verify_transcript(auth.body["sig"], peer_id, "initiator", session)
+        sig = hs.sign_transcript(self.key, "responder", session)
+        await ws.send_message(encode_frame("welcome", sig=sig))
+        return peer_id
+
+    async def _reload(self) -> bool:
+        """Re-read the peer registry, unless that was done within RELOAD_INTERVAL_S."""
+        now = trio.current_time()
+        if self._reload_peers is None or now - self._reloaded_at < RELOAD_INTERVAL_S:
+            return False
+        self._reloaded_at = now
+        await self._reload_peers()
+        return True
+
+    # -- dialling --------------------------------------------------------------------------------
+
+    async def dial_forever(self, peer_id: str, address: str) -> NoReturn:
+        """Keep a link to ``peer_id`` at ``address`` up, reconnecting with backoff and jitter."""
+        delay = self.config.backoff_initial_s
+        while True:
+            if self._before_dial is not None:
+                await self._before_dial(peer_id)
+            try:
+                await self._dial_once(peer_id, address)
+                delay = self.config.backoff_initial_s
+            except (
+                OSError,
+                WsHandshakeError,
+                ConnectionClosed,
+                TransportError,
+                trio.TooSlowError,
+            ) as exc:
+                log.info(
+                    "link to %s… (%s) failed: %s",
+                    peer_id[:16],
+                    address,
+                    describe(exc),
+                    extra={
+                        "peer": peer_id,
+                        "address": address,
+                        "reason": _token(exc.__cause__ or exc),
+                    },
+                )
+                self._link_failed(peer_id, exc)
+            except Exception as exc:
+                log.exception("link to %s… (%s) failed", peer_id[:16], address)
+                self._link_failed(peer_id, exc)
+            await trio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, self.config.backoff_max_s)
+
+    def _link_failed(self, peer_id: str, exc: BaseException) -> None:
+        self._on_link(peer_id, False)
+        if self.link(peer_id) is None:  # a link the peer dialled may be up meanwhile
+            self.states.down(peer_id, describe(exc))
+
+    async def _dial_once(self, peer_id: str, address: str) -> None:
+        ssl_context = self.config.ssl_client or default_client_tls()
+        async with open_websocket_url(
+            address,
+            ssl_context if address.startswith("wss://") else None,
+            max_message_size=self.config.max_frame_bytes,
+            connect_timeout=min(self.config.handshake_timeout_s, CONNECT_TIMEOUT_S),
+            disconnect_timeout=self.config.handshake_timeout_s,
+        ) as ws:
+            try:
+                with trio.fail_after(self.config.handshake_timeout_s):
+                    await self._initiate(ws, peer_id)
+            except HandshakeError as exc:
+                self._refuse(ws, "outbound", exc)
+                raise
+            await self._run_link(Link(peer_id, ws, initiator=True))
+
+    async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
+        n_i = hs.new_nonce()
+        await ws.send_message(
+            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_i)
+        )
+        hello = await self._receive(ws, "hello")
+        _, n_r = hs.check_hello(dict(hello.body), known=None, expected=peer_id)
+        session = hs.Session(self.node_id, peer_id, n_i, n_r, peer_certificate_fingerprint(ws))
+        await ws.send_message(
+            encode_frame("auth", sig=hs.sign_transcript(self.key, "initiator", session))
+        )
+        welcome = await self._receive(ws, "welcome")
+        hs.verify_transcript(welcome.body["sig"], peer_id, "responder", session)
+
+    # -- both sides ------------------------------------------------------------------------------
+
+    async def _receive(self, ws: WebSocketConnection, expected: str) -> Frame:
+        try:
+            frame = decode_frame(await ws.get_message(), self.config.max_frame_bytes)
+        except FrameError as exc:
+            raise HandshakeError(Reason.MALFORMED_FRAME, str(exc)) from None
+        if frame.type != expected:
+            raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {expected}, got {frame.type}")
+        return frame
+
+    def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> str:
+        """Count and log a refused handshake; returns the reason token."""
+        reason = _token(exc)
+        self._count_refused(reason)
+        try:
+            remote = getattr(ws.remote, "address", ws.remote)
+        except OSError:  # the socket is already gone
+            remote = "a closed connection"
+        log.warning(
+            "%s handshake with %s refused: %s",
+            direction,
+            remote,
+            describe(exc),
+            extra={"reason": reason, "remote": str(remote)},
+        )
+        return reason
+
+    def _count_refused(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        if self._on_refused is not None:
+            self._on_refused(reason)
+
+    async def _read(self, link: Link) -> None:
+        while True:
+            try:
+                data = await link.ws.get_message()
+            except ConnectionClosed as exc:
+                self._closed(link, exc)
+                return
+            link.traffic.frames_in += 1
+            link.traffic.bytes_in += len(data.encode() if isinstance(data, str) else data)
+            try:
+                frame = decode_frame(data, self.config.max_frame_bytes)
+            except FrameError as exc:
+                await self._on_bad_frame(link, str(exc))
+                continue
+            self.states.seen(link.peer_id)
+            await self._on_frame(link, frame)
+
+    async def _write_posted(self, link: Link) -> None:
+        try:
+            await link.write_posted()
+        except TransportError as exc:  # the reader sees the close too, and ends the link
+            log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
+
+    async def _keep_alive(self, link: Link) -> None:
+        """Ping the peer every PING_INTERVAL_S and record the round trip."""
+        while True:
+            started = trio.current_time()
+            try:
+                await link.ws.ping()
+            except ConnectionClosed:
+                return  # the reader sees the close too, and ends the link
+            self.states.rtt(link.peer_id, trio.current_time() - started)
+            await trio.sleep(PING_INTERVAL_S)
+
+    def _closed(self, link: Link, exc: ConnectionClosed) -> None:
+        code = getattr(exc.reason, "code", None)
+        if code == 1009:  # MESSAGE_TOO_BIG: trio-websocket enforced max_frame_bytes
+            self._count_refused("oversize_frame")
+            log.warning(
+                "link %s…: frame above %d bytes; link closed",
+                link.peer_id[:16],
+                self.config.max_frame_bytes,
+            )
+
+    async def _run_link(self, link: Link) -> None:
+        log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
+        self._register(link)
+        self.states.up(link.peer_id)
+        self._on_link(link.peer_id, True)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_posted, link)
+                nursery.start_soon(self._keep_alive, link)
+                await self._read(link)
+                nursery.cancel_scope.cancel()
+        finally:
+            self._unregister(link)
+            if self.link(link.peer_id) is None:  # no link the other way either
+                self.states.down(link.peer_id, "link closed")
+            self._on_link(link.peer_id, False)
+            log.info("link down: %s…", link.peer_id[:16])

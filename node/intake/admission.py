@@ -1,0 +1,262 @@
+"""Admission: the one decision on whether this node accepts a message, whatever its path.
+
+Two paths lead here: the supervisor (``msg_out``: what this node's clients and services submit;
+a job for this node is materialised right there) and the consumer (``msg_in``: what peers
+delivered, and what this node routes to itself). Both call :func:`admit`, so a message is
+judged by the same checks on either: its size (``oversize``), its shape (a job's caller and
+context are the message's; a stop names a job; a result's body decodes), its signature against
+the registered key, its freshness, the caller's permission in the context and, for a job
+message from a peer, its signed ack deadline. Replays are refused atomically where what a
+message causes is written: job and flow-job messages by the materialise script
+(node/intake/materialise.py), results by the consumer's accept script; stops here.
+
+The ack deadline of a job message is ``created_at + timeout_ack``. Both are signed fields, so
+the deadline travels under the caller's signature and no node on the way can move it. A
+destination refuses a job message it receives (node/links/frames.py) or takes from ``msg_in``
+after that deadline (``expired``); its origin declares the message failed only after the
+deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
+``max_skew_s`` of each other, a message its client was told failed never runs.
+
+Actors and contexts come from the node's short-lived cache; any refusal is re-checked against
+Redis before it stands, so a key or permission granted a moment ago is never refused because
+of the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bus.core import keys
+from bus.core.envelope import ResultBody
+from bus.core.ids import now
+from bus.core.models import Message, MessageType
+from bus.core.reasons import Reason
+from bus.core.verify import freshness_problem, judge
+from bus.errors import ModelError
+from node.config import NodeConfig
+from node.flows.trust import authorise_flow_job, may_execute_in
+from node.intake.messages import Rejected, signed_here
+from node.intake.stops import parse_stop
+from node.state import NodeState
+
+NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
+# the node counter of messages whose signature verified (node/observe/metrics.py)
+VERIFIED = "signatures_verified"
+
+
+async def admit(
+    node: NodeState, ctx: int, message: Message, *, incoming: bool
+) -> ResultBody | None:
+    """Raise Rejected with the reason ``message`` may not be accepted in context ``ctx``;
+    for a result message return its decoded body. ``incoming``: taken from ``msg_in`` (the
+    consumer), else from ``msg_out`` (the supervisor). Cheap checks come first, so an
+    oversize or misshapen message costs no signature check and no round trip."""
+    check_size(node.config, message)
+    check_shape(ctx, message)
+    check_reply_to(message)
+    if incoming and message.destination != node.node_id:
+        raise Rejected(Reason.WRONG_DESTINATION, f"addressed to {message.destination[:16]}…")
+    body = await _check_signer(node, ctx, message, incoming=incoming)
+    if not incoming and message.origin != node.node_id:
+        raise Rejected(Reason.WRONG_ORIGIN, "messages in msg_out must name this node as origin")
+    if incoming and message.origin != node.node_id:
+        check_ack_deadline(message, now())
+    if incoming and message.message_type is MessageType.STOP:
+        await check_replay(node, ctx, message)
+    return body
+
+
+# -- size and shape (pure) ----------------------------------------------------------------------
+
+
+def stored_size(fields: Mapping[str, str]) -> int:
+    """Bytes of a message hash's names and values (UTF-8; what cannot be encoded counts one)."""
+    return sum(len(k) + len(v.encode("utf-8", "replace")) for k, v in fields.items())
+
+
+def size_limit(config: NodeConfig, message_type: str) -> int:
+    """The most bytes a message of ``message_type`` may hold. An actor's message is held to
+    ``max_message_bytes``; a node-signed one (a result, a flow job carrying its prerequisites'
+    results) is built by a node from outputs bounded by ``max_output_bytes`` and only has to
+    fit a link frame."""
+    if message_type in NODE_SIGNED:
+        return config.max_frame_bytes
+    return config.max_message_bytes
+
+
+def check_size(config: NodeConfig, message: Message) -> None:
+    """Rejected('oversize') for a script above ``max_script_bytes`` or a message whose stored
+    hash is above its :func:`size_limit`."""
+    for job in message.job:
+        size = len(job.script.encode("utf-8", "replace"))
+        if size > config.max_script_bytes:
+            raise Rejected(
+                Reason.OVERSIZE, f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
+            )
+    size, limit = stored_size(message.to_hash()), size_limit(config, message.message_type)
+    if size > limit:
+        raise Rejected(Reason.OVERSIZE, f"message of {size} bytes > {limit}")
+
+
+def check_shape(ctx: int, message: Message) -> None:
+    """Rejected('malformed') unless every job carried is the message's caller's, in its
+    context, once; a stop names a job."""
+    seen: set[int] = set()
+    for job in message.job:
+        if job.caller_id != message.caller_id or job.context_id != ctx:
+            raise Rejected(
+                Reason.MALFORMED,
+                f"job {job.key} (context {job.context_id}) is not of the message's caller "
+                f"{message.caller_id} and context {ctx}",
+            )
+        if job.id in seen:
+            raise Rejected(Reason.MALFORMED, f"job {job.key} appears twice in the message")
+        seen.add(job.id)
+    if message.message_type is MessageType.STOP:
+        parse_stop(message)
+
+
+def check_reply_to(message: Message) -> None:
+    """Rejected('bad_reply_to') unless the message's ``reply_to`` is empty or an inbox name
+    (bus/core/keys.py): a client may only name its inbox, never a key of its choice."""
+    problem = keys.inbox_name_problem(message.reply_to) if message.reply_to else ""
+    if problem:
+        raise Rejected(Reason.BAD_REPLY_TO, f"reply_to {message.reply_to[:80]!r}: {problem}")
+
+
+# -- the ack deadline (pure) -------------------------------------------------------------------
+
+
+def ack_deadline(message: Message) -> int:
+    """Unix second after which a job message must no longer be accepted (signed fields)."""
+    return message.created_at + message.timeout_ack
+
+
+def check_ack_deadline(message: Message, stamp: int) -> None:
+    """Rejected('expired') for a job message past its ack deadline at ``stamp``: its origin
+    may have told its client it failed. Other messages carry no deadline of their origin."""
+    if message.message_type is not MessageType.JOB:
+        return
+    late = stamp - ack_deadline(message)
+    if late > 0:
+        raise Rejected(
+            Reason.EXPIRED, f"received {late} s after its ack deadline (created_at + timeout_ack)"
+        )
+
+
+def delivery_problem(fields: Mapping[str, str], config: NodeConfig, stamp: int) -> str:
+    """What a link refuses at once in a message's raw fields ("" if nothing): its size, or a
+    job message past its ack deadline. The fields are not verified yet (the consumer judges
+    the signed ones again); they come from an authenticated peer, which can only make its
+    own message refused."""
+    size, limit = stored_size(fields), size_limit(config, fields.get("message_type", ""))
+    if size > limit:
+        return f"{Reason.OVERSIZE}: message of {size} bytes > {limit}"
+    if fields.get("message_type") != MessageType.JOB.value:
+        return ""
+    try:
+        deadline = int(fields.get("created_at", "")) + int(fields.get("timeout_ack") or "30")
+    except ValueError:
+        return ""  # malformed: the consumer says so, with the other checks
+    if stamp > deadline:
+        return f"{Reason.EXPIRED}: received {stamp - deadline} s after its ack deadline"
+    return ""
+
+
+# -- who signed it, and may they ---------------------------------------------------------------
+
+
+async def _check_signer(
+    node: NodeState, ctx: int, message: Message, *, incoming: bool
+) -> ResultBody | None:
+    kind = message.message_type
+    if kind is MessageType.RESULT and incoming:
+        return verify_result(node, message)
+    if kind is MessageType.FLOW_JOB and incoming:  # flows hook: see node/flows/trust.py
+        await authorise_flow_job(node, ctx, message)
+    elif kind in NODE_SIGNED:
+        _check_own(node, message)
+    else:
+        await authorise_caller(node, ctx, message)
+    return None
+
+
+def _check_own(node: NodeState, message: Message) -> None:
+    """A result or flow-job message in msg_out: created and signed by this node.
+
+    A result message this process signed itself moments ago (same key, same signature entry:
+    :func:`node.intake.messages.signed_here`) is not verified again here, only checked for
+    origin and freshness. Verifying it here is not what lets no one in: every result is
+    verified against this node's registered key by whoever acts on it, before it changes
+    anything: the peer's consumer (:func:`verify_result`), or ours for a request of this node
+    (the supervisor routes it through our msg_in). A hash altered in Redis after signing fails
+    there, is dead-lettered and changes nothing. Every other result in msg_out (written by some
+    other Redis client, or left from before a restart) is verified in full, so a forgery is
+    refused here, at the origin."""
+    if message.origin != node.node_id:
+        raise Rejected(Reason.FORGED_RESULT, "result messages in msg_out must come from this node")
+    if message.message_type is MessageType.RESULT and signed_here(node, message):
+        stale = freshness_problem(message, now(), node.freshness)
+        if stale is not None:
+            raise Rejected(Reason(stale.reason), stale.detail)
+        return
+    verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
+    if not verdict.ok:
+        raise Rejected(Reason(verdict.reason), verdict.detail)
+    node.count(VERIFIED)
+
+
+def verify_result(node: NodeState, message: Message) -> ResultBody:
+    """A result message signed by the node it names as origin (a node we know), fresh, with
+    a well-formed body (returned); Rejected otherwise. Pure: what Redis knows is checked
+    with its batch."""
+    signer = message.origin if node.is_known_node(message.origin) else None
+    verdict = judge(message, signer, now=now(), freshness=node.freshness)
+    if not verdict.ok:
+        raise Rejected(Reason(verdict.reason), verdict.detail)
+    node.count(VERIFIED)
+    try:
+        return ResultBody.decode(message.message)
+    except ModelError as exc:
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
+
+
+async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
+    """Raise Rejected (unknown_signer, bad_signature, expired, from_future, unknown_context,
+    permission_denied; wrong_algorithm, malformed_key, uncompressed_key, invalid_point,
+    high_s) unless ``message``'s caller signed it with its registered key, of an algorithm
+    ``ctx`` accepts, and may execute in ``ctx``."""
+    try:
+        await _check(node, ctx, message, fresh=False)
+    except Rejected:
+        node.forget_registry()
+        await _check(node, ctx, message, fresh=True)
+
+
+async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) -> None:
+    caller = message.caller_id
+    actor = await (node.store.get_actor(caller) if fresh else node.actor(caller))
+    verdict = judge(
+        message,
+        actor.pubkey if actor else None,
+        now=now(),
+        freshness=node.freshness,
+        algorithm=actor.algorithm if actor else "",
+        accepted=node.config.accepted_algorithms(ctx),
+    )
+    if not verdict.ok:
+        raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
+    node.count(VERIFIED)
+    context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
+    may_execute_in(context, ctx, caller)
+
+
+async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
+    """Rejected('replay') for a message key or nonce accepted within the freshness window."""
+    nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
+    found = await node.store.count_existing(ctx, [keys.seen(message.key), nonce_key])
+    seen_key = found and await node.store.exists(ctx, keys.seen(message.key))
+    seen_nonce = found and not seen_key
+    if seen_key or seen_nonce:
+        what = "message key" if seen_key else "nonce"
+        raise Rejected(Reason.REPLAY, f"{what} of {message.key} was already accepted")

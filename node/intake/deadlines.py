@@ -1,0 +1,115 @@
+"""A message's ``timeout_ack`` and ``timeout_result`` at its origin (dispatcher protocol).
+
+When the supervisor sends a job message to a peer, it schedules two deadlines in the context's
+``deadlines`` zset. If the peer has not acknowledged the message by the first, or no result has
+come back by the second, the origin's copy ends in ``error`` (reason ``timeout_ack`` or
+``timeout_result``) and the waiting client is answered. A result that arrives after that is
+refused as ``late_result``.
+
+The ack deadline is the signed one, ``created_at + timeout_ack`` (node/intake/admission.py):
+the destination refuses the message after it (``expired``), on arrival and when its consumer
+takes it. The origin fails the message only once that deadline plus the allowed clock skew
+(``max_skew_s``) has passed, so by then the destination refuses it too, and withdraws it from
+the peer's outbox and its in-flight list in one transaction: a message its client was told
+failed is never sent again, and one already on the wire is refused where it lands.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import trio
+
+from bus.core.envelope import ResultBody
+from bus.core.ids import now_ms
+from bus.core.models import JobStatus, Message, MessageStatus
+from bus.core.reasons import Reason
+from bus.errors import ContentError, ModelError
+from bus.store.atomic.routing import fail_request, pop_due
+from bus.store.atomic.routing import withdraw as atomic_withdraw
+from bus.wire import outbox
+from node.intake.admission import ack_deadline
+from node.intake.messages import result_write
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
+
+
+def deadline_times(message: Message, skew_s: int) -> tuple[int, int]:
+    """The ack and result deadlines (Unix ms) of a job message sent to a peer (armed with
+    bus.store.atomic.routing.arm_deadlines; the caller then wakes the deadline service:
+    NodeState.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
+    allowed clock skew (see the module doc)."""
+    ack_ms = (ack_deadline(message) + skew_s) * 1000
+    return ack_ms, now_ms() + message.timeout_result * 1000
+
+
+async def run_deadlines(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Fail what is overdue; sleeps until the next deadline or a newly armed one (no polling)."""
+    task_status.started()
+    while True:
+        wake = node.deadline_scheduled.setdefault(ctx, trio.Event())
+        after = await fail_due(node, ctx)
+        wait_s = 3600.0 if after < 0 else max(0.0, (after - now_ms()) / 1000)
+        with trio.move_on_after(wait_s):
+            await wake.wait()
+        node.deadline_scheduled[ctx] = trio.Event()
+
+
+async def fail_due(node: NodeState, ctx: int) -> int:
+    """Fail every message whose deadline is due by the wall clock (bus.core.ids); returns when the
+    next one is due (Unix ms), -1 if none is armed."""
+    after, due = await pop_due(node.store, ctx, now_ms())
+    for member in due:
+        kind, _, key = member.partition("|")
+        await expire(node, ctx, kind, key)
+    return after
+
+
+async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
+    """Fail message ``key`` if its ``kind`` deadline (ack or result) passed unmet. A member
+    naming a key of another type (written by some other Redis client) is dead-lettered alone:
+    the due members were popped together, so one that raised would cost the others theirs."""
+    try:
+        await _expire(node, ctx, kind, key)
+    except ContentError as exc:
+        await node.store.dead_letter(ctx, key, exc.reason, f"{kind} deadline: {exc}")
+
+
+async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
+    try:
+        message = Message.from_hash(await node.store.hgetall(ctx, key))
+    except ModelError:
+        return
+    status = message.status.value
+    if status not in UNANSWERED or (kind == "ack" and status != "dispatched"):
+        return
+    limit = message.timeout_ack if kind == "ack" else message.timeout_result
+    token = Reason.TIMEOUT_ACK if kind == "ack" else Reason.TIMEOUT_RESULT
+    reason = (
+        f"{token}: no {'acknowledgement' if kind == 'ack' else 'result'} from "
+        f"{message.destination[:16]}… within {limit} s"
+    )
+    log.warning("%s: %s", key, reason)
+    await withdraw(node, message.destination, outbox.entry(ctx, key))
+    failed = [
+        result_write(node, ResultBody(key, j.key, JobStatus.ERROR, {}, reason), message.reply_to)
+        for j in message.job
+    ]
+    await fail_request(node.store, ctx, key, failed, reason)
+
+
+async def withdraw(node: NodeState, peer: str, entry: str) -> None:
+    """Take ``entry`` out of every outbox list of ``peer`` in one transaction (waiting, or
+    sent and unacknowledged: the pump moves it atomically from one to the other, so it is
+    in neither afterwards). A message its client is told failed must not be sent again;
+    the in-flight place it held in the link's window opens, since no ack will count it."""
+    unacked = await atomic_withdraw(node.store, peer, entry)
+    box = node.outboxes.get(peer)
+    if unacked and box is not None:
+        box.window.release(unacked)

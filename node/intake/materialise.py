@@ -1,0 +1,167 @@
+"""Materialising job messages: replay check, job hashes, queue entries, message status, replay
+markers and the in-flight ack of a whole batch, in one Lua call (atomic, one round trip:
+bus/store/atomic/lua/routing_materialise.lua). The batch travels as one JSON argument and the
+server does the rest, so the check and the writes are one step and the client builds one
+command per batch, not six per message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+
+from bus.core import keys
+from bus.core.envelope import ResultBody
+from bus.core.ids import now as now_s
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.reasons import Reason
+from bus.store.atomic.routing import JobWrite, materialise_batch
+from node.intake.messages import Rejected, queue_result, reject
+from node.runners.queues import target_queue
+from node.state import NodeState
+
+REPLAY_WHAT = {1: "message key", 2: "nonce"}
+log = logging.getLogger(__name__)
+
+
+def refusal(message: Message, code: int, owner: str) -> Rejected:
+    """Why the materialise script refused ``message`` (``code`` > 0)."""
+    if code in REPLAY_WHAT:
+        return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
+    job_key, _, holder = owner.partition(" ")
+    return Rejected(Reason.JOB_EXISTS, f"{job_key} exists already, held by {holder}")
+
+
+async def materialise_fresh(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+    service: str,
+) -> None:
+    """Materialise a batch of authorised job messages in one atomic step (materialise_batch);
+    a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
+    a job key of another message is refused and dead-lettered."""
+    refused = await materialise_many(node, ctx, messages, script_types, inflight)
+    _log_queued(ctx, messages, {m.key for m, _ in refused}, script_types)
+    for message, exc in refused:
+        queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
+        await reject(node, ctx, message.key, exc, message, service, queue=queue)
+        await node.store.ack(ctx, inflight, message.key)
+
+
+def _log_queued(
+    ctx: int, messages: list[Message], refused: set[str], script_types: Collection[str]
+) -> None:
+    """One line per job queued here (what an operator follows, or greps by job key)."""
+    for message in messages:
+        if message.key in refused:
+            continue
+        for job in message.job:
+            if job.script_type not in script_types:
+                continue  # logged with its refusal by _unknown_types
+            log.info(
+                "job %s (%s) queued on %s, from %s… (context %d)",
+                job.key,
+                job.script_type,
+                target_queue(job),
+                message.origin[:16],
+                ctx,
+                extra={
+                    "job": job.key,
+                    "ctx": ctx,
+                    "message_key": message.key,
+                    "type": job.script_type,
+                    "origin": message.origin,
+                },
+            )
+
+
+def _writes(
+    messages: list[Message], script_types: Collection[str], stamp: int
+) -> tuple[list[tuple[Message, list[JobWrite]]], list[tuple[Message, RunnerJob]]]:
+    """Each message's job hashes and queue entries, and its jobs of no known script type."""
+    unknown: list[tuple[Message, RunnerJob]] = []
+    batch: list[tuple[Message, list[JobWrite]]] = []
+    for message in messages:
+        writes = []
+        for job in message.job:
+            fields = job.to_hash() | {
+                "status": JobStatus.DISPATCHED.value,
+                "created_at": str(stamp),
+                "updated_at": str(stamp),
+                "message_key": message.key,
+                "origin": message.origin,
+            }
+            if message.reply_to:  # where the runner answers a request made here
+                fields["reply_to"] = message.reply_to
+            queue = ""
+            if job.script_type in script_types:
+                queue = target_queue(job)  # node/runners/queues.py
+            else:
+                fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
+                unknown.append((message, job))
+            writes.append(JobWrite(job.key, queue, fields))
+        batch.append((message, writes))
+    return batch, unknown
+
+
+async def materialise_many(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+) -> list[tuple[Message, Rejected]]:
+    """Write the jobs of checked messages, their queue entries, the message status, the replay
+    markers and the ack, in one Lua call; returns the refused messages (replays, and those
+    naming another message's job) with why, for which nothing was written."""
+    stamp = now_s()
+    batch, unknown = _writes(messages, script_types, stamp)
+    types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
+    codes, node.queue_depth[ctx], owners = await materialise_batch(
+        node.store,
+        ctx,
+        inflight,
+        batch,
+        now=stamp,
+        window_s=node.freshness.window_s,
+        depth_of=[keys.queue(t) for t in types],
+    )
+    refused = [(m, refusal(m, c, o)) for m, c, o in zip(messages, codes, owners, strict=True) if c]
+    for (_, writes), code in zip(batch, codes, strict=True):
+        for w in writes:  # idle slots wait on the plain type queue only
+            if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
+                node.wake_idle_slots(ctx, w.fields["script_type"])
+    node.count(
+        "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
+    )
+    await _unknown_types(node, unknown, {m.key for m, _ in refused}, script_types)
+    return refused
+
+
+async def _unknown_types(
+    node: NodeState,
+    unknown: list[tuple[Message, RunnerJob]],
+    refused: set[str],
+    script_types: Collection[str],
+) -> None:
+    """Answer each materialised job of a type no runner here serves (it was written in
+    error): its origin learns why."""
+    for message, job in unknown:
+        if message.key in refused:
+            continue
+        detail = (
+            f"{Reason.UNKNOWN_SCRIPT_TYPE}: no runner for {job.script_type!r} on this node "
+            f"(known: {', '.join(sorted(script_types))})"
+        )
+        log.warning(
+            "job %s: %s",
+            job.key,
+            detail,
+            extra={"job": job.key, "ctx": message.context_id, "reason": Reason.UNKNOWN_SCRIPT_TYPE},
+        )
+        await queue_result(
+            node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
+        )

@@ -1,0 +1,238 @@
+"""Message handling shared by the supervisor and the consumer: loading, rejecting, results."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+from bus.core import keys
+from bus.core.envelope import ResultBody, sign_message
+from bus.core.ids import new_id, new_nonce, now
+from bus.core.models import JobStatus, Message, MessageStatus, MessageType
+from bus.core.reasons import Reason
+from bus.errors import ModelError, StoreError
+from bus.store.atomic import routing as atomic_routing
+from bus.store.atomic.routing import ResultWrite
+from bus.store.connection import printable
+from node.errors import Rejected
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+
+async def load_message(node: NodeState, ctx: int, key: str) -> Message:
+    """Read and parse a message hash; Rejected('malformed', ...) if it cannot be used."""
+    return parse_message(ctx, key, await node.store.hgetall(ctx, key))
+
+
+def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
+    """Parse the hash stored under ``key`` in context ``ctx``; Rejected if it is unusable."""
+    if not fields:
+        raise Rejected(Reason.MISSING_HASH, f"{key} has no hash in context {ctx}")
+    try:
+        message = Message.from_hash(fields)
+    except ModelError as exc:
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
+    if message.key != key:
+        raise Rejected(Reason.MALFORMED, f"hash fields name {message.key}, stored under {key}")
+    if message.context_id != ctx:
+        raise Rejected(Reason.WRONG_CONTEXT, f"message is for context {message.context_id}")
+    return message
+
+
+async def reject(
+    node: NodeState,
+    ctx: int,
+    key: str,
+    exc: Rejected,
+    message: Message | None,
+    service: str,
+    *,
+    queue: str = "",
+) -> None:
+    """Dead-letter a message with its reason, mark it failed, and tell its sender why.
+
+    The sender is told through error results for each of its jobs (only for job messages whose
+    origin is a node we know), so a client waiting on the reply list does not wait forever.
+    """
+    log.warning(
+        "%s rejected %s (context %d): %s",
+        service,
+        printable(key),
+        ctx,
+        exc,
+        extra={"message_key": printable(key), "ctx": ctx, "reason": str(exc.reason)},
+    )
+    node.count(f"rejected_{exc.reason}")
+    await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
+    if message is None and queue == keys.MSG_OUT:
+        await _answer_unparsed(node, ctx, key, exc, service)
+    if message is None or exc.reason == Reason.REPLAY:  # a replay's hash is the original's: keep it
+        return
+    try:
+        await _mark_refused(node, ctx, key, exc, message)
+    except StoreError:
+        raise
+    except Exception:  # the dead letter is written; a flaw in telling the sender stops nothing
+        log.exception("%s could not tell the sender of %s why", service, printable(key))
+
+
+async def _answer_unparsed(
+    node: NodeState, ctx: int, key: str, exc: Rejected, service: str
+) -> None:
+    """A message of this node's own clients (``msg_out``) that cannot even be parsed (a
+    negative timeout, say) gets no result message, which needs a parsed request: its waiting
+    client is answered here, on its reply list, with one error per job the hash names (one
+    without a job key if it names none), so that it stops waiting at once."""
+    try:
+        replies = [
+            json.dumps(
+                {
+                    "job_key": job,
+                    "status": JobStatus.ERROR.value,
+                    "result": {},
+                    "reason": f"{exc.reason}: {exc.detail}",
+                }
+            )
+            for job in _job_keys(await node.store.hgetall(ctx, key)) or [""]
+        ]
+        reply = keys.reply(key)
+        await node.store.lpush(ctx, reply, *replies)
+        await node.store.expire(ctx, reply, node.config.reply_ttl_s)
+    except StoreError:
+        raise
+    except Exception:  # the dead letter is written; a flaw in telling the client stops nothing
+        log.exception("%s could not answer the client of %s", service, printable(key))
+
+
+def _job_keys(fields: Mapping[str, str]) -> list[str]:
+    """The job keys an unparsable message hash names, read leniently ([] if none can be)."""
+    try:
+        jobs = json.loads(fields.get("job") or "[]")
+        return [keys.job(int(j["caller_id"]), int(j["id"])) for j in jobs]
+    except (ValueError, TypeError, KeyError):
+        return []
+
+
+async def _mark_refused(
+    node: NodeState, ctx: int, key: str, exc: Rejected, message: Message
+) -> None:
+    """The refused message's status, and its sender's error results (see :func:`reject`)."""
+    await node.store.hset(
+        ctx,
+        key,
+        {"status": MessageStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())},
+    )
+    if _should_notify(node, message, exc.reason):
+        for job in message.job:
+            body = ResultBody(key, job.key, JobStatus.ERROR, {}, f"{exc.reason}: {exc.detail}")
+            await queue_result(node, message, body)
+
+
+# Refusals of messages whose sender is not authenticated: the origin they name may never have
+# sent them, so only this node's own clients are told.
+UNAUTHENTICATED = frozenset(
+    {
+        Reason.BAD_SIGNATURE,
+        Reason.UNKNOWN_SIGNER,
+        Reason.MALFORMED,
+        Reason.WRONG_SIGNER,
+        Reason.MISSING_HASH,
+        Reason.WRONG_CONTEXT,
+    }
+)
+
+
+def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
+    """Whether the sender of a refused job message gets error results for its jobs.
+
+    Never for a replay (the original was answered; answering again would let an attacker
+    overwrite the origin's result); for unauthenticated messages only when they came from
+    this node's own clients.
+    """
+    if (
+        message.message_type not in (MessageType.JOB, MessageType.FLOW_JOB)
+        or reason == Reason.REPLAY
+    ):
+        return False
+    if reason in UNAUTHENTICATED:
+        return message.origin == node.node_id
+    return node.is_known_node(message.origin)
+
+
+SIGNED_MEMORY = 4096  # result messages remembered by NodeState.signed_results
+REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to NodeState.reply_targets keeps
+
+
+def remember_reply_to(node: NodeState, message: Message) -> None:
+    """Keep the signed ``reply_to`` of a job message this node sends to a peer (bounded)."""
+    node.reply_targets[message.context_id, message.key] = message.reply_to
+    while len(node.reply_targets) > REPLY_MEMORY:
+        node.reply_targets.popitem(last=False)
+
+
+async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request that results answer: remembered since it was sent,
+    else read from the requests (one round trip for all those, after a restart say)."""
+    known = {r: node.reply_targets.get((ctx, r)) for r in requests}
+    unknown = sorted(r for r, reply_to in known.items() if reply_to is None)
+    found = await atomic_routing.reply_targets(node.store, ctx, unknown)
+    read = dict(zip(unknown, found, strict=True))
+    return [known[r] or read.get(r, "") for r in requests]
+
+
+def signed_here(node: NodeState, message: Message) -> bool:
+    """True once if this node signed ``message`` (same key, same signature) with
+    :func:`result_message` since it started: the supervisor's shortcut, see check_outgoing.
+    Bounded: what fell out, or was signed before a restart, is verified like any other."""
+    signature = node.signed_results.pop(message.key, None)
+    return signature is not None and message.signatures == [signature]
+
+
+def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
+    """A result message answering ``request``, signed by this node, addressed to its origin."""
+    msg = Message(
+        id=new_id(),
+        caller_id=request.caller_id,
+        context_id=request.context_id,
+        message=body.encode(),
+        message_type=MessageType.RESULT,
+        created_at=now(),
+        updated_at=now(),
+        origin=node.node_id,
+        destination=request.origin,
+        nonce=new_nonce(),
+    )
+    signed = sign_message(msg, node.key)
+    node.signed_results[signed.key] = signed.signatures[0]
+    while len(node.signed_results) > SIGNED_MEMORY:
+        node.signed_results.popitem(last=False)
+    return signed
+
+
+async def queue_result(node: NodeState, request: Message, body: ResultBody) -> None:
+    msg = result_message(node, request, body)
+    await atomic_routing.queue_outgoing(node.store, request.context_id, msg)
+
+
+def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> ResultWrite:
+    """What ``body`` changes at the origin: the job copy's final state, the request's status,
+    the reply that wakes the waiting client (with a TTL; on the inbox the request's
+    ``reply_to`` names, if any) and, for a flow's job, a wake-up of the flow engine
+    (node/flows/engine.py); see bus/store/atomic/lua/routing_apply_result_fn.lua."""
+    request_status = (
+        MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
+    )
+    return ResultWrite(
+        job_key=body.job_key,
+        request=body.in_reply_to,
+        status=body.status.value,
+        result=json.dumps(body.result),
+        reason=body.reason,
+        stamp=now(),
+        request_status=request_status.value,
+        reply=body.encode(),  # what the client reads: in_reply_to, job_key, status, ...
+        reply_ttl_s=node.config.reply_ttl_s,
+        reply_to=reply_to,
+    )

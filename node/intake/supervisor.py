@@ -1,0 +1,202 @@
+"""The supervisor of one context: pops ``msg_out``, checks the sender, routes the message.
+
+Routing: to this node's own ``msg_in`` when the destination is this node, else to the durable
+outbox of the destination peer. A message that fails a check goes to ``dlq`` with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import NoReturn
+
+import trio
+
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import JobStatus, Message, MessageType
+from bus.core.reasons import Reason
+from bus.errors import ContentError, StoreError
+from bus.store.atomic import routing
+from bus.wire import outbox
+from node.intake import deadlines
+from node.intake.admission import admit
+from node.intake.materialise import materialise_fresh
+from node.intake.messages import Rejected, parse_message, reject, remember_reply_to
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+SERVICE = "supervisor"
+POP_TIMEOUT_S = 5.0
+BATCH = 64
+HIGH_WATER = 256
+BACKPRESSURE_MAX_S = 2.0
+
+
+async def run_supervisor(
+    node: NodeState,
+    ctx: int,
+    script_types: Collection[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Route context ``ctx``'s outgoing messages until cancelled; reports started after recovery."""
+    inflight = keys.inflight(SERVICE)
+    await node.store.recover(ctx, inflight, keys.MSG_OUT)
+    task_status.started()
+    while True:
+        # What is queued already, read with its hashes in one round trip; only on an empty
+        # msg_out a blocking pop, whose message is handled at once.
+        batch = await node.store.pop_read(ctx, keys.MSG_OUT, inflight, BATCH, POP_TIMEOUT_S)
+        if batch:
+            await handle_batch(node, ctx, batch, script_types, inflight)
+
+
+async def handle_batch(
+    node: NodeState,
+    ctx: int,
+    batch: list[tuple[str, dict[str, str]]],
+    script_types: Collection[str],
+    inflight: str,
+) -> None:
+    """Route a batch popped from msg_out (keys and their hashes), the jobs that run on this
+    node materialised together in one step (a batch of one when the queue is short)."""
+    local: list[Message] = []
+    remote: list[Message] = []
+    for key, fields in batch:
+        message = await _guarded(node, ctx, key, fields)
+        if message is None:
+            continue
+        if message.destination == node.node_id and message.message_type is MessageType.JOB:
+            local.append(message)
+        else:
+            remote.append(message)
+    if remote:
+        await route_many(node, ctx, remote, inflight)
+    if local:
+        await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
+        await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
+        node.count("routed", len(local))
+
+
+async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> None:
+    """Materialise no further ahead of the runners than HIGH_WATER queued jobs per type: a deep
+    msg_out backlog then costs the runners nothing while they work (it waits, unverified, in
+    msg_out). When the queue is at the mark, wait until this node's runners have taken enough
+    for a whole batch to fit (one wake-up and one LLEN per batch, not per job); re-checked at
+    least every second (runners of other processes, e.g. external ones, take jobs too). Never
+    waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
+    route back, stops) are delayed by at most that while this node's runners are saturated.
+    Far from the mark (as the last materialisation found the queue), it costs no round trip."""
+    if node.queue_depth.get(ctx, 0) < HIGH_WATER:  # no round trip while far from the mark
+        return
+    with trio.move_on_after(BACKPRESSURE_MAX_S):
+        while True:
+            depths = [await node.store.llen(ctx, keys.queue(t)) for t in script_types]
+            depth = node.queue_depth[ctx] = max(depths, default=0)
+            if depth < HIGH_WATER:
+                return
+            with trio.move_on_after(1.0):
+                await node.wait_jobs_taken(depth - (HIGH_WATER - BATCH))
+
+
+async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
+    """Check one message: returned when it may go on (routed with its batch; a job for this
+    node is materialised right here: the caller was just verified, so no second hop through
+    msg_in and no second verification). A refused one is dead-lettered and acknowledged."""
+    message: Message | None = None
+    try:
+        message = parse_message(ctx, key, fields)
+        await check_outgoing(node, ctx, message)
+        if message.destination != node.node_id and message.destination not in node.peers:
+            raise Rejected(
+                Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
+            )
+        if message.destination != node.node_id and message.message_type is MessageType.JOB:
+            ack_in_s = deadlines.ack_deadline(message) - now()
+            why = node.breakers.refusal(message.destination, ack_in_s)
+            if why is not None:
+                raise Rejected(Reason.PEER_UNAVAILABLE, why)
+        return message
+    except Rejected as exc:
+        await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
+        if message is not None and message.message_type is MessageType.JOB:
+            await _refused_copies(node, ctx, message, exc)
+    except StoreError:
+        raise
+    except ContentError as exc:  # a key the message names holds something unusable
+        refused = Rejected(exc.reason, str(exc))
+        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_OUT)
+    except Exception as exc:  # a bug must not stop the queue: record it and go on
+        log.exception("supervisor failed on %s (context %d)", key, ctx)
+        bug = Rejected(Reason.INTERNAL_ERROR, repr(exc))
+        await reject(node, ctx, key, bug, message, SERVICE, queue=keys.MSG_OUT)
+    await node.store.ack(ctx, keys.inflight(SERVICE), key)
+    return None
+
+
+async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Rejected) -> None:
+    """A refused job message of this node's own clients never reaches route_many: its jobs'
+    copies are written here, failed, so that the client sees why (its error result, queued by
+    ``reject``, passes through this same task later, so it lands on the copy)."""
+    if message.origin != node.node_id:
+        return
+    failed = {"status": JobStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())}
+    try:
+        await routing.write_copies(node.store, ctx, message.key, origin_copies(message, failed))
+    except StoreError:
+        raise
+    except Exception:  # the refusal is recorded already; a copy that cannot be written stops
+        # nothing (a job key that holds another type, say)
+        log.exception("no failed job copies for refused %s (context %d)", message.key, ctx)
+
+
+async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
+    """Rejected unless ``message`` may leave msg_out: the one admission check
+    (node/intake/admission.py), as the consumer runs it on msg_in."""
+    await admit(node, ctx, message, incoming=False)
+
+
+async def route_many(node: NodeState, ctx: int, messages: list[Message], inflight: str) -> None:
+    """Send checked messages on: to this node's msg_in, or to each peer's durable outbox (one
+    pipelined write per database), then acknowledge them all. A job message to a peer gets this
+    node's copy of its jobs (the client wrote only the message: the origin tracks status and
+    result in the copy) and arms its ack and result deadlines."""
+    by_peer: dict[str, list[str]] = {}
+    for m in messages:
+        if m.destination != node.node_id:
+            by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
+            if m.message_type is MessageType.JOB:
+                remember_reply_to(node, m)
+    if by_peer:
+        await routing.push_outboxes(node.store, by_peer)
+    stamp = str(now())
+    await routing.route(node.store, ctx, inflight, [_routed(node, m, stamp) for m in messages])
+    if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
+        node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+    node.count("routed", len(messages))
+
+
+def _routed(node: NodeState, message: Message, stamp: str) -> routing.Routed:
+    """What routing ``message`` writes besides its outbox entry (see route_many)."""
+    if message.destination == node.node_id:
+        return routing.Routed(message.key, True, [], None)
+    if message.message_type is not MessageType.JOB:
+        return routing.Routed(message.key, False, [], None)
+    copies = origin_copies(message, {"updated_at": stamp})
+    times = deadlines.deadline_times(message, node.freshness.max_skew_s)
+    return routing.Routed(message.key, False, copies, times)
+
+
+def origin_copies(message: Message, fields: dict[str, str]) -> list[routing.JobWrite]:
+    """The origin's copy of each job of ``message`` (job hash as the message carries it,
+    linked to the message), with ``fields`` on top; written never over another message's job
+    (bus.store.atomic.routing.write_own_job), and none under another caller's key (a refused message
+    may name one)."""
+    base = {"created_at": str(message.created_at), "message_key": message.key}
+    return [
+        routing.JobWrite(job.key, "", job.to_hash() | base | fields)
+        for job in message.job
+        if job.caller_id == message.caller_id
+    ]

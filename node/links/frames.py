@@ -1,0 +1,201 @@
+"""What a node does with the frames its links carry (the transport only authenticates).
+
+Messages arrive in batches (``msgs`` frames): each is checked on its own, the acceptable ones
+are stored and queued together (one pipeline per context) and the whole batch is answered with
+one ``acks`` frame, where a refused message is a nack with its reason. Acks are applied the same
+way: one round trip for the outbox, one per context for the messages' status.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bus.core import keys
+from bus.core.frames import Frame, fields_are_strings
+from bus.core.ids import now
+from bus.core.models import MessageStatus
+from bus.core.reasons import Reason
+from bus.store.atomic import routing
+from bus.wire import outbox
+from bus.wire.transport import Link
+from node.intake.admission import delivery_problem
+from node.intake.messages import Rejected, load_message, reject
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+Item = tuple[int, str, Mapping[str, Any]]  # context, message key, fields (as received)
+
+
+class LinkHandler:
+    """Frame callbacks for :class:`bus.wire.transport.Transport`, bound to one node."""
+
+    def __init__(self, node: NodeState, contexts: set[int]) -> None:
+        self.node = node
+        self.contexts = contexts  # the contexts this node serves (live set)
+
+    async def on_frame(self, link: Link, frame: Frame) -> None:
+        body = frame.body
+        if frame.type == "msgs":
+            await self._deliver(link, [(m["ctx"], m["key"], m["fields"]) for m in body["msgs"]])
+        elif frame.type == "acks":
+            nacks = [(n["ctx"], n["key"], n["reason"]) for n in body["nacks"]]
+            await self._answered(link, [(a["ctx"], a["key"]) for a in body["acks"]], nacks)
+        else:
+            await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
+
+    async def on_bad_frame(self, link: Link, detail: str) -> None:
+        log.warning(
+            "bad frame from %s…: %s",
+            link.peer_id[:16],
+            detail,
+            extra={"peer": link.peer_id, "reason": Reason.BAD_FRAME},
+        )
+        self.node.count("bad_frames")
+        await self.node.store.dead_letter(
+            keys.ACTORS_DB, f"link:{link.peer_id}", Reason.BAD_FRAME, detail
+        )
+
+    # -- receiving messages ----------------------------------------------------------------------
+
+    async def _deliver(self, link: Link, items: Sequence[Item]) -> None:
+        """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
+        ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
+        (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
+        message is dead-lettered and nacked; the others of its batch are delivered."""
+        stamp = str(now())
+        extra = {
+            "status": MessageStatus.DISPATCHED.value,
+            "logs": "[]",
+            "updated_at": stamp,
+            "received_at": stamp,
+        }
+        nacks: list[dict[str, object]] = []
+        by_ctx: dict[int, list[tuple[str, dict[str, str]]]] = {}
+        known: dict[int, bool] = {}
+        for ctx, key, fields in items:
+            reason = await self._check_delivery(ctx, key, fields, known)
+            if reason:
+                token = reason.partition(": ")[0]
+                log.warning(
+                    "refused %s from %s…: %s",
+                    key,
+                    link.peer_id[:16],
+                    reason,
+                    extra={"message_key": key, "ctx": ctx, "peer": link.peer_id, "reason": token},
+                )
+                self.node.count(f"refused_delivery_{token}")
+                await self.node.store.dead_letter(
+                    keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, reason
+                )
+                nacks.append({"ctx": ctx, "key": key, "reason": reason})
+            else:
+                by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
+        acks: list[dict[str, object]] = []
+        for ctx, group in by_ctx.items():
+            stored = await routing.deliver(self.node.store, ctx, group)
+            self._count("delivered", sum(stored))
+            self._count("redelivered", len(group) - sum(stored))
+            acks.extend({"ctx": ctx, "key": key} for key, _ in group)
+            for (key, _), new in zip(group, stored, strict=True):
+                log.info(
+                    "received %s from %s…%s",
+                    key,
+                    link.peer_id[:16],
+                    "" if new else " again (stored already)",
+                    extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
+                )
+        link.post("acks", acks=acks, nacks=nacks)
+        self._count("acks_sent", len(acks))
+        self._count("nacks_sent", len(nacks))
+
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.node.count(name, n)
+
+    async def _check_delivery(
+        self, ctx: int, key: str, fields: Mapping[str, Any], known: dict[int, bool]
+    ) -> str:
+        """Why a message cannot be delivered ("" if it can); ``known`` memoises, for one batch,
+        whether a context this node does not serve yet is registered."""
+        if ctx not in self.contexts:
+            if ctx not in known:
+                known[ctx] = await self._registered(ctx)
+            if not known[ctx]:
+                return f"{Reason.UNKNOWN_CONTEXT}: context {ctx} does not exist on this node"
+        if not fields_are_strings(fields):
+            return f"{Reason.MALFORMED}: message fields must map strings to strings"
+        try:
+            caller, ident = keys.parse_message_key(key)
+        except ValueError:
+            return f"{Reason.MALFORMED}: {key[:80]!r} is not a message key"
+        if fields.get("caller_id") != str(caller) or fields.get("id") != str(ident):
+            return f"{Reason.MALFORMED}: message fields do not match its key"
+        if fields.get("context_id") != str(ctx):
+            return f"{Reason.MALFORMED}: message is for another context"
+        problem = delivery_problem(fields, self.node.config, now())
+        if problem.startswith(Reason.EXPIRED) and await self.node.store.exists(ctx, key):
+            return ""  # stored in time, its ack lost: acknowledged again, stored once
+        return problem
+
+    async def _registered(self, ctx: int) -> bool:
+        """A context registered but not yet picked up by the registry watcher still counts."""
+        if not self._valid_db(ctx):
+            return False
+        return await self.node.store.sismember(keys.ACTORS_DB, keys.CONTEXTS, str(ctx))
+
+    def _valid_db(self, ctx: int) -> bool:
+        return 0 < ctx < self.node.config.valkey_databases
+
+    # -- answers to what we sent -----------------------------------------------------------------
+
+    async def _answered(
+        self, link: Link, acks: Sequence[tuple[int, str]], nacks: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """The peer's answer to messages we sent: all of them leave the outbox (one round
+        trip), the acked ones are marked acknowledged (one round trip per context) and each
+        refused one is failed with the peer's reason."""
+        answered = [outbox.entry(ctx, key) for ctx, key in acks]
+        answered += [outbox.entry(ctx, key) for ctx, key, _ in nacks]
+        box = self.node.outboxes.get(link.peer_id)
+        if box is not None:
+            await box.acked(answered)
+        else:  # the peer registered a moment ago; its outbox task is starting
+            await outbox.remove_inflight(self.node.store, link.peer_id, answered)
+        await self._mark_acked(link, acks)
+        self._count("acks_received", len(acks))
+        self._count("nacks_received", len(nacks))
+        for ctx, key, reason in nacks:
+            await self._nacked(link, ctx, key, reason)
+
+    async def _mark_acked(self, link: Link, acks: Sequence[tuple[int, str]]) -> None:
+        by_ctx: dict[int, list[str]] = {}
+        for ctx, key in acks:
+            if self._valid_db(ctx):  # we never sent anything else: no need to ask Redis
+                by_ctx.setdefault(ctx, []).append(key)
+        for ctx, message_keys in by_ctx.items():
+            await routing.mark_acked(
+                self.node.store, ctx, message_keys, now=now(), peer=link.peer_id
+            )
+
+    async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
+        message = None
+        if self._valid_db(ctx):
+            try:
+                message = await load_message(self.node, ctx, key)
+            except Rejected:
+                pass
+        if message is None or message.destination != link.peer_id:
+            log.warning(
+                "nack for %s from %s…, which it was not sent to; ignored", key, link.peer_id[:16]
+            )
+            return
+        token, _, detail = reason.partition(": ")
+        if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
+            await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
+            return
+        await reject(
+            self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport"
+        )

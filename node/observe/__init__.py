@@ -1,0 +1,1 @@
+"""What the node shows of itself: metrics, counters, logs, the dead-letter watcher, link info."""

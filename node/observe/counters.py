@@ -1,0 +1,69 @@
+"""The node's counters, published where ``hero-node status`` reads them.
+
+Services count what happens to messages, jobs and links (:meth:`NodeState.count`), the
+transport counts the handshakes and frames it refuses (``Transport.refused``) and ``resilient``
+counts each service's restarts (``NodeState.restarts``). They live in the node's memory;
+:func:`run_counters` writes them, as one JSON object, to the ``counters`` field of DB 0's
+``node:info``, the hash ``hero-node status`` already reads. One field, rewritten whole, so a
+counter of an earlier run of the node never lingers beside the current ones.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final, NoReturn
+
+import trio
+
+from bus.core import keys
+from bus.wire.transport import Transport
+from node.state import NodeState
+
+COUNTERS_FIELD: Final = "counters"
+# A busy node counts thousands of times a second; whoever reads the counters needs them about
+# this fresh, and the node then writes at most once per interval.
+PUBLISH_INTERVAL_S: Final = 1.0
+
+
+def snapshot(node: NodeState, transport: Transport) -> dict[str, int]:
+    """Every counter of the node by name: its own, ``refused:<reason>`` of the transport and
+    ``restarts:<service>``."""
+    counters = dict(sorted(node.metrics.items()))
+    counters.update((f"refused:{r}", n) for r, n in sorted(transport.refused.items()))
+    counters.update((f"restarts:{s}", n) for s, n in sorted(node.restarts.items()))
+    return counters
+
+
+async def publish(node: NodeState, transport: Transport) -> None:
+    # re-armed before the snapshot is taken: a count during the write is published next time
+    node.counted = trio.Event()
+    text = json.dumps(snapshot(node, transport), separators=(",", ":"))
+    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, {COUNTERS_FIELD: text})
+
+
+async def run_counters(
+    node: NodeState,
+    transport: Transport,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Publish the counters, then again after each change, at most once every
+    PUBLISH_INTERVAL_S. Reports started after the first write. Raises StoreError if Redis
+    fails (``resilient`` restarts it)."""
+    await publish(node, transport)
+    task_status.started()
+    while True:
+        await trio.sleep(PUBLISH_INTERVAL_S)
+        await node.counted.wait()
+        await publish(node, transport)
+
+
+def read(info: dict[str, str]) -> dict[str, int]:
+    """The counters a ``node:info`` hash holds ({} before the node first published them)."""
+    try:
+        counters = json.loads(info.get(COUNTERS_FIELD, "{}"))
+    except ValueError:
+        return {}
+    if not isinstance(counters, dict):
+        return {}
+    return {str(k): v for k, v in counters.items() if isinstance(v, int)}

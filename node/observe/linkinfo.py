@@ -1,0 +1,55 @@
+"""Publishes the state of every peer link (bus/wire/linkstate.py) in DB 0's ``node:info``.
+
+One field, ``links``: a JSON object by peer node id of ``{state, since, last_seen, rtt_ms,
+error}`` (README "Data model"), rewritten whole on each change, at most once per
+PUBLISH_INTERVAL_S, as the counters are (node/observe/counters.py). ``hero-node status`` and the web
+console read it; a peer that is not in it was never dialled nor heard from since the node
+started.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final, NoReturn
+
+import trio
+
+from bus.core import keys
+from bus.wire.transport import Transport
+from node.state import NodeState
+
+LINKS_FIELD: Final = "links"
+PUBLISH_INTERVAL_S: Final = 1.0
+
+
+async def publish_links(node: NodeState, transport: Transport) -> None:
+    text = json.dumps(transport.states.snapshot(), separators=(",", ":"))
+    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, {LINKS_FIELD: text})
+
+
+async def run_link_info(
+    node: NodeState,
+    transport: Transport,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Publish the link states, then again after each change (at most once every
+    PUBLISH_INTERVAL_S). Reports started after the first write. Raises StoreError if Redis
+    fails (``resilient`` restarts it)."""
+    await publish_links(node, transport)
+    task_status.started()
+    while True:
+        await trio.sleep(PUBLISH_INTERVAL_S)
+        await transport.states.changed.wait()
+        await publish_links(node, transport)
+
+
+def read_links(info: dict[str, str]) -> dict[str, dict[str, object]]:
+    """The link states a ``node:info`` hash holds, by peer id ({} if none were published)."""
+    try:
+        links = json.loads(info.get(LINKS_FIELD, "{}"))
+    except ValueError:
+        return {}
+    if not isinstance(links, dict):
+        return {}
+    return {str(k): v for k, v in links.items() if isinstance(v, dict)}

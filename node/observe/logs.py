@@ -1,0 +1,72 @@
+"""How ``hero-node`` logs: plain text lines for people, or one JSON object per line for log
+shippers (``hero-node run --log-format json``).
+
+A JSON line holds ``ts`` (UTC, ISO 8601 with milliseconds), ``level``, ``logger`` and ``msg``
+(the formatted message), then the fields the node attaches to its lines (``job``, ``ctx``,
+``reason``, ``message_key``, ``peer``, ...: whatever a call passes as ``extra``) and, for an
+exception, ``exc`` (its traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Final, TextIO
+
+FORMATS: Final = ("text", "json")
+LEVELS: Final = ("debug", "info", "warning", "error")
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Libraries whose INFO lines are their own business: coredis announces a retry each time it
+# loads a script on first use ("No matching script"), trio-websocket every connection. Shown
+# at --log-level debug, where someone is looking for exactly that.
+CHATTY: Final = ("coredis", "trio-websocket")
+# what every LogRecord carries: anything else on a record came from ``extra``
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for name, value in vars(record).items():
+            if name not in _STANDARD and name not in line:
+                line[name] = value if isinstance(value, int | float | bool) else str(value)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def configure(level: str | int = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
+    """Send the root logger's records of ``level`` (a name of LEVELS or a number) and above
+    to ``stream`` (stderr) as ``fmt``; the CHATTY libraries only from WARNING unless
+    ``level`` is debug."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    number = level if isinstance(level, int) else getattr(logging, level.upper())
+    root.setLevel(number)
+    for name in CHATTY:
+        quiet = number > logging.DEBUG
+        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+
+
+def current_format() -> str:
+    """The format the root logger writes in ("json" if a handler of it writes JSON lines), so
+    that the node's runner processes (node/worker/loop.py) write theirs alike."""
+    json_lines = any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+    return "json" if json_lines else "text"

@@ -1,0 +1,367 @@
+"""Prometheus metrics of a running node: the text ``GET /metrics`` serves (node/web/).
+
+Everything is read when scraped, into a registry made for that scrape (never
+prometheus_client's global one: one process may run several nodes, and the tests do):
+
+- jobs: the ``stats:jobs`` hash of each context, counted in Valkey by the scripts that start
+  and end jobs (bus/store/atomic/lua/stats_jobs.lua), whichever process runs them, so the counts
+  hold across restarts of the node and include jobs run by runner processes;
+- queue depths, outboxes and live runner slots: read from Valkey;
+- links, frames, acks, refusals and signature verifications: the node's in-memory counters
+  (``NodeState.count``, published for ``hero-node status`` by node/observe/counters.py) and its
+  transport's; they start from zero when the node starts, as Prometheus expects of counters;
+- Valkey's round-trip latency: one PING, timed.
+
+README "Metrics" lists every family.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from bus.core import keys
+from bus.core.models import Peer
+from bus.core.reasons import Reason
+from bus.store.atomic import STATS_BUCKETS_S, type_breakers
+from bus.store.atomic.type_breakers import TypeBreaker
+from node.intake.admission import VERIFIED
+from node.runners.presence import LiveRunner, live_runners
+from node.state import NodeState
+
+__all__ = ["exposition"]
+
+# message refusals that are a signature's verdict (hero_signature_verifications_total)
+SIGNATURE_REASONS = frozenset(
+    {Reason.BAD_SIGNATURE, Reason.UNKNOWN_SIGNER, Reason.WRONG_SIGNER, Reason.FORGED_RESULT}
+)
+ACKS = {
+    "acks_sent": ("sent", "ack"),
+    "nacks_sent": ("sent", "nack"),
+    "acks_received": ("received", "ack"),
+    "nacks_received": ("received", "nack"),
+}
+REJECTED, REFUSED_DELIVERY = "rejected_", "refused_delivery_"
+
+
+@dataclass
+class Scrape:
+    """What one scrape read from Valkey (the node's memory is read as the families are built)."""
+
+    ping_s: float
+    stats: dict[int, dict[str, str]]  # by context: its stats:jobs hash
+    depths: dict[int, dict[str, int]]  # by context: list name -> length
+    runners: dict[int, list[LiveRunner]]
+    outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
+    # by context: each script type's circuit breaker (bus/store/atomic/type_breakers.py)
+    breakers: dict[int, dict[str, TypeBreaker]]
+
+
+async def exposition(state: NodeState) -> tuple[bytes, str]:
+    """The node's metrics in Prometheus' text format, and its content type. Raises
+    StoreError if Valkey fails."""
+    scrape = await read(state)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*job_families(scrape), *node_families(state, scrape)]))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _Families:
+    """A collector that yields families built already (the reads were async)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+async def read(state: NodeState) -> Scrape:
+    """Read what the metrics need from Valkey: PING first, so its time is not a queue's."""
+    store = state.store
+    started = time.perf_counter()
+    await store.ping()
+    scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {}, {})
+    for ctx in await store.context_ids():
+        scrape.stats[ctx] = await store.hgetall(ctx, keys.STATS_JOBS)
+        # each type's queue always (an empty list does not exist in Valkey), then the others
+        names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ]
+        names += [keys.queue(t) for t in sorted(state.config.runners)]
+        names += sorted(set(await store.scan_keys(ctx, "queue:*")) - set(names))
+        scrape.depths[ctx] = {name: await store.llen(ctx, name) for name in names}
+        scrape.runners[ctx] = await live_runners(store, ctx)
+        scrape.breakers[ctx] = await type_breakers.read(store, ctx)
+    for peer_id in state.peers:
+        pending = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
+        inflight = await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
+        scrape.outboxes[peer_id] = (pending, inflight)
+    return scrape
+
+
+# -- jobs (stats:jobs) ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobCounter:
+    """A counter family read from stats:jobs fields ``<event>|<type>[|<status>|<reason>]``:
+    those of ``event`` (and ``status``, if set), labelled ctx, type and the ``picked`` parts
+    after the type (1: status, 2: reason)."""
+
+    event: str
+    status: str
+    name: str
+    doc: str
+    picked: tuple[int, ...] = ()
+
+    @property
+    def labels(self) -> list[str]:
+        return ["ctx", "type", *("status" if i == 1 else "reason" for i in self.picked)]
+
+    def sample(self, ctx: int, field: str) -> list[str] | None:
+        """The labels of the sample ``field`` counts in this family, or None."""
+        event, *parts = field.split("|")
+        if event != self.event or len(parts) != (3 if event in ("ended", "answered") else 1):
+            return None
+        if self.status and parts[1] != self.status:
+            return None
+        return [str(ctx), parts[0], *(parts[i] for i in self.picked)]
+
+
+JOB_COUNTERS = (
+    JobCounter("submitted", "", "hero_jobs_submitted", "Jobs submitted on this node."),
+    JobCounter("received", "", "hero_jobs_received", "Jobs received from other nodes."),
+    JobCounter("started", "", "hero_jobs_started", "Job attempts started on this node."),
+    JobCounter("ended", "finished", "hero_jobs_finished", "Jobs that finished on this node."),
+    JobCounter("ended", "error", "hero_jobs_failed", "Jobs that ended in error here.", (2,)),
+    JobCounter("ended", "retry", "hero_jobs_retried", "Failed attempts retried later.", (2,)),
+    JobCounter(
+        "answered",
+        "",
+        "hero_jobs_answered",
+        "Jobs submitted on this node whose final result reached it.",
+        (1, 2),
+    ),
+)
+
+
+def job_families(scrape: Scrape) -> list[Metric]:
+    families = {c: CounterMetricFamily(c.name, c.doc, labels=c.labels) for c in JOB_COUNTERS}
+    for ctx, stats in sorted(scrape.stats.items()):
+        for field, value in sorted(stats.items()):
+            for counter, family in families.items():
+                labels = counter.sample(ctx, field)
+                if labels is not None:
+                    family.add_metric(labels, float(value))
+    duration = histogram(
+        "hero_job_duration_seconds",
+        "Time from an attempt's start to its end, where the job ran.",
+        "duration",
+        scrape.stats,
+    )
+    round_trip = histogram(
+        "hero_job_round_trip_seconds",
+        "Time from a job's submission on this node to its result here.",
+        "roundtrip",
+        scrape.stats,
+    )
+    return [*families.values(), duration, round_trip]
+
+
+def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]]) -> Metric:
+    """A histogram family from the per-bucket counts stats_jobs.lua keeps (made cumulative
+    here: the script adds one count per observation)."""
+    family = HistogramMetricFamily(name, doc, labels=["ctx", "type"])
+    for ctx, fields in sorted(stats.items()):
+        by_type: dict[str, dict[str, int]] = {}
+        for key, value in fields.items():
+            kind, _, rest = key.partition("|")
+            script_type, _, le = rest.partition("|")
+            if kind == field and le:
+                by_type.setdefault(script_type, {})[le] = int(value)
+        for script_type, counts in sorted(by_type.items()):
+            total, buckets = 0, []
+            for bound in STATS_BUCKETS_S:
+                total += counts.get(str(bound), 0)
+                buckets.append((floatToGoString(bound), float(total)))
+            buckets.append(("+Inf", float(total + counts.get("+Inf", 0))))
+            sum_s = float(fields.get(f"{field}_sum|{script_type}", 0))
+            family.add_metric([str(ctx), script_type], buckets, sum_s)
+    return family
+
+
+# -- the node: queues, runners, links, refusals --------------------------------------------------
+
+
+def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
+    return [
+        *valkey_families(scrape),
+        *runner_families(scrape),
+        *type_breaker_families(scrape),
+        *link_families(state, scrape),
+        *counter_families(state),
+    ]
+
+
+def valkey_families(scrape: Scrape) -> Iterable[Metric]:
+    ping = GaugeMetricFamily(
+        "hero_valkey_ping_seconds", "Round trip of a PING to the node's Valkey, at this scrape."
+    )
+    ping.add_metric([], scrape.ping_s)
+    depth = GaugeMetricFamily(
+        "hero_queue_depth",
+        "Entries in a context's list: msg_out, msg_in, dlq and every queue:*.",
+        labels=["ctx", "queue"],
+    )
+    for ctx, lists in sorted(scrape.depths.items()):
+        for name, length in lists.items():
+            depth.add_metric([str(ctx), name], float(length))
+    return [ping, depth]
+
+
+def runner_families(scrape: Scrape) -> Iterable[Metric]:
+    slots = GaugeMetricFamily(
+        "hero_runner_slots",
+        "Live runners (local slots and external runners with a presence), busy or idle.",
+        labels=["ctx", "type", "state"],
+    )
+    for ctx, runners in sorted(scrape.runners.items()):
+        tally: dict[tuple[str, str], int] = {}
+        for runner in runners:
+            for state in ("busy", "idle"):
+                tally.setdefault((runner.script_type, state), 0)
+            kind = (runner.script_type, "busy" if runner.busy else "idle")
+            tally[kind] += 1
+        for (script_type, state), n in sorted(tally.items()):
+            slots.add_metric([str(ctx), script_type, state], float(n))
+    return [slots]
+
+
+BREAKER_STATES = ("closed", "half_open", "open")
+
+
+def type_breaker_families(scrape: Scrape) -> Iterable[Metric]:
+    state = GaugeMetricFamily(
+        "hero_type_breaker_state",
+        "A script type's circuit breaker: 1 for its state (closed, half_open, open), 0 else.",
+        labels=["ctx", "type", "state"],
+    )
+    failures = GaugeMetricFamily(
+        "hero_type_breaker_failures",
+        "Failed attempts in a row of a script type (its breaker opens at the threshold).",
+        labels=["ctx", "type"],
+    )
+    for ctx, breakers in sorted(scrape.breakers.items()):
+        for script_type, breaker in breakers.items():
+            for name in BREAKER_STATES:
+                value = 1.0 if breaker.state == name else 0.0
+                state.add_metric([str(ctx), script_type, name], value)
+            failures.add_metric([str(ctx), script_type], float(breaker.failures))
+    return [state, failures]
+
+
+def _peer_labels(peer: Peer) -> list[str]:
+    return [peer.id, peer.name]
+
+
+def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
+    peer_labels = ["peer", "name"]
+    up = GaugeMetricFamily(
+        "hero_link_up", "1 while an authenticated link to the peer is up.", labels=peer_labels
+    )
+    outbox = GaugeMetricFamily(
+        "hero_outbox_depth",
+        "Messages for the peer: waiting to be sent (pending) or sent, not acked (inflight).",
+        labels=[*peer_labels, "state"],
+    )
+    frames = CounterMetricFamily(
+        "hero_link_frames",
+        "Frames on the links to the peer, after the handshake.",
+        labels=[*peer_labels, "direction"],
+    )
+    sizes = CounterMetricFamily(
+        "hero_link_bytes", "Bytes of those frames.", labels=[*peer_labels, "direction"]
+    )
+    transport = state.transport
+    for peer_id, peer in sorted(state.peers.items()):
+        labels = _peer_labels(peer)
+        linked = transport is not None and transport.link(peer_id) is not None
+        up.add_metric(labels, 1.0 if linked else 0.0)
+        pending, inflight = scrape.outboxes.get(peer_id, (0, 0))
+        outbox.add_metric([*labels, "pending"], float(pending))
+        outbox.add_metric([*labels, "inflight"], float(inflight))
+        traffic = transport.traffic.get(peer_id) if transport is not None else None
+        if traffic is not None:
+            frames.add_metric([*labels, "in"], float(traffic.frames_in))
+            frames.add_metric([*labels, "out"], float(traffic.frames_out))
+            sizes.add_metric([*labels, "in"], float(traffic.bytes_in))
+            sizes.add_metric([*labels, "out"], float(traffic.bytes_out))
+    return [up, outbox, frames, sizes]
+
+
+def counter_families(state: NodeState) -> Iterable[Metric]:
+    """The node's in-memory counters, each in its family; the rest as hero_node_events_total."""
+    fams = {
+        "acks": CounterMetricFamily(
+            "hero_link_acks",
+            "Messages acknowledged (ack) or refused (nack) on links.",
+            labels=["direction", "kind"],
+        ),
+        "refused": CounterMetricFamily(
+            "hero_messages_refused",
+            "Messages refused (dead-lettered), by reason.",
+            labels=["reason"],
+        ),
+        "links": CounterMetricFamily(
+            "hero_link_refusals",
+            "Refusals on links: handshakes, frames, and messages refused at delivery.",
+            labels=["stage", "reason"],
+        ),
+        "verified": CounterMetricFamily(
+            "hero_signature_verifications",
+            "Message signatures checked: ok, or the reason of a refusal.",
+            labels=["result"],
+        ),
+        "events": CounterMetricFamily(
+            "hero_node_events", "Other events the node counts (hero-node status).", labels=["event"]
+        ),
+        "restarts": CounterMetricFamily(
+            "hero_service_restarts", "Services restarted after a Redis outage.", labels=["service"]
+        ),
+    }
+    fams["verified"].add_metric(["ok"], float(state.metrics.get(VERIFIED, 0)))
+    for name, n in sorted(state.metrics.items()):
+        _file(fams, name, float(n))
+    if state.transport is not None:
+        for reason, n in sorted(state.transport.refused.items()):
+            stage = "frame" if reason == "oversize_frame" else "handshake"
+            fams["links"].add_metric([stage, reason], float(n))
+    for service, n in sorted(state.restarts.items()):
+        fams["restarts"].add_metric([service], float(n))
+    return fams.values()
+
+
+def _file(fams: dict[str, CounterMetricFamily], name: str, n: float) -> None:
+    """Add the node counter ``name`` to its family (see counter_families)."""
+    if name in ACKS:
+        fams["acks"].add_metric(list(ACKS[name]), n)
+    elif name.startswith(REJECTED):
+        reason = name.removeprefix(REJECTED)
+        fams["refused"].add_metric([reason], n)
+        if reason in SIGNATURE_REASONS:
+            fams["verified"].add_metric([reason], n)
+    elif name.startswith(REFUSED_DELIVERY):
+        fams["links"].add_metric(["delivery", name.removeprefix(REFUSED_DELIVERY)], n)
+    elif name == "bad_frames":
+        fams["links"].add_metric(["frame", Reason.BAD_FRAME], n)
+    elif name != VERIFIED:
+        fams["events"].add_metric([name], n)

@@ -1,0 +1,263 @@
+"""The node's side of its runner processes (node/worker/loop.py): one per slot, started,
+watched, restarted, recycled and ended here; nothing of a job passes through the node.
+
+Per slot, a task in the context's nursery:
+
+* before each start, recovers the slot (node/runners/recovery.py ``recover_slot``): the attempt
+  a dead process left ``started`` is concluded with the outcome it recorded, adopted when a
+  command it started ends, or ended ``runner_lost`` (and retried as its retries allow); the
+  rest of the slot's in-flight list goes back to its queue;
+* starts the process (its own session: a job's processes are in its group) and waits for its
+  exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
+  after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
+* reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
+  the retry scheduler), a line per few jobs (``taken_every``);
+* relays stop requests and wake-ups (a job queued on a priority or targeted list);
+* at shutdown: SIGTERM when intake stops (the running job finishes; an idle process exits at
+  once), SIGINT when the grace period is over (the job is killed and given back uncounted),
+  SIGKILL to its process group if it still runs KILL_GRACE_S later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from bus.core import keys
+from node.intake import supervisor
+from node.observe import logs
+from node.runners import outcomes
+from node.runners.exits import KILL_GRACE_S
+from node.runners.joblogs import log_paths
+from node.runners.recovery import recover_slot
+from node.state import NodeState
+from node.worker.loop import SPEC_ENV, RunnerSpec
+
+log = logging.getLogger(__name__)
+
+POP_TIMEOUT_S = 5.0  # a runner's blocking pop (node/runners/queues.py: what it may miss)
+RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
+RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
+QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
+
+
+def runner_spec(
+    node: NodeState, ctx: int, script_type: str, command: list[str], slot: int, redis_url: str
+) -> RunnerSpec:
+    config = node.config
+    return RunnerSpec(
+        url=redis_url,
+        ctx=ctx,
+        script_type=script_type,
+        slot=slot,
+        command=command,
+        group=config.runner_groups.get(script_type, ""),
+        token_base=f"{node.node_id[:12]}:{node.boot}:{ctx}:{script_type}:{slot}",
+        lease_ttl_ms=config.lease_ttl_ms,
+        run_dir=str(config.run_dir),
+        max_output_bytes=config.max_output_bytes,
+        reply_ttl_s=config.reply_ttl_s,
+        node_id=node.node_id,
+        node_key=str(config.node_key_path),
+        in_process=script_type == "python" and config.python_workers,
+        max_jobs=RECYCLE_JOBS,
+        pop_timeout_s=POP_TIMEOUT_S,
+        breaker_failures=config.type_breaker_failures,
+        breaker_open_ms=int(config.type_breaker_open_s * 1000),
+        breaker_probes=config.type_breaker_probes,
+        # the supervisor waits for a batch's worth of jobs taken: report twice per batch
+        taken_every=max(1, min(16, supervisor.BATCH // 2)),
+        log_level=logging.getLogger().getEffectiveLevel(),
+        log_format=logs.current_format(),
+    )
+
+
+class RunnerProcess:
+    """One running runner process: what the node can tell it."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.up = trio.Event()  # it reported ``up``: set up, about to pop
+
+    def signal(self, signum: int) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signum)
+
+    def cancel(self) -> None:
+        """A wake-up (``NodeState.wake_idle_slots``): a blocking pop looks at every list."""
+        self.signal(signal.SIGUSR1)
+
+    def stop(self, job_key: str, reason: str) -> None:
+        """Ask it to stop ``job_key`` if it runs it."""
+        self.send({"stop": job_key, "reason": reason})
+
+    def send(self, request: dict[str, object]) -> None:
+        """A request on its control pipe (rare: stops, an abort; never per job)."""
+        stdin = self.proc.stdin
+        if stdin is None or self.proc.returncode is not None:
+            return
+        line = json.dumps(request).encode() + b"\n"
+        with contextlib.suppress(OSError):
+            os.write(stdin.fileno(), line)  # type: ignore[attr-defined]  # a pipe's FdStream
+
+
+async def run_runner_process(
+    node: NodeState,
+    ctx: int,
+    script_type: str,
+    command: list[str],
+    slot: int,
+    redis_url: str,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Keep slot ``slot`` of ``script_type`` served by a runner process until cancelled."""
+    spec = runner_spec(node, ctx, script_type, command, slot, redis_url)
+    logs = log_paths(node.config.run_dir, f"{ctx}-{spec.slot_id}")
+    outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
+    quick = 0
+    async with trio.open_nursery() as adoptions:
+        while not node.stopping.is_set():
+            for adopt in await recover_slot(
+                node, ctx, spec.inflight, keys.queue(script_type), logs
+            ):
+                adoptions.start_soon(adopt)
+            began = trio.current_time()
+            code = await _serve_once(node, spec, task_status)
+            task_status = trio.TASK_STATUS_IGNORED
+            if node.stopping.is_set():
+                break
+            quick = quick + 1 if code != 0 and trio.current_time() - began < QUICK_S else 0
+            if code != 0:
+                node.count("runner_restarts")
+                log.warning(
+                    "runner %s (context %d) exited with %s; restarting", spec.slot_id, ctx, code
+                )
+            await trio.sleep(RESTART_BACKOFF_S[min(quick, len(RESTART_BACKOFF_S) - 1)])
+        adoptions.cancel_scope.cancel()
+
+
+async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskStatus[None]) -> int:
+    """Start the process, watch it until it exits (returned: its exit code)."""
+    marker = secrets.token_hex(8)
+    env = dict(os.environ) | {SPEC_ENV: spec.to_json(), "HERO_WORKER": marker}
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "node.worker.pyjobs", "--runner"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+    )
+    handle = RunnerProcess(proc)
+    where = (spec.ctx, spec.slot_id)
+    wakers = node.idle_slots.setdefault((spec.ctx, spec.script_type), set())
+    node.runner_processes[where] = handle.stop
+    wakers.add(handle)
+    node.job_started()  # a live runner counts as running until it exits (graceful stop)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_reports, node, spec.ctx, proc, handle.up)
+            with trio.CancelScope() as starting:
+                nursery.start_soon(_cancel_at_exit, proc, starting)
+                await handle.up.wait()  # started: a job queued now finds a process ready for it
+            task_status.started()
+            await _wait(node, handle)
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await _end(handle)
+        node.runner_processes.pop(where, None)
+        wakers.discard(handle)
+        node.job_ended()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what its jobs left in its group
+        (Path(spec.run_dir) / "jobs" / str(proc.pid)).unlink(missing_ok=True)
+    return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+
+async def _wait(node: NodeState, handle: RunnerProcess) -> None:
+    """Until the process exits; when intake stops, it is told to drain (SIGTERM)."""
+    with trio.CancelScope() as intake:
+        node.intake.add(intake)
+        try:
+            if node.stopping.is_set():
+                intake.cancel()
+            await handle.proc.wait()
+            return
+        finally:
+            node.intake.discard(intake)
+    handle.signal(signal.SIGTERM)
+    await handle.proc.wait()
+
+
+async def _end(handle: RunnerProcess) -> None:
+    """Cancelled (the grace period is over): abort the job (SIGINT), then SIGKILL. A process
+    that has not reported ``up`` has taken nothing: it is killed at once (a SIGINT while its
+    interpreter starts would print a KeyboardInterrupt traceback on the node's stderr)."""
+    if handle.proc.returncode is not None:
+        return
+    if not handle.up.is_set():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(handle.proc.pid, signal.SIGKILL)
+        await handle.proc.wait()
+        return
+    handle.send({"abort": True})  # a python job's attempt is given back by the watch thread
+    handle.signal(signal.SIGINT)
+    with trio.move_on_after(KILL_GRACE_S + 1):
+        await handle.proc.wait()
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(handle.proc.pid, signal.SIGKILL)
+    await handle.proc.wait()
+
+
+async def _cancel_at_exit(proc: trio.Process, scope: trio.CancelScope) -> None:
+    await proc.wait()
+    scope.cancel()
+
+
+async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.Event) -> None:
+    """The process's report lines: ``up`` (ready), ``t<n>`` jobs taken, ``c{json}`` counters
+    (jobs_finished, jobs_error, job_retries, stale_results), ``r`` a retry scheduled."""
+    assert proc.stdout is not None
+    buffer = b""
+    while chunk := await proc.stdout.receive_some(4096):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.startswith(b"t") and line[1:].isdigit():
+                for _ in range(int(line[1:])):
+                    node.job_taken()
+            elif line.startswith(b"c"):
+                _count(node, line[1:])
+            elif line == b"r":
+                node.wake_retries(ctx)
+            elif line == b"up":
+                up.set()
+
+
+def _count(node: NodeState, raw: bytes) -> None:
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        for name, n in json.loads(raw).items():
+            node.count(str(name), int(n))
+
+
+def slots_of(
+    node: NodeState, script_types: dict[str, list[str]]
+) -> list[tuple[str, list[str], int]]:
+    """(script type, command, slot) of every local runner process of a context."""
+    return [
+        (t, command, slot)
+        for t, command in script_types.items()
+        for slot in range(node.config.runners[t])
+    ]

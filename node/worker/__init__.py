@@ -1,0 +1,1 @@
+"""The runner process itself (sync, no trio): its loop, one job, its log lines."""

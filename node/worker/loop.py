@@ -1,0 +1,468 @@
+"""A built-in runner process: pops its own queues and finishes its own jobs (the spec's local
+runner, the external runner protocol of README "External runners", built in).
+
+One process per runner slot (``[runners] python = N``: N processes per context), started,
+watched and restarted by the node (node/runners/processes.py); it is a part of the node: it reads
+the node's key from the home to sign the results of remote requests. Per job, with a blocking
+client (redis-py) and no event loop:
+
+1. pop: the slot's lists in consume order (node/runners/queues.py) with ``runs_pop_first``,
+   or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``;
+2. ``runs_start``: the attempt's fencing token and lease;
+3. run: a python job in this very interpreter (the warm worker), any other type as a
+   subprocess in its own process group (node/worker/job.py); a watch thread renews the
+   lease, forwards live logs, enforces the timeout and stops the job on request;
+4. one Lua call ends the attempt and answers (``runs_finish_local``: the client's reply;
+   ``runs_finish``: the result message signed here), or schedules the retry, and starts the
+   next queued job in the same round trip; while the type's circuit breaker is open
+   (bus/store/atomic/type_breakers.py) that start, or ``runs_start``, refuses and says for how
+   long, and the process waits that long without popping.
+
+Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
+(the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
+every list (a priority or targeted job was queued). The node's death drains too (its end of
+the control pipe closes; not PR_SET_PDEATHSIG, which fires when the thread that forked exits,
+and trio forks from a worker thread): a job that outlives its node finishes and answers, then
+the process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+
+import redis
+
+from bus.core import keys
+from bus.core.envelope import ResultBody, sign_message
+from bus.core.ids import ms_after, new_id, new_nonce, now
+from bus.core.models import JobStatus, Message, MessageType, RunnerJob
+from bus.core.reasons import Reason
+from bus.errors import ContentError, ModelError
+from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
+from bus.store.atomic.runs_sync import SyncRuns, connect, is_utf8
+from bus.store.atomic.type_breakers import BreakerOpen
+from crypto import KeyPair, passphrase_from_env, read_key_file
+from node.runners import outcomes, queues
+from node.runners.exits import Outcome
+from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
+from node.worker.log import line_fields, log_to
+
+log = logging.getLogger("node.worker.loop")
+
+SPEC_ENV = "HERO_RUNNER"
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """What one runner process serves and how (passed in its environment as JSON)."""
+
+    url: str
+    ctx: int
+    script_type: str
+    slot: int
+    command: list[str]
+    group: str
+    token_base: str
+    lease_ttl_ms: int
+    run_dir: str
+    max_output_bytes: int
+    reply_ttl_s: int
+    node_id: str
+    node_key: str
+    in_process: bool  # python jobs run in this interpreter (else: the command, a subprocess)
+    max_jobs: int
+    pop_timeout_s: float = 5.0  # a blocking pop's wait, after which every list is looked at
+    # the type's circuit breaker (bus/store/atomic/type_breakers.py): failures in a row that open
+    # it (0: none), for how long, and how many probes then go at once
+    breaker_failures: int = 0
+    breaker_open_ms: int = 10_000
+    breaker_probes: int = 1
+    taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
+    log_level: int = logging.INFO
+    # the node's (node/observe/logs.py FORMATS): its stderr stays one format
+    log_format: str = "text"
+
+    @property
+    def slot_id(self) -> str:
+        return f"{self.script_type}:{self.slot}"
+
+    @property
+    def inflight(self) -> str:
+        return keys.inflight(f"runner:{self.slot_id}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class Runner:
+    """The pop / start / run / end loop of one slot."""
+
+    def __init__(self, spec: RunnerSpec, key: KeyPair) -> None:
+        self.spec, self.key = spec, key
+        self.runs = SyncRuns(connect(spec.url, spec.ctx))
+        self.inflight = spec.inflight
+        self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
+        self.draining = False
+        self.popping = False
+        self.parent = os.getppid()
+        self.jobs = 0
+        self.job = JobRun(spec, self.runs, self.end_from_watch)
+        self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
+        self.taken = 0  # jobs taken since the last report to the node
+        self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
+        self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
+        self.gate = spec.script_type if spec.breaker_failures > 0 else ""
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run jobs until drained, recycled (``max_jobs``) or aborted."""
+        started: Started | None = None
+        found_empty, pops = False, 0
+        try:
+            while not self._leaving():
+                pops += 1
+                lists = tuple(queues.consume_order(self.bases, pops))
+                nxt = NextJob(
+                    lists,
+                    self.spec.token_base,
+                    self.spec.lease_ttl_ms,
+                    self.spec.slot_id,
+                    script_type=self.gate,
+                )
+                if started is None and self.breaker_wait_ms:
+                    self.wait_breaker()
+                    continue
+                if started is None:
+                    job_key = self.pop(list(lists), check_first=not found_empty)
+                    found_empty = False
+                    if job_key is None:
+                        continue
+                    fields: dict[str, str] | None = None
+                else:
+                    (job_key, fields), started = started, None
+                self.taken += 1
+                if self.taken >= self.spec.taken_every:
+                    self.flush_reports()
+                started = self.run_job(job_key, fields, nxt)
+                found_empty = nxt.found_empty
+                self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
+        except Aborted:
+            log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
+        finally:
+            self.flush_reports()
+            if started is not None:  # taken with the last result, but we are leaving
+                attempt = int(started[1].get("attempt") or 0)
+                self.runs.requeue(started[0], attempt, self.inflight, queues.queue_of(started[1]))
+
+    def _leaving(self) -> bool:
+        if os.getppid() != self.parent:  # the node died: finish nothing new
+            self.draining = True
+        return self.draining or self.jobs >= self.spec.max_jobs
+
+    def pop(self, lists: list[str], *, check_first: bool) -> str | None:
+        """A reliable pop over the slot's lists (see node/runners/queues.py): a
+        signal (drain, wake) interrupts the blocking wait; an entry the server moved just
+        before is then taken from the head of the in-flight list."""
+        if check_first:
+            found = self.runs.pop_first(lists, self.inflight)
+            if found is not None:
+                return self._usable(found)
+        base = next((q for q in lists if q.count(":") == 1), lists[0])
+        self.flush_reports()  # idle now: the node's figures are complete while it waits
+        before = self.runs.client.llen(self.inflight)
+        try:
+            self.popping = True
+            if self.draining:
+                return None
+            value = self.runs.pop_blocking(base, self.inflight, self.spec.pop_timeout_s)
+        except Wake:
+            self.popping = False
+            moved = self.runs.client.lrange(self.inflight, 0, 0)
+            after = self.runs.client.llen(self.inflight)
+            return self._usable(str(moved[0])) if moved and after > before else None
+        finally:
+            self.popping = False
+        return None if value is None else self._usable(value)
+
+    def wait_breaker(self) -> None:
+        """The type's circuit breaker is open: wait it out without popping (a wake-up or a
+        drain signal ends the wait early, as it ends a blocking pop)."""
+        wait_s, self.breaker_wait_ms = self.breaker_wait_ms / 1000, 0
+        # half-open, the runners without a probe look again every second: not worth a line each
+        level = logging.INFO if wait_s > 1 else logging.DEBUG
+        log.log(level, "%s: circuit breaker open; next try in %.1f s", self.spec.slot_id, wait_s)
+        self.flush_reports()
+        try:
+            self.popping = True
+            if not self.draining:
+                time.sleep(wait_s)
+        except Wake:
+            pass
+        finally:
+            self.popping = False
+
+    def queue_of(self, job_key: str) -> str:
+        """The list a popped job was queued on (its targeting fields)."""
+        names = ("script_type", "group", "instance", "priority")
+        values = self.runs.client.hmget(job_key, names)
+        return queues.queue_of({n: str(v or "") for n, v in zip(names, values, strict=True)})
+
+    def _usable(self, value: str) -> str | None:
+        if is_utf8(value):
+            return value
+        why = self.fields(reason=Reason.NOT_UTF8)
+        log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)
+        self.runs.refuse(self.inflight, value, Reason.NOT_UTF8, keys.queue(self.spec.script_type))
+        return None
+
+    # -- one job -------------------------------------------------------------------------------
+
+    def run_job(self, job_key: str, fields: dict[str, str] | None, nxt: NextJob) -> Started | None:
+        """Start (unless started with the previous result), run and end one job; the next job
+        if it was started in the same round trip as this one's end."""
+        if fields is None:
+            token = f"{nxt.token_base}:{job_key}"
+            begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.gate)
+            if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
+                self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
+                self.breaker_wait_ms = begun.wait_ms
+                return None
+            if isinstance(begun, str):  # the entry names nothing to run: refused, alone
+                detail = unrunnable_detail(begun)
+                log.warning("refused %s: %s", job_key, detail, extra=self.fields(job_key, begun))
+                self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
+                return None
+            fields = begun
+        if not fields:  # final (a duplicate queue entry)
+            self.runs.ack(self.inflight, job_key)
+            return None
+        self.jobs += 1
+        attempt = int(fields["attempt"])
+        try:
+            job = RunnerJob.from_hash(fields)
+            request = self._request_of(job, fields)
+        except (ModelError, ContentError, ValueError) as exc:
+            why = self.fields(job_key, Reason.MALFORMED_JOB)
+            log.error("cannot run %s (context %d): %s", job_key, self.spec.ctx, exc, extra=why)
+            queue = queues.queue_of(fields)
+            self.runs.dead_letter(job_key, Reason.MALFORMED_JOB, str(exc), queue)
+            self.runs.finish_malformed(job_key, attempt, self.inflight, str(exc))
+            return None
+        about = self.fields(job_key, attempt=attempt)
+        log.info("%s started (attempt %d)", job_key, attempt, extra=about)
+        outcome = self.job.run(job, request, attempt)
+        with self.ending:
+            if outcome is None:  # aborted: the attempt does not count; run it later
+                self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
+                self.job.end_logs("interrupted")
+                log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
+                raise Aborted
+            self.job.forget()
+            taken = None if self._leaving() else nxt
+            try:
+                return self.conclude(job, request, outcome, attempt, taken)
+            finally:
+                self.job.end_logs(outcome.status.value)
+
+    def _request_of(self, job: RunnerJob, fields: dict[str, str]) -> Message:
+        """The message that carried ``job``, as far as answering it needs."""
+        origin = fields.get("origin")
+        if not origin:
+            raw = self.runs.client.hgetall(job.message_key)
+            return Message.from_hash({str(k): str(v) for k, v in raw.items()})
+        caller, ident = keys.parse_message_key(job.message_key)
+        reply_to = fields.get("reply_to", "")  # materialise copies the signed one here
+        return Message(
+            ident,
+            caller,
+            self.spec.ctx,
+            origin=origin,
+            destination=self.spec.node_id,
+            reply_to=reply_to,
+        )
+
+    def end_from_watch(
+        self, job: RunnerJob, request: Message, outcome: Outcome | None, attempt: int
+    ) -> bool:
+        """The watch thread ends the attempt of the python job the main thread runs, just
+        before the process exits: given back (``outcome`` None), or its outcome recorded for
+        the node, which concludes it once this process is gone (node/runners/adoption.py), so
+        that whoever learns the job ended finds its process ended too. False if the main
+        thread is ending the attempt already. The lock is never released: the process exits."""
+        if not self.ending.acquire(blocking=False):
+            return False
+        if outcome is None:
+            queue = queues.target_queue(job)
+            self.runs.requeue(job.key, attempt, self.inflight, queue)
+            log.info("%s interrupted by shutdown; requeued", job.key, extra=self.fields(job.key))
+        elif self.job.outcome_file is not None:
+            recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
+            outcomes.write_outcome(self.job.outcome_file, recorded | {"reason": outcome.reason})
+        return True
+
+    def conclude(
+        self,
+        job: RunnerJob,
+        request: Message,
+        outcome: Outcome,
+        attempt: int,
+        nxt: NextJob | None,
+    ) -> Started | None:
+        """End the attempt: retried, or final and answered, in one Lua call; retried while
+        Valkey is unreachable (the outcome exists only here)."""
+        delay = 0.2
+        while True:
+            try:
+                return self._end(job, request, outcome, attempt, nxt)
+            except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                log.warning(
+                    "%s: cannot record the outcome yet (%r); retrying",
+                    job.key,
+                    exc,
+                    extra=self.fields(job.key),
+                )
+                nxt = None  # a half-applied call must not take a second job
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _end(
+        self,
+        job: RunnerJob,
+        request: Message,
+        outcome: Outcome,
+        attempt: int,
+        nxt: NextJob | None,
+    ) -> Started | None:
+        token = f"{self.spec.token_base}:{job.key}"
+        started_at = self.job.started_at
+        entry = attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
+        policy = RetryPolicy.of(job)
+        after = after_attempt(outcome.status, outcome.reason, attempt, job.retries, policy=policy)
+        result = outcome.result | {"attempts": str(attempt)}
+        ending = Ending(
+            job.key, attempt, self.inflight, outcome.status.value, result, outcome.reason, entry
+        )
+        taken: Started | None = None
+        if after.retry:
+            reason = f"retrying after: {outcome.reason}"
+            queue = queues.target_queue(job)
+            due_ms = ms_after(after.delay_s)
+            ok = self.runs.retry_later(ending, queue=queue, reason=reason, due_ms=due_ms)
+            report(b"r")  # the node's retry scheduler sleeps until the next due retry
+        elif request.origin == self.spec.node_id:
+            ok, taken = self.runs.finish_local(
+                ending, request.key, self.spec.reply_ttl_s, nxt, reply_to=request.reply_to
+            )
+        else:
+            answer = self._answer(
+                request, ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
+            )
+            ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt)
+        self._log_end(job, outcome, after.retry, ok)
+        return taken
+
+    def _answer(self, request: Message, body: ResultBody) -> Message:
+        msg = Message(
+            id=new_id(),
+            caller_id=request.caller_id,
+            context_id=request.context_id,
+            message=body.encode(),
+            message_type=MessageType.RESULT,
+            created_at=now(),
+            updated_at=now(),
+            origin=self.spec.node_id,
+            destination=request.origin,
+            nonce=new_nonce(),
+        )
+        return sign_message(msg, self.key)
+
+    def _log_end(self, job: RunnerJob, outcome: Outcome, retry: bool, ok: bool) -> None:
+        took_ms = (time.monotonic() - self.job.began) * 1000
+        name = "job_retries" if retry else "jobs_" + outcome.status.value
+        name = name if ok else "stale_results"
+        self.counts[name] = self.counts.get(name, 0) + 1
+        status = "retry" if retry else outcome.status.value
+        about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
+        if not ok:
+            log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
+        elif outcome.status is JobStatus.FINISHED:
+            log.info("%s finished in %.1f ms", job.key, took_ms, extra=about)
+        else:
+            then = "retrying" if retry else "failed"
+            log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
+
+    def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
+        return line_fields(self.spec, job_key, reason, **more)
+
+    def flush_reports(self) -> None:
+        """Tell the node how many jobs this process took (its supervisor's backpressure waits
+        for that) and how they ended (its counters): every ``taken_every`` jobs and before
+        blocking for more, not per job."""
+        if self.taken:
+            report(b"t%d" % self.taken)
+            self.taken = 0
+        if self.counts:
+            report(b"c" + json.dumps(self.counts).encode())
+            self.counts = {}
+
+
+def report(line: bytes) -> None:
+    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``c{json}`` counters to add,
+    ``r`` a retry scheduled."""
+    with contextlib.suppress(OSError):  # the node is gone: nobody to tell
+        os.write(PROCESS.report, line + b"\n")
+
+
+_RUNNER: Runner | None = None
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    runner = _RUNNER
+    if runner is None:
+        return
+    if signum in (signal.SIGTERM, signal.SIGINT):
+        runner.draining = True
+    if signum == signal.SIGINT:
+        runner.job.abort()
+    if runner.popping:
+        runner.popping = False
+        raise Wake
+
+
+def main() -> None:
+    """``python -m node.worker.pyjobs --runner``: the spec in $HERO_RUNNER."""
+    global _RUNNER
+    spec = RunnerSpec(**json.loads(os.environ.pop(SPEC_ENV)))
+    log_to(os.dup(2), spec)  # fd 2 becomes a python job's capture file
+    key = read_key_file(Path(spec.node_key), passphrase=passphrase_from_env())
+    prepare_process(spec)  # fds, subreaper, pid file, environment
+    _RUNNER = runner = Runner(spec, key)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(signum, _on_signal)
+    if os.getppid() != runner.parent:
+        return
+    runner.job.start_watch()
+    report(b"up")
+    up = line_fields(spec)
+    log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid(), extra=up)
+    try:
+        runner.runs.set_breaker(
+            spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
+        )
+        runner.serve()
+    except redis.RedisError as exc:  # a pop or a start whose outcome is unknown: the node's
+        # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
+        log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
+        os._exit(2)
+    os._exit(0)  # the watch thread is a daemon; nothing else to wait for
