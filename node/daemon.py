@@ -55,6 +55,8 @@ from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
 from node.runners.queues import consume_order, slot_bases
 from node.runners.recovery import run_retry_scheduler
+from node.sandbox.probe import Isolation
+from node.sandbox.wiring import find_isolation
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,7 @@ async def _run_services(
 ) -> None:
     config = node.config
     await bootstrap(node)
+    node.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
     registry: Registry | None = None
@@ -307,6 +310,12 @@ class Registry:
             task_status.started()
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
+        iso = self.node.isolation
+        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+            why = iso.why if iso is not None else "isolation unknown"
+            log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
+            up.set()
+            return
         async with trio.open_nursery() as starting:
             for script_type, command, slot in slots_of(self.node, self.script_types):
                 starting.start_soon(
@@ -395,6 +404,13 @@ async def bootstrap(node: NodeState) -> None:
         log.info("created default context %d", config.context_id)
 
 
+def isolation_fields(iso: Isolation | None) -> dict[str, str]:
+    """What node:info says of the isolation (hero-node status, the console)."""
+    if iso is None:
+        return {}
+    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+
+
 async def _publish(node: NodeState, info: NodeInfo) -> None:
     """Tell clients on this machine where the node is (DB 0 ``node:info`` and run/node.json)."""
     fields = {
@@ -405,7 +421,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "pid": str(info.pid),
         "console_url": info.console_url,
         "started_at": str(now()),
-    }
+    } | isolation_fields(node.isolation)
     await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -85,7 +85,7 @@ class Feed:
 
     async def _node(self) -> dict[str, Any]:
         info = await self.node.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
-        shown = ("id", "name", "ws_url", "pid", "started_at")
+        shown = ("id", "name", "ws_url", "pid", "started_at", "isolation", "isolation_why")
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.node_id,
             "name": self.node.config.name,

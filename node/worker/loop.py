@@ -35,9 +35,10 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import redis
 
@@ -91,6 +92,8 @@ class RunnerSpec:
     log_level: int = logging.INFO
     # the node's (node/observe/logs.py FORMATS): its stderr stays one format
     log_format: str = "text"
+    # the slot's sandbox (node/sandbox/host.py SandboxSpec, as a dict)
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
     @property
     def slot_id(self) -> str:
