@@ -32,6 +32,7 @@ class Waker(Protocol):
 
     def cancel(self) -> None: ...
 
+
 REGISTRY_TTL_S = 2.0
 
 

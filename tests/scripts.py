@@ -47,16 +47,14 @@ def command_job_run(tmp_path, redis_url: str, command: list[str]):
     process as a runner would be (its run directory under ``tmp_path``): ``run(job)`` runs
     one job through ``command`` and returns its Outcome."""
     import os
+    from dataclasses import asdict
     from pathlib import Path
 
     from bus.core.models import Message
     from bus.store.atomic.runs_sync import SyncRuns, connect
+    from node.sandbox.probe import probe, sandbox_spec
     from node.worker import job as procjob
     from node.worker.loop import RunnerSpec
-
-    from dataclasses import asdict
-
-    from node.sandbox.probe import probe, sandbox_spec
 
     iso = probe("auto", Path(tmp_path) / "home", "bwrap", Path(tmp_path) / "work", 2_000_000_000)
     box = asdict(sandbox_spec(iso, Path(tmp_path) / "work", 1, 2_000_000_000, {}, True, 1000))

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from node.config import LOWER_BOUNDS, NodeConfig, load_config, render_config
 from node.errors import ConfigError
-from node.sandbox.plan import MODES
 from node.host.home import init_home
+from node.sandbox.plan import MODES
 
 _BY_TYPE = {
     "int": st.integers(min_value=-(2**63), max_value=2**63 - 1),

@@ -65,7 +65,7 @@ async def test_custom_types_script_file_and_stdin(node_factory, tmp_path):
     assert said == f"job {job_id} {job_id}\n"
     assert mode == "600"
     assert path.endswith(".fileish")
-    gone = f'test -e {path} || echo gone'
+    gone = f"test -e {path} || echo gone"
     with trio.fail_after(20):
         [after] = await alice.client.wait_results(await submit(alice, "fileish", gone), 15)
     assert after.stdout == "gone\n", after

@@ -31,6 +31,16 @@ log = logging.getLogger("node.worker.loop")
 INNER = str(Path(__file__).with_name("inner.py"))
 
 
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+_OUTER_PIDNS = _pidns()
+
+
 class SandboxLost(Exception):  # noqa: N818 - it is an event
     """The worker ended (killed, or it could not start): the job has no ending of its own."""
 
@@ -158,6 +168,8 @@ class Sandbox:
         assert self.sock is not None
         limits = self.spec.limit_values
         request = request | {"cwd": WORK, "rlimits": rlimits(limits, self.nproc_base)}
+        # the worker sweeps its sandbox's processes only in a pid namespace other than this one
+        request["outer_pidns"] = _OUTER_PIDNS
         if self.spec.mode == "none":
             request["cwd"] = self.spec.work_dir
         data = json.dumps(request).encode()

@@ -11,7 +11,8 @@ Each job runs in a fresh process of its own session: a python job in a fork of t
 interpreter (its script in a fresh namespace), any other type by exec of its command. Before
 the job's code runs, that process sets the job's rlimits, umask 077, its cwd (the work dir),
 its environment, and closes every fd but 0/1/2. After the job, every process it left in the
-sandbox (its pid namespace: a setsid daemon cannot leave it) is killed.
+sandbox (its pid namespace: a setsid daemon cannot leave it) is killed; under isolation
+"none" only its process group is (there is no namespace to sweep).
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def _child(request: dict[str, Any], stdin: int, out: int, err: int) -> None:
         for fd, target in ((stdin, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
         os.closerange(3, 65536)
+        # Python ignores both; an exec keeps ignored signals: the job gets the defaults back
+        # (SIGXFSZ is how a file size limit ends it, with a certain reason)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         _limit(request["rlimits"])
         os.umask(0o077)
         os.chdir(request["cwd"])
@@ -139,7 +143,7 @@ def run_job(request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
         feed.close()
         os.close(out)
         os.close(err)
-    end_leftovers()
+    end_leftovers(pid, request.get("outer_pidns", ""))
     if script_file:
         with _quiet():
             os.unlink(script_file)
@@ -157,10 +161,25 @@ class _quiet:
         return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
 
 
-def end_leftovers() -> None:
-    """Kill every process of the sandbox but its init (pid 1) and this worker, until none is
-    left (bounded: a fork bomb must not keep the worker from answering)."""
+def end_leftovers(job_pid: int, outer_pidns: str) -> None:
+    """Kill what the job left running: its session always; and, only when this worker is in a
+    pid namespace of its own (not the runner's, ``outer_pidns``), every process of the
+    sandbox but its init (pid 1) and this worker, until none is left (bounded: a fork bomb
+    must not keep the worker from answering). Without that check, isolation "none" would
+    SIGKILL every process of the host that the worker's user may signal."""
+    with _quiet():
+        os.killpg(job_pid, signal.SIGKILL)  # setsid made it its session's and group's leader
+    try:
+        own = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return
+    if not outer_pidns or own == outer_pidns:
+        return
     me = os.getpid()
+    if not _own_pid_namespace():
+        # Outside a sandbox's pid namespace /proc lists the whole host: killing "every process
+        # but pid 1" there would kill the machine. Only the sandbox's init may be bwrap.
+        return
     for _ in range(100):
         left = [p for p in _live() if p not in (1, me)]
         if not left:
@@ -171,6 +190,16 @@ def end_leftovers() -> None:
         with _quiet():
             while os.waitpid(-1, os.WNOHANG)[0] != 0:
                 pass
+
+
+def _own_pid_namespace() -> bool:
+    """True only inside bwrap's pid namespace, where pid 1 is bwrap's own init."""
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return os.path.basename(argv0) == b"bwrap"
 
 
 def _live() -> list[int]:

@@ -107,6 +107,8 @@ _PIDS_MARKS = (
     b"Cannot fork",
     b"can't fork",
 )
+# EFBIG (a job that ignores SIGXFSZ), and a shell's word for a child SIGXFSZ killed
+_FSIZE_MARKS = (b"File too large", b"File size limit exceeded")
 TAIL_BYTES = 4096
 
 
@@ -124,15 +126,19 @@ def limit_reason(
 ) -> str | None:
     """The reason token of a limit that ended the job, or None if none did. ``largest_output``:
     the size of its larger output file (a SIGXFSZ there is the output limit)."""
-    if ending.signal == signal.SIGXFSZ:
+    signum = ending.signal
+    if not signum and ending.exit_code is not None and 128 < ending.exit_code < 160:
+        signum = ending.exit_code - 128  # a shell reports its child's death by signal so
+    tail = stderr_tail[-TAIL_BYTES:]
+    too_large = ending.exit_code != 0 and any(mark in tail for mark in _FSIZE_MARKS)
+    if signum == signal.SIGXFSZ or too_large:  # the signal, or EFBIG where it is ignored
         return "output_limit" if largest_output >= limits.file_size_mb * MB else "file_size_limit"
-    if ending.signal == signal.SIGXCPU:
+    if signum == signal.SIGXCPU:
         return "cpu_limit"
-    if ending.signal == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
+    if signum == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
         return "cpu_limit"
     if ending.exit_code == 0:
         return None
-    tail = stderr_tail[-TAIL_BYTES:]
     if any(mark in tail for mark in _MEMORY_MARKS):
         return "memory_limit"
     if any(mark in tail for mark in _PIDS_MARKS):
