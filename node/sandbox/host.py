@@ -91,9 +91,12 @@ def prepare_work_dir(spec: SandboxSpec) -> None:
     path = Path(spec.work_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     path.chmod(0o700)
-    if os.geteuid() == 0:  # the mode may have changed since it was made: its owner too
-        uid = spec.uid if spec.mode == "strict" else 0
-        os.chown(path, uid, uid)
+    # the mode may have changed since it was made: its owner too. Strict without root needs
+    # CAP_CHOWN (deploy/hero-node.service); without it strict cannot start, and says so.
+    uid = spec.uid if spec.mode == "strict" else os.geteuid()
+    st = path.stat()
+    if (st.st_uid, st.st_gid) != (uid, uid if spec.mode == "strict" else st.st_gid):
+        os.chown(path, uid, uid if spec.mode == "strict" else -1)
 
 
 def _same_uid_processes() -> int:
@@ -135,7 +138,8 @@ class Sandbox:
         os.close(wfd)
         passed, wd = [rfd], -1
         if self.spec.mode == "strict" and not self.spec.as_root:
-            wd = os.open(self.spec.work_dir, os.O_RDONLY | os.O_DIRECTORY)
+            # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
+            wd = os.open(self.spec.work_dir, os.O_PATH | os.O_DIRECTORY)
             passed.append(wd)
         try:
             self.proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
@@ -145,7 +149,7 @@ class Sandbox:
                 stderr=None,
                 pass_fds=passed,
                 env={"LANG": "C.UTF-8"},
-                cwd=self.spec.work_dir,
+                cwd="/",  # the worker enters the work dir (which the node may not)
                 start_new_session=True,
             )
         finally:

@@ -166,6 +166,10 @@ def bwrap_argv(plan: SandboxPlan, facts: HostFacts) -> list[str]:
     argv += ["--", *plan.worker]
     if plan.mode == "strict":  # not root: become the context's uid first, then bwrap
         return [*setpriv_argv(plan), "--", *argv]
+    if not plan.as_root and plan.setpriv:
+        # a node with capabilities (the systemd unit's) passes them on as ambient ones, and
+        # bwrap, not setuid, refuses to start with any: they are dropped before it
+        return [plan.setpriv, "--inh-caps=-all", "--ambient-caps=-all", "--", *argv]
     return argv
 
 

@@ -19,11 +19,32 @@ def work_root(config: NodeConfig) -> Any:  # noqa: ANN401 - a Path
     return config.home / "work"
 
 
-def find_isolation(config: NodeConfig) -> Isolation:
-    """Probe the host for the configured mode and say at start what was found."""
+_EXPLAINED = {
+    "strict": "each context's jobs run as their own uid (job_uid_base + context id) in "
+    "bubblewrap, under seccomp and limits",
+    "namespaces": "jobs run as this node's user in bubblewrap, under seccomp and limits; for "
+    "strict, run the node as root or with CAP_SETUID, CAP_SETGID and CAP_CHOWN",
+    "none": "WARNING: jobs run without a sandbox: any job can read this node's secrets",
+    "refused": "NO JOB WILL RUN until a sandbox can be built (install bubblewrap, allow user "
+    'namespaces), or isolation = "none" is set (no isolation)',
+}
+
+
+def explain(iso: Isolation) -> str:
+    """What ``iso`` means for jobs, in a sentence (hero-node init)."""
+    return _EXPLAINED.get(iso.mode, "")
+
+
+def probe_config(config: NodeConfig) -> Isolation:
+    """The isolation ``config`` gets on this host (sandboxes are started to find out)."""
     root = work_root(config)
     root.mkdir(mode=0o711, exist_ok=True)
-    iso = probe(config.isolation, config.home, bwrap_of(config.sandbox), root, config.job_uid_base)
+    return probe(config.isolation, config.home, bwrap_of(config.sandbox), root, config.job_uid_base)
+
+
+def find_isolation(config: NodeConfig) -> Isolation:
+    """Probe the host for the configured mode and say at start what was found."""
+    iso = probe_config(config)
     if iso.mode == "none":
         log.warning("ISOLATION OFF: %s; any job can read this node's secrets", iso.why)
     elif iso.mode == "refused":
