@@ -68,7 +68,7 @@ class NodeConfig:
     max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
-    python_workers: bool = True  # python jobs run in their runner process (else: spawn per job)
+    python_workers: bool = True  # python jobs fork the sandbox's warm worker (else: spawn)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -272,8 +272,8 @@ _HELP = {
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
-    "python_workers": "python jobs run inside the slot's runner process (a warm interpreter, "
-    "replaced when a job\ntimes out or is stopped); false: one fresh interpreter per job",
+    "python_workers": "python jobs run in a fork of the slot's warm sandboxed interpreter "
+    "(never in the runner\nprocess); false: one fresh interpreter per job, in the same sandbox",
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",
