@@ -55,6 +55,17 @@ def runner_processes_of(run_dir: Path) -> list[int]:
     return found
 
 
+def runner_of(pid: int) -> int:
+    """The runner process that started the sandbox process ``pid`` runs in (its ancestor with
+    the runner's spec in its environment)."""
+    while pid > 1:
+        if b"HERO_RUNNER=" in Path(f"/proc/{pid}/environ").read_bytes():
+            return pid
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        pid = int(stat[1])
+    raise AssertionError("no runner process above the job")
+
+
 # -- the pop of a runner process (no process needed: the loop's method, on a real Valkey) --------
 
 
@@ -137,15 +148,13 @@ async def test_a_runner_killed_9_is_restarted_and_its_attempt_reaped(node_factor
     """SIGKILL of the runner process mid-job: the node sees it exit, ends the attempt
     ``runner_lost`` (retried as the job allows) and starts a fresh process, which runs it."""
     alice = await node_factory("alice", runners={"python": 1})
-    marker = tmp_path / "ran-once"
-    first = (
-        f"import pathlib\np = pathlib.Path({str(marker)!r})\nfirst = not p.exists()\np.touch()\n"
-    )
+    # the marker in the context's work dir (the job's cwd), which the retry's sandbox sees too
+    first = "import pathlib\np = pathlib.Path('ran-once')\nfirst = not p.exists()\np.touch()\n"
     body = "import time\nif first:\n    time.sleep(60)\nprint('second')\n"
     script = first + announcing(alice.info.redis_url, "run:k", body)  # marked, then announced
     msg = await _python_job(alice, script, retries=1)
     pid = await wait_announced(alice.store, "run:k")
-    os.kill(pid, signal.SIGKILL)
+    os.kill(runner_of(pid), signal.SIGKILL)  # the job's sandbox ends with its runner
     with trio.fail_after(30):
         [result] = await alice.client.wait_results(msg, timeout_s=30)
     assert result.ok, result
@@ -167,12 +176,17 @@ async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monk
     monkeypatch.setattr(procs, "RECYCLE_JOBS", 2)
     alice = await node_factory("alice", runners={"python": 1})
     pids = []
+    # a new runner process is a new sandbox: a job names its sandbox by a file in its /tmp
+    which = (
+        "import os, pathlib\np = pathlib.Path('/tmp/which')\n"
+        "p.exists() or p.write_text(os.urandom(8).hex())\nprint(p.read_text())"
+    )
     for _ in range(5):
-        msg = await _python_job(alice, "import os\nprint(os.getpid())")
+        msg = await _python_job(alice, which)
         with trio.fail_after(30):
             [result] = await alice.client.wait_results(msg, timeout_s=30)
         assert result.ok, result
-        pids.append(int(result.stdout))
+        pids.append(result.stdout)
     assert pids[0] == pids[1]
     assert pids[2] == pids[3]
     assert len(set(pids)) == 3  # 2 jobs per process
