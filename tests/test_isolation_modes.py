@@ -76,3 +76,19 @@ def test_init_says_what_auto_picks_here(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "isolation:  auto -> strict" in done.stdout
     assert "their own uid" in done.stdout
+
+
+async def test_a_limit_ends_the_job_with_its_reason_and_the_next_job_runs(node_factory):
+    """Through the node: [limits.1] file_size_mb = 1; a job writing 3 MB to its stdout ends
+    error with output_limit (its kept output within max_output_bytes); the next one runs."""
+    alice = await node_factory("alice", limits={"1": {"file_size_mb": 1}})
+    with trio.fail_after(40):
+        [big] = await alice.client.wait_results(
+            await submit(alice, "sh", "head -c 3000000 /dev/zero | tr '\\0' x"), 30
+        )
+        [nxt] = await alice.client.wait_results(await submit(alice, "sh", "echo fine"), 30)
+    assert big.status.value == "error", big
+    assert big.reason.startswith("output_limit"), big.reason
+    assert len(big.stdout) <= alice.config.max_output_bytes
+    assert nxt.ok, nxt
+    assert nxt.stdout == "fine\n"
