@@ -40,13 +40,14 @@ def announcing(redis_url: str, key: str, body: str) -> str:
 
 async def wait_announced(store, key: str, timeout_s: float = 20) -> int:
     """The pid, as this machine sees it, of the script that announced itself on ``key``
-    (blocking pop, bounded; the pid it announced is its sandbox's); 0 if it ended already."""
+    (blocking pop, bounded; the pid it announced is its sandbox's)."""
     with trio.fail_after(timeout_s):
         popped = await store.call(1, lambda r: r.blpop([key], timeout=timeout_s))
     assert popped is not None, f"no script announced itself on {key}"
     found = named(("hj-" + key)[:15])
-    assert len(found) <= 1, found
-    return found[0] if found else 0
+    # never 0: a caller may signal it (os.killpg(0, ...) is the caller's own group)
+    assert len(found) == 1, f"{key}: the announcing process is gone or not alone: {found}"
+    return found[0]
 
 
 def named(comm: str) -> list[int]:
