@@ -38,12 +38,15 @@ def announcing(redis_url: str, key: str, body: str) -> str:
     return f"{_ANNOUNCE}_announce({where!r}, {auth!r}, {key!r})\n{body}"
 
 
-async def wait_announced(store, key: str, timeout_s: float = 20) -> int:
+async def wait_announced(store, key: str, timeout_s: float = 20, *, sandboxed: bool = True) -> int:
     """The pid, as this machine sees it, of the script that announced itself on ``key``
-    (blocking pop, bounded; the pid it announced is its sandbox's)."""
+    (blocking pop, bounded). A job's announced pid is its sandbox's: it is found by its name;
+    ``sandboxed=False`` (a hook the node runs itself): the pid it announced."""
     with trio.fail_after(timeout_s):
         popped = await store.call(1, lambda r: r.blpop([key], timeout=timeout_s))
     assert popped is not None, f"no script announced itself on {key}"
+    if not sandboxed:
+        return int(popped[1])
     found = named(("hj-" + key)[:15])
     # never 0: a caller may signal it (os.killpg(0, ...) is the caller's own group)
     assert len(found) == 1, f"{key}: the announcing process is gone or not alone: {found}"
