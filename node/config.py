@@ -54,6 +54,8 @@ class NodeConfig:
     algorithms: dict[str, list[str]] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    max_pending_links: int = 256  # inbound connections not yet authenticated (bus/wire/gate.py)
+    max_pending_links_per_address: int = 16
     reply_ttl_s: int = 86_400
     flow_deadline_s: int = 3600  # a flow whose document sets no deadline_s ends by then
     max_age_s: int = 300  # messages older than this are refused ("expired")
@@ -174,7 +176,7 @@ def validate_dlq_limits(raw: object) -> dict[str, int]:
     if not isinstance(raw, Mapping) or not all(
         str(k).isdigit() and _fits(v, int) and v >= 0 for k, v in raw.items()
     ):
-        raise ConfigError("[dlq_limits] maps a context id (\"2\" = ...) to a dlq bound >= 0")
+        raise ConfigError('[dlq_limits] maps a context id ("2" = ...) to a dlq bound >= 0')
     return {str(int(k)): int(v) for k, v in raw.items()}
 
 
@@ -246,8 +248,14 @@ _HELP = {
     "max_age_s": "freshness: refuse messages older than max_age_s or dated more than max_skew_s "
     "ahead;\nkeys and nonces of accepted messages are remembered for that window (replay "
     "protection)",
-    "max_message_bytes": 'a message (its stored fields) or a job\'s script larger than this is '
+    "max_message_bytes": "a message (its stored fields) or a job's script larger than this is "
     'refused ("oversize")',
+    "handshake_timeout_s": "an inbound connection has this long from its accept to finish TLS, "
+    "the websocket\nupgrade and the node handshake, or it is closed",
+    "max_pending_links": "at most this many inbound connections not yet authenticated (and "
+    "max_pending_links_per_address\nfrom one address); more are closed at once and counted "
+    '(hero_link_refusals_total{stage="listener"});\nthe addresses this node dials its peers '
+    "at are exempt from the total",
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
@@ -270,13 +278,13 @@ _HELP = {
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "
-    "new dead letter,\nthe entry as JSON on its stdin (with its \"db\"); killed after "
+    'new dead letter,\nthe entry as JSON on its stdin (with its "db"); killed after '
     "on_dead_letter_timeout_s;\nits failure is logged and counted (dlq_hook_failed)",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
     "in;\nother types need a command below)",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "
     "{script_file}\n(the script in a 0600 temp file, removed after the job; else the script is "
-    "on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = [\"v\", "
+    'on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = ["v", '
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",

@@ -144,9 +144,7 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(
-            node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url
-        )
+        registry = Registry(node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url)
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -208,7 +206,10 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 def transport_config(config: NodeConfig) -> TransportConfig:
     """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
     base = TransportConfig(
-        max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+        max_frame_bytes=config.max_frame_bytes,
+        handshake_timeout_s=config.handshake_timeout_s,
+        max_pending=config.max_pending_links,
+        max_pending_per_address=config.max_pending_links_per_address,
     )
     if not config.tls:
         return base
