@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import time
 from functools import partial
-from pathlib import Path
 
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,7 +28,7 @@ from bus.core.models import JobStatus
 from crypto import read_key_file
 from node.host.valkey import free_port
 from tests.console_http import get
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, set_node
 
 CONNECTIONS = int(os.environ.get("FLOOD_CONNECTIONS", "300"))
 SOURCES = [f"127.0.0.{i}" for i in range(2, 12)]
@@ -44,17 +43,6 @@ SCRIPT = "import time; time.sleep(0.05); print('ok')"
 
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def set_node(home: Path, **values: object) -> None:
-    """Rewrite [node] settings of config.toml before the node starts."""
-    path = home / "config.toml"
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        name = line.split("=", 1)[0].strip()
-        if name in values:
-            lines[i] = f"{name} = {values[name]}"
-    path.write_text("\n".join(lines) + "\n")
 
 
 async def wire(alice: NodeProcess, bob: NodeProcess) -> tuple[str, str]:
