@@ -1,4 +1,5 @@
-"""The listener's gate (bus/wire/gate.py) on a real in-process transport and real sockets.
+"""The listener's gate (bus/wire/gate.py) on a real in-process transport and real sockets, and
+the end of an authenticated link that stops answering pings.
 
 Connections come from other loopback addresses (127.0.0.2 and up) so that the per-address count
 is seen. Time runs on trio's MockClock: it jumps only after the run has been idle for 0.3 s
@@ -16,8 +17,9 @@ import trio
 import trio.testing
 
 from bus.core.frames import Frame
-from bus.wire.transport import Link, Transport, TransportConfig
+from bus.wire.transport import PING_INTERVAL_S, Link, Transport, TransportConfig
 from crypto import KeyPair
+from tests.faults_proxy import TcpProxy
 
 DEADLINE_S = 10.0
 CONFIG = TransportConfig(max_pending=4, max_pending_per_address=2, handshake_timeout_s=DEADLINE_S)
@@ -140,4 +142,25 @@ async def test_an_authenticated_link_outlives_the_deadline(clock):
         assert bob.gate.pending == 0
         await trio.sleep(6 * DEADLINE_S)
         assert bob.link(a.public_hex) is link
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_whose_pings_go_unanswered_is_closed(clock):
+    """A silent network (a proxy that forwards nothing and closes nothing) ends the link once a
+    ping has waited ping_timeout_s; until then answered pings keep it up."""
+    a, b = KeyPair.generate(), KeyPair.generate()
+    bob = Transport(b, lambda: {a.public_hex}, _ignore, _ignore, CONFIG)
+    alice = Transport(a, lambda: {b.public_hex}, _ignore, _ignore, CONFIG)
+    async with serving(bob) as port, trio.open_nursery() as nursery:
+        proxy = TcpProxy(port)
+        await nursery.start(proxy.run)
+        nursery.start_soon(alice.dial_forever, b.public_hex, proxy.url)
+        link = await alice.wait_link(b.public_hex)
+        await trio.sleep(3 * CONFIG.ping_timeout_s)
+        assert alice.link(b.public_hex) is link
+        proxy.freeze()
+        frozen_at = trio.current_time()
+        with trio.fail_after(PING_INTERVAL_S + CONFIG.ping_timeout_s + 1):
+            await link.closed.wait()
+        assert trio.current_time() - frozen_at >= CONFIG.ping_timeout_s
         nursery.cancel_scope.cancel()

@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
 # A ping per link this often measures its round trip; a peer that stopped answering shows as
-# a last_seen that falls behind (the link is left open: a stalled peer may come back).
+# a last_seen that falls behind, and its link is closed once a ping has waited ping_timeout_s.
 PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
@@ -61,6 +61,11 @@ class TransportConfig:
     # connections not yet authenticated, in total and per source address (bus/wire/gate.py)
     max_pending: int = 256
     max_pending_per_address: int = 16
+    # A link whose ping is not answered this long is closed. After a silent partition heals,
+    # TCP may wait minutes (its retransmission timer backed off to 120 s) before an old
+    # connection moves again, while the outbox keeps sending on it; closed, the outbox moves
+    # to a fresh link (the peer's dial, or ours). A stalled peer is dialled again.
+    ping_timeout_s: float = 20.0
 
 
 @dataclass
@@ -470,14 +475,25 @@ class Transport:
         except TransportError as exc:  # the reader sees the close too, and ends the link
             log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
 
-    async def _keep_alive(self, link: Link) -> None:
-        """Ping the peer every PING_INTERVAL_S and record the round trip."""
+    async def _keep_alive(self, link: Link, scope: trio.CancelScope) -> None:
+        """Ping the peer every PING_INTERVAL_S and record the round trip; end the link
+        (``scope``) when a ping waits ``ping_timeout_s`` for its answer."""
         while True:
             started = trio.current_time()
-            try:
-                await link.ws.ping()
-            except ConnectionClosed:
-                return  # the reader sees the close too, and ends the link
+            with trio.move_on_after(self.config.ping_timeout_s) as waiting:
+                try:
+                    await link.ws.ping()
+                except ConnectionClosed:
+                    return  # the reader sees the close too, and ends the link
+            if waiting.cancelled_caught:
+                log.info(
+                    "link %s…: no answer to a ping for %g s; closed",
+                    link.peer_id[:16],
+                    self.config.ping_timeout_s,
+                )
+                await link.close()  # bounded: the close handshake may not get through either
+                scope.cancel()
+                return
             self.states.rtt(link.peer_id, trio.current_time() - started)
             await trio.sleep(PING_INTERVAL_S)
 
@@ -499,7 +515,7 @@ class Transport:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
-                nursery.start_soon(self._keep_alive, link)
+                nursery.start_soon(self._keep_alive, link, nursery.cancel_scope)
                 await self._read(link)
                 nursery.cancel_scope.cancel()
         finally:
