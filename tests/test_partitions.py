@@ -1,6 +1,7 @@
 """Real partitions: three `hero-node run` processes, each in its own network namespace
 (tests/netns.py), exchange python jobs while nftables rules inside the namespaces lose packets
-and cut links; afterwards the history is checked like Jepsen's total-queue (tests/history.py).
+and cut links, and a delay proxy (tests/faults_proxy.py, a process in a node's namespace) slows
+one link; afterwards the history is checked like Jepsen's total-queue (tests/history.py).
 
 Each node sends jobs to both others (six directed pairs). Every script appends its tag to one
 file (the namespaces share the file system), so runs are counted where they happen, not where
@@ -15,6 +16,8 @@ Root only (namespaces, veths, nftables): skipped with the reason elsewhere, fail
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,11 +31,13 @@ from bus.errors import ClientError
 from crypto import read_key_file
 from tests.history import Verdict, check_history
 from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import ROOT, NodeProcess
 
 N = 3
 PARTITION_S = 10.0
 PER_PAIR = 4  # jobs per directed pair per wave
+DELAY_S = 0.1  # added by a delay proxy to each chunk, each way (tests/faults_proxy.py)
+PROXY_PORT = 7701
 SCRIPT = """\
 import os
 with open(os.environ["OUT"], "a") as f:
@@ -50,8 +55,13 @@ async def net() -> AsyncIterator[NetLab]:
 
 
 class Cluster:
-    def __init__(self, tmp: Path, net: NetLab) -> None:
+    """Three nodes; ``delayed``: pairs (i, j) whose link goes through a delay proxy in each
+    one's namespace (i dials j through one in i's, j dials i through one in j's)."""
+
+    def __init__(self, tmp: Path, net: NetLab, delayed: tuple[int, int] | None = None) -> None:
         self.net = net
+        self.delayed = delayed
+        self.proxies: list[trio.Process] = []
         self.out = tmp / "executions.txt"
         self.out.touch()
         self.nodes = [
@@ -75,18 +85,44 @@ class Cluster:
             for node in self.nodes:
                 nursery.start_soon(node.start)
         self.ids = [n.node_id for n in self.nodes]
+        urls = {(i, j): self.nodes[j].ws_url for i in range(N) for j in range(N)}
+        if self.delayed:
+            a, b = self.delayed
+            urls[a, b] = await self._proxy(a, b)
+            urls[b, a] = await self._proxy(b, a)
         for i, node in enumerate(self.nodes):
             async with open_client(node.redis_url) as client:
                 for j, peer in enumerate(self.nodes):
                     if j == i:
                         continue
-                    await client.add_peer(self.ids[j], peer.ws_url, name=peer.name)
+                    await client.add_peer(self.ids[j], urls[i, j], name=peer.name)
                     actor = read_key_file(peer.config.actor_key_path).public_hex
                     await client.register_actor(j + 1, actor)
                 await client.register_context(1, admins=[i + 1], executors=list(range(1, N + 1)))
 
+    async def _proxy(self, i: int, j: int) -> str:
+        """A delay proxy in node i's namespace to node j's listener; its URL, for node i."""
+        proc = await trio.lowlevel.open_process(
+            [
+                *("ip", "netns", "exec", self.net.names[i], sys.executable, "-m"),
+                *("tests.faults_proxy", f"127.0.0.1:{PROXY_PORT}"),
+                *(f"{self.net.address(j)}:{self.nodes[j].listen_port}", str(DELAY_S)),
+            ],
+            stdout=subprocess.PIPE,
+            cwd=ROOT,
+        )
+        self.proxies.append(proc)
+        assert proc.stdout is not None
+        with trio.fail_after(30):
+            line = await proc.stdout.receive_some(64)
+        assert line.startswith(b"ready"), line
+        return f"ws://127.0.0.1:{PROXY_PORT}"
+
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
+            for proc in self.proxies:
+                proc.terminate()
+                await proc.wait()
             for node in self.nodes:
                 await node.close()
 
@@ -171,6 +207,7 @@ def report(name: str, cluster: Cluster, left: dict[str, int], drops: str) -> Ver
 
 
 async def test_loss_and_a_partition_that_heals_lose_nothing(tmp_path, net):
+    """30 % loss on every link, n0 cut off for 10 s."""
     cluster = Cluster(tmp_path, net)
     try:
         with trio.fail_after(60):
@@ -194,8 +231,9 @@ async def test_loss_and_a_partition_that_heals_lose_nothing(tmp_path, net):
 
 
 async def test_a_one_way_partition_loses_nothing(tmp_path, net):
-    """n0's packets to n1 are dropped, n1's to n0 still flow; jobs between the others go on."""
-    cluster = Cluster(tmp_path, net)
+    """n0's packets to n1 are dropped, n1's to n0 still flow; jobs between the others go on,
+    n0 <-> n2 through delay proxies."""
+    cluster = Cluster(tmp_path, net, delayed=(0, 2))
     try:
         with trio.fail_after(60):
             await cluster.start()
