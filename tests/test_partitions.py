@@ -46,9 +46,14 @@ with open(os.environ["OUT"], "a") as f:
 
 
 @pytest.fixture
-async def net() -> AsyncIterator[NetLab]:
-    """Three node namespaces; removed by name afterwards, and checked gone, whatever happened."""
+def root() -> None:
+    """Skips with its reason (fails under CI); a sync fixture, so that pytest shows the reason."""
     require_root()
+
+
+@pytest.fixture
+async def net(root: None) -> AsyncIterator[NetLab]:
+    """Three node namespaces; removed by name afterwards, and checked gone, whatever happened."""
     async with netlab(N) as made:
         yield made
     assert leftovers(made.tag) == [], "namespaces left behind"
