@@ -20,6 +20,7 @@ import os
 import time
 from functools import partial
 
+import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,6 +30,8 @@ from crypto import read_key_file
 from node.host.valkey import free_port
 from tests.console_http import get
 from tests.nodeproc import NodeProcess, set_node
+
+pytestmark = pytest.mark.slow
 
 CONNECTIONS = int(os.environ.get("FLOOD_CONNECTIONS", "300"))
 SOURCES = [f"127.0.0.{i}" for i in range(2, 12)]

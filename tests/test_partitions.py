@@ -33,6 +33,8 @@ from tests.history import Verdict, check_history
 from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
 from tests.nodeproc import ROOT, NodeProcess
 
+pytestmark = pytest.mark.slow
+
 N = 3
 PARTITION_S = 10.0
 PER_PAIR = 4  # jobs per directed pair per wave
@@ -60,7 +62,7 @@ async def net(root: None) -> AsyncIterator[NetLab]:
 
 
 class Cluster:
-    """Three nodes; ``delayed``: pairs (i, j) whose link goes through a delay proxy in each
+    """Three nodes; ``delayed``: a pair (i, j) whose link goes through a delay proxy in each
     one's namespace (i dials j through one in i's, j dials i through one in j's)."""
 
     def __init__(self, tmp: Path, net: NetLab, delayed: tuple[int, int] | None = None) -> None:
