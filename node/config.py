@@ -176,7 +176,7 @@ def validate_dlq_limits(raw: object) -> dict[str, int]:
     if not isinstance(raw, Mapping) or not all(
         str(k).isdigit() and _fits(v, int) and v >= 0 for k, v in raw.items()
     ):
-        raise ConfigError('[dlq_limits] maps a context id ("2" = ...) to a dlq bound >= 0')
+        raise ConfigError("[dlq_limits] maps a context id (\"2\" = ...) to a dlq bound >= 0")
     return {str(int(k)): int(v) for k, v in raw.items()}
 
 
@@ -248,7 +248,7 @@ _HELP = {
     "max_age_s": "freshness: refuse messages older than max_age_s or dated more than max_skew_s "
     "ahead;\nkeys and nonces of accepted messages are remembered for that window (replay "
     "protection)",
-    "max_message_bytes": "a message (its stored fields) or a job's script larger than this is "
+    "max_message_bytes": 'a message (its stored fields) or a job\'s script larger than this is '
     'refused ("oversize")',
     "handshake_timeout_s": "an inbound connection has this long from its accept to finish TLS, "
     "the websocket\nupgrade and the node handshake, or it is closed",
@@ -278,13 +278,13 @@ _HELP = {
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "
-    'new dead letter,\nthe entry as JSON on its stdin (with its "db"); killed after '
+    "new dead letter,\nthe entry as JSON on its stdin (with its \"db\"); killed after "
     "on_dead_letter_timeout_s;\nits failure is logged and counted (dlq_hook_failed)",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
     "in;\nother types need a command below)",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "
     "{script_file}\n(the script in a 0600 temp file, removed after the job; else the script is "
-    'on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = ["v", '
+    "on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = [\"v\", "
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
