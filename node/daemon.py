@@ -208,7 +208,10 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 def transport_config(config: NodeConfig) -> TransportConfig:
     """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
     base = TransportConfig(
-        max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+        max_frame_bytes=config.max_frame_bytes,
+        handshake_timeout_s=config.handshake_timeout_s,
+        max_pending=config.max_pending_links,
+        max_pending_per_address=config.max_pending_links_per_address,
     )
     if not config.tls:
         return base
