@@ -36,7 +36,7 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
-from node.host.hardening import check_home, ensure_admission_key
+from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
@@ -417,6 +417,10 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "pid": str(info.pid),
         "console_url": info.console_url,
         "started_at": str(now()),
+        # whether processes of the node's uid may read its memory, or its signer's
+        # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
+        "dumpable": str(int(is_dumpable())),
+        "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
     }
     await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
     run_dir = node.config.run_dir

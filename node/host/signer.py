@@ -88,7 +88,7 @@ def sign(key: KeyPair, content: object) -> dict[str, str]:
 
 def signer_main() -> None:
     """``python -m node.host.signer <control fd>``: the seed (4-byte length, bytes) on stdin."""
-    from node.host.hardening import not_dumpable
+    from node.host.hardening import is_dumpable, not_dumpable
 
     not_dumpable()
     control = socket.socket(fileno=int(sys.argv[1]))
@@ -96,7 +96,7 @@ def signer_main() -> None:
     (size,) = struct.unpack(">I", stdin.read(4))
     key = KeyPair.from_seed(stdin.read(size))
     stdin.close()
-    control.sendall(b"up")
+    control.sendall(b"up1" if is_dumpable() else b"up0")  # the node publishes the flag
     while True:
         data, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
         if not data:
@@ -138,9 +138,10 @@ class SignerClient:
 class Signer:
     """The node's handle on its running signer process."""
 
-    def __init__(self, control: trio.socket.SocketType, pid: int) -> None:
+    def __init__(self, control: trio.socket.SocketType, pid: int, dumpable: bool) -> None:
         self.control = control
         self.pid = pid
+        self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
 
     async def attach(self) -> socket.socket:
         """A new socket to the signer, for one runner process (pass its fd to the process,
@@ -175,10 +176,11 @@ async def run_signer(
             seed = key.seed
             await proc.stdin.send_all(struct.pack(">I", len(seed)) + seed)
             await proc.stdin.aclose()
-            if await control.recv(2) != b"up":
+            up = await control.recv(3)
+            if up not in (b"up0", b"up1"):
                 raise NodeError(f"the signer process exited at start (code {await proc.wait()})")
             log.info("signer up, pid %d", proc.pid)
-            task_status.started(Signer(control, proc.pid))
+            task_status.started(Signer(control, proc.pid, dumpable=up == b"up1"))
             code = await proc.wait()
             raise NodeError(f"the signer process exited (code {code})")
         finally:
