@@ -46,11 +46,7 @@ def runner_processes_of(run_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            b"--runner" in argv
-            and str(run_dir).encode() in argv
-            and alive(int(entry.name))
-        ):
+        if b"--runner" in argv and str(run_dir).encode() in argv and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

@@ -324,9 +324,7 @@ class Runner:
         about = self.fields(job_key, Reason.NOT_ADMITTED, attempt=attempt)
         log.warning("refused %s (context %d): %s", job_key, self.spec.ctx, why, extra=about)
         self.runs.dead_letter(job_key, Reason.NOT_ADMITTED, why, queues.queue_of(fields))
-        self.runs.finish_malformed(
-            job_key, attempt, self.inflight, why, reason=Reason.NOT_ADMITTED
-        )
+        self.runs.finish_malformed(job_key, attempt, self.inflight, why, reason=Reason.NOT_ADMITTED)
         self.counts["jobs_not_admitted"] = self.counts.get("jobs_not_admitted", 0) + 1
 
     def _request_of(self, job: RunnerJob, fields: dict[str, str]) -> Message:
