@@ -165,6 +165,7 @@ def test_the_runner_user_cannot_touch_the_trust_anchor(redis_url, tmp_path):
     from node.host.valkey import ValkeyProcess
 
     config = init_home(tmp_path / "h", listen_port=0, runners={"sh": 1})
+    assert admission_key_path(config.home).stat().st_mode & 0o777 == 0o600  # made by init
     spec = embedded_spec(config)
     server = ValkeyProcess(spec)
     server.start()
