@@ -497,7 +497,10 @@ def main() -> None:
     """``python -m node.worker.pyjobs --runner``: the spec first on stdin (:func:`frame`)."""
     global _RUNNER
     not_dumpable()  # before the frame: the password and key never sit in a readable process
-    spec, admission_key = read_frame(0)
+    try:
+        spec, admission_key = read_frame(0)
+    except EOFError:  # the node stopped (or died) before it wrote the spec: nothing to serve
+        os._exit(0)
     log_to(os.dup(2), spec)  # fd 2 becomes a python job's capture file
     signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
     prepare_process(spec)  # fds, subreaper, pid file, environment
