@@ -49,7 +49,7 @@ async def _dead_letters(node) -> dict[str, dict[str, str]]:  # noqa: ANN001 - Ru
 
 
 async def test_a_hand_written_job_hash_is_refused_and_the_next_admitted_job_runs(
-    node_factory, tmp_path
+    node_factory, tmp_path, capfd
 ):
     """With the ``runner`` password, a job hash of actor 1 written and queued by hand (no stamp,
     or a wrong one) is dead-lettered ``not_admitted`` and never runs; the admitted job queued
@@ -79,6 +79,8 @@ async def test_a_hand_written_job_hash_is_refused_and_the_next_admitted_job_runs
         assert fields["status"] == "error"
         assert fields["reason"].startswith("not_admitted: ")
     assert "no admission stamp" in letters["job:1:666"]["detail"]
+    logged = capfd.readouterr().err  # the runner process's log lines, on the node's stderr
+    assert "refused job:1:666 (context 1): the job hash carries no admission stamp" in logged
     assert "does not match" in letters["job:1:667"]["detail"]
 
 
