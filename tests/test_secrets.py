@@ -24,6 +24,7 @@ from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
 from node.host.signer import SignerClient, run_signer
 from tests.nodeproc import NodeProcess
+from tests.nodes import link_to
 from tests.test_runner_procs import runner_processes_of
 
 FORGED = {
@@ -272,3 +273,23 @@ def test_the_stamp_covers_what_runs():
     assert admitted.problem(key, 2, "job:1:1", stamped)  # another context
     assert admitted.problem(key, 1, "job:1:2", stamped)  # another key
     assert admitted.problem(b"x" * 32, 1, "job:1:1", stamped)  # another node
+
+
+async def test_a_remote_job_retried_once_is_answered_through_the_runner_user_and_signer(
+    node_factory, tmp_path
+):
+    """On embedded Valkeys (runner processes as the ``runner`` user): a job from another node
+    fails, is retried (``delayed``, attempts) and then answered with a result message the
+    signer signed (``message:*``, ``msg_out``): every write of those paths is in the ACL."""
+    alice = await node_factory("alice", embedded=True, runners={"sh": 1})
+    bob = await node_factory("bob", embedded=True, runners={"sh": 1})
+    actor = await link_to(alice, bob)
+    flag = tmp_path / "failed-once"
+    script = f"if [ -e {flag} ]; then echo second; else touch {flag}; exit 3; fi"
+    with trio.fail_after(40):
+        msg = await alice.client.submit_job(
+            actor, 1, to=bob.node_id, context_id=1, script_type="sh", script=script, retries=1
+        )
+        [result] = await alice.client.wait_results(msg, 30)
+    assert result.ok, result
+    assert (result.stdout, result.result["attempts"]) == ("second\n", "2")
