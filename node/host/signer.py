@@ -16,8 +16,10 @@ a stop, or a link's handshake transcript: those are other domains.
 
 Protocol, one JSON object per line: a runner sends ``{"content": {...}}`` and reads
 ``{"signature": {algorithm, public_key, signature}}`` or ``{"error": "..."}``. The signer exits
-when the node's control socket closes (the node is gone). Like the node and its runners it is
-not dumpable (node/host/hardening.py).
+once the node's control socket is closed (the node is gone) and no runner holds a socket any
+more: a runner the node's death left running a job still gets its answer signed, as it did when
+it held the key itself (README "Runner processes"). Like the node and its runners it is not
+dumpable (node/host/hardening.py).
 
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
 results it answers): moving those here too is future work (README "What a job can and cannot
@@ -65,8 +67,37 @@ def _check(content: object, node_id: str) -> str:
     return ""
 
 
-def _serve_runner(conn: socket.socket, key: KeyPair) -> None:
+class _Runners:
+    """How many runner sockets are open; the process ends when none is and the node is gone."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.node_gone = False
+        self.lock = threading.Lock()
+
+    def add(self) -> None:
+        with self.lock:
+            self.open += 1
+
+    def done(self, *, node: bool = False) -> None:
+        with self.lock:
+            if node:
+                self.node_gone = True
+            else:
+                self.open -= 1
+            if self.node_gone and self.open == 0:
+                os._exit(0)
+
+
+def _serve_runner(conn: socket.socket, key: KeyPair, runners: _Runners) -> None:
     """Answer one runner's requests until it closes its end."""
+    try:
+        _answer_all(conn, key)
+    finally:
+        runners.done()
+
+
+def _answer_all(conn: socket.socket, key: KeyPair) -> None:
     with conn, conn.makefile("rwb") as stream:
         for line in stream:
             try:
@@ -100,13 +131,17 @@ def signer_main() -> None:
         os._exit(0)
     key = KeyPair.from_seed(seed)
     control.sendall(b"up1" if is_dumpable() else b"up0")  # the node publishes the flag
+    runners = _Runners()
     while True:
         data, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
-        if not data:
-            os._exit(0)  # the node is gone: so is the reason to sign
+        if not data:  # the node is gone: serve the runners it left until they end too
+            runners.done(node=True)
+            threading.Event().wait()
         for fd in fds:
             conn = socket.socket(fileno=fd)
-            threading.Thread(target=_serve_runner, args=(conn, key), daemon=True).start()
+            runners.add()
+            args = (conn, key, runners)
+            threading.Thread(target=_serve_runner, args=args, daemon=True).start()
 
 
 # -- a runner's side ------------------------------------------------------------------------------
