@@ -22,7 +22,7 @@ from crypto import KeyPair, read_key_file
 from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
-from node.host.signer import SignerClient, run_signer
+from node.host.signer import SignerClient, SignerGone, run_signer
 from tests.nodeproc import NodeProcess
 from tests.nodes import link_to
 from tests.test_runner_procs import runner_processes_of
@@ -214,6 +214,8 @@ async def test_the_signer_signs_results_of_this_node_only(tmp_path):
                 with pytest.raises(NodeError, match="refused"):
                     await trio.to_thread.run_sync(client.sign_result, bad)
             nursery.cancel_scope.cancel()
+    with pytest.raises(SignerGone):  # a runner then exits rather than retry for ever
+        client.sign_result(result)
 
 
 async def test_node_signer_and_runners_are_not_dumpable(tmp_path):

@@ -147,6 +147,10 @@ def signer_main() -> None:
 # -- a runner's side ------------------------------------------------------------------------------
 
 
+class SignerGone(NodeError):
+    """The signer's socket closed: no answer of this runner can be signed any more."""
+
+
 class SignerClient:
     """A runner process's end of its socket to the signer."""
 
@@ -156,14 +160,18 @@ class SignerClient:
         self.lock = threading.Lock()
 
     def sign_result(self, message: Message) -> Message:
-        """``message`` signed by the node's key; NodeError if the signer refuses or is gone."""
+        """``message`` signed by the node's key; NodeError if the signer refuses, SignerGone if
+        it is gone."""
         request = json.dumps({"content": message.signed_content()}).encode() + b"\n"
         with self.lock:
-            self.stream.write(request)
-            self.stream.flush()
-            line = self.stream.readline()
+            try:
+                self.stream.write(request)
+                self.stream.flush()
+                line = self.stream.readline()
+            except OSError:
+                line = b""
         if not line:
-            raise NodeError("the node's signer is gone")
+            raise SignerGone("the node's signer is gone")
         answer = json.loads(line)
         if "signature" not in answer:
             raise NodeError(f"the node's signer refused: {answer.get('error')}")

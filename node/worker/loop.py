@@ -55,7 +55,7 @@ from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrun
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, connect, is_utf8
 from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
-from node.host.signer import SignerClient
+from node.host.signer import SignerClient, SignerGone
 from node.runners import outcomes, queues
 from node.runners.exits import Outcome
 from node.runners.lifecycle import RetryPolicy, after_attempt
@@ -376,6 +376,9 @@ class Runner:
         while True:
             try:
                 return self._end(job, request, outcome, attempt, nxt)
+            except SignerGone:  # no retry can help: the next node's recovery ends the attempt
+                log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
+                os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 log.warning(
                     "%s: cannot record the outcome yet (%r); retrying",
