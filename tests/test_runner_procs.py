@@ -20,7 +20,8 @@ from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.worker import job as procjob
 from node.worker.job import Wake
-from node.worker.loop import Runner, RunnerSpec, frame, read_frame
+from node.worker.loop import Runner
+from node.worker.spec import RunnerSpec, frame, read_frame
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 

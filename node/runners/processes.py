@@ -44,7 +44,7 @@ from node.runners.exits import KILL_GRACE_S
 from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
 from node.state import NodeState
-from node.worker.loop import RunnerSpec, frame
+from node.worker.spec import RunnerSpec, frame
 
 log = logging.getLogger(__name__)
 
