@@ -127,10 +127,11 @@ async def test_an_admitted_job_whose_script_was_changed_is_refused(node_factory,
         assert job.key not in letters
 
 
-async def test_runner_processes_hold_no_secret_and_connect_as_runner(node_factory):
+async def test_runner_processes_hold_no_secret_and_connect_as_runner(node_factory, monkeypatch):
     """A python job runs inside its runner process: its environment, /proc/self/environ and
     command line hold no password nor key, its interpreter holds no key object, and the
     runner processes are the ``runner`` ACL user's connections."""
+    monkeypatch.setenv("HERO_KEY_PASSPHRASE", "passphrase-of-the-node")  # not passed on
     alice = await node_factory("alice", embedded=True, runners={"python": 1, "sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
     script = (
@@ -153,7 +154,7 @@ async def test_runner_processes_hold_no_secret_and_connect_as_runner(node_factor
     assert len(pids) == 2
     files = [Path(f"/proc/{pid}/{what}") for pid in pids for what in ("environ", "cmdline")]
     seen = result.stdout.encode() + b"".join(f.read_bytes() for f in files)  # noqa: ASYNC240
-    for secret in secrets_of(alice.config.home):
+    for secret in [*secrets_of(alice.config.home), "passphrase-of-the-node"]:
         assert secret.encode() not in seen
     assert sum(c.get("user") == RUNNER for c in clients) >= 2, clients
 

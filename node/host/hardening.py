@@ -29,6 +29,7 @@ from node.errors import NodeError
 log = logging.getLogger(__name__)
 
 ADMISSION_KEY = "admission.key"
+SECRET_ENV = ("HERO_KEY_PASSPHRASE",)  # of the node's environment, never passed to a child
 _PR_SET_DUMPABLE = 4
 _PR_GET_DUMPABLE = 3
 
@@ -97,6 +98,11 @@ def _tighten(path: Path, mode: int, fixed: list[str]) -> None:
         what = f"{path} was mode {now:04o}; made {now & mode:04o}"
         log.warning("%s (secrets must be readable by the node's user only)", what)
         fixed.append(what)
+
+
+def child_env() -> dict[str, str]:
+    """The node's environment less what is secret in it (what a process it starts gets)."""
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
 
 
 def not_dumpable() -> bool:

@@ -46,6 +46,7 @@ from bus.core.envelope import DOMAIN_RESULT
 from bus.core.models import Message, MessageType
 from crypto import KeyPair, sign_object
 from node.errors import NodeError
+from node.host.hardening import child_env, is_dumpable, not_dumpable
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ def sign(key: KeyPair, content: object) -> dict[str, str]:
 
 def signer_main() -> None:
     """``python -m node.host.signer <control fd>``: the seed (4-byte length, bytes) on stdin."""
-    from node.host.hardening import is_dumpable, not_dumpable
-
     not_dumpable()
     control = socket.socket(fileno=int(sys.argv[1]))
     stdin = sys.stdin.buffer
@@ -214,6 +213,7 @@ async def run_signer(
             stdin=subprocess.PIPE,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,
+            env=child_env(),
         )
         theirs.close()
         control = trio.socket.from_stdlib_socket(ours)

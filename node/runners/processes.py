@@ -37,6 +37,7 @@ from pathlib import Path
 import trio
 
 from bus.core import keys
+from node.host.hardening import child_env
 from node.intake import supervisor
 from node.observe import logs
 from node.runners import outcomes
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 POP_TIMEOUT_S = 5.0  # a runner's blocking pop (node/runners/queues.py: what it may miss)
 RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
-SECRET_ENV = ("HERO_KEY_PASSPHRASE",)  # of the node's environment, never passed to a child
 QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
 
 
@@ -265,11 +265,6 @@ def _count(node: NodeState, raw: bytes) -> None:
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         for name, n in json.loads(raw).items():
             node.count(str(name), int(n))
-
-
-def child_env() -> dict[str, str]:
-    """The node's environment less what is secret in it (a process the node starts gets it)."""
-    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
 
 
 def slots_of(
