@@ -142,6 +142,11 @@ class Reason(StrEnum):
         "A job hash cannot be run or answered (no status, a bad attempt, fields that do not "
         "parse). The runners.",
     )
+    NOT_ADMITTED = (
+        "not_admitted",
+        "A job hash bears no valid admission stamp (bus/core/admitted.py): it was written, or "
+        "changed, by someone other than this node's admission. Never run. The runners.",
+    )
     TOO_MANY_DELIVERIES = (
         "too_many_deliveries",
         "An in-flight entry was taken back more times than `max_redeliveries` after restarts: "
