@@ -100,7 +100,9 @@ async def _run_node(
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
         redis_url = config.redis_url
-        if not redis_url:
+        if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            redis_url = role_url(config, "", NODE)
+        elif not redis_url:
             spec = embedded_spec(config)
             published = await root.start(run_valkey, spec)
             redis_url = role_url(config, published, NODE)

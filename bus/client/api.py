@@ -368,6 +368,9 @@ class Client:
                     tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
             except ContentError as exc:  # msg_out (or a key) of another type: the write failed
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
+        # a submit returns once its messages are durable (a replicated store: fsynced on the
+        # primary and a replica); else its caller is told (StoreError), as for a failed write
+        await self.store.durable()
 
     async def stop_job(
         self, signer: Signer, caller_id: int, job_key: str, context_id: int

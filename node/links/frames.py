@@ -107,6 +107,10 @@ class LinkHandler:
                     "" if new else " again (stored already)",
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
                 )
+        if acks:
+            # acknowledged means durable (on a replicated store: fsynced here and on a replica,
+            # bus/store/durable.py); NotDurable ends the link unacked and the peer resends
+            await self.node.store.durable()
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
