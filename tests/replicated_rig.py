@@ -60,7 +60,11 @@ async def replicated_node(
                     assert proc.stdout is not None
                     nursery.start_soon(drain, proc.stdout)
                     yield Rig(
-                        home, servers, proc, role_url(config, "", NODE), role_url(config, "", CLIENT)
+                        home,
+                        servers,
+                        proc,
+                        role_url(config, "", NODE),
+                        role_url(config, "", CLIENT),
                     )
                     nursery.cancel_scope.cancel()
             finally:

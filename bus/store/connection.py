@@ -29,6 +29,7 @@ from bus.store.atomic import queues
 from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
+from bus.store.topology import store_topology
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,10 @@ class Store:
         """:meth:`call` for a command that only reads (sent again if a failover cuts it)."""
         return await self.call(db, fn, idempotent=True)
 
+    async def topology(self) -> dict[str, Any]:
+        """Where this store's primary and replicas are (bus/store/topology.py)."""
+        return await store_topology(self._dial_url)
+
     async def durable(self) -> None:
         """Return once every write made before this call is on disk as the store's URL asks
         (``WAITAOF``: bus/store/durable.py); at once on a store that asks nothing (the
@@ -190,6 +195,22 @@ class Store:
         with _translated(self.url):
             async with client.pipeline(transaction=True) as pipe:
                 yield pipe
+
+    async def transact(self, db: int, fill: Callable[[Any], None]) -> None:
+        """A MULTI/EXEC of the commands ``fill`` queues on the pipeline it is given; on a
+        replicated store sent again when a failover refused it before it ran (a transaction
+        cut after it was sent is reported: it may have run)."""
+        client = await self.db(db)
+
+        async def once() -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                fill(pipe)
+
+        with _translated(self.url):
+            if self.failover is None:
+                await once()
+            else:
+                await self.failover.retrying(once, client=client)
 
     async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
