@@ -156,6 +156,12 @@ async def _run_services(
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
+        if config.store.replicated:
+            from node.host.store_tuning import run_store_tuning
+
+            await services.start(
+                registry.resilient, "store", run_store_tuning, node.store, redis_url
+            )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take

@@ -8,7 +8,6 @@ import tomllib
 import pytest
 
 from bus.core.urls import redact
-from bus.store.durable import Barrier
 from bus.store.sentinel import parse_sentinel_url, sentinel_url
 from node.cli.main import main
 from node.config import load_config
@@ -47,13 +46,6 @@ def test_a_sentinel_url_round_trips_and_redacts():
 def test_a_bad_sentinel_url_says_what_is_wrong(url, says):
     with pytest.raises(ValueError, match=says):
         parse_sentinel_url(url)
-
-
-def test_barrier_waits_in_growing_steps_up_to_its_timeout():
-    steps = Barrier(parse_sentinel_url("redis+sentinel://h:1/s?waitaof_timeout_ms=1000")).steps_ms()
-    assert steps[0] == 5
-    assert sum(steps) == 1000
-    assert all(b >= a for a, b in zip(steps, steps[1:-1], strict=False))
 
 
 @pytest.mark.parametrize(

@@ -176,6 +176,13 @@ class Store:
         """:meth:`call` for a command that only reads (sent again if a failover cuts it)."""
         return await self.call(db, fn, idempotent=True)
 
+    def follow_failover(self) -> None:
+        """Drop every connection to the old primary (the Sentinels named another): commands
+        waiting on a primary that stalled or was cut off end now (StoreError, their service
+        restarts) instead of when it comes back; new connections ask the Sentinels."""
+        for client in self._clients.values():
+            client.connection_pool.disconnect()
+
     async def topology(self) -> dict[str, Any]:
         """Where this store's primary and replicas are (bus/store/topology.py)."""
         return await store_topology(self._dial_url)

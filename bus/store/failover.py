@@ -71,7 +71,7 @@ def _stale(exc: BaseException) -> bool:
 
 class Failover:
     """The retry policy of a store behind Sentinels (``wait_s``: how long a command waits for
-    a primary; ``clock``: trio's, injectable for tests)."""
+    a primary, on trio's clock)."""
 
     def __init__(self, wait_s: float = FAILOVER_WAIT_S) -> None:
         self.wait_s = wait_s
