@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import anyio
 import coredis
 import coredis.exceptions
 from coredis.connection import TCPLocation
@@ -166,10 +167,13 @@ async def watch_failovers(url: str, on_switch: Callable[[str], Awaitable[None]])
                     username=target.username,
                     password=target.password,
                 )
-                async with sentinel, sentinel.pubsub(channels=list(SWITCH_EVENTS)) as ps:
-                    async for message in ps:
-                        if message["type"] == "message":
-                            await on_switch(f"{message['channel']!s} {message['data']!s}")
+                try:
+                    async with sentinel, sentinel.pubsub(channels=list(SWITCH_EVENTS)) as ps:
+                        async for message in ps:
+                            if message["type"] == "message":
+                                await on_switch(f"{message['channel']!s} {message['data']!s}")
+                except* anyio.ClosedResourceError:
+                    pass  # coredis's pubsub, cancelled as it unsubscribes (the node stopping)
             return
         except StoreError as exc:
             last = exc

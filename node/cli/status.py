@@ -24,13 +24,13 @@ from node.links.peer_breakers import BREAKERS_FIELD
 from node.observe import counters
 from node.observe.linkinfo import LINKS_FIELD
 
-LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
+LINK_DOWN = 3  # exit code: the node runs, but a peer link is down (or no replica of its store)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``status``: exit 0 when the node runs and every peer link is up, 1 when the node is not
     running (its home's lock is free, or no node ever ran on its Redis) or its Redis cannot
-    be reached, 3 when a peer link is down."""
+    be reached, 3 when a peer link is down or a replicated store has no replica up."""
     return with_client(status)(args)
 
 
@@ -47,7 +47,7 @@ async def status(client: Client, args: argparse.Namespace) -> int:
         print_json(facts)
     else:
         print_text(facts)
-    return LINK_DOWN if down else 0
+    return LINK_DOWN if problems else 0
 
 
 def print_text(facts: dict[str, Any]) -> None:
