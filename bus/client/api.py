@@ -359,6 +359,7 @@ class Client:
             raise ClientError(f"{what}: {err!r}") from err
 
     async def _write(self, context_id: int, messages: list[Message]) -> None:
+        epoch = self.store.epoch  # a failover during the writes voids the promise
         for start in range(0, len(messages), WRITE_CHUNK):
             chunk = messages[start : start + WRITE_CHUNK]
 
@@ -373,7 +374,7 @@ class Client:
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
         # a submit returns once its messages are durable (a replicated store: fsynced on the
         # primary and a replica); else its caller is told (StoreError), as for a failed write
-        await self.store.durable()
+        await self.store.durable(epoch)
 
     async def stop_job(
         self, signer: Signer, caller_id: int, job_key: str, context_id: int

@@ -180,20 +180,28 @@ class Store:
         """Drop every connection to the old primary (the Sentinels named another): commands
         waiting on a primary that stalled or was cut off end now (StoreError, their service
         restarts) instead of when it comes back; new connections ask the Sentinels."""
+        if self.failover is not None:
+            self.failover.epoch += 1
         for client in self._clients.values():
             client.connection_pool.disconnect()
+
+    @property
+    def epoch(self) -> int:
+        """Grows with every sign of a failover; pass the value read before a promise's writes
+        to :meth:`durable`."""
+        return 0 if self.failover is None else self.failover.epoch
 
     async def topology(self) -> dict[str, Any]:
         """Where this store's primary and replicas are (bus/store/topology.py)."""
         return await store_topology(self._dial_url)
 
-    async def durable(self) -> None:
+    async def durable(self, since: int | None = None) -> None:
         """Return once every write made before this call is on disk as the store's URL asks
         (``WAITAOF``: bus/store/durable.py); at once on a store that asks nothing (the
         embedded single Valkey). StoreError if that is not confirmed in time: then no promise
         resting on those writes may be given."""
         if self.barrier is not None:
-            await self.barrier.wait(self)
+            await self.barrier.wait(self, since)
 
     @asynccontextmanager
     async def transaction(self, db: int) -> AsyncIterator[Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import coredis.exceptions
 import trio
 
 from bus.core import keys
@@ -42,17 +43,32 @@ class Barrier:
         self.timeout_ms = target.waitaof_timeout_ms
         self._lock = trio.Lock()
         self._asked = 0  # tickets handed out
-        self._covered = 0  # every ticket up to this one is durable
+        self._covered = 0  # every ticket up to this one is durable ...
+        self._covered_epoch: int | None = None  # ... if its writes were made in this epoch
         self.rounds = 0  # barriers sent (for tests and the bench)
 
-    async def wait(self, store: Store) -> None:
+    async def wait(self, store: Store, since: int | None = None) -> None:
+        """Return once the writes made before this call are durable; NotDurable if that is not
+        confirmed, or if a failover may have come between them and the barrier (``since``:
+        :attr:`Store.epoch` before the writes): a barrier on a new primary says nothing of
+        writes the old one took."""
         self._asked += 1
         ticket = self._asked  # any barrier that starts from now on covers this caller's writes
         async with self._lock:
-            if self._covered >= ticket:
+            if self._covered >= ticket and since in (None, self._covered_epoch):
                 return
-            upto = self._asked
-            local, replicas = await store.call(keys.ACTORS_DB, self._round)
+            upto, epoch = self._asked, store.epoch
+            if since is not None and since != epoch:
+                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+            client = await store.db(keys.ACTORS_DB)
+            try:  # never sent again: only the server that took the writes can vouch for them
+                local, replicas = await self._round(client)
+            except (coredis.exceptions.RedisError, OSError) as exc:
+                if store.failover is not None:  # the next barrier asks the Sentinels again
+                    store.failover.noticed(exc, client)
+                raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc
+            if store.epoch != epoch:
+                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
             self.rounds += 1
             if local < self.local or replicas < self.replicas:
                 raise NotDurable(
@@ -60,7 +76,7 @@ class Barrier:
                     f"{replicas} replica fsync(s) in {self.timeout_ms} ms; "
                     f"{self.local} and {self.replicas} wanted"
                 )
-            self._covered = upto
+            self._covered, self._covered_epoch = upto, epoch
 
     async def _round(self, client: Any) -> tuple[int, int]:  # noqa: ANN401 - coredis client
         """``INCR durable``, its reply, then ``WAITAOF`` on the same connection (held for the

@@ -46,14 +46,21 @@ BACKOFF_MAX_S = 1.0
 _REFUSED_BEFORE_RUNNING = ("READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN")
 
 
+def _reply(exc: BaseException) -> str:
+    """The server's reply in ``exc``; for a pipelined command coredis prefixes it with
+    "Command # N (...) of pipeline caused error: " (a MULTI/EXEC refused by one command ran
+    none of them)."""
+    return str(exc).rpartition("caused error: ")[2]
+
+
 def _not_run(exc: BaseException) -> bool:
     """Whether ``exc`` proves the command never ran."""
     if isinstance(exc, cx.PrimaryNotFoundError | cx.StalePrimaryError | cx.BusyLoadingError):
         return True
     if isinstance(exc, cx.ConnectionError):
-        return str(exc).startswith("Unable to establish a connection")
+        return _reply(exc).startswith("Unable to establish a connection")
     if isinstance(exc, cx.ResponseError):
-        return str(exc).startswith(_REFUSED_BEFORE_RUNNING)
+        return _reply(exc).startswith(_REFUSED_BEFORE_RUNNING)
     return False
 
 
@@ -63,9 +70,11 @@ def _cut(exc: BaseException) -> bool:
 
 
 def _stale(exc: BaseException) -> bool:
-    """A connection that still reaches a demoted primary: the pool must ask the Sentinels."""
+    """A connection that still reaches a demoted primary, or an old one that woke up cut off
+    from its replicas (``NOREPLICAS``: the Sentinels take up to 10 s more to demote it): the
+    pool must ask the Sentinels where the primary is now."""
     return isinstance(exc, cx.ReadOnlyError | cx.StalePrimaryError) or (
-        isinstance(exc, cx.ResponseError) and str(exc).startswith("READONLY")
+        isinstance(exc, cx.ResponseError) and _reply(exc).startswith(("READONLY", "NOREPLICAS"))
     )
 
 
@@ -76,6 +85,17 @@ class Failover:
     def __init__(self, wait_s: float = FAILOVER_WAIT_S) -> None:
         self.wait_s = wait_s
         self.retried = 0  # commands sent again (for tests and the log)
+        # grows with every sign of a failover (an error handled here, a pool dropped): a
+        # promise whose writes and barrier did not all happen in one epoch is not given
+        self.epoch = 0
+
+    def noticed(self, exc: BaseException, client: Any) -> None:  # noqa: ANN401 - coredis client
+        """Count a failure that a failover may explain (the epoch grows), and drop ``client``'s
+        connections when ``exc`` shows they reach a server that is no longer the primary."""
+        if _not_run(exc) or _cut(exc):
+            self.epoch += 1
+        if _stale(exc) and client is not None:
+            client.connection_pool.disconnect()
 
     async def retrying(
         self,
@@ -90,12 +110,11 @@ class Failover:
             try:
                 return await fn()
             except (cx.RedisError, OSError) as exc:
+                self.noticed(exc, client)
                 if not (_not_run(exc) or (idempotent and _cut(exc))):
                     raise
                 if trio.current_time() + delay > deadline:
                     raise
-                if _stale(exc) and client is not None:
-                    client.connection_pool.disconnect()
                 if self.retried % 50 == 0:
                     log.warning("store failing over (%s); sending the command again", exc)
                 self.retried += 1
