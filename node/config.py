@@ -23,6 +23,7 @@ import tomli_w
 
 from crypto import ALGORITHMS
 from node.errors import ConfigError
+from node.host.store_settings import StoreConfig, parse_store, render_store
 from node.runners.commands import validate_commands, validate_groups
 from node.web.settings import ConsoleConfig, parse_console, render_console
 
@@ -71,6 +72,8 @@ class NodeConfig:
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # the [store] table: a replicated store behind Sentinels (node/host/store_settings.py)
+    store: StoreConfig = field(default_factory=StoreConfig)
     # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
     # to
     # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
@@ -227,7 +230,15 @@ def load_config(home: Path) -> NodeConfig:
         console = parse_console(raw.get("console", {}))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return NodeConfig(home=home, runners=dict(runners), console=console, **tables, **values)  # type: ignore[arg-type]
+    try:
+        store = parse_store(raw.get("store", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if store.replicated and values.get("redis_url"):
+        raise ConfigError(f"{path}: [node] redis_url and [store] sentinels exclude each other")
+    return NodeConfig(
+        home=home, runners=dict(runners), console=console, store=store, **tables, **values  # type: ignore[arg-type]
+    )
 
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
@@ -312,5 +323,5 @@ def render_config(cfg: NodeConfig) -> str:
     console = render_console(cfg.console)
     return (
         f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}\n"
-        f"{console}"
+        f"{console}\n{render_store(cfg.store)}"
     )

@@ -106,7 +106,10 @@ async def _run_node(
     async with trio.open_nursery() as root:
         # with a configured Redis the runners use its URL (README: its ACL users are yours)
         redis_url = runner_url = config.redis_url
-        if not redis_url:
+        if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            redis_url = role_url(config, "", NODE)
+            runner_url = role_url(config, "", RUNNER)
+        elif not redis_url:
             spec = embedded_spec(config)
             published = await root.start(run_valkey, spec)
             redis_url = role_url(config, published, NODE)
@@ -166,6 +169,12 @@ async def _run_services(
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
+        if config.store.replicated:
+            from node.host.store_tuning import run_store_tuning
+
+            await services.start(
+                registry.resilient, "store", run_store_tuning, node.store, redis_url
+            )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take

@@ -24,13 +24,13 @@ from node.links.peer_breakers import BREAKERS_FIELD
 from node.observe import counters
 from node.observe.linkinfo import LINKS_FIELD
 
-LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
+LINK_DOWN = 3  # exit code: the node runs, but a peer link is down (or no replica of its store)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``status``: exit 0 when the node runs and every peer link is up, 1 when the node is not
     running (its home's lock is free, or no node ever ran on its Redis) or its Redis cannot
-    be reached, 3 when a peer link is down."""
+    be reached, 3 when a peer link is down or a replicated store has no replica up."""
     return with_client(status)(args)
 
 
@@ -38,16 +38,16 @@ async def status(client: Client, args: argparse.Namespace) -> int:
     facts = await status_facts(client)
     if not facts["node"].get("id"):
         raise NodeError("no hero-node has run on this Redis (no node:info)")
+    facts["store"] = await client.store.topology()
     down = [p for p in facts["peers"] if p["link"] != "up"]
-    facts["health"] = {
-        "ok": not down,
-        "problems": [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down],
-    }
+    problems = [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down]
+    problems += store_problems(facts["store"])
+    facts["health"] = {"ok": not problems, "problems": problems}
     if args.json:
         print_json(facts)
     else:
         print_text(facts)
-    return LINK_DOWN if down else 0
+    return LINK_DOWN if problems else 0
 
 
 def print_text(facts: dict[str, Any]) -> None:
@@ -57,6 +57,7 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
         f"pid {info.get('pid', '?')}"
     )
+    print_store(facts.get("store", {}))
     now = time.time()
     for peer in facts["peers"]:
         print(
@@ -78,6 +79,28 @@ def print_text(facts: dict[str, Any]) -> None:
     print(f"  counters {' '.join(f'{k}={v}' for k, v in counted.items()) or '(none yet)'}")
     for problem in facts["health"]["problems"]:
         print(f"  unhealthy: {problem}")
+
+
+def print_store(store: dict[str, Any]) -> None:
+    """The replicated store's lines (none for the embedded single Valkey)."""
+    if store.get("mode") != "replicated":
+        return
+    print(
+        f"  store {store['service']}: primary {store['primary']} for {store['primary_for_s']} s, "
+        f"{store['failovers']} failover(s) so far, {store['sentinels']} sentinel(s) "
+        f"(quorum {store['quorum']})"
+    )
+    for r in store["replicas"]:
+        lag = "?" if r["lag_bytes"] is None else f"{r['lag_bytes']} bytes, {r['lag_s']} s"
+        print(f"    replica {r['address']}  link {r['link']}  lag {lag}")
+
+
+def store_problems(store: dict[str, Any]) -> list[str]:
+    """What makes a replicated store unhealthy: no replica up (promises then wait, and fail)."""
+    if store.get("mode") != "replicated":
+        return []
+    up = [r for r in store["replicas"] if r["link"] == "up"]
+    return [] if up else [f"store {store['service']}: no replica is up"]
 
 
 async def status_facts(client: Client) -> dict[str, Any]:

@@ -39,7 +39,10 @@ ROLES = (NODE, CLIENT, RUNNER)
 
 # Commands every role needs to connect (a client sends HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
 # run a MULTI/EXEC transaction (the commands queued inside are checked one by one).
-_CONNECT = "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard"
+# ROLE: a client that found its primary through Sentinels checks it is one (bus/store/failover.py).
+_CONNECT = (
+    "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
+)
 
 # Selectors: each pairs commands with the keys they may touch, so that, say, LPUSH on msg_out
 # does not also allow BLPOP (stealing) on it. A command is allowed if one selector allows it.
@@ -53,6 +56,8 @@ _CLIENT_SELECTORS = (
     "+sadd ~flows:active",
     "+blpop ~reply:* ~flow_progress:*",
     "+blmpop ~inbox:*",
+    # the durability barrier a submit waits on (bus/store/durable.py)
+    "+incr +waitaof ~durable",
 )
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is
@@ -91,17 +96,18 @@ def secret_path(home: Path, role: str) -> Path:
     return secrets_dir(home) / f"valkey-{role}"
 
 
-def ensure_secrets(home: Path) -> dict[str, str]:
-    """Every role's password, generating (0600, in a 0700 directory) those the home lacks."""
+def ensure_secrets(home: Path, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
+    """Every role's password, generating (0600, in a 0700 directory) those the home lacks
+    (``roles``: a replicated store has two more, node/host/replicated.py)."""
     folder = secrets_dir(home)
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)
-    made = [r for r in ROLES if not secret_path(home, r).exists()]
+    made = [r for r in roles if not secret_path(home, r).exists()]
     for role in made:
         _write_private(secret_path(home, role), secrets.token_urlsafe(32) + "\n")
     if made:
         log.info("generated Valkey password(s) for %s in %s", ", ".join(made), folder)
-    return {role: read_secret(home, role) for role in ROLES}
+    return {role: read_secret(home, role) for role in roles}
 
 
 def read_secret(home: Path, role: str) -> str:
@@ -188,7 +194,10 @@ def reachable_url(config: NodeConfig) -> str:
 def role_url(config: NodeConfig, published: str, role: str = NODE) -> str:
     """The URL ``role`` connects with: for the node's own tools with a configured Redis, that
     URL as is; else the embedded Valkey's ``published`` URL (run/node.json, the ready line)
-    with the role's password from the home."""
+    with the role's password from the home. A replicated store (``[store]``): the
+    ``redis+sentinel://`` URL of its Sentinels, whatever ``published`` says."""
+    if config.store.replicated:
+        return config.store.url(role, read_secret(config.home, role))
     if config.redis_url and role == NODE:
         return config.redis_url
     return with_credentials(published, role, read_secret(config.home, role))

@@ -94,6 +94,7 @@ class LinkHandler:
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
+        epoch = self.node.store.epoch  # a failover while storing them voids the acks
         for ctx, group in by_ctx.items():
             stored = await routing.deliver(self.node.store, ctx, group)
             self._count("delivered", sum(stored))
@@ -107,6 +108,10 @@ class LinkHandler:
                     "" if new else " again (stored already)",
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
                 )
+        if acks:
+            # acknowledged means durable (on a replicated store: fsynced here and on a replica,
+            # bus/store/durable.py); NotDurable ends the link unacked and the peer resends
+            await self.node.store.durable(epoch)
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))

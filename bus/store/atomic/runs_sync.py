@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from bus.core import keys
 from bus.core.ids import now
@@ -30,6 +31,7 @@ from bus.store.atomic.runs import (
     unrunnable_detail,
 )
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
+from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 
 __all__ = ["SyncRuns", "SyncStoreError", "connect", "is_utf8"]
 
@@ -40,7 +42,11 @@ SyncStoreError = redis.RedisError
 
 def connect(url: str, db: int) -> redis.Redis:
     """A blocking client of DB ``db`` at ``url`` (a ``redis://``/``rediss://``/``unix://``
-    URL as the node's store takes it; a DB in the URL is replaced by ``db``)."""
+    URL as the node's store takes it; a DB in the URL is replaced by ``db``). A
+    ``redis+sentinel://`` URL (bus/store/sentinel.py): each new connection goes to the server
+    the Sentinels name primary, so after a failover the process follows on its next command."""
+    if is_sentinel_url(url):
+        return _primary(url, db)
     parts = urlsplit(url)
     if parts.scheme != "unix":  # a unix:/// URL is left whole: urlunsplit drops its "//"
         url = urlunsplit(parts._replace(path=""))
@@ -58,6 +64,27 @@ def connect(url: str, db: int) -> redis.Redis:
         socket_timeout=None,
         socket_connect_timeout=10,
         retry=Retry(NoBackoff(), 0),
+    )
+    return client
+
+
+def _primary(url: str, db: int) -> redis.Redis:
+    target = parse_sentinel_url(url)
+    auth = {"username": target.username, "password": target.password}
+    sentinels = Sentinel(
+        list(target.sentinels), sentinel_kwargs={**auth, "socket_connect_timeout": 10}
+    )
+    # the same settings as a plain client, for the same reasons (see above)
+    client: redis.Redis = sentinels.master_for(
+        target.service,
+        db=db,
+        decode_responses=True,
+        encoding_errors="surrogateescape",
+        health_check_interval=0,
+        socket_timeout=None,
+        socket_connect_timeout=10,
+        retry=Retry(NoBackoff(), 0),
+        **auth,
     )
     return client
 
