@@ -76,7 +76,9 @@ def sentinel_acl(passwords: dict[str, str]) -> list[str]:
         _user(SENTINEL, passwords[SENTINEL], "allchannels +@all"),
         _user(NODE, passwords[NODE], "allchannels +@all"),
         _user(CLIENT, passwords[CLIENT], _ASK_PRIMARY),
-        _user(RUNNER, passwords[RUNNER], _ASK_PRIMARY),
+        # redis-py's Sentinel client (the runner processes') finds the primary with
+        # SENTINEL MASTERS, not GET-MASTER-ADDR-BY-NAME: addresses and flags, no secret
+        _user(RUNNER, passwords[RUNNER], _ASK_PRIMARY + " +sentinel|masters"),
     ]
 
 
