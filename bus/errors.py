@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bus.core.reasons import Reason
+from bus.core.text import printable
 
 
 class BusError(Exception):
@@ -38,6 +39,20 @@ class FrameError(TransportError):
 
 class ClientError(BusError):
     """A client request could not be carried out (bad arguments, unknown node, timeout)."""
+
+
+class Refused(BusError):
+    """An entry (a message, a queue entry) is refused: ``reason`` is the token recorded in the
+    dead-letter list, ``detail`` the printable rest. Carried as the pair, never as a string to
+    split again. A queue service's handler raises it; serve_queue dead-letters the entry."""
+
+    def __init__(self, reason: Reason | str, detail: str = "") -> None:
+        # the detail often quotes hostile content: made printable here, so that logging it,
+        # storing it and signing it into the sender's error result cannot fail
+        detail = printable(detail, 2000)
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
 
 
 class ContentError(BusError):
