@@ -23,16 +23,21 @@ from functools import partial
 import trio
 
 from bus.core import keys
+from bus.core.breaker import BreakerConfig
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Peer
+from bus.core.queues import consume_order, slot_bases
 from bus.core.reasons import Reason
 from bus.core.urls import bare_host, link_url, redact
+from bus.store import registry
 from bus.store.connection import open_store
 from bus.wire import outbox
+from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
+from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, embedded_spec, role_url
 from node.host.homelock import hold_home
@@ -41,19 +46,17 @@ from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.supervisor import run_supervisor
-from node.links.breaker import BreakerConfig
 from node.links.frames import LinkHandler
-from node.links.peer_breakers import PeerBreakers, run_breaker_publisher
+from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
-from node.runners.commands import script_commands, validate_commands
+from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
-from node.runners.queues import consume_order, slot_bases
 from node.runners.recovery import run_retry_scheduler
 from node.state import NodeState
 
@@ -144,9 +147,7 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(
-            node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url
-        )
+        registry = Registry(node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url)
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -286,7 +287,7 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await self.node.store.blpop(keys.ACTORS_DB, keys.NODE_EVENTS, 30)
+            event = await registry.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
                 self.node.forget_registry()
@@ -406,7 +407,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "console_url": info.console_url,
         "started_at": str(now()),
     }
-    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
+    await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
-from bus.errors import ModelError
+from bus.core.errors import ModelError
 
 Hash = dict[str, str]
 # Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
@@ -357,7 +357,7 @@ class RunnerJob:
     status: JobStatus = JobStatus.DISPATCHED
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
-    # extension: targeting (node/runners/queues.py); signed only when set, so that the signatures of
+    # extension: targeting (bus/core/queues.py); signed only when set, so that the signatures of
     # jobs without them (every older message) stay valid
     group: str = ""
     instance: str = ""

@@ -40,8 +40,8 @@ from bus.store import records
 from bus.store.atomic import flows as atomic_flows
 from bus.store.connection import Store
 from bus.store.serve import Done, Handler, Popped, Queue, guarded, serve_queue
+from node.errors import Rejected
 from node.flows.trust import check_flow_doc, check_may_execute
-from node.intake.messages import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from crypto import KeyPair, write_key_file
 from node.config import NodeConfig, render_config
+from node.config.console import ConsoleConfig, check_console, default_listen
 from node.errors import ConfigError
 from node.host.acl import ensure_secrets
-from node.web.settings import ConsoleConfig, check_console, default_listen
 
 
 def init_home(

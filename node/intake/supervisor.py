@@ -19,7 +19,7 @@ from bus.core.reasons import Reason
 from bus.errors import StoreError
 from bus.store import lists, serve
 from bus.store.atomic import routing
-from bus.store.serve import BATCH, Popped, Queue, serve_queue
+from bus.store.serve import Popped, Queue, serve_queue
 from bus.wire import outbox
 from node.intake import deadlines
 from node.intake.admission import admit
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 SERVICE = "supervisor"
 HIGH_WATER = 256
 BACKPRESSURE_MAX_S = 2.0
-__all__ = ["BATCH", "run_supervisor"]  # BATCH: the runner processes size their takes by it
 
 
 async def run_supervisor(

@@ -38,6 +38,7 @@ from bus.core import keys
 from bus.core.envelope import ResultBody
 from bus.core.ids import ms_after
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.queues import queue_of
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store import records
@@ -45,7 +46,6 @@ from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
 from node.runners.lifecycle import RetryPolicy, after_attempt
-from node.runners.queues import queue_of
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
