@@ -27,8 +27,8 @@ from bus.core.breaker import BreakerConfig
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Peer
 from bus.core.queues import consume_order, slot_bases
-from bus.core.reasons import Reason
 from bus.core.urls import bare_host, link_url, redact
+from bus.errors import Refused
 from bus.store import registry
 from bus.store.connection import open_store
 from bus.wire import outbox
@@ -357,16 +357,14 @@ class Registry:
             task_status.started()
 
 
-async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> None:
+async def undeliverable(node: NodeState, ctx: int, key: str, refused: Refused) -> None:
     """A message the outbox cannot deliver: dead-lettered, and its sender told why."""
     try:
         message = await load_message(node, ctx, key)
     except Rejected:
         message = None
-    token, _, detail = reason.partition(": ")
-    await reject(
-        node, ctx, key, Rejected(Reason(token), detail), message, "outbox", queue=keys.MSG_OUT
-    )
+    rejected = Rejected(refused.reason, refused.detail)
+    await reject(node, ctx, key, rejected, message, "outbox", queue=keys.MSG_OUT)
 
 
 async def bootstrap(node: NodeState) -> None:

@@ -30,10 +30,6 @@ class ValkeyError(NodeError):
     """The embedded Valkey could not be found, started or reached."""
 
 
-class WorkerLost(NodeError):
-    """The worker process exited (or was killed) before it answered."""
-
-
 class Rejected(NodeError, Refused):
     """A message is refused; ``reason`` is the token recorded in the dead-letter list."""
 

@@ -237,9 +237,6 @@ class Context:
     def may_execute(self, actor_id: int) -> bool:
         return actor_id in self.admins or actor_id in self.executors
 
-    def may_read(self, actor_id: int) -> bool:
-        return self.may_execute(actor_id) or actor_id in self.readers
-
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
 

@@ -42,7 +42,7 @@ def parse_entry(value: str) -> tuple[int, str]:
     return int(ctx), key
 
 
-Undeliverable = Callable[[int, str, str], Awaitable[None]]
+Undeliverable = Callable[[int, str, Refused], Awaitable[None]]
 
 
 async def remove_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
@@ -189,7 +189,7 @@ class PeerOutbox:
         if msgs_frame_size(len(item), 1) > limit:
             await self._drop(value)
             await self.on_undeliverable(
-                ctx, key, f"{Reason.OVERSIZE}: the message exceeds {limit} bytes"
+                ctx, key, Refused(Reason.OVERSIZE, f"the message exceeds {limit} bytes")
             )
             return None
         return item

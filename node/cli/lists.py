@@ -10,11 +10,10 @@ import argparse
 import json
 import re
 import sys
-import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids, keys
 from bus.core.models import FlowStatus, JobStatus
 from bus.store import records
 from node.cli.common import context_of, with_client
@@ -30,7 +29,7 @@ def since_time(value: str) -> int:
     returns the unix second it means (an argparse type)."""
     found = _DURATION.match(value)
     if found:
-        return int(time.time()) - int(found[1]) * _UNIT_S[found[2]]
+        return ids.now() - int(found[1]) * _UNIT_S[found[2]]
     if value.isdigit():
         return int(value)
     raise argparse.ArgumentTypeError(f"{value!r}: want 30s, 10m, 2h, 7d or a unix time")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from bus.client.api import Client
+from bus.core import ids
 from bus.core.models import Actor, Context
 from bus.core.urls import check_link_url
 from bus.errors import ModelError
@@ -165,7 +165,7 @@ async def peer_list(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(facts)
         return 0
-    now = time.time()
+    now = ids.now_ms() / 1000
     for p in facts:
         print(f"{p['id']}  {p['name'] or '-'}  {p['address'] or '(dials us)'}")
         print(f"    link {link_text(p, now)}; outbox {p['outbox']}")

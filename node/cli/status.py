@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids, keys
 from bus.store import lists, registry
 from bus.store.atomic import type_breakers
 from bus.store.connection import Store
@@ -58,7 +58,7 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
         f"pid {info.get('pid', '?')}"
     )
-    now = time.time()
+    now = ids.now_ms() / 1000
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
