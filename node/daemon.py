@@ -1,15 +1,34 @@
-"""The node's nursery tree, top-down:
+"""The node's nursery tree, top-down: each service, the function started, the module to open.
 
 run_node
-├── embedded Valkey (unless a Redis URL is configured)
-└── services (store open)
-    ├── transport listener (websocket, authenticated links)
-    ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, flow engine, dlq watcher, runner pools (python, sh, ...)
-    ├── registry watcher (contexts and peers registered while running)
-    ├── counters publisher (node:info ``counters``, for ``hero-node status``)
-    ├── web console (HTTP, node/web/), when ``[console] listen`` is set
-    └── dlq watcher of DB 0 (node/observe/dlq.py)
+├── run_valkey               embedded Valkey, unless a Redis URL is set (node/host/valkey.py)
+└── services                 (the store open; each service restarted by node/resilient.py)
+    ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
+    ├── watch                registry events: contexts and peers registered while running
+    ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
+    ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
+    ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
+    ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
+    ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
+    ├── per peer
+    │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
+    │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
+    └── per context
+        ├── run_supervisor       msg_out: check, route, materialise (node/intake/supervisor.py)
+        ├── run_consumer         msg_in: admit, materialise, results (node/intake/consumer.py)
+        ├── run_retry_scheduler  retries when due (node/runners/recovery.py)
+        ├── run_deadlines        timeout_ack and timeout_result (node/intake/deadlines.py)
+        ├── run_flow_engine      flows at their origin (node/flows/engine.py)
+        ├── run_dlq_watch        the context's dead letters (node/observe/dlq.py)
+        ├── run_results          what external runners finish (node/runners/external.py)
+        ├── run_reaper           external runners' lost leases (node/runners/external.py)
+        ├── run_presence         the slots' heartbeat (node/runners/presence.py)
+        └── run_runner_process   one per slot: a ``python -m node.worker`` process
+                                 (node/runners/processes.py; the process: node/worker/loop.py)
+
+The queue services (supervisor, consumer, flow engine, dlq watchers, results, outboxes) are
+handlers of one loop, bus/store/serve.py. tests/test_rooms.py checks this picture against the
+services started below.
 """
 
 from __future__ import annotations

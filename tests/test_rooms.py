@@ -1,9 +1,11 @@
 """The layout's rules, checked on the source: node/ reaches storage through one door (named
-operations of bus/store, never a generic Redis verb or the raw client)."""
+operations of bus/store, never a generic Redis verb or the raw client); no import cycle between
+rooms; daemon.py's nursery picture names the services it starts."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,37 +35,38 @@ def _receiver_is_store(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "store"
 
 
+def _node_nodes(root: Path) -> Iterator[tuple[str, ast.AST]]:
+    """(path, AST node) for every node of every checked module of node/."""
+    for path in sorted((root / "node").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if not rel.startswith(NOT_YET):
+            for found in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                yield rel, found
+
+
 def raw_store_calls(root: Path = ROOT) -> list[str]:
     """Every generic Redis verb called on a Store from node/ (``file:line verb``)."""
     found = []
-    for path in sorted((root / "node").rglob("*.py")):
-        rel = str(path.relative_to(root))
-        if rel.startswith(NOT_YET):
+    for rel, call in _node_nodes(root):
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
             continue
-        for call in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
-                continue
-            if call.func.attr in REDIS_VERBS and _receiver_is_store(call.func.value):
-                found.append(f"{rel}:{call.lineno} {call.func.attr}")
+        if call.func.attr in REDIS_VERBS and _receiver_is_store(call.func.value):
+            found.append(f"{rel}:{call.lineno} {call.func.attr}")
     return found
 
 
 def redis_imports(root: Path = ROOT) -> list[str]:
     """Every import of a Redis client library in node/."""
     found = []
-    for path in sorted((root / "node").rglob("*.py")):
-        rel = str(path.relative_to(root))
-        if rel.startswith(NOT_YET):
-            continue
-        for stmt in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names: list[str] = []
-            if isinstance(stmt, ast.Import):
-                names = [a.name for a in stmt.names]
-            elif isinstance(stmt, ast.ImportFrom) and stmt.module:
-                names = [stmt.module]
-            found += [
-                f"{rel}:{stmt.lineno} {n}" for n in names if n.split(".")[0] in {"redis", "coredis"}
-            ]
+    for rel, stmt in _node_nodes(root):
+        names: list[str] = []
+        if isinstance(stmt, ast.Import):
+            names = [a.name for a in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module:
+            names = [stmt.module]
+        found += [
+            f"{rel}:{stmt.lineno} {n}" for n in names if n.split(".")[0] in {"redis", "coredis"}
+        ]
     return found
 
 
@@ -213,3 +216,69 @@ def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
     edges = room_imports(tmp_path)
     assert room_cycles(edges) == [["node.intake", "node.runners"]]
     assert edges["node.state"] == {"node.intake": ["node.state:1 node.intake.a"]}
+
+
+# -- daemon.py's nursery picture is the nursery --------------------------------------------------
+
+DAEMON = ROOT / "node" / "daemon.py"
+GROUPS = {"services", "per"}  # lines of the picture that group services, not services
+
+
+def pictured_services(source: str) -> set[str]:
+    """The functions daemon.py's picture (its docstring) names: the first word of each branch."""
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    names = set()
+    for line in doc.splitlines():
+        for glyph in ("├── ", "└── "):
+            if glyph in line:
+                names.add(line.split(glyph, 1)[1].split()[0])
+    return names - GROUPS
+
+
+def _callable_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _started(args: list[ast.expr]) -> str:
+    """The function a ``start``/``start_soon`` call with ``args`` runs (through ``resilient``)."""
+    first = args[0]
+    if _callable_name(first) == "resilient":
+        return _callable_name(args[2])
+    if isinstance(first, ast.Call) and _callable_name(first.func) == "partial":
+        inner = first.args
+        if _callable_name(inner[0]) in ("start", "start_soon"):
+            return _started(inner[1:])
+    return _callable_name(first)
+
+
+def started_services(source: str) -> set[str]:
+    """Every function daemon.py starts in a nursery, except its own private grouping helpers
+    (``_run_context``: the per-context services, and the like)."""
+    names = set()
+    for call in ast.walk(ast.parse(source)):
+        if isinstance(call, ast.Call) and _callable_name(call.func) in ("start", "start_soon"):
+            if call.args:
+                names.add(_started(call.args))
+        if isinstance(call, ast.Call) and _callable_name(call.func) == "partial":
+            if call.args and _callable_name(call.args[0]) in ("start", "start_soon"):
+                names.add(_started(call.args[1:]))
+    return {n for n in names if n and not n.startswith("_")}
+
+
+def test_the_nursery_picture_shows_the_services_started() -> None:
+    source = DAEMON.read_text(encoding="utf-8")
+    started = started_services(source)
+    assert {"run_supervisor", "run_runner_process"} <= started  # the walk sees them
+    assert pictured_services(source) == started
+
+
+def test_the_picture_check_sees_a_missing_service() -> None:
+    source = DAEMON.read_text(encoding="utf-8").replace(
+        'await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)',
+        'await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)\n'
+        '            await nursery.start(resilient, "new", run_something_new, node)',
+    )
+    assert "run_something_new" in started_services(source)
+    assert "run_something_new" not in pictured_services(source)
