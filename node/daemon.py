@@ -2,6 +2,7 @@
 
 run_node
 ├── run_valkey               embedded Valkey, unless a Redis URL is set (node/host/valkey.py)
+├── run_signer               the node key's process: signs runners' results (node/host/signer.py)
 └── services                 (the store open; each service restarted by node/resilient.py)
     ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
     ├── watch                registry events: contexts and peers registered while running
@@ -58,8 +59,10 @@ from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
-from node.host.acl import NODE, embedded_spec, role_url
+from node.host.acl import NODE, RUNNER, embedded_spec, role_url
+from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.signer import run_signer
 from node.host.valkey import run_valkey
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
@@ -118,25 +121,34 @@ async def _run_node(
     stop: trio.Event | None,
     task_status: trio.TaskStatus[NodeInfo],
 ) -> None:
+    check_home(config.home, [config.node_key_path, config.actor_key_path])
+    admission_key = ensure_admission_key(config.home)
     if key is None:
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
-        redis_url = config.redis_url
+        # with a configured Redis the runners use its URL (README: its ACL users are yours)
+        redis_url = runner_url = config.redis_url
         if not redis_url:
             spec = embedded_spec(config)
             published = await root.start(run_valkey, spec)
             redis_url = role_url(config, published, NODE)
+            runner_url = role_url(config, published, RUNNER)
+        signer = await root.start(run_signer, key)
         async with open_store(redis_url) as store:
-            await _run_services(NodeState(config, key, store), redis_url, stop, task_status)
+            node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
+            await _run_services(node, (redis_url, runner_url), stop, task_status)
         root.cancel_scope.cancel()
 
 
 async def _run_services(
     node: NodeState,
-    redis_url: str,
+    urls: tuple[str, str],
     stop: trio.Event | None,
     task_status: trio.TaskStatus[NodeInfo],
 ) -> None:
+    """``urls``: the node's own Redis URL, and what its runner processes connect with (the
+    ``runner`` ACL user)."""
+    redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
     contexts: set[int] = set()
@@ -166,7 +178,9 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url)
+        registry = Registry(
+            node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
+        )
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -228,7 +242,10 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 def transport_config(config: NodeConfig) -> TransportConfig:
     """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
     base = TransportConfig(
-        max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+        max_frame_bytes=config.max_frame_bytes,
+        handshake_timeout_s=config.handshake_timeout_s,
+        max_pending=config.max_pending_links,
+        max_pending_per_address=config.max_pending_links_per_address,
     )
     if not config.tls:
         return base
@@ -252,7 +269,7 @@ class Registry:
         ws_url: str = "",
         redis_url: str = "",
     ) -> None:
-        """``redis_url``: what the runner processes connect with (the node's own URL).
+        """``redis_url``: what the runner processes connect with (the ``runner`` user's URL).
         Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
         self.node = node
         self.transport = transport
@@ -423,6 +440,10 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "pid": str(info.pid),
         "console_url": info.console_url,
         "started_at": str(now()),
+        # whether processes of the node's uid may read its memory, or its signer's
+        # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
+        "dumpable": str(int(is_dumpable())),
+        "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
     }
     await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir

@@ -20,6 +20,7 @@ from bus.wire.outbox import PeerOutbox
 from bus.wire.transport import Transport
 from crypto import KeyPair
 from node.config import NodeConfig
+from node.host.signer import Signer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ class NodeState:
     key: KeyPair
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
+    # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
+    # signer process runners get a socket to (node/host/signer.py); set by the daemon
+    admission_key: bytes = b""
+    signer: Signer | None = None
     # counters of what happened, by name (see count); `counted` is set when one changes and
     # re-armed by the service that publishes them (node/observe/counters.py)
     metrics: dict[str, int] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from bus.core.reasons import Reason
 from bus.store.atomic import BREAKER_NEUTRAL, type_breakers
 from bus.store.atomic.runs import NextJob
 from bus.store.atomic.type_breakers import config_value, parse, verdict
-from crypto import KeyPair, read_key_file
+from crypto import read_key_file
 from node.cli.status import status, status_facts
 from node.config import load_config, render_config
 from node.errors import ConfigError
@@ -276,14 +276,13 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
         max_output_bytes=1000,
         reply_ttl_s=60,
         node_id="n",
-        node_key="",
         in_process=True,
         max_jobs=10,
         pop_timeout_s=1.0,
         breaker_failures=1,
         breaker_open_ms=60_000,
     )
-    runner = Runner(spec, KeyPair.generate())
+    runner = Runner(spec, b"k" * 32)
     runner.runs.set_breaker("v", 1, 60_000, 1)
     assert await type_breakers.apply_event(store, 1, "v", "fail", now_ms()) > 0
     job = {"status": "dispatched", "attempt": "0", "script_type": "v", "priority": "high"}

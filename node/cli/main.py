@@ -27,6 +27,7 @@ from node.cli.status import cmd_status
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import CLIENT, RUNNER, reachable_url, role_url
+from node.host.hardening import not_dumpable
 from node.host.launch import Ready, ready_line
 from node.observe.logs import FORMATS
 from node.observe.logs import configure as configure_logging
@@ -235,6 +236,8 @@ def cmd_credentials(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_of(args)
+    # before the key is read: no process of this uid may read the node's memory or environment
+    not_dumpable()
     key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
     trio.run(_run_until_signal, config, key)
     return 0

@@ -54,6 +54,8 @@ class NodeConfig:
     algorithms: dict[str, list[str]] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    max_pending_links: int = 256  # inbound connections not yet authenticated (bus/wire/gate.py)
+    max_pending_links_per_address: int = 16
     reply_ttl_s: int = 86_400
     flow_deadline_s: int = 3600  # a flow whose document sets no deadline_s ends by then
     max_age_s: int = 300  # messages older than this are refused ("expired")
@@ -248,6 +250,12 @@ _HELP = {
     "protection)",
     "max_message_bytes": "a message (its stored fields) or a job's script larger than this is "
     'refused ("oversize")',
+    "handshake_timeout_s": "an inbound connection has this long from its accept to finish TLS, "
+    "the websocket\nupgrade and the node handshake, or it is closed",
+    "max_pending_links": "at most this many inbound connections not yet authenticated (and "
+    "max_pending_links_per_address\nfrom one address); more are closed at once and counted "
+    '(hero_link_refusals_total{stage="listener"});\nthe addresses this node dials its peers '
+    "at are exempt from the total",
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",

@@ -8,8 +8,11 @@ without a password, and each role may touch only what it needs:
 - ``client``: submit (``message:*``, ``msg_out``), flows (``flow:*``, ``flow_events``, ...), wait
   for replies (``reply:*``, ``inbox:*``, ``flow_progress:*``) and read jobs, logs and the
   registry; never write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
-- ``runner``: the external-runner protocol (README "External runners"): queues, jobs, leases,
-  ``running``, ``results``, its in-flight list, its presence and runner hash.
+- ``runner``: the node's own runner processes (node/worker/), and external runners (README
+  "External runners"): queues, jobs, leases, ``running``, ``results``, in-flight lists, presence
+  and runner hashes, and what ending an attempt writes (attempts, the answer or the reply, the
+  dlq, live logs, the type breakers, delayed retries); never ``actor:*``, ``context:*``,
+  ``peer:*``, ``node:*``, flows, replay markers or any other key.
 
 Each password is a file ``secrets/valkey-<role>`` (mode 0600, directory 0700) of the home, made
 by ``hero-node init`` (or at the next start of a home made before); Valkey gets only their
@@ -53,18 +56,30 @@ _CLIENT_SELECTORS = (
 )
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is
-# checked again on its own.
+# checked again on its own. SCRIPT LOAD: a client library loads a script it runs by its hash.
+_RUNNER_CONNECT = f"{_CONNECT} +script|load +time"
 _RUNNER_SELECTORS = (
-    "+hset +hget +hgetall +hmget +hincrby ~job:*",
-    "+blmove +lmove +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
+    "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
+    "+type +blmove +lmove +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
     "+set +get +pexpire +pttl +del ~lease:*",
     "+sadd +srem +smembers ~running",
     "+lpush ~results",
     "+hset +hgetall +del ~runner:*",
     "+set +get +expire +del ~presence:runner:*",
-    # the job statistics the runs_* scripts keep (bus/store/atomic/lua/stats_jobs.lua)
-    "+time +hincrby +hincrbyfloat ~stats:jobs",
-    "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:*",
+    # the job statistics and the type breakers the runs_* scripts keep
+    # (bus/store/atomic/lua/stats_jobs.lua, type_breaker.lua)
+    "+hincrby +hincrbyfloat ~stats:jobs",
+    "+hget +hmget +hset ~type_breakers",
+    # ending an attempt: its history, the answer (a result message on msg_out) or the local
+    # client's reply and its flow's event, a retry's due time, a refusal's dead letter
+    "+rpush +lrange ~attempts:*",
+    "+hset +hget +hgetall ~message:*",
+    "+lpush +expire ~reply:* ~inbox:*",
+    "+lpush ~msg_out ~flow_events ~dlq ~dlq_events",
+    "+zadd ~delayed",
+    "+xadd +expire ~logs:*",
+    "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:* ~attempts:*"
+    " ~message:* ~reply:* ~inbox:* ~msg_out ~flow_events ~delayed ~type_breakers",
 )
 
 
@@ -118,7 +133,7 @@ def acl_text(passwords: dict[str, str]) -> str:
         "user default off resetchannels resetkeys -@all",
         user(NODE, "~* &* +@all"),
         user(CLIENT, f"-@all {_CONNECT} {selectors(_CLIENT_SELECTORS)}"),
-        user(RUNNER, f"-@all {_CONNECT} {selectors(_RUNNER_SELECTORS)}"),
+        user(RUNNER, f"-@all {_RUNNER_CONNECT} {selectors(_RUNNER_SELECTORS)}"),
     ]
     return "\n".join(lines) + "\n"
 

@@ -10,6 +10,7 @@ from node.config import NodeConfig, render_config
 from node.config.console import ConsoleConfig, check_console, default_listen
 from node.errors import ConfigError
 from node.host.acl import ensure_secrets
+from node.host.hardening import ensure_admission_key
 
 
 def init_home(
@@ -62,6 +63,7 @@ def init_home(
             write_key_file(path, KeyPair.generate(), passphrase=passphrase, overwrite=force)
     # passwords of the embedded Valkey's ACL users (node/host/acl.py), and run/ for its socket
     ensure_secrets(home)
+    ensure_admission_key(home)  # the key of the job hashes' admission stamp
     config.run_dir.mkdir(mode=0o700, exist_ok=True)
     config.run_dir.chmod(0o700)
     config.config_path.write_text(render_config(config), encoding="utf-8")

@@ -53,6 +53,12 @@ ACKS = {
     "nacks_received": ("received", "nack"),
 }
 REJECTED, REFUSED_DELIVERY = "rejected_", "refused_delivery_"
+# the stage of a transport refusal (hero_link_refusals_total) when it is not "handshake"
+STAGES = {
+    "oversize_frame": "frame",
+    Reason.LISTENER_FULL: "listener",
+    Reason.ADDRESS_FULL: "listener",
+}
 
 
 @dataclass
@@ -305,7 +311,13 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
             frames.add_metric([*labels, "out"], float(traffic.frames_out))
             sizes.add_metric([*labels, "in"], float(traffic.bytes_in))
             sizes.add_metric([*labels, "out"], float(traffic.bytes_out))
-    return [up, outbox, frames, sizes]
+    unauthenticated = GaugeMetricFamily(
+        "hero_link_pending_connections",
+        "Inbound connections accepted and not yet authenticated (capped, see README).",
+    )
+    gate = transport.gate if transport is not None else None
+    unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))
+    return [up, outbox, frames, sizes, unauthenticated]
 
 
 def counter_families(state: NodeState) -> Iterable[Metric]:
@@ -343,7 +355,7 @@ def counter_families(state: NodeState) -> Iterable[Metric]:
         _file(fams, name, float(n))
     if state.transport is not None:
         for reason, n in sorted(state.transport.refused.items()):
-            stage = "frame" if reason == "oversize_frame" else "handshake"
+            stage = STAGES.get(reason, "handshake")
             fams["links"].add_metric([stage, reason], float(n))
     for service, n in sorted(state.restarts.items()):
         fams["restarts"].add_metric([service], float(n))

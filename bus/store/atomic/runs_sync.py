@@ -31,7 +31,11 @@ from bus.store.atomic.runs import (
 )
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 
-__all__ = ["SyncRuns", "connect", "is_utf8"]
+__all__ = ["SyncRuns", "SyncStoreError", "connect", "is_utf8"]
+
+# What a call of this module raises when Valkey fails (the runner's node/ side names no client
+# library: the node recovers a slot whose process exits on it).
+SyncStoreError = redis.RedisError
 
 
 def connect(url: str, db: int) -> redis.Redis:
@@ -186,10 +190,18 @@ class SyncRuns:
         key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
         return bool(self._run("runs_requeue", key_list, [str(attempt), str(now())]))
 
-    def finish_malformed(self, job_key: str, attempt: int, inflight: str, detail: str) -> bool:
-        """runs_malformed: a job whose hash cannot be run ends in error (dead-lettered)."""
+    def finish_malformed(
+        self,
+        job_key: str,
+        attempt: int,
+        inflight: str,
+        detail: str,
+        reason: str = Reason.MALFORMED_JOB,
+    ) -> bool:
+        """runs_malformed: a job whose hash cannot (or may not) be run ends in error with
+        ``reason`` (the caller dead-letters it)."""
         key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-        args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
+        args = [str(attempt), f"{reason}: {detail}", str(now())]
         return bool(self._run("runs_malformed", key_list, args))
 
     def refuse(self, inflight: str, value: str, reason: str, queue: str) -> None:
@@ -221,6 +233,22 @@ class SyncRuns:
         if inflight:
             pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
         pipe.execute()
+
+    def list_length(self, name: str) -> int:
+        return int(self.client.llen(name))
+
+    def list_head(self, name: str) -> str | None:
+        """The entry at the head of list ``name`` (the last pushed), or None if it is empty."""
+        head = self.client.lrange(name, 0, 0)
+        return str(head[0]) if head else None
+
+    def hash_fields(self, key: str, names: tuple[str, ...]) -> dict[str, str]:
+        """The fields ``names`` of hash ``key`` ("" for an absent one)."""
+        values = self.client.hmget(key, list(names))
+        return {n: str(v or "") for n, v in zip(names, values, strict=True)}
+
+    def hash_all(self, key: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.client.hgetall(key).items()}
 
     def ack(self, inflight: str, value: str) -> None:
         self.client.lrem(inflight, 1, value)
