@@ -14,10 +14,10 @@ import trio
 
 from bench.cases import Env, bench_client, roundtrips, run_throughput
 from bench.harness import BenchNode, Row, percentile, wait_served, wire
+from node.config.store import StoreConfig
 from node.host.acl import ensure_secrets
 from node.host.home import init_home
 from node.host.replicated import SET_ROLES, ReplicatedSet
-from node.host.store_settings import StoreConfig
 
 CASE = "9 replicated"
 RUNNERS = {"python": 4, "sh": 1}

@@ -33,11 +33,11 @@ from bus.client.api import JobResult, open_client  # noqa: E402
 from bus.core.urls import redact  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
+from node.config.store import StoreConfig  # noqa: E402
 from node.host.acl import ensure_secrets  # noqa: E402
 from node.host.home import init_home  # noqa: E402
 from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 from node.host.replicated import SET_ROLES, ReplicatedSet  # noqa: E402
-from node.host.store_settings import StoreConfig  # noqa: E402
 
 ACTOR_ID = 42
 CONTEXT_ID = 2

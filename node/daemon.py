@@ -1,16 +1,35 @@
-"""The node's nursery tree, top-down:
+"""The node's nursery tree, top-down: each service, the function started, the module to open.
 
 run_node
-├── embedded Valkey (unless a Redis URL is configured)
-├── signer (the node key's process: signs runners' results, node/host/signer.py)
-└── services (store open)
-    ├── transport listener (websocket, authenticated links)
-    ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, flow engine, dlq watcher, runner pools (python, sh, ...)
-    ├── registry watcher (contexts and peers registered while running)
-    ├── counters publisher (node:info ``counters``, for ``hero-node status``)
-    ├── web console (HTTP, node/web/), when ``[console] listen`` is set
-    └── dlq watcher of DB 0 (node/observe/dlq.py)
+├── run_valkey               embedded Valkey, unless a Redis URL is set (node/host/valkey.py)
+├── run_signer               the node key's process: signs runners' results (node/host/signer.py)
+└── services                 (the store open; each service restarted by node/resilient.py)
+    ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
+    ├── watch                registry events: contexts and peers registered while running
+    ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
+    ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
+    ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
+    ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
+    ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
+    ├── per peer
+    │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
+    │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
+    └── per context
+        ├── run_supervisor       msg_out: check, route, materialise (node/intake/supervisor.py)
+        ├── run_consumer         msg_in: admit, materialise, results (node/intake/consumer.py)
+        ├── run_retry_scheduler  retries when due (node/runners/recovery.py)
+        ├── run_deadlines        timeout_ack and timeout_result (node/intake/deadlines.py)
+        ├── run_flow_engine      flows at their origin (node/flows/engine.py)
+        ├── run_dlq_watch        the context's dead letters (node/observe/dlq.py)
+        ├── run_results          what external runners finish (node/runners/external.py)
+        ├── run_reaper           external runners' lost leases (node/runners/external.py)
+        ├── run_presence         the slots' heartbeat (node/runners/presence.py)
+        └── run_runner_process   one per slot: a ``python -m node.worker`` process
+                                 (node/runners/processes.py; the process: node/worker/loop.py)
+
+The queue services (supervisor, consumer, flow engine, dlq watchers, results, outboxes) are
+handlers of one loop, bus/store/serve.py. tests/test_rooms.py checks this picture against the
+services started below.
 """
 
 from __future__ import annotations
@@ -24,16 +43,21 @@ from functools import partial
 import trio
 
 from bus.core import keys
+from bus.core.breaker import BreakerConfig
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Peer
-from bus.core.reasons import Reason
+from bus.core.queues import consume_order, slot_bases
 from bus.core.urls import bare_host, link_url, redact
+from bus.errors import Refused
+from bus.store import registry
 from bus.store.connection import open_store
 from bus.wire import outbox
+from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
+from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
 from node.host.hardening import check_home, ensure_admission_key, is_dumpable
@@ -44,19 +68,17 @@ from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.supervisor import run_supervisor
-from node.links.breaker import BreakerConfig
 from node.links.frames import LinkHandler
-from node.links.peer_breakers import PeerBreakers, run_breaker_publisher
+from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
-from node.runners.commands import script_commands, validate_commands
+from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
-from node.runners.queues import consume_order, slot_bases
 from node.runners.recovery import run_retry_scheduler
 from node.state import NodeState
 
@@ -310,7 +332,7 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await self.node.store.blpop(keys.ACTORS_DB, keys.NODE_EVENTS, 30)
+            event = await registry.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
                 self.node.forget_registry()
@@ -380,16 +402,14 @@ class Registry:
             task_status.started()
 
 
-async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> None:
+async def undeliverable(node: NodeState, ctx: int, key: str, refused: Refused) -> None:
     """A message the outbox cannot deliver: dead-lettered, and its sender told why."""
     try:
         message = await load_message(node, ctx, key)
     except Rejected:
         message = None
-    token, _, detail = reason.partition(": ")
-    await reject(
-        node, ctx, key, Rejected(Reason(token), detail), message, "outbox", queue=keys.MSG_OUT
-    )
+    rejected = Rejected(refused.reason, refused.detail)
+    await reject(node, ctx, key, rejected, message, "outbox", queue=keys.MSG_OUT)
 
 
 async def bootstrap(node: NodeState) -> None:
@@ -434,7 +454,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
     }
-    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
+    await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import trio
 
+from node.config.store import StoreConfig
 from node.host.acl import CLIENT, NODE, ensure_secrets, role_url
 from node.host.home import init_home
 from node.host.launch import drain, start_node_process
 from node.host.replicated import SET_ROLES, ReplicatedSet
-from node.host.store_settings import StoreConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,9 +11,9 @@ from bus.core.urls import redact
 from bus.store.sentinel import parse_sentinel_url, sentinel_url
 from node.cli.main import main
 from node.config import load_config
+from node.config.store import StoreConfig, parse_store
 from node.errors import ConfigError
 from node.host.replicated import SET_ROLES, data_acl, sentinel_conf, store_acl
-from node.host.store_settings import StoreConfig, parse_store
 
 
 def test_a_sentinel_url_round_trips_and_redacts():

@@ -1,6 +1,6 @@
 """The circuit breaker per script type (bus/store/atomic/type_breakers.py, lua/type_breaker.lua):
 the
-Lua state machine replayed against node/links/breaker.py, which attempts count, the settings,
+Lua state machine replayed against bus/core/breaker.py, which attempts count, the settings,
 and a real node whose sh jobs keep failing."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.core import keys
+from bus.core.breaker import Breaker, BreakerConfig
 from bus.core.ids import now_ms
 from bus.core.models import JobStatus
 from bus.core.reasons import Reason
@@ -26,7 +27,6 @@ from node.cli.status import status, status_facts
 from node.config import load_config, render_config
 from node.errors import ConfigError
 from node.host.home import init_home
-from node.links.breaker import Breaker, BreakerConfig
 from node.observe.metrics import exposition
 from node.worker.loop import Runner, RunnerSpec
 
@@ -40,7 +40,7 @@ def _may_start(b: Breaker, now: float) -> bool:
 
 async def test_the_lua_breaker_follows_the_pure_one(store):
     """Random events at random times, applied to the hash by ``type_breaker_event.lua`` (the
-    fragment every starting and ending script uses) and to node/links/breaker.py: the
+    fragment every starting and ending script uses) and to bus/core/breaker.py: the
     fields agree after every event. The model counts in milliseconds (its unit is its
     caller's), so that both compare the same integers."""
     rng = random.Random(14)

@@ -166,7 +166,7 @@ STATS_JOBS = "stats:jobs"
 # hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
 TYPE_BREAKERS = "type_breakers"
 
-# consumed in this order, with aging (node/runners/queues.py)
+# consumed in this order, with aging (bus/core/queues.py)
 PRIORITIES = ("high", "normal", "low")
 
 

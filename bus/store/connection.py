@@ -23,6 +23,7 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Hash, decode_hash
 from bus.core.reasons import Reason
+from bus.core.text import printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import queues
@@ -77,17 +78,6 @@ def _translated(url: str, *, content: bool = True) -> Iterator[None]:
     except (coredis.exceptions.RedisError, OSError) as exc:
         refused = _content_error(exc) if content else None
         raise refused or StoreError(f"redis {url}: {exc}") from exc
-
-
-def printable(value: str | bytes, limit: int = 200) -> str:
-    """``value`` as text that always encodes (bytes that are not UTF-8 and lone surrogates
-    written as backslash escapes), cut to ``limit`` characters: what a log line or a dlq
-    entry may quote of hostile content."""
-    if isinstance(value, bytes):
-        text = value.decode("utf-8", "backslashreplace")
-    else:
-        text = value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
 
 
 def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:

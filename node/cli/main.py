@@ -212,8 +212,8 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from node.config.store import StoreConfig, parse_store
     from node.host.home import init_home
-    from node.host.store_settings import StoreConfig, parse_store
 
     store = None
     if args.sentinel:

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids, keys
+from bus.store import lists, registry
 from bus.store.atomic import type_breakers
 from bus.store.connection import Store
 from node.cli.common import with_client
@@ -58,21 +59,21 @@ def print_text(facts: dict[str, Any]) -> None:
         f"pid {info.get('pid', '?')}"
     )
     print_store(facts.get("store", {}))
-    now = time.time()
+    now = ids.now_ms() / 1000
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
             f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}{_breaker(peer)}"
         )
         print(f"    link {link_text(peer, now)}")
-    for ctx, lists in facts["contexts"].items():
-        lens = [f"{name}={length}" for name, length in lists["lists"].items()]
+    for ctx, of_ctx in facts["contexts"].items():
+        lens = [f"{name}={length}" for name, length in of_ctx["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
-        for runner in lists["runners"]:
+        for runner in of_ctx["runners"]:
             where = "local" if runner["local"] else "external"
             state = f"busy {', '.join(runner['jobs'])}" if runner["jobs"] else "idle"
             print(f"    runner {runner['id']} ({runner['script_type']}, {where}): {state}")
-        for script_type, breaker in lists["type_breakers"].items():
+        for script_type, breaker in of_ctx["type_breakers"].items():
             if breaker["state"] != "closed":
                 print(f"    {_type_breaker(script_type, breaker)}")
     counted = facts["counters"]
@@ -108,7 +109,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
     store = client.store
-    info = await store.hgetall(0, keys.NODE_INFO)
+    info = await registry.node_info(store)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
     published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
     return {
@@ -142,11 +143,10 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, its live runners (those
     with a presence key: type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
-    from node.runners.presence import live_runners
+    from bus.store.presence import live_runners
 
-    lens = {q: await store.llen(ctx, q) for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)}
-    queues = await store.scan_keys(ctx, "queue:*")
-    lens |= {q: await store.llen(ctx, q) for q in sorted(queues)}
+    names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ, *sorted(await lists.queue_names(store, ctx))]
+    lens = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
     runners = [
         {"id": r.runner_id, "script_type": r.script_type, "local": r.local, "jobs": r.jobs}
         for r in await live_runners(store, ctx)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from crypto import KeyPair, write_key_file
 from node.config import NodeConfig, render_config
+from node.config.console import ConsoleConfig, check_console, default_listen
+from node.config.store import StoreConfig
 from node.errors import ConfigError
 from node.host.acl import ROLES, ensure_secrets
 from node.host.hardening import ensure_admission_key
 from node.host.replicated import SET_ROLES
-from node.host.store_settings import StoreConfig
-from node.web.settings import ConsoleConfig, check_console, default_listen
 
 
 def init_home(

@@ -19,10 +19,10 @@ from bus.core import admitted, keys
 from bus.core.envelope import ResultBody
 from bus.core.ids import now as now_s
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.queues import target_queue
 from bus.core.reasons import Reason
 from bus.store.atomic.routing import JobWrite, materialise_batch
 from node.intake.messages import Rejected, queue_result, reject
-from node.runners.queues import target_queue
 from node.state import NodeState
 
 REPLAY_WHAT = {1: "message key", 2: "nonce"}
@@ -104,7 +104,7 @@ def _writes(
                 fields["reply_to"] = message.reply_to
             queue = ""
             if job.script_type in script_types:
-                queue = target_queue(job)  # node/runners/queues.py
+                queue = target_queue(job)  # bus/core/queues.py
             else:
                 fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
                 unknown.append((message, job))

@@ -17,6 +17,7 @@ from bus.core.frames import Frame, fields_are_strings
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
+from bus.store import records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
@@ -141,7 +142,8 @@ class LinkHandler:
         if fields.get("context_id") != str(ctx):
             return f"{Reason.MALFORMED}: message is for another context"
         problem = delivery_problem(fields, self.node.config, now())
-        if problem.startswith(Reason.EXPIRED) and await self.node.store.exists(ctx, key):
+        stored = records.message_exists
+        if problem.startswith(Reason.EXPIRED) and await stored(self.node.store, ctx, key):
             return ""  # stored in time, its ack lost: acknowledged again, stored once
         return problem
 
@@ -149,7 +151,7 @@ class LinkHandler:
         """A context registered but not yet picked up by the registry watcher still counts."""
         if not self._valid_db(ctx):
             return False
-        return await self.node.store.sismember(keys.ACTORS_DB, keys.CONTEXTS, str(ctx))
+        return await registry.serves_context(self.node.store, ctx)
 
     def _valid_db(self, ctx: int) -> bool:
         return 0 < ctx < self.node.config.valkey_databases

@@ -33,10 +33,11 @@ from prometheus_client.utils import floatToGoString
 from bus.core import keys
 from bus.core.models import Peer
 from bus.core.reasons import Reason
+from bus.store import lists, records
 from bus.store.atomic import STATS_BUCKETS_S, type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
+from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED
-from node.runners.presence import LiveRunner, live_runners
 from node.state import NodeState
 
 __all__ = ["exposition"]
@@ -99,17 +100,16 @@ async def read(state: NodeState) -> Scrape:
     await store.ping()
     scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {}, {})
     for ctx in await store.context_ids():
-        scrape.stats[ctx] = await store.hgetall(ctx, keys.STATS_JOBS)
+        scrape.stats[ctx] = await records.job_stats(store, ctx)
         # each type's queue always (an empty list does not exist in Valkey), then the others
         names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ]
         names += [keys.queue(t) for t in sorted(state.config.runners)]
-        names += sorted(set(await store.scan_keys(ctx, "queue:*")) - set(names))
-        scrape.depths[ctx] = {name: await store.llen(ctx, name) for name in names}
+        names += sorted(set(await lists.queue_names(store, ctx)) - set(names))
+        scrape.depths[ctx] = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
     for peer_id in state.peers:
-        pending = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
-        inflight = await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
+        pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
     return scrape
 
@@ -228,8 +228,8 @@ def valkey_families(scrape: Scrape) -> Iterable[Metric]:
         "Entries in a context's list: msg_out, msg_in, dlq and every queue:*.",
         labels=["ctx", "queue"],
     )
-    for ctx, lists in sorted(scrape.depths.items()):
-        for name, length in lists.items():
+    for ctx, by_name in sorted(scrape.depths.items()):
+        for name, length in by_name.items():
             depth.add_metric([str(ctx), name], float(length))
     return [ping, depth]
 

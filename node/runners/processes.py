@@ -37,8 +37,8 @@ from pathlib import Path
 import trio
 
 from bus.core import keys
+from bus.store import serve
 from node.host.hardening import child_env
-from node.intake import supervisor
 from node.observe import logs
 from node.runners import outcomes
 from node.runners.exits import KILL_GRACE_S
@@ -79,7 +79,7 @@ def runner_spec(
         breaker_open_ms=int(config.type_breaker_open_s * 1000),
         breaker_probes=config.type_breaker_probes,
         # the supervisor waits for a batch's worth of jobs taken: report twice per batch
-        taken_every=max(1, min(16, supervisor.BATCH // 2)),
+        taken_every=max(1, min(16, serve.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
     )

@@ -246,10 +246,10 @@ class SyncRuns:
     ) -> None:
         """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
         its exact bytes: the client sends str values as strict UTF-8)."""
+        from bus.core.text import printable
         from bus.store.connection import (
             _dlq_entry as dlq_entry,  # a refusal: rare, and coredis with it
         )
-        from bus.store.connection import printable
 
         raw = key.encode("utf-8", "surrogateescape")
         entry = dlq_entry(printable(raw, 1000), reason, detail, queue)

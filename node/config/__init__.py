@@ -22,10 +22,10 @@ from typing import get_type_hints
 import tomli_w
 
 from crypto import ALGORITHMS
+from node.config.commands import validate_commands, validate_groups
+from node.config.console import ConsoleConfig, parse_console, render_console
+from node.config.store import StoreConfig, parse_store, render_store
 from node.errors import ConfigError
-from node.host.store_settings import StoreConfig, parse_store, render_store
-from node.runners.commands import validate_commands, validate_groups
-from node.web.settings import ConsoleConfig, parse_console, render_console
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
 
@@ -49,7 +49,7 @@ class NodeConfig:
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
     # script type -> command template for types beyond the built-ins (node/runners/commands.py)
     commands: dict[str, list[str]] = field(default_factory=dict)
-    # script type -> runner group of this node's slots (targeted queues, node/runners/queues.py)
+    # script type -> runner group of this node's slots (targeted queues, bus/core/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)
     # context id (or "default") -> the actor key algorithms accepted there (accepted_algorithms)
     algorithms: dict[str, list[str]] = field(default_factory=dict)
@@ -72,7 +72,7 @@ class NodeConfig:
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
-    # the [store] table: a replicated store behind Sentinels (node/host/store_settings.py)
+    # the [store] table: a replicated store behind Sentinels (node/config/store.py)
     store: StoreConfig = field(default_factory=StoreConfig)
     # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
     # to
@@ -81,7 +81,7 @@ class NodeConfig:
     dlq_limits: dict[str, int] = field(default_factory=dict)  # context id -> its own bound
     on_dead_letter: str = ""
     on_dead_letter_timeout_s: float = 10.0
-    # per-peer circuit breaker (node/links/breaker.py): open after breaker_failures failed
+    # per-peer circuit breaker (bus/core/breaker.py): open after breaker_failures failed
     # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
     breaker_failures: int = 5
     # 10 s: the transport's longest dial backoff, so an open breaker delays no reconnection
@@ -179,7 +179,7 @@ def validate_dlq_limits(raw: object) -> dict[str, int]:
     if not isinstance(raw, Mapping) or not all(
         str(k).isdigit() and _fits(v, int) and v >= 0 for k, v in raw.items()
     ):
-        raise ConfigError("[dlq_limits] maps a context id (\"2\" = ...) to a dlq bound >= 0")
+        raise ConfigError('[dlq_limits] maps a context id ("2" = ...) to a dlq bound >= 0')
     return {str(int(k)): int(v) for k, v in raw.items()}
 
 
@@ -259,7 +259,7 @@ _HELP = {
     "max_age_s": "freshness: refuse messages older than max_age_s or dated more than max_skew_s "
     "ahead;\nkeys and nonces of accepted messages are remembered for that window (replay "
     "protection)",
-    "max_message_bytes": 'a message (its stored fields) or a job\'s script larger than this is '
+    "max_message_bytes": "a message (its stored fields) or a job's script larger than this is "
     'refused ("oversize")',
     "handshake_timeout_s": "an inbound connection has this long from its accept to finish TLS, "
     "the websocket\nupgrade and the node handshake, or it is closed",
@@ -289,13 +289,13 @@ _HELP = {
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "
-    "new dead letter,\nthe entry as JSON on its stdin (with its \"db\"); killed after "
+    'new dead letter,\nthe entry as JSON on its stdin (with its "db"); killed after '
     "on_dead_letter_timeout_s;\nits failure is logged and counted (dlq_hook_failed)",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
     "in;\nother types need a command below)",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "
     "{script_file}\n(the script in a 0600 temp file, removed after the job; else the script is "
-    "on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = [\"v\", "
+    'on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = ["v", '
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
