@@ -100,6 +100,7 @@ def materialised_form(message: Message) -> bytes:
         "updated_at": stamp,
         "message_key": message.key,
         "origin": message.origin,
+        "admitted": "0" * 64,  # the admission stamp's size (bus/core/admitted.py)
     }
     msg_fields = message.to_hash() | {
         "status": MessageStatus.ACKNOWLEDGED.value,

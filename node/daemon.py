@@ -1,15 +1,35 @@
-"""The node's nursery tree, top-down:
+"""The node's nursery tree, top-down: each service, the function started, the module to open.
 
 run_node
-├── embedded Valkey (unless a Redis URL is configured)
-└── services (store open)
-    ├── transport listener (websocket, authenticated links)
-    ├── per peer: dialer (if it has an address) + durable outbox sender
-    ├── per context: supervisor, consumer, flow engine, dlq watcher, runner pools (python, sh, ...)
-    ├── registry watcher (contexts and peers registered while running)
-    ├── counters publisher (node:info ``counters``, for ``hero-node status``)
-    ├── web console (HTTP, node/web/), when ``[console] listen`` is set
-    └── dlq watcher of DB 0 (node/observe/dlq.py)
+├── run_valkey               embedded Valkey, unless a Redis URL is set (node/host/valkey.py)
+├── run_signer               the node key's process: signs runners' results (node/host/signer.py)
+└── services                 (the store open; each service restarted by node/resilient.py)
+    ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
+    ├── watch                registry events: contexts and peers registered while running
+    ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
+    ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
+    ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
+    ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
+    ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
+    ├── per peer
+    │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
+    │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
+    └── per context
+        ├── run_supervisor       msg_out: check, route, materialise (node/intake/supervisor.py)
+        ├── run_consumer         msg_in: admit, materialise, results (node/intake/consumer.py)
+        ├── run_retry_scheduler  retries when due (node/runners/recovery.py)
+        ├── run_deadlines        timeout_ack and timeout_result (node/intake/deadlines.py)
+        ├── run_flow_engine      flows at their origin (node/flows/engine.py)
+        ├── run_dlq_watch        the context's dead letters (node/observe/dlq.py)
+        ├── run_results          what external runners finish (node/runners/external.py)
+        ├── run_reaper           external runners' lost leases (node/runners/external.py)
+        ├── run_presence         the slots' heartbeat (node/runners/presence.py)
+        └── run_runner_process   one per slot: a ``python -m node.worker`` process
+                                 (node/runners/processes.py; the process: node/worker/loop.py)
+
+The queue services (supervisor, consumer, flow engine, dlq watchers, results, outboxes) are
+handlers of one loop, bus/store/serve.py. tests/test_rooms.py checks this picture against the
+services started below.
 """
 
 from __future__ import annotations
@@ -23,37 +43,42 @@ from functools import partial
 import trio
 
 from bus.core import keys
+from bus.core.breaker import BreakerConfig
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Peer
-from bus.core.reasons import Reason
+from bus.core.queues import consume_order, slot_bases
 from bus.core.urls import bare_host, link_url, redact
+from bus.errors import Refused
+from bus.store import registry
 from bus.store.connection import open_store
 from bus.wire import outbox
+from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
 from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
+from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
-from node.host.acl import NODE, embedded_spec, role_url
+from node.host.acl import NODE, RUNNER, embedded_spec, role_url
+from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.signer import run_signer
 from node.host.valkey import run_valkey
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.supervisor import run_supervisor
-from node.links.breaker import BreakerConfig
 from node.links.frames import LinkHandler
-from node.links.peer_breakers import PeerBreakers, run_breaker_publisher
+from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
-from node.runners.commands import script_commands, validate_commands
+from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
-from node.runners.queues import consume_order, slot_bases
 from node.runners.recovery import run_retry_scheduler
 from node.sandbox.probe import Isolation
 from node.sandbox.wiring import find_isolation
@@ -98,25 +123,37 @@ async def _run_node(
     stop: trio.Event | None,
     task_status: trio.TaskStatus[NodeInfo],
 ) -> None:
+    check_home(config.home, [config.node_key_path, config.actor_key_path])
+    admission_key = ensure_admission_key(config.home)
     if key is None:
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
-        redis_url = config.redis_url
-        if not redis_url:
+        # with a configured Redis the runners use its URL (README: its ACL users are yours)
+        redis_url = runner_url = config.redis_url
+        if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            redis_url = role_url(config, "", NODE)
+            runner_url = role_url(config, "", RUNNER)
+        elif not redis_url:
             spec = embedded_spec(config)
             published = await root.start(run_valkey, spec)
             redis_url = role_url(config, published, NODE)
+            runner_url = role_url(config, published, RUNNER)
+        signer = await root.start(run_signer, key)
         async with open_store(redis_url) as store:
-            await _run_services(NodeState(config, key, store), redis_url, stop, task_status)
+            node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
+            await _run_services(node, (redis_url, runner_url), stop, task_status)
         root.cancel_scope.cancel()
 
 
 async def _run_services(
     node: NodeState,
-    redis_url: str,
+    urls: tuple[str, str],
     stop: trio.Event | None,
     task_status: trio.TaskStatus[NodeInfo],
 ) -> None:
+    """``urls``: the node's own Redis URL, and what its runner processes connect with (the
+    ``runner`` ACL user)."""
+    redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
     node.isolation = await trio.to_thread.run_sync(find_isolation, config)
@@ -155,6 +192,12 @@ async def _run_services(
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
+        if config.store.replicated:
+            from node.host.store_tuning import run_store_tuning
+
+            await services.start(
+                registry.resilient, "store", run_store_tuning, node.store, redis_url
+            )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take
@@ -209,7 +252,10 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 def transport_config(config: NodeConfig) -> TransportConfig:
     """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
     base = TransportConfig(
-        max_frame_bytes=config.max_frame_bytes, handshake_timeout_s=config.handshake_timeout_s
+        max_frame_bytes=config.max_frame_bytes,
+        handshake_timeout_s=config.handshake_timeout_s,
+        max_pending=config.max_pending_links,
+        max_pending_per_address=config.max_pending_links_per_address,
     )
     if not config.tls:
         return base
@@ -233,7 +279,7 @@ class Registry:
         ws_url: str = "",
         redis_url: str = "",
     ) -> None:
-        """``redis_url``: what the runner processes connect with (the node's own URL).
+        """``redis_url``: what the runner processes connect with (the ``runner`` user's URL).
         Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
         self.node = node
         self.transport = transport
@@ -287,7 +333,7 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await self.node.store.blpop(keys.ACTORS_DB, keys.NODE_EVENTS, 30)
+            event = await registry.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
                 self.node.forget_registry()
@@ -363,16 +409,14 @@ class Registry:
             task_status.started()
 
 
-async def undeliverable(node: NodeState, ctx: int, key: str, reason: str) -> None:
+async def undeliverable(node: NodeState, ctx: int, key: str, refused: Refused) -> None:
     """A message the outbox cannot deliver: dead-lettered, and its sender told why."""
     try:
         message = await load_message(node, ctx, key)
     except Rejected:
         message = None
-    token, _, detail = reason.partition(": ")
-    await reject(
-        node, ctx, key, Rejected(Reason(token), detail), message, "outbox", queue=keys.MSG_OUT
-    )
+    rejected = Rejected(refused.reason, refused.detail)
+    await reject(node, ctx, key, rejected, message, "outbox", queue=keys.MSG_OUT)
 
 
 async def bootstrap(node: NodeState) -> None:
@@ -419,6 +463,10 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "pid": str(info.pid),
         "console_url": info.console_url,
         "started_at": str(now()),
+        # whether processes of the node's uid may read its memory, or its signer's
+        # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
+        "dumpable": str(int(is_dumpable())),
+        "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
     } | isolation_fields(node.isolation)
     await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
     run_dir = node.config.run_dir

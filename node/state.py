@@ -11,15 +11,16 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from bus.core import keys
 from bus.core.models import Actor, Context, Peer
 from bus.core.verify import Freshness
+from bus.store import registry
 from bus.store.connection import Store
+from bus.wire.breakers import PeerBreakers
 from bus.wire.outbox import PeerOutbox
 from bus.wire.transport import Transport
 from crypto import KeyPair
 from node.config import NodeConfig
-from node.links.peer_breakers import PeerBreakers
+from node.host.signer import Signer
 from node.sandbox.probe import Isolation
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,10 @@ class NodeState:
     key: KeyPair
     store: Store
     peers: dict[str, Peer] = field(default_factory=dict)
+    # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
+    # signer process runners get a socket to (node/host/signer.py); set by the daemon
+    admission_key: bytes = b""
+    signer: Signer | None = None
     # counters of what happened, by name (see count); `counted` is set when one changes and
     # re-armed by the service that publishes them (node/observe/counters.py)
     metrics: dict[str, int] = field(default_factory=dict)
@@ -70,7 +75,7 @@ class NodeState:
     isolation: Isolation | None = None
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)
-    # the circuit breaker of each peer's link (node/links/peer_breakers.py)
+    # the circuit breaker of each peer's link (bus/wire/breakers.py)
     breakers: PeerBreakers = field(default_factory=PeerBreakers)
     # per context: the deepest type queue as the last materialisation left it (runners have
     # only shortened it since, unless a retry or another process pushed meanwhile)
@@ -184,10 +189,10 @@ class NodeState:
 
     async def load_peers(self) -> list[Peer]:
         """Refresh the in-memory peer registry from DB 0; return peers not seen before."""
-        ids = await self.store.smembers(keys.ACTORS_DB, keys.PEERS)
+        ids = await registry.peer_ids(self.store)
         fresh = []
         for peer_id in ids:
-            h = await self.store.hgetall(keys.ACTORS_DB, keys.peer(peer_id))
+            h = await registry.read_peer(self.store, peer_id)
             if not h:
                 continue
             peer = Peer.from_hash(h)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from node.config import render_config
+from node.config import load_config, render_config
 from node.errors import NodeError
 from node.host.acl import reachable_url, role_url
 from node.host.home import init_home
@@ -22,11 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class NodeProcess:
-    def __init__(self, home: Path, name: str, **init: object) -> None:
+    def __init__(
+        self, home: Path, name: str, *, netns: str = "", host: str = "", **init: object
+    ) -> None:
+        """``netns``: run inside that network namespace, listening on ``host`` (port 7700),
+        its Valkey on its unix socket only (reached from here through the home)."""
         self.home = home
         self.name = name
-        self.listen_port = free_port()
-        self.valkey_port = free_port()
+        self.netns = netns
+        self.listen_port = 7700 if netns else free_port()
+        self.valkey_port = 0 if netns else free_port()
         self.config = init_home(
             home, name=name, listen_port=self.listen_port, valkey_port=self.valkey_port, **init
         )  # type: ignore[arg-type]
@@ -34,9 +39,12 @@ class NodeProcess:
         # the network, as in conftest.py's node_factory
         self.config = replace(self.config, sandbox={"1": {"network": True}})
         self.config.config_path.write_text(render_config(self.config), encoding="utf-8")
+        if host:
+            set_node(home, listen_host=f'"{host}"')
+            self.config = load_config(home)
         self.proc: trio.Process | None = None
         self.node_id = ""
-        self.ws_url = f"ws://127.0.0.1:{self.listen_port}"
+        self.ws_url = f"ws://{host or '127.0.0.1'}:{self.listen_port}"
         self.redis_url = role_url(self.config, reachable_url(self.config))  # as the node
         self.log = home / "node.log"
 
@@ -44,7 +52,12 @@ class NodeProcess:
         """Start `hero-node run` and wait (bounded) for its ready line."""
         with self.log.open("ab") as logf:  # noqa: ASYNC230 - a local file, opened once
             try:
-                self.proc, ready = await start_node_process(self.home, stderr=logf, cwd=ROOT)
+                self.proc, ready = await start_node_process(
+                    self.home,
+                    stderr=logf,
+                    cwd=ROOT,
+                    prefix=["ip", "netns", "exec", self.netns] if self.netns else [],
+                )
             except NodeError as exc:
                 raise RuntimeError(f"{self.name} died: {self.log.read_text()[-2000:]}") from exc
         self.node_id = ready.node_id
@@ -68,3 +81,14 @@ class NodeProcess:
                 self.proc.kill()
                 await self.proc.wait()
         await trio.to_thread.run_sync(stop_stale, self.config.valkey_dir)
+
+
+def set_node(home: Path, **values: object) -> None:
+    """Rewrite [node] settings of config.toml (values as TOML) before the node starts."""
+    path = home / "config.toml"
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        name = line.split("=", 1)[0].strip()
+        if name in values:
+            lines[i] = f"{name} = {values[name]}"
+    path.write_text("\n".join(lines) + "\n")

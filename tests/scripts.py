@@ -85,7 +85,7 @@ def command_job_run(tmp_path, redis_url: str, command: list[str]):
     box = asdict(sandbox_spec(iso, Path(tmp_path) / "work", 1, 2_000_000_000, {}, True, 1000))
     spec = RunnerSpec(
         redis_url, 1, "sh", 0, command, "", "n:b:1:sh:0", 15_000, str(tmp_path), 1000, 60,
-        "n", "", False, 10, sandbox=box,
+        "n", False, 10, sandbox=box,
     )  # fmt: skip
     procjob.PROCESS.base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     (Path(tmp_path) / "jobs").mkdir(parents=True, exist_ok=True)

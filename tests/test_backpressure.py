@@ -6,13 +6,14 @@ from __future__ import annotations
 import trio
 
 from bus.core import keys
+from bus.store import serve
 from crypto import read_key_file
 from node.intake import supervisor
 
 
 async def test_queue_depth_stays_bounded_and_nothing_is_lost(node_factory, monkeypatch):
     monkeypatch.setattr(supervisor, "HIGH_WATER", 6)
-    monkeypatch.setattr(supervisor, "BATCH", 3)
+    monkeypatch.setattr(serve, "BATCH", 3)
     alice = await node_factory("alice", runners={"python": 1})
     actor = read_key_file(alice.config.actor_key_path)
     messages = [

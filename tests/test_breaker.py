@@ -12,11 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus.core import keys
+from bus.core.breaker import Breaker, BreakerConfig, BreakerState
 from bus.core.models import JobStatus
+from bus.wire.breakers import PeerBreakers
 from crypto import read_key_file
 from node.cli.status import status_facts
-from node.links.breaker import Breaker, BreakerConfig, BreakerState
-from node.links.peer_breakers import BREAKERS_FIELD, PUBLISH_EVERY_S, PeerBreakers
+from node.links.peer_breakers import BREAKERS_FIELD, PUBLISH_EVERY_S
 
 EVENTS = st.lists(
     st.tuples(st.sampled_from(["fail", "ok", "attempt"]), st.floats(0, 20)), max_size=60

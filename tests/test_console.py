@@ -17,12 +17,12 @@ import trio
 from bus.core import keys
 from crypto import read_key_file
 from node.config import load_config
+from node.config.console import ConsoleConfig, parse_console
 from node.errors import ConfigError
 from node.host.acl import ROLES, read_secret
 from node.host.home import init_home
 from node.host.launch import Ready, parse_ready_line, ready_line, start_node_process
 from node.web.server import ConsoleError, bind
-from node.web.settings import ConsoleConfig, parse_console
 from tests.console_http import get, next_state, post
 from tests.nodes import link_to
 

@@ -19,7 +19,7 @@ import trio
 from selenium.common.exceptions import StaleElementReferenceException
 
 from bus.core import keys
-from node.web.settings import ConsoleConfig
+from node.config.console import ConsoleConfig
 from tests.nodes import link_to
 
 CHROMIUM = Path("/usr/bin/chromium")

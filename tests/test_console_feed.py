@@ -8,9 +8,9 @@ import json
 import trio
 
 from bus.core import keys
+from node.config.console import ConsoleConfig
 from node.web import recent, views
 from node.web.recent import Recent
-from node.web.settings import ConsoleConfig
 from node.web.views import job_view, message_view
 from tests.console_http import get, next_event, next_state
 from tests.faults_proxy import TcpProxy

@@ -113,7 +113,9 @@ def test_compose_defines_a_wired_three_node_testnet():
     assert len({s["environment"]["HERO_ACTOR_ID"] for s in services.values()}) == 3
 
 
-@pytest.mark.parametrize("script", ["entrypoint.sh", "testnet-wire.sh"])
+@pytest.mark.parametrize(
+    "script", ["entrypoint.sh", "testnet-wire.sh", "store-init.sh", "store-server.sh"]
+)
 def test_shell_scripts_parse(script):
     subprocess.run(["sh", "-n", str(DEPLOY / script)], check=True)
 
@@ -165,3 +167,79 @@ def test_image_builds():
     )
     assert ran.returncode == 0, ran.stderr
     assert "hero-node" in ran.stdout
+
+
+def test_compose_replicated_has_a_primary_two_replicas_three_sentinels_and_a_node():
+    doc = yaml.safe_load((DEPLOY / "compose-replicated.yaml").read_text())
+    services = doc["services"]
+    data = {
+        n: s for n, s in services.items() if s.get("entrypoint") == ["hero-store-server", "data"]
+    }
+    sentinels = [
+        n for n, s in services.items() if s.get("entrypoint") == ["hero-store-server", "sentinel"]
+    ]
+    assert sorted(data) == ["valkey1", "valkey2", "valkey3"]
+    assert [n for n, s in data.items() if "REPLICA_OF" not in s["environment"]] == ["valkey1"]
+    assert {s["environment"].get("REPLICA_OF") for n, s in data.items() if n != "valkey1"} == {
+        "valkey1"
+    }
+    assert len(sentinels) == 3
+    assert "node" in services
+    assert "store-init" in services
+    volumes = [v.split(":")[0] for s in services.values() for v in s.get("volumes", [])]
+    assert set(volumes) <= set(doc["volumes"])
+
+
+def test_store_init_writes_configurations_a_real_valkey_accepts(tmp_path):
+    """store-init's data.conf and ACL start a real valkey-server (its port and dir moved to
+    this test's), where the node's user, and only it, gets in."""
+    from node.host.valkey import ValkeySpec, find_valkey_binary, free_port, ping
+
+    home, store = tmp_path / "home", tmp_path / "store"
+    store.mkdir()
+    env = os.environ | {
+        "HERO_NODE_HOME": str(home),
+        "HERO_STORE_DIR": str(store),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run([str(DEPLOY / "store-init.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    config = tomllib.loads((home / "config.toml").read_text())
+    assert config["store"]["sentinels"] == [f"sentinel{i}:26379" for i in (1, 2, 3)]
+    conf = (store / "data.conf").read_text()
+    assert "appendfsync always" in conf
+    assert "min-replicas-to-write 1" in conf
+    assert "masteruser replica" in conf
+    sentinel = (store / "sentinel.conf").read_text()
+    assert "sentinel auth-user hero sentinel" in sentinel
+    assert "user client on #" in sentinel
+    port = free_port()
+    spec = ValkeySpec(
+        port=port,
+        data_dir=tmp_path,
+        auth=("node", (home / "secrets" / "valkey-node").read_text().strip()),
+    )
+    proc = subprocess.Popen(
+        [
+            str(find_valkey_binary()),
+            str(store / "data.conf"),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            if b"Ready to accept connections" in line:
+                break
+        assert ping(spec)
+        assert not ping(ValkeySpec(port=port, data_dir=tmp_path, auth=("node", "wrong")))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

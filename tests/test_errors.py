@@ -6,7 +6,7 @@ from bus.core.reasons import Reason
 from bus.errors import BusError, ContentError, FlowError
 from crypto.cli import InputError as CliInputError
 from crypto.errors import CryptoError, InputError
-from node.errors import HomeInUse, NodeError, Rejected, ValkeyError, WorkerLost
+from node.errors import HomeInUse, NodeError, Rejected, ValkeyError
 from node.host.homelock import HomeInUse as HomelockHomeInUse
 from node.intake.messages import Rejected as MessagesRejected
 
@@ -16,7 +16,7 @@ def test_each_error_is_under_its_root_and_importable_where_callers_look() -> Non
     assert issubclass(ContentError, BusError)
     assert issubclass(InputError, CryptoError)
     assert CliInputError is InputError
-    for error in (HomeInUse, ValkeyError, WorkerLost, Rejected):
+    for error in (HomeInUse, ValkeyError, Rejected):
         assert issubclass(error, NodeError)
     assert MessagesRejected is Rejected
     assert HomelockHomeInUse is HomeInUse

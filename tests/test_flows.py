@@ -18,8 +18,10 @@ from bus.core.models import FlowStatus, JobStatus, Message
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
 from node.daemon import run_node
+from node.flows import engine
 from node.flows.engine import evaluate
 from node.host.home import init_home
+from node.intake.messages import Rejected
 from node.state import NodeState
 
 B_SCRIPT = "import os\nprint(int(os.environ['HERO_DEP_A_STDOUT']) * 7)"
@@ -164,6 +166,30 @@ async def test_engine_refuses_a_flow_signed_by_another_key(node_factory):
     assert state.reason.startswith("wrong_signer")
     assert state.job("A").status is JobStatus.ERROR
     assert await alice.store.llen(1, keys.MSG_OUT) == 0
+
+
+@pytest.mark.parametrize(
+    "flaw", [RuntimeError("a flaw"), Rejected("malformed", "met inside evaluate")]
+)
+async def test_a_flaw_evaluating_a_flow_is_logged_not_dead_lettered(
+    node_factory, monkeypatch, flaw
+):
+    """What goes wrong while evaluating a flow (a bug, a refusal evaluate left unhandled)
+    leaves the flow to its next event: the event is acknowledged, not dead-lettered. Only an
+    event that names no flow is (the entry queued after it shows when both were handled)."""
+
+    async def failing(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None:
+        raise flaw
+
+    alice = await node_factory("alice")
+    monkeypatch.setattr(engine, "evaluate", failing)
+    await alice.store.lpush(1, keys.FLOW_EVENTS, "42", "not-a-flow-id")  # popped in this order
+    with trio.fail_after(20):
+        popped = await alice.store.call(1, lambda r: r.blpop([keys.DLQ], timeout=15))
+    assert popped is not None
+    assert json.loads(popped[1])["key"] == "not-a-flow-id"
+    assert await alice.store.llen(1, keys.DLQ) == 0
+    assert await alice.store.llen(1, keys.inflight(engine.SERVICE)) == 0
 
 
 @pytest.mark.parametrize(("script", "reason"), [("print('evil')", "malformed"), (None, "replay")])

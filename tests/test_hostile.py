@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from bus.core import keys
 from bus.core.ids import new_id
 from bus.core.models import Message, decode_hash
+from bus.core.text import printable
 from bus.errors import ModelError
-from bus.store.connection import printable
 from crypto import KeyPair
 from tests.nodes import link_to
 from tests.test_rejections import job_message

@@ -61,7 +61,7 @@ def test_models_refuse_a_lone_surrogate_escape_naming_the_field() -> None:
 
 
 def test_refusal_details_always_encode() -> None:
-    from bus.store.connection import printable
+    from bus.core.text import printable
 
     refused = Rejected("malformed", "script 'echo \ud800'")
     assert refused.detail.encode("utf-8") == b"script 'echo \\ud800'"

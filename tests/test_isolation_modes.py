@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from bus.core import keys
-from node.web.settings import ConsoleConfig
+from node.config.console import ConsoleConfig
 from tests.test_cli import cli
 from tests.test_dlq import hero_node
 from tests.test_metrics import scrape, value

@@ -15,8 +15,8 @@ from bus.store.atomic import runs, source
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
+from node.config.console import ConsoleConfig
 from node.host.acl import RUNNER, role_url
-from node.web.settings import ConsoleConfig
 from tests.console_http import get
 from tests.nodes import link_to
 

@@ -7,14 +7,14 @@ import trio
 
 from bus.core.envelope import sign_message, verify_message
 from bus.core.models import Message, RunnerJob
-from bus.store.atomic.runs import pop_first
-from crypto import KeyPair
-from node.runners.queues import (
+from bus.core.queues import (
     AGING_EVERY,
     consume_order,
     slot_bases,
     target_queue,
 )
+from bus.store.atomic.runs import pop_first
+from crypto import KeyPair
 
 
 def job(**kw) -> RunnerJob:

@@ -16,11 +16,12 @@ from bus import open_client
 from bus.core import keys
 from bus.core.models import JobStatus
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from crypto import KeyPair, read_key_file
+from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.worker import job as procjob
 from node.worker.job import Wake
-from node.worker.loop import Runner, RunnerSpec
+from node.worker.loop import Runner
+from node.worker.spec import RunnerSpec, frame, read_frame
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 
@@ -37,29 +38,25 @@ def alive(pid: int) -> bool:
 
 def runner_processes_of(run_dir: Path) -> list[int]:
     """The live runner processes started for the node whose run directory is ``run_dir``
-    (their environment names it: the spec in $HERO_RUNNER)."""
+    (their command line names it)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            b"HERO_RUNNER=" in environ
-            and str(run_dir).encode() in environ
-            and alive(int(entry.name))
-        ):
+        if b"--runner" in argv and str(run_dir).encode() in argv and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
 
 def runner_of(pid: int) -> int:
-    """The runner process that started the sandbox process ``pid`` runs in (its ancestor with
-    the runner's spec in its environment)."""
+    """The runner process that started the sandbox process ``pid`` runs in (its ancestor
+    started with ``--runner``)."""
     while pid > 1:
-        if b"HERO_RUNNER=" in Path(f"/proc/{pid}/environ").read_bytes():
+        if b"--runner" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
             return pid
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         pid = int(stat[1])
@@ -83,12 +80,11 @@ def _runner(redis_url: str, tmp_path: Path) -> Runner:
         max_output_bytes=1000,
         reply_ttl_s=60,
         node_id="n",
-        node_key="",
         in_process=True,
         max_jobs=10,
         pop_timeout_s=1.0,
     )
-    return Runner(spec, KeyPair.generate())
+    return Runner(spec, b"k" * 32)
 
 
 def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url, tmp_path):
@@ -254,9 +250,15 @@ def test_a_runner_reaches_valkey_on_a_unix_socket_url_without_credentials(tmp_pa
         server.stop()
 
 
-def test_spec_round_trips_through_the_environment():
-    spec = RunnerSpec("redis://x", 1, "sh", 2, ["sh"], "", "t", 1, "/r", 1, 1, "n", "k", False, 3)
+def test_spec_and_key_round_trip_through_the_pipe():
+    spec = RunnerSpec("redis://x", 1, "sh", 2, ["sh"], "", "t", 1, "/r", 1, 1, "n", False, 3)
     assert RunnerSpec(**json.loads(spec.to_json())) == spec
+    read, write = os.pipe()
+    os.write(write, frame(spec, b"\x01" * 32) + b'{"stop": "job:1:1"}\n')
+    assert read_frame(read) == (spec, b"\x01" * 32)
+    assert os.read(read, 100) == b'{"stop": "job:1:1"}\n'  # the control lines stay in the pipe
+    os.close(read)
+    os.close(write)
     assert spec.slot_id == "sh:2"
     assert spec.inflight == "inflight:runner:sh:2"
     assert procjob.PROCESS.control == -1  # nothing here set up a runner process

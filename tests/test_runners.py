@@ -10,12 +10,12 @@ import trio
 from bus.core import keys
 from bus.core.models import JobStatus
 from bus.store.connection import open_store
+from bus.store.presence import live_runners
 from crypto import read_key_file
 from node.config import NodeConfig, load_config, render_config
 from node.daemon import run_node
 from node.errors import ConfigError
 from node.host.home import init_home
-from node.runners.presence import live_runners
 from tests.scripts import announcing, wait_announced
 
 # README "External runners": finishing a job (atomic, only while the attempt is current).

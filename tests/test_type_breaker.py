@@ -1,6 +1,6 @@
 """The circuit breaker per script type (bus/store/atomic/type_breakers.py, lua/type_breaker.lua):
 the
-Lua state machine replayed against node/links/breaker.py, which attempts count, the settings,
+Lua state machine replayed against bus/core/breaker.py, which attempts count, the settings,
 and a real node whose sh jobs keep failing."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from bus.core import keys
+from bus.core.breaker import Breaker, BreakerConfig
 from bus.core.ids import now_ms
 from bus.core.models import JobStatus
 from bus.core.reasons import Reason
 from bus.store.atomic import BREAKER_NEUTRAL, type_breakers
 from bus.store.atomic.runs import NextJob
 from bus.store.atomic.type_breakers import config_value, parse, verdict
-from crypto import KeyPair, read_key_file
+from crypto import read_key_file
 from node.cli.status import status, status_facts
 from node.config import load_config, render_config
 from node.errors import ConfigError
 from node.host.home import init_home
-from node.links.breaker import Breaker, BreakerConfig
 from node.observe.metrics import exposition
 from node.worker.loop import Runner, RunnerSpec
 
@@ -40,7 +40,7 @@ def _may_start(b: Breaker, now: float) -> bool:
 
 async def test_the_lua_breaker_follows_the_pure_one(store):
     """Random events at random times, applied to the hash by ``type_breaker_event.lua`` (the
-    fragment every starting and ending script uses) and to node/links/breaker.py: the
+    fragment every starting and ending script uses) and to bus/core/breaker.py: the
     fields agree after every event. The model counts in milliseconds (its unit is its
     caller's), so that both compare the same integers."""
     rng = random.Random(14)
@@ -276,14 +276,13 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
         max_output_bytes=1000,
         reply_ttl_s=60,
         node_id="n",
-        node_key="",
         in_process=True,
         max_jobs=10,
         pop_timeout_s=1.0,
         breaker_failures=1,
         breaker_open_ms=60_000,
     )
-    runner = Runner(spec, KeyPair.generate())
+    runner = Runner(spec, b"k" * 32)
     runner.runs.set_breaker("v", 1, 60_000, 1)
     assert await type_breakers.apply_event(store, 1, "v", "fail", now_ms()) > 0
     job = {"status": "dispatched", "attempt": "0", "script_type": "v", "priority": "high"}

@@ -359,15 +359,22 @@ class Client:
             raise ClientError(f"{what}: {err!r}") from err
 
     async def _write(self, context_id: int, messages: list[Message]) -> None:
+        epoch = self.store.epoch  # a failover during the writes voids the promise
         for start in range(0, len(messages), WRITE_CHUNK):
             chunk = messages[start : start + WRITE_CHUNK]
-            try:
-                async with self.store.transaction(context_id) as tx:
-                    for message in chunk:
-                        tx.hset(message.key, message.to_hash())
-                    tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
+
+            def fill(tx: Any, chunk: list[Message] = chunk) -> None:  # noqa: ANN401
+                for message in chunk:
+                    tx.hset(message.key, message.to_hash())
+                tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
+
+            try:  # sent again if a failover refused it unrun (Store.transact)
+                await self.store.transact(context_id, fill)
             except ContentError as exc:  # msg_out (or a key) of another type: the write failed
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
+        # a submit returns once its messages are durable (a replicated store: fsynced on the
+        # primary and a replica); else its caller is told (StoreError), as for a failed write
+        await self.store.durable(epoch)
 
     async def stop_job(
         self, signer: Signer, caller_id: int, job_key: str, context_id: int

@@ -22,9 +22,9 @@ from collections import Counter, deque
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from bus.core.errors import FlowError
 from bus.core.models import FlowStatus, JobStatus
 from bus.core.reasons import Reason
-from bus.errors import FlowError
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DOOMED_REASON = Reason.PREREQUISITE_FAILED

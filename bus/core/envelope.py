@@ -12,8 +12,8 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
+from bus.core.errors import ModelError
 from bus.core.models import JobStatus, Message, MessageType, loads_text
-from bus.errors import ModelError
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"

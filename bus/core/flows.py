@@ -33,8 +33,8 @@ from typing import Any
 
 from bus.core import keys
 from bus.core.dag import FlowError, FlowJobSpec, FlowSpec, merged_env, parse_flow
+from bus.core.errors import ModelError
 from bus.core.models import FlowStatus, JobStatus, RunnerJob
-from bus.errors import ModelError
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_FLOW = "flow"

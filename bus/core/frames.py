@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bus.errors import FrameError
+from bus.core.errors import FrameError
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 MAX_BATCH = 256  # messages in one msgs frame, keys in one acks frame (acks + nacks)

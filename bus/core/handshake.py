@@ -16,8 +16,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from bus.core.errors import HandshakeError
 from bus.core.reasons import Reason
-from bus.errors import HandshakeError
 from crypto import KeyPair, parse_public_key, sign_object, verify_object
 from crypto.errors import KeyFormatError
 

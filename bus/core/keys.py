@@ -166,7 +166,7 @@ STATS_JOBS = "stats:jobs"
 # hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
 TYPE_BREAKERS = "type_breakers"
 
-# consumed in this order, with aging (node/runners/queues.py)
+# consumed in this order, with aging (bus/core/queues.py)
 PRIORITIES = ("high", "normal", "low")
 
 
@@ -187,6 +187,9 @@ CONTEXTS = "contexts"  # set of context ids this node serves
 NODE_EVENTS = (
     "node:events"  # list: "context:<id>" / "peer:<node id>" registrations, for live reload
 )
+# DB 0: a counter each durability barrier increments, so that the WAITAOF after it on the same
+# connection covers every write made before it (bus/store/durable.py)
+DURABLE = "durable"
 NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
-from bus.errors import ModelError
+from bus.core.errors import ModelError
 
 Hash = dict[str, str]
 # Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
@@ -237,9 +237,6 @@ class Context:
     def may_execute(self, actor_id: int) -> bool:
         return actor_id in self.admins or actor_id in self.executors
 
-    def may_read(self, actor_id: int) -> bool:
-        return self.may_execute(actor_id) or actor_id in self.readers
-
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
 
@@ -357,7 +354,7 @@ class RunnerJob:
     status: JobStatus = JobStatus.DISPATCHED
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
-    # extension: targeting (node/runners/queues.py); signed only when set, so that the signatures of
+    # extension: targeting (bus/core/queues.py); signed only when set, so that the signatures of
     # jobs without them (every older message) stay valid
     group: str = ""
     instance: str = ""

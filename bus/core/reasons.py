@@ -142,6 +142,11 @@ class Reason(StrEnum):
         "A job hash cannot be run or answered (no status, a bad attempt, fields that do not "
         "parse). The runners.",
     )
+    NOT_ADMITTED = (
+        "not_admitted",
+        "A job hash bears no valid admission stamp (bus/core/admitted.py): it was written, or "
+        "changed, by someone other than this node's admission. Never run. The runners.",
+    )
     TOO_MANY_DELIVERIES = (
         "too_many_deliveries",
         "An in-flight entry was taken back more times than `max_redeliveries` after restarts: "
@@ -169,6 +174,16 @@ class Reason(StrEnum):
     UNKNOWN_NODE = "unknown_node", "The node that connected is not a known peer."
     MALFORMED_FRAME = "malformed_frame", "A handshake frame cannot be decoded."
     UNEXPECTED_FRAME = "unexpected_frame", "A handshake frame of another type than the next one."
+    LISTENER_FULL = (
+        "listener_full",
+        "Too many connections had not finished their handshake; a new one was closed at once. "
+        "The listener.",
+    )
+    ADDRESS_FULL = (
+        "address_full",
+        "Too many connections from one address had not finished their handshake; a new one "
+        "was closed at once. The listener.",
+    )
 
     # -- why a job ended in error (its result's reason) -----------------------------------------
     TIMEOUT_ACK = "timeout_ack", "The destination did not acknowledge in time. Deadlines."

@@ -23,9 +23,14 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Hash, decode_hash
 from bus.core.reasons import Reason
+from bus.core.text import printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import queues
+from bus.store.durable import Barrier
+from bus.store.failover import Failover, dial
+from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
+from bus.store.topology import store_topology
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +80,6 @@ def _translated(url: str, *, content: bool = True) -> Iterator[None]:
         raise refused or StoreError(f"redis {url}: {exc}") from exc
 
 
-def printable(value: str | bytes, limit: int = 200) -> str:
-    """``value`` as text that always encodes (bytes that are not UTF-8 and lone surrogates
-    written as backslash escapes), cut to ``limit`` characters: what a log line or a dlq
-    entry may quote of hostile content."""
-    if isinstance(value, bytes):
-        text = value.decode("utf-8", "backslashreplace")
-    else:
-        text = value.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + f"… ({len(text)} chars)"
-
-
 def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
     """A dead letter as JSON that always serialises (ASCII, surrogates escaped) and stays
     bounded whatever the refused content held."""
@@ -116,6 +110,9 @@ class Store:
         self._open_lock = trio.Lock()
         self._closing = trio.Event()
         self._holders: set[trio.CancelScope] = set()
+        target = parse_sentinel_url(url) if is_sentinel_url(url) else None
+        self.failover = Failover() if target is not None else None
+        self.barrier = Barrier(target) if target is not None and target.durable else None
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -130,13 +127,12 @@ class Store:
         """Own DB ``n``'s client until the store closes. Shielded, so that the services the
         store serves can still write (a shutdown requeue, say) while they are being cancelled;
         :func:`open_store` bounds how long that may take."""
-        client: Redis = coredis.Redis.from_url(self._dial_url, db=n, decode_responses=True)
         with (
             trio.CancelScope(shield=True) as scope,
             _translated(f"{self.url} db {n}", content=False),
         ):
             self._holders.add(scope)
-            async with client:
+            async with dial(self._dial_url, n) as client:
                 task_status.started(client)
                 await self._closing.wait()
 
@@ -147,14 +143,55 @@ class Store:
 
     # -- generic ---------------------------------------------------------------------------------
 
-    async def call(self, db: int, fn: Callable[[Redis], Awaitable[T]]) -> T:
-        """Run one coredis command on DB ``db``, translating its errors."""
+    async def call(
+        self, db: int, fn: Callable[[Redis], Awaitable[T]], *, idempotent: bool = False
+    ) -> T:
+        """Run one coredis command on DB ``db``, translating its errors.
+
+        On a replicated store a command cut by a failover is sent again to the new primary
+        (:func:`bus.store.failover.retrying`) when it cannot have run, or when it is
+        ``idempotent`` (a read); otherwise the StoreError reports it."""
         client = await self.db(db)
         try:
             with _translated(self.url):
-                return await fn(client)
+                if self.failover is None:
+                    return await fn(client)
+                return await self.failover.retrying(
+                    lambda: fn(client), idempotent=idempotent, client=client
+                )
         except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
+
+    async def read(self, db: int, fn: Callable[[Redis], Awaitable[T]]) -> T:
+        """:meth:`call` for a command that only reads (sent again if a failover cuts it)."""
+        return await self.call(db, fn, idempotent=True)
+
+    def follow_failover(self) -> None:
+        """Drop every connection to the old primary (the Sentinels named another): commands
+        waiting on a primary that stalled or was cut off end now (StoreError, their service
+        restarts) instead of when it comes back; new connections ask the Sentinels."""
+        if self.failover is not None:
+            self.failover.epoch += 1
+        for client in self._clients.values():
+            client.connection_pool.disconnect()
+
+    @property
+    def epoch(self) -> int:
+        """Grows with every sign of a failover; pass the value read before a promise's writes
+        to :meth:`durable`."""
+        return 0 if self.failover is None else self.failover.epoch
+
+    async def topology(self) -> dict[str, Any]:
+        """Where this store's primary and replicas are (bus/store/topology.py)."""
+        return await store_topology(self._dial_url)
+
+    async def durable(self, since: int | None = None) -> None:
+        """Return once every write made before this call is on disk as the store's URL asks
+        (``WAITAOF``: bus/store/durable.py); at once on a store that asks nothing (the
+        embedded single Valkey). StoreError if that is not confirmed in time: then no promise
+        resting on those writes may be given."""
+        if self.barrier is not None:
+            await self.barrier.wait(self, since)
 
     @asynccontextmanager
     async def transaction(self, db: int) -> AsyncIterator[Any]:
@@ -163,6 +200,22 @@ class Store:
         with _translated(self.url):
             async with client.pipeline(transaction=True) as pipe:
                 yield pipe
+
+    async def transact(self, db: int, fill: Callable[[Any], None]) -> None:
+        """A MULTI/EXEC of the commands ``fill`` queues on the pipeline it is given; on a
+        replicated store sent again when a failover refused it before it ran (a transaction
+        cut after it was sent is reported: it may have run)."""
+        client = await self.db(db)
+
+        async def once() -> None:
+            async with client.pipeline(transaction=True) as pipe:
+                fill(pipe)
+
+        with _translated(self.url):
+            if self.failover is None:
+                await once()
+            else:
+                await self.failover.retrying(once, client=client)
 
     async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
@@ -206,10 +259,10 @@ class Store:
         return out
 
     async def ping(self) -> None:
-        await self.call(0, lambda r: r.ping())
+        await self.read(0, lambda r: r.ping())
 
     async def hgetall(self, db: int, key: str) -> Hash:
-        raw = await self.call(db, lambda r: r.hgetall(key))
+        raw = await self.read(db, lambda r: r.hgetall(key))
         return decode_hash(raw)
 
     async def hset(self, db: int, key: str, fields: Mapping[str, str]) -> None:
@@ -219,20 +272,20 @@ class Store:
         await self.call(db, lambda r: r.lpush(key, list(values)))
 
     async def lrange(self, db: int, key: str) -> list[str]:
-        return list(await self.call(db, lambda r: r.lrange(key, 0, -1)))
+        return list(await self.read(db, lambda r: r.lrange(key, 0, -1)))
 
     async def llen(self, db: int, key: str) -> int:
-        return int(await self.call(db, lambda r: r.llen(key)))
+        return int(await self.read(db, lambda r: r.llen(key)))
 
     async def exists(self, db: int, key: str) -> bool:
-        return bool(await self.call(db, lambda r: r.exists([key])))
+        return bool(await self.read(db, lambda r: r.exists([key])))
 
     async def count_existing(self, db: int, names: list[str]) -> int:
         """How many of ``names`` exist (one EXISTS)."""
-        return int(await self.call(db, lambda r: r.exists(names)))
+        return int(await self.read(db, lambda r: r.exists(names)))
 
     async def get(self, db: int, key: str) -> str | None:
-        value = await self.call(db, lambda r: r.get(key))
+        value = await self.read(db, lambda r: r.get(key))
         return None if value is None else str(value)
 
     async def set_new(self, db: int, key: str, value: str, ttl_s: int) -> bool:
@@ -241,10 +294,10 @@ class Store:
         return bool(won)
 
     async def smembers(self, db: int, key: str) -> set[str]:
-        return {str(m) for m in await self.call(db, lambda r: r.smembers(key))}
+        return {str(m) for m in await self.read(db, lambda r: r.smembers(key))}
 
     async def sismember(self, db: int, key: str, member: str) -> bool:
-        return bool(await self.call(db, lambda r: r.sismember(key, member)))
+        return bool(await self.read(db, lambda r: r.sismember(key, member)))
 
     async def srem(self, db: int, key: str, *members: str) -> int:
         return int(await self.call(db, lambda r: r.srem(key, list(members))))
@@ -486,7 +539,7 @@ class Store:
         found: list[str] = []
         cursor = 0
         while True:
-            cursor, batch = await self.call(
+            cursor, batch = await self.read(
                 db,
                 lambda r: r.scan(cursor, match=pattern, count=500),  # noqa: B023 (awaited at once)
             )
@@ -515,7 +568,7 @@ class Store:
         self, db: int, pattern: str, cursor: int, count: int
     ) -> tuple[int, list[str]]:
         """One SCAN step: the next cursor (0: the scan is complete) and the keys it found."""
-        nxt, batch = await self.call(db, lambda r: r.scan(cursor, match=pattern, count=count))
+        nxt, batch = await self.read(db, lambda r: r.scan(cursor, match=pattern, count=count))
         return int(nxt), [str(k) for k in batch]
 
     async def hmget_many(
@@ -542,7 +595,7 @@ class Store:
 
     async def lrange_head(self, db: int, key: str, count: int) -> list[str]:
         """The first ``count`` entries of list ``key`` (the newest of an LPUSHed list)."""
-        return [str(v) for v in await self.call(db, lambda r: r.lrange(key, 0, count - 1))]
+        return [str(v) for v in await self.read(db, lambda r: r.lrange(key, 0, count - 1))]
 
 
 @asynccontextmanager

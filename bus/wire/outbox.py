@@ -19,14 +19,13 @@ from bus.core import keys
 from bus.core.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
 from bus.core.models import Hash
 from bus.core.reasons import Reason
-from bus.errors import ContentError, TransportError
+from bus.errors import ContentError, Refused, TransportError
 from bus.store.connection import Store
+from bus.store.serve import Handler, Popped, Queue, serve_queue
 from bus.wire.transport import Link, Transport
 
 log = logging.getLogger(__name__)
 
-POP_TIMEOUT_S = 5.0
-BATCH = 64
 MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
 
 
@@ -43,11 +42,7 @@ def parse_entry(value: str) -> tuple[int, str]:
     return int(ctx), key
 
 
-async def enqueue(store: Store, peer_id: str, context_id: int, message_key: str) -> None:
-    await store.lpush(keys.ACTORS_DB, keys.outbox(peer_id), entry(context_id, message_key))
-
-
-Undeliverable = Callable[[int, str, str], Awaitable[None]]
+Undeliverable = Callable[[int, str, Refused], Awaitable[None]]
 
 
 async def remove_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
@@ -119,49 +114,38 @@ class PeerOutbox:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
         """Forward the outbox over whatever link to the peer is up, forever. Whatever was sent
-        on a link that went down unacknowledged is sent again on the next one."""
+        on a link that went down unacknowledged is sent again on the next one (recovered when
+        serving starts on it)."""
         task_status.started()
+        queue = Queue(
+            keys.ACTORS_DB, self.source, self.inflight, read=False, max_redeliveries=MAX_RESENDS
+        )
         while True:
             link = await self.transport.wait_link(self.peer_id)
             self.window.reset()
-            await self.store.recover(
-                keys.ACTORS_DB, self.inflight, self.source, max_redeliveries=MAX_RESENDS
-            )
             try:
-                await self._pump(link)
+                await serve_queue(self.store, queue, _Forward(self, link))
             except TransportError as exc:
-                log.info("outbox to %s… paused: %s", self.peer_id[:16], exc)
+                if not link.closed.is_set():
+                    log.info("outbox to %s… paused: %s", self.peer_id[:16], exc)
                 await link.close()
 
-    async def _pump(self, link: Link) -> None:
-        """Send what the outbox holds in ``msgs`` frames: each batch popped is what was queued
-        at that moment (nothing waits for a batch to fill), split by count and bytes."""
-        while not link.closed.is_set():
-            # what is queued already; only on an empty outbox a blocking pop, whose entry is
-            # sent at once (no second pop on the latency path)
-            batch = await self.store.pop_batch(keys.ACTORS_DB, self.source, self.inflight, BATCH)
-            if not batch:
-                value = await self.store.pop_reliable(
-                    keys.ACTORS_DB, self.source, self.inflight, POP_TIMEOUT_S
-                )
-                if value is None:
-                    continue
-                batch = [value]
-            items = await self._encode(await self._load(batch))
-            for chunk in self._chunks(items):
-                await self.window.acquire(len(chunk), self.ack_timeout_s)
-                await link.send_raw(encode_msgs(chunk))
+    async def send(self, link: Link, entries: list[tuple[int, str, str]]) -> None:
+        """Send what one pop took from the outbox in ``msgs`` frames: each batch is what was
+        queued at that moment (nothing waits for a batch to fill), split by count and bytes."""
+        items = await self._encode(await self._load(entries))
+        for chunk in self._chunks(items):
+            await self.window.acquire(len(chunk), self.ack_timeout_s)
+            await link.send_raw(encode_msgs(chunk))
 
-    async def _load(self, batch: list[str]) -> list[tuple[str, Hash | str | None]]:
-        """The message hashes of a batch of entries, one read per context; in place of a hash,
-        the type a key holds instead (see Store.read_hashes), or None for an entry that
-        cannot be parsed or names a context this node does not serve."""
+    async def _load(
+        self, entries: list[tuple[int, str, str]]
+    ) -> list[tuple[str, Hash | str | None]]:
+        """The message hashes of a batch of entries (context, key, entry), one read per
+        context; in place of a hash, the type a key holds instead (see Store.read_hashes), or
+        None for an entry that names a context this node does not serve."""
         by_ctx: dict[int, list[str]] = {}
-        for item in batch:
-            try:
-                ctx, key = parse_entry(item)
-            except ValueError:
-                continue
+        for ctx, key, _ in entries:
             by_ctx.setdefault(ctx, []).append(key)
         if not by_ctx.keys() <= self._contexts:
             self._contexts = set(await self.store.context_ids())
@@ -174,7 +158,7 @@ class PeerOutbox:
             except ContentError:  # no such database
                 continue
             found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
-        return [(item, found.get(item)) for item in batch]
+        return [(value, found.get(value)) for _, _, value in entries]
 
     async def _encode(self, loaded: list[tuple[str, Hash | str | None]]) -> list[str]:
         """The ``msgs`` items of the entries that can be sent; the others leave the outbox."""
@@ -186,11 +170,7 @@ class PeerOutbox:
         return items
 
     async def _encode_one(self, value: str, fields: Hash | str | None) -> str | None:
-        try:
-            ctx, key = parse_entry(value)
-        except ValueError as exc:
-            await self._refuse(value, Reason.MALFORMED_ENTRY, str(exc))
-            return None
+        ctx, key = parse_entry(value)
         if fields is None:
             await self._refuse(value, Reason.UNKNOWN_CONTEXT, f"this node serves no context {ctx}")
             return None
@@ -209,7 +189,7 @@ class PeerOutbox:
         if msgs_frame_size(len(item), 1) > limit:
             await self._drop(value)
             await self.on_undeliverable(
-                ctx, key, f"{Reason.OVERSIZE}: the message exceeds {limit} bytes"
+                ctx, key, Refused(Reason.OVERSIZE, f"the message exceeds {limit} bytes")
             )
             return None
         return item
@@ -241,3 +221,28 @@ class PeerOutbox:
         await self.store.refuse_entry(
             keys.ACTORS_DB, self.inflight, value, reason, detail, queue=self.source
         )
+
+
+class _Forward(Handler[tuple[int, str, str]]):
+    """Serving an outbox on one link: each entry is parsed (one that is no
+    ``<context>|<message key>`` is refused), the batch sent; the entries stay in flight until
+    the peer acks them (PeerOutbox.acked). Serving stops when the link closes."""
+
+    name = "outbox"
+
+    def __init__(self, outbox: PeerOutbox, link: Link) -> None:
+        self.outbox, self.link = outbox, link
+
+    async def before_pop(self) -> None:
+        if self.link.closed.is_set():
+            raise TransportError("the link closed")
+
+    async def each(self, popped: Popped) -> tuple[int, str, str]:
+        try:
+            ctx, key = parse_entry(popped.value)
+        except ValueError as exc:
+            raise Refused(Reason.MALFORMED_ENTRY, str(exc)) from None
+        return ctx, key, popped.value
+
+    async def batch(self, items: list[tuple[int, str, str]]) -> None:
+        await self.outbox.send(self.link, items)

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 import trio
 from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
     WebSocketRequest,
+    WebSocketServer,
     open_websocket_url,
-    serve_websocket,
 )
 from trio_websocket import (
     HandshakeError as WsHandshakeError,
@@ -33,6 +35,7 @@ from bus.core import handshake as hs
 from bus.core.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
 from bus.core.reasons import Reason
 from bus.errors import FrameError, HandshakeError, TransportError
+from bus.wire.gate import Gate, GatedListener, GateLimits, Pending
 from bus.wire.linkstate import LinkStates
 from crypto import KeyPair
 
@@ -40,7 +43,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
 # A ping per link this often measures its round trip; a peer that stopped answering shows as
-# a last_seen that falls behind (the link is left open: a stalled peer may come back).
+# a last_seen that falls behind, and its link is closed once a ping has waited ping_timeout_s.
 PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
@@ -55,6 +58,14 @@ class TransportConfig:
     ssl_server: ssl.SSLContext | None = None  # listen on wss:// with this context
     ssl_client: ssl.SSLContext | None = None  # for dialling wss:// addresses
     tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
+    # connections not yet authenticated, in total and per source address (bus/wire/gate.py)
+    max_pending: int = 256
+    max_pending_per_address: int = 16
+    # A link whose ping is not answered this long is closed. After a silent partition heals,
+    # TCP may wait minutes (its retransmission timer backed off to 120 s) before an old
+    # connection moves again, while the outbox keeps sending on it; closed, the outbox moves
+    # to a fresh link (the peer's dial, or ours). A stalled peer is dialled again.
+    ping_timeout_s: float = 20.0
 
 
 @dataclass
@@ -211,6 +222,14 @@ class Transport:
         # ``before_dial(peer)`` returns when the next dial may start
         self._on_link = on_link or (lambda _peer, _up: None)
         self._before_dial = before_dial
+        # the hosts we dial peers at: a connection from one skips the listener's total cap
+        self._peer_hosts: dict[str, str] = {}
+        limits = GateLimits(
+            self.config.max_pending,
+            self.config.max_pending_per_address,
+            self.config.handshake_timeout_s,
+        )
+        self.gate = Gate(limits, self._is_peer_host, self._count_refused)
 
     # -- links -----------------------------------------------------------------------------------
 
@@ -240,18 +259,34 @@ class Transport:
     async def serve(
         self, host: str, port: int, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
-        """Accept links on host:port until cancelled; reports the bound port when listening."""
+        """Accept links on host:port until cancelled; reports the bound port when listening.
+        Every connection passes the gate (bus/wire/gate.py) before the websocket sees it."""
+        sockets = await trio.open_tcp_listeners(port, host=host)
+        listeners: list[trio.abc.Listener[trio.abc.Stream]] = [
+            GatedListener(listener, self.gate) for listener in sockets
+        ]
+        if self.config.ssl_server is not None:
+            listeners = [
+                trio.SSLListener(gated, self.config.ssl_server, https_compatible=True)
+                for gated in listeners
+            ]
+        server = _GatedServer(
+            self._accept,
+            listeners,  # type: ignore[arg-type]  # any trio Listener serves
+            max_message_size=self.config.max_frame_bytes,
+            # the gate's deadline bounds the upgrade; this one the closing handshake of a link
+            connect_timeout=self.config.handshake_timeout_s,
+            disconnect_timeout=self.config.handshake_timeout_s,
+        )
+        server.on_timeout = partial(self._count_refused, "TooSlowError")
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                partial(serve_websocket, max_message_size=self.config.max_frame_bytes),
-                self._accept,
-                host,
-                port,
-                self.config.ssl_server,
-            )
-            task_status.started(server.port)
+            await nursery.start(server.run)
+            task_status.started(sockets[0].socket.getsockname()[1])
             await trio.sleep_forever()
         raise AssertionError("unreachable")
+
+    def _is_peer_host(self, address: str) -> bool:
+        return address in self._peer_hosts.values()
 
     async def _accept(self, request: WebSocketRequest) -> None:
         """Handle one inbound connection; nothing it does may take the listener down."""
@@ -265,14 +300,20 @@ class Transport:
             ws = await request.accept()
         except (ConnectionClosed, WsHandshakeError):
             return
+        pending = _pending(ws)
+        if pending is not None:
+            pending.upgraded = True
         try:
-            with trio.fail_after(self.config.handshake_timeout_s):
+            # the gate's deadline, counted from the accept, bounds the upgrade and this
+            with trio.fail_at(pending.scope.deadline if pending else math.inf):
                 peer_id = await self._respond(ws)
         except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
             reason = self._refuse(ws, "inbound", exc)
             # the token only (no detail): the dialler's log then says why it was refused
             await ws.aclose(code=1008, reason=f"handshake refused: {reason}")
             return
+        if pending is not None:
+            pending.authenticated()
         await self._run_link(Link(peer_id, ws, initiator=False))
 
     async def _respond(self, ws: WebSocketConnection) -> str:
@@ -308,6 +349,9 @@ class Transport:
     async def dial_forever(self, peer_id: str, address: str) -> NoReturn:
         """Keep a link to ``peer_id`` at ``address`` up, reconnecting with backoff and jitter."""
         delay = self.config.backoff_initial_s
+        host = urlsplit(address).hostname
+        if host:
+            self._peer_hosts[peer_id] = host
         while True:
             if self._before_dial is not None:
                 await self._before_dial(peer_id)
@@ -431,14 +475,25 @@ class Transport:
         except TransportError as exc:  # the reader sees the close too, and ends the link
             log.info("link %s… closed while writing: %s", link.peer_id[:16], exc)
 
-    async def _keep_alive(self, link: Link) -> None:
-        """Ping the peer every PING_INTERVAL_S and record the round trip."""
+    async def _keep_alive(self, link: Link, scope: trio.CancelScope) -> None:
+        """Ping the peer every PING_INTERVAL_S and record the round trip; end the link
+        (``scope``) when a ping waits ``ping_timeout_s`` for its answer."""
         while True:
             started = trio.current_time()
-            try:
-                await link.ws.ping()
-            except ConnectionClosed:
-                return  # the reader sees the close too, and ends the link
+            with trio.move_on_after(self.config.ping_timeout_s) as waiting:
+                try:
+                    await link.ws.ping()
+                except ConnectionClosed:
+                    return  # the reader sees the close too, and ends the link
+            if waiting.cancelled_caught:
+                log.info(
+                    "link %s…: no answer to a ping for %g s; closed",
+                    link.peer_id[:16],
+                    self.config.ping_timeout_s,
+                )
+                await link.close()  # bounded: the close handshake may not get through either
+                scope.cancel()
+                return
             self.states.rtt(link.peer_id, trio.current_time() - started)
             await trio.sleep(PING_INTERVAL_S)
 
@@ -460,7 +515,7 @@ class Transport:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_posted, link)
-                nursery.start_soon(self._keep_alive, link)
+                nursery.start_soon(self._keep_alive, link, nursery.cancel_scope)
                 await self._read(link)
                 nursery.cancel_scope.cancel()
         finally:
@@ -469,3 +524,39 @@ class Transport:
                 self.states.down(link.peer_id, "link closed")
             self._on_link(link.peer_id, False)
             log.info("link down: %s…", link.peer_id[:16])
+
+
+def _pending(ws: WebSocketConnection) -> Pending | None:
+    """The gate's slot of an inbound connection (under TLS, beneath the TLS stream)."""
+    stream = getattr(ws, "_stream", None)  # trio-websocket keeps the transport stream here
+    if isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    return stream if isinstance(stream, Pending) else None
+
+
+class _GatedServer(WebSocketServer):
+    """trio-websocket's server, each connection run inside its gate slot's cancel scope: the
+    deadline then covers TLS and the upgrade too, and a client's EOF before authentication ends
+    the connection at once (trio-websocket would wait for its connect timeout in CLOSE-WAIT)."""
+
+    on_timeout: Callable[[], None] = staticmethod(lambda: None)
+
+    @property
+    def listeners(self) -> list[str]:  # type: ignore[override]  # only for its debug log
+        return [repr(listener) for listener in self._listeners]
+
+    async def _handle_connection(self, stream: trio.abc.Stream) -> None:
+        inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        if not isinstance(inner, Pending):  # not from a gated listener: as trio-websocket does
+            await super()._handle_connection(stream)
+            return
+        try:
+            with inner.scope:
+                await super()._handle_connection(stream)
+            # past the upgrade, the handshake counts its own timeout (as a refusal)
+            if inner.scope.cancelled_caught and not inner.upgraded and inner.timed_out:
+                self.on_timeout()
+        finally:
+            inner.gate.release(inner)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
+                await stream.aclose()

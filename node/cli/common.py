@@ -73,6 +73,8 @@ def with_client(
 def redis_url_of(config: NodeConfig) -> str:
     if config.redis_url:
         return config.redis_url
+    if config.store.replicated:  # the Sentinels know where the store is, running node or not
+        return role_url(config, "", NODE)
     info = config.run_dir / "node.json"
     # node.json outlives its node: only the home's lock says whether a node runs there
     if holder(config.run_dir) is None or not info.exists():

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from bus.client.api import Client
+from bus.store import records
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
 from node.errors import NodeError
@@ -73,7 +74,7 @@ async def dlq_show(client: Client, args: argparse.Namespace) -> int:
     if not entries:
         print(f"hero-node: no dead letter for {args.key} in context {ctx}", file=sys.stderr)
         return 1
-    fields = await client.store.hgetall(ctx, args.key)
+    fields = await records.read_record(client.store, ctx, args.key)
     print_json({"dead_letters": entries, "hash": fields})
     return 0
 

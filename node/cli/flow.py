@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
 from bus.core.dag import FlowError
 from bus.core.flows import FlowState
+from bus.store import records, registry
 from crypto import load_signing_key_file
 from node.cli.common import config_of, unless_interrupted, with_client
 from node.cli.jobs import add_signer
@@ -164,7 +164,7 @@ def state_json(state: FlowState) -> dict[str, Any]:
 async def flow_show(client: Client, args: argparse.Namespace) -> int:
     ctx = _context(args)
     state = await client.flow_state(args.flow_id, ctx)
-    fields: dict[str, Any] = dict(await client.store.hgetall(ctx, keys.flow(args.flow_id)))
+    fields: dict[str, Any] = dict(await records.read_flow(client.store, ctx, args.flow_id))
     for name in ("doc", "signatures", "result", "env_vars", "jobs"):
         if name in fields:
             fields[name] = json.loads(fields[name] or "null")
@@ -178,7 +178,7 @@ async def flow_show(client: Client, args: argparse.Namespace) -> int:
 
 async def _node_names(client: Client) -> dict[str, str]:
     names = {p.id: p.name for p in await client.peers() if p.name}
-    own = await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+    own = await registry.node_info(client.store)
     if own.get("id"):
         names[own["id"]] = own.get("name") or "self"
     return names

@@ -17,6 +17,7 @@ from typing import Any
 
 from bus.client.api import Client
 from bus.core.models import Message
+from bus.store import records
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, with_client
 from node.cli.lists import add_job_list
@@ -104,7 +105,7 @@ async def job_stop(client: Client, args: argparse.Namespace) -> int:
     await client.stop_job(key, actor, args.key, ctx)
     print(f"stop requested for {args.key}")
     if args.wait and job.get("message_key"):
-        request = await client.store.hgetall(ctx, job["message_key"])
+        request = await records.read_message(client.store, ctx, job["message_key"])
         message = Message.from_hash(request)
         [result] = await client.wait_results(replace(message, job=message.job[:1]), 60)
         print(f"{result.job_key}: {result.status.value} {result.reason}")
@@ -122,7 +123,7 @@ async def job_logs(client: Client, args: argparse.Namespace) -> int:
 async def job_show(client: Client, args: argparse.Namespace) -> int:
     """The hash, as JSON with or without ``--json`` (its fields as stored, all strings)."""
     ctx = context_of(args)
-    fields: dict[str, Any] = await client.store.hgetall(ctx, args.key)
+    fields: dict[str, Any] = await records.read_record(client.store, ctx, args.key)
     if not fields and args.key.startswith("job:"):  # submitted, not routed yet: from its message
         fields = await client.job_fields(ctx, args.key)
     if not fields:

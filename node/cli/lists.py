@@ -10,12 +10,12 @@ import argparse
 import json
 import re
 import sys
-import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids, keys
 from bus.core.models import FlowStatus, JobStatus
+from bus.store import records
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
 
@@ -29,7 +29,7 @@ def since_time(value: str) -> int:
     returns the unix second it means (an argparse type)."""
     found = _DURATION.match(value)
     if found:
-        return int(time.time()) - int(found[1]) * _UNIT_S[found[2]]
+        return ids.now() - int(found[1]) * _UNIT_S[found[2]]
     if value.isdigit():
         return int(value)
     raise argparse.ArgumentTypeError(f"{value!r}: want 30s, 10m, 2h, 7d or a unix time")
@@ -60,11 +60,11 @@ def add_flow_list(flow: Any) -> None:  # noqa: ANN401
 
 
 async def _hashes(client: Client, ctx: int, pattern: str) -> list[dict[str, str]]:
-    found = sorted(await client.store.scan_keys(ctx, pattern))
+    found = sorted(await records.find(client.store, ctx, pattern))
     out: list[dict[str, str]] = []
     for start in range(0, len(found), READ_CHUNK):
         chunk = found[start : start + READ_CHUNK]
-        hashes = await client.store.hgetall_many(ctx, chunk)
+        hashes = await records.read_many(client.store, ctx, chunk)
         out.extend(h | {"key": k} for k, h in zip(chunk, hashes, strict=True) if h)
     return out
 

@@ -27,6 +27,7 @@ from node.cli.status import cmd_status
 from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import CLIENT, RUNNER, reachable_url, role_url
+from node.host.hardening import not_dumpable
 from node.host.launch import Ready, ready_line
 from node.observe.logs import FORMATS
 from node.observe.logs import configure as configure_logging
@@ -143,6 +144,22 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
     s.add_argument("--listen-port", type=int, default=7700, help="websocket port (0: any free)")
     s.add_argument("--redis", default="", help="use this Redis URL instead of an embedded Valkey")
     s.add_argument(
+        "--sentinel",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a Sentinel of a replicated store (repeat for each): the node finds its primary "
+        "through them and follows a failover ([store] in config.toml)",
+    )
+    s.add_argument("--service", default="hero", help="the Sentinels' name of the store's primary")
+    s.add_argument(
+        "--waitaof",
+        default="1,1",
+        metavar="L,R",
+        help="with --sentinel: a promise waits until its writes are fsynced on the primary (L: "
+        "0 or 1) and R replicas (default 1,1; 0,0: no wait)",
+    )
+    s.add_argument(
         "--actor", type=int, default=1, dest="actor_id", help="id of this home's default actor"
     )
     hidden_alias(s, "--actor-id", type=int, dest="actor_id")
@@ -182,13 +199,36 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
     s.add_argument("role", choices=[CLIENT, RUNNER], help="who connects with it")
     s.set_defaults(func=cmd_credentials)
 
+    s = sub.add_parser(
+        "store-acl",
+        help="print what the servers of a replicated store ([store]) need: the ACL file of "
+        "each data server (data), a replica's lines (replica) or a Sentinel's (sentinel)",
+    )
+    s.add_argument("part", choices=["data", "replica", "sentinel"])
+    s.set_defaults(func=cmd_store_acl)
+
 
 # -- local commands ----------------------------------------------------------------------------
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from node.config.store import StoreConfig, parse_store
     from node.host.home import init_home
 
+    store = None
+    if args.sentinel:
+        local, _, replicas = args.waitaof.partition(",")
+        if not (local.isdigit() and replicas.isdigit()):
+            raise NodeError(f"--waitaof wants L,R (e.g. 1,1), got {args.waitaof!r}")
+        store = parse_store(
+            {
+                "sentinels": args.sentinel,
+                "service": args.service,
+                "waitaof_local": int(local),
+                "waitaof_replicas": int(replicas),
+                "waitaof_timeout_ms": StoreConfig().waitaof_timeout_ms,
+            }
+        )
     config = init_home(
         home_of(args),
         name=args.name,
@@ -199,6 +239,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         actor_id=args.actor_id,
         tls=args.tls,
         console_listen=args.console,
+        store=store,
     )
     node_key = load_key_file(config.node_key_path)
     actor_key = load_key_file(config.actor_key_path)
@@ -207,7 +248,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
     scheme = "wss" if config.tls else "ws"
     print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
-    if not config.redis_url:
+    if config.store.replicated:
+        print(f"  store:      {', '.join(config.store.sentinels)} ({config.store.service})")
+        print("              its servers' ACL users: hero-node store-acl data|replica|sentinel")
+    elif not config.redis_url:
         print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     if config.console.enabled:
         print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
@@ -239,8 +283,21 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_store_acl(args: argparse.Namespace) -> int:
+    """The users of a replicated store, with this home's passwords (made if missing)."""
+    from node.host.acl import ensure_secrets
+    from node.host.replicated import SET_ROLES, store_acl
+
+    config = config_of(args)
+    passwords = ensure_secrets(config.home, SET_ROLES)
+    print(store_acl(args.part, passwords, config.store.service), end="")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = config_of(args)
+    # before the key is read: no process of this uid may read the node's memory or environment
+    not_dumpable()
     key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
     trio.run(_run_until_signal, config, key)
     return 0

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids
 from bus.core.models import Actor, Context
 from bus.core.urls import check_link_url
 from bus.errors import ModelError
+from bus.store import lists
+from bus.store import registry as store_registry
 from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
@@ -115,7 +116,7 @@ async def peer_add(client: Client, args: argparse.Namespace) -> int:
 async def peer_facts(client: Client) -> list[dict[str, object]]:
     """Every peer with its link (node/observe/linkinfo.py) and outbox length; the shape of
     ``peer list --json`` and of ``status --json``'s ``peers``."""
-    info = await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+    info = await store_registry.node_info(client.store)
     links = read_links(info)
     breakers = _breakers(info.get(BREAKERS_FIELD, "{}"))
     out: list[dict[str, object]] = []
@@ -126,7 +127,7 @@ async def peer_facts(client: Client) -> list[dict[str, object]]:
                 "id": peer.id,
                 "name": peer.name,
                 "address": peer.address,
-                "outbox": await client.store.llen(keys.ACTORS_DB, keys.outbox(peer.id)),
+                "outbox": (await lists.outbox_depths(client.store, peer.id))[0],
                 "link": str(link.get("state", "unknown")),
                 "since": link.get("since", 0),
                 "last_seen": link.get("last_seen", 0),
@@ -164,7 +165,7 @@ async def peer_list(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(facts)
         return 0
-    now = time.time()
+    now = ids.now_ms() / 1000
     for p in facts:
         print(f"{p['id']}  {p['name'] or '-'}  {p['address'] or '(dials us)'}")
         print(f"    link {link_text(p, now)}; outbox {p['outbox']}")
@@ -175,9 +176,7 @@ async def peer_remove(client: Client, args: argparse.Namespace) -> int:
     node_id = await client.resolve_node(args.node)
     if node_id == await client.node_id():
         raise UsageError("that is this node itself, not a peer")
-    async with client.store.transaction(keys.ACTORS_DB) as tx:
-        tx.delete([keys.peer(node_id)])
-        tx.srem(keys.PEERS, [node_id])
+    await store_registry.remove_peer(client.store, node_id)
     print(f"peer {node_id[:16]}… removed ({RESTART_NOTE})")
     return 0
 
@@ -194,9 +193,8 @@ async def actor_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actors(client: Client) -> list[Actor]:
-    found = await client.store.scan_keys(keys.ACTORS_DB, keys.ACTOR_PATTERN)
     out = []
-    for h in await client.store.hgetall_many(keys.ACTORS_DB, sorted(found)):
+    for h in await store_registry.actor_hashes(client.store):
         try:
             out.append(Actor.from_hash(h))
         except ModelError:  # not an actor the node could use either: not listed
@@ -225,11 +223,9 @@ async def actor_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actor_remove(client: Client, args: argparse.Namespace) -> int:
-    key = keys.actor(args.actor_id)
-    if not await client.store.exists(keys.ACTORS_DB, key):
+    if not await store_registry.remove_actor(client.store, args.actor_id):
         print(f"hero-node: no actor {args.actor_id}", file=sys.stderr)
         return 1
-    await client.store.delete(keys.ACTORS_DB, [key])
     print(f"actor {args.actor_id} removed")
     return 0
 

@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from bus.client.api import Client
-from bus.core import keys
+from bus.core import ids, keys
+from bus.store import lists, registry
 from bus.store.atomic import type_breakers
 from bus.store.connection import Store
 from node.cli.common import with_client
@@ -24,13 +25,13 @@ from node.links.peer_breakers import BREAKERS_FIELD
 from node.observe import counters
 from node.observe.linkinfo import LINKS_FIELD
 
-LINK_DOWN = 3  # exit code: the node runs, but a link to a peer is down
+LINK_DOWN = 3  # exit code: the node runs, but a peer link is down (or no replica of its store)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``status``: exit 0 when the node runs and every peer link is up, 1 when the node is not
     running (its home's lock is free, or no node ever ran on its Redis) or its Redis cannot
-    be reached, 3 when a peer link is down."""
+    be reached, 3 when a peer link is down or a replicated store has no replica up."""
     return with_client(status)(args)
 
 
@@ -38,16 +39,16 @@ async def status(client: Client, args: argparse.Namespace) -> int:
     facts = await status_facts(client)
     if not facts["node"].get("id"):
         raise NodeError("no hero-node has run on this Redis (no node:info)")
+    facts["store"] = await client.store.topology()
     down = [p for p in facts["peers"] if p["link"] != "up"]
-    facts["health"] = {
-        "ok": not down,
-        "problems": [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down],
-    }
+    problems = [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down]
+    problems += store_problems(facts["store"])
+    facts["health"] = {"ok": not problems, "problems": problems}
     if args.json:
         print_json(facts)
     else:
         print_text(facts)
-    return LINK_DOWN if down else 0
+    return LINK_DOWN if problems else 0
 
 
 def print_text(facts: dict[str, Any]) -> None:
@@ -64,21 +65,22 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
         f"{info.get('limits', '?')}{loud}"
     )
-    now = time.time()
+    print_store(facts.get("store", {}))
+    now = ids.now_ms() / 1000
     for peer in facts["peers"]:
         print(
             f"  peer {peer['name'] or '-':<10} {peer['id'][:16]}…  "
             f"{peer['address'] or '(dials us)'}  outbox {peer['outbox']}{_breaker(peer)}"
         )
         print(f"    link {link_text(peer, now)}")
-    for ctx, lists in facts["contexts"].items():
-        lens = [f"{name}={length}" for name, length in lists["lists"].items()]
+    for ctx, of_ctx in facts["contexts"].items():
+        lens = [f"{name}={length}" for name, length in of_ctx["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
-        for runner in lists["runners"]:
+        for runner in of_ctx["runners"]:
             where = "local" if runner["local"] else "external"
             state = f"busy {', '.join(runner['jobs'])}" if runner["jobs"] else "idle"
             print(f"    runner {runner['id']} ({runner['script_type']}, {where}): {state}")
-        for script_type, breaker in lists["type_breakers"].items():
+        for script_type, breaker in of_ctx["type_breakers"].items():
             if breaker["state"] != "closed":
                 print(f"    {_type_breaker(script_type, breaker)}")
     counted = facts["counters"]
@@ -87,12 +89,34 @@ def print_text(facts: dict[str, Any]) -> None:
         print(f"  unhealthy: {problem}")
 
 
+def print_store(store: dict[str, Any]) -> None:
+    """The replicated store's lines (none for the embedded single Valkey)."""
+    if store.get("mode") != "replicated":
+        return
+    print(
+        f"  store {store['service']}: primary {store['primary']} for {store['primary_for_s']} s, "
+        f"{store['failovers']} failover(s) so far, {store['sentinels']} sentinel(s) "
+        f"(quorum {store['quorum']})"
+    )
+    for r in store["replicas"]:
+        lag = "?" if r["lag_bytes"] is None else f"{r['lag_bytes']} bytes, {r['lag_s']} s"
+        print(f"    replica {r['address']}  link {r['link']}  lag {lag}")
+
+
+def store_problems(store: dict[str, Any]) -> list[str]:
+    """What makes a replicated store unhealthy: no replica up (promises then wait, and fail)."""
+    if store.get("mode") != "replicated":
+        return []
+    up = [r for r in store["replicas"] if r["link"] == "up"]
+    return [] if up else [f"store {store['service']}: no replica is up"]
+
+
 async def status_facts(client: Client) -> dict[str, Any]:
     """What ``status`` shows: ``node`` (node:info), ``counters``, ``peers`` (with their link
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
     store = client.store
-    info = await store.hgetall(0, keys.NODE_INFO)
+    info = await registry.node_info(store)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
     published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
     return {
@@ -127,11 +151,10 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, its live runners (those
     with a presence key: type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
-    from node.runners.presence import live_runners
+    from bus.store.presence import live_runners
 
-    lens = {q: await store.llen(ctx, q) for q in (keys.MSG_OUT, keys.MSG_IN, keys.DLQ)}
-    queues = await store.scan_keys(ctx, "queue:*")
-    lens |= {q: await store.llen(ctx, q) for q in sorted(queues)}
+    names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ, *sorted(await lists.queue_names(store, ctx))]
+    lens = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
     runners = [
         {"id": r.runner_id, "script_type": r.script_type, "local": r.local, "jobs": r.jobs}
         for r in await live_runners(store, ctx)

@@ -24,6 +24,7 @@ import trio
 from bus.client.api import Client, JobResult
 from bus.core.models import JobStatus, Message
 from bus.errors import ClientError
+from bus.store import records
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, unless_interrupted
 from node.cli.registry import peer_facts
@@ -252,7 +253,7 @@ class Follower:
         if not self.progress.tty:
             return
         while True:
-            job = await self.client.store.hgetall(self.ctx, self.job_key)
+            job = await records.read_job(self.client.store, self.ctx, self.job_key)
             self.status = job.get("status", self.status)
             self.progress.show(self.status)
             await trio.sleep(PROGRESS_EVERY_S)

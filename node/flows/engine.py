@@ -35,16 +35,18 @@ from bus.core.flows import FlowDoc, FlowJobPayload
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import FlowStatus, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
-from bus.errors import ContentError, ModelError, StoreError
+from bus.errors import ContentError, ModelError, Refused
+from bus.store import records
 from bus.store.atomic import flows as atomic_flows
+from bus.store.connection import Store
+from bus.store.serve import Done, Handler, Popped, Queue, guarded, serve_queue
+from node.errors import Rejected
 from node.flows.trust import check_flow_doc, check_may_execute
-from node.intake.messages import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 SERVICE = "flows"
-POP_TIMEOUT_S = 5.0
 _FINAL = (FlowStatus.FINISHED.value, FlowStatus.ERROR.value)
 FLOW_DEADLINE = Reason.FLOW_DEADLINE
 IDLE_WAIT_S = 3600.0  # no flow pending: the timer waits for one to be armed
@@ -63,18 +65,59 @@ async def run_flow_engine(
     """Drive context ``ctx``'s flows until cancelled. Reports started once the events a
     previous run left in flight are requeued and every non-final flow was re-evaluated.
     Raises StoreError if Valkey fails (``resilient`` restarts it)."""
-    inflight = keys.inflight(SERVICE)
-    await node.store.recover(ctx, inflight, keys.FLOW_EVENTS)
-    await reevaluate_active(node, ctx)
     async with trio.open_nursery() as nursery:
+        await nursery.start(serve_queue, node.store, _queue(ctx), FlowEvents(node, ctx))
         nursery.start_soon(run_deadline_timer, node, ctx)
         task_status.started()
-        while True:
-            item = await node.store.pop_reliable(ctx, keys.FLOW_EVENTS, inflight, POP_TIMEOUT_S)
-            if item is None:
-                continue
-            await evaluate_guarded(node, ctx, item)
-            await node.store.ack(ctx, inflight, item)
+        await trio.sleep_forever()
+
+
+def _queue(ctx: int) -> Queue:
+    return Queue(ctx, keys.FLOW_EVENTS, keys.inflight(SERVICE), read=False)
+
+
+class FlowEvents(Handler[None]):
+    """Each entry of ``flow_events`` names a flow to evaluate (:func:`evaluate`); one that
+    names none (not a number, no such flow) is refused."""
+
+    name = SERVICE
+
+    def __init__(self, node: NodeState, ctx: int) -> None:
+        self.node, self.ctx = node, ctx
+
+    async def recovered(self) -> None:
+        await reevaluate_active(self.node, self.ctx)
+
+    async def each(self, popped: Popped) -> Done:
+        raw_id, ctx = popped.value, self.ctx
+        if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
+            raise NoFlow(
+                Reason.MALFORMED_ENTRY, "a flow event must be a flow id (a decimal number)"
+            )
+        if await evaluate(self.node, ctx, int(raw_id)) is None:
+            raise NoFlow(Reason.UNKNOWN_FLOW, f"no flow {raw_id} in context {ctx}")
+        return Done.ACK
+
+    async def refuse(
+        self, store: Store, queue: Queue, popped: Popped, refused: Refused, exc: Exception
+    ) -> None:
+        """Only an event that names no flow (not a number, no such flow, a key of another
+        type) is dead-lettered. Anything else met while evaluating one (a flaw, logged by
+        serve_queue, or a refusal evaluate did not handle itself) leaves the flow active,
+        evaluated again on its next event or at the next start: its event is only
+        acknowledged."""
+        if isinstance(exc, (NoFlow, ContentError)):
+            await super().refuse(store, queue, popped, refused, exc)
+            return
+        if isinstance(exc, Refused):  # serve_queue logs flaws only; this is one here
+            log.error(
+                "flow engine failed on flow %r (context %d)", popped.value, self.ctx, exc_info=exc
+            )
+        await store.ack(queue.db, queue.inflight, popped.value)
+
+
+class NoFlow(Refused):
+    """A flow event that names no flow to evaluate: the one refusal the engine dead-letters."""
 
 
 async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
@@ -90,38 +133,13 @@ async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
 
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
-    """Evaluate every flow in ``flows:active``; returns how many there were."""
-    ids = await node.store.smembers(ctx, keys.FLOWS_ACTIVE)
+    """Evaluate every flow in ``flows:active`` (each as if popped from ``flow_events``: what
+    cannot be evaluated is refused the same way); returns how many there were."""
+    ids = await records.active_flows(node.store, ctx)
+    handler, queue = FlowEvents(node, ctx), _queue(ctx)
     for flow_id in sorted(ids):
-        await evaluate_guarded(node, ctx, flow_id)
+        await guarded(node.store, queue, handler, Popped(flow_id, {}))
     return len(ids)
-
-
-async def evaluate_guarded(node: NodeState, ctx: int, raw_id: str) -> None:
-    """:func:`evaluate`, logging (not raising) anything but StoreError: the flow stays active
-    and is evaluated again on its next event or at the next start. An id that names no flow
-    (not a number, no such flow, a key of another type) is dead-lettered, its event taken off
-    the engine's in-flight list."""
-    refused = await _judged(node, ctx, raw_id)
-    if refused is not None:
-        inflight = keys.inflight(SERVICE)
-        await node.store.refuse_entry(ctx, inflight, raw_id, *refused, queue=keys.FLOW_EVENTS)
-
-
-async def _judged(node: NodeState, ctx: int, raw_id: str) -> tuple[Reason, str] | None:
-    """Evaluate flow ``raw_id``; why it names no flow to evaluate (reason, detail), or None."""
-    if not (raw_id.isascii() and raw_id.isdecimal() and len(raw_id) <= 18):
-        return Reason.MALFORMED_ENTRY, "a flow event must be a flow id (a decimal number)"
-    try:
-        if await evaluate(node, ctx, int(raw_id)) is None:
-            return Reason.UNKNOWN_FLOW, f"no flow {raw_id} in context {ctx}"
-    except StoreError:
-        raise
-    except ContentError as exc:
-        return exc.reason, str(exc)
-    except Exception:
-        log.exception("flow engine failed on flow %r (context %d)", raw_id, ctx)
-    return None
 
 
 async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None:
@@ -130,9 +148,9 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
     Raises StoreError if Valkey fails (nothing is half-done: each step is one transaction
     and evaluation is idempotent).
     """
-    fields = await node.store.hgetall(ctx, keys.flow(flow_id))
+    fields = await records.read_flow(node.store, ctx, flow_id)
     if not fields or fields.get("status") in _FINAL:
-        await node.store.srem(ctx, keys.FLOWS_ACTIVE, str(flow_id))
+        await records.forget_active_flow(node.store, ctx, flow_id)
         return FlowStatus(fields["status"]) if fields else None
     try:
         loaded = await _load(node, ctx, flow_id, fields)
@@ -195,7 +213,7 @@ async def _read_jobs(
     states: dict[str, JobStatus] = {}
     results: dict[str, dict[str, str]] = {}
     for job in doc.spec.jobs:
-        fields = await node.store.hgetall(ctx, doc.job_key(job.id))
+        fields = await records.read_job(node.store, ctx, doc.job_key(job.id))
         try:
             states[job.id] = JobStatus(fields.get("status", ""))
         except ValueError:

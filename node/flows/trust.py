@@ -8,7 +8,6 @@ incoming ``flow_job`` message before materialising it. Both raise
 
 from __future__ import annotations
 
-from bus.core import keys
 from bus.core.dag import FlowError, validate_flow
 from bus.core.flows import FlowDoc, FlowJobPayload, verify_flow
 from bus.core.ids import now
@@ -16,7 +15,8 @@ from bus.core.models import Context, Message
 from bus.core.reasons import Reason
 from bus.core.verify import judge
 from bus.errors import ModelError
-from node.intake.messages import Rejected
+from bus.store import records
+from node.errors import Rejected
 from node.state import NodeState
 
 # a flow refused for its key or signature algorithm says so, as a message would
@@ -126,9 +126,6 @@ async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> N
     """Claim the job key for this message (TTL: until the flow expires, plus the window)."""
     job_key = message.job[0].key
     ttl_s = max(doc.expires_at - now(), 0) + node.freshness.window_s
-    claim = keys.flow_job_claim(job_key)
-    if await node.store.set_new(ctx, claim, message.key, ttl_s):
-        return
-    holder = await node.store.get(ctx, claim)
-    if holder != message.key:
+    holder = await records.claim_flow_job(node.store, ctx, job_key, message.key, ttl_s)
+    if holder is not None:
         raise Rejected(Reason.REPLAY, f"flow job {job_key} was already released by {holder}")

@@ -8,8 +8,11 @@ without a password, and each role may touch only what it needs:
 - ``client``: submit (``message:*``, ``msg_out``), flows (``flow:*``, ``flow_events``, ...), wait
   for replies (``reply:*``, ``inbox:*``, ``flow_progress:*``) and read jobs, logs and the
   registry; never write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
-- ``runner``: the external-runner protocol (README "External runners"): queues, jobs, leases,
-  ``running``, ``results``, its in-flight list, its presence and runner hash.
+- ``runner``: the node's own runner processes (node/worker/), and external runners (README
+  "External runners"): queues, jobs, leases, ``running``, ``results``, in-flight lists, presence
+  and runner hashes, and what ending an attempt writes (attempts, the answer or the reply, the
+  dlq, live logs, the type breakers, delayed retries); never ``actor:*``, ``context:*``,
+  ``peer:*``, ``node:*``, flows, replay markers or any other key.
 
 Each password is a file ``secrets/valkey-<role>`` (mode 0600, directory 0700) of the home, made
 by ``hero-node init`` (or at the next start of a home made before); Valkey gets only their
@@ -36,7 +39,10 @@ ROLES = (NODE, CLIENT, RUNNER)
 
 # Commands every role needs to connect (a client sends HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
 # run a MULTI/EXEC transaction (the commands queued inside are checked one by one).
-_CONNECT = "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard"
+# ROLE: a client that found its primary through Sentinels checks it is one (bus/store/failover.py).
+_CONNECT = (
+    "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
+)
 
 # Selectors: each pairs commands with the keys they may touch, so that, say, LPUSH on msg_out
 # does not also allow BLPOP (stealing) on it. A command is allowed if one selector allows it.
@@ -50,21 +56,35 @@ _CLIENT_SELECTORS = (
     "+sadd ~flows:active",
     "+blpop ~reply:* ~flow_progress:*",
     "+blmpop ~inbox:*",
+    # the durability barrier a submit waits on (bus/store/durable.py)
+    "+incr +waitaof ~durable",
 )
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is
-# checked again on its own.
+# checked again on its own. SCRIPT LOAD: a client library loads a script it runs by its hash.
+_RUNNER_CONNECT = f"{_CONNECT} +script|load +time"
 _RUNNER_SELECTORS = (
-    "+hset +hget +hgetall +hmget +hincrby ~job:*",
-    "+blmove +lmove +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
+    "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
+    "+type +blmove +lmove +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
     "+set +get +pexpire +pttl +del ~lease:*",
     "+sadd +srem +smembers ~running",
     "+lpush ~results",
     "+hset +hgetall +del ~runner:*",
     "+set +get +expire +del ~presence:runner:*",
-    # the job statistics the runs_* scripts keep (bus/store/atomic/lua/stats_jobs.lua)
-    "+time +hincrby +hincrbyfloat ~stats:jobs",
-    "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:*",
+    # the job statistics and the type breakers the runs_* scripts keep
+    # (bus/store/atomic/lua/stats_jobs.lua, type_breaker.lua)
+    "+hincrby +hincrbyfloat ~stats:jobs",
+    "+hget +hmget +hset ~type_breakers",
+    # ending an attempt: its history, the answer (a result message on msg_out) or the local
+    # client's reply and its flow's event, a retry's due time, a refusal's dead letter
+    "+rpush +lrange ~attempts:*",
+    "+hset +hget +hgetall ~message:*",
+    "+lpush +expire ~reply:* ~inbox:*",
+    "+lpush ~msg_out ~flow_events ~dlq ~dlq_events",
+    "+zadd ~delayed",
+    "+xadd +expire ~logs:*",
+    "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:* ~attempts:*"
+    " ~message:* ~reply:* ~inbox:* ~msg_out ~flow_events ~delayed ~type_breakers",
 )
 
 
@@ -76,17 +96,18 @@ def secret_path(home: Path, role: str) -> Path:
     return secrets_dir(home) / f"valkey-{role}"
 
 
-def ensure_secrets(home: Path) -> dict[str, str]:
-    """Every role's password, generating (0600, in a 0700 directory) those the home lacks."""
+def ensure_secrets(home: Path, roles: tuple[str, ...] = ROLES) -> dict[str, str]:
+    """Every role's password, generating (0600, in a 0700 directory) those the home lacks
+    (``roles``: a replicated store has two more, node/host/replicated.py)."""
     folder = secrets_dir(home)
     folder.mkdir(mode=0o700, exist_ok=True)
     folder.chmod(0o700)
-    made = [r for r in ROLES if not secret_path(home, r).exists()]
+    made = [r for r in roles if not secret_path(home, r).exists()]
     for role in made:
         _write_private(secret_path(home, role), secrets.token_urlsafe(32) + "\n")
     if made:
         log.info("generated Valkey password(s) for %s in %s", ", ".join(made), folder)
-    return {role: read_secret(home, role) for role in ROLES}
+    return {role: read_secret(home, role) for role in roles}
 
 
 def read_secret(home: Path, role: str) -> str:
@@ -118,7 +139,7 @@ def acl_text(passwords: dict[str, str]) -> str:
         "user default off resetchannels resetkeys -@all",
         user(NODE, "~* &* +@all"),
         user(CLIENT, f"-@all {_CONNECT} {selectors(_CLIENT_SELECTORS)}"),
-        user(RUNNER, f"-@all {_CONNECT} {selectors(_RUNNER_SELECTORS)}"),
+        user(RUNNER, f"-@all {_RUNNER_CONNECT} {selectors(_RUNNER_SELECTORS)}"),
     ]
     return "\n".join(lines) + "\n"
 
@@ -173,7 +194,10 @@ def reachable_url(config: NodeConfig) -> str:
 def role_url(config: NodeConfig, published: str, role: str = NODE) -> str:
     """The URL ``role`` connects with: for the node's own tools with a configured Redis, that
     URL as is; else the embedded Valkey's ``published`` URL (run/node.json, the ready line)
-    with the role's password from the home."""
+    with the role's password from the home. A replicated store (``[store]``): the
+    ``redis+sentinel://`` URL of its Sentinels, whatever ``published`` says."""
+    if config.store.replicated:
+        return config.store.url(role, read_secret(config.home, role))
     if config.redis_url and role == NODE:
         return config.redis_url
     return with_credentials(published, role, read_secret(config.home, role))

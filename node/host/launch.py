@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -62,15 +62,27 @@ async def start_node_process(
     stderr: IO[bytes] | None = None,
     cwd: Path | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    prefix: Sequence[str] = (),
 ) -> tuple[trio.Process, Ready]:
     """Run `hero-node --home HOME run`; return the process once it is ready, and its
     announcement with a Redis URL that authenticates as the node (from the home).
 
     Raises NodeError if it exits or does not get ready within ``ready_timeout_s`` (it is
     then killed). The caller owns the process and must drain its stdout (:func:`drain`).
+    ``prefix`` runs the node under a command that then execs it (``ip netns exec NAME``).
     """
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "node.cli", "--home", str(home), "--log-level", log_level, "run"],
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "node.cli",
+            "--home",
+            str(home),
+            "--log-level",
+            log_level,
+            "run",
+        ],
         stdout=subprocess.PIPE,
         stderr=stderr,
         cwd=cwd,

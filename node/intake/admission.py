@@ -33,6 +33,7 @@ from bus.core.models import Message, MessageType
 from bus.core.reasons import Reason
 from bus.core.verify import freshness_problem, judge
 from bus.errors import ModelError
+from bus.store import records
 from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job, may_execute_in
 from node.intake.messages import Rejected, signed_here
@@ -254,9 +255,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     """Rejected('replay') for a message key or nonce accepted within the freshness window."""
     nonce_key = keys.nonce(message.caller_id, message.nonce or "-")
-    found = await node.store.count_existing(ctx, [keys.seen(message.key), nonce_key])
-    seen_key = found and await node.store.exists(ctx, keys.seen(message.key))
-    seen_nonce = found and not seen_key
+    seen_key, seen_nonce = await records.replay_markers(node.store, ctx, message.key, nonce_key)
     if seen_key or seen_nonce:
         what = "message key" if seen_key else "nonce"
         raise Rejected(Reason.REPLAY, f"{what} of {message.key} was already accepted")

@@ -19,11 +19,13 @@ from bus.core import keys
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
-from bus.errors import ContentError, StoreError
+from bus.store import records
 from bus.store.atomic import routing
+from bus.store.serve import Done, Popped, Queue, serve_queue
 from node.intake.admission import admit
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
+    Intake,
     Rejected,
     parse_message,
     reject,
@@ -36,8 +38,6 @@ from node.state import NodeState
 log = logging.getLogger(__name__)
 
 SERVICE = "consumer"
-POP_TIMEOUT_S = 5.0
-BATCH = 64
 VerifiedResult = tuple[Message, ResultBody]  # a result message and its decoded body
 
 
@@ -48,86 +48,55 @@ async def run_consumer(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Process context ``ctx``'s incoming messages until cancelled."""
-    inflight = keys.inflight(SERVICE)
-    await node.store.recover(ctx, inflight, keys.MSG_IN)
-    task_status.started()
-    while True:
-        # What is queued already, with its hashes, in one round trip; else a blocking pop.
-        batch = await node.store.pop_read(ctx, keys.MSG_IN, inflight, BATCH, POP_TIMEOUT_S)
-        jobs: list[Message] = []
-        results: list[VerifiedResult] = []
-        for key, fields in batch:
-            handled = await _handle_guarded(node, ctx, key, fields, inflight, jobs, results)
-            if not handled:
-                await node.store.ack(ctx, inflight, key)
+    """Process context ``ctx``'s incoming messages until cancelled; reports started after
+    recovery. Raises StoreError if Valkey fails (see bus/store/serve.py)."""
+    queue = Queue(ctx, keys.MSG_IN, keys.inflight(SERVICE))
+    await serve_queue(node.store, queue, Consumer(node, ctx, script_types), task_status=task_status)
+
+
+class Consumer(Intake["Message | VerifiedResult"]):
+    """Each message of msg_in is admitted (:func:`handle_incoming`); the batch's verified
+    results are accepted together, then its job messages materialised in one step."""
+
+    name, source = SERVICE, keys.MSG_IN
+
+    async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
+        message = parse_message(self.ctx, popped.value, popped.fields)
+        return await handle_incoming(self.node, self.ctx, message)
+
+    async def batch(self, items: list[Message | VerifiedResult]) -> None:
+        node, ctx, inflight = self.node, self.ctx, keys.inflight(SERVICE)
+        results = [i for i in items if isinstance(i, tuple)]
+        jobs = [i for i in items if not isinstance(i, tuple)]
         if results:
             await accept_results(node, ctx, results, inflight)
         if jobs:
-            await materialise_fresh(node, ctx, jobs, script_types, inflight, SERVICE)
-
-
-async def _handle_guarded(
-    node: NodeState,
-    ctx: int,
-    key: str,
-    fields: dict[str, str],
-    inflight: str,
-    jobs: list[Message],
-    results: list[VerifiedResult],
-) -> bool:
-    """Handle one message of a batch (its job messages and verified result messages are
-    collected, to be accepted together); True if it is acknowledged already or will be with
-    its batch."""
-    message: Message | None = None
-    try:
-        message = parse_message(ctx, key, fields)
-        return await handle_incoming(node, ctx, message, inflight, jobs, results)
-    except Rejected as exc:
-        await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_IN)
-    except StoreError:
-        raise
-    except ContentError as exc:  # a key the message names holds something unusable
-        refused = Rejected(exc.reason, str(exc))
-        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_IN)
-    except Exception as exc:  # a bug must not stop the queue: record it and go on
-        log.exception("consumer failed on %s (context %d)", key, ctx)
-        await reject(
-            node,
-            ctx,
-            key,
-            Rejected(Reason.INTERNAL_ERROR, repr(exc)),
-            message,
-            SERVICE,
-            queue=keys.MSG_IN,
-        )
-    return False
+            await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
 
 
 async def handle_incoming(
-    node: NodeState,
-    ctx: int,
-    message: Message,
-    inflight: str,
-    jobs: list[Message],
-    results: list[VerifiedResult],
-) -> bool:
-    """Accept ``message``; True when it was acknowledged with what it caused, or will be with
-    its batch: an admitted job (or flow job) message goes to ``jobs``, a result message to
-    ``results`` (both accepted together, replay checks included). Raises Rejected with the
-    reason it is refused (the one admission check: node/intake/admission.py)."""
+    node: NodeState, ctx: int, message: Message
+) -> Message | VerifiedResult | Done:
+    """Accept ``message``: an admitted job (or flow job) message is returned as it is, a
+    result message with its verified body (both accepted with their batch, replay checks
+    included); a stop is applied and acknowledged; chat and mail are stored (Done.ACK).
+    Raises Rejected with the reason it is refused (the one admission check:
+    node/intake/admission.py)."""
     body = await admit(node, ctx, message, incoming=True)
     if body is not None:
-        results.append((message, body))
-    elif message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):
-        jobs.append(message)
-    elif message.message_type is MessageType.STOP:
+        return message, body
+    if message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):
+        return message
+    if message.message_type is MessageType.STOP:
         await apply_stop(node, ctx, message)
+        inflight = keys.inflight(SERVICE)
         await routing.accept_stop(node.store, ctx, inflight, stop_accept(node, message))
-    else:  # chat and mail are stored; nothing runs
-        await node.store.hset(ctx, message.key, {"status": MessageStatus.PROCESSED.value})
-        return False
-    return True
+        return Done.ACKED
+    # chat and mail are stored; nothing runs
+    await records.mark_message(
+        node.store, ctx, message.key, {"status": MessageStatus.PROCESSED.value}
+    )
+    return Done.ACK
 
 
 def stop_accept(node: NodeState, message: Message) -> routing.StopAccept:

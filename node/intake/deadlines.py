@@ -26,6 +26,7 @@ from bus.core.ids import now_ms
 from bus.core.models import JobStatus, Message, MessageStatus
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
+from bus.store import records
 from bus.store.atomic.routing import fail_request, pop_due
 from bus.store.atomic.routing import withdraw as atomic_withdraw
 from bus.wire import outbox
@@ -83,7 +84,7 @@ async def expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
 
 async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
     try:
-        message = Message.from_hash(await node.store.hgetall(ctx, key))
+        message = Message.from_hash(await records.read_message(node.store, ctx, key))
     except ModelError:
         return
     status = message.status.value

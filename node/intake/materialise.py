@@ -3,6 +3,11 @@ markers and the in-flight ack of a whole batch, in one Lua call (atomic, one rou
 bus/store/atomic/lua/routing_materialise.lua). The batch travels as one JSON argument and the
 server does the rest, so the check and the writes are one step and the client builds one
 command per batch, not six per message.
+
+Every job hash written here carries the node's admission stamp (bus/core/admitted.py): this is
+the only place a job is written after :func:`node.intake.admission.admit` accepted its message
+(the supervisor's local delivery, the consumer of ``msg_in``, and so the flow engine's releases,
+which are messages on ``msg_out`` too), and a runner process runs nothing without the stamp.
 """
 
 from __future__ import annotations
@@ -10,14 +15,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
-from bus.core import keys
+from bus.core import admitted, keys
 from bus.core.envelope import ResultBody
 from bus.core.ids import now as now_s
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.queues import target_queue
 from bus.core.reasons import Reason
 from bus.store.atomic.routing import JobWrite, materialise_batch
 from node.intake.messages import Rejected, queue_result, reject
-from node.runners.queues import target_queue
 from node.state import NodeState
 
 REPLAY_WHAT = {1: "message key", 2: "nonce"}
@@ -79,9 +84,10 @@ def _log_queued(
 
 
 def _writes(
-    messages: list[Message], script_types: Collection[str], stamp: int
+    messages: list[Message], script_types: Collection[str], stamp: int, ctx: int, key: bytes
 ) -> tuple[list[tuple[Message, list[JobWrite]]], list[tuple[Message, RunnerJob]]]:
-    """Each message's job hashes and queue entries, and its jobs of no known script type."""
+    """Each message's job hashes (stamped with ``key``, in context ``ctx``) and queue entries,
+    and its jobs of no known script type."""
     unknown: list[tuple[Message, RunnerJob]] = []
     batch: list[tuple[Message, list[JobWrite]]] = []
     for message in messages:
@@ -98,10 +104,11 @@ def _writes(
                 fields["reply_to"] = message.reply_to
             queue = ""
             if job.script_type in script_types:
-                queue = target_queue(job)  # node/runners/queues.py
+                queue = target_queue(job)  # bus/core/queues.py
             else:
                 fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
                 unknown.append((message, job))
+            fields[admitted.FIELD] = admitted.stamp(key, ctx, job.key, fields)
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
     return batch, unknown
@@ -118,7 +125,7 @@ async def materialise_many(
     markers and the ack, in one Lua call; returns the refused messages (replays, and those
     naming another message's job) with why, for which nothing was written."""
     stamp = now_s()
-    batch, unknown = _writes(messages, script_types, stamp)
+    batch, unknown = _writes(messages, script_types, stamp, ctx, node.admission_key)
     types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
     codes, node.queue_depth[ctx], owners = await materialise_batch(
         node.store,

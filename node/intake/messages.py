@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from typing import TypeVar
 
 from bus.core import keys
 from bus.core.envelope import ResultBody, sign_message
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
-from bus.errors import ModelError, StoreError
+from bus.core.text import printable
+from bus.errors import ModelError, Refused, StoreError
+from bus.store import lists, records
 from bus.store.atomic import routing as atomic_routing
 from bus.store.atomic.routing import ResultWrite
-from bus.store.connection import printable
+from bus.store.connection import Store
+from bus.store.serve import Handler, Popped, Queue
 from node.errors import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def load_message(node: NodeState, ctx: int, key: str) -> Message:
     """Read and parse a message hash; Rejected('malformed', ...) if it cannot be used."""
-    return parse_message(ctx, key, await node.store.hgetall(ctx, key))
+    return parse_message(ctx, key, await records.read_message(node.store, ctx, key))
 
 
 def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
@@ -39,6 +44,40 @@ def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
     if message.context_id != ctx:
         raise Rejected(Reason.WRONG_CONTEXT, f"message is for context {message.context_id}")
     return message
+
+
+def parsed_or_none(ctx: int, key: str, fields: Mapping[str, str]) -> Message | None:
+    """The message a refused entry holds, if it parses at all (what ``reject`` tells its
+    sender depends on it)."""
+    try:
+        return parse_message(ctx, key, fields)
+    except Exception:  # unparsable: refused as such
+        return None
+
+
+class Intake(Handler[T]):
+    """The handler of an intake queue (msg_out: the supervisor, msg_in: the consumer): a
+    refused message is dead-lettered with its reason, its sender told (:func:`reject`)."""
+
+    name = "intake"
+    source = ""  # the queue, where a retry sends a refused message back
+
+    def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
+        self.node, self.ctx, self.script_types = node, ctx, script_types
+
+    async def refuse(
+        self, store: Store, queue: Queue, popped: Popped, refused: Refused, exc: Exception
+    ) -> None:
+        node, ctx, key = self.node, self.ctx, popped.value
+        message = parsed_or_none(ctx, key, popped.fields)
+        rejected = exc if isinstance(exc, Rejected) else Rejected(refused.reason, refused.detail)
+        await reject(node, ctx, key, rejected, message, self.name, queue=self.source)
+        if isinstance(exc, Rejected) and message is not None:
+            await self.rejected(message, rejected)
+        await store.ack(ctx, queue.inflight, key)
+
+    async def rejected(self, message: Message, exc: Rejected) -> None:
+        """What else refusing a parsed message (by the handler's verdict) takes."""
 
 
 async def reject(
@@ -95,11 +134,10 @@ async def _answer_unparsed(
                     "reason": f"{exc.reason}: {exc.detail}",
                 }
             )
-            for job in _job_keys(await node.store.hgetall(ctx, key)) or [""]
+            for job in _job_keys(await records.read_message(node.store, ctx, key)) or [""]
         ]
         reply = keys.reply(key)
-        await node.store.lpush(ctx, reply, *replies)
-        await node.store.expire(ctx, reply, node.config.reply_ttl_s)
+        await lists.push_replies(node.store, ctx, reply, replies, node.config.reply_ttl_s)
     except StoreError:
         raise
     except Exception:  # the dead letter is written; a flaw in telling the client stops nothing
@@ -119,7 +157,8 @@ async def _mark_refused(
     node: NodeState, ctx: int, key: str, exc: Rejected, message: Message
 ) -> None:
     """The refused message's status, and its sender's error results (see :func:`reject`)."""
-    await node.store.hset(
+    await records.mark_message(
+        node.store,
         ctx,
         key,
         {"status": MessageStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())},

@@ -17,6 +17,7 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ModelError
+from bus.store import records
 from bus.store.atomic.routing import stop_job
 from node.intake.messages import Rejected, queue_result
 from node.state import NodeState
@@ -39,7 +40,7 @@ async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
     """Stop the job ``message`` names (the caller is already authenticated and authorised to
     execute in ``ctx``). Raises Rejected: unknown_job, permission_denied."""
     job_key = parse_stop(message)
-    fields = await node.store.hgetall(ctx, job_key)
+    fields = await records.read_job(node.store, ctx, job_key)
     if not fields:
         raise Rejected(Reason.UNKNOWN_JOB, f"no job {job_key} in context {ctx}")
     try:
@@ -57,6 +58,6 @@ async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
     if before == "started":
         node.stop_running(job_key, reason)
     elif before in ("dispatched", "waiting_for_prerequisites"):
-        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        request = Message.from_hash(await records.read_message(node.store, ctx, job.message_key))
         body = ResultBody(request.key, job_key, JobStatus.ERROR, {}, reason)
         await queue_result(node, request, body)

@@ -16,20 +16,25 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, MessageType
 from bus.core.reasons import Reason
-from bus.errors import ContentError, StoreError
+from bus.errors import StoreError
+from bus.store import lists, serve
 from bus.store.atomic import routing
+from bus.store.serve import Popped, Queue, serve_queue
 from bus.wire import outbox
 from node.intake import deadlines
 from node.intake.admission import admit
 from node.intake.materialise import materialise_fresh
-from node.intake.messages import Rejected, parse_message, reject, remember_reply_to
+from node.intake.messages import (
+    Intake,
+    Rejected,
+    parse_message,
+    remember_reply_to,
+)
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 SERVICE = "supervisor"
-POP_TIMEOUT_S = 5.0
-BATCH = 64
 HIGH_WATER = 256
 BACKPRESSURE_MAX_S = 2.0
 
@@ -41,33 +46,41 @@ async def run_supervisor(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Route context ``ctx``'s outgoing messages until cancelled; reports started after recovery."""
-    inflight = keys.inflight(SERVICE)
-    await node.store.recover(ctx, inflight, keys.MSG_OUT)
-    task_status.started()
-    while True:
-        # What is queued already, read with its hashes in one round trip; only on an empty
-        # msg_out a blocking pop, whose message is handled at once.
-        batch = await node.store.pop_read(ctx, keys.MSG_OUT, inflight, BATCH, POP_TIMEOUT_S)
-        if batch:
-            await handle_batch(node, ctx, batch, script_types, inflight)
+    """Route context ``ctx``'s outgoing messages until cancelled; reports started after
+    recovery. Raises StoreError if Valkey fails (see bus/store/serve.py)."""
+    queue = Queue(ctx, keys.MSG_OUT, keys.inflight(SERVICE))
+    await serve_queue(
+        node.store, queue, Supervisor(node, ctx, script_types), task_status=task_status
+    )
+
+
+class Supervisor(Intake[Message]):
+    """Each message of msg_out is checked (:func:`check`); the batch of those that may go on
+    is routed together, the jobs that run on this node materialised in one step."""
+
+    name, source = SERVICE, keys.MSG_OUT
+
+    async def each(self, popped: Popped) -> Message:
+        return await check(self.node, self.ctx, popped.value, popped.fields)
+
+    async def batch(self, items: list[Message]) -> None:
+        await handle_batch(self.node, self.ctx, items, self.script_types)
+
+    async def rejected(self, message: Message, exc: Rejected) -> None:
+        """A refused job message of this node's own clients gets failed copies of its jobs."""
+        if message.message_type is MessageType.JOB:
+            await _refused_copies(self.node, self.ctx, message, exc)
 
 
 async def handle_batch(
-    node: NodeState,
-    ctx: int,
-    batch: list[tuple[str, dict[str, str]]],
-    script_types: Collection[str],
-    inflight: str,
+    node: NodeState, ctx: int, messages: list[Message], script_types: Collection[str]
 ) -> None:
-    """Route a batch popped from msg_out (keys and their hashes), the jobs that run on this
-    node materialised together in one step (a batch of one when the queue is short)."""
+    """Route checked messages popped together from msg_out, the jobs that run on this node
+    materialised together in one step (a batch of one when the queue is short)."""
+    inflight = keys.inflight(SERVICE)
     local: list[Message] = []
     remote: list[Message] = []
-    for key, fields in batch:
-        message = await _guarded(node, ctx, key, fields)
-        if message is None:
-            continue
+    for message in messages:
         if message.destination == node.node_id and message.message_type is MessageType.JOB:
             local.append(message)
         else:
@@ -93,47 +106,30 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
         return
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
-            depths = [await node.store.llen(ctx, keys.queue(t)) for t in script_types]
+            depths = await lists.queue_depths(node.store, ctx, script_types)
             depth = node.queue_depth[ctx] = max(depths, default=0)
             if depth < HIGH_WATER:
                 return
             with trio.move_on_after(1.0):
-                await node.wait_jobs_taken(depth - (HIGH_WATER - BATCH))
+                await node.wait_jobs_taken(depth - (HIGH_WATER - serve.BATCH))
 
 
-async def _guarded(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message | None:
-    """Check one message: returned when it may go on (routed with its batch; a job for this
+async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message:
+    """The message under ``key`` when it may go on (routed with its batch; a job for this
     node is materialised right here: the caller was just verified, so no second hop through
-    msg_in and no second verification). A refused one is dead-lettered and acknowledged."""
-    message: Message | None = None
-    try:
-        message = parse_message(ctx, key, fields)
-        await check_outgoing(node, ctx, message)
-        if message.destination != node.node_id and message.destination not in node.peers:
-            raise Rejected(
-                Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
-            )
-        if message.destination != node.node_id and message.message_type is MessageType.JOB:
-            ack_in_s = deadlines.ack_deadline(message) - now()
-            why = node.breakers.refusal(message.destination, ack_in_s)
-            if why is not None:
-                raise Rejected(Reason.PEER_UNAVAILABLE, why)
-        return message
-    except Rejected as exc:
-        await reject(node, ctx, key, exc, message, SERVICE, queue=keys.MSG_OUT)
-        if message is not None and message.message_type is MessageType.JOB:
-            await _refused_copies(node, ctx, message, exc)
-    except StoreError:
-        raise
-    except ContentError as exc:  # a key the message names holds something unusable
-        refused = Rejected(exc.reason, str(exc))
-        await reject(node, ctx, key, refused, message, SERVICE, queue=keys.MSG_OUT)
-    except Exception as exc:  # a bug must not stop the queue: record it and go on
-        log.exception("supervisor failed on %s (context %d)", key, ctx)
-        bug = Rejected(Reason.INTERNAL_ERROR, repr(exc))
-        await reject(node, ctx, key, bug, message, SERVICE, queue=keys.MSG_OUT)
-    await node.store.ack(ctx, keys.inflight(SERVICE), key)
-    return None
+    msg_in and no second verification); Rejected with the reason it may not."""
+    message = parse_message(ctx, key, fields)
+    await check_outgoing(node, ctx, message)
+    if message.destination != node.node_id and message.destination not in node.peers:
+        raise Rejected(
+            Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
+        )
+    if message.destination != node.node_id and message.message_type is MessageType.JOB:
+        ack_in_s = deadlines.ack_deadline(message) - now()
+        why = node.breakers.refusal(message.destination, ack_in_s)
+        if why is not None:
+            raise Rejected(Reason.PEER_UNAVAILABLE, why)
+    return message
 
 
 async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Rejected) -> None:

@@ -17,6 +17,7 @@ from bus.core.frames import Frame, fields_are_strings
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
+from bus.store import records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
@@ -94,6 +95,7 @@ class LinkHandler:
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
+        epoch = self.node.store.epoch  # a failover while storing them voids the acks
         for ctx, group in by_ctx.items():
             stored = await routing.deliver(self.node.store, ctx, group)
             self._count("delivered", sum(stored))
@@ -107,6 +109,10 @@ class LinkHandler:
                     "" if new else " again (stored already)",
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
                 )
+        if acks:
+            # acknowledged means durable (on a replicated store: fsynced here and on a replica,
+            # bus/store/durable.py); NotDurable ends the link unacked and the peer resends
+            await self.node.store.durable(epoch)
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
@@ -136,7 +142,8 @@ class LinkHandler:
         if fields.get("context_id") != str(ctx):
             return f"{Reason.MALFORMED}: message is for another context"
         problem = delivery_problem(fields, self.node.config, now())
-        if problem.startswith(Reason.EXPIRED) and await self.node.store.exists(ctx, key):
+        stored = records.message_exists
+        if problem.startswith(Reason.EXPIRED) and await stored(self.node.store, ctx, key):
             return ""  # stored in time, its ack lost: acknowledged again, stored once
         return problem
 
@@ -144,7 +151,7 @@ class LinkHandler:
         """A context registered but not yet picked up by the registry watcher still counts."""
         if not self._valid_db(ctx):
             return False
-        return await self.node.store.sismember(keys.ACTORS_DB, keys.CONTEXTS, str(ctx))
+        return await registry.serves_context(self.node.store, ctx)
 
     def _valid_db(self, ctx: int) -> bool:
         return 0 < ctx < self.node.config.valkey_databases

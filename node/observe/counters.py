@@ -15,7 +15,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.store import registry
 from bus.wire.transport import Transport
 from node.state import NodeState
 
@@ -38,7 +38,7 @@ async def publish(node: NodeState, transport: Transport) -> None:
     # re-armed before the snapshot is taken: a count during the write is published next time
     node.counted = trio.Event()
     text = json.dumps(snapshot(node, transport), separators=(",", ":"))
-    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, {COUNTERS_FIELD: text})
+    await registry.publish_node_info(node.store, {COUNTERS_FIELD: text})
 
 
 async def run_counters(

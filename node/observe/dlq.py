@@ -23,8 +23,10 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys
+from bus.core.text import printable
+from bus.store import lists
 from bus.store.atomic import queues
-from bus.store.connection import printable
+from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -40,29 +42,44 @@ async def run_dlq_watch(
     node: NodeState, db: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> NoReturn:
     """Watch DB ``db``'s dead letters until cancelled. Raises StoreError (restarted by
-    ``resilient``); reports started once what a previous run left in flight is requeued."""
-    store = node.store
-    await store.recover(db, INFLIGHT, keys.DLQ_EVENTS, max_redeliveries=NEVER_SET_ASIDE)
-    await trim(node, db)
-    task_status.started()
-    while True:
-        entry = await store.pop_reliable(db, keys.DLQ_EVENTS, INFLIGHT, WAKE_S)
-        if entry is None:
-            continue
-        # bounded first: whoever the hook tells finds the dlq within its bound
-        await trim(node, db)
-        if node.config.on_dead_letter:
-            await run_hook(node, db, entry)
-        await store.ack(db, INFLIGHT, entry)
+    ``resilient``); reports started once what a previous run left in flight is requeued and
+    the dlq trimmed to its bound."""
+    queue = Queue(
+        db,
+        keys.DLQ_EVENTS,
+        INFLIGHT,
+        read=False,
+        timeout_s=WAKE_S,
+        max_redeliveries=NEVER_SET_ASIDE,
+    )
+    await serve_queue(node.store, queue, DeadLetters(node, db), task_status=task_status)
+
+
+class DeadLetters(Handler[None]):
+    """Each new dead letter: the dlq is bounded first (whoever the hook tells finds it within
+    its bound), then the hook runs; a hook's failure is its own (logged, counted)."""
+
+    name = "dlq"
+
+    def __init__(self, node: NodeState, db: int) -> None:
+        self.node, self.db = node, db
+
+    async def recovered(self) -> None:
+        await trim(self.node, self.db)
+
+    async def each(self, popped: Popped) -> Done:
+        await trim(self.node, self.db)
+        if self.node.config.on_dead_letter:
+            await run_hook(self.node, self.db, popped.value)
+        return Done.ACK
 
 
 async def trim(node: NodeState, db: int) -> int:
     """Archive and drop the dlq's entries beyond its bound, oldest first; how many."""
     limit, store = node.config.dlq_limit(db), node.store
-    if limit <= 0 or await store.llen(db, keys.DLQ) <= limit:
+    oldest = await lists.dlq_beyond(store, db, limit)
+    if not oldest:
         return 0
-    overflow = await store.call(db, lambda r: r.lrange(keys.DLQ, limit, -1))
-    oldest = [str(e) for e in reversed(overflow)]
     path = archive_path(node.config.archive_dir, db)
     await trio.to_thread.run_sync(append_lines, path, oldest)
     dropped = await queues.trim_dead(store, db, oldest)

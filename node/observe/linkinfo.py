@@ -14,7 +14,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.store import registry
 from bus.wire.transport import Transport
 from node.state import NodeState
 
@@ -24,7 +24,7 @@ PUBLISH_INTERVAL_S: Final = 1.0
 
 async def publish_links(node: NodeState, transport: Transport) -> None:
     text = json.dumps(transport.states.snapshot(), separators=(",", ":"))
-    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, {LINKS_FIELD: text})
+    await registry.publish_node_info(node.store, {LINKS_FIELD: text})
 
 
 async def run_link_info(

@@ -33,10 +33,11 @@ from prometheus_client.utils import floatToGoString
 from bus.core import keys
 from bus.core.models import Peer
 from bus.core.reasons import Reason
+from bus.store import lists, records
 from bus.store.atomic import STATS_BUCKETS_S, type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
+from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED
-from node.runners.presence import LiveRunner, live_runners
 from node.state import NodeState
 
 __all__ = ["exposition"]
@@ -52,6 +53,12 @@ ACKS = {
     "nacks_received": ("received", "nack"),
 }
 REJECTED, REFUSED_DELIVERY = "rejected_", "refused_delivery_"
+# the stage of a transport refusal (hero_link_refusals_total) when it is not "handshake"
+STAGES = {
+    "oversize_frame": "frame",
+    Reason.LISTENER_FULL: "listener",
+    Reason.ADDRESS_FULL: "listener",
+}
 
 
 @dataclass
@@ -93,17 +100,16 @@ async def read(state: NodeState) -> Scrape:
     await store.ping()
     scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {}, {})
     for ctx in await store.context_ids():
-        scrape.stats[ctx] = await store.hgetall(ctx, keys.STATS_JOBS)
+        scrape.stats[ctx] = await records.job_stats(store, ctx)
         # each type's queue always (an empty list does not exist in Valkey), then the others
         names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ]
         names += [keys.queue(t) for t in sorted(state.config.runners)]
-        names += sorted(set(await store.scan_keys(ctx, "queue:*")) - set(names))
-        scrape.depths[ctx] = {name: await store.llen(ctx, name) for name in names}
+        names += sorted(set(await lists.queue_names(store, ctx)) - set(names))
+        scrape.depths[ctx] = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
     for peer_id in state.peers:
-        pending = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
-        inflight = await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
+        pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
     return scrape
 
@@ -238,8 +244,8 @@ def valkey_families(scrape: Scrape) -> Iterable[Metric]:
         "Entries in a context's list: msg_out, msg_in, dlq and every queue:*.",
         labels=["ctx", "queue"],
     )
-    for ctx, lists in sorted(scrape.depths.items()):
-        for name, length in lists.items():
+    for ctx, by_name in sorted(scrape.depths.items()):
+        for name, length in by_name.items():
             depth.add_metric([str(ctx), name], float(length))
     return [ping, depth]
 
@@ -321,7 +327,13 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
             frames.add_metric([*labels, "out"], float(traffic.frames_out))
             sizes.add_metric([*labels, "in"], float(traffic.bytes_in))
             sizes.add_metric([*labels, "out"], float(traffic.bytes_out))
-    return [up, outbox, frames, sizes]
+    unauthenticated = GaugeMetricFamily(
+        "hero_link_pending_connections",
+        "Inbound connections accepted and not yet authenticated (capped, see README).",
+    )
+    gate = transport.gate if transport is not None else None
+    unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))
+    return [up, outbox, frames, sizes, unauthenticated]
 
 
 def counter_families(state: NodeState) -> Iterable[Metric]:
@@ -359,7 +371,7 @@ def counter_families(state: NodeState) -> Iterable[Metric]:
         _file(fams, name, float(n))
     if state.transport is not None:
         for reason, n in sorted(state.transport.refused.items()):
-            stage = "frame" if reason == "oversize_frame" else "handshake"
+            stage = STAGES.get(reason, "handshake")
             fams["links"].add_metric([stage, reason], float(n))
     for service, n in sorted(state.restarts.items()):
         fams["restarts"].add_metric([service], float(n))

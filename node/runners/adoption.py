@@ -25,6 +25,7 @@ import trio
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
+from bus.store import lists, records
 from bus.store.atomic import runs, slots
 from node.runners import outcomes
 from node.runners.exits import Outcome, kill_orphans, live_processes, outcome_of
@@ -154,7 +155,7 @@ async def recover_slot(
     adopting = f"{inflight}:adopting"
     pending: list[Callable[[], Awaitable[None]]] = []
     for where in (adopting, inflight):
-        for job_key in await node.store.lrange(ctx, where):
+        for job_key in await lists.entries(node.store, ctx, where):
             left = await _left_behind(node, ctx, job_key, logs)
             if left is None:
                 if where == adopting:  # ended meanwhile
@@ -178,11 +179,11 @@ async def _left_behind(
     """A job left ``started`` (None if it is not, or cannot be read: a hostile entry is
     requeued with the rest and refused alone when popped)."""
     try:
-        fields = await node.store.hgetall(ctx, job_key)
+        fields = await records.read_job(node.store, ctx, job_key)
         if fields.get("status") != JobStatus.STARTED.value:
             return None
         job = RunnerJob.from_hash(fields)
-        request = Message.from_hash(await node.store.hgetall(ctx, job.message_key))
+        request = Message.from_hash(await records.read_message(node.store, ctx, job.message_key))
         attempt = int(fields.get("attempt") or 0)
     except (ContentError, ModelError, ValueError):
         return None

@@ -38,19 +38,19 @@ from bus.core import keys
 from bus.core.envelope import ResultBody
 from bus.core.ids import ms_after
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.queues import queue_of
 from bus.core.reasons import Reason
-from bus.errors import ContentError, ModelError, StoreError
+from bus.errors import ContentError, ModelError
+from bus.store import records
 from bus.store.atomic import runs
+from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
 from node.runners.lifecycle import RetryPolicy, after_attempt
-from node.runners.queues import queue_of
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
-POP_TIMEOUT_S = 5.0
-BATCH = 64  # finished jobs taken (and their hashes read) per round trip
 SWEEP_S = 60.0  # safety net for missed expiry events
 FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
@@ -61,32 +61,23 @@ async def run_results(
     """Answer the jobs external runners finish in context ``ctx`` until cancelled.
 
     Raises StoreError if Redis fails (the caller restarts the service)."""
-    await node.store.recover(ctx, RESULTS_INFLIGHT, keys.RESULTS)
-    task_status.started()
-    while True:
-        # What is queued already, with the job hashes, in one round trip (a key of another
-        # type is refused there); only on an empty list a blocking pop.
-        batch = await node.store.pop_read(ctx, keys.RESULTS, RESULTS_INFLIGHT, BATCH, POP_TIMEOUT_S)
-        for job_key, fields in batch:
-            await _answer_guarded(node, ctx, job_key, fields)
+    queue = Queue(ctx, keys.RESULTS, RESULTS_INFLIGHT)  # the job hashes read with the pop
+    await serve_queue(node.store, queue, Results(node, ctx), task_status=task_status)
 
 
-async def _answer_guarded(
-    node: NodeState, ctx: int, job_key: str, fields: dict[str, str] | None = None
-) -> None:
-    """:func:`answer`; an entry it cannot use (its key holds no hash, or a field it reads is
-    no number) is dead-lettered alone and the service goes on."""
-    try:
-        await answer(node, ctx, job_key, fields)
-    except StoreError:
-        raise
-    except Exception as exc:  # content (or a flaw) of this entry: refused, nothing else
-        reason = exc.reason if isinstance(exc, ContentError) else Reason.MALFORMED_JOB
-        log.warning("cannot answer %s (context %d): %r", job_key, ctx, exc)
-        detail = f"cannot answer it: {exc!r}"
-        await node.store.refuse_entry(
-            ctx, RESULTS_INFLIGHT, job_key, reason, detail, queue=keys.RESULTS
-        )
+class Results(Handler[None]):
+    """Each finished job is retried or answered (:func:`answer`); an entry it cannot use (its
+    key holds no hash, a field it reads is no number) is refused (``malformed_job``)."""
+
+    name = "results"
+    flaw = Reason.MALFORMED_JOB  # what answer() trips over is the job hash's content
+
+    def __init__(self, node: NodeState, ctx: int) -> None:
+        self.node, self.ctx = node, ctx
+
+    async def each(self, popped: Popped) -> Done:
+        await answer(self.node, self.ctx, popped.value, popped.fields)
+        return Done.ACKED  # answer() acknowledges in the same step as what it writes
 
 
 async def answer(
@@ -96,7 +87,7 @@ async def answer(
     there was nothing to do (not final, already answered, malformed: dead-lettered). Raises
     StoreError if Redis fails."""
     if fields is None:
-        fields = await node.store.hgetall(ctx, job_key)
+        fields = await records.read_job(node.store, ctx, job_key)
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
@@ -158,7 +149,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     ``runner_lost``, handed to the results service); an attempt this process still runs
     re-takes its lease instead. False if nothing was ended. Raises StoreError if Redis fails."""
     try:
-        fields = await node.store.hgetall(ctx, job_key)
+        fields = await records.read_job(node.store, ctx, job_key)
     except ContentError as exc:  # no job: nothing to reap (the reaper goes on)
         log.warning("not reaping %s (context %d): %s", job_key, ctx, exc)
         return False
@@ -199,7 +190,7 @@ def _is_local(node: NodeState, token: str) -> bool:
 async def sweep(node: NodeState, ctx: int) -> int:
     """Reap every started job whose lease is gone; how many. Raises StoreError."""
     running = await runs.running_jobs(node.store, ctx)
-    present = await node.store.exists_many(ctx, [keys.lease(k) for k in running])
+    present = await records.leases_held(node.store, ctx, running)
     return sum(
         [await reap(node, ctx, k) for k, alive in zip(running, present, strict=True) if not alive]
     )

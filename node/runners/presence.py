@@ -18,13 +18,12 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
-from bus.core import keys
 from bus.core.ids import now
-from bus.core.models import Runner, decode_hash
+from bus.core.models import Runner
+from bus.store import records
 from bus.store.atomic import slots as atomic_slots
 from bus.store.connection import Store
 from node.state import NodeState
@@ -114,50 +113,4 @@ async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -
 
 
 async def _clear(store: Store, ctx: int, slots: list[Slot]) -> None:
-    await store.delete(ctx, [keys.presence_runner(s.runner_id) for s in slots])
-
-
-@dataclass(frozen=True)
-class LiveRunner:
-    runner_id: str
-    script_type: str
-    local: bool
-    address: str
-    jobs: list[str]  # job keys it is busy with (empty: idle)
-    presence: dict[str, Any]
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.jobs)
-
-
-async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
-    """The runners of context ``ctx`` with a presence key (sorted by id), and their jobs.
-
-    Raises StoreError if Redis fails."""
-    prefix = keys.presence_runner("")
-    names = sorted(await store.scan_keys(ctx, keys.PRESENCE_RUNNER_PATTERN))
-    out = []
-    for name in names:
-        rid = name[len(prefix) :]
-        raw = await store.get(ctx, name)
-        if raw is None:  # expired meanwhile
-            continue
-        try:
-            presence = json.loads(raw)
-        except ValueError:
-            presence = {}
-        hash_ = decode_hash(await store.hgetall(ctx, keys.runner(rid)))
-        inflight = str(presence.get("inflight") or keys.runner_inflight(rid))
-        jobs = await store.lrange(ctx, inflight)
-        out.append(
-            LiveRunner(
-                runner_id=rid,
-                script_type=hash_.get("script_type") or str(presence.get("script_type", "")),
-                local=hash_.get("local", "true") == "true",
-                address=hash_.get("address", ""),
-                jobs=jobs,
-                presence=presence,
-            )
-        )
-    return out
+    await records.clear_presence(store, ctx, [s.runner_id for s in slots])

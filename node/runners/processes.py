@@ -7,7 +7,10 @@ Per slot, a task in the context's nursery:
   a dead process left ``started`` is concluded with the outcome it recorded, adopted when a
   command it started ends, or ended ``runner_lost`` (and retried as its retries allow); the
   rest of the slot's in-flight list goes back to its queue;
-* starts the process (its own session: a job's processes are in its group) and waits for its
+* starts the process (its own session: a job's processes are in its group) with a socket to
+  the node's signer (node/host/signer.py) and writes its spec, the ``runner`` URL with its
+  password and the admission key first on its stdin (never in an environment; the key
+  passphrase variable is not passed on either), then waits for its
   exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
   after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
 * reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
@@ -28,12 +31,14 @@ import secrets
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
 from bus.core import keys
-from node.intake import supervisor
+from bus.store import serve
+from node.host.hardening import child_env
 from node.observe import logs
 from node.runners import outcomes
 from node.runners.exits import KILL_GRACE_S
@@ -41,7 +46,7 @@ from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
 from node.sandbox.wiring import slot_sandbox
 from node.state import NodeState
-from node.worker.loop import SPEC_ENV, RunnerSpec
+from node.worker.spec import RunnerSpec, frame
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +73,6 @@ def runner_spec(
         max_output_bytes=config.max_output_bytes,
         reply_ttl_s=config.reply_ttl_s,
         node_id=node.node_id,
-        node_key=str(config.node_key_path),
         in_process=script_type == "python" and config.python_workers,
         max_jobs=RECYCLE_JOBS,
         pop_timeout_s=POP_TIMEOUT_S,
@@ -76,7 +80,7 @@ def runner_spec(
         breaker_open_ms=int(config.type_breaker_open_s * 1000),
         breaker_probes=config.type_breaker_probes,
         # the supervisor waits for a batch's worth of jobs taken: report twice per batch
-        taken_every=max(1, min(16, supervisor.BATCH // 2)),
+        taken_every=max(1, min(16, serve.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
         sandbox=slot_sandbox(config, node.isolation, ctx) if node.isolation else {},
@@ -152,14 +156,25 @@ async def run_runner_process(
 async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskStatus[None]) -> int:
     """Start the process, watch it until it exits (returned: its exit code)."""
     marker = secrets.token_hex(8)
-    env = dict(os.environ) | {SPEC_ENV: spec.to_json(), "HERO_WORKER": marker}
-    proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "node.worker.pyjobs", "--runner"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-        env=env,
-    )
+    env = child_env() | {"HERO_WORKER": marker}
+    signer = await node.signer.attach() if node.signer is not None else None
+    if signer is not None:
+        spec = replace(spec, signer_fd=signer.fileno())
+    try:  # the run directory on its command line: what names the node's runners in ps
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "node.worker.pyjobs", "--runner", spec.run_dir],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+            pass_fds=() if signer is None else (signer.fileno(),),
+        )
+    finally:
+        if signer is not None:
+            signer.close()
+    assert proc.stdin is not None
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await proc.stdin.send_all(frame(spec, node.admission_key))  # dead at once: seen below
     handle = RunnerProcess(proc)
     where = (spec.ctx, spec.slot_id)
     wakers = node.idle_slots.setdefault((spec.ctx, spec.script_type), set())

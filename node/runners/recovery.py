@@ -20,13 +20,14 @@ from typing import NoReturn
 
 import trio
 
+from bus.core import queues
 from bus.core.envelope import ResultBody
 from bus.core.ids import ms_after, now_ms
 from bus.core.models import Message, RunnerJob
 from bus.errors import StoreError
 from bus.store.atomic import runs
 from node.intake.messages import result_message
-from node.runners import adoption, queues
+from node.runners import adoption
 from node.runners.exits import Outcome
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.state import NodeState

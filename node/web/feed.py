@@ -17,12 +17,13 @@ import trio
 from bus.client.api import Client
 from bus.core import keys
 from bus.core.ids import now
+from bus.core.queues import consume_order, slot_bases
 from bus.errors import BusError
+from bus.store import lists, records, registry
+from bus.store.presence import live_runners
 from bus.wire import outbox
 from bus.wire.transport import Transport
 from node.observe import counters
-from node.runners.presence import live_runners
-from node.runners.queues import consume_order, slot_bases
 from node.state import NodeState
 from node.web.recent import Recent
 from node.web.views import (
@@ -84,7 +85,7 @@ class Feed:
         }
 
     async def _node(self) -> dict[str, Any]:
-        info = await self.node.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+        info = await registry.node_info(self.node.store)
         shown = ("id", "name", "ws_url", "pid", "started_at", "isolation", "isolation_why")
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.node_id,
@@ -97,7 +98,8 @@ class Feed:
     async def _peers(self) -> list[dict[str, Any]]:
         peers = sorted(self.node.peers.values(), key=lambda p: (p.name, p.id))
         store, out = self.node.store, []
-        lens = await store.llen_many(
+        lens = await lists.depths(
+            store,
             keys.ACTORS_DB,
             [k for p in peers for k in (keys.outbox(p.id), keys.outbox_inflight(p.id))],
         )
@@ -139,9 +141,9 @@ class Feed:
 
     async def _context(self, ctx: int) -> dict[str, Any]:
         store, names = self.node.store, self._queues()
-        lens = await store.llen_many(ctx, [*names, keys.DLQ])
+        lens = await lists.depths(store, ctx, [*names, keys.DLQ])
         letters = []
-        for raw in await store.lrange_head(ctx, keys.DLQ, DEAD_LETTERS_SHOWN):
+        for raw in await lists.head(store, ctx, keys.DLQ, DEAD_LETTERS_SHOWN):
             letters.append(dead_letter_view(raw))
         queues = dict(zip(names, lens, strict=False))
         return {
@@ -180,7 +182,7 @@ class Feed:
         out = []
         for ctx in contexts:
             names = await self._newest(ctx, "job:*", JOBS_SHOWN)
-            rows = await self.node.store.hmget_many(ctx, names, JOB_FIELDS)
+            rows = await records.read_fields(self.node.store, ctx, names, JOB_FIELDS)
             views = []
             for key, row in zip(names, rows, strict=True):
                 if not row:
@@ -194,8 +196,8 @@ class Feed:
 
     async def _where(self, ctx: int, jobs: list[dict[str, Any]]) -> None:
         """Name the node each job runs on: the destination of the message that carried it."""
-        carriers = await self.node.store.hmget_many(
-            ctx, [j["message"] for j in jobs], ["destination"]
+        carriers = await records.read_fields(
+            self.node.store, ctx, [j["message"] for j in jobs], ["destination"]
         )
         for job, carrier in zip(jobs, carriers, strict=True):
             job["node"] = self._node_name(carrier.get("destination") or self.node.node_id)
@@ -219,7 +221,7 @@ class Feed:
         out = []
         for ctx in contexts:
             names = await self._newest(ctx, "message:*", MESSAGES_SHOWN)
-            rows = await self.node.store.hmget_many(ctx, names, MESSAGE_FIELDS)
+            rows = await records.read_fields(self.node.store, ctx, names, MESSAGE_FIELDS)
             for key, row in zip(names, rows, strict=True):
                 if not row:
                     self._forget(ctx, "message:*", key)
@@ -238,8 +240,8 @@ class Feed:
         for peer in peers:
             if peer["outbox"]:
                 box = keys.outbox(peer["id"])
-                queued.update(await store.lrange_head(keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
+                queued.update(await lists.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
             if peer["in_flight"]:
                 box = keys.outbox_inflight(peer["id"])
-                sent.update(await store.lrange_head(keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
+                sent.update(await lists.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
         return queued, sent

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
+from bus.store import records
 from bus.store.connection import Store
 
 SCAN_COUNT: Final = 500  # keys the server looks at per SCAN step
@@ -41,15 +42,15 @@ class Recent:
         Raises StoreError if Redis fails."""
         fresh: list[str] = []
         for _ in range(SCAN_STEPS):
-            self._cursor, batch = await store.scan_page(
-                self.db, self.pattern, self._cursor, SCAN_COUNT
+            self._cursor, batch = await records.find_page(
+                store, self.db, self.pattern, self._cursor, SCAN_COUNT
             )
             fresh.extend(k for k in batch if k not in self._seen)
             self._seen.update(batch)
             if self._cursor == 0:  # a walk is over; the next refresh starts another
                 break
         if fresh:
-            rows = await store.hmget_many(self.db, fresh, ["created_at"])
+            rows = await records.read_fields(store, self.db, fresh, ["created_at"])
             for key, row in zip(fresh, rows, strict=True):
                 self._insert(key, _int(row.get("created_at")))
 

@@ -15,11 +15,11 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from bus.wire.transport import Transport
+from node.config.console import ConsoleConfig
 from node.errors import NodeError
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app
 from node.web.feed import Feed
-from node.web.settings import ConsoleConfig
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,18 @@
 runner, the external runner protocol of README "External runners", built in).
 
 One process per runner slot (``[runners] python = N``: N processes per context), started,
-watched and restarted by the node (node/runners/processes.py); it is a part of the node: it reads
-the node's key from the home to sign the results of remote requests. Per job, with a blocking
-client (redis-py) and no event loop:
+watched and restarted by the node (node/runners/processes.py). It holds no secret it does not
+need: it connects as the ``runner`` ACL user (node/host/acl.py), gets its spec (that URL with
+its password) and the admission key over its stdin pipe, never in its environment, is not
+dumpable, and has the results of remote requests signed by the node's signer process
+(node/host/signer.py) over an inherited socket: the node key is not in this process. Per job,
+with a blocking client and no event loop:
 
 1. pop: the slot's lists in consume order (node/runners/queues.py) with ``runs_pop_first``,
    or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``;
-2. ``runs_start``: the attempt's fencing token and lease;
+2. ``runs_start``: the attempt's fencing token and lease; then the job hash's admission stamp
+   is checked (bus/core/admitted.py): a hash the node did not admit is dead-lettered
+   ``not_admitted`` and ended in error, never run;
 3. run: a python job in this very interpreter (the warm worker), any other type as a
    subprocess in its own process group (node/worker/job.py); a watch thread renews the
    lease, forwards live logs, enforces the timeout and stops the job on request;
@@ -35,83 +40,41 @@ import os
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Protocol
 
-import redis
-
-from bus.core import keys
-from bus.core.envelope import ResultBody, sign_message
+from bus.core import admitted, keys
+from bus.core.envelope import ResultBody
 from bus.core.ids import ms_after, new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
-from bus.store.atomic.runs_sync import SyncRuns, connect, is_utf8
+from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, connect, is_utf8
 from bus.store.atomic.type_breakers import BreakerOpen
-from crypto import KeyPair, passphrase_from_env, read_key_file
+from node.host.hardening import not_dumpable
+from node.host.signer import SignerClient, SignerGone
 from node.runners import outcomes, queues
 from node.runners.exits import Outcome
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
+from node.worker.spec import RunnerSpec, read_frame
 
 log = logging.getLogger("node.worker.loop")
 
-SPEC_ENV = "HERO_RUNNER"
 
-
-@dataclass(frozen=True)
-class RunnerSpec:
-    """What one runner process serves and how (passed in its environment as JSON)."""
-
-    url: str
-    ctx: int
-    script_type: str
-    slot: int
-    command: list[str]
-    group: str
-    token_base: str
-    lease_ttl_ms: int
-    run_dir: str
-    max_output_bytes: int
-    reply_ttl_s: int
-    node_id: str
-    node_key: str
-    in_process: bool  # python jobs run in this interpreter (else: the command, a subprocess)
-    max_jobs: int
-    pop_timeout_s: float = 5.0  # a blocking pop's wait, after which every list is looked at
-    # the type's circuit breaker (bus/store/atomic/type_breakers.py): failures in a row that open
-    # it (0: none), for how long, and how many probes then go at once
-    breaker_failures: int = 0
-    breaker_open_ms: int = 10_000
-    breaker_probes: int = 1
-    taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
-    log_level: int = logging.INFO
-    # the node's (node/observe/logs.py FORMATS): its stderr stays one format
-    log_format: str = "text"
-    # the slot's sandbox (node/sandbox/host.py SandboxSpec, as a dict)
-    sandbox: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def slot_id(self) -> str:
-        return f"{self.script_type}:{self.slot}"
-
-    @property
-    def inflight(self) -> str:
-        return keys.inflight(f"runner:{self.slot_id}")
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+class ResultSigner(Protocol):
+    def sign_result(self, message: Message) -> Message: ...
 
 
 class Runner:
     """The pop / start / run / end loop of one slot."""
 
-    def __init__(self, spec: RunnerSpec, key: KeyPair) -> None:
-        self.spec, self.key = spec, key
+    def __init__(
+        self, spec: RunnerSpec, admission_key: bytes, signer: ResultSigner | None = None
+    ) -> None:
+        self.spec, self.admission_key, self.signer = spec, admission_key, signer
         self.runs = SyncRuns(connect(spec.url, spec.ctx))
         self.inflight = spec.inflight
         self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
@@ -183,7 +146,7 @@ class Runner:
                 return self._usable(found)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
         self.flush_reports()  # idle now: the node's figures are complete while it waits
-        before = self.runs.client.llen(self.inflight)
+        before = self.runs.list_length(self.inflight)
         try:
             self.popping = True
             if self.draining:
@@ -191,9 +154,9 @@ class Runner:
             value = self.runs.pop_blocking(base, self.inflight, self.spec.pop_timeout_s)
         except Wake:
             self.popping = False
-            moved = self.runs.client.lrange(self.inflight, 0, 0)
-            after = self.runs.client.llen(self.inflight)
-            return self._usable(str(moved[0])) if moved and after > before else None
+            moved = self.runs.list_head(self.inflight)
+            after = self.runs.list_length(self.inflight)
+            return self._usable(moved) if moved is not None and after > before else None
         finally:
             self.popping = False
         return None if value is None else self._usable(value)
@@ -218,8 +181,7 @@ class Runner:
     def queue_of(self, job_key: str) -> str:
         """The list a popped job was queued on (its targeting fields)."""
         names = ("script_type", "group", "instance", "priority")
-        values = self.runs.client.hmget(job_key, names)
-        return queues.queue_of({n: str(v or "") for n, v in zip(names, values, strict=True)})
+        return queues.queue_of(self.runs.hash_fields(job_key, names))
 
     def _usable(self, value: str) -> str | None:
         if is_utf8(value):
@@ -250,8 +212,12 @@ class Runner:
         if not fields:  # final (a duplicate queue entry)
             self.runs.ack(self.inflight, job_key)
             return None
-        self.jobs += 1
         attempt = int(fields["attempt"])
+        unadmitted = admitted.problem(self.admission_key, self.spec.ctx, job_key, fields)
+        if unadmitted:
+            self.refuse_unadmitted(job_key, fields, attempt, unadmitted)
+            return None
+        self.jobs += 1
         try:
             job = RunnerJob.from_hash(fields)
             request = self._request_of(job, fields)
@@ -278,12 +244,22 @@ class Runner:
             finally:
                 self.job.end_logs(outcome.status.value)
 
+    def refuse_unadmitted(
+        self, job_key: str, fields: dict[str, str], attempt: int, why: str
+    ) -> None:
+        """A job hash without this node's admission stamp: dead-lettered and ended in error,
+        never run (written with a runner password, or changed since it was admitted)."""
+        about = self.fields(job_key, Reason.NOT_ADMITTED, attempt=attempt)
+        log.warning("refused %s (context %d): %s", job_key, self.spec.ctx, why, extra=about)
+        self.runs.dead_letter(job_key, Reason.NOT_ADMITTED, why, queues.queue_of(fields))
+        self.runs.finish_malformed(job_key, attempt, self.inflight, why, reason=Reason.NOT_ADMITTED)
+        self.counts["jobs_not_admitted"] = self.counts.get("jobs_not_admitted", 0) + 1
+
     def _request_of(self, job: RunnerJob, fields: dict[str, str]) -> Message:
         """The message that carried ``job``, as far as answering it needs."""
         origin = fields.get("origin")
         if not origin:
-            raw = self.runs.client.hgetall(job.message_key)
-            return Message.from_hash({str(k): str(v) for k, v in raw.items()})
+            return Message.from_hash(self.runs.hash_all(job.message_key))
         caller, ident = keys.parse_message_key(job.message_key)
         reply_to = fields.get("reply_to", "")  # materialise copies the signed one here
         return Message(
@@ -328,6 +304,9 @@ class Runner:
         while True:
             try:
                 return self._end(job, request, outcome, attempt, nxt)
+            except SignerGone:  # no retry can help: the next node's recovery ends the attempt
+                log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
+                os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 log.warning(
                     "%s: cannot record the outcome yet (%r); retrying",
@@ -388,7 +367,9 @@ class Runner:
             destination=request.origin,
             nonce=new_nonce(),
         )
-        return sign_message(msg, self.key)
+        if self.signer is None:
+            raise RuntimeError("this runner has no signer: it cannot answer a remote request")
+        return self.signer.sign_result(msg)
 
     def _log_end(self, job: RunnerJob, outcome: Outcome, retry: bool, ok: bool) -> None:
         took_ms = (time.monotonic() - self.job.began) * 1000
@@ -444,13 +425,17 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    """``python -m node.worker.pyjobs --runner``: the spec in $HERO_RUNNER."""
+    """``python -m node.worker.pyjobs --runner``: the spec first on stdin (node/worker/spec.py)."""
     global _RUNNER
-    spec = RunnerSpec(**json.loads(os.environ.pop(SPEC_ENV)))
+    not_dumpable()  # before the frame: the password and key never sit in a readable process
+    try:
+        spec, admission_key = read_frame(0)
+    except EOFError:  # the node stopped (or died) before it wrote the spec: nothing to serve
+        os._exit(0)
     log_to(os.dup(2), spec)  # fd 2 becomes a python job's capture file
-    key = read_key_file(Path(spec.node_key), passphrase=passphrase_from_env())
+    signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
     prepare_process(spec)  # fds, subreaper, pid file, environment
-    _RUNNER = runner = Runner(spec, key)
+    _RUNNER = runner = Runner(spec, admission_key, signer)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(signum, _on_signal)
     if os.getppid() != runner.parent:
@@ -464,7 +449,7 @@ def main() -> None:
             spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
         )
         runner.serve()
-    except redis.RedisError as exc:  # a pop or a start whose outcome is unknown: the node's
+    except SyncStoreError as exc:  # a pop or a start whose outcome is unknown: the node's
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
         log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
         os._exit(2)

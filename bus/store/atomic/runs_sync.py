@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from bus.core import keys
 from bus.core.ids import now
@@ -30,13 +31,22 @@ from bus.store.atomic.runs import (
     unrunnable_detail,
 )
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
+from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 
-__all__ = ["SyncRuns", "connect", "is_utf8"]
+__all__ = ["SyncRuns", "SyncStoreError", "connect", "is_utf8"]
+
+# What a call of this module raises when Valkey fails (the runner's node/ side names no client
+# library: the node recovers a slot whose process exits on it).
+SyncStoreError = redis.RedisError
 
 
 def connect(url: str, db: int) -> redis.Redis:
     """A blocking client of DB ``db`` at ``url`` (a ``redis://``/``rediss://``/``unix://``
-    URL as the node's store takes it; a DB in the URL is replaced by ``db``)."""
+    URL as the node's store takes it; a DB in the URL is replaced by ``db``). A
+    ``redis+sentinel://`` URL (bus/store/sentinel.py): each new connection goes to the server
+    the Sentinels name primary, so after a failover the process follows on its next command."""
+    if is_sentinel_url(url):
+        return _primary(url, db)
     parts = urlsplit(url)
     if parts.scheme != "unix":  # a unix:/// URL is left whole: urlunsplit drops its "//"
         url = urlunsplit(parts._replace(path=""))
@@ -54,6 +64,27 @@ def connect(url: str, db: int) -> redis.Redis:
         socket_timeout=None,
         socket_connect_timeout=10,
         retry=Retry(NoBackoff(), 0),
+    )
+    return client
+
+
+def _primary(url: str, db: int) -> redis.Redis:
+    target = parse_sentinel_url(url)
+    auth = {"username": target.username, "password": target.password}
+    sentinels = Sentinel(
+        list(target.sentinels), sentinel_kwargs={**auth, "socket_connect_timeout": 10}
+    )
+    # the same settings as a plain client, for the same reasons (see above)
+    client: redis.Redis = sentinels.master_for(
+        target.service,
+        db=db,
+        decode_responses=True,
+        encoding_errors="surrogateescape",
+        health_check_interval=0,
+        socket_timeout=None,
+        socket_connect_timeout=10,
+        retry=Retry(NoBackoff(), 0),
+        **auth,
     )
     return client
 
@@ -186,10 +217,18 @@ class SyncRuns:
         key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
         return bool(self._run("runs_requeue", key_list, [str(attempt), str(now())]))
 
-    def finish_malformed(self, job_key: str, attempt: int, inflight: str, detail: str) -> bool:
-        """runs_malformed: a job whose hash cannot be run ends in error (dead-lettered)."""
+    def finish_malformed(
+        self,
+        job_key: str,
+        attempt: int,
+        inflight: str,
+        detail: str,
+        reason: str = Reason.MALFORMED_JOB,
+    ) -> bool:
+        """runs_malformed: a job whose hash cannot (or may not) be run ends in error with
+        ``reason`` (the caller dead-letters it)."""
         key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-        args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
+        args = [str(attempt), f"{reason}: {detail}", str(now())]
         return bool(self._run("runs_malformed", key_list, args))
 
     def refuse(self, inflight: str, value: str, reason: str, queue: str) -> None:
@@ -207,10 +246,10 @@ class SyncRuns:
     ) -> None:
         """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
         its exact bytes: the client sends str values as strict UTF-8)."""
+        from bus.core.text import printable
         from bus.store.connection import (
             _dlq_entry as dlq_entry,  # a refusal: rare, and coredis with it
         )
-        from bus.store.connection import printable
 
         raw = key.encode("utf-8", "surrogateescape")
         entry = dlq_entry(printable(raw, 1000), reason, detail, queue)
@@ -221,6 +260,22 @@ class SyncRuns:
         if inflight:
             pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
         pipe.execute()
+
+    def list_length(self, name: str) -> int:
+        return int(self.client.llen(name))
+
+    def list_head(self, name: str) -> str | None:
+        """The entry at the head of list ``name`` (the last pushed), or None if it is empty."""
+        head = self.client.lrange(name, 0, 0)
+        return str(head[0]) if head else None
+
+    def hash_fields(self, key: str, names: tuple[str, ...]) -> dict[str, str]:
+        """The fields ``names`` of hash ``key`` ("" for an absent one)."""
+        values = self.client.hmget(key, list(names))
+        return {n: str(v or "") for n, v in zip(names, values, strict=True)}
+
+    def hash_all(self, key: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in self.client.hgetall(key).items()}
 
     def ack(self, inflight: str, value: str) -> None:
         self.client.lrem(inflight, 1, value)

@@ -1,7 +1,7 @@
 """The circuit breaker of each script type of a context, kept in Valkey (``type_breakers``).
 
 A type's runners are several processes (node/worker/loop.py), so its breaker is shared: one
-hash per context DB, changed only by Lua (``lua/type_breaker.lua``, node/links/breaker.py's
+hash per context DB, changed only by Lua (``lua/type_breaker.lua``, bus/core/breaker.py's
 state machine transcribed), by the very scripts that start and end attempts, whichever process
 runs them. The job path pays no round trip for it: ``runs_take_next`` and ``runs_start`` refuse
 to start a job of a type whose breaker is open (and say for how long), and every script that
@@ -61,7 +61,7 @@ class TypeBreaker:
 
     @property
     def state(self) -> str:
-        """closed, open or half_open (node/links/breaker.py ``BreakerState``)."""
+        """closed, open or half_open (bus/core/breaker.py ``BreakerState``)."""
         if self.opened_ms is None:
             return "closed"
         return "open" if self.now_ms < self.opened_ms + self.open_ms else "half_open"

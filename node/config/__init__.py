@@ -22,12 +22,13 @@ from typing import get_type_hints
 import tomli_w
 
 from crypto import ALGORITHMS
+from node.config.commands import validate_commands, validate_groups
+from node.config.console import ConsoleConfig, parse_console, render_console
+from node.config.store import StoreConfig, parse_store, render_store
 from node.errors import ConfigError
-from node.runners.commands import validate_commands, validate_groups
 from node.sandbox.limits import LimitsError, parse_limits
 from node.sandbox.plan import MODES
 from node.sandbox.settings import SandboxSettingsError, parse_sandbox
-from node.web.settings import ConsoleConfig, parse_console, render_console
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
 
@@ -51,12 +52,14 @@ class NodeConfig:
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
     # script type -> command template for types beyond the built-ins (node/runners/commands.py)
     commands: dict[str, list[str]] = field(default_factory=dict)
-    # script type -> runner group of this node's slots (targeted queues, node/runners/queues.py)
+    # script type -> runner group of this node's slots (targeted queues, bus/core/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)
     # context id (or "default") -> the actor key algorithms accepted there (accepted_algorithms)
     algorithms: dict[str, list[str]] = field(default_factory=dict)
     max_frame_bytes: int = 4 * 1024 * 1024
     handshake_timeout_s: float = 10.0
+    max_pending_links: int = 256  # inbound connections not yet authenticated (bus/wire/gate.py)
+    max_pending_links_per_address: int = 16
     reply_ttl_s: int = 86_400
     flow_deadline_s: int = 3600  # a flow whose document sets no deadline_s ends by then
     max_age_s: int = 300  # messages older than this are refused ("expired")
@@ -72,6 +75,8 @@ class NodeConfig:
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
+    # the [store] table: a replicated store behind Sentinels (node/config/store.py)
+    store: StoreConfig = field(default_factory=StoreConfig)
     # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
     # to
     # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
@@ -79,7 +84,7 @@ class NodeConfig:
     dlq_limits: dict[str, int] = field(default_factory=dict)  # context id -> its own bound
     on_dead_letter: str = ""
     on_dead_letter_timeout_s: float = 10.0
-    # per-peer circuit breaker (node/links/breaker.py): open after breaker_failures failed
+    # per-peer circuit breaker (bus/core/breaker.py): open after breaker_failures failed
     # dials or links in a row, for breaker_open_s, then breaker_probes dials at once
     breaker_failures: int = 5
     # 10 s: the transport's longest dial backoff, so an open breaker delays no reconnection
@@ -246,7 +251,15 @@ def load_config(home: Path) -> NodeConfig:
         console = parse_console(raw.get("console", {}))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return NodeConfig(home=home, runners=dict(runners), console=console, **tables, **values)  # type: ignore[arg-type]
+    try:
+        store = parse_store(raw.get("store", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if store.replicated and values.get("redis_url"):
+        raise ConfigError(f"{path}: [node] redis_url and [store] sentinels exclude each other")
+    return NodeConfig(
+        home=home, runners=dict(runners), console=console, store=store, **tables, **values  # type: ignore[arg-type]
+    )
 
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
@@ -269,6 +282,12 @@ _HELP = {
     "protection)",
     "max_message_bytes": "a message (its stored fields) or a job's script larger than this is "
     'refused ("oversize")',
+    "handshake_timeout_s": "an inbound connection has this long from its accept to finish TLS, "
+    "the websocket\nupgrade and the node handshake, or it is closed",
+    "max_pending_links": "at most this many inbound connections not yet authenticated (and "
+    "max_pending_links_per_address\nfrom one address); more are closed at once and counted "
+    '(hero_link_refusals_total{stage="listener"});\nthe addresses this node dials its peers '
+    "at are exempt from the total",
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
@@ -336,5 +355,5 @@ def render_config(cfg: NodeConfig) -> str:
     console = render_console(cfg.console)
     return (
         f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}\n"
-        f"{console}"
+        f"{console}\n{render_store(cfg.store)}"
     )

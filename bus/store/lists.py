@@ -1,0 +1,57 @@
+"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists) and the one plain
+write to a client's reply list: the door node/ takes to them, instead of generic verbs."""
+
+from __future__ import annotations
+
+from bus.core import keys
+from bus.store.connection import Store
+
+
+async def depth(store: Store, db: int, name: str) -> int:
+    """How many entries list ``name`` holds."""
+    return await store.llen(db, name)
+
+
+async def depths(store: Store, db: int, names: list[str]) -> list[int]:
+    """How many entries each list holds, in one round trip."""
+    return await store.llen_many(db, names)
+
+
+async def queue_depths(store: Store, ctx: int, script_types: set[str]) -> list[int]:
+    """The depth of each type's queue in context ``ctx``."""
+    return [await store.llen(ctx, keys.queue(t)) for t in script_types]
+
+
+async def queue_names(store: Store, ctx: int) -> list[str]:
+    """Every ``queue:*`` list of context ``ctx`` (targeted queues included)."""
+    return await store.scan_keys(ctx, "queue:*")
+
+
+async def outbox_depths(store: Store, peer_id: str) -> tuple[int, int]:
+    """``(waiting, in flight)`` of the durable outbox to ``peer_id``."""
+    waiting = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
+    return waiting, await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
+
+
+async def head(store: Store, db: int, name: str, count: int) -> list[str]:
+    """The first ``count`` entries of list ``name`` (what a view shows)."""
+    return await store.lrange_head(db, name, count)
+
+
+async def entries(store: Store, db: int, name: str) -> list[str]:
+    """Every entry of list ``name`` (an in-flight list: short by construction)."""
+    return await store.lrange(db, name)
+
+
+async def dlq_beyond(store: Store, db: int, limit: int) -> list[str]:
+    """The dead letters past the first ``limit`` (the oldest), oldest first; [] within it."""
+    if limit <= 0 or await store.llen(db, keys.DLQ) <= limit:
+        return []
+    overflow = await store.call(db, lambda r: r.lrange(keys.DLQ, limit, -1))
+    return [str(e) for e in reversed(overflow)]
+
+
+async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], ttl_s: int) -> None:
+    """Answer a waiting client on its reply list, which expires after ``ttl_s``."""
+    await store.lpush(ctx, reply, *replies)
+    await store.expire(ctx, reply, ttl_s)

@@ -1,0 +1,129 @@
+"""Named reads and writes of the bus's objects (jobs, messages, flows, runners) by key: the
+door node/ takes to them, instead of generic Redis verbs. Atomic changes are in atomic/."""
+
+from __future__ import annotations
+
+from bus.core import keys
+from bus.core.models import Hash
+from bus.store.connection import Store
+
+
+async def read_job(store: Store, ctx: int, job_key: str) -> Hash:
+    """The job hash under ``job_key`` ({} if there is none). ContentError for another type."""
+    return await store.hgetall(ctx, job_key)
+
+
+async def read_message(store: Store, ctx: int, message_key: str) -> Hash:
+    """The message hash under ``message_key`` ({} if there is none)."""
+    return await store.hgetall(ctx, message_key)
+
+
+async def read_flow(store: Store, ctx: int, flow_id: int) -> Hash:
+    """The hash of flow ``flow_id`` ({} if there is none)."""
+    return await store.hgetall(ctx, keys.flow(flow_id))
+
+
+async def read_runner(store: Store, ctx: int, runner_id: str) -> Hash:
+    """The registered hash of runner ``runner_id`` ({} if there is none)."""
+    return await store.hgetall(ctx, keys.runner(runner_id))
+
+
+async def read_record(store: Store, db: int, key: str) -> Hash:
+    """The hash stored under ``key``, whichever object of the bus it is (what a user named)."""
+    return await store.hgetall(db, key)
+
+
+async def read_many(store: Store, db: int, names: list[str]) -> list[Hash]:
+    """Several hashes in one round trip ({} for each absent one)."""
+    return await store.hgetall_many(db, names)
+
+
+async def read_fields(
+    store: Store, db: int, names: list[str], fields: list[str]
+) -> list[dict[str, str]]:
+    """Some fields of several hashes in one round trip (what a listing shows)."""
+    return await store.hmget_many(db, names, fields)
+
+
+async def mark_message(store: Store, ctx: int, message_key: str, fields: dict[str, str]) -> None:
+    """Set a message's own fields (status, reason, updated_at); not signed, not atomic with
+    anything else."""
+    await store.hset(ctx, message_key, fields)
+
+
+async def message_exists(store: Store, ctx: int, message_key: str) -> bool:
+    return await store.exists(ctx, message_key)
+
+
+async def find(store: Store, db: int, pattern: str) -> list[str]:
+    """Every key of ``db`` matching ``pattern`` (SCAN, for listings and scrapes)."""
+    return await store.scan_keys(db, pattern)
+
+
+async def find_page(
+    store: Store, db: int, pattern: str, cursor: int, count: int
+) -> tuple[int, list[str]]:
+    """One SCAN step: the next cursor (0: the walk is over) and the keys it found."""
+    return await store.scan_page(db, pattern, cursor, count)
+
+
+async def replay_markers(
+    store: Store, ctx: int, message_key: str, nonce_key: str
+) -> tuple[bool, bool]:
+    """Whether ``message_key`` was accepted within the window, and whether ``nonce_key`` was
+    (one round trip when neither was, the common case)."""
+    seen = keys.seen(message_key)
+    if not await store.count_existing(ctx, [seen, nonce_key]):
+        return False, False
+    seen_key = await store.exists(ctx, seen)
+    return seen_key, not seen_key
+
+
+async def job_stats(store: Store, ctx: int) -> Hash:
+    """The job counters of context ``ctx`` (``stats:jobs``)."""
+    return await store.hgetall(ctx, keys.STATS_JOBS)
+
+
+async def leases_held(store: Store, ctx: int, job_keys: list[str]) -> list[bool]:
+    """Whether each job's lease is still there, in one round trip."""
+    return await store.exists_many(ctx, [keys.lease(k) for k in job_keys])
+
+
+# -- flows ----------------------------------------------------------------------------------
+
+
+async def active_flows(store: Store, ctx: int) -> set[str]:
+    """The ids in ``flows:active`` (flows not final yet)."""
+    return await store.smembers(ctx, keys.FLOWS_ACTIVE)
+
+
+async def forget_active_flow(store: Store, ctx: int, flow_id: int) -> None:
+    await store.srem(ctx, keys.FLOWS_ACTIVE, str(flow_id))
+
+
+async def claim_flow_job(
+    store: Store, ctx: int, job_key: str, message_key: str, ttl_s: int
+) -> str | None:
+    """Claim ``job_key`` for the flow job message ``message_key`` (with a TTL); None if the
+    claim is this message's, else the message key holding it."""
+    claim = keys.flow_job_claim(job_key)
+    if await store.set_new(ctx, claim, message_key, ttl_s):
+        return None
+    holder = await store.get(ctx, claim)
+    return None if holder == message_key else (holder or "")
+
+
+# -- runner presence ------------------------------------------------------------------------
+
+
+async def presence_names(store: Store, ctx: int) -> list[str]:
+    return await store.scan_keys(ctx, keys.PRESENCE_RUNNER_PATTERN)
+
+
+async def presence(store: Store, ctx: int, name: str) -> str | None:
+    """A runner's presence value (JSON), None once it expired."""
+    return await store.get(ctx, name)
+
+
+async def clear_presence(store: Store, ctx: int, runner_ids: list[str]) -> None:
+    await store.delete(ctx, [keys.presence_runner(r) for r in runner_ids])

@@ -1,0 +1,57 @@
+"""Named reads and writes of DB 0's registry (node info, peers, actors, contexts, registry
+events): the door node/ takes to it, instead of generic Redis verbs."""
+
+from __future__ import annotations
+
+from bus.core import keys
+from bus.core.models import Hash
+from bus.store.connection import Store
+
+
+async def node_info(store: Store) -> Hash:
+    """``node:info``: what the running node publishes (id, address, counters, links, ...)."""
+    return await store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+
+
+async def publish_node_info(store: Store, fields: dict[str, str]) -> None:
+    await store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
+
+
+async def peer_ids(store: Store) -> set[str]:
+    return await store.smembers(keys.ACTORS_DB, keys.PEERS)
+
+
+async def read_peer(store: Store, peer_id: str) -> Hash:
+    return await store.hgetall(keys.ACTORS_DB, keys.peer(peer_id))
+
+
+async def remove_peer(store: Store, node_id: str) -> None:
+    """The peer's hash and its place in ``peers``, in one transaction."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        tx.delete([keys.peer(node_id)])
+        tx.srem(keys.PEERS, [node_id])
+
+
+async def actor_hashes(store: Store) -> list[Hash]:
+    """The hash of every ``actor:*`` key, in key order."""
+    found = await store.scan_keys(keys.ACTORS_DB, keys.ACTOR_PATTERN)
+    return await store.hgetall_many(keys.ACTORS_DB, sorted(found))
+
+
+async def remove_actor(store: Store, actor_id: int) -> bool:
+    """Whether there was such an actor (removed)."""
+    key = keys.actor(actor_id)
+    if not await store.exists(keys.ACTORS_DB, key):
+        return False
+    await store.delete(keys.ACTORS_DB, [key])
+    return True
+
+
+async def serves_context(store: Store, ctx: int) -> bool:
+    """Whether context ``ctx`` is registered on this node."""
+    return await store.sismember(keys.ACTORS_DB, keys.CONTEXTS, str(ctx))
+
+
+async def next_registry_event(store: Store, timeout_s: float) -> str | None:
+    """The next registration event (``node:events``), waiting up to ``timeout_s``."""
+    return await store.blpop(keys.ACTORS_DB, keys.NODE_EVENTS, timeout_s)

@@ -1,0 +1,105 @@
+"""Where the store is when Sentinels name it: the ``redis+sentinel://`` URL.
+
+One URL carries everything a process needs to find the primary of a replicated store and to
+know what "durable" means there, so that the node, its CLI, clients (``bus.open_client``),
+runner processes and external runners, which all take a Redis URL, take this one too::
+
+    redis+sentinel://USER:PASSWORD@HOST:PORT[,HOST:PORT...]/SERVICE[?waitaof=L,R&waitaof_timeout_ms=T]
+
+- ``HOST:PORT``: the Sentinels (at least one must answer; three or more in production);
+- ``SERVICE``: the name they monitor the primary under (``sentinel monitor SERVICE ...``);
+- ``USER``/``PASSWORD``: the ACL user, the same on the data servers and on the Sentinels
+  (node/host/replicated.py makes both);
+- ``waitaof=L,R``: a promise (a link's ack, a client's submit) is given once ``WAITAOF L R``
+  confirms the writes behind it fsynced locally (L = 1) and on R replicas; default ``1,1``;
+  ``0,0`` gives promises without waiting (as the embedded single Valkey does);
+- ``waitaof_timeout_ms``: how long that may take before the promise is refused (default 1000).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, quote, unquote
+
+SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    username: str | None
+    password: str | None
+    waitaof_local: int = 1
+    waitaof_replicas: int = 1
+    waitaof_timeout_ms: int = 1000
+
+    @property
+    def durable(self) -> bool:
+        return self.waitaof_local > 0 or self.waitaof_replicas > 0
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.startswith(SCHEME + "://")
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """The Sentinels, service, credentials and durability ``url`` names.
+
+    Raises:
+        ValueError: what is wrong with it, and the form to use.
+    """
+    form = f"{SCHEME}://user:password@host:port[,host:port...]/service"
+    if not is_sentinel_url(url):
+        raise ValueError(f"not a {SCHEME}:// URL ({form})")
+    rest = url[len(SCHEME) + 3 :]
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
+    userinfo, at, hostlist = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if colon else None
+    service = unquote(path.strip("/"))
+    if not service or "/" in service:
+        raise ValueError(f"{SCHEME} URL without a service name ({form})")
+    hosts: list[tuple[str, int]] = []
+    for item in hostlist.split(","):
+        host, colon, port = item.rpartition(":")
+        if not colon or not port.isdigit() or not host:
+            raise ValueError(f"{item!r} is not a Sentinel host:port ({form})")
+        hosts.append((host.strip("[]"), int(port)))
+    options = {k: v[-1] for k, v in parse_qs(query).items()}
+    unknown = set(options) - {"waitaof", "waitaof_timeout_ms"}
+    if unknown:
+        raise ValueError(f"unknown {SCHEME} option(s): {', '.join(sorted(unknown))}")
+    local, replicas, timeout_ms = 1, 1, 1000
+    try:
+        if "waitaof" in options:
+            local_s, _, replicas_s = options["waitaof"].partition(",")
+            local, replicas = int(local_s), int(replicas_s)
+        timeout_ms = int(options.get("waitaof_timeout_ms", timeout_ms))
+    except ValueError:
+        raise ValueError("waitaof=L,R and waitaof_timeout_ms=T take whole numbers") from None
+    if local not in (0, 1) or replicas < 0 or timeout_ms < 0:
+        raise ValueError("waitaof=L,R: L is 0 or 1, R >= 0; waitaof_timeout_ms >= 0")
+    return SentinelTarget(tuple(hosts), service, username, password, local, replicas, timeout_ms)
+
+
+def sentinel_url(
+    sentinels: list[tuple[str, int]],
+    service: str,
+    username: str = "",
+    password: str = "",
+    **query: str,
+) -> str:
+    """The URL of a service behind ``sentinels`` (``query``: waitaof, waitaof_timeout_ms)."""
+    auth = ""
+    if username or password:
+        auth = f"{quote(username, safe='')}:{quote(password, safe='')}@"
+    hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in sentinels)
+    tail = "&".join(f"{k}={v}" for k, v in query.items())
+    return f"{SCHEME}://{auth}{hosts}/{quote(service, safe='')}" + (f"?{tail}" if tail else "")

@@ -1,0 +1,166 @@
+"""serve_queue: the one loop of every reliable-queue service (recover → pop → handle → ack).
+
+The supervisor, the consumer, the flow engine, the dlq watcher, external results and the outbox
+differ only in what they do with an entry; the popping, the acknowledging and what happens when
+an entry cannot be handled are here, once (the shape of trio's ``serve_listeners``: a private
+loop, a public wrapper that reports ``started`` when the service is really ready).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, NoReturn, TypeVar
+
+import trio
+
+from bus.core.models import Hash
+from bus.core.reasons import Reason
+from bus.errors import ContentError, Refused, StoreError
+from bus.store.connection import MAX_REDELIVERIES, Store
+
+log = logging.getLogger(__name__)
+
+BATCH = 64  # entries taken (and their hashes read) per round trip
+POP_TIMEOUT_S = 5.0  # the blocking pop's bound: an idle queue costs one command per bound
+
+T = TypeVar("T")
+
+
+class Done(Enum):
+    """What a handler did with an entry it does not hand on to its batch step."""
+
+    ACK = "ack"  # handled: serve_queue acknowledges it
+    ACKED = "acked"  # handled and acknowledged by the handler's own (atomic) write
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A reliable queue: entries move from ``source`` to ``inflight`` when popped and leave
+    ``inflight`` when acknowledged; what a crash leaves there is requeued at start."""
+
+    db: int
+    source: str
+    inflight: str
+    read: bool = True  # each entry names a hash, read with the pop (one round trip)
+    timeout_s: float = POP_TIMEOUT_S
+    max_redeliveries: int = MAX_REDELIVERIES
+
+
+@dataclass(frozen=True)
+class Popped:
+    value: str  # the entry as text
+    fields: Hash  # the hash it names when the queue reads them, else {}
+
+
+class Handler(Generic[T]):
+    """What a queue service does with its entries; serve_queue does the rest.
+
+    ``each`` handles one entry: it returns a :class:`Done`, or a value that goes, with the
+    others of its batch, to ``batch``, which then owns their acknowledgement (one atomic step
+    for the whole batch). ``each`` raises :class:`Refused` for an entry it will not handle.
+    """
+
+    name = "queue"  # for log lines
+    flaw = Reason.INTERNAL_ERROR  # the reason an unexpected exception gives the entry
+
+    async def recovered(self) -> None:
+        """Runs once after recovery, before ``started`` is reported."""
+
+    async def before_pop(self) -> None:
+        """Runs before every pop; raise to stop serving (e.g. a link that closed)."""
+
+    async def each(self, popped: Popped) -> T | Done:
+        raise NotImplementedError
+
+    async def batch(self, items: list[T]) -> None:
+        """The values ``each`` returned for one pop, handled together."""
+
+    async def refuse(
+        self, store: Store, queue: Queue, popped: Popped, refused: Refused, exc: Exception
+    ) -> None:
+        """Dead-letter an entry and acknowledge it (by default one transaction; ``exc`` is what
+        was raised, ``refused`` the reason and detail the entry is refused with)."""
+        await store.refuse_entry(
+            queue.db,
+            queue.inflight,
+            popped.value,
+            refused.reason,
+            refused.detail,
+            queue=queue.source,
+        )
+
+
+async def serve_queue(
+    store: Store,
+    queue: Queue,
+    handler: Handler[T],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Serve ``queue`` with ``handler`` until cancelled: requeue what a previous run left in
+    flight, run ``handler.recovered``, report started, then pop batches (what is queued
+    already in one round trip; on an empty queue one blocking pop, whose entry is handled at
+    once) and hand each entry to ``handler.each``, the batch's values to ``handler.batch``.
+
+    *Error handling*: an entry is never allowed to stop the queue. :class:`Refused` (the
+    handler's verdict) and :class:`ContentError` (a key the entry names holds something
+    unusable) dead-letter that entry with its reason (``handler.refuse``), and serving goes on;
+    any other exception is logged with its traceback and the entry dead-lettered with
+    ``handler.flaw``. :class:`StoreError` (Valkey failed) and ``trio.Cancelled`` propagate: the
+    service's supervisor (``resilient``) restarts it, and the entries in flight are recovered.
+    What ``recovered``, ``before_pop`` and ``batch`` raise propagates unchanged.
+    """
+    await store.recover(
+        queue.db, queue.inflight, queue.source, max_redeliveries=queue.max_redeliveries
+    )
+    await handler.recovered()
+    task_status.started()
+    await _serve(store, queue, handler)
+
+
+async def _serve(store: Store, queue: Queue, handler: Handler[T]) -> NoReturn:
+    while True:
+        await handler.before_pop()
+        items: list[T] = []
+        for popped in await pop_entries(store, queue):
+            done = await guarded(store, queue, handler, popped)
+            if done is Done.ACK:
+                await store.ack(queue.db, queue.inflight, popped.value)
+            elif not isinstance(done, Done):
+                items.append(done)
+        if items:
+            await handler.batch(items)
+
+
+async def guarded(store: Store, queue: Queue, handler: Handler[T], popped: Popped) -> T | Done:
+    """``handler.each(popped)`` under the error ladder (see :func:`serve_queue`); a refused
+    entry is dead-lettered and acknowledged (Done.ACKED)."""
+    caught: Exception
+    try:
+        return await handler.each(popped)
+    except StoreError:
+        raise
+    except Refused as exc:
+        refused, caught = exc, exc
+    except ContentError as exc:  # a key the entry names holds something unusable
+        refused, caught = Refused(exc.reason, str(exc)), exc
+    except Exception as exc:  # a flaw must not stop the queue: record it and go on
+        log.exception("%s failed on %r (db %d)", handler.name, popped.value[:200], queue.db)
+        refused, caught = Refused(handler.flaw, repr(exc)), exc
+    await handler.refuse(store, queue, popped, refused, caught)
+    return Done.ACKED
+
+
+async def pop_entries(store: Store, queue: Queue) -> list[Popped]:
+    """What ``queue`` holds already (up to BATCH, with the hashes when it reads them), in one
+    round trip; only when it is empty a blocking pop of up to ``queue.timeout_s``."""
+    if queue.read:
+        read = await store.pop_read(queue.db, queue.source, queue.inflight, BATCH, queue.timeout_s)
+        return [Popped(value, fields) for value, fields in read]
+    values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)
+    if not values:
+        first = await store.pop_reliable(queue.db, queue.source, queue.inflight, queue.timeout_s)
+        values = [] if first is None else [first]
+    return [Popped(value, {}) for value in values]

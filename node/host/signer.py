@@ -1,0 +1,241 @@
+"""The node key's own process (the ssh-agent pattern): it signs result messages for the runner
+processes, which never load or receive the key.
+
+A runner process runs job code next to it (a python job in its very interpreter until the
+sandbox moves it out); whatever such a process holds, a job may find. So the node starts one
+small process first, hands it the key's seed over a pipe (never a file path, never the
+environment) and keeps a control socket to it. For each runner process it starts, the node
+makes a socket pair, passes one end to the signer over the control socket (SCM_RIGHTS) and the
+other to the runner (an inherited fd): no path to connect to, so no other process can ask.
+
+What the signer signs on a runner's socket: only a result message's signed content
+(:meth:`bus.core.models.Message.signed_content`) whose ``message_type`` is ``result`` and whose
+``origin`` is this node, under the result domain (bus/core/envelope.py). A runner can therefore
+make the node vouch for a result (what it is trusted with), never for a job or flow-job message,
+a stop, or a link's handshake transcript: those are other domains.
+
+Protocol, one JSON object per line: a runner sends ``{"content": {...}}`` and reads
+``{"signature": {algorithm, public_key, signature}}`` or ``{"error": "..."}``. The signer exits
+once the node's control socket is closed (the node is gone) and no runner holds a socket any
+more: a runner the node's death left running a job still gets its answer signed, as it did when
+it held the key itself (README "Runner processes"). Like the node and its runners it is not
+dumpable (node/host/hardening.py).
+
+The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
+results it answers): moving those here too is future work (README "What a job can and cannot
+do").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from typing import NoReturn
+
+import trio
+
+from bus.core.envelope import DOMAIN_RESULT
+from bus.core.models import Message, MessageType
+from crypto import KeyPair, sign_object
+from node.errors import NodeError
+from node.host.hardening import child_env, is_dumpable, not_dumpable
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4 << 20  # a result's content: its output is capped far below this
+_ATTACH = b"a"
+
+
+# -- the signer process -------------------------------------------------------------------------
+
+
+def _check(content: object, node_id: str) -> str:
+    """Why the signer refuses to sign ``content`` ("" if it signs it)."""
+    if not isinstance(content, dict):
+        return "content is not an object"
+    if content.get("message_type") != MessageType.RESULT.value:
+        return "only result messages are signed for runners"
+    if content.get("origin") != node_id:
+        return "a result must name this node as its origin"
+    return ""
+
+
+class _Runners:
+    """How many runner sockets are open; the process ends when none is and the node is gone."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.node_gone = False
+        self.lock = threading.Lock()
+
+    def add(self) -> None:
+        with self.lock:
+            self.open += 1
+
+    def done(self, *, node: bool = False) -> None:
+        with self.lock:
+            if node:
+                self.node_gone = True
+            else:
+                self.open -= 1
+            if self.node_gone and self.open == 0:
+                os._exit(0)
+
+
+def _serve_runner(conn: socket.socket, key: KeyPair, runners: _Runners) -> None:
+    """Answer one runner's requests until it closes its end."""
+    try:
+        _answer_all(conn, key)
+    finally:
+        runners.done()
+
+
+def _answer_all(conn: socket.socket, key: KeyPair) -> None:
+    with conn, conn.makefile("rwb") as stream:
+        for line in stream:
+            try:
+                content = json.loads(line[:MAX_REQUEST_BYTES])["content"]
+            except (ValueError, TypeError, KeyError):
+                content = None
+            why = _check(content, key.public_hex)
+            try:
+                answer = {"error": why} if why else {"signature": sign(key, content)}
+            except ValueError as exc:  # not canonicalisable
+                answer = {"error": str(exc)}
+            stream.write(json.dumps(answer).encode() + b"\n")
+            stream.flush()
+
+
+def sign(key: KeyPair, content: object) -> dict[str, str]:
+    return sign_object(key, DOMAIN_RESULT, content)
+
+
+def signer_main() -> None:
+    """``python -m node.host.signer <control fd>``: the seed (4-byte length, bytes) on stdin."""
+    not_dumpable()
+    control = socket.socket(fileno=int(sys.argv[1]))
+    stdin = sys.stdin.buffer
+    head = stdin.read(4)
+    seed = stdin.read(struct.unpack(">I", head)[0]) if len(head) == 4 else b""
+    stdin.close()
+    if len(seed) != 32:  # the node stopped before it handed over the key: nothing to sign with
+        os._exit(0)
+    key = KeyPair.from_seed(seed)
+    control.sendall(b"up1" if is_dumpable() else b"up0")  # the node publishes the flag
+    runners = _Runners()
+    while True:
+        data, fds, _flags, _addr = socket.recv_fds(control, 16, 4)
+        if not data:  # the node is gone: serve the runners it left until they end too
+            runners.done(node=True)
+            threading.Event().wait()
+        for fd in fds:
+            conn = socket.socket(fileno=fd)
+            runners.add()
+            args = (conn, key, runners)
+            threading.Thread(target=_serve_runner, args=args, daemon=True).start()
+
+
+# -- a runner's side ------------------------------------------------------------------------------
+
+
+class SignerGone(NodeError):
+    """The signer's socket closed: no answer of this runner can be signed any more."""
+
+
+class SignerClient:
+    """A runner process's end of its socket to the signer."""
+
+    def __init__(self, fd: int) -> None:
+        self.conn = socket.socket(fileno=fd)
+        self.stream = self.conn.makefile("rwb")
+        self.lock = threading.Lock()
+
+    def sign_result(self, message: Message) -> Message:
+        """``message`` signed by the node's key; NodeError if the signer refuses, SignerGone if
+        it is gone."""
+        request = json.dumps({"content": message.signed_content()}).encode() + b"\n"
+        with self.lock:
+            try:
+                self.stream.write(request)
+                self.stream.flush()
+                line = self.stream.readline()
+            except OSError:
+                line = b""
+        if not line:
+            raise SignerGone("the node's signer is gone")
+        answer = json.loads(line)
+        if "signature" not in answer:
+            raise NodeError(f"the node's signer refused: {answer.get('error')}")
+        return replace(message, signatures=[answer["signature"]])
+
+
+# -- the node's side ------------------------------------------------------------------------------
+
+
+class Signer:
+    """The node's handle on its running signer process."""
+
+    def __init__(self, control: trio.socket.SocketType, pid: int, dumpable: bool) -> None:
+        self.control = control
+        self.pid = pid
+        self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
+
+    async def attach(self) -> socket.socket:
+        """A new socket to the signer, for one runner process (pass its fd to the process,
+        then close it here)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            fds = struct.pack("i", theirs.fileno())
+            await self.control.sendmsg([_ATTACH], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        finally:
+            theirs.close()
+        return mine
+
+
+async def run_signer(
+    key: KeyPair, *, task_status: trio.TaskStatus[Signer] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Run the signer process with ``key`` until cancelled; reports a :class:`Signer` once it
+    is up. Raises NodeError if it exits (runners could not answer remote requests any more:
+    the node stops rather than pile up unsigned results)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "node.host.signer", str(theirs.fileno())],
+            stdin=subprocess.PIPE,
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+            env=child_env(),
+        )
+        theirs.close()
+        control = trio.socket.from_stdlib_socket(ours)
+        try:
+            assert proc.stdin is not None
+            seed = key.seed
+            await proc.stdin.send_all(struct.pack(">I", len(seed)) + seed)
+            await proc.stdin.aclose()
+            up = await control.recv(3)
+            if up not in (b"up0", b"up1"):
+                raise NodeError(f"the signer process exited at start (code {await proc.wait()})")
+            log.info("signer up, pid %d", proc.pid)
+            task_status.started(Signer(control, proc.pid, dumpable=up == b"up1"))
+            code = await proc.wait()
+            raise NodeError(f"the signer process exited (code {code})")
+        finally:
+            with trio.CancelScope(shield=True):
+                control.close()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+
+if __name__ == "__main__":
+    signer_main()

@@ -1,0 +1,41 @@
+"""The node's side of a replicated store: who fsyncs every write, kept right across failovers.
+
+Every data server starts with ``appendfsync always``; this service lets the current primary
+fsync once a second (its promises still wait for ``WAITAOF 1 R``, which makes it fsync at once)
+and keeps the replicas at ``always``, at start and after each failover the Sentinels announce
+(bus/store/topology.py). Correctness never depends on it, only the cost of a write does.
+
+A failover also drops the store's connections to the old primary (Store.follow_failover): one
+that stalled (SIGSTOP) or was cut off would otherwise hold every command sent to it until it
+came back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from bus.store.connection import Store
+from bus.store.topology import tune_fsync, watch_failovers
+
+log = logging.getLogger(__name__)
+
+
+async def run_store_tuning(
+    store: Store, url: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    async def retune(event: str = "") -> None:
+        if event.startswith("+switch-master"):  # a new primary: leave the old one
+            store.follow_failover()
+        primary, replicas = await tune_fsync(url)
+        log.info(
+            "store: primary %s fsyncs every second, replicas %s every write%s",
+            primary,
+            ", ".join(replicas) or "(none up)",
+            f" (after {event})" if event else "",
+        )
+
+    await retune()
+    task_status.started()
+    await watch_failovers(url, retune)

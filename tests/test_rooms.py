@@ -1,0 +1,284 @@
+"""The layout's rules, checked on the source: node/ reaches storage through one door (named
+operations of bus/store, never a generic Redis verb or the raw client); no import cycle between
+rooms; daemon.py's nursery picture names the services it starts."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Redis commands (and the Store's generic wrappers of them) that node/ must not call itself:
+# what it does with storage has a name in bus/store (records, lists, registry, atomic/, serve).
+REDIS_VERBS = frozenset(
+    """
+    get set set_new getdel mget mset incr incrby decr del delete exists expire pexpire ttl pttl
+    persist type rename keys scan scan_keys scan_page hget hgetall hset hsetnx hmget hmget_many
+    hgetall_many hdel hincrby hexists hlen hkeys hvals lpush rpush lpop rpop blpop brpop lmove
+    blmove llen llen_many lrange lrange_head lrem lindex lset ltrim sadd srem smembers sismember
+    scard zadd zrem zrange zrangebyscore zscore zcard xadd xadd_capped xrange xlen publish
+    subscribe eval evalsha script scripts call transaction pipeline db count_existing
+    exists_many
+    """.split()
+)
+# Where the worker's own Redis client still lives: the runner process is being rewritten to
+# reach storage through bus/store (its own change); until that lands it is not checked here.
+NOT_YET = ("node/worker/",)
+
+
+def _receiver_is_store(node: ast.expr) -> bool:
+    """``store.x(...)``, ``node.store.x(...)``, ``client.store.x(...)``: a Store."""
+    if isinstance(node, ast.Name):
+        return node.id == "store"
+    return isinstance(node, ast.Attribute) and node.attr == "store"
+
+
+def _node_nodes(root: Path) -> Iterator[tuple[str, ast.AST]]:
+    """(path, AST node) for every node of every checked module of node/."""
+    for path in sorted((root / "node").rglob("*.py")):
+        rel = str(path.relative_to(root))
+        if not rel.startswith(NOT_YET):
+            for found in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                yield rel, found
+
+
+def raw_store_calls(root: Path = ROOT) -> list[str]:
+    """Every generic Redis verb called on a Store from node/ (``file:line verb``)."""
+    found = []
+    for rel, call in _node_nodes(root):
+        if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+            continue
+        if call.func.attr in REDIS_VERBS and _receiver_is_store(call.func.value):
+            found.append(f"{rel}:{call.lineno} {call.func.attr}")
+    return found
+
+
+def redis_imports(root: Path = ROOT) -> list[str]:
+    """Every import of a Redis client library in node/."""
+    found = []
+    for rel, stmt in _node_nodes(root):
+        names: list[str] = []
+        if isinstance(stmt, ast.Import):
+            names = [a.name for a in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module:
+            names = [stmt.module]
+        found += [
+            f"{rel}:{stmt.lineno} {n}" for n in names if n.split(".")[0] in {"redis", "coredis"}
+        ]
+    return found
+
+
+def test_node_calls_no_redis_verb_on_a_store() -> None:
+    assert raw_store_calls() == []
+
+
+def test_node_imports_no_redis_client() -> None:
+    assert redis_imports() == []
+
+
+def test_the_check_sees_a_raw_call(tmp_path: Path) -> None:
+    """The walk is not blind: a raw verb and a raw client, planted in a copy, are found."""
+    room = tmp_path / "node" / "intake"
+    room.mkdir(parents=True)
+    (room / "bad.py").write_text(
+        "import coredis\n\nasync def f(node):\n"
+        "    await node.store.hgetall(1, 'k')\n"
+        "    await node.store.call(1, lambda r: r.llen('q'))\n",
+        encoding="utf-8",
+    )
+    assert raw_store_calls(tmp_path) == [
+        "node/intake/bad.py:4 hgetall",
+        "node/intake/bad.py:5 call",
+    ]
+    assert redis_imports(tmp_path) == ["node/intake/bad.py:1 coredis"]
+
+
+# -- no import cycle between rooms ------------------------------------------------------------
+
+# A room is a package of bus/ or node/ (bus.core, node.intake, ...) or a flat module beside them
+# (bus.errors, node.state, node.config); crypto is one room. Imports at any depth count (a
+# function-level or TYPE_CHECKING import ties the rooms as much as a top-level one).
+# The runner process (node/worker/) is being rewritten in its own change: its imports are not
+# checked until it lands (what the node's side imports of it is).
+EXEMPT_IMPORTERS = ("node.worker",)
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room_of(module: str, root: Path = ROOT) -> str | None:
+    """The room ``module`` (or a name inside it) belongs to; None outside bus, node, crypto."""
+    parts = module.split(".")
+    if parts[0] == "crypto":
+        return "crypto"
+    if parts[0] not in ("bus", "node"):
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    second = root / parts[0] / parts[1]
+    if second.is_dir() or second.with_suffix(".py").is_file():
+        return ".".join(parts[:2])
+    return parts[0]  # a name the package's __init__ defines
+
+
+def room_imports(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
+    """importer room -> imported room -> the imports (``module:line target``) that tie them."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for top in ("bus", "node", "crypto"):
+        for path in sorted((root / top).rglob("*.py")):
+            module = _module_name(path, root)
+            source = room_of(module, root)
+            if source is None or module.startswith(EXEMPT_IMPORTERS):
+                continue
+            for stmt in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                targets: list[str] = []
+                if isinstance(stmt, ast.Import):
+                    targets = [a.name for a in stmt.names]
+                elif isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+                    targets = [f"{stmt.module}.{a.name}" for a in stmt.names]
+                for target in targets:
+                    room = room_of(target, root)
+                    if room is not None and room != source:
+                        where = f"{module}:{stmt.lineno} {target}"
+                        edges.setdefault(source, {}).setdefault(room, []).append(where)
+    return edges
+
+
+def room_cycles(edges: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The groups of rooms that import each other, directly or round a loop (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(room: str) -> None:
+        index[room] = low[room] = len(index)
+        stack.append(room)
+        for other in edges.get(room, {}):
+            if other not in index:
+                visit(other)
+                low[room] = min(low[room], low[other])
+            elif other in stack:
+                low[room] = min(low[room], index[other])
+        if low[room] == index[room]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == room:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for room in sorted(edges):
+        if room not in index:
+            visit(room)
+    return found
+
+
+def _explain(edges: dict[str, dict[str, list[str]]], group: list[str]) -> str:
+    ties = [
+        f"  {a} -> {b}: {edges[a][b][:3]}" for a in group for b in group if b in edges.get(a, {})
+    ]
+    return "\n".join([" <-> ".join(group), *ties])
+
+
+def test_no_import_cycle_between_rooms() -> None:
+    edges = room_imports()
+    cycles = room_cycles(edges)
+    assert not cycles, "\n".join(_explain(edges, group) for group in cycles)
+
+
+def test_the_bus_imports_no_node_and_crypto_no_bus() -> None:
+    edges = room_imports()
+    wrong = [
+        f"{a} -> {b}: {ties[:3]}"
+        for a, to in edges.items()
+        for b, ties in to.items()
+        if (a.startswith("bus") and b.startswith("node")) or (a == "crypto" and b.startswith("bus"))
+    ]
+    assert wrong == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path: Path) -> None:
+    """Planted: a function-level import from one room back into another that imports it."""
+    for room, text in {
+        "node/intake/a.py": "from node.runners.b import f\n",
+        "node/runners/b.py": "def f():\n    from node.intake import a\n",
+        "node/state.py": "import node.intake.a\n",
+    }.items():
+        (tmp_path / room).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / room).write_text(text, encoding="utf-8")
+    edges = room_imports(tmp_path)
+    assert room_cycles(edges) == [["node.intake", "node.runners"]]
+    assert edges["node.state"] == {"node.intake": ["node.state:1 node.intake.a"]}
+
+
+# -- daemon.py's nursery picture is the nursery --------------------------------------------------
+
+DAEMON = ROOT / "node" / "daemon.py"
+GROUPS = {"services", "per"}  # lines of the picture that group services, not services
+
+
+def pictured_services(source: str) -> set[str]:
+    """The functions daemon.py's picture (its docstring) names: the first word of each branch."""
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    names = set()
+    for line in doc.splitlines():
+        for glyph in ("├── ", "└── "):
+            if glyph in line:
+                names.add(line.split(glyph, 1)[1].split()[0])
+    return names - GROUPS
+
+
+def _callable_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def _started(args: list[ast.expr]) -> str:
+    """The function a ``start``/``start_soon`` call with ``args`` runs (through ``resilient``)."""
+    first = args[0]
+    if _callable_name(first) == "resilient":
+        return _callable_name(args[2])
+    if isinstance(first, ast.Call) and _callable_name(first.func) == "partial":
+        inner = first.args
+        if _callable_name(inner[0]) in ("start", "start_soon"):
+            return _started(inner[1:])
+    return _callable_name(first)
+
+
+def started_services(source: str) -> set[str]:
+    """Every function daemon.py starts in a nursery, except its own private grouping helpers
+    (``_run_context``: the per-context services, and the like)."""
+    names = set()
+    for call in ast.walk(ast.parse(source)):
+        if isinstance(call, ast.Call) and _callable_name(call.func) in ("start", "start_soon"):
+            if call.args:
+                names.add(_started(call.args))
+        if isinstance(call, ast.Call) and _callable_name(call.func) == "partial":
+            if call.args and _callable_name(call.args[0]) in ("start", "start_soon"):
+                names.add(_started(call.args[1:]))
+    return {n for n in names if n and not n.startswith("_")}
+
+
+def test_the_nursery_picture_shows_the_services_started() -> None:
+    source = DAEMON.read_text(encoding="utf-8")
+    started = started_services(source)
+    assert {"run_supervisor", "run_runner_process"} <= started  # the walk sees them
+    assert pictured_services(source) == started
+
+
+def test_the_picture_check_sees_a_missing_service() -> None:
+    source = DAEMON.read_text(encoding="utf-8").replace(
+        'await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)',
+        'await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)\n'
+        '            await nursery.start(resilient, "new", run_something_new, node)',
+    )
+    assert "run_something_new" in started_services(source)
+    assert "run_something_new" not in pictured_services(source)
