@@ -517,7 +517,16 @@ class Store:
         return Actor.from_hash(h) if h else None
 
     async def put_actor(self, actor: Actor) -> None:
-        await self.hset(keys.ACTORS_DB, keys.actor(actor.id), actor.to_hash())
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            pipe.hset(keys.actor(actor.id), actor.to_hash())
+            pipe.incr(keys.REGISTRY_VERSION)  # caches of actors reload (node/state.py)
+
+    async def remove_actor(self, actor_id: int) -> bool:
+        """Delete ``actor:<id>``; False if there was none."""
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            gone = pipe.delete([keys.actor(actor_id)])
+            pipe.incr(keys.REGISTRY_VERSION)
+        return bool(await gone)
 
     async def get_context(self, context_id: int) -> Context | None:
         h = await self.hgetall(context_id, keys.context(context_id))
@@ -531,6 +540,7 @@ class Store:
         async with self.transaction(keys.ACTORS_DB) as pipe:
             pipe.sadd(keys.CONTEXTS, [str(context.id)])
             pipe.lpush(keys.NODE_EVENTS, [keys.context(context.id)])
+            pipe.incr(keys.REGISTRY_VERSION)  # after the write above: caches reload
 
     async def context_ids(self) -> list[int]:
         return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))

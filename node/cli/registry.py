@@ -225,11 +225,9 @@ async def actor_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actor_remove(client: Client, args: argparse.Namespace) -> int:
-    key = keys.actor(args.actor_id)
-    if not await client.store.exists(keys.ACTORS_DB, key):
+    if not await client.store.remove_actor(args.actor_id):
         print(f"hero-node: no actor {args.actor_id}", file=sys.stderr)
         return 1
-    await client.store.delete(keys.ACTORS_DB, [key])
     print(f"actor {args.actor_id} removed")
     return 0
 
