@@ -83,6 +83,7 @@ class NodeState:
     reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
     _registry_cache: dict[tuple[str, int], tuple[str, Any]] = field(default_factory=dict)
+    _registry_read: tuple[int, str] | None = None  # (store pops when read, registry version)
 
     def stop_intake(self) -> None:
         """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
@@ -101,10 +102,17 @@ class NodeState:
             self.idle.set()
 
     async def registry_version(self) -> str:
-        """The registry's version now (``registry:version``, one GET): every write of an actor
-        or a context bumps it (bus/store/connection.py), so an entry cached under another
-        version is never used again."""
-        return await self.store.get(keys.ACTORS_DB, keys.REGISTRY_VERSION) or "0"
+        """The registry's version (``registry:version``) as of after the last pop: every write
+        of an actor or a context bumps it (bus/store/connection.py), so an entry cached under
+        another version is never used again. Read (one GET) only when the store popped
+        something since the last read: every message admitted was popped before, so a read
+        issued after its pop sees every registry write made before it was submitted, and the
+        messages of one popped batch share one read."""
+        pops = self.store.pops
+        if self._registry_read is None or self._registry_read[0] != pops:
+            version = await self.store.get(keys.ACTORS_DB, keys.REGISTRY_VERSION) or "0"
+            self._registry_read = (pops, version)
+        return self._registry_read[1]
 
     async def actor(self, actor_id: int, version: str) -> Actor | None:
         """``actor:<id>`` as of registry ``version`` (:meth:`registry_version`)."""

@@ -123,6 +123,9 @@ class Store:
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
+        # entries the pop methods handed out so far: a read issued after this count moved sees
+        # every write made before what was popped was pushed (the registry cache, node/state.py)
+        self.pops = 0
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -331,7 +334,10 @@ class Store:
         value = await self.call(
             db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
         )
-        return None if value is None else await self.utf8_entry(db, inflight, value, source)
+        if value is None:
+            return None
+        self.pops += 1
+        return await self.utf8_entry(db, inflight, value, source)
 
     async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
         """A popped entry as text; None if it is not UTF-8 (coredis then hands over its bytes):
@@ -348,6 +354,7 @@ class Store:
         if limit <= 0:
             return []
         moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
+        self.pops += len(moved)
         texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 
@@ -359,6 +366,7 @@ class Store:
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
         whose entry is read at once. [] after the timeout."""
         raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
+        self.pops += len(raw)
         if not raw:
             first = await self.pop_reliable(db, source, inflight, timeout_s)
             if first is None:
