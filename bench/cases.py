@@ -7,7 +7,6 @@ import shutil
 import statistics
 import subprocess
 import time
-from collections import Counter
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ import coredis
 import trio
 from trio_websocket import open_websocket_url, serve_websocket
 
-from bench import workload
+from bench import commands, workload
 from bench.harness import (
     ACTOR_ID,
     CONTEXT_ID,
@@ -583,52 +582,6 @@ async def case_transport(env: Env) -> list[Row]:
 # -- valkey ----------
 
 
-def _sum_calls(stats: dict[str, Any]) -> Counter[str]:
-    out: Counter[str] = Counter()
-    for name, value in stats.items():
-        if isinstance(value, dict) and "calls" in value:
-            out[name.removeprefix("cmdstat_")] += int(value["calls"])
-    return out
-
-
-async def _client_cmds_by_owner(r: Any, my_ports: set[int]) -> tuple[int, int]:
-    """(tot-cmds of bench connections, tot-cmds of all other connections) from CLIENT LIST."""
-    mine = other = 0
-    for c in await r.client_list():
-        port = int(str(c.get("addr", ":0")).rsplit(":", 1)[1])
-        cmds = int(c.get("tot-cmds", 0))
-        if port in my_ports:
-            mine += cmds
-        else:
-            other += cmds
-    return mine, other
-
-
-def _my_local_ports() -> set[int]:
-    """Local TCP ports of this process's sockets (to tell bench connections from the node's)."""
-    import os
-
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if cols[9] in inodes:
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 async def case_valkey(env: Env) -> list[Row]:
     case = "5 valkey"
     rows: list[Row] = []
@@ -669,60 +622,47 @@ async def case_valkey(env: Env) -> list[Row]:
     rows.append(Row(case, "raw pipelined HSET+LPUSH (100 jobs/pipeline)", "cmds/s", pipelined))
     rows.append(Row(case, "raw sequential awaited HSET, LPUSH (1 task)", "cmds/s", sequential))
 
-    # (b) the node's commands per job: INFO commandstats and CLIENT LIST deltas over a local run
-    a, _ = await env.get_pair()
-    per_job: list[float] = []
-    node_per_job: list[float] = []
-    client_per_job: list[float] = []
-    breakdown: Counter[str] = Counter()
-    async with open_client(a.redis_url) as client:
-        r0: Any = await client.store.db(0)
-        n = env.plan.cmdstat_jobs
-        for _ in range(env.plan.runs):
-            await trio.sleep(0.2)  # let stragglers of earlier work settle
-            ports = _my_local_ports()
-            before = _sum_calls(await r0.info("commandstats"))
-            mine0, other0 = await _client_cmds_by_owner(r0, ports)
-            t = await run_throughput(client, env.actor, a.node_id, n)
-            await trio.sleep(0.2)
-            ports |= _my_local_ports()
-            mine1, other1 = await _client_cmds_by_owner(r0, ports)
-            after = _sum_calls(await r0.info("commandstats"))
-            delta = after - before
-            per_job.append(sum(delta.values()) / t.n)
-            node_per_job.append((other1 - other0) / t.n)
-            client_per_job.append((mine1 - mine0) / t.n)
-            breakdown += delta
-    runs = env.plan.runs
-    top = ", ".join(
-        f"{name} {calls / (runs * env.plan.cmdstat_jobs):.1f}"
-        for name, calls in breakdown.most_common(12)
-    )
+    # (b) commands and requests per job, per process, local and cross-node (bench/commands.py)
+    pair = await commands.start_tcp_pair(env.procs, env.nursery, env.base, env.actor)
+    node_side: list[float] = []
+    try:
+        async with open_client(pair.a.redis_url) as client:
+            for label, to, target in (
+                ("local", pair.a.node_id, "<= 15"),
+                ("cross-node", pair.b.node_id, "<= 30"),
+            ):
+                samples = []
+                for _ in range(env.plan.runs):
+                    n = env.plan.cmdstat_jobs
+
+                    async def one_run(to: str = to, n: int = n) -> None:
+                        await run_throughput(client, env.actor, to, n)
+
+                    samples.append(
+                        await commands.count_run(
+                            [pair.va, pair.vb], pair.processes(_self_pid()), one_run, n
+                        )
+                    )
+                    if label == "local":
+                        c = samples[-1]
+                        node_side.append(
+                            sum(v for k, v in c.requests.items() if k != commands.CLIENT) / c.n
+                        )
+                rows += commands.count_rows(case, label, target, samples)
+    finally:
+        for node in (pair.a, pair.b):
+            await env.procs.stop_node(node)
+        for server in (pair.va, pair.vb):
+            env.procs.stop_valkey(server)
+    ceiling = [s / c for s, c in zip(sequential, node_side, strict=False) if c]
     rows.append(
         Row(
             case,
-            f"Valkey commands per local job, total (N={env.plan.cmdstat_jobs})",
-            "cmds/job",
-            per_job,
-            note=f"per job by command (node + client): {top}",
-            extra={
-                "per_job_by_command": {
-                    k: v / (runs * env.plan.cmdstat_jobs) for k, v in breakdown.items()
-                }
-            },
-        )
-    )
-    rows.append(Row(case, "  of which the node's connections", "cmds/job", node_per_job))
-    rows.append(Row(case, "  of which the bench client's", "cmds/job", client_per_job))
-    ceiling = [s / c for s, c in zip(sequential, node_per_job, strict=False) if c]
-    rows.append(
-        Row(
-            case,
-            "implied ceiling: sequential cmds/s / node cmds per job",
+            "implied ceiling: sequential cmds/s / node-side requests per local job",
             "jobs/s",
             ceiling,
-            note="rough: the node's services await each command in turn; they overlap only "
-            "across services (supervisor, consumer, runner slots)",
+            note="rough: each process awaits its requests in turn; node and runner processes "
+            "overlap",
         )
     )
     return rows

@@ -11,6 +11,7 @@ run_node
     ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
     ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
     ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
+    ├── run_store_tuning     replicated store: fsync, failovers (node/host/store_tuning.py)
     ├── per peer
     │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
     │   └── dial_forever     when the peer has an address (bus/wire/transport.py)

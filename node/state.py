@@ -33,10 +33,6 @@ class Waker(Protocol):
 
     def cancel(self) -> None: ...
 
-
-REGISTRY_TTL_S = 2.0
-
-
 @dataclass
 class NodeState:
     config: NodeConfig
@@ -89,7 +85,8 @@ class NodeState:
     # none), so that the answers their results carry need no read (node.messages.reply_targets)
     reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
     _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
-    _registry_cache: dict[tuple[str, int], tuple[float, Any]] = field(default_factory=dict)
+    _registry_cache: dict[tuple[str, int], tuple[str, Any]] = field(default_factory=dict)
+    _registry_read: tuple[int, str] | None = None  # (store pops when read, registry version)
 
     def stop_intake(self) -> None:
         """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
@@ -107,22 +104,38 @@ class NodeState:
         if self.running_jobs == 0 and self.stopping.is_set():
             self.idle.set()
 
-    async def actor(self, actor_id: int) -> Actor | None:
-        """``actor:<id>``, cached for REGISTRY_TTL_S (a re-registered key applies that soon)."""
-        return await self._cached(("actor", actor_id), self.store.get_actor(actor_id))
+    async def registry_version(self) -> str:
+        """The registry's version (``registry:version``) as of after the last pop: every write
+        of an actor or a context bumps it (bus/store/connection.py), so an entry cached under
+        another version is never used again. Read (one GET) only when the store popped
+        something since the last read: every message admitted was popped before, so a read
+        issued after its pop sees every registry write made before it was submitted, and the
+        messages of one popped batch share one read."""
+        pops = self.store.pops
+        if self._registry_read is None or self._registry_read[0] != pops:
+            version = await registry.version(self.store)
+            self._registry_read = (pops, version)
+        return self._registry_read[1]
 
-    async def context(self, context_id: int) -> Context | None:
-        """``context:<id>``, cached for REGISTRY_TTL_S (a permission change applies that soon)."""
-        return await self._cached(("context", context_id), self.store.get_context(context_id))
+    async def actor(self, actor_id: int, version: str) -> Actor | None:
+        """``actor:<id>`` as of registry ``version`` (:meth:`registry_version`)."""
+        return await self._cached(("actor", actor_id), version, self.store.get_actor(actor_id))
 
-    async def _cached(self, key: tuple[str, int], load: Coroutine[Any, Any, T]) -> T:
+    async def context(self, context_id: int, version: str) -> Context | None:
+        """``context:<id>`` as of registry ``version`` (:meth:`registry_version`)."""
+        load = self.store.get_context(context_id)
+        return await self._cached(("context", context_id), version, load)
+
+    async def _cached(self, key: tuple[str, int], version: str, load: Coroutine[Any, Any, T]) -> T:
+        # the version is read before the load: a write between them bumps it again, so what
+        # this load saw is tagged older than the registry and reloaded at the next use
         hit = self._registry_cache.get(key)
-        if hit is not None and hit[0] > trio.current_time():
+        if hit is not None and hit[0] == version:
             load.close()
             return hit[1]
         value = await load
         if value is not None:  # absence is never cached: a registration applies at once
-            self._registry_cache[key] = (trio.current_time() + REGISTRY_TTL_S, value)
+            self._registry_cache[key] = (version, value)
         return value
 
     def forget_registry(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from crypto.canonical import (
     DOMAIN_PREFIX,
     MAX_SAFE_INTEGER,
+    _fast_admits,
     _jcs_bytes,
     canonical_json,
     loads_strict,
@@ -124,6 +126,52 @@ tricky_values = st.recursive(
 @given(value=json_values | tricky_values)
 def test_fast_canonical_path_equals_the_rfc8785_reference(value):
     assert canonical_json(value) == _jcs_bytes(value)
+
+
+def _has_astral_key(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(max(k, default="a") > "\uffff" or _has_astral_key(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_astral_key(v) for v in value)
+    return False
+
+
+@given(value=json_values | tricky_values)
+def test_orjson_fast_path_prints_rfc8785_wherever_the_guard_admits(value):
+    # the property the hot path rests on: guard admits => orjson's bytes are the reference's
+    admitted = _fast_admits(value)
+    assert admitted == (not _has_astral_key(value))
+    if admitted:
+        assert orjson.dumps(value, option=orjson.OPT_SORT_KEYS) == _jcs_bytes(value)
+
+
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"\U0001f600": 1, "\ue000": 2},  # UTF-16 order differs from code-point order
+        {"a": _Text("x")},  # subclasses go the reference way
+        [_Number(3)],
+        {"a": [(1, "b")]},
+    ],
+)
+def test_guard_routes_other_content_to_the_reference(value):
+    assert canonical_json(value) == _jcs_bytes(value)
+
+
+def test_guard_refuses_what_orjson_would_print_wrongly():
+    # orjson prints floats, NaN (as null) and 64-bit integers; the guard must not admit them
+    for value in ({"a": 1.0}, [float("nan")], [2**53], {"a": [2**63 - 1]}):
+        assert not _fast_admits(value)
+        with pytest.raises(CanonicalError):
+            canonical_json(value)
 
 
 def _sort_utf16(value: object) -> object:

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from bus.client.inbox import JobResult, ReplyInbox, parse_reply
+from bus.client.plan import Write, job_messages, write_plan
 from bus.core import keys
 from bus.core.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.core.envelope import sign_message
@@ -53,7 +54,6 @@ from crypto.errors import KeyFormatError
 # The supervisor's processing list (node/intake/supervisor.py SERVICE): a message popped from
 # msg_out waits there until it is routed.
 SUPERVISOR_INFLIGHT = keys.inflight("supervisor")
-WRITE_CHUNK = 512  # messages per transaction when a batch is large
 
 
 @dataclass(eq=False)
@@ -296,29 +296,18 @@ class Client:
         origin = await self.node_id()
         if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
             to = await self.resolve_node(to)
-        messages = []
-        for item in jobs:
-            carried = [item] if isinstance(item, RunnerJob) else list(item)
-            if not carried:
-                raise ClientError("a job message must carry at least one job")
-            stamp = now()
-            message = Message(
-                id=new_id(),
-                caller_id=caller_id,
-                context_id=context_id,
-                message_type=MessageType.JOB,
-                timeout=timeout_s,
-                timeout_ack=timeout_ack_s,
-                timeout_result=timeout_result_s,
-                job=carried,
-                created_at=stamp,
-                updated_at=stamp,
-                origin=origin,
-                destination=to,
-                nonce=new_nonce(),
-                reply_to=self.inbox,
-            )
-            messages.append(sign_message(message, signer))
+        messages = job_messages(
+            signer,
+            caller_id,
+            origin=origin,
+            to=to,
+            context_id=context_id,
+            jobs=jobs,
+            timeout_s=timeout_s,
+            timeout_ack_s=timeout_ack_s,
+            timeout_result_s=timeout_result_s,
+            reply_to=self.inbox,
+        )
         if messages:
             await self._publish(context_id, messages)
         return messages
@@ -360,13 +349,12 @@ class Client:
 
     async def _write(self, context_id: int, messages: list[Message]) -> None:
         epoch = self.store.epoch  # a failover during the writes voids the promise
-        for start in range(0, len(messages), WRITE_CHUNK):
-            chunk = messages[start : start + WRITE_CHUNK]
+        for write in write_plan(messages):
 
-            def fill(tx: Any, chunk: list[Message] = chunk) -> None:  # noqa: ANN401
-                for message in chunk:
-                    tx.hset(message.key, message.to_hash())
-                tx.lpush(keys.MSG_OUT, [m.key for m in chunk])
+            def fill(tx: Any, write: Write = write) -> None:  # noqa: ANN401
+                for key, fields in write.hashes:
+                    tx.hset(key, fields)
+                tx.lpush(keys.MSG_OUT, write.pushed)
 
             try:  # sent again if a failover refused it unrun (Store.transact)
                 await self.store.transact(context_id, fill)

@@ -190,6 +190,9 @@ NODE_EVENTS = (
 # DB 0: a counter each durability barrier increments, so that the WAITAOF after it on the same
 # connection covers every write made before it (bus/store/durable.py)
 DURABLE = "durable"
+# counter in DB 0, bumped (INCR) by every write of an actor or a context: a process that caches
+# them (node/state.py) reads it once per admission and drops what was loaded under another value
+REGISTRY_VERSION = "registry:version"
 NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
 
 

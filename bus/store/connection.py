@@ -113,6 +113,9 @@ class Store:
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
+        # entries the pop methods handed out so far: a read issued after this count moved sees
+        # every write made before what was popped was pushed (the registry cache, node/state.py)
+        self.pops = 0
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -321,7 +324,10 @@ class Store:
         value = await self.call(
             db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
         )
-        return None if value is None else await self.utf8_entry(db, inflight, value, source)
+        if value is None:
+            return None
+        self.pops += 1
+        return await self.utf8_entry(db, inflight, value, source)
 
     async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
         """A popped entry as text; None if it is not UTF-8 (coredis then hands over its bytes):
@@ -338,6 +344,7 @@ class Store:
         if limit <= 0:
             return []
         moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
+        self.pops += len(moved)
         texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 
@@ -349,6 +356,7 @@ class Store:
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
         whose entry is read at once. [] after the timeout."""
         raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
+        self.pops += len(raw)
         if not raw:
             first = await self.pop_reliable(db, source, inflight, timeout_s)
             if first is None:
@@ -507,7 +515,16 @@ class Store:
         return Actor.from_hash(h) if h else None
 
     async def put_actor(self, actor: Actor) -> None:
-        await self.hset(keys.ACTORS_DB, keys.actor(actor.id), actor.to_hash())
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            pipe.hset(keys.actor(actor.id), actor.to_hash())
+            pipe.incr(keys.REGISTRY_VERSION)  # caches of actors reload (node/state.py)
+
+    async def remove_actor(self, actor_id: int) -> bool:
+        """Delete ``actor:<id>``; False if there was none."""
+        async with self.transaction(keys.ACTORS_DB) as pipe:
+            gone = pipe.delete([keys.actor(actor_id)])
+            pipe.incr(keys.REGISTRY_VERSION)
+        return bool(await gone)
 
     async def get_context(self, context_id: int) -> Context | None:
         h = await self.hgetall(context_id, keys.context(context_id))
@@ -521,6 +538,7 @@ class Store:
         async with self.transaction(keys.ACTORS_DB) as pipe:
             pipe.sadd(keys.CONTEXTS, [str(context.id)])
             pipe.lpush(keys.NODE_EVENTS, [keys.context(context.id)])
+            pipe.incr(keys.REGISTRY_VERSION)  # after the write above: caches reload
 
     async def context_ids(self) -> list[int]:
         return sorted(int(m) for m in await self.smembers(keys.ACTORS_DB, keys.CONTEXTS))

@@ -39,12 +39,15 @@ async def actor_hashes(store: Store) -> list[Hash]:
 
 
 async def remove_actor(store: Store, actor_id: int) -> bool:
-    """Whether there was such an actor (removed)."""
-    key = keys.actor(actor_id)
-    if not await store.exists(keys.ACTORS_DB, key):
-        return False
-    await store.delete(keys.ACTORS_DB, [key])
-    return True
+    """Whether there was such an actor (removed, and the registry's version bumped so that
+    every cache of it reloads: Store.remove_actor)."""
+    return await store.remove_actor(actor_id)
+
+
+async def version(store: Store) -> str:
+    """``registry:version``: bumped by every write of an actor or a context, so caches of
+    them can tell a stale entry (node/state.py)."""
+    return await store.get(keys.ACTORS_DB, keys.REGISTRY_VERSION) or "0"
 
 
 async def serves_context(store: Store, ctx: int) -> bool:

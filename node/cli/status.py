@@ -89,26 +89,27 @@ def print_text(facts: dict[str, Any]) -> None:
         print(f"  unhealthy: {problem}")
 
 
-def print_store(store: dict[str, Any]) -> None:
+def print_store(topology: dict[str, Any]) -> None:
     """The replicated store's lines (none for the embedded single Valkey)."""
-    if store.get("mode") != "replicated":
+    if topology.get("mode") != "replicated":
         return
     print(
-        f"  store {store['service']}: primary {store['primary']} for {store['primary_for_s']} s, "
-        f"{store['failovers']} failover(s) so far, {store['sentinels']} sentinel(s) "
-        f"(quorum {store['quorum']})"
+        f"  store {topology['service']}: primary {topology['primary']} "
+        f"for {topology['primary_for_s']} s, "
+        f"{topology['failovers']} failover(s) so far, {topology['sentinels']} sentinel(s) "
+        f"(quorum {topology['quorum']})"
     )
-    for r in store["replicas"]:
+    for r in topology["replicas"]:
         lag = "?" if r["lag_bytes"] is None else f"{r['lag_bytes']} bytes, {r['lag_s']} s"
         print(f"    replica {r['address']}  link {r['link']}  lag {lag}")
 
 
-def store_problems(store: dict[str, Any]) -> list[str]:
+def store_problems(topology: dict[str, Any]) -> list[str]:
     """What makes a replicated store unhealthy: no replica up (promises then wait, and fail)."""
-    if store.get("mode") != "replicated":
+    if topology.get("mode") != "replicated":
         return []
-    up = [r for r in store["replicas"] if r["link"] == "up"]
-    return [] if up else [f"store {store['service']}: no replica is up"]
+    up = [r for r in topology["replicas"] if r["link"] == "up"]
+    return [] if up else [f"store {topology['service']}: no replica is up"]
 
 
 async def status_facts(client: Client) -> dict[str, Any]:

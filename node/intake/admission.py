@@ -17,9 +17,11 @@ after that deadline (``expired``); its origin declares the message failed only a
 deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
 ``max_skew_s`` of each other, a message its client was told failed never runs.
 
-Actors and contexts come from the node's short-lived cache; any refusal is re-checked against
-Redis before it stands, so a key or permission granted a moment ago is never refused because
-of the cache.
+Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
+holds the value they were loaded under: every write of an actor or a context bumps it, and each
+admission reads it (one GET instead of two HGETALLs), so a key removed or a permission withdrawn
+a moment ago is never granted from the cache. Any refusal is re-checked against Redis before it
+stands, so nothing granted a moment ago is refused because of the cache either.
 """
 
 from __future__ import annotations
@@ -236,7 +238,8 @@ async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
 
 async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) -> None:
     caller = message.caller_id
-    actor = await (node.store.get_actor(caller) if fresh else node.actor(caller))
+    version = "" if fresh else await node.registry_version()
+    actor = await (node.store.get_actor(caller) if fresh else node.actor(caller, version))
     verdict = judge(
         message,
         actor.pubkey if actor else None,
@@ -248,7 +251,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     node.count(VERIFIED)
-    context = await (node.store.get_context(ctx) if fresh else node.context(ctx))
+    context = await (node.store.get_context(ctx) if fresh else node.context(ctx, version))
     may_execute_in(context, ctx, caller)
 
 

@@ -1,0 +1,129 @@
+"""A blocking client for scripts that do not run trio: submit jobs, wait for their results.
+
+It runs the same plan as the trio client (bus/client/plan.py: the same signed messages, one
+MULTI/EXEC per submitted batch) on a redis-py connection, and each message is answered on its
+own ``reply:<message key>`` list (a blocking script waits for one message at a time, so the
+shared inbox of the trio client would buy it nothing). Registrations, flows and logs stay with
+the trio client (:mod:`bus.client.api`), and so does a replicated store (a Sentinel URL): this
+client neither follows a failover nor waits for a write to be durable on two machines::
+
+    with open_sync_client(url) as client:
+        [message] = client.submit_many(key, 42, to="self", context_id=2, jobs=[job])
+        [result] = client.wait_results(message, timeout_s=30)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from bus.client.inbox import JobResult, parse_reply
+from bus.client.plan import job_messages, write_plan
+from bus.core import keys
+from bus.core.models import Message, RunnerJob
+from bus.errors import ClientError, StoreError
+from crypto import Signer
+
+
+class SyncClient:
+    """Submissions and results on one node's Redis, blocking. Its methods raise ClientError for
+    a request that cannot be carried out and StoreError when Redis fails."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.url = redis_url
+        self._clients: dict[int, redis.Redis] = {}
+        self._node_id = ""
+
+    def _db(self, n: int) -> Any:  # noqa: ANN401 - redis-py's client
+        if n not in self._clients:
+            self._clients[n] = redis.Redis.from_url(self.url, db=n, decode_responses=True)
+        return self._clients[n]
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def node_id(self) -> str:
+        """The id of the node serving this Redis; ClientError if no node ever ran on it."""
+        if not self._node_id:
+            try:
+                found = self._db(keys.ACTORS_DB).hget(keys.NODE_INFO, "id")
+            except redis.RedisError as exc:
+                raise StoreError(f"redis: {exc}") from exc
+            if not found:
+                raise ClientError("no hero-node has run on this Redis yet (no node:info)")
+            self._node_id = str(found)
+        return self._node_id
+
+    def submit_many(
+        self,
+        signer: Signer,
+        caller_id: int,
+        *,
+        to: str,
+        context_id: int,
+        jobs: Iterable[RunnerJob | Sequence[RunnerJob]],
+        timeout_s: int = 60,
+        timeout_ack_s: int = 120,
+        timeout_result_s: int = 3600,
+    ) -> list[Message]:
+        """Sign and queue one message per item of ``jobs`` for node ``to`` (its 64-hex id, or
+        ``self``), one transaction per batch; the messages in order, for :meth:`wait_results`."""
+        origin = self.node_id()
+        if to == "self":
+            to = origin
+        if len(to) != 64:
+            raise ClientError(f"node {to[:80]!r}: give its 64-hex id or 'self'")
+        messages = job_messages(
+            signer,
+            caller_id,
+            origin=origin,
+            to=to,
+            context_id=context_id,
+            jobs=jobs,
+            timeout_s=timeout_s,
+            timeout_ack_s=timeout_ack_s,
+            timeout_result_s=timeout_result_s,
+            reply_to="",
+        )
+        try:
+            for write in write_plan(messages):
+                with self._db(context_id).pipeline(transaction=True) as tx:
+                    for key, fields in write.hashes:
+                        tx.hset(key, mapping=fields)
+                    tx.lpush(keys.MSG_OUT, *write.pushed)
+                    tx.execute()
+        except redis.RedisError as exc:
+            raise StoreError(f"redis: {exc}") from exc
+        return messages
+
+    def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
+        """One result per job of ``message``; ClientError after ``timeout_s``."""
+        reply_key = keys.reply(message.key)
+        results: list[JobResult] = []
+        while len(results) < len(message.job):
+            try:
+                popped = self._db(message.context_id).blpop([reply_key], timeout=timeout_s)
+            except redis.RedisError as exc:
+                raise StoreError(f"redis: {exc}") from exc
+            if popped is None:
+                raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
+            try:
+                results.append(parse_reply(popped[1])[1])
+            except ValueError as exc:
+                raise ClientError(f"{reply_key}: {exc}") from None
+        return results
+
+
+@contextmanager
+def open_sync_client(redis_url: str) -> Iterator[SyncClient]:
+    """A :class:`SyncClient` on ``redis_url``, closed on exit."""
+    client = SyncClient(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
