@@ -81,6 +81,8 @@ from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
 from node.runners.recovery import run_retry_scheduler
+from node.sandbox.probe import Isolation
+from node.sandbox.wiring import find_isolation
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,7 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    node.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
     registry: Registry | None = None
@@ -182,9 +185,7 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(
-            node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
-        )
+        registry = Registry(node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url)
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)
@@ -354,6 +355,12 @@ class Registry:
             task_status.started()
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
+        iso = self.node.isolation
+        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+            why = iso.why if iso is not None else "isolation unknown"
+            log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
+            up.set()
+            return
         async with trio.open_nursery() as starting:
             for script_type, command, slot in slots_of(self.node, self.script_types):
                 starting.start_soon(
@@ -440,6 +447,13 @@ async def bootstrap(node: NodeState) -> None:
         log.info("created default context %d", config.context_id)
 
 
+def isolation_fields(iso: Isolation | None) -> dict[str, str]:
+    """What node:info says of the isolation (hero-node status, the console)."""
+    if iso is None:
+        return {}
+    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+
+
 async def _publish(node: NodeState, info: NodeInfo) -> None:
     """Tell clients on this machine where the node is (DB 0 ``node:info`` and run/node.json)."""
     fields = {
@@ -454,8 +468,8 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
-    }
-    await registry.publish_node_info(node.store, fields)
+    } | isolation_fields(node.isolation)
+    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"

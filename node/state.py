@@ -21,6 +21,7 @@ from bus.wire.transport import Transport
 from crypto import KeyPair
 from node.config import NodeConfig
 from node.host.signer import Signer
+from node.sandbox.probe import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class NodeState:
         default_factory=dict
     )
     jobs_taken: int = 0  # by this node's runner slots, since start
+    # how jobs are isolated, found at start (node/sandbox/wiring.py); None: not yet known
+    isolation: Isolation | None = None
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)
     # the circuit breaker of each peer's link (bus/wire/breakers.py)

@@ -6,11 +6,12 @@ Each has fixed ports (listener and embedded Valkey) so it comes back where it wa
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import trio
 
-from node.config import load_config
+from node.config import load_config, render_config
 from node.errors import NodeError
 from node.host.acl import reachable_url, role_url
 from node.host.home import init_home
@@ -34,6 +35,10 @@ class NodeProcess:
         self.config = init_home(
             home, name=name, listen_port=self.listen_port, valkey_port=self.valkey_port, **init
         )  # type: ignore[arg-type]
+        # the tests' jobs announce themselves over TCP (tests/scripts.py): context 1 may use
+        # the network, as in conftest.py's node_factory
+        self.config = replace(self.config, sandbox={"1": {"network": True}})
+        self.config.config_path.write_text(render_config(self.config), encoding="utf-8")
         if host:
             set_node(home, listen_host=f'"{host}"')
             self.config = load_config(home)

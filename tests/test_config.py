@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from node.config import LOWER_BOUNDS, NodeConfig, load_config, render_config
 from node.errors import ConfigError
 from node.host.home import init_home
+from node.sandbox.plan import MODES
 
 _BY_TYPE = {
     "int": st.integers(min_value=-(2**63), max_value=2**63 - 1),
@@ -22,6 +23,7 @@ _BY_TYPE = {
 _SCALARS = {f.name: _BY_TYPE[str(f.type)] for f in fields(NodeConfig) if str(f.type) in _BY_TYPE}
 # settings with a lower bound are drawn above it (a value below is refused: test_type_breaker.py)
 _SCALARS |= {n: _SCALARS[n].filter(lambda v, low=low: v >= low) for n, low in LOWER_BOUNDS.items()}
+_SCALARS["isolation"] = st.sampled_from(MODES)  # any other value is refused
 
 _TYPE_NAME = st.from_regex(r"\A[A-Za-z0-9_.-]{1,12}\Z")
 _ARG = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1).filter(

@@ -95,7 +95,7 @@ async def fill_of(driver, flow_id: int, job: str) -> str:
 
 def diamond(fifo: Path) -> dict:
     """A on alice; B on bob, held until the test writes to ``fifo``; C on alice; D after B, C."""
-    hold = f"print(open({str(fifo)!r}).read().strip())"
+    hold = f"print(open({fifo.name!r}).read().strip())"  # in the job's cwd, its work dir
 
     def job(jid: str, node: str, script: str, kind: str = "python", depends=()) -> dict:
         return {
@@ -124,8 +124,11 @@ async def test_console_in_chromium_shows_new_jobs_and_a_live_dag(
     alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0"))
     bob = await node_factory("bob")
     actor = await link_to(alice, bob)
-    fifo = tmp_path / "release-b"
-    os.mkfifo(fifo)
+    # in bob's context 1 work dir, the one place of the host its sandboxed job B sees
+    work = bob.config.home / "work" / "1"
+    work.mkdir(parents=True, exist_ok=True)
+    fifo = work / "release-b"
+    os.mkfifo(fifo, 0o644)
     driver = browser
     with trio.fail_after(120):
         await in_browser(driver.get, alice.info.console_url + "/")

@@ -62,7 +62,7 @@ async def test_dlq_bound_archive_and_hook(node_factory, valkey_factory, tmp_path
     letters = await refused(alice, 6)
     async with _store(server.url) as announced:
         for _ in letters:  # each hook starts once the previous entry was handled
-            await wait_announced(announced, "hooked")
+            await wait_announced(announced, "hooked", sandboxed=False)
     # the dlq holds the 3 newest; the 3 oldest are in the archive, oldest first, and counted
     assert [e["key"] for e in await alice.store.dead_letters(1)] == letters[:2:-1]
     archive = archive_path(alice.config.archive_dir, 1).read_text().splitlines()
@@ -88,8 +88,10 @@ async def test_a_slow_or_failing_hook_is_bounded_logged_and_the_node_goes_on(
     assert state is not None
     letters = await refused(alice, 2)
     async with _store(server.url) as announced:
-        first = await wait_announced(announced, "hooked")
-        await wait_announced(announced, "hooked")  # runs only once the first one was ended
+        first = await wait_announced(announced, "hooked", sandboxed=False)
+        await wait_announced(
+            announced, "hooked", sandboxed=False
+        )  # runs only once the first one was ended
     with pytest.raises(ProcessLookupError):
         os.kill(first, 0)
     assert "on_dead_letter hook (db 1): killed after 1 s" in caplog.text
@@ -110,8 +112,8 @@ async def test_a_failing_hook_is_logged_and_counted(node_factory, valkey_factory
     assert state is not None
     await refused(alice, 2)
     async with _store(server.url) as announced:
-        await wait_announced(announced, "hooked")
-        await wait_announced(announced, "hooked")
+        await wait_announced(announced, "hooked", sandboxed=False)
+        await wait_announced(announced, "hooked", sandboxed=False)
     assert "on_dead_letter hook (db 1): exit code 3: broken pipe dream" in caplog.text
     assert state.metrics["dlq_hook_failed"] >= 1
 
@@ -191,7 +193,7 @@ async def test_hostile_dlq_events_cost_the_watcher_nothing(node_factory, valkey_
         # three of the four (the one that is no UTF-8 is dead-lettered as not_utf8 instead: that
         # letter is the fourth), and the real one
         for _ in range(5):
-            await wait_announced(announced, "hooked")
+            await wait_announced(announced, "hooked", sandboxed=False)
     seen = [json.loads(line) for line in (tmp_path / "hooked.jsonl").read_text().splitlines()]
     assert {"entry": "not json", "db": 1} in seen
     assert {"entry": "[1, 2]", "db": 1} in seen

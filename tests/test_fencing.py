@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import trio
@@ -88,12 +89,20 @@ async def _submit(node, script: str, script_type: str = "python", **kw):
     )
 
 
+def work_of(home: Path) -> Path:
+    """Context 1's work dir under ``home``: the one place of the host its sandboxed jobs see
+    (their cwd), where these tests' jobs keep their files."""
+    work = home / "work" / "1"
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def _gated(redis_url: str, tag: str, tmp_path) -> str:
     """A python job that announces itself, waits until the test creates ``<tag>.go``, then
     records one run in ``<tag>.runs`` and prints ``done``."""
     body = (
         "import pathlib, time\n"
-        f"base = pathlib.Path({str(tmp_path)!r})\n"
+        "base = pathlib.Path('.')\n"  # the job's cwd, its work dir (see work_of)
         f"while not (base / '{tag}.go').exists(): time.sleep(0.02)\n"
         f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
         "print('done')\n"
@@ -103,6 +112,7 @@ def _gated(redis_url: str, tag: str, tmp_path) -> str:
 
 async def test_a_live_job_whose_lease_expired_retakes_it_and_finishes_once(node_factory, tmp_path):
     alice = await node_factory("alice", runners={"python": 1})
+    tmp_path = work_of(alice.config.home)
     msg = await _submit(alice, _gated(alice.info.redis_url, "live", tmp_path), retries=2)
     await wait_announced(alice.store, "pid:live")
     job_key = msg.job[0].key
@@ -214,7 +224,7 @@ async def _result(node: NodeProcess, msg, timeout_s: float = 30):
 def _runs_once(tmp_path, tag: str, nap: float) -> str:
     """Python: sleeps ``nap`` s, then records one run in ``<tag>.runs``."""
     return (
-        f"import time, pathlib; base = pathlib.Path({str(tmp_path)!r})\n"
+        "import time, pathlib; base = pathlib.Path('.')\n"  # its work dir (see work_of)
         f"time.sleep({nap})\n"
         f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
         "print('done')\n"
@@ -224,6 +234,7 @@ def _runs_once(tmp_path, tag: str, nap: float) -> str:
 async def test_node_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
     node = node_proc("a", lease_ttl_ms=600)
     await node.start()
+    tmp_path = work_of(node.home)
     script = announcing(node.redis_url, "began:stall", _runs_once(tmp_path, "stall", 0.5))
     msg = await _submit_to(node, script, retries=2)
     async with open_client(node.redis_url) as client:
@@ -251,6 +262,7 @@ async def test_killed_node_adopts_a_python_job_still_running_at_restart(node_pro
     restarted node waits for it and adopts its outcome; the job ran once."""
     node = node_proc("a")
     await node.start()
+    tmp_path = work_of(node.home)
     msg = await _submit_to(node, _gated(node.redis_url, "py", tmp_path), retries=2)
     async with open_client(node.redis_url) as client:
         await wait_announced(client.store, "pid:py")
@@ -268,8 +280,9 @@ async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_pr
     outcome the job's wrapper wrote and concludes with it (output from the slot's log)."""
     node = node_proc("a")
     await node.start()
-    began, runs = tmp_path / "sh.began", tmp_path / "sh.runs"
-    script = f"touch {began}; sleep 1; echo run >> {runs}; echo hello"
+    work = work_of(node.home)
+    began, runs = work / "sh.began", work / "sh.runs"
+    script = "touch sh.began; sleep 1; echo run >> sh.runs; echo hello"  # in its work dir
     msg = await _submit_to(node, script, script_type="sh", retries=2)
     await _wait_for_file(began)
     await node.kill()
@@ -288,6 +301,7 @@ async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_pr
 async def test_valkey_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
     node = node_proc("a", lease_ttl_ms=600)
     await node.start()
+    tmp_path = work_of(node.home)
     script = announcing(node.redis_url, "began:vk", _runs_once(tmp_path, "vk", 0.5))
     msg = await _submit_to(node, script, retries=2)
     async with open_client(node.redis_url) as client:

@@ -45,9 +45,10 @@ async def test_failing_job_is_retried_then_finishes(
     node_factory, tmp_path, mock_clock, wall_clock_on_trio
 ):
     alice = await node_factory("alice")
-    counter = tmp_path / "count"
+    # in the context's work dir (the job's cwd): the one place a sandboxed job writes
+    counter = alice.config.home / "work" / "1" / "count"
     script = (
-        f"import pathlib; p = pathlib.Path({str(counter)!r})\n"
+        "import pathlib; p = pathlib.Path('count')\n"
         "n = int(p.read_text()) + 1 if p.exists() else 1\n"
         "p.write_text(str(n))\n"
         "raise SystemExit(0 if n >= 3 else 1)\n"

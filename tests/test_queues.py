@@ -93,12 +93,12 @@ async def test_local_slots_take_high_priority_first_and_serve_their_group(node_f
 
     alice = await node_factory("alice", runners={"python": 1}, runner_groups={"python": "gpu"})
     actor = read_key_file(alice.config.actor_key_path)
-    order = tmp_path / "order"
+    order = alice.config.home / "work" / "1" / "order"  # the jobs' work dir (their cwd)
     blocker = await _submit(
         alice, actor, announcing(alice.info.redis_url, "block", "import time\ntime.sleep(1)\n")
     )
     await wait_announced(alice.store, "block")  # the only slot is busy: the rest queue up
-    record = f"open({str(order)!r}, 'a').write('{{}}\\n')"
+    record = f"open({order.name!r}, 'a').write('{{}}\\n')"
     low = await _submit(alice, actor, record.format("low"), priority="low")
     normal = await _submit(alice, actor, record.format("normal"))
     grouped = await _submit(alice, actor, record.format("gpu"), group="gpu")

@@ -13,6 +13,7 @@ from bus.core.models import JobStatus
 from crypto import read_key_file
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
+from tests.test_fencing import work_of
 
 
 @pytest.fixture
@@ -29,10 +30,11 @@ async def node_proc(tmp_path):
 
 
 def slow_script(tmp_path, tag: str, nap: float = 30) -> str:
-    """Sleeps as long as the file says (re-read on each attempt), then records one run."""
+    """Sleeps as long as the file says (re-read on each attempt), then records one run; its
+    files are in ``tmp_path``, the work dir of the node's context 1 (the job's cwd)."""
     (tmp_path / f"{tag}.nap").write_text(str(nap))
     return (
-        f"import time, pathlib; base = pathlib.Path({str(tmp_path)!r})\n"
+        "import time, pathlib; base = pathlib.Path('.')\n"
         f"time.sleep(float((base / '{tag}.nap').read_text()))\n"
         f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
     )
@@ -65,6 +67,7 @@ async def results_after_restart(node: NodeProcess, msg):
 async def test_sigterm_lets_the_running_job_finish(node_proc, tmp_path):
     node = node_proc("a", grace_s=20)
     await node.start()
+    tmp_path = work_of(node.home)
     msg = await submit_and_wait_started(node, slow_script(tmp_path, "t", nap=2), tmp_path, "t")
     assert await node.signal_and_wait(signal.SIGTERM, timeout_s=60) == 0
     [result] = await results_after_restart(node, msg)
@@ -76,6 +79,7 @@ async def test_sigterm_lets_the_running_job_finish(node_proc, tmp_path):
 async def test_sigterm_requeues_what_outlives_the_grace_period(node_proc, tmp_path):
     node = node_proc("a", grace_s=1)
     await node.start()
+    tmp_path = work_of(node.home)
     msg = await submit_and_wait_started(node, slow_script(tmp_path, "g"), tmp_path, "g")
     assert await node.signal_and_wait(signal.SIGTERM, timeout_s=30) == 0
     assert not (tmp_path / "g.runs").exists()  # it was stopped, not finished
@@ -90,6 +94,7 @@ async def test_sigkill_of_node_and_job_counts_as_a_lost_runner(node_proc, tmp_pa
     """The job's process died with the node (mid-run, no outcome): it runs again."""
     node = node_proc("a")
     await node.start()
+    tmp_path = work_of(node.home)
     msg, pid = await submit_and_get_pid(node, slow_script(tmp_path, "k"), "k", retries=1)
     await node.kill()
     os.killpg(pid, signal.SIGKILL)
@@ -103,6 +108,7 @@ async def test_sigkill_of_node_and_job_counts_as_a_lost_runner(node_proc, tmp_pa
 async def test_sigkill_without_retries_ends_in_runner_lost(node_proc, tmp_path):
     node = node_proc("a")
     await node.start()
+    tmp_path = work_of(node.home)
     msg, pid = await submit_and_get_pid(node, slow_script(tmp_path, "n"), "n")
     await node.kill()
     os.killpg(pid, signal.SIGKILL)

@@ -69,13 +69,18 @@ RECOVERY_BOUND_S = 60.0
 ORPHANS = 3  # jobs running at a node when it is killed (if they do within 10 s)
 
 # Start and end lines are separate O_APPEND writes, each well under PIPE_BUF: never interleaved.
+# The log is in the job's work dir (its $HOME: the one place a sandboxed job may write), which
+# the test reads from the node's home; the process names itself after its tag, so that the
+# test finds it from outside its pid namespace (processes_left).
 SCRIPT = """\
-import os, time
+import ctypes, os, time
 tag = os.environ["TAG"]
+ctypes.CDLL(None).prctl(15, ("hj-" + tag).encode(), 0, 0, 0)  # PR_SET_NAME
+OUT = os.path.join(os.environ["HOME"], "executions.txt")
 with open("/proc/self/stat") as f:
     born = f.read().rsplit(")", 1)[1].split()[19]
 def log(kind):
-    fd = os.open(os.environ["OUT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, ("%s %s %d %s\\n" % (kind, tag, os.getpid(), born)).encode())
     finally:
@@ -126,7 +131,7 @@ class Rig:
     tmp: Path
     valkeys: dict[str, ValkeyProcess]
     nodes: dict[str, NodeProcess]
-    out: Path
+    outs: list[Path]  # each node's execution log, in its context 1's work dir
     t0: float = field(default_factory=time.monotonic)
     events: list[str] = field(default_factory=list)
     frozen: set[int] = field(default_factory=set)  # pids under SIGSTOP right now
@@ -162,7 +167,8 @@ def make_rig(tmp: Path) -> Rig:
     }
     for node in nodes.values():
         node_options(node)
-    return Rig(tmp, valkeys, nodes, tmp / "executions.txt")
+    outs = [tmp / n / "work" / "1" / "executions.txt" for n in NAMES]
+    return Rig(tmp, valkeys, nodes, outs)
 
 
 def node_id(node: NodeProcess) -> str:
@@ -207,16 +213,18 @@ async def stall(rig: Rig, what: str, pid: int) -> None:
     rig.note(f"SIGCONT {what}")
 
 
-def executions(out: Path) -> list[tuple[str, str, int, str]]:
-    """(kind, tag, pid, start time) of every line of the execution log, in the order written."""
+def executions(outs: list[Path]) -> list[tuple[str, str, int, str]]:
+    """(kind, tag, pid, start time) of every line of the execution logs, in the order written
+    (per node: a job runs at one node only)."""
     found = []
-    for line in out.read_text().splitlines():
+    lines = [line for out in outs if out.exists() for line in out.read_text().splitlines()]
+    for line in lines:
         kind, tag, pid, start = line.split()
         found.append((kind, tag, int(pid), start))
     return found
 
 
-def running(out: Path, tags: set[str]) -> list[str]:
+def running(out: list[Path], tags: set[str]) -> list[str]:
     """The executions of ``tags`` started and not ended so far."""
     count: Counter[str] = Counter()
     for kind, tag, _, _ in executions(out):
@@ -233,7 +241,7 @@ async def kill_mid_jobs(rig: Rig, name: str, sub: Submitted, rng: random.Random)
     orphans: list[str] = []
     for want, within_s in ((ORPHANS, 10), (1, 50)):
         with trio.move_on_after(within_s):  # bounded polling of the log (a file: no event)
-            while len(orphans := running(rig.out, sub.tags_to(name))) < want:  # noqa: ASYNC110
+            while len(orphans := running(rig.outs, sub.tags_to(name))) < want:  # noqa: ASYNC110
                 await trio.sleep(0.02)
         if len(orphans) >= want:
             break
@@ -268,7 +276,7 @@ async def submit(
     rng: random.Random,
 ) -> None:
     tag = f"j{len(sub.msgs):04d}"
-    env = {"TAG": tag, "NAP": f"{rng.uniform(0.2, 0.8):.3f}", "OUT": str(rig.out)}
+    env = {"TAG": tag, "NAP": f"{rng.uniform(0.2, 0.8):.3f}"}
     actor = read_key_file(rig.nodes["a"].config.actor_key_path)
     msg = await client.submit_job(
         actor,
@@ -308,7 +316,6 @@ class Run:
 
 
 async def run_scenario(rig: Rig, case: str, rng: random.Random, nursery: trio.Nursery) -> Run:
-    rig.out.touch()
     await wire(rig)
     for name in ("b", "c", "a"):  # A last: its first dials find B and C listening
         await rig.start(name)
@@ -433,7 +440,7 @@ async def job_views(rig: Rig, run: Run) -> list[JobView]:
     starts: Counter[str] = Counter()
     ends: Counter[str] = Counter()
     rerun: set[str] = set()
-    for kind, tag, _, _ in executions(rig.out):
+    for kind, tag, _, _ in executions(rig.outs):
         (starts if kind == "S" else ends)[tag] += 1
         if kind == "S" and ends[tag]:
             rerun.add(tag)
@@ -441,6 +448,19 @@ async def job_views(rig: Rig, run: Run) -> list[JobView]:
         JobView(t, (a[0], a[1]), at_dest[t], starts[t], ends[t], t in rerun)
         for t, a in zip(tags, at_a, strict=True)
     ]
+
+
+def job_processes(tags: set[str]) -> list[str]:
+    """The tags of the job processes alive now (found by the name each gave itself)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith("hj-") and name[3:] in tags and born(int(entry.name)) is not None:
+            found.append(name[3:])
+    return found
 
 
 def born(pid: int) -> str | None:
@@ -457,11 +477,11 @@ async def processes_left(rig: Rig) -> list[str]:
     """Node, Valkey and job processes still alive once everything was stopped (job processes
     get a few seconds: an orphan may be ending its nap)."""
     procs = dict(rig.processes)
-    for _, tag, pid, start in executions(rig.out):
-        procs.setdefault((pid, start), f"job process (pid {pid}, ran {tag})")
+    tags = {tag for _, tag, _, _ in executions(rig.outs)}
 
     def left() -> list[str]:
-        return [what for (pid, start), what in procs.items() if born(pid) == start]
+        ours = [what for (pid, start), what in procs.items() if born(pid) == start]
+        return ours + [f"job process (ran {tag})" for tag in job_processes(tags)]
 
     with trio.move_on_after(10):  # bounded polling of /proc: these are not our children
         while left():  # noqa: ASYNC110

@@ -199,6 +199,31 @@ class Reason(StrEnum):
         "The process running the job died, or the external runner's lease expired. Runners.",
     )
     STOPPED = "stopped", "The job was stopped by its caller or an admin. Stops, runners."
+    MEMORY_LIMIT = (
+        "memory_limit",
+        "The job ran out of its memory limit (`[limits] memory_mb`, the address space of each of "
+        "its processes): an allocation failed and the job ended on it. Runners.",
+    )
+    CPU_LIMIT = (
+        "cpu_limit",
+        "The job used up its CPU time limit (`[limits] cpu_s`, per process) and was killed "
+        "(SIGXCPU, then SIGKILL). Runners.",
+    )
+    PIDS_LIMIT = (
+        "pids_limit",
+        "The job could not start another process or thread (`[limits] processes`) and ended on "
+        "it. Runners.",
+    )
+    FILE_SIZE_LIMIT = (
+        "file_size_limit",
+        "The job wrote a file larger than its file size limit (`[limits] file_size_mb`; "
+        "SIGXFSZ). Runners.",
+    )
+    OUTPUT_LIMIT = (
+        "output_limit",
+        "The job's stdout or stderr grew past its file size limit (`[limits] file_size_mb`) and "
+        "the job was stopped there; what is kept of it is at most `max_output_bytes`. Runners.",
+    )
     UNKNOWN_SCRIPT_TYPE = (
         "unknown_script_type",
         "No runner for the job's script type on this node. Materialise.",

@@ -255,6 +255,12 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     if config.console.enabled:
         print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
+    # auto stays in config.toml (each start probes again); here is what it picks on this host
+    from node.sandbox.wiring import explain, probe_config
+
+    iso = probe_config(config)
+    print(f"  isolation:  {config.isolation} -> {iso.mode} ({iso.why}; limits by {iso.limits})")
+    print(f"              {explain(iso)}")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 

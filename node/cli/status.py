@@ -58,6 +58,13 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  listen {info.get('ws_url', '?')}  redis {info.get('redis_url', '?')}  "
         f"pid {info.get('pid', '?')}"
     )
+    mode = info.get("isolation", "?")
+    loud = "  WARNING: jobs run WITHOUT a sandbox" if mode == "none" else ""
+    loud = "  JOBS DO NOT RUN" if mode == "refused" else loud
+    print(
+        f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
+        f"{info.get('limits', '?')}{loud}"
+    )
     print_store(facts.get("store", {}))
     now = ids.now_ms() / 1000
     for peer in facts["peers"]:
@@ -115,6 +122,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
     published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
     return {
         "node": {k: v for k, v in info.items() if k not in published},
+        "isolation": info.get("isolation", ""),
         "counters": counters.read(info),
         "peers": await peer_facts(client),
         "contexts": contexts,

@@ -26,6 +26,9 @@ from node.config.commands import validate_commands, validate_groups
 from node.config.console import ConsoleConfig, parse_console, render_console
 from node.config.store import StoreConfig, parse_store, render_store
 from node.errors import ConfigError
+from node.sandbox.limits import LimitsError, parse_limits
+from node.sandbox.plan import MODES
+from node.sandbox.settings import SandboxSettingsError, parse_sandbox
 
 DEFAULT_RUNNERS = {"python": 4, "sh": 2}
 
@@ -68,7 +71,7 @@ class NodeConfig:
     max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
-    python_workers: bool = True  # python jobs run in their runner process (else: spawn per job)
+    python_workers: bool = True  # python jobs fork the sandbox's warm worker (else: spawn)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -94,6 +97,12 @@ class NodeConfig:
     type_breaker_failures: int = 5
     type_breaker_open_s: float = 10.0
     type_breaker_probes: int = 1
+    # README "What a job can and cannot do": auto, strict, namespaces or none
+    isolation: str = "auto"
+    job_uid_base: int = 2_000_000_000  # strict: context N's jobs run as uid/gid base + N
+    # [limits] (node/sandbox/limits.py) and [sandbox] (node/sandbox/settings.py), TOML-shaped
+    limits: dict[str, object] = field(default_factory=dict)
+    sandbox: dict[str, object] = field(default_factory=dict)
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -146,6 +155,7 @@ LOWER_BOUNDS: dict[str, float] = {
     "type_breaker_failures": 0,
     "type_breaker_open_s": 0.001,
     "type_breaker_probes": 1,
+    "job_uid_base": 1000,
 }
 
 
@@ -171,7 +181,16 @@ _TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] 
     "runner_groups": validate_groups,
     "algorithms": validate_algorithms,
     "dlq_limits": lambda raw, _runners: validate_dlq_limits(raw),
+    "limits": lambda raw, _runners: _sandbox_table(parse_limits, raw),
+    "sandbox": lambda raw, _runners: _sandbox_table(parse_sandbox, raw),
 }
+
+
+def _sandbox_table(parse: Callable[[object], dict[str, object]], raw: object) -> dict[str, object]:
+    try:
+        return parse(raw)
+    except (LimitsError, SandboxSettingsError) as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def validate_dlq_limits(raw: object) -> dict[str, int]:
@@ -219,6 +238,8 @@ def load_config(home: Path) -> NodeConfig:
     unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
+    if values.get("isolation", "auto") not in MODES:
+        raise ConfigError(f"{path}: [node] isolation is one of {', '.join(MODES)}")
     for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
@@ -270,8 +291,8 @@ _HELP = {
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
-    "python_workers": "python jobs run inside the slot's runner process (a warm interpreter, "
-    "replaced when a job\ntimes out or is stopped); false: one fresh interpreter per job",
+    "python_workers": "python jobs run in a fork of the slot's warm sandboxed interpreter "
+    "(never in the runner\nprocess); false: one fresh interpreter per job, in the same sandbox",
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",
@@ -299,6 +320,17 @@ _HELP = {
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
+    "isolation": 'how jobs are isolated (README "What a job can and cannot do"): "auto" is '
+    '"strict" where\nthe node may switch users (root, or CAP_SETUID+CAP_SETGID), else '
+    '"namespaces"; with no sandbox\npossible the node runs no job, unless "none" (no isolation: '
+    "loud in logs, status, /metrics)",
+    "job_uid_base": "strict: the jobs of context N run as uid and gid job_uid_base + N "
+    "(no /etc/passwd entry needed)",
+    "limits": "limits of every job (rlimits): processes, memory_mb, cpu_s, open_files, "
+    "file_size_mb;\na [limits.<context id>] table overrides any of them for that context",
+    "sandbox": "optional: bwrap (the program), recycle_jobs (a warm sandbox's jobs before it is "
+    "replaced);\n[sandbox.<context id>]: network = true lets that context's jobs use the "
+    "network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox",
     "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
     'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '
     "both; an actor's signatures must be of its registered key's algorithm anyway",

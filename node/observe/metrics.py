@@ -210,12 +210,28 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
 
 def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
     return [
+        *isolation_families(state),
         *valkey_families(scrape),
         *runner_families(scrape),
         *type_breaker_families(scrape),
         *link_families(state, scrape),
         *counter_families(state),
     ]
+
+
+def isolation_families(state: NodeState) -> Iterable[Metric]:
+    """1 for the node's isolation mode (README "What a job can and cannot do"): an alert on
+    ``hero_isolation_mode{mode="none"} == 1`` or ``{mode="refused"}`` catches a node whose jobs
+    run unsandboxed, or do not run."""
+    iso = state.isolation
+    gauge = GaugeMetricFamily(
+        "hero_isolation_mode",
+        "How this node isolates jobs: strict, namespaces, none (no sandbox) or refused.",
+        labels=["mode", "limits"],
+    )
+    if iso is not None:
+        gauge.add_metric([iso.mode, iso.limits], 1.0)
+    return [gauge]
 
 
 def valkey_families(scrape: Scrape) -> Iterable[Metric]:

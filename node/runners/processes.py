@@ -44,6 +44,7 @@ from node.runners import outcomes
 from node.runners.exits import KILL_GRACE_S
 from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
+from node.sandbox.wiring import slot_sandbox
 from node.state import NodeState
 from node.worker.spec import RunnerSpec, frame
 
@@ -82,6 +83,7 @@ def runner_spec(
         taken_every=max(1, min(16, serve.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
+        sandbox=slot_sandbox(config, node.isolation, ctx) if node.isolation else {},
     )
 
 

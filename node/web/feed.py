@@ -86,7 +86,7 @@ class Feed:
 
     async def _node(self) -> dict[str, Any]:
         info = await registry.node_info(self.node.store)
-        shown = ("id", "name", "ws_url", "pid", "started_at")
+        shown = ("id", "name", "ws_url", "pid", "started_at", "isolation", "isolation_why")
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.node_id,
             "name": self.node.config.name,

@@ -1,17 +1,17 @@
 """One job in a runner process (node/worker/loop.py): its script, its watch, its live logs.
 
-A python job runs in the runner process itself, in a fresh namespace (the warm interpreter:
-no pipe, no process per job; node/worker/pyjobs.py ``run_one``), its fds 1/2 captured into
-the slot's log files; what it leaves running is killed after it (the process is a child
-subreaper). Any other type runs its command (node/runners/commands.py) as a subprocess in its
-own process group, under the wrapper that records its outcome (node/runners/outcomes.py).
+The runner never runs job code itself: every job goes to the slot's warm sandboxed worker
+(node/sandbox/host.py, README "What a job can and cannot do"), its stdout and stderr the
+slot's log files. There a python job runs in a fork of the worker's warm interpreter, any
+other type by exec of its command (node/runners/commands.py); what a job leaves running is
+killed after it. A limit that fired (node/sandbox/limits.py) ends the job with its reason.
 
 A watch thread, per process, does what must happen while the script runs: it renews the lease
 (three times per TTL, re-taking it after a stall), forwards the output to ``logs:<job>``
 every LOG_FLUSH_S, kills the job at its timeout, and reads the node's stop requests (JSON
 lines on the control pipe). A job that ends before the watch thread's next tick costs it
-nothing. Killing a python job raises :class:`Killed` in the main thread (SIGUSR2); a script
-that swallows it is ended by the watch thread itself, which then exits the process.
+nothing. Killing a job (a timeout, a stop, an abort) SIGKILLs its sandbox, which takes every process
+of the job with it; the next job starts a new sandbox.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import logging
 import os
 import select
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +33,13 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.runners import outcomes
-from node.runners.commands import prepared
+from node.runners.commands import expand, uses_script_file
 from node.runners.exits import KILL_GRACE_S, Outcome, _read_back, outcome_of
 from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
-from node.worker.pyjobs import Capture, become_subreaper, end_leftovers, run_one
+from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
+from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
+from node.sandbox.plan import PATH, WORK, PlanError
+from node.worker.pyjobs import become_subreaper
 
 if TYPE_CHECKING:
     from bus.store.atomic.runs_sync import SyncRuns
@@ -95,14 +97,38 @@ def prepare_process(spec: RunnerSpec) -> None:
 _PASSED_ON = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")  # of the node's own environment
 
 
-def job_env(job: RunnerJob) -> dict[str, str]:
-    """The job's environment: a few of the node's variables, the job's, its ids."""
+def job_env(job: RunnerJob, home: str = WORK) -> dict[str, str]:
+    """The job's environment, an allow-list: PATH, HOME (its work dir), TMPDIR, the node's
+    locale, the job's own variables, its ids."""
     ids = {
         "HERO_JOB_ID": str(job.id),
         "HERO_CALLER_ID": str(job.caller_id),
         "HERO_CONTEXT_ID": str(job.context_id),
     }
-    return PROCESS.base_env | dict(job.env_vars) | ids
+    locale = {k: v for k in ("LANG", "LC_ALL") if (v := PROCESS.base_env.get(k))}
+    base = {"PATH": PATH, "HOME": home, "TMPDIR": "/tmp"} | locale
+    return base | dict(job.env_vars) | ids
+
+
+_LIMIT_TEXT = {
+    "memory_limit": "the job ran out of its memory limit",
+    "cpu_limit": "the job used up its CPU time limit",
+    "pids_limit": "the job could not start more processes (its processes limit)",
+    "file_size_limit": "the job wrote a file larger than its file size limit",
+    "output_limit": "the job's output reached its file size limit",
+}
+
+
+def job_request(spec: RunnerSpec, job: RunnerJob) -> dict[str, Any]:
+    """What the sandboxed worker needs to run ``job`` (node/sandbox/inner.py)."""
+    home = WORK if spec.sandbox.get("mode") != "none" else str(spec.sandbox.get("work_dir"))
+    request: dict[str, Any] = {"script": job.script, "env": job_env(job, home)}
+    if spec.in_process:
+        return request | {"kind": "python"}
+    if not uses_script_file(spec.command):
+        return request | {"kind": "exec", "argv": expand(spec.command, job)}
+    path = f"/tmp/hero-job-{os.urandom(8).hex()}.{job.script_type}"
+    return request | {"kind": "exec", "argv": expand(spec.command, job, path), "script_file": path}
 
 
 def slot_logs(spec: RunnerSpec) -> tuple[Path, Path]:
@@ -122,7 +148,6 @@ class _Current:
     deadline: float
     kill_reason: str = ""
     kill_at: float = 0.0  # when a kill that was not obeyed is escalated
-    child: subprocess.Popen[bytes] | None = None
 
 
 # how the watch thread ends a python job's attempt (Outcome: recorded; None: given back)
@@ -135,7 +160,9 @@ class JobRun:
     def __init__(self, spec: RunnerSpec, runs: SyncRuns, end: EndFromWatch) -> None:
         self.spec, self.runs, self.end = spec, runs, end
         self.logs = slot_logs(spec)
-        self.capture = Capture(spec.max_output_bytes)
+        # no sandbox spec, no job: a runner never runs one unsandboxed by omission
+        box = SandboxSpec(**spec.sandbox) if spec.sandbox else SandboxSpec("refused", "")
+        self.sandbox = Sandbox(box)
         self.current: _Current | None = None
         self.aborted = False
         self.began = 0.0
@@ -173,10 +200,7 @@ class JobRun:
         self.current = cur
         outcome: Outcome | None = None
         try:
-            if self.spec.in_process:
-                outcome = self._run_python(cur)
-            else:
-                outcome = self._run_command(cur)
+            outcome = self._run_sandboxed(cur)
         except BaseException:
             pump.finish("interrupted")
             raise
@@ -201,64 +225,44 @@ class JobRun:
         if self.outcome_file is not None:
             outcomes.discard(self.outcome_file)
 
-    def _run_python(self, cur: _Current) -> Outcome:
-        self.capture.start([str(p) for p in self.logs])
-        code = run_one(cur.job.script, job_env(cur.job))
-        end_leftovers(PROCESS.subreaper)
-        out, err = self.capture.finish()
+    def _run_sandboxed(self, cur: _Current) -> Outcome:
+        """Run the job in the slot's sandboxed worker (node/sandbox/host.py), its output in
+        the slot's log files."""
+        limit = self.spec.max_output_bytes
+        request = job_request(self.spec, cur.job)
+        files = [p.open("w+b") for p in self.logs]
+        try:
+            try:
+                reply = self.sandbox.run(request, files[0].fileno(), files[1].fileno())
+                code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
+            except (SandboxLost, PlanError, OSError) as exc:
+                if not (cur.kill_reason or self.aborted):
+                    reason = f"{Reason.RUNNER_LOST}: the sandbox ended ({exc})"
+                    return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, reason)
+                reply, code = {"exit_code": None, "signal": signal.SIGKILL}, -signal.SIGKILL
+            sizes = [f.seek(0, os.SEEK_END) for f in files]
+            files[1].seek(max(0, sizes[1] - TAIL_BYTES))
+            tail = files[1].read(TAIL_BYTES)
+        finally:
+            out, err = (_read_back(f, limit) for f in files)
         if os.getppid() != PROCESS.parent and self.outcome_file is not None:
             # orphaned: should this process not get to record the end, the next node adopts it
-            reply = {"exit_code": code, "stdout": out, "stderr": err}
-            outcomes.write_outcome(self.outcome_file, reply)
-        return outcome_of(code, out, err, self.spec.max_output_bytes)
-
-    def _run_command(self, cur: _Current) -> Outcome:
-        limit, outcome = self.spec.max_output_bytes, self.outcome_file
-        pid_dir = Path(self.spec.run_dir) / "jobs"
-        try:
-            with prepared(self.spec.command, cur.job, pid_dir) as (argv, fed):
-                argv = outcomes.wrapped(argv, outcome) if outcome is not None else argv
-                files = [p.open("w+b") for p in self.logs]
-                try:
-                    code = self._child(cur, argv, fed.script, files, pid_dir)
-                finally:
-                    out, err = (_read_back(f, limit) for f in files)
-        except OSError as exc:
-            return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, f"cannot start runner: {exc}")
-        return outcome_of(code, out, err, limit)
-
-    def _child(
-        self, cur: _Current, argv: list[str], script: str, files: list[Any], pid_dir: Path
-    ) -> int:
-        proc = subprocess.Popen(  # noqa: S603 - running the configured command is the point
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=files[0],
-            stderr=files[1],
-            env=job_env(cur.job),
-            start_new_session=True,
-        )
-        pid_file = pid_dir / str(proc.pid)
-        pid_file.write_text(f"{cur.job.caller_id}:{cur.job.id}\n{self.outcome_file}")
-        cur.child = proc
-        try:
-            if self.aborted:
-                _killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(script.encode())
-        finally:
-            cur.child = None
-            pid_file.unlink(missing_ok=True)
-            _killpg(proc.pid, signal.SIGKILL)  # what the script left in its group ends with it
-        return proc.returncode
+            reply_ = {"exit_code": code, "stdout": out, "stderr": err}
+            outcomes.write_outcome(self.outcome_file, reply_)
+        signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
+        ending = Ending(reply["exit_code"], signum, cpu_s)
+        hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))
+        outcome = outcome_of(code, out, err, limit)
+        if hit is not None and not cur.kill_reason:
+            return Outcome(JobStatus.ERROR, outcome.result, f"{hit}: {_LIMIT_TEXT[hit]}")
+        return outcome
 
     # -- signals (main thread) and the watch thread ----------------------------------------
 
     def abort(self) -> None:
         """SIGINT (main thread): a running command is killed; its attempt is given back."""
         self.aborted = True
-        cur = self.current
-        if cur is not None and cur.child is not None:
-            _killpg(cur.child.pid, signal.SIGKILL)
+        self.sandbox.kill()
 
     def kill(self, cur: _Current, reason: str) -> None:
         """End the running job with ``reason`` (a stop, a timeout), from the watch thread."""
@@ -266,21 +270,10 @@ class JobRun:
             return
         cur.kill_reason, cur.kill_at = reason, time.monotonic() + KILL_GRACE_S
         log.info("%s: killing it (%s)", cur.job.key, reason)
-        if cur.child is not None:
-            _killpg(cur.child.pid, signal.SIGTERM)
-        elif self.spec.in_process:
-            self._end_python(cur, Outcome(JobStatus.ERROR, {}, reason))
-
-    def _end_python(self, cur: _Current, outcome: Outcome | None) -> None:
-        """End the attempt of the python job running in the main thread, then this process
-        (what the job started goes with its process group, which the node kills)."""
-        if self.end(cur.job, cur.request, outcome, cur.attempt):
-            cur.pump.finish(outcome.status.value if outcome else "interrupted")
-            os._exit(0)
+        self.sandbox.kill()  # the whole sandbox: the job's every process ends with it
 
     def _escalate(self, cur: _Current) -> None:
-        if cur.child is not None:
-            _killpg(cur.child.pid, signal.SIGKILL)
+        self.sandbox.kill()
 
     def _watch(self) -> None:
         while True:
@@ -321,7 +314,7 @@ class JobRun:
         now, not per job), and drain: the job finishes and is answered, then the process
         exits."""
         cur = self.current
-        if cur is not None and self.spec.in_process and PROCESS.pid_file is not None:
+        if cur is not None and PROCESS.pid_file is not None:
             with contextlib.suppress(OSError):
                 PROCESS.pid_file.write_text(f"{PROCESS.marker}\n{self.outcome_file}")
         os.kill(os.getpid(), signal.SIGTERM)
@@ -342,13 +335,5 @@ class JobRun:
                     self._abort(cur)
         return True
 
-    def _abort(self, cur: _Current) -> None:
-        if cur.child is not None:
-            _killpg(cur.child.pid, signal.SIGKILL)
-        elif self.spec.in_process:
-            self._end_python(cur, None)
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+    def _abort(self, _cur: _Current) -> None:
+        self.sandbox.kill()

@@ -10,7 +10,8 @@ import json
 import logging
 import os
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from bus.core import keys
 
@@ -46,6 +47,8 @@ class RunnerSpec:
     # the node's (node/observe/logs.py FORMATS): its stderr stays one format
     log_format: str = "text"
     signer_fd: int = -1  # its socket to the node's signer (node/host/signer.py), inherited
+    # the slot's sandbox (node/sandbox/host.py SandboxSpec, as a dict): no sandbox, no job
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
     @property
     def slot_id(self) -> str:

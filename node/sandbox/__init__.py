@@ -1,0 +1,6 @@
+"""The sandbox every job runs in (README "What a job can and cannot do").
+
+Pure planning (:mod:`.limits`, :mod:`.seccomp`, :mod:`.plan`) is kept apart from the thin I/O:
+:mod:`.probe` (which mode this host allows), :mod:`.host` (the runner's side of a warm
+sandboxed worker) and :mod:`.inner` (the worker inside the sandbox, standard library only).
+"""

@@ -1,0 +1,233 @@
+"""The runner's side of its sandboxed worker (node/sandbox/inner.py): started lazily, fed one
+job at a time over a unix socket, recycled after ``recycle_jobs`` jobs, and SIGKILLed, which
+ends every process of the sandbox, when a job must end before its time (timeout, stop, abort).
+
+The runner process holds the runner's credentials; this module starts the worker with exec of
+a fresh program (subprocess, close_fds, an empty environment), never by a fork that keeps
+running Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.sandbox import seccomp
+from node.sandbox.limits import Limits, rlimits
+from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
+
+log = logging.getLogger("node.worker.loop")
+
+INNER = str(Path(__file__).with_name("inner.py"))
+
+
+def _pidns() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+_OUTER_PIDNS = _pidns()
+
+
+class SandboxLost(Exception):  # noqa: N818 - it is an event
+    """The worker ended (killed, or it could not start): the job has no ending of its own."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a runner needs to start its context's sandboxed worker (JSON in the RunnerSpec)."""
+
+    mode: str  # strict, namespaces, none
+    work_dir: str
+    bwrap: str = "bwrap"
+    setpriv: str = "setpriv"
+    uid: int = -1
+    network: bool = False
+    recycle_jobs: int = 1000
+    as_root: bool = True
+    binds: list[str] = field(default_factory=list)
+    dirs: dict[str, str | None] = field(default_factory=dict)  # HostFacts.dirs
+    limits: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limit_values(self) -> Limits:
+        return Limits(**self.limits)
+
+    def argv(self, seccomp_fd: int, workdir_fd: int = -1) -> list[str]:
+        worker = [sys.executable, "-u", INNER]
+        if self.mode == "none":
+            return worker
+        plan = SandboxPlan(
+            mode=self.mode,
+            bwrap=self.bwrap,
+            setpriv=self.setpriv,
+            work_dir=self.work_dir,
+            worker=worker,
+            binds=self.binds,
+            uid=self.uid,
+            network=self.network,
+            as_root=self.as_root,
+            seccomp_fd=seccomp_fd,
+            workdir_fd=workdir_fd,
+            tmp_bytes=min(self.limit_values.file_size_mb, 1024) * 1024 * 1024,
+        )
+        return bwrap_argv(plan, HostFacts(dict(self.dirs)))
+
+
+def prepare_work_dir(spec: SandboxSpec) -> None:
+    """The context's work dir: 0700, owned by the context's uid in strict mode."""
+    path = Path(spec.work_dir)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    # the mode may have changed since it was made: its owner too. Strict without root needs
+    # CAP_CHOWN (deploy/hero-node.service); without it strict cannot start, and says so.
+    uid = spec.uid if spec.mode == "strict" else os.geteuid()
+    st = path.stat()
+    if (st.st_uid, st.st_gid) != (uid, uid if spec.mode == "strict" else st.st_gid):
+        os.chown(path, uid, uid if spec.mode == "strict" else -1)
+
+
+def _same_uid_processes() -> int:
+    """Processes of this uid now (``namespaces``: the bound on processes counts them too)."""
+    me, n = os.getuid(), 0
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == me:
+                n += 1
+    return n
+
+
+class Sandbox:
+    """One warm sandboxed worker of a runner slot."""
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.jobs = 0
+        self.nproc_base = 0
+        self.uid = -1  # the worker's uid, as it reported it
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def start(self) -> None:
+        if self.spec.mode not in ("strict", "namespaces", "none"):
+            raise SandboxLost(f"no sandbox can be built (isolation {self.spec.mode})")
+        prepare_work_dir(self.spec)
+        if self.spec.mode != "strict" and os.getuid() != 0:
+            self.nproc_base = _same_uid_processes() + 16
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        rfd, wfd = os.pipe()
+        arch = seccomp.native_arch()
+        if arch is not None:
+            os.write(wfd, seccomp.encode(seccomp.program(arch)))  # < a pipe's buffer
+        os.close(wfd)
+        passed, wd = [rfd], -1
+        if self.spec.mode == "strict" and not self.spec.as_root:
+            # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
+            wd = os.open(self.spec.work_dir, os.O_PATH | os.O_DIRECTORY)
+            passed.append(wd)
+        try:
+            self.proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
+                self.spec.argv(rfd, wd),
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=None,
+                pass_fds=passed,
+                env={"LANG": "C.UTF-8"},
+                cwd="/",  # the worker enters the work dir (which the node may not)
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+            for fd in passed:
+                os.close(fd)
+        self.sock, self.jobs = ours, 0
+        try:
+            hello = self._receive()
+        except SandboxLost:
+            self.stop()
+            raise
+        self.uid = int(hello.get("uid", -1))
+
+    def run(self, request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
+        """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
+        Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop)."""
+        if self.sock is None:
+            self.start()
+        assert self.sock is not None
+        limits = self.spec.limit_values
+        request = request | {"cwd": WORK, "rlimits": rlimits(limits, self.nproc_base)}
+        # the worker sweeps its sandbox's processes only in a pid namespace other than this one
+        request["outer_pidns"] = _OUTER_PIDNS
+        if self.spec.mode == "none":
+            request["cwd"] = self.spec.work_dir
+        data = json.dumps(request).encode()
+        try:
+            socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
+        except OSError as exc:
+            self.stop()
+            raise SandboxLost(str(exc)) from None
+        try:
+            reply = self._receive()
+        except SandboxLost:
+            self.stop()
+            raise
+        self.jobs += 1
+        if self.jobs >= self.spec.recycle_jobs:
+            self.stop()
+        return reply
+
+    def _receive(self) -> dict[str, Any]:
+        assert self.sock is not None
+        try:
+            head = self._exact(4)
+            (size,) = struct.unpack(">I", head)
+            value = json.loads(self._exact(size))
+        except (OSError, ValueError) as exc:
+            raise SandboxLost(str(exc)) from None
+        if not isinstance(value, dict):
+            raise SandboxLost("not a reply")
+        return value
+
+    def _exact(self, n: int) -> bytes:
+        assert self.sock is not None
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise OSError("the sandboxed worker ended")
+            data += chunk
+        return data
+
+    def kill(self) -> None:
+        """End the sandbox and every process in it now (any thread may call this)."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Kill and reap the worker; the next job starts a new one."""
+        self.kill()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5)
+            self.proc = None

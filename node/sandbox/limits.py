@@ -1,0 +1,146 @@
+"""Limits of a job (config.toml ``[limits]``, ``[limits.<context id>]``) and the reason a job
+that hit one ends with.
+
+The limits are applied as rlimits by the sandboxed worker (node/sandbox/inner.py) in each job's
+process before the job's code runs; a job's children inherit them. What each limit means:
+
+``processes``     RLIMIT_NPROC: processes (and threads) of the job's uid. Strict mode gives
+                  each context its own uid, so the bound is per context; under ``namespaces``
+                  the node's own user shares it (the node's processes are counted in).
+``memory_mb``     RLIMIT_AS: address space of each process of the job.
+``cpu_s``         RLIMIT_CPU: CPU seconds of each process (SIGXCPU, then SIGKILL a second on).
+``open_files``    RLIMIT_NOFILE: open file descriptors per process.
+``file_size_mb``  RLIMIT_FSIZE: the largest file a job may write (its output files included).
+
+Pure functions only: the runner and the worker import this module.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    processes: int = 256
+    memory_mb: int = 2048
+    cpu_s: int = 3600
+    open_files: int = 1024
+    file_size_mb: int = 1024
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+LIMIT_NAMES = tuple(f.name for f in fields(Limits))
+
+
+class LimitsError(ValueError):
+    """A [limits] table that cannot be used (its message says which entry)."""
+
+
+def _check_values(where: str, table: Mapping[str, object]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, value in table.items():
+        if name not in LIMIT_NAMES:
+            known = ", ".join(LIMIT_NAMES)
+            raise LimitsError(f"[{where}] {name}: unknown limit (known: {known})")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LimitsError(f"[{where}] {name}: a whole number >= 1 (got {value!r})")
+        out[name] = value
+    return out
+
+
+def parse_limits(raw: object) -> dict[str, object]:
+    """``[limits]`` checked, in its TOML shape: the defaults' entries and a sub-table per
+    context id (``[limits.2]``) overriding any of them; LimitsError names a bad entry."""
+    if not isinstance(raw, Mapping):
+        raise LimitsError("[limits] must be a table")
+    out: dict[str, object] = dict(_check_values("limits", _flat(raw)))
+    for name, table in raw.items():
+        if isinstance(table, Mapping):
+            if not (str(name).isdigit() and int(name) >= 1):
+                raise LimitsError(f"[limits.{name}]: a sub-table is named by a context id")
+            out[str(int(name))] = _check_values(f"limits.{name}", table)
+    return out
+
+
+def _flat(table: Mapping[str, object]) -> dict[str, object]:
+    return {k: v for k, v in table.items() if not isinstance(v, Mapping)}
+
+
+def limits_for(table: Mapping[str, object], ctx: int) -> Limits:
+    """The limits of context ``ctx``: its own entries over the defaults over the built-ins."""
+    own = table.get(str(ctx), {})
+    chosen = _flat(table) | (dict(own) if isinstance(own, Mapping) else {})
+    return replace(Limits(), **chosen)
+
+
+# (resource name in the ``resource`` module, soft value, hard value) per limit
+def rlimits(limits: Limits, nproc_base: int = 0) -> list[tuple[str, int, int]]:
+    """The rlimits a job's process sets on itself. ``nproc_base``: processes of the same uid
+    that exist outside the job (the node's own, under ``namespaces``), added to the bound.
+    CPU: the soft limit sends SIGXCPU (the reason is then certain), the hard one a second on
+    kills a job that ignores it."""
+    nproc = limits.processes + nproc_base
+    return [
+        ("RLIMIT_NPROC", nproc, nproc),
+        ("RLIMIT_AS", limits.memory_mb * MB, limits.memory_mb * MB),
+        ("RLIMIT_CPU", limits.cpu_s, limits.cpu_s + 1),
+        ("RLIMIT_NOFILE", limits.open_files, limits.open_files),
+        ("RLIMIT_FSIZE", limits.file_size_mb * MB, limits.file_size_mb * MB),
+        ("RLIMIT_CORE", 0, 0),  # a core file would land in the work dir, and hold secrets
+    ]
+
+
+# What a job's stderr says when a limit refused it something (the tail is searched, so a job
+# cannot hide it by printing more first).
+_MEMORY_MARKS = (b"MemoryError", b"Cannot allocate memory", b"memory exhausted", b"out of memory")
+_PIDS_MARKS = (
+    b"Resource temporarily unavailable",
+    b"BlockingIOError",
+    b"fork: retry",
+    b"Cannot fork",
+    b"can't fork",
+)
+# EFBIG (a job that ignores SIGXFSZ), and a shell's word for a child SIGXFSZ killed
+_FSIZE_MARKS = (b"File too large", b"File size limit exceeded")
+TAIL_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job's process ended, as the worker saw it (wait status and rusage)."""
+
+    exit_code: int | None  # None: killed by a signal
+    signal: int = 0
+    cpu_s: float = 0.0
+
+
+def limit_reason(
+    ending: Ending, limits: Limits, stderr_tail: bytes, largest_output: int
+) -> str | None:
+    """The reason token of a limit that ended the job, or None if none did. ``largest_output``:
+    the size of its larger output file (a SIGXFSZ there is the output limit)."""
+    signum = ending.signal
+    if not signum and ending.exit_code is not None and 128 < ending.exit_code < 160:
+        signum = ending.exit_code - 128  # a shell reports its child's death by signal so
+    tail = stderr_tail[-TAIL_BYTES:]
+    too_large = ending.exit_code != 0 and any(mark in tail for mark in _FSIZE_MARKS)
+    if signum == signal.SIGXFSZ or too_large:  # the signal, or EFBIG where it is ignored
+        return "output_limit" if largest_output >= limits.file_size_mb * MB else "file_size_limit"
+    if signum == signal.SIGXCPU:
+        return "cpu_limit"
+    if signum == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
+        return "cpu_limit"
+    if ending.exit_code == 0:
+        return None
+    if any(mark in tail for mark in _MEMORY_MARKS):
+        return "memory_limit"
+    if any(mark in tail for mark in _PIDS_MARKS):
+        return "pids_limit"
+    return None

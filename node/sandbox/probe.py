@@ -1,0 +1,152 @@
+"""Which isolation this host allows, found once at the node's start: whether the node may
+switch users, and whether a sandbox of each mode actually starts (bwrap present, user
+namespaces allowed, the seccomp filter accepted). Also the facts the planner needs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.sandbox import seccomp
+from node.sandbox.host import INNER, SandboxSpec
+from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
+
+_CAP_SETGID, _CAP_SETUID = 6, 7
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """The node's isolation, as `hero-node status` and /metrics show it."""
+
+    mode: str  # strict, namespaces, none, refused
+    why: str
+    limits: str = "rlimits"  # how limits are enforced
+    bwrap: str = ""
+    setpriv: str = ""
+    as_root: bool = True
+    binds: list[str] = field(default_factory=list)
+    dirs: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def runs_jobs(self) -> bool:
+        return self.mode != "refused"
+
+
+def can_switch_users() -> tuple[bool, bool]:
+    """(may switch users, is root): root, or CAP_SETUID and CAP_SETGID in the effective set."""
+    if os.geteuid() == 0:
+        return True, True
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                need = (1 << _CAP_SETUID) | (1 << _CAP_SETGID)
+                return caps & need == need, False
+    except (OSError, ValueError):
+        pass
+    return False, False
+
+
+def host_dirs() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            out[d] = os.readlink(d)
+        elif os.path.isdir(d):
+            out[d] = None
+    return out
+
+
+def interpreter_binds(home: Path) -> list[str]:
+    """The interpreter, its virtualenv and the project's packages; PlanError if one of them
+    would expose the home."""
+    package_root = str(Path(INNER).resolve().parents[2])
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    real = str(Path(sys.executable).resolve().parent)
+    binds = python_binds(sys.executable, [*prefixes, real], package_root)
+    binds = [b for b in binds if not any(b.startswith(d + "/") or b == d for d in ("/usr",))]
+    check_binds(binds, [str(home.resolve())])
+    return binds
+
+
+def _try(spec: SandboxSpec) -> str:
+    """ "" if a sandbox of ``spec`` starts and runs ``true``-like code, else why not."""
+    from node.sandbox.host import Sandbox, SandboxLost
+
+    box = Sandbox(spec)
+    try:
+        box.start()
+    except (OSError, SandboxLost) as exc:
+        return f"cannot start the sandbox ({exc})"
+    finally:
+        box.stop()
+    return ""
+
+
+def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) -> Isolation:
+    """Find the mode to run in (see plan.resolve_mode)."""
+    can_switch, root = can_switch_users()
+    bwrap_path = shutil.which(bwrap) or ""
+    setpriv_path = shutil.which("setpriv") or ""
+    dirs = host_dirs()
+    works: dict[str, str] = {}
+    binds: list[str] = []
+    if setting != "none":
+        try:
+            binds = interpreter_binds(home)
+        except PlanError as exc:
+            works = {"strict": str(exc), "namespaces": str(exc)}
+        if not works:
+            if not bwrap_path:
+                works = {m: f"bwrap not found ({bwrap!r})" for m in ("strict", "namespaces")}
+            elif seccomp.native_arch() is None:
+                works = {m: "no seccomp filter for this architecture" for m in ("strict",)}
+                works["namespaces"] = works["strict"]
+            else:
+                for mode in ("strict", "namespaces"):
+                    if mode == "strict" and (not can_switch or not setpriv_path):
+                        works[mode] = "the node cannot switch users"
+                        continue
+                    spec = SandboxSpec(
+                        mode=mode,
+                        work_dir=str(work_root / f"probe-{mode}"),
+                        bwrap=bwrap_path,
+                        setpriv=setpriv_path,
+                        uid=uid_base,
+                        as_root=root,
+                        binds=binds,
+                        dirs=dirs,
+                    )
+                    works[mode] = _try(spec)
+                    if mode == "strict" and not works[mode] and setting == "auto":
+                        break
+    mode, why = resolve_mode(setting, can_switch, works)
+    return Isolation(mode, why, "rlimits", bwrap_path, setpriv_path, root, binds, dirs)
+
+
+def sandbox_spec(
+    iso: Isolation,
+    work_root: Path,
+    ctx: int,
+    uid_base: int,
+    limits: dict[str, int],
+    network: bool,
+    recycle_jobs: int,
+) -> SandboxSpec:
+    return SandboxSpec(
+        mode=iso.mode,
+        work_dir=str(work_root / str(ctx)),
+        bwrap=iso.bwrap,
+        setpriv=iso.setpriv,
+        uid=uid_base + ctx,
+        network=network,
+        recycle_jobs=recycle_jobs,
+        as_root=iso.as_root,
+        binds=list(iso.binds),
+        dirs=dict(iso.dirs),
+        limits=limits,
+    )

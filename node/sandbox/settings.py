@@ -1,0 +1,64 @@
+"""The ``[sandbox]`` table of config.toml: the bwrap to use, how many jobs a warm sandboxed
+worker runs before it is replaced, and per context (``[sandbox.<context id>]``) whether its
+jobs may use the network and its own recycling (1: a fresh sandbox for every job).
+
+    [sandbox]
+    bwrap = "bwrap"        # a name looked up in PATH, or a path
+    recycle_jobs = 1000
+    [sandbox.2]
+    network = true
+    recycle_jobs = 1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+DEFAULT_BWRAP = "bwrap"
+DEFAULT_RECYCLE_JOBS = 1000
+_TOP = {"bwrap": str, "recycle_jobs": int}
+_PER_CONTEXT = {"network": bool, "recycle_jobs": int}
+
+
+class SandboxSettingsError(ValueError):
+    """A [sandbox] entry that cannot be used (the message says which)."""
+
+
+def _check(where: str, table: Mapping[str, object], kinds: Mapping[str, type]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, value in table.items():
+        kind = kinds.get(name)
+        if kind is None:
+            raise SandboxSettingsError(f"[{where}] {name}: unknown (known: {', '.join(kinds)})")
+        ok = isinstance(value, kind) and (kind is not int or not isinstance(value, bool))
+        if not ok or (kind is int and value < 1):  # type: ignore[operator]
+            raise SandboxSettingsError(f"[{where}] {name}: a {kind.__name__} (got {value!r})")
+        out[name] = value
+    return out
+
+
+def parse_sandbox(raw: object) -> dict[str, object]:
+    """``[sandbox]`` checked, in its TOML shape."""
+    if not isinstance(raw, Mapping):
+        raise SandboxSettingsError("[sandbox] must be a table")
+    flat = {k: v for k, v in raw.items() if not isinstance(v, Mapping)}
+    out = _check("sandbox", flat, _TOP)
+    for name, table in raw.items():
+        if isinstance(table, Mapping):
+            if not (str(name).isdigit() and int(name) >= 1):
+                why = "a sub-table is named by a context id"
+                raise SandboxSettingsError(f"[sandbox.{name}]: {why}")
+            out[str(int(name))] = _check(f"sandbox.{name}", table, _PER_CONTEXT)
+    return out
+
+
+def bwrap_of(table: Mapping[str, object]) -> str:
+    return str(table.get("bwrap", DEFAULT_BWRAP))
+
+
+def context_settings(table: Mapping[str, object], ctx: int) -> tuple[bool, int]:
+    """(network allowed, recycle after this many jobs) of context ``ctx``."""
+    own = table.get(str(ctx), {})
+    own = own if isinstance(own, Mapping) else {}
+    recycle = own.get("recycle_jobs", table.get("recycle_jobs", DEFAULT_RECYCLE_JOBS))
+    return bool(own.get("network", False)), int(recycle)

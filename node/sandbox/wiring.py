@@ -1,0 +1,62 @@
+"""The node's configuration turned into its isolation (at start) and each slot's sandbox."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from node.config import NodeConfig
+from node.sandbox.limits import limits_for
+from node.sandbox.probe import Isolation, probe, sandbox_spec
+from node.sandbox.settings import bwrap_of, context_settings
+
+log = logging.getLogger("node.sandbox")
+
+
+def work_root(config: NodeConfig) -> Any:  # noqa: ANN401 - a Path
+    """Where each context's work dir is (``<home>/work/<context id>``)."""
+    return config.home / "work"
+
+
+_EXPLAINED = {
+    "strict": "each context's jobs run as their own uid (job_uid_base + context id) in "
+    "bubblewrap, under seccomp and limits",
+    "namespaces": "jobs run as this node's user in bubblewrap, under seccomp and limits; for "
+    "strict, run the node as root or with CAP_SETUID, CAP_SETGID and CAP_CHOWN",
+    "none": "WARNING: jobs run without a sandbox: any job can read this node's secrets",
+    "refused": "NO JOB WILL RUN until a sandbox can be built (install bubblewrap, allow user "
+    'namespaces), or isolation = "none" is set (no isolation)',
+}
+
+
+def explain(iso: Isolation) -> str:
+    """What ``iso`` means for jobs, in a sentence (hero-node init)."""
+    return _EXPLAINED.get(iso.mode, "")
+
+
+def probe_config(config: NodeConfig) -> Isolation:
+    """The isolation ``config`` gets on this host (sandboxes are started to find out)."""
+    root = work_root(config)
+    root.mkdir(mode=0o711, exist_ok=True)
+    return probe(config.isolation, config.home, bwrap_of(config.sandbox), root, config.job_uid_base)
+
+
+def find_isolation(config: NodeConfig) -> Isolation:
+    """Probe the host for the configured mode and say at start what was found."""
+    iso = probe_config(config)
+    if iso.mode == "none":
+        log.warning("ISOLATION OFF: %s; any job can read this node's secrets", iso.why)
+    elif iso.mode == "refused":
+        log.error("this node runs no job: %s", iso.why)
+    else:
+        log.info("isolation %s (%s); limits by %s", iso.mode, iso.why, iso.limits)
+    return iso
+
+
+def slot_sandbox(config: NodeConfig, iso: Isolation, ctx: int) -> dict[str, Any]:
+    """The SandboxSpec of context ``ctx``'s slots, as the RunnerSpec carries it."""
+    network, recycle = context_settings(config.sandbox, ctx)
+    limits = limits_for(config.limits, ctx).to_json()
+    spec = sandbox_spec(iso, work_root(config), ctx, config.job_uid_base, limits, network, recycle)
+    return asdict(spec)
