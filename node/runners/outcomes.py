@@ -17,6 +17,7 @@ This module is imported by the runner processes too: standard library only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,25 @@ def write_outcome(path: Path, outcome: dict[str, Any]) -> None:
     with tmp.open("w") as f:
         json.dump(outcome, f)
     tmp.replace(path)
+
+
+def write_durable(path: Path, outcome: dict[str, Any]) -> None:
+    """Write ``outcome`` whole and fsynced (the file, then its folder, so the rename is on disk
+    too): for an outcome that Valkey could not take, which then exists nowhere else. A runner
+    process that is killed after this (its node's unit stopped, the restarted node's orphan
+    killer, a machine crash) loses nothing: the next start adopts the file. Only on this slow
+    path, so a job whose end is recorded at once costs no fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(outcome, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def read_outcome(path: Path) -> dict[str, Any] | None:

@@ -268,12 +268,15 @@ class Runner:
                 self.job.end_logs("interrupted")
                 log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
                 raise Aborted
-            self.job.forget()
             taken = None if self._leaving() else nxt
             try:
-                return self.conclude(job, request, outcome, attempt, taken)
+                started = self.conclude(job, request, outcome, attempt, taken)
             finally:
                 self.job.end_logs(outcome.status.value)
+            # only now: until the end is in Valkey, the outcome file is what the next start of
+            # the node adopts, should this process end before it could record it
+            self.job.forget()
+            return started
 
     def _request_of(self, job: RunnerJob, fields: dict[str, str]) -> Message:
         """The message that carried ``job``, as far as answering it needs."""
@@ -322,10 +325,17 @@ class Runner:
         """End the attempt: retried, or final and answered, in one Lua call; retried while
         Valkey is unreachable (the outcome exists only here)."""
         delay = 0.2
+        kept = False
         while True:
             try:
                 return self._end(job, request, outcome, attempt, nxt)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                if not kept and self.job.outcome_file is not None:
+                    # the outcome now lives only in this process, which may be killed while it
+                    # waits (its node's unit stopped, the next node's orphan killer): on disk
+                    # first, where the next start adopts it (node/runners/adoption.py)
+                    outcomes.write_durable(self.job.outcome_file, recorded(outcome))
+                    kept = True
                 log.warning(
                     "%s: cannot record the outcome yet (%r); retrying",
                     job.key,
@@ -415,6 +425,21 @@ class Runner:
         if self.counts:
             report(b"c" + json.dumps(self.counts).encode())
             self.counts = {}
+
+
+def recorded(outcome: Outcome) -> dict[str, object]:
+    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
+    reads it back): the script's exit status and output, or a reason where the runner ended it
+    (a stop, a timeout, a command that could not start)."""
+    result = outcome.result
+    record: dict[str, object] = {
+        "exit_code": int(result.get("exit_code") or -signal.SIGKILL),
+        "stdout": result.get("stdout", ""),
+        "stderr": result.get("stderr", ""),
+    }
+    if "exit_code" not in result:
+        record["reason"] = outcome.reason
+    return record
 
 
 def report(line: bytes) -> None:
