@@ -346,9 +346,13 @@ files = [open("/dev/null") for _ in range(10000)]
 print("opened", len(files))
 """
 
+# The job ends as dd did: a limit that fired must show in the job's end, not be swallowed by
+# the ls after it.
 DISK_SH = """\
 dd if=/dev/zero of=big bs=1M count=1024 2>&1
+status=$?
 ls -la big 2>&1
+exit $status
 """
 
 # kill -9 -1 reaches every process this uid may signal. Outside a pid namespace of its own that

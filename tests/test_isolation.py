@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -68,12 +69,19 @@ class ProbedNode(NodeProcess):
 
 
 def configure(node: NodeProcess, isolation: str | None) -> None:
-    """``[node] isolation`` (None: not written) and ``[limits]`` in the home's config.toml."""
+    """``[node] isolation`` (None: as init wrote it) and ``[limits]`` in the home's
+    config.toml: set where init wrote them, added where it did not."""
     path = node.config.config_path
     text = path.read_text()
     if isolation is not None:
-        text = text.replace("[node]\n", f'[node]\nisolation = "{isolation}"\n', 1)
-    text += "\n[limits]\n" + "".join(f"{k} = {v}\n" for k, v in LIMITS.items())
+        line = f'isolation = "{isolation}"'
+        text, found = re.subn(r"(?m)^isolation = .*$", line, text, count=1)
+        if not found:
+            text = text.replace("[node]\n", f"[node]\n{line}\n", 1)
+    values = "".join(f"{k} = {v}\n" for k, v in LIMITS.items())
+    text, found = re.subn(r"(?m)^\[limits\]\n", lambda _: "[limits]\n" + values, text, count=1)
+    if not found:
+        text += "\n[limits]\n" + values
     path.write_text(text)
 
 
