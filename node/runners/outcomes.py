@@ -1,13 +1,15 @@
 """Job outcomes written where the next start of the node finds them, tied to their attempt.
 
-A node killed while its jobs run leaves their processes running (each in its own session):
-they finish, and only they know how. So the process that waits for a script writes the
-script's outcome to ``run/outcomes/<ctx>-<job key>-<attempt>``: the ``sh`` wrapper around a
-command's process (:func:`wrapped`), always; a runner process (node/worker/job.py) for a
-python job it ran when its node has died, or when it ends a stopped or timed-out job by
-exiting (then with the ``reason``). The attempt in the name is the fencing token: at start, a slot
-adopts the outcome of a job's *current* attempt (node/runners/recovery.py: recover_slot), waiting
-first for a process that still runs it; only a job whose process died with no outcome is
+A node killed while its jobs run leaves their processes running (each in its own session): they
+finish, and only they know how. So the process that waits for a script writes the script's
+outcome to ``run/outcomes/<ctx>-<job key>-<attempt>``: the ``sh`` wrapper around a command's
+process (:func:`wrapped`), always; a runner process (node/worker/job.py) for a python job it ran
+when its node has died, or when it ends a stopped or timed-out job by exiting (then with the
+``reason``); and every runner process, for every job, before it asks Valkey to record the end
+(node/worker/loop.py ``Runner.keep``), removing it only once Valkey has: a runner killed while
+Valkey is away or hangs loses nothing. The attempt in the name is the fencing token: at start, a
+slot adopts the outcome of a job's *current* attempt (node/runners/recovery.py: recover_slot),
+waiting first for a process that still runs it; only a job whose process died with no outcome is
 recorded ``runner_lost``. A job's pid file (``run/jobs/<pid>``) names its outcome file on its
 second line, so the start-up orphan killer can spare a process that is still worth adopting.
 

@@ -52,7 +52,7 @@ from bus.store.atomic.runs_sync import SyncRuns, connect, is_utf8
 from bus.store.atomic.type_breakers import BreakerOpen
 from crypto import KeyPair, passphrase_from_env, read_key_file
 from node.runners import outcomes, queues
-from node.runners.exits import Outcome
+from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
@@ -269,6 +269,7 @@ class Runner:
                 log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
                 raise Aborted
             taken = None if self._leaving() else nxt
+            self.keep(outcome)
             try:
                 started = self.conclude(job, request, outcome, attempt, taken)
             finally:
@@ -314,6 +315,17 @@ class Runner:
             outcomes.write_outcome(self.job.outcome_file, recorded | {"reason": outcome.reason})
         return True
 
+    def keep(self, outcome: Outcome) -> None:
+        """Put the attempt's outcome where the next start of the node adopts it
+        (node/runners/adoption.py), before Valkey is asked to record it: that call may hang (a
+        stopped Valkey) or fail, and this process may then be killed with its node (a stopped
+        unit, the next start's orphan killer) holding the only copy. The exit status and any
+        reason only: the output is in the slot's log files, which adoption reads and which the
+        next job of this slot reuses only after this end is recorded. One small file, not
+        fsynced on this path (conclude fsyncs it once Valkey refuses)."""
+        if self.job.outcome_file is not None:
+            outcomes.write_outcome(self.job.outcome_file, recorded(outcome, output=False))
+
     def conclude(
         self,
         job: RunnerJob,
@@ -331,9 +343,8 @@ class Runner:
                 return self._end(job, request, outcome, attempt, nxt)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 if not kept and self.job.outcome_file is not None:
-                    # the outcome now lives only in this process, which may be killed while it
-                    # waits (its node's unit stopped, the next node's orphan killer): on disk
-                    # first, where the next start adopts it (node/runners/adoption.py)
+                    # Valkey may stay away long enough for the machine to go down: the outcome
+                    # (its output too: the slot's log files are not synced) fsynced
                     outcomes.write_durable(self.job.outcome_file, recorded(outcome))
                     kept = True
                 log.warning(
@@ -427,17 +438,17 @@ class Runner:
             self.counts = {}
 
 
-def recorded(outcome: Outcome) -> dict[str, object]:
+def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
     """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
-    reads it back): the script's exit status and output, or a reason where the runner ended it
-    (a stop, a timeout, a command that could not start)."""
+    reads it back): the script's exit status, its output (else adoption reads it from the
+    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
+    a limit, a command that could not start)."""
     result = outcome.result
-    record: dict[str, object] = {
-        "exit_code": int(result.get("exit_code") or -signal.SIGKILL),
-        "stdout": result.get("stdout", ""),
-        "stderr": result.get("stderr", ""),
-    }
-    if "exit_code" not in result:
+    code = int(result.get("exit_code") or -signal.SIGKILL)
+    record: dict[str, object] = {"exit_code": code}
+    if output:
+        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
+    if "exit_code" not in result or outcome.reason != outcome_of(code, "", "", 0).reason:
         record["reason"] = outcome.reason
     return record
 
