@@ -1,13 +1,15 @@
 """Job outcomes written where the next start of the node finds them, tied to their attempt.
 
-A node killed while its jobs run leaves their processes running (each in its own session):
-they finish, and only they know how. So the process that waits for a script writes the
-script's outcome to ``run/outcomes/<ctx>-<job key>-<attempt>``: the ``sh`` wrapper around a
-command's process (:func:`wrapped`), always; a runner process (node/worker/job.py) for a
-python job it ran when its node has died, or when it ends a stopped or timed-out job by
-exiting (then with the ``reason``). The attempt in the name is the fencing token: at start, a slot
-adopts the outcome of a job's *current* attempt (node/runners/recovery.py: recover_slot), waiting
-first for a process that still runs it; only a job whose process died with no outcome is
+A node killed while its jobs run leaves their processes running (each in its own session): they
+finish, and only they know how. So the process that waits for a script writes the script's
+outcome to ``run/outcomes/<ctx>-<job key>-<attempt>``: the ``sh`` wrapper around a command's
+process (:func:`wrapped`), always; a runner process (node/worker/job.py) for a python job it ran
+when its node has died, or when it ends a stopped or timed-out job by exiting (then with the
+``reason``); and every runner process, for every job, before it asks Valkey to record the end
+(node/worker/loop.py ``Runner.keep``), removing it only once Valkey has: a runner killed while
+Valkey is away or hangs loses nothing. The attempt in the name is the fencing token: at start, a
+slot adopts the outcome of a job's *current* attempt (node/runners/recovery.py: recover_slot),
+waiting first for a process that still runs it; only a job whose process died with no outcome is
 recorded ``runner_lost``. A job's pid file (``run/jobs/<pid>``) names its outcome file on its
 second line, so the start-up orphan killer can spare a process that is still worth adopting.
 
@@ -17,6 +19,7 @@ This module is imported by the runner processes too: standard library only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,25 @@ def write_outcome(path: Path, outcome: dict[str, Any]) -> None:
     with tmp.open("w") as f:
         json.dump(outcome, f)
     tmp.replace(path)
+
+
+def write_durable(path: Path, outcome: dict[str, Any]) -> None:
+    """Write ``outcome`` whole and fsynced (the file, then its folder, so the rename is on disk
+    too): for an outcome that Valkey could not take, which then exists nowhere else. A runner
+    process that is killed after this (its node's unit stopped, the restarted node's orphan
+    killer, a machine crash) loses nothing: the next start adopts the file. Only on this slow
+    path, so a job whose end is recorded at once costs no fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(outcome, f)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def read_outcome(path: Path) -> dict[str, Any] | None:

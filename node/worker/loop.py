@@ -55,7 +55,7 @@ from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
 from node.host.signer import SignerClient, SignerGone
 from node.runners import outcomes, queues
-from node.runners.exits import Outcome
+from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
@@ -237,12 +237,16 @@ class Runner:
                 self.job.end_logs("interrupted")
                 log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
                 raise Aborted
-            self.job.forget()
             taken = None if self._leaving() else nxt
+            self.keep(outcome)
             try:
-                return self.conclude(job, request, outcome, attempt, taken)
+                started = self.conclude(job, request, outcome, attempt, taken)
             finally:
                 self.job.end_logs(outcome.status.value)
+            # only now: until the end is in Valkey, the outcome file is what the next start of
+            # the node adopts, should this process end before it could record it
+            self.job.forget()
+            return started
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
@@ -290,6 +294,17 @@ class Runner:
             outcomes.write_outcome(self.job.outcome_file, recorded | {"reason": outcome.reason})
         return True
 
+    def keep(self, outcome: Outcome) -> None:
+        """Put the attempt's outcome where the next start of the node adopts it
+        (node/runners/adoption.py), before Valkey is asked to record it: that call may hang (a
+        stopped Valkey) or fail, and this process may then be killed with its node (a stopped
+        unit, the next start's orphan killer) holding the only copy. The exit status and any
+        reason only: the output is in the slot's log files, which adoption reads and which the
+        next job of this slot reuses only after this end is recorded. One small file, not
+        fsynced on this path (conclude fsyncs it once Valkey refuses)."""
+        if self.job.outcome_file is not None:
+            outcomes.write_outcome(self.job.outcome_file, recorded(outcome, output=False))
+
     def conclude(
         self,
         job: RunnerJob,
@@ -301,6 +316,7 @@ class Runner:
         """End the attempt: retried, or final and answered, in one Lua call; retried while
         Valkey is unreachable (the outcome exists only here)."""
         delay = 0.2
+        kept = False
         while True:
             try:
                 return self._end(job, request, outcome, attempt, nxt)
@@ -308,6 +324,11 @@ class Runner:
                 log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                if not kept and self.job.outcome_file is not None:
+                    # Valkey may stay away long enough for the machine to go down: the outcome
+                    # (its output too: the slot's log files are not synced) fsynced
+                    outcomes.write_durable(self.job.outcome_file, recorded(outcome))
+                    kept = True
                 log.warning(
                     "%s: cannot record the outcome yet (%r); retrying",
                     job.key,
@@ -399,6 +420,21 @@ class Runner:
         if self.counts:
             report(b"c" + json.dumps(self.counts).encode())
             self.counts = {}
+
+
+def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
+    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
+    reads it back): the script's exit status, its output (else adoption reads it from the
+    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
+    a limit, a command that could not start)."""
+    result = outcome.result
+    code = int(result.get("exit_code") or -signal.SIGKILL)
+    record: dict[str, object] = {"exit_code": code}
+    if output:
+        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
+    if "exit_code" not in result or outcome.reason != outcome_of(code, "", "", 0).reason:
+        record["reason"] = outcome.reason
+    return record
 
 
 def report(line: bytes) -> None:
