@@ -81,8 +81,8 @@ from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import run_runner_process, slots_of
 from node.runners.recovery import run_retry_scheduler
+from node.runners.sandboxes import find_isolation
 from node.sandbox.probe import Isolation
-from node.sandbox.wiring import find_isolation
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -469,7 +469,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
     } | isolation_fields(node.isolation)
-    await node.store.hset(keys.ACTORS_DB, keys.NODE_INFO, fields)
+    await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"

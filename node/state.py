@@ -67,7 +67,7 @@ class NodeState:
         default_factory=dict
     )
     jobs_taken: int = 0  # by this node's runner slots, since start
-    # how jobs are isolated, found at start (node/sandbox/wiring.py); None: not yet known
+    # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
     isolation: Isolation | None = None
     # services restarted by node.resilient, by name (a Redis outage; never content)
     restarts: dict[str, int] = field(default_factory=dict)

@@ -78,6 +78,9 @@ def configure(node: NodeProcess, isolation: str | None) -> None:
         text, found = re.subn(r"(?m)^isolation = .*$", line, text, count=1)
         if not found:
             text = text.replace("[node]\n", f"[node]\n{line}\n", 1)
+    # tests/nodeproc.py lets context 1 use the network for the other suites' jobs; the
+    # attacker's context A must have the default, none (its ports probe reaches nothing)
+    text = re.sub(rf"(?m)^\[sandbox\.{A}\]\nnetwork = true\n", "", text)
     values = "".join(f"{k} = {v}\n" for k, v in LIMITS.items())
     text, found = re.subn(r"(?m)^\[limits\]\n", lambda _: "[limits]\n" + values, text, count=1)
     if not found:

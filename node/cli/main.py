@@ -256,7 +256,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     if config.console.enabled:
         print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
     # auto stays in config.toml (each start probes again); here is what it picks on this host
-    from node.sandbox.wiring import explain, probe_config
+    from node.runners.sandboxes import explain, probe_config
 
     iso = probe_config(config)
     print(f"  isolation:  {config.isolation} -> {iso.mode} ({iso.why}; limits by {iso.limits})")

@@ -44,7 +44,7 @@ from node.runners import outcomes
 from node.runners.exits import KILL_GRACE_S
 from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
-from node.sandbox.wiring import slot_sandbox
+from node.runners.sandboxes import slot_sandbox
 from node.state import NodeState
 from node.worker.spec import RunnerSpec, frame
 
