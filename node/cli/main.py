@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from bus.errors import BusError
+from bus.store import CLIENT_LOGGER
 from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
 from node.cli.common import config_of, home_of
 from node.cli.completion import add_completion_command, complete
@@ -68,8 +69,8 @@ def _main(argv: list[str] | None) -> int:
     configure_logging(args.log_level, getattr(args, "log_format", "text"))
     if args.log_level != "debug" and getattr(args, "func", None) is not cmd_run:
         # a client command reports Redis errors itself; Ctrl-C during a connection attempt
-        # makes coredis log an ERROR with a traceback, which a user must not see
-        logging.getLogger("coredis").setLevel(logging.CRITICAL)
+        # makes the store's client log an ERROR with a traceback, which a user must not see
+        logging.getLogger(CLIENT_LOGGER).setLevel(logging.CRITICAL)
     if not hasattr(args, "func"):
         parser.print_help()
         return 2

@@ -15,13 +15,15 @@ import sys
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
+from bus.store import CLIENT_LOGGER
+
 FORMATS: Final = ("text", "json")
 LEVELS: Final = ("debug", "info", "warning", "error")
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# Libraries whose INFO lines are their own business: coredis announces a retry each time it
-# loads a script on first use ("No matching script"), trio-websocket every connection. Shown
-# at --log-level debug, where someone is looking for exactly that.
-CHATTY: Final = ("coredis", "trio-websocket")
+# Libraries whose INFO lines are their own business: the store's client announces a retry each
+# time it loads a script on first use ("No matching script"), trio-websocket every connection.
+# Shown at --log-level debug, where someone is looking for exactly that.
+CHATTY: Final = (CLIENT_LOGGER, "trio-websocket")
 # what every LogRecord carries: anything else on a record came from ``extra``
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
