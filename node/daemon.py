@@ -185,7 +185,9 @@ async def _run_services(
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
         ws_url = link_url("wss" if config.tls else "ws", host, port)
-        registry = Registry(node, transport, services, contexts, ws_url=ws_url, redis_url=redis_url)
+        registry = Registry(
+            node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
+        )
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
         await services.start(registry.resilient, "counters", run_counters, node, transport)

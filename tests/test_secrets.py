@@ -44,21 +44,27 @@ def secrets_of(home: Path) -> list[str]:
     return values
 
 
+def work_of(node) -> Path:  # noqa: ANN001 - RunningNode
+    """Context 1's work dir on the host: the one place outside its sandbox a job sees (its
+    cwd), where these tests' jobs leave their marks (see node/runners/sandboxes.py)."""
+    return Path(node.config.home) / "work" / "1"
+
+
 async def _dead_letters(node) -> dict[str, dict[str, str]]:  # noqa: ANN001 - RunningNode
     entries = [json.loads(e) for e in await node.store.lrange(1, keys.DLQ)]
     return {e["key"]: e for e in entries}
 
 
 async def test_a_hand_written_job_hash_is_refused_and_the_next_admitted_job_runs(
-    node_factory, tmp_path, capfd
+    node_factory, capfd
 ):
     """With the ``runner`` password, a job hash of actor 1 written and queued by hand (no stamp,
     or a wrong one) is dead-lettered ``not_admitted`` and never runs; the admitted job queued
     right after it runs."""
     alice = await node_factory("alice", embedded=True, runners={"sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
-    ran = tmp_path / "forged-ran"
-    forged = FORGED | {"script": f"touch {ran}", "origin": alice.info.node_id}
+    ran = work_of(alice) / "forged-ran"  # the job's cwd: it would touch it there
+    forged = FORGED | {"script": "touch forged-ran", "origin": alice.info.node_id}
     runner_url = role_url(alice.config, alice.info.redis_url, RUNNER)
     with trio.fail_after(40):
         async with open_store(runner_url) as as_runner:
@@ -86,14 +92,15 @@ async def test_a_hand_written_job_hash_is_refused_and_the_next_admitted_job_runs
 
 
 @pytest.mark.parametrize("tamper", [False, True])
-async def test_an_admitted_job_whose_script_was_changed_is_refused(node_factory, tmp_path, tamper):
+async def test_an_admitted_job_whose_script_was_changed_is_refused(node_factory, tamper):
     """An admitted job is held back (targeted to a group no slot serves), its script rewritten
     with the ``runner`` password and put on the type queue: refused. Untouched, the same job
     taken the same way runs (the control: the stamp survives the move)."""
     alice = await node_factory("alice", embedded=True, runners={"sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
-    fine, evil = tmp_path / "fine", tmp_path / "evil"
-    job = replace(new_job(1, 1, "sh", f"touch {fine}"), group="held")
+    # relative: the job's cwd is its work dir, the only host dir its sandbox shows it
+    fine, evil = work_of(alice) / "fine", work_of(alice) / "evil"
+    job = replace(new_job(1, 1, "sh", "touch fine"), group="held")
     runner_url = role_url(alice.config, alice.info.redis_url, RUNNER)
     with trio.fail_after(40):
         msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
@@ -105,7 +112,7 @@ async def test_an_admitted_job_whose_script_was_changed_is_refused(node_factory,
 
             assert await as_runner.call(1, hold) == job.key
             if tamper:
-                await as_runner.hset(1, job.key, {"script": f"touch {evil}"})
+                await as_runner.hset(1, job.key, {"script": "touch evil"})
             await as_runner.call(1, lambda r: r.lpush("queue:sh", [job.key]))
         after = await alice.client.submit_job(
             actor, 1, to="self", context_id=1, script_type="sh", script="echo next"
@@ -128,16 +135,17 @@ async def test_an_admitted_job_whose_script_was_changed_is_refused(node_factory,
 
 
 async def test_runner_processes_hold_no_secret_and_connect_as_runner(node_factory, monkeypatch):
-    """A python job runs inside its runner process: its environment, /proc/self/environ and
-    command line hold no password nor key, its interpreter holds no key object, and the
-    runner processes are the ``runner`` ACL user's connections."""
+    """The runner processes' environments (/proc/<pid>/environ, read from outside) and command
+    lines hold no password nor key, nor does a python job's own environment (which it prints:
+    in its sandbox, as another uid, it may not read /proc/self/environ) and command line; its
+    interpreter holds no key object; the runner processes are the ``runner`` user's
+    connections."""
     monkeypatch.setenv("HERO_KEY_PASSPHRASE", "passphrase-of-the-node")  # not passed on
     alice = await node_factory("alice", embedded=True, runners={"python": 1, "sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
     script = (
         "import gc, os\n"
         "from crypto import KeyPair\n"
-        "print(open('/proc/self/environ', 'rb').read().decode(errors='replace'))\n"
         "print(open('/proc/self/cmdline', 'rb').read().decode(errors='replace'))\n"
         "print(dict(os.environ))\n"
         "print('keys', sum(isinstance(o, KeyPair) for o in gc.get_objects()))\n"
@@ -279,7 +287,7 @@ def test_the_stamp_covers_what_runs():
 
 
 async def test_a_remote_job_retried_once_is_answered_through_the_runner_user_and_signer(
-    node_factory, tmp_path
+    node_factory,
 ):
     """On embedded Valkeys (runner processes as the ``runner`` user): a job from another node
     fails, is retried (``delayed``, attempts) and then answered with a result message the
@@ -287,8 +295,8 @@ async def test_a_remote_job_retried_once_is_answered_through_the_runner_user_and
     alice = await node_factory("alice", embedded=True, runners={"sh": 1})
     bob = await node_factory("bob", embedded=True, runners={"sh": 1})
     actor = await link_to(alice, bob)
-    flag = tmp_path / "failed-once"
-    script = f"if [ -e {flag} ]; then echo second; else touch {flag}; exit 3; fi"
+    # the flag in the job's cwd, bob's context 1 work dir, which the retry's sandbox sees too
+    script = "if [ -e failed-once ]; then echo second; else touch failed-once; exit 3; fi"
     with trio.fail_after(40):
         msg = await alice.client.submit_job(
             actor, 1, to=bob.node_id, context_id=1, script_type="sh", script=script, retries=1
@@ -296,3 +304,4 @@ async def test_a_remote_job_retried_once_is_answered_through_the_runner_user_and
         [result] = await alice.client.wait_results(msg, 30)
     assert result.ok, result
     assert (result.stdout, result.result["attempts"]) == ("second\n", "2")
+    assert (work_of(bob) / "failed-once").exists()  # the first attempt ran where bob runs jobs
