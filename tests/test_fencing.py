@@ -16,11 +16,15 @@ import pytest
 import trio
 
 from bus.client.api import open_client
-from bus.core import keys
+from bus.core import admitted, keys
 from bus.core.models import JobStatus, RunnerJob
 from bus.store.atomic import runs
 from crypto import read_key_file
+from node.host.hardening import ensure_admission_key
 from node.runners import outcomes
+from node.runners.adoption import adopted_outcome
+from node.runners.exits import Outcome
+from node.worker.loop import Runner
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, command_job_run, wait_announced
 
@@ -140,12 +144,19 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
     token = (await alice.store.hgetall(1, first.job[0].key))["runner"]
     orphan = await _submit(alice, "print(2)", script_type="ext")  # queued, never popped here
     job_key = orphan.job[0].key
-    await alice.store.call(1, lambda r: r.lrem("queue:ext", 1, job_key))
+    # stage the orphan on the job the node admitted: the runner refuses a hand-written hash
+    # (not_admitted), and one written before intake materialises it makes intake refuse the
+    # message (job_exists)
+    with trio.fail_after(20):
+        while not await alice.store.call(1, lambda r: r.lrem("queue:ext", 1, job_key)):  # noqa: ASYNC110
+            await trio.sleep(0.05)  # intake materialises it in its own time: poll Valkey
     await alice.store.call(1, lambda r: r.rpush("inflight:runner:python:0", [job_key]))
     await alice.store.call(1, lambda r: r.hincrby(job_key, "attempt", 1))
     started = {"status": "started", "runner": token, "runner_id": "python:0"}
     await alice.store.hset(1, job_key, started)
     await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, [job_key]))
+    key = ensure_admission_key(alice.config.home)  # the node's, made when it started
+    assert admitted.problem(key, 1, job_key, await alice.store.hgetall(1, job_key)) == ""
     await alice.store.call(1, lambda r: r.set(keys.lease(job_key), token, px=200))
     with trio.fail_after(20):
         [result] = await alice.client.wait_results(orphan, timeout_s=20)
@@ -158,23 +169,36 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
 # -- the processes that write outcomes ----------------------------------------------------------
 
 
-def test_a_command_job_writes_its_outcome_as_the_node_sees_it(tmp_path, redis_url):
-    """The wrapper records the exit status as the node reads it (a signal as -N) and keeps
-    what the node concludes unchanged; the pid file names the outcome file while it runs."""
+def test_the_outcome_a_runner_keeps_is_the_one_the_node_adopts(tmp_path, redis_url):
+    """Before asking Valkey to record an attempt's end, the runner keeps its outcome on disk
+    (Runner.keep): the exit status as the node reads it (a signal as -N), and a reason only
+    where the status does not say it (a timeout), so a node that adopts the file after the
+    runner died (node/runners/adoption.py) concludes what the runner concluded."""
     run = command_job_run(tmp_path, redis_url, ["/bin/sh", "-s"])
-    pids = tmp_path / "jobs"
-    seen = tmp_path / "seen"
+    runner = Runner(run.job_run.spec, b"k" * 32)
+    runner.job = run.job_run  # the slot's JobRun, as the runner process sets it up
     cases = [
-        (f"cat {pids}/* > {seen}; echo hi; exit 3", 3, "exit code 3"),
-        ("kill -9 $$", -9, "runner_lost: killed by SIGKILL"),
+        ("echo hi; exit 3", "exit code 3", {"exit_code": 3}),
+        ("kill -9 $$", "runner_lost: killed by SIGKILL", {"exit_code": -9}),
     ]
-    for script, code, reason in cases:
-        job = RunnerJob(1, 2, 1, script, "sh", timeout=30)
+    for ident, (script, reason, kept) in enumerate(cases, start=2):
+        job = RunnerJob(1, ident, 1, script, "sh", timeout=30)
         done = run(job)
-        path = outcomes.outcome_path(tmp_path, 1, job.key, 1)
+        assert done is not None
         assert done.reason == reason
-        assert outcomes.read_outcome(path) == {"exit_code": code}
-    assert seen.read_text() == f"{job.caller_id}:{job.id}\n{path}"
+        path = outcomes.outcome_path(tmp_path, 1, job.key, 1)
+        runner.keep(done)
+        assert outcomes.read_outcome(path) == kept
+        adopted = adopted_outcome(path, run.job_run.logs, 10_000)
+        assert adopted.found
+        assert (adopted.outcome.status, adopted.outcome.reason) == (done.status, done.reason)
+        assert adopted.outcome.result.get("stdout") == done.result.get("stdout")
+    # killed by its runner (JobRun.run's outcome for a timeout): the status does not say why
+    timed_out = Outcome(JobStatus.ERROR, {}, "timeout: killed after 1 s")
+    runner.keep(timed_out)
+    assert outcomes.read_outcome(path) == {"exit_code": -9, "reason": timed_out.reason}
+    adopted = adopted_outcome(path, run.job_run.logs, 10_000)
+    assert (adopted.outcome.status, adopted.outcome.reason) == (JobStatus.ERROR, timed_out.reason)
 
 
 def test_outcome_names_carry_context_job_and_attempt(tmp_path):
