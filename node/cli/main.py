@@ -205,7 +205,12 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
         help="print what the servers of a replicated store ([store]) need: the ACL file of "
         "each data server (data), a replica's lines (replica) or a Sentinel's (sentinel)",
     )
-    s.add_argument("part", choices=["data", "replica", "sentinel"])
+    s.add_argument(
+        "part",
+        choices=["data", "replica", "sentinel"],
+        help="data: every data server's ACL file; replica: its lines to sync from the primary; "
+        "sentinel: each Sentinel's lines",
+    )
     s.set_defaults(func=cmd_store_acl)
 
 
