@@ -63,6 +63,20 @@ def test_the_plan_never_binds_root_and_isolates(mode: str) -> None:
         assert "--clear-groups" in argv
 
 
+@pytest.mark.parametrize("mode", ["strict", "namespaces"])
+def test_a_checkout_under_tmp_is_bound_over_the_tmpfs(mode: str) -> None:
+    """bwrap mounts in argument order: the tmpfs on /tmp comes before every bind, or a project
+    (and the interpreter of its virtualenv) checked out under /tmp is hidden and no job runs."""
+    argv = bwrap_argv(_plan(mode=mode, binds=["/tmp/ci/.venv", "/opt/py"]), FACTS)
+    tmpfs = argv.index("--tmpfs")
+    assert argv[tmpfs + 1] == "/tmp"
+    bound = [i for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == "/tmp/ci/.venv"]
+    made = [i for i, a in enumerate(argv) if a == "--dir" and argv[i + 1] == "/tmp/ci"]
+    assert bound
+    assert made
+    assert tmpfs < made[0] < bound[0]
+
+
 def test_a_context_with_network_keeps_it() -> None:
     assert "--unshare-net" not in bwrap_argv(_plan(network=True), FACTS)
 

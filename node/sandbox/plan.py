@@ -147,11 +147,13 @@ def bwrap_argv(plan: SandboxPlan, facts: HostFacts) -> list[str]:
     argv += environment(plan)
     etc = ETC_FILES + (NET_ETC_FILES if plan.network else ())
     argv += ["--perms", "0755", "--dir", "/etc", *system_ops(facts, etc)]
+    # /tmp first: a bind below it (a project or virtualenv checked out under /tmp) must be
+    # mounted on top of the tmpfs, not hidden by it
+    argv += ["--size", str(plan.tmp_bytes), "--perms", "01777", "--tmpfs", "/tmp"]
     argv += parent_dirs(plan.binds)
     for b in plan.binds:
         argv += ["--ro-bind", b, b]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(plan.tmp_bytes), "--perms", "01777", "--tmpfs", "/tmp"]
     if plan.mode == "strict" and not plan.as_root:
         argv += ["--bind-fd", str(plan.workdir_fd), WORK]
     else:
