@@ -124,8 +124,15 @@ class SyncRuns:
 
     def pop_blocking(self, source_list: str, inflight: str, timeout_s: float) -> str | None:
         """BLMOVE of the oldest entry of ``source_list`` onto ``inflight``; None on timeout."""
-        # seconds; redis-py's hint says int, the server takes fractions
-        value = self.client.blmove(source_list, inflight, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+        try:
+            # seconds; redis-py's hint says int, the server takes fractions
+            value = self.client.blmove(source_list, inflight, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+        except BaseException:
+            # a signal (Wake) may interrupt the wait before its reply is read; redis-py's
+            # Sentinel connections do not disconnect then, and the next command would read
+            # this pop's reply as its own: drop the connection, the next one is clean
+            self.client.connection_pool.disconnect()
+            raise
         return None if value is None else str(value)
 
     def start(
