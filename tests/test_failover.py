@@ -75,9 +75,10 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
     """``sigkill``: the primary dies. ``sigstop``: it stalls past down-after while a replica is
     promoted, then wakes up cut off from its replicas (it refuses writes: NOREPLICAS) until
     the Sentinels demote it, with the client's connections still open to it."""
-    out = tmp_path / "ran.txt"
-    out.touch()
+    # jobs run sandboxed: each appends to ran.txt in context 1's work dir, the one place it
+    # may write (README "What a job can and cannot do")
     async with replicated_node(tmp_path) as rig:
+        out = rig.home / "work" / "1" / "ran.txt"
         counted = await _flow(rig, out, fault)
         async with open_client(rig.node_url) as node:
             after = await node.store.topology()
@@ -173,7 +174,7 @@ async def _flow(rig: Rig, out, fault: str) -> dict[str, object]:  # noqa: ANN001
                         context_id=1,
                         script_type="python",
                         script=SCRIPT,
-                        env_vars={"TAG": f"j{i:03d}", "OUT": str(out)},
+                        env_vars={"TAG": f"j{i:03d}", "OUT": "ran.txt"},
                         retries=2,
                     )
                 except StoreError as exc:
