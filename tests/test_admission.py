@@ -25,13 +25,13 @@ from node.intake.deadlines import deadline_times, fail_due
 from node.intake.messages import Rejected
 from node.state import NodeState
 from tests.nodes import link_to
-from tests.test_rejections import job_message, push_in, run_and_wait
+from tests.test_rejections import Ran, job_message, push_in, run_and_wait
 
 VICTIM = 9  # another actor of alice's context 1, whose finished job a forger aims at
 
 
-def marker_script(path: Path) -> str:
-    return f"open({str(path)!r}, 'w').write('ran')"
+def marker_script(marker: Ran) -> str:
+    return f"open({marker.name!r}, 'w').write('ran')"
 
 
 def resigned(message: Message, signer: KeyPair, **changes: object) -> Message:
@@ -63,7 +63,7 @@ async def test_local_job_of_another_caller_or_context_is_refused(node_factory, t
     await alice.client.register_actor(VICTIM, victim.public_hex)
     await alice.client.register_context(1, admins=[1], executors=[VICTIM])
     before = await finished_job_of(alice, victim, VICTIM)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     base = job_message(actor, 1, alice.node_id, alice.node_id, marker_script(marker))
     if aim == "caller":  # actor 1 signs a job that names actor 9's finished job
         forged = resigned(base, actor, caller_id=VICTIM, id=int(before["id"]))
@@ -91,7 +91,7 @@ async def test_message_reusing_a_finished_job_id_is_refused_whole(node_factory, 
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
     before = await finished_job_of(alice, actor, 1)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     base = job_message(actor, 1, alice.node_id, alice.node_id, marker_script(marker))
     reuse = resigned(base, actor, id=int(before["id"]))
     await push_in(alice, reuse, queue=keys.MSG_OUT)
@@ -143,7 +143,7 @@ async def test_oversize_script_is_refused_locally(node_factory, tmp_path):
     bound: a 4 MiB frame)."""
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     big = marker_script(marker) + "\n#" + "x" * (1024 * 1024 + 1)
     msg = await alice.client.submit_job(
         actor, 1, to=alice.node_id, context_id=1, script_type="python", script=big
@@ -162,7 +162,7 @@ async def test_oversize_message_is_refused_on_both_paths(node_factory, tmp_path)
     alice = await node_factory("alice", max_message_bytes=100_000)
     bob = await node_factory("bob", max_message_bytes=20_000)
     actor = await link_to(alice, bob)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     for to, limit in ((alice.node_id, "100000"), ("bob", "20000")):
         msg = await alice.client.submit_job(
             actor,
@@ -204,7 +204,7 @@ async def test_consumer_refuses_a_job_message_taken_after_its_deadline(node_fact
     (expired) and does not run, though it is fresh and validly signed."""
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     peer = KeyPair.generate().public_hex
     late = job_message(actor, 1, peer, alice.node_id, marker_script(marker))
     late = sign_message(replace(late, created_at=now() - 40, timeout_ack=30, signatures=[]), actor)
@@ -221,7 +221,7 @@ async def test_destination_nacks_a_job_message_received_after_its_deadline(node_
     alice = await node_factory("alice")
     bob = await node_factory("bob")
     actor = await link_to(alice, bob)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     late = job_message(actor, 1, alice.node_id, bob.node_id, marker_script(marker))
     late = sign_message(replace(late, created_at=now() - 40, timeout_ack=30, signatures=[]), actor)
     await push_in(alice, late, queue=keys.MSG_OUT)
@@ -341,7 +341,7 @@ async def test_told_failed_never_runs_on_a_frozen_peer(node_factory, nursery, tm
     with trio.fail_after(20):
         await alice.client.wait_results(warm, timeout_s=20)
     link.hold()
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     msg = await alice.client.submit_job(
         actor,
         1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import trio
 
@@ -12,6 +13,21 @@ from bus.core.envelope import sign_message
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from crypto import KeyPair, read_key_file
+
+
+class Ran:
+    """Whether a job that must never run did: a sandboxed job writes only its context's work
+    dir (``<home>/work/<context>``), so the marker is looked for in every node's under
+    ``root`` (the homes of node_factory)."""
+
+    name = "ran"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def exists(self) -> bool:
+        return any(self.root.glob(f"*/work/*/{self.name}"))
+
 
 
 def job_message(
@@ -66,9 +82,9 @@ async def run_and_wait(node, actor: KeyPair, caller: int, ctx: int = 1):
 async def test_tampered_message_is_dead_lettered_and_not_run(node_factory, tmp_path):
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    marker = tmp_path / "ran"
+    marker = Ran(tmp_path)
     msg = job_message(actor, 1, alice.node_id, alice.node_id, "print(1)")
-    evil = replace(msg.job[0], script=f"open({str(marker)!r}, 'w').write('x')")
+    evil = replace(msg.job[0], script=f"open({marker.name!r}, 'w').write('x')")
     await push_in(alice, replace(msg, job=[evil]))
     assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
     [entry] = await alice.store.dead_letters(1)
