@@ -67,6 +67,12 @@ def named(comm: str) -> list[int]:
     return found
 
 
+def work_file(node, name: str, context: int = 1) -> Path:  # noqa: ANN001 - a test node
+    """Where a job of ``context`` on ``node`` finds ``name`` (its cwd): a sandboxed job writes
+    only its context's work dir, ``<home>/work/<context>``."""
+    return Path(node.config.home) / "work" / str(context) / name
+
+
 def command_job_run(tmp_path, redis_url: str, command: list[str]):
     """A runner process's JobRun (node/worker/job.py) for command jobs, set up in this
     process as a runner would be (its run directory under ``tmp_path``): ``run(job)`` runs

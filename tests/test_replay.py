@@ -15,6 +15,7 @@ from bus.store.atomic import routing
 from bus.wire import outbox
 from crypto import read_key_file
 from tests.nodes import link_to
+from tests.scripts import work_file
 from tests.test_rejections import job_message, push_in, run_and_wait
 
 
@@ -32,8 +33,8 @@ async def test_captured_message_replayed_is_refused(node_factory, tmp_path):
     alice = await node_factory("alice")
     bob = await node_factory("bob")
     actor = await link_to(alice, bob)
-    runs = tmp_path / "runs"
-    script = f"open({str(runs)!r}, 'a').write('run\\n')"
+    runs = work_file(bob, "runs")  # a sandboxed job writes its work dir only
+    script = f"open({runs.name!r}, 'a').write('run\\n')"
     msg = await alice.client.submit_job(
         actor, 1, to=bob.node_id, context_id=1, script_type="python", script=script
     )
@@ -108,8 +109,8 @@ async def test_the_same_message_twice_in_one_pop_runs_once(node_factory, tmp_pat
     are one atomic step per batch, so the second copy is refused, not materialised again."""
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    runs = tmp_path / "runs"
-    script = f"open({str(runs)!r}, 'a').write('run\\n')"
+    runs = work_file(alice, "runs")  # a sandboxed job writes its work dir only
+    script = f"open({runs.name!r}, 'a').write('run\\n')"
     for queue in (keys.MSG_OUT, keys.MSG_IN):
         msg = job_message(actor, 1, alice.node_id, alice.node_id, script)
         async with alice.store.transaction(1) as tx:

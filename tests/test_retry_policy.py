@@ -23,6 +23,7 @@ from node.runners.lifecycle import (
     backoff_s,
     cause_of,
 )
+from tests.scripts import work_file
 
 CAUSES = ["timeout", "runner_lost", "exit:1", "exit:3", "exit:75", "exit:any"]
 REASONS = {
@@ -129,10 +130,11 @@ async def submit(node, script: str, **policy):
     return await node.client.submit(actor, 1, to=node.node_id, context_id=1, jobs=[job])
 
 
-def flaky(path, first_exit: int) -> str:
-    """A script that exits ``first_exit`` on its first run and 0 after."""
+def flaky(name: str, first_exit: int) -> str:
+    """A script that exits ``first_exit`` on its first run and 0 after (its count in ``name``,
+    in its work dir: tests/scripts.py work_file)."""
     return (
-        f"import pathlib; p = pathlib.Path({str(path)!r})\n"
+        f"import pathlib; p = pathlib.Path({name!r})\n"
         f"n = int(p.read_text()) + 1 if p.exists() else 1\np.write_text(str(n))\n"
         f"raise SystemExit({first_exit} if n == 1 else 0)\n"
     )
@@ -143,14 +145,14 @@ async def test_named_exit_code_is_retried_others_fail_at_once(
 ):
     alice = await node_factory("alice")
     policy = {"retries": 3, "retry_on": ["exit:75"], "backoff": "linear", "backoff_ms": 100}
-    retried = await submit(alice, flaky(tmp_path / "a", 75), **policy)
-    failed = await submit(alice, flaky(tmp_path / "b", 3), **policy)
+    retried = await submit(alice, flaky("a", 75), **policy)
+    failed = await submit(alice, flaky("b", 3), **policy)
     with trio.fail_after(30):
         [ok] = await alice.client.wait_results(retried, timeout_s=30)
         [bad] = await alice.client.wait_results(failed, timeout_s=30)
     assert (ok.status, ok.result["attempts"]) == (JobStatus.FINISHED, "2")
     assert (bad.status, bad.reason, bad.result["attempts"]) == (JobStatus.ERROR, "exit code 3", "1")
-    assert (tmp_path / "b").read_text() == "1"  # ran once, with 3 retries left
+    assert work_file(alice, "b").read_text() == "1"  # ran once, with 3 retries left
     log = [json.loads(e) for e in await alice.store.lrange(1, keys.attempts(ok.job_key))]
     assert [e["status"] for e in log] == ["error", "finished"]
 

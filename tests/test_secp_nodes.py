@@ -18,6 +18,7 @@ from node.daemon import run_node
 from node.host.acl import role_url
 from node.host.home import init_home
 from tests.nodes import link_to
+from tests.test_rejections import Ran
 
 SECP_ACTOR = 7
 FIELD_P = 2**256 - 2**32 - 977
@@ -117,8 +118,8 @@ async def test_bad_keys_and_signatures_are_refused_each_with_its_reason(node_fac
     secp = Secp256k1KeyPair.generate()
     await add_secp_actor(alice, secp, [SECP_ACTOR])
     ed = read_key_file(alice.config.actor_key_path)
-    marker = tmp_path / "ran"
-    script = f"open({str(marker)!r}, 'a').write('x')"
+    marker = Ran(tmp_path)
+    script = f"open({marker.name!r}, 'a').write('x')"
 
     def bad(change) -> Message:  # noqa: ANN001 - a function of a message
         return change(job_message(secp, SECP_ACTOR, alice.node_id, script))
