@@ -1,4 +1,8 @@
-"""A job's processes end with the job: what an sh or python job leaves running is killed."""
+"""A job's processes end with the job: what an sh or python job leaves running is killed.
+
+Jobs run sandboxed, in a pid namespace of their own: the pids a job prints are not the host's.
+Each test gives what its job leaves a unique ``sleep`` duration and looks, on the host, for
+any process whose command line still carries it once the job has ended."""
 
 from __future__ import annotations
 
@@ -37,28 +41,52 @@ def pids_of(stdout: str) -> list[int]:
     return [int(line) for line in stdout.split()]
 
 
+def carrying(token: str) -> list[int]:
+    """The host's live processes whose command line carries ``token``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if token.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+async def none_left(token: str) -> bool:
+    """Every host process carrying ``token`` ends (bounded, each waited on by its pidfd)."""
+    for pid in carrying(token):
+        if not await ended(pid):
+            return False
+    return True
+
+
 def test_sh_job_background_process_ends_with_the_job(tmp_path, redis_url):
     run = command_job_run(tmp_path, redis_url, SH)
-    out = run(job("sleep 300 & echo $!", "sh"))
+    out = run(job("sleep 300.101 & echo $!", "sh"))
     assert out.status is JobStatus.FINISHED
-    [pid] = pids_of(out.result["stdout"])
-    assert trio.run(ended, pid)
+    assert len(pids_of(out.result["stdout"])) == 1  # it did start one, in its namespace
+    assert trio.run(none_left, "300.101")
 
 
 SPAWNS = """\
 import subprocess, sys
-child = subprocess.Popen(['sleep', '300'])
+child = subprocess.Popen(['sleep', '300.202'])
 print(child.pid)
 # a grandchild whose parent exits at once (an orphan), and one in a session of its own
-orphan = 'sleep 300 >/dev/null 2>&1 & echo $!'
+orphan = 'sleep 300.202 >/dev/null 2>&1 & echo $!'
 print(subprocess.run(['sh', '-c', orphan], capture_output=True, text=True).stdout.strip())
-print(subprocess.Popen(['sleep', '300'], start_new_session=True).pid)
+print(subprocess.Popen(['sleep', '300.202'], start_new_session=True).pid)
 """
 
 
 async def test_python_job_children_end_with_the_job_not_the_runner(node_factory):
-    """The runner process (a child subreaper) kills what a python job left, its own child, an
-    orphan re-parented to it and one in a session of its own, and lives on for the next job."""
+    """What a python job left is killed, its own child, an orphan and one in a session of its
+    own, and the sandboxed worker that forked the job lives on for the next job."""
     alice = await node_factory("alice", runners={"python": 1})
     actor = read_key_file(alice.config.actor_key_path)
 
@@ -70,11 +98,10 @@ async def test_python_job_children_end_with_the_job_not_the_runner(node_factory)
             [result] = await alice.client.wait_results(msg, timeout_s=20)
         return result
 
-    out = await run("import os\nprint(os.getpid())\n" + SPAWNS)
+    out = await run("import os\nprint(os.getppid())\n" + SPAWNS)
     assert (out.status, out.result["stderr"]) == (JobStatus.FINISHED, "")
-    runner_pid, *pids = pids_of(out.stdout)
-    assert len(pids) == 3
-    for pid in pids:
-        assert await ended(pid), pid
-    after = await run("import os\nprint(os.getpid())")
-    assert pids_of(after.stdout) == [runner_pid]  # the same process ran the next job
+    worker_pid, *pids = pids_of(out.stdout)
+    assert len(pids) == 3  # it did start three, in its namespace
+    assert await none_left("300.202")
+    after = await run("import os\nprint(os.getppid())")
+    assert pids_of(after.stdout) == [worker_pid]  # the same worker ran the next job
