@@ -32,6 +32,7 @@ from crypto import read_key_file
 from tests.history import Verdict, check_history
 from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
 from tests.nodeproc import ROOT, NodeProcess
+from tests.scripts import work_file
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,9 @@ async def net(root: None) -> AsyncIterator[NetLab]:
     assert leftovers(made.tag) == [], "namespaces left behind"
 
 
+OUT = "executions.txt"  # in the work dir of each node's context 1
+
+
 class Cluster:
     """Three nodes; ``delayed``: a pair (i, j) whose link goes through a delay proxy in each
     one's namespace (i dials j through one in i's, j dials i through one in j's)."""
@@ -69,8 +73,6 @@ class Cluster:
         self.net = net
         self.delayed = delayed
         self.proxies: list[trio.Process] = []
-        self.out = tmp / "executions.txt"
-        self.out.touch()
         self.nodes = [
             NodeProcess(
                 tmp / f"n{i}",
@@ -148,7 +150,7 @@ class Cluster:
                         context_id=1,
                         script_type="python",
                         script=SCRIPT,
-                        env_vars={"TAG": tag, "OUT": str(self.out)},
+                        env_vars={"TAG": tag, "OUT": OUT},
                     )
                     self.acknowledged.append(tag)
                     self._waits.append((i, tag, msg))
@@ -189,7 +191,16 @@ class Cluster:
         return left
 
     def verdict(self) -> Verdict:
-        return check_history(self.acknowledged, self.told, self.out.read_text().split())
+        return check_history(self.acknowledged, self.told, self.executions())
+
+    def executions(self) -> list[str]:
+        """Every tag a job appended, on every node: a sandboxed job writes only its context's
+        work dir (tests/scripts.py work_file)."""
+        found: list[str] = []
+        for node in self.nodes:
+            path = work_file(node, OUT)
+            found += path.read_text().split() if path.exists() else []
+        return found
 
 
 async def _one_answer(client: Client, msg: Message) -> str:
