@@ -53,13 +53,16 @@ SCHEDULER = (
 )
 
 
+# frames of this checkout are shown from its root, wherever it is
+_CHECKOUT = str(Path(__file__).resolve().parents[1]) + "/"
+
 def frame_name(raw: str) -> tuple[str, str]:
     m = _FRAME.match(raw.strip())
     if not m:
         return raw.strip(), ""
     path = m.group("file")
     short = path
-    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+    for marker in ("site-packages/", _CHECKOUT, "lib/python3.11/"):
         if marker in path:
             short = path.split(marker, 1)[1]
     return f"{m.group('func')} ({short})", short
