@@ -70,7 +70,16 @@ async def writes_resume(client: Client) -> float:
             await trio.sleep(0.05)  # a cut connection fails at once: the next one waits
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+# A known defect, open in issue 24: under load (one CI run in four here) runner processes
+# whose blocking reads wait on the stalled old primary leave most jobs stuck and run a few
+# twice once it wakes. Non-strict, so the passing runs still print their counters.
+_STALL_DEFECT = pytest.mark.xfail(
+    reason="runners blocked on a stalled old primary: jobs stuck or run twice (issue 24)",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize("fault", ["sigkill", pytest.param("sigstop", marks=_STALL_DEFECT)])
 async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_path, fault):
     """``sigkill``: the primary dies. ``sigstop``: it stalls past down-after while a replica is
     promoted, then wakes up cut off from its replicas (it refuses writes: NOREPLICAS) until
