@@ -152,7 +152,6 @@ STILL_RAW = frozenset(
         "bus/client/inbox.py",
         "bus/client/sync.py",
         "bus/client/verify_cli.py",
-        "bus/wire/outbox.py",
     }
 )
 

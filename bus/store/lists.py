@@ -1,7 +1,10 @@
-"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists) and the one plain
-write to a client's reply list: the door node/ takes to them, instead of generic verbs."""
+"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists) and their plain
+writes (a client's reply list, an outbox's acknowledged entries): the door node/ and bus/wire
+take to them, instead of generic verbs."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from bus.core import keys
 from bus.store.connection import Store
@@ -31,6 +34,16 @@ async def outbox_depths(store: Store, peer_id: str) -> tuple[int, int]:
     """``(waiting, in flight)`` of the durable outbox to ``peer_id``."""
     waiting = await store.llen(keys.ACTORS_DB, keys.outbox(peer_id))
     return waiting, await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
+
+
+async def remove_outbox_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
+    """Drop acknowledged entries from ``peer_id``'s in-flight list (one round trip); how many
+    were there."""
+    if not entries:
+        return 0
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
+    return sum([int(await p) for p in pending])
 
 
 async def head(store: Store, db: int, name: str, count: int) -> list[str]:

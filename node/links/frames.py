@@ -17,7 +17,7 @@ from bus.core.frames import Frame, fields_are_strings
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
-from bus.store import records, registry
+from bus.store import lists, records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
@@ -170,7 +170,7 @@ class LinkHandler:
         if box is not None:
             await box.acked(answered)
         else:  # the peer registered a moment ago; its outbox task is starting
-            await outbox.remove_inflight(self.node.store, link.peer_id, answered)
+            await lists.remove_outbox_inflight(self.node.store, link.peer_id, answered)
         await self._mark_acked(link, acks)
         self._count("acks_received", len(acks))
         self._count("nacks_received", len(nacks))
@@ -203,6 +203,4 @@ class LinkHandler:
         if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
-        await reject(
-            self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport"
-        )
+        await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
