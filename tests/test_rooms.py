@@ -151,7 +151,6 @@ STILL_RAW = frozenset(
         "bus/client/api.py",
         "bus/client/inbox.py",
         "bus/client/sync.py",
-        "bus/client/verify_cli.py",
     }
 )
 

@@ -47,6 +47,7 @@ from bus.core.models import (
 )
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
+from bus.store import registry
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
@@ -124,10 +125,10 @@ class Client:
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
         if self._node_id is None:
-            found = await self.store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
+            found = await registry.node_id(self.store)
             if not found:
                 raise ClientError("no hero-node has run on this Redis yet (no node:info)")
-            self._node_id = str(found)
+            self._node_id = found
         return self._node_id
 
     # -- registry --------------------------------------------------------------------------------
@@ -182,15 +183,12 @@ class Client:
         except ValueError as exc:
             raise ClientError(f"peer {node_id[:16]}…: {exc}") from None
         peer = Peer(node_id.lower(), address, name, created_at=now(), updated_at=now())
-        async with self.store.transaction(keys.ACTORS_DB) as tx:
-            tx.hset(keys.peer(peer.id), peer.to_hash())
-            tx.sadd(keys.PEERS, [peer.id])
-            tx.lpush(keys.NODE_EVENTS, [keys.peer(peer.id)])
+        await registry.put_peer(self.store, peer)
         return peer
 
     async def peers(self) -> list[Peer]:
-        ids = await self.store.call(keys.ACTORS_DB, lambda r: r.smembers(keys.PEERS))
-        found = [await self.store.hgetall(keys.ACTORS_DB, keys.peer(i)) for i in sorted(ids)]
+        ids = await registry.peer_ids(self.store)
+        found = [await registry.read_peer(self.store, i) for i in sorted(ids)]
         return [Peer.from_hash(h) for h in found if h]
 
     async def resolve_node(self, ref: str) -> str:
