@@ -1,10 +1,12 @@
-"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists) and their plain
-writes (a client's reply list, an outbox's acknowledged entries): the door node/ and bus/wire
-take to them, instead of generic verbs."""
+"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists, client inboxes)
+and their plain writes (a client's reply list, an outbox's acknowledged entries): the door
+node/, bus/wire and the client take to them, instead of generic verbs."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from coredis.tokens import PureToken
 
 from bus.core import keys
 from bus.store.connection import Store
@@ -62,6 +64,13 @@ async def dlq_beyond(store: Store, db: int, limit: int) -> list[str]:
         return []
     overflow = await store.call(db, lambda r: r.lrange(keys.DLQ, limit, -1))
     return [str(e) for e in reversed(overflow)]
+
+
+async def pop_inbox(store: Store, ctx: int, inbox: str, wait_s: float, most: int) -> list[str]:
+    """Up to ``most`` answers off a client's inbox, oldest first, blocking up to ``wait_s`` for
+    the first ([] if none came)."""
+    popped = await store.call(ctx, lambda r: r.blmpop([inbox], wait_s, PureToken.RIGHT, count=most))
+    return list(popped[1]) if popped else []
 
 
 async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], ttl_s: int) -> None:
