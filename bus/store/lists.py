@@ -73,6 +73,16 @@ async def pop_inbox(store: Store, ctx: int, inbox: str, wait_s: float, most: int
     return list(popped[1]) if popped else []
 
 
+async def pop_reply(store: Store, ctx: int, reply: str, timeout_s: float) -> str | None:
+    """The oldest answer on a reply list, waiting up to ``timeout_s``; None after that."""
+    return await store.blpop(ctx, reply, timeout_s)
+
+
+async def holds(store: Store, db: int, name: str, value: str) -> bool:
+    """Whether list ``name`` holds ``value`` (LPOS: where a message waits, for a status)."""
+    return await store.call(db, lambda r: r.lpos(name, value)) is not None
+
+
 async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], ttl_s: int) -> None:
     """Answer a waiting client on its reply list, which expires after ``ttl_s``."""
     await store.lpush(ctx, reply, *replies)
