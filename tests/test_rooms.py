@@ -205,6 +205,37 @@ def test_the_check_sees_every_door_outside_the_store(tmp_path: Path) -> None:
     ]
 
 
+def wall_clock_reads(root: Path = ROOT) -> list[str]:
+    """Every ``time.time()`` in bus/ and node/: they read wall-clock time through the one
+    injectable clock of bus/core/ids.py, so that tests can drive it."""
+    found = []
+    for top in ("bus", "node"):
+        for path in sorted((root / top).rglob("*.py")):
+            for call in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                func = call.func if isinstance(call, ast.Call) else None
+                if (
+                    isinstance(func, ast.Attribute)
+                    and func.attr == "time"
+                    and isinstance(func.value, ast.Name)
+                    and func.value.id == "time"
+                ):
+                    found.append(f"{path.relative_to(root).as_posix()}:{call.lineno}")
+    return found
+
+
+def test_no_wall_clock_read_but_the_clock(tmp_path: Path) -> None:
+    assert wall_clock_reads() == []
+    (tmp_path / "node" / "cli").mkdir(parents=True)
+    (tmp_path / "node" / "cli" / "x.py").write_text("import time\nt = time.time()\n")
+    assert wall_clock_reads(tmp_path) == ["node/cli/x.py:2"]
+
+
+def test_node_keeps_at_most_eight_flat_modules() -> None:
+    """What is not the daemon's own belongs in a room (issue 22)."""
+    flat = sorted(p.name for p in (ROOT / "node").glob("*.py"))
+    assert len(flat) <= 8, flat
+
+
 # -- no import cycle between rooms ------------------------------------------------------------
 
 # A room is a package of bus/ or node/ (bus.core, node.intake, ...) or a flat module beside them
