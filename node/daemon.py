@@ -5,7 +5,7 @@ run_node
 ├── run_signer               the node key's process: signs runners' results (node/host/signer.py)
 └── services                 (the store open; each service restarted by node/resilient.py)
     ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
-    ├── watch                registry events: contexts and peers registered while running
+    ├── watch                registry events: contexts, peers registered while running (Registry)
     ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
     ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
     ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)

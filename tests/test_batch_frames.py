@@ -17,11 +17,16 @@ import trio.testing
 from bus.core import keys
 from bus.core.frames import (
     MAX_BATCH,
+    Ack,
+    MsgItem,
+    Nack,
+    answers_of,
     decode_frame,
     encode_frame,
     encode_msg_item,
     encode_msgs,
     msgs_frame_size,
+    msgs_of,
 )
 from bus.core.models import Message
 from bus.errors import FrameError, TransportError
@@ -74,6 +79,19 @@ def test_fields_that_are_not_strings_do_not_spoil_a_batch():
     assert odd.body["msgs"][0]["fields"] == {"id": 1}
     acks = decode_frame(encode_frame("acks", acks=[{"ctx": 1, "key": "k"}], nacks=[]))
     assert acks.body["acks"] == [{"ctx": 1, "key": "k"}]
+
+
+def test_batch_bodies_decode_to_dataclasses_and_a_nack_keeps_its_reason_apart():
+    """A nack's reason travels as one ``"<reason>: <detail>"`` string and comes back as the
+    pair; the detail may itself hold ": "."""
+    sent = Nack(2, "message:1:2", "malformed", "field 'x': not a string")
+    frame = decode_frame(encode_frame("acks", acks=[{"ctx": 1, "key": "k"}], nacks=[sent.item()]))
+    assert frame.body["nacks"][0]["reason"] == "malformed: field 'x': not a string"
+    assert answers_of(frame) == ([Ack(1, "k")], [sent])
+    bare = decode_frame(encode_frame("acks", acks=[], nacks=[Nack(1, "k", "oversize").item()]))
+    assert answers_of(bare) == ([], [Nack(1, "k", "oversize", "")])
+    msgs = decode_frame(encode_msgs([encode_msg_item(3, "message:1:1", {"id": "1"})]))
+    assert msgs_of(msgs) == [MsgItem(3, "message:1:1", {"id": "1"})]
 
 
 def test_outbox_splits_batches_by_bytes_count_and_window():

@@ -21,12 +21,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import trio
 
 from bus.client.inbox import JobResult, ReplyInbox, parse_reply
-from bus.client.plan import Write, job_messages, write_plan
+from bus.client.plan import job_messages, write_plan
 from bus.core import keys
 from bus.core.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.core.envelope import sign_message
@@ -43,10 +42,10 @@ from bus.core.models import (
     Peer,
     RunnerJob,
     check_retry_policy,
-    decode_hash,
 )
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
+from bus.store import lists, records, registry
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
@@ -124,10 +123,10 @@ class Client:
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
         if self._node_id is None:
-            found = await self.store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
+            found = await registry.node_id(self.store)
             if not found:
                 raise ClientError("no hero-node has run on this Redis yet (no node:info)")
-            self._node_id = str(found)
+            self._node_id = found
         return self._node_id
 
     # -- registry --------------------------------------------------------------------------------
@@ -182,15 +181,12 @@ class Client:
         except ValueError as exc:
             raise ClientError(f"peer {node_id[:16]}…: {exc}") from None
         peer = Peer(node_id.lower(), address, name, created_at=now(), updated_at=now())
-        async with self.store.transaction(keys.ACTORS_DB) as tx:
-            tx.hset(keys.peer(peer.id), peer.to_hash())
-            tx.sadd(keys.PEERS, [peer.id])
-            tx.lpush(keys.NODE_EVENTS, [keys.peer(peer.id)])
+        await registry.put_peer(self.store, peer)
         return peer
 
     async def peers(self) -> list[Peer]:
-        ids = await self.store.call(keys.ACTORS_DB, lambda r: r.smembers(keys.PEERS))
-        found = [await self.store.hgetall(keys.ACTORS_DB, keys.peer(i)) for i in sorted(ids)]
+        ids = await registry.peer_ids(self.store)
+        found = [await registry.read_peer(self.store, i) for i in sorted(ids)]
         return [Peer.from_hash(h) for h in found if h]
 
     async def resolve_node(self, ref: str) -> str:
@@ -350,14 +346,8 @@ class Client:
     async def _write(self, context_id: int, messages: list[Message]) -> None:
         epoch = self.store.epoch  # a failover during the writes voids the promise
         for write in write_plan(messages):
-
-            def fill(tx: Any, write: Write = write) -> None:  # noqa: ANN401
-                for key, fields in write.hashes:
-                    tx.hset(key, fields)
-                tx.lpush(keys.MSG_OUT, write.pushed)
-
             try:  # sent again if a failover refused it unrun (Store.transact)
-                await self.store.transact(context_id, fill)
+                await records.write_messages(self.store, context_id, write.hashes, write.pushed)
             except ContentError as exc:  # msg_out (or a key) of another type: the write failed
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
         # a submit returns once its messages are durable (a replicated store: fsynced on the
@@ -372,7 +362,7 @@ class Client:
         job = await self.job_fields(context_id, job_key)
         if not job:
             raise ClientError(f"no job {job_key} in context {context_id}")
-        request = await self.store.hgetall(context_id, job.get("message_key", ""))
+        request = await records.read_message(self.store, context_id, job.get("message_key", ""))
         origin = await self.node_id()
         body = json.dumps({"job_key": job_key, "request": job.get("message_key", "")})
         message = sign_message(
@@ -398,15 +388,13 @@ class Client:
         the supervisor has not routed yet (still in ``msg_out``, or being routed), what its
         message says of it: its fields, ``message_key``, ``status`` dispatched and ``pending``
         (where it waits). {} if there is neither. Raises StoreError."""
-        async with self.store.transaction(context_id) as tx:  # one snapshot of hash and lists
-            found = tx.hgetall(job_key)
-            queued = tx.lrange(keys.MSG_OUT, 0, -1)
-            routing = tx.lrange(SUPERVISOR_INFLIGHT, 0, -1)
-        fields = decode_hash(await found)
+        fields, queued, routing = await records.job_and_unrouted(
+            self.store, context_id, job_key, SUPERVISOR_INFLIGHT
+        )
         if fields:
             return fields
-        for where, waiting in (("routing", await routing), ("msg_out", await queued)):
-            message = await self._carrier(context_id, job_key, [str(k) for k in waiting])
+        for where, waiting in (("routing", routing), ("msg_out", queued)):
+            message = await self._carrier(context_id, job_key, waiting)
             if message is not None:
                 [job] = [j for j in message.job if j.key == job_key]
                 return job.to_hash() | {
@@ -429,24 +417,17 @@ class Client:
             chunk = [k for k in message_keys[start : start + 256] if k.split(":")[1:2] == [caller]]
             if not chunk:
                 continue
-            for key, raw in zip(chunk, await self._hget_many(ctx, chunk, "job"), strict=True):
+            found = await records.field_of_many(self.store, ctx, chunk, "job")
+            for key, raw in zip(chunk, found, strict=True):
                 if raw is None or needle not in str(raw):
                     continue
                 try:
-                    message = Message.from_hash(await self.store.hgetall(ctx, key))
+                    message = Message.from_hash(await records.read_message(self.store, ctx, key))
                 except BusError:
                     continue
                 if any(j.key == job_key for j in message.job):
                     return message
         return None
-
-    async def _hget_many(self, ctx: int, hash_keys: list[str], name: str) -> list[object]:
-        async def read(r: Any) -> list[object]:  # noqa: ANN401
-            async with r.pipeline(transaction=False) as pipe:
-                pending = [pipe.hget(k, name) for k in hash_keys]
-            return [await p for p in pending]
-
-        return await self.store.call(ctx, read)
 
     async def job_logs(
         self, context_id: int, job_key: str, *, follow: bool = False
@@ -456,7 +437,7 @@ class Client:
         Raises ClientError if there is no such job."""
         last = "0-0"
         while True:
-            entries = await self._log_entries(context_id, job_key, last, block=follow)
+            entries = await records.log_entries(self.store, context_id, job_key, last, block=follow)
             for entry_id, fields in entries:
                 last = entry_id
                 if "end" in fields:
@@ -477,22 +458,6 @@ class Client:
             if done or not follow:
                 return
 
-    async def _log_entries(
-        self, ctx: int, job_key: str, after: str, *, block: bool
-    ) -> list[tuple[str, dict[str, str]]]:
-        stream = keys.logs(job_key)
-        if block:
-            found = await self.store.call(
-                ctx, lambda r: r.xread({stream: after}, count=100, block=1000)
-            )
-            entries = list((found or {}).get(stream, ()))
-        else:
-            entries = list(await self.store.call(ctx, lambda r: r.xrange(stream, f"({after}")))
-        return [
-            (str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()})
-            for e in entries
-        ]
-
     async def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
         """Wait for one result per job of ``message``; ClientError after ``timeout_s``. A
         message that names an inbox is answered there (one pop per batch of answers, shared
@@ -502,13 +467,11 @@ class Client:
         results: list[JobResult] = []
         reply_key = keys.reply(message.key)
         while len(results) < len(message.job):
-            popped = await self.store.call(
-                message.context_id, lambda r: r.blpop([reply_key], timeout=timeout_s)
-            )
+            popped = await lists.pop_reply(self.store, message.context_id, reply_key, timeout_s)
             if popped is None:
                 raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
             try:
-                results.append(parse_reply(popped[1])[1])
+                results.append(parse_reply(popped)[1])
             except ValueError as exc:
                 raise ClientError(f"{reply_key}: {exc}") from None
         return results
@@ -517,7 +480,7 @@ class Client:
         """Where message ``key`` is: pending, sent, acknowledged, received, processed, failed
         (``state``), with its timestamps and its jobs' statuses; None if there is no such hash."""
         store = self.store
-        fields = await store.hgetall(context_id, key)
+        fields = await records.read_message(store, context_id, key)
         if not fields:
             return None
         entry = f"{context_id}|{key}"
@@ -557,19 +520,14 @@ class Client:
         pending = state.startswith("pending (msg_out")
         for job in json.loads(fields.get("job", "[]") or "[]"):
             jkey = keys.job(int(job["caller_id"]), int(job["id"]))
-            status = (await store.hgetall(context_id, jkey)).get("status")
+            status = (await records.read_job(store, context_id, jkey)).get("status")
             if status is None:  # its job hashes are written when the message is routed
                 status = "dispatched (not routed yet)" if pending else "(not here)"
             report[jkey] = status
         return report
 
-    async def _pop_progress(self, db: int, progress: str, timeout_s: float) -> object:
-        return await self.store.call(
-            db, lambda r: r.blpop([progress], timeout=max(timeout_s, 0.01))
-        )
-
     async def _in_list(self, db: int, list_key: str, value: str) -> bool:
-        return await self.store.call(db, lambda r: r.lpos(list_key, value)) is not None
+        return await lists.holds(self.store, db, list_key, value)
 
     # -- flows -----------------------------------------------------------------------------------
 
@@ -619,7 +577,7 @@ class Client:
     async def _resolve_flow_nodes(self, spec: FlowSpec) -> FlowSpec:
         """``spec`` with every job's node as a node id ('self', this node's name, a peer's id,
         name or id prefix); FlowError naming the jobs whose node is unknown."""
-        own = await self.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+        own = await registry.node_info(self.store)
         resolved, strays = [], []
         for job in spec.jobs:
             try:
@@ -653,14 +611,11 @@ class Client:
         }
         # no job hashes: a client may not write job:* (the engine writes each job's copy when
         # it releases it; until then a missing copy reads as waiting_for_prerequisites)
-        async with self.store.transaction(doc.context_id) as tx:
-            tx.hset(keys.flow(doc.id), flow.to_hash() | extra)
-            tx.sadd(keys.FLOWS_ACTIVE, [str(doc.id)])
-            tx.lpush(keys.FLOW_EVENTS, [str(doc.id)])
+        await records.put_flow(self.store, doc.context_id, doc.id, flow.to_hash() | extra)
 
     async def flow_state(self, flow_id: int, context_id: int) -> FlowState:
         """A snapshot of a flow and its jobs; ClientError if there is no such flow."""
-        fields = await self.store.hgetall(context_id, keys.flow(flow_id))
+        fields = await records.read_flow(self.store, context_id, flow_id)
         if not fields:
             raise ClientError(f"no flow {flow_id} in context {context_id}")
         try:
@@ -669,7 +624,7 @@ class Client:
             raise ClientError(f"flow {flow_id} has an unreadable document: {exc}") from None
         jobs = []
         for job in doc.spec.jobs:
-            job_fields = await self.store.hgetall(context_id, doc.job_key(job.id))
+            job_fields = await records.read_job(self.store, context_id, doc.job_key(job.id))
             jobs.append(job_state(doc, job, job_fields))
         flow = Flow.from_hash(fields)
         return FlowState(
@@ -689,7 +644,6 @@ class Client:
         Raises ClientError after ``timeout_s`` or if the flow does not exist.
         """
         deadline = trio.current_time() + timeout_s
-        progress = keys.flow_progress(flow_id)
         seen: tuple[object, ...] | None = None
         while True:
             state = await self.flow_state(flow_id, context_id)
@@ -701,8 +655,7 @@ class Client:
                 return state
             if left <= 0:
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
-            popped = await self._pop_progress(context_id, progress, left)
-            if popped is None:
+            if not await records.wait_flow_progress(self.store, context_id, flow_id, left):
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
 
 

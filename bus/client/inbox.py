@@ -25,11 +25,11 @@ import secrets
 from dataclasses import dataclass, field
 
 import trio
-from coredis.tokens import PureToken
 
 from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.errors import ClientError
+from bus.store import lists
 from bus.store.connection import Store
 
 log = logging.getLogger(__name__)
@@ -126,11 +126,8 @@ class ReplyInbox:
         inbox = keys.inbox(message.reply_to)
         wait_s = min(max(timeout_s, 0.01), POP_S)
         with trio.CancelScope(shield=True):
-            popped = await self.store.call(
-                message.context_id,
-                lambda r: r.blmpop([inbox], wait_s, PureToken.RIGHT, count=BATCH),
-            )
-        for raw in popped[1] if popped else ():
+            popped = await lists.pop_inbox(self.store, message.context_id, inbox, wait_s, BATCH)
+        for raw in popped:
             try:
                 request, result = parse_reply(raw)
             except ValueError as exc:

@@ -10,12 +10,12 @@ import argparse
 
 import trio
 
-from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.core.reasons import Reason
 from bus.core.verify import Freshness, judge
 from bus.errors import BusError, ModelError
+from bus.store import records, registry
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Verdict
 from crypto import cli as crypto_cli
@@ -47,7 +47,7 @@ def verify_stored(args: argparse.Namespace) -> Verdict:
 async def _verify(url: str, db: int, key: str, max_age: int | None) -> Verdict | str:
     """The verdict, or the reason the message cannot be judged at all."""
     async with open_store(url) as store:
-        fields = await store.hgetall(db, key)
+        fields = await records.read_record(store, db, key)
         if not fields:
             return f"no message hash {key!r} in DB {db} of {url}"
         try:
@@ -70,10 +70,8 @@ async def registered_signer(store: Store, message: Message) -> tuple[str | None,
     """The key that must have signed ``message`` and its algorithm: its actor's, or for a
     result its origin node's (always Ed25519)."""
     if message.message_type is MessageType.RESULT:
-        own = await store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
-        known = message.origin == own or await store.exists(
-            keys.ACTORS_DB, keys.peer(message.origin)
-        )
+        own = await registry.node_id(store)
+        known = message.origin == own or await registry.knows_peer(store, message.origin)
         return (message.origin if known else None), ALGORITHM_ED25519
     actor = await store.get_actor(message.caller_id)
     if actor is None:

@@ -43,6 +43,58 @@ class Frame:
     body: Mapping[str, Any]
 
 
+# -- the bodies of data frames, typed: what a node does with them reads fields, not dicts ------
+
+
+@dataclass(frozen=True, slots=True)
+class MsgItem:
+    """One message of a ``msgs`` frame. ``fields`` is only known to be an object: fields that
+    are not all strings make this one message refused, not the frame."""
+
+    ctx: int
+    key: str
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A message the peer stored and queued."""
+
+    ctx: int
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """A message the peer refused: ``reason`` (a token) and ``detail``, carried on the wire as
+    one ``"<reason>: <detail>"`` string, joined and split here only."""
+
+    ctx: int
+    key: str
+    reason: str
+    detail: str = ""
+
+    def item(self) -> dict[str, object]:
+        """The ``nacks`` item of an ``acks`` frame."""
+        said = f"{self.reason}: {self.detail}" if self.detail else self.reason
+        return {"ctx": self.ctx, "key": self.key, "reason": said}
+
+
+def msgs_of(frame: Frame) -> list[MsgItem]:
+    """The messages of a ``msgs`` frame (decoded by :func:`decode_frame`)."""
+    return [MsgItem(m["ctx"], m["key"], m["fields"]) for m in frame.body["msgs"]]
+
+
+def answers_of(frame: Frame) -> tuple[list[Ack], list[Nack]]:
+    """The acks and the nacks of an ``acks`` frame (decoded by :func:`decode_frame`)."""
+    acks = [Ack(a["ctx"], a["key"]) for a in frame.body["acks"]]
+    nacks = []
+    for n in frame.body["nacks"]:
+        reason, _, detail = n["reason"].partition(": ")
+        nacks.append(Nack(n["ctx"], n["key"], reason, detail))
+    return acks, nacks
+
+
 def encode_frame(frame_type: str, **body: Any) -> str:  # noqa: ANN401
     if frame_type not in _REQUIRED:
         raise FrameError(f"unknown frame type {frame_type!r}")

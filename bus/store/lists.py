@@ -1,7 +1,12 @@
-"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists) and the one plain
-write to a client's reply list: the door node/ takes to them, instead of generic verbs."""
+"""Named reads of the bus's lists (queues, dlq, outboxes, in-flight lists, client inboxes)
+and their plain writes (a client's reply list, an outbox's acknowledged entries): the door
+node/, bus/wire and the client take to them, instead of generic verbs."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coredis.tokens import PureToken
 
 from bus.core import keys
 from bus.store.connection import Store
@@ -33,6 +38,16 @@ async def outbox_depths(store: Store, peer_id: str) -> tuple[int, int]:
     return waiting, await store.llen(keys.ACTORS_DB, keys.outbox_inflight(peer_id))
 
 
+async def remove_outbox_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
+    """Drop acknowledged entries from ``peer_id``'s in-flight list (one round trip); how many
+    were there."""
+    if not entries:
+        return 0
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
+    return sum([int(await p) for p in pending])
+
+
 async def head(store: Store, db: int, name: str, count: int) -> list[str]:
     """The first ``count`` entries of list ``name`` (what a view shows)."""
     return await store.lrange_head(db, name, count)
@@ -49,6 +64,23 @@ async def dlq_beyond(store: Store, db: int, limit: int) -> list[str]:
         return []
     overflow = await store.call(db, lambda r: r.lrange(keys.DLQ, limit, -1))
     return [str(e) for e in reversed(overflow)]
+
+
+async def pop_inbox(store: Store, ctx: int, inbox: str, wait_s: float, most: int) -> list[str]:
+    """Up to ``most`` answers off a client's inbox, oldest first, blocking up to ``wait_s`` for
+    the first ([] if none came)."""
+    popped = await store.call(ctx, lambda r: r.blmpop([inbox], wait_s, PureToken.RIGHT, count=most))
+    return list(popped[1]) if popped else []
+
+
+async def pop_reply(store: Store, ctx: int, reply: str, timeout_s: float) -> str | None:
+    """The oldest answer on a reply list, waiting up to ``timeout_s``; None after that."""
+    return await store.blpop(ctx, reply, timeout_s)
+
+
+async def holds(store: Store, db: int, name: str, value: str) -> bool:
+    """Whether list ``name`` holds ``value`` (LPOS: where a message waits, for a status)."""
+    return await store.call(db, lambda r: r.lpos(name, value)) is not None
 
 
 async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], ttl_s: int) -> None:

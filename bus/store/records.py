@@ -1,10 +1,14 @@
-"""Named reads and writes of the bus's objects (jobs, messages, flows, runners) by key: the
-door node/ takes to them, instead of generic Redis verbs. Atomic changes are in atomic/."""
+"""Named reads and writes of the bus's objects (jobs, messages, flows, runners, job logs) by
+key: the door node/ and the client take to them, instead of generic Redis verbs. Atomic changes
+are in atomic/."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from bus.core import keys
-from bus.core.models import Hash
+from bus.core.models import Hash, decode_hash
 from bus.store.connection import Store
 
 
@@ -43,6 +47,59 @@ async def read_fields(
 ) -> list[dict[str, str]]:
     """Some fields of several hashes in one round trip (what a listing shows)."""
     return await store.hmget_many(db, names, fields)
+
+
+async def write_messages(
+    store: Store, ctx: int, hashes: Sequence[tuple[str, Mapping[str, str]]], pushed: list[str]
+) -> None:
+    """A client's submission: HSET each message hash, then LPUSH ``pushed`` on ``msg_out``,
+    in one transaction (sent again if a failover refused it unrun: Store.transact)."""
+
+    def fill(tx: Any) -> None:  # noqa: ANN401 - the client's transaction
+        for key, fields in hashes:
+            tx.hset(key, fields)
+        tx.lpush(keys.MSG_OUT, pushed)
+
+    await store.transact(ctx, fill)
+
+
+async def job_and_unrouted(
+    store: Store, ctx: int, job_key: str, routing: str
+) -> tuple[Hash, list[str], list[str]]:
+    """In one snapshot: the job hash under ``job_key``, the message keys waiting on
+    ``msg_out`` and those the supervisor is routing (its in-flight list ``routing``)."""
+    async with store.transaction(ctx) as tx:
+        found = tx.hgetall(job_key)
+        queued = tx.lrange(keys.MSG_OUT, 0, -1)
+        routed = tx.lrange(routing, 0, -1)
+    return decode_hash(await found), [str(k) for k in await queued], [str(k) for k in await routed]
+
+
+async def field_of_many(store: Store, ctx: int, hash_keys: list[str], name: str) -> list[object]:
+    """Field ``name`` of each hash (None where it has none), in one round trip."""
+
+    async def read(r: Any) -> list[object]:  # noqa: ANN401
+        async with r.pipeline(transaction=False) as pipe:
+            pending = [pipe.hget(k, name) for k in hash_keys]
+        return [await p for p in pending]
+
+    return await store.call(ctx, read)
+
+
+async def log_entries(
+    store: Store, ctx: int, job_key: str, after: str, *, block: bool
+) -> list[tuple[str, dict[str, str]]]:
+    """The entries of a job's log stream past ``after`` (an entry id), as ``(id, fields)``;
+    with ``block``, waiting up to a second for the first."""
+    stream = keys.logs(job_key)
+    if block:
+        found = await store.call(ctx, lambda r: r.xread({stream: after}, count=100, block=1000))
+        entries = list((found or {}).get(stream, ()))
+    else:
+        entries = list(await store.call(ctx, lambda r: r.xrange(stream, f"({after}")))
+    return [
+        (str(e.identifier), {str(k): str(v) for k, v in e.field_values.items()}) for e in entries
+    ]
 
 
 async def mark_message(store: Store, ctx: int, message_key: str, fields: dict[str, str]) -> None:
@@ -90,6 +147,21 @@ async def leases_held(store: Store, ctx: int, job_keys: list[str]) -> list[bool]
 
 
 # -- flows ----------------------------------------------------------------------------------
+
+
+async def put_flow(store: Store, ctx: int, flow_id: int, fields: Mapping[str, str]) -> None:
+    """A new flow's hash, its place in ``flows:active`` and the engine's wake-up, in one
+    transaction."""
+    async with store.transaction(ctx) as tx:
+        tx.hset(keys.flow(flow_id), dict(fields))
+        tx.sadd(keys.FLOWS_ACTIVE, [str(flow_id)])
+        tx.lpush(keys.FLOW_EVENTS, [str(flow_id)])
+
+
+async def wait_flow_progress(store: Store, ctx: int, flow_id: int, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for flow ``flow_id``'s next progress event; False if none came."""
+    progress = keys.flow_progress(flow_id)
+    return await store.blpop(ctx, progress, max(timeout_s, 0.01)) is not None
 
 
 async def active_flows(store: Store, ctx: int) -> set[str]:

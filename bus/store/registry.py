@@ -1,16 +1,22 @@
 """Named reads and writes of DB 0's registry (node info, peers, actors, contexts, registry
-events): the door node/ takes to it, instead of generic Redis verbs."""
+events): the door node/ and the client take to it, instead of generic Redis verbs."""
 
 from __future__ import annotations
 
 from bus.core import keys
-from bus.core.models import Hash
+from bus.core.models import Hash, Peer
 from bus.store.connection import Store
 
 
 async def node_info(store: Store) -> Hash:
     """``node:info``: what the running node publishes (id, address, counters, links, ...)."""
     return await store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+
+
+async def node_id(store: Store) -> str | None:
+    """The id of the node serving this store; None if no node ever ran on it."""
+    found = await store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
+    return str(found) if found else None
 
 
 async def publish_node_info(store: Store, fields: dict[str, str]) -> None:
@@ -23,6 +29,19 @@ async def peer_ids(store: Store) -> set[str]:
 
 async def read_peer(store: Store, peer_id: str) -> Hash:
     return await store.hgetall(keys.ACTORS_DB, keys.peer(peer_id))
+
+
+async def knows_peer(store: Store, peer_id: str) -> bool:
+    """Whether ``peer_id`` is registered as a peer of this node."""
+    return await store.exists(keys.ACTORS_DB, keys.peer(peer_id))
+
+
+async def put_peer(store: Store, peer: Peer) -> None:
+    """Register ``peer`` and tell the running node (a registry event), in one transaction."""
+    async with store.transaction(keys.ACTORS_DB) as tx:
+        tx.hset(keys.peer(peer.id), peer.to_hash())
+        tx.sadd(keys.PEERS, [peer.id])
+        tx.lpush(keys.NODE_EVENTS, [keys.peer(peer.id)])
 
 
 async def remove_peer(store: Store, node_id: str) -> None:

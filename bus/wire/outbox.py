@@ -20,6 +20,7 @@ from bus.core.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_
 from bus.core.models import Hash
 from bus.core.reasons import Reason
 from bus.errors import ContentError, Refused, TransportError
+from bus.store import lists
 from bus.store.connection import Store
 from bus.store.serve import Handler, Popped, Queue, serve_queue
 from bus.wire.transport import Link, Transport
@@ -43,16 +44,6 @@ def parse_entry(value: str) -> tuple[int, str]:
 
 
 Undeliverable = Callable[[int, str, Refused], Awaitable[None]]
-
-
-async def remove_inflight(store: Store, peer_id: str, entries: Sequence[str]) -> int:
-    """Drop acknowledged entries from ``peer_id``'s in-flight list (one round trip); how many
-    were there."""
-    if not entries:
-        return 0
-    async with store.transaction(keys.ACTORS_DB) as tx:
-        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
-    return sum([int(await p) for p in pending])
 
 
 class Window:
@@ -108,7 +99,7 @@ class PeerOutbox:
         """The peer stored and queued these messages (or refused them): they leave the outbox,
         and the window opens by as many as were in flight (one round trip for a whole acks
         frame)."""
-        self.window.release(await remove_inflight(self.store, self.peer_id, entries))
+        self.window.release(await lists.remove_outbox_inflight(self.store, self.peer_id, entries))
 
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

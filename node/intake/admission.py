@@ -147,23 +147,23 @@ def check_ack_deadline(message: Message, stamp: int) -> None:
         )
 
 
-def delivery_problem(fields: Mapping[str, str], config: NodeConfig, stamp: int) -> str:
-    """What a link refuses at once in a message's raw fields ("" if nothing): its size, or a
+def delivery_problem(fields: Mapping[str, str], config: NodeConfig, stamp: int) -> Rejected | None:
+    """What a link refuses at once in a message's raw fields (None if nothing): its size, or a
     job message past its ack deadline. The fields are not verified yet (the consumer judges
     the signed ones again); they come from an authenticated peer, which can only make its
     own message refused."""
     size, limit = stored_size(fields), size_limit(config, fields.get("message_type", ""))
     if size > limit:
-        return f"{Reason.OVERSIZE}: message of {size} bytes > {limit}"
+        return Rejected(Reason.OVERSIZE, f"message of {size} bytes > {limit}")
     if fields.get("message_type") != MessageType.JOB.value:
-        return ""
+        return None
     try:
         deadline = int(fields.get("created_at", "")) + int(fields.get("timeout_ack") or "30")
     except ValueError:
-        return ""  # malformed: the consumer says so, with the other checks
+        return None  # malformed: the consumer says so, with the other checks
     if stamp > deadline:
-        return f"{Reason.EXPIRED}: received {stamp - deadline} s after its ack deadline"
-    return ""
+        return Rejected(Reason.EXPIRED, f"received {stamp - deadline} s after its ack deadline")
+    return None
 
 
 # -- who signed it, and may they ---------------------------------------------------------------

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bus.core import keys
-from bus.core.frames import Frame, fields_are_strings
+from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
-from bus.store import records, registry
+from bus.store import lists, records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
@@ -26,8 +26,6 @@ from node.intake.messages import Rejected, load_message, reject
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-Item = tuple[int, str, Mapping[str, Any]]  # context, message key, fields (as received)
 
 
 class LinkHandler:
@@ -38,12 +36,10 @@ class LinkHandler:
         self.contexts = contexts  # the contexts this node serves (live set)
 
     async def on_frame(self, link: Link, frame: Frame) -> None:
-        body = frame.body
         if frame.type == "msgs":
-            await self._deliver(link, [(m["ctx"], m["key"], m["fields"]) for m in body["msgs"]])
+            await self._deliver(link, msgs_of(frame))
         elif frame.type == "acks":
-            nacks = [(n["ctx"], n["key"], n["reason"]) for n in body["nacks"]]
-            await self._answered(link, [(a["ctx"], a["key"]) for a in body["acks"]], nacks)
+            await self._answered(link, *answers_of(frame))
         else:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 
@@ -61,7 +57,7 @@ class LinkHandler:
 
     # -- receiving messages ----------------------------------------------------------------------
 
-    async def _deliver(self, link: Link, items: Sequence[Item]) -> None:
+    async def _deliver(self, link: Link, items: Sequence[MsgItem]) -> None:
         """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
         ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
         (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
@@ -76,22 +72,22 @@ class LinkHandler:
         nacks: list[dict[str, object]] = []
         by_ctx: dict[int, list[tuple[str, dict[str, str]]]] = {}
         known: dict[int, bool] = {}
-        for ctx, key, fields in items:
-            reason = await self._check_delivery(ctx, key, fields, known)
-            if reason:
-                token = reason.partition(": ")[0]
+        for ctx, key, fields in ((i.ctx, i.key, i.fields) for i in items):
+            refused = await self._check_delivery(ctx, key, fields, known)
+            if refused is not None:
+                token = refused.reason
                 log.warning(
                     "refused %s from %s…: %s",
                     key,
                     link.peer_id[:16],
-                    reason,
+                    refused,
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id, "reason": token},
                 )
                 self.node.count(f"refused_delivery_{token}")
                 await self.node.store.dead_letter(
-                    keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, reason
+                    keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, str(refused)
                 )
-                nacks.append({"ctx": ctx, "key": key, "reason": reason})
+                nacks.append(Nack(ctx, key, token, refused.detail).item())
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
@@ -123,28 +119,34 @@ class LinkHandler:
 
     async def _check_delivery(
         self, ctx: int, key: str, fields: Mapping[str, Any], known: dict[int, bool]
-    ) -> str:
-        """Why a message cannot be delivered ("" if it can); ``known`` memoises, for one batch,
-        whether a context this node does not serve yet is registered."""
+    ) -> Rejected | None:
+        """Why a message cannot be delivered (None if it can); ``known`` memoises, for one
+        batch, whether a context this node does not serve yet is registered."""
         if ctx not in self.contexts:
             if ctx not in known:
                 known[ctx] = await self._registered(ctx)
             if not known[ctx]:
-                return f"{Reason.UNKNOWN_CONTEXT}: context {ctx} does not exist on this node"
+                return Rejected(
+                    Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node"
+                )
         if not fields_are_strings(fields):
-            return f"{Reason.MALFORMED}: message fields must map strings to strings"
+            return Rejected(Reason.MALFORMED, "message fields must map strings to strings")
         try:
             caller, ident = keys.parse_message_key(key)
         except ValueError:
-            return f"{Reason.MALFORMED}: {key[:80]!r} is not a message key"
+            return Rejected(Reason.MALFORMED, f"{key[:80]!r} is not a message key")
         if fields.get("caller_id") != str(caller) or fields.get("id") != str(ident):
-            return f"{Reason.MALFORMED}: message fields do not match its key"
+            return Rejected(Reason.MALFORMED, "message fields do not match its key")
         if fields.get("context_id") != str(ctx):
-            return f"{Reason.MALFORMED}: message is for another context"
+            return Rejected(Reason.MALFORMED, "message is for another context")
         problem = delivery_problem(fields, self.node.config, now())
         stored = records.message_exists
-        if problem.startswith(Reason.EXPIRED) and await stored(self.node.store, ctx, key):
-            return ""  # stored in time, its ack lost: acknowledged again, stored once
+        if (
+            problem is not None
+            and problem.reason == Reason.EXPIRED
+            and await stored(self.node.store, ctx, key)
+        ):
+            return None  # stored in time, its ack lost: acknowledged again, stored once
         return problem
 
     async def _registered(self, ctx: int) -> bool:
@@ -158,28 +160,26 @@ class LinkHandler:
 
     # -- answers to what we sent -----------------------------------------------------------------
 
-    async def _answered(
-        self, link: Link, acks: Sequence[tuple[int, str]], nacks: Sequence[tuple[int, str, str]]
-    ) -> None:
+    async def _answered(self, link: Link, acks: Sequence[Ack], nacks: Sequence[Nack]) -> None:
         """The peer's answer to messages we sent: all of them leave the outbox (one round
         trip), the acked ones are marked acknowledged (one round trip per context) and each
         refused one is failed with the peer's reason."""
-        answered = [outbox.entry(ctx, key) for ctx, key in acks]
-        answered += [outbox.entry(ctx, key) for ctx, key, _ in nacks]
+        answered = [outbox.entry(a.ctx, a.key) for a in acks]
+        answered += [outbox.entry(n.ctx, n.key) for n in nacks]
         box = self.node.outboxes.get(link.peer_id)
         if box is not None:
             await box.acked(answered)
         else:  # the peer registered a moment ago; its outbox task is starting
-            await outbox.remove_inflight(self.node.store, link.peer_id, answered)
+            await lists.remove_outbox_inflight(self.node.store, link.peer_id, answered)
         await self._mark_acked(link, acks)
         self._count("acks_received", len(acks))
         self._count("nacks_received", len(nacks))
-        for ctx, key, reason in nacks:
-            await self._nacked(link, ctx, key, reason)
+        for nack in nacks:
+            await self._nacked(link, nack)
 
-    async def _mark_acked(self, link: Link, acks: Sequence[tuple[int, str]]) -> None:
+    async def _mark_acked(self, link: Link, acks: Sequence[Ack]) -> None:
         by_ctx: dict[int, list[str]] = {}
-        for ctx, key in acks:
+        for ctx, key in ((a.ctx, a.key) for a in acks):
             if self._valid_db(ctx):  # we never sent anything else: no need to ask Redis
                 by_ctx.setdefault(ctx, []).append(key)
         for ctx, message_keys in by_ctx.items():
@@ -187,7 +187,8 @@ class LinkHandler:
                 self.node.store, ctx, message_keys, now=now(), peer=link.peer_id
             )
 
-    async def _nacked(self, link: Link, ctx: int, key: str, reason: str) -> None:
+    async def _nacked(self, link: Link, nack: Nack) -> None:
+        ctx, key, token, detail = nack.ctx, nack.key, nack.reason, nack.detail
         message = None
         if self._valid_db(ctx):
             try:
@@ -199,10 +200,7 @@ class LinkHandler:
                 "nack for %s from %s…, which it was not sent to; ignored", key, link.peer_id[:16]
             )
             return
-        token, _, detail = reason.partition(": ")
         if message.status is MessageStatus.ERROR:  # e.g. timeout_ack: its client was told
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
-        await reject(
-            self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport"
-        )
+        await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
