@@ -25,10 +25,15 @@ with a blocking client and no event loop:
 
 Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
 (the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
-every list (a priority or targeted job was queued). The node's death drains too (its end of
-the control pipe closes; not PR_SET_PDEATHSIG, which fires when the thread that forked exits,
-and trio forks from a worker thread): a job that outlives its node finishes and answers, then
-the process exits.
+every list (a priority or targeted job was queued), SIGUSR2 says the Sentinels named a new
+primary: every connection to the old one is shut at once (``SyncRuns.cut``), so that no
+command waits on a primary that stalled and none reaches it when it wakes up still taking
+writes (its replicas gone, but not yet noticed): a cut end is sent again and lands on the
+new primary, a cut pop or start ends the process for the node's recovery of the slot.
+
+The node's death drains too (its end of the control pipe closes; not PR_SET_PDEATHSIG, which
+fires when the thread that forked exits, and trio forks from a worker thread): a job that
+outlives its node finishes and answers, then the process exits.
 """
 
 from __future__ import annotations
@@ -324,6 +329,7 @@ class Runner:
                 log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                self.runs.leave_if_stale(exc)  # the retry asks the Sentinels where to go
                 if not kept and self.job.outcome_file is not None:
                     # Valkey may stay away long enough for the machine to go down: the outcome
                     # (its output too: the slot's log files are not synced) fsynced
@@ -451,6 +457,9 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     runner = _RUNNER
     if runner is None:
         return
+    if signum == signal.SIGUSR2:  # the primary moved: the blocked call fails on its own
+        runner.runs.cut()
+        return
     if signum in (signal.SIGTERM, signal.SIGINT):
         runner.draining = True
     if signum == signal.SIGINT:
@@ -472,7 +481,7 @@ def main() -> None:
     signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
     prepare_process(spec)  # fds, subreaper, pid file, environment
     _RUNNER = runner = Runner(spec, admission_key, signer)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, _on_signal)
     if os.getppid() != runner.parent:
         return
