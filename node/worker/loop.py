@@ -322,9 +322,13 @@ class Runner:
         Valkey is unreachable (the outcome exists only here)."""
         delay = 0.2
         kept = False
+        taking = nxt is not None
         while True:
             try:
-                return self._end(job, request, outcome, attempt, nxt)
+                started = self._end(job, request, outcome, attempt, nxt)
+                if taking and nxt is None:  # a call cut before: it may have taken a job
+                    self.give_back_taken(job.key)
+                return started
             except SignerGone:  # no retry can help: the next node's recovery ends the attempt
                 log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
                 os._exit(2)
@@ -344,6 +348,31 @@ class Runner:
                 nxt = None  # a half-applied call must not take a second job
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def give_back_taken(self, ended: str) -> None:
+        """After an end that was sent again: the call that was cut may have started the next
+        job too (runs_take_next) without this process learning it. Left so, that job would
+        stay ``started`` by a live slot whose lease the reaper renews for ever; it is given
+        back uncounted (runs_requeue, fenced by its attempt), as is an entry that was moved
+        but not started."""
+        for key in self.runs.list_all(self.inflight):
+            if key == ended:
+                continue
+            names = ("status", "attempt", "runner", "script_type", "group", "instance", "priority")
+            fields = self.runs.hash_fields(key, names)
+            queue = queues.queue_of(fields)
+            token = f"{self.spec.token_base}:{key}"
+            status = fields["status"]
+            if status in (JobStatus.FINISHED.value, JobStatus.ERROR.value):
+                self.runs.ack(self.inflight, key)
+                continue
+            if status != JobStatus.STARTED.value:
+                self.runs.give_back(self.inflight, key, queue)
+            elif fields["runner"] == token:
+                self.runs.requeue(key, int(fields["attempt"] or 0), self.inflight, queue)
+            else:
+                continue
+            log.info("%s: taken by a cut call; given back", key, extra=self.fields(key))
 
     def _end(
         self,

@@ -340,6 +340,9 @@ class SyncRuns:
     def list_length(self, name: str) -> int:
         return int(self.client.llen(name))
 
+    def list_all(self, name: str) -> list[str]:
+        return [str(v) for v in self.client.lrange(name, 0, -1)]
+
     def list_head(self, name: str) -> str | None:
         """The entry at the head of list ``name`` (the last pushed), or None if it is empty."""
         head = self.client.lrange(name, 0, 0)
