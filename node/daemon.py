@@ -199,7 +199,12 @@ async def _run_services(
             from node.host.store_tuning import run_store_tuning
 
             await services.start(
-                registry.resilient, "store", run_store_tuning, node.store, redis_url
+                registry.resilient,
+                "store",
+                run_store_tuning,
+                node.store,
+                redis_url,
+                node.primary_moved,
             )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()

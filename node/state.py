@@ -33,6 +33,7 @@ class Waker(Protocol):
 
     def cancel(self) -> None: ...
 
+
 @dataclass
 class NodeState:
     config: NodeConfig
@@ -66,6 +67,9 @@ class NodeState:
     runner_processes: dict[tuple[int, str], Callable[[str, str], None]] = field(
         default_factory=dict
     )
+    # told when the Sentinels name a new primary (node/host/store_tuning.py), by (context, slot
+    # id): each live runner process shuts its connections to the old one at once
+    primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)
     jobs_taken: int = 0  # by this node's runner slots, since start
     # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
     isolation: Isolation | None = None
@@ -147,6 +151,11 @@ class NodeState:
         told; the one running it kills it and ends it with ``reason``)."""
         for stop in self.runner_processes.values():
             stop(job_key, reason)
+
+    def primary_moved(self) -> None:
+        """The Sentinels named a new primary: every live runner process is told."""
+        for follow in list(self.primary_followers.values()):
+            follow()
 
     async def wait_jobs_taken(self, count: int) -> None:
         """Until this node's runner slots have taken ``count`` more jobs (supervisor

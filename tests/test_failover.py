@@ -43,20 +43,28 @@ with open(os.environ["OUT"], "a") as f:
 
 async def final_of(client: Client, msg: Message, deadline: float) -> str:
     """The final status of ``msg``'s one job: its reply (BLPOP), or, when a failover cut the
-    pop or the reply went with the old primary, the job's own hash ("" if not final in time)."""
+    pop or the reply went with the old primary, the job's own hash ("" if not final in time).
+    Past the deadline (one job that never ends spends it all) the hash is still read once, so
+    that the jobs after it are counted for what they are."""
     job_key = msg.job[0].key
     while trio.current_time() < deadline:
         try:
             [res] = await client.wait_results(msg, timeout_s=3)
             return res.status.value
         except (StoreError, ClientError):
-            try:
-                status = (await client.store.hgetall(1, job_key)).get("status", "")
-            except StoreError:
-                continue
-            if status and JobStatus(status).final:
+            status = await _job_status(client, job_key)
+            if status:
                 return status
-    return ""
+    return await _job_status(client, job_key)
+
+
+async def _job_status(client: Client, job_key: str) -> str:
+    """The job's status if it is final, else ""."""
+    try:
+        status = (await client.store.hgetall(1, job_key)).get("status", "")
+    except StoreError:
+        return ""
+    return status if status and JobStatus(status).final else ""
 
 
 async def writes_resume(client: Client) -> float:
@@ -70,16 +78,7 @@ async def writes_resume(client: Client) -> float:
             await trio.sleep(0.05)  # a cut connection fails at once: the next one waits
 
 
-# A known defect, open in issue 24: under load (one CI run in four here) runner processes
-# whose blocking reads wait on the stalled old primary leave most jobs stuck and run a few
-# twice once it wakes. Non-strict, so the passing runs still print their counters.
-_STALL_DEFECT = pytest.mark.xfail(
-    reason="runners blocked on a stalled old primary: jobs stuck or run twice (issue 24)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("fault", ["sigkill", pytest.param("sigstop", marks=_STALL_DEFECT)])
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
 async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_path, fault):
     """``sigkill``: the primary dies. ``sigstop``: it stalls past down-after while a replica is
     promoted, then wakes up cut off from its replicas (it refuses writes: NOREPLICAS) until

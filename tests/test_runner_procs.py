@@ -14,10 +14,11 @@ import trio
 
 from bus import open_client
 from bus.core import keys
-from bus.core.models import JobStatus
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
+from node.runners.exits import Outcome
 from node.worker import job as procjob
 from node.worker.job import Wake
 from node.worker.loop import Runner
@@ -128,6 +129,40 @@ def test_a_runner_refuses_an_entry_that_is_not_utf8(redis_url, tmp_path):
     [entry] = [json.loads(e) for e in raw.lrange(keys.DLQ, 0, -1)]
     assert entry["reason"] == "not_utf8"
     assert raw.llen(INFLIGHT) == 0
+
+
+def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path, monkeypatch):
+    """An end whose connection was cut (a failover: the runner left the old primary) is sent
+    again without taking a job; what the cut call took with it (runs_take_next) is given back
+    uncounted, else it stays started by this live slot, its lease renewed by the reaper for
+    ever. An entry moved but not started goes back to its queue; a final one is dropped."""
+    runner = _runner(redis_url, tmp_path)
+    client = connect(redis_url, 1)
+    token = "n:b:1:v:0:job:1:2"
+    client.hset("job:1:2", mapping={"status": "started", "attempt": "1", "runner": token})
+    client.hset("job:1:2", mapping={"script_type": "v"})
+    client.set(keys.lease("job:1:2"), token)
+    client.sadd(keys.RUNNING, "job:1:2")
+    client.hset("job:1:3", mapping={"status": "dispatched", "script_type": "v"})
+    client.hset("job:1:4", mapping={"status": "finished", "script_type": "v"})
+    calls: list[object] = []
+
+    def end(_job: object, _request: object, _outcome: object, _attempt: int, nxt: object) -> None:
+        calls.append(nxt)
+        if len(calls) == 1:  # it ended job:1:1 and took the others, but its reply was lost
+            client.lpush(INFLIGHT, "job:1:3", "job:1:4", "job:1:2")
+            raise redis.ConnectionError("cut: the Sentinels named a new primary")
+
+    monkeypatch.setattr(runner, "_end", end)
+    job = RunnerJob(1, 1, 1, "", "v")
+    outcome = Outcome(JobStatus.FINISHED, {}, "")
+    assert runner.conclude(job, Message(1, 1, 1), outcome, 1, "next") is None
+    assert calls == ["next", None]  # sent again without taking a job
+    assert client.lrange(INFLIGHT, 0, -1) == []
+    assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]
+    assert client.exists(keys.lease("job:1:2")) == 0
+    assert client.smembers(keys.RUNNING) == set()
+    assert sorted(client.lrange("queue:v", 0, -1)) == ["job:1:2", "job:1:3"]
 
 
 # -- the processes of a node ---------------------------------------------------------------------

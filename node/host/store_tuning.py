@@ -5,14 +5,16 @@ fsync once a second (its promises still wait for ``WAITAOF 1 R``, which makes it
 and keeps the replicas at ``always``, at start and after each failover the Sentinels announce
 (bus/store/topology.py). Correctness never depends on it, only the cost of a write does.
 
-A failover also drops the store's connections to the old primary (Store.follow_failover): one
-that stalled (SIGSTOP) or was cut off would otherwise hold every command sent to it until it
-came back.
+A failover also drops the store's connections to the old primary (Store.follow_failover), and
+the runner processes' (``follow``: node/runners/processes.py): one that stalled (SIGSTOP) or
+was cut off would otherwise hold every command sent to it until it came back, and then take
+writes it can no longer pass on to a replica before it notices that its replicas are gone.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
@@ -23,11 +25,16 @@ log = logging.getLogger(__name__)
 
 
 async def run_store_tuning(
-    store: Store, url: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    store: Store,
+    url: str,
+    follow: Callable[[], None] = lambda: None,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async def retune(event: str = "") -> None:
         if event.startswith("+switch-master"):  # a new primary: leave the old one
             store.follow_failover()
+            follow()
         primary, replicas = await tune_fsync(url)
         log.info(
             "store: primary %s fsyncs every second, replicas %s every write%s",

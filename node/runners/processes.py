@@ -15,7 +15,8 @@ Per slot, a task in the context's nursery:
   after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
 * reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
   the retry scheduler), a line per few jobs (``taken_every``);
-* relays stop requests and wake-ups (a job queued on a priority or targeted list);
+* relays stop requests, wake-ups (a job queued on a priority or targeted list) and a new
+  primary the Sentinels named (the process leaves the old one at once);
 * at shutdown: SIGTERM when intake stops (the running job finishes; an idle process exits at
   once), SIGINT when the grace period is over (the job is killed and given back uncounted),
   SIGKILL to its process group if it still runs KILL_GRACE_S later.
@@ -103,6 +104,12 @@ class RunnerProcess:
         """A wake-up (``NodeState.wake_idle_slots``): a blocking pop looks at every list."""
         self.signal(signal.SIGUSR1)
 
+    def primary_moved(self) -> None:
+        """The Sentinels named a new primary: the process shuts its connections to the old one
+        (SIGUSR2; before ``up`` it has no handler for it, nor any connection yet)."""
+        if self.up.is_set():
+            self.signal(signal.SIGUSR2)
+
     def stop(self, job_key: str, reason: str) -> None:
         """Ask it to stop ``job_key`` if it runs it."""
         self.send({"stop": job_key, "reason": reason})
@@ -179,6 +186,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     where = (spec.ctx, spec.slot_id)
     wakers = node.idle_slots.setdefault((spec.ctx, spec.script_type), set())
     node.runner_processes[where] = handle.stop
+    node.primary_followers[where] = handle.primary_moved
     wakers.add(handle)
     node.job_started()  # a live runner counts as running until it exits (graceful stop)
     try:
@@ -194,6 +202,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
         with trio.CancelScope(shield=True):
             await _end(handle)
         node.runner_processes.pop(where, None)
+        node.primary_followers.pop(where, None)
         wakers.discard(handle)
         node.job_ended()
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -25,10 +25,15 @@ with a blocking client and no event loop:
 
 Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
 (the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
-every list (a priority or targeted job was queued). The node's death drains too (its end of
-the control pipe closes; not PR_SET_PDEATHSIG, which fires when the thread that forked exits,
-and trio forks from a worker thread): a job that outlives its node finishes and answers, then
-the process exits.
+every list (a priority or targeted job was queued), SIGUSR2 says the Sentinels named a new
+primary: every connection to the old one is shut at once (``SyncRuns.cut``), so that no
+command waits on a primary that stalled and none reaches it when it wakes up still taking
+writes (its replicas gone, but not yet noticed): a cut end is sent again and lands on the
+new primary, a cut pop or start ends the process for the node's recovery of the slot.
+
+The node's death drains too (its end of the control pipe closes; not PR_SET_PDEATHSIG, which
+fires when the thread that forked exits, and trio forks from a worker thread): a job that
+outlives its node finishes and answers, then the process exits.
 """
 
 from __future__ import annotations
@@ -317,13 +322,18 @@ class Runner:
         Valkey is unreachable (the outcome exists only here)."""
         delay = 0.2
         kept = False
+        taking = nxt is not None
         while True:
             try:
-                return self._end(job, request, outcome, attempt, nxt)
+                started = self._end(job, request, outcome, attempt, nxt)
+                if taking and nxt is None:  # a call cut before: it may have taken a job
+                    self.give_back_taken(job.key)
+                return started
             except SignerGone:  # no retry can help: the next node's recovery ends the attempt
                 log.error("%s: the signer is gone; exiting", job.key, extra=self.fields(job.key))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                self.runs.leave_if_stale(exc)  # the retry asks the Sentinels where to go
                 if not kept and self.job.outcome_file is not None:
                     # Valkey may stay away long enough for the machine to go down: the outcome
                     # (its output too: the slot's log files are not synced) fsynced
@@ -338,6 +348,31 @@ class Runner:
                 nxt = None  # a half-applied call must not take a second job
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def give_back_taken(self, ended: str) -> None:
+        """After an end that was sent again: the call that was cut may have started the next
+        job too (runs_take_next) without this process learning it. Left so, that job would
+        stay ``started`` by a live slot whose lease the reaper renews for ever; it is given
+        back uncounted (runs_requeue, fenced by its attempt), as is an entry that was moved
+        but not started."""
+        for key in self.runs.list_all(self.inflight):
+            if key == ended:
+                continue
+            names = ("status", "attempt", "runner", "script_type", "group", "instance", "priority")
+            fields = self.runs.hash_fields(key, names)
+            queue = queues.queue_of(fields)
+            token = f"{self.spec.token_base}:{key}"
+            status = fields["status"]
+            if status in (JobStatus.FINISHED.value, JobStatus.ERROR.value):
+                self.runs.ack(self.inflight, key)
+                continue
+            if status != JobStatus.STARTED.value:
+                self.runs.give_back(self.inflight, key, queue)
+            elif fields["runner"] == token:
+                self.runs.requeue(key, int(fields["attempt"] or 0), self.inflight, queue)
+            else:
+                continue
+            log.info("%s: taken by a cut call; given back", key, extra=self.fields(key))
 
     def _end(
         self,
@@ -451,6 +486,9 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     runner = _RUNNER
     if runner is None:
         return
+    if signum == signal.SIGUSR2:  # the primary moved: the blocked call fails on its own
+        runner.runs.cut()
+        return
     if signum in (signal.SIGTERM, signal.SIGINT):
         runner.draining = True
     if signum == signal.SIGINT:
@@ -472,7 +510,7 @@ def main() -> None:
     signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
     prepare_process(spec)  # fds, subreaper, pid file, environment
     _RUNNER = runner = Runner(spec, admission_key, signer)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, _on_signal)
     if os.getppid() != runner.parent:
         return

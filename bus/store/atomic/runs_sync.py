@@ -9,6 +9,8 @@ survives the round trip byte for byte and can be refused by its exact value.
 
 from __future__ import annotations
 
+import socket
+import threading
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from bus.core import keys
 from bus.core.ids import now
@@ -68,6 +70,47 @@ def connect(url: str, db: int) -> redis.Redis:
     return client
 
 
+class _Sockets:
+    """The open sockets of one client's connections, for :meth:`SyncRuns.cut`. A re-entrant
+    lock: a signal handler that cuts runs in the main thread, possibly while that thread
+    registers a socket."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.open: dict[int, socket.socket] = {}
+
+    def add(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.open = {k: s for k, s in self.open.items() if s.fileno() != -1}
+            self.open[id(sock)] = sock
+
+    def shut_all(self) -> int:
+        with self.lock:
+            found = list(self.open.values())
+        for sock in found:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile, or never connected
+                pass
+        return len(found)
+
+
+class _PrimaryConnection(SentinelManagedConnection):
+    """A connection to the Sentinels' primary whose socket can be shut from another frame of
+    the same process (:meth:`SyncRuns.cut`): a read blocked on a primary that stalled
+    (SIGSTOP) or was cut off then fails at once instead of waiting for that server to come
+    back, as redis-py offers no other way to interrupt it."""
+
+    def __init__(self, **kwargs: Any) -> None:  # noqa: ANN401 - redis-py's connection kwargs
+        self.sockets: _Sockets = kwargs.pop("sockets")
+        super().__init__(**kwargs)
+
+    def _connect(self) -> socket.socket:
+        sock: socket.socket = super()._connect()
+        self.sockets.add(sock)
+        return sock
+
+
 def _primary(url: str, db: int) -> redis.Redis:
     target = parse_sentinel_url(url)
     auth = {"username": target.username, "password": target.password}
@@ -84,6 +127,8 @@ def _primary(url: str, db: int) -> redis.Redis:
         socket_timeout=None,
         socket_connect_timeout=10,
         retry=Retry(NoBackoff(), 0),
+        connection_class=_PrimaryConnection,
+        sockets=_Sockets(),
         **auth,
     )
     return client
@@ -116,6 +161,30 @@ class SyncRuns:
         if script is None:
             script = self._scripts[name] = self.client.register_script(_source(name))
         return script(keys=key_list, args=args)
+
+    def cut(self) -> int:
+        """Shut every connection of a Sentinel-managed client (the Sentinels named a new
+        primary): a command waiting on the old primary fails now with a connection error
+        (its outcome unknown, as for any cut connection), and the next command reaches the
+        primary the Sentinels name. Safe from a signal handler and from another thread; how
+        many sockets were shut (0 for a plain client: its server cannot move)."""
+        sockets = self.client.connection_pool.connection_kwargs.get("sockets")
+        return sockets.shut_all() if isinstance(sockets, _Sockets) else 0
+
+    def leave_if_stale(self, exc: BaseException) -> bool:
+        """Drop every connection when ``exc`` says its server is no primary now (``READONLY``:
+        demoted) or one cut off from its replicas (``NOREPLICAS``: an old primary that woke
+        up after a failover, until the Sentinels demote it about 10 s later): redis-py keeps
+        a connection after an error reply, and the next command would go to the same server
+        instead of the one the Sentinels name. Whether it did."""
+        # a transaction's refusal comes as "Command # N (...) of pipeline caused error: ..."
+        reply = str(exc).rpartition("caused error: ")[2]
+        stale = isinstance(exc, redis.ResponseError) and reply.startswith(
+            ("READONLY", "NOREPLICAS")
+        )
+        if stale:
+            self.client.connection_pool.disconnect()
+        return stale
 
     def pop_first(self, lists: list[str], inflight: str) -> str | None:
         """runs_pop_first: the entry moved from the first non-empty list, or None."""
@@ -270,6 +339,9 @@ class SyncRuns:
 
     def list_length(self, name: str) -> int:
         return int(self.client.llen(name))
+
+    def list_all(self, name: str) -> list[str]:
+        return [str(v) for v in self.client.lrange(name, 0, -1)]
 
     def list_head(self, name: str) -> str | None:
         """The entry at the head of list ``name`` (the last pushed), or None if it is empty."""

@@ -1,0 +1,127 @@
+"""A runner process on a replicated store when the primary stalls (SIGSTOP) past down-after and
+a replica is promoted: what it waits for on the old primary is cut when the Sentinels name the
+new one (the node relays their +switch-master: node/host/store_tuning.py), and its next
+command reaches the new primary while the old one is still stopped
+(bus/store/atomic/runs_sync.py ``SyncRuns.cut``). Real servers: a primary, two replicas and
+three Sentinels on free ports."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import redis
+
+from bus.store.atomic.runs_sync import SyncRuns, connect
+from node.host.acl import NODE, RUNNER, ensure_secrets
+from node.host.replicated import SET_ROLES, ReplicatedSet
+
+ELECTION_S = 30.0  # down-after (1 s) plus the election: about 3 s here, more under load
+
+
+@pytest.fixture
+def replicated(tmp_path):
+    (tmp_path / "home").mkdir()
+    servers = ReplicatedSet(tmp_path / "store", ensure_secrets(tmp_path / "home", SET_ROLES))
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+def _switches(servers: ReplicatedSet) -> redis.client.PubSub:
+    """A subscription to the first Sentinel's +switch-master (as the node's, by the node user)."""
+    sentinel = redis.Redis(
+        "127.0.0.1",
+        servers.sentinel_ports[0],
+        username=NODE,
+        password=servers.passwords[NODE],
+        decode_responses=True,
+    )
+    pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("+switch-master")
+    return pubsub
+
+
+def _next_primary(pubsub: redis.client.PubSub) -> int:
+    """The port of the primary the next +switch-master names (waits on the subscription)."""
+    deadline = time.monotonic() + ELECTION_S
+    while (left := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=left)
+        if message is not None:
+            return int(str(message["data"]).split()[-1])
+    raise AssertionError("no +switch-master")
+
+
+def test_a_pop_waiting_on_a_stalled_primary_is_cut_and_the_next_command_goes_to_the_new_one(
+    replicated,
+):
+    old = replicated.child(replicated.data_ports[0])
+    runs = SyncRuns(connect(replicated.url(RUNNER), 1))
+    assert runs.list_length("inflight:runner:x") == 0  # connected to the primary
+    switches = _switches(replicated)
+    popped: list[BaseException | str | None] = []
+
+    def pop() -> None:
+        try:
+            popped.append(runs.pop_blocking("queue:x", "inflight:runner:x", 60.0))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            popped.append(exc)
+
+    waiting = threading.Thread(target=pop, daemon=True)
+    waiting.start()
+    old.signal(signal.SIGSTOP)
+    try:
+        new_port = _next_primary(switches)
+        assert new_port != replicated.data_ports[0]
+        assert waiting.is_alive()  # still waiting on the stopped primary
+        runs.cut()  # what the runner's SIGUSR2 handler does when the node relays the switch
+        waiting.join(5)
+        assert not waiting.is_alive(), "the pop still waits on the stopped primary"
+        assert isinstance(popped[0], redis.ConnectionError), popped
+        began = time.monotonic()
+        runs.client.rpush("queue:x", "job:1:1")  # the old primary is still stopped
+        assert time.monotonic() - began < 5
+        new = redis.Redis(
+            "127.0.0.1",
+            new_port,
+            db=1,
+            username=NODE,
+            password=replicated.passwords[NODE],
+            decode_responses=True,
+        )
+        assert new.lrange("queue:x", 0, -1) == ["job:1:1"]
+    finally:
+        old.signal(signal.SIGCONT)
+        switches.close()
+
+
+def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(replicated):
+    """After the failover the old primary wakes up cut off from its replicas: it refuses
+    writes (NOREPLICAS) until the Sentinels demote it, about 10 s later. A runner that got
+    that refusal (say, ending an attempt) must send its next command to the new primary,
+    not to the same connection again."""
+    old_port = replicated.data_ports[0]
+    old = replicated.child(old_port)
+    runs = SyncRuns(connect(replicated.url(RUNNER), 1))
+    assert runs.list_length("inflight:runner:x") == 0  # connected to the primary
+    switches = _switches(replicated)
+    old.signal(signal.SIGSTOP)
+    try:
+        new_port = _next_primary(switches)
+    finally:
+        old.signal(signal.SIGCONT)
+        switches.close()
+    admin = {"username": NODE, "password": replicated.passwords[NODE], "decode_responses": True}
+    woken = redis.Redis("127.0.0.1", old_port, **admin)
+    assert woken.ping()  # it has read its replicas' goodbyes by now
+    with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
+        runs.give_back("inflight:runner:x", "job:1:1", "queue:x")
+    assert runs.leave_if_stale(refused.value)
+    runs.give_back("inflight:runner:x", "job:1:2", "queue:x")
+    new = redis.Redis("127.0.0.1", new_port, db=1, **admin)
+    assert new.lrange("queue:x", 0, -1) == ["job:1:2"]
+    assert woken.execute_command("ROLE")[0] == "master"  # not demoted yet: it was left
