@@ -7,12 +7,14 @@ and JSON: the worker says ``{"ready": true}``; then per job the runner sends a r
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
 job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
 
-Each job runs in a fresh process of its own session: a python job in a fork of this warm
-interpreter (its script in a fresh namespace), any other type by exec of its command. Before
-the job's code runs, that process sets the job's rlimits, umask 077, its cwd (the work dir),
-its environment, and closes every fd but 0/1/2. After the job, every process it left in the
-sandbox (its pid namespace: a setsid daemon cannot leave it) is killed; under isolation
-"none" only its process group is (there is no namespace to sweep).
+Each job runs in a fresh process of its own session, forked from this warm interpreter before
+the job's request comes (off the job's way): that process, not this worker, reads the
+request, so the worker never holds a job's script or environment, and no job's process holds
+an earlier job's. A python job runs there (its script in a fresh namespace), any other type by
+exec of its command. Before the job's code runs, that process sets the job's rlimits, umask
+077, its cwd (the work dir), its environment, and closes every fd but 0/1/2. After the job,
+every process it left in the sandbox (its pid namespace: a setsid daemon cannot leave it) is
+killed; under isolation "none" only its process group is (there is no namespace to sweep).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import traceback
 from typing import Any
 
@@ -93,11 +94,15 @@ def _python(script: str, env: dict[str, str]) -> int:
         return 1
 
 
-def _child(request: dict[str, Any], stdin: int, out: int, err: int) -> None:
-    """In the job's new process: never returns."""
+def _child(request: dict[str, Any], out: int, err: int) -> None:
+    """In the job's process, its request just read: never returns."""
     code = 127
     try:
-        os.setsid()
+        script_file = request.get("script_file") or ""
+        if script_file:
+            with open(os.open(script_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(request["script"])
+        stdin = _stdin(request, script_file)
         for fd, target in ((stdin, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
         os.closerange(3, 65536)
@@ -124,33 +129,61 @@ def _child(request: dict[str, Any], stdin: int, out: int, err: int) -> None:
     os._exit(code)
 
 
-def run_job(request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
-    """Run one job and say how it ended."""
-    script_file = request.get("script_file") or ""
-    if script_file:
-        with open(os.open(script_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(request["script"])
-    feed = tempfile.TemporaryFile()
-    if request["kind"] != "python" and not script_file:
-        feed.write(request["script"].encode())
-        feed.seek(0)
+def _stdin(request: dict[str, Any], script_file: str) -> int:
+    """A command reads its script from stdin unless it is given a script file; python jobs
+    and the others read nothing."""
+    if request["kind"] == "python" or script_file:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("job-script")
+    os.write(fd, request["script"].encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _next_job(sock: socket.socket, note: int) -> None:
+    """The next job's process, forked before its request comes: it reads the request itself
+    (the worker never holds a job's script or environment), tells the worker what it needs
+    after the job, then becomes the job. Never returns."""
     try:
-        pid = os.fork()
-        if pid == 0:
-            _child(request, feed.fileno(), out, err)
-        _pid, status, usage = os.wait4(pid, 0)
-    finally:
-        feed.close()
-        os.close(out)
-        os.close(err)
-    end_leftovers(pid, request.get("outer_pidns", ""))
-    if script_file:
+        os.setsid()
+        request, fds = receive(sock)
+        if len(fds) != 2:
+            raise EOFError
+        after = {"script_file": request.get("script_file") or ""}
+        after["outer_pidns"] = request.get("outer_pidns", "")
+        os.write(note, json.dumps(after).encode())
+        os.close(note)
+    except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
+        os._exit(0)
+    _child(request, fds[0], fds[1])
+
+
+def serve_one(sock: socket.socket) -> bool:
+    """Run the next job in a fresh process, sweep what it left and answer how it ended.
+    False if no job came (the runner closed the socket or sent what is not a request)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        _next_job(sock, wfd)
+    os.close(wfd)
+    # the job's process closes its end before the job's code runs: the job cannot write here
+    with open(rfd, "rb") as f:
+        note = f.read()
+    _pid, status, usage = os.wait4(pid, 0)
+    if not note:
+        return False
+    after = json.loads(note)
+    end_leftovers(pid, after["outer_pidns"])
+    if after["script_file"]:
         with _quiet():
-            os.unlink(script_file)
+            os.unlink(after["script_file"])
     cpu = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
-        return {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu}
-    return {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu}
+        send(sock, {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu})
+    else:
+        send(sock, {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu})
+    return True
 
 
 class _quiet:
@@ -219,23 +252,15 @@ def _live() -> list[int]:
 
 def main() -> None:
     sock = socket.socket(fileno=0)
-    # a job of the same uid must not read this process's memory (the next job's request)
+    # a job of the same uid must not read this process's memory
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner ends this process with SIGKILL
     # compile()'s first call builds the ast module's ~120 classes (3 ms of CPU here): built
     # once, before any fork, not in every job's process
     compile("", "<warm>", "exec")
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
-    while True:
-        try:
-            request, fds = receive(sock)
-        except (EOFError, ConnectionError, ValueError):
-            return
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return
-        send(sock, run_job(request, fds[0], fds[1]))
+    while serve_one(sock):
+        pass
 
 
 if __name__ == "__main__":
