@@ -20,6 +20,7 @@ killed; under isolation "none" only its process group is (there is no namespace 
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import resource
@@ -202,19 +203,11 @@ def end_leftovers(job_pid: int, outer_pidns: str) -> None:
     SIGKILL every process of the host that the worker's user may signal."""
     with _quiet():
         os.killpg(job_pid, signal.SIGKILL)  # setsid made it its session's and group's leader
-    try:
-        own = os.readlink("/proc/self/ns/pid")
-    except OSError:
+    if not _sweeps(outer_pidns):
         return
-    if not outer_pidns or own == outer_pidns:
-        return
-    me = os.getpid()
-    if not _own_pid_namespace():
-        # Outside a sandbox's pid namespace /proc lists the whole host: killing "every process
-        # but pid 1" there would kill the machine. Only the sandbox's init may be bwrap.
-        return
+    spared = (1, os.getpid())
     for _ in range(100):
-        left = [p for p in _live() if p not in (1, me)]
+        left = _live(spared)
         if not left:
             return
         for pid in left:
@@ -223,6 +216,20 @@ def end_leftovers(job_pid: int, outer_pidns: str) -> None:
         with _quiet():
             while os.waitpid(-1, os.WNOHANG)[0] != 0:
                 pass
+
+
+@functools.cache
+def _sweeps(outer_pidns: str) -> bool:
+    """Whether this worker may kill every process it sees: it is in a pid namespace other
+    than the runner's and that namespace's init is bwrap's. Neither changes while the worker
+    lives (setns is refused; the namespace ends with its init): decided once, not per job."""
+    try:
+        own = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+    # Outside a sandbox's pid namespace /proc lists the whole host: killing "every process
+    # but pid 1" there would kill the machine. Only the sandbox's init may be bwrap.
+    return bool(outer_pidns) and own != outer_pidns and _own_pid_namespace()
 
 
 def _own_pid_namespace() -> bool:
@@ -235,10 +242,11 @@ def _own_pid_namespace() -> bool:
     return os.path.basename(argv0) == b"bwrap"
 
 
-def _live() -> list[int]:
+def _live(spared: tuple[int, ...]) -> list[int]:
+    """The processes of the pid namespace, zombies and ``spared`` left out."""
     out = []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) in spared:
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
