@@ -150,9 +150,8 @@ def _next_job(sock: socket.socket, note: int) -> None:
         request, fds = receive(sock)
         if len(fds) != 2:
             raise EOFError
-        after = {"script_file": request.get("script_file") or ""}
-        after["outer_pidns"] = request.get("outer_pidns", "")
-        os.write(note, json.dumps(after).encode())
+        after = f"{request.get('script_file') or ''}\0{request.get('outer_pidns', '')}"
+        os.write(note, after.encode())  # < PIPE_BUF: one write
         os.close(note)
     except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
         os._exit(0)
@@ -169,16 +168,18 @@ def serve_one(sock: socket.socket) -> bool:
         _next_job(sock, wfd)
     os.close(wfd)
     # the job's process closes its end before the job's code runs: the job cannot write here
-    with open(rfd, "rb") as f:
-        note = f.read()
+    note = b""
+    while chunk := os.read(rfd, 4096):
+        note += chunk
+    os.close(rfd)
     _pid, status, usage = os.wait4(pid, 0)
     if not note:
         return False
-    after = json.loads(note)
-    end_leftovers(pid, after["outer_pidns"])
-    if after["script_file"]:
+    script_file, _, outer_pidns = note.decode().partition("\0")
+    end_leftovers(pid, outer_pidns)
+    if script_file:
         with _quiet():
-            os.unlink(after["script_file"])
+            os.unlink(script_file)
     cpu = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
         send(sock, {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu})
