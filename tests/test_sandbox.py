@@ -280,6 +280,24 @@ def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path)
     assert out == f"{[own]} False\n"
 
 
+@needs_root
+def test_a_job_whose_setup_fails_ends_alone_and_the_worker_goes_on(tmp_path: Path) -> None:
+    """A job's process whose setup fails exits at once (127), without unwinding into the
+    worker's loop or running the worker's interpreter teardown in a fork."""
+    box, _ = _box(tmp_path, "strict")
+    fds = [os.open(tmp_path / n, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) for n in "oe"]
+    try:
+        request = {"kind": "python", "script": "print(1)", "env": None}
+        failed = box.run(request, fds[0], fds[1])  # env None: the setup raises AttributeError
+        reply, out, _ = _run(box, tmp_path, "print('next')", "python")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        box.stop()
+    assert failed["exit_code"] == 127
+    assert (reply["exit_code"], out) == (0, "next\n")
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -165,8 +165,11 @@ def serve_one(sock: socket.socket) -> bool:
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(rfd)
-        _next_job(sock, wfd)
+        try:
+            os.close(rfd)
+            _next_job(sock, wfd)
+        finally:  # what escapes the job's setup must not unwind into the worker's loop
+            os._exit(127)
     os.close(wfd)
     # the job's process closes its end before the job's code runs: the job cannot write here
     note = b""
