@@ -171,11 +171,13 @@ def _box(tmp_path: Path, mode: str, ctx: int = 3, **limits: int) -> tuple[Sandbo
     return Sandbox(sandbox_spec(iso, home / "work", ctx, BASE, limits, False, 1000)), home
 
 
-def _run(box: Sandbox, tmp_path: Path, script: str, kind: str = "sh") -> tuple[dict, str, str]:
+def _run(
+    box: Sandbox, tmp_path: Path, script: str, kind: str = "sh", **more_env: str
+) -> tuple[dict, str, str]:
     out, err = tmp_path / "out", tmp_path / "err"
     fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) for p in (out, err)]
     home = "/job" if box.spec.mode != "none" else box.spec.work_dir  # as job_request does
-    env = {"PATH": "/usr/bin:/bin", "HOME": home}
+    env = {"PATH": "/usr/bin:/bin", "HOME": home} | more_env
     request = {"kind": kind, "script": script, "argv": ["/bin/sh", "-s"], "env": env}
     try:
         reply = box.run(request, fds[0], fds[1])
@@ -241,6 +243,59 @@ def test_seccomp_refuses_namespaces_and_ptrace(tmp_path: Path, mode: str) -> Non
     refused = mode != "none"
     assert ("unshare -1" in out) is refused, (out, err)
     assert ("ptrace -1" in out) is refused
+
+
+# prints every "hero-leak-<32 hex>" found in the job's own memory (its process is not
+# dumpable, so /proc/self/mem is closed to it: read through ctypes)
+MEMORY_SCAN = r"""
+import ctypes, os, re
+pat = re.compile(rb"hero-leak-[0-9a-f]{32}")
+found = set()
+with open("/proc/self/maps") as maps:
+    for line in maps:
+        fields = line.split()
+        if fields[1].startswith("r") and not fields[-1].startswith("[v"):
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            found.update(pat.findall(ctypes.string_at(lo, hi - lo)))
+print(sorted(f.decode() for f in found), "PASSWORD" in os.environ)
+"""
+
+
+@needs_root
+def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path) -> None:
+    """A job's process is forked from the sandbox's worker before its request comes and reads
+    it itself: the worker never holds a script or an environment another job could find (the
+    next job of the context, perhaps another caller's)."""
+    box, _ = _box(tmp_path, "strict")
+    token = "hero-leak-" + os.urandom(16).hex()
+    first = f"a = '{token}'\n" + "#" * 3000 + f"\nb = '{token}'\n"
+    try:
+        reply, _, _ = _run(box, tmp_path, first, "python", PASSWORD=token, MORE=token * 10)
+        assert reply["exit_code"] == 0
+        own = "hero-leak-" + "0" * 32  # the control: what is in the job's own request is found
+        reply, out, err = _run(box, tmp_path, MEMORY_SCAN, "python", OWN=own)
+    finally:
+        box.stop()
+    assert reply["exit_code"] == 0, err
+    assert out == f"{[own]} False\n"
+
+
+@needs_root
+def test_a_job_whose_setup_fails_ends_alone_and_the_worker_goes_on(tmp_path: Path) -> None:
+    """A job's process whose setup fails exits at once (127), without unwinding into the
+    worker's loop or running the worker's interpreter teardown in a fork."""
+    box, _ = _box(tmp_path, "strict")
+    fds = [os.open(tmp_path / n, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) for n in "oe"]
+    try:
+        request = {"kind": "python", "script": "print(1)", "env": None}
+        failed = box.run(request, fds[0], fds[1])  # env None: the setup raises AttributeError
+        reply, out, _ = _run(box, tmp_path, "print('next')", "python")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        box.stop()
+    assert failed["exit_code"] == 127
+    assert (reply["exit_code"], out) == (0, "next\n")
 
 
 def _alive(pid: int) -> bool:

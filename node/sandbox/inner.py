@@ -7,17 +7,21 @@ and JSON: the worker says ``{"ready": true}``; then per job the runner sends a r
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
 job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
 
-Each job runs in a fresh process of its own session: a python job in a fork of this warm
-interpreter (its script in a fresh namespace), any other type by exec of its command. Before
-the job's code runs, that process sets the job's rlimits, umask 077, its cwd (the work dir),
-its environment, and closes every fd but 0/1/2. After the job, every process it left in the
-sandbox (its pid namespace: a setsid daemon cannot leave it) is killed; under isolation
-"none" only its process group is (there is no namespace to sweep).
+Each job runs in a fresh process of its own session, forked from this warm interpreter before
+the job's request comes (off the job's way): that process, not this worker, reads the
+request, so the worker never holds a job's script or environment, and no job's process holds
+an earlier job's. A python job runs there (its script in a fresh namespace), any other type by
+exec of its command. Before the job's code runs, that process sets the job's rlimits, umask
+077, its cwd (the work dir), its environment, and closes every fd but 0/1/2. After the job,
+every process it left in the sandbox (its pid namespace: a setsid daemon cannot leave it) is
+killed; under isolation "none" only its process group is (there is no namespace to sweep).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import gc
 import json
 import os
 import resource
@@ -25,7 +29,6 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import traceback
 from typing import Any
 
@@ -93,11 +96,15 @@ def _python(script: str, env: dict[str, str]) -> int:
         return 1
 
 
-def _child(request: dict[str, Any], stdin: int, out: int, err: int) -> None:
-    """In the job's new process: never returns."""
+def _child(request: dict[str, Any], out: int, err: int) -> None:
+    """In the job's process, its request just read: never returns."""
     code = 127
     try:
-        os.setsid()
+        script_file = request.get("script_file") or ""
+        if script_file:
+            with open(os.open(script_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(request["script"])
+        stdin = _stdin(request, script_file)
         for fd, target in ((stdin, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
         os.closerange(3, 65536)
@@ -124,33 +131,65 @@ def _child(request: dict[str, Any], stdin: int, out: int, err: int) -> None:
     os._exit(code)
 
 
-def run_job(request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
-    """Run one job and say how it ended."""
-    script_file = request.get("script_file") or ""
-    if script_file:
-        with open(os.open(script_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(request["script"])
-    feed = tempfile.TemporaryFile()
-    if request["kind"] != "python" and not script_file:
-        feed.write(request["script"].encode())
-        feed.seek(0)
+def _stdin(request: dict[str, Any], script_file: str) -> int:
+    """A command reads its script from stdin unless it is given a script file; python jobs
+    and the others read nothing."""
+    if request["kind"] == "python" or script_file:
+        return os.open(os.devnull, os.O_RDONLY)
+    fd = os.memfd_create("job-script")
+    os.write(fd, request["script"].encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _next_job(sock: socket.socket, note: int) -> None:
+    """The next job's process, forked before its request comes: it reads the request itself
+    (the worker never holds a job's script or environment), tells the worker what it needs
+    after the job, then becomes the job. Never returns."""
     try:
-        pid = os.fork()
-        if pid == 0:
-            _child(request, feed.fileno(), out, err)
-        _pid, status, usage = os.wait4(pid, 0)
-    finally:
-        feed.close()
-        os.close(out)
-        os.close(err)
-    end_leftovers(pid, request.get("outer_pidns", ""))
+        os.setsid()
+        request, fds = receive(sock)
+        if len(fds) != 2:
+            raise EOFError
+        after = f"{request.get('script_file') or ''}\0{request.get('outer_pidns', '')}"
+        os.write(note, after.encode())  # < PIPE_BUF: one write
+        os.close(note)
+    except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
+        os._exit(0)
+    _child(request, fds[0], fds[1])
+
+
+def serve_one(sock: socket.socket) -> bool:
+    """Run the next job in a fresh process, sweep what it left and answer how it ended.
+    False if no job came (the runner closed the socket or sent what is not a request)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(rfd)
+            _next_job(sock, wfd)
+        finally:  # what escapes the job's setup must not unwind into the worker's loop
+            os._exit(127)
+    os.close(wfd)
+    # the job's process closes its end before the job's code runs: the job cannot write here
+    note = b""
+    while chunk := os.read(rfd, 4096):
+        note += chunk
+    os.close(rfd)
+    _pid, status, usage = os.wait4(pid, 0)
+    if not note:
+        return False
+    script_file, _, outer_pidns = note.decode().partition("\0")
+    end_leftovers(pid, outer_pidns)
     if script_file:
         with _quiet():
             os.unlink(script_file)
     cpu = usage.ru_utime + usage.ru_stime
     if os.WIFSIGNALED(status):
-        return {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu}
-    return {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu}
+        send(sock, {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu})
+    else:
+        send(sock, {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu})
+    return True
 
 
 class _quiet:
@@ -169,19 +208,11 @@ def end_leftovers(job_pid: int, outer_pidns: str) -> None:
     SIGKILL every process of the host that the worker's user may signal."""
     with _quiet():
         os.killpg(job_pid, signal.SIGKILL)  # setsid made it its session's and group's leader
-    try:
-        own = os.readlink("/proc/self/ns/pid")
-    except OSError:
+    if not _sweeps(outer_pidns):
         return
-    if not outer_pidns or own == outer_pidns:
-        return
-    me = os.getpid()
-    if not _own_pid_namespace():
-        # Outside a sandbox's pid namespace /proc lists the whole host: killing "every process
-        # but pid 1" there would kill the machine. Only the sandbox's init may be bwrap.
-        return
+    spared = (1, os.getpid())
     for _ in range(100):
-        left = [p for p in _live() if p not in (1, me)]
+        left = _live(spared)
         if not left:
             return
         for pid in left:
@@ -190,6 +221,20 @@ def end_leftovers(job_pid: int, outer_pidns: str) -> None:
         with _quiet():
             while os.waitpid(-1, os.WNOHANG)[0] != 0:
                 pass
+
+
+@functools.cache
+def _sweeps(outer_pidns: str) -> bool:
+    """Whether this worker may kill every process it sees: it is in a pid namespace other
+    than the runner's and that namespace's init is bwrap's. Neither changes while the worker
+    lives (setns is refused; the namespace ends with its init): decided once, not per job."""
+    try:
+        own = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
+    # Outside a sandbox's pid namespace /proc lists the whole host: killing "every process
+    # but pid 1" there would kill the machine. Only the sandbox's init may be bwrap.
+    return bool(outer_pidns) and own != outer_pidns and _own_pid_namespace()
 
 
 def _own_pid_namespace() -> bool:
@@ -202,10 +247,11 @@ def _own_pid_namespace() -> bool:
     return os.path.basename(argv0) == b"bwrap"
 
 
-def _live() -> list[int]:
+def _live(spared: tuple[int, ...]) -> list[int]:
+    """The processes of the pid namespace, zombies and ``spared`` left out."""
     out = []
     for name in os.listdir("/proc"):
-        if not name.isdigit():
+        if not name.isdigit() or int(name) in spared:
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
@@ -219,20 +265,16 @@ def _live() -> list[int]:
 
 def main() -> None:
     sock = socket.socket(fileno=0)
-    # a job of the same uid must not read this process's memory (the next job's request)
+    # a job of the same uid must not read this process's memory
     ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the runner ends this process with SIGKILL
+    # compile()'s first call builds the ast module's ~120 classes (3 ms of CPU here): built
+    # once, before any fork, not in every job's process
+    compile("", "<warm>", "exec")
+    gc.freeze()  # what the worker holds now is never collected: no job's process walks it
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
-    while True:
-        try:
-            request, fds = receive(sock)
-        except (EOFError, ConnectionError, ValueError):
-            return
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            return
-        send(sock, run_job(request, fds[0], fds[1]))
+    while serve_one(sock):
+        pass
 
 
 if __name__ == "__main__":

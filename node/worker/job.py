@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
@@ -136,6 +136,17 @@ def slot_logs(spec: RunnerSpec) -> tuple[Path, Path]:
     return log_paths(Path(spec.run_dir), f"{spec.ctx}-{spec.slot_id}")
 
 
+def _truncated(path: Path) -> BinaryIO:
+    """``path`` opened empty for the next job's output. ext4 (auto_da_alloc) marks a file
+    truncated to zero and writes it out at the next close of any of its open files, here
+    after every job (1-7 ms of wall, a disk write, for output read back at once and replaced
+    by the next job's): a second open, closed at once while the file holds nothing, clears
+    that mark without any write."""
+    f = path.open("w+b")
+    os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+    return f
+
+
 @dataclass(eq=False)
 class _Current:
     job: RunnerJob
@@ -230,7 +241,7 @@ class JobRun:
         the slot's log files."""
         limit = self.spec.max_output_bytes
         request = job_request(self.spec, cur.job)
-        files = [p.open("w+b") for p in self.logs]
+        files = [_truncated(p) for p in self.logs]
         try:
             try:
                 reply = self.sandbox.run(request, files[0].fileno(), files[1].fileno())
