@@ -10,6 +10,8 @@
 -- the first bucket bound the value is not above, or +Inf) with duration_sum|<type> and
 -- roundtrip_sum|<type> (seconds). A job hash gains stats_queued_ms (when it was queued: on its
 -- origin, submitted; at its destination, received) and stats_started_ms (its attempt's start).
+-- A runner process counts the ends and answers of its attempts itself (bus/store/atomic/stats.py,
+-- the same fields) and hands the sums to an ending script's 'stats' ARGV: stats_apply.
 local STATS = '${STATS_KEY}'
 local STATS_BUCKETS = ${STATS_BUCKETS}
 local function stats_ms()
@@ -72,4 +74,16 @@ local function stats_answered(job, status, reason)
   local field = 'answered|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
   redis.call('HINCRBY', STATS, field, 1)
   stats_observe('roundtrip', stype, redis.call('HGET', job, 'stats_queued_ms'))
+end
+-- the sums a runner process counted (bus/store/atomic/stats.py): a JSON list
+-- [field, increment, ...]; a '_sum|' field is a float
+local function stats_apply(encoded)
+  local flat = cjson.decode(encoded)
+  for i = 1, #flat, 2 do
+    if string.find(flat[i], '_sum|', 1, true) then
+      redis.call('HINCRBYFLOAT', STATS, flat[i], flat[i + 1])
+    else
+      redis.call('HINCRBY', STATS, flat[i], flat[i + 1])
+    end
+  end
 end
