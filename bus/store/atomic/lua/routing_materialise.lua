@@ -39,7 +39,7 @@ for i, m in ipairs(batch) do
     for _, j in ipairs(m.jobs) do
       redis.call('HSET', j.key, unpack(j.fields))
       if j.queue ~= '' then redis.call('LPUSH', j.queue, j.key) end
-      stats_queued(j.key, m.key)
+      stats_queued(j.key, m.key, j.fields)
     end
     redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     redis.call('SET', m.seen, '1', 'EX', ARGV[3])

@@ -14,8 +14,12 @@
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
-if ARGV[7] ~= '' then stats_apply(ARGV[7]) else stats_ended(KEYS[1], ARGV[2], ARGV[4]) end
-type_breaker_ended(KEYS[1], ARGV[2], ARGV[4])
+if ARGV[7] ~= '' then
+  stats_apply(ARGV[7])
+else
+  stats_ended(KEYS[1], ARGV[2], ARGV[4], known)
+end
+type_breaker_ended(KEYS[1], ARGV[2], ARGV[4], known)
 redis.call('HSET', KEYS[6], unpack(ARGV, 8))
 redis.call('LPUSH', KEYS[7], KEYS[6])
 return 1

@@ -15,7 +15,8 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV
            'updated_at', ARGV[5])
 redis.call('RPUSH', KEYS[5], ARGV[6])
 local counted = (ARGV[9] or '') ~= ''
-if counted then stats_apply(ARGV[9]) else stats_ended(KEYS[1], ARGV[2], ARGV[4]) end
-type_breaker_ended(KEYS[1], ARGV[2], ARGV[4])
-answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8], counted)
+if counted then stats_apply(ARGV[9]) else stats_ended(KEYS[1], ARGV[2], ARGV[4], known) end
+type_breaker_ended(KEYS[1], ARGV[2], ARGV[4], known)
+answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8], counted,
+            known)
 return 1

@@ -15,8 +15,8 @@ redis.call('RPUSH', KEYS[5], ARGV[4])
 if (ARGV[7] or '') ~= '' then
   stats_apply(ARGV[7])
 else
-  stats_ended(KEYS[1], 'retry', ARGV[2])
+  stats_ended(KEYS[1], 'retry', ARGV[2], known)
 end
-type_breaker_ended(KEYS[1], 'retry', ARGV[2])
+type_breaker_ended(KEYS[1], 'retry', ARGV[2], known)
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[6])
 return 1

@@ -22,10 +22,13 @@ end
 local function stats_token(text)
   return string.sub(string.match(text or '', '^[a-z0-9_]*'), 1, 40)
 end
--- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|')
+-- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|'), from
+-- its script_type field t (or false)
+local function stats_label(t)
+  return string.sub(string.match(t or '', '^[%w_%.%-]*'), 1, 64)
+end
 local function stats_type(job)
-  local t = redis.call('HGET', job, 'script_type') or ''
-  return string.sub(string.match(t, '^[%w_%.%-]*'), 1, 64)
+  return stats_label(redis.call('HGET', job, 'script_type'))
 end
 local function stats_observe(name, stype, since_ms)
   local t0 = tonumber(since_ms)
@@ -39,15 +42,21 @@ local function stats_observe(name, stype, since_ms)
   redis.call('HINCRBYFLOAT', STATS, name .. '_sum|' .. stype, s)
 end
 -- a job queued for the first time (a redelivery counts nothing): at its origin if its message
--- names this node as both origin and destination or if message is false (the origin's copy)
-local function stats_queued(job, message)
+-- names this node as both origin and destination or if message is false (the origin's copy);
+-- fields: the job's fields as the script just wrote them (flat), where its type is read
+local function stats_queued(job, message, fields)
   if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
   local event = 'submitted'
   if message then
     local m = redis.call('HMGET', message, 'origin', 'destination')
     if not m[1] or m[1] ~= m[2] then event = 'received' end
   end
-  redis.call('HINCRBY', STATS, event .. '|' .. stats_type(job), 1)
+  local t = false
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'script_type' then t = fields[i + 1] end
+  end
+  if not t then t = redis.call('HGET', job, 'script_type') end  -- a type written earlier
+  redis.call('HINCRBY', STATS, event .. '|' .. stats_label(t), 1)
 end
 local function stats_started(job)
   redis.call('HSET', job, 'stats_started_ms', stats_ms())
@@ -60,13 +69,21 @@ local function stats_ended_queued(job, status, reason)
   redis.call('HINCRBY', STATS, field, 1)
   return stype
 end
--- an attempt ended where it ran (reason false: the job's own reason field)
-local function stats_ended(job, status, reason)
+-- an attempt ended where it ran (reason false: the job's own reason field); known: the job's
+-- script_type and stats_started_ms as the caller read them (runs_fence), or nil
+local function stats_ended(job, status, reason, known)
   reason = reason or redis.call('HGET', job, 'reason') or ''
   -- a retry is written 'retrying after: <the attempt's reason>' (node/runners): count the latter
   if status == 'retry' then reason = string.match(reason, '^retrying after: (.*)') or reason end
-  local stype = stats_ended_queued(job, status, reason)
-  stats_observe('duration', stype, redis.call('HGET', job, 'stats_started_ms'))
+  local stype, since
+  if known then
+    stype, since = stats_label(known.script_type), known.stats_started_ms
+  else
+    stype, since = stats_type(job), redis.call('HGET', job, 'stats_started_ms')
+  end
+  local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
+  redis.call('HINCRBY', STATS, field, 1)
+  stats_observe('duration', stype, since)
 end
 -- a job answered at its origin (its copy there, or the job itself if it ran there)
 local function stats_answered(job, status, reason)

@@ -44,13 +44,14 @@ local function tb_wait(t, now)
   if b.probing < b.probes then return 0 end
   return math.max(1, math.min(1000, b.open_ms))
 end
--- a job of type t started (after tb_wait said 0): half-open, it is a probe
+-- a job of type t started (after tb_wait said 0): half-open, it is a probe (returns true)
 local function tb_started(t, job, now)
   local b = tb_read(t)
-  if not b or tb_state(b, now) ~= 'half_open' then return end
+  if not b or tb_state(b, now) ~= 'half_open' then return false end
   b.probing = b.probing + 1
   tb_write(t, b)
   redis.call('HSET', job, 'breaker_probe', '1')
+  return true
 end
 -- one event on type t's breaker ('ok', 'fail' or 'release'), as Breaker's methods; a success
 -- of a closed breaker with no failure changes nothing and writes nothing (the common case: no
@@ -74,11 +75,11 @@ local function tb_event(t, event, now)
 end
 -- an attempt of job ended with status ('finished', 'error', 'retry' or 'requeued') and reason:
 -- finished closes its type's breaker, a failure counts (any error but a refusal or a stop:
--- see BREAKER_NEUTRAL), anything else only frees the job's probe, if it was one
-local function type_breaker_ended(job, status, reason)
-  local t = string.sub(string.match(redis.call('HGET', job, 'script_type') or '',
-                                    '^[%w_%.%-]*'), 1, 64)
-  local probe = redis.call('HGET', job, 'breaker_probe')
+-- see BREAKER_NEUTRAL), anything else only frees the job's probe, if it was one. known: the
+-- job's script_type and breaker_probe fields as the caller read them (runs_fence).
+local function type_breaker_ended(job, status, reason, known)
+  local t = string.sub(string.match(known.script_type or '', '^[%w_%.%-]*'), 1, 64)
+  local probe = known.breaker_probe
   if probe then redis.call('HDEL', job, 'breaker_probe') end
   reason = string.match(reason or '', '^retrying after: (.*)') or reason or ''
   local token = string.match(reason, '^[a-z0-9_]*')
