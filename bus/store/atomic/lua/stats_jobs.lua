@@ -14,9 +14,14 @@
 -- the same fields) and hands the sums to an ending script's 'stats' ARGV: stats_apply.
 local STATS = '${STATS_KEY}'
 local STATS_BUCKETS = ${STATS_BUCKETS}
+-- read once per script: a script is one instant, however many jobs it counts
+local stats_now = false
 local function stats_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not stats_now then
+    local t = redis.call('TIME')
+    stats_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return stats_now
 end
 -- a reason's token (its text up to ': '): labels stay few whatever a runner writes
 local function stats_token(text)

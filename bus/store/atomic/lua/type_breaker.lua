@@ -10,9 +10,14 @@
 -- share a breaker then share its clock too.
 local TB = '${TYPE_BREAKERS_KEY}'
 local TB_NEUTRAL = ${BREAKER_NEUTRAL}
+-- read once per script, and only by a script that has a breaker to judge
+local tb_clock = false
 local function tb_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not tb_clock then
+    local t = redis.call('TIME')
+    tb_clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return tb_clock
 end
 -- the breaker of type t, or nil if t has none
 local function tb_read(t)
@@ -53,9 +58,9 @@ local function tb_started(t, job, now)
   redis.call('HSET', job, 'breaker_probe', '1')
   return true
 end
--- one event on type t's breaker ('ok', 'fail' or 'release'), as Breaker's methods; a success
--- of a closed breaker with no failure changes nothing and writes nothing (the common case: no
--- write per job)
+-- one event on type t's breaker ('ok', 'fail' or 'release'), as Breaker's methods, at now (nil:
+-- Valkey's clock, read only if the event needs it); a success of a closed breaker with no
+-- failure changes nothing and writes nothing (the common case: no write per job)
 local function tb_event(t, event, now)
   local b = tb_read(t)
   if not b then return end
@@ -63,6 +68,7 @@ local function tb_event(t, event, now)
   if event == 'ok' then
     b.failures, b.opened, b.probing = 0, nil, 0
   elseif event == 'fail' then
+    now = now or tb_now()
     local st = tb_state(b, now)
     b.failures = b.failures + 1
     if st == 'half_open' or (st == 'closed' and b.failures >= b.threshold) then
@@ -84,10 +90,10 @@ local function type_breaker_ended(job, status, reason, known)
   reason = string.match(reason or '', '^retrying after: (.*)') or reason or ''
   local token = string.match(reason, '^[a-z0-9_]*')
   if status == 'finished' then
-    tb_event(t, 'ok', tb_now())
+    tb_event(t, 'ok', nil)
   elseif (status == 'error' or status == 'retry') and not TB_NEUTRAL[token] then
-    tb_event(t, 'fail', tb_now())
+    tb_event(t, 'fail', nil)
   elseif probe then
-    tb_event(t, 'release', tb_now())
+    tb_event(t, 'release', nil)
   end
 end
