@@ -8,8 +8,8 @@
 -- flow id is pushed on flow_events, which wakes the flow engine.
 -- include: stats_jobs
 local function apply_result(job, request, reply, flow_events, a)
-  local mine = redis.call('TYPE', job).ok == 'hash'
-    and redis.call('HGET', job, 'message_key') == request
+  -- a pcall: a key of another type reads as an error, which is no request's key
+  local mine = redis.pcall('HGET', job, 'message_key') == request
   if mine then
     redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
     stats_answered(job, a[1], a[3])
