@@ -46,16 +46,12 @@ local function stats_observe(name, stype, since_ms)
   redis.call('HINCRBY', STATS, name .. '|' .. stype .. '|' .. le, 1)
   redis.call('HINCRBYFLOAT', STATS, name .. '_sum|' .. stype, s)
 end
--- a job queued for the first time (a redelivery counts nothing): at its origin if its message
--- names this node as both origin and destination or if message is false (the origin's copy);
--- fields: the job's fields as the script just wrote them (flat), where its type is read
-local function stats_queued(job, message, fields)
+-- a job queued for the first time (a redelivery counts nothing), as event: 'submitted' at its
+-- origin (its message names this node as both origin and destination, or the origin's copy),
+-- else 'received'; fields: the job's fields as the script just wrote them (flat), where its
+-- type is read
+local function stats_queued(job, event, fields)
   if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
-  local event = 'submitted'
-  if message then
-    local m = redis.call('HMGET', message, 'origin', 'destination')
-    if not m[1] or m[1] ~= m[2] then event = 'received' end
-  end
   local t = false
   for i = 1, #fields - 1, 2 do
     if fields[i] == 'script_type' then t = fields[i + 1] end

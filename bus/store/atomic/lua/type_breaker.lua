@@ -20,18 +20,27 @@ local function tb_now()
   return tb_clock
 end
 -- the breaker of type t, or nil if t has none
+-- read once per script and type (a start asks tb_wait, then tb_started): every change goes
+-- through tb_write, which keeps this copy in step
+local tb_seen = {}
 local function tb_read(t)
+  if tb_seen[t] ~= nil then return tb_seen[t] or nil end
   local v = redis.call('HMGET', TB, t .. '|cfg', t .. '|failures', t .. '|opened_ms',
                        t .. '|probing')
   local th, op, pr = string.match(v[1] or '', '^(%d+),(%d+),(%d+)$')
-  if not th or tonumber(th) < 1 then return nil end
-  return {threshold = tonumber(th), open_ms = tonumber(op), probes = math.max(1, tonumber(pr)),
-          failures = tonumber(v[2]) or 0, opened = tonumber(v[3] or ''),
-          probing = tonumber(v[4]) or 0}
+  if not th or tonumber(th) < 1 then
+    tb_seen[t] = false
+    return nil
+  end
+  tb_seen[t] = {threshold = tonumber(th), open_ms = tonumber(op),
+                probes = math.max(1, tonumber(pr)), failures = tonumber(v[2]) or 0,
+                opened = tonumber(v[3] or ''), probing = tonumber(v[4]) or 0}
+  return tb_seen[t]
 end
 local function tb_write(t, b)
   redis.call('HSET', TB, t .. '|failures', b.failures, t .. '|opened_ms', b.opened or '',
              t .. '|probing', b.probing)
+  tb_seen[t] = b
 end
 local function tb_state(b, now)
   if not b.opened then return 'closed' end
