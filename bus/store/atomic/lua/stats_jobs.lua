@@ -87,11 +87,17 @@ local function stats_ended(job, status, reason, known)
   stats_observe('duration', stype, since)
 end
 -- a job answered at its origin (its copy there, or the job itself if it ran there)
-local function stats_answered(job, status, reason)
-  local stype = stats_type(job)
+-- (known: the job's script_type and stats_queued_ms as the caller read them, or nil)
+local function stats_answered(job, status, reason, known)
+  local stype, since
+  if known then
+    stype, since = stats_label(known.script_type), known.stats_queued_ms
+  else
+    stype, since = stats_type(job), redis.call('HGET', job, 'stats_queued_ms')
+  end
   local field = 'answered|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
   redis.call('HINCRBY', STATS, field, 1)
-  stats_observe('roundtrip', stype, redis.call('HGET', job, 'stats_queued_ms'))
+  stats_observe('roundtrip', stype, since)
 end
 -- the sums a runner process counted (bus/store/atomic/stats.py): a JSON list
 -- [field, increment, ...]; a '_sum|' field is a float
