@@ -3,6 +3,8 @@ link), then their exposition is parsed as Prometheus would and the families are 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -11,7 +13,8 @@ from trio_websocket import ConnectionClosed
 from bus.core import keys
 from bus.core.models import JobStatus
 from bus.errors import HandshakeError
-from bus.store.atomic import runs, source
+from bus.store.atomic import runs, script, source
+from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
@@ -200,3 +203,69 @@ async def test_job_statistics_keep_their_labels_few(store):
     assert stats["ended|v-lang.2|retry|exit"] == "1"
     assert sum(int(v) for k, v in stats.items() if k.startswith("duration|v-lang.2|")) == 1
     assert float(stats["duration_sum|v-lang.2"]) >= 0
+
+
+async def _end_twice(store, ctx: int, *, by_runner: bool) -> None:  # noqa: ANN001
+    """A job that fails once (retry) then fails for good, answered here; counted by the
+    scripts, or by the caller as a runner process does."""
+    job = f"job:1:{ctx}"
+    queued = {"stats_queued_ms": "1000", "script_type": "v-lang.2|x", "status": "dispatched"}
+    await store.hset(ctx, job, queued | {"attempt": "0"})
+    inflight = keys.inflight("r")
+    for attempt, status, reason in (
+        (1, "retry", "retrying after: exit code 3: boom"),
+        (2, "error", "timeout_run: 5 s"),
+    ):
+        fields = await runs.start(store, ctx, job, "t", 15000)
+        assert isinstance(fields, dict)
+        ending = runs.Ending(job, attempt, inflight, status, {}, reason, "{}")
+        batch = StatsBatch()
+        if by_runner:
+            batch.ended(fields, status, reason, 0.001)
+            if status != "retry":
+                batch.answered(fields, status, reason, 0.001)
+        if status == "retry":
+            call = runs.retry_call(
+                ending,
+                queue="queue:v",
+                reason=reason,
+                due_ms=1,
+                stats=batch.encode() if by_runner else "",
+            )
+        else:
+            call = runs.finish_local_call(
+                ending,
+                request_key="message:1:1",
+                reply_ttl_s=60,
+                stats=batch.encode() if by_runner else "",
+            )
+        name, key_list, args = call
+        assert await store.script(ctx, script(name), key_list, args) == 1
+
+
+def _labels(stats: dict[str, str]) -> Counter[str]:
+    """The counts by field, a histogram's buckets summed and its sum left out (they depend on
+    the durations)."""
+    out: Counter[str] = Counter()
+    for name, n in stats.items():
+        if "_sum|" in name:
+            continue
+        if name.startswith(("duration|", "roundtrip|")):
+            name = name.rsplit("|", 1)[0]
+        out[name] += int(n)
+    return out
+
+
+async def test_a_runner_counts_what_the_scripts_count(store):
+    """A runner process counts the ends and answers of its attempts in its memory
+    (bus/store/atomic/stats.py) and hands the sums to its ending scripts: the same fields and
+    counts as the scripts' own counting (bucket and sums aside, which depend on durations)."""
+    await _end_twice(store, 1, by_runner=False)
+    await _end_twice(store, 2, by_runner=True)
+    by_scripts = await store.hgetall(1, keys.STATS_JOBS)
+    by_runner = await store.hgetall(2, keys.STATS_JOBS)
+    assert _labels(by_runner) == _labels(by_scripts)
+    assert set(by_runner) >= {"duration_sum|v-lang.2", "roundtrip_sum|v-lang.2"}
+    counted = _labels(by_runner)
+    assert counted["ended|v-lang.2|retry|exit"] == counted["roundtrip|v-lang.2"] == 1
+    assert counted["answered|v-lang.2|error|timeout_run"] == counted["duration|v-lang.2"] - 1

@@ -4,7 +4,8 @@ Everything is read when scraped, into a registry made for that scrape (never
 prometheus_client's global one: one process may run several nodes, and the tests do):
 
 - jobs: the ``stats:jobs`` hash of each context, counted in Valkey by the scripts that start
-  and end jobs (bus/store/atomic/lua/stats_jobs.lua), whichever process runs them, so the counts
+  and end jobs (bus/store/atomic/lua/stats_jobs.lua), whichever process runs them, or summed by
+  a runner process and applied by its ending scripts (bus/store/atomic/stats.py), so the counts
   hold across restarts of the node and include jobs run by runner processes;
 - queue depths, outboxes and live runner slots: read from Valkey;
 - links, frames, acks, refusals and signature verifications: the node's in-memory counters

@@ -56,6 +56,7 @@ from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, connect, is_utf8
+from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
 from node.host.signer import SignerClient, SignerGone
@@ -93,6 +94,9 @@ class Runner:
         self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
         self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
         self.gate = spec.script_type if spec.breaker_failures > 0 else ""
+        # job statistics counted here, not yet in Valkey (bus/store/atomic/stats.py), and since
+        self.stats = StatsBatch()
+        self.stats_since = 0.0
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -131,7 +135,7 @@ class Runner:
         except Aborted:
             log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
         finally:
-            self.flush_reports()
+            self.flush_reports(idle=True)
             if started is not None:  # taken with the last result, but we are leaving
                 attempt = int(started[1].get("attempt") or 0)
                 self.runs.requeue(started[0], attempt, self.inflight, queues.queue_of(started[1]))
@@ -150,7 +154,7 @@ class Runner:
             if found is not None:
                 return self._usable(found)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
-        self.flush_reports()  # idle now: the node's figures are complete while it waits
+        self.flush_reports(idle=True)  # idle now: the node's figures are complete while it waits
         before = self.runs.list_length(self.inflight)
         try:
             self.popping = True
@@ -173,7 +177,7 @@ class Runner:
         # half-open, the runners without a probe look again every second: not worth a line each
         level = logging.INFO if wait_s > 1 else logging.DEBUG
         log.log(level, "%s: circuit breaker open; next try in %.1f s", self.spec.slot_id, wait_s)
-        self.flush_reports()
+        self.flush_reports(idle=True)
         try:
             self.popping = True
             if not self.draining:
@@ -245,7 +249,7 @@ class Runner:
             taken = None if self._leaving() else nxt
             self.keep(outcome)
             try:
-                started = self.conclude(job, request, outcome, attempt, taken)
+                started = self.conclude(job, fields, request, outcome, attempt, taken)
             finally:
                 self.job.end_logs(outcome.status.value)
             # only now: until the end is in Valkey, the outcome file is what the next start of
@@ -313,6 +317,7 @@ class Runner:
     def conclude(
         self,
         job: RunnerJob,
+        fields: dict[str, str],
         request: Message,
         outcome: Outcome,
         attempt: int,
@@ -325,7 +330,7 @@ class Runner:
         taking = nxt is not None
         while True:
             try:
-                started = self._end(job, request, outcome, attempt, nxt)
+                started = self._end(job, fields, request, outcome, attempt, nxt)
                 if taking and nxt is None:  # a call cut before: it may have taken a job
                     self.give_back_taken(job.key)
                 return started
@@ -377,11 +382,14 @@ class Runner:
     def _end(
         self,
         job: RunnerJob,
+        fields: dict[str, str],
         request: Message,
         outcome: Outcome,
         attempt: int,
         nxt: NextJob | None,
     ) -> Started | None:
+        """One Lua call: retried, finished here and answered, or finished and answered with a
+        signed result; the job statistics counted here go with it (see :meth:`_counted`)."""
         token = f"{self.spec.token_base}:{job.key}"
         started_at = self.job.started_at
         entry = attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
@@ -392,23 +400,61 @@ class Runner:
             job.key, attempt, self.inflight, outcome.status.value, result, outcome.reason, entry
         )
         taken: Started | None = None
+        here = request.origin == self.spec.node_id
+        reason = f"retrying after: {outcome.reason}" if after.retry else outcome.reason
+        batch, due = self._counted(fields, "retry" if after.retry else ending.status, reason, here)
+        due = due or nxt is None or after.retry
+        sums = (batch.encode(), "") if due else ("[]", batch.encode())
         if after.retry:
-            reason = f"retrying after: {outcome.reason}"
             queue = queues.target_queue(job)
             due_ms = ms_after(after.delay_s)
-            ok = self.runs.retry_later(ending, queue=queue, reason=reason, due_ms=due_ms)
+            ok = self.runs.retry_later(
+                ending, queue=queue, reason=reason, due_ms=due_ms, stats=sums[0]
+            )
             report(b"r")  # the node's retry scheduler sleeps until the next due retry
-        elif request.origin == self.spec.node_id:
+        elif here:
             ok, taken = self.runs.finish_local(
-                ending, request.key, self.spec.reply_ttl_s, nxt, reply_to=request.reply_to
+                ending,
+                request.key,
+                self.spec.reply_ttl_s,
+                nxt,
+                reply_to=request.reply_to,
+                stats=sums,
             )
         else:
             answer = self._answer(
                 request, ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
             )
-            ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt)
+            ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt, stats=sums)
+        self._kept(batch, ok, applied=ok and (due or taken is None))
         self._log_end(job, outcome, after.retry, ok)
         return taken
+
+    def _counted(
+        self, fields: dict[str, str], status: str, reason: str, answered_here: bool
+    ) -> tuple[StatsBatch, bool]:
+        """The statistics not yet in Valkey with this attempt's end added, and whether they
+        are due now: every ``taken_every`` jobs or once per lease beat; else the end hands them
+        over only if it leaves this runner idle (bus/store/atomic/runs.py: then_source)."""
+        took_s = time.monotonic() - self.job.began
+        mine = StatsBatch()
+        mine.ended(fields, status, reason, took_s)
+        if answered_here and status != "retry":
+            mine.answered(fields, status, reason, took_s)
+        batch = self.stats.merged(mine)
+        if not self.stats.jobs:
+            self.stats_since = time.monotonic()
+        age_s = time.monotonic() - self.stats_since
+        return batch, batch.jobs >= self.spec.taken_every or age_s >= self.job.heartbeat_s
+
+    def _kept(self, batch: StatsBatch, ok: bool, *, applied: bool) -> None:
+        """After an end: applied, nothing left; written but kept (a next job was started), the
+        batch is what is left; refused (a superseded attempt: nothing written, not counted),
+        what was left before. A reply lost after the script ran counts the batch twice."""
+        if applied:
+            self.stats = StatsBatch()
+        elif ok:
+            self.stats = batch
 
     def _answer(self, request: Message, body: ResultBody) -> Message:
         msg = Message(
@@ -445,10 +491,16 @@ class Runner:
     def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.spec, job_key, reason, **more)
 
-    def flush_reports(self) -> None:
+    def flush_reports(self, *, idle: bool = False) -> None:
         """Tell the node how many jobs this process took (its supervisor's backpressure waits
         for that) and how they ended (its counters): every ``taken_every`` jobs and before
-        blocking for more, not per job."""
+        blocking for more, not per job. ``idle``: also the job statistics still held here
+        (an end that left this runner idle applied them already, unless it was not the last
+        thing it did: a refusal, a requeue)."""
+        if idle and self.stats.jobs:
+            with contextlib.suppress(SyncStoreError):  # counts only: lost with a lost Valkey
+                self.runs.add_stats(self.stats)
+            self.stats = StatsBatch()
         if self.taken:
             report(b"t%d" % self.taken)
             self.taken = 0

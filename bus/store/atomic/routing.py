@@ -47,6 +47,11 @@ __all__ = [
 ]
 
 
+def _here(message: Message) -> bool:
+    """Whether ``message`` names one node as its origin and destination (submitted there)."""
+    return bool(message.origin) and message.origin == message.destination
+
+
 def _flat(fields: dict[str, str]) -> list[str]:
     return [x for kv in fields.items() for x in kv]
 
@@ -98,6 +103,7 @@ async def materialise_batch(
             "key": message.key,
             "seen": keys.seen(message.key),
             "nonce": keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
+            "event": "submitted" if _here(message) else "received",
             "jobs": [{"key": j.key, "queue": j.queue, "fields": _flat(j.fields)} for j in jobs],
         }
         for message, jobs in batch

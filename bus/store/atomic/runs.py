@@ -46,16 +46,21 @@ __all__ = [
     "attempt_entry",
     "attempt_state",
     "finish",
+    "finish_call",
     "finish_local",
+    "finish_local_call",
     "finish_malformed",
     "move_due",
     "pop_first",
     "reap",
     "renew",
     "requeue",
+    "retry_call",
     "retry_later",
     "running_jobs",
     "start",
+    "then_source",
+    "then_take_next",
     "unrunnable_detail",
 ]
 
@@ -178,20 +183,30 @@ async def finish(
 ) -> tuple[bool, Started | None]:
     """Record the final state and queue the signed answer (False if ``ending.attempt`` is not
     the job's current one: superseded, or already ended); with ``take_next``, also start the
-    next queued job in the same round trip."""
-    fields = [x for kv in answer.to_hash().items() for x in kv]
-    key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer.key, keys.MSG_OUT]
-    call = ("runs_finish", key_list, [*ending.args(), *fields])
+    next queued job in the same round trip. The script counts the attempt in the job
+    statistics (a runner process counts its own: :func:`finish_call`)."""
+    call = finish_call(ending, answer.key, answer.to_hash())
     return await _with_next(store, ctx, call, ending.inflight, take_next)
 
 
+def finish_call(
+    ending: Ending, answer_key: str, answer_hash: dict[str, str], stats: str = ""
+) -> tuple[str, list[str], list[str]]:
+    """The script, KEYS and ARGV of :func:`finish`. ``stats``: '' the script counts the
+    attempt in the job statistics; else the sums a runner process counted itself
+    (bus/store/atomic/stats.py: ``StatsBatch.encode``), applied instead."""
+    fields = [x for kv in answer_hash.items() for x in kv]
+    key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer_key, keys.MSG_OUT]
+    return "runs_finish", key_list, [*ending.args(), stats, *fields]
+
+
 def finish_local_call(
-    ending: Ending, *, request_key: str, reply_ttl_s: int, reply_to: str = ""
+    ending: Ending, *, request_key: str, reply_ttl_s: int, reply_to: str = "", stats: str = ""
 ) -> tuple[str, list[str], list[str]]:
     """The script, KEYS and ARGV of finishing a job submitted on this node: final state,
     request status and the client's reply (on the list ``keys.reply_list`` picks for
     ``reply_to``). One builder for the node's store and the runner processes' sync client
-    (bus/store/atomic/runs_sync.py), so both answer alike."""
+    (bus/store/atomic/runs_sync.py), so both answer alike. ``stats`` as :func:`finish_call`'s."""
     reply = json.dumps(
         {
             "in_reply_to": request_key,
@@ -207,7 +222,7 @@ def finish_local_call(
         keys.reply_list(request_key, reply_to),
         keys.FLOW_EVENTS,
     ]
-    return "runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s)]
+    return "runs_finish_local", key_list, [*ending.args(), reply, str(reply_ttl_s), stats]
 
 
 async def finish_local(
@@ -230,16 +245,21 @@ async def finish_local(
 
 @cache
 def _then(first: str, second: str) -> Script[str]:
-    """One script that runs the script ``first`` then ``second``, each with its own KEYS and
-    ARGV (ARGV[1], ARGV[2]: how many keys and args belong to ``first``); returns both results."""
+    """One script that runs the script ``first`` then ``second`` (see :func:`then_source`)."""
     from coredis.commands.script import Script
 
     return Script(script=then_source(first, second))
 
 
 def then_source(first: str, second: str) -> str:
-    """The text of :func:`_then`'s script (runner processes run it with their own client)."""
+    """One script that runs the script ``first`` (an end) then ``second`` (runs_take_next),
+    each with its own KEYS and ARGV: ARGV[1], ARGV[2] say how many keys and args belong to
+    ``first``; ARGV[3] is a runner process's statistics sums (stats_apply; '' none), applied
+    only if ``first`` did its work (non-zero) and ``second`` started no job: the runner keeps
+    its sums while it has work, and hands them over with the answer that leaves it idle.
+    Returns both results. Runner processes run the same text with their own client."""
     return f"""
+{source("stats_jobs")}
 local function first(KEYS, ARGV)
 {source(first)}
 end
@@ -247,8 +267,9 @@ local function second(KEYS, ARGV)
 {source(second)}
 end
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
-local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 3, 2 + na)}})
-local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 3 + na)}})
+local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 4, 3 + na)}})
+local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 4 + na)}})
+if ARGV[3] ~= '' and r1 ~= 0 and #r2 < 3 then stats_apply(ARGV[3]) end
 return {{r1, r2}}
 """
 
@@ -256,21 +277,15 @@ return {{r1, r2}}
 async def _with_next(
     store: Store,
     ctx: int,
-    finish_call: tuple[str, list[str], list[str]],
+    end_call: tuple[str, list[str], list[str]],
     inflight: str,
     take_next: NextJob | None,
 ) -> tuple[bool, Started | None]:
-    name, f_keys, f_args = finish_call
+    name, f_keys, f_args = end_call
     if take_next is None:
         return bool(await store.script(ctx, script(name), f_keys, f_args)), None
-    nxt_keys = [inflight, keys.RUNNING, *take_next.lists]
-    nxt_args = take_next.args()
-    done, nxt = await store.script(
-        ctx,
-        _then(name, "runs_take_next"),
-        [*f_keys, *nxt_keys],
-        [str(len(f_keys)), str(len(f_args)), *f_args, *nxt_args],
-    )
+    key_list, args = then_take_next(end_call, inflight, take_next)
+    done, nxt = await store.script(ctx, _then(name, "runs_take_next"), key_list, args)
     if len(nxt) == 2 and (wait_ms := open_wait(nxt[1])) is not None:  # nothing taken
         take_next.breaker_wait_ms = wait_ms
         return bool(done), None
@@ -281,6 +296,29 @@ async def _with_next(
         take_next.found_empty = not nxt
         return bool(done), None
     return bool(done), (str(nxt[0]), _pairs(nxt[1:]))
+
+
+def then_take_next(
+    end_call: tuple[str, list[str], list[str]],
+    inflight: str,
+    take_next: NextJob,
+    idle_stats: str = "",
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of :func:`then_source`'s script for an end then runs_take_next;
+    ``idle_stats``: a runner process's sums, applied only if no next job was started."""
+    _, f_keys, f_args = end_call
+    key_list = [*f_keys, inflight, keys.RUNNING, *take_next.lists]
+    args = [str(len(f_keys)), str(len(f_args)), idle_stats, *f_args, *take_next.args()]
+    return key_list, args
+
+
+def retry_call(
+    ending: Ending, *, queue: str, reason: str, due_ms: int, stats: str = ""
+) -> tuple[str, list[str], list[str]]:
+    """The script, KEYS and ARGV of :func:`retry_later`; ``stats`` as :func:`finish_call`'s."""
+    args = [str(ending.attempt), reason, str(now()), ending.entry, str(due_ms)]
+    args += [f"{queue}|{ending.job_key}", stats]
+    return "runs_retry", [*_attempt_keys(ending.job_key, ending.inflight), keys.DELAYED], args
 
 
 async def retry_later(
@@ -296,9 +334,9 @@ async def retry_later(
     due_ms: int,
 ) -> bool:
     """Record the failed attempt and schedule the next one; False if ``attempt`` is not current."""
-    args = [str(attempt), reason, str(now()), entry, str(due_ms), f"{queue}|{job_key}"]
-    key_list = [*_attempt_keys(job_key, inflight), keys.DELAYED]
-    return bool(await store.script(ctx, script("runs_retry"), key_list, args))
+    ending = Ending(job_key, attempt, inflight, "retry", {}, reason, entry)
+    name, key_list, args = retry_call(ending, queue=queue, reason=reason, due_ms=due_ms)
+    return bool(await store.script(ctx, script(name), key_list, args))
 
 
 async def finish_malformed(

@@ -28,10 +28,14 @@ from bus.store.atomic.runs import (
     Ending,
     NextJob,
     Started,
+    finish_call,
     finish_local_call,
+    retry_call,
     then_source,
+    then_take_next,
     unrunnable_detail,
 )
+from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 
@@ -143,6 +147,10 @@ def is_utf8(value: str) -> bool:
     return True
 
 
+# job statistics' sums for an end: (applied with it, applied only if it leaves the runner idle)
+Sums = tuple[str, str]
+
+
 def _pairs(flat: list[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -236,12 +244,19 @@ class SyncRuns:
         return bool(self._run("runs_renew", [keys.lease(job_key), job_key], args))
 
     def finish(
-        self, ending: Ending, answer_hash: dict[str, str], answer_key: str, nxt: NextJob | None
+        self,
+        ending: Ending,
+        answer_hash: dict[str, str],
+        answer_key: str,
+        nxt: NextJob | None,
+        stats: Sums = ("", ""),
     ) -> tuple[bool, Started | None]:
-        """runs_finish (a signed answer for a remote origin), then maybe runs_take_next."""
-        fields = [x for kv in answer_hash.items() for x in kv]
-        key_list = [*_attempt_keys(ending), answer_key, keys.MSG_OUT]
-        return self._with_next(("runs_finish", key_list, [*ending.args(), *fields]), ending, nxt)
+        """runs_finish (a signed answer for a remote origin), then maybe runs_take_next.
+        ``stats``: the job statistics' sums to apply with this end, and those to apply only if
+        no next job is started (:func:`bus.store.atomic.runs.then_source`); ('', ''): the
+        script counts the attempt itself."""
+        call = finish_call(ending, answer_key, answer_hash, stats[0])
+        return self._with_next(call, ending, nxt, stats[1])
 
     def finish_local(
         self,
@@ -250,28 +265,34 @@ class SyncRuns:
         reply_ttl_s: int,
         nxt: NextJob | None,
         reply_to: str = "",
+        stats: Sums = ("", ""),
     ) -> tuple[bool, Started | None]:
         """runs_finish_local (the client's reply: :func:`bus.store.atomic.runs.finish_local_call`),
-        then maybe runs_take_next."""
+        then maybe runs_take_next; ``stats`` as :meth:`finish`'s."""
         call = finish_local_call(
-            ending, request_key=request_key, reply_ttl_s=reply_ttl_s, reply_to=reply_to
+            ending,
+            request_key=request_key,
+            reply_ttl_s=reply_ttl_s,
+            reply_to=reply_to,
+            stats=stats[0],
         )
-        return self._with_next(call, ending, nxt)
+        return self._with_next(call, ending, nxt, stats[1])
 
     def _with_next(
-        self, call: tuple[str, list[str], list[str]], ending: Ending, nxt: NextJob | None
+        self,
+        call: tuple[str, list[str], list[str]],
+        ending: Ending,
+        nxt: NextJob | None,
+        idle_stats: str,
     ) -> tuple[bool, Started | None]:
         name, f_keys, f_args = call
         if nxt is None:
             return bool(self._run(name, f_keys, f_args)), None
-        n_keys = [ending.inflight, keys.RUNNING, *nxt.lists]
-        n_args = nxt.args()
         both = f"{name}+runs_take_next"
         if both not in self._scripts:
             self._scripts[both] = self.client.register_script(_then_source(name))
-        done, taken = self._scripts[both](
-            keys=[*f_keys, *n_keys], args=[str(len(f_keys)), str(len(f_args)), *f_args, *n_args]
-        )
+        key_list, args = then_take_next(call, ending.inflight, nxt, idle_stats)
+        done, taken = self._scripts[both](keys=key_list, args=args)
         if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
             nxt.breaker_wait_ms = wait_ms
             return bool(done), None
@@ -282,11 +303,13 @@ class SyncRuns:
             return bool(done), None
         return bool(done), (str(taken[0]), _pairs(taken[1:]))
 
-    def retry_later(self, ending: Ending, *, queue: str, reason: str, due_ms: int) -> bool:
-        """runs_retry: the failed attempt recorded, the next one due at ``due_ms``."""
-        args = [str(ending.attempt), reason, str(now()), ending.entry, str(due_ms)]
-        args.append(f"{queue}|{ending.job_key}")
-        return bool(self._run("runs_retry", [*_attempt_keys(ending), keys.DELAYED], args))
+    def retry_later(
+        self, ending: Ending, *, queue: str, reason: str, due_ms: int, stats: str = ""
+    ) -> bool:
+        """runs_retry: the failed attempt recorded, the next one due at ``due_ms``; ``stats``
+        the job statistics' sums to apply with it ('': the script counts the attempt)."""
+        call = retry_call(ending, queue=queue, reason=reason, due_ms=due_ms, stats=stats)
+        return bool(self._run(*call))
 
     def requeue(self, job_key: str, attempt: int, inflight: str, queue: str) -> bool:
         """runs_requeue: an interrupted attempt given back, not counted."""
@@ -337,6 +360,16 @@ class SyncRuns:
             pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
         pipe.execute()
 
+    def add_stats(self, stats: StatsBatch) -> None:
+        """Apply job statistics' sums counted here (a runner going idle or leaving) in one
+        transaction."""
+        pipe = self.client.pipeline(transaction=True)
+        for name, n in stats.counts.items():
+            pipe.hincrby(keys.STATS_JOBS, name, n)
+        for name, total in stats.sums.items():
+            pipe.hincrbyfloat(keys.STATS_JOBS, name, total)
+        pipe.execute()
+
     def list_length(self, name: str) -> int:
         return int(self.client.llen(name))
 
@@ -364,11 +397,6 @@ class SyncRuns:
 
     def expire(self, key: str, ttl_s: int) -> None:
         self.client.expire(key, ttl_s)
-
-
-def _attempt_keys(ending: Ending) -> list[str]:
-    job_key = ending.job_key
-    return [job_key, keys.lease(job_key), keys.RUNNING, ending.inflight, keys.attempts(job_key)]
 
 
 def _source(name: str) -> str:

@@ -4,9 +4,12 @@
 -- Returns: 1 if the peer is the message's destination, else 0 (nothing written).
 -- Atomic effect: only the peer the message was sent to can acknowledge it: acked_at is set,
 -- and a message still 'dispatched' turns 'acknowledged' (a later status stands).
-if redis.call('HGET', KEYS[1], 'destination') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
-if redis.call('HGET', KEYS[1], 'status') == 'dispatched' then
-  redis.call('HSET', KEYS[1], 'status', 'acknowledged', 'updated_at', ARGV[1])
+local cur = redis.call('HMGET', KEYS[1], 'destination', 'status')
+if cur[1] ~= ARGV[2] then return 0 end
+if cur[2] == 'dispatched' then
+  redis.call('HSET', KEYS[1], 'acked_at', ARGV[1], 'status', 'acknowledged',
+             'updated_at', ARGV[1])
+else
+  redis.call('HSET', KEYS[1], 'acked_at', ARGV[1])
 end
 return 1

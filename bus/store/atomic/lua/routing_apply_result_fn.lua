@@ -8,15 +8,17 @@
 -- flow id is pushed on flow_events, which wakes the flow engine.
 -- include: stats_jobs
 local function apply_result(job, request, reply, flow_events, a)
-  local mine = redis.call('TYPE', job).ok == 'hash'
-    and redis.call('HGET', job, 'message_key') == request
+  -- one read, a pcall: a key of another type reads as an error, which is no request's job
+  local cur = redis.pcall('HMGET', job, 'message_key', 'flow_id', 'script_type',
+                          'stats_queued_ms')
+  local mine = not cur['err'] and cur[1] == request
   if mine then
     redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])
-    stats_answered(job, a[1], a[3])
+    stats_answered(job, a[1], a[3], {script_type = cur[3], stats_queued_ms = cur[4]})
   end
   redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
   redis.call('LPUSH', reply, a[6])
   redis.call('EXPIRE', reply, a[7])
-  local flow = mine and redis.call('HGET', job, 'flow_id')
+  local flow = mine and cur[2]
   if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end
 end

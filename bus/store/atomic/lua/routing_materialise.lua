@@ -1,8 +1,9 @@
 -- Materialise a batch of job messages.
 -- KEYS: [1] the in-flight list, then the type queues whose depth to report
--- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none),
---         jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}], [2] now (s),
---       [3] the replay window (s)
+-- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none), event ('submitted': the
+--         message names this node as origin and destination, else 'received'; the job
+--         statistics' count), jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}],
+--       [2] now (s), [3] the replay window (s)
 -- Returns: {codes, depth, owners}: one code per message (0 materialised, 1 replay of the
 -- message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of the
 -- reported queues afterwards, and per message "<job key> <its holder>" for code 3 ("" else).
@@ -39,7 +40,7 @@ for i, m in ipairs(batch) do
     for _, j in ipairs(m.jobs) do
       redis.call('HSET', j.key, unpack(j.fields))
       if j.queue ~= '' then redis.call('LPUSH', j.queue, j.key) end
-      stats_queued(j.key, m.key)
+      stats_queued(j.key, m.event, j.fields)
     end
     redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     redis.call('SET', m.seen, '1', 'EX', ARGV[3])

@@ -6,7 +6,7 @@
 -- Atomic effect: none.
 local out = {}
 for i, k in ipairs(KEYS) do
-  out[i] = ''
-  if redis.call('TYPE', k)['ok'] == 'hash' then out[i] = redis.call('HGET', k, 'reply_to') or '' end
+  local v = redis.pcall('HGET', k, 'reply_to')  -- another type: an error, read as ''
+  out[i] = type(v) == 'string' and v or ''
 end
 return out

@@ -9,5 +9,5 @@ local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'message_key') ~= ARGV[1])
 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-stats_queued(KEYS[1], false)
+stats_queued(KEYS[1], 'submitted', {unpack(ARGV, 2)})
 return 1

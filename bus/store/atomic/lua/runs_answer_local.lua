@@ -8,6 +8,6 @@
 -- include: stats_jobs
 -- include: runs_answered
 redis.call('HSET', KEYS[1], 'answered', ARGV[1], 'result', ARGV[5])
-answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[6], ARGV[7])
+answer_here(KEYS[1], KEYS[4], KEYS[5], KEYS[6], ARGV[2], ARGV[1], ARGV[6], ARGV[7], false)
 stats_ended(KEYS[1], ARGV[2], false)
 return 1

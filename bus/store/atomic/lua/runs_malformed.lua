@@ -8,6 +8,6 @@
 -- include: type_breaker
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', 'error', 'reason', ARGV[2], 'updated_at', ARGV[3])
-stats_ended(KEYS[1], 'error', ARGV[2])
-type_breaker_ended(KEYS[1], 'error', ARGV[2])
+stats_ended(KEYS[1], 'error', ARGV[2], known)
+type_breaker_ended(KEYS[1], 'error', ARGV[2], known)
 return 1

@@ -10,5 +10,5 @@
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'updated_at', ARGV[2])
 redis.call('RPUSH', KEYS[5], KEYS[1])
-type_breaker_ended(KEYS[1], 'requeued', '')
+type_breaker_ended(KEYS[1], 'requeued', '', known)
 return 1

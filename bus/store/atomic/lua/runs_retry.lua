@@ -1,15 +1,22 @@
 -- End a failed attempt and schedule the next one.
 -- KEYS: job lease running inflight attempts delayed
--- ARGV: attempt reason now attempt_entry due_ms member ('<queue>|<job key>')
+-- ARGV: attempt reason now attempt_entry due_ms member ('<queue>|<job key>') [stats: '' or
+--       absent, this script counts the attempt in the job statistics; else a runner process's
+--       sums (stats_apply), which count it]
 -- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
 -- Atomic effect: the fence's release; the job 'dispatched' with the reason, the attempt entry
--- appended, the member added to the delayed zset at due_ms; the type breaker told.
+-- appended, the member added to the delayed zset at due_ms; the type breaker told; the job
+-- statistics counted or the given sums applied.
 -- include: stats_jobs
 -- include: type_breaker
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[2], 'updated_at', ARGV[3])
 redis.call('RPUSH', KEYS[5], ARGV[4])
-stats_ended(KEYS[1], 'retry', ARGV[2])
-type_breaker_ended(KEYS[1], 'retry', ARGV[2])
+if (ARGV[7] or '') ~= '' then
+  stats_apply(ARGV[7])
+else
+  stats_ended(KEYS[1], 'retry', ARGV[2], known)
+end
+type_breaker_ended(KEYS[1], 'retry', ARGV[2], known)
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[6])
 return 1

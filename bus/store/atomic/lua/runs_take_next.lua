@@ -9,11 +9,10 @@
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>' and its lease '<lease_prefix><key>'.
 -- include: runs_unrunnable
--- include: stats_jobs
--- include: type_breaker
-local gate, now_ms = ARGV[6] or '', 0
+-- include: runs_begin
+local gate, now_ms = ARGV[6] or '', false
 if gate ~= '' then
-  now_ms = tb_now()
+  now_ms = stats_ms()
   local wait = tb_wait(gate, now_ms)
   if wait > 0 then return {'', 'breaker_open:' .. wait} end
 end
@@ -23,24 +22,17 @@ for i = 3, #KEYS do
   if nxt then break end
 end
 if not nxt then return {} end
-local bad = unrunnable(nxt)
+local bad, f = unrunnable(nxt)
 if bad then
   redis.call('LREM', KEYS[1], 1, nxt)
   return {nxt, bad}
 end
-local st = redis.call('HGET', nxt, 'status')
-if st == 'finished' or st == 'error' then
+if f['status'] == 'finished' or f['status'] == 'error' then
   redis.call('LREM', KEYS[1], 1, nxt)
   return {nxt}
 end
 local tok = ARGV[1] .. ':' .. nxt
-redis.call('HINCRBY', nxt, 'attempt', 1)
-redis.call('HSET', nxt, 'status', 'started', 'runner', tok, 'updated_at', ARGV[3],
-           'runner_id', ARGV[5])
-redis.call('SET', ARGV[4] .. nxt, tok, 'PX', ARGV[2])
-redis.call('SADD', KEYS[2], nxt)
-stats_started(nxt)
-if gate ~= '' then tb_started(gate, nxt, now_ms) end
-local out = redis.call('HGETALL', nxt)
+now_ms = now_ms or stats_ms()
+local out = begin(nxt, f, tok, ARGV[2], ARGV[3], ARGV[5], ARGV[4] .. nxt, KEYS[2], gate, now_ms)
 table.insert(out, 1, nxt)
 return out

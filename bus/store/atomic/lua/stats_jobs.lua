@@ -10,20 +10,30 @@
 -- the first bucket bound the value is not above, or +Inf) with duration_sum|<type> and
 -- roundtrip_sum|<type> (seconds). A job hash gains stats_queued_ms (when it was queued: on its
 -- origin, submitted; at its destination, received) and stats_started_ms (its attempt's start).
+-- A runner process counts the ends and answers of its attempts itself (bus/store/atomic/stats.py,
+-- the same fields) and hands the sums to an ending script's 'stats' ARGV: stats_apply.
 local STATS = '${STATS_KEY}'
 local STATS_BUCKETS = ${STATS_BUCKETS}
+-- read once per script: a script is one instant, however many jobs it counts
+local stats_now = false
 local function stats_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not stats_now then
+    local t = redis.call('TIME')
+    stats_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return stats_now
 end
 -- a reason's token (its text up to ': '): labels stay few whatever a runner writes
 local function stats_token(text)
   return string.sub(string.match(text or '', '^[a-z0-9_]*'), 1, 40)
 end
--- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|')
+-- a job's script type (a [runners] name: letters, digits, '_', '.', '-'; never '|'), from
+-- its script_type field t (or false)
+local function stats_label(t)
+  return string.sub(string.match(t or '', '^[%w_%.%-]*'), 1, 64)
+end
 local function stats_type(job)
-  local t = redis.call('HGET', job, 'script_type') or ''
-  return string.sub(string.match(t, '^[%w_%.%-]*'), 1, 64)
+  return stats_label(redis.call('HGET', job, 'script_type'))
 end
 local function stats_observe(name, stype, since_ms)
   local t0 = tonumber(since_ms)
@@ -36,16 +46,18 @@ local function stats_observe(name, stype, since_ms)
   redis.call('HINCRBY', STATS, name .. '|' .. stype .. '|' .. le, 1)
   redis.call('HINCRBYFLOAT', STATS, name .. '_sum|' .. stype, s)
 end
--- a job queued for the first time (a redelivery counts nothing): at its origin if its message
--- names this node as both origin and destination or if message is false (the origin's copy)
-local function stats_queued(job, message)
+-- a job queued for the first time (a redelivery counts nothing), as event: 'submitted' at its
+-- origin (its message names this node as both origin and destination, or the origin's copy),
+-- else 'received'; fields: the job's fields as the script just wrote them (flat), where its
+-- type is read
+local function stats_queued(job, event, fields)
   if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
-  local event = 'submitted'
-  if message then
-    local m = redis.call('HMGET', message, 'origin', 'destination')
-    if not m[1] or m[1] ~= m[2] then event = 'received' end
+  local t = false
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'script_type' then t = fields[i + 1] end
   end
-  redis.call('HINCRBY', STATS, event .. '|' .. stats_type(job), 1)
+  if not t then t = redis.call('HGET', job, 'script_type') end  -- a type written earlier
+  redis.call('HINCRBY', STATS, event .. '|' .. stats_label(t), 1)
 end
 local function stats_started(job)
   redis.call('HSET', job, 'stats_started_ms', stats_ms())
@@ -58,18 +70,44 @@ local function stats_ended_queued(job, status, reason)
   redis.call('HINCRBY', STATS, field, 1)
   return stype
 end
--- an attempt ended where it ran (reason false: the job's own reason field)
-local function stats_ended(job, status, reason)
+-- an attempt ended where it ran (reason false: the job's own reason field); known: the job's
+-- script_type and stats_started_ms as the caller read them (runs_fence), or nil
+local function stats_ended(job, status, reason, known)
   reason = reason or redis.call('HGET', job, 'reason') or ''
   -- a retry is written 'retrying after: <the attempt's reason>' (node/runners): count the latter
   if status == 'retry' then reason = string.match(reason, '^retrying after: (.*)') or reason end
-  local stype = stats_ended_queued(job, status, reason)
-  stats_observe('duration', stype, redis.call('HGET', job, 'stats_started_ms'))
+  local stype, since
+  if known then
+    stype, since = stats_label(known.script_type), known.stats_started_ms
+  else
+    stype, since = stats_type(job), redis.call('HGET', job, 'stats_started_ms')
+  end
+  local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
+  redis.call('HINCRBY', STATS, field, 1)
+  stats_observe('duration', stype, since)
 end
 -- a job answered at its origin (its copy there, or the job itself if it ran there)
-local function stats_answered(job, status, reason)
-  local stype = stats_type(job)
+-- (known: the job's script_type and stats_queued_ms as the caller read them, or nil)
+local function stats_answered(job, status, reason, known)
+  local stype, since
+  if known then
+    stype, since = stats_label(known.script_type), known.stats_queued_ms
+  else
+    stype, since = stats_type(job), redis.call('HGET', job, 'stats_queued_ms')
+  end
   local field = 'answered|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
   redis.call('HINCRBY', STATS, field, 1)
-  stats_observe('roundtrip', stype, redis.call('HGET', job, 'stats_queued_ms'))
+  stats_observe('roundtrip', stype, since)
+end
+-- the sums a runner process counted (bus/store/atomic/stats.py): a JSON list
+-- [field, increment, ...]; a '_sum|' field is a float
+local function stats_apply(encoded)
+  local flat = cjson.decode(encoded)
+  for i = 1, #flat, 2 do
+    if string.find(flat[i], '_sum|', 1, true) then
+      redis.call('HINCRBYFLOAT', STATS, flat[i], flat[i + 1])
+    else
+      redis.call('HINCRBY', STATS, flat[i], flat[i + 1])
+    end
+  end
 end
