@@ -147,7 +147,14 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     client.hset("job:1:4", mapping={"status": "finished", "script_type": "v"})
     calls: list[object] = []
 
-    def end(_job: object, _request: object, _outcome: object, _attempt: int, nxt: object) -> None:
+    def end(  # Runner._end's signature
+        _job: object,
+        _fields: object,
+        _request: object,
+        _outcome: object,
+        _attempt: int,
+        nxt: object,
+    ) -> None:
         calls.append(nxt)
         if len(calls) == 1:  # it ended job:1:1 and took the others, but its reply was lost
             client.lpush(INFLIGHT, "job:1:3", "job:1:4", "job:1:2")
@@ -156,7 +163,7 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     monkeypatch.setattr(runner, "_end", end)
     job = RunnerJob(1, 1, 1, "", "v")
     outcome = Outcome(JobStatus.FINISHED, {}, "")
-    assert runner.conclude(job, Message(1, 1, 1), outcome, 1, "next") is None
+    assert runner.conclude(job, {}, Message(1, 1, 1), outcome, 1, "next") is None
     assert calls == ["next", None]  # sent again without taking a job
     assert client.lrange(INFLIGHT, 0, -1) == []
     assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]
