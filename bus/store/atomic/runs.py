@@ -49,16 +49,12 @@ __all__ = [
     "finish_call",
     "finish_local",
     "finish_local_call",
-    "finish_malformed",
     "move_due",
-    "pop_first",
     "reap",
     "renew",
-    "requeue",
     "retry_call",
     "retry_later",
     "running_jobs",
-    "start",
     "then_source",
     "then_take_next",
     "unrunnable_detail",
@@ -126,23 +122,6 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-async def start(
-    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, runner_id: str = ""
-) -> dict[str, str] | str:
-    """Take the lease and mark the job started; the job's fields (``attempt`` counts this
-    attempt), {} if the job is final, or why the entry names nothing to start (a reason token:
-    :func:`unrunnable_detail`). ``runner_id`` names the in-flight list
-    (``inflight:runner:<runner_id>``) a reaper removes the job from. Raises StoreError."""
-    args = [token, str(ttl_ms), str(now()), runner_id]
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING]
-    flat = await store.script(ctx, script("runs_start"), key_list, args)
-    if isinstance(flat, str | bytes):
-        return flat.decode() if isinstance(flat, bytes) else flat
-    if isinstance(flat, dict):  # RESP3 may already give a map
-        return {str(k): str(v) for k, v in flat.items()}
-    return _pairs(flat)
 
 
 async def renew(
@@ -339,36 +318,11 @@ async def retry_later(
     return bool(await store.script(ctx, script(name), key_list, args))
 
 
-async def finish_malformed(
-    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, detail: str
-) -> bool:
-    """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-    args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
-    return bool(await store.script(ctx, script("runs_malformed"), key_list, args))
-
-
-async def requeue(
-    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, queue: str
-) -> bool:
-    """Give an interrupted attempt back (shutdown): not counted, queued at the consuming end."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
-    args = [str(attempt), str(now())]
-    return bool(await store.script(ctx, script("runs_requeue"), key_list, args))
-
-
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:
     """Queue every retry that is due; return when the next one is due (ms), or -1."""
     args = [str(now_ms), str(now())]
     key_list = [keys.DELAYED, keys.DLQ, keys.DLQ_EVENTS]
     return int(await store.script(ctx, script("runs_move_due"), key_list, args))
-
-
-async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> str | None:
-    """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
-    a crash never loses it), or None. Raises StoreError."""
-    value = await store.script(ctx, script("runs_pop_first"), [inflight, *lists], [])
-    return None if value is None else await store.utf8_entry(ctx, inflight, value, "")
 
 
 # -- the results service of external runners (node/runners/external.py) ------------------------
