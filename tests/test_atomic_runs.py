@@ -33,16 +33,18 @@ async def _ttl_ms(store, key: str) -> int:
     return int(await store.call(1, lambda r: r.pttl(key)))
 
 
-async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None, job: str = JOB):
-    ending = runs.Ending(job, attempt, INFLIGHT, "finished", {"stdout": "x"}, "", '{"attempt": 1}')
-    return await runs.finish_local(
-        store,
-        1,
-        ending,
-        request_key=f"message:{job[4:]}",
-        reply_ttl_s=60,
-        take_next=take_next,
-    )
+def _ending(attempt: int, job: str = JOB) -> runs.Ending:
+    return runs.Ending(job, attempt, INFLIGHT, "finished", {"stdout": "x"}, "", '{"attempt": 1}')
+
+
+async def _finish_local(store, attempt: int) -> bool:
+    ending = _ending(attempt)
+    return await runs.finish_local(store, 1, ending, request_key="message:1:1", reply_ttl_s=60)
+
+
+def _finish_local_then(sync_runs: SyncRuns, take: runs.NextJob, job: str = JOB):
+    """A local finish then runs_take_next, in one round trip: only runner processes do that."""
+    return sync_runs.finish_local(_ending(1, job), f"message:{job[4:]}", 60, take)
 
 
 def test_every_script_states_its_keys_argv_and_effect() -> None:
@@ -114,13 +116,7 @@ async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) ->
     await _started(store, sync_runs)
     answer = Message(7, 9, 1, origin="elsewhere")
     ending = runs.Ending(JOB, 1, INFLIGHT, "error", {"stderr": "e"}, "exit_1", '{"attempt": 1}')
-    done, nxt = await runs.finish(
-        store,
-        1,
-        ending,
-        answer=answer,
-    )
-    assert (done, nxt) == (True, None)
+    assert await runs.finish(store, 1, ending, answer=answer)
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], json.loads(job["result"])) == (
         "error",
@@ -138,7 +134,7 @@ async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) ->
 async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_runs) -> None:
     await _started(store, sync_runs, attempt="1")  # the current attempt is 2
     before = await store.hgetall(1, JOB)
-    assert await _finish_local(store, 1) == (False, None)
+    assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
         store, 1, JOB, 3, INFLIGHT, queue=QUEUE, reason="r", entry="{}", due_ms=1
     )
@@ -153,13 +149,13 @@ async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_
 
 async def test_the_fence_refuses_a_job_that_is_not_started(store) -> None:
     await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
-    assert await _finish_local(store, 1) == (False, None)
+    assert not await _finish_local(store, 1)
     assert await store.hgetall(1, "message:1:1") == {}
 
 
 async def test_finish_local_answers_the_request_here(store, sync_runs) -> None:
     await _started(store, sync_runs, flow_id="flow:1")
-    assert await _finish_local(store, 1) == (True, None)
+    assert await _finish_local(store, 1)
     assert (await store.hgetall(1, JOB))["status"] == "finished"
     request = await store.hgetall(1, "message:1:1")
     assert request["status"] == "processed"
@@ -176,7 +172,7 @@ async def test_finish_then_take_next_starts_the_next_job_in_one_step(store, sync
     await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
     await store.lpush(1, QUEUE, "job:1:2")
     take = runs.NextJob(("queue:python:prio:high", QUEUE), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take)
+    done, nxt = _finish_local_then(sync_runs, take)
     assert done
     assert nxt is not None
     assert (nxt[0], nxt[1]["status"], nxt[1]["attempt"]) == ("job:1:2", "started", "1")
@@ -190,14 +186,14 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
     await _started(store, sync_runs)
     await store.lpush(1, QUEUE, "job:1:404")  # names no hash
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take)
+    done, nxt = _finish_local_then(sync_runs, take)
     assert (done, nxt, take.found_empty) == (True, None, False)
     assert await store.lrange(1, INFLIGHT) == []
     (dead,) = await store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
     await _started(store, sync_runs, "job:1:2")
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take, "job:1:2")
+    done, nxt = _finish_local_then(sync_runs, take, "job:1:2")
     assert (done, nxt, take.found_empty) == (True, None, True)
 
 

@@ -46,14 +46,13 @@ async def _finish_local(store, attempt: int) -> bool:
     ending = runs.Ending(
         JOB, attempt, "inflight:runner:python:0", "finished", {"stdout": "x"}, "", "{}"
     )
-    done, _ = await runs.finish_local(
+    return await runs.finish_local(
         store,
         1,
         ending,
         request_key="message:1:1",
         reply_ttl_s=60,
     )
-    return done
 
 
 async def test_a_current_attempt_is_accepted_after_its_lease_expired(store, sync_runs):
