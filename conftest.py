@@ -16,6 +16,7 @@ import trio.testing
 
 from bus.client.api import Client
 from bus.core.ids import set_clock
+from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import Store, open_store
 from node.config import NodeConfig
 from node.daemon import NodeInfo, run_node
@@ -70,6 +71,17 @@ def redis_url(valkey_factory: Callable[[], ValkeyProcess]) -> str:
 async def store(redis_url: str) -> AsyncIterator[Store]:
     async with open_store(redis_url) as s:
         yield s
+
+
+@pytest.fixture
+def sync_runs(redis_url: str) -> Iterator[SyncRuns]:
+    """The runner processes' blocking transitions (bus/store/atomic/runs_sync.py) on DB 1 of
+    the Valkey ``store`` reaches: tests of a job's start, requeue, pop and malformed end run
+    the code the runner processes run. Its calls are short scripts, called in trio tests as
+    they are (no blocking pop)."""
+    client = connect(redis_url, 1)
+    yield SyncRuns(client)
+    client.close()
 
 
 class RunningNode:

@@ -1,5 +1,7 @@
 """Each script of bus/store/atomic/lua/runs_*.lua against a real Valkey: what it writes and returns,
-and what it refuses (the attempt fence, the answer fence) without writing anything."""
+and what it refuses (the attempt fence, the answer fence) without writing anything. A job's
+start, requeue, pop and malformed end are run through the blocking client of the runner
+processes (``sync_runs``), the only code that runs them."""
 
 from __future__ import annotations
 
@@ -12,32 +14,37 @@ import pytest
 from bus.core import keys
 from bus.core.models import Message, Runner
 from bus.store.atomic import runs, slots, source
+from bus.store.atomic.runs_sync import SyncRuns
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"
 QUEUE = "queue:python"
 
 
-async def _started(store, job: str = JOB, attempt: str = "0", **fields: str) -> None:
+async def _started(
+    store, sync_runs: SyncRuns, job: str = JOB, attempt: str = "0", **fields: str
+) -> None:
     await store.hset(1, job, {"status": "dispatched", "attempt": attempt, **fields})
     await store.lpush(1, INFLIGHT, job)
-    assert isinstance(await runs.start(store, 1, job, f"tok:{job}", 10_000, "python:0"), dict)
+    assert isinstance(sync_runs.start(job, f"tok:{job}", 10_000, "python:0"), dict)
 
 
 async def _ttl_ms(store, key: str) -> int:
     return int(await store.call(1, lambda r: r.pttl(key)))
 
 
-async def _finish_local(store, attempt: int, take_next: runs.NextJob | None = None, job: str = JOB):
-    ending = runs.Ending(job, attempt, INFLIGHT, "finished", {"stdout": "x"}, "", '{"attempt": 1}')
-    return await runs.finish_local(
-        store,
-        1,
-        ending,
-        request_key=f"message:{job[4:]}",
-        reply_ttl_s=60,
-        take_next=take_next,
-    )
+def _ending(attempt: int, job: str = JOB) -> runs.Ending:
+    return runs.Ending(job, attempt, INFLIGHT, "finished", {"stdout": "x"}, "", '{"attempt": 1}')
+
+
+async def _finish_local(store, attempt: int) -> bool:
+    ending = _ending(attempt)
+    return await runs.finish_local(store, 1, ending, request_key="message:1:1", reply_ttl_s=60)
+
+
+def _finish_local_then(sync_runs: SyncRuns, take: runs.NextJob, job: str = JOB):
+    """A local finish then runs_take_next, in one round trip: only runner processes do that."""
+    return sync_runs.finish_local(_ending(1, job), f"message:{job[4:]}", 60, take)
 
 
 def test_every_script_states_its_keys_argv_and_effect() -> None:
@@ -54,9 +61,9 @@ def test_every_script_states_its_keys_argv_and_effect() -> None:
     assert not re.search(r"^-- include:", source("runs_finish_local"), re.MULTILINE)
 
 
-async def test_start_marks_started_leases_and_counts_the_attempt(store) -> None:
+async def test_start_marks_started_leases_and_counts_the_attempt(store, sync_runs) -> None:
     await store.hset(1, JOB, {"status": "dispatched", "attempt": "2"})
-    fields = await runs.start(store, 1, JOB, "tok", 10_000, "python:0")
+    fields = sync_runs.start(JOB, "tok", 10_000, "python:0")
     assert isinstance(fields, dict)
     assert (fields["status"], fields["attempt"], fields["runner"]) == ("started", "3", "tok")
     assert fields["runner_id"] == "python:0"
@@ -75,25 +82,25 @@ async def test_start_marks_started_leases_and_counts_the_attempt(store) -> None:
         ({"status": "dispatched"}, "job:1:\u00e9", "malformed_job"),
     ],
 )
-async def test_start_refuses_what_no_runner_can_start(store, setup, key, reason) -> None:
+async def test_start_refuses_what_no_runner_can_start(store, sync_runs, setup, key, reason) -> None:
     if setup.pop("list", False):
         await store.lpush(1, key, "x")
     elif setup:
         await store.hset(1, key, setup)
-    assert await runs.start(store, 1, key, "tok", 10_000) == reason
+    assert sync_runs.start(key, "tok", 10_000, "") == reason
     assert not await store.exists(1, keys.lease(key))
     assert await runs.running_jobs(store, 1) == []
 
 
-async def test_start_leaves_a_final_job_alone(store) -> None:
+async def test_start_leaves_a_final_job_alone(store, sync_runs) -> None:
     await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
-    assert await runs.start(store, 1, JOB, "tok", 10_000) == {}
+    assert sync_runs.start(JOB, "tok", 10_000, "") == {}
     assert await runs.attempt_state(store, 1, JOB) == ("finished", "1")
     assert not await store.exists(1, keys.lease(JOB))
 
 
-async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store) -> None:
-    await _started(store)
+async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     await store.call(1, lambda r: r.pexpire(keys.lease(JOB), 500))
     assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
     assert await _ttl_ms(store, keys.lease(JOB)) > 500
@@ -105,17 +112,11 @@ async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store) -> Non
     assert not await store.exists(1, keys.lease(JOB))
 
 
-async def test_finish_records_the_end_and_queues_the_answer(store) -> None:
-    await _started(store)
+async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     answer = Message(7, 9, 1, origin="elsewhere")
     ending = runs.Ending(JOB, 1, INFLIGHT, "error", {"stderr": "e"}, "exit_1", '{"attempt": 1}')
-    done, nxt = await runs.finish(
-        store,
-        1,
-        ending,
-        answer=answer,
-    )
-    assert (done, nxt) == (True, None)
+    assert await runs.finish(store, 1, ending, answer=answer)
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], json.loads(job["result"])) == (
         "error",
@@ -130,15 +131,15 @@ async def test_finish_records_the_end_and_queues_the_answer(store) -> None:
     assert await store.lrange(1, INFLIGHT) == []
 
 
-async def test_the_fence_refuses_another_attempt_and_writes_nothing(store) -> None:
-    await _started(store, attempt="1")  # the current attempt is 2
+async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_runs) -> None:
+    await _started(store, sync_runs, attempt="1")  # the current attempt is 2
     before = await store.hgetall(1, JOB)
-    assert await _finish_local(store, 1) == (False, None)
+    assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
         store, 1, JOB, 3, INFLIGHT, queue=QUEUE, reason="r", entry="{}", due_ms=1
     )
-    assert not await runs.finish_malformed(store, 1, JOB, 1, INFLIGHT, "bad")
-    assert not await runs.requeue(store, 1, JOB, 1, INFLIGHT, QUEUE)
+    assert not sync_runs.finish_malformed(JOB, 1, INFLIGHT, "bad")
+    assert not sync_runs.requeue(JOB, 1, INFLIGHT, QUEUE)
     assert await store.hgetall(1, JOB) == before
     assert await store.exists(1, keys.lease(JOB))
     assert await store.lrange(1, INFLIGHT) == [JOB]
@@ -148,13 +149,13 @@ async def test_the_fence_refuses_another_attempt_and_writes_nothing(store) -> No
 
 async def test_the_fence_refuses_a_job_that_is_not_started(store) -> None:
     await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
-    assert await _finish_local(store, 1) == (False, None)
+    assert not await _finish_local(store, 1)
     assert await store.hgetall(1, "message:1:1") == {}
 
 
-async def test_finish_local_answers_the_request_here(store) -> None:
-    await _started(store, flow_id="flow:1")
-    assert await _finish_local(store, 1) == (True, None)
+async def test_finish_local_answers_the_request_here(store, sync_runs) -> None:
+    await _started(store, sync_runs, flow_id="flow:1")
+    assert await _finish_local(store, 1)
     assert (await store.hgetall(1, JOB))["status"] == "finished"
     request = await store.hgetall(1, "message:1:1")
     assert request["status"] == "processed"
@@ -166,12 +167,12 @@ async def test_finish_local_answers_the_request_here(store) -> None:
     assert await store.lrange(1, INFLIGHT) == []
 
 
-async def test_finish_then_take_next_starts_the_next_job_in_one_step(store) -> None:
-    await _started(store)
+async def test_finish_then_take_next_starts_the_next_job_in_one_step(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
     await store.lpush(1, QUEUE, "job:1:2")
     take = runs.NextJob(("queue:python:prio:high", QUEUE), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take)
+    done, nxt = _finish_local_then(sync_runs, take)
     assert done
     assert nxt is not None
     assert (nxt[0], nxt[1]["status"], nxt[1]["attempt"]) == ("job:1:2", "started", "1")
@@ -181,23 +182,23 @@ async def test_finish_then_take_next_starts_the_next_job_in_one_step(store) -> N
     assert not take.found_empty
 
 
-async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store) -> None:
-    await _started(store)
+async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     await store.lpush(1, QUEUE, "job:1:404")  # names no hash
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take)
+    done, nxt = _finish_local_then(sync_runs, take)
     assert (done, nxt, take.found_empty) == (True, None, False)
     assert await store.lrange(1, INFLIGHT) == []
     (dead,) = await store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
-    await _started(store, "job:1:2")
+    await _started(store, sync_runs, "job:1:2")
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
-    done, nxt = await _finish_local(store, 1, take, "job:1:2")
+    done, nxt = _finish_local_then(sync_runs, take, "job:1:2")
     assert (done, nxt, take.found_empty) == (True, None, True)
 
 
-async def test_retry_later_schedules_the_next_attempt(store) -> None:
-    await _started(store)
+async def test_retry_later_schedules_the_next_attempt(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     args = {"queue": QUEUE, "reason": "exit_1", "entry": "{}", "due_ms": 1234}
     assert await runs.retry_later(store, 1, JOB, 1, INFLIGHT, **args)
     assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "1")
@@ -207,17 +208,17 @@ async def test_retry_later_schedules_the_next_attempt(store) -> None:
     assert await store.lrange(1, keys.attempts(JOB)) == ["{}"]
 
 
-async def test_finish_malformed_ends_the_job_in_error(store) -> None:
-    await _started(store)
-    assert await runs.finish_malformed(store, 1, JOB, 1, INFLIGHT, "no script")
+async def test_finish_malformed_ends_the_job_in_error(store, sync_runs) -> None:
+    await _started(store, sync_runs)
+    assert sync_runs.finish_malformed(JOB, 1, INFLIGHT, "no script")
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"]) == ("error", "malformed_job: no script")
     assert not await store.exists(1, keys.lease(JOB))
 
 
-async def test_requeue_gives_the_attempt_back(store) -> None:
-    await _started(store, attempt="4")
-    assert await runs.requeue(store, 1, JOB, 5, INFLIGHT, QUEUE)
+async def test_requeue_gives_the_attempt_back(store, sync_runs) -> None:
+    await _started(store, sync_runs, attempt="4")
+    assert sync_runs.requeue(JOB, 5, INFLIGHT, QUEUE)
     assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "4")
     assert await store.lrange(1, QUEUE) == [JOB]
     assert await store.lrange(1, INFLIGHT) == []
@@ -237,12 +238,12 @@ async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -
     assert await store.lrange(1, QUEUE) == ["job:1:2", "job:1:1"]
 
 
-async def test_pop_first_moves_the_first_entry_of_the_first_list(store) -> None:
+async def test_pop_first_moves_the_first_entry_of_the_first_list(store, sync_runs) -> None:
     await store.lpush(1, "queue:b", "job:1:2")
     await store.lpush(1, "queue:c", "job:1:3")
-    assert await runs.pop_first(store, 1, ["queue:a", "queue:b", "queue:c"], INFLIGHT) == "job:1:2"
+    assert sync_runs.pop_first(["queue:a", "queue:b", "queue:c"], INFLIGHT) == "job:1:2"
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
-    assert await runs.pop_first(store, 1, ["queue:a", "queue:b"], INFLIGHT) is None
+    assert sync_runs.pop_first(["queue:a", "queue:b"], INFLIGHT) is None
 
 
 async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answered:
@@ -290,8 +291,8 @@ async def test_answer_remote_queues_the_signed_result_once(store) -> None:
     assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
 
 
-async def test_reap_ends_an_attempt_whose_lease_is_gone(store) -> None:
-    await _started(store)
+async def test_reap_ends_an_attempt_whose_lease_is_gone(store, sync_runs) -> None:
+    await _started(store, sync_runs)
     assert not await runs.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease exists
     await store.delete(1, [keys.lease(JOB)])
     assert not await runs.reap(store, 1, JOB, "2", "runner_lost: x")  # not its attempt

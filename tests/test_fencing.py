@@ -19,6 +19,7 @@ from bus.client.api import open_client
 from bus.core import admitted, keys
 from bus.core.models import JobStatus, RunnerJob
 from bus.store.atomic import runs
+from bus.store.atomic.runs_sync import SyncRuns
 from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
 from node.runners import outcomes
@@ -31,11 +32,13 @@ from tests.scripts import announcing, command_job_run, wait_announced
 JOB = "job:1:1"
 
 
-async def _started(store, attempts: int = 1) -> dict[str, str]:
+async def _started(store, sync_runs: SyncRuns, attempts: int = 1) -> dict[str, str]:
     await store.hset(1, JOB, {"status": "dispatched", "attempt": "0"})
     fields: dict[str, str] = {}
     for _ in range(attempts):
-        fields = await runs.start(store, 1, JOB, "tok", 10_000, "python:0")
+        started = sync_runs.start(JOB, "tok", 10_000, "python:0")
+        assert isinstance(started, dict)
+        fields = started
     return fields
 
 
@@ -43,18 +46,17 @@ async def _finish_local(store, attempt: int) -> bool:
     ending = runs.Ending(
         JOB, attempt, "inflight:runner:python:0", "finished", {"stdout": "x"}, "", "{}"
     )
-    done, _ = await runs.finish_local(
+    return await runs.finish_local(
         store,
         1,
         ending,
         request_key="message:1:1",
         reply_ttl_s=60,
     )
-    return done
 
 
-async def test_a_current_attempt_is_accepted_after_its_lease_expired(store):
-    fields = await _started(store)
+async def test_a_current_attempt_is_accepted_after_its_lease_expired(store, sync_runs):
+    fields = await _started(store, sync_runs)
     assert (fields["attempt"], fields["runner_id"]) == ("1", "python:0")
     await store.call(1, lambda r: r.delete([keys.lease(JOB)]))  # lapsed during a stall
     assert await _finish_local(store, 1)
@@ -64,21 +66,22 @@ async def test_a_current_attempt_is_accepted_after_its_lease_expired(store):
     assert not await _finish_local(store, 1)  # ended: a second conclusion is refused
 
 
-async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store):
-    await _started(store, attempts=2)  # attempt 1 was presumed lost and the job started again
+async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, sync_runs):
+    # attempt 1 was presumed lost and the job started again
+    await _started(store, sync_runs, attempts=2)
     assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
         store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
     )
-    assert not await runs.finish_malformed(store, 1, JOB, 1, "inflight:x", "bad")
-    assert not await runs.requeue(store, 1, JOB, 1, "inflight:x", "queue:python")
+    assert not sync_runs.finish_malformed(JOB, 1, "inflight:x", "bad")
+    assert not sync_runs.requeue(JOB, 1, "inflight:x", "queue:python")
     assert (await store.hgetall(1, JOB))["status"] == "started"
     assert await store.llen(1, keys.reply("message:1:1")) == 0
     assert await _finish_local(store, 2)
 
 
-async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store):
-    await _started(store, attempts=2)
+async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store, sync_runs):
+    await _started(store, sync_runs, attempts=2)
     await store.call(1, lambda r: r.delete([keys.lease(JOB)]))
     assert not await runs.renew(store, 1, JOB, "old", 10_000, 1)
     assert not await store.exists_many(1, [keys.lease(JOB)]) == [True]

@@ -118,16 +118,16 @@ async def test_stale_runner_result_is_refused(node_factory):
     assert await alice.store.llen(1, keys.reply(msg.key)) == 0
 
 
-async def test_jobstore_fences_transitions_by_attempt(store):
+async def test_jobstore_fences_transitions_by_attempt(store, sync_runs):
     await store.hset(1, "job:1:1", {"status": "dispatched", "attempt": "0"})
-    started = await runs.start(store, 1, "job:1:1", "tok", 10_000)
+    started = sync_runs.start("job:1:1", "tok", 10_000, "")
     assert (started["attempt"], started["status"], started["runner"]) == ("1", "started", "tok")
     assert await runs.renew(store, 1, "job:1:1", "tok", 10_000, 1)
     assert not await runs.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
-    assert not await runs.requeue(store, 1, "job:1:1", 2, "inflight:x", "queue:python")
-    assert await runs.requeue(store, 1, "job:1:1", 1, "inflight:x", "queue:python")
+    assert not sync_runs.requeue("job:1:1", 2, "inflight:x", "queue:python")
+    assert sync_runs.requeue("job:1:1", 1, "inflight:x", "queue:python")
     assert await store.lrange(1, "queue:python") == ["job:1:1"]
     job = await store.hgetall(1, "job:1:1")
     assert (job["status"], job["attempt"]) == ("dispatched", "0")
     await store.hset(1, "job:1:1", {"status": "finished"})
-    assert await runs.start(store, 1, "job:1:1", "tok", 10_000) == {}
+    assert sync_runs.start("job:1:1", "tok", 10_000, "") == {}

@@ -14,12 +14,13 @@ from bus.core import keys
 from bus.core.models import JobStatus
 from bus.errors import HandshakeError
 from bus.store.atomic import runs, script, source
+from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
 from node.config.console import ConsoleConfig
-from node.host.acl import RUNNER, role_url
+from node.host.acl import NODE, RUNNER, role_url
 from tests.console_http import get
 from tests.nodes import link_to
 
@@ -167,18 +168,23 @@ async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
     inflight = keys.runner_inflight("x")
     # the runner user may not SCRIPT LOAD: the node loads its scripts
     await alice.store.call(1, lambda r: r.script_load(source("runs_malformed")))
+    runner_url = role_url(alice.config, alice.info.redis_url, RUNNER)
+    as_node = SyncRuns(connect(role_url(alice.config, alice.info.redis_url, NODE), 1))
+    as_runner = SyncRuns(connect(runner_url, 1))
     with trio.fail_after(30):
-        async with open_store(role_url(alice.config, alice.info.redis_url, RUNNER)) as runner:
+        async with open_store(runner_url) as runner:
             await alice.client.submit_job(
                 actor, 1, to="self", context_id=1, script_type="ext", script="say 1"
             )
             key = await runner.call(
                 1, lambda r: r.blmove(keys.queue("ext"), inflight, "RIGHT", "LEFT", 20)
             )
-            fields = await runs.start(alice.store, 1, key, "x:1", 15000, "x")
-            assert isinstance(fields, dict)
-            assert fields["attempt"] == "1"
-            assert await runs.finish_malformed(runner, 1, key, 1, inflight, "a test")
+        fields = as_node.start(key, "x:1", 15000, "x")
+        assert isinstance(fields, dict)
+        assert fields["attempt"] == "1"
+        assert as_runner.finish_malformed(key, 1, inflight, "a test")
+    as_node.client.close()
+    as_runner.client.close()
     a, _ = await scrape(alice)
     ext = {"ctx": "1", "type": "ext"}
     assert value(a, "hero_jobs_started_total", **ext) == 1
@@ -186,12 +192,12 @@ async def test_runner_credentials_may_keep_the_job_statistics(node_factory):
     assert value(a, "hero_job_duration_seconds_count", **ext) == 1
 
 
-async def test_job_statistics_keep_their_labels_few(store):
+async def test_job_statistics_keep_their_labels_few(store, sync_runs):
     """Labels come from what runners write: a type is cut at a character no type name has, a
     reason at its first word, and a retry counts under the reason of its attempt."""
     job = "job:1:1"
     await store.hset(1, job, {"status": "dispatched", "script_type": "v-lang.2|x", "attempt": "0"})
-    assert isinstance(await runs.start(store, 1, job, "t", 15000), dict)
+    assert isinstance(sync_runs.start(job, "t", 15000, ""), dict)
     reason = "retrying after: exit code 3: boom"
     inflight = keys.inflight("r")
     ok = await runs.retry_later(
@@ -205,18 +211,19 @@ async def test_job_statistics_keep_their_labels_few(store):
     assert float(stats["duration_sum|v-lang.2"]) >= 0
 
 
-async def _end_twice(store, ctx: int, *, by_runner: bool) -> None:  # noqa: ANN001
+async def _end_twice(store, redis_url: str, ctx: int, *, by_runner: bool) -> None:  # noqa: ANN001
     """A job that fails once (retry) then fails for good, answered here; counted by the
     scripts, or by the caller as a runner process does."""
     job = f"job:1:{ctx}"
     queued = {"stats_queued_ms": "1000", "script_type": "v-lang.2|x", "status": "dispatched"}
     await store.hset(ctx, job, queued | {"attempt": "0"})
     inflight = keys.inflight("r")
+    sync_runs = SyncRuns(connect(redis_url, ctx))
     for attempt, status, reason in (
         (1, "retry", "retrying after: exit code 3: boom"),
         (2, "error", "timeout_run: 5 s"),
     ):
-        fields = await runs.start(store, ctx, job, "t", 15000)
+        fields = sync_runs.start(job, "t", 15000, "")
         assert isinstance(fields, dict)
         ending = runs.Ending(job, attempt, inflight, status, {}, reason, "{}")
         batch = StatsBatch()
@@ -241,6 +248,7 @@ async def _end_twice(store, ctx: int, *, by_runner: bool) -> None:  # noqa: ANN0
             )
         name, key_list, args = call
         assert await store.script(ctx, script(name), key_list, args) == 1
+    sync_runs.client.close()
 
 
 def _labels(stats: dict[str, str]) -> Counter[str]:
@@ -256,12 +264,12 @@ def _labels(stats: dict[str, str]) -> Counter[str]:
     return out
 
 
-async def test_a_runner_counts_what_the_scripts_count(store):
+async def test_a_runner_counts_what_the_scripts_count(store, redis_url):
     """A runner process counts the ends and answers of its attempts in its memory
     (bus/store/atomic/stats.py) and hands the sums to its ending scripts: the same fields and
     counts as the scripts' own counting (bucket and sums aside, which depend on durations)."""
-    await _end_twice(store, 1, by_runner=False)
-    await _end_twice(store, 2, by_runner=True)
+    await _end_twice(store, redis_url, 1, by_runner=False)
+    await _end_twice(store, redis_url, 2, by_runner=True)
     by_scripts = await store.hgetall(1, keys.STATS_JOBS)
     by_runner = await store.hgetall(2, keys.STATS_JOBS)
     assert _labels(by_runner) == _labels(by_scripts)

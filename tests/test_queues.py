@@ -13,7 +13,6 @@ from bus.core.queues import (
     slot_bases,
     target_queue,
 )
-from bus.store.atomic.runs import pop_first
 from crypto import KeyPair
 
 
@@ -67,13 +66,13 @@ def test_targeting_is_signed_only_when_set():
     assert not verify_message(tampered, key.public_hex).ok
 
 
-async def test_pop_first_takes_in_order_reliably(store):
+async def test_pop_first_takes_in_order_reliably(store, sync_runs):
     await store.lpush(1, "queue:v", "job:1:1")
     await store.lpush(1, "queue:v:prio:high", "job:1:2")
     lists = consume_order(slot_bases("v"), 1)
-    assert await pop_first(store, 1, lists, "inflight:runner:v:0") == "job:1:2"
-    assert await pop_first(store, 1, lists, "inflight:runner:v:0") == "job:1:1"
-    assert await pop_first(store, 1, lists, "inflight:runner:v:0") is None
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == "job:1:2"
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == "job:1:1"
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") is None
     assert await store.lrange(1, "inflight:runner:v:0") == ["job:1:1", "job:1:2"]
 
 

@@ -27,9 +27,6 @@ REDIS_VERBS = frozenset(
 )
 # The store itself, where the verbs belong.
 STORE = ("bus/store/",)
-# Where the worker's own Redis client still lives: the runner process is being rewritten to
-# reach storage through bus/store (its own change); until that lands it is not checked here.
-NOT_YET = ("node/worker/",)
 # Calls that hand a raw client (or a transaction) to a function of the caller's.
 _HANDS_OUT_CLIENT = {"call", "read", "transact"}
 _OPENS_CLIENT = {"transaction", "pipeline"}
@@ -92,11 +89,11 @@ def _speaks_redis(call: ast.Call, clients: set[str]) -> str | None:
 
 
 def _modules(root: Path, tops: tuple[str, ...]) -> Iterator[tuple[str, ast.AST]]:
-    """(path, tree) of every checked module below ``tops``, the store and NOT_YET aside."""
+    """(path, tree) of every checked module below ``tops``, the store aside."""
     for top in tops:
         for path in sorted((root / top).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if not rel.startswith(STORE + NOT_YET):
+            if not rel.startswith(STORE):
                 yield rel, ast.parse(path.read_text(encoding="utf-8"))
 
 
@@ -241,9 +238,6 @@ def test_node_keeps_at_most_eight_flat_modules() -> None:
 # A room is a package of bus/ or node/ (bus.core, node.intake, ...) or a flat module beside them
 # (bus.errors, node.state, node.config); crypto is one room. Imports at any depth count (a
 # function-level or TYPE_CHECKING import ties the rooms as much as a top-level one).
-# The runner process (node/worker/) is being rewritten in its own change: its imports are not
-# checked until it lands (what the node's side imports of it is).
-EXEMPT_IMPORTERS = ("node.worker",)
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -273,7 +267,7 @@ def room_imports(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
         for path in sorted((root / top).rglob("*.py")):
             module = _module_name(path, root)
             source = room_of(module, root)
-            if source is None or module.startswith(EXEMPT_IMPORTERS):
+            if source is None:
                 continue
             for stmt in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 targets: list[str] = []

@@ -19,10 +19,10 @@ from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.runners.exits import Outcome
+from node.runners.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.job import Wake
 from node.worker.loop import Runner
-from node.worker.spec import RunnerSpec, frame, read_frame
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 

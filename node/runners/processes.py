@@ -46,8 +46,8 @@ from node.runners.exits import KILL_GRACE_S
 from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
 from node.runners.sandboxes import slot_sandbox
+from node.runners.spec import RunnerSpec, frame
 from node.state import NodeState
-from node.worker.spec import RunnerSpec, frame
 
 log = logging.getLogger(__name__)
 

@@ -117,7 +117,7 @@ async def _finish(
         job.key, attempt, inflight, outcome.status.value, result, outcome.reason, entry
     )
     if request.origin == node.node_id:  # answered here: no signed result message needed
-        done, _ = await runs.finish_local(
+        return await runs.finish_local(
             node.store,
             ctx,
             ending,
@@ -125,11 +125,9 @@ async def _finish(
             reply_ttl_s=node.config.reply_ttl_s,
             reply_to=request.reply_to,
         )
-        return done
     body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
     answer = result_message(node, request, body)
-    done, _ = await runs.finish(node.store, ctx, ending, answer=answer)
-    return done
+    return await runs.finish(node.store, ctx, ending, answer=answer)
 
 
 async def run_retry_scheduler(

@@ -63,9 +63,9 @@ from node.host.signer import SignerClient, SignerGone
 from node.runners import outcomes, queues
 from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.runners.spec import RunnerSpec, read_frame
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
-from node.worker.spec import RunnerSpec, read_frame
 
 log = logging.getLogger("node.worker.loop")
 
@@ -551,7 +551,7 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    """``python -m node.worker.pyjobs --runner``: the spec first on stdin (node/worker/spec.py)."""
+    """``python -m node.worker.pyjobs --runner``: the spec first on stdin (node/runners/spec.py)."""
     global _RUNNER
     not_dumpable()  # before the frame: the password and key never sit in a readable process
     try:

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Message
 from bus.core.reasons import Reason
 from bus.store.atomic import script, source
-from bus.store.atomic.type_breakers import open_wait
 
 if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
-    from coredis.commands.script import Script
-
     from bus.store.connection import Store
 
 __all__ = [
@@ -49,16 +45,12 @@ __all__ = [
     "finish_call",
     "finish_local",
     "finish_local_call",
-    "finish_malformed",
     "move_due",
-    "pop_first",
     "reap",
     "renew",
-    "requeue",
     "retry_call",
     "retry_later",
     "running_jobs",
-    "start",
     "then_source",
     "then_take_next",
     "unrunnable_detail",
@@ -124,27 +116,6 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
     return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-async def start(
-    store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, runner_id: str = ""
-) -> dict[str, str] | str:
-    """Take the lease and mark the job started; the job's fields (``attempt`` counts this
-    attempt), {} if the job is final, or why the entry names nothing to start (a reason token:
-    :func:`unrunnable_detail`). ``runner_id`` names the in-flight list
-    (``inflight:runner:<runner_id>``) a reaper removes the job from. Raises StoreError."""
-    args = [token, str(ttl_ms), str(now()), runner_id]
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING]
-    flat = await store.script(ctx, script("runs_start"), key_list, args)
-    if isinstance(flat, str | bytes):
-        return flat.decode() if isinstance(flat, bytes) else flat
-    if isinstance(flat, dict):  # RESP3 may already give a map
-        return {str(k): str(v) for k, v in flat.items()}
-    return _pairs(flat)
-
-
 async def renew(
     store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, attempt: int
 ) -> bool:
@@ -179,14 +150,12 @@ async def finish(
     ending: Ending,
     *,
     answer: Message,
-    take_next: NextJob | None = None,
-) -> tuple[bool, Started | None]:
+) -> bool:
     """Record the final state and queue the signed answer (False if ``ending.attempt`` is not
-    the job's current one: superseded, or already ended); with ``take_next``, also start the
-    next queued job in the same round trip. The script counts the attempt in the job
-    statistics (a runner process counts its own: :func:`finish_call`)."""
-    call = finish_call(ending, answer.key, answer.to_hash())
-    return await _with_next(store, ctx, call, ending.inflight, take_next)
+    the job's current one: superseded, or already ended). The script counts the attempt in
+    the job statistics (a runner process counts its own: :func:`finish_call`)."""
+    name, key_list, args = finish_call(ending, answer.key, answer.to_hash())
+    return bool(await store.script(ctx, script(name), key_list, args))
 
 
 def finish_call(
@@ -233,22 +202,13 @@ async def finish_local(
     request_key: str,
     reply_ttl_s: int,
     reply_to: str = "",
-    take_next: NextJob | None = None,
-) -> tuple[bool, Started | None]:
+) -> bool:
     """Finish a job submitted on this node in one step, with no result message in between
     (:func:`finish_local_call`). False if ``ending.attempt`` is not current."""
-    call = finish_local_call(
+    name, key_list, args = finish_local_call(
         ending, request_key=request_key, reply_ttl_s=reply_ttl_s, reply_to=reply_to
     )
-    return await _with_next(store, ctx, call, ending.inflight, take_next)
-
-
-@cache
-def _then(first: str, second: str) -> Script[str]:
-    """One script that runs the script ``first`` then ``second`` (see :func:`then_source`)."""
-    from coredis.commands.script import Script
-
-    return Script(script=then_source(first, second))
+    return bool(await store.script(ctx, script(name), key_list, args))
 
 
 def then_source(first: str, second: str) -> str:
@@ -257,7 +217,8 @@ def then_source(first: str, second: str) -> str:
     ``first``; ARGV[3] is a runner process's statistics sums (stats_apply; '' none), applied
     only if ``first`` did its work (non-zero) and ``second`` started no job: the runner keeps
     its sums while it has work, and hands them over with the answer that leaves it idle.
-    Returns both results. Runner processes run the same text with their own client."""
+    Returns both results. Only the runner processes end an attempt and take the next one at
+    once (bus/store/atomic/runs_sync.py); the node ends the attempts it recovers alone."""
     return f"""
 {source("stats_jobs")}
 local function first(KEYS, ARGV)
@@ -272,30 +233,6 @@ local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 4 + na)}})
 if ARGV[3] ~= '' and r1 ~= 0 and #r2 < 3 then stats_apply(ARGV[3]) end
 return {{r1, r2}}
 """
-
-
-async def _with_next(
-    store: Store,
-    ctx: int,
-    end_call: tuple[str, list[str], list[str]],
-    inflight: str,
-    take_next: NextJob | None,
-) -> tuple[bool, Started | None]:
-    name, f_keys, f_args = end_call
-    if take_next is None:
-        return bool(await store.script(ctx, script(name), f_keys, f_args)), None
-    key_list, args = then_take_next(end_call, inflight, take_next)
-    done, nxt = await store.script(ctx, _then(name, "runs_take_next"), key_list, args)
-    if len(nxt) == 2 and (wait_ms := open_wait(nxt[1])) is not None:  # nothing taken
-        take_next.breaker_wait_ms = wait_ms
-        return bool(done), None
-    if len(nxt) == 2:  # an entry no runner can start: taken off already, recorded here
-        detail = unrunnable_detail(str(nxt[1]))
-        await store.refuse_entry(ctx, inflight, nxt[0], str(nxt[1]), detail, queue="")
-    if len(nxt) < 3:  # nothing queued (or a duplicate entry, dropped)
-        take_next.found_empty = not nxt
-        return bool(done), None
-    return bool(done), (str(nxt[0]), _pairs(nxt[1:]))
 
 
 def then_take_next(
@@ -339,36 +276,11 @@ async def retry_later(
     return bool(await store.script(ctx, script(name), key_list, args))
 
 
-async def finish_malformed(
-    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, detail: str
-) -> bool:
-    """End a job whose hash cannot be run (it was dead-lettered): error, lease released."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
-    args = [str(attempt), f"{Reason.MALFORMED_JOB}: {detail}", str(now())]
-    return bool(await store.script(ctx, script("runs_malformed"), key_list, args))
-
-
-async def requeue(
-    store: Store, ctx: int, job_key: str, attempt: int, inflight: str, queue: str
-) -> bool:
-    """Give an interrupted attempt back (shutdown): not counted, queued at the consuming end."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
-    args = [str(attempt), str(now())]
-    return bool(await store.script(ctx, script("runs_requeue"), key_list, args))
-
-
 async def move_due(store: Store, ctx: int, now_ms: int) -> int:
     """Queue every retry that is due; return when the next one is due (ms), or -1."""
     args = [str(now_ms), str(now())]
     key_list = [keys.DELAYED, keys.DLQ, keys.DLQ_EVENTS]
     return int(await store.script(ctx, script("runs_move_due"), key_list, args))
-
-
-async def pop_first(store: Store, ctx: int, lists: list[str], inflight: str) -> str | None:
-    """The entry moved from the first non-empty of ``lists`` to ``inflight`` (atomically, so
-    a crash never loses it), or None. Raises StoreError."""
-    value = await store.script(ctx, script("runs_pop_first"), [inflight, *lists], [])
-    return None if value is None else await store.utf8_entry(ctx, inflight, value, "")
 
 
 # -- the results service of external runners (node/runners/external.py) ------------------------

@@ -215,8 +215,12 @@ class SyncRuns:
     def start(
         self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
     ) -> dict[str, str] | str | BreakerOpen:
-        """runs_start (see :func:`bus.store.atomic.runs.start`); with ``script_type``, refused
-        (:class:`BreakerOpen`, nothing written) while that type's circuit breaker is open."""
+        """runs_start: the lease taken and the job marked started; the job's fields
+        (``attempt`` counts this attempt), {} if the job is final, or why the entry names
+        nothing to start (a reason token: :func:`bus.store.atomic.runs.unrunnable_detail`).
+        ``runner_id`` names the in-flight list (``inflight:runner:<runner_id>``) a reaper
+        removes the job from. With ``script_type``, refused (:class:`BreakerOpen`, nothing
+        written) while that type's circuit breaker is open."""
         args = [token, str(ttl_ms), str(now()), runner_id, script_type]
         flat = self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args)
         if isinstance(flat, str):

@@ -2,6 +2,10 @@
 frame on its stdin, before the control lines of the same pipe. The frame holds the ``runner``
 URL with its password and the admission key, so it never travels in an environment, which any
 process of the same uid could read in ``/proc/<pid>/environ`` and which children inherit.
+
+It lives on the node's side, which writes it (processes.py): the runner process imports it from
+here, as it imports the other sync helpers of this room, so that node.worker imports node.runners
+and never the other way round.
 """
 
 from __future__ import annotations
