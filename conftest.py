@@ -20,8 +20,9 @@ from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import Store, open_store
 from node.config import NodeConfig
 from node.daemon import NodeInfo, run_node
-from node.host.acl import role_url
+from node.host.acl import ensure_secrets, role_url
 from node.host.home import init_home
+from node.host.replicated import SET_ROLES, ReplicatedSet
 from node.host.valkey import ValkeyProcess, valkey_server
 
 logging.getLogger("trio-websocket").setLevel(logging.WARNING)
@@ -65,6 +66,19 @@ def valkey_factory(tmp_path: Path) -> Iterator[Callable[[], ValkeyProcess]]:
 @pytest.fixture
 def redis_url(valkey_factory: Callable[[], ValkeyProcess]) -> str:
     return valkey_factory().url
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[ReplicatedSet]:
+    """A replicated store (primary, replicas, Sentinels; node/host/replicated.py) started for
+    the test and stopped by its processes' PIDs, with the ACL users' passwords of a home."""
+    (tmp_path / "home").mkdir()
+    servers = ReplicatedSet(tmp_path / "store", ensure_secrets(tmp_path / "home", SET_ROLES))
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import signal
 import pytest
 
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from node.host.acl import RUNNER, ensure_secrets
-from node.host.replicated import SET_ROLES, ReplicatedSet
+from node.host.acl import RUNNER
 
 
 class Woken(Exception):  # noqa: N818 - a signal, as the runner's Wake
@@ -19,17 +18,6 @@ class Woken(Exception):  # noqa: N818 - a signal, as the runner's Wake
 
 def _wake(_signum: int, _frame: object) -> None:
     raise Woken
-
-
-@pytest.fixture
-def replicated(tmp_path):
-    (tmp_path / "home").mkdir()
-    servers = ReplicatedSet(tmp_path / "store", ensure_secrets(tmp_path / "home", SET_ROLES))
-    servers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 def test_a_pop_cut_by_a_signal_leaves_the_next_command_its_own_reply(replicated):

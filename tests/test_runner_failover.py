@@ -15,21 +15,10 @@ import pytest
 import redis
 
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from node.host.acl import NODE, RUNNER, ensure_secrets
-from node.host.replicated import SET_ROLES, ReplicatedSet
+from node.host.acl import NODE, RUNNER
+from node.host.replicated import ReplicatedSet
 
 ELECTION_S = 30.0  # down-after (1 s) plus the election: about 3 s here, more under load
-
-
-@pytest.fixture
-def replicated(tmp_path):
-    (tmp_path / "home").mkdir()
-    servers = ReplicatedSet(tmp_path / "store", ensure_secrets(tmp_path / "home", SET_ROLES))
-    servers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 def _switches(servers: ReplicatedSet) -> redis.client.PubSub:
