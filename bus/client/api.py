@@ -345,14 +345,18 @@ class Client:
 
     async def _write(self, context_id: int, messages: list[Message]) -> None:
         epoch = self.store.epoch  # a failover during the writes voids the promise
-        for write in write_plan(messages):
+        plan = write_plan(messages)
+        for i, write in enumerate(plan, 1):
+            # a submit returns once its messages are durable (a replicated store: fsynced on
+            # the primary and a replica), confirmed on the connection of its last write, which
+            # covers the earlier ones; else its caller is told (StoreError), as for a failed write
+            durable_since = epoch if i == len(plan) else None
             try:  # sent again if a failover refused it unrun (Store.transact)
-                await records.write_messages(self.store, context_id, write.hashes, write.pushed)
+                await records.write_messages(
+                    self.store, context_id, write.hashes, write.pushed, durable_since=durable_since
+                )
             except ContentError as exc:  # msg_out (or a key) of another type: the write failed
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
-        # a submit returns once its messages are durable (a replicated store: fsynced on the
-        # primary and a replica); else its caller is told (StoreError), as for a failed write
-        await self.store.durable(epoch)
 
     async def stop_job(
         self, signer: Signer, caller_id: int, job_key: str, context_id: int

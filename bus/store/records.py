@@ -50,17 +50,23 @@ async def read_fields(
 
 
 async def write_messages(
-    store: Store, ctx: int, hashes: Sequence[tuple[str, Mapping[str, str]]], pushed: list[str]
+    store: Store,
+    ctx: int,
+    hashes: Sequence[tuple[str, Mapping[str, str]]],
+    pushed: list[str],
+    *,
+    durable_since: int | None = None,
 ) -> None:
     """A client's submission: HSET each message hash, then LPUSH ``pushed`` on ``msg_out``,
-    in one transaction (sent again if a failover refused it unrun: Store.transact)."""
+    in one transaction (sent again if a failover refused it unrun: Store.transact); with
+    ``durable_since``, returned once it and every write before it are durable."""
 
     def fill(tx: Any) -> None:  # noqa: ANN401 - the client's transaction
         for key, fields in hashes:
             tx.hset(key, fields)
         tx.lpush(keys.MSG_OUT, pushed)
 
-    await store.transact(ctx, fill)
+    await store.transact(ctx, fill, durable_since=durable_since)
 
 
 async def job_and_unrouted(
