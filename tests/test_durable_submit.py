@@ -102,3 +102,40 @@ async def test_no_submit_returns_while_no_replica_confirms_it(replicated):
             for port in replicated.data_ports[1:]:
                 replicated.child(port).signal(signal.SIGCONT)
         await _submit(client, actor)  # the replicas back: promises again
+
+
+async def test_the_next_write_goes_while_a_batch_waits_to_be_durable(replicated):
+    """A submit holds its context's write lock only until its write is answered: the next
+    batch is written while it waits on WAITAOF; neither returns until confirmed (here never:
+    the replicas are stopped)."""
+    url = replicated.url(NODE, waitaof="1,1", waitaof_timeout_ms="5000")
+    async with open_store(url) as store:
+        client = await _client(store)
+        actor = KeyPair.generate()
+        for port in replicated.data_ports[1:]:
+            replicated.child(port).signal(signal.SIGSTOP)
+        outcomes: list[str] = []
+
+        async def submit() -> None:
+            try:
+                await _submit(client, actor)
+                outcomes.append("returned")
+            except NotDurable:
+                outcomes.append("not durable")
+
+        async def queued(n: int) -> None:
+            while len(await store.lrange(CTX, keys.MSG_OUT)) < n:
+                await trio.sleep(0.01)
+
+        try:
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(submit)
+                    await queued(1)
+                    nursery.start_soon(submit)
+                    await queued(2)  # written while the first still waits to be durable
+                    assert outcomes == []
+        finally:
+            for port in replicated.data_ports[1:]:
+                replicated.child(port).signal(signal.SIGCONT)
+    assert outcomes == ["not durable", "not durable"]

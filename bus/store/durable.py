@@ -83,12 +83,14 @@ class Barrier:
         client: Any,  # noqa: ANN401 - the coredis client of the write's DB
         fill: Callable[[Any], None],
         since: int,
+        written: Callable[[], None] | None = None,
     ) -> None:
         """``MULTI``, the commands ``fill`` queues, ``EXEC``, and once it is answered
         ``WAITAOF`` on the same connection: return once that write and every write before it
         are durable, else NotDurable (``since``: :attr:`Store.epoch` before the promise's first
         write). The write's own errors are coredis's, raised before any ``WAITAOF`` (the
-        caller's retry policy decides about them, as for any transaction)."""
+        caller's retry policy decides about them, as for any transaction); ``written`` is
+        called once the write is answered, before the wait."""
         queued = client.pipeline(transaction=True)  # only to collect ``fill``'s commands
         fill(queued)
         async with client.connection_pool.acquire() as connection:
@@ -105,6 +107,8 @@ class Barrier:
             for result in results or ():
                 if isinstance(result, Exception):  # e.g. WRONGTYPE: the write failed
                     raise result
+            if written is not None:
+                written()
             if since != store.epoch:
                 raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
             await self._confirm(store, connection, client, since)

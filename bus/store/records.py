@@ -4,7 +4,7 @@ are in atomic/."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bus.core import keys
@@ -56,17 +56,19 @@ async def write_messages(
     pushed: list[str],
     *,
     durable_since: int | None = None,
+    written: Callable[[], None] | None = None,
 ) -> None:
     """A client's submission: HSET each message hash, then LPUSH ``pushed`` on ``msg_out``,
     in one transaction (sent again if a failover refused it unrun: Store.transact); with
-    ``durable_since``, returned once it and every write before it are durable."""
+    ``durable_since``, returned once it and every write before it are durable (``written``
+    called in between, once the write is answered)."""
 
     def fill(tx: Any) -> None:  # noqa: ANN401 - the client's transaction
         for key, fields in hashes:
             tx.hset(key, fields)
         tx.lpush(keys.MSG_OUT, pushed)
 
-    await store.transact(ctx, fill, durable_since=durable_since)
+    await store.transact(ctx, fill, durable_since=durable_since, written=written)
 
 
 async def job_and_unrouted(
