@@ -21,13 +21,15 @@ The primary's ``INFO commandstats`` counts the ``WAITAOF`` calls per job.
 from __future__ import annotations
 
 import statistics
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import coredis
 import trio
 
-from bench.cases import Env, bench_client, roundtrips, run_throughput
-from bench.harness import BenchNode, Row, percentile, wait_served, wire
+from bench import workload
+from bench.cases import RESULT_TIMEOUT_S, Env, bench_client, roundtrips, run_throughput
+from bench.harness import ACTOR_ID, CONTEXT_ID, BenchNode, Row, percentile, wait_served, wire
 from bus.client.api import Client
 from node.config.store import StoreConfig
 from node.host.acl import ensure_secrets
@@ -68,6 +70,31 @@ def no_wait(url: str) -> str:
     parts = urlsplit(url)
     query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("waitaof="))
     return urlunsplit(parts._replace(query="&".join(filter(None, [query, "waitaof=0,0"]))))
+
+
+async def timed_roundtrips(
+    client: Client, env: Env, to: str, n: int
+) -> tuple[list[float], list[float]]:
+    """Sequential local round trips: (submit -> result, submit call alone), in ms each. The
+    submit returns once its write is durable; the node routes the message meanwhile."""
+    total, submit = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        message = await client.submit_job(
+            env.actor,
+            ACTOR_ID,
+            to=to,
+            context_id=CONTEXT_ID,
+            script_type="python",
+            script=workload.SCRIPT,
+        )
+        t1 = time.perf_counter()
+        [result] = await client.wait_results(message, timeout_s=RESULT_TIMEOUT_S)
+        total.append((time.perf_counter() - t0) * 1000)
+        submit.append((t1 - t0) * 1000)
+        if not result.ok:
+            raise RuntimeError(f"round-trip job failed: {result.status} {result.reason}")
+    return total, submit
 
 
 async def _waitaof_calls(servers: ReplicatedSet) -> tuple[int, int]:
@@ -111,6 +138,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
     n_rt = plan.roundtrips if plan.quick else min(plan.roundtrips, 200)
     n_jobs = plan.jobs if plan.quick else min(plan.jobs, 1000)
     p50: dict[str, list[float]] = {label: [] for label in LABELS}
+    submit_p50: dict[str, list[float]] = {label: [] for label in LABELS}
     rate: dict[str, list[float]] = {label: [] for label in LABELS}
     per_job: list[float] = []
     repl_url = nodes["repl"].redis_url
@@ -132,8 +160,9 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
             order = LABELS[run % len(LABELS) :] + LABELS[: run % len(LABELS)]
             for label in order:
                 client, node = clients[label]
-                times = await roundtrips(client, env.actor, node.node_id, n_rt)
+                times, submits = await timed_roundtrips(client, env, node.node_id, n_rt)
                 p50[label].append(percentile(times, 50))
+                submit_p50[label].append(percentile(submits, 50))
                 before = await _waitaof_calls(servers) if label == "repl" else (0, 0)
                 done = await run_throughput(client, env.actor, node.node_id, n_jobs)
                 rate[label].append(done.rate)
@@ -150,6 +179,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
     note = f"WAITAOF 1 1; n={n_rt} round trips, N={n_jobs} jobs per run"
     rows = [Row(CASE, f"local p50, {label}", "ms", p50[label]) for label in LABELS]
     rows[-1].note = note
+    rows += [Row(CASE, f"submit call p50, {label}", "ms", submit_p50[label]) for label in LABELS]
     rows += [
         Row(CASE, "p50: tcp - unix (transport)", "ms", delta("tcp", "unix")),
         Row(CASE, "p50: repl-nowait - tcp (replication)", "ms", delta("repl-nowait", "tcp")),
