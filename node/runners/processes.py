@@ -51,7 +51,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-POP_TIMEOUT_S = 5.0  # a runner's blocking pop (node/runners/queues.py: what it may miss)
+POP_TIMEOUT_S = 5.0  # a runner's blocking pop (bus/core/queues.py: what it may miss)
 RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
 QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
