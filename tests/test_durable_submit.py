@@ -123,8 +123,10 @@ async def test_the_next_write_goes_while_a_batch_waits_to_be_durable(replicated)
             except NotDurable:
                 outcomes.append("not durable")
 
-        async def queued(n: int) -> None:
-            while len(await store.lrange(CTX, keys.MSG_OUT)) < n:
+        async def queued(n: int) -> None:  # polls the store: nothing here to wait on
+            while True:
+                if len(await store.lrange(CTX, keys.MSG_OUT)) >= n:
+                    return
                 await trio.sleep(0.01)
 
         try:
