@@ -9,7 +9,7 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from bus.core import handshake as hs
-from bus.core.frames import Frame, encode_frame
+from bus.core.frames import Auth, Frame, Hello, Welcome, decode_frame, encode_frame
 from bus.errors import HandshakeError
 from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair
@@ -18,8 +18,8 @@ from crypto.tls import make_self_signed, server_context
 A, B, C = KeyPair.generate(), KeyPair.generate(), KeyPair.generate()
 
 
-def hello(key: KeyPair, nonce: str | None = None, v: int = hs.PROTOCOL_VERSION) -> dict:
-    return {"v": v, "node": key.public_hex, "nonce": nonce or hs.new_nonce()}
+def hello(key: KeyPair, nonce: str | None = None, v: int = hs.PROTOCOL_VERSION) -> Hello:
+    return Hello(v, key.public_hex, nonce or hs.new_nonce())
 
 
 def test_hello_checks():
@@ -36,13 +36,20 @@ def test_hello_checks():
     assert e.value.reason == "unexpected_node"
     with pytest.raises(HandshakeError) as e:
         hs.check_hello(
-            {"v": hs.PROTOCOL_VERSION, "node": "01" + "00" * 31, "nonce": hs.new_nonce()},
+            Hello(hs.PROTOCOL_VERSION, "01" + "00" * 31, hs.new_nonce()),
             known=None,
         )
     assert e.value.reason == "bad_node_id"  # the identity point is no node key
     with pytest.raises(HandshakeError) as e:
         hs.check_hello(hello(A, nonce="ab"), known=None)
     assert e.value.reason == "bad_nonce"
+
+
+def test_handshake_frames_travel_as_their_dataclasses():
+    for sent in (hello(A), Auth("ab" * 32), Welcome("cd" * 32)):
+        frame = decode_frame(sent.encode())
+        assert frame.type == sent.TYPE
+        assert type(sent).of(frame.body) == sent
 
 
 def test_transcript_binds_role_nonces_ids_and_tls():
