@@ -416,6 +416,24 @@ def test_the_picture_check_sees_a_missing_service() -> None:
     assert "run_something_new" not in pictured_services(source)
 
 
+def definitions(root: Path = ROOT, tops: tuple[str, ...] = ("bus", "node", "crypto")) -> set[str]:
+    """``module:name`` of every class and function defined below ``tops``."""
+    found = set()
+    for top in tops:
+        for path in (root / top).rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                    found.add(f"{rel}:{node.name}")
+    return found
+
+
+def test_the_dead_code_issue_22_named_stays_gone() -> None:
+    names = {d.split(":")[1] for d in definitions()}
+    assert not {"WorkerLost", "may_read"} & names
+    assert not any(d.startswith("bus/wire/outbox.py:enqueue") for d in definitions())
+
+
 # -- README's "Follow a message" names the modules where the code is ---------------------------
 
 README = ROOT / "README.md"
