@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from bus.core.errors import FrameError
 
@@ -66,14 +66,14 @@ class Hello:
 
 
 @dataclass(frozen=True, slots=True)
-class Auth:
-    """``auth`` (initiator): its signature of the initiator's transcript."""
+class _Signed:
+    """A handshake frame that carries one transcript signature."""
 
-    TYPE: ClassVar[str] = "auth"
+    TYPE: ClassVar[str]
     sig: str
 
     @classmethod
-    def of(cls, body: Mapping[str, Any]) -> Auth:
+    def of(cls, body: Mapping[str, Any]) -> Self:
         return cls(body["sig"])
 
     def encode(self) -> str:
@@ -81,18 +81,17 @@ class Auth:
 
 
 @dataclass(frozen=True, slots=True)
-class Welcome:
+class Auth(_Signed):
+    """``auth`` (initiator): its signature of the initiator's transcript."""
+
+    TYPE: ClassVar[str] = "auth"
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(_Signed):
     """``welcome`` (responder): its signature of the responder's transcript."""
 
     TYPE: ClassVar[str] = "welcome"
-    sig: str
-
-    @classmethod
-    def of(cls, body: Mapping[str, Any]) -> Welcome:
-        return cls(body["sig"])
-
-    def encode(self) -> str:
-        return encode_frame(self.TYPE, sig=self.sig)
 
 
 Handshake = TypeVar("Handshake", Hello, Auth, Welcome)
