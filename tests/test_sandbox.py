@@ -162,13 +162,16 @@ def test_limit_reasons_are_tokens() -> None:
 # -- real sandboxes ---------------------------------------------------------------------------
 
 
-def _box(tmp_path: Path, mode: str, ctx: int = 3, **limits: int) -> tuple[Sandbox, Path]:
+def _box(
+    tmp_path: Path, mode: str, ctx: int = 3, *, fresh: bool = False, **limits: int
+) -> tuple[Sandbox, Path]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "node.key").write_text("SECRET-KEY")
     iso = probe(mode, home, "bwrap", home / "work", BASE)
     assert iso.mode == mode, iso.why
-    return Sandbox(sandbox_spec(iso, home / "work", ctx, BASE, limits, False, 1000)), home
+    spec = sandbox_spec(iso, home / "work", ctx, BASE, limits, False, 1000, fresh)
+    return Sandbox(spec), home
 
 
 def _run(
@@ -262,11 +265,16 @@ print(sorted(f.decode() for f in found), "PASSWORD" in os.environ)
 
 
 @needs_root
-def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path) -> None:
-    """A job's process is forked from the sandbox's worker before its request comes and reads
-    it itself: the worker never holds a script or an environment another job could find (the
-    next job of the context, perhaps another caller's)."""
-    box, _ = _box(tmp_path, "strict")
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh_process", "warm"])
+def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(
+    tmp_path: Path, fresh: bool
+) -> None:
+    """With ``fresh_process``, a job's process is forked from the sandbox's worker before its
+    request comes and reads it itself: the worker never holds a script or an environment
+    another job could find (the next job of the context, perhaps another caller's). In a warm
+    process (the default) the next python job of the context finds it: the trade-off README
+    states, shown here so that the fresh case is known to be able to fail."""
+    box, _ = _box(tmp_path, "strict", fresh=fresh)
     token = "hero-leak-" + os.urandom(16).hex()
     first = f"a = '{token}'\n" + "#" * 3000 + f"\nb = '{token}'\n"
     try:
@@ -277,7 +285,10 @@ def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path)
     finally:
         box.stop()
     assert reply["exit_code"] == 0, err
-    assert out == f"{[own]} False\n"
+    if fresh:
+        assert out == f"{[own]} False\n"
+    else:
+        assert out == f"{sorted([own, token])} False\n"  # the environment was replaced
 
 
 @needs_root
