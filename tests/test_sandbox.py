@@ -27,6 +27,12 @@ from node.sandbox.plan import (
     resolve_mode,
 )
 from node.sandbox.probe import probe, sandbox_spec
+from node.sandbox.settings import (
+    ContextSandbox,
+    SandboxSettingsError,
+    context_settings,
+    parse_sandbox,
+)
 
 BASE = 2_000_000_000
 
@@ -138,6 +144,18 @@ def test_limits_parse_and_override() -> None:
     for bad in ({"memory": 1}, {"cpu_s": 0}, {"x": {"cpu_s": 1}}, {"cpu_s": True}):
         with pytest.raises(LimitsError):
             parse_limits(bad)
+
+
+def test_sandbox_settings_parse_and_override() -> None:
+    table = parse_sandbox({"recycle_jobs": 50, "2": {"fresh_process": True, "network": True}})
+    assert context_settings(table, 1) == ContextSandbox(False, 50, False)
+    assert context_settings(table, 2) == ContextSandbox(True, 50, True)
+    everyone = parse_sandbox({"fresh_process": True, "3": {"fresh_process": False}})
+    assert context_settings(everyone, 1).fresh_process
+    assert not context_settings(everyone, 3).fresh_process
+    for bad in ({"fresh_process": 1}, {"2": {"fresh": True}}, {"recycle_jobs": 0}):
+        with pytest.raises(SandboxSettingsError):
+            parse_sandbox(bad)
 
 
 def test_limit_reasons_are_tokens() -> None:
