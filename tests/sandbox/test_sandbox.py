@@ -27,6 +27,12 @@ from node.sandbox.plan import (
     resolve_mode,
 )
 from node.sandbox.probe import probe, sandbox_spec
+from node.sandbox.settings import (
+    ContextSandbox,
+    SandboxSettingsError,
+    context_settings,
+    parse_sandbox,
+)
 
 BASE = 2_000_000_000
 
@@ -140,6 +146,18 @@ def test_limits_parse_and_override() -> None:
             parse_limits(bad)
 
 
+def test_sandbox_settings_parse_and_override() -> None:
+    table = parse_sandbox({"recycle_jobs": 50, "2": {"fresh_process": True, "network": True}})
+    assert context_settings(table, 1) == ContextSandbox(False, 50, False)
+    assert context_settings(table, 2) == ContextSandbox(True, 50, True)
+    everyone = parse_sandbox({"fresh_process": True, "3": {"fresh_process": False}})
+    assert context_settings(everyone, 1).fresh_process
+    assert not context_settings(everyone, 3).fresh_process
+    for bad in ({"fresh_process": 1}, {"2": {"fresh": True}}, {"recycle_jobs": 0}):
+        with pytest.raises(SandboxSettingsError):
+            parse_sandbox(bad)
+
+
 def test_limit_reasons_are_tokens() -> None:
     lim = Limits(file_size_mb=1, cpu_s=2)
     assert limit_reason(Ending(None, signal.SIGXCPU), lim, b"", 0) == "cpu_limit"
@@ -162,13 +180,16 @@ def test_limit_reasons_are_tokens() -> None:
 # -- real sandboxes ---------------------------------------------------------------------------
 
 
-def _box(tmp_path: Path, mode: str, ctx: int = 3, **limits: int) -> tuple[Sandbox, Path]:
+def _box(
+    tmp_path: Path, mode: str, ctx: int = 3, *, fresh: bool = False, **limits: int
+) -> tuple[Sandbox, Path]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     (home / "node.key").write_text("SECRET-KEY")
     iso = probe(mode, home, "bwrap", home / "work", BASE)
     assert iso.mode == mode, iso.why
-    return Sandbox(sandbox_spec(iso, home / "work", ctx, BASE, limits, False, 1000)), home
+    spec = sandbox_spec(iso, home / "work", ctx, BASE, limits, False, 1000, fresh)
+    return Sandbox(spec), home
 
 
 def _run(
@@ -262,11 +283,16 @@ print(sorted(f.decode() for f in found), "PASSWORD" in os.environ)
 
 
 @needs_root
-def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path) -> None:
-    """A job's process is forked from the sandbox's worker before its request comes and reads
-    it itself: the worker never holds a script or an environment another job could find (the
-    next job of the context, perhaps another caller's)."""
-    box, _ = _box(tmp_path, "strict")
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh_process", "warm"])
+def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(
+    tmp_path: Path, fresh: bool
+) -> None:
+    """With ``fresh_process``, a job's process is forked from the sandbox's worker before its
+    request comes and reads it itself: the worker never holds a script or an environment
+    another job could find (the next job of the context, perhaps another caller's). In a warm
+    process (the default) the next python job of the context finds it: the trade-off README
+    states, shown here so that the fresh case is known to be able to fail."""
+    box, _ = _box(tmp_path, "strict", fresh=fresh)
     token = "hero-leak-" + os.urandom(16).hex()
     first = f"a = '{token}'\n" + "#" * 3000 + f"\nb = '{token}'\n"
     try:
@@ -277,7 +303,10 @@ def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(tmp_path: Path)
     finally:
         box.stop()
     assert reply["exit_code"] == 0, err
-    assert out == f"{[own]} False\n"
+    if fresh:
+        assert out == f"{[own]} False\n"
+    else:
+        assert out == f"{sorted([own, token])} False\n"  # the environment was replaced
 
 
 @needs_root
