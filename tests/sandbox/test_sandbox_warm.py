@@ -17,7 +17,7 @@ import trio
 from crypto import read_key_file
 from node.sandbox.host import Sandbox, SandboxLost
 from node.sandbox.limits import Ending, limit_reason
-from tests.test_sandbox import _box, _cmdline, _run, needs_root
+from tests.sandbox.test_sandbox import _box, _cmdline, _run, needs_root
 
 pytestmark = needs_root
 
