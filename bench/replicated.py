@@ -1,34 +1,62 @@
-"""Case 9: what "acknowledged means durable on two machines" costs.
+"""Case 9: what "acknowledged means durable on two machines" costs, and why.
 
-Two nodes side by side, each alone: one on its embedded single Valkey (AOF everysec, promises
-given at once), one on a replicated store (a primary, two replicas with ``appendfsync always``,
-three Sentinels: node/host/replicated.py) whose promises wait for ``WAITAOF 1 1``. The same
-local round trips (submit -> result, sequential) and the same concurrent throughput run on each,
-alternated run by run so that a noisy machine hurts both alike; the rows give each figure and the
-replicated one as a ratio (p50: the difference in ms) with the issue's targets.
+Nodes side by side, each alone:
+
+- ``unix``: its embedded single Valkey over a unix socket (AOF everysec, promises given at once);
+- ``tcp``: the same single Valkey (same argv) reached over TCP on 127.0.0.1, as the replicated
+  store is: the transport's share of the gap;
+- ``repl``: a replicated store (a primary, two replicas with ``appendfsync always``, three
+  Sentinels: node/host/replicated.py); its client's submits wait for ``WAITAOF 1 1``;
+- ``repl-nowait``: the same node, measured through a second client whose URL asks
+  ``waitaof=0,0`` (a bench-only switch, never a default): the replication's share without the
+  wait.
+
+The same local round trips (submit -> result, sequential) and the same concurrent throughput
+run on each, alternated run by run so that a noisy machine hurts all alike; the rows give each
+figure, the differences that separate the causes, and the replicated one against the single
+unix-socket one (p50: the difference in ms; throughput: the ratio) with the issue's targets.
+The primary's ``INFO commandstats`` counts the ``WAITAOF`` calls per job.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import coredis
 import trio
 
-from bench.cases import Env, bench_client, roundtrips, run_throughput
-from bench.harness import BenchNode, Row, percentile, wait_served, wire
+from bench import workload
+from bench.cases import RESULT_TIMEOUT_S, Env, bench_client, roundtrips, run_throughput
+from bench.harness import ACTOR_ID, CONTEXT_ID, BenchNode, Row, percentile, wait_served, wire
+from bus.client.api import Client
 from node.config.store import StoreConfig
 from node.host.acl import ensure_secrets
 from node.host.home import init_home
-from node.host.replicated import SET_ROLES, ReplicatedSet
+from node.host.replicated import SENTINEL, SET_ROLES, ReplicatedSet
 
 CASE = "9 replicated"
 RUNNERS = {"python": 4, "sh": 1}
+LABELS = ("unix", "tcp", "repl-nowait", "repl")
 
 
-async def _node(env: Env, name: str, servers: ReplicatedSet | None) -> BenchNode:
+async def _node(
+    env: Env, name: str, servers: ReplicatedSet | None, redis_url: str = ""
+) -> BenchNode:
     home = env.base / name
     store = None
     if servers is not None:
         store = StoreConfig(sentinels=servers.sentinel_addresses)
-    init_home(home, name=name, listen_port=0, runners=RUNNERS, console_listen="", store=store)
+    init_home(
+        home,
+        name=name,
+        listen_port=0,
+        runners=RUNNERS,
+        console_listen="",
+        store=store,
+        redis_url=redis_url,
+    )
     node = await env.procs.start_node(env.nursery, name, home)
     await wire([node], env.actor)
     async with bench_client(env, node.redis_url) as client:
@@ -37,47 +65,139 @@ async def _node(env: Env, name: str, servers: ReplicatedSet | None) -> BenchNode
     return node
 
 
+def no_wait(url: str) -> str:
+    """``url`` (``redis+sentinel://``) with ``waitaof=0,0``: promises given at once."""
+    parts = urlsplit(url)
+    query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("waitaof="))
+    return urlunsplit(parts._replace(query="&".join(filter(None, [query, "waitaof=0,0"]))))
+
+
+async def timed_roundtrips(
+    client: Client, env: Env, to: str, n: int
+) -> tuple[list[float], list[float]]:
+    """Sequential local round trips: (submit -> result, submit call alone), in ms each. The
+    submit returns once its write is durable; the node routes the message meanwhile."""
+    total, submit = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        message = await client.submit_job(
+            env.actor,
+            ACTOR_ID,
+            to=to,
+            context_id=CONTEXT_ID,
+            script_type="python",
+            script=workload.SCRIPT,
+        )
+        t1 = time.perf_counter()
+        [result] = await client.wait_results(message, timeout_s=RESULT_TIMEOUT_S)
+        total.append((time.perf_counter() - t0) * 1000)
+        submit.append((t1 - t0) * 1000)
+        if not result.ok:
+            raise RuntimeError(f"round-trip job failed: {result.status} {result.reason}")
+    return total, submit
+
+
+async def _waitaof_calls(servers: ReplicatedSet) -> tuple[int, int]:
+    """``(WAITAOF, INCR)`` calls the primary has served so far."""
+    client = coredis.Redis(
+        host="127.0.0.1",
+        port=servers.data_ports[0],
+        username=SENTINEL,
+        password=servers.passwords[SENTINEL],
+        decode_responses=True,
+    )
+    async with client:
+        stats = await client.info("commandstats")
+    return tuple(  # type: ignore[return-value]
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("waitaof", "incr")
+    )
+
+
 async def case_replicated(env: Env) -> list[Row]:
     home = env.base / "repl"
     home.mkdir(parents=True, exist_ok=True)
     servers = ReplicatedSet(env.base / "repl-store", ensure_secrets(home, SET_ROLES))
+    single_tcp = None
     try:
         await trio.to_thread.run_sync(servers.start)
-        single = await _node(env, "single", None)
+        single_tcp = env.procs.start_valkey(env.base / "tcp-store")
+        unix = await _node(env, "unix", None)
+        tcp = await _node(env, "tcp", None, redis_url=single_tcp.spec.url)
         repl = await _node(env, "repl", servers)
-        return await _measure(env, single, repl)
+        return await _measure(env, {"unix": unix, "tcp": tcp, "repl": repl}, servers)
     finally:
-        for node in [n for n in env.procs.nodes if n.name in ("single", "repl")]:
+        for node in [n for n in env.procs.nodes if n.name in ("unix", "tcp", "repl")]:
             await env.procs.stop_node(node)
+        if single_tcp is not None:
+            env.procs.stop_valkey(single_tcp)
         await trio.to_thread.run_sync(servers.stop)
 
 
-async def _measure(env: Env, single: BenchNode, repl: BenchNode) -> list[Row]:
+async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet) -> list[Row]:
     plan = env.plan
     n_rt = plan.roundtrips if plan.quick else min(plan.roundtrips, 200)
     n_jobs = plan.jobs if plan.quick else min(plan.jobs, 1000)
-    p50: dict[str, list[float]] = {"single": [], "repl": []}
-    rate: dict[str, list[float]] = {"single": [], "repl": []}
+    p50: dict[str, list[float]] = {label: [] for label in LABELS}
+    submit_p50: dict[str, list[float]] = {label: [] for label in LABELS}
+    rate: dict[str, list[float]] = {label: [] for label in LABELS}
+    per_job: list[float] = []
+    repl_url = nodes["repl"].redis_url
     async with (
-        bench_client(env, single.redis_url) as cs,
-        bench_client(env, repl.redis_url) as cr,
+        bench_client(env, nodes["unix"].redis_url) as cu,
+        bench_client(env, nodes["tcp"].redis_url) as ct,
+        bench_client(env, repl_url) as cr,
+        bench_client(env, no_wait(repl_url)) as cn,
     ):
-        for client, node in ((cs, single), (cr, repl)):
+        clients: dict[str, tuple[Client, BenchNode]] = {
+            "unix": (cu, nodes["unix"]),
+            "tcp": (ct, nodes["tcp"]),
+            "repl-nowait": (cn, nodes["repl"]),
+            "repl": (cr, nodes["repl"]),
+        }
+        for client, node in clients.values():
             await roundtrips(client, env.actor, node.node_id, 10)  # connections, workers
-        for _ in range(plan.runs):  # alternated: a noisy machine hurts both alike
-            for label, client, node in (("single", cs, single), ("repl", cr, repl)):
-                times = await roundtrips(client, env.actor, node.node_id, n_rt)
+        for run in range(plan.runs):  # alternated (and rotated): a noisy machine hurts all alike
+            order = LABELS[run % len(LABELS) :] + LABELS[: run % len(LABELS)]
+            for label in order:
+                client, node = clients[label]
+                times, submits = await timed_roundtrips(client, env, node.node_id, n_rt)
                 p50[label].append(percentile(times, 50))
+                submit_p50[label].append(percentile(submits, 50))
+                before = await _waitaof_calls(servers) if label == "repl" else (0, 0)
                 done = await run_throughput(client, env.actor, node.node_id, n_jobs)
                 rate[label].append(done.rate)
-    delta = [r - s for r, s in zip(p50["repl"], p50["single"], strict=True)]
-    ratio = [r / s for r, s in zip(rate["repl"], rate["single"], strict=True)]
+                if label == "repl":
+                    after = await _waitaof_calls(servers)
+                    per_job.append((after[0] - before[0]) / n_jobs)
+
+    def delta(a: str, b: str) -> list[float]:
+        return [x - y for x, y in zip(p50[a], p50[b], strict=True)]
+
+    def ratio(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(rate[a], rate[b], strict=True)]
+
     note = f"WAITAOF 1 1; n={n_rt} round trips, N={n_jobs} jobs per run"
-    return [
-        Row(CASE, "local p50, single Valkey", "ms", p50["single"]),
-        Row(CASE, "local p50, replicated + WAITAOF", "ms", p50["repl"], note=note),
-        Row(CASE, "durable-ack p50 cost (replicated - single)", "ms", delta, target="<= 2"),
-        Row(CASE, "jobs/s, single Valkey", "jobs/s", rate["single"]),
-        Row(CASE, "jobs/s, replicated + WAITAOF", "jobs/s", rate["repl"]),
-        Row(CASE, "throughput ratio (replicated / single)", "x", ratio, target=">= 0.8"),
+    rows = [Row(CASE, f"local p50, {label}", "ms", p50[label]) for label in LABELS]
+    rows[-1].note = note
+    rows += [Row(CASE, f"submit call p50, {label}", "ms", submit_p50[label]) for label in LABELS]
+    rows += [
+        Row(CASE, "p50: tcp - unix (transport)", "ms", delta("tcp", "unix")),
+        Row(CASE, "p50: repl-nowait - tcp (replication)", "ms", delta("repl-nowait", "tcp")),
+        Row(CASE, "p50: repl - repl-nowait (WAITAOF)", "ms", delta("repl", "repl-nowait")),
+        Row(CASE, "durable-ack p50 cost (repl - unix)", "ms", delta("repl", "unix"), target="<= 2"),
     ]
+    rows += [Row(CASE, f"jobs/s, {label}", "jobs/s", rate[label]) for label in LABELS]
+    rows += [
+        Row(CASE, "throughput: tcp / unix", "x", ratio("tcp", "unix")),
+        Row(CASE, "throughput: repl-nowait / tcp", "x", ratio("repl-nowait", "tcp")),
+        Row(CASE, "throughput: repl / repl-nowait", "x", ratio("repl", "repl-nowait")),
+        Row(CASE, "throughput ratio (repl / unix)", "x", ratio("repl", "unix"), target=">= 0.8"),
+        Row(
+            CASE,
+            "WAITAOF calls per job (repl, concurrent)",
+            "calls",
+            per_job,
+            note=f"median {statistics.median(per_job):.3g}" if per_job else "",
+        ),
+    ]
+    return rows

@@ -62,6 +62,7 @@ class _Batch:
     messages: list[Message] = field(default_factory=list)
     taken: bool = False  # a flusher is writing (or wrote) it: nothing more may join
     error: BaseException | None = None
+    done: trio.Event = field(default_factory=trio.Event)  # written and durable, or failed
 
 
 def new_job(
@@ -323,19 +324,31 @@ class Client:
                 ours = {id(m) for m in messages}
                 batch.messages[:] = [m for m in batch.messages if id(m) not in ours]
             raise
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                lock.release()
+
         try:
             if not batch.taken:
                 batch.taken = True
                 if self._open.get(context_id) is batch:
                     del self._open[context_id]
-                try:
-                    await self._write(context_id, batch.messages)
+                try:  # the lock goes once the write is answered: the next batch is written
+                    # while this one waits to be durable (its WAITAOF covers both)
+                    await self._write(context_id, batch.messages, written=release)
                 except BaseException as exc:
                     batch.error = exc
                     raise
+                finally:
+                    batch.done.set()
                 return
         finally:
-            lock.release()
+            release()
+        await batch.done.wait()
         if batch.error is not None:  # written by another caller, and that write failed
             err = batch.error
             what = f"the write carrying {messages[0].key} failed"
@@ -343,16 +356,30 @@ class Client:
                 raise StoreError(f"{what}: {err}") from err
             raise ClientError(f"{what}: {err!r}") from err
 
-    async def _write(self, context_id: int, messages: list[Message]) -> None:
+    async def _write(
+        self, context_id: int, messages: list[Message], written: Callable[[], None]
+    ) -> None:
+        """Write ``messages``; ``written`` is called once the writes are answered (before the
+        wait for them to be durable, on a replicated store)."""
         epoch = self.store.epoch  # a failover during the writes voids the promise
-        for write in write_plan(messages):
+        plan = write_plan(messages)
+        for i, write in enumerate(plan, 1):
+            # a submit returns once its messages are durable (a replicated store: fsynced on
+            # the primary and a replica), confirmed on the connection of its last write, which
+            # covers the earlier ones; else its caller is told (StoreError), as for a failed write
+            durable_since = epoch if i == len(plan) else None
             try:  # sent again if a failover refused it unrun (Store.transact)
-                await records.write_messages(self.store, context_id, write.hashes, write.pushed)
+                await records.write_messages(
+                    self.store,
+                    context_id,
+                    write.hashes,
+                    write.pushed,
+                    durable_since=durable_since,
+                    written=written,
+                )
             except ContentError as exc:  # msg_out (or a key) of another type: the write failed
                 raise StoreError(f"redis {self.store.url}: {exc}") from exc
-        # a submit returns once its messages are durable (a replicated store: fsynced on the
-        # primary and a replica); else its caller is told (StoreError), as for a failed write
-        await self.store.durable(epoch)
+        written()
 
     async def stop_job(
         self, signer: Signer, caller_id: int, job_key: str, context_id: int

@@ -204,13 +204,30 @@ class Store:
             async with client.pipeline(transaction=True) as pipe:
                 yield pipe
 
-    async def transact(self, db: int, fill: Callable[[Any], None]) -> None:
+    async def transact(
+        self,
+        db: int,
+        fill: Callable[[Any], None],
+        *,
+        durable_since: int | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> None:
         """A MULTI/EXEC of the commands ``fill`` queues on the pipeline it is given; on a
         replicated store sent again when a failover refused it before it ran (a transaction
-        cut after it was sent is reported: it may have run)."""
+        cut after it was sent is reported: it may have run).
+
+        ``durable_since`` (:attr:`epoch` before a promise's first write): return only once
+        this write and every write before it are durable, as :meth:`durable` would, but
+        confirmed by ``WAITAOF`` on the connection that made this write, without a barrier
+        write of its own (bus/store/durable.py), ``written`` called once the write is
+        answered, before that wait; NotDurable if that is not confirmed."""
         client = await self.db(db)
+        barrier = self.barrier if durable_since is not None else None
 
         async def once() -> None:
+            if barrier is not None and durable_since is not None:
+                await barrier.write_and_wait(self, client, fill, durable_since, written)
+                return
             async with client.pipeline(transaction=True) as pipe:
                 fill(pipe)
 

@@ -8,11 +8,19 @@ barrier is fsynced locally (L = 1) and on R replicas, so is every write made bef
 
 Barriers are group-committed: callers that arrive while one is in flight wait for the next,
 which covers all of them, so under load one round serves many promises.
+
+A promise whose last write the promiser makes itself (a client's submit) needs no barrier write:
+:meth:`Barrier.write_and_wait` sends that write's ``MULTI``/``EXEC`` and then ``WAITAOF`` on one
+connection it holds throughout, so the ``WAITAOF`` waits for that write, and with it for every
+write the server took before it. That saves the barrier's own write, its round trip and, on a
+replica, a second fsync in series: the replica fsyncs the promise's write while its reply
+travels, and the ``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import coredis.exceptions
 import trio
@@ -62,34 +70,66 @@ class Barrier:
                 raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
             client = await store.db(keys.ACTORS_DB)
             try:  # never sent again: only the server that took the writes can vouch for them
-                local, replicas = await self._round(client)
+                async with client.connection_pool.acquire() as connection:
+                    await connection.create_request(b"INCR", keys.DURABLE)
+                    await self._confirm(store, connection, client, epoch)
             except (coredis.exceptions.RedisError, OSError) as exc:
-                if store.failover is not None:  # the next barrier asks the Sentinels again
-                    store.failover.noticed(exc, client)
-                raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc
-            if store.epoch != epoch:
-                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
-            self.rounds += 1
-            if local < self.local or replicas < self.replicas:
-                raise NotDurable(
-                    f"redis {store.url}: not durable: WAITAOF confirmed {local} local and "
-                    f"{replicas} replica fsync(s) in {self.timeout_ms} ms; "
-                    f"{self.local} and {self.replicas} wanted"
-                )
+                self._failed(store, exc, client)
             self._covered, self._covered_epoch = upto, epoch
 
-    async def _round(self, client: Any) -> tuple[int, int]:  # noqa: ANN401 - coredis client
-        """``INCR durable``, its reply, then ``WAITAOF`` on the same connection (held for the
-        round, so no other command shares it meanwhile).
-
-        Not pipelined: a replica answers the primary's REPLCONF GETACK as soon as it reads it,
-        and when the write and the GETACK arrive together it answers before its fsync of the
-        write, then tells again only a second later (its periodic ack): pipelined, a barrier
-        took 620 ms at the median; sent after the write's reply, 0.6 ms (loopback, appendfsync
-        always on the replicas)."""
-        first = min(self.timeout_ms, FIRST_WAIT_MS)
+    async def write_and_wait(
+        self,
+        store: Store,
+        client: Any,  # noqa: ANN401 - the coredis client of the write's DB
+        fill: Callable[[Any], None],
+        since: int,
+        written: Callable[[], None] | None = None,
+    ) -> None:
+        """``MULTI``, the commands ``fill`` queues, ``EXEC``, and once it is answered
+        ``WAITAOF`` on the same connection: return once that write and every write before it
+        are durable, else NotDurable (``since``: :attr:`Store.epoch` before the promise's first
+        write). The write's own errors are coredis's, raised before any ``WAITAOF`` (the
+        caller's retry policy decides about them, as for any transaction); ``written`` is
+        called once the write is answered, before the wait."""
+        queued = client.pipeline(transaction=True)  # only to collect ``fill``'s commands
+        fill(queued)
         async with client.connection_pool.acquire() as connection:
-            await connection.create_request(b"INCR", keys.DURABLE)
+            multi = connection.create_request(b"MULTI", decode=False)
+            replies = [
+                connection.create_request(c.name, *c.serialized_arguments, decode=False)
+                for c in queued.command_stack
+            ]
+            done = connection.create_request(b"EXEC", decode=False)
+            await multi
+            for reply in replies:
+                await reply  # a command refused while queueing raises (EXEC then aborts)
+            results = await done
+            for result in results or ():
+                if isinstance(result, Exception):  # e.g. WRONGTYPE: the write failed
+                    raise result
+            if written is not None:
+                written()
+            if since != store.epoch:
+                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+            await self._confirm(store, connection, client, since)
+
+    async def _confirm(
+        self,
+        store: Store,
+        connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
+        client: Any,  # noqa: ANN401 - its client
+        epoch: int,
+    ) -> None:
+        """``WAITAOF`` on ``connection``, right after its last write was answered; NotDurable
+        unless it confirms, in this epoch, what this store's URL asks.
+
+        Not pipelined with the write: a replica answers the primary's REPLCONF GETACK as soon
+        as it reads it, and when the write and the GETACK arrive together it answers before
+        its fsync of the write, then tells again only a second later (its periodic ack):
+        pipelined, a barrier took 620 ms at the median; sent after the write's reply, 0.6 ms
+        (loopback, appendfsync always on the replicas)."""
+        first = min(self.timeout_ms, FIRST_WAIT_MS)
+        try:  # never sent again: only the server that took the writes can vouch for them
             local, replicas = await connection.create_request(
                 b"WAITAOF", self.local, self.replicas, first, decode=False
             )
@@ -98,4 +138,20 @@ class Barrier:
                 local, replicas = await connection.create_request(
                     b"WAITAOF", self.local, self.replicas, self.timeout_ms - first, decode=False
                 )
-        return int(local), int(replicas)
+        except (coredis.exceptions.RedisError, OSError) as exc:
+            self._failed(store, exc, client)
+        if store.epoch != epoch:
+            raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+        self.rounds += 1
+        if int(local) < self.local or int(replicas) < self.replicas:
+            raise NotDurable(
+                f"redis {store.url}: not durable: WAITAOF confirmed {local} local and "
+                f"{replicas} replica fsync(s) in {self.timeout_ms} ms; "
+                f"{self.local} and {self.replicas} wanted"
+            )
+
+    @staticmethod
+    def _failed(store: Store, exc: BaseException, client: Any) -> NoReturn:  # noqa: ANN401
+        if store.failover is not None:  # the next barrier asks the Sentinels again
+            store.failover.noticed(exc, client)
+        raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc

@@ -4,7 +4,7 @@ are in atomic/."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bus.core import keys
@@ -50,16 +50,24 @@ async def read_fields(
 
 
 async def write_messages(
-    store: Store, ctx: int, hashes: Sequence[tuple[str, Mapping[str, str]]], pushed: list[str]
+    store: Store,
+    ctx: int,
+    hashes: Sequence[tuple[str, Mapping[str, str]]],
+    pushed: list[str],
+    *,
+    durable_since: int | None = None,
+    written: Callable[[], None] | None = None,
 ) -> None:
     """A client's submission: HSET each message hash, then LPUSH ``pushed`` on ``msg_out``,
-    in one transaction (sent again if a failover refused it unrun: Store.transact)."""
+    in one transaction (sent again if a failover refused it unrun: Store.transact); with
+    ``durable_since``, returned once it and every write before it are durable (``written``
+    called in between, once the write is answered)."""
 
     def fill(tx: Any) -> None:  # noqa: ANN401 - the client's transaction
         for verb, key, arg in message_writes(hashes, pushed):
             getattr(tx, verb)(key, arg)
 
-    await store.transact(ctx, fill)
+    await store.transact(ctx, fill, durable_since=durable_since, written=written)
 
 
 def message_writes(
