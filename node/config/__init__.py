@@ -143,10 +143,9 @@ class NodeConfig:
 # The [node] settings are the fields of NodeConfig with a scalar type, checked against it; a field
 # with another type (the home, the tables below) is not a [node] setting.
 _SCALAR_TYPES = (bool, int, float, str)
+_HINTS = get_type_hints(NodeConfig)  # once: each call evaluates every field's annotation
 _SETTINGS: dict[str, type] = {
-    f.name: hint
-    for f in fields(NodeConfig)
-    if (hint := get_type_hints(NodeConfig)[f.name]) in _SCALAR_TYPES
+    f.name: _HINTS[f.name] for f in fields(NodeConfig) if _HINTS[f.name] in _SCALAR_TYPES
 }
 
 

@@ -38,15 +38,16 @@ import subprocess
 import sys
 import threading
 from dataclasses import replace
-from typing import NoReturn
-
-import trio
+from typing import TYPE_CHECKING, NoReturn
 
 from bus.core.envelope import DOMAIN_RESULT
 from bus.core.models import Message, MessageType
 from crypto import KeyPair, sign_object
 from node.errors import NodeError
 from node.host.hardening import child_env, is_dumpable, not_dumpable
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger(__name__)
 
@@ -200,12 +201,14 @@ class Signer:
         return mine
 
 
-async def run_signer(
-    key: KeyPair, *, task_status: trio.TaskStatus[Signer] = trio.TASK_STATUS_IGNORED
-) -> NoReturn:
+async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> NoReturn:
     """Run the signer process with ``key`` until cancelled; reports a :class:`Signer` once it
     is up. Raises NodeError if it exits (runners could not answer remote requests any more:
     the node stops rather than pile up unsigned results)."""
+    # imported here: the signer process and the runner processes (SignerClient) import this
+    # module and never run trio, whose import costs each of them ~0.1 s of CPU at start
+    import trio
+
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, theirs:
         proc = await trio.lowlevel.open_process(
