@@ -211,6 +211,11 @@ async def finish_local(
     return bool(await store.script(ctx, script(name), key_list, args))
 
 
+# the fragments an end and the take that follows it share in one script: one TIME and one read
+# of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
+_SHARED = frozenset({"stats_jobs", "type_breaker"})
+
+
 def then_source(first: str, second: str) -> str:
     """One script that runs the script ``first`` (an end) then ``second`` (runs_take_next),
     each with its own KEYS and ARGV: ARGV[1], ARGV[2] say how many keys and args belong to
@@ -221,11 +226,12 @@ def then_source(first: str, second: str) -> str:
     once (bus/store/atomic/runs_sync.py); the node ends the attempts it recovers alone."""
     return f"""
 {source("stats_jobs")}
+{source("type_breaker")}
 local function first(KEYS, ARGV)
-{source(first)}
+{source(first, _SHARED)}
 end
 local function second(KEYS, ARGV)
-{source(second)}
+{source(second, _SHARED)}
 end
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
 local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 4, 3 + na)}})
