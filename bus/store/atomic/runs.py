@@ -88,7 +88,12 @@ Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
 def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
-    """The record of one ended attempt, appended to ``attempts:<job>``."""
+    """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
+    for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
+    ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
+    has every attempt recorded."""
+    if attempt == 1 and status == "finished":
+        return ""
     return json.dumps(
         {
             "attempt": attempt,
