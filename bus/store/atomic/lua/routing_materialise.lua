@@ -28,13 +28,14 @@ local batch = cjson.decode(ARGV[1])
 local out, owners = {}, {}
 for i, m in ipairs(batch) do
   local code, owner = 0, ''
-  if redis.call('EXISTS', m.seen) == 1 then
-    code = 1
-  elseif m.nonce ~= '' and redis.call('EXISTS', m.nonce) == 1 then
-    code = 2
-  else
+  -- one EXISTS of both markers: neither is there, the common case
+  if redis.call('EXISTS', m.seen, m.nonce ~= '' and m.nonce or m.seen) == 0 then
     owner = taken(m)
     if owner ~= '' then code = 3 end
+  elseif redis.call('EXISTS', m.seen) == 1 then
+    code = 1
+  else
+    code = 2
   end
   if code == 0 then
     for _, j in ipairs(m.jobs) do
