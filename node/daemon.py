@@ -157,11 +157,11 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
-    node.isolation = await trio.to_thread.run_sync(find_isolation, config)
+    node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
     registry: Registry | None = None
-    node.breakers = PeerBreakers(
+    node.peers.breakers = PeerBreakers(
         BreakerConfig(config.breaker_failures, config.breaker_open_s, config.breaker_probes)
     )
 
@@ -170,17 +170,17 @@ async def _run_services(
             await registry.refresh()
 
     transport = Transport(
-        node.key,
-        node.known_peer_ids,
+        node.identity.key,
+        node.peers.known_peer_ids,
         handler.on_frame,
         handler.on_bad_frame,
         transport_config(config),
         reload_peers=reload_peers,
-        on_refused=lambda _reason: node.counted.set(),
-        on_link=node.breakers.on_link,
-        before_dial=node.breakers.before_dial,
+        on_refused=lambda _reason: node.counters.counted.set(),
+        on_link=node.peers.breakers.on_link,
+        before_dial=node.peers.breakers.before_dial,
     )
-    node.transport = transport
+    node.peers.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
@@ -190,11 +190,15 @@ async def _run_services(
         )
         await registry.refresh()
         await services.start(registry.resilient, "registry", registry.watch)
-        await services.start(registry.resilient, "counters", run_counters, node, transport)
-        await services.start(registry.resilient, "links", run_link_info, node, transport)
+        await services.start(
+            registry.resilient, "counters", run_counters, node.counters, node.store, transport
+        )
+        await services.start(registry.resilient, "links", run_link_info, node.store, transport)
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
-        await services.start(registry.resilient, "breakers", run_breaker_publisher, node)
+        await services.start(
+            registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
+        )
         if config.store.replicated:
             from node.host.store_tuning import run_store_tuning
 
@@ -204,14 +208,14 @@ async def _run_services(
                 run_store_tuning,
                 node.store,
                 redis_url,
-                node.primary_moved,
+                node.runners.primary_moved,
             )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/host/acl.py)
         info = NodeInfo(
-            node.node_id,
+            node.identity.node_id,
             config.name,
             redact(redis_url),
             ws_url,
@@ -221,7 +225,11 @@ async def _run_services(
         )
         await _publish(node, info)
         log.info(
-            "node %s (%s…) up: %s, redis %s", config.name, node.node_id[:16], ws_url, info.redis_url
+            "node %s (%s…) up: %s, redis %s",
+            config.name,
+            node.identity.node_id[:16],
+            ws_url,
+            info.redis_url,
         )
         task_status.started(info)
         if stop is not None:
@@ -246,14 +254,14 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
     (jobs still running are killed and requeued by their runner)."""
     log.info(  # running_jobs: live runner processes (node/runners/processes.py), busy or not
         "stopping intake; %d runner process(es) finishing, grace %.0f s",
-        node.running_jobs,
+        node.shutdown.running_jobs,
         node.config.grace_s,
     )
-    node.stop_intake()
+    node.shutdown.stop_intake()
     with trio.move_on_after(node.config.grace_s) as grace:
-        await node.idle.wait()
+        await node.shutdown.idle.wait()
     if grace.cancelled_caught:
-        log.warning("grace period over; aborting %d runner process(es)", node.running_jobs)
+        log.warning("grace period over; aborting %d runner process(es)", node.shutdown.running_jobs)
     services.cancel()
 
 
@@ -303,8 +311,8 @@ class Registry:
         commands = script_commands(config.runners, config.commands)
         self.script_types = {t: commands.get(t, []) for t in config.runners}
         self._refreshing = trio.Lock()
-        # every service restart is counted on the node (NodeState.restarts)
-        self.resilient = partial(resilient, on_restart=node.service_restarted)
+        # every service restart is counted on the node (Counters.restarts)
+        self.resilient = partial(resilient, on_restart=node.counters.service_restarted)
 
     def slots(self, ctx: int) -> list[Slot]:
         """The local runner slots of context ``ctx`` (for registration and presence)."""
@@ -315,7 +323,7 @@ class Registry:
                 bases = slot_bases(script_type, group, str(slot))
                 out.append(
                     Slot(
-                        runner_id(self.node.node_id, ctx, script_type, slot),
+                        runner_id(self.node.identity.node_id, ctx, script_type, slot),
                         script_type,
                         tuple(consume_order(bases)),
                         keys.inflight(f"runner:{script_type}:{slot}"),
@@ -330,7 +338,7 @@ class Registry:
             await self._refresh()
 
     async def _refresh(self) -> None:
-        for peer in await self.node.load_peers():
+        for peer in await self.node.peers.load_peers(self.node.store):
             await self.nursery.start(self._run_peer, peer)
         for ctx in await self.node.store.context_ids():
             if ctx not in self.contexts:
@@ -344,7 +352,7 @@ class Registry:
             event = await registry.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
-                self.node.forget_registry()
+                self.node.registry.forget()
                 await self.refresh()
 
     async def _run_peer(
@@ -355,14 +363,14 @@ class Registry:
             box = outbox.PeerOutbox(
                 self.node.store, self.transport, peer.id, partial(undeliverable, self.node)
             )
-            self.node.outboxes[peer.id] = box
+            self.node.peers.outboxes[peer.id] = box
             await nursery.start(resilient, f"outbox {peer.name or peer.id[:16]}", box.run)
             if peer.address:
                 nursery.start_soon(self.transport.dial_forever, peer.id, peer.address)
             task_status.started()
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
-        iso = self.node.isolation
+        iso = self.node.runners.isolation
         if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
             why = iso.why if iso is not None else "isolation unknown"
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
@@ -405,7 +413,14 @@ class Registry:
             await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
             await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)
             await nursery.start(
-                resilient, f"presence {ctx}", run_presence, node, ctx, self.slots(ctx), self.ws_url
+                resilient,
+                f"presence {ctx}",
+                run_presence,
+                node.identity,
+                node.store,
+                ctx,
+                self.slots(ctx),
+                self.ws_url,
             )
             # -- end runner presence, external runners --
             # its runner processes start side by side, in the background: the context is served
@@ -474,8 +489,8 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         # whether processes of the node's uid may read its memory, or its signer's
         # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
         "dumpable": str(int(is_dumpable())),
-        "signer_dumpable": str(int(node.signer is None or node.signer.dumpable)),
-    } | isolation_fields(node.isolation)
+        "signer_dumpable": str(int(node.identity.signer is None or node.identity.signer.dumpable)),
+    } | isolation_fields(node.runners.isolation)
     await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

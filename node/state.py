@@ -1,4 +1,5 @@
-"""What every service of a running node shares: its key, store, config and peer registry."""
+"""What the services of a running node share, as small parts: a service takes the parts it
+uses (its identity, the peers, the wake-ups, ...), not the whole node."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -35,62 +36,51 @@ class Waker(Protocol):
 
 
 @dataclass
-class NodeState:
-    config: NodeConfig
+class Identity:
+    """Who this node is, in this boot."""
+
     key: KeyPair
-    store: Store
-    peers: dict[str, Peer] = field(default_factory=dict)
+    # how old and how far ahead a signed message may be (from the config)
+    freshness: Freshness
     # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
     # signer process runners get a socket to (node/host/signer.py); set by the daemon
     admission_key: bytes = b""
     signer: Signer | None = None
-    # counters of what happened, by name (see count); `counted` is set when one changes and
-    # re-armed by the service that publishes them (node/observe/counters.py)
+    boot: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    @property
+    def node_id(self) -> str:
+        return self.key.public_hex
+
+
+@dataclass
+class Counters:
+    """Counters of what happened, by name (see :meth:`count`); ``counted`` is set when one
+    changes and re-armed by the service that publishes them (node/observe/counters.py)."""
+
     metrics: dict[str, int] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
-    # graceful shutdown: intake stops when `stopping` is set; `idle` is set when no job runs
+    # services restarted by node.resilient, by name (a Redis outage; never content)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.metrics[name] = self.metrics.get(name, 0) + n
+        self.counted.set()
+
+    def service_restarted(self, name: str) -> None:
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        self.count("service_restarts")
+
+
+@dataclass
+class Shutdown:
+    """Graceful shutdown: intake stops when ``stopping`` is set; ``idle`` is set when no job
+    runs."""
+
     stopping: trio.Event = field(default_factory=trio.Event)
     idle: trio.Event = field(default_factory=trio.Event)
     running_jobs: int = 0
     intake: set[trio.CancelScope] = field(default_factory=set)
-    # runner slots that may block on their type queue, by (context, script type): see
-    # wake_idle_slots
-    idle_slots: dict[tuple[int, str], set[Waker]] = field(default_factory=dict)
-    retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
-    deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
-    flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
-    boot: str = field(default_factory=lambda: secrets.token_hex(4))
-    outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
-    # this node's live runner processes (node/runners/processes.py), by (context, slot id): one
-    # runs its slot's started attempt, so a reaper that finds its lease expired (a stall)
-    # re-takes it, never ends it; each takes stop requests (job key, reason)
-    runner_processes: dict[tuple[int, str], Callable[[str, str], None]] = field(
-        default_factory=dict
-    )
-    # told when the Sentinels name a new primary (node/host/store_tuning.py), by (context, slot
-    # id): each live runner process shuts its connections to the old one at once
-    primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)
-    jobs_taken: int = 0  # by this node's runner slots, since start
-    # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
-    isolation: Isolation | None = None
-    # services restarted by node.resilient, by name (a Redis outage; never content)
-    restarts: dict[str, int] = field(default_factory=dict)
-    # the circuit breaker of each peer's link (bus/wire/breakers.py)
-    breakers: PeerBreakers = field(default_factory=PeerBreakers)
-    # per context: the deepest type queue as the last materialisation left it (runners have
-    # only shortened it since, unless a retry or another process pushed meanwhile)
-    queue_depth: dict[int, int] = field(default_factory=dict)
-    # result messages this node signed lately, by key: their signature entry (see
-    # node.messages.signed_here)
-    signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
-    # the node's links (their state and traffic, for node/observe/metrics.py); set once they exist
-    transport: Transport | None = None
-    # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
-    # none), so that the answers their results carry need no read (node.messages.reply_targets)
-    reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
-    _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
-    _registry_cache: dict[tuple[str, int], tuple[str, Any]] = field(default_factory=dict)
-    _registry_read: tuple[int, str] | None = None  # (store pops when read, registry version)
 
     def stop_intake(self) -> None:
         """Stop taking new work; what runs goes on (see :meth:`job_started`)."""
@@ -108,54 +98,38 @@ class NodeState:
         if self.running_jobs == 0 and self.stopping.is_set():
             self.idle.set()
 
-    async def registry_version(self) -> str:
-        """The registry's version (``registry:version``) as of after the last pop: every write
-        of an actor or a context bumps it (bus/store/connection.py), so an entry cached under
-        another version is never used again. Read (one GET) only when the store popped
-        something since the last read: every message admitted was popped before, so a read
-        issued after its pop sees every registry write made before it was submitted, and the
-        messages of one popped batch share one read."""
-        pops = self.store.pops
-        if self._registry_read is None or self._registry_read[0] != pops:
-            version = await registry.version(self.store)
-            self._registry_read = (pops, version)
-        return self._registry_read[1]
 
-    async def actor(self, actor_id: int, version: str) -> Actor | None:
-        """``actor:<id>`` as of registry ``version`` (:meth:`registry_version`)."""
-        return await self._cached(("actor", actor_id), version, self.store.get_actor(actor_id))
+@dataclass
+class WakeUps:
+    """What wakes a waiting service before its timeout."""
 
-    async def context(self, context_id: int, version: str) -> Context | None:
-        """``context:<id>`` as of registry ``version`` (:meth:`registry_version`)."""
-        load = self.store.get_context(context_id)
-        return await self._cached(("context", context_id), version, load)
+    # runner slots that may block on their type queue, by (context, script type): see
+    # wake_idle_slots
+    idle_slots: dict[tuple[int, str], set[Waker]] = field(default_factory=dict)
+    retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
 
-    async def _cached(self, key: tuple[str, int], version: str, load: Coroutine[Any, Any, T]) -> T:
-        # the version is read before the load: a write between them bumps it again, so what
-        # this load saw is tagged older than the registry and reloaded at the next use
-        hit = self._registry_cache.get(key)
-        if hit is not None and hit[0] == version:
-            load.close()
-            return hit[1]
-        value = await load
-        if value is not None:  # absence is never cached: a registration applies at once
-            self._registry_cache[key] = (version, value)
-        return value
+    def wake_idle_slots(self, ctx: int, script_type: str) -> None:
+        """A job was queued on a priority or targeted list: idle slots block on the plain type
+        queue only, so interrupt them to look at all their lists now (not at their pop
+        timeout)."""
+        for scope in self.idle_slots.get((ctx, script_type), ()):
+            scope.cancel()
 
-    def forget_registry(self) -> None:
-        """Drop cached actors and contexts (a registration event arrived)."""
-        self._registry_cache.clear()
+    def wake_retries(self, ctx: int) -> None:
+        self.retry_scheduled.setdefault(ctx, trio.Event()).set()
 
-    def stop_running(self, job_key: str, reason: str) -> None:
-        """Stop ``job_key`` if one of this node's runner processes is running it (each is
-        told; the one running it kills it and ends it with ``reason``)."""
-        for stop in self.runner_processes.values():
-            stop(job_key, reason)
 
-    def primary_moved(self) -> None:
-        """The Sentinels named a new primary: every live runner process is told."""
-        for follow in list(self.primary_followers.values()):
-            follow()
+@dataclass
+class Backpressure:
+    """How far the node's runners are behind what intake materialised."""
+
+    # per context: the deepest type queue as the last materialisation left it (runners have
+    # only shortened it since, unless a retry or another process pushed meanwhile)
+    queue_depth: dict[int, int] = field(default_factory=dict)
+    jobs_taken: int = 0  # by this node's runner slots, since start
+    _taken_waiters: list[tuple[int, trio.Event]] = field(default_factory=list)
 
     async def wait_jobs_taken(self, count: int) -> None:
         """Until this node's runner slots have taken ``count`` more jobs (supervisor
@@ -177,48 +151,147 @@ class NodeState:
                     event.set()
                 self._taken_waiters[:] = [w for w in self._taken_waiters if not w[1].is_set()]
 
-    def wake_idle_slots(self, ctx: int, script_type: str) -> None:
-        """A job was queued on a priority or targeted list: idle slots block on the plain type
-        queue only, so interrupt them to look at all their lists now (not at their pop
-        timeout)."""
-        for scope in self.idle_slots.get((ctx, script_type), ()):
-            scope.cancel()
 
-    def wake_retries(self, ctx: int) -> None:
-        self.retry_scheduled.setdefault(ctx, trio.Event()).set()
+@dataclass
+class Peers:
+    """The nodes this one knows and its links to them."""
 
-    @property
-    def freshness(self) -> Freshness:
-        return Freshness(self.config.max_age_s, self.config.max_skew_s)
-
-    @property
-    def node_id(self) -> str:
-        return self.key.public_hex
+    own_id: str
+    known: dict[str, Peer] = field(default_factory=dict)
+    # the circuit breaker of each peer's link (bus/wire/breakers.py)
+    breakers: PeerBreakers = field(default_factory=PeerBreakers)
+    outboxes: dict[str, PeerOutbox] = field(default_factory=dict)
+    # the node's links (their state and traffic, for node/observe/metrics.py); set once they exist
+    transport: Transport | None = None
 
     def known_peer_ids(self) -> set[str]:
-        return set(self.peers)
+        return set(self.known)
 
     def is_known_node(self, node_id: str) -> bool:
-        return node_id == self.node_id or node_id in self.peers
+        return node_id == self.own_id or node_id in self.known
 
-    def service_restarted(self, name: str) -> None:
-        self.restarts[name] = self.restarts.get(name, 0) + 1
-        self.count("service_restarts")
-
-    def count(self, name: str, n: int = 1) -> None:
-        self.metrics[name] = self.metrics.get(name, 0) + n
-        self.counted.set()
-
-    async def load_peers(self) -> list[Peer]:
+    async def load_peers(self, store: Store) -> list[Peer]:
         """Refresh the in-memory peer registry from DB 0; return peers not seen before."""
-        ids = await registry.peer_ids(self.store)
+        ids = await registry.peer_ids(store)
         fresh = []
         for peer_id in ids:
-            h = await registry.read_peer(self.store, peer_id)
+            h = await registry.read_peer(store, peer_id)
             if not h:
                 continue
             peer = Peer.from_hash(h)
-            if peer.id not in self.peers:
+            if peer.id not in self.known:
                 fresh.append(peer)
-            self.peers[peer.id] = peer
+            self.known[peer.id] = peer
         return fresh
+
+
+@dataclass
+class RegistryCache:
+    """Actors and contexts as of a registry version, read once per version."""
+
+    store: Store
+    _cache: dict[tuple[str, int], tuple[str, Any]] = field(default_factory=dict)
+    _read: tuple[int, str] | None = None  # (store pops when read, registry version)
+
+    async def version(self) -> str:
+        """The registry's version (``registry:version``) as of after the last pop: every write
+        of an actor or a context bumps it (bus/store/connection.py), so an entry cached under
+        another version is never used again. Read (one GET) only when the store popped
+        something since the last read: every message admitted was popped before, so a read
+        issued after its pop sees every registry write made before it was submitted, and the
+        messages of one popped batch share one read."""
+        pops = self.store.pops
+        if self._read is None or self._read[0] != pops:
+            version = await registry.version(self.store)
+            self._read = (pops, version)
+        return self._read[1]
+
+    async def actor(self, actor_id: int, version: str) -> Actor | None:
+        """``actor:<id>`` as of registry ``version`` (:meth:`version`)."""
+        return await self._cached(("actor", actor_id), version, self.store.get_actor(actor_id))
+
+    async def context(self, context_id: int, version: str) -> Context | None:
+        """``context:<id>`` as of registry ``version`` (:meth:`version`)."""
+        load = self.store.get_context(context_id)
+        return await self._cached(("context", context_id), version, load)
+
+    async def _cached(self, key: tuple[str, int], version: str, load: Coroutine[Any, Any, T]) -> T:
+        # the version is read before the load: a write between them bumps it again, so what
+        # this load saw is tagged older than the registry and reloaded at the next use
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == version:
+            load.close()
+            return hit[1]
+        value = await load
+        if value is not None:  # absence is never cached: a registration applies at once
+            self._cache[key] = (version, value)
+        return value
+
+    def forget(self) -> None:
+        """Drop cached actors and contexts (a registration event arrived)."""
+        self._cache.clear()
+
+
+@dataclass
+class Runners:
+    """This node's live runner processes (node/runners/processes.py)."""
+
+    # by (context, slot id): one runs its slot's started attempt, so a reaper that finds its
+    # lease expired (a stall) re-takes it, never ends it; each takes stop requests (job key,
+    # reason)
+    processes: dict[tuple[int, str], Callable[[str, str], None]] = field(default_factory=dict)
+    # told when the Sentinels name a new primary (node/host/store_tuning.py), by (context, slot
+    # id): each live runner process shuts its connections to the old one at once
+    primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)
+    # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
+    isolation: Isolation | None = None
+
+    def stop_running(self, job_key: str, reason: str) -> None:
+        """Stop ``job_key`` if one of this node's runner processes is running it (each is
+        told; the one running it kills it and ends it with ``reason``)."""
+        for stop in self.processes.values():
+            stop(job_key, reason)
+
+    def primary_moved(self) -> None:
+        """The Sentinels named a new primary: every live runner process is told."""
+        for follow in list(self.primary_followers.values()):
+            follow()
+
+
+@dataclass
+class Recent:
+    """What this node did lately, remembered so that answers need no read."""
+
+    # result messages this node signed lately, by key: their signature entry (see
+    # node.intake.messages.signed_here)
+    signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
+    # none), so that the answers their results carry need no read
+    # (node.intake.messages.reply_targets)
+    reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
+
+
+@dataclass
+class NodeState:
+    """The parts of a running node; the daemon builds it and hands each service its parts."""
+
+    config: NodeConfig
+    key: InitVar[KeyPair]
+    store: Store
+    admission_key: InitVar[bytes] = b""
+    signer: InitVar[Signer | None] = None
+    identity: Identity = field(init=False)
+    counters: Counters = field(init=False, default_factory=Counters)
+    shutdown: Shutdown = field(init=False, default_factory=Shutdown)
+    wakeups: WakeUps = field(init=False, default_factory=WakeUps)
+    backpressure: Backpressure = field(init=False, default_factory=Backpressure)
+    peers: Peers = field(init=False)
+    registry: RegistryCache = field(init=False)
+    runners: Runners = field(init=False, default_factory=Runners)
+    recent: Recent = field(init=False, default_factory=Recent)
+
+    def __post_init__(self, key: KeyPair, admission_key: bytes, signer: Signer | None) -> None:
+        freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)
+        self.identity = Identity(key, freshness, admission_key, signer)
+        self.peers = Peers(key.public_hex)
+        self.registry = RegistryCache(self.store)

@@ -253,7 +253,7 @@ async def _sent_to_a_peer(store, tmp_path, clock, *, skew_s: int):
     node = NodeState(config, KeyPair.generate(), store)
     peer = KeyPair.generate().public_hex
     actor = KeyPair.generate()
-    msg = job_message(actor, 1, node.node_id, peer, "print(1)")
+    msg = job_message(actor, 1, node.identity.node_id, peer, "print(1)")
     msg = sign_message(replace(msg, created_at=int(clock[0]), timeout_ack=30, signatures=[]), actor)
     async with store.transaction(1) as tx:
         tx.hset(msg.key, msg.to_hash())

@@ -143,7 +143,7 @@ async def test_a_peer_that_keeps_failing_fails_jobs_fast_until_its_link_is_up(
     await bob.client.register_context(1, admins=[1], executors=[1])
     # alice knows bob at an address where nobody listens
     await alice.client.add_peer(bob.node_id, f"ws://127.0.0.1:{closed_port()}", name="bob")
-    await wait_state(state.breakers, bob.node_id, BreakerState.OPEN)
+    await wait_state(state.peers.breakers, bob.node_id, BreakerState.OPEN)
 
     async def job(timeout_ack_s: int):
         return await alice.client.submit_job(
@@ -169,7 +169,7 @@ async def test_a_peer_that_keeps_failing_fails_jobs_fast_until_its_link_is_up(
     # bob dials alice: a link is up, the breaker closes, the queued job runs on bob
     await alice.client.register_actor(1, actor.public_hex)
     await bob.client.add_peer(alice.node_id, alice.info.ws_url, name="alice")
-    await wait_state(state.breakers, bob.node_id, BreakerState.CLOSED)
+    await wait_state(state.peers.breakers, bob.node_id, BreakerState.CLOSED)
     with trio.fail_after(60):
         [result] = await alice.client.wait_results(patient, timeout_s=60)
     assert result.stdout == "hi\n"

@@ -36,20 +36,24 @@ async def _ignore(*_: object) -> None:
 
 async def test_counters_are_published_then_again_on_change(store, nursery, tmp_path):
     node = NodeState(NodeConfig(home=tmp_path), KeyPair.generate(), store)
-    node.count("routed", 2)
+    node.counters.count("routed", 2)
     server = Transport(
-        node.key, set, _ignore, _ignore, on_refused=lambda _reason: node.counted.set()
+        node.identity.key,
+        set,
+        _ignore,
+        _ignore,
+        on_refused=lambda _reason: node.counters.counted.set(),
     )
     port = await nursery.start(server.serve, "127.0.0.1", 0)
     await store.hset(keys.ACTORS_DB, keys.NODE_INFO, {"counters": '{"stale":9}'})
     with trio.fail_after(10):
-        await nursery.start(run_counters, node, server)
+        await nursery.start(run_counters, node.counters, node.store, server)
     first = trio.current_time()
     assert read(await store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)) == {"routed": 2}
-    stranger = Transport(KeyPair.generate(), lambda: {node.node_id}, _ignore, _ignore)
+    stranger = Transport(KeyPair.generate(), lambda: {node.identity.node_id}, _ignore, _ignore)
     with trio.fail_after(10), pytest.raises((HandshakeError, ConnectionClosed)):
-        await stranger._dial_once(node.node_id, f"ws://127.0.0.1:{port}")
-    node.service_restarted("outbox x")
+        await stranger._dial_once(node.identity.node_id, f"ws://127.0.0.1:{port}")
+    node.counters.service_restarted("outbox x")
     counters = await published(store, lambda c: "restarts:outbox x" in c)
     assert counters == {
         "routed": 2,

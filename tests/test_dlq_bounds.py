@@ -68,13 +68,13 @@ async def test_dlq_bound_archive_and_hook(node_factory, valkey_factory, tmp_path
     archive = archive_path(alice.config.archive_dir, 1).read_text().splitlines()
     assert [json.loads(line)["key"] for line in archive] == letters[:3]
     assert all(json.loads(line)["reason"] == "permission_denied" for line in archive)
-    assert state.metrics["dlq_archived"] == 3
+    assert state.counters.metrics["dlq_archived"] == 3
     # the hook saw every entry once, in order, as JSON with its db
     seen = [json.loads(line) for line in (tmp_path / "hooked.jsonl").read_text().splitlines()]
     assert [(s["key"], s["reason"], s["db"]) for s in seen] == [
         (key, "permission_denied", 1) for key in letters
     ]
-    assert state.metrics["dlq_hook_ok"] >= 5
+    assert state.counters.metrics["dlq_hook_ok"] >= 5
 
 
 async def test_a_slow_or_failing_hook_is_bounded_logged_and_the_node_goes_on(
@@ -100,7 +100,7 @@ async def test_a_slow_or_failing_hook_is_bounded_logged_and_the_node_goes_on(
         KeyPair.generate(), 1, to=alice.node_id, context_id=1, script_type="sh", script="true"
     )
     assert msg.key  # the node still takes work
-    assert state.metrics["dlq_hook_failed"] >= 1
+    assert state.counters.metrics["dlq_hook_failed"] >= 1
 
 
 async def test_a_failing_hook_is_logged_and_counted(node_factory, valkey_factory, tmp_path, caplog):
@@ -115,7 +115,7 @@ async def test_a_failing_hook_is_logged_and_counted(node_factory, valkey_factory
         await wait_announced(announced, "hooked", sandboxed=False)
         await wait_announced(announced, "hooked", sandboxed=False)
     assert "on_dead_letter hook (db 1): exit code 3: broken pipe dream" in caplog.text
-    assert state.metrics["dlq_hook_failed"] >= 1
+    assert state.counters.metrics["dlq_hook_failed"] >= 1
 
 
 async def test_a_hook_that_cannot_start_is_logged(node_factory, tmp_path, caplog):
@@ -127,7 +127,7 @@ async def test_a_hook_that_cannot_start_is_logged(node_factory, tmp_path, caplog
     assert not await run_hook(state, 1, '{"key": "message:1:2"}')
     assert "on_dead_letter hook (db 1): cannot start: " in caplog.text
     assert str(missing) in caplog.text
-    assert state.metrics["dlq_hook_failed"] == 1
+    assert state.counters.metrics["dlq_hook_failed"] == 1
 
 
 async def test_trim_keeps_entries_retried_meanwhile(store):

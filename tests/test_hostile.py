@@ -295,7 +295,7 @@ async def run_example(bus: Bus, plan: list[tuple[str, list[Hostile]]]) -> set[st
         for h in items:
             assert reasons.get(printable(h.entry, 1000)), (queue, h, letters[db])
     for node in (bus.alice, bus.bob):
-        assert node.info.state.restarts == {}
+        assert node.info.state.counters.restarts == {}
     return {f"{e['queue'] or '-'}: {e['reason']}" for db in (0, 1) for e in letters[db]}
 
 

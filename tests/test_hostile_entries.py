@@ -22,7 +22,7 @@ async def _push_all(node, queue: str, entries: list[str], ctx: int = 1) -> None:
 
 
 def _restarts(node) -> dict[str, int]:
-    return dict(node.info.state.restarts)
+    return dict(node.info.state.counters.restarts)
 
 
 async def _results(node, messages: list[Message]) -> list[str]:

@@ -153,7 +153,9 @@ async def test_link_refusals_are_counted_by_reason(node_factory):
         await stranger._dial_once(bob.node_id, bob.info.ws_url)
     b, _ = await scrape(bob)
     assert value(b, "hero_link_refusals_total", stage="handshake", reason="unknown_node") == 1
-    await alice.info.state.load_peers()  # as the registry watcher does on its event
+    await alice.info.state.peers.load_peers(
+        alice.info.state.store
+    )  # as the registry watcher does on its event
     a, _ = await scrape(alice)
     assert a["hero_link_up"][(("name", "bob"), ("peer", bob.node_id))] == 0
 

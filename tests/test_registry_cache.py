@@ -33,16 +33,20 @@ async def _warm(store: Store, tmp_path) -> tuple[NodeState, KeyPair]:  # noqa: A
     await store.put_actor(Actor(id=ACTOR, pubkey=actor.public_hex))
     await store.put_context(Context(id=1, admins=[1], executors=[ACTOR]))
     # admitted, and the actor and the context are now cached
-    first = await popped(store, job_message(actor, ACTOR, node.node_id, node.node_id, "1"))
+    first = await popped(
+        store, job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+    )
     await authorise_caller(node, 1, first)
-    assert {k for k, _ in node._registry_cache} == {"actor", "context"}
+    assert {k for k, _ in node.registry._cache} == {"actor", "context"}
     return node, actor
 
 
 async def test_next_message_after_actor_remove_is_refused(store, tmp_path):
     node, actor = await _warm(store, tmp_path)
     assert await store.remove_actor(ACTOR)
-    message = await popped(store, job_message(actor, ACTOR, node.node_id, node.node_id, "1"))
+    message = await popped(
+        store, job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+    )
     with pytest.raises(Rejected) as refused:
         await authorise_caller(node, 1, message)
     assert refused.value.reason == "unknown_signer"
@@ -51,7 +55,9 @@ async def test_next_message_after_actor_remove_is_refused(store, tmp_path):
 async def test_next_message_after_permission_withdrawn_is_refused(store, tmp_path):
     node, actor = await _warm(store, tmp_path)
     await store.put_context(Context(id=1, admins=[1], executors=[]))
-    message = await popped(store, job_message(actor, ACTOR, node.node_id, node.node_id, "1"))
+    message = await popped(
+        store, job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+    )
     with pytest.raises(Rejected) as refused:
         await authorise_caller(node, 1, message)
     assert refused.value.reason == "permission_denied"
@@ -64,10 +70,18 @@ async def test_next_message_after_key_change_is_judged_with_the_new_key(store, t
     # the old key no longer signs for the actor; the new one does, at once
     with pytest.raises(Rejected):
         await authorise_caller(
-            node, 1, await popped(store, job_message(old, ACTOR, node.node_id, node.node_id, "1"))
+            node,
+            1,
+            await popped(
+                store, job_message(old, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+            ),
         )
     await authorise_caller(
-        node, 1, await popped(store, job_message(new, ACTOR, node.node_id, node.node_id, "1"))
+        node,
+        1,
+        await popped(
+            store, job_message(new, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+        ),
     )
 
 
@@ -76,16 +90,18 @@ async def test_unchanged_registry_is_served_from_the_cache(store, tmp_path):
     # a write that bypasses the registry API is not seen (the version did not move): proof
     # that the second admission used the cache, one GET instead of two HGETALLs
     await store.hset(keys.ACTORS_DB, keys.actor(ACTOR), {"pubkey": KeyPair.generate().public_hex})
-    message = await popped(store, job_message(actor, ACTOR, node.node_id, node.node_id, "1"))
+    message = await popped(
+        store, job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+    )
     await authorise_caller(node, 1, message)
 
 
 async def test_messages_of_one_popped_batch_share_one_version_read(store, tmp_path):
     node, _ = await _warm(store, tmp_path)
-    before = await node.registry_version()
+    before = await node.registry.version()
     await store.call(keys.ACTORS_DB, lambda r: r.incr(keys.REGISTRY_VERSION))
     # nothing popped since the last read: no message can depend on that write yet
-    assert await node.registry_version() == before
+    assert await node.registry.version() == before
     await store.lpush(1, "queue:test", "x")
     await store.pop_batch(1, "queue:test", "inflight:test", 64)
-    assert await node.registry_version() != before
+    assert await node.registry.version() != before

@@ -204,7 +204,7 @@ async def test_a_runner_killed_9_is_restarted_and_its_attempt_reaped(node_factor
         assert await alice.store.call(1, lambda r: r.blpop(["run:k"], timeout=20)) is not None
     assert not alive(pid)
     assert alice.info.state is not None
-    assert alice.info.state.metrics["runner_restarts"] >= 1
+    assert alice.info.state.counters.metrics["runner_restarts"] >= 1
     assert await alice.store.lrange(1, "inflight:runner:python:0") == []
 
 
@@ -229,7 +229,7 @@ async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monk
     assert pids[2] == pids[3]
     assert len(set(pids)) == 3  # 2 jobs per process
     assert alice.info.state is not None
-    assert "runner_restarts" not in alice.info.state.metrics
+    assert "runner_restarts" not in alice.info.state.counters.metrics
 
 
 async def test_a_timed_out_python_job_ends_its_process_and_the_next_job_runs(node_factory):

@@ -18,7 +18,7 @@ A runner process pops with ``runs_pop_first`` over these lists and, when all are
 on the type queue alone (the plain, busiest list): BLMPOP waits on many lists but loses the
 entry if the process dies between its pop and the in-flight push, and Lua cannot block. A job
 that this node queues on another list (a priority or targeted one) while its runners idle
-interrupts their wait (``NodeState.wake_idle_slots``); one queued there by another process
+interrupts their wait (``WakeUps.wake_idle_slots``); one queued there by another process
 (an operator's ``dlq retry``) is taken at the next wake-up: the next job on the type queue, or
 the pop timeout (node/worker/loop.py).
 """

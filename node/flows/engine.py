@@ -125,11 +125,11 @@ async def run_deadline_timer(node: NodeState, ctx: int) -> NoReturn:
     one evaluation at a time). Sleeps until the next deadline or until one is armed (no
     polling). Raises StoreError if Valkey fails."""
     while True:
-        wake = node.flow_deadline_scheduled.setdefault(ctx, trio.Event())
+        wake = node.wakeups.flow_deadline_scheduled.setdefault(ctx, trio.Event())
         after = await atomic_flows.due_to_events(node.store, ctx, now())
         with trio.move_on_after(IDLE_WAIT_S if after < 0 else max(0.0, after - now())):
             await wake.wait()
-        node.flow_deadline_scheduled[ctx] = trio.Event()
+        node.wakeups.flow_deadline_scheduled[ctx] = trio.Event()
 
 
 async def reevaluate_active(node: NodeState, ctx: int) -> int:
@@ -172,7 +172,7 @@ async def evaluate(node: NodeState, ctx: int, flow_id: int) -> FlowStatus | None
     after = schedule(doc.spec, states)
     await _save(node, ctx, doc, states, results, after, (deadline, overdue))
     if not after.done and fields.get("deadline") != str(deadline):  # armed just now
-        node.flow_deadline_scheduled.setdefault(ctx, trio.Event()).set()
+        node.wakeups.flow_deadline_scheduled.setdefault(ctx, trio.Event()).set()
     return after.flow_status
 
 
@@ -193,12 +193,14 @@ async def _load(node: NodeState, ctx: int, flow_id: int, fields: dict[str, str])
             Reason.MALFORMED, f"flow {flow_id}: document or signatures not JSON"
         ) from None
     doc = await check_flow_doc(node, raw, signatures)
-    if (doc.id, doc.context_id, doc.origin) != (flow_id, ctx, node.node_id):
+    if (doc.id, doc.context_id, doc.origin) != (flow_id, ctx, node.identity.node_id):
         raise Rejected(
             Reason.MALFORMED, f"flow {flow_id}: document is for another flow/context/node"
         )
     await check_may_execute(node, ctx, doc.caller_id)
-    strays = [j.id for j in doc.spec.jobs if not node.is_known_node(j.node) or j.context_id != ctx]
+    strays = [
+        j.id for j in doc.spec.jobs if not node.peers.is_known_node(j.node) or j.context_id != ctx
+    ]
     if strays:
         raise Rejected(
             Reason.UNKNOWN_DESTINATION, f"unknown node or context for {', '.join(strays)}"
@@ -256,16 +258,16 @@ async def _release(
             job=[job],
             created_at=stamp,
             updated_at=stamp,
-            origin=node.node_id,
+            origin=node.identity.node_id,
             destination=spec.node,
             nonce=new_nonce(),
         ),
-        node.key,
+        node.identity.key,
     )
     copy = job.to_hash() | {"flow_id": str(doc.id), "flow_job": job_id, "node": spec.node}
     copy |= {"status": JobStatus.DISPATCHED.value, "message_key": message.key}
     await atomic_flows.release(node.store, ctx, job.key, copy, message)
-    node.count("flow_jobs_released")
+    node.counters.count("flow_jobs_released")
     log.info("flow %d: released %s to %s… as %s", doc.id, job_id, spec.node[:16], message.key)
 
 
@@ -323,7 +325,7 @@ async def _refuse(
 ) -> None:
     """The flow may not run here: it and its unreleased jobs end in error with the reason."""
     log.warning("flow %d (context %d) refused: %s", flow_id, ctx, exc)
-    node.count(f"flows_refused_{exc.reason}")
+    node.counters.count(f"flows_refused_{exc.reason}")
     try:
         job_keys = [keys.job(int(fields["caller_id"]), j) for j in json.loads(fields["jobs"])]
     except (KeyError, ValueError, TypeError, ModelError):

@@ -50,7 +50,7 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     stamp = now()
     if stamp > doc.expires_at:
         raise Rejected(Reason.EXPIRED, f"flow {doc.id} expired {stamp - doc.expires_at} s ago")
-    if doc.created_at - stamp > node.freshness.max_skew_s:
+    if doc.created_at - stamp > node.identity.freshness.max_skew_s:
         raise Rejected(
             Reason.FROM_FUTURE, f"flow {doc.id} is dated {doc.created_at - stamp} s ahead"
         )
@@ -86,8 +86,8 @@ async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> Non
     context and is exactly the signed job with the node-signed inputs, the actor's permission
     here, and the once-only claim on the job key (``replay`` if another message claimed it).
     """
-    signer = message.origin if node.is_known_node(message.origin) else None
-    verdict = judge(message, signer, now=now(), freshness=node.freshness)
+    signer = message.origin if node.peers.is_known_node(message.origin) else None
+    verdict = judge(message, signer, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"origin node: {verdict.detail}")
     try:
@@ -111,7 +111,7 @@ def _check_job(
         job = doc.job(payload.job)
     except FlowError as exc:
         raise Rejected(Reason.MALFORMED, str(exc)) from None
-    if job.node != node.node_id or job.context_id != ctx or message.context_id != ctx:
+    if job.node != node.identity.node_id or job.context_id != ctx or message.context_id != ctx:
         raise Rejected(Reason.WRONG_DESTINATION, f"flow job {job.id} is not for this node/context")
     if set(payload.inputs) != set(job.depends):
         raise Rejected(
@@ -125,7 +125,7 @@ def _check_job(
 async def _claim(node: NodeState, ctx: int, message: Message, doc: FlowDoc) -> None:
     """Claim the job key for this message (TTL: until the flow expires, plus the window)."""
     job_key = message.job[0].key
-    ttl_s = max(doc.expires_at - now(), 0) + node.freshness.window_s
+    ttl_s = max(doc.expires_at - now(), 0) + node.identity.freshness.window_s
     holder = await records.claim_flow_job(node.store, ctx, job_key, message.key, ttl_s)
     if holder is not None:
         raise Rejected(Reason.REPLAY, f"flow job {job_key} was already released by {holder}")

@@ -57,12 +57,12 @@ async def admit(
     check_size(node.config, message)
     check_shape(ctx, message)
     check_reply_to(message)
-    if incoming and message.destination != node.node_id:
+    if incoming and message.destination != node.identity.node_id:
         raise Rejected(Reason.WRONG_DESTINATION, f"addressed to {message.destination[:16]}…")
     body = await _check_signer(node, ctx, message, incoming=incoming)
-    if not incoming and message.origin != node.node_id:
+    if not incoming and message.origin != node.identity.node_id:
         raise Rejected(Reason.WRONG_ORIGIN, "messages in msg_out must name this node as origin")
-    if incoming and message.origin != node.node_id:
+    if incoming and message.origin != node.identity.node_id:
         check_ack_deadline(message, now())
     if incoming and message.message_type is MessageType.STOP:
         await check_replay(node, ctx, message)
@@ -196,28 +196,28 @@ def _check_own(node: NodeState, message: Message) -> None:
     there, is dead-lettered and changes nothing. Every other result in msg_out (written by some
     other Redis client, or left from before a restart) is verified in full, so a forgery is
     refused here, at the origin."""
-    if message.origin != node.node_id:
+    if message.origin != node.identity.node_id:
         raise Rejected(Reason.FORGED_RESULT, "result messages in msg_out must come from this node")
     if message.message_type is MessageType.RESULT and signed_here(node, message):
-        stale = freshness_problem(message, now(), node.freshness)
+        stale = freshness_problem(message, now(), node.identity.freshness)
         if stale is not None:
             raise Rejected(Reason(stale.reason), stale.detail)
         return
-    verdict = judge(message, node.node_id, now=now(), freshness=node.freshness)
+    verdict = judge(message, node.identity.node_id, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), verdict.detail)
-    node.count(VERIFIED)
+    node.counters.count(VERIFIED)
 
 
 def verify_result(node: NodeState, message: Message) -> ResultBody:
     """A result message signed by the node it names as origin (a node we know), fresh, with
     a well-formed body (returned); Rejected otherwise. Pure: what Redis knows is checked
     with its batch."""
-    signer = message.origin if node.is_known_node(message.origin) else None
-    verdict = judge(message, signer, now=now(), freshness=node.freshness)
+    signer = message.origin if node.peers.is_known_node(message.origin) else None
+    verdict = judge(message, signer, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), verdict.detail)
-    node.count(VERIFIED)
+    node.counters.count(VERIFIED)
     try:
         return ResultBody.decode(message.message)
     except ModelError as exc:
@@ -232,26 +232,26 @@ async def authorise_caller(node: NodeState, ctx: int, message: Message) -> None:
     try:
         await _check(node, ctx, message, fresh=False)
     except Rejected:
-        node.forget_registry()
+        node.registry.forget()
         await _check(node, ctx, message, fresh=True)
 
 
 async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) -> None:
     caller = message.caller_id
-    version = "" if fresh else await node.registry_version()
-    actor = await (node.store.get_actor(caller) if fresh else node.actor(caller, version))
+    version = "" if fresh else await node.registry.version()
+    actor = await (node.store.get_actor(caller) if fresh else node.registry.actor(caller, version))
     verdict = judge(
         message,
         actor.pubkey if actor else None,
         now=now(),
-        freshness=node.freshness,
+        freshness=node.identity.freshness,
         algorithm=actor.algorithm if actor else "",
         accepted=node.config.accepted_algorithms(ctx),
     )
     if not verdict.ok:
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
-    node.count(VERIFIED)
-    context = await (node.store.get_context(ctx) if fresh else node.context(ctx, version))
+    node.counters.count(VERIFIED)
+    context = await (node.store.get_context(ctx) if fresh else node.registry.context(ctx, version))
     may_execute_in(context, ctx, caller)
 
 

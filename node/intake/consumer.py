@@ -103,7 +103,7 @@ def stop_accept(node: NodeState, message: Message) -> routing.StopAccept:
     """What accepting stop ``message`` writes: its replay markers, kept for the freshness
     window."""
     nonce_key = keys.nonce(message.caller_id, message.nonce) if message.nonce else ""
-    return routing.StopAccept(message.key, node.freshness.window_s, nonce_key)
+    return routing.StopAccept(message.key, node.identity.freshness.window_s, nonce_key)
 
 
 async def accept_results(
@@ -126,7 +126,12 @@ async def accept_results(
         for (message, body), reply_to in zip(results, inboxes, strict=True)
     ]
     verdicts = await routing.accept_results(
-        node.store, ctx, inflight, accepts, window_s=node.freshness.window_s, node_id=node.node_id
+        node.store,
+        ctx,
+        inflight,
+        accepts,
+        window_s=node.identity.freshness.window_s,
+        node_id=node.identity.node_id,
     )
     for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
         if reason != "ok":

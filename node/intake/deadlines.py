@@ -42,7 +42,7 @@ UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 def deadline_times(message: Message, skew_s: int) -> tuple[int, int]:
     """The ack and result deadlines (Unix ms) of a job message sent to a peer (armed with
     bus.store.atomic.routing.arm_deadlines; the caller then wakes the deadline service:
-    NodeState.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
+    WakeUps.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
     allowed clock skew (see the module doc)."""
     ack_ms = (ack_deadline(message) + skew_s) * 1000
     return ack_ms, now_ms() + message.timeout_result * 1000
@@ -54,12 +54,12 @@ async def run_deadlines(
     """Fail what is overdue; sleeps until the next deadline or a newly armed one (no polling)."""
     task_status.started()
     while True:
-        wake = node.deadline_scheduled.setdefault(ctx, trio.Event())
+        wake = node.wakeups.deadline_scheduled.setdefault(ctx, trio.Event())
         after = await fail_due(node, ctx)
         wait_s = 3600.0 if after < 0 else max(0.0, (after - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()
-        node.deadline_scheduled[ctx] = trio.Event()
+        node.wakeups.deadline_scheduled[ctx] = trio.Event()
 
 
 async def fail_due(node: NodeState, ctx: int) -> int:
@@ -111,6 +111,6 @@ async def withdraw(node: NodeState, peer: str, entry: str) -> None:
     in neither afterwards). A message its client is told failed must not be sent again;
     the in-flight place it held in the link's window opens, since no ack will count it."""
     unacked = await atomic_withdraw(node.store, peer, entry)
-    box = node.outboxes.get(peer)
+    box = node.peers.outboxes.get(peer)
     if unacked and box is not None:
         box.window.release(unacked)

@@ -125,23 +125,23 @@ async def materialise_many(
     markers and the ack, in one Lua call; returns the refused messages (replays, and those
     naming another message's job) with why, for which nothing was written."""
     stamp = now_s()
-    batch, unknown = _writes(messages, script_types, stamp, ctx, node.admission_key)
+    batch, unknown = _writes(messages, script_types, stamp, ctx, node.identity.admission_key)
     types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
-    codes, node.queue_depth[ctx], owners = await materialise_batch(
+    codes, node.backpressure.queue_depth[ctx], owners = await materialise_batch(
         node.store,
         ctx,
         inflight,
         batch,
         now=stamp,
-        window_s=node.freshness.window_s,
+        window_s=node.identity.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
     )
     refused = [(m, refusal(m, c, o)) for m, c, o in zip(messages, codes, owners, strict=True) if c]
     for (_, writes), code in zip(batch, codes, strict=True):
         for w in writes:  # idle slots wait on the plain type queue only
             if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
-                node.wake_idle_slots(ctx, w.fields["script_type"])
-    node.count(
+                node.wakeups.wake_idle_slots(ctx, w.fields["script_type"])
+    node.counters.count(
         "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
     )
     await _unknown_types(node, unknown, {m.key for m, _ in refused}, script_types)

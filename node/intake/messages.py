@@ -103,7 +103,7 @@ async def reject(
         exc,
         extra={"message_key": printable(key), "ctx": ctx, "reason": str(exc.reason)},
     )
-    node.count(f"rejected_{exc.reason}")
+    node.counters.count(f"rejected_{exc.reason}")
     await node.store.dead_letter(ctx, key, exc.reason, exc.detail, queue=queue)
     if message is None and queue == keys.MSG_OUT:
         await _answer_unparsed(node, ctx, key, exc, service)
@@ -196,25 +196,25 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     ):
         return False
     if reason in UNAUTHENTICATED:
-        return message.origin == node.node_id
-    return node.is_known_node(message.origin)
+        return message.origin == node.identity.node_id
+    return node.peers.is_known_node(message.origin)
 
 
-SIGNED_MEMORY = 4096  # result messages remembered by NodeState.signed_results
-REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to NodeState.reply_targets keeps
+SIGNED_MEMORY = 4096  # result messages remembered by Recent.signed_results
+REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to Recent.reply_targets keeps
 
 
 def remember_reply_to(node: NodeState, message: Message) -> None:
     """Keep the signed ``reply_to`` of a job message this node sends to a peer (bounded)."""
-    node.reply_targets[message.context_id, message.key] = message.reply_to
-    while len(node.reply_targets) > REPLY_MEMORY:
-        node.reply_targets.popitem(last=False)
+    node.recent.reply_targets[message.context_id, message.key] = message.reply_to
+    while len(node.recent.reply_targets) > REPLY_MEMORY:
+        node.recent.reply_targets.popitem(last=False)
 
 
 async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[str]:
     """The ``reply_to`` of each request that results answer: remembered since it was sent,
     else read from the requests (one round trip for all those, after a restart say)."""
-    known = {r: node.reply_targets.get((ctx, r)) for r in requests}
+    known = {r: node.recent.reply_targets.get((ctx, r)) for r in requests}
     unknown = sorted(r for r, reply_to in known.items() if reply_to is None)
     found = await atomic_routing.reply_targets(node.store, ctx, unknown)
     read = dict(zip(unknown, found, strict=True))
@@ -225,7 +225,7 @@ def signed_here(node: NodeState, message: Message) -> bool:
     """True once if this node signed ``message`` (same key, same signature) with
     :func:`result_message` since it started: the supervisor's shortcut, see check_outgoing.
     Bounded: what fell out, or was signed before a restart, is verified like any other."""
-    signature = node.signed_results.pop(message.key, None)
+    signature = node.recent.signed_results.pop(message.key, None)
     return signature is not None and message.signatures == [signature]
 
 
@@ -239,14 +239,14 @@ def result_message(node: NodeState, request: Message, body: ResultBody) -> Messa
         message_type=MessageType.RESULT,
         created_at=now(),
         updated_at=now(),
-        origin=node.node_id,
+        origin=node.identity.node_id,
         destination=request.origin,
         nonce=new_nonce(),
     )
-    signed = sign_message(msg, node.key)
-    node.signed_results[signed.key] = signed.signatures[0]
-    while len(node.signed_results) > SIGNED_MEMORY:
-        node.signed_results.popitem(last=False)
+    signed = sign_message(msg, node.identity.key)
+    node.recent.signed_results[signed.key] = signed.signatures[0]
+    while len(node.recent.signed_results) > SIGNED_MEMORY:
+        node.recent.signed_results.popitem(last=False)
     return signed
 
 

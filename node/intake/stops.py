@@ -56,7 +56,7 @@ async def apply_stop(node: NodeState, ctx: int, message: Message) -> None:
     before = await stop_job(node.store, ctx, job_key, job.script_type, reason=reason, now=now())
     log.info("stop %s (was %s) by actor %d", job_key, before, message.caller_id)
     if before == "started":
-        node.stop_running(job_key, reason)
+        node.runners.stop_running(job_key, reason)
     elif before in ("dispatched", "waiting_for_prerequisites"):
         request = Message.from_hash(await records.read_message(node.store, ctx, job.message_key))
         body = ResultBody(request.key, job_key, JobStatus.ERROR, {}, reason)

@@ -81,7 +81,7 @@ async def handle_batch(
     local: list[Message] = []
     remote: list[Message] = []
     for message in messages:
-        if message.destination == node.node_id and message.message_type is MessageType.JOB:
+        if message.destination == node.identity.node_id and message.message_type is MessageType.JOB:
             local.append(message)
         else:
             remote.append(message)
@@ -90,7 +90,7 @@ async def handle_batch(
     if local:
         await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
-        node.count("routed", len(local))
+        node.counters.count("routed", len(local))
 
 
 async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> None:
@@ -102,16 +102,18 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
     waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
     route back, stops) are delayed by at most that while this node's runners are saturated.
     Far from the mark (as the last materialisation found the queue), it costs no round trip."""
-    if node.queue_depth.get(ctx, 0) < HIGH_WATER:  # no round trip while far from the mark
+    if (
+        node.backpressure.queue_depth.get(ctx, 0) < HIGH_WATER
+    ):  # no round trip while far from the mark
         return
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
             depths = await lists.queue_depths(node.store, ctx, script_types)
-            depth = node.queue_depth[ctx] = max(depths, default=0)
+            depth = node.backpressure.queue_depth[ctx] = max(depths, default=0)
             if depth < HIGH_WATER:
                 return
             with trio.move_on_after(1.0):
-                await node.wait_jobs_taken(depth - (HIGH_WATER - serve.BATCH))
+                await node.backpressure.wait_jobs_taken(depth - (HIGH_WATER - serve.BATCH))
 
 
 async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> Message:
@@ -120,13 +122,13 @@ async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> 
     msg_in and no second verification); Rejected with the reason it may not."""
     message = parse_message(ctx, key, fields)
     await check_outgoing(node, ctx, message)
-    if message.destination != node.node_id and message.destination not in node.peers:
+    if message.destination != node.identity.node_id and message.destination not in node.peers.known:
         raise Rejected(
             Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
         )
-    if message.destination != node.node_id and message.message_type is MessageType.JOB:
+    if message.destination != node.identity.node_id and message.message_type is MessageType.JOB:
         ack_in_s = deadlines.ack_deadline(message) - now()
-        why = node.breakers.refusal(message.destination, ack_in_s)
+        why = node.peers.breakers.refusal(message.destination, ack_in_s)
         if why is not None:
             raise Rejected(Reason.PEER_UNAVAILABLE, why)
     return message
@@ -136,7 +138,7 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
     """A refused job message of this node's own clients never reaches route_many: its jobs'
     copies are written here, failed, so that the client sees why (its error result, queued by
     ``reject``, passes through this same task later, so it lands on the copy)."""
-    if message.origin != node.node_id:
+    if message.origin != node.identity.node_id:
         return
     failed = {"status": JobStatus.ERROR.value, "reason": exc.reason, "updated_at": str(now())}
     try:
@@ -161,7 +163,7 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
     result in the copy) and arms its ack and result deadlines."""
     by_peer: dict[str, list[str]] = {}
     for m in messages:
-        if m.destination != node.node_id:
+        if m.destination != node.identity.node_id:
             by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
             if m.message_type is MessageType.JOB:
                 remember_reply_to(node, m)
@@ -169,19 +171,22 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
         await routing.push_outboxes(node.store, by_peer)
     stamp = str(now())
     await routing.route(node.store, ctx, inflight, [_routed(node, m, stamp) for m in messages])
-    if any(m.destination != node.node_id and m.message_type is MessageType.JOB for m in messages):
-        node.deadline_scheduled.setdefault(ctx, trio.Event()).set()
-    node.count("routed", len(messages))
+    if any(
+        m.destination != node.identity.node_id and m.message_type is MessageType.JOB
+        for m in messages
+    ):
+        node.wakeups.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+    node.counters.count("routed", len(messages))
 
 
 def _routed(node: NodeState, message: Message, stamp: str) -> routing.Routed:
     """What routing ``message`` writes besides its outbox entry (see route_many)."""
-    if message.destination == node.node_id:
+    if message.destination == node.identity.node_id:
         return routing.Routed(message.key, True, [], None)
     if message.message_type is not MessageType.JOB:
         return routing.Routed(message.key, False, [], None)
     copies = origin_copies(message, {"updated_at": stamp})
-    times = deadlines.deadline_times(message, node.freshness.max_skew_s)
+    times = deadlines.deadline_times(message, node.identity.freshness.max_skew_s)
     return routing.Routed(message.key, False, copies, times)
 
 

@@ -50,7 +50,7 @@ class LinkHandler:
             detail,
             extra={"peer": link.peer_id, "reason": Reason.BAD_FRAME},
         )
-        self.node.count("bad_frames")
+        self.node.counters.count("bad_frames")
         await self.node.store.dead_letter(
             keys.ACTORS_DB, f"link:{link.peer_id}", Reason.BAD_FRAME, detail
         )
@@ -83,7 +83,7 @@ class LinkHandler:
                     refused,
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id, "reason": token},
                 )
-                self.node.count(f"refused_delivery_{token}")
+                self.node.counters.count(f"refused_delivery_{token}")
                 await self.node.store.dead_letter(
                     keys.ACTORS_DB, key, Reason.REFUSED_DELIVERY, str(refused)
                 )
@@ -115,7 +115,7 @@ class LinkHandler:
 
     def _count(self, name: str, n: int) -> None:
         if n:
-            self.node.count(name, n)
+            self.node.counters.count(name, n)
 
     async def _check_delivery(
         self, ctx: int, key: str, fields: Mapping[str, Any], known: dict[int, bool]
@@ -166,7 +166,7 @@ class LinkHandler:
         refused one is failed with the peer's reason."""
         answered = [outbox.entry(a.ctx, a.key) for a in acks]
         answered += [outbox.entry(n.ctx, n.key) for n in nacks]
-        box = self.node.outboxes.get(link.peer_id)
+        box = self.node.peers.outboxes.get(link.peer_id)
         if box is not None:
             await box.acked(answered)
         else:  # the peer registered a moment ago; its outbox task is starting

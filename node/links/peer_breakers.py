@@ -12,7 +12,8 @@ import trio
 from bus.store import registry
 
 if TYPE_CHECKING:
-    from node.state import NodeState
+    from bus.store.connection import Store
+    from bus.wire.breakers import PeerBreakers
 
 log = logging.getLogger(__name__)
 
@@ -21,15 +22,18 @@ PUBLISH_EVERY_S = 1.0
 
 
 async def run_breaker_publisher(
-    node: NodeState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    breakers: PeerBreakers,
+    store: Store,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Write the breakers' states to ``node:info`` at start and after each change, at most once
     every PUBLISH_EVERY_S (a flapping link must not cost a write per event). Raises
     StoreError."""
     task_status.started()
     while True:
-        changed = node.breakers.changed
-        snapshot = json.dumps(node.breakers.snapshot(), separators=(",", ":"))
-        await registry.publish_node_info(node.store, {BREAKERS_FIELD: snapshot})
+        changed = breakers.changed
+        snapshot = json.dumps(breakers.snapshot(), separators=(",", ":"))
+        await registry.publish_node_info(store, {BREAKERS_FIELD: snapshot})
         await trio.sleep(PUBLISH_EVERY_S)
         await changed.wait()  # at once if a breaker changed since the snapshot

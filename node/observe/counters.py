@@ -1,8 +1,8 @@
 """The node's counters, published where ``hero-node status`` reads them.
 
-Services count what happens to messages, jobs and links (:meth:`NodeState.count`), the
+Services count what happens to messages, jobs and links (:meth:`Counters.count`), the
 transport counts the handshakes and frames it refuses (``Transport.refused``) and ``resilient``
-counts each service's restarts (``NodeState.restarts``). They live in the node's memory;
+counts each service's restarts (``Counters.restarts``). They live in the node's memory;
 :func:`run_counters` writes them, as one JSON object, to the ``counters`` field of DB 0's
 ``node:info``, the hash ``hero-node status`` already reads. One field, rewritten whole, so a
 counter of an earlier run of the node never lingers beside the current ones.
@@ -16,8 +16,9 @@ from typing import Final, NoReturn
 import trio
 
 from bus.store import registry
+from bus.store.connection import Store
 from bus.wire.transport import Transport
-from node.state import NodeState
+from node.state import Counters
 
 COUNTERS_FIELD: Final = "counters"
 # A busy node counts thousands of times a second; whoever reads the counters needs them about
@@ -25,24 +26,25 @@ COUNTERS_FIELD: Final = "counters"
 PUBLISH_INTERVAL_S: Final = 1.0
 
 
-def snapshot(node: NodeState, transport: Transport) -> dict[str, int]:
+def snapshot(counters: Counters, transport: Transport) -> dict[str, int]:
     """Every counter of the node by name: its own, ``refused:<reason>`` of the transport and
     ``restarts:<service>``."""
-    counters = dict(sorted(node.metrics.items()))
-    counters.update((f"refused:{r}", n) for r, n in sorted(transport.refused.items()))
-    counters.update((f"restarts:{s}", n) for s, n in sorted(node.restarts.items()))
-    return counters
+    out = dict(sorted(counters.metrics.items()))
+    out.update((f"refused:{r}", n) for r, n in sorted(transport.refused.items()))
+    out.update((f"restarts:{s}", n) for s, n in sorted(counters.restarts.items()))
+    return out
 
 
-async def publish(node: NodeState, transport: Transport) -> None:
+async def publish(counters: Counters, store: Store, transport: Transport) -> None:
     # re-armed before the snapshot is taken: a count during the write is published next time
-    node.counted = trio.Event()
-    text = json.dumps(snapshot(node, transport), separators=(",", ":"))
-    await registry.publish_node_info(node.store, {COUNTERS_FIELD: text})
+    counters.counted = trio.Event()
+    text = json.dumps(snapshot(counters, transport), separators=(",", ":"))
+    await registry.publish_node_info(store, {COUNTERS_FIELD: text})
 
 
 async def run_counters(
-    node: NodeState,
+    counters: Counters,
+    store: Store,
     transport: Transport,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -50,12 +52,12 @@ async def run_counters(
     """Publish the counters, then again after each change, at most once every
     PUBLISH_INTERVAL_S. Reports started after the first write. Raises StoreError if Redis
     fails (``resilient`` restarts it)."""
-    await publish(node, transport)
+    await publish(counters, store, transport)
     task_status.started()
     while True:
         await trio.sleep(PUBLISH_INTERVAL_S)
-        await node.counted.wait()
-        await publish(node, transport)
+        await counters.counted.wait()
+        await publish(counters, store, transport)
 
 
 def read(info: dict[str, str]) -> dict[str, int]:

@@ -83,7 +83,7 @@ async def trim(node: NodeState, db: int) -> int:
     path = archive_path(node.config.archive_dir, db)
     await trio.to_thread.run_sync(append_lines, path, oldest)
     dropped = await queues.trim_dead(store, db, oldest)
-    node.count("dlq_archived", dropped)
+    node.counters.count("dlq_archived", dropped)
     log.info("dlq of db %d over %d entries: %d archived to %s", db, limit, dropped, path)
     return dropped
 
@@ -134,10 +134,10 @@ async def run_hook(node: NodeState, db: int, entry: str) -> bool:
     if scope.cancelled_caught:
         problem = f"killed after {config.on_dead_letter_timeout_s:g} s"
     if problem:
-        node.count("dlq_hook_failed")
+        node.counters.count("dlq_hook_failed")
         log.warning("on_dead_letter hook (db %d): %s", db, problem)
         return False
-    node.count("dlq_hook_ok")
+    node.counters.count("dlq_hook_ok")
     return True
 
 

@@ -15,20 +15,20 @@ from typing import Final, NoReturn
 import trio
 
 from bus.store import registry
+from bus.store.connection import Store
 from bus.wire.transport import Transport
-from node.state import NodeState
 
 LINKS_FIELD: Final = "links"
 PUBLISH_INTERVAL_S: Final = 1.0
 
 
-async def publish_links(node: NodeState, transport: Transport) -> None:
+async def publish_links(store: Store, transport: Transport) -> None:
     text = json.dumps(transport.states.snapshot(), separators=(",", ":"))
-    await registry.publish_node_info(node.store, {LINKS_FIELD: text})
+    await registry.publish_node_info(store, {LINKS_FIELD: text})
 
 
 async def run_link_info(
-    node: NodeState,
+    store: Store,
     transport: Transport,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -36,12 +36,12 @@ async def run_link_info(
     """Publish the link states, then again after each change (at most once every
     PUBLISH_INTERVAL_S). Reports started after the first write. Raises StoreError if Redis
     fails (``resilient`` restarts it)."""
-    await publish_links(node, transport)
+    await publish_links(store, transport)
     task_status.started()
     while True:
         await trio.sleep(PUBLISH_INTERVAL_S)
         await transport.states.changed.wait()
-        await publish_links(node, transport)
+        await publish_links(store, transport)
 
 
 def read_links(info: dict[str, str]) -> dict[str, dict[str, object]]:

@@ -9,7 +9,7 @@ prometheus_client's global one: one process may run several nodes, and the tests
   hold across restarts of the node and include jobs run by runner processes;
 - queue depths, outboxes and live runner slots: read from Valkey;
 - links, frames, acks, refusals and signature verifications: the node's in-memory counters
-  (``NodeState.count``, published for ``hero-node status`` by node/observe/counters.py) and its
+  (``Counters.count``, published for ``hero-node status`` by node/observe/counters.py) and its
   transport's; they start from zero when the node starts, as Prometheus expects of counters;
 - Valkey's round-trip latency: one PING, timed.
 
@@ -109,7 +109,7 @@ async def read(state: NodeState) -> Scrape:
         scrape.depths[ctx] = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
-    for peer_id in state.peers:
+    for peer_id in state.peers.known:
         pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
     return scrape
@@ -224,7 +224,7 @@ def isolation_families(state: NodeState) -> Iterable[Metric]:
     """1 for the node's isolation mode (README "What a job can and cannot do"): an alert on
     ``hero_isolation_mode{mode="none"} == 1`` or ``{mode="refused"}`` catches a node whose jobs
     run unsandboxed, or do not run."""
-    iso = state.isolation
+    iso = state.runners.isolation
     gauge = GaugeMetricFamily(
         "hero_isolation_mode",
         "How this node isolates jobs: strict, namespaces, none (no sandbox) or refused.",
@@ -314,8 +314,8 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     sizes = CounterMetricFamily(
         "hero_link_bytes", "Bytes of those frames.", labels=[*peer_labels, "direction"]
     )
-    transport = state.transport
-    for peer_id, peer in sorted(state.peers.items()):
+    transport = state.peers.transport
+    for peer_id, peer in sorted(state.peers.known.items()):
         labels = _peer_labels(peer)
         linked = transport is not None and transport.link(peer_id) is not None
         up.add_metric(labels, 1.0 if linked else 0.0)
@@ -367,14 +367,14 @@ def counter_families(state: NodeState) -> Iterable[Metric]:
             "hero_service_restarts", "Services restarted after a Redis outage.", labels=["service"]
         ),
     }
-    fams["verified"].add_metric(["ok"], float(state.metrics.get(VERIFIED, 0)))
-    for name, n in sorted(state.metrics.items()):
+    fams["verified"].add_metric(["ok"], float(state.counters.metrics.get(VERIFIED, 0)))
+    for name, n in sorted(state.counters.metrics.items()):
         _file(fams, name, float(n))
-    if state.transport is not None:
-        for reason, n in sorted(state.transport.refused.items()):
+    if state.peers.transport is not None:
+        for reason, n in sorted(state.peers.transport.refused.items()):
             stage = STAGES.get(reason, "handshake")
             fams["links"].add_metric([stage, reason], float(n))
-    for service, n in sorted(state.restarts.items()):
+    for service, n in sorted(state.counters.restarts.items()):
         fams["restarts"].add_metric([service], float(n))
     return fams.values()
 

@@ -208,7 +208,7 @@ async def _adopt(
     if found.found:
         key, attempt = left.job.key, left.attempt
         log.warning("%s: outcome of attempt %d adopted (its runner had gone)", key, attempt)
-        node.count("outcomes_adopted")
+        node.counters.count("outcomes_adopted")
     else:
         log.warning("%s lost its runner (its process or node ended while it ran)", left.job.key)
     await conclude(node, ctx, left, found.outcome, inflight)

@@ -19,7 +19,7 @@ It cannot sign, so per context the node runs:
 
 An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
 TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
-attempt a live runner process of this node runs (``NodeState.runner_processes``) re-takes its
+attempt a live runner process of this node runs (``Runners.processes``) re-takes its
 lease; one none of them runs is ended. An external runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
 bus/store/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
@@ -121,12 +121,12 @@ async def answer(
         done = await runs.answered_retry(
             node.store, ctx, read, reason=reason, due_ms=due_ms, queue=queue
         )
-        node.wake_retries(ctx)
+        node.wakeups.wake_retries(ctx)
         return done
     result = job.result | {"attempts": str(attempt)}
     origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
-    request = Message(ident, caller, ctx, origin=origin, destination=node.node_id)
-    if request.origin in ("", node.node_id):
+    request = Message(ident, caller, ctx, origin=origin, destination=node.identity.node_id)
+    if request.origin in ("", node.identity.node_id):
         reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
         reply["in_reply_to"] = request.key
         return await runs.answer_local(
@@ -159,7 +159,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     runner = fields.get("runner_id") or token
     reason = f"{Reason.RUNNER_LOST}: the lease of runner {runner} expired"
     if _is_local(node, token):
-        if not token.startswith(f"{node.node_id[:12]}:{node.boot}:"):
+        if not token.startswith(f"{node.identity.node_id[:12]}:{node.identity.boot}:"):
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
         if attempt.isdigit() and _runs_it(node, ctx, job_key, token, fields.get("runner_id", "")):
             ttl_ms = node.config.lease_ttl_ms
@@ -169,7 +169,7 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
     done = await runs.reap(node.store, ctx, job_key, attempt, reason)
     if done:
         log.warning("%s (context %d): %s", job_key, ctx, reason)
-        node.count("runners_lost")
+        node.counters.count("runners_lost")
     return done
 
 
@@ -178,13 +178,13 @@ def _runs_it(node: NodeState, ctx: int, job_key: str, token: str, slot_id: str) 
     slot's process is alive and the token is the one that process takes for this job (a
     process restarted since is not the one: its slot's recovery ended what its predecessor
     left, or adopts it)."""
-    base = f"{node.node_id[:12]}:{node.boot}:{ctx}:{slot_id}"
-    return (ctx, slot_id) in node.runner_processes and token == f"{base}:{job_key}"
+    base = f"{node.identity.node_id[:12]}:{node.identity.boot}:{ctx}:{slot_id}"
+    return (ctx, slot_id) in node.runners.processes and token == f"{base}:{job_key}"
 
 
 def _is_local(node: NodeState, token: str) -> bool:
     """Whether a lease token is one of this node's runners' (this run's or an earlier one's)."""
-    return token.startswith(f"{node.node_id[:12]}:")
+    return token.startswith(f"{node.identity.node_id[:12]}:")
 
 
 async def sweep(node: NodeState, ctx: int) -> int:

@@ -26,7 +26,7 @@ from bus.core.models import Runner
 from bus.store import records
 from bus.store.atomic import slots as atomic_slots
 from bus.store.connection import Store
-from node.state import NodeState
+from node.state import Identity
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,8 @@ def runner_id(node_id: str, ctx: int, script_type: str, slot: int) -> str:
 
 
 async def run_presence(
-    node: NodeState,
+    identity: Identity,
+    store: Store,
     ctx: int,
     slots: list[Slot],
     address: str,
@@ -60,26 +61,28 @@ async def run_presence(
     """Register ``slots`` and keep their presence alive until cancelled; then delete it.
 
     Raises StoreError if Redis fails (the caller restarts the service)."""
-    await register(node, ctx, slots, address)
+    await register(identity, store, ctx, slots, address)
     started_at = now()
     try:
-        await _beat(node, ctx, slots, started_at)
+        await _beat(identity, store, ctx, slots, started_at)
         task_status.started()
         while True:
             await trio.sleep(PRESENCE_REFRESH_S)  # a heartbeat timer, not polling for state
-            await _beat(node, ctx, slots, started_at)
+            await _beat(identity, store, ctx, slots, started_at)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(2):
-            await _clear(node.store, ctx, slots)
+            await _clear(store, ctx, slots)
 
 
-async def register(node: NodeState, ctx: int, slots: list[Slot], address: str) -> None:
+async def register(
+    identity: Identity, store: Store, ctx: int, slots: list[Slot], address: str
+) -> None:
     """Write (or refresh) the ``runner:<id>`` hashes; created_at is kept from a previous run."""
     stamp = now()
     runners = [
         Runner(
             id=slot.runner_id,
-            pubkey=node.node_id,  # the node signs its runners' results
+            pubkey=identity.node_id,  # the node signs its runners' results
             address=address,
             topic=slot.queues[0],
             local=True,
@@ -89,17 +92,19 @@ async def register(node: NodeState, ctx: int, slots: list[Slot], address: str) -
         )
         for slot in slots
     ]
-    await atomic_slots.register_runners(node.store, ctx, runners)
+    await atomic_slots.register_runners(store, ctx, runners)
 
 
-async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -> None:
+async def _beat(
+    identity: Identity, store: Store, ctx: int, slots: list[Slot], started_at: int
+) -> None:
     stamp = now()
     values = {
         slot.runner_id: json.dumps(
             {
-                "node": node.node_id,
+                "node": identity.node_id,
                 "pid": os.getpid(),
-                "boot": node.boot,
+                "boot": identity.boot,
                 "script_type": slot.script_type,
                 "queues": list(slot.queues),
                 "inflight": slot.inflight,
@@ -109,7 +114,7 @@ async def _beat(node: NodeState, ctx: int, slots: list[Slot], started_at: int) -
         )
         for slot in slots
     }
-    await atomic_slots.write_presence(node.store, ctx, values, PRESENCE_TTL_S)
+    await atomic_slots.write_presence(store, ctx, values, PRESENCE_TTL_S)
 
 
 async def _clear(store: Store, ctx: int, slots: list[Slot]) -> None:

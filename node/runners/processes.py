@@ -51,7 +51,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-POP_TIMEOUT_S = 5.0  # a runner's blocking pop (node/runners/queues.py: what it may miss)
+POP_TIMEOUT_S = 5.0  # a runner's blocking pop (bus/core/queues.py: what it may miss)
 RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
 QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
@@ -68,12 +68,12 @@ def runner_spec(
         slot=slot,
         command=command,
         group=config.runner_groups.get(script_type, ""),
-        token_base=f"{node.node_id[:12]}:{node.boot}:{ctx}:{script_type}:{slot}",
+        token_base=f"{node.identity.node_id[:12]}:{node.identity.boot}:{ctx}:{script_type}:{slot}",
         lease_ttl_ms=config.lease_ttl_ms,
         run_dir=str(config.run_dir),
         max_output_bytes=config.max_output_bytes,
         reply_ttl_s=config.reply_ttl_s,
-        node_id=node.node_id,
+        node_id=node.identity.node_id,
         in_process=script_type == "python" and config.python_workers,
         max_jobs=RECYCLE_JOBS,
         pop_timeout_s=POP_TIMEOUT_S,
@@ -84,7 +84,7 @@ def runner_spec(
         taken_every=max(1, min(16, serve.BATCH // 2)),
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
-        sandbox=slot_sandbox(config, node.isolation, ctx) if node.isolation else {},
+        sandbox=slot_sandbox(config, node.runners.isolation, ctx) if node.runners.isolation else {},
     )
 
 
@@ -101,7 +101,7 @@ class RunnerProcess:
                 self.proc.send_signal(signum)
 
     def cancel(self) -> None:
-        """A wake-up (``NodeState.wake_idle_slots``): a blocking pop looks at every list."""
+        """A wake-up (``WakeUps.wake_idle_slots``): a blocking pop looks at every list."""
         self.signal(signal.SIGUSR1)
 
     def primary_moved(self) -> None:
@@ -140,7 +140,7 @@ async def run_runner_process(
     outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
     quick = 0
     async with trio.open_nursery() as adoptions:
-        while not node.stopping.is_set():
+        while not node.shutdown.stopping.is_set():
             for adopt in await recover_slot(
                 node, ctx, spec.inflight, keys.queue(script_type), logs
             ):
@@ -148,11 +148,11 @@ async def run_runner_process(
             began = trio.current_time()
             code = await _serve_once(node, spec, task_status)
             task_status = trio.TASK_STATUS_IGNORED
-            if node.stopping.is_set():
+            if node.shutdown.stopping.is_set():
                 break
             quick = quick + 1 if code != 0 and trio.current_time() - began < QUICK_S else 0
             if code != 0:
-                node.count("runner_restarts")
+                node.counters.count("runner_restarts")
                 log.warning(
                     "runner %s (context %d) exited with %s; restarting", spec.slot_id, ctx, code
                 )
@@ -164,7 +164,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     """Start the process, watch it until it exits (returned: its exit code)."""
     marker = secrets.token_hex(8)
     env = child_env() | {"HERO_WORKER": marker}
-    signer = await node.signer.attach() if node.signer is not None else None
+    signer = await node.identity.signer.attach() if node.identity.signer is not None else None
     if signer is not None:
         spec = replace(spec, signer_fd=signer.fileno())
     try:  # the run directory on its command line: what names the node's runners in ps
@@ -181,14 +181,16 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
             signer.close()
     assert proc.stdin is not None
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        await proc.stdin.send_all(frame(spec, node.admission_key))  # dead at once: seen below
+        await proc.stdin.send_all(
+            frame(spec, node.identity.admission_key)
+        )  # dead at once: seen below
     handle = RunnerProcess(proc)
     where = (spec.ctx, spec.slot_id)
-    wakers = node.idle_slots.setdefault((spec.ctx, spec.script_type), set())
-    node.runner_processes[where] = handle.stop
-    node.primary_followers[where] = handle.primary_moved
+    wakers = node.wakeups.idle_slots.setdefault((spec.ctx, spec.script_type), set())
+    node.runners.processes[where] = handle.stop
+    node.runners.primary_followers[where] = handle.primary_moved
     wakers.add(handle)
-    node.job_started()  # a live runner counts as running until it exits (graceful stop)
+    node.shutdown.job_started()  # a live runner counts as running until it exits (graceful stop)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_reports, node, spec.ctx, proc, handle.up)
@@ -201,10 +203,10 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     finally:
         with trio.CancelScope(shield=True):
             await _end(handle)
-        node.runner_processes.pop(where, None)
-        node.primary_followers.pop(where, None)
+        node.runners.processes.pop(where, None)
+        node.runners.primary_followers.pop(where, None)
         wakers.discard(handle)
-        node.job_ended()
+        node.shutdown.job_ended()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # what its jobs left in its group
         (Path(spec.run_dir) / "jobs" / str(proc.pid)).unlink(missing_ok=True)
@@ -214,14 +216,14 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
 async def _wait(node: NodeState, handle: RunnerProcess) -> None:
     """Until the process exits; when intake stops, it is told to drain (SIGTERM)."""
     with trio.CancelScope() as intake:
-        node.intake.add(intake)
+        node.shutdown.intake.add(intake)
         try:
-            if node.stopping.is_set():
+            if node.shutdown.stopping.is_set():
                 intake.cancel()
             await handle.proc.wait()
             return
         finally:
-            node.intake.discard(intake)
+            node.shutdown.intake.discard(intake)
     handle.signal(signal.SIGTERM)
     await handle.proc.wait()
 
@@ -263,11 +265,11 @@ async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.
         for line in lines:
             if line.startswith(b"t") and line[1:].isdigit():
                 for _ in range(int(line[1:])):
-                    node.job_taken()
+                    node.backpressure.job_taken()
             elif line.startswith(b"c"):
                 _count(node, line[1:])
             elif line == b"r":
-                node.wake_retries(ctx)
+                node.wakeups.wake_retries(ctx)
             elif line == b"up":
                 up.set()
 
@@ -275,7 +277,7 @@ async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.
 def _count(node: NodeState, raw: bytes) -> None:
     with contextlib.suppress(ValueError, AttributeError, TypeError):
         for name, n in json.loads(raw).items():
-            node.count(str(name), int(n))
+            node.counters.count(str(name), int(n))
 
 
 def slots_of(

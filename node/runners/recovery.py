@@ -87,7 +87,7 @@ async def conclude(
                     entry=entry,
                     due_ms=due_ms,
                 )
-                node.wake_retries(ctx)
+                node.wakeups.wake_retries(ctx)
             else:
                 ok = await _finish(node, ctx, job, request, outcome, inflight, entry, attempt)
             break
@@ -96,10 +96,10 @@ async def conclude(
             await trio.sleep(delay)
             delay = min(delay * 2, 5.0)
     if not ok:
-        node.count("stale_results")
+        node.counters.count("stale_results")
         log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:
-        node.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+        node.counters.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
 
 
 async def _finish(
@@ -116,7 +116,7 @@ async def _finish(
     ending = runs.Ending(
         job.key, attempt, inflight, outcome.status.value, result, outcome.reason, entry
     )
-    if request.origin == node.node_id:  # answered here: no signed result message needed
+    if request.origin == node.identity.node_id:  # answered here: no signed result message needed
         return await runs.finish_local(
             node.store,
             ctx,
@@ -137,9 +137,9 @@ async def run_retry_scheduler(
     next retry is due, or until a runner schedules an earlier one (no polling)."""
     task_status.started()
     while True:
-        wake = node.retry_scheduled.setdefault(ctx, trio.Event())
+        wake = node.wakeups.retry_scheduled.setdefault(ctx, trio.Event())
         next_due = await runs.move_due(node.store, ctx, now_ms())
         wait_s = 3600.0 if next_due < 0 else max(0.0, (next_due - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()
-        node.retry_scheduled[ctx] = trio.Event()
+        node.wakeups.retry_scheduled[ctx] = trio.Event()

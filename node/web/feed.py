@@ -88,15 +88,15 @@ class Feed:
         info = await registry.node_info(self.node.store)
         shown = ("id", "name", "ws_url", "pid", "started_at", "isolation", "isolation_why")
         return {k: info.get(k, "") for k in shown} | {
-            "id": self.node.node_id,
+            "id": self.node.identity.node_id,
             "name": self.node.config.name,
-            "counters": counters.snapshot(self.node, self.transport),
+            "counters": counters.snapshot(self.node.counters, self.transport),
         }
 
     # -- peers and their links -------------------------------------------------------------------
 
     async def _peers(self) -> list[dict[str, Any]]:
-        peers = sorted(self.node.peers.values(), key=lambda p: (p.name, p.id))
+        peers = sorted(self.node.peers.known.values(), key=lambda p: (p.name, p.id))
         store, out = self.node.store, []
         lens = await lists.depths(
             store,
@@ -122,9 +122,9 @@ class Feed:
         return out
 
     def _node_name(self, node_id: str) -> str:
-        if node_id == self.node.node_id:
+        if node_id == self.node.identity.node_id:
             return self.node.config.name
-        peer = self.node.peers.get(node_id)
+        peer = self.node.peers.known.get(node_id)
         return (peer.name if peer is not None and peer.name else "") or node_id[:12]
 
     # -- contexts: queues, runners, dead letters -------------------------------------------------
@@ -200,7 +200,7 @@ class Feed:
             self.node.store, ctx, [j["message"] for j in jobs], ["destination"]
         )
         for job, carrier in zip(jobs, carriers, strict=True):
-            job["node"] = self._node_name(carrier.get("destination") or self.node.node_id)
+            job["node"] = self._node_name(carrier.get("destination") or self.node.identity.node_id)
 
     async def _flows(self, contexts: list[int]) -> list[dict[str, Any]]:
         out = []
@@ -228,7 +228,9 @@ class Feed:
                     continue
                 entry = outbox.entry(ctx, key)
                 place = "queued" if entry in queued else "sent" if entry in sent else ""
-                out.append(message_view(ctx, key, row, place, self.node.node_id, self._node_name))
+                out.append(
+                    message_view(ctx, key, row, place, self.node.identity.node_id, self._node_name)
+                )
         out.sort(key=lambda m: m["created_at"], reverse=True)
         return out[:MESSAGES_SHOWN]
 

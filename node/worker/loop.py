@@ -9,7 +9,7 @@ dumpable, and has the results of remote requests signed by the node's signer pro
 (node/host/signer.py) over an inherited socket: the node key is not in this process. Per job,
 with a blocking client and no event loop:
 
-1. pop: the slot's lists in consume order (node/runners/queues.py) with ``runs_pop_first``,
+1. pop: the slot's lists in consume order (bus/core/queues.py) with ``runs_pop_first``,
    or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``;
 2. ``runs_start``: the attempt's fencing token and lease; then the job hash's admission stamp
    is checked (bus/core/admitted.py): a hash the node did not admit is dead-lettered
@@ -48,7 +48,7 @@ import time
 from types import FrameType
 from typing import Protocol
 
-from bus.core import admitted, keys
+from bus.core import admitted, keys, queues
 from bus.core.envelope import ResultBody
 from bus.core.ids import ms_after, new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
@@ -60,7 +60,7 @@ from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
 from node.host.signer import SignerClient, SignerGone
-from node.runners import outcomes, queues
+from node.runners import outcomes
 from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.spec import RunnerSpec, read_frame
@@ -146,7 +146,7 @@ class Runner:
         return self.draining or self.jobs >= self.spec.max_jobs
 
     def pop(self, lists: list[str], *, check_first: bool) -> str | None:
-        """A reliable pop over the slot's lists (see node/runners/queues.py): a
+        """A reliable pop over the slot's lists (see bus/core/queues.py): a
         signal (drain, wake) interrupts the blocking wait; an entry the server moved just
         before is then taken from the head of the in-flight list."""
         if check_first:
