@@ -125,10 +125,10 @@ def canonical_json(value: object) -> bytes:
     """Return the RFC 8785 (JCS) canonical bytes of an integer-only JSON value.
 
     Fast path: content :func:`_fast_admits` is printed by orjson with sorted keys (about 50
-    times cheaper than the reference; tests/test_crypto_props.py checks both agree wherever the
-    guard admits). Everything else (subclasses of the JSON types, keys outside the BMP, whose
-    UTF-16 order differs, and anything to refuse) goes through :func:`_check_value`, which names
-    what is wrong, and the ``rfc8785`` reference implementation.
+    times cheaper than the reference; tests/crypto/test_crypto_props.py checks both agree
+    wherever the guard admits). Everything else (subclasses of the JSON types, keys outside the
+    BMP, whose UTF-16 order differs, and anything to refuse) goes through :func:`_check_value`,
+    which names what is wrong, and the ``rfc8785`` reference implementation.
 
     Raises:
         CanonicalError: the value contains a float (anywhere), an integer outside

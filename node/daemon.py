@@ -29,7 +29,7 @@ run_node
                                  (node/runners/processes.py; the process: node/worker/loop.py)
 
 The queue services (supervisor, consumer, flow engine, dlq watchers, results, outboxes) are
-handlers of one loop, bus/store/serve.py. tests/test_rooms.py checks this picture against the
+handlers of one loop, bus/store/serve.py. tests/layout/test_rooms.py checks this picture against the
 services started below.
 """
 

@@ -1,5 +1,5 @@
-"""The probes of the adversarial suite (tests/test_isolation.py): jobs an executor of context A
-submits, each trying one thing that isolation must forbid, and each with its own check.
+"""The probes of the adversarial suite (tests/sandbox/test_isolation.py): jobs an executor of
+context A submits, each trying one thing that isolation must forbid, and each with its own check.
 
 A probe's script reads what it needs from its environment (job ``env_vars``, set by the test
 from what an attacker could learn anyway: the home's path, the node's pid and public key, the

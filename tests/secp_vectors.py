@@ -5,7 +5,7 @@ and handshakes are signed by nodes, whose keys are Ed25519): the key, the object
 canonical bytes, the signing input (``hero-bus/v1/<domain>`` + newline + canonical bytes), the
 signature (ECDSA over SHA-256 of the signing input, RFC 6979 deterministic, low S, ``r || s``)
 and, for messages, the hash a node stores. ``python -m tests.secp_vectors`` rewrites the files;
-tests/test_secp_vectors.py checks them against the implementation.
+tests/crypto/test_secp_vectors.py checks them against the implementation.
 """
 
 from __future__ import annotations

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
-
-import redis
 
 from bus.client.inbox import JobResult, parse_reply
 from bus.client.plan import job_messages, write_plan
 from bus.core import keys
 from bus.core.models import Message, RunnerJob
-from bus.errors import ClientError, StoreError
+from bus.errors import ClientError
+from bus.store.blocking import BlockingStore
 from crypto import Signer
 
 
@@ -34,29 +32,19 @@ class SyncClient:
 
     def __init__(self, redis_url: str) -> None:
         self.url = redis_url
-        self._clients: dict[int, redis.Redis] = {}
+        self.store = BlockingStore(redis_url)
         self._node_id = ""
 
-    def _db(self, n: int) -> Any:  # noqa: ANN401 - redis-py's client
-        if n not in self._clients:
-            self._clients[n] = redis.Redis.from_url(self.url, db=n, decode_responses=True)
-        return self._clients[n]
-
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
+        self.store.close()
 
     def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
         if not self._node_id:
-            try:
-                found = self._db(keys.ACTORS_DB).hget(keys.NODE_INFO, "id")
-            except redis.RedisError as exc:
-                raise StoreError(f"redis: {exc}") from exc
+            found = self.store.node_id()
             if not found:
                 raise ClientError("no hero-node has run on this Redis yet (no node:info)")
-            self._node_id = str(found)
+            self._node_id = found
         return self._node_id
 
     def submit_many(
@@ -90,15 +78,8 @@ class SyncClient:
             timeout_result_s=timeout_result_s,
             reply_to="",
         )
-        try:
-            for write in write_plan(messages):
-                with self._db(context_id).pipeline(transaction=True) as tx:
-                    for key, fields in write.hashes:
-                        tx.hset(key, mapping=fields)
-                    tx.lpush(keys.MSG_OUT, *write.pushed)
-                    tx.execute()
-        except redis.RedisError as exc:
-            raise StoreError(f"redis: {exc}") from exc
+        for write in write_plan(messages):
+            self.store.write_messages(context_id, write.hashes, write.pushed)
         return messages
 
     def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
@@ -106,14 +87,11 @@ class SyncClient:
         reply_key = keys.reply(message.key)
         results: list[JobResult] = []
         while len(results) < len(message.job):
-            try:
-                popped = self._db(message.context_id).blpop([reply_key], timeout=timeout_s)
-            except redis.RedisError as exc:
-                raise StoreError(f"redis: {exc}") from exc
+            popped = self.store.pop_reply(message.context_id, reply_key, timeout_s)
             if popped is None:
                 raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
             try:
-                results.append(parse_reply(popped[1])[1])
+                results.append(parse_reply(popped)[1])
             except ValueError as exc:
                 raise ClientError(f"{reply_key}: {exc}") from None
         return results

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Self, TypeVar
 
 from bus.core.errors import FrameError
 
@@ -41,6 +41,60 @@ _MSGS_HEAD, _MSGS_TAIL = '{"t":"msgs","msgs":[', "]}"
 class Frame:
     type: str
     body: Mapping[str, Any]
+
+
+# -- the handshake frames, typed (bus/core/handshake.py checks what they say) -----------------
+# Each is built from a frame :func:`decode_frame` accepted (which checked its fields' types) by
+# ``of``, and encoded by ``encode``.
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """``hello`` (both sides): the sender's protocol version, node id and fresh nonce."""
+
+    TYPE: ClassVar[str] = "hello"
+    v: int
+    node: str
+    nonce: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Hello:
+        return cls(body["v"], body["node"], body["nonce"])
+
+    def encode(self) -> str:
+        return encode_frame(self.TYPE, v=self.v, node=self.node, nonce=self.nonce)
+
+
+@dataclass(frozen=True, slots=True)
+class _Signed:
+    """A handshake frame that carries one transcript signature."""
+
+    TYPE: ClassVar[str]
+    sig: str
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Self:
+        return cls(body["sig"])
+
+    def encode(self) -> str:
+        return encode_frame(self.TYPE, sig=self.sig)
+
+
+@dataclass(frozen=True, slots=True)
+class Auth(_Signed):
+    """``auth`` (initiator): its signature of the initiator's transcript."""
+
+    TYPE: ClassVar[str] = "auth"
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(_Signed):
+    """``welcome`` (responder): its signature of the responder's transcript."""
+
+    TYPE: ClassVar[str] = "welcome"
+
+
+Handshake = TypeVar("Handshake", Hello, Auth, Welcome)
 
 
 # -- the bodies of data frames, typed: what a node does with them reads fields, not dicts ------

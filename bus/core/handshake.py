@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 
 from bus.core.errors import HandshakeError
+from bus.core.frames import Hello
 from bus.core.reasons import Reason
 from crypto import KeyPair, parse_public_key, sign_object, verify_object
 from crypto.errors import KeyFormatError
@@ -61,18 +62,15 @@ class Session:
 
 
 def check_hello(
-    body: dict[str, object] | object, *, known: set[str] | None, expected: str | None = None
+    hello: Hello, *, known: set[str] | None, expected: str | None = None
 ) -> tuple[str, str]:
-    """Validate a peer's hello; return its (node id, nonce) or raise HandshakeError."""
-    if not isinstance(body, dict):
-        raise HandshakeError(Reason.MALFORMED_HELLO)
-    version, node, nonce = body.get("v"), body.get("node"), body.get("nonce")
+    """Validate a peer's hello (its fields' types were checked when its frame was decoded,
+    bus/core/frames.py); return its (node id, nonce) or raise HandshakeError."""
+    version, node, nonce = hello.v, hello.node, hello.nonce
     if version != PROTOCOL_VERSION:
         raise HandshakeError(
             Reason.VERSION_MISMATCH, f"peer speaks v{version}, we speak v{PROTOCOL_VERSION}"
         )
-    if not isinstance(node, str) or not isinstance(nonce, str):
-        raise HandshakeError(Reason.MALFORMED_HELLO)
     try:
         parse_public_key(node)
     except KeyFormatError as exc:

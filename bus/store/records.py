@@ -56,11 +56,20 @@ async def write_messages(
     in one transaction (sent again if a failover refused it unrun: Store.transact)."""
 
     def fill(tx: Any) -> None:  # noqa: ANN401 - the client's transaction
-        for key, fields in hashes:
-            tx.hset(key, fields)
-        tx.lpush(keys.MSG_OUT, pushed)
+        for verb, key, arg in message_writes(hashes, pushed):
+            getattr(tx, verb)(key, arg)
 
     await store.transact(ctx, fill)
+
+
+def message_writes(
+    hashes: Sequence[tuple[str, Mapping[str, str]]], pushed: list[str]
+) -> list[tuple[str, str, Any]]:
+    """What a submission's transaction sends, as ``(verb, key, argument)``: what both the trio
+    client (:func:`write_messages`) and the blocking one (bus/store/blocking.py) run."""
+    writes: list[tuple[str, str, Any]] = [("hset", key, fields) for key, fields in hashes]
+    writes.append(("lpush", keys.MSG_OUT, pushed))
+    return writes
 
 
 async def job_and_unrouted(

@@ -7,6 +7,8 @@ from bus.core import keys
 from bus.core.models import Hash, Peer
 from bus.store.connection import Store
 
+NODE_ID_FIELD = "id"  # of node:info: the id of the node serving this store
+
 
 async def node_info(store: Store) -> Hash:
     """``node:info``: what the running node publishes (id, address, counters, links, ...)."""
@@ -15,7 +17,7 @@ async def node_info(store: Store) -> Hash:
 
 async def node_id(store: Store) -> str | None:
     """The id of the node serving this store; None if no node ever ran on it."""
-    found = await store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, "id"))
+    found = await store.call(keys.ACTORS_DB, lambda r: r.hget(keys.NODE_INFO, NODE_ID_FIELD))
     return str(found) if found else None
 
 

@@ -32,7 +32,16 @@ from trio_websocket import (
 )
 
 from bus.core import handshake as hs
-from bus.core.frames import DEFAULT_MAX_FRAME_BYTES, Frame, decode_frame, encode_frame
+from bus.core.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Auth,
+    Frame,
+    Handshake,
+    Hello,
+    Welcome,
+    decode_frame,
+    encode_frame,
+)
 from bus.core.reasons import Reason
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.wire.gate import Gate, GatedListener, GateLimits, Pending
@@ -317,22 +326,20 @@ class Transport:
         await self._run_link(Link(peer_id, ws, initiator=False))
 
     async def _respond(self, ws: WebSocketConnection) -> str:
-        hello = await self._receive(ws, "hello")
+        hello = await self._receive(ws, Hello)
         try:
-            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+            peer_id, n_i = hs.check_hello(hello, known=self._known_peers())
         except HandshakeError as exc:
             if exc.reason != Reason.UNKNOWN_NODE or not await self._reload():
                 raise
-            peer_id, n_i = hs.check_hello(dict(hello.body), known=self._known_peers())
+            peer_id, n_i = hs.check_hello(hello, known=self._known_peers())
         n_r = hs.new_nonce()
-        await ws.send_message(
-            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_r)
-        )
+        await ws.send_message(Hello(hs.PROTOCOL_VERSION, self.node_id, n_r).encode())
         session = hs.Session(peer_id, self.node_id, n_i, n_r, self.config.tls_fingerprint)
-        auth = await self._receive(ws, "auth")
-        hs.verify_transcript(auth.body["sig"], peer_id, "initiator", session)
+        auth = await self._receive(ws, Auth)
+        hs.verify_transcript(auth.sig, peer_id, "initiator", session)
         sig = hs.sign_transcript(self.key, "responder", session)
-        await ws.send_message(encode_frame("welcome", sig=sig))
+        await ws.send_message(Welcome(sig).encode())
         return peer_id
 
     async def _reload(self) -> bool:
@@ -407,28 +414,26 @@ class Transport:
 
     async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
         n_i = hs.new_nonce()
-        await ws.send_message(
-            encode_frame("hello", v=hs.PROTOCOL_VERSION, node=self.node_id, nonce=n_i)
-        )
-        hello = await self._receive(ws, "hello")
-        _, n_r = hs.check_hello(dict(hello.body), known=None, expected=peer_id)
+        await ws.send_message(Hello(hs.PROTOCOL_VERSION, self.node_id, n_i).encode())
+        hello = await self._receive(ws, Hello)
+        _, n_r = hs.check_hello(hello, known=None, expected=peer_id)
         session = hs.Session(self.node_id, peer_id, n_i, n_r, peer_certificate_fingerprint(ws))
-        await ws.send_message(
-            encode_frame("auth", sig=hs.sign_transcript(self.key, "initiator", session))
-        )
-        welcome = await self._receive(ws, "welcome")
-        hs.verify_transcript(welcome.body["sig"], peer_id, "responder", session)
+        await ws.send_message(Auth(hs.sign_transcript(self.key, "initiator", session)).encode())
+        welcome = await self._receive(ws, Welcome)
+        hs.verify_transcript(welcome.sig, peer_id, "responder", session)
 
     # -- both sides ------------------------------------------------------------------------------
 
-    async def _receive(self, ws: WebSocketConnection, expected: str) -> Frame:
+    async def _receive(self, ws: WebSocketConnection, kind: type[Handshake]) -> Handshake:
+        """The next frame, which must be a handshake frame of ``kind``; else HandshakeError
+        (``malformed_frame`` or ``unexpected_frame``)."""
         try:
             frame = decode_frame(await ws.get_message(), self.config.max_frame_bytes)
         except FrameError as exc:
             raise HandshakeError(Reason.MALFORMED_FRAME, str(exc)) from None
-        if frame.type != expected:
-            raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {expected}, got {frame.type}")
-        return frame
+        if frame.type != kind.TYPE:
+            raise HandshakeError(Reason.UNEXPECTED_FRAME, f"wanted {kind.TYPE}, got {frame.type}")
+        return kind.of(frame.body)
 
     def _refuse(self, ws: WebSocketConnection, direction: str, exc: BaseException) -> str:
         """Count and log a refused handshake; returns the reason token."""

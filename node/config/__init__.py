@@ -71,7 +71,7 @@ class NodeConfig:
     max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
     tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
-    python_workers: bool = True  # python jobs fork the sandbox's warm worker (else: spawn)
+    python_workers: bool = True  # python jobs in the sandbox's warm worker (else: spawn)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -291,8 +291,9 @@ _HELP = {
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
     "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
     "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
-    "python_workers": "python jobs run in a fork of the slot's warm sandboxed interpreter "
-    "(never in the runner\nprocess); false: one fresh interpreter per job, in the same sandbox",
+    "python_workers": "python jobs run in the slot's warm sandboxed interpreter (never in the "
+    "runner\nprocess; [sandbox] fresh_process); false: one fresh interpreter per job, in the "
+    "same sandbox",
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",
@@ -329,8 +330,11 @@ _HELP = {
     "limits": "limits of every job (rlimits): processes, memory_mb, cpu_s, open_files, "
     "file_size_mb;\na [limits.<context id>] table overrides any of them for that context",
     "sandbox": "optional: bwrap (the program), recycle_jobs (a warm sandbox's jobs before it is "
-    "replaced);\n[sandbox.<context id>]: network = true lets that context's jobs use the "
-    "network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox",
+    "replaced),\nfresh_process (true: each job in a fresh process of the sandbox; false, the "
+    "default: python\njobs of a context run one after another in a warm process, and can see "
+    "traces of each other);\n[sandbox.<context id>]: network = true lets that context's jobs "
+    "use the network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox, fresh_process "
+    "as above for that context",
     "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
     'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '
     "both; an actor's signatures must be of its registered key's algorithm anyway",

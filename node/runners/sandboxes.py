@@ -56,7 +56,10 @@ def find_isolation(config: NodeConfig) -> Isolation:
 
 def slot_sandbox(config: NodeConfig, iso: Isolation, ctx: int) -> dict[str, Any]:
     """The SandboxSpec of context ``ctx``'s slots, as the RunnerSpec carries it."""
-    network, recycle = context_settings(config.sandbox, ctx)
+    own = context_settings(config.sandbox, ctx)
     limits = limits_for(config.limits, ctx).to_json()
-    spec = sandbox_spec(iso, work_root(config), ctx, config.job_uid_base, limits, network, recycle)
+    root, uids = work_root(config), config.job_uid_base
+    spec = sandbox_spec(
+        iso, root, ctx, uids, limits, own.network, own.recycle_jobs, own.fresh_process
+    )
     return asdict(spec)

@@ -41,6 +41,20 @@ def _pidns() -> str:
 _OUTER_PIDNS = _pidns()
 
 
+# A warm job process holds its end of the socket while a job runs: what comes back may be the
+# job's, so it is read bounded and checked, and whatever it says ends only that job.
+MAX_REPLY_BYTES = 4096
+
+
+def _checked(reply: dict[str, Any]) -> dict[str, Any]:
+    """``reply`` if it is an ending (an exit code, or a signal), else SandboxLost."""
+    code, signum, cpu = reply.get("exit_code"), reply.get("signal", 0), reply.get("cpu_s", 0)
+    ints = type(signum) is int and (code is None or type(code) is int)
+    if not (ints and type(cpu) in (int, float) and (code is not None or signum > 0)):
+        raise SandboxLost(f"not an ending: {str(reply)[:200]}")
+    return reply
+
+
 class SandboxLost(Exception):  # noqa: N818 - it is an event
     """The worker ended (killed, or it could not start): the job has no ending of its own."""
 
@@ -56,6 +70,7 @@ class SandboxSpec:
     uid: int = -1
     network: bool = False
     recycle_jobs: int = 1000
+    fresh_process: bool = False  # a fresh process per job (else python jobs share a warm one)
     as_root: bool = True
     binds: list[str] = field(default_factory=list)
     dirs: dict[str, str | None] = field(default_factory=dict)  # HostFacts.dirs
@@ -66,7 +81,8 @@ class SandboxSpec:
         return Limits(**self.limits)
 
     def argv(self, seccomp_fd: int, workdir_fd: int = -1) -> list[str]:
-        worker = [sys.executable, "-u", INNER]
+        way = "--fresh" if self.fresh_process else "--warm"
+        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS]
         if self.mode == "none":
             return worker
         plan = SandboxPlan(
@@ -183,7 +199,7 @@ class Sandbox:
             self.stop()
             raise SandboxLost(str(exc)) from None
         try:
-            reply = self._receive()
+            reply = _checked(self._receive())
         except SandboxLost:
             self.stop()
             raise
@@ -197,6 +213,8 @@ class Sandbox:
         try:
             head = self._exact(4)
             (size,) = struct.unpack(">I", head)
+            if size > MAX_REPLY_BYTES:
+                raise ValueError(f"an answer of {size} bytes")
             value = json.loads(self._exact(size))
         except (OSError, ValueError) as exc:
             raise SandboxLost(str(exc)) from None

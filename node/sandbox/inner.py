@@ -7,14 +7,31 @@ and JSON: the worker says ``{"ready": true}``; then per job the runner sends a r
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
 job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
 
-Each job runs in a fresh process of its own session, forked from this warm interpreter before
-the job's request comes (off the job's way): that process, not this worker, reads the
-request, so the worker never holds a job's script or environment, and no job's process holds
-an earlier job's. A python job runs there (its script in a fresh namespace), any other type by
-exec of its command. Before the job's code runs, that process sets the job's rlimits, umask
-077, its cwd (the work dir), its environment, and closes every fd but 0/1/2. After the job,
-every process it left in the sandbox (its pid namespace: a setsid daemon cannot leave it) is
-killed; under isolation "none" only its process group is (there is no namespace to sweep).
+Two ways to run the jobs (``[sandbox] fresh_process``, argv ``--warm`` or ``--fresh``):
+
+``--warm`` (the default): one job process, forked from this warm interpreter before any request
+came, runs job after job: a python job in that process itself (no process launch per job), any
+other type by posix_spawn of its command. It reads each request itself, so this worker never
+holds a script or an environment. Per job it has the job's rlimits, umask 077, the cwd, the
+environment, the job's stdout/stderr on fds 1/2 (/dev/null again after the job), and kills
+what the job left running; it replaces itself (exit RECYCLE, then a fresh fork of this worker)
+after a job that left a thread, an open file, a changed limit, signal handler or timer, half
+its memory limit mapped or a standard stream closed, and once it used CPU_BUDGET_S of CPU (its
+CPU limit counts its whole life). A job that ends the process (os._exit, a signal, a limit) is
+answered for by this worker, from the process's wait status. Jobs of one context that share
+the process can see traces of each other (modules, globals, the socket to the runner); the
+runner starts one sandbox per context, so other contexts' jobs never share it.
+
+``--fresh``: each job runs in a fresh process of its own session, forked from this warm
+interpreter before the job's request comes (off the job's way): that process, not this worker,
+reads the request, so no job's process holds an earlier job's script or environment. A python
+job runs there (its script in a fresh namespace), any other type by exec of its command.
+Before the job's code runs, that process sets the job's rlimits, umask 077, its cwd (the work
+dir), its environment, and closes every fd but 0/1/2.
+
+After every job, in both ways, every process it left in the sandbox (its pid namespace: a
+setsid daemon cannot leave it) is killed; under isolation "none" only its process group and the
+orphans it left are (there is no namespace to sweep).
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ import ctypes
 import functools
 import gc
 import json
+import mmap
 import os
 import resource
 import signal
@@ -30,9 +48,11 @@ import socket
 import struct
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
 
 
@@ -208,11 +228,15 @@ def end_leftovers(job_pid: int, outer_pidns: str) -> None:
     SIGKILL every process of the host that the worker's user may signal."""
     with _quiet():
         os.killpg(job_pid, signal.SIGKILL)  # setsid made it its session's and group's leader
-    if not _sweeps(outer_pidns):
-        return
-    spared = (1, os.getpid())
+    if _sweeps(outer_pidns):
+        _kill_all(lambda: _live((1, os.getpid())))
+
+
+def _kill_all(find: Callable[[], list[int]]) -> None:
+    """SIGKILL what ``find`` lists and reap, until it lists nothing (bounded: a fork bomb must
+    not keep the worker from answering)."""
     for _ in range(100):
-        left = _live(spared)
+        left = find()
         if not left:
             return
         for pid in left:
@@ -247,20 +271,255 @@ def _own_pid_namespace() -> bool:
     return os.path.basename(argv0) == b"bwrap"
 
 
-def _live(spared: tuple[int, ...]) -> list[int]:
-    """The processes of the pid namespace, zombies and ``spared`` left out."""
+def _live(spared: tuple[int, ...], of: int = 0) -> list[int]:
+    """The processes of the pid namespace, zombies and ``spared`` left out; with ``of``, only
+    its children and the members of its process group."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in spared:
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+                state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError, IndexError):
             continue
-        if state != "Z":
+        if state != "Z" and (not of or of in (int(ppid), int(pgrp))):
             out.append(int(name))
     return out
+
+
+# -- warm: one job process for many jobs -------------------------------------------------------
+
+RECYCLE = 75  # the job process's exit status when it replaces itself after a job
+CPU_BUDGET_S = 0.25  # the CPU a job process may use before it is replaced (RLIMIT_CPU)
+_IDLE, _IN_JOB, _REPLYING = 0, 1, 2  # its phase, in the page it shares with the worker
+_TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+# a handler a job sets for one of these would fire in a later job: a change replaces the process
+_WATCHED = (
+    signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF, signal.SIGXCPU, signal.SIGXFSZ,
+    signal.SIGPIPE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+    signal.SIGUSR2, signal.SIGCHLD,
+)  # fmt: skip
+
+
+def serve_warm(sock: socket.socket, outer_pidns: str) -> None:
+    """The worker's loop: fork the job process, wait for it, answer for the job it died in.
+    Returns when the runner is gone (the job process read the socket's end) or when an answer
+    may have been cut (the runner then sees the sandbox end)."""
+    shared = mmap.mmap(-1, 16)
+    while True:
+        shared[0] = _IDLE
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _job_process(sock, shared, outer_pidns)
+            finally:  # nothing of the job process unwinds into this loop
+                os._exit(127)
+        _pid, status, usage = os.wait4(pid, 0)
+        phase = shared[0]
+        if phase == _IN_JOB:
+            end_leftovers(pid, outer_pidns)
+            (began,) = struct.unpack_from("d", shared, 8)
+            send(sock, _ending(status, usage.ru_utime + usage.ru_stime - began))
+        elif phase != _IDLE or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == RECYCLE):
+            return
+
+
+def _ending(status: int, cpu: float) -> dict[str, Any]:
+    if os.WIFSIGNALED(status):
+        return {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu}
+    return {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu}
+
+
+def _cpu() -> float:
+    """This process's CPU so far, its reaped children's included (as wait4 reports it)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _own_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def _job_process(sock: socket.socket, shared: mmap.mmap, outer_pidns: str) -> None:
+    """The job process: its own session, a subreaper (what a job leaves running is its child
+    and is seen), fds 0/1/2 /dev/null between jobs, the socket on fd 3; then job after job."""
+    os.setsid()
+    ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    os.closerange(3, 65536)
+    own = socket.socket(fileno=os.dup(sock.fileno()))  # not inherited by a job's command
+    _null_stdio()
+    # the defaults a job's own process gets (SIGXFSZ is how a file size limit ends it)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    jobs = _Warm(shared, outer_pidns)
+    while True:
+        try:
+            request, fds = receive(own)
+        except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
+            os._exit(0)
+        if len(fds) != 2:
+            os._exit(0)
+        reply, spoiled = jobs.run(request, fds[0], fds[1])
+        shared[0] = _REPLYING
+        send(own, reply)
+        shared[0] = _IDLE
+        if spoiled:
+            os._exit(RECYCLE)
+
+
+def _null_stdio() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+class _Warm:
+    """The job process's jobs, and what it set for them, to see what a job changed."""
+
+    def __init__(self, shared: mmap.mmap, outer_pidns: str) -> None:
+        self.shared, self.outer_pidns = shared, outer_pidns
+        self.limits: dict[str, tuple[int, int]] = {}
+        self.fds = len(os.listdir("/proc/self/fd"))
+        self.path = list(sys.path)
+        self.handlers = [signal.getsignal(s) for s in _WATCHED]
+
+    def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
+        """Run one job; how it ended, and whether this process must be replaced after it."""
+        began = _cpu()
+        struct.pack_into("d", self.shared, 8, began)
+        self.shared[0] = _IN_JOB
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        os.close(out)
+        os.close(err)
+        code, signum, spoiled = 127, 0, False
+        try:
+            self.set_limits(request["rlimits"])
+            os.umask(0o077)
+            os.chdir(request["cwd"])
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            if request["kind"] == "python":
+                code = self.python(request["script"], env)
+            else:
+                code, signum = self.spawn(request, env)
+        except MemoryError:
+            os.write(2, b"MemoryError\n")
+            code, spoiled = 1, True
+        except Exception as exc:  # noqa: BLE001 - a setup that failed ends this job alone
+            with _quiet():
+                os.write(2, f"cannot run the job: {exc!r}\n".encode())
+            spoiled = True
+        _null_stdio()  # the job's files are the runner's alone again
+        self.end_leftovers()
+        cpu = _cpu() - began
+        spoiled = spoiled or self.spoiled()
+        if signum:
+            return {"exit_code": None, "signal": signum, "cpu_s": cpu}, spoiled
+        return {"exit_code": code, "signal": 0, "cpu_s": cpu}, spoiled
+
+    def set_limits(self, rlimits: list[list[Any]]) -> None:
+        """The job's rlimits, set in this process when they differ from what it has (the first
+        job; a job that changes one gets the next job a new process). RLIMIT_CPU counts this
+        process's whole life, and the process is replaced once it used CPU_BUDGET_S: each job
+        gets its cpu_s less at most that (a command job, its own process, all of it)."""
+        for name, soft, hard in rlimits:
+            if self.limits.get(name) != (soft, hard):
+                _limit([[name, soft, hard]])
+                self.limits[name] = resource.getrlimit(getattr(resource, name))
+
+    def python(self, script: str, env: dict[str, str]) -> int:
+        """The script in a fresh namespace of this process; what it changed of ``sys`` that the
+        next job would meet is put back."""
+        try:
+            return _python(script, env)
+        finally:
+            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                with _quiet_all():
+                    stream.flush()  # type: ignore[union-attr]
+            sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+            sys.path[:] = self.path
+
+    def spawn(self, request: dict[str, Any], env: dict[str, str]) -> tuple[int, int]:
+        """A command, by posix_spawn (no copy of this process); (exit code, signal)."""
+        script_file = request.get("script_file") or ""
+        if script_file:
+            with open(os.open(script_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(request["script"])
+        argv = [str(a) for a in request["argv"]]
+        stdin = _stdin(request, script_file)
+        try:
+            pid = os.posix_spawnp(
+                argv[0],
+                argv,
+                env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, stdin, 0)],
+                setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except OSError as exc:
+            os.write(2, f"cannot start {argv[0]}: {exc}\n".encode())
+            return 127, 0
+        finally:
+            os.close(stdin)
+        _pid, status, _usage = os.wait4(pid, 0)
+        with _quiet():
+            os.killpg(pid, signal.SIGKILL)
+        if script_file:
+            with _quiet():
+                os.unlink(script_file)
+        if os.WIFSIGNALED(status):
+            return 0, os.WTERMSIG(status)
+        return os.WEXITSTATUS(status), 0
+
+    def end_leftovers(self) -> None:
+        """Kill what the job left running. Every process it started is a descendant of this
+        one, a subreaper: none left when it has no child (one system call)."""
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        me = os.getpid()
+        if _sweeps(self.outer_pidns):
+            _kill_all(lambda: _live((1, os.getppid(), me)))
+        else:  # no namespace: its orphans (adopted) and its process group
+            _kill_all(lambda: _live((me,), of=me))
+        with _quiet():  # zombies count as processes (ChildProcessError: none left)
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
+
+    def spoiled(self) -> bool:
+        """Whether the job left what the next job must not meet: a thread, an open file, a
+        changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
+        used, a standard stream closed."""
+        if len(os.listdir("/proc/self/task")) != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
+            return True
+        for name, value in self.limits.items():
+            if resource.getrlimit(getattr(resource, name)) != value:
+                return True
+        if _own_cpu_s() > CPU_BUDGET_S:
+            return True
+        if [signal.getsignal(s) for s in _WATCHED] != self.handlers:
+            return True
+        if any(signal.getitimer(t)[0] for t in _TIMERS):
+            return True
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * mmap.PAGESIZE
+        memory = self.limits.get("RLIMIT_AS", (0, 0))[0]
+        if memory > 0 and mapped > memory // 2:
+            return True
+        return any(s is None or s.closed for s in (sys.__stdout__, sys.__stderr__))
+
+
+class _quiet_all:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], Exception)  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -273,6 +532,9 @@ def main() -> None:
     compile("", "<warm>", "exec")
     gc.freeze()  # what the worker holds now is never collected: no job's process walks it
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
+    if sys.argv[1:2] == ["--warm"]:
+        serve_warm(sock, sys.argv[2] if len(sys.argv) > 2 else "")
+        return
     while serve_one(sock):
         pass
 

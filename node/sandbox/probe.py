@@ -136,6 +136,7 @@ def sandbox_spec(
     limits: dict[str, int],
     network: bool,
     recycle_jobs: int,
+    fresh_process: bool = False,
 ) -> SandboxSpec:
     return SandboxSpec(
         mode=iso.mode,
@@ -145,6 +146,7 @@ def sandbox_spec(
         uid=uid_base + ctx,
         network=network,
         recycle_jobs=recycle_jobs,
+        fresh_process=fresh_process,
         as_root=iso.as_root,
         binds=list(iso.binds),
         dirs=dict(iso.dirs),

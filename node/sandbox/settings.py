@@ -1,23 +1,27 @@
 """The ``[sandbox]`` table of config.toml: the bwrap to use, how many jobs a warm sandboxed
-worker runs before it is replaced, and per context (``[sandbox.<context id>]``) whether its
-jobs may use the network and its own recycling (1: a fresh sandbox for every job).
+worker runs before it is replaced, whether each job gets a fresh process in it, and per
+context (``[sandbox.<context id>]``) whether its jobs may use the network, and its own
+recycling (1: a fresh sandbox for every job) and ``fresh_process``.
 
     [sandbox]
     bwrap = "bwrap"        # a name looked up in PATH, or a path
     recycle_jobs = 1000
+    fresh_process = false  # python jobs of a context share a warm process (node/sandbox/inner.py)
     [sandbox.2]
     network = true
     recycle_jobs = 1
+    fresh_process = true   # no job of context 2 runs in a process an earlier job ran in
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 DEFAULT_BWRAP = "bwrap"
 DEFAULT_RECYCLE_JOBS = 1000
-_TOP = {"bwrap": str, "recycle_jobs": int}
-_PER_CONTEXT = {"network": bool, "recycle_jobs": int}
+_TOP = {"bwrap": str, "recycle_jobs": int, "fresh_process": bool}
+_PER_CONTEXT = {"network": bool, "recycle_jobs": int, "fresh_process": bool}
 
 
 class SandboxSettingsError(ValueError):
@@ -56,9 +60,19 @@ def bwrap_of(table: Mapping[str, object]) -> str:
     return str(table.get("bwrap", DEFAULT_BWRAP))
 
 
-def context_settings(table: Mapping[str, object], ctx: int) -> tuple[bool, int]:
-    """(network allowed, recycle after this many jobs) of context ``ctx``."""
+@dataclass(frozen=True)
+class ContextSandbox:
+    """A context's own sandbox settings."""
+
+    network: bool = False
+    recycle_jobs: int = DEFAULT_RECYCLE_JOBS
+    fresh_process: bool = False
+
+
+def context_settings(table: Mapping[str, object], ctx: int) -> ContextSandbox:
+    """Context ``ctx``'s settings: its own entries over ``[sandbox]``'s over the defaults."""
     own = table.get(str(ctx), {})
     own = own if isinstance(own, Mapping) else {}
     recycle = own.get("recycle_jobs", table.get("recycle_jobs", DEFAULT_RECYCLE_JOBS))
-    return bool(own.get("network", False)), int(recycle)
+    fresh = own.get("fresh_process", table.get("fresh_process", False))
+    return ContextSandbox(bool(own.get("network", False)), int(recycle), bool(fresh))

@@ -2,9 +2,10 @@
 
 The runner never runs job code itself: every job goes to the slot's warm sandboxed worker
 (node/sandbox/host.py, README "What a job can and cannot do"), its stdout and stderr the
-slot's log files. There a python job runs in a fork of the worker's warm interpreter, any
-other type by exec of its command (node/runners/commands.py); what a job leaves running is
-killed after it. A limit that fired (node/sandbox/limits.py) ends the job with its reason.
+slot's log files. There a python job runs in the sandbox's warm job process (a fresh process
+per job with ``[sandbox] fresh_process``), any other type by exec of its command
+(node/runners/commands.py); what a job leaves running is killed after it. A limit that
+fired (node/sandbox/limits.py) ends the job with its reason.
 
 A watch thread, per process, does what must happen while the script runs: it renews the lease
 (three times per TTL, re-taking it after a stall), forwards the output to ``logs:<job>``

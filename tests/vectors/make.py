@@ -5,7 +5,7 @@ signing domain, each a worked example made with the implementation itself.
     python -m tests.vectors.make --check   # exit 1 if a file differs from what the code makes
 
 Every input is fixed (ids, times, nonces) and Ed25519 is deterministic, so the files only
-change when the protocol does; tests/test_protocol_vectors.py checks them against the code.
+change when the protocol does; tests/bus/test_protocol_vectors.py checks them against the code.
 The key is RFC 8032 section 7.1 TEST 1, used for every signer (actor and node alike).
 """
 

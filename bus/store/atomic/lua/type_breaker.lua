@@ -1,6 +1,6 @@
 -- Fragment: local functions of the circuit breaker of each script type of a context, the hash
 -- ${TYPE_BREAKERS_KEY} (bus/store/atomic/type_breakers.py reads it). The state machine is
--- bus/core/breaker.py's, transcribed (tests/test_type_breaker.py replays random events
+-- bus/core/breaker.py's, transcribed (tests/runners/test_type_breaker.py replays random events
 -- through both). It is not in KEYS, like the job statistics: every script that starts or ends
 -- a job keeps it, whichever process runs it, and their callers need not know.
 -- Fields per type t: t|cfg ('<threshold>,<open_ms>,<probes>', written by the type's runner

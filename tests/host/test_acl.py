@@ -1,0 +1,193 @@
+"""The node's own Valkey is its trust anchor: a unix socket in a 0700 run/, no TCP unless
+configured, and ACL users per role (node, client, runner) with passwords in the home."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+import coredis
+import pytest
+import trio
+
+from bus.client.api import new_job, open_client
+from bus.core.models import JobStatus
+from bus.errors import StoreError
+from bus.store.connection import Store, open_store
+from crypto import read_key_file
+from node.cli.main import main
+from node.daemon import run_node
+from node.host.acl import CLIENT, ROLES, RUNNER, role_url, secret_path, valkey_socket
+from node.host.home import init_home
+from node.host.valkey import free_port
+from tests.runners.test_runners import External
+
+FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "echo hi"}
+FLOW_B = FLOW_JOB | {"id": "b", "depends": ["a"]}
+# README "External runners", step 4
+KEEP_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local cur = redis.call('HMGET', KEYS[2], 'status', 'attempt')
+if cur[1] ~= 'started' or cur[2] ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+TRUSTED = ("actor:1", "context:1", "peer:" + "ab" * 32, "node:info")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def raw(address: str | tuple[str, int], *commands: bytes) -> bytes:
+    """Send RESP ``commands`` on a fresh connection without authenticating; the replies."""
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(address)
+        for command in commands:
+            args = command.split()
+            body = b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+            s.sendall(b"*%d\r\n" % len(args) + body)
+        return s.recv(4096)
+
+
+async def refused(store: Store, key: str) -> bool:
+    try:
+        await store.hset(1 if key.startswith("context") else 0, key, {"pubkey": "00" * 32})
+    except StoreError as exc:
+        return "permission" in str(exc).lower()
+    return False
+
+
+async def test_embedded_valkey_has_no_tcp_port_and_admits_no_one_without_a_password(
+    node_factory,
+):
+    alice = await node_factory("alice", embedded=True)
+    home, sock = alice.config.home, valkey_socket(alice.config)
+    assert mode(alice.config.run_dir) == 0o700
+    assert stat.S_ISSOCK(sock.lstat().st_mode)
+    assert mode(sock) == 0o700
+    assert mode(home / "secrets") == 0o700
+    assert {mode(secret_path(home, r)) for r in ROLES} == {0o600}
+    assert mode(home / "secrets" / "valkey.acl") == 0o600
+    assert read_secret_free(alice.info.redis_url, home)
+    # no TCP listener, and nobody gets in without a password
+    assert (await alice.store.call(0, lambda r: r.config_get(["port"])))["port"] == "0"
+    reply = await trio.to_thread.run_sync(raw, str(sock), b"PING", b"HSET actor:1 pubkey x")
+    assert reply.startswith(b"-NOAUTH"), reply
+    reply = await trio.to_thread.run_sync(raw, str(sock), b"AUTH default x")
+    assert reply.startswith(b"-WRONGPASS"), reply
+    assert (await alice.store.hgetall(0, "actor:1"))["pubkey"] != "x"
+
+
+async def test_client_credentials_serve_the_client_api_but_never_rewrite_trust(node_factory):
+    alice = await node_factory("alice", embedded=True)
+    client_url = role_url(alice.config, alice.info.redis_url, CLIENT)
+    actor = read_key_file(alice.config.actor_key_path)
+    with trio.fail_after(40):
+        async with open_client(client_url) as client:
+            for key in (*TRUSTED, "job:1:1"):
+                assert await refused(client.store, key), key
+            jobs = [new_job(1, 1, "python", "print(6 * 7)"), new_job(1, 1, "sh", "sleep 30")]
+            short, long = await client.submit_many(actor, 1, to="self", context_id=1, jobs=jobs)
+            [res] = await client.wait_results(short, 25)
+            assert [text async for _, text in client.job_logs(1, jobs[0].key)] == ["42\n"]
+            assert (await client.delivery_status(1, short.key) or {})["state"] == "processed"
+            await client.stop_job(actor, 1, jobs[1].key, 1)
+            [stopped] = await client.wait_results(long, 25)
+            assert (await client.job_fields(1, jobs[1].key))["status"] == "error"
+            flow_id = await client.submit_flow(actor, 1, {"jobs": [FLOW_JOB, FLOW_B]}, context_id=1)
+            flow = await client.wait_flow(flow_id, 1, 25)
+    assert res.status is JobStatus.FINISHED
+    assert res.result["stdout"].strip() == "42"
+    assert stopped.reason.startswith("stopped"), stopped
+    assert flow.status.value == "finished", flow
+
+
+def read_secret_free(published: str, home: Path) -> bool:
+    """The published URL names no password of the home."""
+    return all(secret_path(home, r).read_text().strip() not in published for r in ROLES)
+
+
+async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
+    alice = await node_factory("alice", embedded=True, runners={"python": 1, "ext": 0})
+    runner_url = role_url(alice.config, alice.info.redis_url, RUNNER)
+    actor = read_key_file(alice.config.actor_key_path)
+    with trio.fail_after(30):
+        async with open_store(runner_url) as runner_store:
+            for key in TRUSTED:
+                assert await refused(runner_store, key), key
+            with pytest.raises(StoreError, match="permission"):  # no stealing of messages
+                await runner_store.call(1, lambda r: r.lpop("msg_out"))
+            ext = External(runner_store, "ext-1", "ext")
+            await ext.register()
+            job = new_job(1, 1, "ext", "say 42")
+            msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
+            key, attempt = await ext.take()
+            lease = f"lease:{key}"
+            held = await runner_store.call(1, lambda r: r.get(lease))
+            keep = await runner_store.call(
+                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+            )
+            assert keep == 1
+            await runner_store.call(1, lambda r: r.delete([lease]))  # lapsed: a stall
+            keep = await runner_store.call(
+                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+            )
+            assert keep == 1  # taken again: the attempt is still current
+            assert await ext.finish(key, attempt, "finished", {"stdout": "42"}) == 1
+            [res] = await alice.client.wait_results(msg, 15)
+    assert res.ok
+    assert res.result["stdout"] == "42"
+
+
+async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):
+    config = init_home(tmp_path / "h", listen_port=0, runners={"sh": 1})
+    shutil.rmtree(tmp_path / "h" / "secrets")
+    (tmp_path / "h" / "run").chmod(0o755)
+    caplog.set_level(logging.INFO, logger="node.host.acl")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            info = await nursery.start(run_node, config)
+            async with open_store(role_url(config, info.redis_url)) as store:
+                await store.ping()
+            nursery.cancel_scope.cancel()
+    assert {mode(secret_path(config.home, r)) for r in ROLES} == {0o600}
+    assert mode(config.run_dir) == 0o700
+    assert "generated Valkey password(s) for node, client, runner" in caplog.text
+
+
+async def test_credentials_command_gives_a_tcp_runner_url_when_a_port_is_open(tmp_path, capsys):
+    port = free_port()
+    config = init_home(tmp_path / "h", listen_port=0, runners={"sh": 1}, valkey_port=port)
+    assert main(["--home", str(config.home), "credentials", "runner"]) == 0
+    url = capsys.readouterr().out.strip()
+    assert url.startswith("redis://runner:")
+    assert url.endswith(f"@127.0.0.1:{port}")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_node, config)
+            reply = await trio.to_thread.run_sync(raw, ("127.0.0.1", port), b"PING")
+            assert reply.startswith(b"-NOAUTH"), reply
+            async with open_store(url) as runner:
+                await runner.hset(1, "job:1:1", {"status": "started"})
+                assert await refused(runner, "actor:1")
+            nursery.cancel_scope.cancel()
+    assert main(["--home", str(config.home), "credentials", "client"]) == 0
+    assert capsys.readouterr().out.strip().startswith("redis://client:")
+
+
+async def test_without_credentials_coredis_cannot_connect(node_factory):
+    alice = await node_factory("alice", embedded=True)
+    anonymous = coredis.Redis.from_url(f"unix://{valkey_socket(alice.config)}")
+    denied = pytest.RaisesExc(coredis.exceptions.AuthenticationRequiredError)
+    with trio.fail_after(10), pytest.RaisesGroup(denied, flatten_subgroups=True):
+        async with anonymous:
+            await anonymous.hset("actor:1", {"pubkey": "x"})
+    assert (await alice.store.hgetall(0, "actor:1"))["pubkey"] != "x"

@@ -1,0 +1,95 @@
+"""The node's isolation mode, as an operator sees it (README "What a job can and cannot do"):
+``isolation = "none"`` is loud at start, in ``status`` (text and --json), ``/metrics`` and the
+console feed; a node that can build no sandbox runs no job and says why in the same places;
+``hero-node init`` says what ``auto`` picks here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from bus.core import keys
+from node.config.console import ConsoleConfig
+from tests.cli.test_cli import cli
+from tests.observe.test_dlq import hero_node
+from tests.observe.test_metrics import scrape, value
+from tests.runners.test_runner_procs import runner_processes_of
+from tests.runners.test_runners import submit
+
+SERVED = ConsoleConfig(listen="127.0.0.1:0")
+
+
+async def test_none_is_loud_everywhere_and_lets_a_job_read_the_key(node_factory, caplog):
+    caplog.set_level(logging.WARNING, logger="node.sandbox")
+    alice = await node_factory("alice", isolation="none", console=SERVED)
+    assert any("ISOLATION OFF" in r.getMessage() for r in caplog.records)
+    # the reason it is loud: a job reads the node's key (the control of
+    # tests/sandbox/test_sandbox.py)
+    script = f"cat {alice.config.node_key_path}"
+    with trio.fail_after(30):
+        [res] = await alice.client.wait_results(await submit(alice, "sh", script), 25)
+    assert res.ok, res
+    assert res.stdout.strip() == alice.config.node_key_path.read_text().strip()
+    code, out, err = await hero_node(alice, "status")
+    assert code == 0, err
+    assert "isolation none" in out
+    assert "WARNING: jobs run WITHOUT a sandbox" in out
+    code, out, _ = await hero_node(alice, "status", "--json")
+    assert json.loads(out)["isolation"] == "none"
+    samples, _ = await scrape(alice)
+    assert value(samples, "hero_isolation_mode", mode="none", limits="rlimits") == 1
+    info = await alice.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO)
+    assert info["isolation"] == "none"  # what the console's feed shows (node/web/feed.py)
+
+
+async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_factory, caplog):
+    caplog.set_level(logging.ERROR, logger="node")
+    alice = await node_factory(
+        "alice", sandbox={"bwrap": "/nonexistent/bwrap", "1": {"network": True}}, console=SERVED
+    )
+    assert any("bwrap not found" in r.getMessage() for r in caplog.records)
+    await submit(alice, "sh", "echo ran")
+    assert runner_processes_of(alice.config.run_dir) == []  # none was started
+    code, out, _ = await hero_node(alice, "status")
+    assert "isolation refused" in out
+    assert "JOBS DO NOT RUN" in out
+    assert "bwrap not found" in out
+    code, out, _ = await hero_node(alice, "status", "--json")
+    assert json.loads(out)["isolation"] == "refused"
+    samples, _ = await scrape(alice)
+    assert value(samples, "hero_isolation_mode", mode="refused", limits="rlimits") == 1
+    # the job was admitted and waits in its queue, untaken (taken here, blocking, bounded)
+    with trio.fail_after(30):
+        popped = await alice.store.call(1, lambda r: r.blpop([keys.queue("sh")], timeout=25))
+    assert popped is not None
+    job = await alice.store.hgetall(1, popped[1])
+    assert job["status"] == "dispatched", job
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="auto picks strict only where it may switch users")
+def test_init_says_what_auto_picks_here(tmp_path: Path) -> None:
+    done = cli(tmp_path / "h", "init")
+    assert done.returncode == 0, done.stderr
+    assert "isolation:  auto -> strict" in done.stdout
+    assert "their own uid" in done.stdout
+
+
+async def test_a_limit_ends_the_job_with_its_reason_and_the_next_job_runs(node_factory):
+    """Through the node: [limits.1] file_size_mb = 1; a job writing 3 MB to its stdout ends
+    error with output_limit (its kept output within max_output_bytes); the next one runs."""
+    alice = await node_factory("alice", limits={"1": {"file_size_mb": 1}})
+    with trio.fail_after(40):
+        [big] = await alice.client.wait_results(
+            await submit(alice, "sh", "head -c 3000000 /dev/zero | tr '\\0' x"), 30
+        )
+        [nxt] = await alice.client.wait_results(await submit(alice, "sh", "echo fine"), 30)
+    assert big.status.value == "error", big
+    assert big.reason.startswith("output_limit"), big.reason
+    assert len(big.stdout) <= alice.config.max_output_bytes
+    assert nxt.ok, nxt
+    assert nxt.stdout == "fine\n"
