@@ -257,7 +257,8 @@ def count_rows(case: str, label: str, target: str, samples: list[Counts]) -> lis
     process the commands (scripts' inner included) and the requests (top-level commands)."""
     n_total = sum(c.n for c in samples)
     total: Counter[str] = sum((c.total for c in samples), Counter())
-    top = ", ".join(f"{k} {v / n_total:.1f}" for k, v in total.most_common(14))
+    shown = [(k, v / n_total) for k, v in total.most_common() if v / n_total >= 0.05]
+    top = ", ".join(f"{k} {v:.2f}" for k, v in shown)
     unowned = sum(c.unowned for c in samples)
     runs = len(samples)
     reqs: Counter[str] = sum((c.requests for c in samples), Counter())

@@ -65,7 +65,7 @@ _CLIENT_SELECTORS = (
 _RUNNER_CONNECT = f"{_CONNECT} +script|load +time"
 _RUNNER_SELECTORS = (
     "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
-    "+type +blmove +lmove +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
+    "+type +blmove +lmove +lmpop +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
     "+set +get +pexpire +pttl +del ~lease:*",
     "+sadd +srem +smembers ~running",
     "+lpush ~results",

@@ -112,6 +112,22 @@ async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store, sync_r
     assert not await store.exists(1, keys.lease(JOB))
 
 
+async def test_only_a_job_with_a_history_to_tell_records_its_attempts(store, sync_runs) -> None:
+    """A first attempt that finished writes no attempt entry (its job hash says it all); a
+    failed one, or any later attempt, is recorded."""
+    assert runs.attempt_entry(1, "tok", "finished", "", 5) == ""
+    assert json.loads(runs.attempt_entry(2, "tok", "finished", "", 5))["attempt"] == 2
+    assert json.loads(runs.attempt_entry(1, "tok", "error", "exit_1", 5))["status"] == "error"
+    await _started(store, sync_runs)
+    first = runs.Ending(
+        JOB, 1, INFLIGHT, "finished", {}, "", runs.attempt_entry(1, "t", "finished", "", 5)
+    )
+    assert await runs.finish_local(store, 1, first, request_key="message:1:1", reply_ttl_s=60)
+    assert not await store.exists(1, keys.attempts(JOB))
+    job = await store.hgetall(1, JOB)
+    assert (job["attempt"], job["status"], job["runner"]) == ("1", "finished", f"tok:{JOB}")
+
+
 async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) -> None:
     await _started(store, sync_runs)
     answer = Message(7, 9, 1, origin="elsewhere")

@@ -44,10 +44,13 @@ CONSTANTS = {
 
 
 @cache
-def source(name: str) -> str:
-    """The text of ``lua/<name>.lua`` with its includes expanded (each at most once)."""
+def source(name: str, shared: frozenset[str] = frozenset()) -> str:
+    """The text of ``lua/<name>.lua`` with its includes expanded, except those named in
+    ``shared``: a script made of several (``runs.then_source``) places those fragments once
+    above all of them, so that their per-script caches (the ``TIME`` of stats_jobs, the type
+    breakers type_breaker read) serve every part."""
     text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-    text = _INCLUDE.sub(lambda m: source(m.group(1)), text)
+    text = _INCLUDE.sub(lambda m: "" if m.group(1) in shared else source(m.group(1), shared), text)
     return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], text)
 
 

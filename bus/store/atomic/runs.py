@@ -88,7 +88,12 @@ Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
 def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
-    """The record of one ended attempt, appended to ``attempts:<job>``."""
+    """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
+    for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
+    ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
+    has every attempt recorded."""
+    if attempt == 1 and status == "finished":
+        return ""
     return json.dumps(
         {
             "attempt": attempt,
@@ -211,6 +216,11 @@ async def finish_local(
     return bool(await store.script(ctx, script(name), key_list, args))
 
 
+# the fragments an end and the take that follows it share in one script: one TIME and one read
+# of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
+_SHARED = frozenset({"stats_jobs", "type_breaker"})
+
+
 def then_source(first: str, second: str) -> str:
     """One script that runs the script ``first`` (an end) then ``second`` (runs_take_next),
     each with its own KEYS and ARGV: ARGV[1], ARGV[2] say how many keys and args belong to
@@ -221,11 +231,12 @@ def then_source(first: str, second: str) -> str:
     once (bus/store/atomic/runs_sync.py); the node ends the attempts it recovers alone."""
     return f"""
 {source("stats_jobs")}
+{source("type_breaker")}
 local function first(KEYS, ARGV)
-{source(first)}
+{source(first, _SHARED)}
 end
 local function second(KEYS, ARGV)
-{source(second)}
+{source(second, _SHARED)}
 end
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
 local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 4, 3 + na)}})

@@ -3,13 +3,18 @@
 -- ARGV: [1] how many entries at most, [2] '1' to read the hash each entry names, else '0'
 -- Returns: {entry, ...}; with ARGV[2] == '1', {entry, read_hash(entry), entry, ...}
 -- Atomic effect: up to ARGV[1] entries move from the consuming (right) end of the source to the
--- left of the in-flight list, oldest first; nothing else is written.
+-- left of the in-flight list, oldest first; nothing else is written. One LMPOP and one LPUSH
+-- of them all (each LPUSH argument goes to the head in turn: the same order as an LMOVE each).
 -- include: queues_hash_reader
+local most = tonumber(ARGV[1])
+if most < 1 then return {} end
+local got = redis.call('LMPOP', 1, KEYS[1], 'RIGHT', 'COUNT', most)
+if not got then return {} end
+redis.call('LPUSH', KEYS[2], unpack(got[2]))
+if ARGV[2] ~= '1' then return got[2] end
 local out = {}
-for i = 1, tonumber(ARGV[1]) do
-  local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  if not v then break end
+for _, v in ipairs(got[2]) do
   out[#out + 1] = v
-  if ARGV[2] == '1' then out[#out + 1] = read_hash(v) end
+  out[#out + 1] = read_hash(v)
 end
 return out

@@ -11,21 +11,31 @@
 -- message turns 'processed', its replay markers are set (TTL: the window) and it leaves the
 -- in-flight list. Run in message order, a second copy in the same batch is a replay.
 -- include: routing_apply_result_fn
-local want = {'hash', 'hash', 'list', 'list'}
-for i = 1, 4 do  -- keys a (signed, yet hostile) result names: one of another type is refused
-  local t = redis.call('TYPE', KEYS[4 + i])['ok']
-  if t ~= 'none' and t ~= want[i] then return {'wrong_type', KEYS[4 + i] .. ' holds a ' .. t} end
+-- keys a (signed, yet hostile) result names: one of another type is refused. The two hashes
+-- are read anyway (pcalls: the error says another type); the two lists are only written.
+local function held(key)
+  return {'wrong_type', key .. ' holds a ' .. redis.call('TYPE', key)['ok']}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
-if KEYS[3] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then return {'replay', 'nonce'} end
-local meta = redis.call('HMGET', KEYS[6], 'destination', 'status', 'reason')
+local job = apply_result_job(KEYS[5])
+if job['err'] then return held(KEYS[5]) end
+local meta = redis.pcall('HMGET', KEYS[6], 'destination', 'status', 'reason')
+if meta['err'] then return held(KEYS[6]) end
+for i = 7, 8 do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= 'list' then return {'wrong_type', KEYS[i] .. ' holds a ' .. t} end
+end
+-- one EXISTS of both markers: neither is there, the common case
+if redis.call('EXISTS', KEYS[2], KEYS[3] ~= '' and KEYS[3] or KEYS[2]) > 0 then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return {'replay', 'message key'} end
+  return {'replay', 'nonce'}
+end
 if not meta[1] then return {'unknown_request', ''} end
 local why = meta[3] or ''
 if meta[2] == 'error' and string.sub(why, 1, 8) == 'timeout_' then
   return {'late_result', why}
 end
 if ARGV[10] ~= meta[1] and ARGV[10] ~= ARGV[11] then return {'wrong_signer', ''} end
-apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV)
+apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV, job)
 redis.call('HSET', KEYS[1], 'status', 'processed')
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[8])
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[9], 'EX', ARGV[8]) end

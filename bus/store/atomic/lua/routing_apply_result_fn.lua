@@ -1,16 +1,19 @@
--- Fragment (included, never run alone): apply_result(job, request, reply, flow_events, a).
+-- Fragment (included, never run alone): apply_result(job, request, reply, flow_events, a, cur).
 -- The origin's side of a result. Arguments: the job copy, the request message, the reply list
 -- that wakes the waiting client, the flow_events list; a: {status, result (JSON), reason,
 -- stamp, request status, reply (JSON), reply TTL (s)}.
 -- Effect: the job copy takes the final state, only if it is the request's (its message_key):
 -- a refused message that named another message's job key is answered without touching that
 -- job; the request takes its status; the reply is pushed (with its TTL); for a flow's job the
--- flow id is pushed on flow_events, which wakes the flow engine.
+-- flow id is pushed on flow_events, which wakes the flow engine. cur: the job copy as
+-- apply_result_job read it, if the caller read it already (nil: read here).
 -- include: stats_jobs
-local function apply_result(job, request, reply, flow_events, a)
-  -- one read, a pcall: a key of another type reads as an error, which is no request's job
-  local cur = redis.pcall('HMGET', job, 'message_key', 'flow_id', 'script_type',
-                          'stats_queued_ms')
+-- one read, a pcall: a key of another type reads as an error, which is no request's job
+local function apply_result_job(job)
+  return redis.pcall('HMGET', job, 'message_key', 'flow_id', 'script_type', 'stats_queued_ms')
+end
+local function apply_result(job, request, reply, flow_events, a, cur)
+  cur = cur or apply_result_job(job)
   local mine = not cur['err'] and cur[1] == request
   if mine then
     redis.call('HSET', job, 'status', a[1], 'result', a[2], 'reason', a[3], 'updated_at', a[4])

@@ -8,15 +8,18 @@
 -- message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of the
 -- reported queues afterwards, and per message "<job key> <its holder>" for code 3 ("" else).
 -- Atomic effect: per message, the replay check and, unless refused, its job hashes, their
--- queue entries, the message's status 'acknowledged', its replay markers (with the window as
+-- queue entries (a job queued for the first time stamped stats_queued_ms in its own write),
+-- the message's status 'acknowledged', its replay markers (with the window as
 -- TTL) and its in-flight ack. A job hash that exists is written only by the message it names
 -- as message_key: a message naming another message's job (a replayed or reused job id) is
 -- refused whole, nothing of it written. A replay of an earlier message of the same batch is
 -- refused as such.
 -- include: stats_jobs
+-- (j.fresh: no key of that name yet, so the job is queued for the first time)
 local function taken(m)
   for _, j in ipairs(m.jobs) do
     local kind = redis.call('TYPE', j.key).ok
+    j.fresh = kind == 'none'
     if kind ~= 'none' then
       local holder = kind == 'hash' and redis.call('HGET', j.key, 'message_key') or false
       if holder ~= m.key then return j.key .. ' ' .. (holder or ('a ' .. kind)) end
@@ -26,21 +29,30 @@ local function taken(m)
 end
 local batch = cjson.decode(ARGV[1])
 local out, owners = {}, {}
+local depth_of = {}  -- a queue's length as the last LPUSH on it said: no LLEN of it after
 for i, m in ipairs(batch) do
   local code, owner = 0, ''
-  if redis.call('EXISTS', m.seen) == 1 then
-    code = 1
-  elseif m.nonce ~= '' and redis.call('EXISTS', m.nonce) == 1 then
-    code = 2
-  else
+  -- one EXISTS of both markers: neither is there, the common case
+  if redis.call('EXISTS', m.seen, m.nonce ~= '' and m.nonce or m.seen) == 0 then
     owner = taken(m)
     if owner ~= '' then code = 3 end
+  elseif redis.call('EXISTS', m.seen) == 1 then
+    code = 1
+  else
+    code = 2
   end
   if code == 0 then
     for _, j in ipairs(m.jobs) do
-      redis.call('HSET', j.key, unpack(j.fields))
-      if j.queue ~= '' then redis.call('LPUSH', j.queue, j.key) end
-      stats_queued(j.key, m.event, j.fields)
+      if j.fresh then  -- stamped in the same write (a held job keeps its first stamp)
+        local f = {unpack(j.fields)}
+        f[#f + 1], f[#f + 2] = 'stats_queued_ms', stats_ms()
+        redis.call('HSET', j.key, unpack(f))
+        stats_count_queued(j.key, m.event, j.fields)
+      else
+        redis.call('HSET', j.key, unpack(j.fields))
+        stats_queued(j.key, m.event, j.fields)
+      end
+      if j.queue ~= '' then depth_of[j.queue] = redis.call('LPUSH', j.queue, j.key) end
     end
     redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     redis.call('SET', m.seen, '1', 'EX', ARGV[3])
@@ -51,5 +63,7 @@ for i, m in ipairs(batch) do
   owners[i] = owner
 end
 local depth = 0
-for i = 2, #KEYS do depth = math.max(depth, redis.call('LLEN', KEYS[i])) end
+for i = 2, #KEYS do
+  depth = math.max(depth, depth_of[KEYS[i]] or redis.call('LLEN', KEYS[i]))
+end
 return {out, depth, owners}

@@ -5,7 +5,8 @@
 --       stats_apply, which count it)
 -- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
 -- Atomic effect: the fence's release; status/result/reason/updated_at on the job, the attempt
--- entry appended to the attempts list, the answer message hash written and its key pushed on
+-- entry appended to the attempts list (unless '': a first attempt that finished records none,
+-- runs.attempt_entry), the answer message hash written and its key pushed on
 -- msg_out; the job's type breaker told (type_breaker); the job statistics counted or the
 -- given sums applied.
 -- include: stats_jobs
@@ -13,7 +14,7 @@
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
-redis.call('RPUSH', KEYS[5], ARGV[6])
+if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[6]) end
 if ARGV[7] ~= '' then
   stats_apply(ARGV[7])
 else

@@ -13,7 +13,7 @@
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
-redis.call('RPUSH', KEYS[5], ARGV[6])
+if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[6]) end
 local counted = (ARGV[9] or '') ~= ''
 if counted then stats_apply(ARGV[9]) else stats_ended(KEYS[1], ARGV[2], ARGV[4], known) end
 type_breaker_ended(KEYS[1], ARGV[2], ARGV[4], known)

@@ -3,9 +3,10 @@
 -- ARGV: none
 -- Returns the entry moved, or false (nil) if every list is empty.
 -- Atomic effect: the oldest entry of the first non-empty list moves onto the in-flight list,
--- so a crash never loses it.
-for i = 2, #KEYS do
-  local v = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
-  if v then return v end
-end
-return false
+-- so a crash never loses it (one LMPOP over all the lists, then the push: a script is atomic).
+local args = {#KEYS - 1, unpack(KEYS, 2)}
+args[#args + 1] = 'RIGHT'
+local got = redis.call('LMPOP', unpack(args))
+if not got then return false end
+redis.call('LPUSH', KEYS[1], got[2][1])
+return got[2][1]

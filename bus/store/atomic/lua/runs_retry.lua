@@ -11,7 +11,7 @@
 -- include: type_breaker
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[2], 'updated_at', ARGV[3])
-redis.call('RPUSH', KEYS[5], ARGV[4])
+if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[4]) end
 if (ARGV[7] or '') ~= '' then
   stats_apply(ARGV[7])
 else

@@ -16,12 +16,13 @@ if gate ~= '' then
   local wait = tb_wait(gate, now_ms)
   if wait > 0 then return {'', 'breaker_open:' .. wait} end
 end
-local nxt = false
-for i = 3, #KEYS do
-  nxt = redis.call('LMOVE', KEYS[i], KEYS[1], 'RIGHT', 'LEFT')
-  if nxt then break end
-end
-if not nxt then return {} end
+-- one LMPOP over the slot's lists (empty ones cost nothing), then the in-flight push
+local lists = {#KEYS - 2, unpack(KEYS, 3)}
+lists[#lists + 1] = 'RIGHT'
+local got = redis.call('LMPOP', unpack(lists))
+if not got then return {} end
+local nxt = got[2][1]
+redis.call('LPUSH', KEYS[1], nxt)
 local bad, f = unrunnable(nxt)
 if bad then
   redis.call('LREM', KEYS[1], 1, nxt)

@@ -50,14 +50,17 @@ end
 -- origin (its message names this node as both origin and destination, or the origin's copy),
 -- else 'received'; fields: the job's fields as the script just wrote them (flat), where its
 -- type is read
-local function stats_queued(job, event, fields)
-  if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
+local function stats_count_queued(job, event, fields)
   local t = false
   for i = 1, #fields - 1, 2 do
     if fields[i] == 'script_type' then t = fields[i + 1] end
   end
   if not t then t = redis.call('HGET', job, 'script_type') end  -- a type written earlier
   redis.call('HINCRBY', STATS, event .. '|' .. stats_label(t), 1)
+end
+local function stats_queued(job, event, fields)
+  if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
+  stats_count_queued(job, event, fields)
 end
 local function stats_started(job)
   redis.call('HSET', job, 'stats_started_ms', stats_ms())
