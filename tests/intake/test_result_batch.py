@@ -20,19 +20,21 @@ from tests.intake.test_rejections import job_message, push_in, run_and_wait
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
 # what result_message needs of those nodes (and what signed_here remembers for each)
-NODES = {
-    k.public_hex: SimpleNamespace(node_id=k.public_hex, key=k, signed_results=OrderedDict())
-    for k in (P, Q)
-}
+def stand_in(k: KeyPair) -> SimpleNamespace:
+    """The parts of a NodeState that result_message and signed_here use."""
+    return SimpleNamespace(
+        identity=SimpleNamespace(node_id=k.public_hex, key=k),
+        recent=SimpleNamespace(signed_results=OrderedDict()),
+    )
+
+
+NODES = {k.public_hex: stand_in(k) for k in (P, Q)}
 
 
 def answer(signer: KeyPair, request: Message, stdout: str) -> Message:
     """A result for ``request``'s job, signed by ``signer`` as that node would sign it."""
     body = ResultBody(request.key, request.job[0].key, JobStatus.FINISHED, {"stdout": stdout})
-    node = NODES.setdefault(
-        signer.public_hex,
-        SimpleNamespace(node_id=signer.public_hex, key=signer, signed_results=OrderedDict()),
-    )
+    node = NODES.setdefault(signer.public_hex, stand_in(signer))
     return result_message(node, request, body)  # type: ignore[arg-type]
 
 
