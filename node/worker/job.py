@@ -160,6 +160,9 @@ class _Current:
     deadline: float
     kill_reason: str = ""
     kill_at: float = 0.0  # when a kill that was not obeyed is escalated
+    # the sandbox answered how the job ended, not by SIGKILL: it ran to its end, whatever
+    # comes after
+    answered: bool = False
 
 
 # how the watch thread ends a python job's attempt (Outcome: recorded; None: given back)
@@ -219,7 +222,9 @@ class JobRun:
         finally:
             self.current = None
         self.open_logs = pump
-        if self.aborted or outcome is None:
+        # an abort that lands after the job ended must not give the attempt back: it ran, and
+        # would run a second time; only an attempt the abort cut short is given back
+        if outcome is None or (self.aborted and not cur.answered):
             return None
         if cur.kill_reason:
             return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
@@ -246,6 +251,8 @@ class JobRun:
         try:
             try:
                 reply = self.sandbox.run(request, files[0].fileno(), files[1].fileno())
+                # killed outright, it may be the abort's kill of the sandbox racing the answer
+                cur.answered = reply.get("signal") != signal.SIGKILL
                 code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
             except (SandboxLost, PlanError, OSError) as exc:
                 if not (cur.kill_reason or self.aborted):

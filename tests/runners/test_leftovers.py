@@ -105,3 +105,22 @@ async def test_python_job_children_end_with_the_job_not_the_runner(node_factory)
     assert await none_left("300.202")
     after = await run("import os\nprint(os.getppid())")
     assert pids_of(after.stdout) == [worker_pid]  # the same worker ran the next job
+
+
+def test_an_abort_after_the_job_ended_keeps_its_outcome(tmp_path, redis_url):
+    """A shutdown's abort (SIGINT) that lands once the sandbox has answered: the job ran to its
+    end, so its outcome is kept to be recorded, not given back to run a second time."""
+    run = command_job_run(tmp_path, redis_url, SH)
+    jobs = run.job_run
+    answer = jobs.sandbox.run
+
+    def answered_then_aborted(*args, **kwargs):
+        reply = answer(*args, **kwargs)
+        jobs.abort()  # what the SIGINT handler does, here just after the answer came
+        return reply
+
+    jobs.sandbox.run = answered_then_aborted
+    out = run(job("echo ran", "sh"))
+    assert out is not None, "a job that ran to its end was given back"
+    assert out.status is JobStatus.FINISHED
+    assert out.result["stdout"] == "ran\n"
