@@ -11,9 +11,12 @@ import trio
 _ANNOUNCE = """\
 import ctypes, os, socket
 def _announce(where, auth, key):
-    # named after its key: the test finds it from outside the sandbox's pid namespace
-    ctypes.CDLL(None).prctl(15, ("hj-" + key).encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    val = str(os.getpid())
+    # named after a token of its own (the test finds it from outside the sandbox's pid
+    # namespace, by that name): unique on the host, so tests running beside each other never
+    # find each other's scripts
+    name = "hj-" + os.urandom(6).hex()
+    ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    val = "%d %s" % (os.getpid(), name)
     def cmd(*args):
         return b"*%d\\r\\n" % len(args) + b"".join(b"$%d\\r\\n%s\\r\\n" % (len(a), a) for a in args)
     if isinstance(where, str):
@@ -45,9 +48,10 @@ async def wait_announced(store, key: str, timeout_s: float = 20, *, sandboxed: b
     with trio.fail_after(timeout_s):
         popped = await store.call(1, lambda r: r.blpop([key], timeout=timeout_s))
     assert popped is not None, f"no script announced itself on {key}"
+    pid, name = str(popped[1]).split()
     if not sandboxed:
-        return int(popped[1])
-    found = named(("hj-" + key)[:15])
+        return int(pid)
+    found = named(name)
     # never 0: a caller may signal it (os.killpg(0, ...) is the caller's own group)
     assert len(found) == 1, f"{key}: the announcing process is gone or not alone: {found}"
     return found[0]

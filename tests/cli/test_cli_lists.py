@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from bus.core.breaker import BreakerState
 from crypto import KeyPair
 from tests.cli.test_cli import cli, running_node  # noqa: F401 (fixture)
 
@@ -106,7 +107,11 @@ def test_peer_add_validates_and_peers_are_listed_and_removed(running_node):  # n
         "error",
         "breaker",
     }
-    assert peer["breaker"]["state"] == "closed"
+    # nothing listens there: how many dials failed by now depends on the machine's pace, so
+    # the breaker may already be open, but only after a failure
+    breaker = peer["breaker"]
+    assert breaker["state"] in {s.value for s in BreakerState}
+    assert breaker["state"] == "closed" or breaker["failures"] > 0
     dials_us = KeyPair.generate().public_hex  # a peer without an address: it dials this node
     added = cli(home, "peer", "add", dials_us, "--name", "in")
     assert added.returncode == 0, added.stderr

@@ -49,6 +49,10 @@ from tests.nodeproc import NodeProcess
 from tests.runners.test_runner_procs import runner_of
 from tests.scripts import named
 
+# The long fault suites run one after another on one test worker (README "Run the tests"):
+# two of them side by side on a 2-core machine would stretch the timings they inject.
+pytestmark = pytest.mark.xdist_group("faults")
+
 JOB_FIELDS = RunnerJob(1, 1, 1, "", "python").signed_dict().keys()
 
 SEED = 20261122

@@ -34,7 +34,9 @@ from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
 from tests.nodeproc import ROOT, NodeProcess
 from tests.scripts import work_file
 
-pytestmark = pytest.mark.slow
+# The long fault suites run one after another on one test worker (README "Run the tests"):
+# two of them side by side on a 2-core machine would stretch the timings they inject.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
 N = 3
 PARTITION_S = 10.0

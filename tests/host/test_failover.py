@@ -29,7 +29,9 @@ from bus.store.durable import NotDurable
 from crypto import read_key_file
 from tests.replicated_rig import ROOT, Rig, replicated_node
 
-pytestmark = pytest.mark.slow
+# The long fault suites run one after another on one test worker (README "Run the tests"):
+# two of them side by side on a 2-core machine would stretch the timings they inject.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("faults")]
 
 N_JOBS = 300
 KILL_AT = N_JOBS // 3

@@ -55,6 +55,10 @@ from tests.faults.test_faults import (
 )
 from tests.nodeproc import NodeProcess
 
+# The long fault suites run one after another on one test worker (README "Run the tests"):
+# two of them side by side on a 2-core machine would stretch the timings they inject.
+pytestmark = pytest.mark.xdist_group("faults")
+
 SEED = 20261123
 UP_FRONT = 150  # every node has a backlog when the first fault comes
 TRICKLE_EVERY_S = 0.5  # one job to each of A, B, C per tick while the faults happen

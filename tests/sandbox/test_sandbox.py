@@ -5,6 +5,7 @@ to the same job with isolation "none", where it does not hold (the control)."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 from pathlib import Path
@@ -336,8 +337,12 @@ def _alive(pid: int) -> bool:
 
 
 # a daemon in a session of its own, there before the job ends
+# The daemon sleeps for a duration no other test uses: the test looks for it in the host's
+# /proc, beside whatever else runs there.
+NAP = f"300.{secrets.randbelow(10**6):06d}"
 LEAVER = (
-    "setsid sh -c 'echo $$ > /tmp/d; exec sleep 300' & while [ ! -s /tmp/d ]; do :; done; echo $!"
+    f"setsid sh -c 'echo $$ > /tmp/d; exec sleep {NAP}' & while [ ! -s /tmp/d ]; do :; done;"
+    " echo $!"
 )
 
 
@@ -358,7 +363,7 @@ def test_what_a_job_leaves_behind_is_killed_and_nothing_else(tmp_path: Path) -> 
         try:
             _reply, out, _ = _run(box, tmp_path, LEAVER)
             left = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
-            daemons = [p for p in left if _cmdline(p) == b"sleep\x00300\x00"]
+            daemons = [p for p in left if _cmdline(p) == f"sleep\0{NAP}\0".encode()]
         finally:
             box.stop()
         assert out.strip()

@@ -8,6 +8,7 @@ Each test has its control: the same probe shows the process was shared where not
 
 from __future__ import annotations
 
+import secrets
 import signal
 from pathlib import Path
 
@@ -134,16 +135,18 @@ def test_what_a_job_leaves_in_its_process_gets_the_next_job_a_fresh_one(
 
 def test_what_a_python_job_leaves_running_is_killed(tmp_path: Path) -> None:
     box, _ = _box(tmp_path, "strict")
+    naps = [f"30{i}.{secrets.randbelow(10**6):06d}" for i in (1, 2, 3)]  # no other test's
     script = (
         "import subprocess\n"
-        "subprocess.Popen(['setsid', 'sh', '-c', 'sleep 301 & sleep 302'])\n"
-        "subprocess.Popen(['sleep', '303'])\n"
+        f"subprocess.Popen(['setsid', 'sh', '-c', 'sleep {naps[0]} & sleep {naps[1]}'])\n"
+        f"subprocess.Popen(['sleep', '{naps[2]}'])\n"
     )
     try:
         _marks(box, tmp_path)
         reply, _, err = _run(box, tmp_path, script, "python")
         procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
-        left = [c for p in procs if (c := _cmdline(p)).startswith(b"sleep\x0030")]
+        ours = {f"sleep\0{nap}\0".encode() for nap in naps}
+        left = [c for p in procs if (c := _cmdline(p)) in ours]
         after, _ = _marks(box, tmp_path)
     finally:
         box.stop()
