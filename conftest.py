@@ -28,6 +28,38 @@ from node.host.valkey import ValkeyProcess, valkey_server
 logging.getLogger("trio-websocket").setLevel(logging.WARNING)
 
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest 9.2 ids tests in a way pytest-xdist 3.8's ``--dist loadgroup`` cannot extend:
+    its groups would be spread over the workers. Said at once, before any test runs."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    pytest_v = tuple(int(x) for x in version("pytest").split(".")[:2])
+    xdist_v = tuple(int(x) for x in version("pytest-xdist").split(".")[:2])
+    if pytest_v >= (9, 2) and xdist_v <= (3, 8):
+        raise pytest.UsageError(
+            f"--dist loadgroup does not group tests with pytest {version('pytest')} and "
+            f"pytest-xdist {version('pytest-xdist')}: install the versions pyproject.toml allows"
+        )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (README's test command), every test marked ``xdist_group``
+    must carry its group in its id by now, as pytest-xdist's worker gives it: otherwise the
+    fault suites would run beside each other, stretching the timings they inject, and the run
+    would flake instead of saying why."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} test(s) (e.g. {lost[0]}): this pytest "
+            "and pytest-xdist do not work together; install the versions pyproject.toml allows"
+        )
+
 # Real Valkey I/O is not a trio sleep: jumping the clock whenever every task waits would let
 # trio time run ahead while a reply is on its way. Jumping only after this much real idle time
 # keeps the jumps to the moments the node really waits for a timer.
