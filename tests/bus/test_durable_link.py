@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 
+import coredis
 import trio
 
 from bus.client.api import Client
@@ -17,7 +18,7 @@ from bus.store.connection import Store, open_store
 from bus.wire.transport import Transport, TransportConfig
 from crypto import read_key_file
 from node.host.acl import NODE
-from tests.bus.test_durable_submit import _calls, _info, _replicas_ready
+from tests.bus.test_durable_submit import _calls, _replicas_ready
 from tests.faults.test_faults import Peer, link_of
 from tests.intake.test_rejections import job_message
 from tests.replicated_rig import Rig, replicated_node
@@ -114,12 +115,21 @@ async def _stored(store: Store, message_keys: list[str]) -> None:
 
 
 async def _waitaof_blocked(rig: Rig) -> None:
-    """Until the primary holds a client blocked (the node's WAITAOF for the delivery)."""
-    with trio.fail_after(8):
-        while True:  # polls the server: nothing here to wait on
-            if int((await _info(rig.servers, "clients"))["blocked_clients"]) >= 1:
-                return
-            await trio.sleep(0.01)
+    """Until the primary holds a client blocked in WAITAOF (the node's, for the delivery)."""
+    primary = coredis.Redis(
+        host="127.0.0.1",
+        port=rig.servers.data_ports[0],
+        username=NODE,
+        password=rig.servers.passwords[NODE],
+        decode_responses=True,
+    )
+    async with primary:
+        with trio.fail_after(8):
+            while True:  # polls the server: nothing here to wait on
+                found = await primary.client_list()
+                if any(c["cmd"] == "waitaof" and "b" in c["flags"] for c in found):
+                    return
+                await trio.sleep(0.01)
 
 
 async def test_no_link_ack_before_a_replica_confirms(tmp_path, nursery):
