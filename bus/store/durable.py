@@ -1,25 +1,24 @@
-"""Acknowledged means durable on two machines: the ``WAITAOF`` barrier behind every promise.
+"""Acknowledged means durable on two machines: the ``WAITAOF`` behind every promise.
 
-A promise to someone else (a link's ack to a peer, a client's submit returning) rests on writes
-already made, often by other connections of the pool. ``WAITAOF`` only waits for the writes of
-its own connection, so the barrier is one write of its own, ``INCR durable`` in DB 0, followed
-on the same connection by ``WAITAOF L R T``: replication has one stream, in order, so once the
-barrier is fsynced locally (L = 1) and on R replicas, so is every write made before it.
+A promise to someone else (a client's submit returning, a link's ack to a peer) is given once
+``WAITAOF L R T`` confirms that its writes are fsynced locally (L = 1) and on R replicas.
+``WAITAOF`` waits for the last write of its own connection; replication has one stream, in
+order, so that write covers every write the server took before it, on any connection.
 
-Barriers are group-committed: callers that arrive while one is in flight wait for the next,
-which covers all of them, so under load one round serves many promises.
+Both promises make their last write themselves, so neither needs a write of its own to wait
+on: :meth:`Barrier.write_and_wait` (a submit's ``MULTI``/``EXEC``) and
+:meth:`Barrier.scripts_and_wait` (a ``msgs`` frame's delivery scripts, pipelined) send the write
+and then ``WAITAOF`` on one connection they hold throughout, one ``WAITAOF`` for the whole
+batch. Against a barrier write that saves a round trip and, on a replica, a second fsync in
+series: the replica fsyncs the promise's write while its reply travels, and the
+``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
 
-A promise whose last write the promiser makes itself (a client's submit) needs no barrier write:
-:meth:`Barrier.write_and_wait` sends that write's ``MULTI``/``EXEC`` and then ``WAITAOF`` on one
-connection it holds throughout, so the ``WAITAOF`` waits for that write, and with it for every
-write the server took before it. That saves the barrier's own write, its round trip and, on a
-replica, a second fsync in series: the replica fsyncs the promise's write while its reply
-travels, and the ``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
-A link's acks do the same with their delivery scripts (:meth:`Barrier.scripts_and_wait`): the
-scripts of a batch pipelined on one held connection, then one ``WAITAOF`` there for the batch.
-The barrier write is left for a promise whose writes this connection did not make last: a
-redelivered message (stored by an earlier delivery, on another connection, maybe not confirmed
-yet) whose check came after the batch's last write of its own.
+The barrier (:meth:`Barrier.wait`) is left for a promise whose writes are not covered by the
+connection that wrote last: a delivery batch whose last message was a redelivery (its message
+stored by an earlier delivery, on another connection, maybe after this batch's own writes and
+not confirmed yet). It is one write of its own, ``INCR durable`` in DB 0, then ``WAITAOF`` on
+the same connection; barriers are group-committed: callers that arrive while one is in flight
+wait for the next, which covers all of them.
 """
 
 from __future__ import annotations
