@@ -200,7 +200,9 @@ async def _evalsha_on(
 ) -> list[Any]:
     """The replies of ``calls``' ``EVALSHA``s, pipelined on ``connection``; those the server
     answered NOSCRIPT (a fresh or restarted server: they did not run) loaded and run again on
-    it, after the others. A script's error is raised once every reply is read."""
+    it, in their order, after the others (calls of one script, as a delivery's, are then all
+    run again: the server knows a script or not). A script's error is raised once every reply
+    is read."""
 
     def send(call: ScriptCall) -> Any:  # noqa: ANN401 - coredis's pending reply
         script, names, args = call
