@@ -14,7 +14,7 @@ import trio
 from node.config.store import StoreConfig
 from node.host.acl import CLIENT, NODE, ensure_secrets, role_url
 from node.host.home import init_home
-from node.host.launch import drain, start_node_process
+from node.host.launch import Ready, drain, start_node_process
 from node.host.replicated import SET_ROLES, ReplicatedSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +27,16 @@ class Rig:
     node: trio.Process
     node_url: str
     client_url: str
+    ready: Ready  # the node's id and websocket URL
 
 
 @asynccontextmanager
 async def replicated_node(
-    tmp: Path, *, runners: dict[str, int] | None = None, waitaof: tuple[int, int] = (1, 1)
+    tmp: Path,
+    *,
+    runners: dict[str, int] | None = None,
+    waitaof: tuple[int, int] = (1, 1),
+    waitaof_timeout_ms: int = StoreConfig.waitaof_timeout_ms,
 ) -> AsyncIterator[Rig]:
     home = tmp / "node"
     home.mkdir(parents=True)
@@ -43,6 +48,7 @@ async def replicated_node(
             sentinels=servers.sentinel_addresses,
             waitaof_local=waitaof[0],
             waitaof_replicas=waitaof[1],
+            waitaof_timeout_ms=waitaof_timeout_ms,
         )
         config = init_home(
             home,
@@ -54,7 +60,7 @@ async def replicated_node(
         )
         log = (tmp / "node.log").open("ab")
         try:
-            proc, _ready = await start_node_process(home, stderr=log, cwd=ROOT)
+            proc, ready = await start_node_process(home, stderr=log, cwd=ROOT)
             try:
                 async with trio.open_nursery() as nursery:
                     assert proc.stdout is not None
@@ -65,6 +71,7 @@ async def replicated_node(
                         proc,
                         role_url(config, "", NODE),
                         role_url(config, "", CLIENT),
+                        ready,
                     )
                     nursery.cancel_scope.cancel()
             finally:

@@ -264,6 +264,24 @@ class Store:
                     results[i] = r
             return results
 
+    async def scripts_durable(
+        self,
+        db: int,
+        calls: list[tuple[Script[str], list[str], list[str]]],
+        since: int,
+        wrote_last: Callable[[list[Any]], bool],
+    ) -> list[Any]:
+        """:meth:`scripts` for a promise (``since``: :attr:`epoch` before its first write):
+        the results, returned once these writes and every write before them are durable,
+        confirmed by one ``WAITAOF`` on the connection that ran them
+        (:meth:`bus.store.durable.Barrier.scripts_and_wait`, which says what ``wrote_last``
+        decides); at once on a store that asks nothing. NotDurable if not confirmed."""
+        if self.barrier is None:
+            return await self.scripts(db, calls)
+        client = await self.db(db)
+        with _translated(self.url):
+            return await self.barrier.scripts_and_wait(self, client, calls, since, wrote_last)
+
     @staticmethod
     async def _evalsha_many(
         client: Redis, calls: list[tuple[Script[str], list[str], list[str]]]

@@ -1,25 +1,29 @@
-"""Acknowledged means durable on two machines: the ``WAITAOF`` barrier behind every promise.
+"""Acknowledged means durable on two machines: the ``WAITAOF`` behind every promise.
 
-A promise to someone else (a link's ack to a peer, a client's submit returning) rests on writes
-already made, often by other connections of the pool. ``WAITAOF`` only waits for the writes of
-its own connection, so the barrier is one write of its own, ``INCR durable`` in DB 0, followed
-on the same connection by ``WAITAOF L R T``: replication has one stream, in order, so once the
-barrier is fsynced locally (L = 1) and on R replicas, so is every write made before it.
+A promise to someone else (a client's submit returning, a link's ack to a peer) is given once
+``WAITAOF L R T`` confirms that its writes are fsynced locally (L = 1) and on R replicas.
+``WAITAOF`` waits for the last write of its own connection; replication has one stream, in
+order, so that write covers every write the server took before it, on any connection.
 
-Barriers are group-committed: callers that arrive while one is in flight wait for the next,
-which covers all of them, so under load one round serves many promises.
+Both promises make their last write themselves, so neither needs a write of its own to wait
+on: :meth:`Barrier.write_and_wait` (a submit's ``MULTI``/``EXEC``) and
+:meth:`Barrier.scripts_and_wait` (a ``msgs`` frame's delivery scripts, pipelined) send the write
+and then ``WAITAOF`` on one connection they hold throughout, one ``WAITAOF`` for the whole
+batch. Against a barrier write that saves a round trip and, on a replica, a second fsync in
+series: the replica fsyncs the promise's write while its reply travels, and the
+``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
 
-A promise whose last write the promiser makes itself (a client's submit) needs no barrier write:
-:meth:`Barrier.write_and_wait` sends that write's ``MULTI``/``EXEC`` and then ``WAITAOF`` on one
-connection it holds throughout, so the ``WAITAOF`` waits for that write, and with it for every
-write the server took before it. That saves the barrier's own write, its round trip and, on a
-replica, a second fsync in series: the replica fsyncs the promise's write while its reply
-travels, and the ``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
+The barrier (:meth:`Barrier.wait`) is left for a promise whose writes are not covered by the
+connection that wrote last: a delivery batch whose last message was a redelivery (its message
+stored by an earlier delivery, on another connection, maybe after this batch's own writes and
+not confirmed yet). It is one write of its own, ``INCR durable`` in DB 0, then ``WAITAOF`` on
+the same connection; barriers are group-committed: callers that arrive while one is in flight
+wait for the next, which covers all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import coredis.exceptions
@@ -30,7 +34,11 @@ from bus.errors import StoreError
 from bus.store.sentinel import SentinelTarget
 
 if TYPE_CHECKING:
+    from coredis.commands.script import Script
+
     from bus.store.connection import Store
+
+ScriptCall = tuple["Script[str]", list[str], list[str]]  # (script, keys, args)
 
 
 # The first WAITAOF's timeout (the server checks it on its clock ticks, 100 ms apart at the
@@ -113,6 +121,35 @@ class Barrier:
                 raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
             await self._confirm(store, connection, client, since)
 
+    async def scripts_and_wait(
+        self,
+        store: Store,
+        client: Any,  # noqa: ANN401 - the coredis client of the scripts' DB
+        calls: Sequence[ScriptCall],
+        since: int,
+        wrote_last: Callable[[list[Any]], bool],
+    ) -> list[Any]:
+        """Each call's ``EVALSHA``, pipelined on one connection held throughout (a script the
+        server does not know yet is loaded and run again there), and once all are answered
+        ``WAITAOF`` on that connection: the results, returned once those writes and every
+        write before them are durable, else NotDurable (``since``: :attr:`Store.epoch` before
+        the promise's first write).
+
+        ``wrote_last(results)``: whether the calls wrote, and no call that relies on an
+        earlier write (a redelivery, finding its message stored) came after their last
+        write. Otherwise that earlier write, made by another connection and maybe after this
+        connection's last write, is not covered by a ``WAITAOF`` here: the barrier
+        (:meth:`wait`) confirms the promise instead, at the cost of its own write."""
+        async with client.connection_pool.acquire() as connection:
+            results = await _evalsha_on(connection, calls)
+            if wrote_last(results):
+                if since != store.epoch:
+                    raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+                await self._confirm(store, connection, client, since)
+                return results
+        await self.wait(store, since)
+        return results
+
     async def _confirm(
         self,
         store: Store,
@@ -155,3 +192,41 @@ class Barrier:
         if store.failover is not None:  # the next barrier asks the Sentinels again
             store.failover.noticed(exc, client)
         raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc
+
+
+async def _evalsha_on(
+    connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
+    calls: Sequence[ScriptCall],
+) -> list[Any]:
+    """The replies of ``calls``' ``EVALSHA``s, pipelined on ``connection``; those the server
+    answered NOSCRIPT (a fresh or restarted server: they did not run) loaded and run again on
+    it, in their order, after the others (calls of one script, as a delivery's, are then all
+    run again: the server knows a script or not). A script's error is raised once every reply
+    is read."""
+
+    def send(call: ScriptCall) -> Any:  # noqa: ANN401 - coredis's pending reply
+        script, names, args = call
+        return connection.create_request(b"EVALSHA", script.sha, len(names), *names, *args)
+
+    async def replies(pending: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for reply in pending:
+            try:
+                out.append(await reply)
+            except coredis.exceptions.NoScriptError as exc:
+                out.append(exc)
+            except coredis.exceptions.RedisError as exc:  # read the rest, then raise it
+                out.append(exc)
+        return out
+
+    results = await replies([send(c) for c in calls])
+    missing = [i for i, r in enumerate(results) if isinstance(r, coredis.exceptions.NoScriptError)]
+    if missing:
+        for script in {calls[i][0] for i in missing}:
+            await connection.create_request(b"SCRIPT", b"LOAD", script.script)
+        for i, r in zip(missing, await replies([send(calls[i]) for i in missing]), strict=True):
+            results[i] = r
+    for r in results:
+        if isinstance(r, coredis.exceptions.RedisError):
+            raise r
+    return results

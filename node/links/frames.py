@@ -92,8 +92,14 @@ class LinkHandler:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
         epoch = self.node.store.epoch  # a failover while storing them voids the acks
-        for ctx, group in by_ctx.items():
-            stored = await routing.deliver(self.node.store, ctx, group)
+        last = len(by_ctx) - 1
+        for i, (ctx, group) in enumerate(by_ctx.items()):
+            # acknowledged means durable (on a replicated store: fsynced here and on a
+            # replica): the last context's delivery returns once one WAITAOF on its
+            # connection confirms it and, the contexts stored one after another, the others
+            # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
+            since = epoch if i == last else None
+            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
             self._count("delivered", sum(stored))
             self._count("redelivered", len(group) - sum(stored))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
@@ -105,10 +111,6 @@ class LinkHandler:
                     "" if new else " again (stored already)",
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
                 )
-        if acks:
-            # acknowledged means durable (on a replicated store: fsynced here and on a replica,
-            # bus/store/durable.py); NotDurable ends the link unacked and the peer resends
-            await self.node.store.durable(epoch)
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))

@@ -56,12 +56,33 @@ def _flat(fields: dict[str, str]) -> list[str]:
     return [x for kv in fields.items() for x in kv]
 
 
-async def deliver(store: Store, ctx: int, messages: list[tuple[str, dict[str, str]]]) -> list[bool]:
+async def deliver(
+    store: Store,
+    ctx: int,
+    messages: list[tuple[str, dict[str, str]]],
+    *,
+    durable_since: int | None = None,
+) -> list[bool]:
     """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists
-    (pipelined, each atomic); per message, True if it was stored, False if already here."""
+    (pipelined, each atomic); per message, True if it was stored, False if already here.
+
+    ``durable_since`` (:attr:`Store.epoch` before the promise's first write): return only once
+    these messages, stored now or before, and every write before them are durable
+    (:meth:`Store.scripts_durable`: one ``WAITAOF`` on the connection that stored them)."""
     deliver_one = script("routing_deliver")
     calls = [(deliver_one, [key, keys.MSG_IN], _flat(fields)) for key, fields in messages]
-    return [bool(stored) for stored in await store.scripts(ctx, calls)]
+    if durable_since is None:
+        return [bool(stored) for stored in await store.scripts(ctx, calls)]
+    found = await store.scripts_durable(ctx, calls, durable_since, _stored_last)
+    return [bool(stored) for stored in found]
+
+
+def _stored_last(results: list[object]) -> bool:
+    """Whether a delivery batch stored a message after every redelivery it found: then the
+    ``WAITAOF`` on its connection covers the redelivered ones too (stored before they were
+    found). A redelivery after the batch's last store may have met a write made meanwhile by
+    another connection, after that store."""
+    return bool(results) and bool(results[-1])
 
 
 async def mark_acked(

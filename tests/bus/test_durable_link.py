@@ -1,0 +1,156 @@
+"""A link's acks on a replicated store are given once the delivered messages are durable,
+confirmed by one WAITAOF on the connection that stored them (bus/store/durable.py): no barrier
+write (``INCR durable``) for a delivery, one WAITAOF for a whole batch, the barrier only for a
+redelivery that the batch's own writes do not cover, and no ack while no replica confirms."""
+
+from __future__ import annotations
+
+import signal
+
+import coredis
+import trio
+
+from bus.client.api import Client
+from bus.core import keys
+from bus.core.frames import encode_msg_item, encode_msgs
+from bus.store.atomic import routing
+from bus.store.connection import Store, open_store
+from bus.wire.transport import Transport, TransportConfig
+from crypto import read_key_file
+from node.host.acl import NODE
+from tests.bus.test_durable_submit import _calls, _replicas_ready
+from tests.faults.test_faults import Peer, link_of
+from tests.intake.test_rejections import job_message
+from tests.replicated_rig import Rig, replicated_node
+
+CTX = 1
+
+
+def _message(n: int, tag: str = "m") -> tuple[str, dict[str, str]]:
+    return f"message:7:{tag}{n}", {"id": f"{tag}{n}", "caller_id": "7", "context_id": str(CTX)}
+
+
+async def _deliver_durably(store: Store, batch: list[tuple[str, dict[str, str]]]) -> list[bool]:
+    return await routing.deliver(store, CTX, batch, durable_since=store.epoch)
+
+
+async def test_a_delivered_batch_waits_once_on_its_own_connection(replicated):
+    async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
+        await _replicas_ready(store)
+        before = await _calls(replicated)
+        # the first batch also loads the delivery script (NOSCRIPT, then run again)
+        assert await _deliver_durably(store, [_message(n) for n in range(5)]) == [True] * 5
+        assert await _deliver_durably(store, [_message(n) for n in range(5, 9)]) == [True] * 4
+        after = await _calls(replicated)
+        assert len(await store.lrange(CTX, keys.MSG_IN)) == 9
+    assert after.get("waitaof", 0) - before.get("waitaof", 0) == 2  # one per batch
+    assert after.get("incr", 0) == before.get("incr", 0)  # no ``INCR durable``
+
+
+async def test_a_redelivery_after_the_last_store_is_confirmed_by_the_barrier(replicated):
+    """Its message was stored by an earlier delivery on another connection, maybe after this
+    batch's last store: a WAITAOF on this connection would not cover it."""
+    async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
+        await _replicas_ready(store)
+        await _deliver_durably(store, [_message(1)])
+        before = await _calls(replicated)
+        # a new message then a redelivered one; then a redelivery alone
+        assert await _deliver_durably(store, [_message(2), _message(1)]) == [True, False]
+        assert await _deliver_durably(store, [_message(2)]) == [False]
+        middle = await _calls(replicated)
+        # a redelivery before a new message: the new one's WAITAOF covers both
+        assert await _deliver_durably(store, [_message(1), _message(3)]) == [False, True]
+        after = await _calls(replicated)
+    assert middle.get("incr", 0) - before.get("incr", 0) == 2
+    assert after.get("incr", 0) == middle.get("incr", 0)
+
+
+async def _fake_peer(nursery: trio.Nursery, rig: Rig) -> tuple[Peer, Transport]:
+    """A peer the node knows (it dials the node), with an authenticated link up."""
+    peer = Peer()
+    async with open_store(rig.node_url) as store:
+        await Client(store).add_peer(peer.key.public_hex, "", name="fake")
+    transport = Transport(
+        peer.key, lambda: {rig.ready.node_id}, peer.on_frame, peer.on_bad_frame, TransportConfig()
+    )
+    nursery.start_soon(transport.dial_forever, rig.ready.node_id, rig.ready.ws_url)
+    return peer, transport
+
+
+def _frame(rig: Rig, peer: Peer, n: int) -> tuple[list[str], str]:
+    """``n`` job messages of the node's own actor (admin of context 1), sent by ``peer``."""
+    actor = read_key_file(rig.home / "actor.key")
+    msgs = [
+        job_message(actor, 1, peer.key.public_hex, rig.ready.node_id, "true", "sh")
+        for _ in range(n)
+    ]
+    items = [encode_msg_item(m.context_id, m.key, m.to_hash()) for m in msgs]
+    return [m.key for m in msgs], encode_msgs(items)
+
+
+async def test_a_link_ack_waits_without_a_barrier_write(tmp_path, nursery):
+    async with replicated_node(tmp_path) as rig:
+        peer, transport = await _fake_peer(nursery, rig)
+        link = await link_of(transport, rig.ready.node_id)
+        async with open_store(rig.node_url) as store:
+            await _replicas_ready(store)
+        sent, frame = _frame(rig, peer, 1)
+        await link.send_raw(frame)  # connections made, scripts loaded
+        await peer.wait_frame(lambda f: f.type == "acks" and sent[0] in peer.acks())
+        before = await _calls(rig.servers)
+        sent, frame = _frame(rig, peer, 3)
+        await link.send_raw(frame)
+        await peer.wait_frame(lambda f: f.type == "acks" and set(sent) <= set(peer.acks()))
+        after = await _calls(rig.servers)
+    assert after.get("waitaof", 0) > before.get("waitaof", 0)
+    assert after.get("incr", 0) == before.get("incr", 0)  # no ``INCR durable``
+
+
+async def _stored(store: Store, message_keys: list[str]) -> None:
+    with trio.fail_after(8):
+        while True:  # polls the store: nothing here to wait on
+            if await store.count_existing(CTX, message_keys) == len(message_keys):
+                return
+            await trio.sleep(0.01)
+
+
+async def _waitaof_blocked(rig: Rig) -> None:
+    """Until the primary holds a client blocked in WAITAOF (the node's, for the delivery)."""
+    primary = coredis.Redis(
+        host="127.0.0.1",
+        port=rig.servers.data_ports[0],
+        username=NODE,
+        password=rig.servers.passwords[NODE],
+        decode_responses=True,
+    )
+    async with primary:
+        with trio.fail_after(8):
+            while True:  # polls the server: nothing here to wait on
+                found = await primary.client_list()
+                if any(c["cmd"] == "waitaof" and "b" in c["flags"] for c in found):
+                    return
+                await trio.sleep(0.01)
+
+
+async def test_no_link_ack_before_a_replica_confirms(tmp_path, nursery):
+    """Both replicas stopped: the node stores the messages (the primary takes writes within
+    min-replicas-max-lag) but acks them only once a replica has fsynced them, after SIGCONT."""
+    async with replicated_node(tmp_path, waitaof_timeout_ms=60_000) as rig:
+        peer, transport = await _fake_peer(nursery, rig)
+        link = await link_of(transport, rig.ready.node_id)
+        async with open_store(rig.node_url) as store:
+            await _replicas_ready(store)
+            sent, frame = _frame(rig, peer, 2)
+            replicas = [rig.servers.child(port) for port in rig.servers.data_ports[1:]]
+            for replica in replicas:
+                replica.signal(signal.SIGSTOP)
+            try:
+                await link.send_raw(frame)
+                await _stored(store, sent)
+                await _waitaof_blocked(rig)
+                await trio.sleep(0.5)  # an ack posted before that WAITAOF would be here by now
+                assert not set(sent) & set(peer.acks())
+            finally:
+                for replica in replicas:
+                    replica.signal(signal.SIGCONT)
+            await peer.wait_frame(lambda f: f.type == "acks" and set(sent) <= set(peer.acks()))
