@@ -49,11 +49,13 @@ import struct
 import sys
 import traceback
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
+_FIRST_READ = 64 * 1024
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
@@ -67,15 +69,17 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request and the fds sent with it."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, 4, 4)
-    if not head:
+    """One request and the fds sent with it (the runner sends one at a time, in one send:
+    mostly one recvmsg reads all of it)."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, _FIRST_READ, 4)
+    if not data:
         raise EOFError
-    head += _read_exact(sock, 4 - len(head))
-    (size,) = struct.unpack(">I", head)
-    if size > _MAX_FRAME:
+    if len(data) < 4:
+        data += _read_exact(sock, 4 - len(data))
+    (size,) = struct.unpack(">I", data[:4])
+    if size > _MAX_FRAME or len(data) > 4 + size:
         raise EOFError
-    return json.loads(_read_exact(sock, size)), list(fds)
+    return json.loads(data[4:] + _read_exact(sock, 4 + size - len(data))), list(fds)
 
 
 def send(sock: socket.socket, value: dict[str, Any]) -> None:
@@ -92,13 +96,19 @@ def _limit(rlimits: list[list[Any]]) -> None:
             resource.setrlimit(getattr(resource, name), (min(soft, cur_hard), cur_hard))
 
 
-def _python(script: str, env: dict[str, str]) -> int:
+def _compiled(script: str) -> CodeType:
+    return compile(script, "<job>", "exec")
+
+
+def _python(
+    script: str, env: dict[str, str], compiled: Callable[[str], CodeType] = _compiled
+) -> int:
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["<job>"]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
-        exec(compile(script, "<job>", "exec"), namespace)  # noqa: S102 - running jobs is the point
+        exec(compiled(script), namespace)  # noqa: S102 - running jobs is the point
         return 0
     except SystemExit as exc:
         code = exc.code
@@ -386,6 +396,7 @@ class _Warm:
         self.fds = len(os.listdir("/proc/self/fd"))
         self.path = list(sys.path)
         self.handlers = [signal.getsignal(s) for s in _WATCHED]
+        self.script, self.code = "", _compiled("")
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
         """Run one job; how it ended, and whether this process must be replaced after it."""
@@ -435,13 +446,21 @@ class _Warm:
         """The script in a fresh namespace of this process; what it changed of ``sys`` that the
         next job would meet is put back."""
         try:
-            return _python(script, env)
+            return _python(script, env, self.compiled)
         finally:
             for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
                 with _quiet_all():
                     stream.flush()  # type: ignore[union-attr]
             sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
             sys.path[:] = self.path
+
+    def compiled(self, script: str) -> CodeType:
+        """The last script's code, compiled once (~25 us for a two-line script, more for a
+        longer one) while the same script comes again: the script is what the next job of the
+        context may find anyway (README, "Warm sandboxes")."""
+        if script != self.script:
+            self.code, self.script = _compiled(script), script
+        return self.code
 
     def spawn(self, request: dict[str, Any], env: dict[str, str]) -> tuple[int, int]:
         """A command, by posix_spawn (no copy of this process); (exit code, signal)."""
@@ -495,7 +514,8 @@ class _Warm:
         """Whether the job left what the next job must not meet: a thread, an open file, a
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
         used, a standard stream closed."""
-        if len(os.listdir("/proc/self/task")) != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
+        threads, mapped = _threads_and_size()
+        if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
             return True
         for name, value in self.limits.items():
             if resource.getrlimit(getattr(resource, name)) != value:
@@ -506,12 +526,22 @@ class _Warm:
             return True
         if any(signal.getitimer(t)[0] for t in _TIMERS):
             return True
-        with open("/proc/self/statm") as f:
-            mapped = int(f.read().split()[0]) * mmap.PAGESIZE
         memory = self.limits.get("RLIMIT_AS", (0, 0))[0]
         if memory > 0 and mapped > memory // 2:
             return True
         return any(s is None or s.closed for s in (sys.__stdout__, sys.__stderr__))
+
+
+def _threads_and_size() -> tuple[int, int]:
+    """This process's threads and its mapped bytes, from one read of /proc/self/stat
+    (num_threads and vsize, fields 20 and 23; the command name before them ends at the last
+    ")")."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+    finally:
+        os.close(fd)
+    return int(fields[17]), int(fields[20])
 
 
 class _quiet_all:
