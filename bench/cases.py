@@ -25,7 +25,7 @@ from bench.harness import (
     Row,
     cpu_times,
     hwm_mb,
-    job_cpu_s,
+    job_cpu_split,
     make_home,
     node_key,
     own_cpu_s,
@@ -167,7 +167,7 @@ async def run_throughput(
     errors = 0
     submit_done = 0.0
     before = {name: cpu_times(pid) for name, pid in (watch or {}).items()}
-    jobs_before = {name: job_cpu_s(pid) for name, pid in (watch or {}).items()}
+    jobs_before = {name: job_cpu_split(pid) for name, pid in (watch or {}).items()}
     bench_cpu0 = own_cpu_s()
 
     async def submitter() -> None:
@@ -203,7 +203,10 @@ async def run_throughput(
         after = cpu_times(pid)
         cpu[name] = after.self_s - before[name].self_s
         if name.startswith("node"):
-            cpu[f"{name} job processes"] = job_cpu_s(pid) - jobs_before[name]
+            runners, boxes = job_cpu_split(pid)
+            cpu[f"{name} job processes"] = runners + boxes - sum(jobs_before[name])
+            cpu[f"{name} job processes: runners"] = runners - jobs_before[name][0]
+            cpu[f"{name} job processes: sandboxes"] = boxes - jobs_before[name][1]
     return Throughput(n, submit_done - t0, t_end - t0, errors, cpu)
 
 

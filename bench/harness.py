@@ -98,17 +98,35 @@ def job_cpu_s(pid: int) -> float:
     counts itself and its reaped children; a reaped one is in its parent's children time. Taken
     before and after a run, the difference counts a process that lived through the run,
     started in it, or was recycled."""
-    total = cpu_times(pid).children_s
-    todo = children_of(pid)
+    return sum(job_cpu_split(pid))
+
+
+def job_cpu_split(pid: int) -> tuple[float, float]:
+    """:func:`job_cpu_s` as (runner processes, sandboxes): a sandbox is a runner's child
+    (bwrap, or the worker itself under isolation "none") with everything under it; a sandbox
+    its runner stopped and reaped counts on the runner's side."""
+    runners, boxes = cpu_times(pid).children_s, 0.0
+    todo = [(child, False) for child in children_of(pid)]
     while todo:
-        child = todo.pop()
+        child, boxed = todo.pop()
         name = proc_name(child)
         if "valkey" in name or "redis" in name:
             continue
         times = cpu_times(child)
-        total += times.self_s + times.children_s
-        todo += children_of(child)
-    return total
+        inside = boxed or name == "bwrap" or b"inner.py" in _cmdline(child)
+        if inside:
+            boxes += times.self_s + times.children_s
+        else:
+            runners += times.self_s + times.children_s
+        todo += [(grandchild, inside) for grandchild in children_of(child)]
+    return runners, boxes
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def own_cpu_s() -> float:

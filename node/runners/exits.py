@@ -13,7 +13,6 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bus.core.models import JobStatus
 from bus.core.reasons import Reason
@@ -35,12 +34,10 @@ def _clip(data: bytes | str, limit: int) -> str:
     return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
 
 
-def _read_back(f: Any, limit: int) -> str:  # noqa: ANN401 - a binary file
-    """What a script wrote to its log file, bounded like captured output; closes the file."""
-    with f:
-        size = f.seek(0, os.SEEK_END)
-        f.seek(0)
-        text: str = f.read(limit).decode("utf-8", "replace")
+def read_back(fd: int, size: int, limit: int) -> str:
+    """What a script wrote to its log file (open as ``fd``, ``size`` bytes), bounded like
+    captured output."""
+    text = os.pread(fd, min(size, limit), 0).decode("utf-8", "replace") if size else ""
     return text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
 
 

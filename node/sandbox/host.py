@@ -10,6 +10,7 @@ running Python.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -76,7 +77,7 @@ class SandboxSpec:
     dirs: dict[str, str | None] = field(default_factory=dict)  # HostFacts.dirs
     limits: dict[str, int] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def limit_values(self) -> Limits:
         return Limits(**self.limits)
 
@@ -209,13 +210,19 @@ class Sandbox:
         return reply
 
     def _receive(self) -> dict[str, Any]:
+        """One answer (it comes in one send: mostly one recv reads all of it). More than
+        one frame is not an answer: a job wrote to the socket."""
         assert self.sock is not None
         try:
-            head = self._exact(4)
-            (size,) = struct.unpack(">I", head)
-            if size > MAX_REPLY_BYTES:
-                raise ValueError(f"an answer of {size} bytes")
-            value = json.loads(self._exact(size))
+            data = self.sock.recv(4 + MAX_REPLY_BYTES + 1)
+            if not data:
+                raise OSError("the sandboxed worker ended")
+            if len(data) < 4:
+                data += self._exact(4 - len(data))
+            (size,) = struct.unpack(">I", data[:4])
+            if size > MAX_REPLY_BYTES or len(data) > 4 + size:
+                raise ValueError(f"an answer of {size} bytes, {len(data) - 4} came")
+            value = json.loads(data[4:] + self._exact(4 + size - len(data)))
         except (OSError, ValueError) as exc:
             raise SandboxLost(str(exc)) from None
         if not isinstance(value, dict):

@@ -30,8 +30,9 @@ Before the job's code runs, that process sets the job's rlimits, umask 077, its 
 dir), its environment, and closes every fd but 0/1/2.
 
 After every job, in both ways, every process it left in the sandbox (its pid namespace: a
-setsid daemon cannot leave it) is killed; under isolation "none" only its process group and the
-orphans it left are (there is no namespace to sweep).
+setsid daemon cannot leave it) is killed, and the answer waits until each has exited (a process
+that holds much memory takes a while to end); under isolation "none" only its process group
+and the orphans it left are (there is no namespace to sweep).
 """
 
 from __future__ import annotations
@@ -43,17 +44,21 @@ import json
 import mmap
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
+_FIRST_READ = 64 * 1024
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
@@ -67,15 +72,17 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """One request and the fds sent with it."""
-    head, fds, _flags, _addr = socket.recv_fds(sock, 4, 4)
-    if not head:
+    """One request and the fds sent with it (the runner sends one at a time, in one send:
+    mostly one recvmsg reads all of it)."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, _FIRST_READ, 4)
+    if not data:
         raise EOFError
-    head += _read_exact(sock, 4 - len(head))
-    (size,) = struct.unpack(">I", head)
-    if size > _MAX_FRAME:
+    if len(data) < 4:
+        data += _read_exact(sock, 4 - len(data))
+    (size,) = struct.unpack(">I", data[:4])
+    if size > _MAX_FRAME or len(data) > 4 + size:
         raise EOFError
-    return json.loads(_read_exact(sock, size)), list(fds)
+    return json.loads(data[4:] + _read_exact(sock, 4 + size - len(data))), list(fds)
 
 
 def send(sock: socket.socket, value: dict[str, Any]) -> None:
@@ -92,13 +99,19 @@ def _limit(rlimits: list[list[Any]]) -> None:
             resource.setrlimit(getattr(resource, name), (min(soft, cur_hard), cur_hard))
 
 
-def _python(script: str, env: dict[str, str]) -> int:
+def _compiled(script: str) -> CodeType:
+    return compile(script, "<job>", "exec")
+
+
+def _python(
+    script: str, env: dict[str, str], compiled: Callable[[str], CodeType] = _compiled
+) -> int:
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["<job>"]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
-        exec(compile(script, "<job>", "exec"), namespace)  # noqa: S102 - running jobs is the point
+        exec(compiled(script), namespace)  # noqa: S102 - running jobs is the point
         return 0
     except SystemExit as exc:
         code = exc.code
@@ -200,7 +213,7 @@ def serve_one(sock: socket.socket) -> bool:
     if not note:
         return False
     script_file, _, outer_pidns = note.decode().partition("\0")
-    end_leftovers(pid, outer_pidns)
+    end_leftovers((os.getpid(),), outer_pidns, of=pid)  # setsid made it its group leader
     if script_file:
         with _quiet():
             os.unlink(script_file)
@@ -220,31 +233,69 @@ class _quiet:
         return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
 
 
-def end_leftovers(job_pid: int, outer_pidns: str) -> None:
-    """Kill what the job left running: its session always; and, only when this worker is in a
-    pid namespace of its own (not the runner's, ``outer_pidns``), every process of the
-    sandbox but its init (pid 1) and this worker, until none is left (bounded: a fork bomb
-    must not keep the worker from answering). Without that check, isolation "none" would
-    SIGKILL every process of the host that the worker's user may signal."""
-    with _quiet():
-        os.killpg(job_pid, signal.SIGKILL)  # setsid made it its session's and group's leader
+def end_leftovers(spared: tuple[int, ...], outer_pidns: str, of: int) -> None:
+    """Kill what a job left running. Only when this process is in a pid namespace of its own
+    (not the runner's, ``outer_pidns``): every process of the sandbox but its init (pid 1) and
+    ``spared``. Without one, /proc lists the whole host, where that would SIGKILL every process
+    the worker's user may signal (isolation "none"): only the children and the process group
+    of ``of`` but ``spared``. Each victim is waited for until it has exited, then the zombies
+    this process is the parent of are reaped."""
     if _sweeps(outer_pidns):
-        _kill_all(lambda: _live((1, os.getpid())))
+        _kill_all(lambda: _live((1, *spared)))
+    else:
+        _kill_all(lambda: _live(spared, of=of))
+    _reap()
+
+
+SWEEP_WAIT_S = 5.0  # how long a sweep waits in all for its victims to end
 
 
 def _kill_all(find: Callable[[], list[int]]) -> None:
-    """SIGKILL what ``find`` lists and reap, until it lists nothing (bounded: a fork bomb must
-    not keep the worker from answering)."""
+    """SIGKILL what ``find`` lists and wait for it to exit, until ``find`` lists nothing.
+    Bounded, rounds and wait: a fork bomb, or a process stuck in the kernel, must not keep the
+    worker from answering."""
+    deadline = time.monotonic() + SWEEP_WAIT_S
     for _ in range(100):
         left = find()
         if not left:
             return
-        for pid in left:
+        _kill_and_wait(left, deadline)
+        _reap()
+
+
+def _kill_and_wait(pids: list[int], deadline: float) -> None:
+    """SIGKILL ``pids`` and wait, until ``deadline``, until each has exited. A killed process
+    still shows in /proc (not yet a zombie) while it releases what it holds, its memory first:
+    without the wait the next job would meet it. A pidfd also makes the kill immune to pid
+    reuse; without pidfds, the kill alone."""
+    poller, fds = select.poll(), []
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone already; or no pidfds here
+                with _quiet():
+                    os.kill(pid, signal.SIGKILL)
+                continue
+            fds.append(fd)
             with _quiet():
-                os.kill(pid, signal.SIGKILL)
-        with _quiet():
-            while os.waitpid(-1, os.WNOHANG)[0] != 0:
-                pass
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            poller.register(fd, select.POLLIN)
+        waiting = len(fds)
+        while waiting and (left_s := deadline - time.monotonic()) > 0:
+            for fd, _event in poller.poll(max(1, int(left_s * 1000))):
+                poller.unregister(fd)
+                waiting -= 1
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap() -> None:
+    """Reap the zombies this process is the parent of (they count as processes)."""
+    with _quiet():  # ChildProcessError: none left
+        while os.waitpid(-1, os.WNOHANG)[0] != 0:
+            pass
 
 
 @functools.cache
@@ -318,7 +369,7 @@ def serve_warm(sock: socket.socket, outer_pidns: str) -> None:
         _pid, status, usage = os.wait4(pid, 0)
         phase = shared[0]
         if phase == _IN_JOB:
-            end_leftovers(pid, outer_pidns)
+            end_leftovers((os.getpid(),), outer_pidns, of=pid)
             (began,) = struct.unpack_from("d", shared, 8)
             send(sock, _ending(status, usage.ru_utime + usage.ru_stime - began))
         elif phase != _IDLE or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == RECYCLE):
@@ -386,6 +437,7 @@ class _Warm:
         self.fds = len(os.listdir("/proc/self/fd"))
         self.path = list(sys.path)
         self.handlers = [signal.getsignal(s) for s in _WATCHED]
+        self.script, self.code = "", _compiled("")
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
         """Run one job; how it ended, and whether this process must be replaced after it."""
@@ -435,13 +487,21 @@ class _Warm:
         """The script in a fresh namespace of this process; what it changed of ``sys`` that the
         next job would meet is put back."""
         try:
-            return _python(script, env)
+            return _python(script, env, self.compiled)
         finally:
             for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
                 with _quiet_all():
                     stream.flush()  # type: ignore[union-attr]
             sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
             sys.path[:] = self.path
+
+    def compiled(self, script: str) -> CodeType:
+        """The last script's code, compiled once (~25 us for a two-line script, more for a
+        longer one) while the same script comes again: the script is what the next job of the
+        context may find anyway (README, "Warm sandboxes")."""
+        if script != self.script:
+            self.code, self.script = _compiled(script), script
+        return self.code
 
     def spawn(self, request: dict[str, Any], env: dict[str, str]) -> tuple[int, int]:
         """A command, by posix_spawn (no copy of this process); (exit code, signal)."""
@@ -483,19 +543,15 @@ class _Warm:
         except ChildProcessError:
             return
         me = os.getpid()
-        if _sweeps(self.outer_pidns):
-            _kill_all(lambda: _live((1, os.getppid(), me)))
-        else:  # no namespace: its orphans (adopted) and its process group
-            _kill_all(lambda: _live((me,), of=me))
-        with _quiet():  # zombies count as processes (ChildProcessError: none left)
-            while os.waitpid(-1, os.WNOHANG)[0] != 0:
-                pass
+        # its orphans (adopted) and its process group when there is no namespace to sweep
+        end_leftovers((os.getppid(), me), self.outer_pidns, of=me)
 
     def spoiled(self) -> bool:
         """Whether the job left what the next job must not meet: a thread, an open file, a
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
         used, a standard stream closed."""
-        if len(os.listdir("/proc/self/task")) != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
+        threads, mapped = _threads_and_size()
+        if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
             return True
         for name, value in self.limits.items():
             if resource.getrlimit(getattr(resource, name)) != value:
@@ -506,12 +562,22 @@ class _Warm:
             return True
         if any(signal.getitimer(t)[0] for t in _TIMERS):
             return True
-        with open("/proc/self/statm") as f:
-            mapped = int(f.read().split()[0]) * mmap.PAGESIZE
         memory = self.limits.get("RLIMIT_AS", (0, 0))[0]
         if memory > 0 and mapped > memory // 2:
             return True
         return any(s is None or s.closed for s in (sys.__stdout__, sys.__stderr__))
+
+
+def _threads_and_size() -> tuple[int, int]:
+    """This process's threads and its mapped bytes, from one read of /proc/self/stat
+    (num_threads and vsize, fields 20 and 23; the command name before them ends at the last
+    ")")."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+    finally:
+        os.close(fd)
+    return int(fields[17]), int(fields[20])
 
 
 class _quiet_all:

@@ -380,6 +380,29 @@ def test_what_a_job_leaves_behind_is_killed_and_nothing_else(tmp_path: Path) -> 
         bystander.wait()
 
 
+# a leftover that holds much memory: killed, it takes a while to release it and end
+FAT_LEAVER = (
+    'python3 -c \'import time; b = b"x" * (1200 << 20); open("/tmp/up", "w").close();'
+    " time.sleep(300)' &\nwhile [ ! -e /tmp/up ]; do sleep 0.01; done; rm /tmp/up; echo $!"
+)
+
+
+@needs_root
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh_process", "warm"])
+def test_the_next_job_never_meets_what_the_last_one_left(tmp_path: Path, fresh: bool) -> None:
+    """The sweep waits until each process it killed has ended: the answer, and so the next
+    job of the sandbox, comes only after (its pid namespace: the next job sees it in /proc)."""
+    box, _ = _box(tmp_path, "strict", fresh=fresh)
+    look = "cat /proc/$LEFT/stat 2>/dev/null | cut -d' ' -f3; echo end"
+    try:
+        _reply, left, err = _run(box, tmp_path, FAT_LEAVER)
+        assert left.strip().isdigit(), err
+        _reply, out, _ = _run(box, tmp_path, look, LEFT=left.strip())
+    finally:
+        box.stop()
+    assert out == "end\n"  # neither alive nor a zombie: its state would come first
+
+
 LIMIT_CASES = {
     "cpu_limit": ("sh", "while :; do :; done", {"cpu_s": 1}),
     "memory_limit": ("python", "b = bytearray(400 * 1024 * 1024)", {"memory_mb": 200}),
