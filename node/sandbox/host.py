@@ -220,8 +220,11 @@ class Sandbox:
             if len(data) < 4:
                 data += self._exact(4 - len(data))
             (size,) = struct.unpack(">I", data[:4])
-            if size > MAX_REPLY_BYTES or len(data) > 4 + size:
-                raise ValueError(f"an answer of {size} bytes, {len(data) - 4} came")
+            if size > MAX_REPLY_BYTES:
+                raise ValueError(f"an answer of {size} bytes")
+            if len(data) > 4 + size:
+                extra = len(data) - 4 - size
+                raise ValueError(f"{extra} bytes behind the answer: a job wrote there")
             value = json.loads(data[4:] + self._exact(4 + size - len(data)))
         except (OSError, ValueError) as exc:
             raise SandboxLost(str(exc)) from None

@@ -230,7 +230,9 @@ def test_fresh_process_gives_each_python_job_its_own(tmp_path: Path) -> None:
 
 def test_a_forged_answer_ends_the_job_not_the_runner(tmp_path: Path) -> None:
     """In a warm process a job can reach the socket to the runner: what it writes there is
-    checked, and a job that is not an ending loses the sandbox, nothing more."""
+    checked, and a job that is not an ending loses the sandbox, nothing more. The forged
+    frame comes alone (not an ending) or, if the runner was slower than the job's end, with
+    the worker's own answer behind it in one read (a job wrote there): either way."""
     box, _ = _box(tmp_path, "strict")
     forge = (
         "import json, os, socket, struct\n"
@@ -243,7 +245,7 @@ def test_a_forged_answer_ends_the_job_not_the_runner(tmp_path: Path) -> None:
         "        pass\n"
     )
     try:
-        with pytest.raises(SandboxLost, match="not an ending"):
+        with pytest.raises(SandboxLost, match="not an ending|a job wrote there"):
             _run(box, tmp_path, forge, "python")
         reply, out, _ = _run(box, tmp_path, "print('next')", "python")
     finally:
