@@ -56,8 +56,9 @@ _CLIENT_SELECTORS = (
     "+sadd ~flows:active",
     "+blpop ~reply:* ~flow_progress:*",
     "+blmpop ~inbox:*",
-    # the durability barrier a submit waits on (bus/store/durable.py)
-    "+incr +waitaof ~durable",
+    # a submit waits for its own write to be durable (WAITAOF on that write's connection,
+    # bus/store/durable.py): no barrier key to write
+    "+waitaof",
 )
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is

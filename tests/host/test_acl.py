@@ -94,6 +94,9 @@ async def test_client_credentials_serve_the_client_api_but_never_rewrite_trust(n
         async with open_client(client_url) as client:
             for key in (*TRUSTED, "job:1:1"):
                 assert await refused(client.store, key), key
+            # a submit's durability needs no write of its own: the barrier key is the node's
+            with pytest.raises(StoreError, match="(?i)permission"):
+                await client.store.call(0, lambda r: r.incr("durable"))
             jobs = [new_job(1, 1, "python", "print(6 * 7)"), new_job(1, 1, "sh", "sleep 30")]
             short, long = await client.submit_many(actor, 1, to="self", context_id=1, jobs=jobs)
             [res] = await client.wait_results(short, 25)
