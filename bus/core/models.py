@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
+from bus.core import keys
 from bus.core.errors import ModelError
 
 Hash = dict[str, str]
@@ -399,8 +400,6 @@ class RunnerJob:
 
     @property
     def key(self) -> str:
-        from bus.core import keys
-
         return keys.job(self.caller_id, self.id)
 
     TARGETING = ("group", "instance", "priority")  # signed and stored only when non-empty
@@ -586,8 +585,6 @@ class Message:
 
     @property
     def key(self) -> str:
-        from bus.core import keys
-
         return keys.message(self.caller_id, self.id)
 
     def signed_content(self) -> dict[str, object]:

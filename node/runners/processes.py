@@ -141,6 +141,10 @@ async def run_runner_process(
     quick = 0
     async with trio.open_nursery() as adoptions:
         while not node.shutdown.stopping.is_set():
+            # the slot's process has ended (one a dead node left writes its attempt's own file)
+            await trio.to_thread.run_sync(
+                outcomes.unpack_slot, node.config.run_dir, ctx, spec.slot_id
+            )
             for adopt in await recover_slot(
                 node, ctx, spec.inflight, keys.queue(script_type), logs
             ):

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from node.sandbox import seccomp
 from node.sandbox.limits import Limits, rlimits
 from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
@@ -45,6 +47,15 @@ _OUTER_PIDNS = _pidns()
 # A warm job process holds its end of the socket while a job runs: what comes back may be the
 # job's, so it is read bounded and checked, and whatever it says ends only that job.
 MAX_REPLY_BYTES = 4096
+
+
+def _encoded(request: dict[str, Any]) -> bytes:
+    """``request`` as JSON; orjson refuses a lone surrogate (text read from a hash that was not
+    UTF-8, which admission refuses before a job gets here), json escapes it."""
+    try:
+        return orjson.dumps(request)
+    except orjson.JSONEncodeError:
+        return json.dumps(request).encode()
 
 
 def _checked(reply: dict[str, Any]) -> dict[str, Any]:
@@ -136,6 +147,7 @@ class Sandbox:
         self.jobs = 0
         self.nproc_base = 0
         self.uid = -1  # the worker's uid, as it reported it
+        self.settings: dict[str, Any] = {}
 
     @property
     def pid(self) -> int:
@@ -174,6 +186,14 @@ class Sandbox:
             for fd in passed:
                 os.close(fd)
         self.sock, self.jobs = ours, 0
+        # what every request of this worker says besides the job
+        cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
+        self.settings = {
+            "cwd": cwd,
+            "rlimits": rlimits(self.spec.limit_values, self.nproc_base),
+            # the worker sweeps its sandbox's processes only in a pid namespace not this one
+            "outer_pidns": _OUTER_PIDNS,
+        }
         try:
             hello = self._receive()
         except SandboxLost:
@@ -187,13 +207,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
-        limits = self.spec.limit_values
-        request = request | {"cwd": WORK, "rlimits": rlimits(limits, self.nproc_base)}
-        # the worker sweeps its sandbox's processes only in a pid namespace other than this one
-        request["outer_pidns"] = _OUTER_PIDNS
-        if self.spec.mode == "none":
-            request["cwd"] = self.spec.work_dir
-        data = json.dumps(request).encode()
+        data = _encoded(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
         except OSError as exc:
@@ -225,7 +239,7 @@ class Sandbox:
             if len(data) > 4 + size:
                 extra = len(data) - 4 - size
                 raise ValueError(f"{extra} bytes behind the answer: a job wrote there")
-            value = json.loads(data[4:] + self._exact(4 + size - len(data)))
+            value = orjson.loads(data[4:] + self._exact(4 + size - len(data)))
         except (OSError, ValueError) as exc:
             raise SandboxLost(str(exc)) from None
         if not isinstance(value, dict):

@@ -194,7 +194,10 @@ class JobRun:
         self.aborted = False
         self.began = 0.0
         self.started_at = 0
-        self.outcome_file: Path | None = None
+        self.outcome_file: Path | None = None  # the running attempt's (node/runners/outcomes.py)
+        slot_file = outcomes.slot_path(Path(spec.run_dir), spec.ctx, spec.slot_id)
+        self.slot_file = outcomes.SlotFile(slot_file)
+        self.named = False  # the attempt's outcome file was written, not only the slot's
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
 
@@ -249,10 +252,28 @@ class JobRun:
         if pump is not None:
             pump.finish(status)
 
+    def keep(self, record: dict[str, object], *, durable: bool = False) -> None:
+        """Keep the attempt's outcome on disk for the node to adopt, should this process not
+        get to record it in Valkey (node/runners/outcomes.py): in the slot's file, which the
+        slot's recovery reads once this process has ended; in the attempt's own file, fsynced,
+        when ``durable``, and whenever the node has died (the next one may be reading)."""
+        if self.outcome_file is None:
+            return
+        if durable:
+            outcomes.write_durable(self.outcome_file, record)
+        elif os.getppid() != PROCESS.parent:
+            outcomes.write_outcome(self.outcome_file, record)
+        else:
+            self.slot_file.keep(self.outcome_file, record)
+            return
+        self.named = True
+
     def forget(self) -> None:
-        """After the attempt's end is recorded: its outcome file is of no further use."""
-        if self.outcome_file is not None:
+        """After the attempt's end is recorded: its outcome is of no further use."""
+        self.slot_file.clear()
+        if self.named and self.outcome_file is not None:
             outcomes.discard(self.outcome_file)
+            self.named = False
 
     def _run_sandboxed(self, cur: _Current) -> Outcome:
         """Run the job in the slot's sandboxed worker (node/sandbox/host.py), its output in
@@ -275,10 +296,9 @@ class JobRun:
         sizes = [os.fstat(fd).st_size for fd in fds]
         tail = os.pread(fds[1], TAIL_BYTES, max(0, sizes[1] - TAIL_BYTES)) if sizes[1] else b""
         out, err = (read_back(fd, size, limit) for fd, size in zip(fds, sizes, strict=True))
-        if os.getppid() != PROCESS.parent and self.outcome_file is not None:
+        if os.getppid() != PROCESS.parent:
             # orphaned: should this process not get to record the end, the next node adopts it
-            reply_ = {"exit_code": code, "stdout": out, "stderr": err}
-            outcomes.write_outcome(self.outcome_file, reply_)
+            self.keep({"exit_code": code, "stdout": out, "stderr": err})
         signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
         ending = Ending(reply["exit_code"], signum, cpu_s)
         hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))

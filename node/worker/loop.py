@@ -60,7 +60,6 @@ from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
 from node.host.signer import SignerClient, SignerGone
-from node.runners import outcomes
 from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
 from node.runners.spec import RunnerSpec, read_frame
@@ -237,13 +236,15 @@ class Runner:
             self.runs.dead_letter(job_key, Reason.MALFORMED_JOB, str(exc), queue)
             self.runs.finish_malformed(job_key, attempt, self.inflight, str(exc))
             return None
-        about = self.fields(job_key, attempt=attempt)
-        log.info("%s started (attempt %d)", job_key, attempt, extra=about)
+        if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
+            about = self.fields(job_key, attempt=attempt)
+            log.info("%s started (attempt %d)", job_key, attempt, extra=about)
         outcome = self.job.run(job, request, attempt)
         with self.ending:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
                 self.job.end_logs("interrupted")
+                about = self.fields(job_key, attempt=attempt)
                 log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
                 raise Aborted
             taken = None if self._leaving() else nxt
@@ -298,21 +299,20 @@ class Runner:
             queue = queues.target_queue(job)
             self.runs.requeue(job.key, attempt, self.inflight, queue)
             log.info("%s interrupted by shutdown; requeued", job.key, extra=self.fields(job.key))
-        elif self.job.outcome_file is not None:
+        else:
             recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
-            outcomes.write_outcome(self.job.outcome_file, recorded | {"reason": outcome.reason})
+            self.job.keep(recorded | {"reason": outcome.reason})
         return True
 
     def keep(self, outcome: Outcome) -> None:
-        """Put the attempt's outcome where the next start of the node adopts it
-        (node/runners/adoption.py), before Valkey is asked to record it: that call may hang (a
-        stopped Valkey) or fail, and this process may then be killed with its node (a stopped
-        unit, the next start's orphan killer) holding the only copy. The exit status and any
-        reason only: the output is in the slot's log files, which adoption reads and which the
-        next job of this slot reuses only after this end is recorded. One small file, not
-        fsynced on this path (conclude fsyncs it once Valkey refuses)."""
-        if self.job.outcome_file is not None:
-            outcomes.write_outcome(self.job.outcome_file, recorded(outcome, output=False))
+        """Put the attempt's outcome where the node adopts it (node/runners/adoption.py),
+        before Valkey is asked to record it: that call may hang (a stopped Valkey) or fail, and
+        this process may then be killed with its node (a stopped unit, the next start's orphan
+        killer) holding the only copy. The exit status and any reason only: the output is in
+        the slot's log files, which adoption reads and which the next job of this slot reuses
+        only after this end is recorded. Not fsynced on this path (conclude fsyncs it once
+        Valkey refuses)."""
+        self.job.keep(recorded(outcome, output=False))
 
     def conclude(
         self,
@@ -339,10 +339,10 @@ class Runner:
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 self.runs.leave_if_stale(exc)  # the retry asks the Sentinels where to go
-                if not kept and self.job.outcome_file is not None:
+                if not kept:
                     # Valkey may stay away long enough for the machine to go down: the outcome
                     # (its output too: the slot's log files are not synced) fsynced
-                    outcomes.write_durable(self.job.outcome_file, recorded(outcome))
+                    self.job.keep(recorded(outcome), durable=True)
                     kept = True
                 log.warning(
                     "%s: cannot record the outcome yet (%r); retrying",
@@ -478,6 +478,8 @@ class Runner:
         name = "job_retries" if retry else "jobs_" + outcome.status.value
         name = name if ok else "stale_results"
         self.counts[name] = self.counts.get(name, 0) + 1
+        if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
+            return
         status = "retry" if retry else outcome.status.value
         about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
         if not ok:

@@ -19,6 +19,7 @@ restarted node runs those jobs again, and the test says so).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -97,9 +98,14 @@ async def until(check: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def outcome_files(node: NodeProcess) -> list[str]:
-    """The outcome files of the node's jobs (node/runners/outcomes.py), written or left."""
+    """The outcomes of the node's jobs on disk (node/runners/outcomes.py): the attempts' own
+    files, and what the slots' files hold."""
     folder = node.config.run_dir / "outcomes"
-    return sorted(p.name for p in folder.glob("*") if not p.name.endswith(".tmp"))
+    named = {p.name for p in folder.glob("*") if not p.name.endswith(".tmp")}
+    for slot in (node.config.run_dir / "outcome-slots").glob("*"):
+        with contextlib.suppress(ValueError, OSError):
+            named.add(json.loads(slot.read_bytes())["file"])
+    return sorted(named)
 
 
 @pytest.mark.slow

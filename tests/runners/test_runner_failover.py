@@ -92,11 +92,18 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
     """After the failover the old primary wakes up cut off from its replicas: it refuses
     writes (NOREPLICAS) until the Sentinels demote it, about 10 s later. A runner that got
     that refusal (say, ending an attempt) must send its next command to the new primary,
-    not to the same connection again."""
+    not to the same connection again: a pooled one (a transaction) or the connection its
+    hot path holds (a script, a pop)."""
     old_port = replicated.data_ports[0]
     old = replicated.child(old_port)
-    runs = SyncRuns(connect(replicated.url(RUNNER), 1))
-    assert runs.list_length("inflight:runner:x") == 0  # connected to the primary
+    pooled = SyncRuns(connect(replicated.url(RUNNER), 1))
+    held = SyncRuns(connect(replicated.url(RUNNER), 1))
+    admin = {"username": NODE, "password": replicated.passwords[NODE], "decode_responses": True}
+    first = redis.Redis("127.0.0.1", old_port, db=1, **admin)
+    first.rpush("queue:x", "job:1:0")
+    assert first.wait(2, 10_000) == 2  # on both replicas: whichever is promoted has it
+    assert pooled.list_all("queue:x") == ["job:1:0"]  # its connection, back in the pool
+    assert held.list_length("queue:x") == 1  # its held connection, to the primary
     switches = _switches(replicated)
     old.signal(signal.SIGSTOP)
     try:
@@ -104,13 +111,16 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
     finally:
         old.signal(signal.SIGCONT)
         switches.close()
-    admin = {"username": NODE, "password": replicated.passwords[NODE], "decode_responses": True}
     woken = redis.Redis("127.0.0.1", old_port, **admin)
     assert woken.ping()  # it has read its replicas' goodbyes by now
     with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
-        runs.give_back("inflight:runner:x", "job:1:1", "queue:x")
-    assert runs.leave_if_stale(refused.value)
-    runs.give_back("inflight:runner:x", "job:1:2", "queue:x")
+        pooled.give_back("inflight:runner:x", "job:1:1", "queue:x")
+    assert pooled.leave_if_stale(refused.value)
+    pooled.give_back("inflight:runner:x", "job:1:2", "queue:x")
     new = redis.Redis("127.0.0.1", new_port, db=1, **admin)
-    assert new.lrange("queue:x", 0, -1) == ["job:1:2"]
+    assert new.lrange("queue:x", 0, -1) == ["job:1:0", "job:1:2"]
+    with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
+        held.pop_blocking("queue:x", "inflight:runner:x", 0.1)
+    assert held.leave_if_stale(refused.value)
+    assert held.list_length("queue:x") == 2  # the old primary has 1: job:1:2 is not there
     assert woken.execute_command("ROLE")[0] == "master"  # not demoted yet: it was left

@@ -162,13 +162,45 @@ class SyncRuns:
     client: redis.Redis
 
     def __post_init__(self) -> None:
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[str, tuple[str, str]] = {}  # name: (source, sha1)
+        self._held = threading.local()  # each thread's own connection (see _command)
+
+    def _command(self, *args: str | int | float) -> Any:  # noqa: ANN401
+        """One command on this thread's connection, taken from the pool once and kept: the
+        client's per-command path (pool checkout and release, retry wrapper, event dispatch,
+        reply callbacks) cost a runner ~40 us of CPU per command, several commands per job.
+        A send or read that got no answer disconnects the connection, and so do :meth:`cut`,
+        :meth:`leave_if_stale` and an interrupted blocking pop (they disconnect the pool's
+        connections, this one included): its next command connects again, through the
+        Sentinels to the current primary. Raw replies: decoded text, ints, lists, None; an
+        error reply raises."""
+        conn = getattr(self._held, "conn", None)
+        if conn is None:
+            conn = self._held.conn = self.client.connection_pool.get_connection()
+        elif not conn.is_connected:
+            # its own connect, which asks the Sentinels: a send on a disconnected connection
+            # would connect again to the server it last knew, maybe a primary no more
+            conn.connect()
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except redis.ResponseError:  # an answer: the connection is fine
+            raise
+        except BaseException:  # no answer, or a part of one: the next command reconnects
+            conn.disconnect()  # (a Sentinel-managed connection does not disconnect itself)
+            raise
 
     def _run(self, name: str, key_list: list[str], args: list[str]) -> Any:  # noqa: ANN401
-        script = self._scripts.get(name)
-        if script is None:
-            script = self._scripts[name] = self.client.register_script(_source(name))
-        return script(keys=key_list, args=args)
+        known = self._scripts.get(name)
+        if known is None:
+            text = _source(name)
+            known = self._scripts[name] = (text, self.client.register_script(text).sha)
+        text, sha = known
+        try:
+            return self._command("EVALSHA", sha, len(key_list), *key_list, *args)
+        except redis.exceptions.NoScriptError:  # a restarted or flushed server: load, run once
+            self._command("SCRIPT", "LOAD", text)
+            return self._command("EVALSHA", sha, len(key_list), *key_list, *args)
 
     def cut(self) -> int:
         """Shut every connection of a Sentinel-managed client (the Sentinels named a new
@@ -202,8 +234,8 @@ class SyncRuns:
     def pop_blocking(self, source_list: str, inflight: str, timeout_s: float) -> str | None:
         """BLMOVE of the oldest entry of ``source_list`` onto ``inflight``; None on timeout."""
         try:
-            # seconds; redis-py's hint says int, the server takes fractions
-            value = self.client.blmove(source_list, inflight, timeout_s, "RIGHT", "LEFT")  # type: ignore[arg-type]
+            # seconds, fractions too
+            value = self._command("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s)
         except BaseException:
             # a signal (Wake) may interrupt the wait before its reply is read; redis-py's
             # Sentinel connections do not disconnect then, and the next command would read
@@ -292,11 +324,8 @@ class SyncRuns:
         name, f_keys, f_args = call
         if nxt is None:
             return bool(self._run(name, f_keys, f_args)), None
-        both = f"{name}+runs_take_next"
-        if both not in self._scripts:
-            self._scripts[both] = self.client.register_script(_then_source(name))
         key_list, args = then_take_next(call, ending.inflight, nxt, idle_stats)
-        done, taken = self._scripts[both](keys=key_list, args=args)
+        done, taken = self._run(f"{name}+runs_take_next", key_list, args)
         if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
             nxt.breaker_wait_ms = wait_ms
             return bool(done), None
@@ -375,7 +404,7 @@ class SyncRuns:
         pipe.execute()
 
     def list_length(self, name: str) -> int:
-        return int(self.client.llen(name))
+        return int(self._command("LLEN", name))
 
     def list_all(self, name: str) -> list[str]:
         return [str(v) for v in self.client.lrange(name, 0, -1)]
@@ -404,8 +433,6 @@ class SyncRuns:
 
 
 def _source(name: str) -> str:
-    return source(name)
-
-
-def _then_source(first: str) -> str:
-    return then_source(first, "runs_take_next")
+    """The text of script ``name``, or of ``<first>+runs_take_next`` (runs.then_source)."""
+    first, _, then = name.partition("+")
+    return then_source(first, then) if then else source(name)

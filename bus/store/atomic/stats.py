@@ -16,10 +16,11 @@ two stamps Valkey's clock put on the job (``stats_queued_ms``, ``stats_started_m
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+
+import orjson
 
 from bus.store.atomic import STATS_BUCKETS_S
 
@@ -105,4 +106,4 @@ class StatsBatch:
             flat += [k, str(n)]
         for k, s in self.sums.items():
             flat += [k, repr(s)]
-        return json.dumps(flat)
+        return orjson.dumps(flat).decode()
