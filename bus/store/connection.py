@@ -27,6 +27,7 @@ from bus.core.text import printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import queues
+from bus.store.atomic.evalsha import ScriptCall, evalsha_on
 from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
@@ -89,10 +90,6 @@ def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
         "detail": printable(detail, 2000),
     }
     return json.dumps(fields | {"at": now(), "queue": printable(queue, 1000)})
-
-
-class _NoScript:
-    """A pipelined EVALSHA the server did not know (the script did not run)."""
 
 
 class Store:
@@ -241,33 +238,20 @@ class Store:
         """Run a Lua script (EVALSHA, loading it on first use) on DB ``db``."""
         return await self.call(db, lambda r: script(keys=keys, args=args, client=r))
 
-    async def scripts(
-        self, db: int, calls: list[tuple[Script[str], list[str], list[str]]]
-    ) -> list[Any]:
+    async def scripts(self, db: int, calls: list[ScriptCall]) -> list[Any]:
         """Several Lua scripts in one pipelined round trip (not atomic together); results.
-
-        coredis checks ``SCRIPT EXISTS`` before every pipeline that runs a Script (one more
-        round trip each time); here the pipeline sends bare EVALSHAs and only the calls that
-        come back NOSCRIPT (a fresh or restarted server: nothing of them ran) are loaded and
-        run again."""
+        Bare EVALSHAs on one connection; those the server answers NOSCRIPT (a fresh or
+        restarted server: nothing of them ran) are loaded and run again
+        (:func:`bus.store.atomic.evalsha.evalsha_on`)."""
         client = await self.db(db)
         with _translated(self.url):
-            results = await self._evalsha_many(client, calls)
-            missing = [i for i, r in enumerate(results) if isinstance(r, _NoScript)]
-            if missing:
-                for script in {calls[i][0] for i in missing}:
-                    await client.script_load(script.script)
-                retried = await self._evalsha_many(client, [calls[i] for i in missing])
-                for i, r in zip(missing, retried, strict=True):
-                    if isinstance(r, _NoScript):
-                        raise StoreError(f"redis {self.url}: script still missing after load")
-                    results[i] = r
-            return results
+            async with client.connection_pool.acquire() as connection:
+                return await evalsha_on(connection, calls, self.url)
 
     async def scripts_durable(
         self,
         db: int,
-        calls: list[tuple[Script[str], list[str], list[str]]],
+        calls: list[ScriptCall],
         since: int,
         wrote_last: Callable[[list[Any]], bool],
     ) -> list[Any]:
@@ -281,20 +265,6 @@ class Store:
         client = await self.db(db)
         with _translated(self.url):
             return await self.barrier.scripts_and_wait(self, client, calls, since, wrote_last)
-
-    @staticmethod
-    async def _evalsha_many(
-        client: Redis, calls: list[tuple[Script[str], list[str], list[str]]]
-    ) -> list[Any]:
-        async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
-            pending: list[Any] = [pipe.evalsha(s.sha, keys=k, args=a) for s, k, a in calls]
-        out: list[Any] = []
-        for p in pending:
-            try:
-                out.append(await p)
-            except coredis.exceptions.NoScriptError:
-                out.append(_NoScript())
-        return out
 
     async def ping(self) -> None:
         await self.read(0, lambda r: r.ping())

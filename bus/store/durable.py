@@ -31,14 +31,11 @@ import trio
 
 from bus.core import keys
 from bus.errors import StoreError
+from bus.store.atomic.evalsha import ScriptCall, evalsha_on
 from bus.store.sentinel import SentinelTarget
 
 if TYPE_CHECKING:
-    from coredis.commands.script import Script
-
     from bus.store.connection import Store
-
-ScriptCall = tuple["Script[str]", list[str], list[str]]  # (script, keys, args)
 
 
 # The first WAITAOF's timeout (the server checks it on its clock ticks, 100 ms apart at the
@@ -130,10 +127,10 @@ class Barrier:
         wrote_last: Callable[[list[Any]], bool],
     ) -> list[Any]:
         """Each call's ``EVALSHA``, pipelined on one connection held throughout (a script the
-        server does not know yet is loaded and run again there), and once all are answered
-        ``WAITAOF`` on that connection: the results, returned once those writes and every
-        write before them are durable, else NotDurable (``since``: :attr:`Store.epoch` before
-        the promise's first write).
+        server does not know yet is loaded and run again there: :func:`evalsha_on`), and
+        once all are answered ``WAITAOF`` on that connection: the results, returned once those
+        writes and every write before them are durable, else NotDurable (``since``:
+        :attr:`Store.epoch` before the promise's first write).
 
         ``wrote_last(results)``: whether the calls wrote, and no call that relies on an
         earlier write (a redelivery, finding its message stored) came after their last
@@ -141,7 +138,7 @@ class Barrier:
         connection's last write, is not covered by a ``WAITAOF`` here: the barrier
         (:meth:`wait`) confirms the promise instead, at the cost of its own write."""
         async with client.connection_pool.acquire() as connection:
-            results = await _evalsha_on(connection, calls)
+            results = await evalsha_on(connection, calls, store.url)
             if wrote_last(results):
                 if since != store.epoch:
                     raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
@@ -192,41 +189,3 @@ class Barrier:
         if store.failover is not None:  # the next barrier asks the Sentinels again
             store.failover.noticed(exc, client)
         raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc
-
-
-async def _evalsha_on(
-    connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
-    calls: Sequence[ScriptCall],
-) -> list[Any]:
-    """The replies of ``calls``' ``EVALSHA``s, pipelined on ``connection``; those the server
-    answered NOSCRIPT (a fresh or restarted server: they did not run) loaded and run again on
-    it, in their order, after the others (calls of one script, as a delivery's, are then all
-    run again: the server knows a script or not). A script's error is raised once every reply
-    is read."""
-
-    def send(call: ScriptCall) -> Any:  # noqa: ANN401 - coredis's pending reply
-        script, names, args = call
-        return connection.create_request(b"EVALSHA", script.sha, len(names), *names, *args)
-
-    async def replies(pending: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for reply in pending:
-            try:
-                out.append(await reply)
-            except coredis.exceptions.NoScriptError as exc:
-                out.append(exc)
-            except coredis.exceptions.RedisError as exc:  # read the rest, then raise it
-                out.append(exc)
-        return out
-
-    results = await replies([send(c) for c in calls])
-    missing = [i for i, r in enumerate(results) if isinstance(r, coredis.exceptions.NoScriptError)]
-    if missing:
-        for script in {calls[i][0] for i in missing}:
-            await connection.create_request(b"SCRIPT", b"LOAD", script.script)
-        for i, r in zip(missing, await replies([send(calls[i]) for i in missing]), strict=True):
-            results[i] = r
-    for r in results:
-        if isinstance(r, coredis.exceptions.RedisError):
-            raise r
-    return results

@@ -8,17 +8,20 @@ from __future__ import annotations
 import signal
 
 import coredis
+import pytest
 import trio
 
 from bus.client.api import Client
 from bus.core import keys
 from bus.core.frames import encode_msg_item, encode_msgs
-from bus.store.atomic import routing
+from bus.errors import StoreError
+from bus.store.atomic import routing, script
 from bus.store.connection import Store, open_store
 from bus.wire.transport import Transport, TransportConfig
 from crypto import read_key_file
 from node.host.acl import NODE
 from tests.bus.test_durable_submit import _calls, _replicas_ready
+from tests.bus.test_store import _SHAPES, misnamed
 from tests.faults.test_faults import Peer, link_of
 from tests.intake.test_rejections import job_message
 from tests.replicated_rig import Rig, replicated_node
@@ -63,6 +66,46 @@ async def test_a_redelivery_after_the_last_store_is_confirmed_by_the_barrier(rep
         after = await _calls(replicated)
     assert middle.get("incr", 0) - before.get("incr", 0) == 2
     assert after.get("incr", 0) == middle.get("incr", 0)
+
+
+async def _known(store: Store, sha: str) -> bool:
+    return bool((await store.call(CTX, lambda r: r.script_exists([sha])))[0])
+
+
+async def test_both_script_paths_reload_what_the_server_forgot(replicated):
+    """After a ``SCRIPT FLUSH`` (as after a restart) a delivery, durable or not, loads its
+    script again on the connection that runs it and runs once; both paths decode replies
+    alike; a script still unknown after its load is a StoreError, with no WAITAOF sent."""
+    deliver = script("routing_deliver").sha
+    async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
+        await _replicas_ready(store)
+        assert await _deliver_durably(store, [_message(1)]) == [True]
+        await store.call(CTX, lambda r: r.script_flush())
+        assert not await _known(store, deliver)
+        before = await _calls(replicated)
+        assert await _deliver_durably(store, [_message(2), _message(3)]) == [True, True]
+        durable = await _calls(replicated)
+        assert await _known(store, deliver)
+        await store.call(CTX, lambda r: r.script_flush())
+        assert await routing.deliver(store, CTX, [_message(4), _message(1)]) == [True, False]
+        plain = await _calls(replicated)
+        assert await _known(store, deliver)
+        assert len(await store.lrange(CTX, keys.MSG_IN)) == 4
+
+        shapes = [(_SHAPES, [], ["x", "5"])]
+        assert await store.scripts_durable(CTX, shapes, store.epoch, lambda _: True) == [
+            ["x", 5, None, ["x", 7]]
+        ]
+        assert await store.scripts(CTX, shapes) == [["x", 5, None, ["x", 7]]]
+
+        waits = (await _calls(replicated)).get("waitaof", 0)
+        with pytest.raises(StoreError, match="still missing after SCRIPT LOAD"):
+            await store.scripts_durable(CTX, [(misnamed(), [], [])], store.epoch, lambda _: True)
+        assert (await _calls(replicated)).get("waitaof", 0) == waits
+    for after, was in ((durable, before), (plain, durable)):
+        assert after["script|load"] - was.get("script|load", 0) == 1
+        assert after["evalsha"] - was["evalsha"] == 4  # two calls, each run again once
+    assert durable["waitaof"] - before.get("waitaof", 0) == 1
 
 
 async def _fake_peer(nursery: trio.Nursery, rig: Rig) -> tuple[Peer, Transport]:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import pytest
 from coredis.commands.script import Script
 
+from bus.errors import ContentError, StoreError
 from bus.store.connection import Store
 
 _INCR_BY = Script(script="return redis.call('INCRBY', KEYS[1], ARGV[1])")
 _ECHO = Script(script="return ARGV[1]")
+_SET = Script(script="return redis.call('SET', KEYS[1], ARGV[1])")
+# a reply of every shape a script gives: bulk string, integer, nil (Lua false), nested table
+_SHAPES = Script(script="return {ARGV[1], tonumber(ARGV[2]), false, {ARGV[1], 7}}")
+
+
+def misnamed() -> Script[str]:
+    """A script whose hash is not its text's: the server answers NOSCRIPT even right after
+    loading its text (as when a ``SCRIPT FLUSH`` comes between the load and the rerun)."""
+    script = Script(script="return 1")
+    script.sha = Script(script="return 2").sha
+    return script
 
 
 async def test_scripts_load_on_first_use_and_after_a_flush(store: Store) -> None:
@@ -28,6 +41,45 @@ async def test_scripts_send_no_script_exists_round_trip(store: Store) -> None:
         await store.scripts(0, calls)
     assert await _calls(store, "script|exists") == before
     assert await store.call(0, lambda r: r.get("m")) == "4"
+
+
+async def test_scripts_reload_only_the_calls_answered_noscript(store: Store) -> None:
+    await store.call(0, lambda r: r.script_load(_ECHO.script))  # the server knows _ECHO only
+    loads, evalshas = await _calls(store, "script|load"), await _calls(store, "evalsha")
+    calls = [(_INCR_BY, ["n"], ["2"]), (_ECHO, [], ["a"]), (_INCR_BY, ["n"], ["3"])]
+    assert await store.scripts(0, calls + [(_ECHO, [], ["b"])]) == [2, "a", 5, "b"]
+    assert await _calls(store, "script|load") == loads + 1  # _INCR_BY, once
+    assert await _calls(store, "evalsha") == evalshas + 4 + 2  # its two calls run again
+    assert await store.call(0, lambda r: r.script_exists([_INCR_BY.sha])) == (True,)
+
+
+async def test_scripts_replies_are_decoded_as_a_coredis_pipeline_decodes(store: Store) -> None:
+    calls = [(_SHAPES, [], ["x", "5"]), (_ECHO, [], ["\u00e9"])]
+    ours = await store.scripts(0, calls)
+    client = await store.db(0)
+    async with client.pipeline(transaction=False) as pipe:
+        pending = [pipe.evalsha(s.sha, keys=k, args=a) for s, k, a in calls]
+    assert ours == [await p for p in pending] == [["x", 5, None, ["x", 7]], "\u00e9"]
+
+
+async def test_a_script_still_missing_after_its_load_is_a_clear_store_error(
+    store: Store,
+) -> None:
+    calls = [(_INCR_BY, ["n"], ["1"]), (misnamed(), [], []), (_INCR_BY, ["n"], ["1"])]
+    with pytest.raises(StoreError, match="script [0-9a-f]{40} still missing after SCRIPT LOAD"):
+        await store.scripts(0, calls)
+    assert await store.call(0, lambda r: r.get("n")) == "2"  # the other calls ran, once each
+
+
+async def test_a_script_error_comes_after_every_call_ran(store: Store) -> None:
+    """Whatever the server's script cache held: a script it did not know is loaded and run
+    before the error of an earlier call (whose script it knew) is raised."""
+    await store.call(0, lambda r: r.script_load(_INCR_BY.script))
+    await store.hset(0, "h", {"f": "v"})
+    calls = [(_INCR_BY, ["h"], ["1"]), (_SET, ["s"], ["ran"])]
+    with pytest.raises(ContentError, match="wrong_type"):
+        await store.scripts(0, calls)
+    assert await store.call(0, lambda r: r.get("s")) == "ran"
 
 
 async def _calls(store: Store, command: str) -> int:

@@ -3,6 +3,8 @@
 Every Lua script of the project lives in ``bus/store/atomic/lua/<name>.lua``, with a header comment
 that states its KEYS, its ARGV and its atomic effect, and is run through a named, typed method
 of a module of this package; nothing above ``bus/`` builds a script or a command by hand.
+Several calls at once go pipelined through :func:`bus.store.atomic.evalsha.evalsha_on`, the one
+reload of the scripts a server answers ``NOSCRIPT`` to, for plain and durable batches alike.
 
 A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
 shared local functions, such as the attempt fence) is placed there, so a rule that several
