@@ -16,7 +16,7 @@ the runner ~180 us of CPU, this ~17. Before the slot's recovery looks for outcom
 turns what the slot's file holds into the outcome file it names (:func:`unpack_slot`); the slot's
 process has ended by then. A runner whose node has died, one that ends a stopped or timed-out
 python job by exiting, and one whose end Valkey refused write the named file itself (the next
-node may already be looking), the last fsynced (:func:`write_durable`).
+node may already be looking), the last fsynced (:func:`write_outcome` ``durable``).
 
 This module is imported by the runner processes too: standard library only.
 """
@@ -48,44 +48,36 @@ def parse_outcome_name(name: str) -> tuple[int, str, int] | None:
     return int(ctx), job_key, int(attempt)
 
 
-def write_outcome(path: Path, outcome: dict[str, Any]) -> None:
+def write_outcome(path: Path, outcome: dict[str, Any], *, durable: bool = False) -> None:
     """Write ``outcome`` whole: a temporary file renamed over ``path``, so a reader sees all of
-    it or nothing. Not fsynced: the file outlives the node's death in the page cache, and a
+    it or nothing, readable by the node's user only (it may hold the job's output).
+
+    Not fsynced by default: the file outlives the node's death in the page cache, and a
     machine crash that could lose it also loses Valkey's last second and the job itself,
-    which then runs again at worst."""
-    # os calls on the path's text: pathlib's per-call parsing was a tenth of a runner's
-    # Python time per job (this and discard run for every job)
+    which then runs again at worst. ``durable``: fsynced, the file and then its folder (so the
+    rename is on disk too), for an outcome that Valkey could not take and that then exists
+    nowhere else: a runner process killed after this (its node's unit stopped, the restarted
+    node's orphan killer, a machine crash) loses nothing, the next start adopts the file."""
     name = os.fspath(path)
     fd = os.open(name + ".tmp", _FLAGS, 0o600)
     try:
         data = memoryview(json.dumps(outcome).encode())
         while data:
             data = data[os.write(fd, data) :]
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(name + ".tmp", name)
+    if durable:
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-
-
-def write_durable(path: Path, outcome: dict[str, Any]) -> None:
-    """Write ``outcome`` whole and fsynced (the file, then its folder, so the rename is on disk
-    too): for an outcome that Valkey could not take, which then exists nowhere else. A runner
-    process that is killed after this (its node's unit stopped, the restarted node's orphan
-    killer, a machine crash) loses nothing: the next start adopts the file. Only on this slow
-    path, so a job whose end is recorded at once costs no fsync."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        json.dump(outcome, f)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def read_outcome(path: Path) -> dict[str, Any] | None:

@@ -259,14 +259,11 @@ class JobRun:
         when ``durable``, and whenever the node has died (the next one may be reading)."""
         if self.outcome_file is None:
             return
-        if durable:
-            outcomes.write_durable(self.outcome_file, record)
-        elif os.getppid() != PROCESS.parent:
-            outcomes.write_outcome(self.outcome_file, record)
+        if durable or os.getppid() != PROCESS.parent:
+            outcomes.write_outcome(self.outcome_file, record, durable=durable)
+            self.named = True
         else:
             self.slot_file.keep(self.outcome_file, record)
-            return
-        self.named = True
 
     def forget(self) -> None:
         """After the attempt's end is recorded: its outcome is of no further use."""

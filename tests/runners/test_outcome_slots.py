@@ -56,7 +56,7 @@ def test_an_attempt_s_own_file_written_later_wins(tmp_path: Path) -> None:
     slot = _slot(tmp_path)
     named = outcomes.outcome_path(tmp_path, 1, "job:1:5", 1)
     slot.keep(named, {"exit_code": 0})
-    outcomes.write_durable(named, {"exit_code": 0, "stdout": "out", "stderr": ""})
+    outcomes.write_outcome(named, {"exit_code": 0, "stdout": "out", "stderr": ""}, durable=True)
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") == named.name
     assert outcomes.read_outcome(named) == {"exit_code": 0, "stdout": "out", "stderr": ""}
 
