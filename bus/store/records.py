@@ -9,6 +9,7 @@ from typing import Any
 
 from bus.core import keys
 from bus.core.models import Hash, decode_hash
+from bus.store.atomic.stats import merged_fields
 from bus.store.connection import Store
 
 
@@ -154,8 +155,9 @@ async def replay_markers(
 
 
 async def job_stats(store: Store, ctx: int) -> Hash:
-    """The job counters of context ``ctx`` (``stats:jobs``)."""
-    return await store.hgetall(ctx, keys.STATS_JOBS)
+    """The job counters of context ``ctx``: ``stats:jobs`` with its runner slots' totals
+    added (bus/store/atomic/stats.py: merged_fields)."""
+    return merged_fields(await store.hgetall(ctx, keys.STATS_JOBS))
 
 
 async def leases_held(store: Store, ctx: int, job_keys: list[str]) -> list[bool]:

@@ -74,7 +74,7 @@ _RUNNER_SELECTORS = (
     "+set +get +expire +del ~presence:runner:*",
     # the job statistics and the type breakers the runs_* scripts keep
     # (bus/store/atomic/lua/stats_jobs.lua, type_breaker.lua)
-    "+hincrby +hincrbyfloat ~stats:jobs",
+    "+hincrby +hincrbyfloat +hset +hget ~stats:jobs",
     "+hget +hmget +hset ~type_breakers",
     # ending an attempt: its history, the answer (a result message on msg_out) or the local
     # client's reply and its flow's event, a retry's due time, a refusal's dead letter

@@ -93,9 +93,11 @@ class Runner:
         self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
         self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
         self.gate = spec.script_type if spec.breaker_failures > 0 else ""
-        # job statistics counted here, not yet in Valkey (bus/store/atomic/stats.py), and since
+        # job statistics counted here, not yet in Valkey (bus/store/atomic/stats.py), and since;
+        # and the slot's totals as handed over (read from Valkey at start: main)
         self.stats = StatsBatch()
         self.stats_since = 0.0
+        self.totals = StatsBatch()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -140,7 +142,7 @@ class Runner:
                 self.runs.requeue(started[0], attempt, self.inflight, queues.queue_of(started[1]))
 
     def _leaving(self) -> bool:
-        if os.getppid() != self.parent:  # the node died: finish nothing new
+        if self._orphaned():  # the node died: finish nothing new
             self.draining = True
         return self.draining or self.jobs >= self.spec.max_jobs
 
@@ -404,7 +406,7 @@ class Runner:
         reason = f"retrying after: {outcome.reason}" if after.retry else outcome.reason
         batch, due = self._counted(fields, "retry" if after.retry else ending.status, reason, here)
         due = due or nxt is None or after.retry
-        sums = (batch.encode(), "") if due else ("[]", batch.encode())
+        sums = (self._handover(batch), "") if due else ("[]", self._handover(batch))
         if after.retry:
             queue = queues.target_queue(job)
             due_ms = ms_after(after.delay_s)
@@ -447,11 +449,25 @@ class Runner:
         age_s = time.monotonic() - self.stats_since
         return batch, batch.jobs >= self.spec.taken_every or age_s >= self.job.heartbeat_s
 
+    def _handover(self, batch: StatsBatch) -> str:
+        """The ``stats`` ARGV that hands ``batch`` over: the slot's totals with it added (one
+        HSET, and a hand-over whose reply was lost counts nothing twice); once the node died,
+        the increments alone, for the next node may have started another process of this
+        slot from the totals."""
+        if self._orphaned():
+            return batch.encode()
+        return self.totals.merged(batch).handover(self.spec.slot_id)
+
+    def _orphaned(self) -> bool:
+        return os.getppid() != self.parent
+
     def _kept(self, batch: StatsBatch, ok: bool, *, applied: bool) -> None:
-        """After an end: applied, nothing left; written but kept (a next job was started), the
-        batch is what is left; refused (a superseded attempt: nothing written, not counted),
-        what was left before. A reply lost after the script ran counts the batch twice."""
+        """After an end: applied, nothing left (the totals include it); written but kept (a
+        next job was started), the batch is what is left; refused (a superseded attempt:
+        nothing written, not counted), what was left before."""
         if applied:
+            if not self._orphaned():
+                self.totals = self.totals.merged(batch)
             self.stats = StatsBatch()
         elif ok:
             self.stats = batch
@@ -500,9 +516,14 @@ class Runner:
         (an end that left this runner idle applied them already, unless it was not the last
         thing it did: a refusal, a requeue)."""
         if idle and self.stats.jobs:
-            with contextlib.suppress(SyncStoreError):  # counts only: lost with a lost Valkey
-                self.runs.add_stats(self.stats)
-            self.stats = StatsBatch()
+            batch, self.stats = self.stats, StatsBatch()
+            if not self._orphaned():  # else increments: see _handover
+                self.totals = self.totals.merged(batch)  # a failed hand-over: in the next one
+            with contextlib.suppress(SyncStoreError):  # counts only
+                if self._orphaned():
+                    self.runs.add_stats(batch)
+                else:
+                    self.runs.add_stats(self.totals, self.spec.slot_id)
         if self.taken:
             report(b"t%d" % self.taken)
             self.taken = 0
@@ -576,6 +597,7 @@ def main() -> None:
         runner.runs.set_breaker(
             spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
         )
+        runner.totals = runner.runs.slot_totals(spec.slot_id)
         runner.serve()
     except SyncStoreError as exc:  # a pop or a start whose outcome is unknown: the node's
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)

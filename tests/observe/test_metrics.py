@@ -6,16 +6,20 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import redis
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import ConnectionClosed
 
 from bus.core import keys
 from bus.core.models import JobStatus
 from bus.errors import HandshakeError
+from bus.store import records
 from bus.store.atomic import runs, script, source
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from bus.store.atomic.stats import StatsBatch
+from bus.store.atomic.stats import StatsBatch, merged_fields
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
@@ -213,9 +217,18 @@ async def test_job_statistics_keep_their_labels_few(store, sync_runs):
     assert float(stats["duration_sum|v-lang.2"]) >= 0
 
 
-async def _end_twice(store, redis_url: str, ctx: int, *, by_runner: bool) -> None:  # noqa: ANN001
+async def _end_twice(  # noqa: ANN202
+    store,  # noqa: ANN001
+    redis_url: str,
+    ctx: int,
+    *,
+    by_runner: bool,
+    slot: str = "",
+):
     """A job that fails once (retry) then fails for good, answered here; counted by the
-    scripts, or by the caller as a runner process does."""
+    scripts, or by the caller as a runner process does: as increments, or (``slot``) as that
+    slot's totals. Returns the totals."""
+    totals = StatsBatch()
     job = f"job:1:{ctx}"
     queued = {"stats_queued_ms": "1000", "script_type": "v-lang.2|x", "status": "dispatched"}
     await store.hset(ctx, job, queued | {"attempt": "0"})
@@ -233,24 +246,30 @@ async def _end_twice(store, redis_url: str, ctx: int, *, by_runner: bool) -> Non
             batch.ended(fields, status, reason, 0.001)
             if status != "retry":
                 batch.answered(fields, status, reason, 0.001)
+        if slot:
+            totals = totals.merged(batch)
+            handed = totals.handover(slot)
+        else:
+            handed = batch.encode() if by_runner else ""
         if status == "retry":
             call = runs.retry_call(
                 ending,
                 queue="queue:v",
                 reason=reason,
                 due_ms=1,
-                stats=batch.encode() if by_runner else "",
+                stats=handed,
             )
         else:
             call = runs.finish_local_call(
                 ending,
                 request_key="message:1:1",
                 reply_ttl_s=60,
-                stats=batch.encode() if by_runner else "",
+                stats=handed,
             )
         name, key_list, args = call
         assert await store.script(ctx, script(name), key_list, args) == 1
     sync_runs.client.close()
+    return totals
 
 
 def _labels(stats: dict[str, str]) -> Counter[str]:
@@ -279,3 +298,68 @@ async def test_a_runner_counts_what_the_scripts_count(store, redis_url):
     counted = _labels(by_runner)
     assert counted["ended|v-lang.2|retry|exit"] == counted["roundtrip|v-lang.2"] == 1
     assert counted["answered|v-lang.2|error|timeout_run"] == counted["duration|v-lang.2"] - 1
+
+
+def _calls(redis_url: str) -> Counter[str]:
+    stats = redis.Redis.from_url(redis_url).info("commandstats")
+    return Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()})
+
+
+async def test_a_runner_hands_its_slot_totals_over_in_one_write(store, redis_url):
+    """A runner process hands its counts over as its slot's totals: one field set in one
+    HSET, not an HINCRBY per figure; a reader adds them to the scripts' own counts, to the
+    same figures; handed over again (a reply lost), they count once; the slot's next process
+    goes on from them; a field no runner wrote is left out."""
+    await _end_twice(store, redis_url, 1, by_runner=False)
+    before = _calls(redis_url)
+    totals = await _end_twice(store, redis_url, 2, by_runner=True, slot="v:0")
+    calls = _calls(redis_url) - before
+    assert calls["hincrby"] == 2  # the two starts' started|v-lang.2, nothing at the ends
+    assert calls["hincrbyfloat"] == 0
+    raw = await store.hgetall(2, keys.STATS_JOBS)
+    assert set(raw) == {"started|v-lang.2", "runner|v:0"}
+    by_scripts = await records.job_stats(store, 1)
+    by_runner = await records.job_stats(store, 2)
+    assert _labels(by_runner) == _labels(by_scripts)
+    assert float(by_runner["duration_sum|v-lang.2"]) == pytest.approx(0.002)
+    # the same totals again (an ending script whose reply was lost is not run twice, the
+    # idle hand-over is), then what the slot's next process reads at its start
+    sync_runs = SyncRuns(connect(redis_url, 2))
+    sync_runs.add_stats(totals, "v:0")
+    assert await records.job_stats(store, 2) == by_runner
+    assert sync_runs.slot_totals("v:0").figures() == totals.figures()
+    # fields no runner process wrote: skipped by readers, written over by the slot's runner
+    await store.hset(2, keys.STATS_JOBS, {"runner|v:1": "[1, 2]", "runner|v:2": '{"a": "x"}'})
+    await store.hset(2, keys.STATS_JOBS, {"ended|v|finished|": "many", "roundtrip_sum|v": "nan"})
+    assert await records.job_stats(store, 2) == by_runner
+    assert not sync_runs.slot_totals("v:1").figures()
+    sync_runs.client.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["ended|p|finished|", "duration|p|0.1", "duration_sum|p", "x|y"]),
+            st.integers(0, 10**6),
+        ),
+        max_size=4,
+    ),
+    st.dictionaries(st.sampled_from(["submitted|p", "ended|p|finished|"]), st.integers(0, 99)),
+)
+def test_merged_fields_add_every_slot_to_the_plain_fields(slots, plain):
+    """merged_fields: each figure is the plain field plus every slot's, whatever the order."""
+    stats = {k: str(v) for k, v in plain.items()}
+    expected: Counter[str] = Counter(plain)
+    for i, figures in enumerate(slots):
+        batch = StatsBatch()
+        for name, n in figures.items():
+            if "_sum|" in name:
+                batch.sums[name] = n / 8
+            else:
+                batch.counts[name] = n
+        field, _, value = batch.handover(f"s:{i}")[1:].partition("\t")
+        stats[field] = value
+        expected.update({k: v / 8 if "_sum|" in k else v for k, v in figures.items()})
+    merged = merged_fields(stats)
+    assert {k: float(v) for k, v in merged.items()} == {k: float(v) for k, v in expected.items()}

@@ -15,6 +15,7 @@ import trio
 from bus import open_client
 from bus.core import keys
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.store import records
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
@@ -98,6 +99,24 @@ def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url,
     assert runner.pop(lists, check_first=True) == "job:1:1"
     assert runner.pop(lists, check_first=True) is None  # after the blocking pop's timeout
     assert client.lrange(INFLIGHT, 0, -1) == ["job:1:1", "job:1:2"]
+
+
+def test_an_orphaned_runner_hands_over_increments_not_its_slots_totals(redis_url, tmp_path):
+    """While its node lives, a runner hands over its slot's totals (one field, set). Once the
+    node died, the next node may have started another process of the slot from those totals,
+    which a set would then write over: an orphan hands over its increments, which add up."""
+    runner = _runner(redis_url, tmp_path)
+    runner.totals.counts["ended|v|finished|"] = 4
+    fields = {"script_type": "v"}
+    for orphaned in (False, True, True):
+        runner.stats.ended(fields, "finished", "", 0.001)
+        if orphaned:
+            runner.parent = -1  # as getppid() != the parent it had at start
+        runner.flush_reports(idle=True)
+    client = connect(redis_url, 1)
+    runner_totals = json.loads(client.hget(keys.STATS_JOBS, "runner|v:0"))
+    assert runner_totals["ended|v|finished|"] == 4 + 1
+    assert client.hget(keys.STATS_JOBS, "ended|v|finished|") == "2"
 
 
 def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
@@ -228,6 +247,12 @@ async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monk
     assert pids[0] == pids[1]
     assert pids[2] == pids[3]
     assert len(set(pids)) == 3  # 2 jobs per process
+    # each process handed its slot's totals over (one field), the next went on from them
+    raw = await alice.store.hgetall(1, keys.STATS_JOBS)
+    assert "runner|python:0" in raw
+    assert "ended|python|finished|" not in raw
+    stats = await records.job_stats(alice.store, 1)
+    assert stats["ended|python|finished|"] == stats["answered|python|finished|"] == "5"
     assert alice.info.state is not None
     assert "runner_restarts" not in alice.info.state.counters.metrics
 

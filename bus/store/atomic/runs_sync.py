@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -35,7 +36,7 @@ from bus.store.atomic.runs import (
     then_take_next,
     unrunnable_detail,
 )
-from bus.store.atomic.stats import StatsBatch
+from bus.store.atomic.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 
@@ -393,9 +394,18 @@ class SyncRuns:
             pipe.lrem(inflight, 1, raw)  # type: ignore[arg-type]  # bytes are sent as they are
         pipe.execute()
 
-    def add_stats(self, stats: StatsBatch) -> None:
-        """Apply job statistics' sums counted here (a runner going idle or leaving) in one
-        transaction."""
+    def slot_totals(self, slot_id: str) -> StatsBatch:
+        """The job statistics the runner processes of slot ``slot_id`` handed over so far
+        (bus/store/atomic/stats.py: StatsBatch.handover)."""
+        return totals_of(self.client.hget(keys.STATS_JOBS, RUNNER_FIELD + slot_id))
+
+    def add_stats(self, stats: StatsBatch, slot_id: str | None = None) -> None:
+        """Apply job statistics counted here (a runner going idle or leaving): ``stats`` as
+        the slot's totals, one HSET; without ``slot_id`` as increments, in one transaction."""
+        if slot_id is not None:
+            totals = orjson.dumps(stats.figures()).decode()
+            self._command("HSET", keys.STATS_JOBS, RUNNER_FIELD + slot_id, totals)
+            return
         pipe = self.client.pipeline(transaction=True)
         for name, n in stats.counts.items():
             pipe.hincrby(keys.STATS_JOBS, name, n)

@@ -4,10 +4,18 @@ node/observe/metrics.py), with the very field names and labels ``lua/stats_jobs.
 A script that ends an attempt counts it in Valkey, whichever process runs it. A runner process
 ends thousands of attempts a second between them, and those counts cost it ~13 commands per job
 inside its scripts (TIME, re-reads of the job, one HINCRBY per figure). So it counts them here,
-in its memory, and hands the sums to one of its ending scripts (``stats`` ARGV: the script then
+in its memory, and hands them to one of its ending scripts (``stats`` ARGV: the script then
 counts nothing itself and applies these), at most every ``taken_every`` jobs and always when it
 runs out of work: in the same script as the answer to the last job, so that whoever waited for
 that answer reads figures that include it.
+
+What it hands over is its slot's running totals (:meth:`StatsBatch.handover`): one ``HSET`` of
+the field ``runner|<slot id>`` (a JSON object), not one ``HINCRBY`` per figure, and a hand-over
+whose reply was lost is not counted twice. The next process of the slot starts from that
+field's totals (:func:`totals_of`), and a reader adds every such field to the plain ones
+(:func:`merged_fields`). A runner whose node died (another process of its slot may be running)
+hands over increments instead (:meth:`StatsBatch.encode`), which the scripts add to the plain
+fields.
 
 Durations are not compared across clocks: a duration is the runner's own monotonic interval from
 the start of the attempt to its end; a round trip adds the interval the job waited, between the
@@ -16,6 +24,7 @@ two stamps Valkey's clock put on the job (``stats_queued_ms``, ``stats_started_m
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,7 +33,16 @@ import orjson
 
 from bus.store.atomic import STATS_BUCKETS_S
 
-__all__ = ["StatsBatch", "reason_token", "type_label"]
+__all__ = [
+    "RUNNER_FIELD",
+    "StatsBatch",
+    "merged_fields",
+    "reason_token",
+    "totals_of",
+    "type_label",
+]
+
+RUNNER_FIELD = "runner|"  # + a slot id: that slot's runner processes' totals (a JSON object)
 
 # as stats_jobs.lua's patterns: %w is ASCII alphanumerics in Valkey's C locale
 _TYPE = re.compile(r"[A-Za-z0-9_.\-]*")
@@ -107,3 +125,65 @@ class StatsBatch:
         for k, s in self.sums.items():
             flat += [k, repr(s)]
         return orjson.dumps(flat).decode()
+
+    def figures(self) -> dict[str, int | float]:
+        """Every figure of the batch: field -> count, or seconds for a ``_sum|`` field."""
+        return {**self.counts, **self.sums}
+
+    def handover(self, slot_id: str) -> str:
+        """The ``stats`` ARGV that sets the slot's field to this batch, taken as the slot's
+        totals (stats_apply: ``=<field>\t<JSON object>``, one HSET)."""
+        return f"={RUNNER_FIELD}{slot_id}\t" + orjson.dumps(self.figures()).decode()
+
+
+def _figure(name: str, value: object) -> int | float | None:
+    """``value`` as the figure ``name`` holds (a whole count, or a finite number of seconds
+    for a ``_sum|`` field), or None if it is not one: stats:jobs is written by runner
+    processes, and a reader skips what none of them should have written."""
+    if isinstance(value, bytes | str):
+        try:
+            value = float(value) if "_sum|" in name else int(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if "_sum|" in name:
+        return float(value) if math.isfinite(value) else None
+    return value if isinstance(value, int) else None
+
+
+def totals_of(encoded: str | bytes | None) -> StatsBatch:
+    """A slot's totals as its field holds them (:meth:`StatsBatch.handover`); empty for no
+    field, and for one that is not such an object (it is then written over)."""
+    try:
+        decoded = orjson.loads(encoded or b"{}")
+    except orjson.JSONDecodeError:
+        return StatsBatch()
+    batch = StatsBatch()
+    if not isinstance(decoded, dict):
+        return batch
+    for name, value in decoded.items():
+        if name.startswith(RUNNER_FIELD):
+            continue
+        figure = _figure(name, value)
+        if isinstance(figure, float):
+            batch.sums[name] = figure
+        elif figure is not None:
+            batch.counts[name] = figure
+    return batch
+
+
+def merged_fields(stats: dict[str, str]) -> dict[str, str]:
+    """``stats:jobs`` as one set of figures: its plain fields plus every slot's totals
+    (``runner|<slot id>``), each figure a decimal string; a value no runner or script should
+    have written is left out."""
+    out: dict[str, int | float] = {}
+    for name, value in stats.items():
+        if name.startswith(RUNNER_FIELD):
+            figures: dict[str, int | float] = totals_of(value).figures()
+        else:
+            figure = _figure(name, value)
+            figures = {} if figure is None else {name: figure}
+        for key, n in figures.items():
+            out[key] = out.get(key, 0) + n
+    return {k: repr(v) if isinstance(v, float) else str(v) for k, v in out.items()}

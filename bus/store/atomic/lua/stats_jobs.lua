@@ -11,7 +11,8 @@
 -- roundtrip_sum|<type> (seconds). A job hash gains stats_queued_ms (when it was queued: on its
 -- origin, submitted; at its destination, received) and stats_started_ms (its attempt's start).
 -- A runner process counts the ends and answers of its attempts itself (bus/store/atomic/stats.py,
--- the same fields) and hands the sums to an ending script's 'stats' ARGV: stats_apply.
+-- the same fields) and hands them to an ending script's 'stats' ARGV: stats_apply. Its slot's
+-- totals are then the field runner|<slot id>, which readers add to the others.
 local STATS = '${STATS_KEY}'
 local STATS_BUCKETS = ${STATS_BUCKETS}
 -- read once per script: a script is one instant, however many jobs it counts
@@ -102,9 +103,15 @@ local function stats_answered(job, status, reason, known)
   redis.call('HINCRBY', STATS, field, 1)
   stats_observe('roundtrip', stype, since)
 end
--- the sums a runner process counted (bus/store/atomic/stats.py): a JSON list
--- [field, increment, ...]; a '_sum|' field is a float
+-- what a runner process counted (bus/store/atomic/stats.py): its slot's totals,
+-- '=runner|<slot id>' TAB a JSON object, set in one HSET (a reader adds them: merged_fields);
+-- or increments, a JSON list [field, increment, ...] (a '_sum|' field is a float)
 local function stats_apply(encoded)
+  if string.byte(encoded, 1) == 61 then  -- '='
+    local tab = string.find(encoded, '\t', 2, true)
+    redis.call('HSET', STATS, string.sub(encoded, 2, tab - 1), string.sub(encoded, tab + 1))
+    return
+  end
   local flat = cjson.decode(encoded)
   for i = 1, #flat, 2 do
     if string.find(flat[i], '_sum|', 1, true) then
