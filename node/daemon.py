@@ -73,6 +73,7 @@ from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
+from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
@@ -194,6 +195,8 @@ async def _run_services(
             registry.resilient, "counters", run_counters, node.counters, node.store, transport
         )
         await services.start(registry.resilient, "links", run_link_info, node.store, transport)
+        writer = JobStatsWriter(node.job_stats, node.store, node.identity.node_id)
+        await services.start(registry.resilient, "job statistics", writer.run)
         console_url = await _start_console(node, transport, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(

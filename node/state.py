@@ -15,6 +15,7 @@ import trio
 from bus.core.models import Actor, Context, Peer
 from bus.core.verify import Freshness
 from bus.store import registry
+from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import Store
 from bus.wire.breakers import PeerBreakers
 from bus.wire.outbox import PeerOutbox
@@ -70,6 +71,24 @@ class Counters:
     def service_restarted(self, name: str) -> None:
         self.restarts[name] = self.restarts.get(name, 0) + 1
         self.count("service_restarts")
+
+
+@dataclass
+class JobStats:
+    """Job statistics the node's own scripts counted and handed back (materialising a job,
+    accepting a result: bus/store/atomic/lua/stats_jobs.lua, stats_collected), by context,
+    not yet in ``stats:jobs``; ``counted`` is set when one is added and re-armed by the service
+    that writes them (node/observe/jobstats.py)."""
+
+    pending: dict[int, StatsBatch] = field(default_factory=dict)
+    counted: trio.Event = field(default_factory=trio.Event)
+    # set by the writer service: write everything counted so far (a scrape, before it reads)
+    write: Callable[[], Coroutine[Any, Any, None]] | None = None
+
+    def add(self, ctx: int, flat: list[str]) -> None:
+        if flat:
+            self.pending.setdefault(ctx, StatsBatch()).add_flat(flat)
+            self.counted.set()
 
 
 @dataclass
@@ -282,6 +301,7 @@ class NodeState:
     signer: InitVar[Signer | None] = None
     identity: Identity = field(init=False)
     counters: Counters = field(init=False, default_factory=Counters)
+    job_stats: JobStats = field(init=False, default_factory=JobStats)
     shutdown: Shutdown = field(init=False, default_factory=Shutdown)
     wakeups: WakeUps = field(init=False, default_factory=WakeUps)
     backpressure: Backpressure = field(init=False, default_factory=Backpressure)

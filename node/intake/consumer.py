@@ -125,6 +125,7 @@ async def accept_results(
         )
         for (message, body), reply_to in zip(results, inboxes, strict=True)
     ]
+    counted: list[str] = []
     verdicts = await routing.accept_results(
         node.store,
         ctx,
@@ -132,7 +133,9 @@ async def accept_results(
         accepts,
         window_s=node.identity.freshness.window_s,
         node_id=node.identity.node_id,
+        counted=counted,
     )
+    node.job_stats.add(ctx, counted)
     for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
         if reason != "ok":
             exc = _refusal(ctx, message, body, Reason(str(reason)), str(detail))

@@ -127,6 +127,7 @@ async def materialise_many(
     stamp = now_s()
     batch, unknown = _writes(messages, script_types, stamp, ctx, node.identity.admission_key)
     types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
+    counted: list[str] = []
     codes, node.backpressure.queue_depth[ctx], owners = await materialise_batch(
         node.store,
         ctx,
@@ -135,7 +136,9 @@ async def materialise_many(
         now=stamp,
         window_s=node.identity.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
+        counted=counted,
     )
+    node.job_stats.add(ctx, counted)
     refused = [(m, refusal(m, c, o)) for m, c, o in zip(messages, codes, owners, strict=True) if c]
     for (_, writes), code in zip(batch, codes, strict=True):
         for w in writes:  # idle slots wait on the plain type queue only

@@ -170,7 +170,10 @@ async def route_many(node: NodeState, ctx: int, messages: list[Message], infligh
     if by_peer:
         await routing.push_outboxes(node.store, by_peer)
     stamp = str(now())
-    await routing.route(node.store, ctx, inflight, [_routed(node, m, stamp) for m in messages])
+    counted: list[str] = []
+    routed = [_routed(node, m, stamp) for m in messages]
+    await routing.route(node.store, ctx, inflight, routed, counted)
+    node.job_stats.add(ctx, counted)
     if any(
         m.destination != node.identity.node_id and m.message_type is MessageType.JOB
         for m in messages

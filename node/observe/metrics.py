@@ -99,6 +99,8 @@ async def read(state: NodeState) -> Scrape:
     store = state.store
     started = time.perf_counter()
     await store.ping()
+    if state.job_stats.write is not None:  # what the node counted: in stats:jobs first
+        await state.job_stats.write()
     scrape = Scrape(time.perf_counter() - started, {}, {}, {}, {}, {})
     for ctx in await store.context_ids():
         scrape.stats[ctx] = await records.job_stats(store, ctx)

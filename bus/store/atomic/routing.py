@@ -113,12 +113,15 @@ async def materialise_batch(
     now: int,
     window_s: int,
     depth_of: list[str],
+    counted: list[str] | None = None,
 ) -> tuple[list[int], int, list[str]]:
     """Write each message's jobs unless the message (key or nonce) was accepted before or one
     of its job keys is another message's, in one atomic script. Returns one code per message
     (0 written; 1 replay of its key, 2 of its nonce, 3 a job key held by another message:
     nothing written for it), the depth of the deepest queue of ``depth_of`` afterwards, and
-    per message the job key refused and its holder ("" if none)."""
+    per message the job key refused and its holder ("" if none). ``counted``: the job
+    statistics are not written but added to this list (``[field, increment, ...]``), for the
+    caller to count."""
     payload = [
         {
             "key": message.key,
@@ -129,16 +132,29 @@ async def materialise_batch(
         }
         for message, jobs in batch
     ]
-    args = [json.dumps(payload), str(now), str(window_s)]
+    args = [json.dumps(payload), str(now), str(window_s), "1" if counted is not None else ""]
     materialise = script("routing_materialise")
-    codes, depth, owners = await store.script(ctx, materialise, [inflight, *depth_of], args)
+    codes, depth, owners, figures = await store.script(
+        ctx, materialise, [inflight, *depth_of], args
+    )
+    if counted is not None:
+        counted += [str(f) for f in figures]
     return [int(c) for c in codes], int(depth), [str(o) for o in owners]
 
 
-def write_own_job(tx: Any, job_key: str, message_key: str, fields: dict[str, str]) -> None:
+def write_own_job(
+    tx: Any,  # noqa: ANN401
+    job_key: str,
+    message_key: str,
+    fields: dict[str, str],
+    *,
+    count: bool = False,
+) -> Any:  # noqa: ANN401
     """Queue in ``tx`` the write of job hash ``job_key`` of message ``message_key`` (``fields``
-    must name it as message_key), unless that key holds another message's job."""
-    tx.eval(source("routing_write_own_job"), [job_key], [message_key, *_flat(fields)])
+    must name it as message_key), unless that key holds another message's job; ``count``: its
+    job statistics are returned (``{written, [field, increment, ...]}``), not written."""
+    args = [message_key, "1" if count else "", *_flat(fields)]
+    return tx.eval(source("routing_write_own_job"), [job_key], args)
 
 
 @dataclass(frozen=True)
@@ -195,20 +211,28 @@ async def accept_results(
     *,
     window_s: int,
     node_id: str,
+    counted: list[str] | None = None,
 ) -> list[tuple[str, str]]:
     """Accept each result in order, each atomically with its checks (pipelined): per result
-    ("ok", "") or (reason, detail) with nothing written; see routing_accept_result.lua."""
+    ("ok", "") or (reason, detail) with nothing written; see routing_accept_result.lua.
+    ``counted``: as :func:`materialise_batch`'s."""
     accept = script("routing_accept_result")
+    count = "1" if counted is not None else ""
     calls = [
         (
             accept,
             [r.message_key, keys.seen(r.message_key), r.nonce_key, inflight]
             + r.write.script_keys(),
-            [*r.write.script_args(), str(window_s), r.message_key, r.origin, node_id],
+            [*r.write.script_args(), str(window_s), r.message_key, r.origin, node_id, count],
         )
         for r in results
     ]
-    return [(str(reason), str(detail)) for reason, detail in await store.scripts(ctx, calls)]
+    verdicts = []
+    for reason, detail, *figures in await store.scripts(ctx, calls):
+        if counted is not None and figures:
+            counted += [str(f) for f in figures[0]]
+        verdicts.append((str(reason), str(detail)))
+    return verdicts
 
 
 async def reply_targets(store: Store, ctx: int, requests: list[str]) -> list[str]:
@@ -303,20 +327,29 @@ async def push_outboxes(store: Store, by_peer: dict[str, list[str]]) -> None:
             tx.lpush(keys.outbox(peer), entries)
 
 
-async def route(store: Store, ctx: int, inflight: str, routed: list[Routed]) -> None:
+async def route(
+    store: Store, ctx: int, inflight: str, routed: list[Routed], counted: list[str] | None = None
+) -> None:
     """Queue each local message on ``msg_in``; write each job message's origin copies and arm
     its deadlines; ack every one off ``inflight``: one transaction, so a message is never
-    acked without what routing it wrote. Raises StoreError."""
+    acked without what routing it wrote. ``counted``: as :func:`materialise_batch`'s. Raises
+    StoreError."""
+    writes = []
     async with store.transaction(ctx) as tx:
         for r in routed:
             if r.local:
                 tx.lpush(keys.MSG_IN, [r.key])
             else:
                 for copy in r.copies:
-                    write_own_job(tx, copy.key, r.key, copy.fields)
+                    count = counted is not None
+                    writes.append(write_own_job(tx, copy.key, r.key, copy.fields, count=count))
                 if r.deadlines is not None:
                     arm_deadlines(tx, r.key, *r.deadlines)
             tx.lrem(inflight, 1, r.key)
+    if counted is not None:
+        for write in writes:
+            _, figures = await write
+            counted += [str(f) for f in figures]
 
 
 async def fail_request(

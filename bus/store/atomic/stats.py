@@ -13,9 +13,10 @@ What it hands over is its slot's running totals (:meth:`StatsBatch.handover`): o
 the field ``runner|<slot id>`` (a JSON object), not one ``HINCRBY`` per figure, and a hand-over
 whose reply was lost is not counted twice. The next process of the slot starts from that
 field's totals (:func:`totals_of`), and a reader adds every such field to the plain ones
-(:func:`merged_fields`). A runner whose node died (another process of its slot may be running)
-hands over increments instead (:meth:`StatsBatch.encode`), which the scripts add to the plain
-fields.
+(:func:`merged_fields`). The node counts what its own scripts count the same way, in its
+field ``node|<node id>`` (node/observe/jobstats.py). A runner whose node died (another
+process of its slot may be running) hands over increments instead
+(:meth:`StatsBatch.encode`), which the scripts add to the plain fields.
 
 Durations are not compared across clocks: a duration is the runner's own monotonic interval from
 the start of the attempt to its end; a round trip adds the interval the job waited, between the
@@ -34,6 +35,7 @@ import orjson
 from bus.store.atomic import STATS_BUCKETS_S
 
 __all__ = [
+    "NODE_FIELD",
     "RUNNER_FIELD",
     "StatsBatch",
     "merged_fields",
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 RUNNER_FIELD = "runner|"  # + a slot id: that slot's runner processes' totals (a JSON object)
+NODE_FIELD = "node|"  # + a node id: what that node's own scripts counted (node/observe/jobstats.py)
+_TOTALS = (RUNNER_FIELD, NODE_FIELD)
 
 # as stats_jobs.lua's patterns: %w is ASCII alphanumerics in Valkey's C locale
 _TYPE = re.compile(r"[A-Za-z0-9_.\-]*")
@@ -126,6 +130,16 @@ class StatsBatch:
             flat += [k, repr(s)]
         return orjson.dumps(flat).decode()
 
+    def add_flat(self, flat: list[str]) -> None:
+        """Add what a script counted for its caller (stats_jobs.lua: stats_collected,
+        ``[field, increment, ...]``)."""
+        for name, value in zip(flat[0::2], flat[1::2], strict=False):
+            figure = _figure(name, value)
+            if isinstance(figure, float):
+                self.sums[name] = self.sums.get(name, 0.0) + figure
+            elif figure is not None:
+                self.counts[name] += figure
+
     def figures(self) -> dict[str, int | float]:
         """Every figure of the batch: field -> count, or seconds for a ``_sum|`` field."""
         return {**self.counts, **self.sums}
@@ -163,7 +177,7 @@ def totals_of(encoded: str | bytes | None) -> StatsBatch:
     if not isinstance(decoded, dict):
         return batch
     for name, value in decoded.items():
-        if name.startswith(RUNNER_FIELD):
+        if name.startswith(_TOTALS):
             continue
         figure = _figure(name, value)
         if isinstance(figure, float):
@@ -179,7 +193,7 @@ def merged_fields(stats: dict[str, str]) -> dict[str, str]:
     have written is left out."""
     out: dict[str, int | float] = {}
     for name, value in stats.items():
-        if name.startswith(RUNNER_FIELD):
+        if name.startswith(_TOTALS):
             figures: dict[str, int | float] = totals_of(value).figures()
         else:
             figure = _figure(name, value)

@@ -3,8 +3,10 @@
 --       [4] the in-flight list, [5..8] apply_result's keys (job copy, request, reply list,
 --       flow_events)
 -- ARGV: [1..7] apply_result's values, [8] the replay window (s), [9] the result's key,
---       [10] its origin (the signer), [11] this node's id
--- Returns: {'ok', ''}, or {reason, detail} with nothing written: wrong_type (a key a result
+--       [10] its origin (the signer), [11] this node's id, [12] '1': the node counts the job
+--       statistics (returned, not written: stats_collected)
+-- Returns: {'ok', '', counted} (what was counted if ARGV[12] asks, [field, increment, ...];
+-- else empty), or {reason, detail} with nothing written: wrong_type (a key a result
 -- updates holds another type), replay (of the message key or nonce), unknown_request,
 -- late_result (the request already ended on a timeout), wrong_signer.
 -- Atomic effect: the checks against what Valkey holds, then apply_result's writes, the result
@@ -35,9 +37,10 @@ if meta[2] == 'error' and string.sub(why, 1, 8) == 'timeout_' then
   return {'late_result', why}
 end
 if ARGV[10] ~= meta[1] and ARGV[10] ~= ARGV[11] then return {'wrong_signer', ''} end
+if ARGV[12] == '1' then stats_collected = {} end
 apply_result(KEYS[5], KEYS[6], KEYS[7], KEYS[8], ARGV, job)
 redis.call('HSET', KEYS[1], 'status', 'processed')
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[8])
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[9], 'EX', ARGV[8]) end
 redis.call('LREM', KEYS[4], 1, ARGV[9])
-return {'ok', ''}
+return {'ok', '', stats_collected or {}}

@@ -3,10 +3,12 @@
 -- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none), event ('submitted': the
 --         message names this node as origin and destination, else 'received'; the job
 --         statistics' count), jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}],
---       [2] now (s), [3] the replay window (s)
--- Returns: {codes, depth, owners}: one code per message (0 materialised, 1 replay of the
--- message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of the
--- reported queues afterwards, and per message "<job key> <its holder>" for code 3 ("" else).
+--       [2] now (s), [3] the replay window (s), [4] '1': the node counts the job statistics
+--       (returned, not written: stats_collected)
+-- Returns: {codes, depth, owners, counted}: one code per message (0 materialised, 1 replay of
+-- the message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of
+-- the reported queues afterwards, per message "<job key> <its holder>" for code 3 ("" else),
+-- and what was counted if ARGV[4] asks ([field, increment, ...]; else empty).
 -- Atomic effect: per message, the replay check and, unless refused, its job hashes, their
 -- queue entries (a job queued for the first time stamped stats_queued_ms in its own write),
 -- the message's status 'acknowledged', its replay markers (with the window as
@@ -28,6 +30,7 @@ local function taken(m)
   return ''
 end
 local batch = cjson.decode(ARGV[1])
+if ARGV[4] == '1' then stats_collected = {} end
 local out, owners = {}, {}
 local depth_of = {}  -- a queue's length as the last LPUSH on it said: no LLEN of it after
 for i, m in ipairs(batch) do
@@ -66,4 +69,4 @@ local depth = 0
 for i = 2, #KEYS do
   depth = math.max(depth, depth_of[KEYS[i]] or redis.call('LLEN', KEYS[i]))
 end
-return {out, depth, owners}
+return {out, depth, owners, stats_collected or {}}

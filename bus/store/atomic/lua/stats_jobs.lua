@@ -15,6 +15,20 @@
 -- totals are then the field runner|<slot id>, which readers add to the others.
 local STATS = '${STATS_KEY}'
 local STATS_BUCKETS = ${STATS_BUCKETS}
+-- A script the node runs hands what it counts back to the node instead (it sets
+-- stats_collected to a table and returns it: [field, increment, ...]), which adds it up in its
+-- memory and writes its totals on a beat, one field (node/observe/jobstats.py).
+local stats_collected = false
+local function stats_add(field, n)
+  if stats_collected then
+    stats_collected[#stats_collected + 1] = field
+    stats_collected[#stats_collected + 1] = tostring(n)
+  elseif string.find(field, '_sum|', 1, true) then
+    redis.call('HINCRBYFLOAT', STATS, field, n)
+  else
+    redis.call('HINCRBY', STATS, field, n)
+  end
+end
 -- read once per script: a script is one instant, however many jobs it counts
 local stats_now = false
 local function stats_ms()
@@ -44,8 +58,8 @@ local function stats_observe(name, stype, since_ms)
   for _, b in ipairs(STATS_BUCKETS) do
     if s <= tonumber(b) then le = b; break end
   end
-  redis.call('HINCRBY', STATS, name .. '|' .. stype .. '|' .. le, 1)
-  redis.call('HINCRBYFLOAT', STATS, name .. '_sum|' .. stype, s)
+  stats_add(name .. '|' .. stype .. '|' .. le, 1)
+  stats_add(name .. '_sum|' .. stype, s)
 end
 -- a job queued for the first time (a redelivery counts nothing), as event: 'submitted' at its
 -- origin (its message names this node as both origin and destination, or the origin's copy),
@@ -57,7 +71,7 @@ local function stats_count_queued(job, event, fields)
     if fields[i] == 'script_type' then t = fields[i + 1] end
   end
   if not t then t = redis.call('HGET', job, 'script_type') end  -- a type written earlier
-  redis.call('HINCRBY', STATS, event .. '|' .. stats_label(t), 1)
+  stats_add(event .. '|' .. stats_label(t), 1)
 end
 local function stats_queued(job, event, fields)
   if redis.call('HSETNX', job, 'stats_queued_ms', stats_ms()) == 0 then return end
@@ -65,13 +79,13 @@ local function stats_queued(job, event, fields)
 end
 local function stats_started(job)
   redis.call('HSET', job, 'stats_started_ms', stats_ms())
-  redis.call('HINCRBY', STATS, 'started|' .. stats_type(job), 1)
+  stats_add('started|' .. stats_type(job), 1)
 end
 -- a job ended where it would run, no attempt running (a queued job stopped)
 local function stats_ended_queued(job, status, reason)
   local stype = stats_type(job)
   local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
-  redis.call('HINCRBY', STATS, field, 1)
+  stats_add(field, 1)
   return stype
 end
 -- an attempt ended where it ran (reason false: the job's own reason field); known: the job's
@@ -87,7 +101,7 @@ local function stats_ended(job, status, reason, known)
     stype, since = stats_type(job), redis.call('HGET', job, 'stats_started_ms')
   end
   local field = 'ended|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
-  redis.call('HINCRBY', STATS, field, 1)
+  stats_add(field, 1)
   stats_observe('duration', stype, since)
 end
 -- a job answered at its origin (its copy there, or the job itself if it ran there)
@@ -100,7 +114,7 @@ local function stats_answered(job, status, reason, known)
     stype, since = stats_type(job), redis.call('HGET', job, 'stats_queued_ms')
   end
   local field = 'answered|' .. stype .. '|' .. stats_token(status) .. '|' .. stats_token(reason)
-  redis.call('HINCRBY', STATS, field, 1)
+  stats_add(field, 1)
   stats_observe('roundtrip', stype, since)
 end
 -- what a runner process counted (bus/store/atomic/stats.py): its slot's totals,

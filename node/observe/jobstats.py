@@ -1,0 +1,82 @@
+"""The job statistics the node's own scripts count, written to ``stats:jobs`` on a beat.
+
+Materialising a job (``submitted``, ``received``) and accepting a result (``answered``, the
+round trip) are counted by the scripts that do them, with Valkey's clock, but handed back to
+the node (stats_jobs.lua: stats_collected) instead of one ``HINCRBY`` per figure per job. The
+node adds them up in its memory (node/state.py: JobStats) and writes its totals, one field
+``node|<node id>`` per context (a JSON object, as a runner slot's: bus/store/atomic/stats.py),
+at most once every :data:`WRITE_INTERVAL_S` after a change, before each metrics scrape (so a
+scrape shows every job answered before it) and when the node stops. A node killed loses what
+it counted since its last write (at most that interval); the next run goes on from its field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Final, NoReturn
+
+import orjson
+import trio
+
+from bus.core import keys
+from bus.errors import StoreError
+from bus.store.atomic.stats import NODE_FIELD, StatsBatch, totals_of
+from bus.store.connection import Store
+from node.state import JobStats
+
+# a scrape writes first, so this bounds only what a killed node loses and how stale a reader
+# of stats:jobs that is not this node's scrape may be
+WRITE_INTERVAL_S: Final = 1.0
+
+
+class JobStatsWriter:
+    """Writes a node's :class:`JobStats` (one writer per node: the totals it last wrote are
+    kept here, read once per context from Valkey)."""
+
+    def __init__(self, stats: JobStats, store: Store, node_id: str) -> None:
+        self.stats, self.store = stats, store
+        self.field = NODE_FIELD + node_id[:16]
+        self.totals: dict[int, StatsBatch] = {}
+        self.lock = trio.Lock()
+
+    async def write(self) -> None:
+        """Write every context's totals with what was counted since; what a failed write
+        held is counted again in the next one. StoreError if Valkey fails."""
+        async with self.lock:
+            self.stats.counted = trio.Event()  # a count during the write: written next time
+            for ctx in list(self.stats.pending):
+                batch = self.stats.pending.pop(ctx)
+                try:
+                    totals = self.totals.get(ctx)
+                    if totals is None:
+                        raw = await self.store.call(
+                            ctx, lambda r: r.hget(keys.STATS_JOBS, self.field)
+                        )
+                        totals = totals_of(raw)
+                    totals = totals.merged(batch)
+                    text = orjson.dumps(totals.figures()).decode()
+                    await self.store.hset(ctx, keys.STATS_JOBS, {self.field: text})
+                except BaseException:
+                    later = self.stats.pending.get(ctx, StatsBatch())
+                    self.stats.pending[ctx] = batch.merged(later)
+                    self.stats.counted.set()
+                    raise
+                self.totals[ctx] = totals
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> NoReturn:
+        """Write after each change, at most once every WRITE_INTERVAL_S, and once more when
+        cancelled (the node stopping). Raises StoreError if Valkey fails (``resilient``
+        restarts it)."""
+        self.stats.write = self.write  # the metrics scrape writes before it reads
+        task_status.started()
+        try:
+            while True:
+                await self.stats.counted.wait()
+                await self.write()
+                await trio.sleep(WRITE_INTERVAL_S)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                with contextlib.suppress(StoreError):  # stopping: those counts are lost
+                    await self.write()
