@@ -10,7 +10,15 @@
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'message_key') ~= ARGV[1])
 then return {0, {}} end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 if ARGV[2] == '1' then stats_collected = {} end
-stats_queued(KEYS[1], 'submitted', {unpack(ARGV, 3)})
+local fields = {unpack(ARGV, 3)}
+if kind == 'none' then  -- queued for the first time: stamped in the same write
+  local f = {unpack(fields)}
+  f[#f + 1], f[#f + 2] = 'stats_queued_ms', stats_ms()
+  redis.call('HSET', KEYS[1], unpack(f))
+  stats_count_queued(KEYS[1], 'submitted', fields)
+else
+  redis.call('HSET', KEYS[1], unpack(fields))
+  stats_queued(KEYS[1], 'submitted', fields)
+end
 return {1, stats_collected or {}}
