@@ -250,6 +250,22 @@ async def test_accept_results_refuses_wrong_types_and_late_results(store: Store)
     assert not await store.exists(CTX, keys.reply(REQUEST))
 
 
+async def test_flow_events_of_another_type_refuse_only_a_flow_s_result(store: Store) -> None:
+    """flow_events is written only for a flow's job: a result of any other job is accepted
+    whatever it holds; a flow's is refused (wrong_type), nothing of it written."""
+    await store.call(CTX, lambda r: r.set(keys.FLOW_EVENTS, "x"))
+    await store.hset(CTX, REQUEST, {"destination": "peer", "status": "acknowledged"})
+    await store.hset(CTX, JOB, {"message_key": REQUEST, "flow_id": "4"})
+    ((reason, detail),) = await _accept_all(store, [_accept("message:8:1")])
+    assert (reason, detail) == ("wrong_type", f"{keys.FLOW_EVENTS} holds a string")
+    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert (await store.hgetall(CTX, JOB)).get("status") is None
+    await store.call(CTX, lambda r: r.hdel(JOB, ["flow_id"]))
+    assert await _accept_all(store, [_accept("message:8:1")]) == [("ok", "")]
+    assert (await store.hgetall(CTX, JOB))["status"] == "finished"
+    assert await store.get(CTX, keys.FLOW_EVENTS) == "x"
+
+
 async def test_pop_due_takes_what_is_due_once(store: Store) -> None:
     members = {"ack|m1": 100, "result|m1": 200, "ack|m2": 300}
     await store.call(CTX, lambda r: r.zadd(keys.DEADLINES, members))

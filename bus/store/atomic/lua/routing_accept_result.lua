@@ -14,7 +14,7 @@
 -- in-flight list. Run in message order, a second copy in the same batch is a replay.
 -- include: routing_apply_result_fn
 -- keys a (signed, yet hostile) result names: one of another type is refused. The two hashes
--- are read anyway (pcalls: the error says another type); the two lists are only written.
+-- are read anyway (pcalls: the error says another type); the lists are only written.
 local function held(key)
   return {'wrong_type', key .. ' holds a ' .. redis.call('TYPE', key)['ok']}
 end
@@ -22,9 +22,12 @@ local job = apply_result_job(KEYS[5])
 if job['err'] then return held(KEYS[5]) end
 local meta = redis.pcall('HMGET', KEYS[6], 'destination', 'status', 'reason')
 if meta['err'] then return held(KEYS[6]) end
-for i = 7, 8 do
-  local t = redis.call('TYPE', KEYS[i])['ok']
-  if t ~= 'none' and t ~= 'list' then return {'wrong_type', KEYS[i] .. ' holds a ' .. t} end
+-- flow_events is written only for a flow's job that is the request's (apply_result)
+local lists = {KEYS[7]}
+if job[1] == KEYS[6] and job[2] and job[2] ~= '' then lists[2] = KEYS[8] end
+for _, key in ipairs(lists) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= 'list' then return {'wrong_type', key .. ' holds a ' .. t} end
 end
 -- one EXISTS of both markers: neither is there, the common case
 if redis.call('EXISTS', KEYS[2], KEYS[3] ~= '' and KEYS[3] or KEYS[2]) > 0 then
