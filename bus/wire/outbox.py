@@ -28,6 +28,9 @@ from bus.wire.transport import Link, Transport
 log = logging.getLogger(__name__)
 
 MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
+# message hashes the supervisor handed over with their entries (PeerOutbox.remember), kept at
+# most this many: entries that wait for a link are read again when it comes up
+MAX_REMEMBERED = 1024
 
 
 def entry(context_id: int, message_key: str) -> str:
@@ -94,6 +97,17 @@ class PeerOutbox:
         self.ack_timeout_s = ack_timeout_s
         self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
         self._contexts: set[int] = set()  # served contexts, re-read when an entry names another
+        self._remembered: dict[str, Hash] = {}
+
+    def remember(self, value: str, fields: Hash) -> None:
+        """The message hash of entry ``value``, as the supervisor read it just before it
+        pushed the entry: the entry's next pop sends it without reading it again. Only a
+        message its client was told failed may not be sent, and that one is taken out of
+        the outbox lists first (node/intake/deadlines.py: withdraw); a link that goes down
+        forgets them all, so a message that waits for a link is read when it goes."""
+        self._remembered[value] = fields
+        if len(self._remembered) > MAX_REMEMBERED:
+            del self._remembered[next(iter(self._remembered))]
 
     async def acked(self, entries: Sequence[str]) -> None:
         """The peer stored and queued these messages (or refused them): they leave the outbox,
@@ -113,6 +127,7 @@ class PeerOutbox:
         )
         while True:
             link = await self.transport.wait_link(self.peer_id)
+            self._remembered.clear()  # remembered while no link was up: read when sent
             self.window.reset()
             try:
                 await serve_queue(self.store, queue, _Forward(self, link))
@@ -132,15 +147,20 @@ class PeerOutbox:
     async def _load(
         self, entries: list[tuple[int, str, str]]
     ) -> list[tuple[str, Hash | str | None]]:
-        """The message hashes of a batch of entries (context, key, entry), one read per
-        context; in place of a hash, the type a key holds instead (see Store.read_hashes), or
-        None for an entry that names a context this node does not serve."""
+        """The message hashes of a batch of entries (context, key, entry): those remembered,
+        and one read per context for the others; in place of a hash, the type a key holds
+        instead (see Store.read_hashes), or None for an entry that names a context this node
+        does not serve."""
         by_ctx: dict[int, list[str]] = {}
-        for ctx, key, _ in entries:
-            by_ctx.setdefault(ctx, []).append(key)
+        found: dict[str, Hash | str] = {}
+        for ctx, key, value in entries:
+            fields = self._remembered.pop(value, None)
+            if fields is not None:
+                found[value] = fields
+            else:
+                by_ctx.setdefault(ctx, []).append(key)
         if not by_ctx.keys() <= self._contexts:
             self._contexts = set(await self.store.context_ids())
-        found: dict[str, Hash | str] = {}
         for ctx, message_keys in by_ctx.items():
             if ctx not in self._contexts:  # never open a client on a database no one serves
                 continue

@@ -7,14 +7,14 @@ outbox of the destination peer. A message that fails a check goes to ``dlq`` wit
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import NoReturn
 
 import trio
 
 from bus.core import keys
 from bus.core.ids import now
-from bus.core.models import JobStatus, Message, MessageType
+from bus.core.models import Hash, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
 from bus.errors import StoreError
 from bus.store import lists, serve
@@ -60,11 +60,17 @@ class Supervisor(Intake[Message]):
 
     name, source = SERVICE, keys.MSG_OUT
 
+    def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
+        super().__init__(node, ctx, script_types)
+        self.hashes: dict[str, Hash] = {}  # the message hashes of the pop being handled
+
     async def each(self, popped: Popped) -> Message:
+        self.hashes[popped.value] = popped.fields
         return await check(self.node, self.ctx, popped.value, popped.fields)
 
     async def batch(self, items: list[Message]) -> None:
-        await handle_batch(self.node, self.ctx, items, self.script_types)
+        hashes, self.hashes = self.hashes, {}
+        await handle_batch(self.node, self.ctx, items, self.script_types, hashes)
 
     async def rejected(self, message: Message, exc: Rejected) -> None:
         """A refused job message of this node's own clients gets failed copies of its jobs."""
@@ -73,10 +79,15 @@ class Supervisor(Intake[Message]):
 
 
 async def handle_batch(
-    node: NodeState, ctx: int, messages: list[Message], script_types: Collection[str]
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    hashes: Mapping[str, Hash] | None = None,
 ) -> None:
     """Route checked messages popped together from msg_out, the jobs that run on this node
-    materialised together in one step (a batch of one when the queue is short)."""
+    materialised together in one step (a batch of one when the queue is short); ``hashes``:
+    the messages' hashes as read, by key, which a peer's outbox then need not read again."""
     inflight = keys.inflight(SERVICE)
     local: list[Message] = []
     remote: list[Message] = []
@@ -86,7 +97,7 @@ async def handle_batch(
         else:
             remote.append(message)
     if remote:
-        await route_many(node, ctx, remote, inflight)
+        await route_many(node, ctx, remote, inflight, hashes or {})
     if local:
         await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
@@ -156,15 +167,26 @@ async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
     await admit(node, ctx, message, incoming=False)
 
 
-async def route_many(node: NodeState, ctx: int, messages: list[Message], inflight: str) -> None:
+async def route_many(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    inflight: str,
+    hashes: Mapping[str, Hash],
+) -> None:
     """Send checked messages on: to this node's msg_in, or to each peer's durable outbox (one
     pipelined write per database), then acknowledge them all. A job message to a peer gets this
     node's copy of its jobs (the client wrote only the message: the origin tracks status and
-    result in the copy) and arms its ack and result deadlines."""
+    result in the copy) and arms its ack and result deadlines. The peer's outbox is handed the
+    hashes just read with the entries (PeerOutbox.remember)."""
     by_peer: dict[str, list[str]] = {}
     for m in messages:
         if m.destination != node.identity.node_id:
-            by_peer.setdefault(m.destination, []).append(outbox.entry(ctx, m.key))
+            value = outbox.entry(ctx, m.key)
+            by_peer.setdefault(m.destination, []).append(value)
+            box = node.peers.outboxes.get(m.destination)
+            if box is not None and m.key in hashes:
+                box.remember(value, hashes[m.key])
             if m.message_type is MessageType.JOB:
                 remember_reply_to(node, m)
     if by_peer:

@@ -253,3 +253,35 @@ async def test_acks_from_another_peer_change_nothing(node_factory, nursery):
     await link.send_raw(encode_msgs([encode_msg_item(77, probe.key, probe.to_hash())]))
     await answer_to(peer, probe.key)
     assert "acked_at" not in await alice.store.hgetall(1, msg.key)
+
+
+async def test_an_outbox_sends_what_the_supervisor_read_without_reading_it_again(
+    store, redis_url
+):
+    """The supervisor hands the outbox the message hashes it just read with their entries:
+    their first pop reads nothing; a resend (the next pop of the entry) and entries it was
+    not handed are read from Valkey; it keeps at most MAX_REMEMBERED of them."""
+    import redis
+
+    box = PeerOutbox(store, None, "p", None)  # type: ignore[arg-type]
+    await store.call(keys.ACTORS_DB, lambda r: r.sadd(keys.CONTEXTS, ["1"]))  # served
+    await store.hset(1, "message:1:1", {"id": "1", "v": "stored"})
+    await store.hset(1, "message:1:2", {"id": "2", "v": "stored"})
+    box.remember("1|message:1:1", {"id": "1", "v": "read by the supervisor"})
+    one, two = (1, "message:1:1", "1|message:1:1"), (1, "message:1:2", "1|message:1:2")
+
+    def evalsha_calls() -> int:
+        stats = redis.Redis.from_url(redis_url).info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha_calls()
+    assert await box._load([one]) == [("1|message:1:1", {"id": "1", "v": "read by the supervisor"})]
+    assert evalsha_calls() == before  # nothing read
+    assert await box._load([one, two]) == [
+        ("1|message:1:1", {"id": "1", "v": "stored"}),
+        ("1|message:1:2", {"id": "2", "v": "stored"}),
+    ]
+    for n in range(outbox.MAX_REMEMBERED + 1):
+        box.remember(f"1|message:1:{n}", {"id": str(n)})
+    assert len(box._remembered) == outbox.MAX_REMEMBERED
+    assert "1|message:1:0" not in box._remembered
