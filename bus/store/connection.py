@@ -354,19 +354,33 @@ class Store:
         return [t for t in texts if t is not None]
 
     async def pop_read(
-        self, db: int, source: str, inflight: str, limit: int, timeout_s: float
+        self,
+        db: int,
+        source: str,
+        inflight: str,
+        limit: int,
+        timeout_s: float,
+        *,
+        block_first: bool = False,
     ) -> list[tuple[str, Hash]]:
         """Move up to ``limit`` entries of ``source`` to ``inflight`` and read the hash each one
         names: what is queued already in one round trip (entries and hashes in one Lua call);
         only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
-        whose entry is read at once. [] after the timeout."""
-        raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
-        self.pops += len(raw)
+        whose entry is read at once with what came after it. [] after the timeout.
+        ``block_first``: start with the blocking pop (the last pop left ``source`` empty, so a
+        pop that does not block would most likely find nothing: one round trip less)."""
+        raw = []
+        if not block_first:
+            raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
+            self.pops += len(raw) // 2
         if not raw:
             first = await self.pop_reliable(db, source, inflight, timeout_s)
             if first is None:
                 return []
-            raw = [first, await queues.read_hash(self, db, first)]
+            raw = await queues.pop_batch(
+                self, db, source, inflight, limit - 1, read=True, first=first
+            )
+            self.pops += len(raw) // 2 - 1
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
             if await self.utf8_entry(db, inflight, value, source) is None:

@@ -121,10 +121,12 @@ async def serve_queue(
 
 
 async def _serve(store: Store, queue: Queue, handler: Handler[T]) -> NoReturn:
+    drained = False  # the last pop left the queue empty
     while True:
         await handler.before_pop()
         items: list[T] = []
-        for popped in await pop_entries(store, queue):
+        entries, drained = await pop_entries(store, queue, block_first=drained)
+        for popped in entries:
             done = await guarded(store, queue, handler, popped)
             if done is Done.ACK:
                 await store.ack(queue.db, queue.inflight, popped.value)
@@ -153,14 +155,25 @@ async def guarded(store: Store, queue: Queue, handler: Handler[T], popped: Poppe
     return Done.ACKED
 
 
-async def pop_entries(store: Store, queue: Queue) -> list[Popped]:
+async def pop_entries(
+    store: Store, queue: Queue, *, block_first: bool = False
+) -> tuple[list[Popped], bool]:
     """What ``queue`` holds already (up to BATCH, with the hashes when it reads them), in one
-    round trip; only when it is empty a blocking pop of up to ``queue.timeout_s``."""
+    round trip; only when it is empty a blocking pop of up to ``queue.timeout_s``; and whether
+    the queue was left empty (fewer than BATCH came). ``block_first``: a queue that reads its
+    hashes starts with the blocking pop (see Store.pop_read)."""
     if queue.read:
-        read = await store.pop_read(queue.db, queue.source, queue.inflight, BATCH, queue.timeout_s)
-        return [Popped(value, fields) for value, fields in read]
+        read = await store.pop_read(
+            queue.db,
+            queue.source,
+            queue.inflight,
+            BATCH,
+            queue.timeout_s,
+            block_first=block_first,
+        )
+        return [Popped(value, fields) for value, fields in read], len(read) < BATCH
     values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)
     if not values:
         first = await store.pop_reliable(queue.db, queue.source, queue.inflight, queue.timeout_s)
         values = [] if first is None else [first]
-    return [Popped(value, {}) for value in values]
+    return [Popped(value, {}) for value in values], len(values) < BATCH

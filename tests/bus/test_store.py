@@ -94,6 +94,27 @@ async def test_commandstats_lookup_counts(store: Store) -> None:
     assert await _calls(store, "evalsha") > before
 
 
+async def test_pop_read_after_a_drained_pop_blocks_first_and_reads_with_the_rest(
+    store: Store,
+) -> None:
+    """A queue the last pop left empty: the blocking pop first (no pop that finds nothing),
+    then one script reads its entry and takes and reads what came after it, in order."""
+    for i in range(4):
+        await store.hset(0, f"h{i}", {"n": str(i)})
+    assert await store.pop_read(0, "src", "inflight", 3, 0.1) == []  # loads the script
+    await store.lpush(0, "src", "h0", "h1", "h2", "h3")
+    before = {c: await _calls(store, c) for c in ("blmove", "evalsha", "lmpop", "hgetall")}
+    popped = await store.pop_read(0, "src", "inflight", 3, 1.0, block_first=True)
+    assert popped == [("h0", {"n": "0"}), ("h1", {"n": "1"}), ("h2", {"n": "2"})]
+    calls = {c: await _calls(store, c) - n for c, n in before.items()}
+    assert calls == {"blmove": 1, "evalsha": 1, "lmpop": 1, "hgetall": 3}
+    assert await store.lrange(0, "inflight") == ["h2", "h1", "h0"]
+    assert await store.pop_read(0, "src", "inflight", 1, 1.0, block_first=True) == [
+        ("h3", {"n": "3"})
+    ]
+    assert await store.pop_read(0, "src", "inflight", 5, 0.1, block_first=True) == []
+
+
 async def test_pop_read_takes_what_is_queued_with_hashes_then_blocks(store: Store) -> None:
     import trio
 

@@ -19,11 +19,21 @@ __all__ = ["pop_batch", "purge_dead", "read_hash", "read_hashes", "recover", "re
 
 
 async def pop_batch(
-    store: Store, db: int, source: str, inflight: str, limit: int, *, read: bool
+    store: Store,
+    db: int,
+    source: str,
+    inflight: str,
+    limit: int,
+    *,
+    read: bool,
+    first: str | None = None,
 ) -> list[Any]:
     """Move up to ``limit`` entries of ``source`` to ``inflight``: the entries, each followed
-    (``read``) by the hash it names or the name of the type its key holds instead."""
+    (``read``) by the hash it names or the name of the type its key holds instead; ``first``
+    (with ``read``), an entry already moved, comes first, read in the same round trip."""
     args = [str(limit), "1" if read else "0"]
+    if first is not None:
+        args.append(first)
     return list(await store.script(db, script("queues_pop_batch"), [source, inflight], args))
 
 
