@@ -62,11 +62,12 @@ class Supervisor(Intake[Message]):
 
     def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
         super().__init__(node, ctx, script_types)
-        self.hashes: dict[str, Hash] = {}  # the message hashes of the pop being handled
+        self.hashes: dict[str, Hash] = {}  # the hashes of the checked messages of this pop
 
     async def each(self, popped: Popped) -> Message:
-        self.hashes[popped.value] = popped.fields
-        return await check(self.node, self.ctx, popped.value, popped.fields)
+        message = await check(self.node, self.ctx, popped.value, popped.fields)
+        self.hashes[popped.value] = popped.fields  # a batch follows: it takes them
+        return message
 
     async def batch(self, items: list[Message]) -> None:
         hashes, self.hashes = self.hashes, {}
