@@ -154,6 +154,18 @@ async def replay_markers(
     return seen_key, not seen_key
 
 
+async def stats_totals(store: Store, ctx: int, field: str) -> str | None:
+    """One totals field of ``stats:jobs`` (a runner slot's or a node's, a JSON object:
+    bus/store/atomic/stats.py), or None."""
+    value = await store.call(ctx, lambda r: r.hget(keys.STATS_JOBS, field))
+    return None if value is None else str(value)
+
+
+async def set_stats_totals(store: Store, ctx: int, field: str, text: str) -> None:
+    """Write one totals field of ``stats:jobs`` (see :func:`stats_totals`)."""
+    await store.hset(ctx, keys.STATS_JOBS, {field: text})
+
+
 async def job_stats(store: Store, ctx: int) -> Hash:
     """The job counters of context ``ctx``: ``stats:jobs`` with its runner slots' totals
     added (bus/store/atomic/stats.py: merged_fields)."""

@@ -18,8 +18,8 @@ from typing import Final, NoReturn
 import orjson
 import trio
 
-from bus.core import keys
 from bus.errors import StoreError
+from bus.store import records
 from bus.store.atomic.stats import NODE_FIELD, StatsBatch, totals_of
 from bus.store.connection import Store
 from node.state import JobStats
@@ -49,13 +49,10 @@ class JobStatsWriter:
                 try:
                     totals = self.totals.get(ctx)
                     if totals is None:
-                        raw = await self.store.call(
-                            ctx, lambda r: r.hget(keys.STATS_JOBS, self.field)
-                        )
-                        totals = totals_of(raw)
+                        totals = totals_of(await records.stats_totals(self.store, ctx, self.field))
                     totals = totals.merged(batch)
                     text = orjson.dumps(totals.figures()).decode()
-                    await self.store.hset(ctx, keys.STATS_JOBS, {self.field: text})
+                    await records.set_stats_totals(self.store, ctx, self.field, text)
                 except BaseException:
                     later = self.stats.pending.get(ctx, StatsBatch())
                     self.stats.pending[ctx] = batch.merged(later)
