@@ -363,3 +363,30 @@ def test_merged_fields_add_every_slot_to_the_plain_fields(slots, plain):
         expected.update({k: v / 8 if "_sum|" in k else v for k, v in figures.items()})
     merged = merged_fields(stats)
     assert {k: float(v) for k, v in merged.items()} == {k: float(v) for k, v in expected.items()}
+
+
+async def test_statistics_never_stop_the_transition_that_counts_them(store, sync_runs):
+    """The runner user may write stats:jobs: a field that holds no number, and a ``stats``
+    argument no runner writes, make their increments fail alone; the attempt still starts
+    and ends, with everything else it writes."""
+    await store.hset(1, keys.STATS_JOBS, {"started|v": "many", "ended|v|finished|": "x"})
+    inflight = keys.inflight("r")
+    arguments = ("", "=no tab", "[not json", '["ended|v|finished|", "1.5", 3, "x", "a|b", "1"]')
+    for n, stats in enumerate(arguments):
+        job = f"job:1:{n}"
+        await store.hset(1, job, {"status": "dispatched", "script_type": "v", "attempt": "0"})
+        assert isinstance(sync_runs.start(job, "t", 15000, ""), dict)
+        ending = runs.Ending(job, 1, inflight, "finished", {}, "", "{}")
+        name, key_list, args = runs.finish_local_call(
+            ending, request_key=f"message:1:{n}", reply_ttl_s=60, stats=stats
+        )
+        assert await store.script(1, script(name), key_list, args) == 1
+        assert (await store.hgetall(1, job))["status"] == "finished"
+        assert (await store.hgetall(1, f"message:1:{n}"))["status"] == "processed"
+    counted = await store.hgetall(1, keys.STATS_JOBS)
+    assert counted["started|v"] == "many"  # what it held, untouched
+    assert counted["a|b"] == "1"  # the well-formed pair of the last argument
+    merged = await records.job_stats(store, 1)  # a scrape skips what holds no number
+    assert "started|v" not in merged
+    assert "ended|v|finished|" not in merged
+    assert merged["answered|v|finished|"] == "1"  # the end the scripts counted themselves

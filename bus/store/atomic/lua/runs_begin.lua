@@ -15,7 +15,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate
              'updated_at', now, 'runner_id', runner_id, 'stats_started_ms', f['stats_started_ms'])
   redis.call('SET', lease, token, 'PX', ttl_ms)
   redis.call('SADD', running, job)
-  redis.call('HINCRBY', STATS, 'started|' .. stats_label(f['script_type']), 1)
+  stats_add('started|' .. stats_label(f['script_type']), 1)
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}
   for k, v in pairs(f) do

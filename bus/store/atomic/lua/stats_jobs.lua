@@ -18,15 +18,18 @@ local STATS_BUCKETS = ${STATS_BUCKETS}
 -- A script the node runs hands what it counts back to the node instead (it sets
 -- stats_collected to a table and returns it: [field, increment, ...]), which adds it up in its
 -- memory and writes its totals on a beat, one field (node/observe/jobstats.py).
+-- Statistics never stop the transition that counts them: the runner user may write this hash,
+-- and an increment on a field that holds no number (or one that is no whole number, or no
+-- finite one) fails alone (pcall) while the script goes on.
 local stats_collected = false
 local function stats_add(field, n)
   if stats_collected then
     stats_collected[#stats_collected + 1] = field
     stats_collected[#stats_collected + 1] = tostring(n)
   elseif string.find(field, '_sum|', 1, true) then
-    redis.call('HINCRBYFLOAT', STATS, field, n)
+    redis.pcall('HINCRBYFLOAT', STATS, field, n)
   else
-    redis.call('HINCRBY', STATS, field, n)
+    redis.pcall('HINCRBY', STATS, field, n)
   end
 end
 -- read once per script: a script is one instant, however many jobs it counts
@@ -123,15 +126,15 @@ end
 local function stats_apply(encoded)
   if string.byte(encoded, 1) == 61 then  -- '='
     local tab = string.find(encoded, '\t', 2, true)
-    redis.call('HSET', STATS, string.sub(encoded, 2, tab - 1), string.sub(encoded, tab + 1))
+    if tab then
+      redis.pcall('HSET', STATS, string.sub(encoded, 2, tab - 1), string.sub(encoded, tab + 1))
+    end
     return
   end
-  local flat = cjson.decode(encoded)
-  for i = 1, #flat, 2 do
-    if string.find(flat[i], '_sum|', 1, true) then
-      redis.call('HINCRBYFLOAT', STATS, flat[i], flat[i + 1])
-    else
-      redis.call('HINCRBY', STATS, flat[i], flat[i + 1])
-    end
+  local ok, flat = pcall(cjson.decode, encoded)  -- what no runner writes is skipped, whole
+  if not ok or type(flat) ~= 'table' then return end
+  for i = 1, #flat - 1, 2 do
+    local n = tonumber(flat[i + 1])
+    if type(flat[i]) == 'string' and n then stats_add(flat[i], n) end
   end
 end
