@@ -517,10 +517,11 @@ class Runner:
         thing it did: a refusal, a requeue)."""
         if idle and self.stats.jobs:
             batch, self.stats = self.stats, StatsBatch()
-            if not self._orphaned():  # else increments: see _handover
+            orphaned = self._orphaned()  # then increments: see _handover
+            if not orphaned:
                 self.totals = self.totals.merged(batch)  # a failed hand-over: in the next one
             with contextlib.suppress(SyncStoreError):  # counts only
-                if self._orphaned():
+                if orphaned:
                     self.runs.add_stats(batch)
                 else:
                     self.runs.add_stats(self.totals, self.spec.slot_id)

@@ -335,13 +335,13 @@ async def route(
     acked without what routing it wrote. ``counted``: as :func:`materialise_batch`'s. Raises
     StoreError."""
     writes = []
+    count = counted is not None
     async with store.transaction(ctx) as tx:
         for r in routed:
             if r.local:
                 tx.lpush(keys.MSG_IN, [r.key])
             else:
                 for copy in r.copies:
-                    count = counted is not None
                     writes.append(write_own_job(tx, copy.key, r.key, copy.fields, count=count))
                 if r.deadlines is not None:
                     arm_deadlines(tx, r.key, *r.deadlines)

@@ -134,11 +134,15 @@ class StatsBatch:
         """Add what a script counted for its caller (stats_jobs.lua: stats_collected,
         ``[field, increment, ...]``)."""
         for name, value in zip(flat[0::2], flat[1::2], strict=False):
-            figure = _figure(name, value)
-            if isinstance(figure, float):
-                self.sums[name] = self.sums.get(name, 0.0) + figure
-            elif figure is not None:
-                self.counts[name] += figure
+            self._add(name, value)
+
+    def _add(self, name: str, value: object) -> None:
+        """Add ``value`` to figure ``name``, unless it is none a figure holds (_figure)."""
+        figure = _figure(name, value)
+        if isinstance(figure, float):
+            self.sums[name] = self.sums.get(name, 0.0) + figure
+        elif figure is not None:
+            self.counts[name] += figure
 
     def figures(self) -> dict[str, int | float]:
         """Every figure of the batch: field -> count, or seconds for a ``_sum|`` field."""
@@ -177,13 +181,8 @@ def totals_of(encoded: str | bytes | None) -> StatsBatch:
     if not isinstance(decoded, dict):
         return batch
     for name, value in decoded.items():
-        if name.startswith(_TOTALS):
-            continue
-        figure = _figure(name, value)
-        if isinstance(figure, float):
-            batch.sums[name] = figure
-        elif figure is not None:
-            batch.counts[name] = figure
+        if not name.startswith(_TOTALS):
+            batch._add(name, value)
     return batch
 
 
