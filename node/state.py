@@ -213,13 +213,17 @@ class RegistryCache:
     _read: tuple[int, str] | None = None  # (store pops when read, registry version)
 
     async def version(self) -> str:
-        """The registry's version (``registry:version``) as of after the last pop: every write
-        of an actor or a context bumps it (bus/store/connection.py), so an entry cached under
-        another version is never used again. Read (one GET) only when the store popped
-        something since the last read: every message admitted was popped before, so a read
-        issued after its pop sees every registry write made before it was submitted, and the
-        messages of one popped batch share one read."""
-        pops = self.store.pops
+        """The registry's version (``registry:version``) as of after the last admitted pop:
+        every write of an actor or a context bumps it (bus/store/connection.py), so an entry
+        cached under another version is never used again. Every message admitted was popped
+        before, by a pop whose script read the version after its pops (Store.pop_read with
+        ``registry``), so that version sees every registry write made before the message was
+        submitted: no round trip of its own. One GET only when nothing was popped that way
+        since the last read (a message judged without a pop)."""
+        pops = self.store.admitted_pops
+        seen = self.store.registry_seen
+        if seen is not None and seen[0] == pops:
+            return seen[1]
         if self._read is None or self._read[0] != pops:
             version = await registry.version(self.store)
             self._read = (pops, version)

@@ -27,7 +27,7 @@ from bus.core.text import printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import queues
-from bus.store.atomic.evalsha import ScriptCall, evalsha_on
+from bus.store.atomic.evalsha import ScriptCall, evalsha_on, send_evalshas
 from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
@@ -110,9 +110,12 @@ class Store:
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
-        # entries the pop methods handed out so far: a read issued after this count moved sees
-        # every write made before what was popped was pushed (the registry cache, node/state.py)
-        self.pops = 0
+        # entries popped to be admitted (pop_read with ``registry``) so far, and the registry's
+        # version as the script of the last such pop read it after its pops: a version read
+        # after a pop sees every registry write made before what it popped was pushed (the
+        # registry cache, node/state.py)
+        self.admitted_pops = 0
+        self.registry_seen: tuple[int, str] | None = None
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -331,7 +334,6 @@ class Store:
         )
         if value is None:
             return None
-        self.pops += 1
         return await self.utf8_entry(db, inflight, value, source)
 
     async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
@@ -349,7 +351,6 @@ class Store:
         if limit <= 0:
             return []
         moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
-        self.pops += len(moved)
         texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 
@@ -362,25 +363,36 @@ class Store:
         timeout_s: float,
         *,
         block_first: bool = False,
+        registry: bool = False,
     ) -> list[tuple[str, Hash]]:
         """Move up to ``limit`` entries of ``source`` to ``inflight`` and read the hash each one
         names: what is queued already in one round trip (entries and hashes in one Lua call);
-        only when ``source`` is empty a blocking :meth:`pop_reliable` (up to ``timeout_s``),
-        whose entry is read at once with what came after it. [] after the timeout.
+        only when ``source`` is empty a blocking pop (up to ``timeout_s``), whose entry is
+        read with what came after it by a script pipelined behind it (:meth:`_block_then`):
+        still one round trip. [] after the timeout.
         ``block_first``: start with the blocking pop (the last pop left ``source`` empty, so a
-        pop that does not block would most likely find nothing: one round trip less)."""
-        raw = []
+        pop that does not block would most likely find nothing: one round trip less).
+        ``registry``: the entries will be admitted (node/intake/admission.py): the same script
+        reads the registry's version after its pops (:attr:`registry_seen`)."""
+        raw: list[Any] = []
+        version = None
         if not block_first:
-            raw = await queues.pop_batch(self, db, source, inflight, limit, read=True)
-            self.pops += len(raw) // 2
+            call = queues.pop_call(source, inflight, limit, read=True, registry=registry)
+            reply = await self.script(db, *call)
+            raw, version = queues.popped_and_version(reply, registry=registry)
         if not raw:
-            first = await self.pop_reliable(db, source, inflight, timeout_s)
-            if first is None:
-                return []
-            raw = await queues.pop_batch(
-                self, db, source, inflight, limit - 1, read=True, first=first
+            call = queues.pop_call(
+                source, inflight, limit - 1, read=True, head=True, registry=registry
             )
-            self.pops += len(raw) // 2 - 1
+            first, reply = await self._block_then(db, source, inflight, timeout_s, call)
+            raw, version = queues.popped_and_version(reply, registry=registry)
+            if first is None:  # timed out: the head read is not this pop's entry
+                raw = raw[2:]
+            elif raw[0] != first:  # another writer of ``inflight`` came between (none should)
+                raw[:2] = [first, await queues.read_hash(self, db, str(first))]
+        if raw and registry and version is not None:
+            self.admitted_pops += len(raw) // 2
+            self.registry_seen = (self.admitted_pops, version)
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
             if await self.utf8_entry(db, inflight, value, source) is None:
@@ -393,6 +405,42 @@ class Store:
             else:
                 out.append((str(value), _flat_hash(read)))
         return out
+
+    async def _block_then(
+        self, db: int, source: str, inflight: str, timeout_s: float, call: ScriptCall
+    ) -> tuple[Any, Any]:
+        """BLMOVE the oldest entry of ``source`` onto ``inflight`` (up to ``timeout_s``), with
+        ``call`` pipelined behind it on the same connection: Valkey runs a blocked client's
+        next command as soon as its pop returns, so the script needs no round trip of its
+        own. (The entry moved or None, the script's reply.) Cancelled while blocked, the
+        connection is dropped: what the pop moved stays in flight, requeued at the next
+        start."""
+        client = await self.db(db)
+
+        async def once() -> tuple[Any, Any]:
+            async with client.connection_pool.acquire() as connection:
+                moved = connection.create_request(
+                    b"BLMOVE",
+                    source,
+                    inflight,
+                    b"RIGHT",
+                    b"LEFT",
+                    timeout_s,
+                    disconnect_on_cancellation=True,
+                )
+                sent = send_evalshas(connection, [call])
+                first = await moved
+                try:
+                    [reply] = await evalsha_on(connection, [call], self.url, sent)
+                except (coredis.exceptions.RedisError, OSError) as exc:
+                    # the pop ran: never sent again (what it moved is requeued at the restart)
+                    raise StoreError(f"redis {self.url}: {exc}") from exc
+                return first, reply
+
+        with _translated(self.url):
+            if self.failover is None:
+                return await once()
+            return await self.failover.retrying(once, client=client)
 
     async def refuse_entry(
         self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str

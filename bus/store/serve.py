@@ -44,6 +44,9 @@ class Queue:
     source: str
     inflight: str
     read: bool = True  # each entry names a hash, read with the pop (one round trip)
+    # its entries are admitted (node/intake/admission.py): the pop reads the registry's version
+    # too (Store.pop_read), which the admission's cache then needs no round trip for
+    registry: bool = False
     timeout_s: float = POP_TIMEOUT_S
     max_redeliveries: int = MAX_REDELIVERIES
 
@@ -170,6 +173,7 @@ async def pop_entries(
             BATCH,
             queue.timeout_s,
             block_first=block_first,
+            registry=queue.registry,
         )
         return [Popped(value, fields) for value, fields in read], len(read) < BATCH
     values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)

@@ -18,9 +18,10 @@ deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks 
 ``max_skew_s`` of each other, a message its client was told failed never runs.
 
 Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
-holds the value they were loaded under: every write of an actor or a context bumps it, and each
-admission reads it (one GET instead of two HGETALLs), so a key removed or a permission withdrawn
-a moment ago is never granted from the cache. Any refusal is re-checked against Redis before it
+holds the value they were loaded under: every write of an actor or a context bumps it, and the
+script that pops what admission judges reads it after its pops (Store.pop_read: no round trip
+of its own), so a key removed or a permission withdrawn before a message was submitted is never
+granted from the cache. Any refusal is re-checked against Redis before it
 stands, so nothing granted a moment ago is refused because of the cache either.
 """
 

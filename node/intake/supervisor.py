@@ -48,7 +48,7 @@ async def run_supervisor(
 ) -> NoReturn:
     """Route context ``ctx``'s outgoing messages until cancelled; reports started after
     recovery. Raises StoreError if Valkey fails (see bus/store/serve.py)."""
-    queue = Queue(ctx, keys.MSG_OUT, keys.inflight(SERVICE))
+    queue = Queue(ctx, keys.MSG_OUT, keys.inflight(SERVICE), registry=True)
     await serve_queue(
         node.store, queue, Supervisor(node, ctx, script_types), task_status=task_status
     )

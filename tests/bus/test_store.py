@@ -138,3 +138,22 @@ async def test_pop_read_takes_what_is_queued_with_hashes_then_blocks(store: Stor
         with trio.fail_after(5):  # an empty source: the blocking pop, read at once
             assert await store.pop_read(0, "src", "inflight", 10, 3.0) == [("h1", {"n": "1"})]
     assert await store.pop_read(0, "src", "inflight", 10, 0.1) == []  # timed out
+
+
+async def test_a_blocked_pop_read_cancelled_leaves_the_store_usable(store: Store) -> None:
+    """A blocking pop has its reading script pipelined behind it on one connection: cancelled
+    while it blocks, that connection is dropped, so no later command waits behind the pop or
+    gets its reply; the next pop takes what comes."""
+    import trio
+
+    await store.hset(0, "h1", {"n": "1"})
+    with trio.move_on_after(0.3) as waited:
+        await store.pop_read(0, "src", "inflight", 10, 5.0, block_first=True)
+    assert waited.cancelled_caught
+    with trio.fail_after(2):  # a pool connection left blocked would delay these by seconds
+        await store.lpush(0, "src", "h1")
+        assert await store.llen(0, "src") == 1
+        assert await store.pop_read(0, "src", "inflight", 10, 1.0, block_first=True) == [
+            ("h1", {"n": "1"})
+        ]
+    assert await store.lrange(0, "inflight") == ["h1"]

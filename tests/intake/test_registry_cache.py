@@ -21,9 +21,11 @@ ACTOR = 9
 
 
 async def popped(store: Store, message: Message) -> Message:
-    """``message`` after it went through a queue, as the supervisor and the consumer take it."""
+    """``message`` after it went through a queue, as the supervisor and the consumer take it
+    (the pop reads the registry's version too)."""
     await store.lpush(1, "queue:test", message.key)
-    assert await store.pop_batch(1, "queue:test", "inflight:test", 64) == [message.key]
+    [(key, _)] = await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0, registry=True)
+    assert key == message.key
     return message
 
 
@@ -102,6 +104,38 @@ async def test_messages_of_one_popped_batch_share_one_version_read(store, tmp_pa
     await store.call(keys.ACTORS_DB, lambda r: r.incr(keys.REGISTRY_VERSION))
     # nothing popped since the last read: no message can depend on that write yet
     assert await node.registry.version() == before
+    # a pop whose entries are not admitted (an outbox's, say) changes nothing either
     await store.lpush(1, "queue:test", "x")
-    await store.pop_batch(1, "queue:test", "inflight:test", 64)
+    await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0)
+    assert await node.registry.version() == before
+    await store.lpush(1, "queue:test", "y")
+    await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0, registry=True)
     assert await node.registry.version() != before
+
+
+@pytest.mark.parametrize("block_first", [False, True])
+async def test_the_pop_reads_the_version_so_admission_needs_no_round_trip(
+    store, tmp_path, block_first
+):
+    """The version comes with the pop (its script reads it after its pops): admitting what
+    it popped costs no GET, and a registry write made before a message was submitted is seen
+    by that message's admission (the removed actor is refused)."""
+    node, actor = await _warm(store, tmp_path)
+    assert await store.remove_actor(ACTOR)
+    message = job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
+    await store.lpush(1, "queue:test", message.key)
+    popped = await store.pop_read(
+        1, "queue:test", "inflight:test", 64, 1.0, block_first=block_first, registry=True
+    )
+    assert [key for key, _ in popped] == [message.key]
+    gets = await _calls(store, "get")
+    with pytest.raises(Rejected) as refused:
+        await authorise_caller(node, 1, message)
+    assert refused.value.reason == "unknown_signer"
+    # the refusal's own fresh read is a HGETALL of the actor; the version needed no GET
+    assert await _calls(store, "get") == gets
+
+
+async def _calls(store: Store, command: str) -> int:
+    stats = await store.call(0, lambda r: r.info("commandstats"))
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))

@@ -26,13 +26,27 @@ if TYPE_CHECKING:
 ScriptCall = tuple["Script[str]", list[str], list[str]]  # (script, keys, args)
 
 
+def send_evalshas(
+    connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
+    calls: Sequence[ScriptCall],
+) -> list[Any]:
+    """Send the calls' ``EVALSHA``s on ``connection`` (pipelined, behind whatever was sent
+    there before); their pending replies, for :func:`evalsha_on`."""
+    return [
+        connection.create_request(b"EVALSHA", script.sha, len(names), *names, *args)
+        for script, names, args in calls
+    ]
+
+
 async def evalsha_on(
     connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
     calls: Sequence[ScriptCall],
     url: str,
+    sent: list[Any] | None = None,
 ) -> list[Any]:
     """Each call's reply, decoded as the connection decodes (as a coredis pipeline's
-    ``evalsha`` would return it), the calls' ``EVALSHA``s pipelined on ``connection``.
+    ``evalsha`` would return it), the calls' ``EVALSHA``s pipelined on ``connection``
+    (``sent``: their pending replies, when :func:`send_evalshas` sent them already).
 
     Those the server answered NOSCRIPT are run again on it after the others, in their order,
     once their scripts are loaded there (so calls of one script, as a delivery's, are all run
@@ -40,10 +54,6 @@ async def evalsha_on(
     script cache held; then the first error, by position, is raised: StoreError (``url``
     names the server) if a script is still unknown after its ``SCRIPT LOAD``, else the
     script's coredis error, for the caller's translation."""
-
-    def send(call: ScriptCall) -> Any:  # noqa: ANN401 - coredis's pending reply
-        script, names, args = call
-        return connection.create_request(b"EVALSHA", script.sha, len(names), *names, *args)
 
     async def replies(pending: list[Any]) -> list[Any]:
         out: list[Any] = []
@@ -57,12 +67,13 @@ async def evalsha_on(
     def unknown(result: object) -> bool:
         return isinstance(result, coredis.exceptions.NoScriptError)
 
-    results = await replies([send(c) for c in calls])
+    results = await replies(send_evalshas(connection, calls) if sent is None else sent)
     missing = [i for i, r in enumerate(results) if unknown(r)]
     if missing:
         for script in {calls[i][0] for i in missing}:
             await connection.create_request(b"SCRIPT", b"LOAD", script.script)
-        for i, r in zip(missing, await replies([send(calls[i]) for i in missing]), strict=True):
+        again = await replies(send_evalshas(connection, [calls[i] for i in missing]))
+        for i, r in zip(missing, again, strict=True):
             results[i] = r
     for call, r in zip(calls, results, strict=True):
         if unknown(r):  # e.g. flushed again in between, or a sha that is not its text's

@@ -11,11 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
 from bus.store.atomic import script
+from bus.store.atomic.evalsha import ScriptCall
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
 
-__all__ = ["pop_batch", "purge_dead", "read_hash", "read_hashes", "recover", "retry_dead"]
+__all__ = [
+    "pop_batch",
+    "pop_call",
+    "popped_and_version",
+    "purge_dead",
+    "read_hash",
+    "read_hashes",
+    "recover",
+    "retry_dead",
+]
 
 
 async def pop_batch(
@@ -26,15 +36,37 @@ async def pop_batch(
     limit: int,
     *,
     read: bool,
-    first: str | None = None,
 ) -> list[Any]:
     """Move up to ``limit`` entries of ``source`` to ``inflight``: the entries, each followed
-    (``read``) by the hash it names or the name of the type its key holds instead; ``first``
-    (with ``read``), an entry already moved, comes first, read in the same round trip."""
-    args = [str(limit), "1" if read else "0"]
-    if first is not None:
-        args.append(first)
-    return list(await store.script(db, script("queues_pop_batch"), [source, inflight], args))
+    (``read``) by the hash it names or the name of the type its key holds instead."""
+    return list(await store.script(db, *pop_call(source, inflight, limit, read=read)))
+
+
+def pop_call(
+    source: str,
+    inflight: str,
+    limit: int,
+    *,
+    read: bool,
+    head: bool = False,
+    registry: bool = False,
+) -> ScriptCall:
+    """The ``queues_pop_batch`` call of :func:`pop_batch`; ``head`` (with ``read``): the
+    in-flight list's head and its hash come first (the entry a blocking pop pipelined just
+    before moved: :meth:`Store.pop_read`); ``registry``: the reply is ``[version, that
+    reply]``, the registry's version read after the pops (:func:`popped_and_version`)."""
+    args = [str(limit), "1" if read else "0", "1" if head else ""]
+    if registry:
+        args += [str(keys.ACTORS_DB), keys.REGISTRY_VERSION]
+    return script("queues_pop_batch"), [source, inflight], args
+
+
+def popped_and_version(reply: Any, *, registry: bool) -> tuple[list[Any], str | None]:  # noqa: ANN401
+    """A :func:`pop_call` reply as (what it popped, the registry's version or None)."""
+    if not registry:
+        return list(reply), None
+    version, popped = reply
+    return list(popped), (version.decode() if isinstance(version, bytes) else str(version))
 
 
 async def read_hash(store: Store, db: int, key: str) -> Any:
