@@ -320,22 +320,6 @@ class Store:
 
     # -- reliable queues -------------------------------------------------------------------------
 
-    async def pop_reliable(
-        self, db: int, source: str, inflight: str, timeout_s: float
-    ) -> str | None:
-        """BLMOVE the oldest entry of ``source`` onto ``inflight``; None after timeout_s, or
-        when the entry was not UTF-8 (it is dead-lettered: no key of this bus is such).
-
-        The entry stays in ``inflight`` until :meth:`ack` removes it, so a crash between pop and
-        ack leaves it recoverable by :meth:`recover`.
-        """
-        value = await self.call(
-            db, lambda r: r.blmove(source, inflight, PureToken.RIGHT, PureToken.LEFT, timeout_s)
-        )
-        if value is None:
-            return None
-        return await self.utf8_entry(db, inflight, value, source)
-
     async def utf8_entry(self, db: int, inflight: str, value: object, queue: str) -> str | None:
         """A popped entry as text; None if it is not UTF-8 (coredis then hands over its bytes):
         refused with reason ``not_utf8``."""
@@ -347,10 +331,26 @@ class Store:
 
     async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
         """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
-        trip; the batching partner of a blocking :meth:`pop_reliable`)."""
+        trip; the batching partner of a blocking :meth:`pop_wait`)."""
         if limit <= 0:
             return []
         moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
+        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
+        return [t for t in texts if t is not None]
+
+    async def pop_wait(
+        self, db: int, source: str, inflight: str, limit: int, timeout_s: float
+    ) -> list[str]:
+        """A blocking pop of up to ``timeout_s`` on ``source`` (moving the entry to
+        ``inflight``) that takes, in the same round trip, up to ``limit`` - 1 entries queued
+        after it (a script pipelined behind it: :meth:`_block_then`); [] after the timeout.
+        An entry that is not UTF-8 is dead-lettered (no key of this bus is such).
+
+        The entries stay in ``inflight`` until :meth:`ack` removes them, so a crash between
+        pop and ack leaves them recoverable by :meth:`recover`."""
+        call = queues.pop_call(source, inflight, limit - 1, read=False)
+        first, rest = await self._block_then(db, source, inflight, timeout_s, call)
+        moved = ([] if first is None else [first]) + list(rest)
         texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 

@@ -163,8 +163,9 @@ async def pop_entries(
 ) -> tuple[list[Popped], bool]:
     """What ``queue`` holds already (up to BATCH, with the hashes when it reads them), in one
     round trip; only when it is empty a blocking pop of up to ``queue.timeout_s``; and whether
-    the queue was left empty (fewer than BATCH came). ``block_first``: a queue that reads its
-    hashes starts with the blocking pop (see Store.pop_read)."""
+    the queue was left empty (fewer than BATCH came). ``block_first``: start with the blocking
+    pop, which takes what came after its entry in the same round trip (the last pop left the
+    queue empty: a pop that does not block would most likely find nothing)."""
     if queue.read:
         read = await store.pop_read(
             queue.db,
@@ -176,8 +177,11 @@ async def pop_entries(
             registry=queue.registry,
         )
         return [Popped(value, fields) for value, fields in read], len(read) < BATCH
-    values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)
+    values = []
+    if not block_first:
+        values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)
     if not values:
-        first = await store.pop_reliable(queue.db, queue.source, queue.inflight, queue.timeout_s)
-        values = [] if first is None else [first]
+        values = await store.pop_wait(
+            queue.db, queue.source, queue.inflight, BATCH, queue.timeout_s
+        )
     return [Popped(value, {}) for value in values], len(values) < BATCH

@@ -157,3 +157,31 @@ async def test_a_blocked_pop_read_cancelled_leaves_the_store_usable(store: Store
             ("h1", {"n": "1"})
         ]
     assert await store.lrange(0, "inflight") == ["h1"]
+
+
+async def test_pop_wait_takes_what_came_after_its_entry_in_the_same_round_trip(
+    store: Store,
+) -> None:
+    """A queue that names no hashes (an outbox, flow events), drained by its last pop, starts
+    with the blocking pop; the batch pop pipelined behind it takes what was queued after its
+    entry: one BLMOVE and one script for three entries, in order, all in flight."""
+    import trio
+
+    assert await store.pop_wait(0, "src", "inflight", 3, 0.1) == []  # loads the script
+    await store.lpush(0, "src", "e0", "e1", "e2", "e3")
+    before = {c: await _calls(store, c) for c in ("blmove", "evalsha", "lmpop")}
+    assert await store.pop_wait(0, "src", "inflight", 3, 1.0) == ["e0", "e1", "e2"]
+    calls = {c: await _calls(store, c) - n for c, n in before.items()}
+    assert calls == {"blmove": 1, "evalsha": 1, "lmpop": 1}
+    assert await store.lrange(0, "inflight") == ["e2", "e1", "e0"]
+    assert await store.pop_wait(0, "src", "inflight", 1, 1.0) == ["e3"]
+
+    async def push_later() -> None:
+        await trio.sleep(0.2)
+        await store.lpush(0, "src", "e4")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(push_later)
+        with trio.fail_after(5):
+            assert await store.pop_wait(0, "src", "inflight", 10, 3.0) == ["e4"]
+    assert await store.pop_wait(0, "src", "inflight", 10, 0.1) == []  # timed out
