@@ -12,6 +12,7 @@ from importlib import resources
 import pytest
 
 from bus.core import keys
+from bus.core.ids import now_ms
 from bus.core.models import Message, Runner
 from bus.store.atomic import runs, slots, source
 from bus.store.atomic.runs_sync import SyncRuns
@@ -355,3 +356,39 @@ async def test_hand_over_moves_one_job_between_lists(store) -> None:
     await slots.hand_over(store, 1, JOB, INFLIGHT, f"{INFLIGHT}:adopting")
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
     assert await store.lrange(1, f"{INFLIGHT}:adopting") == [JOB]
+
+
+async def test_a_take_that_finds_nothing_under_a_closed_breaker_reads_no_clock(
+    store, sync_runs
+) -> None:
+    """A runner going idle (its end's take finds every list empty) spends no TIME on a
+    breaker that is closed; an open one is still judged by Valkey's clock (no job taken)."""
+    sync_runs.set_breaker("python", 1, 60_000, 1)
+
+    async def times() -> int:
+        stats = await store.call(0, lambda r: r.info("commandstats"))
+        return int(dict(stats).get("cmdstat_time", {}).get("calls", 0))
+
+    def end_then(take: runs.NextJob, job: str):  # noqa: ANN202
+        # counted by the runner process (its sums), as runner processes end their attempts
+        return sync_runs.finish_local(
+            _ending(1, job), f"message:{job[4:]}", 60, take, stats=("{}", "")
+        )
+
+    await _started(store, sync_runs)
+    before = await times()
+    take = runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
+    done, nxt = end_then(take, JOB)
+    assert (done, nxt, take.found_empty) == (True, None, True)
+    assert await times() == before
+    await store.hset(1, keys.TYPE_BREAKERS, {"python|opened_ms": str(now_ms())})
+    await _started(store, sync_runs, "job:1:2")
+    await store.hset(1, "job:1:3", {"status": "dispatched", "attempt": "0"})
+    await store.lpush(1, QUEUE, "job:1:3")
+    take = runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
+    done, nxt = end_then(take, "job:1:2")
+    assert done
+    assert nxt is None
+    assert take.breaker_wait_ms > 0
+    assert await times() > before
+    assert await store.lrange(1, QUEUE) == ["job:1:3"]  # untouched

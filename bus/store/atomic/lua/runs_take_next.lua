@@ -11,7 +11,10 @@
 -- include: runs_unrunnable
 -- include: runs_begin
 local gate, now_ms = ARGV[6] or '', false
-if gate ~= '' then
+-- only a breaker that opened needs the clock to say whether a job may start: a take that
+-- finds nothing under a closed one (a runner going idle) reads no TIME
+local b = gate ~= '' and tb_read(gate)
+if b and b.opened then
   now_ms = stats_ms()
   local wait = tb_wait(gate, now_ms)
   if wait > 0 then return {'', 'breaker_open:' .. wait} end
