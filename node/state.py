@@ -210,7 +210,7 @@ class RegistryCache:
 
     store: Store
     _cache: dict[tuple[str, int], tuple[str, Any]] = field(default_factory=dict)
-    _read: tuple[int, str] | None = None  # (store pops when read, registry version)
+    _read: str | None = None  # the version read by GET, before any admitted pop
 
     async def version(self) -> str:
         """The registry's version (``registry:version``) as of after the last admitted pop:
@@ -218,16 +218,13 @@ class RegistryCache:
         cached under another version is never used again. Every message admitted was popped
         before, by a pop whose script read the version after its pops (Store.pop_read with
         ``registry``), so that version sees every registry write made before the message was
-        submitted: no round trip of its own. One GET only when nothing was popped that way
-        since the last read (a message judged without a pop)."""
-        pops = self.store.admitted_pops
-        seen = self.store.registry_seen
-        if seen is not None and seen[0] == pops:
-            return seen[1]
-        if self._read is None or self._read[0] != pops:
-            version = await registry.version(self.store)
-            self._read = (pops, version)
-        return self._read[1]
+        submitted: no round trip of its own. One GET only while nothing was popped that way
+        (a message judged without a pop)."""
+        if self.store.registry_seen is not None:
+            return self.store.registry_seen
+        if self._read is None:
+            self._read = await registry.version(self.store)
+        return self._read
 
     async def actor(self, actor_id: int, version: str) -> Actor | None:
         """``actor:<id>`` as of registry ``version`` (:meth:`version`)."""

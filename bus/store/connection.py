@@ -110,12 +110,10 @@ class Store:
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
-        # entries popped to be admitted (pop_read with ``registry``) so far, and the registry's
-        # version as the script of the last such pop read it after its pops: a version read
-        # after a pop sees every registry write made before what it popped was pushed (the
-        # registry cache, node/state.py)
-        self.admitted_pops = 0
-        self.registry_seen: tuple[int, str] | None = None
+        # the registry's version as the script of the last pop whose entries are admitted
+        # (pop_read with ``registry``) read it, after its pops: it sees every registry write
+        # made before what it popped was pushed (the registry cache, node/state.py)
+        self.registry_seen: str | None = None
 
     async def db(self, n: int) -> Redis:
         client = self._clients.get(n)
@@ -335,8 +333,7 @@ class Store:
         if limit <= 0:
             return []
         moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
-        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
-        return [t for t in texts if t is not None]
+        return await self._texts(db, inflight, moved, source)
 
     async def pop_wait(
         self, db: int, source: str, inflight: str, limit: int, timeout_s: float
@@ -351,7 +348,11 @@ class Store:
         call = queues.pop_call(source, inflight, limit - 1, read=False)
         first, rest = await self._block_then(db, source, inflight, timeout_s, call)
         moved = ([] if first is None else [first]) + list(rest)
-        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
+        return await self._texts(db, inflight, moved, source)
+
+    async def _texts(self, db: int, inflight: str, moved: list[Any], queue: str) -> list[str]:
+        """The popped entries as text, those that are not UTF-8 refused (:meth:`utf8_entry`)."""
+        texts = [await self.utf8_entry(db, inflight, v, queue) for v in moved]
         return [t for t in texts if t is not None]
 
     async def pop_read(
@@ -390,9 +391,8 @@ class Store:
                 raw = raw[2:]
             elif raw[0] != first:  # another writer of ``inflight`` came between (none should)
                 raw[:2] = [first, await queues.read_hash(self, db, str(first))]
-        if raw and registry and version is not None:
-            self.admitted_pops += len(raw) // 2
-            self.registry_seen = (self.admitted_pops, version)
+        if raw and version is not None:
+            self.registry_seen = version
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
             if await self.utf8_entry(db, inflight, value, source) is None:

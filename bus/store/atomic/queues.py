@@ -29,13 +29,7 @@ __all__ = [
 
 
 async def pop_batch(
-    store: Store,
-    db: int,
-    source: str,
-    inflight: str,
-    limit: int,
-    *,
-    read: bool,
+    store: Store, db: int, source: str, inflight: str, limit: int, *, read: bool
 ) -> list[Any]:
     """Move up to ``limit`` entries of ``source`` to ``inflight``: the entries, each followed
     (``read``) by the hash it names or the name of the type its key holds instead."""
