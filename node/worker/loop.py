@@ -104,7 +104,7 @@ class Runner:
     def serve(self) -> None:
         """Run jobs until drained, recycled (``max_jobs``) or aborted."""
         started: Started | None = None
-        found_empty, pops = False, 0
+        found_empty, held, pops = False, None, 0
         try:
             while not self._leaving():
                 pops += 1
@@ -120,8 +120,8 @@ class Runner:
                     self.wait_breaker()
                     continue
                 if started is None:
-                    job_key = self.pop(list(lists), check_first=not found_empty)
-                    found_empty = False
+                    job_key = self.pop(list(lists), check_first=not found_empty, held=held)
+                    found_empty, held = False, None
                     if job_key is None:
                         continue
                     fields: dict[str, str] | None = None
@@ -131,7 +131,7 @@ class Runner:
                 if self.taken >= self.spec.taken_every:
                     self.flush_reports()
                 started = self.run_job(job_key, fields, nxt)
-                found_empty = nxt.found_empty
+                found_empty, held = nxt.found_empty, nxt.held
                 self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
         except Aborted:
             log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
@@ -146,17 +146,20 @@ class Runner:
             self.draining = True
         return self.draining or self.jobs >= self.spec.max_jobs
 
-    def pop(self, lists: list[str], *, check_first: bool) -> str | None:
+    def pop(self, lists: list[str], *, check_first: bool, held: int | None = None) -> str | None:
         """A reliable pop over the slot's lists (see bus/core/queues.py): a
         signal (drain, wake) interrupts the blocking wait; an entry the server moved just
-        before is then taken from the head of the in-flight list."""
+        before is then taken from the head of the in-flight list, if the list grew. What it
+        held before the wait comes from the script that found the lists empty (the take with
+        the last answer, ``held``, or the pop that does not block): the blocking pop sends no
+        command of its own ahead."""
         if check_first:
-            found = self.runs.pop_first(lists, self.inflight)
+            found, held = self.runs.pop_first(lists, self.inflight)
             if found is not None:
                 return self._usable(found)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
         self.flush_reports(idle=True)  # idle now: the node's figures are complete while it waits
-        before = self.runs.list_length(self.inflight)
+        before = self.runs.list_length(self.inflight) if held is None else held
         try:
             self.popping = True
             if self.draining:

@@ -209,9 +209,11 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
     (dead,) = await store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
     await _started(store, sync_runs, "job:1:2")
+    await store.lpush(1, INFLIGHT, "job:1:9")  # a stale entry the end does not take off
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
     done, nxt = _finish_local_then(sync_runs, take, "job:1:2")
-    assert (done, nxt, take.found_empty) == (True, None, True)
+    # nothing queued: the in-flight list's length, which the blocking pop that follows needs
+    assert (done, nxt, take.found_empty, take.held) == (True, None, True, 1)
 
 
 async def test_retry_later_schedules_the_next_attempt(store, sync_runs) -> None:
@@ -258,9 +260,9 @@ async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -
 async def test_pop_first_moves_the_first_entry_of_the_first_list(store, sync_runs) -> None:
     await store.lpush(1, "queue:b", "job:1:2")
     await store.lpush(1, "queue:c", "job:1:3")
-    assert sync_runs.pop_first(["queue:a", "queue:b", "queue:c"], INFLIGHT) == "job:1:2"
+    assert sync_runs.pop_first(["queue:a", "queue:b", "queue:c"], INFLIGHT) == ("job:1:2", 0)
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
-    assert sync_runs.pop_first(["queue:a", "queue:b"], INFLIGHT) is None
+    assert sync_runs.pop_first(["queue:a", "queue:b"], INFLIGHT) == (None, 1)
 
 
 async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answered:

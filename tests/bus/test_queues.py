@@ -70,9 +70,10 @@ async def test_pop_first_takes_in_order_reliably(store, sync_runs):
     await store.lpush(1, "queue:v", "job:1:1")
     await store.lpush(1, "queue:v:prio:high", "job:1:2")
     lists = consume_order(slot_bases("v"), 1)
-    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == "job:1:2"
-    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == "job:1:1"
-    assert sync_runs.pop_first(lists, "inflight:runner:v:0") is None
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == ("job:1:2", 0)
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == ("job:1:1", 0)
+    # nothing queued: what the in-flight list holds, for the blocking pop that follows
+    assert sync_runs.pop_first(lists, "inflight:runner:v:0") == (None, 2)
     assert await store.lrange(1, "inflight:runner:v:0") == ["job:1:1", "job:1:2"]
 
 

@@ -16,6 +16,7 @@ from bus import open_client
 from bus.core import keys
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store import records
+from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
@@ -136,8 +137,39 @@ def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
 
     monkeypatch.setattr(SyncRuns, "pop_blocking", moved_then_woken)
     assert runner.pop(["queue:v"], check_first=False) == "job:1:3"
+    client.lpush("queue:v", "job:1:4")
+    # held: the length the take that found nothing read (the stale key and job:1:3)
+    assert runner.pop(["queue:v"], check_first=False, held=2) == "job:1:4"
     monkeypatch.setattr(SyncRuns, "pop_blocking", lambda *_: (_ for _ in ()).throw(Wake()))
     assert runner.pop(["queue:v"], check_first=False) is None  # woken before anything moved
+    assert runner.pop(["queue:v"], check_first=False, held=3) is None
+
+
+def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp_path, monkeypatch):
+    """The end whose take found the slot's lists empty read the in-flight list's length with
+    it: the blocking pop that follows compares with that, and sends no LLEN of its own."""
+    runner = _runner(redis_url, tmp_path)
+    client = connect(redis_url, 1)
+    client.lpush("queue:v", "job:1:1")
+    popped: list[str] = []
+
+    def run_job(job_key: str, _fields: object, nxt: NextJob) -> None:
+        popped.append(job_key)
+        nxt.found_empty, nxt.held = True, 1  # as an end whose take found nothing
+        if len(popped) == 1:
+            client.lpush("queue:v", "job:1:2")
+        else:
+            runner.draining = True
+
+    def llen_calls() -> int:
+        stats = client.info("commandstats")
+        return int(stats.get("cmdstat_llen", {}).get("calls", 0))
+
+    monkeypatch.setattr(runner, "run_job", run_job)
+    before = llen_calls()
+    runner.serve()
+    assert popped == ["job:1:1", "job:1:2"]
+    assert llen_calls() == before
 
 
 def test_a_runner_refuses_an_entry_that_is_not_utf8(redis_url, tmp_path):

@@ -60,7 +60,8 @@ __all__ = [
 @dataclass
 class NextJob:
     """Where a runner takes its next job from (its lists, in consume order), and how it names
-    its lease. ``found_empty`` is set when the take found every list empty. With
+    its lease. ``found_empty`` is set when the take found every list empty, and ``held`` to
+    the in-flight list's length it read then (a blocking pop next needs it). With
     ``script_type``, that type's circuit breaker (bus/store/atomic/type_breakers.py) is consulted:
     ``breaker_wait_ms`` is then set when it let no job start (for that long)."""
 
@@ -69,6 +70,7 @@ class NextJob:
     ttl_ms: int
     runner_id: str = ""
     found_empty: bool = False
+    held: int | None = None
     script_type: str = ""
     breaker_wait_ms: int = 0
 

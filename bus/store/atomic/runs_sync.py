@@ -227,10 +227,13 @@ class SyncRuns:
             self.client.connection_pool.disconnect()
         return stale
 
-    def pop_first(self, lists: list[str], inflight: str) -> str | None:
-        """runs_pop_first: the entry moved from the first non-empty list, or None."""
+    def pop_first(self, lists: list[str], inflight: str) -> tuple[str | None, int]:
+        """runs_pop_first: the entry moved from the first non-empty list, or None and the
+        length of ``inflight`` (what a blocking pop that follows compares with its own)."""
         value = self._run("runs_pop_first", [inflight, *lists], [])
-        return None if value is None else str(value)
+        if isinstance(value, int):
+            return None, value
+        return str(value), 0
 
     def pop_blocking(self, source_list: str, inflight: str, timeout_s: float) -> str | None:
         """BLMOVE of the oldest entry of ``source_list`` onto ``inflight``; None on timeout."""
@@ -332,8 +335,10 @@ class SyncRuns:
             return bool(done), None
         if len(taken) == 2:  # an entry no runner can start: taken off already, recorded here
             self.refuse(ending.inflight, str(taken[0]), str(taken[1]), "")
+        if len(taken) == 1 and isinstance(taken[0], int):  # nothing queued
+            nxt.found_empty, nxt.held = True, taken[0]
+            return bool(done), None
         if len(taken) < 3:
-            nxt.found_empty = not taken
             return bool(done), None
         return bool(done), (str(taken[0]), _pairs(taken[1:]))
 

@@ -1,10 +1,11 @@
 -- Take the next queued job of a slot and start it (run after a finish in one round trip).
 -- KEYS: inflight running, then the slot's lists in consume order
 -- ARGV: token_base ttl_ms now lease_prefix runner_id [script_type: its breaker is consulted]
--- Returns {} (nothing queued), {key} (a final job's duplicate entry, dropped), {key, reason}
--- (an entry no runner can start: dropped, for the caller to dead-letter), {'', 'breaker_open:<ms>'}
--- (the breaker of script_type lets no job start for that long: nothing taken) or
--- {key, fields...}.
+-- Returns {n} (nothing queued: n the in-flight list's length, which a blocking pop that
+-- follows compares with its own: node/worker/loop.py), {key} (a final job's duplicate entry,
+-- dropped), {key, reason} (an entry no runner can start: dropped, for the caller to
+-- dead-letter), {'', 'breaker_open:<ms>'} (the breaker of script_type lets no job start for
+-- that long: nothing taken) or {key, fields...}.
 -- Atomic effect: the entry moves from the first non-empty list to the in-flight list (taken
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>' and its lease '<lease_prefix><key>'.
@@ -23,7 +24,7 @@ end
 local lists = {#KEYS - 2, unpack(KEYS, 3)}
 lists[#lists + 1] = 'RIGHT'
 local got = redis.call('LMPOP', unpack(lists))
-if not got then return {} end
+if not got then return {redis.call('LLEN', KEYS[1])} end
 local nxt = got[2][1]
 redis.call('LPUSH', KEYS[1], nxt)
 local bad, f = unrunnable(nxt)
