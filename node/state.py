@@ -216,10 +216,10 @@ class RegistryCache:
         """The registry's version (``registry:version``) as of after the last admitted pop:
         every write of an actor or a context bumps it (bus/store/connection.py), so an entry
         cached under another version is never used again. Every message admitted was popped
-        before, by a pop whose script read the version after its pops (Store.pop_read with
-        ``registry``), so that version sees every registry write made before the message was
-        submitted: no round trip of its own. One GET only while nothing was popped that way
-        (a message judged without a pop)."""
+        before, by a pop whose script read the version after its pops (Store.pop_read_batch
+        or pop_read_wait with ``registry``), so that version sees every registry write made
+        before the message was submitted: no round trip of its own. One GET only while nothing
+        was popped that way (a message judged without a pop)."""
         if self.store.registry_seen is not None:
             return self.store.registry_seen
         if self._read is None:

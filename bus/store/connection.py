@@ -111,8 +111,8 @@ class Store:
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
         # the registry's version as the script of the last pop whose entries are admitted
-        # (pop_read with ``registry``) read it, after its pops: it sees every registry write
-        # made before what it popped was pushed (the registry cache, node/state.py)
+        # (pop_read_batch, pop_read_wait with ``registry``) read it, after its pops: it sees
+        # every registry write made before what it popped was pushed (node/state.py's cache)
         self.registry_seen: str | None = None
 
     async def db(self, n: int) -> Redis:
@@ -355,7 +355,19 @@ class Store:
         texts = [await self.utf8_entry(db, inflight, v, queue) for v in moved]
         return [t for t in texts if t is not None]
 
-    async def pop_read(
+    async def pop_read_batch(
+        self, db: int, source: str, inflight: str, limit: int, *, registry: bool = False
+    ) -> list[tuple[str, Hash]]:
+        """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` and read
+        the hash each one names, in one round trip (entries and hashes in one Lua call): the
+        batching partner of a blocking :meth:`pop_read_wait`. ``registry``: the entries will
+        be admitted (node/intake/admission.py): the same script reads the registry's version
+        after its pops (:attr:`registry_seen`)."""
+        call = queues.pop_call(source, inflight, limit, read=True, registry=registry)
+        raw, version = queues.popped_and_version(await self.script(db, *call), registry=registry)
+        return await self._read_entries(db, source, inflight, raw, version)
+
+    async def pop_read_wait(
         self,
         db: int,
         source: str,
@@ -363,34 +375,26 @@ class Store:
         limit: int,
         timeout_s: float,
         *,
-        block_first: bool = False,
         registry: bool = False,
     ) -> list[tuple[str, Hash]]:
-        """Move up to ``limit`` entries of ``source`` to ``inflight`` and read the hash each one
-        names: what is queued already in one round trip (entries and hashes in one Lua call);
-        only when ``source`` is empty a blocking pop (up to ``timeout_s``), whose entry is
-        read with what came after it by a script pipelined behind it (:meth:`_block_then`):
-        still one round trip. [] after the timeout.
-        ``block_first``: start with the blocking pop (the last pop left ``source`` empty, so a
-        pop that does not block would most likely find nothing: one round trip less).
-        ``registry``: the entries will be admitted (node/intake/admission.py): the same script
-        reads the registry's version after its pops (:attr:`registry_seen`)."""
-        raw: list[Any] = []
-        version = None
-        if not block_first:
-            call = queues.pop_call(source, inflight, limit, read=True, registry=registry)
-            reply = await self.script(db, *call)
-            raw, version = queues.popped_and_version(reply, registry=registry)
-        if not raw:
-            call = queues.pop_call(
-                source, inflight, limit - 1, read=True, head=True, registry=registry
-            )
-            first, reply = await self._block_then(db, source, inflight, timeout_s, call)
-            raw, version = queues.popped_and_version(reply, registry=registry)
-            if first is None:  # timed out: the head read is not this pop's entry
-                raw = raw[2:]
-            elif raw[0] != first:  # another writer of ``inflight`` came between (none should)
-                raw[:2] = [first, await queues.read_hash(self, db, str(first))]
+        """A blocking pop of up to ``timeout_s`` on ``source`` (moving the entry to
+        ``inflight``), whose entry is read with up to ``limit`` - 1 entries queued after it
+        by a script pipelined behind it (:meth:`_block_then`): one round trip. [] after the
+        timeout. ``registry`` as :meth:`pop_read_batch`'s."""
+        call = queues.pop_call(source, inflight, limit - 1, read=True, head=True, registry=registry)
+        first, reply = await self._block_then(db, source, inflight, timeout_s, call)
+        raw, version = queues.popped_and_version(reply, registry=registry)
+        if first is None:  # timed out: the head read is not this pop's entry
+            raw = raw[2:]
+        elif raw[0] != first:  # another writer of ``inflight`` came between (none should)
+            raw[:2] = [first, await queues.read_hash(self, db, str(first))]
+        return await self._read_entries(db, source, inflight, raw, version)
+
+    async def _read_entries(
+        self, db: int, source: str, inflight: str, raw: list[Any], version: str | None
+    ) -> list[tuple[str, Hash]]:
+        """Popped entries and their hashes (flat: entry, hash, ...) as pairs; an entry that is
+        not UTF-8, or whose key holds no hash, refused (:meth:`refuse_entry`)."""
         if raw and version is not None:
             self.registry_seen = version
         out: list[tuple[str, Hash]] = []

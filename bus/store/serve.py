@@ -45,7 +45,8 @@ class Queue:
     inflight: str
     read: bool = True  # each entry names a hash, read with the pop (one round trip)
     # its entries are admitted (node/intake/admission.py): the pop reads the registry's version
-    # too (Store.pop_read), which the admission's cache then needs no round trip for
+    # too (Store.pop_read_batch, pop_read_wait), which the admission's cache then needs no
+    # round trip for
     registry: bool = False
     timeout_s: float = POP_TIMEOUT_S
     max_redeliveries: int = MAX_REDELIVERIES
@@ -166,22 +167,28 @@ async def pop_entries(
     the queue was left empty (fewer than BATCH came). ``block_first``: start with the blocking
     pop, which takes what came after its entry in the same round trip (the last pop left the
     queue empty: a pop that does not block would most likely find nothing)."""
+    popped: list[Popped] = [] if block_first else await _queued(store, queue)
+    if not popped:
+        popped = await _waited(store, queue)
+    return popped, len(popped) < BATCH
+
+
+async def _queued(store: Store, queue: Queue) -> list[Popped]:
+    """Up to BATCH entries ``queue`` holds already (with their hashes if it reads them)."""
+    db, source, inflight = queue.db, queue.source, queue.inflight
     if queue.read:
-        read = await store.pop_read(
-            queue.db,
-            queue.source,
-            queue.inflight,
-            BATCH,
-            queue.timeout_s,
-            block_first=block_first,
-            registry=queue.registry,
+        read = await store.pop_read_batch(db, source, inflight, BATCH, registry=queue.registry)
+        return [Popped(value, fields) for value, fields in read]
+    return [Popped(value, {}) for value in await store.pop_batch(db, source, inflight, BATCH)]
+
+
+async def _waited(store: Store, queue: Queue) -> list[Popped]:
+    """A blocking pop of up to ``queue.timeout_s`` and, in the same round trip, up to BATCH - 1
+    entries queued after its entry (with their hashes if it reads them)."""
+    db, source, inflight, timeout_s = queue.db, queue.source, queue.inflight, queue.timeout_s
+    if queue.read:
+        read = await store.pop_read_wait(
+            db, source, inflight, BATCH, timeout_s, registry=queue.registry
         )
-        return [Popped(value, fields) for value, fields in read], len(read) < BATCH
-    values = []
-    if not block_first:
-        values = await store.pop_batch(queue.db, queue.source, queue.inflight, BATCH)
-    if not values:
-        values = await store.pop_wait(
-            queue.db, queue.source, queue.inflight, BATCH, queue.timeout_s
-        )
-    return [Popped(value, {}) for value in values], len(values) < BATCH
+        return [Popped(value, fields) for value, fields in read]
+    return [Popped(v, {}) for v in await store.pop_wait(db, source, inflight, BATCH, timeout_s)]

@@ -19,10 +19,10 @@ deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks 
 
 Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
 holds the value they were loaded under: every write of an actor or a context bumps it, and the
-script that pops what admission judges reads it after its pops (Store.pop_read: no round trip
-of its own), so a key removed or a permission withdrawn before a message was submitted is never
-granted from the cache. Any refusal is re-checked against Redis before it
-stands, so nothing granted a moment ago is refused because of the cache either.
+script that pops what admission judges reads it after its pops (Store.pop_read_batch and
+pop_read_wait: no round trip of its own), so a key removed or a permission withdrawn before a
+message was submitted is never granted from the cache. Any refusal is re-checked against Redis
+before it stands, so nothing granted a moment ago is refused because of the cache either.
 """
 
 from __future__ import annotations

@@ -94,40 +94,39 @@ async def test_commandstats_lookup_counts(store: Store) -> None:
     assert await _calls(store, "evalsha") > before
 
 
-async def test_pop_read_after_a_drained_pop_blocks_first_and_reads_with_the_rest(
+async def test_pop_read_wait_reads_its_entry_with_the_rest_in_one_round_trip(
     store: Store,
 ) -> None:
-    """A queue the last pop left empty: the blocking pop first (no pop that finds nothing),
+    """The blocking pop (what a queue the last pop left empty starts with: serve.pop_entries),
     then one script reads its entry and takes and reads what came after it, in order."""
     for i in range(4):
         await store.hset(0, f"h{i}", {"n": str(i)})
-    assert await store.pop_read(0, "src", "inflight", 3, 0.1) == []  # loads the script
+    assert await store.pop_read_wait(0, "src", "inflight", 3, 0.1) == []  # loads the script
     await store.lpush(0, "src", "h0", "h1", "h2", "h3")
     before = {c: await _calls(store, c) for c in ("blmove", "evalsha", "lmpop", "hgetall")}
-    popped = await store.pop_read(0, "src", "inflight", 3, 1.0, block_first=True)
+    popped = await store.pop_read_wait(0, "src", "inflight", 3, 1.0)
     assert popped == [("h0", {"n": "0"}), ("h1", {"n": "1"}), ("h2", {"n": "2"})]
     calls = {c: await _calls(store, c) - n for c, n in before.items()}
     assert calls == {"blmove": 1, "evalsha": 1, "lmpop": 1, "hgetall": 3}
     assert await store.lrange(0, "inflight") == ["h2", "h1", "h0"]
-    assert await store.pop_read(0, "src", "inflight", 1, 1.0, block_first=True) == [
-        ("h3", {"n": "3"})
-    ]
-    assert await store.pop_read(0, "src", "inflight", 5, 0.1, block_first=True) == []
+    assert await store.pop_read_wait(0, "src", "inflight", 1, 1.0) == [("h3", {"n": "3"})]
+    assert await store.pop_read_wait(0, "src", "inflight", 5, 0.1) == []
 
 
-async def test_pop_read_takes_what_is_queued_with_hashes_then_blocks(store: Store) -> None:
+async def test_pop_read_batch_takes_what_is_queued_with_hashes(store: Store) -> None:
     import trio
 
     for i in range(3):
         await store.hset(0, f"h{i}", {"n": str(i)})
     await store.lpush(0, "src", "h0", "h1", "h2", "missing")  # h0 is the oldest
-    popped = await store.pop_read(0, "src", "inflight", 2, 1.0)
+    popped = await store.pop_read_batch(0, "src", "inflight", 2)
     assert popped == [("h0", {"n": "0"}), ("h1", {"n": "1"})]
-    assert await store.pop_read(0, "src", "inflight", 10, 1.0) == [
+    assert await store.pop_read_batch(0, "src", "inflight", 10) == [
         ("h2", {"n": "2"}),
         ("missing", {}),
     ]
     assert await store.lrange(0, "inflight") == ["missing", "h2", "h1", "h0"]  # until acked
+    assert await store.pop_read_batch(0, "src", "inflight", 10) == []  # nothing queued
 
     async def push_later() -> None:
         await trio.sleep(0.2)
@@ -136,8 +135,8 @@ async def test_pop_read_takes_what_is_queued_with_hashes_then_blocks(store: Stor
     async with trio.open_nursery() as nursery:
         nursery.start_soon(push_later)
         with trio.fail_after(5):  # an empty source: the blocking pop, read at once
-            assert await store.pop_read(0, "src", "inflight", 10, 3.0) == [("h1", {"n": "1"})]
-    assert await store.pop_read(0, "src", "inflight", 10, 0.1) == []  # timed out
+            assert await store.pop_read_wait(0, "src", "inflight", 10, 3.0) == [("h1", {"n": "1"})]
+    assert await store.pop_read_wait(0, "src", "inflight", 10, 0.1) == []  # timed out
 
 
 async def test_a_blocked_pop_read_cancelled_leaves_the_store_usable(store: Store) -> None:
@@ -148,14 +147,12 @@ async def test_a_blocked_pop_read_cancelled_leaves_the_store_usable(store: Store
 
     await store.hset(0, "h1", {"n": "1"})
     with trio.move_on_after(0.3) as waited:
-        await store.pop_read(0, "src", "inflight", 10, 5.0, block_first=True)
+        await store.pop_read_wait(0, "src", "inflight", 10, 5.0)
     assert waited.cancelled_caught
     with trio.fail_after(2):  # a pool connection left blocked would delay these by seconds
         await store.lpush(0, "src", "h1")
         assert await store.llen(0, "src") == 1
-        assert await store.pop_read(0, "src", "inflight", 10, 1.0, block_first=True) == [
-            ("h1", {"n": "1"})
-        ]
+        assert await store.pop_read_wait(0, "src", "inflight", 10, 1.0) == [("h1", {"n": "1"})]
     assert await store.lrange(0, "inflight") == ["h1"]
 
 

@@ -24,7 +24,7 @@ async def popped(store: Store, message: Message) -> Message:
     """``message`` after it went through a queue, as the supervisor and the consumer take it
     (the pop reads the registry's version too)."""
     await store.lpush(1, "queue:test", message.key)
-    [(key, _)] = await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0, registry=True)
+    [(key, _)] = await store.pop_read_batch(1, "queue:test", "inflight:test", 64, registry=True)
     assert key == message.key
     return message
 
@@ -106,10 +106,10 @@ async def test_messages_of_one_popped_batch_share_one_version_read(store, tmp_pa
     assert await node.registry.version() == before
     # a pop whose entries are not admitted (an outbox's, say) changes nothing either
     await store.lpush(1, "queue:test", "x")
-    await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0)
+    await store.pop_read_batch(1, "queue:test", "inflight:test", 64)
     assert await node.registry.version() == before
     await store.lpush(1, "queue:test", "y")
-    await store.pop_read(1, "queue:test", "inflight:test", 64, 1.0, registry=True)
+    await store.pop_read_batch(1, "queue:test", "inflight:test", 64, registry=True)
     assert await node.registry.version() != before
 
 
@@ -124,9 +124,10 @@ async def test_the_pop_reads_the_version_so_admission_needs_no_round_trip(
     assert await store.remove_actor(ACTOR)
     message = job_message(actor, ACTOR, node.identity.node_id, node.identity.node_id, "1")
     await store.lpush(1, "queue:test", message.key)
-    popped = await store.pop_read(
-        1, "queue:test", "inflight:test", 64, 1.0, block_first=block_first, registry=True
-    )
+    if block_first:  # the blocking pop, with the script that reads behind it
+        popped = await store.pop_read_wait(1, "queue:test", "inflight:test", 64, 1.0, registry=True)
+    else:
+        popped = await store.pop_read_batch(1, "queue:test", "inflight:test", 64, registry=True)
     assert [key for key, _ in popped] == [message.key]
     gets = await _calls(store, "get")
     with pytest.raises(Rejected) as refused:

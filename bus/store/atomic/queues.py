@@ -47,7 +47,7 @@ def pop_call(
 ) -> ScriptCall:
     """The ``queues_pop_batch`` call of :func:`pop_batch`; ``head`` (with ``read``): the
     in-flight list's head and its hash come first (the entry a blocking pop pipelined just
-    before moved: :meth:`Store.pop_read`); ``registry``: the reply is ``[version, that
+    before moved: :meth:`Store.pop_read_wait`); ``registry``: the reply is ``[version, that
     reply]``, the registry's version read after the pops (:func:`popped_and_version`)."""
     args = [str(limit), "1" if read else "0", "1" if head else ""]
     if registry:
