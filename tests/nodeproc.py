@@ -5,7 +5,9 @@ Each has fixed ports (listener and embedded Valkey) so it comes back where it wa
 
 from __future__ import annotations
 
+import random
 import signal
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +23,23 @@ from node.host.valkey import free_port, stop_stale
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stable_port() -> int:
+    """A free TCP port below the kernel's ephemeral range, for a server that is restarted on
+    the same port: a port ``bind(0)`` gave may meanwhile be the source port of an outgoing
+    connection (they come from that range), and the restart's bind then fails."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    low = int(ephemeral[0])
+    for _ in range(100):
+        port = random.randrange(max(1024, low // 2), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 class NodeProcess:
     def __init__(
         self, home: Path, name: str, *, netns: str = "", host: str = "", **init: object
@@ -30,8 +49,8 @@ class NodeProcess:
         self.home = home
         self.name = name
         self.netns = netns
-        self.listen_port = 7700 if netns else free_port()
-        self.valkey_port = 0 if netns else free_port()
+        self.listen_port = 7700 if netns else stable_port()
+        self.valkey_port = 0 if netns else stable_port()
         self.config = init_home(
             home, name=name, listen_port=self.listen_port, valkey_port=self.valkey_port, **init
         )  # type: ignore[arg-type]

@@ -42,7 +42,7 @@ from bus.client.api import Client, JobResult, open_client
 from bus.core.models import JobStatus, Message
 from crypto import read_key_file
 from node.config import NodeConfig
-from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
+from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.runners import recovery as runner
 from tests.faults.test_faults import (
     alive,
@@ -53,7 +53,7 @@ from tests.faults.test_faults import (
     log_tail,
     wait_all,
 )
-from tests.nodeproc import NodeProcess
+from tests.nodeproc import NodeProcess, stable_port
 
 # The long fault suites run one after another on one test worker (README "Run the tests"):
 # two of them side by side on a 2-core machine would stretch the timings they inject.
@@ -164,7 +164,7 @@ class Rig:
 
 def make_rig(tmp: Path) -> Rig:
     valkeys = {
-        n: ValkeyProcess(ValkeySpec(port=free_port(), data_dir=tmp / f"v{n}", persist=True))
+        n: ValkeyProcess(ValkeySpec(port=stable_port(), data_dir=tmp / f"v{n}", persist=True))
         for n in NAMES
     }
     nodes = {
