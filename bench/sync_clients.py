@@ -9,8 +9,8 @@ and measures both transports. Each measurement runs in a fresh worker process th
 its jobs with a setup client (not timed), then times the runner's own code (``SyncRuns``) on
 the client under test, so both clients do exactly what a runner does per job:
 
-  blmove       ``pop_blocking``: BLMOVE of a queue entry onto the slot's in-flight list (the
-               queue holds the entries beforehand: the call's cost, not a wait)
+  blmove       the client's ``blmove``: BLMOVE of a queue entry onto the slot's in-flight list
+               (the queue holds the entries beforehand: the call's cost, not a wait)
   start        ``start``: the script runs_start on a dispatched job (EVALSHA; the reply is
                the job's fields)
   finish+next  ``finish_local`` with a ``NextJob``: runs_finish_local + runs_take_next in one
@@ -192,7 +192,7 @@ def run_case(runs: SyncRuns, case: str, n: int) -> None:
     """The timed loop; checks what it got so a broken adapter cannot look fast."""
     if case == "blmove":
         for i in range(n):
-            assert runs.pop_blocking(QUEUE, INFLIGHT, 5.0) == _job_key(i)
+            assert runs.client.blmove(QUEUE, INFLIGHT, 5.0, "RIGHT", "LEFT") == _job_key(i)
     elif case == "start":
         for i in range(n):
             fields = runs.start(_job_key(i), _token(i), LEASE_MS, RUNNER_ID)
@@ -262,7 +262,7 @@ def _status(field: str) -> int:
 def behaviour(client: str, url: str) -> dict[str, float]:
     """What the runner relies on besides speed: its memory and threads with the client
     connected, and how soon a signal interrupts a blocking pop (the runner's drain and wake-up
-    are signals whose handler raises out of ``pop_blocking``), then the next call's time."""
+    are signals whose handler raises out of its blocking pop), then the next call's time."""
     runs = open_runs(client, url)
     runs.client.register_script("return 1")(keys=[], args=[])
     out = {"rss_mb": _status("VmRSS") / 1024, "threads": _status("Threads")}
@@ -270,7 +270,7 @@ def behaviour(client: str, url: str) -> dict[str, float]:
     signal.setitimer(signal.ITIMER_REAL, 0.2)
     began = time.perf_counter()
     try:
-        runs.pop_blocking("probe:empty", "probe:inflight", 3.0)
+        runs.client.blmove("probe:empty", "probe:inflight", 3.0, "RIGHT", "LEFT")
     except Woken:
         pass
     out["signal_to_raise_ms"] = (time.perf_counter() - began - 0.2) * 1000

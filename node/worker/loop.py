@@ -55,7 +55,7 @@ from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
-from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, connect, is_utf8
+from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError, connect, is_utf8
 from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from node.host.hardening import not_dumpable
@@ -108,29 +108,23 @@ class Runner:
         try:
             while not self._leaving():
                 pops += 1
-                lists = tuple(queues.consume_order(self.bases, pops))
-                nxt = NextJob(
-                    lists,
-                    self.spec.token_base,
-                    self.spec.lease_ttl_ms,
-                    self.spec.slot_id,
-                    script_type=self.gate,
-                )
+                nxt = self._take(queues.consume_order(self.bases, pops))
                 if started is None and self.breaker_wait_ms:
                     self.wait_breaker()
                     continue
+                begun: Begun | None
                 if started is None:
-                    job_key = self.pop(list(lists), check_first=not found_empty, held=held)
+                    popped = self.pop(list(nxt.lists), check_first=not found_empty, held=held)
                     found_empty, held = False, None
-                    if job_key is None:
+                    if popped is None:
                         continue
-                    fields: dict[str, str] | None = None
+                    job_key, begun = popped
                 else:
-                    (job_key, fields), started = started, None
+                    (job_key, begun), started = started, None
                 self.taken += 1
                 if self.taken >= self.spec.taken_every:
                     self.flush_reports()
-                started = self.run_job(job_key, fields, nxt)
+                started = self.run_job(job_key, begun, nxt)
                 found_empty, held = nxt.found_empty, nxt.held
                 self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
         except Aborted:
@@ -146,33 +140,52 @@ class Runner:
             self.draining = True
         return self.draining or self.jobs >= self.spec.max_jobs
 
-    def pop(self, lists: list[str], *, check_first: bool, held: int | None = None) -> str | None:
-        """A reliable pop over the slot's lists (see bus/core/queues.py): a
-        signal (drain, wake) interrupts the blocking wait; an entry the server moved just
-        before is then taken from the head of the in-flight list, if the list grew. What it
-        held before the wait comes from the script that found the lists empty (the take with
-        the last answer, ``held``, or the pop that does not block): the blocking pop sends no
-        command of its own ahead."""
+    def _take(self, lists: list[str]) -> NextJob:
+        """How this slot takes and starts a job from ``lists`` (its lease, its token)."""
+        spec = self.spec
+        return NextJob(
+            tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type=self.gate
+        )
+
+    def pop(
+        self, lists: list[str], *, check_first: bool, held: int | None = None
+    ) -> tuple[str, Begun | None] | None:
+        """A reliable pop over the slot's lists (see bus/core/queues.py): the entry, and how
+        its start went if the pop started it too (None: not started yet). Only when every list
+        is empty a blocking pop, which starts its entry in the same round trip. A signal
+        (drain, wake) interrupts the blocking wait; an entry the server moved just before is
+        then taken from the head of the in-flight list, if the list grew. What it held before
+        the wait comes from the script that found the lists empty (the take with the last
+        answer, ``held``, or the pop that does not block): the blocking pop sends no command
+        of its own ahead."""
         if check_first:
             found, held = self.runs.pop_first(lists, self.inflight)
             if found is not None:
-                return self._usable(found)
+                return self._usable(found, None)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
         self.flush_reports(idle=True)  # idle now: the node's figures are complete while it waits
         before = self.runs.list_length(self.inflight) if held is None else held
+        nxt = self._take(lists)
         try:
             self.popping = True
             if self.draining:
                 return None
-            value = self.runs.pop_blocking(base, self.inflight, self.spec.pop_timeout_s)
+            value, begun = self.runs.pop_started(
+                base, self.inflight, self.spec.pop_timeout_s, before, nxt
+            )
         except Wake:
             self.popping = False
             moved = self.runs.list_head(self.inflight)
-            after = self.runs.list_length(self.inflight)
-            return self._usable(moved) if moved is not None and after > before else None
+            if moved is None or self.runs.list_length(self.inflight) <= before:
+                return None
+            # the start pipelined behind the pop may have run: the job's hash says
+            fields = self.runs.hash_all(moved)
+            ours = fields.get("status") == "started"
+            ours = ours and fields.get("runner") == f"{nxt.token_base}:{moved}"
+            return self._usable(moved, fields if ours else None)
         finally:
             self.popping = False
-        return None if value is None else self._usable(value)
+        return None if value is None else self._usable(value, begun)
 
     def wait_breaker(self) -> None:
         """The type's circuit breaker is open: wait it out without popping (a wake-up or a
@@ -196,9 +209,9 @@ class Runner:
         names = ("script_type", "group", "instance", "priority")
         return queues.queue_of(self.runs.hash_fields(job_key, names))
 
-    def _usable(self, value: str) -> str | None:
+    def _usable(self, value: str, begun: Begun | None) -> tuple[str, Begun | None] | None:
         if is_utf8(value):
-            return value
+            return value, begun
         why = self.fields(reason=Reason.NOT_UTF8)
         log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)
         self.runs.refuse(self.inflight, value, Reason.NOT_UTF8, keys.queue(self.spec.script_type))
@@ -206,22 +219,23 @@ class Runner:
 
     # -- one job -------------------------------------------------------------------------------
 
-    def run_job(self, job_key: str, fields: dict[str, str] | None, nxt: NextJob) -> Started | None:
-        """Start (unless started with the previous result), run and end one job; the next job
-        if it was started in the same round trip as this one's end."""
-        if fields is None:
+    def run_job(self, job_key: str, begun: Begun | None, nxt: NextJob) -> Started | None:
+        """Start (unless started already: with the previous result, or by the pop: ``begun``
+        says how that start went), run and end one job; the next job if it was started in the
+        same round trip as this one's end."""
+        if begun is None:
             token = f"{nxt.token_base}:{job_key}"
             begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.gate)
-            if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
-                self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
-                self.breaker_wait_ms = begun.wait_ms
-                return None
-            if isinstance(begun, str):  # the entry names nothing to run: refused, alone
-                detail = unrunnable_detail(begun)
-                log.warning("refused %s: %s", job_key, detail, extra=self.fields(job_key, begun))
-                self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
-                return None
-            fields = begun
+        if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
+            self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
+            self.breaker_wait_ms = begun.wait_ms
+            return None
+        if isinstance(begun, str):  # the entry names nothing to run: refused, alone
+            detail = unrunnable_detail(begun)
+            log.warning("refused %s: %s", job_key, detail, extra=self.fields(job_key, begun))
+            self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
+            return None
+        fields = begun
         if not fields:  # final (a duplicate queue entry)
             self.runs.ack(self.inflight, job_key)
             return None

@@ -265,6 +265,44 @@ async def test_pop_first_moves_the_first_entry_of_the_first_list(store, sync_run
     assert sync_runs.pop_first(["queue:a", "queue:b"], INFLIGHT) == (None, 1)
 
 
+def _take() -> runs.NextJob:
+    return runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
+
+
+async def test_pop_started_after_a_lost_script_leaves_the_start_to_the_caller(
+    store, sync_runs
+) -> None:
+    """The start pipelined behind the blocking pop finds no script on a restarted (or newly
+    promoted) server: the entry comes back not started, for the runner to start, and the
+    script is loaded again for the next pop."""
+    assert sync_runs.pop_started(QUEUE, INFLIGHT, 0.05, 0, _take()) == (None, None)  # loads it
+    await store.call(1, lambda r: r.script_flush())
+    await store.hset(1, JOB, {"status": "dispatched", "attempt": "0", "script_type": "python"})
+    await store.lpush(1, QUEUE, JOB)
+    assert sync_runs.pop_started(QUEUE, INFLIGHT, 1.0, 0, _take()) == (JOB, None)
+    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "0")
+    await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
+    await store.lpush(1, QUEUE, "job:1:2")
+    entry, begun = sync_runs.pop_started(QUEUE, INFLIGHT, 1.0, 1, _take())
+    assert entry == "job:1:2"
+    assert isinstance(begun, dict)
+    assert begun["attempt"] == "1"
+
+
+async def test_pop_started_gives_back_an_entry_it_did_not_move(store, sync_runs) -> None:
+    """Only the pop writes the slot's in-flight list while it waits. Were another writer to
+    push there (here: a length that leaves one entry out) while the pop times out, the
+    script would start that entry, which nobody then runs, its lease renewed for ever by
+    the slot's live process: it is given back to its queue instead."""
+    await store.hset(1, JOB, {"status": "dispatched", "attempt": "0", "script_type": "python"})
+    await store.lpush(1, INFLIGHT, JOB)
+    assert sync_runs.pop_started(QUEUE, INFLIGHT, 0.05, 0, _take()) == (None, None)
+    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "0")
+    assert await store.lrange(1, QUEUE) == [JOB]
+    assert await store.lrange(1, INFLIGHT) == []
+    assert await runs.running_jobs(store, 1) == []
+
+
 async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answered:
     await store.hset(1, JOB, {"status": status, "attempt": attempt, "flow_id": ""})
     await store.lpush(1, runs.RESULTS_INFLIGHT, JOB)

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from node.host.acl import RUNNER
 
@@ -28,8 +29,9 @@ def test_a_pop_cut_by_a_signal_leaves_the_next_command_its_own_reply(replicated)
         # the signal interrupts the main thread's recv while BLMOVE waits (as the node's
         # drain or wake-up signal does): the server still owes that BLMOVE its reply
         signal.setitimer(signal.ITIMER_REAL, 0.3)
+        take = NextJob(("queue:x",), "n:b:1:x:0", 15_000, "x:0")
         with pytest.raises(Woken):
-            runs.pop_blocking("queue:x", "inflight:runner:x", 1.0)
+            runs.pop_started("queue:x", "inflight:runner:x", 1.0, 0, take)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

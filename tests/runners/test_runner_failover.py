@@ -14,11 +14,13 @@ import time
 import pytest
 import redis
 
+from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from node.host.acl import NODE, RUNNER
 from node.host.replicated import ReplicatedSet
 
 ELECTION_S = 30.0  # down-after (1 s) plus the election: about 3 s here, more under load
+TAKE = NextJob(("queue:x",), "n:b:1:x:0", 15_000, "x:0")  # how the runner names its start
 
 
 def _switches(servers: ReplicatedSet) -> redis.client.PubSub:
@@ -56,7 +58,7 @@ def test_a_pop_waiting_on_a_stalled_primary_is_cut_and_the_next_command_goes_to_
 
     def pop() -> None:
         try:
-            popped.append(runs.pop_blocking("queue:x", "inflight:runner:x", 60.0))
+            popped.append(runs.pop_started("queue:x", "inflight:runner:x", 60.0, 0, TAKE)[0])
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
             popped.append(exc)
 
@@ -120,7 +122,7 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
     new = redis.Redis("127.0.0.1", new_port, db=1, **admin)
     assert new.lrange("queue:x", 0, -1) == ["job:1:0", "job:1:2"]
     with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
-        held.pop_blocking("queue:x", "inflight:runner:x", 0.1)
+        held.pop_started("queue:x", "inflight:runner:x", 0.1, 0, TAKE)
     assert held.leave_if_stale(refused.value)
     assert held.list_length("queue:x") == 2  # the old primary has 1: job:1:2 is not there
     assert woken.execute_command("ROLE")[0] == "master"  # not demoted yet: it was left

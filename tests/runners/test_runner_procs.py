@@ -96,8 +96,8 @@ def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url,
     client.lpush("queue:v", "job:1:1")
     client.lpush("queue:v:prio:high", "job:1:2")
     lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
-    assert runner.pop(lists, check_first=True) == "job:1:2"
-    assert runner.pop(lists, check_first=True) == "job:1:1"
+    assert runner.pop(lists, check_first=True) == ("job:1:2", None)
+    assert runner.pop(lists, check_first=True) == ("job:1:1", None)
     assert runner.pop(lists, check_first=True) is None  # after the blocking pop's timeout
     assert client.lrange(INFLIGHT, 0, -1) == ["job:1:1", "job:1:2"]
 
@@ -124,25 +124,68 @@ def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
     redis_url, tmp_path, monkeypatch
 ):
     """A wake-up (a signal) that lands after the server carried out the blocking pop loses its
-    reply: the entry is taken from the head of the in-flight list, not an older key there."""
+    replies: the entry is taken from the head of the in-flight list, not an older key there,
+    and the start pipelined behind the pop is found in the job's hash if it ran (never a
+    second attempt)."""
     runner = _runner(redis_url, tmp_path)
     client = connect(redis_url, 1)
     client.lpush(INFLIGHT, "job:1:1")  # a stale key left by a refused result
+    for job in ("job:1:3", "job:1:4"):
+        client.hset(job, mapping={"status": "dispatched", "attempt": "0", "script_type": "v"})
     client.lpush("queue:v", "job:1:3")
-    real = SyncRuns.pop_blocking
+    real = SyncRuns.pop_started
 
-    def moved_then_woken(self: SyncRuns, source: str, inflight: str, timeout_s: float) -> str:
-        real(self, source, inflight, timeout_s)
+    def moved_then_woken(self: SyncRuns, *args: object) -> None:
+        real(self, *args)  # type: ignore[arg-type]
         raise Wake
 
-    monkeypatch.setattr(SyncRuns, "pop_blocking", moved_then_woken)
-    assert runner.pop(["queue:v"], check_first=False) == "job:1:3"
+    monkeypatch.setattr(SyncRuns, "pop_started", moved_then_woken)
+    popped = runner.pop(["queue:v"], check_first=False)
+    assert popped is not None
+    assert popped[0] == "job:1:3"
+    assert isinstance(popped[1], dict)
+    assert (popped[1]["status"], popped[1]["attempt"]) == ("started", "1")
+
+    def moved_not_started(self: SyncRuns, source: str, inflight: str, *_: object) -> None:
+        self.client.lmove(source, inflight, "RIGHT", "LEFT")
+        raise Wake
+
     client.lpush("queue:v", "job:1:4")
+    monkeypatch.setattr(SyncRuns, "pop_started", moved_not_started)
     # held: the length the take that found nothing read (the stale key and job:1:3)
-    assert runner.pop(["queue:v"], check_first=False, held=2) == "job:1:4"
-    monkeypatch.setattr(SyncRuns, "pop_blocking", lambda *_: (_ for _ in ()).throw(Wake()))
+    assert runner.pop(["queue:v"], check_first=False, held=2) == ("job:1:4", None)
+    assert client.hget("job:1:4", "status") == "dispatched"
+    monkeypatch.setattr(SyncRuns, "pop_started", lambda *_: (_ for _ in ()).throw(Wake()))
     assert runner.pop(["queue:v"], check_first=False) is None  # woken before anything moved
     assert runner.pop(["queue:v"], check_first=False, held=3) is None
+
+
+def test_a_blocking_pop_starts_its_entry_in_the_same_round_trip(redis_url, tmp_path):
+    """The blocking pop has the start pipelined behind it: the entry comes back started (its
+    lease taken, attempt 1), with no start of its own; a timeout starts nothing, not even an
+    entry already in flight; an entry that names no job is left for the runner to refuse."""
+    runner = _runner(redis_url, tmp_path)
+    client = connect(redis_url, 1)
+    client.hset("job:1:5", mapping={"status": "dispatched", "attempt": "0", "script_type": "v"})
+    client.lpush("queue:v", "job:1:5")
+
+    def evalsha_calls() -> int:
+        return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha_calls()
+    popped = runner.pop(["queue:v"], check_first=False, held=0)
+    assert popped is not None
+    assert popped[0] == "job:1:5"
+    assert isinstance(popped[1], dict)
+    assert (popped[1]["status"], popped[1]["attempt"]) == ("started", "1")
+    assert evalsha_calls() == before + 1  # the pipelined start, nothing else
+    assert client.get(keys.lease("job:1:5")) == "n:b:1:v:0:job:1:5"
+    # timed out (1 s): the entry already in flight is not started again
+    assert runner.pop(["queue:v"], check_first=False, held=1) is None
+    assert client.hget("job:1:5", "attempt") == "1"
+    client.lpush("queue:v", "job:1:404")  # names no hash
+    assert runner.pop(["queue:v"], check_first=False, held=1) == ("job:1:404", "missing_hash")
+    assert client.lrange(INFLIGHT, 0, -1) == ["job:1:404", "job:1:5"]  # the runner refuses it
 
 
 def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp_path, monkeypatch):
@@ -153,7 +196,7 @@ def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp
     client.lpush("queue:v", "job:1:1")
     popped: list[str] = []
 
-    def run_job(job_key: str, _fields: object, nxt: NextJob) -> None:
+    def run_job(job_key: str, _begun: object, nxt: NextJob) -> None:
         popped.append(job_key)
         nxt.found_empty, nxt.held = True, 1  # as an end whose take found nothing
         if len(popped) == 1:
@@ -161,15 +204,12 @@ def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp
         else:
             runner.draining = True
 
-    def llen_calls() -> int:
-        stats = client.info("commandstats")
-        return int(stats.get("cmdstat_llen", {}).get("calls", 0))
-
+    lengths: list[str] = []  # the runner's own LLENs (the scripts' are not its round trips)
+    monkeypatch.setattr(SyncRuns, "list_length", lambda _self, name: lengths.append(name) or 0)
     monkeypatch.setattr(runner, "run_job", run_job)
-    before = llen_calls()
     runner.serve()
     assert popped == ["job:1:1", "job:1:2"]
-    assert llen_calls() == before
+    assert lengths == []
 
 
 def test_a_runner_refuses_an_entry_that_is_not_utf8(redis_url, tmp_path):

@@ -21,7 +21,7 @@ from bus.core.models import JobStatus
 from bus.core.reasons import Reason
 from bus.store.atomic import BREAKER_NEUTRAL, type_breakers
 from bus.store.atomic.runs import NextJob
-from bus.store.atomic.type_breakers import config_value, parse, verdict
+from bus.store.atomic.type_breakers import BreakerOpen, config_value, parse, verdict
 from crypto import read_key_file
 from node.cli.status import status, status_facts
 from node.config import load_config, render_config
@@ -289,12 +289,23 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
     await store.hset(1, "job:1:1", job)
     await store.lpush(1, "queue:v:prio:high", "job:1:0", "job:1:1")
     lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
-    assert runner.pop(lists, check_first=True) == "job:1:0"
+    assert runner.pop(lists, check_first=True) == ("job:1:0", None)
     nxt = NextJob(tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type="v")
     assert runner.run_job("job:1:0", None, nxt) is None  # job:1:0 has no hash: refused alone
-    assert runner.pop(lists, check_first=True) == "job:1:1"
+    assert runner.pop(lists, check_first=True) == ("job:1:1", None)
     assert runner.run_job("job:1:1", None, nxt) is None
     assert await store.lrange(1, "queue:v:prio:high") == ["job:1:1"]
     assert await store.llen(1, spec.inflight) == 0
     assert await store.hgetall(1, "job:1:1") == job
     assert 50_000 < runner.breaker_wait_ms <= 60_000
+    # the blocking pop's pipelined start is refused the same way: back to its queue, untouched
+    await store.hset(1, "job:1:2", job | {"priority": ""})
+    await store.lpush(1, "queue:v", "job:1:2")
+    popped = runner.pop(lists, check_first=False, held=0)
+    assert popped is not None
+    assert popped[0] == "job:1:2"
+    assert isinstance(popped[1], BreakerOpen)
+    assert runner.run_job("job:1:2", popped[1], nxt) is None
+    assert await store.lrange(1, "queue:v") == ["job:1:2"]
+    assert await store.llen(1, spec.inflight) == 0
+    assert await store.hgetall(1, "job:1:2") == job | {"priority": ""}

@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from bus.core import keys
+from bus.core import keys, queues
 from bus.core.ids import now
 from bus.core.reasons import Reason
 from bus.store.atomic import source
@@ -40,7 +40,7 @@ from bus.store.atomic.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 
-__all__ = ["SyncRuns", "SyncStoreError", "connect", "is_utf8"]
+__all__ = ["Begun", "SyncRuns", "SyncStoreError", "connect", "is_utf8"]
 
 # What a call of this module raises when Valkey fails (the runner's node/ side names no client
 # library: the node recovers a slot whose process exits on it).
@@ -156,6 +156,18 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
     return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+# how a start went (runs_start): the job's fields after it ({}: the job is final), a reason
+# token (the entry names nothing to start), or the type's breaker refused it
+Begun = dict[str, str] | str | BreakerOpen
+
+
+def _begun(reply: Any) -> Begun:  # noqa: ANN401
+    if isinstance(reply, str):
+        wait_ms = open_wait(reply)
+        return reply if wait_ms is None else BreakerOpen(wait_ms)
+    return _pairs(reply)
+
+
 @dataclass
 class SyncRuns:
     """The transitions of one runner process on one context DB."""
@@ -164,6 +176,7 @@ class SyncRuns:
 
     def __post_init__(self) -> None:
         self._scripts: dict[str, tuple[str, str]] = {}  # name: (source, sha1)
+        self._loaded: set[str] = set()  # the sha1s of scripts this process loaded itself
         self._held = threading.local()  # each thread's own connection (see _command)
 
     def _command(self, *args: str | int | float) -> Any:  # noqa: ANN401
@@ -175,13 +188,7 @@ class SyncRuns:
         connections, this one included): its next command connects again, through the
         Sentinels to the current primary. Raw replies: decoded text, ints, lists, None; an
         error reply raises."""
-        conn = getattr(self._held, "conn", None)
-        if conn is None:
-            conn = self._held.conn = self.client.connection_pool.get_connection()
-        elif not conn.is_connected:
-            # its own connect, which asks the Sentinels: a send on a disconnected connection
-            # would connect again to the server it last knew, maybe a primary no more
-            conn.connect()
+        conn = self._connection()
         try:
             conn.send_command(*args)
             return conn.read_response()
@@ -191,12 +198,27 @@ class SyncRuns:
             conn.disconnect()  # (a Sentinel-managed connection does not disconnect itself)
             raise
 
-    def _run(self, name: str, key_list: list[str], args: list[str]) -> Any:  # noqa: ANN401
+    def _connection(self) -> redis.connection.AbstractConnection:
+        """This thread's connection (see :meth:`_command`), connected."""
+        conn = getattr(self._held, "conn", None)
+        if conn is None:
+            conn = self._held.conn = self.client.connection_pool.get_connection()
+        elif not conn.is_connected:
+            # its own connect, which asks the Sentinels: a send on a disconnected connection
+            # would connect again to the server it last knew, maybe a primary no more
+            conn.connect()
+        return conn
+
+    def _script(self, name: str) -> tuple[str, str]:
+        """Script ``name``: its text and its SHA1."""
         known = self._scripts.get(name)
         if known is None:
             text = _source(name)
             known = self._scripts[name] = (text, self.client.register_script(text).sha)
-        text, sha = known
+        return known
+
+    def _run(self, name: str, key_list: list[str], args: list[str]) -> Any:  # noqa: ANN401
+        text, sha = self._script(name)
         try:
             return self._command("EVALSHA", sha, len(key_list), *key_list, *args)
         except redis.exceptions.NoScriptError:  # a restarted or flushed server: load, run once
@@ -235,22 +257,9 @@ class SyncRuns:
             return None, value
         return str(value), 0
 
-    def pop_blocking(self, source_list: str, inflight: str, timeout_s: float) -> str | None:
-        """BLMOVE of the oldest entry of ``source_list`` onto ``inflight``; None on timeout."""
-        try:
-            # seconds, fractions too
-            value = self._command("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s)
-        except BaseException:
-            # a signal (Wake) may interrupt the wait before its reply is read; redis-py's
-            # Sentinel connections do not disconnect then, and the next command would read
-            # this pop's reply as its own: drop the connection, the next one is clean
-            self.client.connection_pool.disconnect()
-            raise
-        return None if value is None else str(value)
-
     def start(
         self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
-    ) -> dict[str, str] | str | BreakerOpen:
+    ) -> Begun:
         """runs_start: the lease taken and the job marked started; the job's fields
         (``attempt`` counts this attempt), {} if the job is final, or why the entry names
         nothing to start (a reason token: :func:`bus.store.atomic.runs.unrunnable_detail`).
@@ -258,11 +267,61 @@ class SyncRuns:
         removes the job from. With ``script_type``, refused (:class:`BreakerOpen`, nothing
         written) while that type's circuit breaker is open."""
         args = [token, str(ttl_ms), str(now()), runner_id, script_type]
-        flat = self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args)
-        if isinstance(flat, str):
-            wait_ms = open_wait(flat)
-            return flat if wait_ms is None else BreakerOpen(wait_ms)
-        return _pairs(flat)
+        return _begun(self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args))
+
+    def pop_started(
+        self, source_list: str, inflight: str, timeout_s: float, held: int, nxt: NextJob
+    ) -> tuple[str | None, Begun | None]:
+        """BLMOVE of the oldest entry of ``source_list`` onto ``inflight`` (up to
+        ``timeout_s``), with runs_start_moved pipelined behind it on the same connection: Valkey
+        runs a blocked client's next command as soon as its pop returns, so the entry is
+        started (as :meth:`start`, named as ``nxt`` names a take's) in the same round trip.
+        ``held``: the length of ``inflight`` before. (None, None) on timeout; (entry, None) if
+        the script did not start it (a server that lost the script: the caller starts it).
+        Interrupted (a signal, the runner's wake-up) before its replies were read, the
+        connection is dropped: redis-py's Sentinel connections do not disconnect then, and the
+        next command would read this pop's reply as its own. The start may have run: the job's
+        hash says (status 'started', its ``runner`` the token)."""
+        text, sha = self._script("runs_start_moved")
+        if sha not in self._loaded:  # pipelined, a NOSCRIPT would cost the pop its start
+            self._command("SCRIPT", "LOAD", text)
+            self._loaded.add(sha)
+        args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), keys.lease("")]
+        args += [nxt.runner_id, nxt.script_type]
+        conn = self._connection()
+        replies: list[Any] = []
+        try:
+            conn.send_packed_command(
+                conn.pack_commands(
+                    [
+                        ("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s),
+                        ("EVALSHA", sha, 2, inflight, keys.RUNNING, *args),
+                    ]
+                )
+            )
+            for _ in range(2):  # both replies, errors too: the next command reads its own
+                try:
+                    replies.append(conn.read_response())
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            self.client.connection_pool.disconnect()  # the next command connects again
+            raise
+        moved, started = replies
+        if isinstance(started, redis.exceptions.NoScriptError):  # a restarted or new primary
+            self._command("SCRIPT", "LOAD", text)  # for the next pop
+        if isinstance(moved, redis.ResponseError):
+            raise moved
+        entry, begun = None, None
+        if isinstance(started, list) and started:  # the script started (or refused) its head
+            entry, begun = str(started[0]), _begun(started[1])
+        if entry is not None and entry != moved:
+            # another writer of ``inflight`` (there should be none) pushed what the script
+            # started: given back, so that no job stays started by a slot that does not run it
+            if isinstance(begun, dict) and begun:
+                self.requeue(entry, int(begun["attempt"]), inflight, queues.queue_of(begun))
+            begun = None
+        return (None, None) if moved is None else (str(moved), begun)
 
     def give_back(self, inflight: str, job_key: str, queue: str) -> None:
         """A popped entry that may not start yet back at the consuming end of ``queue`` (the

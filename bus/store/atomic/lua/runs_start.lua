@@ -7,14 +7,5 @@
 -- Atomic effect: attempt + 1, status 'started' with runner/updated_at/runner_id, the lease
 -- set to the token with a TTL, the job added to the running set (runs_begin); nothing written
 -- on refusal.
--- include: runs_unrunnable
--- include: runs_begin
-local bad, f = unrunnable(KEYS[1])
-if bad then return bad end
-if f['status'] == 'finished' or f['status'] == 'error' then return {} end
-local gate, now_ms = ARGV[5] or '', stats_ms()  -- the start's stamp, the breaker's clock
-if gate ~= '' then
-  local wait = tb_wait(gate, now_ms)
-  if wait > 0 then return 'breaker_open:' .. wait end
-end
-return begin(KEYS[1], f, ARGV[1], ARGV[2], ARGV[3], ARGV[4], KEYS[2], KEYS[3], gate, now_ms)
+-- include: runs_start_one
+return start_one(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] or '')

@@ -1,0 +1,17 @@
+-- Start the entry a blocking pop just moved onto a slot's in-flight list: pipelined behind that
+-- BLMOVE on the same connection, it runs as soon as the pop returns (no round trip of its own).
+-- KEYS: inflight running
+-- ARGV: held (the in-flight list's length before the pop) token_base ttl_ms now lease_prefix
+--       runner_id [script_type: its breaker is consulted]
+-- Returns {} if the pop moved nothing (the list holds no more than ``held``: it timed out), else
+-- {entry, start} with start as runs_start returns it for that entry (a reason token, {} for a
+-- final job, 'breaker_open:<ms>', or the job's fields after the start), its token
+-- '<token_base>:<entry>' and its lease '<lease_prefix><entry>'.
+-- Atomic effect: as runs_start on the in-flight list's head, when the list grew; an entry not
+-- started stays in flight for the caller to refuse, drop or give back, as after runs_start.
+-- include: runs_start_one
+if redis.call('LLEN', KEYS[1]) <= tonumber(ARGV[1]) then return {} end
+local job = redis.call('LINDEX', KEYS[1], 0)
+local token = ARGV[2] .. ':' .. job
+return {job, start_one(job, ARGV[5] .. job, KEYS[2], token, ARGV[3], ARGV[4], ARGV[6],
+                       ARGV[7] or '')}
