@@ -16,6 +16,8 @@ import trio
 from bus.client.api import new_job, open_client
 from bus.core.models import JobStatus
 from bus.errors import StoreError
+from bus.store.atomic.runs import NextJob
+from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import Store, open_store
 from crypto import read_key_file
 from node.cli.main import main
@@ -148,6 +150,23 @@ async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
             [res] = await alice.client.wait_results(msg, 15)
     assert res.ok
     assert res.result["stdout"] == "42"
+
+
+async def test_the_runner_user_starts_what_its_blocking_pop_moved(node_factory):
+    """The start pipelined behind a runner's blocking pop (runs_start_moved) runs under the
+    runner's ACL user: a command it may not send would leave every start to a round trip of
+    its own (the fallback), unnoticed by any job."""
+    alice = await node_factory("alice", embedded=True, runners={"sh": 1})
+    job = {"status": "dispatched", "attempt": "0", "script_type": "probe"}
+    async with open_store(role_url(alice.config, alice.info.redis_url)) as admin:
+        await admin.hset(1, "job:1:999", job)
+        await admin.lpush(1, "queue:probe", "job:1:999")
+    runs = SyncRuns(connect(role_url(alice.config, alice.info.redis_url, RUNNER), 1))
+    take = NextJob(("queue:probe",), "n:b:1:probe:0", 15_000, "probe:0")
+    entry, begun = runs.pop_started("queue:probe", "inflight:runner:probe:0", 1.0, 0, take)
+    assert entry == "job:1:999"
+    assert isinstance(begun, dict)
+    assert (begun["status"], begun["attempt"]) == ("started", "1")
 
 
 async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):

@@ -11,7 +11,7 @@
 -- started stays in flight for the caller to refuse, drop or give back, as after runs_start.
 -- include: runs_start_one
 if redis.call('LLEN', KEYS[1]) <= tonumber(ARGV[1]) then return {} end
-local job = redis.call('LINDEX', KEYS[1], 0)
+local job = redis.call('LRANGE', KEYS[1], 0, 0)[1]  -- the runner user reads lists by LRANGE
 local token = ARGV[2] .. ':' .. job
 return {job, start_one(job, ARGV[5] .. job, KEYS[2], token, ARGV[3], ARGV[4], ARGV[6],
                        ARGV[7] or '')}
