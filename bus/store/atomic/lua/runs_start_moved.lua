@@ -10,8 +10,12 @@
 -- Atomic effect: as runs_start on the in-flight list's head, when the list grew; an entry not
 -- started stays in flight for the caller to refuse, drop or give back, as after runs_start.
 -- include: runs_start_one
-if redis.call('LLEN', KEYS[1]) <= tonumber(ARGV[1]) then return {} end
-local job = redis.call('LRANGE', KEYS[1], 0, 0)[1]  -- the runner user reads lists by LRANGE
+-- one read: the head, and whether the list holds more than it held (LRANGE: what the runner
+-- user may read a list with; held is 0 but for a stale entry, so this reads one or two)
+local held = tonumber(ARGV[1])
+local head = redis.call('LRANGE', KEYS[1], 0, held)
+if #head <= held then return {} end
+local job = head[1]
 local token = ARGV[2] .. ':' .. job
 return {job, start_one(job, ARGV[5] .. job, KEYS[2], token, ARGV[3], ARGV[4], ARGV[6],
                        ARGV[7] or '')}
