@@ -10,7 +10,8 @@ dumpable, and has the results of remote requests signed by the node's signer pro
 with a blocking client and no event loop:
 
 1. pop: the slot's lists in consume order (bus/core/queues.py) with ``runs_pop_first``,
-   or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``;
+   or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``,
+   with ``runs_start_moved`` pipelined behind it (step 2 in the same round trip);
 2. ``runs_start``: the attempt's fencing token and lease; then the job hash's admission stamp
    is checked (bus/core/admitted.py): a hash the node did not admit is dead-lettered
    ``not_admitted`` and ended in error, never run;
