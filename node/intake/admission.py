@@ -49,13 +49,19 @@ VERIFIED = "signatures_verified"
 
 
 async def admit(
-    node: NodeState, ctx: int, message: Message, *, incoming: bool
+    node: NodeState,
+    ctx: int,
+    message: Message,
+    *,
+    incoming: bool,
+    stored: Mapping[str, str] | None = None,
 ) -> ResultBody | None:
     """Raise Rejected with the reason ``message`` may not be accepted in context ``ctx``;
     for a result message return its decoded body. ``incoming``: taken from ``msg_in`` (the
-    consumer), else from ``msg_out`` (the supervisor). Cheap checks come first, so an
+    consumer), else from ``msg_out`` (the supervisor). ``stored``: the hash ``message`` was
+    parsed from, as popped (:func:`check_size` measures it). Cheap checks come first, so an
     oversize or misshapen message costs no signature check and no round trip."""
-    check_size(node.config, message)
+    check_size(node.config, message, stored)
     check_shape(ctx, message)
     check_reply_to(message)
     if incoming and message.destination != node.identity.node_id:
@@ -88,16 +94,20 @@ def size_limit(config: NodeConfig, message_type: str) -> int:
     return config.max_message_bytes
 
 
-def check_size(config: NodeConfig, message: Message) -> None:
+def check_size(
+    config: NodeConfig, message: Message, stored: Mapping[str, str] | None = None
+) -> None:
     """Rejected('oversize') for a script above ``max_script_bytes`` or a message whose stored
-    hash is above its :func:`size_limit`."""
+    hash is above its :func:`size_limit`: ``stored``, the hash as popped (fields the message
+    does not use count too), else the hash ``message`` makes (one built here)."""
     for job in message.job:
         size = len(job.script.encode("utf-8", "replace"))
         if size > config.max_script_bytes:
             raise Rejected(
                 Reason.OVERSIZE, f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
             )
-    size, limit = stored_size(message.to_hash()), size_limit(config, message.message_type)
+    size = stored_size(message.to_hash() if stored is None else stored)
+    limit = size_limit(config, message.message_type)
     if size > limit:
         raise Rejected(Reason.OVERSIZE, f"message of {size} bytes > {limit}")
 

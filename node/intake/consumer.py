@@ -10,7 +10,7 @@ by message key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import NoReturn
 
 import trio
@@ -62,7 +62,7 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
         message = parse_message(self.ctx, popped.value, popped.fields)
-        return await handle_incoming(self.node, self.ctx, message)
+        return await handle_incoming(self.node, self.ctx, message, popped.fields)
 
     async def batch(self, items: list[Message | VerifiedResult]) -> None:
         node, ctx, inflight = self.node, self.ctx, keys.inflight(SERVICE)
@@ -75,14 +75,14 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
 
 async def handle_incoming(
-    node: NodeState, ctx: int, message: Message
+    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str] | None = None
 ) -> Message | VerifiedResult | Done:
     """Accept ``message``: an admitted job (or flow job) message is returned as it is, a
     result message with its verified body (both accepted with their batch, replay checks
     included); a stop is applied and acknowledged; chat and mail are stored (Done.ACK).
     Raises Rejected with the reason it is refused (the one admission check:
-    node/intake/admission.py)."""
-    body = await admit(node, ctx, message, incoming=True)
+    node/intake/admission.py); ``stored``: the hash ``message`` was parsed from, as popped."""
+    body = await admit(node, ctx, message, incoming=True, stored=stored)
     if body is not None:
         return message, body
     if message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):

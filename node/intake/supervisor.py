@@ -133,7 +133,7 @@ async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> 
     node is materialised right here: the caller was just verified, so no second hop through
     msg_in and no second verification); Rejected with the reason it may not."""
     message = parse_message(ctx, key, fields)
-    await check_outgoing(node, ctx, message)
+    await check_outgoing(node, ctx, message, fields)
     if message.destination != node.identity.node_id and message.destination not in node.peers.known:
         raise Rejected(
             Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
@@ -162,10 +162,13 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
         log.exception("no failed job copies for refused %s (context %d)", message.key, ctx)
 
 
-async def check_outgoing(node: NodeState, ctx: int, message: Message) -> None:
-    """Rejected unless ``message`` may leave msg_out: the one admission check
-    (node/intake/admission.py), as the consumer runs it on msg_in."""
-    await admit(node, ctx, message, incoming=False)
+async def check_outgoing(
+    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str] | None = None
+) -> None:
+    """Rejected unless ``message`` (parsed from ``stored``, the hash as popped) may leave
+    msg_out: the one admission check (node/intake/admission.py), as the consumer runs it on
+    msg_in."""
+    await admit(node, ctx, message, incoming=False, stored=stored)
 
 
 async def route_many(

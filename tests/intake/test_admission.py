@@ -181,6 +181,31 @@ async def test_oversize_message_is_refused_on_both_paths(node_factory, tmp_path)
     assert not marker.exists()
 
 
+async def test_the_size_judged_is_the_hash_as_stored(node_factory, tmp_path):
+    """A message hash padded with fields no message has is as large as it is stored: refused
+    oversize from either queue, though the message parsed from it is small."""
+    alice = await node_factory("alice", max_message_bytes=20_000)
+    actor = read_key_file(alice.config.actor_key_path)
+    marker = Ran(tmp_path)
+    padded = []
+    for queue in (keys.MSG_OUT, keys.MSG_IN):
+        msg = job_message(actor, 1, alice.node_id, alice.node_id, marker_script(marker))
+        async with alice.store.transaction(1) as tx:
+            tx.hset(msg.key, msg.to_hash() | {"padding": "x" * 30_000})
+            tx.lpush(queue, [msg.key])
+        padded.append(msg.key)
+        if queue == keys.MSG_OUT:  # its sender is told
+            with trio.fail_after(15):
+                [result] = await alice.client.wait_results(msg, timeout_s=15)
+            assert result.status is JobStatus.ERROR
+            assert result.reason.startswith("oversize")
+        else:  # a good message behind it ran: it was judged
+            assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
+    reasons = {e["key"]: e["reason"] for e in await alice.store.dead_letters(1)}
+    assert reasons == dict.fromkeys(padded, "oversize")
+    assert not marker.exists()
+
+
 # -- item 5: the signed ack deadline ------------------------------------------------------------
 
 
