@@ -54,7 +54,7 @@ async def admit(
     message: Message,
     *,
     incoming: bool,
-    stored: Mapping[str, str] | None = None,
+    stored: Mapping[str, str],
 ) -> ResultBody | None:
     """Raise Rejected with the reason ``message`` may not be accepted in context ``ctx``;
     for a result message return its decoded body. ``incoming``: taken from ``msg_in`` (the
@@ -94,20 +94,17 @@ def size_limit(config: NodeConfig, message_type: str) -> int:
     return config.max_message_bytes
 
 
-def check_size(
-    config: NodeConfig, message: Message, stored: Mapping[str, str] | None = None
-) -> None:
+def check_size(config: NodeConfig, message: Message, stored: Mapping[str, str]) -> None:
     """Rejected('oversize') for a script above ``max_script_bytes`` or a message whose stored
-    hash is above its :func:`size_limit`: ``stored``, the hash as popped (fields the message
-    does not use count too), else the hash ``message`` makes (one built here)."""
+    hash, ``stored`` as popped (fields the message does not use count too), is above its
+    :func:`size_limit`."""
     for job in message.job:
         size = len(job.script.encode("utf-8", "replace"))
         if size > config.max_script_bytes:
             raise Rejected(
                 Reason.OVERSIZE, f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
             )
-    size = stored_size(message.to_hash() if stored is None else stored)
-    limit = size_limit(config, message.message_type)
+    size, limit = stored_size(stored), size_limit(config, message.message_type)
     if size > limit:
         raise Rejected(Reason.OVERSIZE, f"message of {size} bytes > {limit}")
 

@@ -75,7 +75,7 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
 
 async def handle_incoming(
-    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str] | None = None
+    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str]
 ) -> Message | VerifiedResult | Done:
     """Accept ``message``: an admitted job (or flow job) message is returned as it is, a
     result message with its verified body (both accepted with their batch, replay checks

@@ -163,7 +163,7 @@ async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Reje
 
 
 async def check_outgoing(
-    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str] | None = None
+    node: NodeState, ctx: int, message: Message, stored: Mapping[str, str]
 ) -> None:
     """Rejected unless ``message`` (parsed from ``stored``, the hash as popped) may leave
     msg_out: the one admission check (node/intake/admission.py), as the consumer runs it on
