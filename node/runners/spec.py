@@ -62,6 +62,12 @@ class RunnerSpec:
     def inflight(self) -> str:
         return keys.inflight(f"runner:{self.slot_id}")
 
+    def token(self, job_key: str) -> str:
+        """The fencing token this slot's start of ``job_key`` writes (its lease's value and the
+        job's ``runner``); the scripts that start a taken entry build the same from
+        ``token_base`` (runs_take_next, runs_start_moved)."""
+        return f"{self.token_base}:{job_key}"
+
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 

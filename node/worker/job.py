@@ -209,7 +209,7 @@ class JobRun:
     def run(self, job: RunnerJob, request: Message, attempt: int) -> Outcome | None:
         """Run attempt ``attempt`` of ``job``; None if the runner was aborted meanwhile."""
         self.began, self.started_at = time.monotonic(), now()
-        token = f"{self.spec.token_base}:{job.key}"
+        token = self.spec.token(job.key)
         pump = LogPump(
             self.runs, job.key, self.logs, self.spec.max_output_bytes, self.spec.reply_ttl_s
         )

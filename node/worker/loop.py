@@ -181,8 +181,8 @@ class Runner:
                 return None
             # the start pipelined behind the pop may have run: the job's hash says
             fields = self.runs.hash_all(moved)
-            ours = fields.get("status") == "started"
-            ours = ours and fields.get("runner") == f"{nxt.token_base}:{moved}"
+            ours = fields.get("status") == JobStatus.STARTED.value
+            ours = ours and fields.get("runner") == self.spec.token(moved)
             return self._usable(moved, fields if ours else None)
         finally:
             self.popping = False
@@ -225,7 +225,7 @@ class Runner:
         says how that start went), run and end one job; the next job if it was started in the
         same round trip as this one's end."""
         if begun is None:
-            token = f"{nxt.token_base}:{job_key}"
+            token = self.spec.token(job_key)
             begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.gate)
         if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
             self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
@@ -386,7 +386,7 @@ class Runner:
             names = ("status", "attempt", "runner", "script_type", "group", "instance", "priority")
             fields = self.runs.hash_fields(key, names)
             queue = queues.queue_of(fields)
-            token = f"{self.spec.token_base}:{key}"
+            token = self.spec.token(key)
             status = fields["status"]
             if status in (JobStatus.FINISHED.value, JobStatus.ERROR.value):
                 self.runs.ack(self.inflight, key)
@@ -410,7 +410,7 @@ class Runner:
     ) -> Started | None:
         """One Lua call: retried, finished here and answered, or finished and answered with a
         signed result; the job statistics counted here go with it (see :meth:`_counted`)."""
-        token = f"{self.spec.token_base}:{job.key}"
+        token = self.spec.token(job.key)
         started_at = self.job.started_at
         entry = attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
         policy = RetryPolicy.of(job)
