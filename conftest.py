@@ -140,6 +140,7 @@ class RunningNode:
         self.info = info
         self.client = client
         self._cancel = cancel
+        self.ended = trio.Event()  # set once the node's services have all stopped
 
     @property
     def node_id(self) -> str:
@@ -152,35 +153,52 @@ class RunningNode:
     def stop(self) -> None:
         self._cancel.cancel()
 
+    async def stopped(self) -> None:
+        """Stop the node and return once it has (its home free for a new boot)."""
+        self.stop()
+        await self.ended.wait()
+
 
 @pytest.fixture
 def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
     """``await start(name)`` -> a RunningNode on its own Valkey, with its default actor/context;
     ``embedded=True``: on the node's embedded Valkey (unix socket, ACL users), its client
-    authenticated as the node."""
+    authenticated as the node; ``again=node``: ``node`` (stopped) started anew, a new boot on
+    the same home and Valkey."""
 
-    async def start(name: str, *, embedded: bool = False, **overrides: object) -> RunningNode:
-        config = init_home(
-            tmp_path / name,
-            name=name,
-            listen_port=0,
-            redis_url="" if embedded else valkey_factory().url,
-            runners={"python": 2, "sh": 1},
-            console_listen="",  # no web console unless a test passes console=ConsoleConfig(...)
-        )
-        # the tests' jobs announce themselves on the test's Valkey, over TCP: context 1 may
-        # use the network (README "What a job can and cannot do"; tests/sandbox/test_sandbox.py
-        # checks the default, no network)
-        overrides.setdefault("sandbox", {"1": {"network": True}})
+    async def start(
+        name: str, *, embedded: bool = False, again: RunningNode | None = None, **overrides: object
+    ) -> RunningNode:
+        if again is not None:  # the same node started anew (stopped first: again.stop())
+            config = again.config
+        else:
+            config = init_home(
+                tmp_path / name,
+                name=name,
+                listen_port=0,
+                redis_url="" if embedded else valkey_factory().url,
+                runners={"python": 2, "sh": 1},
+                console_listen="",  # no web console unless a test passes console=...
+            )
+            # the tests' jobs announce themselves on the test's Valkey, over TCP: context 1
+            # may use the network (README "What a job can and cannot do";
+            # tests/sandbox/test_sandbox.py checks the default, no network)
+            overrides.setdefault("sandbox", {"1": {"network": True}})
         config = replace(config, **overrides)  # type: ignore[arg-type]
 
         async def run(*, task_status: trio.TaskStatus[RunningNode]) -> None:
-            with trio.CancelScope() as scope:
-                async with trio.open_nursery() as inner:
-                    info = await inner.start(run_node, config)
-                    async with open_store(role_url(config, info.redis_url)) as store:
-                        task_status.started(RunningNode(config, info, Client(store), scope))
-                        await trio.sleep_forever()
+            running: RunningNode | None = None
+            try:
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as inner:
+                        info = await inner.start(run_node, config)
+                        async with open_store(role_url(config, info.redis_url)) as store:
+                            running = RunningNode(config, info, Client(store), scope)
+                            task_status.started(running)
+                            await trio.sleep_forever()
+            finally:
+                if running is not None:
+                    running.ended.set()
 
         return await nursery.start(run)
 

@@ -20,6 +20,7 @@ run_node
         ├── run_consumer         msg_in: admit, materialise, results (node/intake/consumer.py)
         ├── run_retry_scheduler  retries when due (node/runners/recovery.py)
         ├── run_deadlines        timeout_ack and timeout_result (node/intake/deadlines.py)
+        ├── run_held             what a restart left unacknowledged (node/intake/held.py)
         ├── run_flow_engine      flows at their origin (node/flows/engine.py)
         ├── run_dlq_watch        the context's dead letters (node/observe/dlq.py)
         ├── run_results          what external runners finish (node/runners/external.py)
@@ -67,6 +68,7 @@ from node.host.signer import run_signer
 from node.host.valkey import run_valkey
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
+from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.supervisor import run_supervisor
 from node.links.frames import LinkHandler
@@ -178,7 +180,7 @@ async def _run_services(
         transport_config(config),
         reload_peers=reload_peers,
         on_refused=lambda _reason: node.counters.counted.set(),
-        on_link=node.peers.breakers.on_link,
+        on_link=partial(_on_link, node),
         before_dial=node.peers.breakers.before_dial,
     )
     node.peers.transport = transport
@@ -410,6 +412,7 @@ class Registry:
             )
             await nursery.start(resilient, f"retries {ctx}", run_retry_scheduler, node, ctx)
             await nursery.start(resilient, f"deadlines {ctx}", run_deadlines, node, ctx)
+            await nursery.start(resilient, f"held {ctx}", run_held, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
             await nursery.start(resilient, f"dlq {ctx}", run_dlq_watch, node, ctx)
             # -- runner presence, external runners (node/runners/presence.py, external.py) --
@@ -443,6 +446,14 @@ async def undeliverable(node: NodeState, ctx: int, key: str, refused: Refused) -
         message = None
     rejected = Rejected(refused.reason, refused.detail)
     await reject(node, ctx, key, rejected, message, "outbox", queue=keys.MSG_OUT)
+
+
+def _on_link(node: NodeState, peer_id: str, up: bool) -> None:
+    """A link came up or failed: the peer's circuit breaker counts it; a link that came up may
+    acknowledge messages a restart left held (node/intake/held.py)."""
+    node.peers.breakers.on_link(peer_id, up)
+    if up:
+        node.wakeups.wake_held()
 
 
 async def bootstrap(node: NodeState) -> None:

@@ -128,6 +128,8 @@ class WakeUps:
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    # per context: a message was held, or a link came up (node/intake/held.py)
+    held: dict[int, trio.Event] = field(default_factory=dict)
 
     def wake_idle_slots(self, ctx: int, script_type: str) -> None:
         """A job was queued on a priority or targeted list: idle slots block on the plain type
@@ -135,6 +137,11 @@ class WakeUps:
         timeout)."""
         for scope in self.idle_slots.get((ctx, script_type), ()):
             scope.cancel()
+
+    def wake_held(self) -> None:
+        """Every context's held messages may go: a link came up, or one was held."""
+        for event in self.held.values():
+            event.set()
 
     def wake_retries(self, ctx: int) -> None:
         self.retry_scheduled.setdefault(ctx, trio.Event()).set()

@@ -53,6 +53,10 @@ def parse_message_key(key: str) -> tuple[int, int]:
 
 MSG_OUT = "msg_out"
 MSG_IN = "msg_in"
+# zset "<peer id>|<message key>" scored by the message's ack deadline (Unix s): job messages a
+# previous boot of this node stored from a peer and may not have acknowledged, set aside until
+# this boot has acknowledged them (node/intake/held.py)
+MSG_HELD = "msg_held"
 DLQ = "dlq"
 # every dead letter is also pushed here, for the node's dlq watcher (node/observe/dlq.py): its hook
 # and the dlq bound see each entry once, whoever wrote it

@@ -23,6 +23,7 @@ from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
 from node.intake.admission import admit
+from node.intake.held import hold, unacknowledged
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,
@@ -86,6 +87,10 @@ async def handle_incoming(
     if body is not None:
         return message, body
     if message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):
+        peer = unacknowledged(node.identity.boot, message, stored)
+        if peer:  # stored before a restart, maybe never acknowledged: not run until it is
+            await hold(node, ctx, message, peer, keys.inflight(SERVICE))
+            return Done.ACKED
         return message
     if message.message_type is MessageType.STOP:
         await apply_stop(node, ctx, message)

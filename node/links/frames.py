@@ -22,6 +22,7 @@ from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
+from node.intake.held import delivery_fields
 from node.intake.messages import Rejected, load_message, reject
 from node.state import NodeState
 
@@ -62,13 +63,8 @@ class LinkHandler:
         ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
         (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
         message is dead-lettered and nacked; the others of its batch are delivered."""
-        stamp = str(now())
-        extra = {
-            "status": MessageStatus.DISPATCHED.value,
-            "logs": "[]",
-            "updated_at": stamp,
-            "received_at": stamp,
-        }
+        # who it came from, and that this boot acknowledges it (node/intake/held.py)
+        extra = delivery_fields(link.peer_id, self.node.identity.boot, now())
         nacks: list[dict[str, object]] = []
         by_ctx: dict[int, list[tuple[str, dict[str, str]]]] = {}
         known: dict[int, bool] = {}

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import trio
 
-from bus.core.models import JobStatus
+from bus.core import keys
+from bus.core.ids import now
+from bus.core.models import JobStatus, Message
+from bus.store.atomic import routing
+from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
+from node.intake.held import delivery_fields
+from tests.faults_proxy import TcpProxy
 from tests.nodes import link_to
 from tests.scripts import announcing, wait_announced
 
@@ -46,3 +52,65 @@ async def test_slow_answer_times_out_the_result_and_a_late_one_is_refused(node_f
         while not any(e["reason"] == "late_result" for e in await alice.store.dead_letters(1)):
             await alice.store.call(1, lambda r: r.blpop(["never"], timeout=0.2))  # bounded wait
     assert (await alice.store.hgetall(1, msg.job[0].key))["status"] == "error"
+
+
+async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_factory, nursery):
+    """carol stored two job messages from alice and was killed before her acks left (each
+    written as her link writes it, by a boot that is gone). Restarted while her link to alice
+    is down, she runs neither: the one whose ack deadline passes meanwhile is refused as
+    expired, never run (alice tells its client it failed); the other runs once her new link
+    has acknowledged it. Without the hold, both run at once, unacknowledged: alice, hearing
+    of them only when she sends them again, may have told their clients they failed."""
+    alice = await node_factory("alice")
+    carol = await node_factory("carol")
+    proxy = TcpProxy(int(alice.info.ws_url.rsplit(":", 1)[1]))  # carol dials alice through it
+    await nursery.start(proxy.run)
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(carol.node_id, "", name="carol")
+    await carol.client.add_peer(alice.node_id, proxy.url, name="alice")
+    await carol.client.register_actor(alice.config.actor_id, actor.public_hex)
+    await carol.client.register_context(1, admins=[2], executors=[alice.config.actor_id])
+    await carol.stopped()
+    await proxy.cut()
+
+    async def submit(timeout_ack_s: int) -> Message:
+        return await alice.client.submit_job(
+            actor, 1, to="carol", context_id=1, script_type="sh", script="true",
+            timeout_ack_s=timeout_ack_s,
+        )  # fmt: skip
+
+    kept, late = await submit(120), await submit(6)
+    async with open_store(carol.info.redis_url) as store:  # as carol's link stored them
+        for msg in (kept, late):
+            sent = await alice.store.hgetall(1, msg.key)
+            fields = {**sent, **delivery_fields(alice.node_id, "a boot that is gone", now())}
+            await routing.deliver(store, 1, [(msg.key, fields)])
+    carol = await node_factory("carol", again=carol)
+    inflight = keys.inflight("consumer")
+    with trio.fail_after(20):  # the consumer has taken both
+        while await carol.store.llen(1, keys.MSG_IN) or await carol.store.llen(1, inflight):
+            await _tick(carol.store)
+    held = [key for _, key, _ in await routing.held(carol.store, 1)]
+    assert kept.key in held
+    assert not await carol.store.exists(1, kept.job[0].key)  # not materialised: not run
+
+    with trio.fail_after(20):  # late's deadline passes with no link: refused, never run
+        while not any(
+            e["key"] == late.key and e["reason"] == "expired"
+            for e in await carol.store.dead_letters(1)
+        ):
+            await _tick(carol.store)
+    assert not await carol.store.exists(1, late.job[0].key)
+
+    await proxy.restore()  # the link comes up: acknowledged, then run, once
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(kept, timeout_s=30)
+    assert result.status is JobStatus.FINISHED
+    assert (await carol.store.hgetall(1, kept.job[0].key))["attempt"] == "1"
+    assert await routing.held(carol.store, 1) == []
+    assert (await alice.store.hgetall(1, kept.key)).get("acked_at")
+
+
+async def _tick(store) -> None:  # noqa: ANN001 - a Store
+    """A bounded wait between two looks at another service's lists (a BLPOP that times out)."""
+    await store.call(1, lambda r: r.blpop(["never"], timeout=0.1))

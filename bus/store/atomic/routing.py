@@ -33,11 +33,15 @@ __all__ = [
     "arm_deadlines",
     "deliver",
     "fail_request",
+    "held",
+    "held_member",
+    "hold",
     "mark_acked",
     "materialise_batch",
     "pop_due",
     "push_outboxes",
     "queue_outgoing",
+    "release",
     "reply_targets",
     "route",
     "stop_job",
@@ -93,6 +97,47 @@ async def mark_acked(
     ack = script("routing_ack")
     calls = [(ack, [key], [str(now), peer]) for key in message_keys]
     return [bool(done) for done in await store.scripts(ctx, calls)]
+
+
+async def hold(
+    store: Store, ctx: int, inflight: str, message_key: str, peer: str, deadline: int
+) -> bool:
+    """Move job message ``message_key`` from the consumer's ``inflight`` list to ``msg_held``
+    (atomic), under ``peer`` (whose ack it waits for) and its ack ``deadline`` (Unix s);
+    whether it was in flight."""
+    member = held_member(peer, message_key)
+    found = await store.script(
+        ctx,
+        script("routing_hold"),
+        [inflight, keys.MSG_HELD],
+        [message_key, member, str(deadline)],
+    )
+    return bool(found)
+
+
+def held_member(peer: str, message_key: str) -> str:
+    return f"{peer}|{message_key}"
+
+
+async def held(store: Store, ctx: int) -> list[tuple[str, str, int]]:
+    """What ``msg_held`` holds: (peer, message key, ack deadline in Unix s), soonest first."""
+    scored = await store.call(ctx, lambda r: r.zrange(keys.MSG_HELD, 0, -1, withscores=True))
+    out = []
+    for member, score in scored:
+        peer, _, message_key = str(member).partition("|")
+        out.append((peer, message_key, int(score)))
+    return out
+
+
+async def release(store: Store, ctx: int, entries: list[tuple[str, str]], boot: str) -> int:
+    """Queue held (peer, message key) ``entries`` on ``msg_in`` again (pipelined, each atomic),
+    recording ``boot`` as the boot that acknowledged them ("" for none); how many were."""
+    release_one = script("routing_release")
+    calls = [
+        (release_one, [keys.MSG_HELD, keys.MSG_IN, key], [held_member(peer, key), boot])
+        for peer, key in entries
+    ]
+    return sum(bool(done) for done in await store.scripts(ctx, calls))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""Job messages this node stored but may not have acknowledged: held until it has.
+
+A link stores a job message durably on ``msg_in``, then acknowledges it (node/links/frames.py).
+Its origin tells its client ``timeout_ack`` once the signed ack deadline plus the allowed clock
+skew has passed without an ack (node/intake/deadlines.py), and this node refuses the message
+after that deadline (node/intake/admission.py). So a message told failed never runs, as long as
+the ack of a message that runs leaves before its deadline. A node killed between the write and
+the ack breaks that: restarted, its consumer would take the message before the deadline and run
+it, while the origin hears of it only when it sends it again over the next link, which may come
+after it told its client the message failed.
+
+So each delivery records the boot of this node that acknowledges it (``acked_in``) and the peer
+it came from (``received_from``). The consumer sets aside a job message stored in another boot
+(:func:`unacknowledged`, :func:`hold`: ``msg_held``) instead of admitting it, and
+:func:`run_held`, one per context, gives back what ``msg_held`` holds:
+
+- to a peer whose link is up: it acknowledges the messages on that link (an ack the origin had
+  already changes nothing there: bus/store/atomic/lua/routing_ack.lua), then queues them on
+  ``msg_in`` again as acknowledged in this boot, where the consumer admits them under the usual
+  ack deadline;
+- past its ack deadline: queued again unacknowledged, the consumer refuses it as ``expired``
+  (its origin tells its client it failed, and it never ran).
+
+The service sleeps until a link comes up, a message is held, or the next held deadline passes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import NoReturn
+
+import trio
+
+from bus.core.ids import now
+from bus.core.models import Message, MessageType
+from bus.store.atomic import routing
+from node.intake.admission import ack_deadline
+from node.state import NodeState
+
+log = logging.getLogger(__name__)
+
+ACKED_IN = "acked_in"  # the boot of this node that acknowledges the delivery
+RECEIVED_FROM = "received_from"  # the peer that delivered it (and waits for its ack)
+
+
+def delivery_fields(peer: str, boot: str, stamp: int) -> dict[str, str]:
+    """The bookkeeping fields a link adds to a message it stores (before acknowledging it)."""
+    text = str(stamp)
+    return {
+        "status": "dispatched",
+        "logs": "[]",
+        "updated_at": text,
+        "received_at": text,
+        RECEIVED_FROM: peer,
+        ACKED_IN: boot,
+    }
+
+
+def unacknowledged(boot: str, message: Message, stored: Mapping[str, str]) -> str:
+    """The peer to acknowledge job message ``message`` to before it may run, if a boot other
+    than ``boot`` stored it from that peer; "" if it may run (acknowledged in this boot, or not
+    delivered by a peer). Only job messages: their origin fails them at the ack deadline."""
+    if message.message_type is not MessageType.JOB:
+        return ""
+    peer = stored.get(RECEIVED_FROM, "")
+    if not peer or stored.get(ACKED_IN) == boot:
+        return ""
+    return peer
+
+
+async def hold(node: NodeState, ctx: int, message: Message, peer: str, inflight: str) -> None:
+    """Move ``message`` from the consumer's ``inflight`` list to ``msg_held`` until this boot has
+    acknowledged it to ``peer`` (:func:`run_held`)."""
+    await routing.hold(node.store, ctx, inflight, message.key, peer, ack_deadline(message))
+    log.info(
+        "%s held: stored from %s… before a restart, maybe never acknowledged; runs once "
+        "acknowledged on a link",
+        message.key,
+        peer[:16],
+        extra={"message_key": message.key, "ctx": ctx, "peer": peer},
+    )
+    node.counters.count("deliveries_held")
+    node.wakeups.wake_held()
+
+
+async def run_held(
+    node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Give back context ``ctx``'s held messages when their peer's link is up or their deadline
+    passed; sleeps until a link comes up, a message is held or the next deadline (no polling)."""
+    task_status.started()
+    while True:
+        wake = node.wakeups.held.setdefault(ctx, trio.Event())
+        after = await release_due(node, ctx)
+        # a deadline is whole seconds, refused once passed: look again a second after it
+        wait_s = 3600.0 if after is None else max(0.0, after + 1 - now())
+        with trio.move_on_after(wait_s):
+            await wake.wait()
+        node.wakeups.held[ctx] = trio.Event()
+
+
+async def release_due(node: NodeState, ctx: int) -> int | None:
+    """Give back what may go now (see the module doc); the soonest deadline of what stays held
+    (Unix s), None if nothing does."""
+    held = await routing.held(node.store, ctx)
+    if not held:
+        return None
+    stamp, transport = now(), node.peers.transport
+    acked: dict[str, list[str]] = {}
+    expired: list[tuple[str, str]] = []
+    waiting: list[int] = []
+    for peer, key, deadline in held:
+        link = transport.link(peer) if transport is not None else None
+        if stamp > deadline:
+            expired.append((peer, key))
+        elif link is not None:
+            acked.setdefault(peer, []).append(key)
+        else:
+            waiting.append(deadline)
+    for peer, message_keys in acked.items():
+        link = transport.link(peer) if transport is not None else None
+        if link is None:
+            continue
+        # acknowledged first, queued after: none of them runs before its ack is on its way
+        link.post("acks", acks=[{"ctx": ctx, "key": k} for k in message_keys], nacks=[])
+        node.counters.count("acks_sent", len(message_keys))
+        given = await routing.release(
+            node.store, ctx, [(peer, k) for k in message_keys], node.identity.boot
+        )
+        node.counters.count("deliveries_released", given)
+        log.info("acknowledged %d held message(s) to %s…; queued again", given, peer[:16])
+    if expired:
+        given = await routing.release(node.store, ctx, expired, "")
+        node.counters.count("deliveries_held_expired", given)
+        log.warning(
+            "%d held message(s) past their ack deadline before their peer's link came up; "
+            "queued again to be refused as expired",
+            given,
+        )
+    return min(waiting) if waiting else None
