@@ -22,6 +22,12 @@ async def depths(store: Store, db: int, names: list[str]) -> list[int]:
     return await store.llen_many(db, names)
 
 
+async def held_depth(store: Store, ctx: int) -> int:
+    """How many job messages context ``ctx`` holds until they are acknowledged again
+    (``msg_held``, a sorted set: node/intake/held.py)."""
+    return int(await store.read(ctx, lambda r: r.zcard(keys.MSG_HELD)))
+
+
 async def queue_depths(store: Store, ctx: int, script_types: set[str]) -> list[int]:
     """The depth of each type's queue in context ``ctx``."""
     return [await store.llen(ctx, keys.queue(t)) for t in script_types]

@@ -109,6 +109,7 @@ async def read(state: NodeState) -> Scrape:
         names += [keys.queue(t) for t in sorted(state.config.runners)]
         names += sorted(set(await lists.queue_names(store, ctx)) - set(names))
         scrape.depths[ctx] = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
+        scrape.depths[ctx][keys.MSG_HELD] = await lists.held_depth(store, ctx)
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
     for peer_id in state.peers.known:
@@ -244,7 +245,8 @@ def valkey_families(scrape: Scrape) -> Iterable[Metric]:
     ping.add_metric([], scrape.ping_s)
     depth = GaugeMetricFamily(
         "hero_queue_depth",
-        "Entries in a context's list: msg_out, msg_in, dlq and every queue:*.",
+        "Entries in a context's list: msg_out, msg_in, dlq and every queue:*; msg_held: "
+        "job messages stored before a restart, held until acknowledged again.",
         labels=["ctx", "queue"],
     )
     for ctx, by_name in sorted(scrape.depths.items()):

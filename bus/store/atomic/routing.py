@@ -121,7 +121,7 @@ def held_member(peer: str, message_key: str) -> str:
 
 async def held(store: Store, ctx: int) -> list[tuple[str, str, int]]:
     """What ``msg_held`` holds: (peer, message key, ack deadline in Unix s), soonest first."""
-    scored = await store.call(ctx, lambda r: r.zrange(keys.MSG_HELD, 0, -1, withscores=True))
+    scored = await store.read(ctx, lambda r: r.zrange(keys.MSG_HELD, 0, -1, withscores=True))
     out = []
     for member, score in scored:
         peer, _, message_key = str(member).partition("|")
