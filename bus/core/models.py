@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
+import orjson
+
 from bus.core import keys
 from bus.core.errors import ModelError
 
@@ -127,9 +129,15 @@ def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
     """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
     for the parser, and strings that are not Unicode text (lone surrogate escapes)."""
     try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
+        # orjson parses what it accepts to the same values as json.loads, several times
+        # faster; what it refuses (NaN, integers beyond 64 bits, deep nesting, lone
+        # surrogates) json.loads judges, as it always did
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
     if _SURROGATE_ESCAPE.search(raw) and not _scalar_values(value):
         raise ModelError(f"{what} holds a lone surrogate (\\uD800-\\uDFFF escape)")
     return value
@@ -177,6 +185,8 @@ def _enum(h: Mapping[str, str], name: str, enum: type[E], default: E | None = No
 
 
 def _dump(value: object) -> str:
+    if not value and (type(value) is dict or type(value) is list):  # most jobs' maps and lists
+        return "{}" if type(value) is dict else "[]"
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -457,7 +467,11 @@ class RunnerJob:
         """Rebuild a job from a message's ``job`` list entry (JSON object)."""
         if not isinstance(d, dict):
             raise ModelError("a job entry must be a JSON object")
-        flat = {k: v if isinstance(v, str) else _dump(v) for k, v in d.items()}
+        # an int prints as json.dumps prints it (bool is not an int here: it dumps as JSON)
+        flat = {
+            k: v if isinstance(v, str) else str(v) if type(v) is int else _dump(v)
+            for k, v in d.items()
+        }
         return cls.from_hash(flat)
 
 

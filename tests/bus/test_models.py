@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from bus.core import keys
 from bus.core.frames import decode_frame
 from bus.core.models import (
+    _SURROGATE_ESCAPE,
     Actor,
     Context,
     Flow,
@@ -22,8 +24,10 @@ from bus.core.models import (
     MessageType,
     Runner,
     RunnerJob,
+    loads_text,
 )
 from bus.errors import ModelError
+from bus.store.atomic.routing import _json_arg
 
 # Key patterns and statuses, copied from shared/seeds/coordinator-specs.md section 3.
 SPEC_PATTERNS = {
@@ -212,3 +216,56 @@ def test_frame_decoder_never_raises_anything_but_frame_error(data):
     except FrameError:
         return
     assert frame.type in {"hello", "auth", "welcome", "msgs", "acks"}
+
+
+# Any JSON value json.dumps can print: floats, integers beyond 64 bits (which orjson refuses),
+# text of every plane, lone surrogates included, deep enough to nest.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(json_values, st.booleans())
+def test_json_fields_parse_as_json_loads_parses_them(value, ascii_only):
+    """loads_text's fast path (orjson) gives what json.loads gives, and refuses what it
+    refused: the parsed message, and so its signed content, is the same either way."""
+    raw = json.dumps(value, ensure_ascii=ascii_only)
+    try:
+        expected = json.loads(raw)
+        if _SURROGATE_ESCAPE.search(raw):
+            json.dumps(expected, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError, UnicodeEncodeError):
+        with pytest.raises(ModelError):
+            loads_text(raw, "field")
+        return
+    assert loads_text(raw, "field") == expected
+
+
+# what a script's JSON argument holds: keys, fields and counts (no floats, which orjson prints
+# otherwise: inf as null)
+script_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(script_values)
+def test_a_script_argument_decodes_to_what_json_dumps_gives(value):
+    """materialise's JSON argument (orjson, json.dumps where orjson refuses) decodes to the same
+    value as json.dumps printed."""
+    assert json.loads(_json_arg(value)) == json.loads(json.dumps(value))
+
+
+@given(jobs())
+def test_a_job_entry_parses_as_its_fields_dumped_one_by_one(job):
+    """from_signed_dict prints an int field itself; the job is the one json.dumps of each
+    field gave."""
+    entry = json.loads(json.dumps(job.signed_dict()))
+    flat = {
+        k: v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        for k, v in entry.items()
+    }
+    assert RunnerJob.from_signed_dict(entry) == RunnerJob.from_hash(flat)
