@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from coredis.tokens import PureToken
 
 from bus.core import keys
+from bus.store.atomic import queues
 from bus.store.connection import Store
 
 
@@ -49,9 +50,8 @@ async def remove_outbox_inflight(store: Store, peer_id: str, entries: Sequence[s
     were there."""
     if not entries:
         return 0
-    async with store.transaction(keys.ACTORS_DB) as tx:
-        pending = [tx.lrem(keys.outbox_inflight(peer_id), 1, e) for e in entries]
-    return sum([int(await p) for p in pending])
+    inflight = keys.outbox_inflight(peer_id)
+    return await queues.ack_many(store, keys.ACTORS_DB, inflight, list(entries))
 
 
 async def head(store: Store, db: int, name: str, count: int) -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from coredis.commands.script import Script
 
+from bus.core import keys
 from bus.errors import ContentError, StoreError
+from bus.store import lists
 from bus.store.connection import Store
 
 _INCR_BY = Script(script="return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -182,3 +184,17 @@ async def test_pop_wait_takes_what_came_after_its_entry_in_the_same_round_trip(
         with trio.fail_after(5):
             assert await store.pop_wait(0, "src", "inflight", 10, 3.0) == ["e4"]
     assert await store.pop_wait(0, "src", "inflight", 10, 0.1) == []  # timed out
+
+
+async def test_an_acks_frame_removes_each_entry_once_in_one_command(store: Store) -> None:
+    """An outbox's acknowledged entries leave its in-flight list: each once (one LREM each, so
+    a copy sent twice stays for its own ack), unknown ones ignored, the count of those that
+    were there returned; one command, not a MULTI of one LREM per entry."""
+    peer = "ab" * 32
+    inflight = keys.outbox_inflight(peer)
+    await store.call(0, lambda r: r.rpush(inflight, ["1|m:1", "1|m:2", "1|m:2", "1|m:3"]))
+    before = await _calls(store, "multi")
+    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:3", "1|m:9"])
+    assert removed == 2
+    assert await store.lrange(0, inflight) == ["1|m:1", "1|m:2"]
+    assert await _calls(store, "multi") == before  # one script call, no transaction

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from bus.store.connection import Store
 
 __all__ = [
+    "ack_many",
     "pop_batch",
     "pop_call",
     "popped_and_version",
@@ -26,6 +27,12 @@ __all__ = [
     "recover",
     "retry_dead",
 ]
+
+
+async def ack_many(store: Store, db: int, inflight: str, entries: list[str]) -> int:
+    """Remove each of ``entries`` once from ``inflight`` (atomic, one command); how many were
+    there."""
+    return int(await store.script(db, script("queues_ack_many"), [inflight], entries))
 
 
 async def pop_batch(

@@ -1,0 +1,11 @@
+-- Acknowledge several entries of one in-flight list (an acks frame's outbox entries).
+-- KEYS: [1] the in-flight list
+-- ARGV: the entries
+-- Returns: how many of them were in the list (each removed once).
+-- Atomic effect: all of them leave the list together, as one MULTI of LREMs would, in one
+-- command instead of one per entry.
+local removed = 0
+for _, entry in ipairs(ARGV) do
+  removed = removed + redis.call('LREM', KEYS[1], 1, entry)
+end
+return removed
