@@ -504,8 +504,9 @@ class Client:
         return results
 
     async def delivery_status(self, context_id: int, key: str) -> dict[str, str] | None:
-        """Where message ``key`` is: pending, sent, acknowledged, received, processed, failed
-        (``state``), with its timestamps and its jobs' statuses; None if there is no such hash."""
+        """Where message ``key`` is: pending, sent, acknowledged, held, received, processed,
+        failed (``state``), with its timestamps and its jobs' statuses; None if there is no
+        such hash."""
         store = self.store
         fields = await records.read_message(store, context_id, key)
         if not fields:
@@ -524,6 +525,10 @@ class Client:
             state = "pending (outbox, waiting for a link)"
         elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox_inflight(dest), entry):
             state = "sent (waiting for the peer's ack)"
+        elif "received_at" in fields and await lists.is_held(
+            store, context_id, fields.get("received_from", ""), key
+        ):
+            state = "held (stored before a restart; runs once acknowledged again to its peer)"
         elif "received_at" in fields:
             state = "received"
         elif "acked_at" in fields or fields.get("status") == "acknowledged":

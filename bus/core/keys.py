@@ -57,6 +57,13 @@ MSG_IN = "msg_in"
 # previous boot of this node stored from a peer and may not have acknowledged, set aside until
 # this boot has acknowledged them (node/intake/held.py)
 MSG_HELD = "msg_held"
+
+
+def held_member(peer: str, message_key: str) -> str:
+    """The member of ``msg_held`` for ``message_key``, to be acknowledged again to ``peer``."""
+    return f"{peer}|{message_key}"
+
+
 DLQ = "dlq"
 # every dead letter is also pushed here, for the node's dlq watcher (node/observe/dlq.py): its hook
 # and the dlq bound see each entry once, whoever wrote it

@@ -29,6 +29,13 @@ async def held_depth(store: Store, ctx: int) -> int:
     return int(await store.read(ctx, lambda r: r.zcard(keys.MSG_HELD)))
 
 
+async def is_held(store: Store, ctx: int, peer: str, message_key: str) -> bool:
+    """Whether context ``ctx`` holds ``message_key`` until it is acknowledged again to
+    ``peer`` (``msg_held``: node/intake/held.py)."""
+    member = keys.held_member(peer, message_key)
+    return await store.read(ctx, lambda r: r.zscore(keys.MSG_HELD, member)) is not None
+
+
 async def queue_depths(store: Store, ctx: int, script_types: set[str]) -> list[int]:
     """The depth of each type's queue in context ``ctx``."""
     return [await store.llen(ctx, keys.queue(t)) for t in script_types]

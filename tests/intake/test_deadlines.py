@@ -93,6 +93,9 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
     held = [key for _, key, _ in await routing.held(carol.store, 1)]
     assert kept.key in held
     assert not await carol.store.exists(1, kept.job[0].key)  # not materialised: not run
+    status = await carol.client.delivery_status(1, kept.key)  # hero-node msg status
+    assert status is not None
+    assert status["state"].startswith("held")
 
     with trio.fail_after(20):  # late's deadline passes with no link: refused, never run
         while not any(

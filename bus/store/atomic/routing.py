@@ -36,7 +36,6 @@ __all__ = [
     "deliver",
     "fail_request",
     "held",
-    "held_member",
     "hold",
     "mark_acked",
     "materialise_batch",
@@ -118,7 +117,7 @@ async def hold(
     """Move job message ``message_key`` from the consumer's ``inflight`` list to ``msg_held``
     (atomic), under ``peer`` (whose ack it waits for) and its ack ``deadline`` (Unix s);
     whether it was in flight."""
-    member = held_member(peer, message_key)
+    member = keys.held_member(peer, message_key)
     found = await store.script(
         ctx,
         script("routing_hold"),
@@ -126,10 +125,6 @@ async def hold(
         [message_key, member, str(deadline)],
     )
     return bool(found)
-
-
-def held_member(peer: str, message_key: str) -> str:
-    return f"{peer}|{message_key}"
 
 
 async def held(store: Store, ctx: int) -> list[tuple[str, str, int]]:
@@ -147,7 +142,7 @@ async def release(store: Store, ctx: int, entries: list[tuple[str, str]], boot: 
     recording ``boot`` as the boot that acknowledged them ("" for none); how many were."""
     release_one = script("routing_release")
     calls = [
-        (release_one, [keys.MSG_HELD, keys.MSG_IN, key], [held_member(peer, key), boot])
+        (release_one, [keys.MSG_HELD, keys.MSG_IN, key], [keys.held_member(peer, key), boot])
         for peer, key in entries
     ]
     return sum(bool(done) for done in await store.scripts(ctx, calls))
