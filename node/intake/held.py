@@ -32,6 +32,7 @@ from typing import NoReturn
 
 import trio
 
+from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.store.atomic import routing
@@ -122,8 +123,11 @@ async def release_due(node: NodeState, ctx: int) -> int | None:
         link = transport.link(peer) if transport is not None else None
         if link is None:
             continue
-        # acknowledged first, queued after: none of them runs before its ack is on its way
-        link.post("acks", acks=[{"ctx": ctx, "key": k} for k in message_keys], nacks=[])
+        # acknowledged first, queued after: none of them runs before its ack is on its way;
+        # in frames of at most MAX_BATCH keys, as a peer accepts them (bus/core/frames.py)
+        for start in range(0, len(message_keys), MAX_BATCH):
+            chunk = message_keys[start : start + MAX_BATCH]
+            link.post("acks", acks=[{"ctx": ctx, "key": k} for k in chunk], nacks=[])
         node.counters.count("acks_sent", len(message_keys))
         given = await routing.release(
             node.store, ctx, [(peer, k) for k in message_keys], node.identity.boot

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import trio
 
+from bus.client.api import new_job
+from bus.client.plan import job_messages
 from bus.core import keys
+from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message
 from bus.store.atomic import routing
@@ -112,6 +115,50 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
     assert (await carol.store.hgetall(1, kept.job[0].key))["attempt"] == "1"
     assert await routing.held(carol.store, 1) == []
     assert (await alice.store.hgetall(1, kept.key)).get("acked_at")
+
+
+async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_factory, nursery):
+    """More messages held for one peer than an acks frame may carry (MAX_BATCH), all held
+    before the link comes up: carol's restarted boot acknowledges them all, in frames alice
+    accepts (none is a bad frame)."""
+    alice = await node_factory("alice")
+    carol = await node_factory("carol")
+    proxy = TcpProxy(int(alice.info.ws_url.rsplit(":", 1)[1]))  # carol dials alice through it
+    await nursery.start(proxy.run)
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(carol.node_id, "", name="carol")
+    await carol.client.add_peer(alice.node_id, proxy.url, name="alice")
+    await carol.client.register_actor(alice.config.actor_id, actor.public_hex)
+    await carol.client.register_context(1, admins=[2], executors=[alice.config.actor_id])
+    await carol.stopped()
+    await proxy.cut()
+    count = MAX_BATCH + 44
+    messages = job_messages(
+        actor,
+        alice.config.actor_id,
+        origin=alice.node_id,
+        to=carol.node_id,
+        context_id=1,
+        jobs=[new_job(alice.config.actor_id, 1, "sh", "true") for _ in range(count)],
+        timeout_s=60,
+        timeout_ack_s=120,
+        timeout_result_s=600,
+        reply_to="",
+    )
+    async with open_store(carol.info.redis_url) as store:  # stored by a boot that is gone
+        extra = delivery_fields(alice.node_id, "a boot that is gone", now())
+        await routing.deliver(store, 1, [(m.key, {**m.to_hash(), **extra}) for m in messages])
+    carol = await node_factory("carol", again=carol)
+    with trio.fail_after(30):  # all held before the link comes up
+        while len(await routing.held(carol.store, 1)) < count:
+            await _tick(carol.store)
+    counters = alice.info.state.counters.metrics
+    await proxy.restore()
+    with trio.fail_after(30):  # every ack alice took, or a frame she refused
+        while counters.get("acks_received", 0) < count and not counters.get("bad_frames"):
+            await _tick(alice.store)
+    assert counters.get("bad_frames", 0) == 0
+    assert counters["acks_received"] >= count
 
 
 async def _tick(store) -> None:  # noqa: ANN001 - a Store
