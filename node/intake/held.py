@@ -34,7 +34,7 @@ import trio
 
 from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
-from bus.core.models import Message, MessageType
+from bus.core.models import Message, MessageStatus, MessageType
 from bus.store.atomic import routing
 from node.intake.admission import ack_deadline
 from node.state import NodeState
@@ -49,7 +49,7 @@ def delivery_fields(peer: str, boot: str, stamp: int) -> dict[str, str]:
     """The bookkeeping fields a link adds to a message it stores (before acknowledging it)."""
     text = str(stamp)
     return {
-        "status": "dispatched",
+        "status": MessageStatus.DISPATCHED.value,
         "logs": "[]",
         "updated_at": text,
         "received_at": text,

@@ -64,17 +64,7 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
     expired, never run (alice tells its client it failed); the other runs once her new link
     has acknowledged it. Without the hold, both run at once, unacknowledged: alice, hearing
     of them only when she sends them again, may have told their clients they failed."""
-    alice = await node_factory("alice")
-    carol = await node_factory("carol")
-    proxy = TcpProxy(int(alice.info.ws_url.rsplit(":", 1)[1]))  # carol dials alice through it
-    await nursery.start(proxy.run)
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(carol.node_id, "", name="carol")
-    await carol.client.add_peer(alice.node_id, proxy.url, name="alice")
-    await carol.client.register_actor(alice.config.actor_id, actor.public_hex)
-    await carol.client.register_context(1, admins=[2], executors=[alice.config.actor_id])
-    await carol.stopped()
-    await proxy.cut()
+    alice, carol, proxy, actor = await _carol_stopped_behind_a_cut_link(node_factory, nursery)
 
     async def submit(timeout_ack_s: int) -> Message:
         return await alice.client.submit_job(
@@ -83,11 +73,8 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
         )  # fmt: skip
 
     kept, late = await submit(120), await submit(6)
-    async with open_store(carol.info.redis_url) as store:  # as carol's link stored them
-        for msg in (kept, late):
-            sent = await alice.store.hgetall(1, msg.key)
-            fields = {**sent, **delivery_fields(alice.node_id, "a boot that is gone", now())}
-            await routing.deliver(store, 1, [(msg.key, fields)])
+    sent = [(m.key, await alice.store.hgetall(1, m.key)) for m in (kept, late)]
+    await _stored_by_a_gone_boot(carol, alice.node_id, sent)
     carol = await node_factory("carol", again=carol)
     inflight = keys.inflight("consumer")
     with trio.fail_after(20):  # the consumer has taken both
@@ -121,17 +108,7 @@ async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_fa
     """More messages held for one peer than an acks frame may carry (MAX_BATCH), all held
     before the link comes up: carol's restarted boot acknowledges them all, in frames alice
     accepts (none is a bad frame)."""
-    alice = await node_factory("alice")
-    carol = await node_factory("carol")
-    proxy = TcpProxy(int(alice.info.ws_url.rsplit(":", 1)[1]))  # carol dials alice through it
-    await nursery.start(proxy.run)
-    actor = read_key_file(alice.config.actor_key_path)
-    await alice.client.add_peer(carol.node_id, "", name="carol")
-    await carol.client.add_peer(alice.node_id, proxy.url, name="alice")
-    await carol.client.register_actor(alice.config.actor_id, actor.public_hex)
-    await carol.client.register_context(1, admins=[2], executors=[alice.config.actor_id])
-    await carol.stopped()
-    await proxy.cut()
+    alice, carol, proxy, actor = await _carol_stopped_behind_a_cut_link(node_factory, nursery)
     count = MAX_BATCH + 44
     messages = job_messages(
         actor,
@@ -145,9 +122,7 @@ async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_fa
         timeout_result_s=600,
         reply_to="",
     )
-    async with open_store(carol.info.redis_url) as store:  # stored by a boot that is gone
-        extra = delivery_fields(alice.node_id, "a boot that is gone", now())
-        await routing.deliver(store, 1, [(m.key, {**m.to_hash(), **extra}) for m in messages])
+    await _stored_by_a_gone_boot(carol, alice.node_id, [(m.key, m.to_hash()) for m in messages])
     carol = await node_factory("carol", again=carol)
     with trio.fail_after(30):  # all held before the link comes up
         while len(await routing.held(carol.store, 1)) < count:
@@ -159,6 +134,31 @@ async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_fa
             await _tick(alice.store)
     assert counters.get("bad_frames", 0) == 0
     assert counters["acks_received"] >= count
+
+
+async def _carol_stopped_behind_a_cut_link(node_factory, nursery):  # noqa: ANN001, ANN202
+    """alice, and carol who dials alice through a TCP proxy and runs alice's actor's jobs;
+    carol stopped and the proxy cut. Returns (alice, carol, proxy, alice's actor key)."""
+    alice = await node_factory("alice")
+    carol = await node_factory("carol")
+    proxy = TcpProxy(int(alice.info.ws_url.rsplit(":", 1)[1]))
+    await nursery.start(proxy.run)
+    actor = read_key_file(alice.config.actor_key_path)
+    await alice.client.add_peer(carol.node_id, "", name="carol")
+    await carol.client.add_peer(alice.node_id, proxy.url, name="alice")
+    await carol.client.register_actor(alice.config.actor_id, actor.public_hex)
+    await carol.client.register_context(1, admins=[2], executors=[alice.config.actor_id])
+    await carol.stopped()
+    await proxy.cut()
+    return alice, carol, proxy, actor
+
+
+async def _stored_by_a_gone_boot(carol, peer: str, messages) -> None:  # noqa: ANN001
+    """Store (message key, hash) ``messages`` in (stopped) carol's context 1 as her link stores
+    what ``peer`` sends, by a boot of hers that is gone: as if she died before acking them."""
+    extra = delivery_fields(peer, "a boot that is gone", now())
+    async with open_store(carol.info.redis_url) as store:
+        await routing.deliver(store, 1, [(key, {**fields, **extra}) for key, fields in messages])
 
 
 async def _tick(store) -> None:  # noqa: ANN001 - a Store
