@@ -21,13 +21,13 @@ async def _zset(store: Store, key: str) -> list[tuple[str, float]]:
     ]
 
 
-
 async def queued_job(store: Store, job_key: str) -> dict[str, str]:
     """The job hash without the stamp the job statistics add when it is first queued (checked
     to be there: Valkey's clock in ms)."""
     job = await store.hgetall(CTX, job_key)
     assert job.pop("stats_queued_ms").isdigit()
     return job
+
 
 async def test_pop_batch_moves_oldest_first_and_reads_each_hash(store: Store) -> None:
     await store.hset(CTX, "job:1:1", {"a": "1"})
@@ -384,6 +384,31 @@ async def test_route_queues_local_copies_jobs_arms_deadlines_and_acks(store: Sto
     armed = [(f"ack|{REQUEST}", 1000.0), (f"result|{REQUEST}", 2000.0)]
     assert await _zset(store, keys.DEADLINES) == armed
     assert await store.lrange(CTX, "fly") == ["other"]
+
+
+async def test_route_writes_no_copy_over_another_message_s_job_and_counts(store: Store) -> None:
+    """In the same script: a copy whose key holds another message's job (or another type)
+    is left as it is, the message is still acked with its deadlines armed; the jobs written
+    for the first time are counted for the node (returned, not written)."""
+    await store.lpush(CTX, "fly", REQUEST)
+    await store.hset(CTX, "job:7:2", {"message_key": "message:9:9"})
+    await store.lpush(CTX, "job:7:3", "a list")
+    fields = {"message_key": REQUEST, "script_type": "sh", "status": "dispatched"}
+    copies = [routing.JobWrite(k, "", fields) for k in (JOB, "job:7:2", "job:7:3")]
+    counted: list[str] = []
+    await routing.route(
+        store, CTX, "fly", [routing.Routed(REQUEST, False, copies, (7, 9))], counted
+    )
+    assert await queued_job(store, JOB) == fields
+    assert await store.hgetall(CTX, "job:7:2") == {"message_key": "message:9:9"}
+    assert await store.lrange(CTX, "job:7:3") == ["a list"]
+    assert await _zset(store, keys.DEADLINES) == [
+        (f"ack|{REQUEST}", 7.0),
+        (f"result|{REQUEST}", 9.0),
+    ]
+    assert await store.lrange(CTX, "fly") == []
+    assert counted == ["submitted|sh", "1"]  # the one copy written
+    assert not await store.exists(CTX, keys.STATS_JOBS)
 
 
 async def test_arm_deadlines_queues_both_deadlines(store: Store) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "accept_stop",
     "apply_result",
     "arm_deadlines",
+    "deadline_members",
     "deliver",
     "fail_request",
     "held",
@@ -344,13 +345,17 @@ async def accept_stop(store: Store, ctx: int, inflight: str, stop: StopAccept) -
         tx.lrem(inflight, 1, stop.key)
 
 
+def deadline_members(
+    message_key: str, ack_ms: int, result_ms: int
+) -> dict[str | bytes, int | float]:
+    """The members of ``deadlines`` that arm a job message's ack and result deadlines (Unix
+    ms), with their scores."""
+    return {f"ack|{message_key}": ack_ms, f"result|{message_key}": result_ms}
+
+
 def arm_deadlines(tx: Any, message_key: str, ack_ms: int, result_ms: int) -> None:  # noqa: ANN401
     """Queue in ``tx`` the ack and result deadlines (Unix ms) of a job message sent on."""
-    members: dict[str | bytes, int | float] = {
-        f"ack|{message_key}": ack_ms,
-        f"result|{message_key}": result_ms,
-    }
-    tx.zadd(keys.DEADLINES, members)
+    tx.zadd(keys.DEADLINES, deadline_members(message_key, ack_ms, result_ms))
 
 
 async def write_copies(store: Store, ctx: int, message_key: str, copies: list[JobWrite]) -> None:
@@ -384,25 +389,30 @@ async def route(
     store: Store, ctx: int, inflight: str, routed: list[Routed], counted: list[str] | None = None
 ) -> None:
     """Queue each local message on ``msg_in``; write each job message's origin copies and arm
-    its deadlines; ack every one off ``inflight``: one transaction, so a message is never
-    acked without what routing it wrote. ``counted``: as :func:`materialise_batch`'s. Raises
-    StoreError."""
-    writes = []
-    count = counted is not None
-    async with store.transaction(ctx) as tx:
-        for r in routed:
-            if r.local:
-                tx.lpush(keys.MSG_IN, [r.key])
-            else:
-                for copy in r.copies:
-                    writes.append(write_own_job(tx, copy.key, r.key, copy.fields, count=count))
-                if r.deadlines is not None:
-                    arm_deadlines(tx, r.key, *r.deadlines)
-            tx.lrem(inflight, 1, r.key)
+    its deadlines; ack every one off ``inflight``: one script (``routing_route.lua``), so a
+    message is never acked without what routing it wrote. ``counted``: as
+    :func:`materialise_batch`'s. Raises StoreError."""
+    batch = [
+        {
+            "key": r.key,
+            "to_msg_in": "1" if r.local else "",
+            "copies": [{"key": c.key, "fields": _flat(c.fields)} for c in r.copies],
+            "deadlines": [] if r.deadlines is None else _zadd_args(r.key, r.deadlines),
+        }
+        for r in routed
+    ]
+    args = [_json_arg(batch), "1" if counted is not None else ""]
+    figures = await store.script(
+        ctx, script("routing_route"), [keys.MSG_IN, inflight, keys.DEADLINES], args
+    )
     if counted is not None:
-        for write in writes:
-            _, figures = await write
-            counted += [str(f) for f in figures]
+        counted += [str(f) for f in figures]
+
+
+def _zadd_args(message_key: str, times: tuple[int, int]) -> list[str]:
+    """A ZADD's score and member pairs for the deadlines of ``message_key``."""
+    members = deadline_members(message_key, *times)
+    return [x for m, ms in members.items() for x in (str(ms), str(m))]
 
 
 async def fail_request(

@@ -1,0 +1,23 @@
+-- Route a batch of checked messages leaving msg_out (the supervisor's route_many).
+-- KEYS: [1] msg_in, [2] the in-flight list, [3] the deadlines sorted set
+-- ARGV: [1] the batch as JSON: [{key, to_msg_in ('1': this node is its destination), copies:
+--         [{key, fields: [k, v, ...]}], deadlines: ZADD's [score, member, ...] of its ack and
+--         result deadlines (routing.deadline_members), or []}],
+--       [2] '1': the node counts the job statistics (returned, not written: stats_collected)
+-- Returns: what was counted if ARGV[2] asks ([field, increment, ...]; else empty).
+-- Atomic effect: per message, queued on msg_in, or its origin copies written under
+-- write_own_job's rule (routing_write_own_job_fn) and its ack and result deadlines armed;
+-- then its in-flight ack. All of it or none: a message is never acked without what routing
+-- it wrote.
+-- include: routing_write_own_job_fn
+if ARGV[2] == '1' then stats_collected = {} end
+for _, m in ipairs(cjson.decode(ARGV[1])) do
+  if m.to_msg_in == '1' then
+    redis.call('LPUSH', KEYS[1], m.key)
+  else
+    for _, c in ipairs(m.copies) do write_own_job(c.key, m.key, c.fields) end
+    if #m.deadlines > 0 then redis.call('ZADD', KEYS[3], unpack(m.deadlines)) end
+  end
+  redis.call('LREM', KEYS[2], 1, m.key)
+end
+return stats_collected or {}
