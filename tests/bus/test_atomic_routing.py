@@ -368,6 +368,8 @@ async def test_push_outboxes_pushes_each_peer_s_entries(store: Store) -> None:
     await routing.push_outboxes(store, {"p1": ["1|a", "1|b"], "p2": ["1|c"]})
     assert await store.lrange(keys.ACTORS_DB, keys.outbox("p1")) == ["1|b", "1|a"]
     assert await store.lrange(keys.ACTORS_DB, keys.outbox("p2")) == ["1|c"]
+    await routing.push_outboxes(store, {"p2": ["1|d", "1|e"]})  # one peer
+    assert await store.lrange(keys.ACTORS_DB, keys.outbox("p2")) == ["1|e", "1|d", "1|c"]
 
 
 async def test_route_queues_local_copies_jobs_arms_deadlines_and_acks(store: Store) -> None:

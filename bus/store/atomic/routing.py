@@ -379,7 +379,12 @@ class Routed:
 
 async def push_outboxes(store: Store, by_peer: dict[str, list[str]]) -> None:
     """Push each peer's outbox entries onto its durable outbox, in one transaction on the
-    actors DB. Raises StoreError."""
+    actors DB (one LPUSH, atomic by itself, for a single peer: a coredis transaction costs
+    ~200 us more CPU than one command here). Raises StoreError."""
+    if len(by_peer) == 1:
+        [(peer, entries)] = by_peer.items()
+        await store.lpush(keys.ACTORS_DB, keys.outbox(peer), *entries)
+        return
     async with store.transaction(keys.ACTORS_DB) as tx:
         for peer, entries in by_peer.items():
             tx.lpush(keys.outbox(peer), entries)
