@@ -35,6 +35,17 @@ async def test_scripts_load_on_first_use_and_after_a_flush(store: Store) -> None
     assert await store.call(0, lambda r: r.get("n")) == "15"
 
 
+async def test_one_script_call_loads_on_first_use_and_after_a_flush(store: Store) -> None:
+    """Store.script takes the scripts' path: loaded when the server answers NOSCRIPT, run
+    once; a script still unknown after its load is a StoreError that says so."""
+    assert await store.script(0, _INCR_BY, ["s"], ["2"]) == 2
+    await store.call(0, lambda r: r.script_flush())  # as after a server restart
+    assert await store.script(0, _INCR_BY, ["s"], ["3"]) == 5
+    assert await store.script(0, _SHAPES, [], ["x", "5"]) == ["x", 5, None, ["x", 7]]
+    with pytest.raises(StoreError, match="still missing after SCRIPT LOAD"):
+        await store.script(0, misnamed(), [], [])
+
+
 async def test_scripts_send_no_script_exists_round_trip(store: Store) -> None:
     calls = [(_INCR_BY, ["m"], ["1"])]
     await store.scripts(0, calls)  # loads the script
