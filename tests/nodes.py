@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import trio
+
 from crypto import KeyPair, read_key_file
 
 
@@ -15,3 +17,16 @@ async def link_to(origin, dest) -> KeyPair:  # noqa: ANN001 - conftest.RunningNo
     await dest.client.register_actor(origin.config.actor_id, actor.public_hex)
     await dest.client.register_context(1, admins=[2], executors=[origin.config.actor_id])
     return actor
+
+
+async def add_known_peers(node, *peers: KeyPair) -> None:  # noqa: ANN001 - conftest.RunningNode
+    """Register ``peers`` (no address: they never dial) and return once ``node`` knows them:
+    it loads its peers on the registry event each registration sends, and a result from a
+    peer it does not know yet is refused as ``unknown_signer``."""
+    for peer in peers:
+        await node.client.add_peer(peer.public_hex, "", name=peer.public_hex[:6])
+    known = node.info.state.peers.is_known_node
+    with trio.fail_after(20):
+        while not all(known(peer.public_hex) for peer in peers):
+            # a bounded wait between two looks (a BLPOP that times out)
+            await node.store.call(1, lambda r: r.blpop(["never"], timeout=0.1))

@@ -20,8 +20,8 @@ from bus.store import CLIENT_LOGGER
 FORMATS: Final = ("text", "json")
 LEVELS: Final = ("debug", "info", "warning", "error")
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# Libraries whose INFO lines are their own business: the store's client announces a retry each
-# time it loads a script on first use ("No matching script"), trio-websocket every connection.
+# Libraries whose INFO lines are their own business: the store's client announces each retry,
+# trio-websocket every connection.
 # Shown at --log-level debug, where someone is looking for exactly that.
 CHATTY: Final = (CLIENT_LOGGER, "trio-websocket")
 # what every LogRecord carries: anything else on a record came from ``extra``

@@ -297,9 +297,10 @@ async def test_a_result_for_a_request_the_node_does_not_remember_reads_its_inbox
     from tests.intake.test_rejections import job_message, push_in
     from tests.intake.test_result_batch import P
     from tests.intake.test_result_batch import answer as result_from
+    from tests.nodes import add_known_peers
 
     alice = await node_factory("alice")
-    await alice.client.add_peer(P.public_hex, "", name="p")
+    await add_known_peers(alice, P)
     actor = read_key_file(alice.config.actor_key_path)
     name = new_inbox_name()
     # as alice's supervisor routed them to P before a restart: request and job copy written

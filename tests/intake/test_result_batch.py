@@ -17,8 +17,11 @@ from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.intake.messages import result_message, signed_here
 from tests.intake.test_rejections import job_message, push_in, run_and_wait
+from tests.nodes import add_known_peers
 
 P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
+
+
 # what result_message needs of those nodes (and what signed_here remembers for each)
 def stand_in(k: KeyPair) -> SimpleNamespace:
     """The parts of a NodeState that result_message and signed_here use."""
@@ -40,8 +43,7 @@ def answer(signer: KeyPair, request: Message, stdout: str) -> Message:
 
 async def test_a_batch_of_results_with_bad_ones_among_them(node_factory):
     alice = await node_factory("alice")
-    for peer in (P, Q):
-        await alice.client.add_peer(peer.public_hex, "", name=peer.public_hex[:6])
+    await add_known_peers(alice, P, Q)
     actor = read_key_file(alice.config.actor_key_path)
     # three requests alice sent to P: the third already failed with a timeout
     requests = [job_message(actor, 1, alice.node_id, P.public_hex, f"print({n})") for n in range(3)]
