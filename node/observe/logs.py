@@ -15,6 +15,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Final, TextIO
 
+import trio
+
 from bus.store import CLIENT_LOGGER
 
 FORMATS: Final = ("text", "json")
@@ -50,10 +52,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class CutConnectionAttempts(logging.Filter):
+    """The store's client logs a connection attempt that a cancellation cut (the node stopping,
+    or failing to start, while a connection was being made) as an ERROR with its traceback:
+    no error of the store, and a traceback a user must not see. Shown at debug only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cut = record.exc_info is not None and isinstance(record.exc_info[1], trio.Cancelled)
+        return not cut or logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+_CUT = CutConnectionAttempts()
+
+
 def configure(level: str | int = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
     """Send the root logger's records of ``level`` (a name of LEVELS or a number) and above
-    to ``stream`` (stderr) as ``fmt``; the CHATTY libraries only from WARNING unless
-    ``level`` is debug."""
+    to ``stream`` (stderr) as ``fmt``; the CHATTY libraries only from WARNING, and the store
+    client's cut connection attempts (CutConnectionAttempts) not at all, unless ``level`` is
+    debug."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
@@ -65,6 +81,7 @@ def configure(level: str | int = "info", fmt: str = "text", stream: TextIO | Non
     for name in CHATTY:
         quiet = number > logging.DEBUG
         logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.NOTSET)
+    logging.getLogger(CLIENT_LOGGER).addFilter(_CUT)  # once: a filter is added only once
 
 
 def current_format() -> str:

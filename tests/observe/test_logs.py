@@ -160,6 +160,35 @@ async def test_store_client_noise_shows_at_debug_only(node_factory, root_logging
     assert retry not in out.getvalue()
 
 
+async def _cut_connection_attempt() -> None:
+    """What the store's client logs when a cancellation cuts a connection being made."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled:
+            logging.getLogger(CLIENT_LOGGER).exception("Connection attempt failed unexpectedly!")
+            raise
+
+
+async def test_a_cut_connection_attempt_shows_no_traceback_but_at_debug(root_logging):
+    """A node stopping (or failing to start) while its store's client makes a connection:
+    the client logs an ERROR with the Cancelled's traceback, which is no error. Other errors
+    of the client still show."""
+    out = io.StringIO()
+    configure("info", "text", out)
+    await _cut_connection_attempt()
+    logging.getLogger(CLIENT_LOGGER).error("Connection closed unexpectedly!")
+    assert "Connection attempt failed" not in out.getvalue()
+    assert "Traceback" not in out.getvalue()
+    assert "Connection closed unexpectedly!" in out.getvalue()
+    out = io.StringIO()
+    configure("debug", "text", out)
+    await _cut_connection_attempt()
+    assert "Connection attempt failed unexpectedly!" in out.getvalue()
+    assert "trio.Cancelled" in out.getvalue()
+
+
 async def test_run_log_format_json_prints_one_object_per_line(tmp_path):
     """Every line of a real node's stderr is one JSON object: the node's own lines and those
     of its runner processes, whose job lines carry the job, its context and how it ended."""
