@@ -248,8 +248,9 @@ class Store:
         """Several Lua scripts in one pipelined round trip (not atomic together); results.
         Bare EVALSHAs on one connection; those the server answers NOSCRIPT (a fresh or
         restarted server: nothing of them ran) are loaded and run again
-        (:func:`bus.store.atomic.evalsha.evalsha_on`). On a replicated store they are sent
-        again when a failover refused them before they ran (as :meth:`call` does)."""
+        (:func:`bus.store.atomic.evalsha.evalsha_on`). On a replicated store one call is
+        sent again when a failover refused it before it ran (as :meth:`call` does); a batch
+        is not: some of it may have run before the refusal."""
         client = await self.db(db)
 
         async def once() -> list[Any]:
@@ -258,7 +259,7 @@ class Store:
 
         try:
             with _translated(self.url):
-                if self.failover is None:
+                if self.failover is None or len(calls) != 1:
                     return await once()
                 return await self.failover.retrying(once, client=client)
         except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
