@@ -145,17 +145,23 @@ class Store:
     # -- generic ---------------------------------------------------------------------------------
 
     async def call(
-        self, db: int, fn: Callable[[Redis], Awaitable[T]], *, idempotent: bool = False
+        self,
+        db: int,
+        fn: Callable[[Redis], Awaitable[T]],
+        *,
+        idempotent: bool = False,
+        resend: bool = True,
     ) -> T:
         """Run one coredis command on DB ``db``, translating its errors.
 
         On a replicated store a command cut by a failover is sent again to the new primary
         (:func:`bus.store.failover.retrying`) when it cannot have run, or when it is
-        ``idempotent`` (a read); otherwise the StoreError reports it."""
+        ``idempotent`` (a read); otherwise the StoreError reports it. ``resend=False``: never
+        sent again (several commands, some of which may have run before the refusal)."""
         client = await self.db(db)
         try:
             with _translated(self.url):
-                if self.failover is None:
+                if self.failover is None or not resend:
                     return await fn(client)
                 return await self.failover.retrying(
                     lambda: fn(client), idempotent=idempotent, client=client
@@ -251,19 +257,12 @@ class Store:
         (:func:`bus.store.atomic.evalsha.evalsha_on`). On a replicated store one call is
         sent again when a failover refused it before it ran (as :meth:`call` does); a batch
         is not: some of it may have run before the refusal."""
-        client = await self.db(db)
 
-        async def once() -> list[Any]:
+        async def run(client: Redis) -> list[Any]:
             async with client.connection_pool.acquire() as connection:
                 return await evalsha_on(connection, calls, self.url)
 
-        try:
-            with _translated(self.url):
-                if self.failover is None or len(calls) != 1:
-                    return await once()
-                return await self.failover.retrying(once, client=client)
-        except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
-            raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
+        return await self.call(db, run, resend=len(calls) == 1)
 
     async def scripts_durable(
         self,
