@@ -41,7 +41,7 @@ UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
 
 def deadline_times(message: Message, skew_s: int) -> tuple[int, int]:
     """The ack and result deadlines (Unix ms) of a job message sent to a peer (armed with
-    bus.store.atomic.routing.arm_deadlines; the caller then wakes the deadline service:
+    bus.store.atomic.routing.route; the caller then wakes the deadline service:
     WakeUps.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
     allowed clock skew (see the module doc)."""
     ack_ms = (ack_deadline(message) + skew_s) * 1000

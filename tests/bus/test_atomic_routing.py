@@ -413,9 +413,9 @@ async def test_route_writes_no_copy_over_another_message_s_job_and_counts(store:
     assert not await store.exists(CTX, keys.STATS_JOBS)
 
 
-async def test_arm_deadlines_queues_both_deadlines(store: Store) -> None:
+async def test_deadline_members_arm_both_deadlines(store: Store) -> None:
     async with store.transaction(CTX) as tx:
-        routing.arm_deadlines(tx, "m1", 300, 100)
+        tx.zadd(keys.DEADLINES, routing.deadline_members("m1", 300, 100))
     assert await _zset(store, keys.DEADLINES) == [("result|m1", 100.0), ("ack|m1", 300.0)]
 
 

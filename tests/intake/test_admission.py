@@ -15,7 +15,7 @@ from bus.core import keys
 from bus.core.envelope import sign_message
 from bus.core.ids import new_id, now, set_clock
 from bus.core.models import JobStatus, Message
-from bus.store.atomic.routing import JobWrite, arm_deadlines, materialise_batch
+from bus.store.atomic.routing import JobWrite, deadline_members, materialise_batch
 from bus.store.connection import Store
 from bus.wire import outbox
 from crypto import KeyPair, read_key_file
@@ -283,7 +283,7 @@ async def _sent_to_a_peer(store, tmp_path, clock, *, skew_s: int):
     async with store.transaction(1) as tx:
         tx.hset(msg.key, msg.to_hash())
         tx.hset(msg.job[0].key, msg.job[0].to_hash() | {"message_key": msg.key})
-        arm_deadlines(tx, msg.key, *deadline_times(msg, config.max_skew_s))
+        tx.zadd(keys.DEADLINES, deadline_members(msg.key, *deadline_times(msg, config.max_skew_s)))
     return node, peer, msg
 
 

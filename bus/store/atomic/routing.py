@@ -32,7 +32,6 @@ __all__ = [
     "accept_results",
     "accept_stop",
     "apply_result",
-    "arm_deadlines",
     "deadline_members",
     "deliver",
     "fail_request",
@@ -351,11 +350,6 @@ def deadline_members(
     """The members of ``deadlines`` that arm a job message's ack and result deadlines (Unix
     ms), with their scores."""
     return {f"ack|{message_key}": ack_ms, f"result|{message_key}": result_ms}
-
-
-def arm_deadlines(tx: Any, message_key: str, ack_ms: int, result_ms: int) -> None:  # noqa: ANN401
-    """Queue in ``tx`` the ack and result deadlines (Unix ms) of a job message sent on."""
-    tx.zadd(keys.DEADLINES, deadline_members(message_key, ack_ms, result_ms))
 
 
 async def write_copies(store: Store, ctx: int, message_key: str, copies: list[JobWrite]) -> None:
