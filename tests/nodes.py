@@ -28,5 +28,9 @@ async def add_known_peers(node, *peers: KeyPair) -> None:  # noqa: ANN001 - conf
     known = node.info.state.peers.is_known_node
     with trio.fail_after(20):
         while not all(known(peer.public_hex) for peer in peers):
-            # a bounded wait between two looks (a BLPOP that times out)
-            await node.store.call(1, lambda r: r.blpop(["never"], timeout=0.1))
+            await tick(node.store)
+
+
+async def tick(store) -> None:  # noqa: ANN001 - a Store
+    """A bounded wait between two looks at another service's lists (a BLPOP that times out)."""
+    await store.call(1, lambda r: r.blpop(["never"], timeout=0.1))

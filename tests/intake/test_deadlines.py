@@ -15,7 +15,7 @@ from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
 from node.intake.held import delivery_fields
 from tests.faults_proxy import TcpProxy
-from tests.nodes import link_to
+from tests.nodes import link_to, tick
 from tests.scripts import announcing, wait_announced
 
 
@@ -79,7 +79,7 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
     inflight = keys.inflight("consumer")
     with trio.fail_after(20):  # the consumer has taken both
         while await carol.store.llen(1, keys.MSG_IN) or await carol.store.llen(1, inflight):
-            await _tick(carol.store)
+            await tick(carol.store)
     held = [key for _, key, _ in await routing.held(carol.store, 1)]
     assert kept.key in held
     assert not await carol.store.exists(1, kept.job[0].key)  # not materialised: not run
@@ -92,7 +92,7 @@ async def test_a_message_stored_before_a_crash_runs_only_once_acknowledged(node_
             e["key"] == late.key and e["reason"] == "expired"
             for e in await carol.store.dead_letters(1)
         ):
-            await _tick(carol.store)
+            await tick(carol.store)
     assert not await carol.store.exists(1, late.job[0].key)
 
     await proxy.restore()  # the link comes up: acknowledged, then run, once
@@ -126,12 +126,12 @@ async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_fa
     carol = await node_factory("carol", again=carol)
     with trio.fail_after(30):  # all held before the link comes up
         while len(await routing.held(carol.store, 1)) < count:
-            await _tick(carol.store)
+            await tick(carol.store)
     counters = alice.info.state.counters.metrics
     await proxy.restore()
     with trio.fail_after(30):  # every ack alice took, or a frame she refused
         while counters.get("acks_received", 0) < count and not counters.get("bad_frames"):
-            await _tick(alice.store)
+            await tick(alice.store)
     assert counters.get("bad_frames", 0) == 0
     assert counters["acks_received"] >= count
 
@@ -159,8 +159,3 @@ async def _stored_by_a_gone_boot(carol, peer: str, messages) -> None:  # noqa: A
     extra = delivery_fields(peer, "a boot that is gone", now())
     async with open_store(carol.info.redis_url) as store:
         await routing.deliver(store, 1, [(key, {**fields, **extra}) for key, fields in messages])
-
-
-async def _tick(store) -> None:  # noqa: ANN001 - a Store
-    """A bounded wait between two looks at another service's lists (a BLPOP that times out)."""
-    await store.call(1, lambda r: r.blpop(["never"], timeout=0.1))
