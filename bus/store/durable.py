@@ -38,11 +38,6 @@ if TYPE_CHECKING:
     from bus.store.connection import Store
 
 
-# The first WAITAOF's timeout (the server checks it on its clock ticks, 100 ms apart at the
-# default hz 10), before a second one asks the replicas again.
-FIRST_WAIT_MS = 10
-
-
 class NotDurable(StoreError):
     """WAITAOF did not confirm the writes in time: the promise must not be given."""
 
@@ -51,9 +46,9 @@ class Barrier:
     """The durability barrier of one store (``target``: what its URL asks)."""
 
     def __init__(self, target: SentinelTarget) -> None:
+        self.target = target
         self.local = target.waitaof_local
         self.replicas = target.waitaof_replicas
-        self.timeout_ms = target.waitaof_timeout_ms
         self._lock = trio.Lock()
         self._asked = 0  # tickets handed out
         self._covered = 0  # every ticket up to this one is durable ...
@@ -162,27 +157,22 @@ class Barrier:
         its fsync of the write, then tells again only a second later (its periodic ack):
         pipelined, a barrier took 620 ms at the median; sent after the write's reply, 0.6 ms
         (loopback, appendfsync always on the replicas)."""
-        first = min(self.timeout_ms, FIRST_WAIT_MS)
+        local = replicas = 0
         try:  # never sent again: only the server that took the writes can vouch for them
-            local, replicas = await connection.create_request(
-                b"WAITAOF", self.local, self.replicas, first, decode=False
-            )
-            if (local < self.local or replicas < self.replicas) and self.timeout_ms > first:
-                # the race above, lost all the same: a WAITAOF that blocks asks again
+            for wait_ms in self.target.waits_ms():  # a second asks again after the race above
                 local, replicas = await connection.create_request(
-                    b"WAITAOF", self.local, self.replicas, self.timeout_ms - first, decode=False
+                    b"WAITAOF", self.local, self.replicas, wait_ms, decode=False
                 )
+                if self.target.confirmed(int(local), int(replicas)):
+                    break
         except (coredis.exceptions.RedisError, OSError) as exc:
             self._failed(store, exc, client)
         if store.epoch != epoch:
             raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
         self.rounds += 1
-        if int(local) < self.local or int(replicas) < self.replicas:
-            raise NotDurable(
-                f"redis {store.url}: not durable: WAITAOF confirmed {local} local and "
-                f"{replicas} replica fsync(s) in {self.timeout_ms} ms; "
-                f"{self.local} and {self.replicas} wanted"
-            )
+        if not self.target.confirmed(int(local), int(replicas)):
+            shortfall = self.target.shortfall(local, replicas)
+            raise NotDurable(f"redis {store.url}: not durable: {shortfall}")
 
     @staticmethod
     def _failed(store: Store, exc: BaseException, client: Any) -> NoReturn:  # noqa: ANN401

@@ -23,6 +23,10 @@ from urllib.parse import parse_qs, quote, unquote
 
 SCHEME = "redis+sentinel"
 
+# The first WAITAOF's timeout (the server checks it on its clock ticks, 100 ms apart at the
+# default hz 10), before a second one asks the replicas again (bus/store/durable.py says why).
+FIRST_WAIT_MS = 10
+
 
 @dataclass(frozen=True)
 class SentinelTarget:
@@ -40,9 +44,36 @@ class SentinelTarget:
     def durable(self) -> bool:
         return self.waitaof_local > 0 or self.waitaof_replicas > 0
 
+    def waits_ms(self) -> tuple[int, ...]:
+        """The timeouts of the WAITAOFs that confirm a write, one after the other while they
+        do not: a short one, then the rest of ``waitaof_timeout_ms``."""
+        first = min(self.waitaof_timeout_ms, FIRST_WAIT_MS)
+        rest = self.waitaof_timeout_ms - first
+        return (first, rest) if rest > 0 else (first,)
+
+    def confirmed(self, local: int, replicas: int) -> bool:
+        """Whether a WAITAOF's reply (local and replica fsyncs) is what this URL asks."""
+        return local >= self.waitaof_local and replicas >= self.waitaof_replicas
+
+    def shortfall(self, local: int, replicas: int) -> str:
+        """What a WAITAOF that did not confirm (``local``, ``replicas``) fell short of."""
+        return (
+            f"WAITAOF confirmed {local} local and {replicas} replica fsync(s) in "
+            f"{self.waitaof_timeout_ms} ms; {self.waitaof_local} and {self.waitaof_replicas} wanted"
+        )
+
 
 def is_sentinel_url(url: str) -> bool:
     return url.startswith(SCHEME + "://")
+
+
+def durability(url: str) -> SentinelTarget | None:
+    """What "durable" means at ``url``: its parsed target when it asks for WAITAOF, None for a
+    store that is not replicated (a promise is given once the write is answered)."""
+    if not is_sentinel_url(url):
+        return None
+    target = parse_sentinel_url(url)
+    return target if target.durable else None
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:

@@ -63,7 +63,9 @@ _CLIENT_SELECTORS = (
 
 # A script's keys must match a selector that allows EVAL/EVALSHA; each redis.call inside it is
 # checked again on its own. SCRIPT LOAD: a client library loads a script it runs by its hash.
-_RUNNER_CONNECT = f"{_CONNECT} +script|load +time"
+# WAITAOF: on a replicated store a runner confirms a start before it runs the job
+# (bus/store/atomic/runs_sync.py SyncRuns.confirm).
+_RUNNER_CONNECT = f"{_CONNECT} +script|load +time +waitaof"
 _RUNNER_SELECTORS = (
     "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
     "+type +blmove +lmove +lmpop +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",

@@ -17,12 +17,15 @@ with a blocking client and no event loop:
    ``not_admitted`` and ended in error, never run;
 3. run: a python job in this very interpreter (the warm worker), any other type as a
    subprocess in its own process group (node/worker/job.py); a watch thread renews the
-   lease, forwards live logs, enforces the timeout and stops the job on request;
+   lease, forwards live logs, enforces the timeout and stops the job on request; on a
+   replicated store only once ``WAITAOF`` confirmed the start (``SyncRuns.confirm``): a start
+   a failover lost would leave the job queued on the new primary, for another slot to run;
 4. one Lua call ends the attempt and answers (``runs_finish_local``: the client's reply;
    ``runs_finish``: the result message signed here), or schedules the retry, and starts the
-   next queued job in the same round trip; while the type's circuit breaker is open
-   (bus/store/atomic/type_breakers.py) that start, or ``runs_start``, refuses and says for how
-   long, and the process waits that long without popping.
+   next queued job in the same round trip (confirmed as a start is); while the type's
+   circuit breaker is open (bus/store/atomic/type_breakers.py) that start, or
+   ``runs_start``, refuses and says for how long, and the process waits that long without
+   popping.
 
 Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
 (the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
@@ -59,6 +62,7 @@ from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrun
 from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError, connect, is_utf8
 from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
+from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.signer import SignerClient, SignerGone
 from node.runners.exits import Outcome, outcome_of
@@ -81,7 +85,7 @@ class Runner:
         self, spec: RunnerSpec, admission_key: bytes, signer: ResultSigner | None = None
     ) -> None:
         self.spec, self.admission_key, self.signer = spec, admission_key, signer
-        self.runs = SyncRuns(connect(spec.url, spec.ctx))
+        self.runs = SyncRuns(connect(spec.url, spec.ctx), durability(spec.url))
         self.inflight = spec.inflight
         self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
         self.draining = False
@@ -256,6 +260,9 @@ class Runner:
             self.runs.dead_letter(job_key, Reason.MALFORMED_JOB, str(exc), queue)
             self.runs.finish_malformed(job_key, attempt, self.inflight, str(exc))
             return None
+        # on a replicated store, not before a replica has the start: one a failover lost would
+        # leave the job queued on the new primary, for another slot to run a second time
+        self.runs.confirm()
         if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
             about = self.fields(job_key, attempt=attempt)
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
@@ -351,6 +358,9 @@ class Runner:
         while True:
             try:
                 started = self._end(job, fields, request, outcome, attempt, nxt)
+                # the end (and the next start with it) on a replica before the outcome is
+                # forgotten; unconfirmed, it is sent again like a cut one
+                self.runs.confirm()
                 if taking and nxt is None:  # a call cut before: it may have taken a job
                     self.give_back_taken(job.key)
                 return started

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from bus.store.atomic.runs import NextJob
-from bus.store.atomic.runs_sync import SyncRuns, connect
+from bus.store.atomic.runs_sync import SyncRuns, Unconfirmed, connect
+from bus.store.sentinel import durability
 from node.host.acl import NODE, RUNNER
 from node.host.replicated import ReplicatedSet
 
@@ -126,3 +127,38 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
     assert held.leave_if_stale(refused.value)
     assert held.list_length("queue:x") == 2  # the old primary has 1: job:1:2 is not there
     assert woken.execute_command("ROLE")[0] == "master"  # not demoted yet: it was left
+
+
+def test_a_start_is_confirmed_on_a_replica_before_its_job_runs(replicated):
+    """A runner runs a job only once WAITAOF confirmed its start on a replica (the runner
+    loop calls ``SyncRuns.confirm`` before it runs the job, and after each end): a start
+    that a failover lost would leave the job queued on the new primary, and another slot
+    would run it a second time. With both replicas stopped the primary still takes the
+    start (within min-replicas-max-lag), but it is not confirmed; nor is one made on a
+    connection lost since."""
+    url = replicated.url(RUNNER, waitaof_timeout_ms="300")
+    runs = SyncRuns(connect(url, 1), durability(url))
+    admin = {"username": NODE, "password": replicated.passwords[NODE], "decode_responses": True}
+    primary = redis.Redis("127.0.0.1", replicated.data_ports[0], db=1, **admin)
+    for n in range(1, 4):
+        primary.hset(f"job:1:{n}", mapping={"status": "queued", "script_type": "x"})
+    assert primary.wait(2, 10_000) == 2
+    runs.confirm()  # nothing written yet: nothing to wait for
+    assert isinstance(runs.start("job:1:1", "n:b:1:x:0", 15_000, "x:0"), dict)
+    runs.confirm()  # the replicas are up: confirmed
+    stopped = [replicated.child(port) for port in replicated.data_ports[1:]]
+    for child in stopped:
+        child.signal(signal.SIGSTOP)
+    try:
+        assert isinstance(runs.start("job:1:2", "n:b:1:x:0", 15_000, "x:0"), dict)
+        with pytest.raises(Unconfirmed, match="0 replica fsync"):
+            runs.confirm()
+    finally:
+        for child in stopped:
+            child.signal(signal.SIGCONT)
+    runs.confirm()  # the replicas caught up: the same start is confirmed now
+    assert isinstance(runs.start("job:1:3", "n:b:1:x:0", 15_000, "x:0"), dict)
+    runs.client.connection_pool.disconnect()  # as a cut or a stale primary does
+    assert runs.list_length("queue:x") == 0  # a new connection, which wrote nothing
+    with pytest.raises(Unconfirmed, match="connection that made the writes was lost"):
+        runs.confirm()

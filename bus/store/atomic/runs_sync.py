@@ -38,13 +38,18 @@ from bus.store.atomic.runs import (
 )
 from bus.store.atomic.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
-from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
+from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
-__all__ = ["Begun", "SyncRuns", "SyncStoreError", "connect", "is_utf8"]
+__all__ = ["Begun", "SyncRuns", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
 
 # What a call of this module raises when Valkey fails (the runner's node/ side names no client
 # library: the node recovers a slot whose process exits on it).
 SyncStoreError = redis.RedisError
+
+
+class Unconfirmed(SyncStoreError):
+    """WAITAOF did not confirm this process's writes where the store's URL asks: a failover
+    now could lose them."""
 
 
 def connect(url: str, db: int) -> redis.Redis:
@@ -173,13 +178,15 @@ class SyncRuns:
     """The transitions of one runner process on one context DB."""
 
     client: redis.Redis
+    # a replicated store's durability (bus/store/sentinel.py durability): see :meth:`confirm`
+    durable: SentinelTarget | None = None
 
     def __post_init__(self) -> None:
         self._scripts: dict[str, tuple[str, str]] = {}  # name: (source, sha1)
         self._loaded: set[str] = set()  # the sha1s of scripts this process loaded itself
         self._held = threading.local()  # each thread's own connection (see _command)
 
-    def _command(self, *args: str | int | float) -> Any:  # noqa: ANN401
+    def _command(self, *args: str | int | float, writes: bool = False) -> Any:  # noqa: ANN401
         """One command on this thread's connection, taken from the pool once and kept: the
         client's per-command path (pool checkout and release, retry wrapper, event dispatch,
         reply callbacks) cost a runner ~40 us of CPU per command, several commands per job.
@@ -187,8 +194,10 @@ class SyncRuns:
         :meth:`leave_if_stale` and an interrupted blocking pop (they disconnect the pool's
         connections, this one included): its next command connects again, through the
         Sentinels to the current primary. Raw replies: decoded text, ints, lists, None; an
-        error reply raises."""
+        error reply raises. ``writes``: the command may write (see :meth:`confirm`)."""
         conn = self._connection()
+        if writes:
+            self._held.wrote_on = conn._sock  # a socket: a reconnected connection has another
         try:
             conn.send_command(*args)
             return conn.read_response()
@@ -220,10 +229,34 @@ class SyncRuns:
     def _run(self, name: str, key_list: list[str], args: list[str]) -> Any:  # noqa: ANN401
         text, sha = self._script(name)
         try:
-            return self._command("EVALSHA", sha, len(key_list), *key_list, *args)
+            return self._command("EVALSHA", sha, len(key_list), *key_list, *args, writes=True)
         except redis.exceptions.NoScriptError:  # a restarted or flushed server: load, run once
             self._command("SCRIPT", "LOAD", text)
-            return self._command("EVALSHA", sha, len(key_list), *key_list, *args)
+            return self._command("EVALSHA", sha, len(key_list), *key_list, *args, writes=True)
+
+    def confirm(self) -> None:
+        """Return once the writes this thread's connection made so far (the scripts that
+        started or ended attempts) are fsynced where the store's URL asks (``WAITAOF`` on that
+        connection); :class:`Unconfirmed` if they are not. A runner confirms the start of an
+        attempt before it runs the job, and its end before it forgets the outcome: a start a
+        failover loses leaves the job queued on the new primary for another slot to run again,
+        and a lost end leaves it started by a slot that has moved on. At once on a store that
+        is not replicated, or with no script sent since the last confirmation."""
+        target, wrote_on = self.durable, getattr(self._held, "wrote_on", None)
+        if target is None or wrote_on is None:
+            return
+        if self._held.conn._sock is not wrote_on:
+            # WAITAOF vouches only for its own connection's writes (on a new primary, for
+            # none of the old one's): those of a connection lost since are not confirmed
+            raise Unconfirmed("not durable: the connection that made the writes was lost")
+        local = replicas = 0
+        for wait_ms in target.waits_ms():  # why two: bus/store/durable.py Barrier._confirm
+            ask = ("WAITAOF", target.waitaof_local, target.waitaof_replicas, wait_ms)
+            local, replicas = (int(n) for n in self._command(*ask))
+            if target.confirmed(local, replicas):
+                self._held.wrote_on = None
+                return
+        raise Unconfirmed(f"not durable: {target.shortfall(local, replicas)}")
 
     def cut(self) -> int:
         """Shut every connection of a Sentinel-managed client (the Sentinels named a new
@@ -289,6 +322,7 @@ class SyncRuns:
         args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), keys.lease("")]
         args += [nxt.runner_id, nxt.script_type]
         conn = self._connection()
+        self._held.wrote_on = conn._sock  # see confirm
         replies: list[Any] = []
         try:
             conn.send_packed_command(
