@@ -97,6 +97,14 @@ class NodeProcess:
                 raise RuntimeError(f"{self.name} died: {self.log.read_text()[-2000:]}") from exc
         self.node_id = ready.node_id
 
+    def death(self) -> str:
+        """How the node ended if its process exited before it was stopped ("" while it runs):
+        the exit code and the end of its log, for a failing test's report."""
+        if self.proc is None or self.proc.returncode is None:
+            return ""
+        tail = self.log.read_text(errors="replace")[-4000:]
+        return f"{self.name} exited with {self.proc.returncode}; its log ends:\n{tail}"
+
     async def signal_and_wait(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
         assert self.proc is not None
         self.proc.send_signal(sig)

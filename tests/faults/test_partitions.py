@@ -130,6 +130,9 @@ class Cluster:
         return f"ws://127.0.0.1:{PROXY_PORT}"
 
     async def close(self) -> None:
+        for node in self.nodes:  # a node that died on its own: why, in the failure's report
+            if died := node.death():
+                print(died)
         with trio.CancelScope(shield=True):
             for proc in self.proxies:
                 proc.terminate()
