@@ -30,6 +30,7 @@ from bus.store.atomic import queues
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on, send_evalshas
 from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
+from bus.store.lane import Lane, LaneConnection, lane_for
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 from bus.store.topology import store_topology
 
@@ -110,6 +111,9 @@ class Store:
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover() if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
+        # script calls and blocking pops on connections of the store's own (bus/store/lane.py);
+        # None where coredis serves them too (a Sentinel URL, TLS, options)
+        self.lane: Lane | None = lane_for(url)
         # the registry's version as the script of the last pop whose entries are admitted
         # (pop_read_batch, pop_read_wait with ``registry``) read it, after its pops: it sees
         # every registry write made before what it popped was pushed (node/state.py's cache)
@@ -139,6 +143,8 @@ class Store:
 
     def _close(self, grace_s: float = 5.0) -> None:
         self._closing.set()
+        if self.lane is not None:
+            self.lane.close()
         for scope in self._holders:
             scope.deadline = trio.current_time() + grace_s
 
@@ -258,11 +264,27 @@ class Store:
         sent again when a failover refused it before it ran (as :meth:`call` does); a batch
         is not: some of it may have run before the refusal."""
 
+        if self.lane is not None:
+            async with self._lane_connection(db) as conn:
+                return await evalsha_on(conn, calls, self.url)
+
         async def run(client: Redis) -> list[Any]:
             async with client.connection_pool.acquire() as connection:
                 return await evalsha_on(connection, calls, self.url)
 
         return await self.call(db, run, resend=len(calls) == 1)
+
+    @asynccontextmanager
+    async def _lane_connection(self, db: int) -> AsyncIterator[LaneConnection]:
+        """A connection of :attr:`lane` to DB ``db`` for the block, its errors translated as
+        :meth:`call` translates coredis'."""
+        assert self.lane is not None
+        try:
+            with _translated(self.url):
+                async with self.lane.acquire(db) as conn:
+                    yield conn
+        except RuntimeError as exc:  # the lane is closed (the store is closing)
+            raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
     async def scripts_durable(
         self,
@@ -434,10 +456,8 @@ class Store:
         own. (The entry moved or None, the script's reply.) Cancelled while blocked, the
         connection is dropped: what the pop moved stays in flight, requeued at the next
         start."""
-        client = await self.db(db)
-
         async def once() -> tuple[Any, Any]:
-            async with client.connection_pool.acquire() as connection:
+            async with self._pop_connection(db) as connection:
                 moved = connection.create_request(
                     b"BLMOVE",
                     source,
@@ -456,10 +476,25 @@ class Store:
                     raise StoreError(f"redis {self.url}: {exc}") from exc
                 return first, reply
 
+        if self.lane is not None:
+            return await once()
+        client = await self.db(db)
         with _translated(self.url):
             if self.failover is None:
                 return await once()
             return await self.failover.retrying(once, client=client)
+
+    @asynccontextmanager
+    async def _pop_connection(self, db: int) -> AsyncIterator[Any]:
+        """A connection for a blocking pop and what is pipelined behind it: the lane's, or
+        one of coredis' pool."""
+        if self.lane is not None:
+            async with self._lane_connection(db) as conn:
+                yield conn
+            return
+        client = await self.db(db)
+        async with client.connection_pool.acquire() as connection:
+            yield connection
 
     async def refuse_entry(
         self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str

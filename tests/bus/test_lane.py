@@ -1,0 +1,122 @@
+"""The store's lane (bus/store/lane.py): script calls and blocking pops on raw connections, on a
+real Valkey. What coredis gave for free must hold: the same replies and errors, hostile bytes
+kept as bytes, AUTH, no reply read by the wrong caller after a cancelled pop, and an idle
+connection the server closed noticed before a command is sent on it."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+import trio
+from coredis.commands.script import Script
+
+from bus.errors import ContentError, StoreError
+from bus.store.connection import Store, open_store
+from bus.store.lane import lane_for
+
+ECHO = Script(
+    script="""
+local out = redis.call('LRANGE', KEYS[1], 0, -1)
+table.insert(out, 42)
+table.insert(out, ARGV[1])
+return out
+"""
+)
+SEE_TYPE = Script(script="return redis.call('LPUSH', KEYS[1], 'x')")
+HOSTILE = [b"plain", "\u00e9t\u00e9 \u2713".encode(), b"\xff\xfe not utf-8", b""]
+
+
+def _seed(url: str) -> None:
+    sync = redis.Redis.from_url(url, db=1)
+    sync.rpush("l", *HOSTILE)
+    sync.set("s", "a string")
+    sync.close()
+
+
+async def _both(url: str, call: object) -> tuple[object, object]:
+    """What ``call(store)`` gives through the lane and through coredis (the lane switched off)."""
+    async with open_store(url) as lane_store, open_store(url) as plain:
+        assert lane_store.lane is not None
+        plain.lane = None
+        got = await call(lane_store)  # type: ignore[operator]
+        assert lane_store.lane.opened >= 1  # it did go through the lane
+        return got, await call(plain)  # type: ignore[operator]
+
+
+async def test_a_lane_reads_what_coredis_reads(redis_url):
+    _seed(redis_url)
+    lane, plain = await _both(redis_url, lambda s: s.script(1, ECHO, ["l"], ["\u2713"]))
+    assert lane == plain
+    # not UTF-8: its bytes, as they are; the rest text, integers as integers
+    assert lane[1:] == ["\u00e9t\u00e9 \u2713", b"\xff\xfe not utf-8", "", 42, "\u2713"]
+
+
+async def test_a_lane_raises_what_coredis_raises(redis_url):
+    _seed(redis_url)
+    for store_lane in (True, False):
+        async with open_store(redis_url) as store:
+            if not store_lane:
+                store.lane = None
+            with pytest.raises(ContentError) as blamed:  # the key holds a string
+                await store.script(1, SEE_TYPE, ["s"], [])
+            assert blamed.value.reason == "wrong_type", blamed.value
+            # a script the server does not know is loaded and run (NOSCRIPT handled)
+            await store.call(0, lambda r: r.script_flush())
+            assert await store.script(0, ECHO, ["none"], ["a"]) == [42, "a"]
+
+
+async def test_a_lane_authenticates_as_the_url_says(redis_url):
+    """Wrong credentials: refused by the server (coredis' error, translated)."""
+    assert lane_for("redis+sentinel://u:p@127.0.0.1:1/hero") is None
+    assert lane_for("rediss://127.0.0.1:6380") is None
+    assert lane_for(redis_url) is not None
+    sync = redis.Redis.from_url(redis_url)
+    sync.acl_setuser("lane", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all"])
+    sync.close()
+    async with open_store(redis_url) as store:
+        store.lane = lane_for(_with_user(redis_url, "lane", "bad"))
+        with pytest.raises(StoreError, match="WRONGPASS|invalid username-password"):
+            await store.script(1, ECHO, ["l"], ["a"])
+        store.lane = lane_for(_with_user(redis_url, "lane", "pw"))
+        assert await store.script(1, ECHO, ["l"], ["a"]) == [42, "a"]
+
+
+def _with_user(url: str, user: str, password: str) -> str:
+    from bus.core.urls import with_credentials
+
+    return with_credentials(url, user, password)
+
+
+async def test_a_cancelled_blocking_pop_leaves_no_reply_for_the_next_caller(redis_url):
+    """A pop cancelled while it waits is dropped with its connection: an entry pushed right
+    after goes to the next pop of the list, not lost in a reply no one reads, and a script
+    call after it reads its own reply."""
+    async with open_store(redis_url) as store:
+        assert store.lane is not None
+        with trio.move_on_after(0.3):
+            await store.pop_wait(1, "q", "inflight", 1, 30)
+        await store.lpush(1, "q", "job:1:1")
+        assert await store.script(1, ECHO, ["none"], ["mine"]) == [42, "mine"]
+        assert await store.pop_wait(1, "q", "inflight", 1, 5) == ["job:1:1"]
+        assert await store.lrange(1, "q") == []
+
+
+async def test_an_idle_connection_the_server_closed_is_not_used(redis_url):
+    """The server drops every client (as a restart does): the next call opens a new
+    connection instead of failing on the dead one."""
+    async with open_store(redis_url) as store:
+        assert store.lane is not None
+        assert await store.script(1, ECHO, ["none"], ["a"]) == [42, "a"]
+        opened = store.lane.opened
+        sync = redis.Redis.from_url(redis_url)
+        sync.client_kill_filter(_type="normal", skipme=True)
+        sync.close()
+        assert await store.script(1, ECHO, ["none"], ["b"]) == [42, "b"]
+        assert store.lane.opened == opened + 1
+
+
+async def test_a_closed_store_refuses_lane_calls(redis_url):
+    async with open_store(redis_url) as store:
+        kept: Store = store
+    with pytest.raises(StoreError, match="closed"):
+        await kept.script(1, ECHO, ["none"], ["a"])
