@@ -30,7 +30,7 @@ from bus.store.atomic import queues
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on, send_evalshas
 from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
-from bus.store.lane import Lane, LaneConnection, lane_for
+from bus.store.lane import Lane, LaneConnection, Queued, lane_for, transaction
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
 from bus.store.topology import store_topology
 
@@ -231,6 +231,12 @@ class Store:
         confirmed by ``WAITAOF`` on the connection that made this write, without a barrier
         write of its own (bus/store/durable.py), ``written`` called once the write is
         answered, before that wait; NotDurable if that is not confirmed."""
+        if self.lane is not None:  # no barrier: a lane's store is never replicated
+            queued = Queued()
+            fill(queued)
+            async with self._lane_connection(db) as conn:
+                await transaction(conn, queued.commands)
+            return
         client = await self.db(db)
         barrier = self.barrier if durable_since is not None else None
 
@@ -350,8 +356,29 @@ class Store:
 
     async def blpop(self, db: int, key: str, timeout_s: float) -> str | None:
         """The oldest entry of list ``key``, waiting up to ``timeout_s``; None after that."""
-        popped = await self.call(db, lambda r: r.blpop([key], timeout=timeout_s))
+        if self.lane is not None:
+            popped = await self._lane_request(db, "BLPOP", key, timeout_s)
+        else:
+            popped = await self.call(db, lambda r: r.blpop([key], timeout=timeout_s))
         return None if popped is None else str(popped[1])
+
+    async def blmpop(self, db: int, key: str, timeout_s: float, most: int) -> list[Any]:
+        """Up to ``most`` entries off the consuming end of list ``key``, oldest first, waiting
+        up to ``timeout_s`` for the first ([] if none came)."""
+        if self.lane is not None:
+            command = ("BLMPOP", timeout_s, 1, key, "RIGHT", "COUNT", most)
+            popped = await self._lane_request(db, *command)
+        else:
+            popped = await self.call(
+                db, lambda r: r.blmpop([key], timeout_s, PureToken.RIGHT, count=most)
+            )
+        return list(popped[1]) if popped else []
+
+    async def _lane_request(self, db: int, *command: str | int | float) -> Any:  # noqa: ANN401
+        """One command on a connection of :attr:`lane`: its raw reply (a blocking pop waits on
+        a connection of its own, dropped if the wait is cancelled)."""
+        async with self._lane_connection(db) as conn:
+            return await conn.create_request(*command)
 
     # -- reliable queues -------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ Only a plain ``redis://`` or ``unix://`` URL without options gets a lane (:func:
 from __future__ import annotations
 
 import select
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +39,7 @@ import coredis.exceptions as cx
 import trio
 from coredis.parser import NOT_ENOUGH_DATA, Parser
 
-__all__ = ["Lane", "LaneConnection", "lane_for"]
+__all__ = ["Lane", "LaneConnection", "Queued", "lane_for", "transaction"]
 
 _READ_SIZE = 65536
 _DEAD = select.POLLIN | select.POLLHUP | select.POLLERR  # on an idle connection: EOF or junk
@@ -54,7 +54,7 @@ def pack(args: tuple[Any, ...]) -> bytes:
         elif isinstance(arg, int):
             arg = b"%d" % arg
         elif isinstance(arg, float):
-            arg = repr(arg).encode()
+            arg = b"%.15g" % arg  # as coredis writes a float
         out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return b"".join(out)
 
@@ -139,6 +139,45 @@ class LaneConnection:
     def close(self) -> None:
         self.broken = True
         self.stream.socket.close()
+
+
+class Queued:
+    """The commands a transaction's ``fill`` queues (:meth:`Store.transact`), in the form the
+    store's fills use them on a coredis pipeline: ``hset(key, mapping)``, ``lpush(key,
+    values)``."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, ...]] = []
+
+    def hset(self, key: str, mapping: Mapping[str, str]) -> None:
+        self.commands.append(("HSET", key, *(x for pair in mapping.items() for x in pair)))
+
+    def lpush(self, key: str, values: Sequence[str]) -> None:
+        self.commands.append(("LPUSH", key, *values))
+
+
+async def transaction(conn: LaneConnection, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """``commands`` in one ``MULTI``/``EXEC``, pipelined: their results. A command the server
+    refused while queueing aborts the whole (``EXECABORT``: nothing ran); the first error,
+    refusal or failure, is raised once every reply is read."""
+    pending = [conn.create_request("MULTI")]
+    pending += [conn.create_request(*command) for command in commands]
+    pending.append(conn.create_request("EXEC"))
+    replies: list[Any] = []
+    failed: cx.RedisError | None = None
+    for reply in pending:
+        try:
+            replies.append(await reply)
+        except cx.RedisError as exc:  # read the rest, then raise the first
+            failed = failed or exc
+            replies.append(exc)
+    if failed is not None:
+        raise failed
+    executed = replies[-1]
+    for result in executed:  # a command that failed while it ran (the others did run)
+        if isinstance(result, cx.RedisError):
+            raise result
+    return list(executed)
 
 
 @dataclass(frozen=True)

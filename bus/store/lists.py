@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coredis.tokens import PureToken
-
 from bus.core import keys
 from bus.store.atomic import queues
 from bus.store.connection import Store
@@ -82,8 +80,7 @@ async def dlq_beyond(store: Store, db: int, limit: int) -> list[str]:
 async def pop_inbox(store: Store, ctx: int, inbox: str, wait_s: float, most: int) -> list[str]:
     """Up to ``most`` answers off a client's inbox, oldest first, blocking up to ``wait_s`` for
     the first ([] if none came)."""
-    popped = await store.call(ctx, lambda r: r.blmpop([inbox], wait_s, PureToken.RIGHT, count=most))
-    return list(popped[1]) if popped else []
+    return await store.blmpop(ctx, inbox, wait_s, most)
 
 
 async def pop_reply(store: Store, ctx: int, reply: str, timeout_s: float) -> str | None:

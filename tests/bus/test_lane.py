@@ -120,3 +120,27 @@ async def test_a_closed_store_refuses_lane_calls(redis_url):
         kept: Store = store
     with pytest.raises(StoreError, match="closed"):
         await kept.script(1, ECHO, ["none"], ["a"])
+
+
+async def test_a_lane_transaction_runs_all_or_nothing(redis_url):
+    """A submission's MULTI/EXEC on the lane (Store.transact): every command runs, or, when
+    the server refuses one while queueing it, none does (EXECABORT: the refusal is raised)."""
+    async with open_store(redis_url) as store:
+        assert store.lane is not None
+        await store.transact(1, lambda tx: (tx.hset("h", {"a": "1"}), tx.lpush("l2", ["x", "y"])))
+        assert await store.hgetall(1, "h") == {"a": "1"}
+        assert await store.lrange(1, "l2") == ["y", "x"]
+        with pytest.raises(StoreError, match="wrong number of arguments"):  # HSET, no field
+            await store.transact(1, lambda tx: (tx.lpush("l3", ["z"]), tx.hset("h", {})))
+        assert await store.lrange(1, "l3") == []
+        assert await store.script(1, ECHO, ["none"], ["next"]) == [42, "next"]
+
+
+async def test_a_lane_blocking_pop_answers_as_coredis_does(redis_url):
+    _seed(redis_url)
+    lane, plain = await _both(redis_url, lambda s: s.blmpop(1, "l", 0.05, 2))
+    assert lane == ["", b"\xff\xfe not utf-8"]  # from the consuming end; bytes kept
+    assert plain == ["\u00e9t\u00e9 \u2713", "plain"]  # the next two: popped, not read again
+    async with open_store(redis_url) as store:
+        assert await store.blmpop(1, "empty", 0.05, 5) == []
+        assert await store.blpop(1, "empty", 0.05) is None
