@@ -24,7 +24,6 @@ stamp.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping
 
@@ -75,7 +74,8 @@ def mac_input(ctx: int, job_key: str, fields: Mapping[str, str]) -> bytes:
 
 def stamp(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:
     """The stamp (hex) of job ``job_key`` with ``fields`` in context DB ``ctx``."""
-    return hmac.new(key, mac_input(ctx, job_key, fields), hashlib.sha256).hexdigest()
+    # the one-shot digest: an HMAC object costs the runner ~5 us more per job to set up
+    return hmac.digest(key, mac_input(ctx, job_key, fields), "sha256").hex()
 
 
 def problem(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:
