@@ -195,6 +195,7 @@ class JobRun:
         self.began = 0.0
         self.started_at = 0
         self.outcome_file: Path | None = None  # the running attempt's (node/runners/outcomes.py)
+        self.run_dir = Path(spec.run_dir)  # parsed once, not for every job
         slot_file = outcomes.slot_path(Path(spec.run_dir), spec.ctx, spec.slot_id)
         self.slot_file = outcomes.SlotFile(slot_file)
         self.named = False  # the attempt's outcome file was written, not only the slot's
@@ -224,9 +225,7 @@ class JobRun:
             self.began + self.heartbeat_s,
             far,
         )
-        self.outcome_file = outcomes.outcome_path(
-            Path(self.spec.run_dir), self.spec.ctx, job.key, attempt
-        )
+        self.outcome_file = outcomes.outcome_path(self.run_dir, self.spec.ctx, job.key, attempt)
         self.current = cur
         outcome: Outcome | None = None
         try:
