@@ -1,8 +1,10 @@
 """The Redis store: one coredis client per DB, object load/save, reliable queues, atomic updates.
 
 Every coredis error is translated into :class:`StoreError` here; nothing above bus/ sees coredis.
-Blocking pops take a connection of their own from the pool, so a service waiting on BLMOVE never
-delays another's commands.
+Blocking pops take a connection of their own, so a service waiting on BLMOVE never delays
+another's commands. On a plain URL the hot path (script calls, blocking pops, a submission's
+transaction) runs on the store's lane (bus/store/lane.py), whose errors are coredis' classes and
+get the same translation.
 """
 
 from __future__ import annotations
