@@ -46,8 +46,11 @@ _DEAD = select.POLLIN | select.POLLHUP | select.POLLERR  # on an idle connection
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
-    """One command in RESP (an array of bulk strings): str as UTF-8, int and float as text."""
+    """One command in RESP (an array of bulk strings): str as UTF-8, int and float as text.
+    Each argument is joined as it is, not formatted into a copy of itself (a script's JSON
+    batch can be kilobytes)."""
     out = [b"*%d\r\n" % len(args)]
+    append = out.append
     for arg in args:
         if isinstance(arg, str):
             arg = arg.encode()
@@ -55,7 +58,9 @@ def pack(args: tuple[Any, ...]) -> bytes:
             arg = b"%d" % arg
         elif isinstance(arg, float):
             arg = b"%.15g" % arg  # as coredis writes a float
-        out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+        append(b"$%d\r\n" % len(arg))
+        append(arg)
+        append(b"\r\n")
     return b"".join(out)
 
 

@@ -9,10 +9,13 @@ import pytest
 import redis
 import trio
 from coredis.commands.script import Script
+from coredis.parser import Parser
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bus.errors import ContentError, StoreError
 from bus.store.connection import Store, open_store
-from bus.store.lane import lane_for
+from bus.store.lane import lane_for, pack
 
 ECHO = Script(
     script="""
@@ -144,3 +147,31 @@ async def test_a_lane_blocking_pop_answers_as_coredis_does(redis_url):
     async with open_store(redis_url) as store:
         assert await store.blmpop(1, "empty", 0.05, 5) == []
         assert await store.blpop(1, "empty", 0.05) is None
+
+
+@given(
+    st.lists(
+        st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=False)),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_pack_writes_each_argument_as_one_bulk_string(args):
+    """What the lane writes reads back, argument by argument, as the bytes the server gets:
+    text as UTF-8, numbers as coredis writes them."""
+    parser = Parser()
+    parser.feed(pack(tuple(args)))
+    _, values = parser.parse(decode=False)
+    expected = [_as_sent(a) for a in args]
+    assert values == expected
+    assert not parser.can_read()  # nothing after the command
+
+
+def _as_sent(arg: str | bytes | int | float) -> bytes:
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, float):
+        return b"%.15g" % arg  # coredis' Packer.encode
+    if isinstance(arg, int):
+        return str(arg).encode()
+    return arg
