@@ -47,8 +47,6 @@ class Barrier:
 
     def __init__(self, target: SentinelTarget) -> None:
         self.target = target
-        self.local = target.waitaof_local
-        self.replicas = target.waitaof_replicas
         self._lock = trio.Lock()
         self._asked = 0  # tickets handed out
         self._covered = 0  # every ticket up to this one is durable ...
@@ -160,9 +158,8 @@ class Barrier:
         local = replicas = 0
         try:  # never sent again: only the server that took the writes can vouch for them
             for wait_ms in self.target.waits_ms():  # a second asks again after the race above
-                local, replicas = await connection.create_request(
-                    b"WAITAOF", self.local, self.replicas, wait_ms, decode=False
-                )
+                ask = (self.target.waitaof_local, self.target.waitaof_replicas, wait_ms)
+                local, replicas = await connection.create_request(b"WAITAOF", *ask, decode=False)
                 if self.target.confirmed(int(local), int(replicas)):
                     break
         except (coredis.exceptions.RedisError, OSError) as exc:

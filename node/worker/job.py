@@ -196,7 +196,7 @@ class JobRun:
         self.started_at = 0
         self.outcome_file: Path | None = None  # the running attempt's (node/runners/outcomes.py)
         self.run_dir = Path(spec.run_dir)  # parsed once, not for every job
-        slot_file = outcomes.slot_path(Path(spec.run_dir), spec.ctx, spec.slot_id)
+        slot_file = outcomes.slot_path(self.run_dir, spec.ctx, spec.slot_id)
         self.slot_file = outcomes.SlotFile(slot_file)
         self.named = False  # the attempt's outcome file was written, not only the slot's
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
