@@ -6,9 +6,10 @@ coredis sends each command through a writer task and reads each reply through a 
 around every pool checkout: 170-530 µs of CPU per call here, against 26-34 µs for the same
 request and reply on a bare trio socket (bench/README.md "Eleventh round"). A node makes a
 script call for most steps of a message, so :class:`Lane` serves those calls
-(:meth:`Store.scripts`, :meth:`Store._block_then`) on plain connections it owns: the request
-is written and its reply read by the calling task itself. Everything else (transactions,
-single commands, the Sentinels, a failover's retries, TLS) stays with coredis.
+(:meth:`Store.scripts`, :meth:`Store._block_then`), a client's submission
+(:meth:`Store.transact`: :func:`transaction`) and its blocking reply pops on plain connections
+it owns: the request is written and its reply read by the calling task itself. Everything else
+(single commands, the Sentinels, a failover's retries, TLS) stays with coredis.
 
 What coredis gave for free and a lane must keep:
 
@@ -38,6 +39,8 @@ from urllib.parse import unquote, urlsplit
 import coredis.exceptions as cx
 import trio
 from coredis.parser import NOT_ENOUGH_DATA, Parser
+
+from bus.store.atomic.evalsha import read_replies
 
 __all__ = ["Lane", "LaneConnection", "Queued", "lane_for", "transaction"]
 
@@ -168,16 +171,10 @@ async def transaction(conn: LaneConnection, commands: list[tuple[Any, ...]]) -> 
     pending = [conn.create_request("MULTI")]
     pending += [conn.create_request(*command) for command in commands]
     pending.append(conn.create_request("EXEC"))
-    replies: list[Any] = []
-    failed: cx.RedisError | None = None
-    for reply in pending:
-        try:
-            replies.append(await reply)
-        except cx.RedisError as exc:  # read the rest, then raise the first
-            failed = failed or exc
-            replies.append(exc)
-    if failed is not None:
-        raise failed
+    replies = await read_replies(pending)
+    for reply in replies:  # a refusal while queueing, or EXECABORT: nothing ran
+        if isinstance(reply, cx.RedisError):
+            raise reply
     executed = replies[-1]
     for result in executed:  # a command that failed while it ran (the others did run)
         if isinstance(result, cx.RedisError):

@@ -38,6 +38,19 @@ def send_evalshas(
     ]
 
 
+async def read_replies(pending: Sequence[Any]) -> list[Any]:
+    """Every pending reply of a pipeline, in order, an error reply as its exception (not
+    raised): each one is read, so that the connection is left with nothing unread, before the
+    caller raises what it must."""
+    out: list[Any] = []
+    for reply in pending:
+        try:
+            out.append(await reply)
+        except coredis.exceptions.RedisError as exc:
+            out.append(exc)
+    return out
+
+
 async def evalsha_on(
     connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
     calls: Sequence[ScriptCall],
@@ -55,24 +68,15 @@ async def evalsha_on(
     names the server) if a script is still unknown after its ``SCRIPT LOAD``, else the
     script's coredis error, for the caller's translation."""
 
-    async def replies(pending: list[Any]) -> list[Any]:
-        out: list[Any] = []
-        for reply in pending:
-            try:
-                out.append(await reply)
-            except coredis.exceptions.RedisError as exc:  # read the rest, then raise it
-                out.append(exc)
-        return out
-
     def unknown(result: object) -> bool:
         return isinstance(result, coredis.exceptions.NoScriptError)
 
-    results = await replies(send_evalshas(connection, calls) if sent is None else sent)
+    results = await read_replies(send_evalshas(connection, calls) if sent is None else sent)
     missing = [i for i, r in enumerate(results) if unknown(r)]
     if missing:
         for script in {calls[i][0] for i in missing}:
             await connection.create_request(b"SCRIPT", b"LOAD", script.script)
-        again = await replies(send_evalshas(connection, [calls[i] for i in missing]))
+        again = await read_replies(send_evalshas(connection, [calls[i] for i in missing]))
         for i, r in zip(missing, again, strict=True):
             results[i] = r
     for call, r in zip(calls, results, strict=True):
