@@ -127,7 +127,11 @@ class Store:
             return client
         async with self._open_lock:
             if n not in self._clients:
-                self._clients[n] = await self._nursery.start(self._hold_client, n)
+                # shielded: the holder is, so the start waits for it anyway; but trio leaves a
+                # task whose starter was cancelled in the start's own nursery, where the start
+                # would wait for it until the store closes, and the store's close for the start
+                with trio.CancelScope(shield=True):
+                    self._clients[n] = await self._nursery.start(self._hold_client, n)
         return self._clients[n]
 
     async def _hold_client(self, n: int, *, task_status: trio.TaskStatus[Redis]) -> None:

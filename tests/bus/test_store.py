@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import trio
 from coredis.commands.script import Script
 
 from bus.core import keys
 from bus.errors import ContentError, StoreError
 from bus.store import lists
-from bus.store.connection import Store
+from bus.store.connection import Store, open_store
 
 _INCR_BY = Script(script="return redis.call('INCRBY', KEYS[1], ARGV[1])")
 _ECHO = Script(script="return ARGV[1]")
@@ -209,3 +210,29 @@ async def test_an_acks_frame_removes_each_entry_once_in_one_command(store: Store
     assert removed == 2
     assert await store.lrange(0, inflight) == ["1|m:1", "1|m:2"]
     assert await _calls(store, "multi") == before  # one script call, no transaction
+
+
+async def test_a_call_cancelled_while_its_db_opens_ends(redis_url) -> None:
+    """A DB's client opens on its first command (Store.db), in a task that holds it until
+    the store closes. A caller cancelled while that opens (Ctrl-C on `job submit --wait`
+    during its first log read) must end: trio leaves a task whose starter was cancelled in
+    the start's own nursery, where the start waits for it, and the holder waits for the
+    store to close. Each cancellation point is tried; the call runs in a nursery outside the
+    store, so that a call that does not end is reported, then released by the close."""
+    for yields in range(40):
+        async with trio.open_nursery() as outside:
+            async with open_store(redis_url) as store:
+                scope, ended = trio.CancelScope(), trio.Event()
+                outside.start_soon(_cancelled_get, store, scope, ended)
+                for _ in range(yields):
+                    await trio.lowlevel.checkpoint()
+                scope.cancel()
+                with trio.move_on_after(10):
+                    await ended.wait()
+                assert ended.is_set(), f"a call cancelled after {yields} yields never ended"
+
+
+async def _cancelled_get(store: Store, scope: trio.CancelScope, ended: trio.Event) -> None:
+    with scope:
+        await store.get(3, "k")
+    ended.set()
