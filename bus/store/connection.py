@@ -2,9 +2,10 @@
 
 Every coredis error is translated into :class:`StoreError` here; nothing above bus/ sees coredis.
 Blocking pops take a connection of their own, so a service waiting on BLMOVE never delays
-another's commands. On a plain URL the hot path (script calls, blocking pops, a submission's
-transaction) runs on the store's lane (bus/store/lane.py), whose errors are coredis' classes and
-get the same translation.
+another's commands. The hot path (script calls, blocking pops, a submission's transaction, the
+durability barriers) runs on the store's lane (bus/store/lane.py), whose errors are coredis'
+classes and get the same translation and, behind Sentinels, the same failover policy; on a URL
+without a lane (TLS, options) on coredis.
 """
 
 from __future__ import annotations
@@ -111,10 +112,10 @@ class Store:
         self._closing = trio.Event()
         self._holders: set[trio.CancelScope] = set()
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
-        self.failover = Failover() if target is not None else None
+        self.failover = Failover(self._leave) if target is not None else None
         self.barrier = Barrier(target) if target is not None and target.durable else None
         # script calls and blocking pops on connections of the store's own (bus/store/lane.py);
-        # None where coredis serves them too (a Sentinel URL, TLS, options)
+        # None where coredis serves them too (TLS, options): never behind Sentinels
         self.lane: Lane | None = lane_for(url)
         # the registry's version as the script of the last pop whose entries are admitted
         # (pop_read_batch, pop_read_wait with ``registry``) read it, after its pops: it sees
@@ -175,9 +176,7 @@ class Store:
             with _translated(self.url):
                 if self.failover is None or not resend:
                     return await fn(client)
-                return await self.failover.retrying(
-                    lambda: fn(client), idempotent=idempotent, client=client
-                )
+                return await self.failover.retrying(lambda: fn(client), idempotent=idempotent)
         except RuntimeError as exc:  # coredis: the pool has exited (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
@@ -191,6 +190,16 @@ class Store:
         restarts) instead of when it comes back; new connections ask the Sentinels."""
         if self.failover is not None:
             self.failover.epoch += 1
+        if self.lane is not None:
+            self.lane.drop()
+        for client in self._clients.values():
+            client.connection_pool.disconnect()
+
+    def _leave(self) -> None:
+        """A reply came from a server that is no longer the primary: the next connections ask
+        the Sentinels (those in use end their command first, :meth:`Lane.forget`)."""
+        if self.lane is not None:
+            self.lane.forget()
         for client in self._clients.values():
             client.connection_pool.disconnect()
 
@@ -237,27 +246,21 @@ class Store:
         confirmed by ``WAITAOF`` on the connection that made this write, without a barrier
         write of its own (bus/store/durable.py), ``written`` called once the write is
         answered, before that wait; NotDurable if that is not confirmed."""
-        if self.lane is not None:  # no barrier: a lane's store is never replicated
-            queued = Queued()
-            fill(queued)
-            async with self._lane_connection(db) as conn:
-                await transaction(conn, queued.commands)
+        if self.lane is None:  # a URL without a lane is never behind Sentinels
+            async with self.transaction(db) as pipe:
+                fill(pipe)
             return
-        client = await self.db(db)
+        queued = Queued()
+        fill(queued)
         barrier = self.barrier if durable_since is not None else None
 
-        async def once() -> None:
+        async def once(conn: LaneConnection) -> None:
             if barrier is not None and durable_since is not None:
-                await barrier.write_and_wait(self, client, fill, durable_since, written)
-                return
-            async with client.pipeline(transaction=True) as pipe:
-                fill(pipe)
-
-        with _translated(self.url):
-            if self.failover is None:
-                await once()
+                await barrier.write_and_wait(self, conn, queued.commands, durable_since, written)
             else:
-                await self.failover.retrying(once, client=client)
+                await transaction(conn, queued.commands)
+
+        await self._on_lane(db, once)
 
     async def script(self, db: int, script: Script[str], keys: list[str], args: list[str]) -> Any:  # noqa: ANN401
         """Run a Lua script on DB ``db`` (:meth:`scripts`, for one call): its result.
@@ -277,24 +280,33 @@ class Store:
         is not: some of it may have run before the refusal."""
 
         if self.lane is not None:
-            async with self._lane_connection(db) as conn:
-                return await evalsha_on(conn, calls, self.url)
+            resend = len(calls) == 1
+            return await self._on_lane(db, lambda c: evalsha_on(c, calls, self.url), resend=resend)
 
         async def run(client: Redis) -> list[Any]:
             async with client.connection_pool.acquire() as connection:
                 return await evalsha_on(connection, calls, self.url)
 
-        return await self.call(db, run, resend=len(calls) == 1)
+        return await self.call(db, run)
 
-    @asynccontextmanager
-    async def _lane_connection(self, db: int) -> AsyncIterator[LaneConnection]:
-        """A connection of :attr:`lane` to DB ``db`` for the block, its errors translated as
-        :meth:`call` translates coredis'."""
-        assert self.lane is not None
+    async def _on_lane(
+        self, db: int, fn: Callable[[LaneConnection], Awaitable[T]], *, resend: bool = True
+    ) -> T:
+        """``fn`` on a connection of :attr:`lane` to DB ``db``, its errors translated as
+        :meth:`call` translates coredis', and behind Sentinels sent again as :meth:`call`
+        does (never with ``resend=False``)."""
+        lane = self.lane
+        assert lane is not None
+
+        async def once() -> T:
+            async with lane.acquire(db) as conn:
+                return await fn(conn)
+
         try:
             with _translated(self.url):
-                async with self.lane.acquire(db) as conn:
-                    yield conn
+                if self.failover is None or not resend:
+                    return await once()
+                return await self.failover.retrying(once)
         except RuntimeError as exc:  # the lane is closed (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
@@ -310,11 +322,12 @@ class Store:
         confirmed by one ``WAITAOF`` on the connection that ran them
         (:meth:`bus.store.durable.Barrier.scripts_and_wait`, which says what ``wrote_last``
         decides); at once on a store that asks nothing. NotDurable if not confirmed."""
-        if self.barrier is None:
+        barrier = self.barrier
+        if barrier is None:
             return await self.scripts(db, calls)
-        client = await self.db(db)
-        with _translated(self.url):
-            return await self.barrier.scripts_and_wait(self, client, calls, since, wrote_last)
+        return await self._on_lane(
+            db, lambda c: barrier.scripts_and_wait(self, c, calls, since, wrote_last), resend=False
+        )
 
     async def ping(self) -> None:
         await self.read(0, lambda r: r.ping())
@@ -383,8 +396,7 @@ class Store:
     async def _lane_request(self, db: int, *command: str | int | float) -> Any:  # noqa: ANN401
         """One command on a connection of :attr:`lane`: its raw reply (a blocking pop waits on
         a connection of its own, dropped if the wait is cancelled)."""
-        async with self._lane_connection(db) as conn:
-            return await conn.create_request(*command)
+        return await self._on_lane(db, lambda c: c.create_request(*command))
 
     # -- reliable queues -------------------------------------------------------------------------
 
@@ -489,45 +501,32 @@ class Store:
         own. (The entry moved or None, the script's reply.) Cancelled while blocked, the
         connection is dropped: what the pop moved stays in flight, requeued at the next
         start."""
-        async def once() -> tuple[Any, Any]:
-            async with self._pop_connection(db) as connection:
-                moved = connection.create_request(
-                    b"BLMOVE",
-                    source,
-                    inflight,
-                    b"RIGHT",
-                    b"LEFT",
-                    timeout_s,
-                    disconnect_on_cancellation=True,
-                )
-                sent = send_evalshas(connection, [call])
-                first = await moved
-                try:
-                    [reply] = await evalsha_on(connection, [call], self.url, sent)
-                except (coredis.exceptions.RedisError, OSError) as exc:
-                    # the pop ran: never sent again (what it moved is requeued at the restart)
-                    raise StoreError(f"redis {self.url}: {exc}") from exc
-                return first, reply
+
+        async def once(connection: Any) -> tuple[Any, Any]:  # noqa: ANN401 - lane's or coredis'
+            moved = connection.create_request(
+                b"BLMOVE",
+                source,
+                inflight,
+                b"RIGHT",
+                b"LEFT",
+                timeout_s,
+                disconnect_on_cancellation=True,
+            )
+            sent = send_evalshas(connection, [call])
+            first = await moved
+            try:
+                [reply] = await evalsha_on(connection, [call], self.url, sent)
+            except (coredis.exceptions.RedisError, OSError) as exc:
+                # the pop ran: never sent again (what it moved is requeued at the restart)
+                raise StoreError(f"redis {self.url}: {exc}") from exc
+            return first, reply
 
         if self.lane is not None:
-            return await once()
+            return await self._on_lane(db, once)
         client = await self.db(db)
         with _translated(self.url):
-            if self.failover is None:
-                return await once()
-            return await self.failover.retrying(once, client=client)
-
-    @asynccontextmanager
-    async def _pop_connection(self, db: int) -> AsyncIterator[Any]:
-        """A connection for a blocking pop and what is pipelined behind it: the lane's, or
-        one of coredis' pool."""
-        if self.lane is not None:
-            async with self._lane_connection(db) as conn:
-                yield conn
-            return
-        client = await self.db(db)
-        async with client.connection_pool.acquire() as connection:
-            yield connection
+            async with client.connection_pool.acquire() as connection:
+                return await once(connection)
 
     async def refuse_entry(
         self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str

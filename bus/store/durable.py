@@ -32,6 +32,7 @@ import trio
 from bus.core import keys
 from bus.errors import StoreError
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on
+from bus.store.lane import LaneConnection, transaction
 from bus.store.sentinel import SentinelTarget
 
 if TYPE_CHECKING:
@@ -66,60 +67,45 @@ class Barrier:
             upto, epoch = self._asked, store.epoch
             if since is not None and since != epoch:
                 raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
-            client = await store.db(keys.ACTORS_DB)
+            assert store.lane is not None  # a store behind Sentinels has one
             try:  # never sent again: only the server that took the writes can vouch for them
-                async with client.connection_pool.acquire() as connection:
+                async with store.lane.acquire(keys.ACTORS_DB) as connection:
                     await connection.create_request(b"INCR", keys.DURABLE)
-                    await self._confirm(store, connection, client, epoch)
+                    await self._confirm(store, connection, epoch)
             except (coredis.exceptions.RedisError, OSError) as exc:
-                self._failed(store, exc, client)
+                self._failed(store, exc)
             self._covered, self._covered_epoch = upto, epoch
 
     async def write_and_wait(
         self,
         store: Store,
-        client: Any,  # noqa: ANN401 - the coredis client of the write's DB
-        fill: Callable[[Any], None],
+        connection: LaneConnection,
+        commands: list[tuple[Any, ...]],
         since: int,
         written: Callable[[], None] | None = None,
     ) -> None:
-        """``MULTI``, the commands ``fill`` queues, ``EXEC``, and once it is answered
-        ``WAITAOF`` on the same connection: return once that write and every write before it
-        are durable, else NotDurable (``since``: :attr:`Store.epoch` before the promise's first
-        write). The write's own errors are coredis's, raised before any ``WAITAOF`` (the
-        caller's retry policy decides about them, as for any transaction); ``written`` is
-        called once the write is answered, before the wait."""
-        queued = client.pipeline(transaction=True)  # only to collect ``fill``'s commands
-        fill(queued)
-        async with client.connection_pool.acquire() as connection:
-            multi = connection.create_request(b"MULTI", decode=False)
-            replies = [
-                connection.create_request(c.name, *c.serialized_arguments, decode=False)
-                for c in queued.command_stack
-            ]
-            done = connection.create_request(b"EXEC", decode=False)
-            await multi
-            for reply in replies:
-                await reply  # a command refused while queueing raises (EXEC then aborts)
-            results = await done
-            for result in results or ():
-                if isinstance(result, Exception):  # e.g. WRONGTYPE: the write failed
-                    raise result
-            if written is not None:
-                written()
-            if since != store.epoch:
-                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
-            await self._confirm(store, connection, client, since)
+        """``commands`` in one ``MULTI``/``EXEC`` (:func:`bus.store.lane.transaction`), and
+        once it is answered ``WAITAOF`` on the same connection: return once that write and
+        every write before it are durable, else NotDurable (``since``: :attr:`Store.epoch`
+        before the promise's first write). The write's own errors are coredis's, raised
+        before any ``WAITAOF`` (the caller's retry policy decides about them, as for any
+        transaction); ``written`` is called once the write is answered, before the wait."""
+        await transaction(connection, commands)
+        if written is not None:
+            written()
+        if since != store.epoch:
+            raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+        await self._confirm(store, connection, since)
 
     async def scripts_and_wait(
         self,
         store: Store,
-        client: Any,  # noqa: ANN401 - the coredis client of the scripts' DB
+        connection: LaneConnection,
         calls: Sequence[ScriptCall],
         since: int,
         wrote_last: Callable[[list[Any]], bool],
     ) -> list[Any]:
-        """Each call's ``EVALSHA``, pipelined on one connection held throughout (a script the
+        """Each call's ``EVALSHA``, pipelined on ``connection``, held throughout (a script the
         server does not know yet is loaded and run again there: :func:`evalsha_on`), and
         once all are answered ``WAITAOF`` on that connection: the results, returned once those
         writes and every write before them are durable, else NotDurable (``since``:
@@ -130,21 +116,19 @@ class Barrier:
         write. Otherwise that earlier write, made by another connection and maybe after this
         connection's last write, is not covered by a ``WAITAOF`` here: the barrier
         (:meth:`wait`) confirms the promise instead, at the cost of its own write."""
-        async with client.connection_pool.acquire() as connection:
-            results = await evalsha_on(connection, calls, store.url)
-            if wrote_last(results):
-                if since != store.epoch:
-                    raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
-                await self._confirm(store, connection, client, since)
-                return results
-        await self.wait(store, since)
+        results = await evalsha_on(connection, calls, store.url)
+        if wrote_last(results):
+            if since != store.epoch:
+                raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+            await self._confirm(store, connection, since)
+        else:
+            await self.wait(store, since)
         return results
 
     async def _confirm(
         self,
         store: Store,
-        connection: Any,  # noqa: ANN401 - a coredis connection the caller holds
-        client: Any,  # noqa: ANN401 - its client
+        connection: LaneConnection,
         epoch: int,
     ) -> None:
         """``WAITAOF`` on ``connection``, right after its last write was answered; NotDurable
@@ -163,7 +147,7 @@ class Barrier:
                 if self.target.confirmed(int(local), int(replicas)):
                     break
         except (coredis.exceptions.RedisError, OSError) as exc:
-            self._failed(store, exc, client)
+            self._failed(store, exc)
         if store.epoch != epoch:
             raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
         self.rounds += 1
@@ -172,7 +156,7 @@ class Barrier:
             raise NotDurable(f"redis {store.url}: not durable: {shortfall}")
 
     @staticmethod
-    def _failed(store: Store, exc: BaseException, client: Any) -> NoReturn:  # noqa: ANN401
+    def _failed(store: Store, exc: BaseException) -> NoReturn:
         if store.failover is not None:  # the next barrier asks the Sentinels again
-            store.failover.noticed(exc, client)
+            store.failover.noticed(exc)
         raise NotDurable(f"redis {store.url}: not durable: {exc}") from exc

@@ -42,8 +42,10 @@ FAILOVER_WAIT_S = 30.0  # longest a command waits for a new primary (an election
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 1.0
 
-# Replies a server gives before running a command, when it cannot take writes now.
+# Replies a server gives before running a command, when it cannot take writes now, and
+# coredis' classes of those it knows (a ReadOnlyError's text has lost its "READONLY").
 _REFUSED_BEFORE_RUNNING = ("READONLY", "NOREPLICAS", "MASTERDOWN", "LOADING", "TRYAGAIN")
+_REFUSED = cx.PrimaryNotFoundError | cx.StalePrimaryError | cx.BusyLoadingError | cx.ReadOnlyError
 
 
 def _reply(exc: BaseException) -> str:
@@ -55,7 +57,7 @@ def _reply(exc: BaseException) -> str:
 
 def _not_run(exc: BaseException) -> bool:
     """Whether ``exc`` proves the command never ran."""
-    if isinstance(exc, cx.PrimaryNotFoundError | cx.StalePrimaryError | cx.BusyLoadingError):
+    if isinstance(exc, _REFUSED):
         return True
     if isinstance(exc, cx.ConnectionError):
         return _reply(exc).startswith("Unable to establish a connection")
@@ -80,29 +82,32 @@ def _stale(exc: BaseException) -> bool:
 
 class Failover:
     """The retry policy of a store behind Sentinels (``wait_s``: how long a command waits for
-    a primary, on trio's clock)."""
+    a primary, on trio's clock; ``leave``: drops the store's connections to a server that is
+    no longer the primary, so the next ones ask the Sentinels)."""
 
-    def __init__(self, wait_s: float = FAILOVER_WAIT_S) -> None:
+    def __init__(
+        self, leave: Callable[[], None] = lambda: None, wait_s: float = FAILOVER_WAIT_S
+    ) -> None:
+        self.leave = leave
         self.wait_s = wait_s
         self.retried = 0  # commands sent again (for tests and the log)
         # grows with every sign of a failover (an error handled here, a pool dropped): a
         # promise whose writes and barrier did not all happen in one epoch is not given
         self.epoch = 0
 
-    def noticed(self, exc: BaseException, client: Any) -> None:  # noqa: ANN401 - coredis client
-        """Count a failure that a failover may explain (the epoch grows), and drop ``client``'s
-        connections when ``exc`` shows they reach a server that is no longer the primary."""
+    def noticed(self, exc: BaseException) -> None:
+        """Count a failure that a failover may explain (the epoch grows), and leave the old
+        primary when ``exc`` shows a connection reaches a server that is no longer one."""
         if _not_run(exc) or _cut(exc):
             self.epoch += 1
-        if _stale(exc) and client is not None:
-            client.connection_pool.disconnect()
+        if _stale(exc):
+            self.leave()
 
     async def retrying(
         self,
         fn: Callable[[], Awaitable[T]],
         *,
         idempotent: bool = False,
-        client: Any = None,  # noqa: ANN401 - a coredis client whose pool a stale error resets
     ) -> T:
         deadline = trio.current_time() + self.wait_s
         delay = BACKOFF_MIN_S
@@ -110,7 +115,7 @@ class Failover:
             try:
                 return await fn()
             except (cx.RedisError, OSError) as exc:
-                self.noticed(exc, client)
+                self.noticed(exc)
                 if not (_not_run(exc) or (idempotent and _cut(exc))):
                     raise
                 if trio.current_time() + delay > deadline:

@@ -24,7 +24,19 @@ What coredis gave for free and a lane must keep:
 - an idle connection the server closed (a restart) is noticed before it is used, not after
   a command was sent on it.
 
-Only a plain ``redis://`` or ``unix://`` URL without options gets a lane (:func:`lane_for`).
+A ``redis+sentinel://`` URL gets one too, to whichever server the Sentinels name primary: a
+connection is made only after a Sentinel named it (``SENTINEL GET-MASTER-ADDR-BY-NAME``) and the
+server confirmed its role (``ROLE``, in the handshake: a server that is no primary is refused
+with coredis' ``StalePrimaryError``, before anything ran); :meth:`Lane.forget` (a reply showed a
+connection reaches a demoted primary) asks the Sentinels again for the next connection and
+retires the open ones, :meth:`Lane.drop` (the Sentinels announced a new primary) also closes
+those in use, so a command waiting on a stalled old primary ends now. What is sent again
+after a failover, and what is reported, the store's :class:`bus.store.failover.Failover`
+decides, as for coredis' connections. A new connection's handshake is bounded
+(:data:`HANDSHAKE_S`): a stopped server accepts a connection and never answers.
+
+Only a plain ``redis://`` or ``unix://`` URL without options, or a ``redis+sentinel://`` one,
+gets a lane (:func:`lane_for`); TLS and URL options stay with coredis.
 """
 
 from __future__ import annotations
@@ -41,11 +53,15 @@ import trio
 from coredis.parser import NOT_ENOUGH_DATA, Parser
 
 from bus.store.atomic.evalsha import read_replies
+from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Lane", "LaneConnection", "Queued", "lane_for", "transaction"]
 
 _READ_SIZE = 65536
 _DEAD = select.POLLIN | select.POLLHUP | select.POLLERR  # on an idle connection: EOF or junk
+# longest a new connection's handshake (or a Sentinel's answer) may take: a live Valkey answers
+# in microseconds, a SIGSTOPped one accepts the connection and never answers
+HANDSHAKE_S = 2.0
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
@@ -83,9 +99,10 @@ class LaneConnection:
     """One connection, used by one task at a time (:meth:`Lane.acquire`). Requests are
     written when the first of their replies is awaited, together (a pipeline)."""
 
-    def __init__(self, stream: trio.SocketStream, where: str) -> None:
+    def __init__(self, stream: trio.SocketStream, where: str, generation: int = 0) -> None:
         self.stream = stream
         self.where = where
+        self.generation = generation  # the lane's, when it was opened (Lane.forget)
         self._parser = Parser()
         self._out: list[bytes] = []
         self._asked = 0  # requests made
@@ -196,8 +213,10 @@ class _Target:
 
 
 def lane_for(url: str) -> Lane | None:
-    """A lane to the server of ``url``, or None where the store keeps coredis for everything:
-    a Sentinel URL (its failover follows the primary through coredis), TLS, or options."""
+    """A lane to the server of ``url`` (for a ``redis+sentinel://`` URL, to the primary its
+    Sentinels name), or None where the store keeps coredis for everything: TLS, or options."""
+    if is_sentinel_url(url):
+        return Lane(sentinels=parse_sentinel_url(url))
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "unix") or parts.query or parts.fragment:
         return None
@@ -213,23 +232,39 @@ def lane_for(url: str) -> Lane | None:
 
 
 class Lane:
-    """Idle connections per DB, opened as needed and kept while they stay usable."""
+    """Idle connections per DB, opened as needed and kept while they stay usable: to
+    ``target``, or to the primary that ``sentinels`` name."""
 
-    def __init__(self, target: _Target) -> None:
+    def __init__(
+        self,
+        target: _Target | None = None,
+        *,
+        sentinels: SentinelTarget | None = None,
+        handshake_s: float = HANDSHAKE_S,
+    ) -> None:
+        if (target is None) == (sentinels is None):
+            raise ValueError("a lane goes to a target or to the primary of Sentinels")
         self.target = target
+        self.sentinels = sentinels
+        self.handshake_s = handshake_s
+        self._primary: _Target | None = None  # where the Sentinels said the primary is
         self._idle: dict[int, list[LaneConnection]] = {}
+        self._busy: set[LaneConnection] = set()  # in use, or being opened
+        self._generation = 0  # grows when the primary may have moved (forget, drop)
         self._closed = False
         self.opened = 0  # connections made (for tests)
 
     @asynccontextmanager
     async def acquire(self, db: int) -> AsyncIterator[LaneConnection]:
         """A connection to DB ``db`` for the block, alone; kept for the next caller only if
-        every reply asked for on it was read."""
+        every reply asked for on it was read and the primary was not given up meanwhile."""
         conn = self._idle_one(db) or await self._open(db)
+        self._busy.add(conn)
         try:
             yield conn
         finally:
-            if conn.reusable and not self._closed:
+            self._busy.discard(conn)
+            if conn.reusable and not self._closed and conn.generation == self._generation:
                 self._idle.setdefault(db, []).append(conn)
             else:
                 conn.close()
@@ -246,32 +281,121 @@ class Lane:
     async def _open(self, db: int) -> LaneConnection:
         if self._closed:
             raise RuntimeError("the store is closed")
-        target = self.target
-        try:
-            if target.path:
-                stream = await trio.open_unix_socket(target.path)
-            else:
-                stream = await trio.open_tcp_stream(target.host, target.port)
-        except OSError as exc:
-            raise cx.ConnectionError(f"Unable to establish a connection to {target.where}") from exc
-        conn = LaneConnection(stream, target.where)
-        self.opened += 1
-        try:
-            hello: tuple[Any, ...] = ("HELLO", 3)
-            if target.password is not None:
-                hello += ("AUTH", target.username or "default", target.password)
-            replies = [conn.create_request(*hello), conn.create_request("SELECT", db)]
-            for reply in replies:
-                await reply
-        except BaseException:
+        generation = self._generation
+        target = self.target or await self._locate()
+        failed = f"Unable to establish a connection to {target.where}"  # nothing ran
+        conn: LaneConnection | None = None
+        with trio.move_on_after(self.handshake_s):
+            try:
+                conn = LaneConnection(await _connect(target), target.where, generation)
+            except OSError as exc:
+                self._primary = None  # ask the Sentinels again: it may have moved
+                raise cx.ConnectionError(failed) from exc
+            self.opened += 1
+            self._busy.add(conn)  # dropped with the others while its handshake waits
+            try:
+                role = await self._handshake(conn, target, db)
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, cx.ConnectionError):  # lost before anything of ours ran
+                    self._primary = None
+                    raise cx.ConnectionError(f"{failed}: {exc}") from exc
+                raise
+            finally:
+                self._busy.discard(conn)
+            if self.sentinels is not None and role != "master":
+                conn.close()
+                self._primary = None
+                raise cx.StalePrimaryError(f"{target.where} is a {role}, not the primary")
+            return conn
+        if conn is not None:
             conn.close()
-            raise
-        return conn
+        self._primary = None
+        raise cx.ConnectionError(f"{failed}: no answer in {self.handshake_s} s")
 
-    def close(self) -> None:
-        """Close the idle connections; those in use are closed when they are given back."""
-        self._closed = True
+    @staticmethod
+    async def _handshake(conn: LaneConnection, target: _Target, db: int) -> str:
+        """``HELLO 3`` (with ``AUTH``), ``SELECT``, ``ROLE``: the server's role."""
+        hello: tuple[Any, ...] = ("HELLO", 3)
+        if target.password is not None:
+            hello += ("AUTH", target.username or "default", target.password)
+        replies = [conn.create_request(*hello), conn.create_request("SELECT", db)]
+        replies.append(conn.create_request("ROLE"))
+        *_, role = [await reply for reply in replies]
+        return str(role[0])
+
+    async def _locate(self) -> _Target:
+        """Where the Sentinels say the primary is, asked once until :meth:`forget`. Each
+        Sentinel is asked in turn; coredis' ``PrimaryNotFoundError`` (nothing ran) if none
+        names one."""
+        if self._primary is not None:
+            return self._primary
+        sentinels = self.sentinels
+        assert sentinels is not None
+        user, password = sentinels.username, sentinels.password
+        problems = []
+        for host, port in sentinels.sentinels:
+            asked = _Target("", host, port, user, password)
+            with trio.move_on_after(self.handshake_s):
+                try:
+                    address = await _ask_sentinel(asked, sentinels.service)
+                except (OSError, cx.RedisError) as exc:
+                    problems.append(f"{asked.where}: {exc}")
+                    continue
+                if address:
+                    self._primary = _Target("", str(address[0]), int(address[1]), user, password)
+                    return self._primary
+                problems.append(f"{asked.where}: no primary")
+                continue
+            problems.append(f"{asked.where}: no answer in {self.handshake_s} s")
+        raise cx.PrimaryNotFoundError(
+            f"no Sentinel names a primary for {sentinels.service!r} ({'; '.join(problems)})"
+        )
+
+    def forget(self) -> None:
+        """The primary may have moved (a reply came from a server that is no primary): ask
+        the Sentinels for the next connection, close the idle ones and those in use when they
+        are given back."""
+        self._primary = None
+        self._generation += 1
+        self._close_idle()
+
+    def drop(self) -> None:
+        """The Sentinels named another primary: :meth:`forget`, and close the connections in
+        use too (a command waiting on the old primary, stalled or cut off, ends now with a lost
+        connection, for its caller's recovery)."""
+        self.forget()
+        for conn in list(self._busy):
+            conn.close()
+
+    def _close_idle(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+    def close(self) -> None:
+        """Close the idle connections; those in use are closed when they are given back."""
+        self._closed = True
+        self._close_idle()
+
+
+async def _connect(target: _Target) -> trio.SocketStream:
+    if target.path:
+        return await trio.open_unix_socket(target.path)
+    return await trio.open_tcp_stream(target.host, target.port)
+
+
+async def _ask_sentinel(sentinel: _Target, service: str) -> Any:  # noqa: ANN401 - [host, port]
+    """The primary's address a Sentinel gives for ``service`` (None if it knows none)."""
+    conn = LaneConnection(await _connect(sentinel), sentinel.where)
+    try:
+        hello: tuple[Any, ...] = ("HELLO", 3)
+        if sentinel.password is not None:
+            hello += ("AUTH", sentinel.username or "default", sentinel.password)
+        replies = [conn.create_request(*hello)]
+        replies.append(conn.create_request("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service))
+        *_, address = [await reply for reply in replies]
+        return address
+    finally:
+        conn.close()

@@ -70,7 +70,7 @@ async def test_a_lane_raises_what_coredis_raises(redis_url):
 
 async def test_a_lane_authenticates_as_the_url_says(redis_url):
     """Wrong credentials: refused by the server (coredis' error, translated)."""
-    assert lane_for("redis+sentinel://u:p@127.0.0.1:1/hero") is None
+    assert lane_for("redis+sentinel://u:p@127.0.0.1:1/hero") is not None  # to its primary
     assert lane_for("rediss://127.0.0.1:6380") is None
     assert lane_for(redis_url) is not None
     sync = redis.Redis.from_url(redis_url)
