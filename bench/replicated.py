@@ -15,7 +15,10 @@ The same local round trips (submit -> result, sequential) and the same concurren
 run on each, alternated run by run so that a noisy machine hurts all alike; the rows give each
 figure, the differences that separate the causes, and the replicated one against the single
 unix-socket one (p50: the difference in ms; throughput: the ratio) with the issue's targets.
-The primary's ``INFO commandstats`` counts the ``WAITAOF`` calls per job.
+The primary's ``INFO commandstats`` counts the ``WAITAOF`` calls per job, and the CPU each
+process spends per job in the concurrent runs of ``unix`` and ``repl`` says where the replicated
+store's throughput goes (the node, its job processes, the primary, the replicas, the Sentinels:
+on one machine they share its cores).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import coredis
 import trio
 
 from bench import workload
-from bench.cases import RESULT_TIMEOUT_S, Env, bench_client, roundtrips, run_throughput
+from bench.cases import RESULT_TIMEOUT_S, Env, Throughput, bench_client, roundtrips, run_throughput
 from bench.harness import ACTOR_ID, CONTEXT_ID, BenchNode, Row, percentile, wait_served, wire
 from bus.client.api import Client
 from node.config.store import StoreConfig
@@ -113,6 +116,34 @@ async def _waitaof_calls(servers: ReplicatedSet) -> tuple[int, int]:
     )
 
 
+def _watched(label: str, node: BenchNode, servers: ReplicatedSet) -> dict[str, int]:
+    """The processes whose CPU a concurrent run of ``label`` counts (run_throughput's
+    ``watch``): the node (with its job processes) and its store's servers."""
+    if label == "unix":
+        return {"node": node.pid, "valkey": node.valkey_pid}
+    if label != "repl":
+        return {}
+    primary, *replicas = (c.proc.pid for c in servers.data if c.proc is not None)
+    watch = {"node": node.pid, "valkey primary": primary}
+    watch |= {f"valkey replica {i}": pid for i, pid in enumerate(replicas, 1)}
+    sentinels = [c.proc.pid for c in servers.watchers if c.proc is not None]
+    return watch | {f"sentinel {i}": pid for i, pid in enumerate(sentinels, 1)}
+
+
+def _cpu_ms(done: Throughput) -> dict[str, float]:
+    """CPU per job (ms) by process, the replicas and the Sentinels each summed, and the
+    total of every process (the bench client included)."""
+    out: dict[str, float] = {}
+    for name, seconds in done.cpu.items():
+        if name.startswith("node job processes:"):
+            continue  # the split of "node job processes", counted there
+        group = "valkey replicas" if name.startswith("valkey replica") else name
+        group = "sentinels" if name.startswith("sentinel") else group
+        out[group] = out.get(group, 0.0) + seconds * 1000 / done.n
+    out["total"] = sum(out.values())
+    return out
+
+
 async def case_replicated(env: Env) -> list[Row]:
     home = env.base / "repl"
     home.mkdir(parents=True, exist_ok=True)
@@ -141,6 +172,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
     submit_p50: dict[str, list[float]] = {label: [] for label in LABELS}
     rate: dict[str, list[float]] = {label: [] for label in LABELS}
     per_job: list[float] = []
+    cpu: dict[str, dict[str, list[float]]] = {"unix": {}, "repl": {}}
     repl_url = nodes["repl"].redis_url
     async with (
         bench_client(env, nodes["unix"].redis_url) as cu,
@@ -164,8 +196,11 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
                 p50[label].append(percentile(times, 50))
                 submit_p50[label].append(percentile(submits, 50))
                 before = await _waitaof_calls(servers) if label == "repl" else (0, 0)
-                done = await run_throughput(client, env.actor, node.node_id, n_jobs)
+                watch = _watched(label, node, servers)
+                done = await run_throughput(client, env.actor, node.node_id, n_jobs, watch)
                 rate[label].append(done.rate)
+                for name, ms in _cpu_ms(done).items() if label in cpu else ():
+                    cpu[label].setdefault(name, []).append(ms)
                 if label == "repl":
                     after = await _waitaof_calls(servers)
                     per_job.append((after[0] - before[0]) / n_jobs)
@@ -199,5 +234,10 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
             per_job,
             note=f"median {statistics.median(per_job):.3g}" if per_job else "",
         ),
+    ]
+    rows += [
+        Row(CASE, f"CPU per job, {label}: {name}", "ms", values)
+        for label, by_name in cpu.items()
+        for name, values in by_name.items()
     ]
     return rows
