@@ -303,7 +303,7 @@ class Lane:
                 raise
             finally:
                 self._busy.discard(conn)
-            if self.sentinels is not None and role != "master":
+            if role != "master":
                 conn.close()
                 self._primary = None
                 raise cx.StalePrimaryError(f"{target.where} is a {role}, not the primary")
@@ -313,13 +313,14 @@ class Lane:
         self._primary = None
         raise cx.ConnectionError(f"{failed}: no answer in {self.handshake_s} s")
 
-    @staticmethod
-    async def _handshake(conn: LaneConnection, target: _Target, db: int) -> str:
-        """``HELLO 3`` (with ``AUTH``), ``SELECT``, ``ROLE``: the server's role."""
-        hello: tuple[Any, ...] = ("HELLO", 3)
-        if target.password is not None:
-            hello += ("AUTH", target.username or "default", target.password)
-        replies = [conn.create_request(*hello), conn.create_request("SELECT", db)]
+    async def _handshake(self, conn: LaneConnection, target: _Target, db: int) -> str:
+        """``HELLO 3`` (with ``AUTH``), ``SELECT`` and, behind Sentinels, ``ROLE``: the
+        server's role ("master" where no Sentinel named it)."""
+        replies = [_hello(conn, target), conn.create_request("SELECT", db)]
+        if self.sentinels is None:
+            for reply in replies:
+                await reply
+            return "master"
         replies.append(conn.create_request("ROLE"))
         *_, role = [await reply for reply in replies]
         return str(role[0])
@@ -386,14 +387,19 @@ async def _connect(target: _Target) -> trio.SocketStream:
     return await trio.open_tcp_stream(target.host, target.port)
 
 
+def _hello(conn: LaneConnection, target: _Target) -> _Reply:
+    """``HELLO 3``, with ``AUTH`` when ``target`` names a password: RESP3, as coredis speaks."""
+    hello: tuple[Any, ...] = ("HELLO", 3)
+    if target.password is not None:
+        hello += ("AUTH", target.username or "default", target.password)
+    return conn.create_request(*hello)
+
+
 async def _ask_sentinel(sentinel: _Target, service: str) -> Any:  # noqa: ANN401 - [host, port]
     """The primary's address a Sentinel gives for ``service`` (None if it knows none)."""
     conn = LaneConnection(await _connect(sentinel), sentinel.where)
     try:
-        hello: tuple[Any, ...] = ("HELLO", 3)
-        if sentinel.password is not None:
-            hello += ("AUTH", sentinel.username or "default", sentinel.password)
-        replies = [conn.create_request(*hello)]
+        replies = [_hello(conn, sentinel)]
         replies.append(conn.create_request("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service))
         *_, address = [await reply for reply in replies]
         return address
