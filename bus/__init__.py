@@ -35,7 +35,6 @@ a :class:`RunnerJob` for :meth:`Client.submit` (several jobs in one signed :clas
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from bus.core.flows import FlowJobState, FlowState
 from bus.core.models import FlowStatus, JobStatus, Message, RunnerJob
 from bus.errors import (
     BusError,
@@ -51,11 +50,14 @@ from bus.errors import (
 if TYPE_CHECKING:
     from bus.client.api import Client, JobResult, new_job, open_client
     from bus.core.dag import FlowError
+    from bus.core.flows import FlowJobState, FlowState
 
 # Loaded on first use: a runner process (node/worker/loop.py) uses the bus's keys, models and
 # scripts without the async client and its imports (coredis, trio), which would cost each
-# process a second of start-up.
+# process a second of start-up, nor flows (their DAG checks and the crypto they verify with).
 _LAZY = {
+    "FlowJobState": "bus.core.flows",
+    "FlowState": "bus.core.flows",
     "Client": "bus.client.api",
     "JobResult": "bus.client.api",
     "new_job": "bus.client.api",
