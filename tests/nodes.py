@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from crypto import KeyPair, read_key_file
@@ -29,6 +31,16 @@ async def add_known_peers(node, *peers: KeyPair) -> None:  # noqa: ANN001 - conf
     with trio.fail_after(20):
         while not all(known(peer.public_hex) for peer in peers):
             await tick(node.store)
+
+
+async def until(check: Callable[[], bool], timeout_s: float) -> bool:
+    """Wait (bounded) for ``check()`` on the state of other processes (their files, a server
+    they run); False if it did not hold in time."""
+    with trio.move_on_after(timeout_s):
+        while not check():  # noqa: ASYNC110 - another process's state: nothing to block on
+            await trio.sleep(0.05)
+        return True
+    return False
 
 
 async def tick(store) -> None:  # noqa: ANN001 - a Store

@@ -6,7 +6,6 @@ primary. Real primary, replicas and Sentinels (the ``replicated`` fixture)."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
 
 import coredis.exceptions as cx
 import pytest
@@ -21,6 +20,7 @@ from bus.store.failover import Failover, _not_run
 from bus.store.lane import Lane, _Target, lane_for
 from node.host.acl import NODE
 from node.host.replicated import ReplicatedSet
+from tests.nodes import until
 
 WRITE = Script(script="return redis.call('INCR', KEYS[1])")
 
@@ -47,14 +47,6 @@ def _lane(servers: ReplicatedSet) -> Lane:
     return lane
 
 
-async def _until(check: Callable[[], bool], timeout_s: float = 30) -> None:
-    """Wait for another process's state (the Sentinels', a server's), bounded."""
-    with trio.fail_after(timeout_s):
-        while True:
-            if check():
-                return
-            await trio.sleep(0.05)
-
 
 async def test_a_lane_follows_a_failover(replicated):
     """After a failover the lane's connections go to the new primary without a restart: the
@@ -76,7 +68,9 @@ async def test_a_lane_follows_a_failover(replicated):
         with _sentinel(replicated) as sentinel:
             sentinel.execute_command("SENTINEL", "FAILOVER", replicated.service)
         with _data(replicated, old) as demoted:
-            await _until(lambda: _primary_port(replicated) != old and demoted.role()[0] == "slave")
+            assert await until(
+                lambda: _primary_port(replicated) != old and demoted.role()[0] == "slave", 30
+            )
         retried = store.failover.retried
         with trio.fail_after(30):  # the new primary has the first write, and takes this one
             assert await store.script(1, WRITE, ["n"], []) == 2
@@ -161,7 +155,7 @@ async def test_a_failover_ends_a_pop_waiting_on_the_old_primary(replicated):
 
         n.start_soon(pop)
         with _data(replicated, replicated.data_ports[0]) as info:
-            await _until(lambda: int(info.info("clients")["blocked_clients"]) >= 1)
+            assert await until(lambda: int(info.info("clients")["blocked_clients"]) >= 1, 30)
         store.follow_failover()
         with trio.fail_after(5):
             await done.wait()

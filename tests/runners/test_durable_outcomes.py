@@ -24,7 +24,6 @@ import json
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -38,6 +37,7 @@ from bus.core import keys
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
 from tests.nodeproc import NodeProcess
+from tests.nodes import until
 from tests.runners.test_runner_procs import runner_processes_of
 
 RUNNERS = {"python": 2, "sh": 2}
@@ -86,15 +86,6 @@ class Gate:
         self.ended += 1
         if self.ended >= self.jobs:
             self.all_ended.set()
-
-
-async def until(check: Callable[[], bool], timeout_s: float) -> bool:
-    """Wait (bounded) for ``check()`` on files of other processes; False if it did not hold."""
-    with trio.move_on_after(timeout_s):
-        while not check():  # noqa: ASYNC110 - another process's files: nothing to block on
-            await trio.sleep(0.05)
-        return True
-    return False
 
 
 def outcome_files(node: NodeProcess) -> list[str]:

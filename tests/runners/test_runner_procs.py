@@ -26,6 +26,7 @@ from node.worker import job as procjob
 from node.worker.job import Wake
 from node.worker.loop import Runner
 from tests.nodeproc import NodeProcess
+from tests.nodes import until
 from tests.scripts import announcing, wait_announced
 
 INFLIGHT = "inflight:runner:v:0"
@@ -454,21 +455,14 @@ async def test_runner_starts_take_a_core_each_and_give_it_back(node_factory):
     assert starting.total_tokens == (os.cpu_count() or 1)
     assert starting.borrowed_tokens == 0
     restarts = state.counters.metrics.get("runner_restarts", 0)
-    pids = _runner_pids(node.config.run_dir)
+    pids = runner_processes_of(node.config.run_dir)
+    assert len(pids) == 3  # python 2, sh 1 (node_factory's runners)
     os.kill(pids[0], signal.SIGKILL)
 
     def restarted() -> bool:
-        now = _runner_pids(node.config.run_dir)
+        now = runner_processes_of(node.config.run_dir)
         counted = state.counters.metrics.get("runner_restarts", 0) > restarts
         return counted and len(now) == len(pids) and pids[0] not in now
 
-    with trio.fail_after(30):  # the new process is there, and once up gives its start back
-        while True:
-            if restarted() and not starting.borrowed_tokens:
-                break
-            await trio.sleep(0.05)
-
-
-def _runner_pids(run_dir: Path) -> list[int]:
-    """The pids of the node's live runner processes (their entries under run/jobs/)."""
-    return [int(p.name) for p in (Path(run_dir) / "jobs").iterdir() if p.name.isdigit()]
+    # the new process is there, and once up gives its start back
+    assert await until(lambda: restarted() and not starting.borrowed_tokens, 30)
