@@ -9,7 +9,7 @@ script call for most steps of a message, so :class:`Lane` serves those calls
 (:meth:`Store.scripts`, :meth:`Store._block_then`), a client's submission
 (:meth:`Store.transact`: :func:`transaction`) and its blocking reply pops on plain connections
 it owns: the request is written and its reply read by the calling task itself. Everything else
-(single commands, the Sentinels, a failover's retries, TLS) stays with coredis.
+(single commands, pub/sub, a URL with TLS or options) stays with coredis.
 
 What coredis gave for free and a lane must keep:
 

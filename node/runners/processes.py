@@ -9,12 +9,12 @@ Per slot, a task in the context's nursery:
   rest of the slot's in-flight list goes back to its queue;
 * starts the process (no more starting at once than the node has cores: the first of a new
   context's processes is up after one start, not after all of them; its own session: a job's
-  processes are in its group) with a socket to
-  the node's signer (node/host/signer.py) and writes its spec, the ``runner`` URL with its
-  password and the admission key first on its stdin (never in an environment; the key
-  passphrase variable is not passed on either), then waits for its
-  exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
-  after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
+  processes are in its group) with a socket to the node's signer (node/host/signer.py) and
+  writes its spec, the ``runner`` URL with its password and the admission key first on its
+  stdin (never in an environment; the key passphrase variable is not passed on either), then
+  waits for its exit (trio waits on a pidfd: no polling); a process that exits is started
+  again: at once after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it
+  keeps dying;
 * reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
   the retry scheduler), a line per few jobs (``taken_every``);
 * relays stop requests, wake-ups (a job queued on a priority or targeted list) and a new
