@@ -4,7 +4,6 @@ uses (its identity, the peers, the wake-ups, ...), not the whole node."""
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -273,10 +272,6 @@ class Runners:
     primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)
     # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
     isolation: Isolation | None = None
-    # runner processes starting at once: one per core (node/runners/processes.py START_HOLD_S)
-    starting: trio.CapacityLimiter = field(
-        default_factory=lambda: trio.CapacityLimiter(os.cpu_count() or 1)
-    )
 
     def stop_running(self, job_key: str, reason: str) -> None:
         """Stop ``job_key`` if one of this node's runner processes is running it (each is

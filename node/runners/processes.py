@@ -7,14 +7,12 @@ Per slot, a task in the context's nursery:
   a dead process left ``started`` is concluded with the outcome it recorded, adopted when a
   command it started ends, or ended ``runner_lost`` (and retried as its retries allow); the
   rest of the slot's in-flight list goes back to its queue;
-* starts the process (no more starting at once than the node has cores: the first of a new
-  context's processes is up after one start, not after all of them; its own session: a job's
-  processes are in its group) with a socket to the node's signer (node/host/signer.py) and
-  writes its spec, the ``runner`` URL with its password and the admission key first on its
-  stdin (never in an environment; the key passphrase variable is not passed on either), then
-  waits for its exit (trio waits on a pidfd: no polling); a process that exits is started
-  again: at once after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it
-  keeps dying;
+* starts the process (its own session: a job's processes are in its group) with a socket to
+  the node's signer (node/host/signer.py) and writes its spec, the ``runner`` URL with its
+  password and the admission key first on its stdin (never in an environment; the key
+  passphrase variable is not passed on either), then waits for its
+  exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
+  after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
 * reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
   the retry scheduler), a line per few jobs (``taken_every``);
 * relays stop requests, wake-ups (a job queued on a priority or targeted list) and a new
@@ -34,7 +32,6 @@ import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -58,11 +55,6 @@ POP_TIMEOUT_S = 5.0  # a runner's blocking pop (bus/core/queues.py: what it may 
 RECYCLE_JOBS = 20_000  # a process is replaced after this many jobs (what a job leaks ends)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # after 0, 1, 2, ... quick deaths in a row
 QUICK_S = 2.0  # a process that dies sooner than this after its start counts as a quick death
-# A start is ~0.6 s of CPU (a fresh interpreter importing the runner, then its sandbox). All
-# six of a context started at once on two cores come up together after ~3.5 s, and so does the
-# first of them a job waits for; at most one start per core (Runners.starting) brings the first
-# up after one start's time. A start still not up after this long stops holding others back.
-START_HOLD_S = 3.0
 
 
 def runner_spec(
@@ -173,32 +165,7 @@ async def run_runner_process(
 
 
 async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskStatus[None]) -> int:
-    """Start the process (while no more are starting than this node has cores), watch it
-    until it exits (returned: its exit code)."""
-    token = object()
-    await node.runners.starting.acquire_on_behalf_of(token)
-    held = True
-
-    def started() -> None:
-        nonlocal held
-        if held:
-            held = False
-            node.runners.starting.release_on_behalf_of(token)
-
-    try:
-        return await _start_and_watch(node, spec, task_status, started)
-    finally:
-        started()
-
-
-async def _start_and_watch(
-    node: NodeState,
-    spec: RunnerSpec,
-    task_status: trio.TaskStatus[None],
-    started: Callable[[], None],
-) -> int:
-    """:func:`_serve_once`'s work; ``started`` is called once the process is up, or has been
-    starting for START_HOLD_S (its start then no longer holds others back)."""
+    """Start the process, watch it until it exits (returned: its exit code)."""
     marker = secrets.token_hex(8)
     env = child_env() | {"HERO_WORKER": marker}
     signer = await node.identity.signer.attach() if node.identity.signer is not None else None
@@ -233,9 +200,6 @@ async def _start_and_watch(
             nursery.start_soon(_read_reports, node, spec.ctx, proc, handle.up)
             with trio.CancelScope() as starting:
                 nursery.start_soon(_cancel_at_exit, proc, starting)
-                with trio.move_on_after(START_HOLD_S):
-                    await handle.up.wait()
-                started()
                 await handle.up.wait()  # started: a job queued now finds a process ready for it
             task_status.started()
             await _wait(node, handle)
@@ -323,12 +287,9 @@ def _count(node: NodeState, raw: bytes) -> None:
 def slots_of(
     node: NodeState, script_types: dict[str, list[str]]
 ) -> list[tuple[str, list[str], int]]:
-    """(script type, command, slot) of every local runner process of a context, each type's
-    first slot before any type's second: the order they are started in."""
-    most = max((node.config.runners[t] for t in script_types), default=0)
+    """(script type, command, slot) of every local runner process of a context."""
     return [
         (t, command, slot)
-        for slot in range(most)
         for t, command in script_types.items()
-        if slot < node.config.runners[t]
+        for slot in range(node.config.runners[t])
     ]

@@ -26,7 +26,6 @@ from node.worker import job as procjob
 from node.worker.job import Wake
 from node.worker.loop import Runner
 from tests.nodeproc import NodeProcess
-from tests.nodes import until
 from tests.scripts import announcing, wait_announced
 
 INFLIGHT = "inflight:runner:v:0"
@@ -421,48 +420,3 @@ def test_a_runner_process_starts_without_the_async_stack():
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == ""
-
-
-def test_each_type_s_first_slot_starts_first():
-    """Runner processes start in this order, at most a core's worth at once: the first job of
-    each type waits for one start, not for every process of its context."""
-    from types import SimpleNamespace
-
-    from node.runners.processes import slots_of
-
-    node = SimpleNamespace(config=SimpleNamespace(runners={"python": 4, "sh": 2, "js": 0}))
-    types = {"python": ["py"], "sh": ["sh"], "js": ["node"]}
-    order = [(t, slot) for t, _, slot in slots_of(node, types)]  # type: ignore[arg-type]
-    assert order == [
-        ("python", 0),
-        ("sh", 0),
-        ("python", 1),
-        ("sh", 1),
-        ("python", 2),
-        ("python", 3),
-    ]
-
-
-async def test_runner_starts_take_a_core_each_and_give_it_back(node_factory):
-    """Every runner process, once up, gives back its share of the node's starting limit (one
-    per core), also when it is started again after its process was killed: a start that kept
-    it would hold every later start of the node back."""
-    with trio.fail_after(60):  # a start that kept its share would leave the node never up
-        node = await node_factory("starts")
-    state = node.info.state
-    assert state is not None
-    starting = state.runners.starting
-    assert starting.total_tokens == (os.cpu_count() or 1)
-    assert starting.borrowed_tokens == 0
-    restarts = state.counters.metrics.get("runner_restarts", 0)
-    pids = runner_processes_of(node.config.run_dir)
-    assert len(pids) == 3  # python 2, sh 1 (node_factory's runners)
-    os.kill(pids[0], signal.SIGKILL)
-
-    def restarted() -> bool:
-        now = runner_processes_of(node.config.run_dir)
-        counted = state.counters.metrics.get("runner_restarts", 0) > restarts
-        return counted and len(now) == len(pids) and pids[0] not in now
-
-    # the new process is there, and once up gives its start back
-    assert await until(lambda: restarted() and not starting.borrowed_tokens, 30)
