@@ -158,6 +158,30 @@ async def test_materialise_writes_or_refuses_each_message_whole(store: Store) ->
     assert await store.lrange(CTX, "fly") == [squatter.key]  # refused: left for its refusal
 
 
+async def _command_calls(store: Store) -> dict[str, int]:
+    stats = await store.call(CTX, lambda r: r.info("commandstats"))
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+async def test_materialise_checks_a_new_message_in_one_exists(store: Store) -> None:
+    """The common case, a new message naming new jobs, is checked by one EXISTS of its
+    replay markers and job keys: no TYPE per job (each command inside a script is one of
+    the node's per-job costs, bench case 5)."""
+    message = _message(4, "n4")
+    jobs = [
+        routing.JobWrite(f"job:7:{i}", "queue:py", {"message_key": message.key}) for i in (4, 5)
+    ]
+    before = await _command_calls(store)
+    codes, _, _ = await routing.materialise_batch(
+        store, CTX, "fly", [(message, jobs)], now=50, window_s=60, depth_of=[]
+    )
+    after = await _command_calls(store)
+    assert codes == [0]
+    assert after.get("type", 0) == before.get("type", 0)
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert await store.lrange(CTX, "queue:py") == ["job:7:5", "job:7:4"]
+
+
 async def test_write_own_job_never_overwrites_another_message_s_job(store: Store) -> None:
     await store.call(CTX, lambda r: r.set("job:7:9", "a string"))
     async with store.transaction(CTX) as tx:

@@ -29,14 +29,26 @@ local function taken(m)
   end
   return ''
 end
+-- One EXISTS of both replay markers and every job key the message names: none is there (the
+-- common case: a new message naming new jobs), so no TYPE per job. A message of many jobs
+-- takes the checks one by one (unpack spreads a bounded number of values).
+local function all_new(m)
+  if #m.jobs > 64 then return false end
+  local names = {m.seen, m.nonce ~= '' and m.nonce or m.seen}
+  for _, j in ipairs(m.jobs) do names[#names + 1] = j.key end
+  if redis.call('EXISTS', unpack(names)) > 0 then return false end
+  for _, j in ipairs(m.jobs) do j.fresh = true end
+  return true
+end
 local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local out, owners = {}, {}
 local depth_of = {}  -- a queue's length as the last LPUSH on it said: no LLEN of it after
 for i, m in ipairs(batch) do
   local code, owner = 0, ''
-  -- one EXISTS of both markers: neither is there, the common case
-  if redis.call('EXISTS', m.seen, m.nonce ~= '' and m.nonce or m.seen) == 0 then
+  if all_new(m) then
+    code = 0
+  elseif redis.call('EXISTS', m.seen, m.nonce ~= '' and m.nonce or m.seen) == 0 then
     owner = taken(m)
     if owner ~= '' then code = 3 end
   elseif redis.call('EXISTS', m.seen) == 1 then
