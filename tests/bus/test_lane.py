@@ -68,6 +68,24 @@ async def test_a_lane_raises_what_coredis_raises(redis_url):
             assert await store.script(0, ECHO, ["none"], ["a"]) == [42, "a"]
 
 
+async def test_a_hand_off_goes_on_the_lane(redis_url):
+    """LPUSH hands a message to the next service (a peer's outbox, msg_in): on the lane, with
+    no coredis client's writer and reader tasks between the caller and its reply (a cross-node
+    job passes two such hand-offs), and refused alike on a key of another type."""
+    _seed(redis_url)
+
+    async def push(store: Store) -> list[str]:
+        await store.lpush(1, "hand", "a", "b")
+        with pytest.raises(ContentError) as blamed:
+            await store.lpush(1, "s", "x")
+        assert blamed.value.reason == "wrong_type", blamed.value
+        return await store.lrange(1, "hand")
+
+    lane, plain = await _both(redis_url, push)
+    assert lane == ["b", "a"]
+    assert plain == ["b", "a", "b", "a"]
+
+
 async def test_a_lane_authenticates_as_the_url_says(redis_url):
     """Wrong credentials: refused by the server (coredis' error, translated)."""
     assert lane_for("redis+sentinel://u:p@127.0.0.1:1/hero") is not None  # to its primary
