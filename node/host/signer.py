@@ -21,6 +21,12 @@ more: a runner the node's death left running a job still gets its answer signed,
 it held the key itself (README "Runner processes"). Like the node and its runners it is not
 dumpable (node/host/hardening.py).
 
+The signer also tells the node, on a datagram socket of their own, which signature it made
+for which result (its message key): the node's supervisor then does not verify that result
+again when it routes it (:func:`node.intake.messages.signed_here`), as it does not for the
+results it signs itself. A notice that cannot be sent at once is dropped (the node then
+verifies in full): a node that reads slowly never holds up a runner's answer.
+
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
 results it answers): moving those here too is future work (README "What a job can and cannot
 do").
@@ -37,9 +43,11 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
+from bus.core import keys
 from bus.core.envelope import DOMAIN_RESULT
 from bus.core.models import Message, MessageType
 from crypto import KeyPair, sign_object
@@ -53,6 +61,7 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20  # a result's content: its output is capped far below this
 _ATTACH = b"a"
+NOTICE_MEMORY = 4096  # signatures the node keeps from the signer's notices (most recent)
 
 
 # -- the signer process -------------------------------------------------------------------------
@@ -91,15 +100,17 @@ class _Runners:
                 os._exit(0)
 
 
-def _serve_runner(conn: socket.socket, key: KeyPair, runners: _Runners) -> None:
+def _serve_runner(
+    conn: socket.socket, key: KeyPair, runners: _Runners, notices: socket.socket | None
+) -> None:
     """Answer one runner's requests until it closes its end."""
     try:
-        _answer_all(conn, key)
+        _answer_all(conn, key, notices)
     finally:
         runners.done()
 
 
-def _answer_all(conn: socket.socket, key: KeyPair) -> None:
+def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None) -> None:
     with conn, conn.makefile("rwb") as stream:
         for line in stream:
             try:
@@ -107,12 +118,27 @@ def _answer_all(conn: socket.socket, key: KeyPair) -> None:
             except (ValueError, TypeError, KeyError):
                 content = None
             why = _check(content, key.public_hex)
+            answer: dict[str, object]
             try:
-                answer = {"error": why} if why else {"signature": sign(key, content)}
+                signature = {} if why else sign(key, content)
+                answer = {"error": why} if why else {"signature": signature}
             except ValueError as exc:  # not canonicalisable
-                answer = {"error": str(exc)}
+                signature, answer = {}, {"error": str(exc)}
+            if notices is not None and signature:
+                _notify(notices, content, signature)
             stream.write(json.dumps(answer).encode() + b"\n")
             stream.flush()
+
+
+def _notify(notices: socket.socket, content: dict[str, object], signature: dict[str, str]) -> None:
+    """Tell the node which signature this result got, before the runner has it (so before the
+    result can be in msg_out); never waits, never fails the answer."""
+    caller_id, ident = content.get("caller_id"), content.get("id")
+    if type(caller_id) is not int or type(ident) is not int:
+        return  # the node verifies such a result in full, and refuses it
+    notice = {"key": keys.message(caller_id, ident), "signature": signature}
+    with contextlib.suppress(OSError):  # full (a node that reads slowly), or the node is gone
+        notices.send(json.dumps(notice).encode(), socket.MSG_DONTWAIT)
 
 
 def sign(key: KeyPair, content: object) -> dict[str, str]:
@@ -120,9 +146,11 @@ def sign(key: KeyPair, content: object) -> dict[str, str]:
 
 
 def signer_main() -> None:
-    """``python -m node.host.signer <control fd>``: the seed (4-byte length, bytes) on stdin."""
+    """``python -m node.host.signer <control fd> [<notices fd>]``: the seed (4-byte length,
+    bytes) on stdin."""
     not_dumpable()
     control = socket.socket(fileno=int(sys.argv[1]))
+    notices = socket.socket(fileno=int(sys.argv[2])) if len(sys.argv) > 2 else None
     stdin = sys.stdin.buffer
     head = stdin.read(4)
     seed = stdin.read(struct.unpack(">I", head)[0]) if len(head) == 4 else b""
@@ -140,7 +168,7 @@ def signer_main() -> None:
         for fd in fds:
             conn = socket.socket(fileno=fd)
             runners.add()
-            args = (conn, key, runners)
+            args = (conn, key, runners, notices)
             threading.Thread(target=_serve_runner, args=args, daemon=True).start()
 
 
@@ -188,6 +216,35 @@ class Signer:
         self.control = control
         self.pid = pid
         self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
+        # the signatures the signer made for runners, by message key (its notices, bounded)
+        self.signed: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self.notices: socket.socket | None = None  # where they come (run_signer sets it)
+
+    def signature_for(self, message_key: str) -> dict[str, str] | None:
+        """The signature the signer made for the result ``message_key`` (forgotten then), if
+        it said so. The notices that wait in the socket are taken first: trio wakes tasks in
+        no fixed order, so the supervisor may pop a result before the task that hears the
+        notices has run, though the notice came before the result was written."""
+        while self.notices is not None:
+            try:
+                self.took_notice(self.notices.recv(65536, socket.MSG_DONTWAIT))
+            except OSError:  # none waiting (BlockingIOError), or the signer is gone
+                break
+        return self.signed.pop(message_key, None)
+
+    def took_notice(self, data: bytes) -> None:
+        """Remember one notice of the signer (``{"key", "signature"}``); anything else is
+        ignored: the result it would vouch for is then verified in full."""
+        try:
+            notice = json.loads(data)
+            key, signature = notice["key"], notice["signature"]
+        except (ValueError, TypeError, KeyError):
+            return
+        if not isinstance(key, str) or not isinstance(signature, dict):
+            return
+        self.signed[key] = signature
+        while len(self.signed) > NOTICE_MEMORY:
+            self.signed.popitem(last=False)
 
     async def attach(self) -> socket.socket:
         """A new socket to the signer, for one runner process (pass its fd to the process,
@@ -210,16 +267,21 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
     import trio
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with ours, theirs:
+    # datagrams: a notice arrives whole or not at all, and a full socket drops it
+    heard, told = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with ours, theirs, heard, told:
+        fds = (theirs.fileno(), told.fileno())
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "node.host.signer", str(theirs.fileno())],
+            [sys.executable, "-m", "node.host.signer", *map(str, fds)],
             stdin=subprocess.PIPE,
-            pass_fds=(theirs.fileno(),),
+            pass_fds=fds,
             start_new_session=True,
             env=child_env(),
         )
         theirs.close()
+        told.close()
         control = trio.socket.from_stdlib_socket(ours)
+        notices = trio.socket.from_stdlib_socket(heard)
         try:
             assert proc.stdin is not None
             seed = key.seed
@@ -229,8 +291,13 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
             if up not in (b"up0", b"up1"):
                 raise NodeError(f"the signer process exited at start (code {await proc.wait()})")
             log.info("signer up, pid %d", proc.pid)
-            task_status.started(Signer(control, proc.pid, dumpable=up == b"up1"))
-            code = await proc.wait()
+            signer = Signer(control, proc.pid, dumpable=up == b"up1")
+            signer.notices = heard
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_hear, notices, signer)
+                task_status.started(signer)
+                code = await proc.wait()
+                nursery.cancel_scope.cancel()
             raise NodeError(f"the signer process exited (code {code})")
         finally:
             with trio.CancelScope(shield=True):
@@ -238,6 +305,17 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
+
+
+async def _hear(notices: trio.socket.SocketType, signer: Signer) -> None:
+    """Take the signer's notices as they come (one datagram each), until the socket fails
+    (the signer is gone: its exit ends the node's wait for it)."""
+    while True:
+        try:
+            data = await notices.recv(65536)
+        except OSError:
+            return
+        signer.took_notice(data)
 
 
 if __name__ == "__main__":

@@ -222,10 +222,14 @@ async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[
 
 
 def signed_here(node: NodeState, message: Message) -> bool:
-    """True once if this node signed ``message`` (same key, same signature) with
-    :func:`result_message` since it started: the supervisor's shortcut, see check_outgoing.
-    Bounded: what fell out, or was signed before a restart, is verified like any other."""
+    """True once if this node signed ``message`` (same key, same signature) since it started:
+    itself (:func:`result_message`), or its signer for a runner process (the signer's notices,
+    node/host/signer.py): the supervisor's shortcut, see check_outgoing. Bounded: what fell
+    out, or was signed before a restart, is verified like any other."""
     signature = node.recent.signed_results.pop(message.key, None)
+    signer = node.identity.signer
+    if signature is None and signer is not None:
+        signature = signer.signature_for(message.key)
     return signature is not None and message.signatures == [signature]
 
 

@@ -26,7 +26,7 @@ P, Q = KeyPair.generate(), KeyPair.generate()  # two peers of alice's
 def stand_in(k: KeyPair) -> SimpleNamespace:
     """The parts of a NodeState that result_message and signed_here use."""
     return SimpleNamespace(
-        identity=SimpleNamespace(node_id=k.public_hex, key=k),
+        identity=SimpleNamespace(node_id=k.public_hex, key=k, signer=None),
         recent=SimpleNamespace(signed_results=OrderedDict()),
     )
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -15,7 +17,7 @@ from coredis.tokens import PureToken
 
 from bus.client.api import new_job, open_client
 from bus.core import admitted, keys
-from bus.core.envelope import ResultBody, verify_message
+from bus.core.envelope import ResultBody, sign_message, verify_message
 from bus.core.models import JobStatus, Message, MessageType
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
@@ -23,8 +25,9 @@ from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
 from node.host.signer import SignerClient, SignerGone, run_signer
+from node.intake.messages import signed_here
 from tests.nodeproc import NodeProcess
-from tests.nodes import link_to
+from tests.nodes import link_to, until
 from tests.runners.test_runner_procs import runner_processes_of
 
 FORGED = {
@@ -225,6 +228,48 @@ async def test_the_signer_signs_results_of_this_node_only(tmp_path):
             nursery.cancel_scope.cancel()
     with pytest.raises(SignerGone):  # a runner then exits rather than retry for ever
         client.sign_result(result)
+
+
+async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
+    """The signer tells the node which signature it made for which result: the supervisor
+    routes that result without verifying it again (signed_here), once; a result carrying any
+    other signature under that key, or a key the signer never signed, is verified in full."""
+    key = KeyPair.generate()
+    result = Message(
+        8,
+        1,
+        1,
+        message=ResultBody("message:1:1", "job:1:1", JobStatus.FINISHED, {}).encode(),
+        message_type=MessageType.RESULT,
+        origin=key.public_hex,
+        destination="cd" * 32,
+    )
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            signer = await nursery.start(run_signer, key)
+            sock = await signer.attach()
+            client = SignerClient(os.dup(sock.fileno()))
+            sock.close()
+            signed = await trio.to_thread.run_sync(client.sign_result, result)
+            node = SimpleNamespace(
+                identity=SimpleNamespace(signer=signer),
+                recent=SimpleNamespace(signed_results=OrderedDict()),
+            )
+            assert await until(lambda: result.key in signer.signed, 10)
+            forged = replace(
+                signed, signatures=[sign_message(result, KeyPair.generate()).signatures[0]]
+            )
+            assert not signed_here(node, forged)  # type: ignore[arg-type]  # (taken: once)
+            signed_again = await trio.to_thread.run_sync(client.sign_result, result)
+            assert await until(lambda: result.key in signer.signed, 10)
+            assert signed_here(node, signed_again)  # type: ignore[arg-type]
+            assert not signed_here(node, signed_again)  # type: ignore[arg-type]  # once
+            other = replace(signed, id=9)
+            assert not signed_here(node, other)  # type: ignore[arg-type]
+            signer.took_notice(b"not json")  # a garbled notice is ignored
+            signer.took_notice(b'{"key": 1, "signature": {}}')
+            assert 1 not in signer.signed
+            nursery.cancel_scope.cancel()
 
 
 async def test_node_signer_and_runners_are_not_dumpable(tmp_path):
