@@ -40,9 +40,7 @@ ROLES = (NODE, CLIENT, RUNNER)
 # Commands every role needs to connect (a client sends HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
 # run a MULTI/EXEC transaction (the commands queued inside are checked one by one).
 # ROLE: a client that found its primary through Sentinels checks it is one (bus/store/failover.py).
-_CONNECT = (
-    "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
-)
+_CONNECT = "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
 
 # Selectors: each pairs commands with the keys they may touch, so that, say, LPUSH on msg_out
 # does not also allow BLPOP (stealing) on it. A command is allowed if one selector allows it.
