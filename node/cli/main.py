@@ -19,7 +19,7 @@ from node.cli.dlq import add_dlq_commands, add_msg_commands
 from node.cli.flow import add_flow_commands
 from node.cli.jobs import add_job_commands
 from node.cli.output import add_json
-from node.cli.parsing import HOME_HELP, finish, hidden_alias, package_version
+from node.cli.parsing import HOME_HELP, VersionAction, finish, hidden_alias
 from node.cli.registry import add_registry_commands
 from node.cli.status import cmd_status
 from node.errors import NodeError
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="least severe log messages shown",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    p.add_argument("--version", action=VersionAction)
     sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
     _add_local_commands(sub)
     s = sub.add_parser(
