@@ -9,15 +9,18 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import trio
-
-from bus.client.api import Client, open_client
-from node.config import NodeConfig, default_home, load_config
 from node.errors import NodeError
 from node.host.acl import NODE, role_url
 from node.host.homelock import holder
+
+# Every command module imports this one to build its parser: trio, the store client and the
+# configuration are imported where a command runs, so that --help and shell completion (a run
+# on every TAB) do not load them.
+if TYPE_CHECKING:
+    from bus.client.api import Client
+    from node.config import NodeConfig
 
 T = TypeVar("T")
 
@@ -29,6 +32,8 @@ async def unless_interrupted(wait: Callable[[], Awaitable[T]], note: str) -> T |
     raises it wherever the program happens to be, which may be inside the Redis client, whose
     connection it then breaks (the command ends in a traceback, not in the message that says
     how to re-attach)."""
+    import trio
+
     result: list[T] = []
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         print(note, file=sys.stderr, flush=True)
@@ -48,10 +53,14 @@ async def unless_interrupted(wait: Callable[[], Awaitable[T]], note: str) -> T |
 
 
 def home_of(args: argparse.Namespace) -> Path:
+    from node.config import default_home
+
     return Path(args.home) if args.home else default_home()
 
 
 def config_of(args: argparse.Namespace) -> NodeConfig:
+    from node.config import load_config
+
     return load_config(home_of(args))
 
 
@@ -59,6 +68,10 @@ def with_client(
     fn: Callable[[Client, argparse.Namespace], Awaitable[int]],
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        import trio
+
+        from bus.client.api import open_client
+
         url = redis_url_of(config_of(args))
 
         async def go() -> int:

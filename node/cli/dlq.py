@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
-from bus.store import records
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
 from node.errors import NodeError
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
 
 CTX_HELP = "context id (default: config; 0: transport-level dead letters)"
 
@@ -74,6 +75,8 @@ async def dlq_show(client: Client, args: argparse.Namespace) -> int:
     if not entries:
         print(f"hero-node: no dead letter for {args.key} in context {ctx}", file=sys.stderr)
         return 1
+    from bus.store import records
+
     fields = await records.read_record(client.store, ctx, args.key)
     print_json({"dead_letters": entries, "hash": fields})
     return 0

@@ -6,18 +6,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
 from bus.core.dag import FlowError
-from bus.core.flows import FlowState
-from bus.store import records, registry
 from crypto import load_signing_key_file
 from node.cli.common import config_of, unless_interrupted, with_client
 from node.cli.jobs import add_signer
 from node.cli.lists import add_flow_list
 from node.cli.output import add_json, print_json
 from node.errors import NodeError
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
+    from bus.core.flows import FlowState
 
 FILE_HELP = (
     "flow file: JSON (YAML too when PyYAML is installed) with 'name', 'env_vars' and 'jobs', "
@@ -162,6 +163,8 @@ def state_json(state: FlowState) -> dict[str, Any]:
 
 
 async def flow_show(client: Client, args: argparse.Namespace) -> int:
+    from bus.store import records
+
     ctx = _context(args)
     state = await client.flow_state(args.flow_id, ctx)
     fields: dict[str, Any] = dict(await records.read_flow(client.store, ctx, args.flow_id))
@@ -177,6 +180,8 @@ async def flow_show(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _node_names(client: Client) -> dict[str, str]:
+    from bus.store import registry
+
     names = {p.id: p.name for p in await client.peers() if p.name}
     own = await registry.node_info(client.store)
     if own.get("id"):

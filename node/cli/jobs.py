@@ -13,17 +13,18 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
 from bus.core.models import Message
-from bus.store import records
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, with_client
 from node.cli.lists import add_job_list
 from node.cli.output import add_json, print_json
 from node.cli.parsing import hidden_alias
 from node.cli.submit import job_submit, job_wait, positive_int
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
 
 CONTEXT_HELP = "context id (default: config)"
 ACTOR_HELP = "the signing actor's id (default: config)"
@@ -97,6 +98,8 @@ def script_file(value: str) -> Path:
 
 
 async def job_stop(client: Client, args: argparse.Namespace) -> int:
+    from bus.store import records
+
     config = config_of(args)
     key = load_signing_key_file(args.key_file or config.actor_key_path)
     ctx = context_of(args)
@@ -122,6 +125,8 @@ async def job_logs(client: Client, args: argparse.Namespace) -> int:
 
 async def job_show(client: Client, args: argparse.Namespace) -> int:
     """The hash, as JSON with or without ``--json`` (its fields as stored, all strings)."""
+    from bus.store import records
+
     ctx = context_of(args)
     fields: dict[str, Any] = await records.read_record(client.store, ctx, args.key)
     if not fields and args.key.startswith("job:"):  # submitted, not routed yet: from its message

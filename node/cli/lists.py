@@ -10,14 +10,15 @@ import argparse
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
 from bus.core import ids, keys
 from bus.core.models import FlowStatus, JobStatus
-from bus.store import records
 from node.cli.common import context_of, with_client
 from node.cli.output import add_json, print_json, stamp
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
 
 READ_CHUNK = 500  # hashes per pipelined read
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -60,6 +61,8 @@ def add_flow_list(flow: Any) -> None:  # noqa: ANN401
 
 
 async def _hashes(client: Client, ctx: int, pattern: str) -> list[dict[str, str]]:
+    from bus.store import records
+
     found = sorted(await records.find(client.store, ctx, pattern))
     out: list[dict[str, str]] = []
     for start in range(0, len(found), READ_CHUNK):

@@ -7,31 +7,35 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from bus.errors import BusError
 from bus.store import CLIENT_LOGGER
-from crypto import CryptoError, KeyPair, load_key_file, passphrase_from_env
+from crypto import CryptoError, load_key_file, passphrase_from_env
 from node.cli.common import config_of, home_of
 from node.cli.completion import add_completion_command, complete
 from node.cli.dlq import add_dlq_commands, add_msg_commands
 from node.cli.flow import add_flow_commands
 from node.cli.jobs import add_job_commands
 from node.cli.output import add_json
-from node.cli.parsing import HOME_HELP, finish, hidden_alias, package_version
+from node.cli.parsing import HOME_HELP, VersionAction, finish, hidden_alias
 from node.cli.registry import add_registry_commands
 from node.cli.status import cmd_status
-from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import CLIENT, RUNNER, reachable_url, role_url
-from node.host.hardening import not_dumpable
-from node.host.launch import Ready, ready_line
 from node.observe.logs import FORMATS
 from node.observe.logs import configure as configure_logging
+
+# The parser, --help and shell completion (a run of this program on every TAB) need none of
+# the node, its store client or trio: the commands that use them import them.
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    import trio
+
+    from crypto import KeyPair
+    from node.config import NodeConfig
 
 log = logging.getLogger("hero-node")
 
@@ -118,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="least severe log messages shown",
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    p.add_argument("--version", action=VersionAction)
     sub = p.add_subparsers(title="commands", metavar="COMMAND", help="run COMMAND -h for its help")
     _add_local_commands(sub)
     s = sub.add_parser(
@@ -301,6 +305,10 @@ def cmd_store_acl(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from node.host.hardening import not_dumpable
+
     config = config_of(args)
     # before the key is read: no process of this uid may read the node's memory or environment
     not_dumpable()
@@ -310,7 +318,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
+    import trio
+
     from node.daemon import NodeInfo, run_node
+    from node.host.launch import Ready, ready_line
 
     stop = trio.Event()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

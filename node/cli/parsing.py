@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
-from importlib.metadata import PackageNotFoundError, version
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 HOME_HELP = "node home directory (default: $HERO_NODE_HOME or ~/.hero-node)"
 
@@ -27,10 +27,28 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("hero-node")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown"
+
+
+class VersionAction(argparse._VersionAction):
+    """``--version``, with the package's version looked up only when it is asked for:
+    importlib.metadata and its search of the installed packages would cost every run, --help
+    and each shell completion too, some 40 ms."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        self.version = f"%(prog)s {package_version()}"
+        super().__call__(parser, namespace, values, option_string)
 
 
 def subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:

@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
 from bus.core import ids
-from bus.core.models import Actor, Context
+from bus.core.models import Actor
 from bus.core.urls import check_link_url
 from bus.errors import ModelError
-from bus.store import lists
-from bus.store import registry as store_registry
 from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
 from node.cli.parsing import hidden_alias
-from node.links.peer_breakers import BREAKERS_FIELD
-from node.observe.linkinfo import read_links
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
+    from bus.core.models import Context
 
 RESTART_NOTE = "the running node keeps an open link to it until it restarts"
 
@@ -116,6 +115,11 @@ async def peer_add(client: Client, args: argparse.Namespace) -> int:
 async def peer_facts(client: Client) -> list[dict[str, object]]:
     """Every peer with its link (node/observe/linkinfo.py) and outbox length; the shape of
     ``peer list --json`` and of ``status --json``'s ``peers``."""
+    from bus.store import lists
+    from bus.store import registry as store_registry
+    from node.links.peer_breakers import BREAKERS_FIELD
+    from node.observe.linkinfo import read_links
+
     info = await store_registry.node_info(client.store)
     links = read_links(info)
     breakers = _breakers(info.get(BREAKERS_FIELD, "{}"))
@@ -173,6 +177,8 @@ async def peer_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def peer_remove(client: Client, args: argparse.Namespace) -> int:
+    from bus.store import registry as store_registry
+
     node_id = await client.resolve_node(args.node)
     if node_id == await client.node_id():
         raise UsageError("that is this node itself, not a peer")
@@ -193,6 +199,8 @@ async def actor_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actors(client: Client) -> list[Actor]:
+    from bus.store import registry as store_registry
+
     out = []
     for h in await store_registry.actor_hashes(client.store):
         try:
@@ -223,6 +231,8 @@ async def actor_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actor_remove(client: Client, args: argparse.Namespace) -> int:
+    from bus.store import registry as store_registry
+
     if not await store_registry.remove_actor(client.store, args.actor_id):
         print(f"hero-node: no actor {args.actor_id}", file=sys.stderr)
         return 1

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bus.client.api import Client
 from bus.core import ids, keys
-from bus.store import lists, registry
-from bus.store.atomic import type_breakers
-from bus.store.connection import Store
 from node.cli.common import with_client
 from node.cli.output import print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
-from node.links.peer_breakers import BREAKERS_FIELD
-from node.observe import counters
-from node.observe.linkinfo import LINKS_FIELD
+
+if TYPE_CHECKING:
+    from bus.client.api import Client
+    from bus.store.connection import Store
 
 LINK_DOWN = 3  # exit code: the node runs, but a peer link is down (or no replica of its store)
 
@@ -116,6 +113,11 @@ async def status_facts(client: Client) -> dict[str, Any]:
     """What ``status`` shows: ``node`` (node:info), ``counters``, ``peers`` (with their link
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
+    from bus.store import registry
+    from node.links.peer_breakers import BREAKERS_FIELD
+    from node.observe import counters
+    from node.observe.linkinfo import LINKS_FIELD
+
     store = client.store
     info = await registry.node_info(store)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
@@ -152,6 +154,8 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, its live runners (those
     with a presence key: type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
+    from bus.store import lists
+    from bus.store.atomic import type_breakers
     from bus.store.presence import live_runners
 
     names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ, *sorted(await lists.queue_names(store, ctx))]

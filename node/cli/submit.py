@@ -18,18 +18,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import trio
-
-from bus.client.api import Client, JobResult
 from bus.core.models import JobStatus, Message
 from bus.errors import ClientError
-from bus.store import records
 from crypto import load_signing_key_file
 from node.cli.common import config_of, context_of, unless_interrupted
 from node.cli.registry import peer_facts
-from node.config import NodeConfig
 from node.errors import NodeError
+
+if TYPE_CHECKING:
+    import trio
+
+    from bus.client.api import Client, JobResult
+    from node.config import NodeConfig
 
 LOG_GRACE_S = 2.0  # after the result: how long the live output may take to print its rest
 PROGRESS_EVERY_S = 1.0  # a terminal's progress line is redrawn this often
@@ -208,6 +210,8 @@ class Follower:
         """The job's result from its reply list, its output printed live meanwhile. Output
         that began live is let finish (for up to LOG_GRACE_S) so that it stays in order; the
         rest, and the output of a job that never published live, comes from the result."""
+        import trio
+
         async with trio.open_nursery() as nursery:
             done = trio.Event()
             nursery.start_soon(self._stream, done)
@@ -221,6 +225,10 @@ class Follower:
 
     async def until_final(self) -> JobResult:
         """``job wait``: output live until the job's hash is final, then its result."""
+        import trio
+
+        from bus.client.api import JobResult
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._tick)
             done = trio.Event()
@@ -250,6 +258,10 @@ class Follower:
 
     async def _tick(self) -> None:
         """Redraw the progress line (a display refresh; the waits themselves are BLPOPs)."""
+        import trio
+
+        from bus.store import records
+
         if not self.progress.tty:
             return
         while True:

@@ -26,11 +26,14 @@ import logging
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bus.core.urls import with_credentials
-from node.config import NodeConfig
 from node.errors import NodeError
-from node.host.valkey import ValkeySpec
+
+if TYPE_CHECKING:
+    from node.config import NodeConfig
+    from node.host.valkey import ValkeySpec
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +43,7 @@ ROLES = (NODE, CLIENT, RUNNER)
 # Commands every role needs to connect (a client sends HELLO 3 AUTH, CLIENT SETINFO, SELECT) and to
 # run a MULTI/EXEC transaction (the commands queued inside are checked one by one).
 # ROLE: a client that found its primary through Sentinels checks it is one (bus/store/failover.py).
-_CONNECT = (
-    "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
-)
+_CONNECT = "+hello +auth +ping +select +client|setinfo +client|setname +multi +exec +discard +role"
 
 # Selectors: each pairs commands with the keys they may touch, so that, say, LPUSH on msg_out
 # does not also allow BLPOP (stealing) on it. A command is allowed if one selector allows it.
@@ -165,6 +166,10 @@ def embedded_spec(config: NodeConfig) -> ValkeySpec:
     """The embedded Valkey of ``config``'s home, ready to start: ``run/`` (0700, for its socket)
     exists, every role has a password and the ACL file says what each may do. Generates the
     passwords a home made before them lacks (a log line says so)."""
+    # imported on use: hero-node's parser takes CLIENT and RUNNER from this module, and
+    # valkey.py's trio would slow its --help and every TAB of its shell completion
+    from node.host.valkey import ValkeySpec
+
     run_dir = config.run_dir
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     run_dir.chmod(0o700)
