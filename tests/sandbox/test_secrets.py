@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +26,7 @@ from crypto import KeyPair, read_key_file
 from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
-from node.host.signer import SignerClient, SignerGone, run_signer
+from node.host.signer import Signer, SignerClient, SignerGone, run_signer
 from node.intake.messages import signed_here
 from tests.nodeproc import NodeProcess
 from tests.nodes import link_to, until
@@ -199,9 +201,9 @@ def test_the_runner_user_cannot_touch_the_trust_anchor(redis_url, tmp_path):
         server.stop()
 
 
-async def test_the_signer_signs_results_of_this_node_only(tmp_path):
-    key = KeyPair.generate()
-    result = Message(
+def _result_of(key: KeyPair) -> Message:
+    """A result message of the node whose key is ``key``, unsigned."""
+    return Message(
         7,
         1,
         1,
@@ -210,22 +212,35 @@ async def test_the_signer_signs_results_of_this_node_only(tmp_path):
         origin=key.public_hex,
         destination="cd" * 32,
     )
+
+
+@asynccontextmanager
+async def _signer_and_runner(key: KeyPair) -> AsyncIterator[tuple[Signer, SignerClient]]:
+    """A signer process with ``key``, and a runner's client on a socket to it; the signer is
+    stopped when the block ends."""
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             signer = await nursery.start(run_signer, key)
             sock = await signer.attach()
             client = SignerClient(os.dup(sock.fileno()))
             sock.close()
-            signed = await trio.to_thread.run_sync(client.sign_result, result)
-            assert verify_message(signed, key.public_hex).ok
-            for bad in (
-                replace(result, message_type=MessageType.JOB),
-                replace(result, message_type=MessageType.FLOW_JOB),
-                replace(result, origin="ab" * 32),
-            ):
-                with pytest.raises(NodeError, match="refused"):
-                    await trio.to_thread.run_sync(client.sign_result, bad)
+            yield signer, client
             nursery.cancel_scope.cancel()
+
+
+async def test_the_signer_signs_results_of_this_node_only(tmp_path):
+    key = KeyPair.generate()
+    result = _result_of(key)
+    async with _signer_and_runner(key) as (_, client):
+        signed = await trio.to_thread.run_sync(client.sign_result, result)
+        assert verify_message(signed, key.public_hex).ok
+        for bad in (
+            replace(result, message_type=MessageType.JOB),
+            replace(result, message_type=MessageType.FLOW_JOB),
+            replace(result, origin="ab" * 32),
+        ):
+            with pytest.raises(NodeError, match="refused"):
+                await trio.to_thread.run_sync(client.sign_result, bad)
     with pytest.raises(SignerGone):  # a runner then exits rather than retry for ever
         client.sign_result(result)
 
@@ -235,41 +250,27 @@ async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
     routes that result without verifying it again (signed_here), once; a result carrying any
     other signature under that key, or a key the signer never signed, is verified in full."""
     key = KeyPair.generate()
-    result = Message(
-        8,
-        1,
-        1,
-        message=ResultBody("message:1:1", "job:1:1", JobStatus.FINISHED, {}).encode(),
-        message_type=MessageType.RESULT,
-        origin=key.public_hex,
-        destination="cd" * 32,
-    )
-    with trio.fail_after(20):
-        async with trio.open_nursery() as nursery:
-            signer = await nursery.start(run_signer, key)
-            sock = await signer.attach()
-            client = SignerClient(os.dup(sock.fileno()))
-            sock.close()
-            signed = await trio.to_thread.run_sync(client.sign_result, result)
-            node = SimpleNamespace(
-                identity=SimpleNamespace(signer=signer),
-                recent=SimpleNamespace(signed_results=OrderedDict()),
-            )
-            assert await until(lambda: result.key in signer.signed, 10)
-            forged = replace(
-                signed, signatures=[sign_message(result, KeyPair.generate()).signatures[0]]
-            )
-            assert not signed_here(node, forged)  # type: ignore[arg-type]  # (taken: once)
-            signed_again = await trio.to_thread.run_sync(client.sign_result, result)
-            assert await until(lambda: result.key in signer.signed, 10)
-            assert signed_here(node, signed_again)  # type: ignore[arg-type]
-            assert not signed_here(node, signed_again)  # type: ignore[arg-type]  # once
-            other = replace(signed, id=9)
-            assert not signed_here(node, other)  # type: ignore[arg-type]
-            signer.took_notice(b"not json")  # a garbled notice is ignored
-            signer.took_notice(b'{"key": 1, "signature": {}}')
-            assert 1 not in signer.signed
-            nursery.cancel_scope.cancel()
+    result = _result_of(key)
+    async with _signer_and_runner(key) as (signer, client):
+        signed = await trio.to_thread.run_sync(client.sign_result, result)
+        node = SimpleNamespace(
+            identity=SimpleNamespace(signer=signer),
+            recent=SimpleNamespace(signed_results=OrderedDict()),
+        )
+        assert await until(lambda: result.key in signer.signed, 10)
+        forged = replace(
+            signed, signatures=[sign_message(result, KeyPair.generate()).signatures[0]]
+        )
+        assert not signed_here(node, forged)  # type: ignore[arg-type]  # (taken: once)
+        signed_again = await trio.to_thread.run_sync(client.sign_result, result)
+        assert await until(lambda: result.key in signer.signed, 10)
+        assert signed_here(node, signed_again)  # type: ignore[arg-type]
+        assert not signed_here(node, signed_again)  # type: ignore[arg-type]  # once
+        other = replace(signed, id=9)
+        assert not signed_here(node, other)  # type: ignore[arg-type]
+        signer.took_notice(b"not json")  # a garbled notice is ignored
+        signer.took_notice(b'{"key": 1, "signature": {}}')
+        assert 1 not in signer.signed
 
 
 async def test_node_signer_and_runners_are_not_dumpable(tmp_path):
