@@ -82,7 +82,7 @@ from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
-from node.runners.processes import run_runner_process, slots_of
+from node.runners.processes import RunnerSlot, run_runner_process, slots_of, start_in_stages
 from node.runners.recovery import run_retry_scheduler
 from node.runners.sandboxes import find_isolation
 from node.sandbox.probe import Isolation
@@ -217,6 +217,7 @@ async def _run_services(
             )
         for up in registry.runners_up:  # ready means ready to run jobs
             await up.wait()
+        registry.booted = True
         # published (node.json, node:info, the ready line) without its password: readers take
         # theirs from the home (node/host/acl.py)
         info = NodeInfo(
@@ -309,6 +310,7 @@ class Registry:
         self.ws_url = ws_url
         self.redis_url = redis_url
         self.runners_up: list[trio.Event] = []  # one per context: its runner processes are up
+        self.booted = False  # the node reported ready: contexts from now on are new ones
         # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
         # command (external runners serve it, see README "External runners")
         config = node.config
@@ -381,22 +383,23 @@ class Registry:
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
             up.set()
             return
-        async with trio.open_nursery() as starting:
-            for script_type, command, slot in slots_of(self.node, self.script_types):
-                starting.start_soon(
-                    partial(
-                        nursery.start,
-                        self.resilient,
-                        f"runner {ctx}/{script_type}:{slot}",
-                        run_runner_process,
-                        self.node,
-                        ctx,
-                        script_type,
-                        command,
-                        slot,
-                        self.redis_url,
-                    )
-                )
+
+        async def start(runner: RunnerSlot) -> None:
+            script_type, command, slot = runner
+            await nursery.start(
+                self.resilient,
+                f"runner {ctx}/{script_type}:{slot}",
+                run_runner_process,
+                self.node,
+                ctx,
+                script_type,
+                command,
+                slot,
+                self.redis_url,
+            )
+
+        slots = slots_of(self.node, self.script_types)
+        await start_in_stages(slots, start, staged=self.booted)
         up.set()
 
     async def _run_context(

@@ -32,6 +32,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -284,12 +285,41 @@ def _count(node: NodeState, raw: bytes) -> None:
             node.counters.count(str(name), int(n))
 
 
-def slots_of(
-    node: NodeState, script_types: dict[str, list[str]]
-) -> list[tuple[str, list[str], int]]:
+RunnerSlot = tuple[str, list[str], int]  # script type, command, slot number
+
+
+def slots_of(node: NodeState, script_types: dict[str, list[str]]) -> list[RunnerSlot]:
     """(script type, command, slot) of every local runner process of a context."""
     return [
         (t, command, slot)
         for t, command in script_types.items()
         for slot in range(node.config.runners[t])
     ]
+
+
+def start_stages(slots: list[RunnerSlot], *, staged: bool) -> list[list[RunnerSlot]]:
+    """The order a context's runner processes are started in. ``staged`` (a context created
+    while the node runs, whose first job may be waiting): each type's first slot, then the
+    others once those are up. A start is ~0.5 s of CPU (a fresh interpreter importing the
+    runner, then its sandbox): six started at once on two cores came up together after ~3.5 s,
+    and the context's first job waited for all of them, not for the one it needs. Not staged
+    (the node's start, which reports ready once every runner is up, after recovering what
+    each slot left in flight): all at once."""
+    if not staged:
+        return [slots] if slots else []
+    stages = [[s for s in slots if s[2] == 0], [s for s in slots if s[2] > 0]]
+    return [stage for stage in stages if stage]
+
+
+async def start_in_stages(
+    slots: list[RunnerSlot],
+    start: Callable[[RunnerSlot], Awaitable[object]],
+    *,
+    staged: bool,
+) -> None:
+    """``start`` each slot (it returns once that slot's process is up): a stage's together,
+    the next stage once the whole stage is up (:func:`start_stages`)."""
+    for stage in start_stages(slots, staged=staged):
+        async with trio.open_nursery() as starting:
+            for slot in stage:
+                starting.start_soon(start, slot)

@@ -21,6 +21,7 @@ from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.runners.exits import Outcome
+from node.runners.processes import start_in_stages, start_stages
 from node.runners.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.job import Wake
@@ -420,3 +421,29 @@ def test_a_runner_process_starts_without_the_async_stack():
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == ""
+
+
+async def test_each_type_s_first_runner_is_up_before_the_others_start(autojump_clock):
+    """The first job of a context created while the node runs waits for one start, not for
+    all of them: each type's first slot starts first, together, and the other slots once
+    those are up. At the node's start, all at once (it reports ready when all are up)."""
+    slots = [
+        (t, [t], n) for t, count in (("python", 3), ("sh", 2), ("js", 1)) for n in range(count)
+    ]
+    events: list[tuple[str, str, int]] = []
+
+    async def start(slot: tuple[str, list[str], int]) -> None:
+        events.append(("begin", slot[0], slot[2]))
+        await trio.sleep(1 + slot[2] / 10)  # a start takes a while; its process is then up
+        events.append(("up", slot[0], slot[2]))
+
+    await start_in_stages(slots, start, staged=True)
+    firsts_up = [i for i, (what, _, n) in enumerate(events) if what == "up" and n == 0]
+    others_begin = [i for i, (what, _, n) in enumerate(events) if what == "begin" and n > 0]
+    assert len(firsts_up) == 3
+    assert len(others_begin) == 3
+    assert max(firsts_up) < min(others_begin)
+    assert sorted((t, n) for what, t, n in events if what == "up") == sorted(
+        (t, n) for t, _, n in slots
+    )
+    assert start_stages(slots, staged=False) == [slots]
