@@ -111,6 +111,10 @@ async def test_a_scrape_shows_jobs_queues_links_and_refusals(node_factory):
     assert value(a, "hero_messages_refused_total", reason="wrong_signer") == 1
     assert value(a, "hero_signature_verifications_total", result="wrong_signer") == 1
     assert value(a, "hero_signature_verifications_total", result="ok") >= 4
+    # bob verified alice's job message; the result his signer signed for his runner he routed
+    # without verifying it again (node/host/signer.py: the signer's notices)
+    b, _ = await scrape(bob)
+    assert value(b, "hero_signature_verifications_total", result="ok") == 1
     # queues read at scrape time
     assert value(a, "hero_queue_depth", ctx="1", queue="dlq") == 1
     assert value(a, "hero_queue_depth", ctx="1", queue="msg_out") == 0
