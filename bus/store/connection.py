@@ -340,7 +340,7 @@ class Store:
         await self.call(db, lambda r: r.hset(key, dict(fields)))
 
     async def lpush(self, db: int, key: str, *values: str) -> None:
-        if self.lane is not None:  # a hand-off on the job path (a peer's outbox, msg_in)
+        if self.lane is not None:  # a hand-off on the job path (a peer's outbox, a reply list)
             await self._lane_request(db, "LPUSH", key, *values)
             return
         await self.call(db, lambda r: r.lpush(key, list(values)))

@@ -69,7 +69,7 @@ async def test_a_lane_raises_what_coredis_raises(redis_url):
 
 
 async def test_a_hand_off_goes_on_the_lane(redis_url):
-    """LPUSH hands a message to the next service (a peer's outbox, msg_in): on the lane, with
+    """LPUSH hands a message on (to a peer's outbox, a client's reply list): on the lane, with
     no coredis client's writer and reader tasks between the caller and its reply (a cross-node
     job passes two such hand-offs), and refused alike on a key of another type."""
     _seed(redis_url)
