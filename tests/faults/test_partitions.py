@@ -28,7 +28,9 @@ from bus.client.api import Client, open_client
 from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.errors import ClientError
+from bus.wire.linkstate import UP
 from crypto import read_key_file
+from node.observe.linkinfo import read_links
 from tests.history import Verdict, check_history
 from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
 from tests.nodeproc import ROOT, NodeProcess
@@ -110,6 +112,12 @@ class Cluster:
                     actor = read_key_file(peer.config.actor_key_path).public_hex
                     await client.register_actor(j + 1, actor)
                 await client.register_context(1, admins=[i + 1], executors=list(range(1, N + 1)))
+        # a job names its destination as a peer its origin must know: submitted before the
+        # origin loaded that peer (a registry event it handles in its own time), it would be
+        # refused unknown_destination, which is no fault of the network's
+        with trio.fail_after(60):
+            for i, node in enumerate(self.nodes):
+                await links_up(node, [self.ids[j] for j in range(N) if j != i])
 
     async def _proxy(self, i: int, j: int) -> str:
         """A delay proxy in node i's namespace to node j's listener; its URL, for node i."""
@@ -215,6 +223,16 @@ async def _one_answer(client: Client, msg: Message) -> str:
         except ClientError:
             continue  # not yet: the test's deadline decides when to give up
         return "finished" if res.status == JobStatus.FINISHED else "error"
+
+
+async def links_up(node: NodeProcess, peers: list[str]) -> None:
+    """Return once ``node`` publishes a link up to each of ``peers`` (``node:info``)."""
+    async with open_client(node.redis_url) as client:
+        while True:
+            links = read_links(await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO))
+            if all(links.get(p, {}).get("state") == UP for p in peers):
+                return
+            await trio.sleep(0.1)  # another process's state: nothing to block on
 
 
 def all_pairs() -> list[tuple[int, int]]:
