@@ -118,14 +118,16 @@ def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None
             except (ValueError, TypeError, KeyError):
                 content = None
             why = _check(content, key.public_hex)
-            answer: dict[str, object]
-            try:
-                signature = {} if why else sign(key, content)
-                answer = {"error": why} if why else {"signature": signature}
-            except ValueError as exc:  # not canonicalisable
-                signature, answer = {}, {"error": str(exc)}
-            if notices is not None and signature:
-                _notify(notices, content, signature)
+            answer: dict[str, object] = {"error": why}
+            if not why:
+                try:
+                    signature = sign(key, content)
+                except ValueError as exc:  # not canonicalisable
+                    answer = {"error": str(exc)}
+                else:
+                    answer = {"signature": signature}
+                    if notices is not None:
+                        _notify(notices, content, signature)
             stream.write(json.dumps(answer).encode() + b"\n")
             stream.flush()
 
@@ -212,13 +214,19 @@ class SignerClient:
 class Signer:
     """The node's handle on its running signer process."""
 
-    def __init__(self, control: trio.socket.SocketType, pid: int, dumpable: bool) -> None:
+    def __init__(
+        self,
+        control: trio.socket.SocketType,
+        pid: int,
+        dumpable: bool,
+        notices: socket.socket | None = None,
+    ) -> None:
         self.control = control
         self.pid = pid
         self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
         # the signatures the signer made for runners, by message key (its notices, bounded)
         self.signed: OrderedDict[str, dict[str, str]] = OrderedDict()
-        self.notices: socket.socket | None = None  # where they come (run_signer sets it)
+        self.notices = notices  # where they come
 
     def signature_for(self, message_key: str) -> dict[str, str] | None:
         """The signature the signer made for the result ``message_key`` (forgotten then), if
@@ -291,8 +299,7 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
             if up not in (b"up0", b"up1"):
                 raise NodeError(f"the signer process exited at start (code {await proc.wait()})")
             log.info("signer up, pid %d", proc.pid)
-            signer = Signer(control, proc.pid, dumpable=up == b"up1")
-            signer.notices = heard
+            signer = Signer(control, proc.pid, dumpable=up == b"up1", notices=heard)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_hear, notices, signer)
                 task_status.started(signer)
