@@ -14,11 +14,12 @@ millisecond instead of up to a second.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,12 @@ from node.host.valkey import (
     ping,
 )
 
+log = logging.getLogger(__name__)
+
 REPLICA, SENTINEL = "replica", "sentinel"
+# how a server that could not bind its port says so; it is then started again on another
+ADDRESS_IN_USE = "Address already in use"
+PORT_ATTEMPTS = 5
 SET_ROLES = (NODE, CLIENT, RUNNER, REPLICA, SENTINEL)
 
 # What a replica needs on its primary, and a Sentinel on every data server (Redis's documented
@@ -218,6 +224,7 @@ class ReplicatedSet:
     replicas: int = 2
     sentinels: int = 3
     down_after_ms: int = 1000
+    ports: Callable[[], int] = free_port  # where each server's port comes from
     data_ports: list[int] = field(default_factory=list)
     sentinel_ports: list[int] = field(default_factory=list)
     data: list[_Child] = field(default_factory=list)
@@ -238,24 +245,35 @@ class ReplicatedSet:
         acl = self.root / "data.acl"
         acl.write_text(data_acl(self.passwords))
         acl.chmod(0o600)
-        self.data_ports = [free_port() for _ in range(1 + self.replicas)]
-        primary = ("127.0.0.1", self.data_ports[0])
-        for i, port in enumerate(self.data_ports):
-            spec = ValkeySpec(
-                port=port,
-                data_dir=self.root / f"valkey-{i}",
-                aclfile=acl,
-                auth=(NODE, self.passwords[NODE]),
-            )
+        self.data_ports = []
+        for i in range(1 + self.replicas):
+            primary = None if i == 0 else ("127.0.0.1", self.data_ports[0])
+            self._start_data(binary, acl, i, primary)
+        self.sentinel_ports = []
+        for _ in range(self.sentinels):
+            self._start_sentinel(binary, ("127.0.0.1", self.data_ports[0]))
+
+    def _start_data(self, binary: Path, acl: Path, i: int, primary: tuple[str, int] | None) -> None:
+        def argv(port: int) -> list[str]:
+            spec = self._data_spec(port, i, acl)
             spec.data_dir.mkdir(parents=True, exist_ok=True)
-            argv = spec.argv(binary) + data_args(None if i == 0 else primary, self.passwords)
-            child = _Child(f"valkey {port}", argv)
-            self.data.append(child)
-            child.start()
-            if not ping(spec):
-                raise ValkeyError(f"valkey {port} does not answer PING")
-        self.sentinel_ports = [free_port() for _ in range(self.sentinels)]
-        for port in self.sentinel_ports:
+            return spec.argv(binary) + data_args(primary, self.passwords)
+
+        _, port = self._on_a_free_port("valkey", argv, READY_MARKER, self.data)
+        self.data_ports.append(port)
+        if not ping(self._data_spec(port, i, acl)):
+            raise ValkeyError(f"valkey {port} does not answer PING")
+
+    def _data_spec(self, port: int, i: int, acl: Path) -> ValkeySpec:
+        return ValkeySpec(
+            port=port,
+            data_dir=self.root / f"valkey-{i}",
+            aclfile=acl,
+            auth=(NODE, self.passwords[NODE]),
+        )
+
+    def _start_sentinel(self, binary: Path, primary: tuple[str, int]) -> None:
+        def argv(port: int) -> list[str]:
             conf = self.root / f"sentinel-{port}.conf"
             conf.write_text(
                 sentinel_conf(
@@ -267,10 +285,30 @@ class ReplicatedSet:
                 )
             )
             conf.chmod(0o600)
-            argv = [str(binary), str(conf), "--sentinel"]
-            child = _Child(f"sentinel {port}", argv, b"+monitor master")
-            self.watchers.append(child)
-            child.start()
+            return [str(binary), str(conf), "--sentinel"]
+
+        _, port = self._on_a_free_port("sentinel", argv, b"+monitor master", self.watchers)
+        self.sentinel_ports.append(port)
+
+    def _on_a_free_port(
+        self, kind: str, argv: Callable[[int], list[str]], ready: bytes, into: list[_Child]
+    ) -> tuple[_Child, int]:
+        """Start a server on a port from ``ports``, again on another if it finds it taken: a
+        probed port is only free until someone else binds it (node/host/valkey.py free_port)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = self.ports()
+            child = _Child(f"{kind} {port}", argv(port), ready)
+            into.append(child)
+            try:
+                child.start()
+            except ValkeyError as exc:
+                into.remove(child)
+                if ADDRESS_IN_USE not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("%s: port %d was taken before it bound; another port", kind, port)
+                continue
+            return child, port
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def pid_of(self, port: int) -> int:
         for child in self.data:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -55,10 +56,39 @@ def find_valkey_binary() -> Path:
     )
 
 
+_GIVEN: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere only a lower bound to stay under
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that is free now, below the kernel's ephemeral range.
+
+    A port ``bind(0)`` gives comes from that range, where every outgoing connection's source
+    port comes from too: on a busy machine one took such a port between the probe and the
+    server's bind. Below the range only another caller picking at random can take it, and this
+    process never hands out a port twice; a server that still finds its port taken is started
+    again on another (:func:`valkey_server`, node/host/replicated.py)."""
+    low = _ephemeral_low()
+    first = max(1024, low // 2)
+    for _ in range(100):
+        port = random.randrange(first, low) if first < low else 0
+        if port in _GIVEN:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = int(s.getsockname()[1])
+        _GIVEN.add(port)
+        return port
+    raise ValkeyError(f"no free TCP port on 127.0.0.1 between {first} and {low}")
 
 
 # sun_path holds 108 bytes on Linux, 104 on macOS (with the terminating NUL)

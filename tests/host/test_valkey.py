@@ -1,4 +1,5 @@
-"""The embedded Valkey launcher: ready only after PING, AOF in the data dir, clean stop."""
+"""The embedded Valkey launcher: ready only after PING, AOF in the data dir, clean stop; the
+ports the test and replicated servers start on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import trio
 
 from bus.store.connection import open_store
+from node.host.acl import ensure_secrets
+from node.host.replicated import SET_ROLES, ReplicatedSet
 from node.host.valkey import ValkeyError, ValkeySpec, free_port, run_valkey
 
 
@@ -49,3 +52,34 @@ async def test_port_in_use_is_a_clear_error(tmp_path):
         with trio.fail_after(30), pytest.RaisesGroup(expected, flatten_subgroups=True):
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_valkey, spec)
+
+
+def test_a_free_port_is_below_the_range_outgoing_connections_take_theirs_from():
+    # a port from that range may become a connection's source port before the server binds it
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    given = [free_port() for _ in range(50)]
+    assert all(1024 <= port < low for port in given)
+    assert len(set(given)) == len(given)
+
+
+def test_a_replicated_server_whose_port_was_taken_starts_on_another(tmp_path):
+    (tmp_path / "home").mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        # the primary's and then the Sentinel's first port are taken when they bind
+        offered = iter([taken, free_port(), taken, free_port()])
+        servers = ReplicatedSet(
+            tmp_path / "store",
+            ensure_secrets(tmp_path / "home", SET_ROLES),
+            replicas=0,
+            sentinels=1,
+            ports=lambda: next(offered),
+        )
+        try:
+            servers.start()
+            assert taken not in servers.data_ports + servers.sentinel_ports
+            assert [c.running for c in servers.data + servers.watchers] == [True, True]
+        finally:
+            servers.stop()
