@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 _GIVEN: set[int] = set()
+STOPPED_BY = "hero-node: stopped by an unexpected error"
 
 
 def stable_port() -> int:
@@ -102,8 +103,12 @@ class NodeProcess:
         the exit code and the end of its log, for a failing test's report."""
         if self.proc is None or self.proc.returncode is None:
             return ""
-        tail = self.log.read_text(errors="replace")[-4000:]
-        return f"{self.name} exited with {self.proc.returncode}; its log ends:\n{tail}"
+        text = self.log.read_text(errors="replace")
+        # the node names what stopped it before a traceback the tail may not reach back to
+        why = [line for line in text.splitlines() if line.startswith(STOPPED_BY)]
+        said = "".join(f"{line}\n" for line in why)
+        code = self.proc.returncode
+        return f"{self.name} exited with {code}:\n{said}its log ends:\n{text[-4000:]}"
 
     async def signal_and_wait(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> int:
         assert self.proc is not None

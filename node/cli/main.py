@@ -89,12 +89,30 @@ def _main(argv: list[str] | None) -> int:
             return 130
         expected, rest = group.split((NodeError, BusError, CryptoError))
         if rest is not None or expected is None:
+            _say_what_stopped_it(group)
             raise
         for leaf in _leaves(expected):
             print(f"hero-node: {leaf}", file=sys.stderr)
         return _exit_code(_leaves(expected))
     except KeyboardInterrupt:
         return 130
+
+
+def _say_what_stopped_it(group: BaseExceptionGroup[BaseException]) -> None:
+    """One line per error before the traceback: a group's traceback nests every task's
+    frames, the errors themselves come last, and a log cut short (a supervisor's SIGTERM, a
+    full disk) loses exactly them."""
+    for leaf in _leaves(group):
+        frame = leaf.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        where = f" at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}" if frame else ""
+        print(
+            f"hero-node: stopped by an unexpected error, a bug{where}: "
+            f"{type(leaf).__name__}: {leaf} (its traceback follows)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _exit_code(errors: list[BaseException]) -> int:

@@ -177,3 +177,29 @@ def test_ctrl_c_while_following_logs_exits_130_without_a_traceback(running_node)
     assert first == "started\n"  # it follows the running job now
     assert code == 130, err
     assert "Traceback" not in err
+
+
+def test_a_node_stopped_by_a_bug_names_the_error_before_its_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    cli_main = sys.modules["node.cli.main"]  # the package's `main` names the function
+
+    def crashed(args: argparse.Namespace) -> int:
+        def inner() -> None:
+            raise ValueError("the link's frame is not bytes")
+
+        try:
+            inner()
+        except ValueError as exc:
+            raise BaseExceptionGroup("nursery", [RuntimeError("first"), exc]) from None
+        return 0
+
+    monkeypatch.setattr(cli_main, "cmd_run", crashed)
+    with pytest.raises(BaseExceptionGroup):
+        cli_main.main(["run", "--home", str(tmp_path)])
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("hero-node: stopped by an unexpected error, a bug")
+    assert lines[0].endswith("RuntimeError: first (its traceback follows)")
+    assert "test_cli_edges.py:" in lines[1]
+    assert "ValueError: the link's frame is not bytes" in lines[1]
