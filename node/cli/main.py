@@ -339,6 +339,7 @@ async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
     import trio
 
     from node.daemon import NodeInfo, run_node
+    from node.host.heap import freeze_start_heap
     from node.host.launch import Ready, ready_line
 
     stop = trio.Event()
@@ -350,6 +351,10 @@ async def _run_until_signal(config: NodeConfig, key: KeyPair) -> None:
                 nursery.cancel_scope.cancel()  # drained: stop listening for signals
 
             info = await nursery.start(node_then_exit)
+            frozen = freeze_start_heap()
+            logging.getLogger("node").info(
+                "start-up heap frozen: %d objects out of the collector's full passes", frozen
+            )
             ready = Ready(info.node_id, info.ws_url, info.redis_url, info.console_url)
             print(ready_line(config.name, ready), flush=True)
             nursery.start_soon(_on_signals, signals, stop, nursery.cancel_scope)

@@ -64,6 +64,7 @@ from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
+from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient, SignerGone
 from node.runners.exits import Outcome, outcome_of
 from node.runners.lifecycle import RetryPolicy, after_attempt
@@ -619,9 +620,17 @@ def main() -> None:
     if os.getppid() != runner.parent:
         return
     runner.job.start_watch()
+    frozen = freeze_start_heap()
     report(b"up")
     up = line_fields(spec)
-    log.info("runner %s (context %d) up, pid %d", spec.slot_id, spec.ctx, os.getpid(), extra=up)
+    log.info(
+        "runner %s (context %d) up, pid %d (start-up heap frozen: %d objects)",
+        spec.slot_id,
+        spec.ctx,
+        os.getpid(),
+        frozen,
+        extra=up,
+    )
     try:
         runner.runs.set_breaker(
             spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
