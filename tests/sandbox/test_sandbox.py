@@ -4,6 +4,7 @@ to the same job with isolation "none", where it does not hold (the control)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import signal
@@ -438,3 +439,31 @@ def test_a_missing_bwrap_refuses_to_run_jobs(tmp_path: Path) -> None:
     assert "bwrap not found" in iso.why
     assert not iso.runs_jobs
     assert probe("none", tmp_path / "home", "/nonexistent/bwrap", tmp_path, BASE).runs_jobs
+
+
+@needs_root
+def test_a_recycled_worker_is_replaced_by_a_spare_started_ahead(tmp_path: Path) -> None:
+    # starting a worker takes ~80 ms: the job after a recycling must not wait for it
+    box, _ = _box(tmp_path, "strict")
+    box.spec = dataclasses.replace(box.spec, recycle_jobs=2)
+    spares = []
+    try:
+        reply, out, _ = _run(box, tmp_path, "echo one")
+        assert (reply["exit_code"], out) == (0, "one\n")
+        first = box.pid
+        assert box.spare is not None  # started after the first job of its last two
+        spares.append(box.spare.proc)
+        assert spares[0].poll() is None
+        _run(box, tmp_path, "echo two")
+        assert box.proc is None  # retired after its second job
+        assert box.spare is not None
+        assert box.spare.proc is spares[0]
+        reply, out, _ = _run(box, tmp_path, "echo three")
+        assert (reply["exit_code"], out) == (0, "three\n")
+        assert box.pid == spares[0].pid != first  # the spare, now serving
+        assert box.spare is not None  # and its own replacement started
+        spares.append(box.spare.proc)
+    finally:
+        box.stop()
+    assert [p.poll() is not None for p in spares] == [True, True]  # stop ends spares too
+    assert box.spare is None
