@@ -114,8 +114,14 @@ def _ours(rows: list[Row], case: str, metric_start: str) -> float | None:
 
 
 def _cpu_per_job_ms(rows: list[Row], case: str) -> float | None:
-    """Sum of every process's CPU per job in ``case`` (client, nodes, job processes, Valkey)."""
-    parts = [r.median for r in rows if r.case == case and r.metric.startswith("CPU per job:")]
+    """Sum of every process's CPU per job in ``case`` (client, nodes, job processes, Valkey).
+    A row that splits another (``node A job processes: runners``) is part of it, not more."""
+    prefix = "CPU per job:"
+    parts = [
+        r.median
+        for r in rows
+        if r.case == case and r.metric.startswith(prefix) and ":" not in r.metric[len(prefix) :]
+    ]
     return sum(parts) if parts else None
 
 
