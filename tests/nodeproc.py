@@ -6,9 +6,7 @@ Each has fixed ports (listener and embedded Valkey) so it comes back where it wa
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,12 +17,11 @@ from node.errors import NodeError
 from node.host.acl import reachable_url, role_url
 from node.host.home import init_home
 from node.host.launch import start_node_process
-from node.host.valkey import free_port, stop_stale
+from node.host.valkey import below_ephemeral, free_port, stop_stale
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-_GIVEN: set[int] = set()
 STOPPED_BY = "hero-node: stopped by an unexpected error"
 
 
@@ -36,25 +33,12 @@ def stable_port() -> int:
     A probe only says the port is free now, not that no one else will take it before the
     server binds it: each pytest-xdist worker picks from its own slice of the range, and a
     worker never hands out a port twice."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-    low = int(ephemeral[0])
-    first = max(1024, low // 2)
+    first, low = below_ephemeral()
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     size = (low - first) // workers
     start = first + (worker % workers) * size
-    for _ in range(100):
-        port = random.randrange(start, start + size)
-        if port in _GIVEN:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _GIVEN.add(port)
-        return port
-    return free_port()
+    return free_port((start, start + size))
 
 
 class NodeProcess:

@@ -59,25 +59,27 @@ def find_valkey_binary() -> Path:
 _GIVEN: set[int] = set()
 
 
-def _ephemeral_low() -> int:
+def below_ephemeral() -> tuple[int, int]:
+    """The ports (first, end) below the kernel's ephemeral range, from 1024 or half its start."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default; elsewhere only a lower bound to stay under
+        low = 32768  # Linux's default; elsewhere only a lower bound to stay under
+    return max(1024, low // 2), low
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, below the kernel's ephemeral range.
+def free_port(within: tuple[int, int] | None = None) -> int:
+    """A TCP port on 127.0.0.1 that is free now, below the kernel's ephemeral range (or in
+    ``within``, a part of it: first, end).
 
     A port ``bind(0)`` gives comes from that range, where every outgoing connection's source
     port comes from too: on a busy machine one took such a port between the probe and the
     server's bind. Below the range only another caller picking at random can take it, and this
     process never hands out a port twice; a server that still finds its port taken is started
     again on another (:func:`valkey_server`, node/host/replicated.py)."""
-    low = _ephemeral_low()
-    first = max(1024, low // 2)
+    first, end = within or below_ephemeral()
     for _ in range(100):
-        port = random.randrange(first, low) if first < low else 0
+        port = random.randrange(first, end) if first < end else 0
         if port in _GIVEN:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -88,7 +90,7 @@ def free_port() -> int:
             port = int(s.getsockname()[1])
         _GIVEN.add(port)
         return port
-    raise ValkeyError(f"no free TCP port on 127.0.0.1 between {first} and {low}")
+    raise ValkeyError(f"no free TCP port on 127.0.0.1 between {first} and {end}")
 
 
 # sun_path holds 108 bytes on Linux, 104 on macOS (with the terminating NUL)
