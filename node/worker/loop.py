@@ -131,6 +131,7 @@ class Runner:
                 if self.taken >= self.spec.taken_every:
                     self.flush_reports()
                 started = self.run_job(job_key, begun, nxt)
+                self.job.sandbox.keep_spare()  # the job is answered: the next worker may start
                 found_empty, held = nxt.found_empty, nxt.held
                 self.breaker_wait_ms = self.breaker_wait_ms or nxt.breaker_wait_ms
         except Aborted:

@@ -451,16 +451,19 @@ def test_a_recycled_worker_is_replaced_by_a_spare_started_ahead(tmp_path: Path) 
         reply, out, _ = _run(box, tmp_path, "echo one")
         assert (reply["exit_code"], out) == (0, "one\n")
         first = box.pid
+        box.keep_spare()  # as the runner does once the job is answered
         assert box.spare is not None  # started after the first job of its last two
         spares.append(box.spare.proc)
         assert spares[0].poll() is None
         _run(box, tmp_path, "echo two")
+        box.keep_spare()
         assert box.proc is None  # retired after its second job
         assert box.spare is not None
         assert box.spare.proc is spares[0]
         reply, out, _ = _run(box, tmp_path, "echo three")
         assert (reply["exit_code"], out) == (0, "three\n")
         assert box.pid == spares[0].pid != first  # the spare, now serving
+        box.keep_spare()
         assert box.spare is not None  # and its own replacement started
         spares.append(box.spare.proc)
     finally:
