@@ -259,7 +259,7 @@ class ReplicatedSet:
             spec.data_dir.mkdir(parents=True, exist_ok=True)
             return spec.argv(binary) + data_args(primary, self.passwords)
 
-        _, port = self._on_a_free_port("valkey", argv, READY_MARKER, self.data)
+        port = self._on_a_free_port("valkey", argv, READY_MARKER, self.data)
         self.data_ports.append(port)
         if not ping(self._data_spec(port, i, acl)):
             raise ValkeyError(f"valkey {port} does not answer PING")
@@ -287,14 +287,15 @@ class ReplicatedSet:
             conf.chmod(0o600)
             return [str(binary), str(conf), "--sentinel"]
 
-        _, port = self._on_a_free_port("sentinel", argv, b"+monitor master", self.watchers)
+        port = self._on_a_free_port("sentinel", argv, b"+monitor master", self.watchers)
         self.sentinel_ports.append(port)
 
     def _on_a_free_port(
         self, kind: str, argv: Callable[[int], list[str]], ready: bytes, into: list[_Child]
-    ) -> tuple[_Child, int]:
+    ) -> int:
         """Start a server on a port from ``ports``, again on another if it finds it taken: a
-        probed port is only free until someone else binds it (node/host/valkey.py free_port)."""
+        probed port is only free until someone else binds it (node/host/valkey.py free_port).
+        Its port; the server is in ``into``."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = self.ports()
             child = _Child(f"{kind} {port}", argv(port), ready)
@@ -307,7 +308,7 @@ class ReplicatedSet:
                     raise
                 log.warning("%s: port %d was taken before it bound; another port", kind, port)
                 continue
-            return child, port
+            return port
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def pid_of(self, port: int) -> int:
