@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -39,6 +39,16 @@ async def until(check: Callable[[], bool], timeout_s: float) -> bool:
     with trio.move_on_after(timeout_s):
         while not check():  # noqa: ASYNC110 - another process's state: nothing to block on
             await trio.sleep(0.05)
+        return True
+    return False
+
+
+async def until_read(check: Callable[[], Awaitable[bool]], timeout_s: float) -> bool:
+    """:func:`until` for a check that reads another process's state over a connection (a
+    hash another node publishes, say): bounded, re-read every 0.1 s."""
+    with trio.move_on_after(timeout_s):
+        while not await check():  # noqa: ASYNC110 - another process's state: nothing to block on
+            await trio.sleep(0.1)
         return True
     return False
 

@@ -34,6 +34,7 @@ from node.observe.linkinfo import read_links
 from tests.history import Verdict, check_history
 from tests.netns import LOSS_TABLE, NetLab, leftovers, netlab, require_root
 from tests.nodeproc import ROOT, NodeProcess
+from tests.nodes import until_read
 from tests.scripts import work_file
 
 # The long fault suites run one after another on one test worker (README "Run the tests"):
@@ -117,7 +118,8 @@ class Cluster:
         # refused unknown_destination, which is no fault of the network's
         with trio.fail_after(60):
             for i, node in enumerate(self.nodes):
-                await links_up(node, [self.ids[j] for j in range(N) if j != i])
+                peers = [self.ids[j] for j in range(N) if j != i]
+                assert await links_up(node, peers, 60), f"n{i}'s links did not come up"
 
     async def _proxy(self, i: int, j: int) -> str:
         """A delay proxy in node i's namespace to node j's listener; its URL, for node i."""
@@ -225,14 +227,16 @@ async def _one_answer(client: Client, msg: Message) -> str:
         return "finished" if res.status == JobStatus.FINISHED else "error"
 
 
-async def links_up(node: NodeProcess, peers: list[str]) -> None:
-    """Return once ``node`` publishes a link up to each of ``peers`` (``node:info``)."""
+async def links_up(node: NodeProcess, peers: list[str], timeout_s: float) -> bool:
+    """Whether ``node`` publishes a link up to each of ``peers`` (``node:info``) within
+    ``timeout_s``."""
     async with open_client(node.redis_url) as client:
-        while True:
+
+        async def up() -> bool:
             links = read_links(await client.store.hgetall(keys.ACTORS_DB, keys.NODE_INFO))
-            if all(links.get(p, {}).get("state") == UP for p in peers):
-                return
-            await trio.sleep(0.1)  # another process's state: nothing to block on
+            return all(links.get(p, {}).get("state") == UP for p in peers)
+
+        return await until_read(up, timeout_s)
 
 
 def all_pairs() -> list[tuple[int, int]]:
