@@ -45,7 +45,9 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import orjson
 
 from bus.core import keys
 from bus.core.envelope import DOMAIN_RESULT
@@ -114,8 +116,8 @@ def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None
     with conn, conn.makefile("rwb") as stream:
         for line in stream:
             try:
-                content = json.loads(line[:MAX_REQUEST_BYTES])["content"]
-            except (ValueError, TypeError, KeyError):
+                content = _loads(line[:MAX_REQUEST_BYTES])["content"]
+            except (ValueError, TypeError, KeyError, RecursionError):
                 content = None
             why = _check(content, key.public_hex)
             answer: dict[str, object] = {"error": why}
@@ -128,7 +130,7 @@ def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None
                     answer = {"signature": signature}
                     if notices is not None:
                         _notify(notices, content, signature)
-            stream.write(json.dumps(answer).encode() + b"\n")
+            stream.write(orjson.dumps(answer) + b"\n")
             stream.flush()
 
 
@@ -140,7 +142,24 @@ def _notify(notices: socket.socket, content: dict[str, object], signature: dict[
         return  # the node verifies such a result in full, and refuses it
     notice = {"key": keys.message(caller_id, ident), "signature": signature}
     with contextlib.suppress(OSError):  # full (a node that reads slowly), or the node is gone
-        notices.send(json.dumps(notice).encode(), socket.MSG_DONTWAIT)
+        notices.send(orjson.dumps(notice), socket.MSG_DONTWAIT)
+
+
+def _loads(data: bytes) -> Any:  # noqa: ANN401 - any JSON value
+    """JSON in, orjson first (several times faster here); what it refuses (integers beyond
+    64 bits, deep nesting) ``json`` reads as it always did, so both read the same values."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def _dumps(value: object) -> bytes:
+    """JSON out, orjson first; what it cannot write (integers beyond 64 bits) ``json`` does."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value).encode()
 
 
 def sign(key: KeyPair, content: object) -> dict[str, str]:
@@ -192,7 +211,7 @@ class SignerClient:
     def sign_result(self, message: Message) -> Message:
         """``message`` signed by the node's key; NodeError if the signer refuses, SignerGone if
         it is gone."""
-        request = json.dumps({"content": message.signed_content()}).encode() + b"\n"
+        request = _dumps({"content": message.signed_content()}) + b"\n"
         with self.lock:
             try:
                 self.stream.write(request)
@@ -202,7 +221,7 @@ class SignerClient:
                 line = b""
         if not line:
             raise SignerGone("the node's signer is gone")
-        answer = json.loads(line)
+        answer = _loads(line)
         if "signature" not in answer:
             raise NodeError(f"the node's signer refused: {answer.get('error')}")
         return replace(message, signatures=[answer["signature"]])
@@ -244,9 +263,9 @@ class Signer:
         """Remember one notice of the signer (``{"key", "signature"}``); anything else is
         ignored: the result it would vouch for is then verified in full."""
         try:
-            notice = json.loads(data)
+            notice = _loads(data)
             key, signature = notice["key"], notice["signature"]
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             return
         if not isinstance(key, str) or not isinstance(signature, dict):
             return

@@ -245,6 +245,27 @@ async def test_the_signer_signs_results_of_this_node_only(tmp_path):
         client.sign_result(result)
 
 
+async def test_a_request_nested_too_deep_is_refused_and_the_signer_goes_on(tmp_path):
+    """A request line no JSON parser here can nest (orjson refuses it, json recurses out)
+    gets an error answer; the runner's socket is still served (it was closed: the thread
+    that served it died of the RecursionError, and the runner could answer nothing more)."""
+    key = KeyPair.generate()
+    result = _result_of(key)
+    async with _signer_and_runner(key) as (_, client):
+        deep = b'{"content": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n"
+
+        def ask_raw() -> bytes:
+            with client.lock:
+                client.stream.write(deep)
+                client.stream.flush()
+                return client.stream.readline()
+
+        answer = json.loads(await trio.to_thread.run_sync(ask_raw))
+        assert answer == {"error": "content is not an object"}, answer
+        signed = await trio.to_thread.run_sync(client.sign_result, result)
+        assert verify_message(signed, key.public_hex).ok
+
+
 async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
     """The signer tells the node which signature it made for which result: the supervisor
     routes that result without verifying it again (signed_here), once; a result carrying any
