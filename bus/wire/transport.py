@@ -30,6 +30,8 @@ from trio_websocket import (
 from trio_websocket import (
     HandshakeError as WsHandshakeError,
 )
+from wsproto.connection import ConnectionState
+from wsproto.events import Ping
 
 from bus.core import handshake as hs
 from bus.core.frames import (
@@ -56,6 +58,23 @@ CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold th
 PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
+
+_ANSWER_PING = WebSocketConnection._handle_ping_event
+
+
+async def _pong_while_open(self: WebSocketConnection, event: Ping) -> None:
+    """A peer's ping is answered only while the connection is open: RFC 6455 asks no pong once
+    this side sent its Close. trio-websocket 0.12 answers in every state, and wsproto refuses a
+    pong after our Close (LOCAL_CLOSING) with an error that escaped the connection's reader
+    task and ended the whole listener with it: a ping crossing a close we sent (a refused
+    handshake, a link we ended) stopped the node (python-trio/trio-websocket#184)."""
+    if self._wsproto.state is ConnectionState.OPEN:
+        await _ANSWER_PING(self, event)
+
+
+# every connection's reader task looks the handler up when it starts: patched once, here, for
+# the listener's connections and the dialled ones alike
+WebSocketConnection._handle_ping_event = _pong_while_open  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)

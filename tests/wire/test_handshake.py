@@ -7,6 +7,8 @@ from dataclasses import replace
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Request, TextMessage
 
 from bus.core import handshake as hs
 from bus.core.frames import Auth, Frame, Hello, Welcome, decode_frame, encode_frame
@@ -281,3 +283,39 @@ async def test_tls_link_binds_the_certificate(nursery, tmp_path):
         await ta._dial_once(C.public_hex, f"wss://127.0.0.1:{port}")
     assert tc.refused == {"bad_signature": 1}
     assert tc.link(A.public_hex) is None
+
+
+async def test_a_ping_that_crosses_the_listener_s_close_ends_nothing(nursery):
+    """A peer's ping that arrives after the listener sent its Close (here: it refused an
+    unknown node) is not answered (RFC 6455: no pong once our Close is sent), and the
+    listener serves on. trio-websocket answered it in every state; wsproto refused the pong in
+    LOCAL_CLOSING, and that error, out of the connection's reader task, ended the whole
+    listener, and with it the node (a partition test's node died of it)."""
+    rb = Recorder()
+    tb, url_b = await serve(nursery, B, {A.public_hex}, rb)
+    port = int(url_b.rsplit(":", 1)[1])
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    with trio.fail_after(10):
+        await stream.send_all(ws.send(Request(host="127.0.0.1", target="/")))
+        close: CloseConnection | None = None
+        while close is None:
+            data = await stream.receive_some(65536)
+            assert data, "the listener hung up before its Close"
+            ws.receive_data(data)
+            for event in ws.events():
+                if isinstance(event, AcceptConnection):  # C is no peer of B: B closes
+                    await stream.send_all(ws.send(TextMessage(hello(C).encode())))
+                if isinstance(event, CloseConnection):
+                    close = event
+        # a masked ping frame with no payload, written raw (our wsproto is closing too), then
+        # the reply to B's Close
+        await stream.send_all(b"\x89\x80\x00\x00\x00\x00" + ws.send(close.response()))
+        while await stream.receive_some(65536):  # B ends the connection ...
+            pass
+    await stream.aclose()
+    assert tb.refused == {"unknown_node": 1}
+    ta = Transport(A, lambda: {B.public_hex}, Recorder().on_frame, Recorder().on_bad_frame)
+    nursery.start_soon(ta.dial_forever, B.public_hex, url_b)
+    with trio.fail_after(10):  # ... and still serves its peers
+        await tb.wait_link(A.public_hex)
