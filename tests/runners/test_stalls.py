@@ -216,11 +216,14 @@ def thaw(rig: Rig, pid: int) -> None:
 async def stall(rig: Rig, what: str, pid: int, name: str, sub: Submitted) -> None:
     """Freeze ``pid`` (node ``name``'s or its Valkey's) at a moment when a job runs at
     ``name`` (if one does within 10 s), for :func:`stall_s`."""
+    seen: list[str] = []
     with trio.move_on_after(10):  # bounded polling of the log (a file: no event)
-        while not running(rig.outs, sub.tags_to(name)):  # noqa: ASYNC110
+        while not (seen := running(rig.outs, sub.tags_to(name))):  # noqa: ASYNC110
             await trio.sleep(0.02)
     freeze(rig, pid)
-    rig.stalled[what] = running(rig.outs, sub.tags_to(name))
+    # what ran a moment before the freeze: read again after it, a job that ended in between
+    # (its end and answer then meet the stall) showed as none, and failed the test's check
+    rig.stalled[what] = seen
     rig.note(f"SIGSTOP {what} (pid {pid}) for {stall_s():.0f}s, {rig.stalled[what]} running")
     await trio.sleep(stall_s())  # the stall itself: a chosen duration, not a wait for state
     thaw(rig, pid)
