@@ -154,6 +154,15 @@ def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _end(proc: subprocess.Popen[bytes], sock: socket.socket | None) -> None:
+    """Kill a worker's process group, close its socket and reap it."""
+    _kill_group(proc)
+    if sock is not None:
+        sock.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
 @dataclass
 class _Started:
     """A worker started, its hello not read yet."""
@@ -163,10 +172,7 @@ class _Started:
     nproc_base: int
 
     def discard(self) -> None:
-        _kill_group(self.proc)
-        self.sock.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
+        _end(self.proc, self.sock)
 
 
 class Sandbox:
@@ -325,14 +331,11 @@ class Sandbox:
 
     def _retire(self) -> None:
         """Kill and reap the worker; the next job starts a new one (or takes the spare)."""
-        self.kill()
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
         if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(5)
-            self.proc = None
+            _end(self.proc, self.sock)
+        elif self.sock is not None:
+            self.sock.close()
+        self.proc, self.sock = None, None
 
     def stop(self) -> None:
         """Kill and reap the worker and its spare."""
