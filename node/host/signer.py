@@ -45,13 +45,14 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import orjson
 
 from bus.core import keys
 from bus.core.envelope import DOMAIN_RESULT
-from bus.core.models import Message, MessageType
+from bus.core.models import Message, MessageType, loads_text
+from bus.errors import ModelError
 from crypto import KeyPair, sign_object
 from node.errors import NodeError
 from node.host.hardening import child_env, is_dumpable, not_dumpable
@@ -116,8 +117,8 @@ def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None
     with conn, conn.makefile("rwb") as stream:
         for line in stream:
             try:
-                content = _loads(line[:MAX_REQUEST_BYTES])["content"]
-            except (ValueError, TypeError, KeyError, RecursionError):
+                content = loads_text(line[:MAX_REQUEST_BYTES].decode(), "request")["content"]
+            except (ModelError, ValueError, TypeError, KeyError):
                 content = None
             why = _check(content, key.public_hex)
             answer: dict[str, object] = {"error": why}
@@ -143,15 +144,6 @@ def _notify(notices: socket.socket, content: dict[str, object], signature: dict[
     notice = {"key": keys.message(caller_id, ident), "signature": signature}
     with contextlib.suppress(OSError):  # full (a node that reads slowly), or the node is gone
         notices.send(orjson.dumps(notice), socket.MSG_DONTWAIT)
-
-
-def _loads(data: bytes) -> Any:  # noqa: ANN401 - any JSON value
-    """JSON in, orjson first (several times faster here); what it refuses (integers beyond
-    64 bits, deep nesting) ``json`` reads as it always did, so both read the same values."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def _dumps(value: object) -> bytes:
@@ -221,7 +213,7 @@ class SignerClient:
                 line = b""
         if not line:
             raise SignerGone("the node's signer is gone")
-        answer = _loads(line)
+        answer = loads_text(line.decode(), "the signer's answer")
         if "signature" not in answer:
             raise NodeError(f"the node's signer refused: {answer.get('error')}")
         return replace(message, signatures=[answer["signature"]])
@@ -263,9 +255,9 @@ class Signer:
         """Remember one notice of the signer (``{"key", "signature"}``); anything else is
         ignored: the result it would vouch for is then verified in full."""
         try:
-            notice = _loads(data)
+            notice = loads_text(data.decode(), "notice")
             key, signature = notice["key"], notice["signature"]
-        except (ValueError, TypeError, KeyError, RecursionError):
+        except (ModelError, ValueError, TypeError, KeyError):
             return
         if not isinstance(key, str) or not isinstance(signature, dict):
             return
