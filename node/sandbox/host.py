@@ -20,11 +20,14 @@ import functools
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,13 +157,90 @@ def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _end(proc: subprocess.Popen[bytes], sock: socket.socket | None) -> None:
-    """Kill a worker's process group, close its socket and reap it."""
+_MAX_BELOW = 4096  # the processes a kill looks for under a worker that has no pid namespace
+_REAP_WAIT_S = 5.0
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError, ValueError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    return out
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _pidfds_below(pid: int, whole: bool) -> list[int]:
+    """Pidfds of the processes under ``pid``, taken before it is killed: its children (under
+    bwrap, the pid namespace's init, whose death ends every process in the namespace) or, with
+    no namespace (``whole``), every descendant. Once their parent is killed, the runner (a
+    child subreaper) adopts them: unless it reaps them they stay zombies, one per retired or
+    killed worker, and the CPU they used is counted in no process."""
+    fds: list[int] = []
+    todo = [pid]
+    while todo and len(fds) < _MAX_BELOW:
+        parent = todo.pop()
+        for child in _children(parent):
+            try:
+                fd = os.pidfd_open(child)
+            except OSError:  # gone already, or no pidfds (Linux < 5.3)
+                continue
+            if _parent(child) != parent:  # gone, and its pid another process's by now
+                os.close(fd)
+                continue
+            fds.append(fd)
+            if whole:
+                todo.append(child)
+    return fds
+
+
+def _kill_pidfds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+
+
+def _reap_adopted(fds: list[int]) -> None:
+    """Wait (bounded) until each process of ``fds`` has exited, then reap those this process
+    adopted (the others' parents reap them), and close the pidfds."""
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        pending, end = len(fds), time.monotonic() + _REAP_WAIT_S
+        while pending and (left := end - time.monotonic()) > 0:
+            for fd, _event in poller.poll(left * 1000):
+                poller.unregister(fd)
+                pending -= 1
+        for fd in fds:
+            with contextlib.suppress(OSError):  # ChildProcessError: not this process's child
+                os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _end(
+    proc: subprocess.Popen[bytes], sock: socket.socket | None, whole: bool, killed: list[int]
+) -> None:
+    """Kill a worker with every process under it, close its socket and reap them all:
+    ``killed``, the pidfds a :meth:`Sandbox.kill` already took, are reaped too."""
+    below = killed + _pidfds_below(proc.pid, whole) if proc.returncode is None else killed
+    _kill_pidfds(below)
     _kill_group(proc)
     if sock is not None:
         sock.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+    _reap_adopted(below)
 
 
 @dataclass
@@ -171,8 +251,8 @@ class _Started:
     sock: socket.socket
     nproc_base: int
 
-    def discard(self) -> None:
-        _end(self.proc, self.sock)
+    def discard(self, whole: bool) -> None:
+        _end(self.proc, self.sock, whole, [])
 
 
 class Sandbox:
@@ -187,6 +267,14 @@ class Sandbox:
         self.uid = -1  # the worker's uid, as it reported it
         self.settings: dict[str, Any] = {}
         self.spare: _Started | None = None
+        self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
+        self._lock = threading.Lock()
+
+    @property
+    def whole(self) -> bool:
+        """Whether a kill must find every process under the worker: with no pid namespace
+        to end them all, under isolation "none" (the job process leads its own session)."""
+        return self.spec.mode == "none"
 
     @property
     def pid(self) -> int:
@@ -197,7 +285,7 @@ class Sandbox:
         Raises SandboxLost if it cannot start."""
         started, self.spare = self.spare, None
         if started is not None and started.proc.poll() is not None:
-            started.discard()  # died waiting: start another
+            started.discard(self.whole)  # died waiting: start another
             started = None
         if started is None:
             started = self._spawn()
@@ -327,14 +415,25 @@ class Sandbox:
 
     def kill(self) -> None:
         """End the sandbox and every process in it now (any thread may call this)."""
-        _kill_group(self.proc)
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        below = _pidfds_below(proc.pid, self.whole)
+        _kill_pidfds(below)
+        _kill_group(proc)
+        with self._lock:
+            self._killed += below
 
     def _retire(self) -> None:
         """Kill and reap the worker; the next job starts a new one (or takes the spare)."""
+        with self._lock:
+            killed, self._killed = self._killed, []
         if self.proc is not None:
-            _end(self.proc, self.sock)
-        elif self.sock is not None:
-            self.sock.close()
+            _end(self.proc, self.sock, self.whole, killed)
+        else:
+            _reap_adopted(killed)
+            if self.sock is not None:
+                self.sock.close()
         self.proc, self.sock = None, None
 
     def stop(self) -> None:
@@ -342,4 +441,4 @@ class Sandbox:
         self._retire()
         spare, self.spare = self.spare, None
         if spare is not None:
-            spare.discard()
+            spare.discard(self.whole)

@@ -5,10 +5,13 @@ to the same job with isolation "none", where it does not hold (the control)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 
 from bus.core.reasons import Reason
 from node.sandbox import seccomp
-from node.sandbox.host import Sandbox
+from node.sandbox.host import Sandbox, SandboxLost
 from node.sandbox.limits import Ending, Limits, LimitsError, limit_reason, limits_for, parse_limits
 from node.sandbox.plan import (
     HostFacts,
@@ -37,6 +40,7 @@ from node.sandbox.settings import (
 )
 
 BASE = 2_000_000_000
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- planning ---------------------------------------------------------------------------------
 
@@ -470,3 +474,96 @@ def test_a_recycled_worker_is_replaced_by_a_spare_started_ahead(tmp_path: Path) 
         box.stop()
     assert [p.poll() is not None for p in spares] == [True, True]  # stop ends spares too
     assert box.spare is None
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["strict", "namespaces", "none"])
+@pytest.mark.parametrize("kind", ["python", "sh"])
+def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str) -> None:
+    """A timeout or a stop kills the sandbox: the job ends at once, with every process it
+    started. Under "none" the job process leads its own session: killing the worker's process
+    group alone left it running to its end."""
+    box, _ = _box(tmp_path, mode)
+    script = {
+        "python": "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(30)",
+        "sh": "sleep 30 & echo $!; wait",
+    }[kind]
+    request = {"kind": kind, "script": script, "argv": ["/bin/sh", "-s"], "env": {}}
+    if mode != "none":
+        request["env"] = {"PATH": "/usr/bin:/bin", "HOME": "/job"}
+    read_end, out = os.pipe()
+    err = os.open(tmp_path / "err", os.O_RDWR | os.O_CREAT, 0o600)
+    seen: list[int] = []
+
+    def kill_once_running() -> None:
+        with open(read_end) as lines:  # the job's first line: it runs
+            seen.append(int(lines.readline()))
+        box.kill()
+
+    killer = threading.Thread(target=kill_once_running)
+    killer.start()
+    try:
+        with pytest.raises(SandboxLost):
+            box.run(request, out, err)
+    finally:
+        os.close(out)
+        os.close(err)
+        killer.join()
+        box.stop()
+    if mode == "none":  # the pid as the host sees it (a namespace's differs)
+        assert not _alive(seen[0])
+
+
+_ADOPTER = """
+import json, os, sys, threading
+from pathlib import Path
+from node.sandbox.host import Sandbox, SandboxLost
+from node.sandbox.probe import probe, sandbox_spec
+from node.worker.pyjobs import become_subreaper
+
+assert become_subreaper()  # as a runner process is
+mode, tmp = sys.argv[1], Path(sys.argv[2])
+home = tmp / "home"
+home.mkdir(mode=0o700)
+iso = probe(mode, home, "bwrap", home / "work", int(sys.argv[3]))
+box = Sandbox(sandbox_spec(iso, home / "work", 3, int(sys.argv[3]), {}, False, 2))
+env = {"PATH": "/usr/bin:/bin", "HOME": "/job" if mode != "none" else box.spec.work_dir}
+outs = []
+def run(script):
+    fd = os.open(tmp / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        request = {"kind": "sh", "script": script, "argv": ["/bin/sh", "-s"], "env": env}
+        return box.run(request, fd, fd)
+    finally:
+        os.close(fd)
+for _ in range(3):  # the worker is retired after its second job
+    outs.append(run("echo ran")["exit_code"])
+    box.keep_spare()
+threading.Timer(0.2, box.kill).start()
+try:
+    run("sleep 30")
+except SandboxLost:
+    outs.append("killed")
+box.stop()
+kids = [int(c) for t in os.listdir("/proc/self/task")
+        for c in open(f"/proc/self/task/{t}/children").read().split()]
+states = [open(f"/proc/{c}/stat").read().rsplit(")", 1)[1].split()[0] for c in kids]
+print(json.dumps({"outs": outs, "left": states}))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["strict", "namespaces", "none"])
+def test_a_retired_or_killed_worker_leaves_the_runner_no_zombie(tmp_path: Path, mode: str) -> None:
+    """The runner process is a child subreaper: what its sandboxes leave when a worker is
+    retired, killed or stopped (bwrap's init of the namespace, a job process) is adopted by
+    it and must be reaped, not kept as a zombie per worker for the runner's life (and its CPU
+    counted in no process)."""
+    got = subprocess.run(
+        [sys.executable, "-c", _ADOPTER, mode, str(tmp_path), str(BASE)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    report = json.loads(got.stdout)
+    assert report["outs"] == [0, 0, 0, "killed"]
+    assert report["left"] == []
