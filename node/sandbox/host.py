@@ -159,6 +159,7 @@ def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
 
 _MAX_BELOW = 4096  # the processes a kill looks for under a worker that has no pid namespace
 _REAP_WAIT_S = 5.0
+RETIRE_WAIT_S = 1.0  # a retired worker's own exit, before it is killed (~2 ms here)
 
 
 def _children(pid: int) -> list[int]:
@@ -229,11 +230,22 @@ def _reap_adopted(fds: list[int]) -> None:
 
 
 def _end(
-    proc: subprocess.Popen[bytes], sock: socket.socket | None, whole: bool, killed: list[int]
+    proc: subprocess.Popen[bytes],
+    sock: socket.socket | None,
+    whole: bool,
+    killed: list[int],
+    graceful: bool = False,
 ) -> None:
-    """Kill a worker with every process under it, close its socket and reap them all:
-    ``killed``, the pidfds a :meth:`Sandbox.kill` already took, are reaped too."""
+    """End a worker with every process under it and reap them all (``killed``, the pidfds a
+    :meth:`Sandbox.kill` already took, too). ``graceful``: first close its socket and let it
+    exit (bounded wait), which is how a retired worker's CPU is counted: a pid namespace's
+    init that is killed drops its children unaccounted (the kernel lets them reap themselves)."""
     below = killed + _pidfds_below(proc.pid, whole) if proc.returncode is None else killed
+    if graceful and sock is not None:
+        sock.close()
+        sock = None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(RETIRE_WAIT_S)
     _kill_pidfds(below)
     _kill_group(proc)
     if sock is not None:
@@ -348,6 +360,8 @@ class Sandbox:
     def run(self, request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
         """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
         Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop)."""
+        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
+            self._retire(graceful=True)  # not retired after its last job's answer
         if self.sock is None:
             self.start()
         assert self.sock is not None
@@ -363,15 +377,16 @@ class Sandbox:
             self._retire()
             raise
         self.jobs += 1
-        if self.jobs >= self.spec.recycle_jobs:
-            self._retire()
         return reply
 
     def keep_spare(self) -> None:
         """Start the next worker if its switch is :data:`SPARE_LEAD_JOBS` jobs away or less
         (and a worker ran a job: none is started for a slot that never ran one). Called once a
         job was answered, not before: a start costs ~0.7 ms, which a result need not wait for.
-        If it fails, the next job's start tries again and reports why."""
+        If it fails, the next job's start tries again and reports why. A worker that ran its
+        last job is retired here, after the answer, not on the job's way."""
+        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
+            self._retire(graceful=True)
         due = self.jobs > 0 and self.jobs >= self.spec.recycle_jobs - SPARE_LEAD_JOBS
         if self.spare is not None or not due:
             return
@@ -424,12 +439,13 @@ class Sandbox:
         with self._lock:
             self._killed += below
 
-    def _retire(self) -> None:
-        """Kill and reap the worker; the next job starts a new one (or takes the spare)."""
+    def _retire(self, graceful: bool = False) -> None:
+        """End and reap the worker (``graceful``: let it exit first, see :func:`_end`); the
+        next job starts a new one (or takes the spare)."""
         with self._lock:
             killed, self._killed = self._killed, []
         if self.proc is not None:
-            _end(self.proc, self.sock, self.whole, killed)
+            _end(self.proc, self.sock, self.whole, killed, graceful and not killed)
         else:
             _reap_adopted(killed)
             if self.sock is not None:

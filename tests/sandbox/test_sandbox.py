@@ -567,3 +567,48 @@ def test_a_retired_or_killed_worker_leaves_the_runner_no_zombie(tmp_path: Path, 
     report = json.loads(got.stdout)
     assert report["outs"] == [0, 0, 0, "killed"]
     assert report["left"] == []
+
+
+_SPENDER = """
+import json, os, sys
+from pathlib import Path
+from node.sandbox.host import Sandbox
+from node.sandbox.probe import probe, sandbox_spec
+from node.worker.pyjobs import become_subreaper
+
+assert become_subreaper()
+mode, tmp = sys.argv[1], Path(sys.argv[2])
+home = tmp / "home"
+home.mkdir(mode=0o700)
+iso = probe(mode, home, "bwrap", home / "work", int(sys.argv[3]))
+box = Sandbox(sandbox_spec(iso, home / "work", 3, int(sys.argv[3]), {}, False, 1))
+env = {"PATH": "/usr/bin:/bin", "HOME": "/job" if mode != "none" else box.spec.work_dir}
+spin = "import time\\nwhile time.process_time() < 0.2:\\n    pass"
+fd = os.open(tmp / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+reply = box.run({"kind": "python", "script": spin, "argv": [], "env": env}, fd, fd)
+os.close(fd)
+before = os.times()
+box.keep_spare()  # as the runner does once the job is answered: the worker retires
+after = os.times()
+box.stop()
+counted = after.children_user + after.children_system
+counted -= before.children_user + before.children_system
+print(json.dumps({"exit_code": reply["exit_code"], "counted": counted, "left": box.proc}))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["strict", "none"])
+def test_a_retired_workers_cpu_is_counted_in_its_runner(tmp_path: Path, mode: str) -> None:
+    """A worker retired after its last job exits by itself and is reaped all the way up, so
+    the CPU its jobs used shows in the runner's children time (what the bench and any
+    operator's process accounting read). Killed, its pid namespace's init would have dropped
+    it uncounted: the kernel lets a dying init's children reap themselves."""
+    got = subprocess.run(
+        [sys.executable, "-c", _SPENDER, mode, str(tmp_path), str(BASE)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    report = json.loads(got.stdout)
+    assert (report["exit_code"], report["left"]) == (0, None)
+    assert report["counted"] >= 0.2  # the job's 0.2 s of CPU at least
