@@ -1,6 +1,7 @@
 """The runner's side of its sandboxed worker (node/sandbox/inner.py): started lazily, fed one
-job at a time over a unix socket, recycled after ``recycle_jobs`` jobs, and SIGKILLed, which
-ends every process of the sandbox, when a job must end before its time (timeout, stop, abort).
+job at a time over a unix socket, recycled after ``recycle_jobs`` jobs (its socket closed, it
+exits), and SIGKILLed, which ends every process of the sandbox, when a job must end before its
+time (timeout, stop, abort). What either leaves, this process (a subreaper) adopts and reaps.
 
 A worker takes ~80 ms to start here (bwrap, then Python): the job after a recycling waited that
 long, one round trip in a thousand per slot (the bench's local p99 at 89 ms against ~6 ms).
