@@ -37,6 +37,7 @@ and the orphans it left are (there is no namespace to sweep).
 
 from __future__ import annotations
 
+import _signal  # getsignal without signal's enum conversion: 1 us for all, not 26
 import ctypes
 import functools
 import gc
@@ -103,11 +104,22 @@ def _compiled(script: str) -> CodeType:
     return compile(script, "<job>", "exec")
 
 
+def _replace_environ(env: dict[str, str]) -> None:
+    """``os.environ`` (and the C environment under it) becomes ``env``: only the variables
+    that differ are set or removed (clear() and update() took ~48 us for 8 variables, this
+    ~14 us: the jobs of a context mostly differ in a variable or two)."""
+    environ = os.environ
+    for name in [n for n in environ if n not in env]:
+        del environ[name]
+    for name, value in env.items():
+        if environ.get(name) != value:
+            environ[name] = value
+
+
 def _python(
     script: str, env: dict[str, str], compiled: Callable[[str], CodeType] = _compiled
 ) -> int:
-    os.environ.clear()
-    os.environ.update(env)
+    _replace_environ(env)
     sys.argv = ["<job>"]
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
@@ -436,7 +448,7 @@ class _Warm:
         self.limits: dict[str, tuple[int, int]] = {}
         self.fds = len(os.listdir("/proc/self/fd"))
         self.path = list(sys.path)
-        self.handlers = [signal.getsignal(s) for s in _WATCHED]
+        self.handlers = [_signal.getsignal(s) for s in _WATCHED]
         self.script, self.code = "", _compiled("")
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
@@ -558,7 +570,7 @@ class _Warm:
                 return True
         if _own_cpu_s() > CPU_BUDGET_S:
             return True
-        if [signal.getsignal(s) for s in _WATCHED] != self.handlers:
+        if [_signal.getsignal(s) for s in _WATCHED] != self.handlers:
             return True
         if any(signal.getitimer(t)[0] for t in _TIMERS):
             return True

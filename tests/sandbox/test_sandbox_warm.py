@@ -8,15 +8,20 @@ Each test has its control: the same probe shows the process was shared where not
 
 from __future__ import annotations
 
+import ctypes
+import os
 import secrets
 import signal
 from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crypto import read_key_file
 from node.sandbox.host import Sandbox, SandboxLost
+from node.sandbox.inner import _replace_environ
 from node.sandbox.limits import Ending, limit_reason
 from tests.sandbox.test_sandbox import _box, _cmdline, _run, needs_root
 
@@ -278,3 +283,29 @@ async def test_a_node_never_runs_two_contexts_jobs_in_one_worker(node_factory) -
     assert same != "None"
     assert other == "None"
     assert again != "None"
+
+
+_NAMES = st.text(alphabet="ABCDEFGHIJ_", min_size=1, max_size=3)
+_ENVS = st.dictionaries(_NAMES, st.text(alphabet="abc=/ ", max_size=4), max_size=6)
+
+
+@settings(max_examples=60)
+@given(st.lists(_ENVS, min_size=1, max_size=4))
+def test_a_jobs_environment_is_exactly_its_own(envs: list[dict[str, str]]) -> None:
+    """The shared job process sets only the variables that differ from the last job's: what
+    a job then finds, in os.environ and in the C environment its commands inherit, is its own
+    environment and nothing of an earlier one."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    saved = dict(os.environ)
+    try:
+        seen = set(saved)
+        for env in envs:
+            _replace_environ(env)
+            seen |= set(env)
+            assert dict(os.environ) == env
+            for name in seen:
+                value = getenv(name.encode())
+                assert value == (env[name].encode() if name in env else None)
+    finally:
+        _replace_environ(saved)
