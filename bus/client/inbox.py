@@ -24,6 +24,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 
+import orjson
 import trio
 
 from bus.core import keys
@@ -66,12 +67,15 @@ def new_inbox_name() -> str:
 def parse_reply(raw: str | bytes) -> tuple[str, JobResult]:
     """``(request key, result)`` of one answer a node pushed; ValueError if unreadable."""
     try:
-        d = json.loads(raw)
+        try:  # several times faster; what orjson refuses (big integers, NaN, lone surrogates)
+            d = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            d = json.loads(raw)
         result = JobResult(
             str(d["job_key"]), JobStatus(d["status"]), dict(d["result"]), str(d.get("reason", ""))
         )
         return str(d.get("in_reply_to", "")), result
-    except (KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise ValueError(f"unreadable reply: {exc!r}") from None
 
 

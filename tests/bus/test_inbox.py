@@ -10,9 +10,11 @@ from dataclasses import replace
 import pytest
 import trio
 import trio.testing
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bus.client.api import Client, new_job, open_client
-from bus.client.inbox import BATCH, JobResult, new_inbox_name
+from bus.client.inbox import BATCH, JobResult, new_inbox_name, parse_reply
 from bus.core import keys
 from bus.core.envelope import sign_message, verify_message
 from bus.core.models import JobStatus, Message, MessageType
@@ -321,3 +323,31 @@ async def test_a_result_for_a_request_the_node_does_not_remember_reads_its_inbox
         [alone] = await client.wait_results(plain, timeout_s=20)  # no reply_to: its own list
     assert [r.stdout for [r] in got] == ["0\n", "1\n"]
     assert alone.stdout == "2\n"
+
+
+_TEXT = st.text()  # surrogates included: json writes them escaped, orjson refuses them
+_VALUES = st.one_of(_TEXT, st.integers(), st.booleans(), st.none())
+
+
+@given(
+    _TEXT,
+    _TEXT,
+    st.sampled_from(list(JobStatus)),
+    st.dictionaries(_TEXT, st.one_of(_VALUES, st.lists(_VALUES, max_size=3)), max_size=4),
+    _TEXT,
+)
+def test_a_reply_reads_as_json_loads_reads_it(
+    in_reply_to: str, job_key: str, status: JobStatus, result: dict[str, object], reason: str
+) -> None:
+    """Replies are read by orjson where it can: the same values as json.loads gives, big
+    integers and lone surrogates included (those it refuses json.loads reads)."""
+    body = {"in_reply_to": in_reply_to, "job_key": job_key, "status": status.value}
+    raw = json.dumps(body | {"result": result, "reason": reason})
+    assert parse_reply(raw) == (in_reply_to, JobResult(job_key, status, result, reason))
+    assert parse_reply(raw.encode()) == parse_reply(raw)
+
+
+@pytest.mark.parametrize("raw", ["", "{", "[]", '{"job_key": "j"}', "NaN-ish", b"\xff"])
+def test_an_unreadable_reply_is_a_value_error(raw: str | bytes) -> None:
+    with pytest.raises(ValueError, match="unreadable reply"):
+        parse_reply(raw)
