@@ -158,7 +158,9 @@ def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-_MAX_BELOW = 4096  # the processes a kill looks for under a worker that has no pid namespace
+# the processes a kill looks for under a worker with no pid namespace (isolation "none"):
+# a pidfd each, held until they are reaped, within the runner's descriptors
+_MAX_BELOW = 512
 _REAP_WAIT_S = 5.0
 RETIRE_WAIT_S = 1.0  # a retired worker's own exit, before it is killed (~2 ms here)
 
