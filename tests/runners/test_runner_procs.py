@@ -330,8 +330,13 @@ async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monk
     assert "runner_restarts" not in alice.info.state.counters.metrics
 
 
-async def test_a_timed_out_python_job_ends_its_process_and_the_next_job_runs(node_factory):
-    alice = await node_factory("alice", runners={"python": 1})
+@pytest.mark.parametrize("isolation", ["auto", "none"])
+async def test_a_timed_out_python_job_ends_its_process_and_the_next_job_runs(
+    node_factory, isolation: str
+):
+    # "none" too: with no pid namespace, the job process (its own session) outlived a kill
+    # of the worker's process group and ran to its end
+    alice = await node_factory("alice", runners={"python": 1}, isolation=isolation)
     msg = await _python_job(
         alice, announcing(alice.info.redis_url, "run:t", "import time\ntime.sleep(60)"), timeout_s=1
     )
