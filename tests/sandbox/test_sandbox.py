@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -514,20 +515,36 @@ def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str)
         assert not _alive(seen[0])
 
 
-_ADOPTER = """
+# a sandbox in a process of its own that is a child subreaper, as a runner process is;
+# argv: mode, a directory, the uid base, recycle_jobs; the test's script follows
+_AS_RUNNER = """
 import json, os, sys, threading
 from pathlib import Path
 from node.sandbox.host import Sandbox, SandboxLost
 from node.sandbox.probe import probe, sandbox_spec
 from node.worker.pyjobs import become_subreaper
 
-assert become_subreaper()  # as a runner process is
-mode, tmp = sys.argv[1], Path(sys.argv[2])
+assert become_subreaper()
+mode, tmp, base, recycle = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 home = tmp / "home"
 home.mkdir(mode=0o700)
-iso = probe(mode, home, "bwrap", home / "work", int(sys.argv[3]))
-box = Sandbox(sandbox_spec(iso, home / "work", 3, int(sys.argv[3]), {}, False, 2))
+iso = probe(mode, home, "bwrap", home / "work", base)
+box = Sandbox(sandbox_spec(iso, home / "work", 3, base, {}, False, recycle))
 env = {"PATH": "/usr/bin:/bin", "HOME": "/job" if mode != "none" else box.spec.work_dir}
+"""
+
+
+def _as_runner(tmp_path: Path, mode: str, recycle: int, script: str) -> dict[str, Any]:
+    """What ``script`` (after :data:`_AS_RUNNER`) printed as JSON."""
+    got = subprocess.run(
+        [sys.executable, "-c", _AS_RUNNER + script, mode, str(tmp_path), str(BASE), str(recycle)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return json.loads(got.stdout)  # type: ignore[no-any-return]
+
+
+_ADOPTER = """
 outs = []
 def run(script):
     fd = os.open(tmp / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -559,30 +576,12 @@ def test_a_retired_or_killed_worker_leaves_the_runner_no_zombie(tmp_path: Path, 
     retired, killed or stopped (bwrap's init of the namespace, a job process) is adopted by
     it and must be reaped, not kept as a zombie per worker for the runner's life (and its CPU
     counted in no process)."""
-    got = subprocess.run(
-        [sys.executable, "-c", _ADOPTER, mode, str(tmp_path), str(BASE)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr
-    report = json.loads(got.stdout)
+    report = _as_runner(tmp_path, mode, 2, _ADOPTER)
     assert report["outs"] == [0, 0, 0, "killed"]
     assert report["left"] == []
 
 
 _SPENDER = """
-import json, os, sys
-from pathlib import Path
-from node.sandbox.host import Sandbox
-from node.sandbox.probe import probe, sandbox_spec
-from node.worker.pyjobs import become_subreaper
-
-assert become_subreaper()
-mode, tmp = sys.argv[1], Path(sys.argv[2])
-home = tmp / "home"
-home.mkdir(mode=0o700)
-iso = probe(mode, home, "bwrap", home / "work", int(sys.argv[3]))
-box = Sandbox(sandbox_spec(iso, home / "work", 3, int(sys.argv[3]), {}, False, 1))
-env = {"PATH": "/usr/bin:/bin", "HOME": "/job" if mode != "none" else box.spec.work_dir}
 spin = "import time\\nwhile time.process_time() < 0.2:\\n    pass"
 fd = os.open(tmp / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 reply = box.run({"kind": "python", "script": spin, "argv": [], "env": env}, fd, fd)
@@ -604,11 +603,6 @@ def test_a_retired_workers_cpu_is_counted_in_its_runner(tmp_path: Path, mode: st
     the CPU its jobs used shows in the runner's children time (what the bench and any
     operator's process accounting read). Killed, its pid namespace's init would have dropped
     it uncounted: the kernel lets a dying init's children reap themselves."""
-    got = subprocess.run(
-        [sys.executable, "-c", _SPENDER, mode, str(tmp_path), str(BASE)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr
-    report = json.loads(got.stdout)
+    report = _as_runner(tmp_path, mode, 1, _SPENDER)
     assert (report["exit_code"], report["left"]) == (0, None)
     assert report["counted"] >= 0.2  # the job's 0.2 s of CPU at least
