@@ -125,19 +125,32 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
+def loads_json(raw: str | bytes) -> Any:  # noqa: ANN401 - any JSON value
+    """``json.loads(raw)``: orjson parses what it accepts to the same values, several times
+    faster; what it refuses (NaN, integers beyond 64 bits, deep nesting, lone surrogates)
+    json.loads judges, as it always did (its ValueError or RecursionError)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
+def dumps_json(value: object) -> bytes:
+    """``json.dumps(value).encode()``'s JSON, written by orjson where it can (compact, the
+    same values); what it cannot write (integers beyond 64 bits, lone surrogates) json does."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(value).encode()
+
+
 def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
     """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
     for the parser, and strings that are not Unicode text (lone surrogate escapes)."""
     try:
-        # orjson parses what it accepts to the same values as json.loads, several times
-        # faster; what it refuses (NaN, integers beyond 64 bits, deep nesting, lone
-        # surrogates) json.loads judges, as it always did
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            value = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
+        value = loads_json(raw)
+    except (ValueError, RecursionError):
+        raise ModelError(f"{what} is not valid JSON (or nests too deeply)") from None
     if _SURROGATE_ESCAPE.search(raw) and not _scalar_values(value):
         raise ModelError(f"{what} holds a lone surrogate (\\uD800-\\uDFFF escape)")
     return value

@@ -35,7 +35,6 @@ do").
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -51,7 +50,7 @@ import orjson
 
 from bus.core import keys
 from bus.core.envelope import DOMAIN_RESULT
-from bus.core.models import Message, MessageType, loads_text
+from bus.core.models import Message, MessageType, dumps_json, loads_text
 from bus.errors import ModelError
 from crypto import KeyPair, sign_object
 from node.errors import NodeError
@@ -146,14 +145,6 @@ def _notify(notices: socket.socket, content: dict[str, object], signature: dict[
         notices.send(orjson.dumps(notice), socket.MSG_DONTWAIT)
 
 
-def _dumps(value: object) -> bytes:
-    """JSON out, orjson first; what it cannot write (integers beyond 64 bits) ``json`` does."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value).encode()
-
-
 def sign(key: KeyPair, content: object) -> dict[str, str]:
     return sign_object(key, DOMAIN_RESULT, content)
 
@@ -203,7 +194,7 @@ class SignerClient:
     def sign_result(self, message: Message) -> Message:
         """``message`` signed by the node's key; NodeError if the signer refuses, SignerGone if
         it is gone."""
-        request = _dumps({"content": message.signed_content()}) + b"\n"
+        request = dumps_json({"content": message.signed_content()}) + b"\n"
         with self.lock:
             try:
                 self.stream.write(request)

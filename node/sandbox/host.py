@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
 import select
@@ -35,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from bus.core.models import dumps_json
 from node.sandbox import seccomp
 from node.sandbox.limits import Limits, rlimits
 from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
@@ -61,15 +61,6 @@ SPARE_LEAD_JOBS = 32
 # A warm job process holds its end of the socket while a job runs: what comes back may be the
 # job's, so it is read bounded and checked, and whatever it says ends only that job.
 MAX_REPLY_BYTES = 4096
-
-
-def _encoded(request: dict[str, Any]) -> bytes:
-    """``request`` as JSON; orjson refuses a lone surrogate (text read from a hash that was not
-    UTF-8, which admission refuses before a job gets here), json escapes it."""
-    try:
-        return orjson.dumps(request)
-    except orjson.JSONEncodeError:
-        return json.dumps(request).encode()
 
 
 def _checked(reply: dict[str, Any]) -> dict[str, Any]:
@@ -368,7 +359,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
-        data = _encoded(request | self.settings)
+        data = dumps_json(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
         except OSError as exc:
