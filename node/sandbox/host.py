@@ -153,7 +153,7 @@ def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
 # a pidfd each, held until they are reaped, within the runner's descriptors
 _MAX_BELOW = 512
 _REAP_WAIT_S = 5.0
-RETIRE_WAIT_S = 1.0  # a retired worker's own exit, before it is killed (~2 ms here)
+RETIRE_WAIT_S = 1.0  # a retired worker's own exit, before it is killed (~8 ms here)
 
 
 def _children(pid: int) -> list[int]:
@@ -354,8 +354,7 @@ class Sandbox:
     def run(self, request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
         """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
         Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop)."""
-        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
-            self._retire(graceful=True)  # not retired after its last job's answer
+        self._retire_spent()  # one keep_spare() did not retire after its last job's answer
         if self.sock is None:
             self.start()
         assert self.sock is not None
@@ -386,8 +385,7 @@ class Sandbox:
                 self.spare = self._spawn()
             except (OSError, SandboxLost, ValueError) as exc:
                 log.warning("could not start a spare sandbox worker ahead of time: %s", exc)
-        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
-            self._retire(graceful=True)
+        self._retire_spent()
 
     def _receive(self) -> dict[str, Any]:
         """One answer (it comes in one send: mostly one recv reads all of it). More than
@@ -432,6 +430,11 @@ class Sandbox:
         _kill_group(proc)
         with self._lock:
             self._killed += below
+
+    def _retire_spent(self) -> None:
+        """Retire the worker, letting it exit, if it ran its ``recycle_jobs`` jobs."""
+        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
+            self._retire(graceful=True)
 
     def _retire(self, graceful: bool = False) -> None:
         """End and reap the worker (``graceful``: let it exit first, see :func:`_end`); the

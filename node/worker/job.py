@@ -64,7 +64,6 @@ class _Process:
     control: int = -1  # the node's control pipe (stop requests)
     report: int = -1  # the pipe of the reports to the node (proc.py: report)
     base_env: dict[str, str] = field(default_factory=dict)
-    subreaper: bool = False
     pid_file: Path | None = None
     marker: str = ""
     parent: int = 0
@@ -83,7 +82,7 @@ def prepare_process(spec: RunnerSpec) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    PROCESS.subreaper = become_subreaper()
+    become_subreaper()  # what its sandboxes leave comes to it (node/worker/pyjobs.py)
     PROCESS.base_env = {k: v for k in _PASSED_ON if (v := os.environ.get(k)) is not None}
     PROCESS.base_env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
     PROCESS.marker = f"HERO_WORKER={os.environ.get('HERO_WORKER', '')}"
