@@ -449,9 +449,11 @@ class Sandbox:
                 self.sock.close()
         self.proc, self.sock = None, None
 
-    def stop(self) -> None:
-        """Kill and reap the worker and its spare."""
-        self._retire()
+    def stop(self, graceful: bool = False) -> None:
+        """Kill and reap the worker and its spare. ``graceful``: let the worker exit first, as
+        a retirement does (see :func:`_end`), so that its jobs' CPU is counted in this
+        process: how a runner that leaves (drained, recycled) ends its sandbox."""
+        self._retire(graceful)
         spare, self.spare = self.spare, None
         if spare is not None:
             spare.discard(self.whole)

@@ -641,5 +641,9 @@ def main() -> None:
     except SyncStoreError as exc:  # a pop or a start whose outcome is unknown: the node's
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
         log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
+        runner.job.sandbox.stop(graceful=True)
         os._exit(2)
+    # no job runs now: the sandbox ends as a retired one does, reaped here with its jobs' CPU
+    # (not left to bwrap's die-with-parent and init, which would count it nowhere)
+    runner.job.sandbox.stop(graceful=True)
     os._exit(0)  # the watch thread is a daemon; nothing else to wait for

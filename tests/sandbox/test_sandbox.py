@@ -534,10 +534,11 @@ env = {"PATH": "/usr/bin:/bin", "HOME": "/job" if mode != "none" else box.spec.w
 """
 
 
-def _as_runner(tmp_path: Path, mode: str, recycle: int, script: str) -> dict[str, Any]:
-    """What ``script`` (after :data:`_AS_RUNNER`) printed as JSON."""
+def _as_runner(tmp_path: Path, mode: str, recycle: int, script: str, *args: str) -> dict[str, Any]:
+    """What ``script`` (after :data:`_AS_RUNNER`) printed as JSON; ``args`` follow its four."""
+    argv = [mode, str(tmp_path), str(BASE), str(recycle), *args]
     got = subprocess.run(
-        [sys.executable, "-c", _AS_RUNNER + script, mode, str(tmp_path), str(BASE), str(recycle)],
+        [sys.executable, "-c", _AS_RUNNER + script, *argv],
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
     )  # fmt: skip
     assert got.returncode == 0, got.stderr
@@ -581,13 +582,18 @@ def test_a_retired_or_killed_worker_leaves_the_runner_no_zombie(tmp_path: Path, 
     assert report["left"] == []
 
 
+# argv[5]: how the worker ends after its job: retired (``keep_spare``, as a runner does once
+# the job is answered) or stopped as a runner that leaves stops it (``stop(graceful=True)``)
 _SPENDER = """
 spin = "import time\\nwhile time.process_time() < 0.2:\\n    pass"
 fd = os.open(tmp / "out", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 reply = box.run({"kind": "python", "script": spin, "argv": [], "env": env}, fd, fd)
 os.close(fd)
 before = os.times()
-box.keep_spare()  # as the runner does once the job is answered: the worker retires
+if sys.argv[5] == "retired":
+    box.keep_spare()
+else:
+    box.stop(graceful=True)
 after = os.times()
 box.stop()
 counted = after.children_user + after.children_system
@@ -598,11 +604,13 @@ print(json.dumps({"exit_code": reply["exit_code"], "counted": counted, "left": b
 
 @needs_root
 @pytest.mark.parametrize("mode", ["strict", "none"])
-def test_a_retired_workers_cpu_is_counted_in_its_runner(tmp_path: Path, mode: str) -> None:
-    """A worker retired after its last job exits by itself and is reaped all the way up, so
-    the CPU its jobs used shows in the runner's children time (what the bench and any
-    operator's process accounting read). Killed, its pid namespace's init would have dropped
-    it uncounted: the kernel lets a dying init's children reap themselves."""
-    report = _as_runner(tmp_path, mode, 1, _SPENDER)
+@pytest.mark.parametrize("way", ["retired", "runner leaving"])
+def test_an_ended_workers_cpu_is_counted_in_its_runner(tmp_path: Path, mode: str, way: str) -> None:
+    """A worker retired after its last job, or stopped by a runner that leaves (drained,
+    recycled), exits by itself and is reaped all the way up, so the CPU its jobs used shows
+    in the runner's children time (what the bench and any operator's process accounting
+    read). Killed, its pid namespace's init would have dropped it uncounted: the kernel lets
+    a dying init's children reap themselves."""
+    report = _as_runner(tmp_path, mode, 1 if way == "retired" else 1000, _SPENDER, way)
     assert (report["exit_code"], report["left"]) == (0, None)
     assert report["counted"] >= 0.2  # the job's 0.2 s of CPU at least
