@@ -36,7 +36,12 @@ def outcome_dir(run_dir: Path) -> Path:
 
 def outcome_path(run_dir: Path, ctx: int, job_key: str, attempt: int) -> Path:
     """Where attempt ``attempt`` of ``job_key`` (context ``ctx``) writes its outcome."""
-    return outcome_dir(run_dir) / f"{ctx}-{job_key}-{attempt}"
+    return outcome_dir(run_dir) / outcome_name(ctx, job_key, attempt)
+
+
+def outcome_name(ctx: int, job_key: str, attempt: int) -> str:
+    """The name of :func:`outcome_path`'s file (:func:`parse_outcome_name` reads it)."""
+    return f"{ctx}-{job_key}-{attempt}"
 
 
 def parse_outcome_name(name: str) -> tuple[int, str, int] | None:
@@ -113,12 +118,13 @@ class SlotFile:
         self.fd = -1
         self.size = 0  # the file's length: records are written over it
 
-    def keep(self, outcome_file: Path, outcome: dict[str, Any]) -> None:
+    def keep(self, name: str, outcome: dict[str, Any]) -> None:
+        """Hold ``outcome``, standing for the outcome file ``name`` (:func:`outcome_name`)."""
         if self.fd < 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self.size = os.fstat(self.fd).st_size
-        data = json.dumps({"file": outcome_file.name, "outcome": outcome}).encode()
+        data = json.dumps({"file": name, "outcome": outcome}).encode()
         os.pwrite(self.fd, data.ljust(self.size), 0)
         self.size = max(self.size, len(data))
 

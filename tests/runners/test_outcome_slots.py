@@ -18,7 +18,7 @@ def _slot(run_dir: Path) -> outcomes.SlotFile:
 def test_a_kept_outcome_becomes_the_attempt_s_own_file(tmp_path: Path) -> None:
     slot = _slot(tmp_path)
     named = outcomes.outcome_path(tmp_path, 1, "job:1:5", 2)
-    slot.keep(named, {"exit_code": 3, "reason": "timeout: killed after 1 s"})
+    slot.keep(named.name, {"exit_code": 3, "reason": "timeout: killed after 1 s"})
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") == named.name
     assert outcomes.read_outcome(named) == {"exit_code": 3, "reason": "timeout: killed after 1 s"}
     assert outcomes.slot_path(tmp_path, 1, "python-0").read_bytes() == b""
@@ -27,11 +27,9 @@ def test_a_kept_outcome_becomes_the_attempt_s_own_file(tmp_path: Path) -> None:
 
 def test_a_shorter_record_over_a_longer_one_reads_whole(tmp_path: Path) -> None:
     slot = _slot(tmp_path)
-    slot.keep(
-        outcomes.outcome_path(tmp_path, 1, "job:1:1", 1), {"exit_code": 1, "stdout": "x" * 500}
-    )
+    slot.keep(outcomes.outcome_name(1, "job:1:1", 1), {"exit_code": 1, "stdout": "x" * 500})
     short = outcomes.outcome_path(tmp_path, 1, "job:1:2", 1)
-    slot.keep(short, {"exit_code": 0})
+    slot.keep(short.name, {"exit_code": 0})
     # one write per record, none to shorten the file: it stays as long as the longest
     assert os.path.getsize(slot.path) > 500
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") == short.name
@@ -42,11 +40,11 @@ def test_a_shorter_record_over_a_longer_one_reads_whole(tmp_path: Path) -> None:
 def test_a_recorded_end_leaves_nothing_to_adopt(tmp_path: Path) -> None:
     slot = _slot(tmp_path)
     named = outcomes.outcome_path(tmp_path, 1, "job:1:5", 1)
-    slot.keep(named, {"exit_code": 0})
+    slot.keep(named.name, {"exit_code": 0})
     slot.clear()
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") is None
     assert not named.exists()
-    slot.keep(named, {"exit_code": 4})  # the next job, after the emptying
+    slot.keep(named.name, {"exit_code": 4})  # the next job, after the emptying
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") == named.name
     assert outcomes.read_outcome(named) == {"exit_code": 4}
 
@@ -55,7 +53,7 @@ def test_an_attempt_s_own_file_written_later_wins(tmp_path: Path) -> None:
     """A runner whose end Valkey refused writes the attempt's file itself, with the output."""
     slot = _slot(tmp_path)
     named = outcomes.outcome_path(tmp_path, 1, "job:1:5", 1)
-    slot.keep(named, {"exit_code": 0})
+    slot.keep(named.name, {"exit_code": 0})
     outcomes.write_outcome(named, {"exit_code": 0, "stdout": "out", "stderr": ""}, durable=True)
     assert outcomes.unpack_slot(tmp_path, 1, "python-0") == named.name
     assert outcomes.read_outcome(named) == {"exit_code": 0, "stdout": "out", "stderr": ""}
