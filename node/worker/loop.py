@@ -469,11 +469,10 @@ class Runner:
         are due now: every ``taken_every`` jobs or once per lease beat; else the end hands them
         over only if it leaves this runner idle (bus/store/atomic/runs.py: then_source)."""
         took_s = time.monotonic() - self.job.began
-        mine = StatsBatch()
-        mine.ended(fields, status, reason, took_s)
+        batch = self.stats.copy()
+        batch.ended(fields, status, reason, took_s)
         if answered_here and status != "retry":
-            mine.answered(fields, status, reason, took_s)
-        batch = self.stats.merged(mine)
+            batch.answered(fields, status, reason, took_s)
         if not self.stats.jobs:
             self.stats_since = time.monotonic()
         age_s = time.monotonic() - self.stats_since

@@ -369,6 +369,43 @@ def test_merged_fields_add_every_slot_to_the_plain_fields(slots, plain):
     assert {k: float(v) for k, v in merged.items()} == {k: float(v) for k, v in expected.items()}
 
 
+_FIGURE = st.sampled_from(["ended|p|finished|", "duration|p|0.1", "x|y", "answered|p|error|t"])
+_SUM = st.sampled_from(["duration_sum|p", "roundtrip_sum|p"])
+
+
+def _batch(counts: dict[str, int], sums: dict[str, float], jobs: int) -> StatsBatch:
+    return StatsBatch(Counter(counts), dict(sums), jobs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(_FIGURE, st.integers(-5, 10**6)),
+    st.dictionaries(_SUM, st.floats(0, 1e6)),
+    st.dictionaries(_FIGURE, st.integers(-5, 10**6)),
+    st.dictionaries(_SUM, st.floats(0, 1e6)),
+    st.integers(0, 99),
+    st.integers(0, 99),
+)
+def test_merged_batches_add_as_counters_do(counts, sums, counts2, sums2, jobs, jobs2):
+    """StatsBatch.merged: the counts as Counter addition gives them (a figure not above zero
+    left out: a slot's totals read back may hold one), the sums added, the jobs added; copy
+    and merged change neither batch."""
+    one, two = _batch(counts, sums, jobs), _batch(counts2, sums2, jobs2)
+    both = one.merged(two)
+    assert both.counts == Counter(counts) + Counter(counts2)
+    assert list(both.counts) == list(Counter(counts) + Counter(counts2))  # the handover's order
+    expected = dict(sums)
+    for k, v in sums2.items():
+        expected[k] = expected.get(k, 0.0) + v
+    assert both.sums == expected
+    assert both.jobs == jobs + jobs2
+    copied = one.copy()
+    copied.counts["x|y"] += 1
+    copied.sums["duration_sum|p"] = -1.0
+    assert (one.counts, one.sums) == (Counter(counts), sums)
+    assert (two.counts, two.sums) == (Counter(counts2), sums2)
+
+
 async def test_statistics_never_stop_the_transition_that_counts_them(store, sync_runs):
     """The runner user may write stats:jobs: a field that holds no number, and a ``stats``
     argument no runner writes, make their increments fail alone; the attempt still starts

@@ -25,6 +25,7 @@ two stamps Valkey's clock put on the job (``stats_queued_ms``, ``stats_started_m
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -54,6 +55,10 @@ _TOKEN = re.compile(r"[a-z0-9_]*")
 _RETRY = re.compile(r"retrying after: (.*)", re.DOTALL)
 
 
+# A runner counts every job it ends with the same few labels (its type, "finished", no
+# reason): the two labels are remembered, not matched again per job (bounded, for reasons are
+# free text).
+@functools.lru_cache(maxsize=256)
 def type_label(script_type: str) -> str:
     """A job's script type as a label (stats_type): cut at the first character no [runners]
     name has, at most 64 characters."""
@@ -61,16 +66,20 @@ def type_label(script_type: str) -> str:
     return m.group(0)[:64] if m else ""
 
 
+@functools.lru_cache(maxsize=256)
 def reason_token(text: str) -> str:
     """A reason's token (stats_token): its text up to the first character no token has."""
     m = _TOKEN.match(text)
     return m.group(0)[:40] if m else ""
 
 
+_BOUNDS = [(bound, str(bound)) for bound in STATS_BUCKETS_S]
+
+
 def _bucket(seconds: float) -> str:
-    for bound in STATS_BUCKETS_S:
+    for bound, label in _BOUNDS:
         if seconds <= bound:
-            return str(bound)
+            return label
     return "+Inf"
 
 
@@ -114,11 +123,20 @@ class StatsBatch:
             self._observe("roundtrip", stype, (started - queued) / 1000 + duration_s)
 
     def merged(self, other: StatsBatch) -> StatsBatch:
-        """A batch holding both."""
+        """A batch holding both (a count that is not above zero is left out, as ``Counter``
+        addition leaves it)."""
+        counts = dict(self.counts)
+        for k, n in other.counts.items():
+            counts[k] = counts.get(k, 0) + n
         sums = dict(self.sums)
         for k, v in other.sums.items():
             sums[k] = sums.get(k, 0.0) + v
-        return StatsBatch(self.counts + other.counts, sums, self.jobs + other.jobs)
+        kept = Counter({k: n for k, n in counts.items() if n > 0})
+        return StatsBatch(kept, sums, self.jobs + other.jobs)
+
+    def copy(self) -> StatsBatch:
+        """A batch holding the same (to add to, this one unchanged)."""
+        return StatsBatch(Counter(self.counts), dict(self.sums), self.jobs)
 
     def encode(self) -> str:
         """The ``stats`` ARGV of an ending script: a JSON list ``[field, increment, ...]``
