@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import hiredis
 import orjson
 import redis
 from redis.backoff import NoBackoff
@@ -199,7 +200,10 @@ class SyncRuns:
         if writes:
             self._held.wrote_on = conn._sock  # a socket: a reconnected connection has another
         try:
-            conn.send_command(*args)
+            # packed by hiredis directly: redis-py's packer first converts each argument in a
+            # generator (~30 per job end), 9 % of a runner's samples; ours are str and int
+            packed = hiredis.pack_command(args)  # type: ignore[arg-type]  # its stub: a 1-tuple
+            conn.send_packed_command([packed])
             return conn.read_response()
         except redis.ResponseError:  # an answer: the connection is fine
             raise
