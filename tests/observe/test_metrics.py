@@ -3,6 +3,7 @@ link), then their exposition is parsed as Prometheus would and the families are 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -19,7 +20,7 @@ from bus.errors import HandshakeError
 from bus.store import records
 from bus.store.atomic import runs, script, source
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from bus.store.atomic.stats import StatsBatch, merged_fields
+from bus.store.atomic.stats import StatsBatch, merged_fields, reason_token, type_label
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
@@ -404,6 +405,30 @@ def test_merged_batches_add_as_counters_do(counts, sums, counts2, sums2, jobs, j
     copied.sums["duration_sum|p"] = -1.0
     assert (one.counts, one.sums) == (Counter(counts), sums)
     assert (two.counts, two.sums) == (Counter(counts2), sums2)
+
+
+_ANY_CHAR = st.sampled_from("abz_09AZ.-:| \u00e9")
+# a long run of token characters first, so that the cuts at 40 and 64 are reached
+_LABEL_TEXT = st.one_of(
+    st.text(_ANY_CHAR, max_size=90),
+    st.builds(
+        str.__add__,
+        st.text(st.sampled_from("abz_09"), min_size=35, max_size=80),
+        st.text(_ANY_CHAR, max_size=10),
+    ),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_LABEL_TEXT)
+def test_labels_are_the_lua_scripts_patterns_cut(text):
+    """type_label and reason_token (remembered by the prefix that decides them) give what
+    stats_jobs.lua's stats_type and stats_token give: the longest prefix of [runners] name
+    characters, at most 64, and of token characters, at most 40."""
+    name = re.match(r"[A-Za-z0-9_.\-]*", text)
+    token = re.match(r"[a-z0-9_]*", text)
+    assert type_label(text) == (name.group(0)[:64] if name else "")
+    assert reason_token(text) == (token.group(0)[:40] if token else "")
 
 
 async def test_statistics_never_stop_the_transition_that_counts_them(store, sync_runs):

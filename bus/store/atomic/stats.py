@@ -55,22 +55,30 @@ _TOKEN = re.compile(r"[a-z0-9_]*")
 _RETRY = re.compile(r"retrying after: (.*)", re.DOTALL)
 
 
-# A runner counts every job it ends with the same few labels (its type, "finished", no
-# reason): the two labels are remembered, not matched again per job (bounded, for reasons are
-# free text).
-@functools.lru_cache(maxsize=256)
 def type_label(script_type: str) -> str:
     """A job's script type as a label (stats_type): cut at the first character no [runners]
     name has, at most 64 characters."""
-    m = _TYPE.match(script_type)
-    return m.group(0)[:64] if m else ""
+    return _label(script_type[:64])
+
+
+def reason_token(text: str) -> str:
+    """A reason's token (stats_token): its text up to the first character no token has."""
+    return _token(text[:40])
+
+
+# A runner counts every job it ends with the same few labels (its type, "finished", no
+# reason): they are remembered, not matched again per job; by the prefix that decides them,
+# so that free-text reasons keep the cache small.
+@functools.lru_cache(maxsize=256)
+def _label(prefix: str) -> str:
+    m = _TYPE.match(prefix)
+    return m.group(0) if m else ""
 
 
 @functools.lru_cache(maxsize=256)
-def reason_token(text: str) -> str:
-    """A reason's token (stats_token): its text up to the first character no token has."""
-    m = _TOKEN.match(text)
-    return m.group(0)[:40] if m else ""
+def _token(prefix: str) -> str:
+    m = _TOKEN.match(prefix)
+    return m.group(0) if m else ""
 
 
 _BOUNDS = [(bound, str(bound)) for bound in STATS_BUCKETS_S]
