@@ -209,6 +209,21 @@ def _text(exc: BaseException) -> str:
 
 RELOAD_INTERVAL_S = 1.0
 
+# the links' own randomness (redial jitter, ping payloads): the random module's shared state is
+# the application's (a program or a test that seeds it, Hypothesis drawing in another thread)
+_RANDOM = random.Random()
+
+
+def jittered(delay: float) -> float:
+    """A redial's wait: ``delay`` times a factor in [0.5, 1.5)."""
+    return delay * (0.5 + _RANDOM.random())
+
+
+def ping_payload() -> bytes:
+    """A keep-alive ping's payload, 32 random bits as trio-websocket would draw them, but from
+    this module's generator: trio-websocket draws its own from the random module's."""
+    return _RANDOM.getrandbits(32).to_bytes(4, "big")
+
 
 class Transport:
     """Links to peers. ``known_peers`` is consulted on every handshake (live registry)."""
@@ -406,7 +421,7 @@ class Transport:
             except Exception as exc:
                 log.exception("link to %s… (%s) failed", peer_id[:16], address)
                 self._link_failed(peer_id, exc)
-            await trio.sleep(delay * (0.5 + random.random()))
+            await trio.sleep(jittered(delay))
             delay = min(delay * 2, self.config.backoff_max_s)
 
     def _link_failed(self, peer_id: str, exc: BaseException) -> None:
@@ -506,7 +521,7 @@ class Transport:
             started = trio.current_time()
             with trio.move_on_after(self.config.ping_timeout_s) as waiting:
                 try:
-                    await link.ws.ping()
+                    await link.ws.ping(ping_payload())
                 except ConnectionClosed:
                     return  # the reader sees the close too, and ends the link
             if waiting.cancelled_caught:

@@ -68,6 +68,11 @@ def below_ephemeral() -> tuple[int, int]:
     return max(1024, low // 2), low
 
 
+# port picks of its own: the random module's shared state is the application's (see
+# node/runners/lifecycle.py)
+_RANDOM = random.Random()
+
+
 def free_port(within: tuple[int, int] | None = None) -> int:
     """A TCP port on 127.0.0.1 that is free now, below the kernel's ephemeral range (or in
     ``within``, a part of it: first, end).
@@ -79,7 +84,7 @@ def free_port(within: tuple[int, int] | None = None) -> int:
     again on another (:func:`valkey_server`, node/host/replicated.py)."""
     first, end = within or below_ephemeral()
     for _ in range(100):
-        port = random.randrange(first, end) if first < end else 0
+        port = _RANDOM.randrange(first, end) if first < end else 0
         if port in _GIVEN:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -88,6 +88,11 @@ def after_attempt(
     return Next(retry=True, delay_s=delay)
 
 
+# the node's own jitter: the random module's shared state is left to the application (a test
+# or a program that seeds it, Hypothesis drawing in another thread) and not consumed here
+_RANDOM = random.Random()
+
+
 def backoff_s(
     attempt: int,
     *,
@@ -100,4 +105,4 @@ def backoff_s(
     n = max(1, attempt)
     grown = base_s * n if kind == LINEAR else base_s * 2 ** min(n - 1, 64)
     ceiling = min(BACKOFF_MAX_S, grown)
-    return ceiling * (0.5 + 0.5 * (rand or random).random())
+    return ceiling * (0.5 + 0.5 * (rand or _RANDOM).random())
