@@ -28,7 +28,7 @@ from bus.core.models import (
     loads_text,
 )
 from bus.errors import ModelError
-from bus.store.atomic.routing import _json_arg
+from bus.store.atomic import json_arg
 
 # Key patterns and statuses, copied from shared/seeds/coordinator-specs.md section 3.
 SPEC_PATTERNS = {
@@ -273,9 +273,9 @@ script_values = st.recursive(
 
 @given(script_values)
 def test_a_script_argument_decodes_to_what_json_dumps_gives(value):
-    """materialise's JSON argument (orjson, json.dumps where orjson refuses) decodes to the same
+    """A script's JSON argument (orjson, json.dumps where orjson refuses) decodes to the same
     value as json.dumps printed."""
-    assert json.loads(_json_arg(value)) == json.loads(json.dumps(value))
+    assert json.loads(json_arg(value)) == json.loads(json.dumps(value))
 
 
 @given(jobs())

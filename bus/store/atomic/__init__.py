@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from coredis.commands.script import Script
 
 from bus.core import keys
+from bus.core.models import dumps_json
 from bus.core.reasons import Reason
 
-__all__ = ["BREAKER_NEUTRAL", "CONSTANTS", "STATS_BUCKETS_S", "script", "source"]
+__all__ = ["BREAKER_NEUTRAL", "CONSTANTS", "STATS_BUCKETS_S", "json_arg", "script", "source"]
 
 _INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
@@ -63,3 +64,11 @@ def script(name: str) -> Script[str]:
     from coredis.commands.script import Script
 
     return Script(script=source(name))
+
+
+def json_arg(value: object) -> str:
+    """``value`` (no floats: keys, fields, counts, a job's result, a client's reply) as the JSON
+    text of a script argument: orjson's compact output, whose raw UTF-8 a script's cjson reads
+    as it reads json.dumps' escapes; json.dumps for what orjson refuses (a lone surrogate, an
+    integer beyond 64 bits): :func:`bus.core.models.dumps_json`."""
+    return dumps_json(value).decode()

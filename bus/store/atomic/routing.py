@@ -10,15 +10,12 @@ run atomically with the other writes queued there.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from bus.core import keys
 from bus.core.models import Message, MessageStatus
-from bus.store.atomic import script, source
+from bus.store.atomic import json_arg, script, source
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
@@ -55,17 +52,6 @@ __all__ = [
 def _here(message: Message) -> bool:
     """Whether ``message`` names one node as its origin and destination (submitted there)."""
     return bool(message.origin) and message.origin == message.destination
-
-
-def _json_arg(value: object) -> str:
-    """``value`` (keys, fields, counts: no floats) as JSON for a script's cjson: orjson's raw
-    UTF-8 decodes there to the same bytes as json.dumps' escapes, several times faster;
-    json.dumps, as before, for what orjson refuses (a lone surrogate, which no parsed message
-    holds; an integer beyond 64 bits)."""
-    try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:
-        return json.dumps(value)
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -185,7 +171,7 @@ async def materialise_batch(
         }
         for message, jobs in batch
     ]
-    args = [_json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
+    args = [json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
     materialise = script("routing_materialise")
     codes, depth, owners, figures = await store.script(
         ctx, materialise, [inflight, *depth_of], args
@@ -400,7 +386,7 @@ async def route(
         }
         for r in routed
     ]
-    args = [_json_arg(batch), "1" if counted is not None else ""]
+    args = [json_arg(batch), "1" if counted is not None else ""]
     figures = await store.script(
         ctx, script("routing_route"), [keys.MSG_IN, inflight, keys.DEADLINES], args
     )

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 from bus.core import keys
 from bus.core.ids import now
-from bus.core.models import Message, dumps_json
+from bus.core.models import Message
 from bus.core.reasons import Reason
-from bus.store.atomic import script, source
+from bus.store.atomic import json_arg, script, source
 
 if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
     from bus.store.connection import Store
@@ -88,12 +88,6 @@ class NextJob:
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
-def _json(value: object) -> str:
-    """A result, reply or attempt record as JSON text (compact: orjson where it can, see
-    :func:`bus.core.models.dumps_json`; a runner writes two per job)."""
-    return dumps_json(value).decode()
-
-
 def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
     """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
     for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
@@ -101,7 +95,7 @@ def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_a
     has every attempt recorded."""
     if attempt == 1 and status == "finished":
         return ""
-    return _json(
+    return json_arg(
         {
             "attempt": attempt,
             "runner": runner,
@@ -152,7 +146,7 @@ class Ending:
 
     def args(self) -> list[str]:
         """ARGV[1..6] of runs_finish.lua and runs_finish_local.lua."""
-        result = _json(self.result)
+        result = json_arg(self.result)
         return [str(self.attempt), self.status, result, self.reason, str(now()), self.entry]
 
 
@@ -188,7 +182,7 @@ def finish_local_call(
     request status and the client's reply (on the list ``keys.reply_list`` picks for
     ``reply_to``). One builder for the node's store and the runner processes' sync client
     (bus/store/atomic/runs_sync.py), so both answer alike. ``stats`` as :func:`finish_call`'s."""
-    reply = _json(
+    reply = json_arg(
         {
             "in_reply_to": request_key,
             "job_key": ending.job_key,
@@ -349,7 +343,7 @@ async def answer_local(
     or changed meanwhile. Raises StoreError."""
     reply_list = keys.reply_list(request_key, reply_to)
     key_list = [*read.key_list(), request_key, reply_list, keys.FLOW_EVENTS]
-    args = [*read.arg_list(), _json(result), reply, str(reply_ttl_s)]
+    args = [*read.arg_list(), json_arg(result), reply, str(reply_ttl_s)]
     return bool(await store.script(ctx, script("runs_answer_local"), key_list, args))
 
 
@@ -360,7 +354,7 @@ async def answer_remote(
     msg_out); False if it was answered or changed meanwhile. Raises StoreError."""
     flat = [x for kv in answer.to_hash().items() for x in kv]
     key_list = [*read.key_list(), answer.key, keys.MSG_OUT]
-    args = [*read.arg_list(), _json(result), *flat]
+    args = [*read.arg_list(), json_arg(result), *flat]
     return bool(await store.script(ctx, script("runs_answer_remote"), key_list, args))
 
 
