@@ -9,11 +9,11 @@ over one kind can never be replayed as another.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from bus.core.errors import ModelError
-from bus.core.models import JobStatus, Message, MessageType, loads_text
+from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
@@ -79,6 +79,12 @@ class ResultBody:
             sort_keys=True,
         )
 
+    def reply(self) -> str:
+        """The reply a waiting client reads for this result (:func:`reply_text`)."""
+        return reply_text(
+            self.in_reply_to, self.job_key, self.status.value, self.result, self.reason
+        )
+
     @classmethod
     def decode(cls, text: str) -> ResultBody:
         try:
@@ -92,3 +98,22 @@ class ResultBody:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None
+
+
+def reply_text(
+    in_reply_to: str, job_key: str, status: str, result: Mapping[str, str], reason: str
+) -> str:
+    """The JSON a waiting client reads on its reply list (PROTOCOL.md section 8): compact, in
+    the order in_reply_to, job_key, status, result, reason. The one writer of it for every way
+    a job ends: a built-in runner's end (bus/store/atomic/runs.py finish_local_call), an
+    external runner's answered job (node/runners/external.py) and a peer's result applied at
+    the origin (node/intake/messages.py result_write), so a client reads the same bytes
+    whichever way its job ran."""
+    answer = {
+        "in_reply_to": in_reply_to,
+        "job_key": job_key,
+        "status": status,
+        "result": result,
+        "reason": reason,
+    }
+    return dumps_json(answer).decode()

@@ -275,7 +275,7 @@ def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> Resul
         reason=body.reason,
         stamp=now(),
         request_status=request_status.value,
-        reply=body.encode(),  # what the client reads: in_reply_to, job_key, status, ...
+        reply=body.reply(),  # what the client reads (PROTOCOL.md section 8)
         reply_ttl_s=node.config.reply_ttl_s,
         reply_to=reply_to,
     )

@@ -28,14 +28,13 @@ recovery at start (node/runners/recovery.py: recover_slot), which adopts what fi
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import NoReturn
 
 import trio
 
 from bus.core import keys
-from bus.core.envelope import ResultBody
+from bus.core.envelope import ResultBody, reply_text
 from bus.core.ids import ms_after
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.queues import queue_of
@@ -127,15 +126,14 @@ async def answer(
     origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
     request = Message(ident, caller, ctx, origin=origin, destination=node.identity.node_id)
     if request.origin in ("", node.identity.node_id):
-        reply = {"job_key": job_key, "status": status, "result": result, "reason": job.reason}
-        reply["in_reply_to"] = request.key
+        reply = reply_text(request.key, job_key, status, result, job.reason)
         return await runs.answer_local(
             node.store,
             ctx,
             read,
             result=result,
             request_key=request.key,
-            reply=json.dumps(reply),
+            reply=reply,
             reply_ttl_s=node.config.reply_ttl_s,
             reply_to=reply_to,
         )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bus.core import keys
+from bus.core.envelope import reply_text
 from bus.core.ids import now
 from bus.core.models import Message
 from bus.core.reasons import Reason
@@ -182,15 +183,7 @@ def finish_local_call(
     request status and the client's reply (on the list ``keys.reply_list`` picks for
     ``reply_to``). One builder for the node's store and the runner processes' sync client
     (bus/store/atomic/runs_sync.py), so both answer alike. ``stats`` as :func:`finish_call`'s."""
-    reply = json_arg(
-        {
-            "in_reply_to": request_key,
-            "job_key": ending.job_key,
-            "status": ending.status,
-            "result": ending.result,
-            "reason": ending.reason,
-        }
-    )
+    reply = reply_text(request_key, ending.job_key, ending.status, ending.result, ending.reason)
     key_list = [
         *_attempt_keys(ending.job_key, ending.inflight),
         request_key,
