@@ -328,8 +328,9 @@ _HELP = {
     "(no /etc/passwd entry needed)",
     "limits": "limits of every job (rlimits): processes, memory_mb, cpu_s, open_files, "
     "file_size_mb;\na [limits.<context id>] table overrides any of them for that context",
-    "sandbox": "optional: bwrap (the program), recycle_jobs (a warm sandbox's jobs before it is "
-    "replaced),\nfresh_process (true: each job in a fresh process of the sandbox; false, the "
+    "sandbox": "optional: bwrap (the program), recycle_jobs (the most jobs a warm sandbox "
+    "runs before it is\nreplaced), fresh_process (true: each job in a fresh process of the "
+    "sandbox; false, the "
     "default: python\njobs of a context run one after another in a warm process, and can see "
     "traces of each other);\n[sandbox.<context id>]: network = true lets that context's jobs "
     "use the network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox, fresh_process "

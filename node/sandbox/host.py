@@ -9,6 +9,12 @@ The replacement is started :data:`SPARE_LEAD_JOBS` jobs before the switch (right
 when every job gets a fresh worker) and waits, ready, until it is needed; a spare that died
 meanwhile is replaced by a new start then. A spare never ran a job.
 
+Each worker is replaced after at most ``recycle_jobs`` jobs: up to an eighth fewer, drawn when it
+starts (:func:`recycle_point`). A node's slots take jobs in turn, so with one count for all
+they replaced their workers together, four starts (~85 ms of CPU each) at once on two cores
+every ``recycle_jobs`` jobs a slot: a sequential round trip met 10-14 slow ones in a row there
+(bench/README.md, nineteenth round). Drawn apart, they start one at a time.
+
 The runner process holds the runner's credentials; this module starts the worker with exec of
 a fresh program (subprocess, close_fds, an empty environment), never by a fork that keeps
 running Python.
@@ -20,6 +26,7 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import select
 import signal
 import socket
@@ -57,6 +64,14 @@ _OUTER_PIDNS = _pidns()
 # jobs before a worker's retirement that its replacement is started (a worker starts in ~80 ms;
 # a python job takes a few): the switch then finds it ready
 SPARE_LEAD_JOBS = 32
+_STAGGER = random.Random()  # the module's own: a caller's seeded sequence is never drawn from
+
+
+def recycle_point(recycle_jobs: int, rng: random.Random = _STAGGER) -> int:
+    """How many jobs a worker runs before it is replaced: ``recycle_jobs``, less a number
+    drawn below an eighth of it (so exactly ``recycle_jobs`` below 8)."""
+    return recycle_jobs - rng.randrange(recycle_jobs // 8 + 1)
+
 
 # A warm job process holds its end of the socket while a job runs: what comes back may be the
 # job's, so it is read bounded and checked, and whatever it says ends only that job.
@@ -264,11 +279,13 @@ class _Started:
 class Sandbox:
     """One warm sandboxed worker of a runner slot (and its spare, near its retirement)."""
 
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, spec: SandboxSpec, rng: random.Random = _STAGGER) -> None:
         self.spec = spec
+        self._rng = rng  # draws each worker's recycle_point
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
         self.jobs = 0
+        self.recycle_at = spec.recycle_jobs  # this worker's own (recycle_point), drawn at start
         self.nproc_base = 0
         self.uid = -1  # the worker's uid, as it reported it
         self.settings: dict[str, Any] = {}
@@ -297,6 +314,7 @@ class Sandbox:
             started = self._spawn()
         self.proc, self.sock, self.nproc_base = started.proc, started.sock, started.nproc_base
         self.jobs = 0
+        self.recycle_at = recycle_point(self.spec.recycle_jobs, self._rng)
         # what every request of this worker says besides the job
         cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
         self.settings = {
@@ -379,7 +397,7 @@ class Sandbox:
         If it fails, the next job's start tries again and reports why. A worker that ran its
         last job is retired here, after the answer, not on the job's way, and after its spare
         was started: its exit (~8 ms) overlaps the spare's start."""
-        due = self.jobs > 0 and self.jobs >= self.spec.recycle_jobs - SPARE_LEAD_JOBS
+        due = self.jobs > 0 and self.jobs >= self.recycle_at - SPARE_LEAD_JOBS
         if self.spare is None and due:
             try:
                 self.spare = self._spawn()
@@ -432,8 +450,8 @@ class Sandbox:
             self._killed += below
 
     def _retire_spent(self) -> None:
-        """Retire the worker, letting it exit, if it ran its ``recycle_jobs`` jobs."""
-        if self.proc is not None and self.jobs >= self.spec.recycle_jobs:
+        """Retire the worker, letting it exit, if it ran its jobs (:attr:`recycle_at`)."""
+        if self.proc is not None and self.jobs >= self.recycle_at:
             self._retire(graceful=True)
 
     def _retire(self, graceful: bool = False) -> None:

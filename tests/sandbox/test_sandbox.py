@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import secrets
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from bus.core.reasons import Reason
 from node.sandbox import seccomp
-from node.sandbox.host import Sandbox, SandboxLost
+from node.sandbox.host import Sandbox, SandboxLost, recycle_point
 from node.sandbox.limits import Ending, Limits, LimitsError, limit_reason, limits_for, parse_limits
 from node.sandbox.plan import (
     HostFacts,
@@ -477,6 +478,48 @@ def test_a_recycled_worker_is_replaced_by_a_spare_started_ahead(tmp_path: Path) 
     assert box.spare is None
 
 
+@given(st.integers(1, 100_000), st.integers(0, 2**32))
+def test_a_workers_recycle_point_is_at_most_recycle_jobs_and_an_eighth_less(
+    recycle_jobs: int, seed: int
+) -> None:
+    point = recycle_point(recycle_jobs, random.Random(seed))
+    assert recycle_jobs - recycle_jobs // 8 <= point <= recycle_jobs
+    if recycle_jobs < 8:
+        assert point == recycle_jobs  # 1 stays a fresh worker per job
+
+
+def test_the_recycle_points_of_a_nodes_slots_are_drawn_apart() -> None:
+    # slots take jobs in turn: with one count they all replaced their workers at once
+    rng = random.Random(7)
+    assert len({recycle_point(1000, rng) for _ in range(8)}) > 1
+
+
+class _Drawn(random.Random):
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def randrange(self, *args: int, **kw: int) -> int:  # type: ignore[override]
+        return self.value
+
+
+@needs_root
+def test_a_worker_is_replaced_at_its_own_recycle_point(tmp_path: Path) -> None:
+    box, _ = _box(tmp_path, "strict")
+    box.spec = dataclasses.replace(box.spec, recycle_jobs=16)
+    box._rng = _Drawn(2)  # this worker runs 16 - 2 jobs
+    try:
+        for n in range(1, 15):
+            reply, out, _ = _run(box, tmp_path, f"echo {n}")
+            assert (reply["exit_code"], out) == (0, f"{n}\n")
+            assert box.proc is not None  # serving until its last job is answered
+            box.keep_spare()  # as the runner does once the job is answered
+        assert box.proc is None  # retired after 14 jobs, not 16
+        assert box.spare is not None
+    finally:
+        box.stop()
+
+
 @needs_root
 @pytest.mark.parametrize("mode", ["strict", "namespaces", "none"])
 @pytest.mark.parametrize("kind", ["python", "sh"])
@@ -520,7 +563,7 @@ def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str)
 _AS_RUNNER = """
 import json, os, sys, threading
 from pathlib import Path
-from node.sandbox.host import Sandbox, SandboxLost
+from node.sandbox.host import Sandbox, SandboxLost, recycle_point
 from node.sandbox.probe import probe, sandbox_spec
 from node.worker.pyjobs import become_subreaper
 
