@@ -172,16 +172,18 @@ async def test_a_node_refuses_a_job_with_a_bad_policy(node_factory):
 
 
 def test_the_nodes_jitter_leaves_the_random_modules_state_alone() -> None:
-    """Retry backoff, the dialler's redial wait, a link's ping payload and the pick of a free
-    port draw from their own generators: a program or a test that seeds the random module
-    (Hypothesis draws examples while an in-process node runs in another thread) finds its
-    sequence untouched."""
+    """Retry backoff, the dialler's redial wait, a link's ping payload, the pick of a free
+    port and a sandbox worker's recycle point draw from their own generators: a program or a
+    test that seeds the random module (Hypothesis draws examples while an in-process node runs
+    in another thread) finds its sequence untouched."""
     from bus.wire.transport import jittered, ping_payload
     from node.host.valkey import free_port
+    from node.sandbox.host import recycle_point
 
     state = random.getstate()
     assert 0.5 <= backoff_s(1, base_s=1.0) <= 1.0
     assert 0.5 <= jittered(1.0) < 1.5
     assert len({ping_payload() for _ in range(8)}) > 1  # 4 random bytes each
     assert free_port() > 0
+    assert 875 <= recycle_point(1000) <= 1000
     assert random.getstate() == state

@@ -505,9 +505,8 @@ class _Drawn(random.Random):
 
 @needs_root
 def test_a_worker_is_replaced_at_its_own_recycle_point(tmp_path: Path) -> None:
-    box, _ = _box(tmp_path, "strict")
-    box.spec = dataclasses.replace(box.spec, recycle_jobs=16)
-    box._rng = _Drawn(2)  # this worker runs 16 - 2 jobs
+    spec = dataclasses.replace(_box(tmp_path, "strict")[0].spec, recycle_jobs=16)
+    box = Sandbox(spec, _Drawn(2))  # this worker runs 16 - 2 jobs
     try:
         for n in range(1, 15):
             reply, out, _ = _run(box, tmp_path, f"echo {n}")
