@@ -562,7 +562,7 @@ def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str)
 _AS_RUNNER = """
 import json, os, sys, threading
 from pathlib import Path
-from node.sandbox.host import Sandbox, SandboxLost, recycle_point
+from node.sandbox.host import Sandbox, SandboxLost
 from node.sandbox.probe import probe, sandbox_spec
 from node.worker.pyjobs import become_subreaper
 
