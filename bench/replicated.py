@@ -131,17 +131,39 @@ def _watched(label: str, node: BenchNode, servers: ReplicatedSet) -> dict[str, i
 
 
 def _cpu_ms(done: Throughput) -> dict[str, float]:
-    """CPU per job (ms) by process, the replicas and the Sentinels each summed, and the
-    total of every process (the bench client included)."""
+    """CPU per job (ms) by process, the replicas and the Sentinels each summed, the total
+    of every process (the bench client included), and the node's job processes by kind
+    (runners, sandboxes: outside the total, which counts them once as the node's)."""
     out: dict[str, float] = {}
+    split: dict[str, float] = {}  # "node job processes" by kind, already counted in it
     for name, seconds in done.cpu.items():
         if name.startswith("node job processes:"):
-            continue  # the split of "node job processes", counted there
+            split[name] = seconds * 1000 / done.n
+            continue
         group = "valkey replicas" if name.startswith("valkey replica") else name
         group = "sentinels" if name.startswith("sentinel") else group
         out[group] = out.get(group, 0.0) + seconds * 1000 / done.n
     out["total"] = sum(out.values())
-    return out
+    return out | split
+
+
+def cpu_bounds(unix: dict[str, float], repl: dict[str, float]) -> tuple[float, float]:
+    """What one run's CPU per job (:func:`_cpu_ms` of the concurrent ``unix`` and ``repl``
+    runs) allows the throughput ratio, on cores every process shares:
+
+    - the ceiling with the replicas on these cores: the single Valkey's CPU per job over the
+      same plus the replicas' alone, i.e. the ratio if replication cost the node, its job
+      processes, the primary and the client nothing more than the single Valkey does (each
+      costs more: TCP, ``WAITAOF``s, the replication stream), so no change of the node can
+      pass it while the replicas apply and fsync every write on the same cores;
+    - the ratio with the replicas and Sentinels on other machines, as a deployment runs them:
+      the single Valkey's CPU per job over the replicated one without theirs.
+
+    A saturated run's jobs/s is the cores over the CPU per job, so both read as throughput
+    ratios (case 9 measures the real one beside them)."""
+    others = repl.get("valkey replicas", 0.0) + repl.get("sentinels", 0.0)
+    ceiling = unix["total"] / (unix["total"] + repl.get("valkey replicas", 0.0))
+    return ceiling, unix["total"] / (repl["total"] - others)
 
 
 async def case_replicated(env: Env) -> list[Row]:
@@ -233,6 +255,29 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
             "calls",
             per_job,
             note=f"median {statistics.median(per_job):.3g}" if per_job else "",
+        ),
+    ]
+    bounds = [
+        cpu_bounds(
+            {name: values[i] for name, values in cpu["unix"].items()},
+            {name: values[i] for name, values in cpu["repl"].items()},
+        )
+        for i in range(len(cpu["unix"].get("total", [])))
+    ]
+    rows += [
+        Row(
+            CASE,
+            "throughput ceiling, replicas on these cores (CPU)",
+            "x",
+            [ceiling for ceiling, _ in bounds],
+            note="unix / (unix + replicas), CPU per job: no node change passes it here",
+        ),
+        Row(
+            CASE,
+            "throughput ratio, replicas on other machines (CPU)",
+            "x",
+            [off for _, off in bounds],
+            note="unix / (repl - replicas - Sentinels), CPU per job",
         ),
     ]
     rows += [
