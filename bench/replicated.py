@@ -16,9 +16,10 @@ run on each, alternated run by run so that a noisy machine hurts all alike; the 
 figure, the differences that separate the causes, and the replicated one against the single
 unix-socket one (p50: the difference in ms; throughput: the ratio) with the issue's targets.
 The primary's ``INFO commandstats`` counts the ``WAITAOF`` calls per job, and the CPU each
-process spends per job in the concurrent runs of ``unix`` and ``repl`` says where the replicated
-store's throughput goes (the node, its job processes, the primary, the replicas, the Sentinels:
-on one machine they share its cores).
+process spends per job in the concurrent runs of ``unix``, ``tcp`` and ``repl`` says where the
+replicated store's throughput goes (the node, its job processes, the primary, the replicas, the
+Sentinels: on one machine they share its cores; ``tcp`` separates the transport's share), and
+what that leaves the ratio on this machine and with the replicas elsewhere (:func:`cpu_bounds`).
 """
 
 from __future__ import annotations
@@ -116,11 +117,16 @@ async def _waitaof_calls(servers: ReplicatedSet) -> tuple[int, int]:
     )
 
 
-def _watched(label: str, node: BenchNode, servers: ReplicatedSet) -> dict[str, int]:
+def _watched(
+    label: str, node: BenchNode, servers: ReplicatedSet, tcp_valkey: int
+) -> dict[str, int]:
     """The processes whose CPU a concurrent run of ``label`` counts (run_throughput's
-    ``watch``): the node (with its job processes) and its store's servers."""
+    ``watch``): the node (with its job processes) and its store's servers (``tcp_valkey``:
+    the single Valkey the ``tcp`` node reaches over TCP)."""
     if label == "unix":
         return {"node": node.pid, "valkey": node.valkey_pid}
+    if label == "tcp":
+        return {"node": node.pid, "valkey": tcp_valkey}
     if label != "repl":
         return {}
     primary, *replicas = (c.proc.pid for c in servers.data if c.proc is not None)
@@ -147,23 +153,26 @@ def _cpu_ms(done: Throughput) -> dict[str, float]:
     return out | split
 
 
-def cpu_bounds(unix: dict[str, float], repl: dict[str, float]) -> tuple[float, float]:
-    """What one run's CPU per job (:func:`_cpu_ms` of the concurrent ``unix`` and ``repl``
-    runs) allows the throughput ratio, on cores every process shares:
+def cpu_bounds(
+    unix: dict[str, float], tcp: dict[str, float], repl: dict[str, float]
+) -> tuple[float, float]:
+    """What one run's CPU per job (:func:`_cpu_ms` of the concurrent ``unix``, ``tcp`` and
+    ``repl`` runs) allows the throughput ratio to the single Valkey over a unix socket, on
+    cores every process shares:
 
-    - the ceiling with the replicas on these cores: the single Valkey's CPU per job over the
-      same plus the replicas' alone, i.e. the ratio if replication cost the node, its job
-      processes, the primary and the client nothing more than the single Valkey does (each
-      costs more: TCP, ``WAITAOF``s, the replication stream), so no change of the node can
-      pass it while the replicas apply and fsync every write on the same cores;
+    - the ceiling with the replicas on these cores: ``unix`` over ``tcp`` plus the replicas'
+      CPU alone, i.e. the ratio if replication cost the node, its job processes, the primary
+      and the client nothing beyond reaching the store over TCP (as the Sentinels name it).
+      Each of them costs more (``WAITAOF``s, the replication stream), so no change of the
+      node can pass it while the replicas apply and fsync every write on the same cores;
     - the ratio with the replicas and Sentinels on other machines, as a deployment runs them:
-      the single Valkey's CPU per job over the replicated one without theirs.
+      ``unix`` over the replicated CPU per job without theirs.
 
     A saturated run's jobs/s is the cores over the CPU per job, so both read as throughput
     ratios (case 9 measures the real one beside them)."""
-    others = repl.get("valkey replicas", 0.0) + repl.get("sentinels", 0.0)
-    ceiling = unix["total"] / (unix["total"] + repl.get("valkey replicas", 0.0))
-    return ceiling, unix["total"] / (repl["total"] - others)
+    replicas = repl.get("valkey replicas", 0.0)
+    ceiling = unix["total"] / (tcp["total"] + replicas)
+    return ceiling, unix["total"] / (repl["total"] - replicas - repl.get("sentinels", 0.0))
 
 
 async def case_replicated(env: Env) -> list[Row]:
@@ -177,7 +186,8 @@ async def case_replicated(env: Env) -> list[Row]:
         unix = await _node(env, "unix", None)
         tcp = await _node(env, "tcp", None, redis_url=single_tcp.spec.url)
         repl = await _node(env, "repl", servers)
-        return await _measure(env, {"unix": unix, "tcp": tcp, "repl": repl}, servers)
+        nodes = {"unix": unix, "tcp": tcp, "repl": repl}
+        return await _measure(env, nodes, servers, single_tcp.pid)
     finally:
         for node in [n for n in env.procs.nodes if n.name in ("unix", "tcp", "repl")]:
             await env.procs.stop_node(node)
@@ -186,7 +196,9 @@ async def case_replicated(env: Env) -> list[Row]:
         await trio.to_thread.run_sync(servers.stop)
 
 
-async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet) -> list[Row]:
+async def _measure(
+    env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet, tcp_valkey: int
+) -> list[Row]:
     plan = env.plan
     n_rt = plan.roundtrips if plan.quick else min(plan.roundtrips, 200)
     n_jobs = plan.jobs if plan.quick else min(plan.jobs, 1000)
@@ -194,7 +206,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
     submit_p50: dict[str, list[float]] = {label: [] for label in LABELS}
     rate: dict[str, list[float]] = {label: [] for label in LABELS}
     per_job: list[float] = []
-    cpu: dict[str, dict[str, list[float]]] = {"unix": {}, "repl": {}}
+    cpu: dict[str, dict[str, list[float]]] = {"unix": {}, "tcp": {}, "repl": {}}
     repl_url = nodes["repl"].redis_url
     async with (
         bench_client(env, nodes["unix"].redis_url) as cu,
@@ -218,7 +230,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
                 p50[label].append(percentile(times, 50))
                 submit_p50[label].append(percentile(submits, 50))
                 before = await _waitaof_calls(servers) if label == "repl" else (0, 0)
-                watch = _watched(label, node, servers)
+                watch = _watched(label, node, servers, tcp_valkey)
                 done = await run_throughput(client, env.actor, node.node_id, n_jobs, watch)
                 rate[label].append(done.rate)
                 for name, ms in _cpu_ms(done).items() if label in cpu else ():
@@ -259,8 +271,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
     ]
     bounds = [
         cpu_bounds(
-            {name: values[i] for name, values in cpu["unix"].items()},
-            {name: values[i] for name, values in cpu["repl"].items()},
+            *({name: v[i] for name, v in cpu[label].items()} for label in ("unix", "tcp", "repl"))
         )
         for i in range(len(cpu["unix"].get("total", [])))
     ]
@@ -270,7 +281,7 @@ async def _measure(env: Env, nodes: dict[str, BenchNode], servers: ReplicatedSet
             "throughput ceiling, replicas on these cores (CPU)",
             "x",
             [ceiling for ceiling, _ in bounds],
-            note="unix / (unix + replicas), CPU per job: no node change passes it here",
+            note="unix / (tcp + replicas), CPU per job: no node change passes it here",
         ),
         Row(
             CASE,

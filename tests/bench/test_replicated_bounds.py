@@ -9,6 +9,7 @@ import pytest
 from bench.replicated import cpu_bounds
 
 UNIX = {"bench client": 0.5, "node": 0.5, "node job processes": 1.1, "valkey": 0.5, "total": 2.6}
+TCP = {"bench client": 0.55, "node": 0.5, "node job processes": 1.15, "valkey": 0.5, "total": 2.7}
 REPL = {
     "bench client": 0.7,
     "node": 0.6,
@@ -17,20 +18,21 @@ REPL = {
     "valkey replicas": 0.7,
     "sentinels": 0.05,
     "total": 4.2,
+    "node job processes: runners": 0.9,  # a split of "node job processes", not in the total
 }
 
 
-def test_the_ceiling_counts_only_the_replicas_above_the_single_valkey() -> None:
-    ceiling, _ = cpu_bounds(UNIX, REPL)
-    assert ceiling == pytest.approx(2.6 / 3.3)  # 0.79: under 0.8 whatever the node does
+def test_the_ceiling_adds_only_the_replicas_to_the_store_over_tcp() -> None:
+    ceiling, _ = cpu_bounds(UNIX, TCP, REPL)
+    assert ceiling == pytest.approx(2.6 / 3.4)
 
 
 def test_off_these_cores_leaves_out_the_replicas_and_the_sentinels() -> None:
-    _, off = cpu_bounds(UNIX, REPL)
+    _, off = cpu_bounds(UNIX, TCP, REPL)
     assert off == pytest.approx(2.6 / 3.45)
 
 
-def test_without_replicas_both_bounds_are_the_plain_cpu_ratio() -> None:
+def test_without_replicas_the_ceiling_is_the_transport_alone() -> None:
     alone = {k: v for k, v in REPL.items() if k not in ("valkey replicas", "sentinels")}
     alone["total"] = 3.45
-    assert cpu_bounds(UNIX, alone) == (pytest.approx(1.0), pytest.approx(2.6 / 3.45))
+    assert cpu_bounds(UNIX, TCP, alone) == (pytest.approx(2.6 / 2.7), pytest.approx(2.6 / 3.45))
