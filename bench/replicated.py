@@ -143,12 +143,13 @@ def _cpu_ms(done: Throughput) -> dict[str, float]:
     out: dict[str, float] = {}
     split: dict[str, float] = {}  # "node job processes" by kind, already counted in it
     for name, seconds in done.cpu.items():
+        ms = seconds * 1000 / done.n
         if name.startswith("node job processes:"):
-            split[name] = seconds * 1000 / done.n
+            split[name] = ms
             continue
         group = "valkey replicas" if name.startswith("valkey replica") else name
         group = "sentinels" if name.startswith("sentinel") else group
-        out[group] = out.get(group, 0.0) + seconds * 1000 / done.n
+        out[group] = out.get(group, 0.0) + ms
     out["total"] = sum(out.values())
     return out | split
 
