@@ -126,4 +126,4 @@ def test_the_document_keeps_no_list_of_its_own_of_the_reasons() -> None:
 def test_the_readme_points_to_the_protocol() -> None:
     assert "](PROTOCOL.md)" in README
     assert "[External runners](docs/use/runners.md#external-runners)" in DOC
-    assert "\n### External runners\n" in RUNNERS
+    assert "\n## External runners\n" in RUNNERS
