@@ -29,6 +29,9 @@ ORDINAL = (
 )
 ROUND = re.compile(rf"\b(?:{ORDINAL}|\d+(?:st|nd|rd|th)) round\b", re.IGNORECASE)
 HISTORY_CITE = re.compile(r"bench/HISTORY\.md#([\w-]+)")
+PAGE_CITE = re.compile(r"\b(docs/[\w/.-]+\.md)(?:#([\w-]+))?")
+README_CITE = re.compile(r"README:? \"([^\"\n]+)\"")
+SOURCE_SUFFIXES = {".py", ".lua", ".sh", ".js", ".mjs", ".toml", ".yaml", ".service"}
 
 
 def documents(root: Path = ROOT) -> list[Path]:
@@ -159,19 +162,56 @@ def test_the_path_check_sees_a_module_that_is_not_there(tmp_path: Path) -> None:
     ]
 
 
+def sources(root: Path = ROOT) -> list[Path]:
+    """The code, scripts and deploy files that may cite the docs (this file aside: it names
+    what it looks for)."""
+    found = [root / "conftest.py", root / "deploy" / "Dockerfile"]
+    for top in ("bench", "bus", "crypto", "node", "tests", "deploy", "examples"):
+        found += [p for p in sorted((root / top).rglob("*")) if p.suffix in SOURCE_SUFFIXES]
+    me = Path(__file__).resolve()
+    return [p for p in found if p.is_file() and p.resolve() != me]
+
+
+def citation_faults(path: Path, root: Path = ROOT) -> list[str]:
+    """A docs page, or an anchor of one, that a source file cites and that is not there, and a
+    README section it names by its title that README does not have."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    name = path.relative_to(root)
+    faults = []
+    for page, anchor in PAGE_CITE.findall(text):
+        if not (root / page).is_file():
+            faults.append(f"{name}: {page}")
+        elif anchor and anchor not in anchors(root / page):
+            faults.append(f"{name}: {page}#{anchor}")
+    readme = {slug(h) for h in HEADING.findall(prose((root / "README.md").read_text()))}
+    faults += [f"{name}: README {t!r}" for t in README_CITE.findall(text) if slug(t) not in readme]
+    return faults
+
+
+def test_code_cites_docs_pages_and_sections_that_exist() -> None:
+    assert [fault for path in sources() for fault in citation_faults(path)] == []
+
+
+def test_the_citation_check_sees_a_moved_section(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    code = tmp_path / "code.py"
+    code.write_text(
+        '# README "Run the tests"; docs/use/runners.md#external-runners; docs/use/jobs.md\n'
+        '# README "Web console"; docs/use/runner.md; docs/use/runners.md#external-runner\n',
+        encoding="utf-8",
+    )
+    assert citation_faults(code, tmp_path) == [
+        "code.py: docs/use/runner.md",
+        "code.py: docs/use/runners.md#external-runner",
+        "code.py: README 'Web console'",
+    ]
+
+
 def test_code_cites_the_benchmark_logbook_by_anchor_never_by_round() -> None:
     history = anchors(ROOT / "bench" / "HISTORY.md")
-    sources = [
-        p
-        for top in ("bench", "bus", "crypto", "node", "tests", "deploy", "examples")
-        for p in sorted((ROOT / top).rglob("*"))
-        if p.suffix in {".py", ".lua", ".sh", ".js", ".mjs", ".toml", ".yaml"}
-    ]
-    me = Path(__file__).resolve()
     by_round, dangling = [], []
-    for path in sources:
-        if path.resolve() == me:
-            continue
+    for path in sources():
         text = path.read_text(encoding="utf-8", errors="replace")
         by_round += [f"{path.relative_to(ROOT)}: {m}" for m in ROUND.findall(text)]
         cited = HISTORY_CITE.findall(text)
