@@ -22,7 +22,8 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 
 
 def schema_path(command: str) -> Path:
-    """The JSON Schema of ``command``'s ``--json`` output (``job list``: job-list.json)."""
+    """The JSON Schema of ``command``'s ``--json`` output (``job list``: job-list.json;
+    hero-verify's ``hero-verify verify``: hero-verify-verify.json)."""
     return SCHEMAS / f"{command.replace(' ', '-')}.json"
 
 

@@ -1,6 +1,6 @@
-"""Every ``--json`` output of hero-node validates against its JSON Schema
+"""Every ``--json`` output of hero-node (and hero-verify) validates against its JSON Schema
 (node/cli/schemas/<command>.json, docs/use/json-output.md): the commands are found in the
-parser, so a new one without a schema, or without a run here, fails."""
+parsers, so a new one without a schema, or without a run here, fails."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ import sys
 import jsonschema
 import trio
 
-from crypto import KeyPair, read_key_file
+from crypto import KeyPair, read_key_file, write_key_file
+from crypto import cli as verify_cli
 from node.cli.main import build_parser
 from node.cli.output import SCHEMAS, schema_path
 from node.cli.parsing import walk
 
 
 def json_commands() -> set[str]:
-    """``job list``, ``status``, ...: every command of the parser that takes ``--json``."""
+    """``job list``, ``status``, ..., ``hero-verify verify``: every command of the two
+    programs' parsers that takes ``--json`` (hero-node's without the program's name)."""
     return {
         parser.prog.removeprefix("hero-node ")
-        for parser in walk(build_parser())
+        for root in (build_parser(), verify_cli.build_parser())
+        for parser in walk(root)
         if any("--json" in action.option_strings for action in parser._actions)
     }
 
@@ -33,12 +36,13 @@ def validator(command: str) -> jsonschema.Draft202012Validator:
 
 def test_every_json_command_has_a_schema_and_every_schema_a_command():
     commands = json_commands()
-    assert {"status", "job list", "msg status"} <= commands
+    assert {"status", "job list", "msg status", "hero-verify verify"} <= commands
     assert sorted(c for c in commands if not schema_path(c).is_file()) == []
     named = {schema_path(c).name for c in commands}
     assert sorted(p.name for p in SCHEMAS.glob("*.json") if p.name not in named) == []
     for command in commands:
-        assert validator(command).schema["title"].startswith(f"hero-node {command} ")
+        program = "" if command.startswith("hero-verify ") else "hero-node "
+        assert validator(command).schema["title"].startswith(f"{program}{command} ")
 
 
 async def hero_node(node, *args: str) -> tuple[int, object]:  # noqa: ANN001 - a RunningNode
@@ -97,7 +101,8 @@ async def test_each_commands_json_validates_against_its_schema(node_factory, tmp
         "dlq show": ["dlq", "show", refused.key],
         "msg status": ["msg", "status", failed["message_key"]],
     }
-    assert set(runs) == json_commands(), "a --json command with no run in this test"
+    hero_verify = {"hero-verify verify"}  # test_hero_verify_verify_json_validates
+    assert set(runs) | hero_verify == json_commands(), "a --json command with no run here"
     outputs = {}
     for command, argv in runs.items():
         _, outputs[command] = await hero_node(alice, *argv, "--json")
@@ -113,3 +118,18 @@ async def test_each_commands_json_validates_against_its_schema(node_factory, tmp
     assert outputs["status"]["node"]["pid"] > 0
     assert outputs["status"]["node"]["started_at"] > 0
     assert outputs["dlq list"][0]["reason"].startswith("permission_denied")
+
+
+def test_hero_verify_verify_json_validates(tmp_path, capsys):
+    key_path, key = tmp_path / "a.key", KeyPair.generate()
+    write_key_file(key_path, key)
+    (tmp_path / "job.json").write_text('{"script": "print(1)"}')
+    assert verify_cli.main(["sign", str(tmp_path / "job.json"), "--key", str(key_path)]) == 0
+    (tmp_path / "job.signed.json").write_text(capsys.readouterr().out)
+    check = validator("hero-verify verify")
+    for pubkey, valid in ((key.public_hex, True), (KeyPair.generate().public_hex, False)):
+        argv = ["verify", str(tmp_path / "job.signed.json"), "--pubkey", pubkey, "--json"]
+        assert verify_cli.main(argv) == (0 if valid else 1)
+        verdict = json.loads(capsys.readouterr().out)
+        assert list(check.iter_errors(verdict)) == []
+        assert verdict["valid"] is valid
