@@ -92,13 +92,12 @@ def _disks(args: argparse.Namespace, facts: dict[str, Any]) -> dict[str, Any]:
     """Each context's disk use against its quota (node/sandbox/disk.py), read through the
     node's mount namespace, where its contexts' disks are mounted."""
     from node.cli.common import config_of
-    from node.runners.sandboxes import work_root
-    from node.sandbox.disk import context_disks
+    from node.sandbox.disk import context_disks, work_root_of
 
     config = config_of(args)
     pid = facts["node"].get("pid", "")
     root = f"/proc/{pid}/root" if str(pid).isdigit() else "/"
-    return context_disks(work_root(config), list(facts["contexts"]), config.limits, root)
+    return context_disks(work_root_of(config.home), list(facts["contexts"]), config.limits, root)
 
 
 def _disk_text(disk: dict[str, Any] | None) -> str:

@@ -337,7 +337,7 @@ _HELP = {
     "default: python\njobs of a context run one after another in a warm process, and can see "
     "traces of each other);\n[sandbox.<context id>]: network = true lets that context's jobs "
     "use the network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox, fresh_process "
-    "as above for that context;\nwork_dir = \"per_job\" empties the work dir after each job "
+    'as above for that context;\nwork_dir = "per_job" empties the work dir after each job '
     '(default "keep")',
     "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
     'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '

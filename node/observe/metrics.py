@@ -243,15 +243,15 @@ def disk_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     """Each context's disk use and quota (docs/security/bounds.md): used only where a quota is
     in force (its work dir a file system of its own); an alert on used / quota near 1 sees a
     context about to get ``disk_limit``."""
-    from node.runners.sandboxes import work_root
-    from node.sandbox.disk import context_disks
+    from node.sandbox.disk import context_disks, work_root_of
 
     gauge = GaugeMetricFamily(
         "hero_context_disk_bytes",
         "A context's work dir: used bytes (where a quota is in force) and its quota.",
         labels=["ctx", "kind"],
     )
-    disks = context_disks(work_root(state.config), sorted(scrape.depths), state.config.limits)
+    root = work_root_of(state.config.home)
+    disks = context_disks(root, sorted(scrape.depths), state.config.limits)
     for ctx, disk in disks.items():
         gauge.add_metric([ctx, "quota"], float(int(str(disk["quota_mb"])) * 2**20))
         if disk["enforced"]:

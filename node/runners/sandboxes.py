@@ -7,6 +7,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from node.config import NodeConfig
+from node.sandbox.disk import work_root_of
 from node.sandbox.limits import limits_for, raised
 from node.sandbox.probe import Isolation, probe, sandbox_spec
 from node.sandbox.settings import bwrap_of, context_settings
@@ -16,7 +17,7 @@ log = logging.getLogger("node.sandbox")
 
 def work_root(config: NodeConfig) -> Any:  # noqa: ANN401 - a Path
     """Where each context's work dir is (``<home>/work/<context id>``)."""
-    return config.home / "work"
+    return work_root_of(config.home)
 
 
 _EXPLAINED = {

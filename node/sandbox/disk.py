@@ -91,6 +91,11 @@ def tools() -> str:
     return f"not found: {', '.join(missing)}" if missing else ""
 
 
+def work_root_of(home: Path) -> Path:
+    """Where each context's work dir is: ``<home>/work/<context id>``."""
+    return home / "work"
+
+
 def image_of(work_dir: Path) -> Path:
     return work_dir.parent / IMAGES / f"{work_dir.name}.img"
 
