@@ -117,16 +117,21 @@ def find(
 def _v2_dir(base: str, name: str) -> str:
     """The node's v2 directory under its delegated cgroup ``base``, with the controllers
     enabled for its children ("" if they cannot be). A cgroup that hands controllers down may
-    hold no process itself: the processes in ``base`` move to a leaf ``hero-node`` first."""
+    hold no process itself: the processes in ``base`` move to a leaf ``hero-node`` first, but
+    only if they are all this process and its children (a unit's, ``Delegate=yes``), never a
+    terminal's scope, whose shell is not the node's to move."""
     try:
         have = Path(base, "cgroup.controllers").read_text().split()
         if not set(CONTROLLERS) <= set(have):
             return ""
         enable = " ".join(f"+{c}" for c in CONTROLLERS)
         if not set(CONTROLLERS) <= set(Path(base, "cgroup.subtree_control").read_text().split()):
+            procs = [int(p) for p in Path(base, "cgroup.procs").read_text().split()]
+            if not all(_ours(pid) for pid in procs):
+                return ""
             leaf = Path(base, "hero-node")
             leaf.mkdir(exist_ok=True)
-            for pid in Path(base, "cgroup.procs").read_text().split():
+            for pid in map(str, procs):
                 with contextlib.suppress(OSError):  # gone meanwhile
                     Path(leaf, "cgroup.procs").write_text(pid)
             Path(base, "cgroup.subtree_control").write_text(enable)
@@ -136,6 +141,22 @@ def _v2_dir(base: str, name: str) -> str:
         return str(made)
     except OSError:
         return ""
+
+
+def _ours(pid: int, me: int = 0) -> bool:
+    """Whether ``pid`` is this process or one of its descendants."""
+    me = me or os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def sweep(cg: Cgroups) -> None:

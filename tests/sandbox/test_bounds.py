@@ -343,11 +343,18 @@ def test_cgroup_v2_needs_a_delegated_subtree_with_the_controllers(tmp_path: Path
     (tmp_path / "cgroup").write_text("0::/own\n")
     (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (own / "cgroup.subtree_control").write_text("")
-    (own / "cgroup.procs").write_text("")
+    # a process that is not the node's (a terminal's shell, here pytest's parent) is there:
+    # not the node's to move, so no v2
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n{os.getppid()}\n")
+    none = cgroups.find("n2", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert none.mode == "rlimits"
+    assert (own / "cgroup.subtree_control").read_text() == ""
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n")  # the node's alone: moved, enabled
     found = cgroups.find("n2", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
     assert found.mode == "cgroup v2"
     assert found.dirs == {cgroups.UNIFIED: str(own / "hero-n2")}
     assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (own / "hero-node" / "cgroup.procs").read_text() == str(os.getpid())
     (own / "cgroup.controllers").write_text("cpu io\n")  # no memory, no pids delegated
     assert cgroups.find("n3", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo")).version == ""
 
