@@ -29,7 +29,7 @@ from bus.client.api import open_client
 from crypto import read_key_file
 from node.config import render_config
 from node.config.console import ConsoleConfig
-from node.sandbox import cgroups
+from node.sandbox import cgroups, disk
 from node.sandbox.disk import IMAGES
 from node.sandbox.limits import (
     Ending,
@@ -251,6 +251,7 @@ async def _job(client, node: DiskNode, ctx: int, script: str):  # noqa: ANN001, 
 
 
 @needs_root
+@pytest.mark.skipif(bool(disk.tools()), reason=f"no disk quota here: {disk.tools()}")
 async def test_a_job_past_its_quota_ends_disk_limit_and_nothing_else_sees_it(disk_node) -> None:
     node = disk_node
     async with open_client(node.redis_url) as client:
