@@ -103,6 +103,8 @@ def _disks(args: argparse.Namespace, facts: dict[str, Any]) -> dict[str, Any]:
 def _disk_text(disk: dict[str, Any] | None) -> str:
     if not disk:
         return "disk ?"
+    if disk["enforced"] is None:
+        return "disk: unknown here (the node's mounts are root's to look at)"
     if not disk["enforced"]:
         return f"disk: no quota in force (disk_mb {disk['quota_mb']})"
     used, size = disk["used_bytes"] / 2**20, disk["size_bytes"] / 2**20

@@ -180,6 +180,9 @@ def mount_quota(work_dir: Path, size_mb: int, uid: int) -> None:
             _run("resize2fs", "-f", str(image))
         if any(work_dir.iterdir()):
             log.warning("%s held files before its quota: they are hidden under the mount", work_dir)
+        # an earlier run's namespace may still hold it (an orphaned runner finishing its
+        # job): mount finds the image's loop device and reuses it, so both see one file
+        # system, never two mounted from one image
         _run("mount", "-o", "loop,nosuid,nodev", str(image), str(work_dir))
         _overcommitted(image.parent)
         with contextlib.suppress(OSError):  # a job has no use for it, and cannot remove it
@@ -221,21 +224,26 @@ def context_disks(
     """Each context's disk use against its quota, as ``status`` and /metrics show it.
     ``root``: where the node's mount namespace is seen from (``/proc/<node pid>/root`` for a
     process outside it). ``used_bytes`` is None where the work dir has no file system of its own
-    (no quota in force: ``enforced`` False)."""
+    (no quota in force: ``enforced`` False), or where it cannot be seen from here (``enforced``
+    None: the node's mounts are root's to look at)."""
     from node.sandbox.limits import limits_for
 
     out: dict[str, dict[str, object]] = {}
     base = Path(root) / work_root.relative_to("/")
     for ctx in contexts:
         quota = limits_for(limits, ctx).disk_mb
+        seen: bool | None = True
         try:
+            os.stat(base / str(ctx))
             got = use(base / str(ctx))
+        except PermissionError:  # the node's namespace is not this user's to look into
+            got, seen = None, None
         except OSError:
             got = None
         out[str(ctx)] = {
             "quota_mb": quota,
             "used_bytes": got.used_bytes if got else None,
             "size_bytes": got.quota_bytes if got else None,
-            "enforced": got is not None and quota > 0,
+            "enforced": (got is not None and quota > 0) if seen else None,
         }
     return out
