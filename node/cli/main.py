@@ -282,7 +282,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     elif not config.redis_url:
         print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     if config.console.enabled:
-        print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
+        print(f"  console:    http://{config.console.listen} (read-only; docs/operate/console.md)")
     # auto stays in config.toml (each start probes again); here is what it picks on this host
     from node.runners.sandboxes import explain, probe_config
 
@@ -305,7 +305,7 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     if config.redis_url:
         raise NodeError(
             "this node uses the Redis of its redis_url setting: create the ACL users on that "
-            "server yourself (README: Who may write the node's Valkey)"
+            "server yourself (docs/security/valkey.md)"
         )
     print(role_url(config, reachable_url(config), args.role))
     return 0

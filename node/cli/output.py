@@ -1,7 +1,7 @@
 """How read commands print: a table for people, or one stable JSON document with ``--json``.
 
 Every ``--json`` output is a single JSON value on stdout (an object, or a list for the ``list``
-commands), with the field names README "JSON output" documents; timestamps are unix seconds,
+commands), with the field names docs/use/cli.md documents; timestamps are unix seconds,
 never formatted dates (integers, except in a hash printed as stored, whose values are all
 strings).
 """
@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-JSON_HELP = "print one JSON document instead of text (shapes: README, JSON output)"
+JSON_HELP = "print one JSON document instead of text (shapes: docs/use/cli.md)"
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """Lists and registry commands: job/flow list with filters, peer/actor/context list and
-remove, ``peer add`` validation, and the ``--json`` shapes README "JSON output" documents."""
+remove, ``peer add`` validation, and the ``--json`` shapes docs/use/cli.md documents."""
 
 from __future__ import annotations
 
