@@ -201,8 +201,9 @@ class Reason(StrEnum):
     STOPPED = "stopped", "The job was stopped by its caller or an admin. Stops, runners."
     MEMORY_LIMIT = (
         "memory_limit",
-        "The job ran out of its memory limit (`[limits] memory_mb`, the address space of each of "
-        "its processes): an allocation failed and the job ended on it. Runners.",
+        "The job ran out of its memory limit (`[limits] memory_mb`: its whole tree's memory, "
+        "/tmp included, where the node has cgroups; else the address space of each of its "
+        "processes): an allocation failed, or the kernel killed a process of it. Runners.",
     )
     CPU_LIMIT = (
         "cpu_limit",
@@ -211,8 +212,13 @@ class Reason(StrEnum):
     )
     PIDS_LIMIT = (
         "pids_limit",
-        "The job could not start another process or thread (`[limits] processes`) and ended on "
-        "it. Runners.",
+        "The job could not start another process or thread (`[limits] processes`: its whole "
+        "tree's, where the node has cgroups) and ended on it. Runners.",
+    )
+    DISK_LIMIT = (
+        "disk_limit",
+        "The job wrote past its context's disk quota (`[limits] disk_mb`, the work dir as a "
+        "whole) or filled its /tmp, and ended on it (ENOSPC or EDQUOT). Runners.",
     )
     FILE_SIZE_LIMIT = (
         "file_size_limit",

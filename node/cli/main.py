@@ -325,11 +325,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from node.host.hardening import not_dumpable
+    from node.sandbox.disk import private_mounts
 
     config = config_of(args)
     # before the key is read: no process of this uid may read the node's memory or environment
     not_dumpable()
     key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
+    private_mounts()  # before any thread: the context disks it mounts end with the node
     trio.run(_run_until_signal, config, key)
     return 0
 

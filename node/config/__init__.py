@@ -326,15 +326,19 @@ _HELP = {
     "loud in logs, status, /metrics)",
     "job_uid_base": "strict: the jobs of context N run as uid and gid job_uid_base + N "
     "(no /etc/passwd entry needed)",
-    "limits": "limits of every job (rlimits): processes, memory_mb, cpu_s, open_files, "
-    "file_size_mb;\na [limits.<context id>] table overrides any of them for that context",
+    "limits": "limits of every job: processes, memory_mb (each job's whole tree where the "
+    "node has cgroups),\ncpu_percent (the tree's CPU share, cgroups), cpu_s, open_files, "
+    "file_size_mb, disk_mb (the context's\nwork dir as a whole, strict mode as root; 0: none); "
+    "a [limits.<context id>] table overrides\nany of them for that context, loudly "
+    "(docs/security/bounds.md)",
     "sandbox": "optional: bwrap (the program), recycle_jobs (the most jobs a warm sandbox "
     "runs before it is\nreplaced), fresh_process (true: each job in a fresh process of the "
     "sandbox; false, the "
     "default: python\njobs of a context run one after another in a warm process, and can see "
     "traces of each other);\n[sandbox.<context id>]: network = true lets that context's jobs "
     "use the network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox, fresh_process "
-    "as above for that context",
+    'as above for that context;\nwork_dir = "per_job" empties the work dir after each job '
+    '(default "keep")',
     "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
     'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '
     "both; an actor's signatures must be of its registered key's algorithm anyway",
