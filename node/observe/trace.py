@@ -194,9 +194,22 @@ def job_trace(key: str, records: Records) -> JobTrace:
     if not ran and not trace.status and held:
         first = next(iter(held.values())).get("fields", {})
         trace.status, trace.reason = first.get("status", ""), first.get("reason", "")
-    trace.hops.sort(key=lambda h: h.at)
+    trace.hops.sort(key=_order)
     _durations(trace.hops)
     return trace
+
+
+# where hops recorded in the same second go: in the order a job lives them (many records are
+# whole seconds, so a result and the attempt that made it often share one)
+_STEPS = {  # the longer names first: "result received" is not "received"
+    "result received": 5, "message failed": 6, "submitted": 0, "acknowledged by destination": 1,
+    "received": 2, "queued": 3, "attempt": 4,
+}  # fmt: skip
+
+
+def _order(hop: Hop) -> tuple[float, int, int]:
+    step = next((n for s, n in _STEPS.items() if hop.what.endswith(s)), len(_STEPS))
+    return hop.at, step, hop.attempt or 0
 
 
 def _durations(hops: list[Hop]) -> None:

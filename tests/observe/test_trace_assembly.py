@@ -88,3 +88,10 @@ def test_a_messages_jobs():
     job = '[{"id": 5, "caller_id": 1}, {"id": 6, "caller_id": 1}]'
     assert message_job_keys({"job": job}) == ["job:1:5", "job:1:6"]
     assert message_job_keys({"job": "[{}]"}) == []
+
+
+def test_hops_of_the_same_second_keep_the_order_a_job_lives_them():
+    data = records()
+    data[ORIGIN][JOB]["fields"]["updated_at"] = "106"  # the result, in the retry's second
+    whats = [h.what for h in job_trace(JOB, data).hops]
+    assert whats[-2:] == ["attempt", "result received"]
