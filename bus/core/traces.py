@@ -232,6 +232,41 @@ def parse_tell(obj: object) -> Tell:
         raise AskRefused(Reason.MALFORMED, "tell's reason and detail must be strings")
     if not isinstance(records, dict) or len(records) > MAX_RECORDS:
         raise AskRefused(Reason.MALFORMED, f"tell's records: an object of up to {MAX_RECORDS}")
-    if not all(isinstance(k, str) and isinstance(v, dict) for k, v in records.items()):
-        raise AskRefused(Reason.MALFORMED, "tell's records must map keys to objects")
+    for key, record in records.items():
+        problem = _record_problem(record)
+        if problem:
+            raise AskRefused(Reason.MALFORMED, f"tell's record of {str(key)[:80]!r}: {problem}")
     return Tell(ask, node, records, reason, detail)
+
+
+_SCALAR = (str, int, float, type(None))
+
+
+def _record_problem(record: object) -> str:
+    """Why a told record is not one a timeline can read ("" if it is): a peer is an
+    authenticated node, not a trusted one."""
+    if not isinstance(record, dict) or set(record) - {"fields", "attempts", "dag"}:
+        return "not an object of fields, attempts and dag"
+    fields = record.get("fields", {})
+    if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+        return "fields must map names to strings"
+    attempts, dag = record.get("attempts", []), record.get("dag", [])
+    if not isinstance(attempts, list) or len(attempts) > MAX_ATTEMPTS:
+        return f"attempts must be a list of up to {MAX_ATTEMPTS}"
+    if not all(
+        isinstance(a, dict) and all(isinstance(v, _SCALAR) for v in a.values()) for a in attempts
+    ):
+        return "an attempt must map names to numbers or strings"
+    if not isinstance(dag, list) or len(dag) > 4 * MAX_KEYS:
+        return "dag must be a list"
+    for job in dag:
+        if not (
+            isinstance(job, dict)
+            and isinstance(job.get("id"), str)
+            and isinstance(job.get("job_id"), int)
+            and isinstance(job.get("node"), str)
+            and isinstance(job.get("depends"), list)
+            and all(isinstance(d, str) for d in job["depends"])
+        ):
+            return "a dag job needs id, job_id, node and depends"
+    return ""

@@ -202,11 +202,17 @@ class TraceDesk:
     # -- a peer's answer -------------------------------------------------------------------------
 
     async def on_tell(self, link: Link, body: Mapping[str, Any]) -> None:
+        raw = body.get("tell")
         try:
-            tell = parse_tell(body.get("tell"))
+            tell = parse_tell(raw)
         except AskRefused as bad:
             log.warning("bad tell from %s…: %s", link.peer_id[:16], bad)
             self.node.counters.count("trace_tells_malformed")
+            ask_id = raw.get("ask") if isinstance(raw, dict) else None
+            if isinstance(ask_id, int) and self._carried.get(ask_id) == link.peer_id:
+                del self._carried[ask_id]  # its client is told why, not left to time out
+                said = Tell(ask_id, link.peer_id, reason=bad.reason, detail=bad.detail)
+                await traces.tell_client(self.node.store, ask_id, json.dumps(said.to_dict()))
             return
         if self._carried.get(tell.ask) != link.peer_id:
             log.warning(

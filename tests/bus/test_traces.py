@@ -110,10 +110,32 @@ def test_an_answer_holds_only_the_timeline_fields_cut_short():
 
 
 def test_tells_are_checked():
-    assert parse_tell({"ask": 1, "node": ANSWERER, "records": {"job:1:2": {}}}).records
-    for bad in ({"ask": "1", "node": ""}, {"ask": 1, "node": "", "records": {"k": 1}}, []):
+    record = {"fields": {"status": "finished"}, "attempts": [{"attempt": 1, "ended_at": None}],
+              "dag": [{"id": "A", "job_id": 5, "node": ANSWERER, "depends": []}]}  # fmt: skip
+    assert parse_tell({"ask": 1, "node": ANSWERER, "records": {"job:1:2": record}}).records
+    for bad in ({"ask": "1", "node": ""}, {"ask": True, "node": ""}, []):
         with pytest.raises(AskRefused):
             parse_tell(bad)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        1,
+        {"fields": "finished"},
+        {"fields": {"status": 3}},
+        {"attempts": {"attempt": 1}},
+        {"attempts": [{"attempt": [1]}]},
+        {"attempts": [{}] * 33},
+        {"dag": [{"id": "A", "job_id": "5", "node": "", "depends": []}]},
+        {"dag": [{"id": "A", "job_id": 5, "node": "", "depends": [1]}]},
+        {"script": "x"},
+    ],
+)
+def test_a_tell_whose_record_a_timeline_cannot_read_is_malformed(record):
+    with pytest.raises(AskRefused) as refused:
+        parse_tell({"ask": 1, "node": ANSWERER, "records": {"job:1:2": record}})
+    assert refused.value.reason == "malformed"
 
 
 def test_ask_and_tell_frames_decode_and_need_an_object():

@@ -9,7 +9,11 @@ import sys
 import jsonschema
 import trio
 
-from crypto import KeyPair, write_key_file
+from bus.core.frames import Frame
+from bus.core.ids import new_nonce, now
+from bus.core.traces import Ask
+from bus.wire.transport import Link, Transport, TransportConfig
+from crypto import KeyPair, read_key_file, write_key_file
 from node.cli.output import schema_path
 from tests.flows.test_flows import job, mesh
 
@@ -130,3 +134,77 @@ async def test_a_peer_refuses_an_actor_that_may_not_read_the_context(node_factor
     assert bob.info.state.counters.metrics["trace_refused_permission_denied"] == 1
     assert told["nodes"][bob.node_id]["told"] is True
     assert [h for h in told["jobs"][0]["hops"] if h["node"] == bob.node_id]
+
+
+class FakePeer:
+    """A node the node under test knows, on our own Transport: it keeps the tells it gets."""
+
+    def __init__(self) -> None:
+        self.key = KeyPair.generate()
+        self.tells: dict[int, dict] = {}
+        self.got = trio.Event()
+
+    async def on_frame(self, link: Link, frame: Frame) -> None:
+        if frame.type == "tell":
+            self.tells[frame.body["tell"]["ask"]] = frame.body["tell"]
+            self.got.set()
+            self.got = trio.Event()
+
+    async def on_bad_frame(self, link: Link, detail: str) -> None:
+        raise AssertionError(f"the node sent a bad frame: {detail}")
+
+    async def told(self, ask_id: int) -> dict:
+        while ask_id not in self.tells:
+            await self.got.wait()
+        return self.tells[ask_id]
+
+
+async def linked_peer(nursery, node) -> tuple[FakePeer, Link, KeyPair]:  # noqa: ANN001
+    """A fake peer dialling ``node``, and actor 50, an executor of context 1 there."""
+    peer, actor = FakePeer(), KeyPair.generate()
+    await node.client.register_actor(50, actor.public_hex)
+    await node.client.register_context(1, admins=[node.config.actor_id], executors=[50])
+    await node.client.add_peer(peer.key.public_hex, "", name="fake")
+    transport = Transport(
+        peer.key, lambda: {node.node_id}, peer.on_frame, peer.on_bad_frame, TransportConfig()
+    )
+    nursery.start_soon(transport.dial_forever, node.node_id, node.info.ws_url)
+    with trio.fail_after(30):
+        return peer, await transport.wait_link(node.node_id), actor
+
+
+async def test_asks_and_tells_from_a_peer_get_reasons_never_a_traceback(node_factory, nursery):
+    """A peer on an authenticated link: a malformed ask, an ask naming another node, an ask of
+    an executor (told, without the script), and a tell nobody asked for."""
+    alice = await node_factory("alice")
+    peer, link, actor = await linked_peer(nursery, alice)
+    with trio.fail_after(30):
+        message = await alice.client.submit_job(
+            read_key_file(alice.config.actor_key_path), 1, to=alice.node_id, context_id=1,
+            script_type="python", script="print('secret')",
+        )  # fmt: skip
+        await alice.client.wait_results(message, 20)
+        [sent] = message.job
+        me = peer.key.public_hex
+
+        def ask(ask_id: int, **changes: object) -> dict:
+            fields: dict = dict(
+                id=ask_id, caller_id=50, context_id=1, node=me, target=alice.node_id,
+                keys=(sent.key,), created_at=now(), nonce=new_nonce(),
+            )  # fmt: skip
+            return Ask(**(fields | changes)).signed(actor).to_dict()
+
+        await link.send("ask", ask=ask(1) | {"keys": ["actor:1"]})  # only jobs, messages, flows
+        await link.send("ask", ask=ask(2, node="c" * 64))
+        await link.send("ask", ask=ask(3))
+        await link.send("tell", tell={"ask": 99, "node": me, "records": {}})
+        refused_shape, refused_node, answer = [await peer.told(n) for n in (1, 2, 3)]
+    assert (refused_shape["reason"], refused_node["reason"]) == ("malformed", "wrong_origin")
+    job = answer["records"][sent.key]
+    assert (job["fields"]["status"], job["fields"]["attempt"]) == ("finished", "1")
+    assert answer["records"][message.key]["fields"]["status"] == "processed"  # its message
+    assert "secret" not in json.dumps(answer)  # neither its script nor its output
+    counted = alice.info.state.counters.metrics
+    assert counted["trace_refused_malformed"] == counted["trace_refused_wrong_origin"] == 1
+    assert counted["trace_tells_unasked"] == 1
+    assert not await alice.store.call(0, lambda r: r.keys("trace:told:*"))  # nothing handed on
