@@ -18,6 +18,7 @@ can only reveal again the same records to the same node, over the link it was bo
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -270,3 +271,34 @@ def _record_problem(record: object) -> str:
         ):
             return "a dag job needs id, job_id, node and depends"
     return ""
+
+
+# -- reading the records a tell holds ----------------------------------------------------------
+
+
+def flow_dag(flow_fields: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A flow's jobs from its signed document: id, RunnerJob id, node, depends (never a
+    script or an env value). [] if the document cannot be read."""
+    try:
+        doc = json.loads(flow_fields.get("doc", ""))
+        jobs = doc["jobs"]
+        return [
+            {
+                "id": str(j["id"]),
+                "job_id": int(j["job_id"]),
+                "node": str(j.get("node", "")),
+                "depends": [str(d) for d in j.get("depends", j.get("dependends", []))],
+            }
+            for j in jobs
+        ]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def message_job_keys(message_fields: Mapping[str, str]) -> list[str]:
+    """The keys of the jobs a message carries ([] if its ``job`` field cannot be read)."""
+    try:
+        jobs = json.loads(message_fields.get("job", "[]"))
+        return [f"job:{int(j['caller_id'])}:{int(j['id'])}" for j in jobs]
+    except (ValueError, KeyError, TypeError):
+        return []

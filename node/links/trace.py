@@ -31,6 +31,7 @@ from bus.core.traces import (
     Tell,
     actor_problem,
     ask_problem,
+    flow_dag,
     parse_ask,
     parse_tell,
     told_attempts,
@@ -40,7 +41,6 @@ from bus.errors import BusError
 from bus.store import records, traces
 from bus.store.connection import Store
 from bus.wire.transport import Link, Transport
-from node.observe.trace import flow_dag
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ which attempt, and its outcome. Retries are attempts, one hop each, never folded
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,43 +69,18 @@ class JobTrace:
 
 
 def _num(value: object) -> float | None:
+    """A recorded number (a peer's records are text it chose): None unless finite and
+    plausible, so that no record can make a time unprintable."""
     try:
-        return float(str(value))
+        n = float(str(value))
     except ValueError:
         return None
+    return n if math.isfinite(n) and 0 <= n < 1e14 else None
 
 
 def _ms(value: object) -> float | None:
     n = _num(value)
     return None if n is None else n / 1000
-
-
-def flow_dag(flow_fields: Mapping[str, str]) -> list[dict[str, Any]]:
-    """A flow's jobs from its signed document: id, RunnerJob id, node, depends (never a
-    script or an env value). [] if the document cannot be read."""
-    try:
-        doc = json.loads(flow_fields.get("doc", ""))
-        jobs = doc["jobs"]
-        return [
-            {
-                "id": str(j["id"]),
-                "job_id": int(j["job_id"]),
-                "node": str(j.get("node", "")),
-                "depends": [str(d) for d in j.get("depends", j.get("dependends", []))],
-            }
-            for j in jobs
-        ]
-    except (ValueError, KeyError, TypeError):
-        return []
-
-
-def message_job_keys(message_fields: Mapping[str, str]) -> list[str]:
-    """The keys of the jobs a message carries ([] if its ``job`` field cannot be read)."""
-    try:
-        jobs = json.loads(message_fields.get("job", "[]"))
-        return [f"job:{int(j['caller_id'])}:{int(j['id'])}" for j in jobs]
-    except (ValueError, KeyError, TypeError):
-        return []
 
 
 def _message_hops(node: str, fields: Mapping[str, str]) -> list[Hop]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from node.observe.trace import flow_dag, flow_trace, job_trace, message_job_keys
+from bus.core.traces import flow_dag, message_job_keys
+from node.observe.trace import flow_trace, job_trace
 
 ORIGIN, RAN = "a" * 64, "b" * 64
 JOB, MSG = "job:1:5", "message:1:9"
