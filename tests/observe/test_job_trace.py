@@ -1,5 +1,6 @@
-"""``hero-node job trace`` through real nodes: a cross-node job, a cross-node flow with a
-retried job, and a peer that refuses to tell about a context the asking actor may not read."""
+"""``hero-node job trace`` through real nodes: a cross-node job, a diamond flow over three
+nodes with a retried job, a peer that refuses to tell about a context the asking actor may not
+read (and one that is gone), and hostile asks and tells from a peer over a real link."""
 
 from __future__ import annotations
 
@@ -46,17 +47,19 @@ def valid(doc: dict) -> dict:
     return doc
 
 
-async def test_trace_follows_a_job_and_a_flow_with_a_retry_across_nodes(node_factory):
-    alice, bob = await node_factory("alice"), await node_factory("bob")
-    actor = await mesh(alice, bob)
+async def test_trace_follows_a_job_and_a_diamond_with_a_retry_across_three_nodes(node_factory):
+    alice, bob, carol = [await node_factory(n) for n in ("alice", "bob", "carol")]
+    actor = await mesh(alice, bob, carol)
     spec = {
-        "name": "pair",
+        "name": "diamond",
         "jobs": [
             job("A", "self", "print(6)"),
             job("B", "bob", FAIL_ONCE, depends=["A"], retries=1, env={"HERO_MARK": "flow"}),
+            job("C", "carol", "echo c", kind="sh", depends=["A"]),
+            job("D", "alice", "print('d')", depends=["B", "C"]),
         ],
     }
-    with trio.fail_after(45):
+    with trio.fail_after(50):
         message = await alice.client.submit_job(
             actor, 1, to=bob.node_id, context_id=1, script_type="python", script="print(1)"
         )
@@ -64,23 +67,22 @@ async def test_trace_follows_a_job_and_a_flow_with_a_retry_across_nodes(node_fac
         flow_id = await alice.client.submit_flow(actor, 1, spec, context_id=1)
         await alice.client.wait_flow(flow_id, 1, timeout_s=30)
 
-        # a job sent to bob: submitted and acknowledged on alice, received and run on bob
+        # a job sent to bob, by its message: submitted and acknowledged on alice, received and
+        # run on bob
         [sent] = message.job
-        code, doc, _ = await trace(alice, sent.key, "--json")
+        code, doc, _ = await trace(alice, message.key, "--json")
         assert code == 0
         [traced] = valid(doc)["jobs"]
-        assert (traced["node"], traced["status"], traced["attempts"]) == (
+        assert (traced["key"], traced["node"], traced["status"], traced["attempts"]) == (
+            sent.key,
             bob.node_id,
             "finished",
             1,
         )
         steps = [(h["node"], h["what"]) for h in traced["hops"]]
-        assert (alice.node_id, "job message submitted") in steps
+        assert steps[0] == (alice.node_id, "job message submitted")
         assert (bob.node_id, "received") in steps
-        assert (bob.node_id, "attempt") in steps
-        assert steps.index((alice.node_id, "job message submitted")) < steps.index(
-            (bob.node_id, "attempt")
-        )
+        assert steps.index((bob.node_id, "received")) < steps.index((bob.node_id, "attempt"))
         assert doc["nodes"][bob.node_id]["told"] is True
 
         # the flow: each job on its node, B's two attempts on bob
@@ -89,18 +91,20 @@ async def test_trace_follows_a_job_and_a_flow_with_a_retry_across_nodes(node_fac
     assert code == code_text == 0
     assert valid(doc)["flow"]["status"] == "finished"
     jobs = {j["flow_job"]: j for j in doc["jobs"]}
-    assert (jobs["A"]["node"], jobs["A"]["attempts"]) == (alice.node_id, 1)
-    assert (jobs["B"]["node"], jobs["B"]["attempts"], jobs["B"]["depends"]) == (
-        bob.node_id,
-        2,
-        ["A"],
-    )
+    placed = {k: (j["node"], j["attempts"], j["depends"]) for k, j in jobs.items()}
+    assert placed == {
+        "A": (alice.node_id, 1, []),
+        "B": (bob.node_id, 2, ["A"]),
+        "C": (carol.node_id, 1, ["A"]),
+        "D": (alice.node_id, 1, ["B", "C"]),
+    }
     attempts = [h for h in jobs["B"]["hops"] if h["what"] == "attempt"]
     assert [(h["node"], h["attempt"], h["outcome"]) for h in attempts] == [
         (bob.node_id, 1, "error"),
         (bob.node_id, 2, "finished"),
     ]
     assert attempts[0]["detail"] == "exit code 3"
+    assert all(doc["nodes"][n]["told"] for n in (bob.node_id, carol.node_id))
     assert "os.environ" not in json.dumps(doc)  # never a script
     assert f"B job:1:{spec_job_id(doc, 'B')} on bob" in text
     assert "#2 finished" in text
@@ -134,6 +138,12 @@ async def test_a_peer_refuses_an_actor_that_may_not_read_the_context(node_factor
     assert bob.info.state.counters.metrics["trace_refused_permission_denied"] == 1
     assert told["nodes"][bob.node_id]["told"] is True
     assert [h for h in told["jobs"][0]["hops"] if h["node"] == bob.node_id]
+    # bob gone: named as unavailable at once (no link), alice's own part still shown
+    await bob.stopped()
+    with trio.fail_after(30):
+        _, alone, _ = await trace(alice, sent.key, "--json")
+    assert valid(alone)["nodes"][bob.node_id]["reason"] == "peer_unavailable"
+    assert alone["jobs"][0]["hops"][0]["what"] == "job message submitted"
 
 
 class FakePeer:
