@@ -58,6 +58,12 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NONCE = re.compile(r"[0-9a-f]{16,64}")
 
 
+def is_traceable(key: str) -> bool:
+    """Whether ``key`` names what a trace follows: ``job:<caller>:<id>``, ``message:<caller>:<id>``
+    or ``flow:<id>``."""
+    return _KEY.fullmatch(key) is not None
+
+
 class AskRefused(Exception):  # noqa: N818 - a refusal, not an error of the code
     """Why an ask is not answered: ``reason`` (a token) and ``detail`` (human text)."""
 
@@ -116,7 +122,7 @@ def parse_ask(obj: object) -> Ask:
     names, sigs = obj.get("keys"), obj.get("signatures")
     if not isinstance(names, list) or not 0 < len(names) <= MAX_KEYS:
         raise AskRefused(Reason.MALFORMED, f"ask must name 1 to {MAX_KEYS} keys")
-    bad = [k for k in names if not isinstance(k, str) or not _KEY.fullmatch(k)]
+    bad = [k for k in names if not isinstance(k, str) or not is_traceable(k)]
     if bad:
         raise AskRefused(Reason.MALFORMED, f"not a job, message or flow key: {str(bad[0])[:80]!r}")
     if not isinstance(sigs, list) or not all(isinstance(s, dict) for s in sigs) or len(sigs) > 4:

@@ -44,10 +44,14 @@ def add_job_trace(job: Any) -> None:  # noqa: ANN401 (argparse's private type)
 
 async def job_trace_cmd(client: Client, args: argparse.Namespace) -> int:
     """Gather and print; exit 1 if this node holds no record of the key."""
+    from bus.core.traces import is_traceable
     from crypto import load_signing_key_file
     from node.links.asks import Asker, gather_trace, subject
 
     ctx, key = context_of(args), subject(args.key)
+    if not is_traceable(key):
+        print(f"hero-node: {key[:80]!r} is not a job, message or flow key", file=sys.stderr)
+        return 2
     config = config_of(args)
     signer = load_signing_key_file(args.key_file or config.actor_key_path)
     own = await client.node_id()

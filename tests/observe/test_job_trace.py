@@ -138,6 +138,11 @@ async def test_a_peer_refuses_an_actor_that_may_not_read_the_context(node_factor
     assert bob.info.state.counters.metrics["trace_refused_permission_denied"] == 1
     assert told["nodes"][bob.node_id]["told"] is True
     assert [h for h in told["jobs"][0]["hops"] if h["node"] == bob.node_id]
+    with trio.fail_after(30):
+        for bad in ("flow:abc", "actor:1"):
+            code, _, said = await trace(alice, bad)
+            assert (code, "is not a job, message or flow key" in said) == (2, True)
+            assert "Traceback" not in said
     # bob gone: named as unavailable at once (no link), alice's own part still shown
     await bob.stopped()
     with trio.fail_after(30):
