@@ -37,7 +37,7 @@ from bus.core.traces import (
     told_attempts,
     told_fields,
 )
-from bus.errors import BusError
+from bus.errors import ContentError
 from bus.store import records, traces
 from bus.store.connection import Store
 from bus.wire.transport import Link, Transport
@@ -79,7 +79,7 @@ async def read_told(store: Store, ctx: int, names: Sequence[str]) -> dict[str, d
                 message = await records.read_message(store, ctx, carrier)
                 if message:
                     told[carrier] = {"fields": told_fields(message, MESSAGE_FIELDS)}
-        except BusError as exc:  # a key of another type: not a record to tell
+        except ContentError as exc:  # a key of another type: not a record to tell
             log.info("trace: %s in context %d not told: %s", name[:80], ctx, exc)
     return told
 

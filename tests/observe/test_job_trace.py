@@ -213,12 +213,15 @@ async def test_asks_and_tells_from_a_peer_get_reasons_never_a_traceback(node_fac
         await link.send("ask", ask=ask(2, node="c" * 64))
         await link.send("ask", ask=ask(3))
         await link.send("tell", tell={"ask": 99, "node": me, "records": {}})
-        refused_shape, refused_node, answer = [await peer.told(n) for n in (1, 2, 3)]
+        await alice.store.lpush(1, "job:9:9", "not a hash")
+        await link.send("ask", ask=ask(4, keys=("job:9:9", "job:9:10", sent.key)))
+        refused_shape, refused_node, answer, mixed = [await peer.told(n) for n in (1, 2, 3, 4)]
     assert (refused_shape["reason"], refused_node["reason"]) == ("malformed", "wrong_origin")
     job = answer["records"][sent.key]
     assert (job["fields"]["status"], job["fields"]["attempt"]) == ("finished", "1")
     assert answer["records"][message.key]["fields"]["status"] == "processed"  # its message
     assert "secret" not in json.dumps(answer)  # neither its script nor its output
+    assert set(mixed["records"]) == {sent.key, message.key}  # a list and an absent key: untold
     counted = alice.info.state.counters.metrics
     assert counted["trace_refused_malformed"] == counted["trace_refused_wrong_origin"] == 1
     assert counted["trace_tells_unasked"] == 1
