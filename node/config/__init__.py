@@ -108,6 +108,8 @@ class NodeConfig:
     max_queued_per_actor: int = 10_000
     max_queued_per_context: int = 100_000
     queue_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # a peer's link stores no more while this many of its messages wait in msg_in (0: none)
+    max_msg_in_per_peer: int = 10_000
     # the node keeps room for itself (node/intake/pressure.py): below this much free disk
     # where its home or its Valkey data is, or with its store this close to maxmemory, it
     # takes no new jobs until there is room again; checked every pressure_check_s
@@ -169,6 +171,7 @@ LOWER_BOUNDS: dict[str, float] = {
     "job_uid_base": 1000,
     "max_queued_per_actor": 0,
     "max_queued_per_context": 0,
+    "max_msg_in_per_peer": 0,
     "disk_headroom_mb": 0,
     "store_max_memory_mb": 0,
     "store_headroom_pct": 1,
@@ -348,6 +351,8 @@ _HELP = {
     "max_queued_per_actor": "queue bounds: an actor may hold at most this many jobs queued and "
     "not started yet in a\ncontext, a context at most max_queued_per_context (0: no bound); a "
     'message past either is\nrefused ("quota_exceeded"); [queue_limits] sets them per context',
+    "max_msg_in_per_peer": "a peer's link stores no more messages (they wait in the peer's "
+    "outbox) while this many\nof them wait in msg_in for the consumer (0: no bound)",
     "disk_headroom_mb": "the node takes no new jobs (they wait in msg_out, msg_in or the peer's "
     "outbox) while the\nfile system of its home or its Valkey data has less free space than "
     "this, or its store uses\nmore than (100 - store_headroom_pct)% of store_max_memory_mb "

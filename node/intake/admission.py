@@ -36,6 +36,7 @@ bounds decided here, and its verdict becomes the refusal here (:func:`quota_refu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -181,6 +182,28 @@ def raised_bounds(config: NodeConfig) -> list[str]:
                 shown = mine or "no bound"
                 out.append(f"context {ctx}: {name} queue bound {shown} (node-wide {node_wide})")
     return out
+
+
+BOUNDS_FIELD = "queue_bounds"  # node:info: the node's queue bounds, for hero-node status
+
+
+def published_bounds(config: NodeConfig) -> str:
+    """The queue bounds as node:info publishes them: ``{"default": [actor, context], "<ctx>":
+    [actor, context], ...}`` (JSON; 0: no bound)."""
+    table = {
+        "default": list(QueueBounds(config.max_queued_per_actor, config.max_queued_per_context))
+    }
+    table |= {ctx: list(queue_bounds(config, int(ctx))) for ctx in config.queue_limits}
+    return json.dumps(table)
+
+
+def bounds_of(info: Mapping[str, str], ctx: int) -> QueueBounds:
+    """Context ``ctx``'s queue bounds as the node published them (0, 0 if it did not)."""
+    try:
+        table = json.loads(info.get(BOUNDS_FIELD) or "{}")
+        return QueueBounds(*table.get(str(ctx), table["default"]))
+    except (ValueError, KeyError, TypeError):
+        return QueueBounds(0, 0)
 
 
 def quota_refusal(message: Message, code: int, detail: str) -> Rejected:
