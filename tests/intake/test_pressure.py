@@ -9,19 +9,22 @@ import argparse
 import os
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from bus.core import keys
-from bus.store import lists
-from crypto import read_key_file
+from bus.store import lists, registry
+from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
+from node.config import NodeConfig
 from node.intake import supervisor
-from node.intake.pressure import DISK, HELD_FIELD, STORE_MEMORY
+from node.intake.pressure import DISK, HELD_FIELD, STORE_MEMORY, run_pressure_watch
 from node.observe.metrics import exposition
-from node.state import IntakeHold
+from node.state import Inbound, IntakeHold, NodeState
 from tests.nodes import until_read
 
 MB = 1024 * 1024
@@ -133,3 +136,60 @@ async def test_jobs_wait_while_the_store_is_near_its_maxmemory(node_factory):
     with trio.fail_after(30):
         [result] = await alice.client.wait_results(message, timeout_s=30)
     assert result.stdout == "late\n"
+
+
+async def test_the_watcher_holds_at_its_first_look_and_resumes_within_one_check(
+    store, tmp_path, mock_clock
+):
+    """The watcher's timing on trio's clock (autojumping once real Valkey I/O is idle): it
+    reports started after its first look, already holding; space back, intake resumes at its
+    next look, no later than ``pressure_check_s``; node:info says so each time."""
+    mock_clock.autojump_threshold = 0.1
+    config = NodeConfig(home=tmp_path, disk_headroom_mb=HEADROOM_MB, pressure_check_s=30.0)
+    node = NodeState(config, KeyPair.generate(), store)
+    free = {"mb": HEADROOM_MB - 1}
+
+    def measure_disk(paths: list[Path]) -> dict[Path, int]:
+        return {p: free["mb"] * MB for p in paths}
+
+    async def no_bound() -> tuple[int, int]:
+        return 0, 0
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(run_pressure_watch, node, measure_disk=measure_disk, measure_memory=no_bound)
+        )
+        assert DISK in node.pressure.hold.held
+        assert "under the headroom of 16 MiB" in (await registry.node_info(store))[HELD_FIELD]
+        free["mb"] = HEADROOM_MB
+        since = trio.current_time()
+        with trio.fail_after(2 * config.pressure_check_s):
+            await node.pressure.hold.wait_open()
+        assert 0 < trio.current_time() - since <= config.pressure_check_s
+        assert (await registry.node_info(store))[HELD_FIELD] == ""
+        assert node.counters.metrics["intake_held_disk"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_link_waits_for_room_until_the_consumer_takes_its_messages():
+    """The per-peer bound of msg_in (node.state.Inbound): a link waits while its peer has
+    ``limit`` messages waiting, and goes on when the consumer takes one; other peers do not
+    wait for it."""
+    inbound = Inbound()
+    inbound.delivered("bob", 3)
+    done: list[str] = []
+
+    async def link(peer: str) -> None:
+        await inbound.wait_room(peer, 3)
+        done.append(peer)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(link, "bob")
+        nursery.start_soon(link, "carol")
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == ["carol"]
+        inbound.taken(["", "carol"])  # not bob's: bob still waits
+        await trio.testing.wait_all_tasks_blocked()
+        assert done == ["carol"]
+        inbound.taken(["bob"])
+    assert done == ["carol", "bob"]

@@ -14,6 +14,8 @@ from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
 from crypto import KeyPair, read_key_file
+from node.cli.status import status_facts
+from node.observe.metrics import exposition
 
 BOUND, FLOOD = 100, 1000
 OTHER = 2  # the actor id of the one who does not flood
@@ -86,6 +88,16 @@ async def test_a_context_bound_holds_across_actors_and_is_set_per_context(node_f
     assert all("actor 1 holds 10 queued jobs" in r.reason for r in over_actor)
     assert all("context 1 holds 15 queued jobs" in r.reason for r in over_context)
     assert await _depths(alice) == {"1": 10, OTHER_S: 5, keys.QUOTA_ALL: 15}
+    # hero-node status and /metrics show each actor's queued jobs against its bound
+    facts = await status_facts(alice.client)
+    assert facts["contexts"][1]["quotas"] == {
+        "actors": {"1": {"depth": 10, "bound": 10}, OTHER_S: {"depth": 5, "bound": 10}},
+        "context": {"depth": 15, "bound": 15},
+    }
+    assert alice.info.state is not None
+    metrics, _ = await exposition(alice.info.state)
+    assert b'hero_actor_queued_jobs{actor="1",ctx="1"} 10.0' in metrics
+    assert b'hero_queue_bound{ctx="1",scope="context"} 15.0' in metrics
 
 
 async def test_a_runner_under_its_acl_user_uncounts_the_job_it_starts(node_factory):
