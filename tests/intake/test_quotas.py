@@ -16,6 +16,7 @@ from bus.core.reasons import Reason
 from crypto import KeyPair, read_key_file
 from node.cli.status import status_facts
 from node.observe.metrics import exposition
+from tests.runners.test_runners import External
 
 BOUND, FLOOD = 100, 1000
 OTHER = 2  # the actor id of the one who does not flood
@@ -109,4 +110,21 @@ async def test_a_runner_under_its_acl_user_uncounts_the_job_it_starts(node_facto
     with trio.fail_after(30):
         [result] = await alice.client.wait_results(message, timeout_s=30)
     assert result.stdout == "ran\n"
+    assert await _depths(alice) == {"1": 0, keys.QUOTA_ALL: 0}
+
+
+async def test_an_external_runners_job_leaves_the_count_when_its_result_is_taken(node_factory):
+    """An external runner starts jobs with raw commands (README "External runners"), not the
+    start script: its job leaves its actor's count when the node takes its result."""
+    alice = await node_factory("alice", runners={"python": 1, "ext": 0})
+    actor = read_key_file(alice.config.actor_key_path)
+    ext = External(alice.store, "ext-1", "ext")
+    await ext.register()
+    with trio.fail_after(30):
+        message = await _submit(alice, actor, 1, "ext", "say 42")
+        job, attempt = await ext.take()
+        assert (await _depths(alice))["1"] == 1  # started by hand: still counted
+        assert await ext.finish(job, attempt, "finished", {"stdout": "42"}) == 1
+        [result] = await alice.client.wait_results(message, timeout_s=30)
+    assert result.ok
     assert await _depths(alice) == {"1": 0, keys.QUOTA_ALL: 0}
