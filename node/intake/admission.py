@@ -179,7 +179,7 @@ def raised_bounds(config: NodeConfig) -> list[str]:
         own = queue_bounds(config, int(ctx))
         for name, mine, node_wide in zip(QueueBounds._fields, own, base, strict=True):
             if node_wide and (mine == 0 or mine > node_wide):
-                shown = mine or "no bound"
+                shown = mine or "lifted"
                 out.append(f"context {ctx}: {name} queue bound {shown} (node-wide {node_wide})")
     return out
 

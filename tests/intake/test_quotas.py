@@ -8,6 +8,7 @@ depth stays at its bound and the test need not race the runners. Scaled down fro
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from bus.core import keys
@@ -15,6 +16,8 @@ from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
 from crypto import KeyPair, read_key_file
 from node.cli.status import status_facts
+from node.config import validate_queue_limits
+from node.errors import ConfigError
 from node.observe.metrics import exposition
 from tests.runners.test_runners import External
 
@@ -128,3 +131,22 @@ async def test_an_external_runners_job_leaves_the_count_when_its_result_is_taken
         [result] = await alice.client.wait_results(message, timeout_s=30)
     assert result.ok
     assert await _depths(alice) == {"1": 0, keys.QUOTA_ALL: 0}
+
+
+async def test_a_bound_raised_for_one_context_is_logged_at_start(node_factory, caplog):
+    await node_factory(
+        "alice",
+        queue_limits={"1": {"actor": 50_000}, "2": {"context": 0}, "3": {"actor": 5}},
+    )
+    raised = [r.getMessage() for r in caplog.records if "queue bound raised" in r.getMessage()]
+    assert raised == [
+        "queue bound raised: context 1: actor queue bound 50000 (node-wide 10000)",
+        "queue bound raised: context 2: context queue bound lifted (node-wide 100000)",
+    ]
+
+
+def test_queue_limits_are_checked_when_the_configuration_is_read():
+    assert validate_queue_limits({"2": {"actor": 5}}) == {"2": {"actor": 5}}
+    for bad in ({"x": {"actor": 5}}, {"2": {"actors": 5}}, {"2": {"actor": -1}}, {"2": 5}):
+        with pytest.raises(ConfigError):
+            validate_queue_limits(bad)
