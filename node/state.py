@@ -356,8 +356,10 @@ class Inbound:
     _taken: trio.Event = field(default_factory=trio.Event)
 
     def delivered(self, peer: str, n: int) -> None:
+        """``n`` more (or, negative, fewer) of ``peer``'s messages wait. A link counts a group
+        before it stores it, so the consumer never takes one not counted yet."""
         if n:
-            self.waiting[peer] = self.waiting.get(peer, 0) + n
+            self.waiting[peer] = max(0, self.waiting.get(peer, 0) + n)
 
     def taken(self, peers: Iterable[str]) -> None:
         """The consumer took these messages (each its peer, "" for none) off ``msg_in``."""

@@ -97,8 +97,7 @@ class LinkHandler:
             # connection confirms it and, the contexts stored one after another, the others
             # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
             since = epoch if i == last else None
-            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
-            self.node.pressure.inbound.delivered(link.peer_id, sum(stored))
+            stored = await self._store(link.peer_id, ctx, group, since)
             self._count("delivered", sum(stored))
             self._count("redelivered", len(group) - sum(stored))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
@@ -113,6 +112,21 @@ class LinkHandler:
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
+
+    async def _store(
+        self, peer: str, ctx: int, group: list[tuple[str, dict[str, str]]], since: int | None
+    ) -> list[bool]:
+        """Deliver ``group`` (routing.deliver), counted as waiting for the consumer from before
+        it is queued (the consumer may pop it at once), then less what was stored already."""
+        inbound = self.node.pressure.inbound
+        inbound.delivered(peer, len(group))
+        try:
+            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+        except BaseException:
+            inbound.delivered(peer, -len(group))
+            raise
+        inbound.delivered(peer, sum(stored) - len(group))
+        return stored
 
     async def _room_for(self, peer: str) -> None:
         """Return once this node may store what ``peer`` sent: nothing holds new jobs, and

@@ -8,6 +8,8 @@ depth stays at its bound and the test need not race the runners. Scaled down fro
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import trio
 
@@ -15,7 +17,7 @@ from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
 from crypto import KeyPair, read_key_file
-from node.cli.status import status_facts
+from node.cli.status import status, status_facts
 from node.config import validate_queue_limits
 from node.errors import ConfigError
 from node.observe.metrics import exposition
@@ -76,7 +78,7 @@ async def test_a_flooding_actor_is_refused_past_its_bound_while_another_actor_ru
     assert result.reason.startswith(f"{Reason.QUOTA_EXCEEDED}: ")
 
 
-async def test_a_context_bound_holds_across_actors_and_is_set_per_context(node_factory):
+async def test_a_context_bound_holds_across_actors_and_is_set_per_context(node_factory, capsys):
     alice = await node_factory(
         "alice",
         runners={"python": 1, "sh": 0},
@@ -102,6 +104,8 @@ async def test_a_context_bound_holds_across_actors_and_is_set_per_context(node_f
     metrics, _ = await exposition(alice.info.state)
     assert b'hero_actor_queued_jobs{actor="1",ctx="1"} 10.0' in metrics
     assert b'hero_queue_bound{ctx="1",scope="context"} 15.0' in metrics
+    await status(alice.client, argparse.Namespace(json=False))
+    assert "queued actor 1=10/10 actor 2=5/10; context 15/15" in capsys.readouterr().out
 
 
 async def test_a_runner_under_its_acl_user_uncounts_the_job_it_starts(node_factory):

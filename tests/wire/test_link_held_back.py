@@ -1,7 +1,8 @@
 """A peer flooding ``msgs`` frames is held back on the link, nothing lost (issue 46): while the
 receiving node takes no new jobs (its store near its maxmemory: node/intake/pressure.py) its
 link stores nothing, the sender's window fills and the rest waits in the sender's durable
-outbox; once the receiver has room again every message is delivered and runs."""
+outbox; once the receiver has room again every message is delivered and runs, the link
+storing no more than ``max_msg_in_per_peer`` ahead of the consumer."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ async def test_a_flooding_peer_waits_in_its_outbox_while_the_receiver_has_no_roo
         store_max_memory_mb=64,
         store_headroom_pct=99,
         pressure_check_s=0.2,
+        max_msg_in_per_peer=50,  # well under the flood: the link also waits for the consumer
     )
     bob = await node_factory("bob")
     state = alice.info.state
@@ -54,3 +56,4 @@ async def test_a_flooding_peer_waits_in_its_outbox_while_the_receiver_has_no_roo
         results = [(await bob.client.wait_results(m, timeout_s=90))[0] for m in messages]
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(FLOOD)]
     assert await lists.outbox_depths(bob.store, alice.node_id) == (0, 0)
+    assert state.pressure.inbound.waiting[bob.node_id] == 0  # the consumer took every one
