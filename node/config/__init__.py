@@ -283,6 +283,8 @@ def load_config(home: Path) -> NodeConfig:
     for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
+    if values.get("store_headroom_pct", 10) >= 100:  # type: ignore[operator]
+        raise ConfigError(f"{path}: [node] store_headroom_pct is a percentage under 100")
     try:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:

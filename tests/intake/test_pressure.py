@@ -20,7 +20,8 @@ from bus.core import keys
 from bus.store import lists, registry
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
-from node.config import NodeConfig
+from node.config import NodeConfig, load_config
+from node.errors import ConfigError
 from node.intake import supervisor
 from node.intake.pressure import DISK, HELD_FIELD, STORE_MEMORY, run_pressure_watch
 from node.observe.metrics import exposition
@@ -193,3 +194,11 @@ async def test_a_peer_link_waits_for_room_until_the_consumer_takes_its_messages(
         assert done == ["carol"]
         inbound.taken(["bob"])
     assert done == ["carol", "bob"]
+
+
+def test_a_headroom_of_the_whole_store_is_refused_at_load(tmp_path):
+    (tmp_path / "config.toml").write_text("[node]\nstore_headroom_pct = 100\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="store_headroom_pct"):
+        load_config(tmp_path)
+    (tmp_path / "config.toml").write_text("[node]\nstore_headroom_pct = 20\n", encoding="utf-8")
+    assert load_config(tmp_path).store_headroom_pct == 20
