@@ -21,6 +21,7 @@ from node.cli.status import status, status_facts
 from node.config import validate_queue_limits
 from node.errors import ConfigError
 from node.observe.metrics import exposition
+from tests.nodes import link_to
 from tests.runners.test_runners import External
 
 BOUND, FLOOD = 100, 1000
@@ -154,3 +155,21 @@ def test_queue_limits_are_checked_when_the_configuration_is_read():
     for bad in ({"x": {"actor": 5}}, {"2": {"actors": 5}}, {"2": {"actor": -1}}, {"2": 5}):
         with pytest.raises(ConfigError):
             validate_queue_limits(bad)
+
+
+async def test_a_peers_actor_is_bounded_at_the_destination_and_told_why(node_factory):
+    """The same bound on the consumer's path: jobs a peer delivers are counted and refused
+    where they would be queued, and the refusal reaches the caller at its origin."""
+    alice = await node_factory("alice", runners={"python": 1, "sh": 0}, max_queued_per_actor=2)
+    bob = await node_factory("bob")
+    actor = await link_to(bob, alice)
+    sent = [
+        await bob.client.submit_job(
+            actor, 1, to=alice.node_id, context_id=1, script_type="sh", script="true"
+        )
+        for _ in range(4)
+    ]
+    with trio.fail_after(30):
+        refused = [(await bob.client.wait_results(m, timeout_s=30))[0] for m in sent[2:]]
+    assert all(r.reason.startswith(f"{Reason.QUOTA_EXCEEDED}: actor 1 holds 2") for r in refused)
+    assert (await _depths(alice))["1"] == 2
