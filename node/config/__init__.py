@@ -179,6 +179,11 @@ LOWER_BOUNDS: dict[str, float] = {
 }
 
 
+# Upper bounds of [node] settings whose larger values mean nothing (refused at load): at 100 the
+# store's mark is 0 and the node would hold every new job for good.
+UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99}
+
+
 def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
     """``[algorithms]``: ``default`` or a context id -> a non-empty list of known algorithms."""
     if not isinstance(raw, dict):
@@ -283,8 +288,9 @@ def load_config(home: Path) -> NodeConfig:
     for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
-    if values.get("store_headroom_pct", 10) >= 100:  # type: ignore[operator]
-        raise ConfigError(f"{path}: [node] store_headroom_pct is a percentage under 100")
+    for name, high in UPPER_BOUNDS.items():
+        if name in values and values[name] > high:  # type: ignore[operator]
+            raise ConfigError(f"{path}: [node] {name} must be at most {high} (got {values[name]})")
     try:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
