@@ -5,7 +5,7 @@ A token is what an operator greps for: it is stored in dead letters (``reason``)
 peer in a nack. :class:`Reason` is a ``StrEnum``, so a member equals its token: the Lua scripts
 return the same strings and Python compares their replies with the members.
 
-``python -m bus.core.reasons`` prints the table of README's "Refusal reasons" section; a test keeps
+``python -m bus.core.reasons`` prints the table of docs/guarantees/refusals.md; a test keeps
 the two equal.
 """
 
@@ -245,7 +245,7 @@ class Reason(StrEnum):
 
 
 def markdown_table() -> str:
-    """The README table of every reason, in declaration order."""
+    """The docs' table of every reason, in declaration order."""
     rows = ["| Reason | Meaning |", "| --- | --- |"]
     rows += [f"| `{reason}` | {reason.doc} |" for reason in Reason]
     return "\n".join(rows) + "\n"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus.core import ids, keys
 from node.cli.common import with_client
-from node.cli.output import print_json
+from node.cli.output import node_facts, print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
 from node.intake.pressure import HELD_FIELD
@@ -132,7 +132,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
         of_ctx["quotas"] = quota_facts(bounds_of(info, ctx), of_ctx["quotas"])
     published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD, BOUNDS_FIELD)
     return {
-        "node": {k: v for k, v in info.items() if k not in published},
+        "node": node_facts({k: v for k, v in info.items() if k not in published}),
         "isolation": info.get("isolation", ""),
         "counters": counters.read(info),
         "peers": await peer_facts(client),

@@ -97,7 +97,7 @@ class NodeConfig:
     type_breaker_failures: int = 5
     type_breaker_open_s: float = 10.0
     type_breaker_probes: int = 1
-    # README "What a job can and cannot do": auto, strict, namespaces or none
+    # docs/security/sandbox.md: auto, strict, namespaces or none
     isolation: str = "auto"
     job_uid_base: int = 2_000_000_000  # strict: context N's jobs run as uid/gid base + N
     # [limits] (node/sandbox/limits.py) and [sandbox] (node/sandbox/settings.py), TOML-shaped
@@ -315,8 +315,8 @@ _HELP = {
     "listen_host": "websocket listener for links from peer nodes; an IPv6 address (a Mycelium "
     "overlay\naddress, or :: for all) works too: peers then dial ws://[address]:port",
     "redis_url": "Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF "
-    'everysec).\nA Redis of your own needs ACL users and the default user off (README: "Who may '
-    "write the\nnode's Valkey\"); the URL then names the node's user and password",
+    "everysec).\nA Redis of your own needs ACL users and the default user off "
+    "(docs/security/valkey.md);\nthe URL then names the node's user and password",
     "valkey_port": "the embedded Valkey listens on the unix socket run/valkey.sock (only this user "
     "may connect;\nevery role authenticates with its password in secrets/). A port (not 0) opens "
     "TCP too, on\nvalkey_host, for external runners on other machines: `hero-node runner "
@@ -381,7 +381,7 @@ _HELP = {
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
-    "isolation": 'how jobs are isolated (README "What a job can and cannot do"): "auto" is '
+    "isolation": 'how jobs are isolated (docs/security/sandbox.md): "auto" is '
     '"strict" where\nthe node may switch users (root, or CAP_SETUID+CAP_SETGID), else '
     '"namespaces"; with no sandbox\npossible the node runs no job, unless "none" (no isolation: '
     "loud in logs, status, /metrics)",

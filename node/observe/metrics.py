@@ -13,7 +13,7 @@ prometheus_client's global one: one process may run several nodes, and the tests
   transport's; they start from zero when the node starts, as Prometheus expects of counters;
 - Valkey's round-trip latency: one PING, timed.
 
-README "Metrics" lists every family.
+docs/operate/metrics.md lists every family.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
 
 
 def isolation_families(state: NodeState) -> Iterable[Metric]:
-    """1 for the node's isolation mode (README "What a job can and cannot do"): an alert on
+    """1 for the node's isolation mode (docs/security/sandbox.md): an alert on
     ``hero_isolation_mode{mode="none"} == 1`` or ``{mode="refused"}`` catches a node whose jobs
     run unsandboxed, or do not run."""
     iso = state.runners.isolation
@@ -341,7 +341,7 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
             sizes.add_metric([*labels, "out"], float(traffic.bytes_out))
     unauthenticated = GaugeMetricFamily(
         "hero_link_pending_connections",
-        "Inbound connections accepted and not yet authenticated (capped, see README).",
+        "Inbound connections accepted and not yet authenticated (capped: max_pending_links).",
     )
     gate = transport.gate if transport is not None else None
     unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))

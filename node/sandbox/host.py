@@ -13,7 +13,7 @@ Each worker is replaced after at most ``recycle_jobs`` jobs: up to an eighth few
 starts (:func:`recycle_point`). A node's slots take jobs in turn, so with one count for all
 they replaced their workers together, four starts (~85 ms of CPU each) at once on two cores
 every ``recycle_jobs`` jobs a slot: a sequential round trip met 10-14 slow ones in a row there
-(bench/README.md, nineteenth round). Drawn apart, they start one at a time.
+(bench/HISTORY.md#admission-where-job-runs). Drawn apart, they start one at a time.
 
 The runner process holds the runner's credentials; this module starts the worker with exec of
 a fresh program (subprocess, close_fds, an empty environment), never by a fork that keeps

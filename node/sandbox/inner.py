@@ -510,7 +510,7 @@ class _Warm:
     def compiled(self, script: str) -> CodeType:
         """The last script's code, compiled once (~25 us for a two-line script, more for a
         longer one) while the same script comes again: the script is what the next job of the
-        context may find anyway (README, "Warm sandboxes")."""
+        context may find anyway (docs/security/sandbox.md#warm-sandboxes)."""
         if script != self.script:
             self.code, self.script = _compiled(script), script
         return self.code

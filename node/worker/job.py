@@ -1,7 +1,7 @@
 """One job in a runner process (node/worker/loop.py): its script, its watch, its live logs.
 
 The runner never runs job code itself: every job goes to the slot's warm sandboxed worker
-(node/sandbox/host.py, README "What a job can and cannot do"), its stdout and stderr the
+(node/sandbox/host.py, docs/security/sandbox.md), its stdout and stderr the
 slot's log files. There a python job runs in the sandbox's warm job process (a fresh process
 per job with ``[sandbox] fresh_process``), any other type by exec of its command
 (node/runners/commands.py); what a job leaves running is killed after it. A limit that
