@@ -103,7 +103,7 @@ async def run_pressure_watch(
     measure_memory: Callable[[], Awaitable[tuple[int, int]]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Hold or release new jobs (node.pressure.hold) every ``pressure_check_s`` (on trio's
+    """Hold or release new jobs (NodeState.pressure.hold) every ``pressure_check_s`` (on trio's
     clock) by the free disk space and the store's memory; reports started after the first
     look. A change is logged, counted (``intake_held_<cause>``) and published in node:info
     (``intake_held``, for ``hero-node status``). Raises StoreError if Valkey fails."""

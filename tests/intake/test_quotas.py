@@ -122,8 +122,8 @@ async def test_a_runner_under_its_acl_user_uncounts_the_job_it_starts(node_facto
 
 
 async def test_an_external_runners_job_leaves_the_count_when_its_result_is_taken(node_factory):
-    """An external runner starts jobs with raw commands (README "External runners"), not the
-    start script: its job leaves its actor's count when the node takes its result."""
+    """An external runner starts jobs with raw commands (docs/use/runners.md#external-runners),
+    not the start script: its job leaves its actor's count when the node takes its result."""
     alice = await node_factory("alice", runners={"python": 1, "ext": 0})
     actor = read_key_file(alice.config.actor_key_path)
     ext = External(alice.store, "ext-1", "ext")
