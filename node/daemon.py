@@ -12,6 +12,7 @@ run_node
     ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
     ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
     ├── run_store_tuning     replicated store: fsync, failovers (node/host/store_tuning.py)
+    ├── run_pressure_watch   free disk and store memory: hold new jobs (node/intake/pressure.py)
     ├── per peer
     │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
     │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
@@ -66,10 +67,12 @@ from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
+from node.intake.admission import raised_bounds
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
+from node.intake.pressure import run_pressure_watch
 from node.intake.supervisor import run_supervisor
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
@@ -204,6 +207,10 @@ async def _run_services(
         await services.start(
             registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
         )
+        # room for itself and bounds: node/intake/pressure.py, node/intake/admission.py
+        await services.start(registry.resilient, "pressure", run_pressure_watch, node)
+        for raised in raised_bounds(config):
+            log.warning("queue bound raised: %s", raised)
         if config.store.replicated:
             from node.host.store_tuning import run_store_tuning
 

@@ -116,6 +116,12 @@ class Reason(StrEnum):
     )
     INVALID_FLOW = "invalid_flow", "A flow document does not describe a valid DAG. Flow trust."
     UNKNOWN_FLOW = "unknown_flow", "A flow event names no flow of the context. The flow engine."
+    QUOTA_EXCEEDED = (
+        "quota_exceeded",
+        "Queuing the message's jobs would take its actor past its queue bound in the context "
+        "(`max_queued_per_actor`), or the context past its own (`max_queued_per_context`; "
+        "`[queue_limits]` per context). Materialise, for admission.",
+    )
     INTERNAL_ERROR = (
         "internal_error",
         "Handling the message raised an unexpected exception (a bug): the message is refused "

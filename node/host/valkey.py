@@ -22,11 +22,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import trio
 
 from node.errors import ValkeyError
+
+if TYPE_CHECKING:
+    from node.config import NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +105,16 @@ def free_port(within: tuple[int, int] | None = None) -> int:
 MAX_SOCKET_PATH = 100
 
 
+def maxmemory_bytes(config: NodeConfig) -> int:
+    """The embedded Valkey's ``maxmemory``: ``store_max_memory_mb``, else half of the machine's
+    memory. Past it Valkey (noeviction, its default policy) refuses writes, evicting nothing: the
+    node holds new jobs back before that, at ``store_headroom_pct`` below it
+    (node/intake/pressure.py), so its own writes (acks, results, state) always fit."""
+    if config.store_max_memory_mb:
+        return config.store_max_memory_mb * 1024 * 1024
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+
+
 @dataclass(frozen=True)
 class ValkeySpec:
     """How to run one valkey-server. ``port`` 0 with a ``unix_socket``: no TCP listener.
@@ -164,7 +177,8 @@ class ValkeySpec:
         else:
             args += ["--appendonly", "no"]
         if self.maxmemory:
-            args += ["--maxmemory", self.maxmemory]
+            # evicting a queued job or a replay marker would lose or replay it: refuse instead
+            args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
         if self.unix_socket is not None:
             # 700: only the node's own user may even connect (the ACL is the second wall)
             args += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]

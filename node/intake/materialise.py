@@ -22,6 +22,12 @@ from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.queues import target_queue
 from bus.core.reasons import Reason
 from bus.store.atomic.routing import JobWrite, materialise_batch
+from node.intake.admission import (
+    OVER_ACTOR_BOUND,
+    OVER_CONTEXT_BOUND,
+    queue_bounds,
+    quota_refusal,
+)
 from node.intake.messages import Rejected, queue_result, reject
 from node.state import NodeState
 
@@ -31,6 +37,8 @@ log = logging.getLogger(__name__)
 
 def refusal(message: Message, code: int, owner: str) -> Rejected:
     """Why the materialise script refused ``message`` (``code`` > 0)."""
+    if code in (OVER_ACTOR_BOUND, OVER_CONTEXT_BOUND):
+        return quota_refusal(message, code, owner)
     if code in REPLAY_WHAT:
         return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
     job_key, _, holder = owner.partition(" ")
@@ -136,6 +144,7 @@ async def materialise_many(
         now=stamp,
         window_s=node.identity.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
+        bounds=queue_bounds(node.config, ctx),
         counted=counted,
     )
     node.job_stats.add(ctx, counted)

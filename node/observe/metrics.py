@@ -18,6 +18,7 @@ docs/operate/metrics.md lists every family.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from bus.store.atomic import STATS_BUCKETS_S, type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
 from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED
+from node.observe.quotas import pressure_families, quota_families
 from node.state import NodeState
 
 __all__ = ["exposition"]
@@ -73,6 +75,8 @@ class Scrape:
     outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
     # by context: each script type's circuit breaker (bus/store/atomic/type_breakers.py)
     breakers: dict[int, dict[str, TypeBreaker]]
+    # by context: queued jobs per actor, and in all (bus.store.lists.quota_depths)
+    quotas: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 async def exposition(state: NodeState) -> tuple[bytes, str]:
@@ -112,6 +116,7 @@ async def read(state: NodeState) -> Scrape:
         scrape.depths[ctx][keys.MSG_HELD] = await lists.held_depth(store, ctx)
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
+        scrape.quotas[ctx] = await lists.quota_depths(store, ctx)
     for peer_id in state.peers.known:
         pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
@@ -221,6 +226,8 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
         *type_breaker_families(scrape),
         *link_families(state, scrape),
         *counter_families(state),
+        *quota_families(state.config, scrape.quotas),
+        *pressure_families(state.pressure.hold.held),
     ]
 
 
