@@ -90,7 +90,7 @@ async def test_jobs_wait_while_the_disk_lacks_headroom_and_run_once_space_is_bac
     assert [await alice.store.hgetall(1, m.job[0].key) for m in messages] == [{}] * 3
     facts = await status_facts(alice.client)
     assert "MiB free" in facts["node"][HELD_FIELD]
-    await status(alice.client, argparse.Namespace(json=False))
+    await status(alice.client, argparse.Namespace(json=False, home=alice.config.home))
     assert "intake HELD, new jobs wait" in capsys.readouterr().out
     metrics, _ = await exposition(state)
     assert b'hero_intake_held{cause="disk"} 1.0' in metrics

@@ -105,7 +105,7 @@ async def test_a_context_bound_holds_across_actors_and_is_set_per_context(node_f
     metrics, _ = await exposition(alice.info.state)
     assert b'hero_actor_queued_jobs{actor="1",ctx="1"} 10.0' in metrics
     assert b'hero_queue_bound{ctx="1",scope="context"} 15.0' in metrics
-    await status(alice.client, argparse.Namespace(json=False))
+    await status(alice.client, argparse.Namespace(json=False, home=alice.config.home))
     assert "queued actor 1=10/10 actor 2=5/10; context 15/15" in capsys.readouterr().out
 
 
