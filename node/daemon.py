@@ -490,7 +490,8 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     """What node:info says of the isolation (hero-node status, the console)."""
     if iso is None:
         return {}
-    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:

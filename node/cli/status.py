@@ -62,6 +62,10 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
         f"{info.get('limits', '?')}{loud}"
     )
+    if info.get("isolation_fix"):
+        print(f"  to run jobs here: {info['isolation_fix']}")
+    if info.get("bwrap"):
+        print(f"  bwrap {info['bwrap']}")
     print_store(facts.get("store", {}))
     now = ids.now_ms() / 1000
     for peer in facts["peers"]:

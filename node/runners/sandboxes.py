@@ -49,8 +49,12 @@ def find_isolation(config: NodeConfig) -> Isolation:
         log.warning("ISOLATION OFF: %s; any job can read this node's secrets", iso.why)
     elif iso.mode == "refused":
         log.error("this node runs no job: %s", iso.why)
+        if iso.fix:
+            log.error("to run jobs here: %s", iso.fix)
     else:
         log.info("isolation %s (%s); limits by %s", iso.mode, iso.why, iso.limits)
+    if iso.bwrap_info:
+        log.info("bwrap: %s", iso.bwrap_info)
     return iso
 
 

@@ -53,7 +53,7 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
         "alice", sandbox={"bwrap": "/nonexistent/bwrap", "1": {"network": True}}, console=SERVED
     )
     assert any("bwrap not found" in r.getMessage() for r in caplog.records)
-    await submit(alice, "sh", "echo ran")
+    message = await submit(alice, "sh", "echo ran")
     assert runner_processes_of(alice.config.run_dir) == []  # none was started
     code, out, _ = await hero_node(alice, "status")
     assert "isolation refused" in out
@@ -63,12 +63,15 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
     assert json.loads(out)["isolation"] == "refused"
     samples, _ = await scrape(alice)
     assert value(samples, "hero_isolation_mode", mode="refused", limits="rlimits") == 1
-    # the job was admitted and waits in its queue, untaken (taken here, blocking, bounded)
-    with trio.fail_after(30):
-        popped = await alice.store.call(1, lambda r: r.blpop([keys.queue("sh")], timeout=25))
-    assert popped is not None
-    job = await alice.store.hgetall(1, popped[1])
-    assert job["status"] == "dispatched", job
+    # its caller is answered at once, with why and what to do, instead of waiting in silence
+    with trio.fail_after(10):
+        [result] = await alice.client.wait_results(message, 8)
+    assert result.reason.startswith("isolation_refused: this node runs no 'sh' job"), result
+    assert "bwrap not found" in result.reason
+    assert "to run jobs there: point [sandbox] bwrap at a bwrap" in result.reason
+    job = await alice.store.hgetall(1, result.job_key)
+    assert job["status"] == "error" and job["reason"].startswith("isolation_refused"), job
+    assert await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) == 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="auto picks strict only where it may switch users")
