@@ -70,7 +70,8 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
     assert "bwrap not found" in result.reason
     assert "to run jobs there: point [sandbox] bwrap at a bwrap" in result.reason
     job = await alice.store.hgetall(1, result.job_key)
-    assert job["status"] == "error" and job["reason"].startswith("isolation_refused"), job
+    assert job["status"] == "error", job
+    assert job["reason"].startswith("isolation_refused"), job
     assert await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) == 0
 
 
