@@ -64,6 +64,7 @@ from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
 from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
 from node.intake.consumer import run_consumer
@@ -186,7 +187,11 @@ async def _run_services(
     node.peers.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
-        port = await services.start(transport.serve, host, config.listen_port)
+        try:
+            port = await services.start(transport.serve, host, config.listen_port)
+        except OSError as exc:
+            what, setting = "the link listener", "listen_port"
+            raise listen_error(what, host, config.listen_port, setting, exc) from None
         ws_url = link_url("wss" if config.tls else "ws", host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
