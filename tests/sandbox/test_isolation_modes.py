@@ -16,6 +16,7 @@ import trio
 from bus.core import keys
 from node.config.console import ConsoleConfig
 from tests.cli.test_cli import cli
+from tests.nodes import tick
 from tests.observe.test_dlq import hero_node
 from tests.observe.test_metrics import scrape, value
 from tests.runners.test_runner_procs import runner_processes_of
@@ -73,6 +74,30 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
     assert job["status"] == "error", job
     assert job["reason"].startswith("isolation_refused"), job
     assert await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) == 0
+
+
+async def test_job_wait_on_a_job_queued_before_the_node_lost_its_sandbox_says_so(node_factory):
+    """A job queued while its type had no local runner (sh: 0 slots), then the node restarts
+    with sh runners but no sandbox: the job stays queued, and `job wait` says why it will not
+    run, and what to do, instead of waiting for ever."""
+    alice = await node_factory("alice", runners={"python": 1, "sh": 0})
+    message = await submit(alice, "sh", "echo late")
+    job_key = message.job[0].key
+    with trio.fail_after(20):
+        while await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) != 1:
+            await tick(alice.store)
+    await alice.stopped()
+    alice = await node_factory(
+        "alice", again=alice, sandbox={"bwrap": "/nonexistent/bwrap"}, runners={"sh": 1}
+    )
+    with trio.fail_after(20):
+        code, out, err = await hero_node(alice, "job", "wait", job_key)
+    assert code == 1, (out, err)
+    assert f"{job_key} waits in its queue and will not run: this node runs no job: " in err
+    assert "to run jobs here: point [sandbox] bwrap at a bwrap" in err
+    assert "Traceback" not in err
+    job = await alice.store.hgetall(1, job_key)
+    assert job["status"] == "dispatched", job  # left queued: it runs once a sandbox can be built
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="auto picks strict only where it may switch users")
