@@ -104,18 +104,18 @@ async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
     await wire_mesh([(n.name, n.ready) for n in nodes], actor, ACTOR_ID, CONTEXT_ID)
 
 
-async def check_runs_jobs(nodes: list[TestNode]) -> None:
-    """TestnetError naming the first node that runs no job (no sandbox can be built there),
-    with why and what to do: its jobs would only come back refused."""
-    for n in nodes:
-        async with open_client(n.redis_url) as client:
-            info = await registry.node_info(client.store)
-        if info.get("isolation") == "refused":
-            fix = info.get("isolation_fix") or 'set isolation = "none" (no sandbox)'
-            raise TestnetError(
-                f"{n.name} runs no job: {info.get('isolation_why', '')}\n"
-                f"  to run jobs on this machine: {fix}"
-            )
+async def check_runs_jobs(node: TestNode) -> str:
+    """The node's sandbox, as a line to print; TestnetError if it runs no job (no sandbox can
+    be built there), with why and what to do: its jobs would only come back refused."""
+    async with open_client(node.redis_url) as client:
+        info = await registry.node_info(client.store)
+    if info.get("isolation") == "refused":
+        fix = info.get("isolation_fix") or 'set isolation = "none" (no sandbox)'
+        raise TestnetError(
+            f"{node.name} runs no job: {info.get('isolation_why', '')}\n"
+            f"  to run jobs on this machine: {fix}"
+        )
+    return f"sandbox: {info.get('isolation', '?')}, bwrap {info.get('bwrap') or '(none)'}"
 
 
 async def links_down(nodes: list[TestNode]) -> list[str]:
@@ -238,8 +238,9 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
                 home = base / f"node{i}"
                 store = await start_store(home, sets) if args.replicated else None
                 nodes.append(await start_node(nursery, f"node{i}", home, store))
-                await check_runs_jobs(nodes[-1:])  # before starting more for nothing
+                sandbox = await check_runs_jobs(nodes[-1])  # before starting more for nothing
             print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
+            print(sandbox)
             for n in nodes:
                 print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {redact(n.redis_url)}")
             for n, servers in zip(nodes, sets, strict=False):
