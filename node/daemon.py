@@ -383,7 +383,9 @@ class Registry:
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
         iso = self.node.runners.isolation
-        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+        # no sandbox: no runner; jobs of their types are answered isolation_refused on admission
+        # (node/intake/admission.py unrunnable), those queued before wait for a fixed host
+        if iso is None or not iso.runs_jobs:
             why = iso.why if iso is not None else "isolation unknown"
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
             up.set()
