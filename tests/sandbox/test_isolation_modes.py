@@ -16,7 +16,7 @@ import trio
 from bus.core import keys
 from node.config.console import ConsoleConfig
 from tests.cli.test_cli import cli
-from tests.nodes import tick
+from tests.nodes import link_to, tick
 from tests.observe.test_dlq import hero_node
 from tests.observe.test_metrics import scrape, value
 from tests.runners.test_runner_procs import runner_processes_of
@@ -74,6 +74,19 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
     assert job["status"] == "error", job
     assert job["reason"].startswith("isolation_refused"), job
     assert await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) == 0
+
+
+async def test_a_job_sent_to_a_peer_that_runs_none_comes_back_refused_at_once(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob", sandbox={"bwrap": "/nonexistent/bwrap"})
+    await link_to(alice, bob)
+    message = await submit(alice, "sh", "echo ran", to=bob.node_id)
+    with trio.fail_after(10):
+        [result] = await alice.client.wait_results(message, 8)
+    assert result.reason.startswith("isolation_refused: this node runs no 'sh' job"), result
+    assert "bwrap not found" in result.reason  # bob's own reason, carried back
+    copy = await alice.store.hgetall(1, result.job_key)
+    assert copy["status"] == "error", copy
 
 
 async def test_job_wait_on_a_job_queued_before_the_node_lost_its_sandbox_says_so(node_factory):
