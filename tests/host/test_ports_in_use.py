@@ -46,6 +46,10 @@ def test_a_port_in_use_is_named_with_its_fix_and_exit_2(tmp_path, setting, what)
                 cwd=ROOT,
                 check=False,
             )
+            left = subprocess.run(
+                ["pgrep", "-af", "valkey-server"], capture_output=True, text=True, check=False
+            ).stdout
+            assert str(tmp_path / "h") not in left  # its embedded Valkey stopped with it
         finally:
             stop_stale(config.valkey_dir)
     assert run.returncode == 2, run.stderr

@@ -119,6 +119,8 @@ def test_init_says_what_auto_picks_here(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "isolation:  auto -> strict" in done.stdout
     assert "their own uid" in done.stdout
+    [bwrap] = [line for line in done.stdout.splitlines() if line.startswith("  bwrap:      /")]
+    assert "(bubblewrap 0." in bwrap  # which binary, its version, where it comes from
 
 
 async def test_a_limit_ends_the_job_with_its_reason_and_the_next_job_runs(node_factory):
