@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client.api import JobResult, open_client  # noqa: E402
+from bus.client.api import Client, JobResult, open_client  # noqa: E402
 from bus.core.urls import redact  # noqa: E402
 from bus.store import registry  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
@@ -47,12 +48,12 @@ from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa
 from node.host.replicated import SET_ROLES, ReplicatedSet  # noqa: E402
 from node.observe.linkinfo import read_links  # noqa: E402
 
-MESH_TIMEOUT_S = 60.0
 MESH_LOOK_EVERY_S = 0.2  # the links are other processes' state, published in their node:info
 
 
 class TestnetError(Exception):
     """Why the testnet stops (one line; :func:`main` prints it and exits 1)."""
+
 
 ACTOR_ID = 42
 CONTEXT_ID = 2
@@ -118,12 +119,11 @@ async def check_runs_jobs(node: TestNode) -> str:
     return f"sandbox: {info.get('isolation', '?')}, bwrap {info.get('bwrap') or '(none)'}"
 
 
-async def links_down(nodes: list[TestNode]) -> list[str]:
-    """The links of the mesh not up yet, as ``node1 -> node2``."""
+async def links_down(nodes: list[TestNode], clients: list[Client]) -> list[str]:
+    """The links of the mesh not up yet, as ``node1 -> node2`` (``clients``: one per node)."""
     down = []
-    for n in nodes:
-        async with open_client(n.redis_url) as client:
-            links = read_links(await registry.node_info(client.store))
+    for n, client in zip(nodes, clients, strict=True):
+        links = read_links(await registry.node_info(client.store))
         down += [
             f"{n.name} -> {o.name}"
             for o in nodes
@@ -134,19 +134,28 @@ async def links_down(nodes: list[TestNode]) -> list[str]:
 
 async def wait_for_mesh(nodes: list[TestNode]) -> None:
     """Return once every node has its link to every other up; TestnetError after
-    MESH_TIMEOUT_S, naming the links still down."""
+    :func:`mesh_timeout_s`, naming the links still down."""
     started = time.perf_counter()
-    total = len(nodes) * (len(nodes) - 1)
+    total, bound = len(nodes) * (len(nodes) - 1), mesh_timeout_s(len(nodes))
     print(f"waiting for the mesh: {total} links...", flush=True)
-    down = await links_down(nodes)
-    with trio.move_on_after(MESH_TIMEOUT_S):
-        while down:  # noqa: ASYNC110 - other processes' state: nothing to block on
-            await trio.sleep(MESH_LOOK_EVERY_S)
-            down = await links_down(nodes)
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(open_client(n.redis_url)) for n in nodes]
+        down = await links_down(nodes, clients)
+        with trio.move_on_after(bound):
+            while down:  # noqa: ASYNC110 - other processes' state: nothing to block on
+                await trio.sleep(MESH_LOOK_EVERY_S)
+                down = await links_down(nodes, clients)
     if down:
         shown = ", ".join(down[:4]) + (f" and {len(down) - 4} more" if len(down) > 4 else "")
-        raise TestnetError(f"the mesh is not up after {MESH_TIMEOUT_S:.0f} s: {shown} down")
+        raise TestnetError(f"the mesh is not up after {bound:.0f} s: {shown} down")
     print(f"mesh up: {total} links in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def mesh_timeout_s(nodes: int) -> float:
+    """How long the mesh may take: each node dials every other, and a dial refused while its
+    peer had not registered the dialler yet is tried again with backoff (a busy machine with
+    12 nodes took over a minute)."""
+    return 30.0 + 10.0 * nodes
 
 
 async def run_job(
