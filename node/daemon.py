@@ -65,6 +65,7 @@ from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
 from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
 from node.intake.admission import raised_bounds
@@ -189,7 +190,11 @@ async def _run_services(
     node.peers.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
-        port = await services.start(transport.serve, host, config.listen_port)
+        try:
+            port = await services.start(transport.serve, host, config.listen_port)
+        except OSError as exc:
+            what, setting = "the link listener", "listen_port"
+            raise listen_error(what, host, config.listen_port, setting, exc) from None
         ws_url = link_url("wss" if config.tls else "ws", host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
@@ -385,7 +390,9 @@ class Registry:
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
         iso = self.node.runners.isolation
-        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+        # no sandbox: no runner; jobs of their types are answered isolation_refused on admission
+        # (node/intake/admission.py unrunnable), those queued before wait for a fixed host
+        if iso is None or not iso.runs_jobs:
             why = iso.why if iso is not None else "isolation unknown"
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
             up.set()
@@ -497,7 +504,8 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     """What node:info says of the isolation (hero-node status, the console)."""
     if iso is None:
         return {}
-    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:

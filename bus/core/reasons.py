@@ -240,6 +240,11 @@ class Reason(StrEnum):
         "unknown_script_type",
         "No runner for the job's script type on this node. Materialise.",
     )
+    ISOLATION_REFUSED = (
+        "isolation_refused",
+        "The node can build no sandbox, so its own runners run no job (the detail says why and "
+        "what to do on that host; `hero-node status` too). Materialise.",
+    )
     PREREQUISITE_FAILED = (
         "prerequisite_failed",
         "A prerequisite of the flow job ended in error, so it never runs. The flow engine.",

@@ -288,6 +288,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     iso = probe_config(config)
     print(f"  isolation:  {config.isolation} -> {iso.mode} ({iso.why}; limits by {iso.limits})")
     print(f"              {explain(iso)}")
+    if iso.fix:
+        print(f"  to fix:     {iso.fix}")
+    print(f"  bwrap:      {iso.bwrap_info}")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 

@@ -65,6 +65,10 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
         f"{info.get('limits', '?')}{loud}"
     )
+    if info.get("isolation_fix"):
+        print(f"  to run jobs here: {info['isolation_fix']}")
+    if info.get("bwrap"):
+        print(f"  bwrap {info['bwrap']}")
     print_store(facts.get("store", {}))
     held = info.get(HELD_FIELD, "")
     print(f"  intake HELD, new jobs wait: {held}" if held else "  intake open")

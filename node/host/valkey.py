@@ -21,12 +21,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from errno import EADDRINUSE
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
 
 import trio
 
-from node.errors import ValkeyError
+from node.errors import ListenError, ValkeyError
+from node.host.ports import cannot_listen
 
 if TYPE_CHECKING:
     from node.config import NodeConfig
@@ -254,7 +256,7 @@ async def run_valkey(
     batch_scheduling(proc.pid)
     try:
         assert proc.stdout is not None
-        await _await_ready(proc.stdout, spec.where)
+        await _await_ready(proc.stdout, spec)
         if not await trio.to_thread.run_sync(ping, spec):
             raise ValkeyError(f"valkey-server on {spec.where} said ready but PING failed")
         log.info("embedded valkey ready on %s (pid %d)", spec.url, proc.pid)
@@ -305,15 +307,23 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-async def _await_ready(stream: trio.abc.ReceiveStream, where: str) -> None:
+async def _await_ready(stream: trio.abc.ReceiveStream, spec: ValkeySpec) -> None:
+    """Return once the server said it is ready; ValkeyError with its last lines if it exited
+    first, ListenError if that was because its TCP port is taken."""
     seen = bytearray()
     async for chunk in stream:
         seen += chunk
         if READY_MARKER in seen:
             return
         del seen[:-4096]
-    tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
-    raise ValkeyError(f"valkey-server on {where} exited before it was ready: {' / '.join(tail)}")
+    said = seen.decode("utf-8", "replace")
+    if spec.port and "Address already in use" in said:
+        why = cannot_listen("the embedded Valkey", spec.bind, spec.port, "valkey_port", EADDRINUSE)
+        raise ListenError(why)
+    tail = said.strip().splitlines()[-3:]
+    raise ValkeyError(
+        f"valkey-server on {spec.where} exited before it was ready: {' / '.join(tail)}"
+    )
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:

@@ -37,7 +37,7 @@ bounds decided here, and its verdict becomes the refusal here (:func:`quota_refu
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from bus.core import keys
@@ -52,6 +52,7 @@ from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job, may_execute_in
 from node.intake.messages import Rejected, signed_here
 from node.intake.stops import parse_stop
+from node.sandbox.probe import Isolation
 from node.state import NodeState
 
 NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
@@ -216,6 +217,34 @@ def quota_refusal(message: Message, code: int, detail: str) -> Rejected:
     else:
         who = f"context {message.context_id} holds {depth} queued jobs"
     return Rejected(Reason.QUOTA_EXCEEDED, f"{who}; {jobs} more would pass its bound of {bound}")
+
+
+# -- whether a job can run here (pure) ----------------------------------------------------------
+
+
+def unrunnable(
+    script_type: str,
+    script_types: Collection[str],
+    local_slots: Mapping[str, int],
+    isolation: Isolation | None,
+) -> Rejected | None:
+    """Why a job of ``script_type`` admitted here would never run (None if it can): no runner
+    for its type (``unknown_script_type``), or a type this node's own runners serve
+    (``local_slots`` > 0) while it can build no sandbox, so none runs (``isolation_refused``:
+    without it the job would wait in its queue, its caller in silence). A type served by
+    external runners only (0 slots) does not depend on the node's sandbox."""
+    if script_type not in script_types:
+        known = ", ".join(sorted(script_types))
+        return Rejected(
+            Reason.UNKNOWN_SCRIPT_TYPE,
+            f"no runner for {script_type!r} on this node (known: {known})",
+        )
+    if isolation is not None and not isolation.runs_jobs and local_slots.get(script_type, 0):
+        fix = f"; to run jobs there: {isolation.fix}" if isolation.fix else ""
+        return Rejected(
+            Reason.ISOLATION_REFUSED, f"this node runs no {script_type!r} job: {isolation.why}{fix}"
+        )
+    return None
 
 
 # -- the ack deadline (pure) -------------------------------------------------------------------
