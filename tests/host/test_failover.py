@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from bus.core.models import JobStatus, Message
 from bus.errors import ClientError, StoreError
 from bus.store.durable import NotDurable
 from crypto import read_key_file
-from tests.replicated_rig import ROOT, Rig, replicated_node
+from tests.replicated_rig import ROOT, Rig, current_primary, replicated_node, sentinel_events
 
 # The long fault suites run one after another on one test worker (README "Run the tests"):
 # two of them side by side on a 2-core machine would stretch the timings they inject.
@@ -193,33 +194,154 @@ async def _flow(rig: Rig, out, fault: str) -> dict[str, object]:  # noqa: ANN001
                         print(f"submit {i} refused: {exc}")
                     continue
                 acked.append(msg)
-        deadline = trio.current_time() + 90
-        finals = [await final_of(client, m, deadline) for m in acked]
-        ran = Counter(out.read_text().split())
-        tags = [m.job[0].env_vars["TAG"] for m in acked]
-        for m, f, t in zip(acked, finals, tags, strict=True):
-            if not f:  # where an unfinished job is, for the log
-                print(t, m.key, await client.delivery_status(1, m.key))
-        lost_runners = {  # a re-run is allowed only after a runner was lost under an attempt
-            t: sum(
-                json.loads(e).get("reason", "").startswith("runner_lost")
-                for e in await probe.store.lrange(1, keys.attempts(m.job[0].key))
-            )
-            for m, t in zip(acked, tags, strict=True)
-            if ran[t] > 1
-        }
-    return {
-        "acknowledged": len(acked),
+        counted = await _counts(client, probe, acked, out)
+    return counted | {
         "refused": refused,
-        "finished": finals.count("finished"),
-        "lost": sum(1 for f, t in zip(finals, tags, strict=True) if not f and not ran[t]),
-        "stuck": sum(1 for f in finals if not f),
-        "completed_twice": sum(1 for t in tags if ran[t] - 1 > lost_runners.get(t, 0)),
-        "at_least_once_reruns": sum(1 for t in tags if ran[t] > 1)
-        - sum(1 for t in tags if ran[t] - 1 > lost_runners.get(t, 0)),
-        "told_failed_but_ran": sum(
-            1 for f, t in zip(finals, tags, strict=True) if f == "error" and ran[t]
-        ),
         "writes_resumed_s": round(resumed_s, 2),
         "node_restarts": 0 if rig.node.returncode is None else 1,
     }
+
+
+async def _counts(
+    client: Client, probe: Client, acked: list[Message], out: Path
+) -> dict[str, object]:
+    """Jepsen-style counts of the acknowledged submits ``acked``: final or not, and how many
+    times each ran (its tag in ``out``; a re-run is allowed only after a runner was lost under
+    an attempt)."""
+    deadline = trio.current_time() + 90
+    finals = [await final_of(client, m, deadline) for m in acked]
+    ran = (
+        Counter((await trio.Path(out).read_text()).split())
+        if await trio.Path(out).exists()
+        else Counter[str]()
+    )
+    tags = [m.job[0].env_vars["TAG"] for m in acked]
+    for m, f, t in zip(acked, finals, tags, strict=True):
+        if not f:  # where an unfinished job is, for the log
+            print(t, m.key, await client.delivery_status(1, m.key))
+    lost_runners = {
+        t: sum(
+            json.loads(e).get("reason", "").startswith("runner_lost")
+            for e in await probe.store.lrange(1, keys.attempts(m.job[0].key))
+        )
+        for m, t in zip(acked, tags, strict=True)
+        if ran[t] > 1
+    }
+    twice = sum(1 for t in tags if ran[t] - 1 > lost_runners.get(t, 0))
+    return {
+        "acknowledged": len(acked),
+        "finished": finals.count("finished"),
+        "lost": sum(1 for f, t in zip(finals, tags, strict=True) if not f and not ran[t]),
+        "stuck": sum(1 for f in finals if not f),
+        "completed_twice": twice,
+        "at_least_once_reruns": sum(1 for t in tags if ran[t] > 1) - twice,
+        "told_failed_but_ran": sum(
+            1 for f, t in zip(finals, tags, strict=True) if f == "error" and ran[t]
+        ),
+    }
+
+
+ROUNDS = 10  # stalls of the primary, one failover each
+STALL_S = 2.0  # the plain stall: past down-after (1 s), about as long as the election
+SUBMITTERS = 2
+SUBMIT_GAP_S = 0.1  # each submitter's pause between submits: ~20 jobs a second in all
+# the leader announces this once it sent SLAVEOF NO ONE to the replica it chose, before it
+# moves the other replica (it does that once it sees the promoted one answer as primary):
+# woken now, the old primary still has that other replica
+PROMOTING = "+failover-state-wait-promotion"
+SWITCHED = "+switch-master"
+
+
+async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_path: Path) -> None:
+    """The primary stalls (SIGSTOP) while two clients submit, ROUNDS times: in even rounds it
+    wakes the moment a replica is being promoted, before the Sentinels move the other replica
+    (which it still has, so ``WAITAOF 1 1`` there confirms writes the next resync erases); in
+    odd rounds after a plain STALL_S stall. Every acknowledged submit must then run once and
+    be final; writes are back (confirmed durable) within 10 s of each stall."""
+    async with replicated_node(tmp_path) as rig:
+        out = rig.home / "work" / "1" / "ran.txt"
+        actor = read_key_file(rig.home / "actor.key")
+        acked: list[Message] = []
+        refused: list[str] = []
+        resumed: list[float] = []
+        switched = 0
+        async with (
+            open_client(rig.client_url) as client,
+            open_client(rig.node_url) as probe,
+            sentinel_events(rig, [PROMOTING, SWITCHED]) as events,
+        ):
+
+            async def submitter(who: int) -> None:
+                for i in range(10**6):
+                    try:
+                        acked.append(
+                            await client.submit_job(
+                                actor,
+                                1,
+                                to="self",
+                                context_id=1,
+                                script_type="python",
+                                script=SCRIPT,
+                                env_vars={"TAG": f"s{who}-{i}", "OUT": "ran.txt"},
+                                retries=2,
+                            )
+                        )
+                    except StoreError as exc:
+                        refused.append(str(exc))  # told: not a promise
+                    await trio.sleep(SUBMIT_GAP_S)
+
+            with trio.fail_after(40 * ROUNDS):
+                async with trio.open_nursery() as nursery:
+                    for who in range(SUBMITTERS):
+                        nursery.start_soon(submitter, who)
+                    for r in range(ROUNDS):
+                        stalled_s, moved = await _stall(rig, events, timed=r % 2 == 0)
+                        switched += moved
+                        resumed.append(stalled_s + await _writes_confirmed(probe))
+                    nursery.cancel_scope.cancel()
+            counted = await _counts(client, probe, acked, out)
+    counted |= {"refused": len(refused), "failovers": switched}
+    print("window counters:", " ".join(f"{k}={v}" for k, v in counted.items()))
+    print("writes confirmed again after (s):", [round(s, 1) for s in resumed])
+    print("refusals, e.g.:", sorted(set(refused))[:3])
+    assert switched >= ROUNDS // 2  # the timed wakes at least come inside a failover
+    for name in ("lost", "stuck", "completed_twice", "told_failed_but_ran"):
+        assert counted[name] == 0, counted
+    assert max(resumed) < 10, resumed
+
+
+async def _stall(
+    rig: Rig, events: trio.MemoryReceiveChannel[str], *, timed: bool
+) -> tuple[float, int]:
+    """SIGSTOP the primary; SIGCONT it when a replica is being promoted (``timed``) or after
+    STALL_S; then wait for the Sentinels to name the new primary (a plain stall may end
+    before they start one). How long it stalled; 1 if a failover came, else 0."""
+    server = rig.servers.child(await current_primary(rig))
+    began = trio.current_time()
+    server.signal(signal.SIGSTOP)
+    try:
+        if timed:
+            while not (await events.receive()).startswith(PROMOTING):
+                pass
+        else:
+            await trio.sleep(STALL_S)
+    finally:
+        server.signal(signal.SIGCONT)
+    stalled_s = trio.current_time() - began
+    with trio.move_on_after(8 if timed else 4):  # a failover that started ends within 8 s
+        while not (await events.receive()).startswith(SWITCHED):
+            pass
+        return stalled_s, 1
+    return stalled_s, 0
+
+
+async def _writes_confirmed(probe: Client) -> float:
+    """Seconds until a write is confirmed durable again (the promise the store now gives)."""
+    began = trio.current_time()
+    while True:
+        try:
+            await probe.store.call(0, lambda r: r.incr("failover:probe"))
+            await probe.store.durable()
+            return trio.current_time() - began
+        except StoreError:
+            await trio.sleep(0.05)  # a cut connection fails at once: the next one waits
