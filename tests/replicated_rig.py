@@ -30,7 +30,8 @@ class Rig:
     node: trio.Process
     node_url: str
     client_url: str
-    ready: Ready  # the node's id and websocket URL
+    ready: Ready  # the node's id and websocket URL (and console URL, if it serves one)
+    log: Path  # the node's stderr
 
 
 @asynccontextmanager
@@ -40,6 +41,8 @@ async def replicated_node(
     runners: dict[str, int] | None = None,
     waitaof: tuple[int, int] = (1, 1),
     waitaof_timeout_ms: int = StoreConfig.waitaof_timeout_ms,
+    promise: str = StoreConfig.promise,
+    console_listen: str = "",
 ) -> AsyncIterator[Rig]:
     home = tmp / "node"
     home.mkdir(parents=True)
@@ -52,12 +55,13 @@ async def replicated_node(
             waitaof_local=waitaof[0],
             waitaof_replicas=waitaof[1],
             waitaof_timeout_ms=waitaof_timeout_ms,
+            promise=promise,
         )
         config = init_home(
             home,
             name="r",
             listen_port=0,
-            console_listen="",
+            console_listen=console_listen,
             runners=runners or {"python": 4, "sh": 1},
             store=store,
         )
@@ -75,6 +79,7 @@ async def replicated_node(
                         role_url(config, "", NODE),
                         role_url(config, "", CLIENT),
                         ready,
+                        tmp / "node.log",
                     )
                     nursery.cancel_scope.cancel()
             finally:
