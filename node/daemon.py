@@ -139,6 +139,8 @@ async def _run_node(
         # with a configured Redis the runners use its URL, its users yours (docs/security/valkey.md)
         redis_url = runner_url = config.redis_url
         if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            if config.store.weak_promise is not None:  # said out loud, as isolation "none" is
+                log.warning("%s", config.store.weak_promise)
             redis_url = role_url(config, "", NODE)
             runner_url = role_url(config, "", RUNNER)
         elif not redis_url:

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bus.core import ids, keys
+from bus.store.promise import ONE_REPLICA
 from node.cli.common import with_client
 from node.cli.output import node_facts, print_json
 from node.cli.registry import link_text, peer_facts
@@ -133,14 +134,27 @@ def print_store(topology: dict[str, Any]) -> None:
     for r in topology["replicas"]:
         lag = "?" if r["lag_bytes"] is None else f"{r['lag_bytes']} bytes, {r['lag_s']} s"
         print(f"    replica {r['address']}  link {r['link']}  lag {lag}")
+    promise = topology.get("promise", {})
+    if promise:
+        weak = "  WARNING: weaker than every-replica" if promise["name"] == ONE_REPLICA else ""
+        print(
+            f"    promise {promise['name']}: WAITAOF 1 {promise['replicas_wanted']}; "
+            f"{promise['now']}{weak}"
+        )
 
 
 def store_problems(topology: dict[str, Any]) -> list[str]:
-    """What makes a replicated store unhealthy: no replica up (promises then wait, and fail)."""
+    """What makes a replicated store unhealthy: no replica up, or fewer than its promise
+    waits for (promises then wait, and fail)."""
     if topology.get("mode") != "replicated":
         return []
     up = [r for r in topology["replicas"] if r["link"] == "up"]
-    return [] if up else [f"store {topology['service']}: no replica is up"]
+    if not up:
+        return [f"store {topology['service']}: no replica is up"]
+    promise = topology.get("promise", {})
+    if promise.get("refusing"):
+        return [f"store {topology['service']}: promise {promise['name']}: {promise['now']}"]
+    return []
 
 
 async def status_facts(client: Client) -> dict[str, Any]:
