@@ -173,6 +173,9 @@ class _Current:
     # the sandbox answered how the job ended, not by SIGKILL: it ran to its end, whatever
     # comes after
     answered: bool = False
+    # the attempt's run is over (set before its end is recorded): a renewal the watch thread
+    # began before that is refused by the end, which supersedes nothing
+    over: bool = False
 
 
 # how the watch thread ends a python job's attempt (Outcome: recorded; None: given back)
@@ -236,6 +239,7 @@ class JobRun:
             pump.finish("interrupted")
             raise
         finally:
+            cur.over = True
             self.current = None
         self.open_logs = pump
         # an abort that lands after the job ended must not give the attempt back: it ran, and
@@ -353,13 +357,25 @@ class JobRun:
             self.kill(cur, f"{Reason.TIMEOUT}: killed after {cur.job.timeout} s")
         if t >= cur.next_renew:
             cur.next_renew += self.heartbeat_s
-            ttl = self.spec.lease_ttl_ms
-            if not self.runs.renew(cur.job.key, cur.token, ttl, cur.attempt):
-                log.warning("%s: attempt %d superseded (result refused)", cur.job.key, cur.attempt)
-                cur.next_renew = 1e18
+            self._renew(cur)
         if t >= cur.next_flush:
             cur.next_flush += LOG_FLUSH_S
             cur.pump.flush()
+
+    def _renew(self, cur: _Current) -> None:
+        """Renew the running attempt's lease. A refusal means another attempt took the job,
+        unless this one's run is over: the tick may have read ``cur`` just before the main
+        thread ended the attempt, whose recorded end then refuses the renewal (its result was
+        not refused: it is the job's result)."""
+        if cur.over:
+            return
+        if self.runs.renew(cur.job.key, cur.token, self.spec.lease_ttl_ms, cur.attempt):
+            return
+        if cur.over:
+            log.debug("%s: attempt %d ended during its lease renewal", cur.job.key, cur.attempt)
+            return
+        log.warning("%s: attempt %d superseded (result refused)", cur.job.key, cur.attempt)
+        cur.next_renew = 1e18
 
     def _orphaned(self) -> None:
         """The node died: name the running python job's outcome file in this process's pid
