@@ -44,7 +44,7 @@ from bus.store import records
 from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
-from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.slot.lifecycle import RetryPolicy, after_attempt
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from bus.errors import StoreError
 from bus.store.atomic import runs
 from node.intake.messages import result_message
 from node.runners import adoption
-from node.runners.exits import Outcome
-from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.slot.exits import Outcome
+from node.slot.lifecycle import RetryPolicy, after_attempt
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

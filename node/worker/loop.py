@@ -66,9 +66,9 @@ from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient, SignerGone
-from node.runners.exits import Outcome, outcome_of
-from node.runners.lifecycle import RetryPolicy, after_attempt
-from node.runners.spec import RunnerSpec, read_frame
+from node.slot.exits import Outcome, outcome_of
+from node.slot.lifecycle import RetryPolicy, after_attempt
+from node.slot.spec import RunnerSpec, read_frame
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
 
@@ -604,7 +604,7 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    """``python -m node.worker.pyjobs --runner``: the spec first on stdin (node/runners/spec.py)."""
+    """``python -m node.worker --runner``: the spec first on stdin (node/slot/spec.py)."""
     global _RUNNER
     not_dumpable()  # before the frame: the password and key never sit in a readable process
     try:

@@ -22,9 +22,9 @@ from bus.store.atomic import runs
 from bus.store.atomic.runs_sync import SyncRuns
 from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
-from node.runners import outcomes
 from node.runners.adoption import adopted_outcome
-from node.runners.exits import Outcome
+from node.slot import outcomes
+from node.slot.exits import Outcome
 from node.worker.loop import Runner
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, command_job_run, wait_announced

@@ -13,8 +13,8 @@ import pytest
 
 from bus.core.models import RunnerJob
 from bus.store.atomic.runs import Ending
-from node.runners.joblogs import LogPump
-from node.runners.spec import RunnerSpec
+from node.slot.joblogs import LogPump
+from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun, _Current
 
 JOB = "job:1:7"

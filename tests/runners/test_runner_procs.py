@@ -20,9 +20,9 @@ from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
-from node.runners.exits import Outcome
 from node.runners.processes import start_in_stages, start_stages
-from node.runners.spec import RunnerSpec, frame, read_frame
+from node.slot.exits import Outcome
+from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.job import Wake
 from node.worker.loop import Runner

@@ -1,0 +1,90 @@
+"""The runner wing's shape, checked on the source (issue 44 "Checked by tests, not prose"):
+the slot's two sides meet only in their shared room, node/slot/; the runner process's own
+modules import each other in one direction; each check is shown able to fail."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.layout.test_rooms import ROOT, room_cycles
+
+PROCESS_SIDE, NODE_SIDE = "node.worker", "node.runners"
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``, at any depth (a function-level or
+    TYPE_CHECKING import ties modules as much as a top-level one)."""
+    found: list[tuple[int, str]] = []
+    for stmt in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(stmt, ast.Import):
+            found += [(stmt.lineno, a.name) for a in stmt.names]
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+            found += [(stmt.lineno, f"{stmt.module}.{a.name}") for a in stmt.names]
+    return found
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def crossings(root: Path = ROOT) -> list[str]:
+    """Every import from one side of the slot into the other (``file:line module``)."""
+    found = []
+    for side, other in ((PROCESS_SIDE, NODE_SIDE), (NODE_SIDE, PROCESS_SIDE)):
+        for path in sorted((root / side.replace(".", "/")).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            found += [f"{rel}:{n} {m}" for n, m in _imports(path) if _within(m, other)]
+    return found
+
+
+def module_cycles(root: Path = ROOT, package: str = PROCESS_SIDE) -> list[list[str]]:
+    """The groups of ``package``'s modules that import each other round a loop."""
+    folder = root / package.replace(".", "/")
+    names = {f"{package}.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"}
+    edges: dict[str, dict[str, list[str]]] = {}
+    for name in sorted(names):
+        for line, target in _imports(folder / f"{name.rsplit('.', 1)[1]}.py"):
+            hit = next((m for m in names if _within(target, m) and m != name), None)
+            if hit is not None:
+                edges.setdefault(name, {}).setdefault(hit, []).append(f"{name}:{line}")
+    return room_cycles(edges)
+
+
+def test_neither_side_of_the_slot_imports_the_other() -> None:
+    assert crossings() == []
+
+
+def test_the_runner_process_imports_in_one_direction() -> None:
+    assert module_cycles() == []
+
+
+def test_the_crossing_check_sees_an_import_either_way(tmp_path: Path) -> None:
+    planted = {
+        "node/worker/a.py": "def f():\n    from node.runners.processes import x\n",
+        "node/runners/b.py": "import node.worker.loop\n",
+        "node/runners/c.py": "from node.slot.spec import RunnerSpec\n",  # the shared room
+    }
+    for rel, text in planted.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    assert crossings(tmp_path) == [
+        "node/worker/a.py:2 node.runners.processes.x",
+        "node/runners/b.py:1 node.worker.loop",
+    ]
+
+
+def test_the_cycle_check_sees_the_circle_issue_44_found(tmp_path: Path) -> None:
+    """Planted: the entry that imported the loop, which imported the job, which imported the
+    entry (``pyjobs -> loop -> job -> pyjobs``)."""
+    planted = {
+        "pyjobs.py": "def main():\n    from node.worker.loop import main\n",
+        "loop.py": "from node.worker.job import JobRun\n",
+        "job.py": "from node.worker.pyjobs import become_subreaper\n",
+        "log.py": "import logging\n",
+    }
+    (tmp_path / "node" / "worker").mkdir(parents=True)
+    for name, text in planted.items():
+        (tmp_path / "node" / "worker" / name).write_text(text, encoding="utf-8")
+    worker = "node.worker."
+    assert module_cycles(tmp_path) == [[worker + "job", worker + "loop", worker + "pyjobs"]]
