@@ -53,12 +53,12 @@ from types import FrameType
 from typing import Protocol
 
 from bus.core import admitted, keys, queues
-from bus.core.envelope import ResultBody
-from bus.core.ids import ms_after, new_id, new_nonce, now
-from bus.core.models import JobStatus, Message, MessageType, RunnerJob
+from bus.core.envelope import build_result
+from bus.core.ids import ms_after, now
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
-from bus.store.atomic.runs import Ending, NextJob, Started, attempt_entry, unrunnable_detail
+from bus.store.atomic.runs import NextJob, Started, unrunnable_detail
 from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError, connect, is_utf8
 from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
@@ -66,8 +66,10 @@ from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient, SignerGone
+from node.slot.away import Away
 from node.slot.exits import Outcome, outcome_of
-from node.slot.lifecycle import RetryPolicy, after_attempt
+from node.slot.lifecycle import RetryPolicy
+from node.slot.plan import AnswerHere, Attempt, Retry, ending_of, plan_ending
 from node.slot.spec import RunnerSpec, read_frame
 from node.worker.job import PROCESS, Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
@@ -352,9 +354,9 @@ class Runner:
         attempt: int,
         nxt: NextJob | None,
     ) -> Started | None:
-        """End the attempt: retried, or final and answered, in one Lua call; retried while
-        Valkey is unreachable (the outcome exists only here)."""
-        delay = 0.2
+        """End the attempt: retried, or final and answered, in one Lua call; tried again while
+        Valkey is unreachable (the outcome exists only here: node/slot/away.py)."""
+        away = Away(job.key)
         kept = False
         taking = nxt is not None
         while True:
@@ -376,15 +378,8 @@ class Runner:
                     # (its output too: the slot's log files are not synced) fsynced
                     self.job.keep(recorded(outcome), durable=True)
                     kept = True
-                log.warning(
-                    "%s: cannot record the outcome yet (%r); retrying",
-                    job.key,
-                    exc,
-                    extra=self.fields(job.key),
-                )
                 nxt = None  # a half-applied call must not take a second job
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                time.sleep(away.failed(exc, log, **self.fields(job.key)))
 
     def give_back_taken(self, ended: str) -> None:
         """After an end that was sent again: the call that was cut may have started the next
@@ -422,44 +417,31 @@ class Runner:
     ) -> Started | None:
         """One Lua call: retried, finished here and answered, or finished and answered with a
         signed result; the job statistics counted here go with it (see :meth:`_counted`)."""
-        token = self.spec.token(job.key)
-        started_at = self.job.started_at
-        entry = attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
-        policy = RetryPolicy.of(job)
-        after = after_attempt(outcome.status, outcome.reason, attempt, job.retries, policy=policy)
-        result = outcome.result | {"attempts": str(attempt)}
-        ending = Ending(
-            job.key, attempt, self.inflight, outcome.status.value, result, outcome.reason, entry
+        ran = Attempt(attempt, self.spec.token(job.key), self.job.started_at, now())
+        here = self.spec.node_id
+        plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
+        ending = ending_of(plan, job.key, attempt, self.inflight)
+        retry = isinstance(plan, Retry)
+        batch, due = self._counted(
+            fields, ending.status, ending.reason, isinstance(plan, AnswerHere)
         )
-        taken: Started | None = None
-        here = request.origin == self.spec.node_id
-        reason = f"retrying after: {outcome.reason}" if after.retry else outcome.reason
-        batch, due = self._counted(fields, "retry" if after.retry else ending.status, reason, here)
-        due = due or nxt is None or after.retry
+        due = due or nxt is None or retry
         sums = (self._handover(batch), "") if due else ("[]", self._handover(batch))
-        if after.retry:
-            queue = queues.target_queue(job)
-            due_ms = ms_after(after.delay_s)
+        taken: Started | None = None
+        if isinstance(plan, Retry):
             ok = self.runs.retry_later(
-                ending, queue=queue, reason=reason, due_ms=due_ms, stats=sums[0]
+                ending, queue=plan.queue, due_ms=ms_after(plan.delay_s), stats=sums[0]
             )
             report(b"r")  # the node's retry scheduler sleeps until the next due retry
-        elif here:
+        elif isinstance(plan, AnswerHere):
             ok, taken = self.runs.finish_local(
-                ending,
-                request.key,
-                self.spec.reply_ttl_s,
-                nxt,
-                reply_to=request.reply_to,
-                stats=sums,
+                ending, request.key, self.spec.reply_ttl_s, nxt, reply_to=plan.reply_to, stats=sums
             )
         else:
-            answer = self._answer(
-                request, ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
-            )
+            answer = self._signed(build_result(plan.request, plan.body, origin=here))
             ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt, stats=sums)
         self._kept(batch, ok, applied=ok and (due or taken is None))
-        self._log_end(job, outcome, after.retry, ok)
+        self._log_end(job, outcome, retry, ok)
         return taken
 
     def _counted(
@@ -501,22 +483,10 @@ class Runner:
         elif ok:
             self.stats = batch
 
-    def _answer(self, request: Message, body: ResultBody) -> Message:
-        msg = Message(
-            id=new_id(),
-            caller_id=request.caller_id,
-            context_id=request.context_id,
-            message=body.encode(),
-            message_type=MessageType.RESULT,
-            created_at=now(),
-            updated_at=now(),
-            origin=self.spec.node_id,
-            destination=request.origin,
-            nonce=new_nonce(),
-        )
+    def _signed(self, result: Message) -> Message:
         if self.signer is None:
             raise RuntimeError("this runner has no signer: it cannot answer a remote request")
-        return self.signer.sign_result(msg)
+        return self.signer.sign_result(result)
 
     def _log_end(self, job: RunnerJob, outcome: Outcome, retry: bool, ok: bool) -> None:
         took_ms = (time.monotonic() - self.job.began) * 1000

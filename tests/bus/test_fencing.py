@@ -71,7 +71,7 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, syn
     await _started(store, sync_runs, attempts=2)
     assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
-        store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
+        store, 1, JOB, 1, "inflight:x", queue="queue:python", cause="r", entry="{}", due_ms=0
     )
     assert not sync_runs.finish_malformed(JOB, 1, "inflight:x", "bad")
     assert not sync_runs.requeue(JOB, 1, "inflight:x", "queue:python")

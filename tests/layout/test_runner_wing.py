@@ -88,3 +88,80 @@ def test_the_cycle_check_sees_the_circle_issue_44_found(tmp_path: Path) -> None:
         (tmp_path / "node" / "worker" / name).write_text(text, encoding="utf-8")
     worker = "node.worker."
     assert module_cycles(tmp_path) == [[worker + "job", worker + "loop", worker + "pyjobs"]]
+
+
+# -- a result message is built in one place ------------------------------------------------------
+
+PRODUCT = ("bus", "node", "crypto", "bench", "deploy", "examples")
+
+
+def result_builders(root: Path = ROOT) -> list[str]:
+    """Every call that makes a result message (``message_type=MessageType.RESULT``) outside
+    the tests (which forge results on purpose): ``file:line``."""
+    found = []
+    for top in PRODUCT:
+        for path in sorted((root / top).rglob("*.py")):
+            for call in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(call, ast.Call):
+                    continue
+                for kw in call.keywords:
+                    value = kw.value
+                    if (
+                        kw.arg == "message_type"
+                        and isinstance(value, ast.Attribute)
+                        and value.attr == "RESULT"
+                    ):
+                        found.append(f"{path.relative_to(root).as_posix()}:{call.lineno}")
+    return found
+
+
+def test_a_result_message_is_built_in_one_place() -> None:
+    [where] = result_builders()
+    assert where.startswith("bus/core/envelope.py:")
+
+
+def test_the_builder_check_sees_a_second_builder(tmp_path: Path) -> None:
+    (tmp_path / "node" / "worker").mkdir(parents=True)
+    (tmp_path / "node" / "worker" / "loop.py").write_text(
+        "def answer(r):\n    return Message(id=1, message_type=MessageType.RESULT)\n"
+        "def other(m):\n    return replace(m, message_type=MessageType.JOB)\n",
+        encoding="utf-8",
+    )
+    assert result_builders(tmp_path) == ["node/worker/loop.py:2"]
+
+
+# -- a retry is a field, not a string ------------------------------------------------------------
+
+# the phrase the retry was once written as, joined here so that this file is no hit itself
+RETRY_TEXT = " ".join(("retrying", "after"))
+SKIPPED = {".venv", ".git", "node_modules", "build", "dist"}
+
+
+def retry_texts(root: Path = ROOT) -> list[str]:
+    """Every Python file that still writes or parses the retry as text."""
+    found = []
+    paths = [p for p in root.glob("*.py")]
+    for top in sorted(root.iterdir()):
+        if top.is_dir() and top.name not in SKIPPED and not top.name.startswith("."):
+            paths += top.rglob("*.py")
+    for path in sorted(paths):
+        rel = path.relative_to(root)
+        if SKIPPED & set(rel.parts):
+            continue
+        if RETRY_TEXT in path.read_text(encoding="utf-8", errors="replace"):
+            found.append(rel.as_posix())
+    return found
+
+
+def test_no_python_file_writes_the_retry_as_text() -> None:
+    assert retry_texts() == []
+
+
+def test_the_retry_text_check_sees_a_writer(tmp_path: Path) -> None:
+    (tmp_path / "node" / "runners").mkdir(parents=True)
+    (tmp_path / "node" / "runners" / "x.py").write_text(
+        f'reason = f"{RETRY_TEXT}: {{cause}}"\n', encoding="utf-8"
+    )
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "y.py").write_text(f"# {RETRY_TEXT}\n", encoding="utf-8")
+    assert retry_texts(tmp_path) == ["node/runners/x.py"]

@@ -93,7 +93,7 @@ REASON_TEXT = st.text(st.characters(codec="utf-8"), max_size=30)
 @given(st.integers(1, 255), REASON_TEXT)
 def test_failed_scripts_timeouts_and_lost_runners_count(code, detail):
     assert verdict("error", f"exit code {code}") == "fail"
-    assert verdict("retry", f"retrying after: exit code {code}") == "fail"
+    assert verdict("retry", f"exit code {code}") == "fail"  # a retry's reason: its cause
     assert verdict("error", f"{Reason.TIMEOUT}: {detail}") == "fail"
     assert verdict("error", f"{Reason.RUNNER_LOST}: {detail}") == "fail"
     assert verdict("error", f"cannot start runner: {detail}") == "fail"
@@ -104,7 +104,7 @@ def test_failed_scripts_timeouts_and_lost_runners_count(code, detail):
 def test_stops_and_refusals_are_no_verdict(reason, detail):
     assert reason not in (Reason.TIMEOUT, Reason.RUNNER_LOST)
     assert verdict("error", f"{reason}: {detail}") == ""
-    assert verdict("retry", f"retrying after: {reason}: {detail}") == ""
+    assert verdict("retry", f"{reason}: {detail}") == ""
     assert verdict("requeued", detail) == ""
 
 

@@ -439,12 +439,11 @@ class SyncRuns:
             return bool(done), None
         return bool(done), (str(taken[0]), _pairs(taken[1:]))
 
-    def retry_later(
-        self, ending: Ending, *, queue: str, reason: str, due_ms: int, stats: str = ""
-    ) -> bool:
-        """runs_retry: the failed attempt recorded, the next one due at ``due_ms``; ``stats``
-        the job statistics' sums to apply with it ('': the script counts the attempt)."""
-        call = retry_call(ending, queue=queue, reason=reason, due_ms=due_ms, stats=stats)
+    def retry_later(self, ending: Ending, *, queue: str, due_ms: int, stats: str = "") -> bool:
+        """runs_retry: the failed attempt recorded (``ending.reason`` the retry's cause), the
+        next one due at ``due_ms``; ``stats`` the job statistics' sums to apply with it ('':
+        the script counts the attempt)."""
+        call = retry_call(ending, queue=queue, due_ms=due_ms, stats=stats)
         return bool(self._run(*call))
 
     def requeue(self, job_key: str, attempt: int, inflight: str, queue: str) -> bool:
