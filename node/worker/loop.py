@@ -59,7 +59,7 @@ from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store.atomic.runs import NextJob, Started, unrunnable_detail
-from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError, connect, is_utf8
+from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError, is_utf8
 from bus.store.atomic.stats import StatsBatch
 from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
@@ -88,7 +88,7 @@ class Runner:
         self, spec: RunnerSpec, admission_key: bytes, signer: ResultSigner | None = None
     ) -> None:
         self.spec, self.admission_key, self.signer = spec, admission_key, signer
-        self.runs = SyncRuns(connect(spec.url, spec.ctx), durability(spec.url))
+        self.runs = SyncRuns.open(spec.url, spec.ctx, durability(spec.url))
         self.inflight = spec.inflight
         self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
         self.draining = False
@@ -173,7 +173,7 @@ class Runner:
                 return self._usable(found, None)
         base = next((q for q in lists if q.count(":") == 1), lists[0])
         self.flush_reports(idle=True)  # idle now: the node's figures are complete while it waits
-        before = self.runs.list_length(self.inflight) if held is None else held
+        before = self.runs.held(self.inflight) if held is None else held
         nxt = self._take(lists)
         try:
             self.popping = True
@@ -184,14 +184,9 @@ class Runner:
             )
         except Wake:
             self.popping = False
-            moved = self.runs.list_head(self.inflight)
-            if moved is None or self.runs.list_length(self.inflight) <= before:
-                return None
             # the start pipelined behind the pop may have run: the job's hash says
-            fields = self.runs.hash_all(moved)
-            ours = fields.get("status") == JobStatus.STARTED.value
-            ours = ours and fields.get("runner") == self.spec.token(moved)
-            return self._usable(moved, fields if ours else None)
+            moved = self.runs.moved_before_wake(self.inflight, before, self.spec.token_base)
+            return None if moved is None else self._usable(*moved)
         finally:
             self.popping = False
         return None if value is None else self._usable(value, begun)
@@ -213,11 +208,6 @@ class Runner:
         finally:
             self.popping = False
 
-    def queue_of(self, job_key: str) -> str:
-        """The list a popped job was queued on (its targeting fields)."""
-        names = ("script_type", "group", "instance", "priority")
-        return queues.queue_of(self.runs.hash_fields(job_key, names))
-
     def _usable(self, value: str, begun: Begun | None) -> tuple[str, Begun | None] | None:
         if is_utf8(value):
             return value, begun
@@ -236,7 +226,7 @@ class Runner:
             token = self.spec.token(job_key)
             begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.gate)
         if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
-            self.runs.give_back(self.inflight, job_key, self.queue_of(job_key))
+            self.runs.give_back(self.inflight, job_key, self.runs.queue_of(job_key))
             self.breaker_wait_ms = begun.wait_ms
             return None
         if isinstance(begun, str):  # the entry names nothing to run: refused, alone
@@ -304,7 +294,7 @@ class Runner:
         """The message that carried ``job``, as far as answering it needs."""
         origin = fields.get("origin")
         if not origin:
-            return Message.from_hash(self.runs.hash_all(job.message_key))
+            return Message.from_hash(self.runs.message_fields(job.message_key))
         caller, ident = keys.parse_message_key(job.message_key)
         reply_to = fields.get("reply_to", "")  # materialise copies the signed one here
         return Message(
@@ -387,11 +377,9 @@ class Runner:
         stay ``started`` by a live slot whose lease the reaper renews for ever; it is given
         back uncounted (runs_requeue, fenced by its attempt), as is an entry that was moved
         but not started."""
-        for key in self.runs.list_all(self.inflight):
+        for key, fields in self.runs.in_flight(self.inflight):
             if key == ended:
                 continue
-            names = ("status", "attempt", "runner", "script_type", "group", "instance", "priority")
-            fields = self.runs.hash_fields(key, names)
             queue = queues.queue_of(fields)
             token = self.spec.token(key)
             status = fields["status"]

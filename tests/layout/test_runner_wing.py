@@ -5,7 +5,10 @@ modules import each other in one direction; each check is shown able to fail."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
 
 from tests.layout.test_rooms import ROOT, room_cycles
 
@@ -165,3 +168,51 @@ def test_the_retry_text_check_sees_a_writer(tmp_path: Path) -> None:
     (tmp_path / ".venv" / "lib").mkdir(parents=True)
     (tmp_path / ".venv" / "lib" / "y.py").write_text(f"# {RETRY_TEXT}\n", encoding="utf-8")
     assert retry_texts(tmp_path) == ["node/runners/x.py"]
+
+
+# -- no redis-py class outside bus/store -------------------------------------------------------
+
+
+def _module_names(root: Path, tops: tuple[str, ...]) -> list[str]:
+    names = []
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = ".".join(parts)
+            # a __main__ runs its program when imported
+            if not name.startswith("bus.store") and parts[-1] != "__main__":
+                names.append(name)
+    return names
+
+
+def client_classes(modules: list[str]) -> list[str]:
+    """Every name a module holds (imported, aliased or re-exported) that is a class of a
+    Redis client library: ``module.name -> library.Class``. Seen at run time, so an alias
+    (``SyncStoreError = redis.RedisError``, once) is found where an import check sees none."""
+    found = []
+    for name in modules:
+        module = importlib.import_module(name)
+        for attr, value in sorted(vars(module).items()):
+            if not isinstance(value, type):
+                continue
+            home = value.__module__.split(".")[0]
+            if home in ("redis", "coredis"):
+                found.append(f"{name}.{attr} -> {value.__module__}.{value.__qualname__}")
+    return found
+
+
+def test_no_redis_client_class_is_named_outside_the_store() -> None:
+    assert client_classes(_module_names(ROOT, ("bus", "node", "crypto"))) == []
+
+
+def test_the_class_check_sees_an_alias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "planted_alias.py").write_text(
+        "import redis\nStoreFailed = redis.RedisError\nfrom bus.errors import StoreError\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert client_classes(["planted_alias"]) == [
+        "planted_alias.StoreFailed -> redis.exceptions.RedisError"
+    ]

@@ -70,10 +70,7 @@ def test_a_renewal_refused_by_the_attempts_own_end_logs_no_refusal(
     with caplog.at_level(logging.DEBUG, logger="node.worker.loop"):
         run._tick(cur)  # the watch thread, which read ``cur`` before the end
     assert _superseded(caplog) == []
-    assert sync_runs.hash_fields(JOB, ("status", "attempt")) == {
-        "status": "finished",
-        "attempt": "1",
-    }
+    assert sync_runs.client.hmget(JOB, ["status", "attempt"]) == ["finished", "1"]
 
 
 def test_a_renewal_refused_because_another_attempt_started_says_so(

@@ -206,7 +206,7 @@ def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp
             runner.draining = True
 
     lengths: list[str] = []  # the runner's own LLENs (the scripts' are not its round trips)
-    monkeypatch.setattr(SyncRuns, "list_length", lambda _self, name: lengths.append(name) or 0)
+    monkeypatch.setattr(SyncRuns, "held", lambda _self, name: lengths.append(name) or 0)
     monkeypatch.setattr(runner, "run_job", run_job)
     runner.serve()
     assert popped == ["job:1:1", "job:1:2"]
