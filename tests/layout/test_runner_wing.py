@@ -216,3 +216,12 @@ def test_the_class_check_sees_an_alias(tmp_path: Path, monkeypatch: pytest.Monke
     assert client_classes(["planted_alias"]) == [
         "planted_alias.StoreFailed -> redis.exceptions.RedisError"
     ]
+
+
+def test_one_class_is_named_runner() -> None:
+    """The spec's Runner object (bus/core/models.py); the runner process's loop is SlotLoop."""
+    from tests.layout.test_rooms import definitions
+
+    assert sorted(d for d in definitions() if d.endswith(":Runner")) == [
+        "bus/core/models.py:Runner"
+    ]
