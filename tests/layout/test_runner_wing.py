@@ -135,7 +135,7 @@ def test_the_builder_check_sees_a_second_builder(tmp_path: Path) -> None:
 
 # -- a retry is a field, not a string ------------------------------------------------------------
 
-# the phrase the retry was once written as, joined here so that this file is no hit itself
+# the text a retry must not be written as, joined here so that this file is no hit itself
 RETRY_TEXT = " ".join(("retrying", "after"))
 SKIPPED = {".venv", ".git", "node_modules", "build", "dist"}
 
@@ -190,7 +190,7 @@ def _module_names(root: Path, tops: tuple[str, ...]) -> list[str]:
 def client_classes(modules: list[str]) -> list[str]:
     """Every name a module holds (imported, aliased or re-exported) that is a class of a
     Redis client library: ``module.name -> library.Class``. Seen at run time, so an alias
-    (``SyncStoreError = redis.RedisError``, once) is found where an import check sees none."""
+    (``StoreFailed = redis.RedisError``) is found where an import check sees none."""
     found = []
     for name in modules:
         module = importlib.import_module(name)
