@@ -97,3 +97,15 @@ async def test_a_retry_stored_before_the_field_runs_on(store, sync_runs) -> None
     stats = await _stats(store)
     assert stats["ended|python|retry|timeout"] == "1"
     assert stats["ended|python|finished|"] == "1"
+
+
+async def test_an_external_runner_s_retried_job_is_answered_without_its_retry(store) -> None:
+    """An external runner starts a job with its own commands, which leave ``retry_of``; the
+    results service's answer clears it: a final job never says it waits for a retry."""
+    job = {"status": "finished", "attempt": "2", "retry_of": "1", "result": "{}"}
+    await store.hset(1, JOB, job)
+    read = runs.Answered(JOB, "finished", "2", "")
+    args = {"result": {}, "request_key": "message:1:9", "reply": "{}", "reply_ttl_s": 60}
+    assert await runs.answer_local(store, 1, read, **args)
+    stored = await store.hgetall(1, JOB)
+    assert ("answered" in stored, "retry_of" in stored) == (True, False)
