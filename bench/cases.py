@@ -851,7 +851,24 @@ async def _drain_rate(r: Any, job_keys: list[str]) -> float:
             if done_prefix < len(job_keys):
                 await trio.sleep(0.05)
     elapsed = time.perf_counter() - first_t
-    return (len(job_keys) - first_done) / elapsed if elapsed > 0 else float("nan")
+    if first_done < len(job_keys) and elapsed > 0:
+        return (len(job_keys) - first_done) / elapsed
+    # the whole window ran between two looks (a quick run's 100 jobs): no interval was seen, so
+    # the rate is read from the stamps Valkey's clock put on each start instead
+    return await _start_rate(r, job_keys)
+
+
+async def _start_rate(r: Any, job_keys: list[str]) -> float:
+    """Started jobs/s over ``job_keys``, from their ``stats_started_ms`` stamps (Valkey's
+    clock). Raises RuntimeError when the stamps span no time: a rate of 0 or infinity would be
+    a figure that is not one."""
+    async with r.pipeline(transaction=False) as pipe:
+        for k in job_keys:
+            pipe.hget(k, "stats_started_ms")
+    stamps = [int(s) for s in pipe.results or () if s and str(s).isdigit()]
+    if len(stamps) < 2 or max(stamps) == min(stamps):
+        raise RuntimeError(f"no drain rate: {len(stamps)} start stamps over {len(job_keys)} jobs")
+    return (len(stamps) - 1) / ((max(stamps) - min(stamps)) / 1000)
 
 
 async def _count_replies(r: Any, message_keys: list[str]) -> int:
@@ -989,7 +1006,7 @@ async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
             )
         )
         if b != env.plan.backlogs[0]:
-            ratio = [100 * x / statistics.median(base) for x in rates]
+            ratio = [100 * x / _positive(statistics.median(base), "base rate") for x in rates]
             rows.append(
                 Row(
                     case,
@@ -1013,6 +1030,14 @@ async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
             )
         )
     return rows
+
+
+def _positive(value: float, what: str) -> float:
+    """``value`` if it can divide: a ratio over 0 or NaN fails its case instead of printing
+    a figure that is not one."""
+    if not value > 0:
+        raise ValueError(f"{what} is {value}: no ratio")
+    return value
 
 
 def summary_json(rows: list[Row]) -> list[dict[str, Any]]:

@@ -83,13 +83,13 @@ from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
-from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import RunnerSlot, run_runner_process, slots_of, start_in_stages
 from node.runners.recovery import run_retry_scheduler
 from node.runners.sandboxes import find_isolation
 from node.sandbox.probe import Isolation
+from node.slot.commands import script_commands
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class Registry:
         redis_url: str = "",
     ) -> None:
         """``redis_url``: what the runner processes connect with (the ``runner`` user's URL).
-        Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
+        Raises ConfigError if a [runners] type has no command (node/slot/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery

@@ -411,7 +411,7 @@ class RunnerJob:
     group: str = ""
     instance: str = ""
     priority: str = ""  # high | normal | low ("": normal)
-    # extension: the retry policy (node/runners/lifecycle.py), signed and stored only when set
+    # extension: the retry policy (node/slot/lifecycle.py), signed and stored only when set
     # like the targeting: which failures are retried (empty: every one) and the backoff
     retry_on: list[str] = field(default_factory=list)
     backoff: str = ""  # exponential | linear ("": exponential)
@@ -516,7 +516,7 @@ class RunnerJob:
         return cls.from_hash(flat)
 
 
-# A retry_on entry: a failure cause (node/runners/lifecycle.py) or an exit code, exit:any for all.
+# A retry_on entry: a failure cause (node/slot/lifecycle.py) or an exit code, exit:any for all.
 RETRY_CAUSE = re.compile(r"timeout|runner_lost|exit:(any|[1-9][0-9]{0,2})")
 BACKOFFS = ("exponential", "linear")
 MAX_BACKOFF_MS = 3_600_000

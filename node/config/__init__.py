@@ -50,7 +50,7 @@ class NodeConfig:
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
-    # script type -> command template for types beyond the built-ins (node/runners/commands.py)
+    # script type -> command template for types beyond the built-ins (node/slot/commands.py)
     commands: dict[str, list[str]] = field(default_factory=dict)
     # script type -> runner group of this node's slots (targeted queues, bus/core/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)

@@ -74,7 +74,7 @@ def below_ephemeral() -> tuple[int, int]:
 
 
 # port picks of its own: the random module's shared state is the application's (see
-# node/runners/lifecycle.py)
+# node/slot/lifecycle.py)
 _RANDOM = random.Random()
 
 
