@@ -77,6 +77,7 @@ from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
+from node.observe.tracing import tracing
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.commands import script_commands
@@ -143,7 +144,10 @@ async def _run_node(
             redis_url = role_url(config, published, NODE)
             runner_url = role_url(config, published, RUNNER)
         signer = await root.start(run_signer, key)
-        async with open_store(redis_url) as store:
+        async with (
+            open_store(redis_url) as store,
+            tracing(config.tracing, key.public_hex, config.name),
+        ):
             node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
             await _run_services(node, (redis_url, runner_url), stop, task_status)
         root.cancel_scope.cancel()

@@ -42,6 +42,7 @@ from bus.store.connection import Store
 from bus.store.serve import Done, Handler, Popped, Queue, guarded, serve_queue
 from node.errors import Rejected
 from node.flows.trust import check_flow_doc, check_may_execute
+from node.observe.tracing import judge
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,8 @@ async def _release(
     stamp = now()
     job = doc.runner_job(job_id, inputs, stamp)
     payload = FlowJobPayload(loaded.raw, loaded.signatures, job_id, inputs)
+    # every job of the flow continues the trace its actor signed into the document
+    trace = judge(node.counters, doc.traceparent, doc.tracestate, f"flow {doc.id}")
     message = sign_message(
         Message(
             id=new_id(),
@@ -261,6 +264,8 @@ async def _release(
             origin=node.identity.node_id,
             destination=spec.node,
             nonce=new_nonce(),
+            traceparent=trace.traceparent,
+            tracestate=trace.tracestate,
         ),
         node.identity.key,
     )

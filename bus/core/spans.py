@@ -1,0 +1,155 @@
+"""The bus's bridge to the OpenTelemetry API: start and end spans, turn trace contexts around.
+
+Spans are started and ended explicitly (:func:`start`, :func:`end`), never held by a context
+manager or made current across an ``await``: trio may switch tasks there, and a span made
+current in one task would leak into another (opentelemetry-python #2606).
+
+Costless when nothing is traced: :func:`start` returns None at once unless someone installed a
+recording tracer provider (a node with ``[tracing]`` on, node/observe/tracing.py; an
+application that set up the SDK around the client). opentelemetry-api is optional: without it
+every call here is a no-op, and a client still sends a trace context of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from bus.core.tracecontext import TraceParent, new_traceparent
+
+try:
+    from opentelemetry import trace as _otel
+    from opentelemetry.context import Context
+    from opentelemetry.trace import (
+        Link,
+        NonRecordingSpan,
+        SpanContext,
+        SpanKind,
+        TraceFlags,
+        TraceState,
+    )
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency of the node
+    _otel = None  # type: ignore[assignment]
+
+# Attribute names: the messaging conventions where they fit, ``hero.*`` for the rest. No
+# attribute ever holds a script, an environment value or an output.
+SYSTEM: Final = "messaging.system"
+OPERATION: Final = "messaging.operation.type"
+DESTINATION: Final = "messaging.destination.name"
+MESSAGE_ID: Final = "messaging.message.id"
+BATCH_COUNT: Final = "messaging.batch.message_count"
+JOB_KEYS: Final = "hero.job.keys"
+FLOW_ID: Final = "hero.flow.id"
+CONTEXT: Final = "hero.context.id"
+CALLER: Final = "hero.caller.id"
+NODE: Final = "hero.node.id"
+PEER: Final = "hero.peer.id"
+OUTCOME: Final = "hero.outcome"
+REASON: Final = "hero.reason"
+SYSTEM_NAME: Final = "hero-bus"
+
+Attributes = Mapping[str, Any]  # str, int or a sequence of str
+Span = Any  # an opentelemetry.trace.Span; Any so that the module loads without the API
+
+
+def kind(name: str) -> Any:  # noqa: ANN401 - a SpanKind, or None without the API
+    """The SpanKind named ``name`` (PRODUCER, CONSUMER, INTERNAL, CLIENT)."""
+    return getattr(SpanKind, name) if _otel is not None else None
+
+
+def recording() -> bool:
+    """Whether spans started here would be recorded: a tracer provider was installed."""
+    if _otel is None:
+        return False
+    provider = _otel.get_tracer_provider()
+    return not isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider)
+
+
+def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # noqa: ANN401
+    """An OpenTelemetry Context whose current span is ``parent`` (remote), or an empty one for
+    None: a node's span is a child of the message's trace, or the root of a trace of its own,
+    never of whatever happens to be current in the task."""
+    if parent is None:
+        return Context()
+    return _otel.set_span_in_context(NonRecordingSpan(_span_context(parent, tracestate)))
+
+
+def _span_context(parent: TraceParent, tracestate: str) -> Any:  # noqa: ANN401
+    state = TraceState.from_header([tracestate]) if tracestate else TraceState()
+    return SpanContext(
+        trace_id=int(parent.trace_id, 16),
+        span_id=int(parent.parent_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(parent.flags),
+        trace_state=state,
+    )
+
+
+def link_to(parent: TraceParent) -> Any:  # noqa: ANN401
+    """A span link to ``parent`` (a message a frame carries)."""
+    return Link(_span_context(parent, ""))
+
+
+def start(
+    tracer_name: str,
+    name: str,
+    span_kind: str,
+    *,
+    context: Any = None,  # noqa: ANN401 - an opentelemetry Context; None: the current one
+    attributes: Attributes | None = None,
+    links: Sequence[Any] = (),
+) -> Span | None:
+    """A started span (to be ended with :func:`end`), or None when nothing is recorded."""
+    if not recording():
+        return None
+    tracer = _otel.get_tracer(tracer_name)
+    return tracer.start_span(
+        name,
+        context=context,
+        kind=kind(span_kind),
+        attributes={SYSTEM: SYSTEM_NAME, **(attributes or {})},
+        links=list(links) or None,
+    )
+
+
+def end(
+    span: Span | None, outcome: str = "", reason: str = "", attributes: Attributes | None = None
+) -> None:
+    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token)."""
+    if span is None:
+        return
+    if outcome:
+        span.set_attribute(OUTCOME, outcome)
+    if reason:
+        span.set_attribute(REASON, reason)
+        span.set_status(_otel.Status(_otel.StatusCode.ERROR, reason))
+    for name, value in (attributes or {}).items():
+        span.set_attribute(name, value)
+    span.end()
+
+
+def traceparent_of(span: Span | None) -> tuple[str, str]:
+    """``(traceparent, tracestate)`` naming ``span`` as the parent ("" , "" when it has no
+    valid context: a no-op span outside any trace)."""
+    if span is None or _otel is None:
+        return "", ""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return "", ""
+    parent = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", int(ctx.trace_flags))
+    return parent.header, ctx.trace_state.to_header() if ctx.trace_state else ""
+
+
+def current_span() -> Span | None:
+    """The caller's current span (its OpenTelemetry context), None without the API."""
+    return _otel.get_current_span() if _otel is not None else None
+
+
+def outgoing_trace(span: Span | None) -> tuple[str, str]:
+    """The trace context a client signs into what it sends: ``span``'s (its PRODUCER span),
+    else the caller's current span's, else a new trace (bus/core/tracecontext.py)."""
+    for candidate in (span, current_span()):
+        found = traceparent_of(candidate)
+        if found[0]:
+            return found
+    return new_traceparent(), ""
