@@ -153,3 +153,16 @@ def outgoing_trace(span: Span | None) -> tuple[str, str]:
         if found[0]:
             return found
     return new_traceparent(), ""
+
+
+def end_error(span: Span | None, exc: BaseException) -> None:
+    """End ``span`` for an exception: ``rejected`` with a refusal's reason token (``Refused``
+    and ``Rejected`` carry one), else ``failed`` with the exception's type (never its text:
+    it may quote content)."""
+    if span is None:
+        return
+    reason = getattr(exc, "reason", "")
+    if reason:
+        end(span, "rejected", str(reason))
+    else:
+        end(span, "failed", type(exc).__name__)

@@ -15,10 +15,11 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
+from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
@@ -34,6 +35,7 @@ from node.intake.messages import (
     result_write,
 )
 from node.intake.stops import apply_stop
+from node.observe.tracing import judge_message, start_message_span
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -61,18 +63,63 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
     name, source = SERVICE, keys.MSG_IN
 
+    def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
+        super().__init__(node, ctx, script_types)
+        self.traces: dict[str, MessageTrace] = {}  # of this pop's admitted job messages
+
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
         message = parse_message(self.ctx, popped.value, popped.fields)
-        return await handle_incoming(self.node, self.ctx, message, popped.fields)
+        trace = judge_message(self.node.counters, message)
+        span = self._span("verify", message, trace)
+        try:
+            verdict = await handle_incoming(self.node, self.ctx, message, popped.fields)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, _outcome(verdict))
+        if isinstance(verdict, Message):
+            self.traces[message.key] = trace
+        return verdict
 
     async def batch(self, items: list[Message | VerifiedResult]) -> None:
         node, ctx, inflight = self.node, self.ctx, keys.inflight(SERVICE)
+        traces, self.traces = self.traces, {}
         results = [i for i in items if isinstance(i, tuple)]
         jobs = [i for i in items if not isinstance(i, tuple)]
         if results:
             await accept_results(node, ctx, results, inflight)
         if jobs:
-            await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
+            made = [(m, self._span("materialise", m, traces.get(m.key, NO_TRACE))) for m in jobs]
+            try:
+                await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
+            except BaseException as exc:
+                for _, span in made:
+                    spans.end_error(span, exc)
+                raise
+            for _, span in made:
+                spans.end(span, "materialised")
+
+    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
+        """The consumer's span of one message, a child of the trace it carries."""
+        return start_message_span(
+            __name__,
+            f"{operation} {keys.MSG_IN}",
+            "CONSUMER" if operation == "verify" else "INTERNAL",
+            self.node.identity.node_id,
+            self.ctx,
+            message,
+            trace,
+            keys.MSG_IN,
+        )
+
+
+def _outcome(verdict: Message | VerifiedResult | Done) -> str:
+    """What admitting a message led to, as its span says."""
+    if isinstance(verdict, Message):
+        return "admitted"
+    if isinstance(verdict, tuple):
+        return "result"
+    return "handled"  # a stop applied, a delivery held, a chat or mail stored
 
 
 async def handle_incoming(
