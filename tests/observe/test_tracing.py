@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bus.client.api import open_client
 from bus.core.envelope import sign_message
-from bus.core.models import JobStatus
+from bus.core.models import FlowStatus, JobStatus
 from bus.core.spans import remote_context
 from bus.core.tracecontext import parse_traceparent
+from bus.store import records
 from crypto import read_key_file
 from node.config import render_config
 from node.config.tracing import TracingConfig, parse_tracing
@@ -251,3 +252,47 @@ def test_the_tracing_table_is_off_by_default_and_checked():
     ):
         with pytest.raises(ConfigError):
             parse_tracing(bad)
+
+
+async def test_every_job_of_a_flow_and_a_stop_continue_the_caller_s_trace(node_factory):
+    alice = await node_factory("alice")
+    actor = read_key_file(alice.config.actor_key_path)
+    caller = TracerProvider().get_tracer("test").start_span("caller")  # not installed: the
+    # client reads the caller's current span all the same
+    expected = caller.get_span_context()
+    token = otel_context.attach(otel.set_span_in_context(caller))
+    try:
+        spec = {
+            "jobs": [
+                {"id": "A", "node": "self", "context": 1, "type": "python", "script": "print(1)"},
+                {
+                    "id": "B",
+                    "node": "self",
+                    "context": 1,
+                    "type": "python",
+                    "script": "print(2)",
+                    "depends": ["A"],
+                },
+            ]
+        }
+        with trio.fail_after(60):
+            flow_id = await alice.client.submit_flow(actor, 1, spec, context_id=1)
+            state = await alice.client.wait_flow(flow_id, 1, timeout_s=55)
+            msg = await alice.client.submit_job(
+                actor, 1, to="self", context_id=1, script_type="python", script="print(3)"
+            )
+            await alice.client.wait_results(msg, timeout_s=30)
+            stop = await alice.client.stop_job(actor, 1, msg.job[0].key, 1)
+    finally:
+        otel_context.detach(token)
+    assert state.status is FlowStatus.FINISHED
+    for flow_job in state.jobs:  # each released flow_job message, signed by the node
+        fields = await alice.client.job_fields(1, flow_job.job_key)
+        carried = await records.read_message(alice.store, 1, fields["message_key"])
+        assert carried["message_type"] == "flow_job"
+        parent = parse_traceparent(carried["traceparent"])
+        assert int(parent.trace_id, 16) == expected.trace_id
+        assert int(parent.parent_id, 16) == expected.span_id
+    assert parse_traceparent(msg.traceparent).trace_id == f"{expected.trace_id:032x}"
+    assert stop.traceparent == msg.traceparent  # the stop joins its job's trace
+    assert not any(k.startswith(DROPPED) for k in alice.info.state.counters.metrics)
