@@ -8,14 +8,19 @@ Costless when nothing is traced: :func:`start` returns None at once unless someo
 recording tracer provider (a node with ``[tracing]`` on, node/observe/tracing.py; an
 application that set up the SDK around the client). opentelemetry-api is optional: without it
 every call here is a no-op, and a client still sends a trace context of its own.
+
+The services judge a message's trace context here too (:func:`judge`): once, where they take
+the message, the drop of a bad value counted by the caller's counter.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from bus.core.tracecontext import TraceParent, new_traceparent
+from bus.core.models import Message
+from bus.core.tracecontext import MessageTrace, TraceParent, message_trace, new_traceparent
 
 try:
     from opentelemetry import trace as _otel
@@ -30,6 +35,8 @@ try:
     )
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency of the node
     _otel = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
 
 # Attribute names: the messaging conventions where they fit, ``hero.*`` for the rest. No
 # attribute ever holds a script, an environment value or an output.
@@ -166,3 +173,57 @@ def end_error(span: Span | None, exc: BaseException) -> None:
         end(span, "rejected", str(reason))
     else:
         end(span, "failed", type(exc).__name__)
+
+
+# -- a message's trace, as a service judges it ---------------------------------------------------
+
+DROPPED: Final = "trace_context_dropped_"  # + TraceDrop: the node counter of each drop
+
+
+def judge(
+    count: Callable[[str], None], traceparent: str, tracestate: str, what: str
+) -> MessageTrace:
+    """The trace a message (or flow document) ``what`` continues; each value dropped is
+    counted (``count(trace_context_dropped_<reason>)``) and logged, and nothing else happens:
+    the message runs as if it carried none."""
+    judged = message_trace(traceparent, tracestate)
+    for drop in judged.dropped:
+        count(DROPPED + drop.drop)
+        log.warning("%s: trace context dropped (%s)", what, drop, extra={"reason": str(drop.drop)})
+    return judged
+
+
+def judge_message(count: Callable[[str], None], message: Message) -> MessageTrace:
+    return judge(count, message.traceparent, message.tracestate, message.key)
+
+
+def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, Any]:
+    """What a node's span of ``message`` says of it: keys and ids, never content."""
+    attributes: dict[str, Any] = {
+        MESSAGE_ID: message.key,
+        CONTEXT: ctx,
+        CALLER: message.caller_id,
+        NODE: node_id,
+        "messaging.message.type": message.message_type.value,
+    }
+    if message.job:
+        attributes[JOB_KEYS] = [job.key for job in message.job]
+    return attributes
+
+
+def start_message_span(
+    tracer: str,
+    name: str,
+    span_kind: str,
+    node_id: str,
+    ctx: int,
+    message: Message,
+    trace: MessageTrace,
+    destination: str,
+) -> Span | None:
+    """A node's span of one message, a child of the trace it carries (or a root)."""
+    if not recording():
+        return None
+    attributes = message_attributes(node_id, ctx, message) | {DESTINATION: destination}
+    context = remote_context(trace.parent, trace.tracestate)
+    return start(tracer, name, span_kind, context=context, attributes=attributes)

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.dag import DOOMED_REASON, Decision, flow_result, schedule
 from bus.core.envelope import sign_message
 from bus.core.flows import FlowDoc, FlowJobPayload
@@ -42,7 +42,6 @@ from bus.store.connection import Store
 from bus.store.serve import Done, Handler, Popped, Queue, guarded, serve_queue
 from node.errors import Rejected
 from node.flows.trust import check_flow_doc, check_may_execute
-from node.observe.tracing import judge
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -249,7 +248,7 @@ async def _release(
     job = doc.runner_job(job_id, inputs, stamp)
     payload = FlowJobPayload(loaded.raw, loaded.signatures, job_id, inputs)
     # every job of the flow continues the trace its actor signed into the document
-    trace = judge(node.counters, doc.traceparent, doc.tracestate, f"flow {doc.id}")
+    trace = spans.judge(node.counters.count, doc.traceparent, doc.tracestate, f"flow {doc.id}")
     message = sign_message(
         Message(
             id=new_id(),

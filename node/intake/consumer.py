@@ -35,7 +35,6 @@ from node.intake.messages import (
     result_write,
 )
 from node.intake.stops import apply_stop
-from node.observe.tracing import judge_message, start_message_span
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
         message = parse_message(self.ctx, popped.value, popped.fields)
-        trace = judge_message(self.node.counters, message)
+        trace = spans.judge_message(self.node.counters.count, message)
         span = self._span("verify", message, trace)
         try:
             verdict = await handle_incoming(self.node, self.ctx, message, popped.fields)
@@ -101,7 +100,7 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
     def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
         """The consumer's span of one message, a child of the trace it carries."""
-        return start_message_span(
+        return spans.start_message_span(
             __name__,
             f"{operation} {keys.MSG_IN}",
             "CONSUMER" if operation == "verify" else "INTERNAL",

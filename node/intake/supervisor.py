@@ -31,7 +31,6 @@ from node.intake.messages import (
     parse_message,
     remember_reply_to,
 )
-from node.observe.tracing import judge_message, start_message_span
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class Supervisor(Intake[Message]):
 
     async def each(self, popped: Popped) -> Message:
         message = parse_message(self.ctx, popped.value, popped.fields)
-        trace = judge_message(self.node.counters, message)
+        trace = spans.judge_message(self.node.counters.count, message)
         span = self._span("admit", message, trace)
         try:
             await check_parsed(self.node, self.ctx, message, popped.fields)
@@ -98,7 +97,7 @@ class Supervisor(Intake[Message]):
 
     def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
         """The supervisor's span of one message, a child of the trace it carries."""
-        return start_message_span(
+        return spans.start_message_span(
             __name__,
             f"{operation} {keys.MSG_OUT}",
             "CONSUMER" if operation == "admit" else "INTERNAL",

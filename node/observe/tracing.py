@@ -1,4 +1,4 @@
-"""The one place the node sets up OpenTelemetry, and judges the trace context messages carry.
+"""The one place the node sets up OpenTelemetry (the spans themselves: bus/core/spans.py).
 
 Off by default (``[tracing]`` without an endpoint): no SDK is imported, no exporter thread runs,
 and every span call of the bus (bus/core/spans.py) returns at once on the API's no-op provider.
@@ -20,74 +20,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from bus.core import spans
-from bus.core.models import Message
-from bus.core.tracecontext import MessageTrace, message_trace
 from node.config.tracing import TracingConfig
-from node.state import Counters
 
 log = logging.getLogger(__name__)
 
-DROPPED = "trace_context_dropped_"  # + TraceDrop: the node counter of each drop
 SHUTDOWN_S = 5.0  # the most a stopping node waits for its last spans to leave
-
-
-def judge(counters: Counters, traceparent: str, tracestate: str, what: str) -> MessageTrace:
-    """The trace a message (or flow document) ``what`` continues; each value dropped is
-    counted (``trace_context_dropped_<reason>``) and logged, and nothing else happens: the
-    message runs as if it carried none."""
-    judged = message_trace(traceparent, tracestate)
-    for drop in judged.dropped:
-        counters.count(DROPPED + drop.drop)
-        log.warning("%s: trace context dropped (%s)", what, drop, extra={"reason": str(drop.drop)})
-    return judged
-
-
-def judge_message(counters: Counters, message: Message) -> MessageTrace:
-    return judge(counters, message.traceparent, message.tracestate, message.key)
-
-
-def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, Any]:
-    """What a node's span of ``message`` says of it: keys and ids, never content."""
-    attributes: dict[str, Any] = {
-        spans.MESSAGE_ID: message.key,
-        spans.CONTEXT: ctx,
-        spans.CALLER: message.caller_id,
-        spans.NODE: node_id,
-        "messaging.message.type": message.message_type.value,
-    }
-    if message.job:
-        attributes[spans.JOB_KEYS] = [job.key for job in message.job]
-    return attributes
-
-
-def start_message_span(
-    tracer: str,
-    name: str,
-    span_kind: str,
-    node_id: str,
-    ctx: int,
-    message: Message,
-    trace: MessageTrace,
-    destination: str,
-) -> spans.Span | None:
-    """A node's span of one message, a child of the trace it carries (or a root)."""
-    if not spans.recording():
-        return None
-    attributes = message_attributes(node_id, ctx, message) | {spans.DESTINATION: destination}
-    context = spans.remote_context(trace.parent, trace.tracestate)
-    return spans.start(tracer, name, span_kind, context=context, attributes=attributes)
-
-
-def message_links(traces: Sequence[MessageTrace]) -> list[Any]:
-    """Span links to the messages a frame carries (those with a trace to link to)."""
-    return [spans.link_to(t.parent) for t in traces if t.parent is not None]
 
 
 class KeyedRatioSampler:

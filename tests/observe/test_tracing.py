@@ -21,14 +21,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from bus.client.api import open_client
 from bus.core.envelope import sign_message
 from bus.core.models import FlowStatus, JobStatus
-from bus.core.spans import remote_context
+from bus.core.spans import DROPPED, remote_context
 from bus.core.tracecontext import parse_traceparent
 from bus.store import records
 from crypto import read_key_file
 from node.config import render_config
 from node.config.tracing import TracingConfig, parse_tracing
 from node.errors import ConfigError
-from node.observe.tracing import DROPPED, KeyedRatioSampler
+from node.observe.tracing import KeyedRatioSampler
 from tests.intake.test_rejections import job_message, push_in
 from tests.nodeproc import NodeProcess
 from tests.otlp import Receiver, Span
@@ -199,7 +199,7 @@ async def test_a_node_with_tracing_off_exports_nothing(nodes, monkeypatch):
 async def test_a_malformed_trace_context_is_dropped_counted_and_the_job_runs(node_factory, caplog):
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
-    caplog.set_level(logging.WARNING, logger="node.observe.tracing")
+    caplog.set_level(logging.WARNING, logger="bus.core.spans")
     bad = {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01", "tracestate": "k=v"}
     for queue, fields in (("msg_out", bad), ("msg_in", {"traceparent": "x" * 300})):
         msg = job_message(actor, 1, alice.node_id, alice.node_id, "print('ran')")
