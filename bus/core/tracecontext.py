@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, NamedTuple
 
 VERSION: Final = "00"
 # W3C trace-context: a vendor must accept at least 512 bytes of tracestate and may drop more;
@@ -50,8 +49,12 @@ class TraceContextError(ValueError):
         self.drop, self.detail = drop, detail
 
 
-@dataclass(frozen=True, slots=True)
-class TraceParent:
+# TraceParent and MessageTrace are built for every message a service takes: immutable tuples,
+# built in a fraction of a frozen dataclass's time (which sets each field through object's
+# __setattr__).
+
+
+class TraceParent(NamedTuple):
     """A parsed ``traceparent``: lowercase hex ids, ``flags`` as the byte it is."""
 
     trace_id: str  # 32 hex
@@ -73,21 +76,30 @@ def parse_traceparent(value: str) -> TraceParent:
     trace id and a 16-hex parent id that are not all zeros, and a 2-hex flags byte, lowercase,
     nothing around it (W3C trace-context level 1; the only version a signer may write here:
     a signed field has one spelling, so a later version is a later field)."""
-    if len(value) != TRACEPARENT_LEN:
-        raise TraceContextError(
-            TraceDrop.BAD_TRACEPARENT, f"{len(value)} characters, not {TRACEPARENT_LEN}"
-        )
-    match = _TRACEPARENT.fullmatch(value)
+    match = _TRACEPARENT.fullmatch(value) if len(value) == TRACEPARENT_LEN else None
     if match is None:
-        raise TraceContextError(
-            TraceDrop.BAD_TRACEPARENT, "not 00-<32 hex>-<16 hex>-<2 hex> (lowercase)"
-        )
+        if len(value) != TRACEPARENT_LEN:
+            detail = f"{len(value)} characters, not {TRACEPARENT_LEN}"
+        else:
+            detail = "not 00-<32 hex>-<16 hex>-<2 hex> (lowercase)"
+        raise TraceContextError(TraceDrop.BAD_TRACEPARENT, detail)
     trace_id, parent_id, flags = match.groups()
     if trace_id == _ZERO_TRACE:
         raise TraceContextError(TraceDrop.BAD_TRACEPARENT, "the trace id is all zeros")
     if parent_id == _ZERO_SPAN:
         raise TraceContextError(TraceDrop.BAD_TRACEPARENT, "the parent id is all zeros")
     return TraceParent(trace_id, parent_id, int(flags, 16))
+
+
+def well_formed(traceparent: str) -> bool:
+    """Whether :func:`parse_traceparent` accepts ``traceparent``, building nothing: what a node
+    that records no span asks of each message."""
+    return (
+        len(traceparent) == TRACEPARENT_LEN
+        and _TRACEPARENT.fullmatch(traceparent) is not None
+        and traceparent[3:35] != _ZERO_TRACE
+        and traceparent[36:52] != _ZERO_SPAN
+    )
 
 
 def check_tracestate(value: str) -> str:
@@ -115,8 +127,7 @@ def check_tracestate(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class MessageTrace:
+class MessageTrace(NamedTuple):
     """What a node makes of a message's trace fields: the parent to continue (None: start a
     trace of its own), the tracestate to pass on, and what it dropped, with why."""
 

@@ -21,6 +21,7 @@ from bus.core.tracecontext import (
     message_trace,
     new_traceparent,
     parse_traceparent,
+    well_formed,
 )
 from crypto import KeyPair
 
@@ -41,6 +42,7 @@ def test_every_valid_traceparent_parses_to_itself(trace_id: str, parent_id: str,
     assert (parsed.trace_id, parsed.parent_id, parsed.flags) == (trace_id, parent_id, flags)
     assert parsed.header == value
     assert message_trace(value, "").traceparent == value
+    assert well_formed(value)
 
 
 @given(st.text(max_size=80))
@@ -53,6 +55,7 @@ def test_any_text_is_a_traceparent_or_a_reason_never_a_crash(value: str):
         drop = None
         assert parsed.header == value
     assert drop in (None, TraceDrop.BAD_TRACEPARENT)
+    assert well_formed(value) is (drop is None)  # the cheap check agrees with the parser
 
 
 @given(_hex(32), _hex(16), st.integers(0, 54), st.characters())
@@ -83,6 +86,7 @@ def test_one_changed_character_is_caught_unless_it_stays_valid(trace_id, parent_
 def test_a_bad_traceparent_is_named(value: str, why: str):
     with pytest.raises(TraceContextError, match=why):
         parse_traceparent(value)
+    assert not well_formed(value)
 
 
 _KEY = st.from_regex(r"[a-z][a-z0-9_\-*/]{0,20}", fullmatch=True)

@@ -33,8 +33,6 @@ from tests.intake.test_rejections import job_message, push_in
 from tests.nodeproc import NodeProcess
 from tests.otlp import Receiver, Span
 
-pytestmark = pytest.mark.slow
-
 CANARIES = ("CANARY-SCRIPT-7d1", "CANARY-ENV-5b2", "CANARY-OUT-9c3")
 SCRIPT = f"# {CANARIES[0]}\nimport os\nprint('{CANARIES[2]}', os.environ.get('SECRET', ''))\n"
 
@@ -84,6 +82,7 @@ def _one(spans: list[Span], node: str, name: str, trace_id: str) -> Span | None:
     return found[0] if found else None
 
 
+@pytest.mark.slow
 async def test_a_cross_node_job_is_one_trace_across_both_nodes(nodes, client_tracer, monkeypatch):
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # the nodes export every 0.1 s
     tracer, exported = client_tracer
@@ -172,6 +171,7 @@ async def test_a_cross_node_job_is_one_trace_across_both_nodes(nodes, client_tra
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.slow
 async def test_a_node_with_tracing_off_exports_nothing(nodes, monkeypatch):
     receiver = Receiver()
     async with trio.open_nursery() as nursery:
