@@ -181,7 +181,7 @@ def node_factory(tmp_path: Path, nursery: trio.Nursery, valkey_factory):
                 console_listen="",  # no web console unless a test passes console=...
             )
             # the tests' jobs announce themselves on the test's Valkey, over TCP: context 1
-            # may use the network (README "What a job can and cannot do";
+            # may use the network (docs/security/sandbox.md;
             # tests/sandbox/test_sandbox.py checks the default, no network)
             overrides.setdefault("sandbox", {"1": {"network": True}})
         config = replace(config, **overrides)  # type: ignore[arg-type]

@@ -824,7 +824,8 @@ async def _drain_rate(r: Any, job_keys: list[str]) -> float:
     """Executed jobs/s over ``job_keys`` (FIFO order): poll their status until all finished.
 
     Timed from the first finished job seen to the last, so node start-up is not counted.
-    Results are not used here: they queue behind the backlog in msg_out (see README).
+    Results are not used here: they queue behind the backlog in msg_out
+    (bench/HISTORY.md#before-performance-work).
     """
     done_prefix = 0
     first_t = 0.0

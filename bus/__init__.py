@@ -28,7 +28,7 @@ a :class:`RunnerJob` for :meth:`Client.submit` (several jobs in one signed :clas
 ``stdout``/``stderr``/``exit_code`` map and the ``reason`` of an error). Flows:
 :meth:`Client.submit_flow` (a DAG document, checked before anything is stored: :class:`FlowError`),
 :meth:`Client.wait_flow` and :meth:`Client.flow_state` (a :class:`FlowState` of
-:class:`FlowJobState`, :class:`FlowStatus`). README "Python client" and
+:class:`FlowJobState`, :class:`FlowStatus`). docs/use/client.md and
 ``examples/python_client.py`` show all of it.
 """
 

@@ -2,7 +2,7 @@
 # First step of deploy/compose-replicated.yaml: create the node's home (it names the three
 # Sentinels in [store]) and, from its passwords, what every server of the replicated store
 # needs: the ACL file of the data servers, their configuration (persistence, the replica's
-# credentials, min-replicas-to-write) and the Sentinels' (README: Replicated store).
+# credentials, min-replicas-to-write) and the Sentinels' (docs/operate/replicated-store.md).
 # Idempotent: a restart keeps the home and rewrites the same files.
 set -eu
 home="${HERO_NODE_HOME:-/var/lib/hero-node}"

@@ -245,7 +245,7 @@ def main() -> int:
         "--replicated",
         action="store_true",
         help="each node on a replicated store: a Valkey primary, two replicas and three "
-        "Sentinels of its own (README: Replicated store)",
+        "Sentinels of its own (docs/operate/replicated-store.md)",
     )
     parser.add_argument(
         "--dir",

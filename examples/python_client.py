@@ -1,6 +1,6 @@
 """A complete hero-bus client: jobs, results, errors and a flow, on one node.
 
-Run it against a running node (README "Python client")::
+Run it against a running node (docs/use/client.md)::
 
     python examples/python_client.py "$(hero-node credentials client)" ~/.hero-node/actor.key
 

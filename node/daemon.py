@@ -133,7 +133,7 @@ async def _run_node(
     if key is None:
         key = read_key_file(config.node_key_path, passphrase=passphrase_from_env())
     async with trio.open_nursery() as root:
-        # with a configured Redis the runners use its URL (README: its ACL users are yours)
+        # with a configured Redis the runners use its URL, its users yours (docs/security/valkey.md)
         redis_url = runner_url = config.redis_url
         if config.store.replicated:  # the primary the Sentinels name, followed across failovers
             redis_url = role_url(config, "", NODE)
@@ -316,7 +316,7 @@ class Registry:
         self.runners_up: list[trio.Event] = []  # one per context: its runner processes are up
         self.booted = False  # the node reported ready: contexts from now on are new ones
         # every [runners] type is accepted; a type with concurrency 0 has no local slot and no
-        # command (external runners serve it, see README "External runners")
+        # command (external runners serve it, see docs/use/runners.md#external-runners)
         config = node.config
         validate_commands(config.commands, config.runners)
         commands = script_commands(config.runners, config.commands)

@@ -43,6 +43,7 @@ from bus.core.models import (
     RunnerJob,
     check_retry_policy,
 )
+from bus.core.noderefs import KnownNode, pick_node
 from bus.core.tracecontext import message_trace
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
@@ -192,19 +193,13 @@ class Client:
         return [Peer.from_hash(h) for h in found if h]
 
     async def resolve_node(self, ref: str) -> str:
-        """A node id from 'self', a full id, a peer name or a unique id prefix."""
-        own = await self.node_id()
-        if ref in ("self", "local", own):
-            return own
-        peers = await self.peers()
-        matches = {p.id for p in peers if ref in (p.id, p.name) or p.id.startswith(ref.lower())}
-        if own.startswith(ref.lower()):
-            matches.add(own)
-        if len(matches) == 1:
-            return matches.pop()
-        if not matches:
-            raise ClientError(f"unknown node {ref!r}: not this node, nor a peer id or name")
-        raise ClientError(f"node {ref!r} is ambiguous: matches {len(matches)} nodes")
+        """A node id from 'self', a full id, a name (this node's or a peer's) or an id prefix
+        of at least 8 hex digits: the rule of bus/core/noderefs.py. ClientError if it names
+        no node or several."""
+        info = await registry.node_info(self.store)
+        own = KnownNode(await self.node_id(), info.get("name", ""))
+        peers = [KnownNode(p.id, p.name) for p in await self.peers()]
+        return pick_node(ref, own, peers)
 
     # -- jobs ------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The actor-signed flow document, the flow-job payload, and flow state snapshots. Pure, no I/O.
 
-Trust design (also in README "Flows"):
+Trust design (also in docs/use/flows.md):
 
 * The **actor** signs the whole flow once, at submission, under domain ``flow``: a
   :class:`FlowDoc` holding every job's script, type, env, timeout, retries, target node (a

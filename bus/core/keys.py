@@ -162,7 +162,7 @@ PRESENCE_RUNNER_PATTERN = "presence:runner:*"
 
 
 def runner_inflight(runner_id: str) -> str:
-    """The in-flight list of an external runner (README "External runners")."""
+    """The in-flight list of an external runner (docs/use/runners.md)."""
     return inflight(f"runner:{runner_id}")
 
 

@@ -5,7 +5,7 @@ A token is what an operator greps for: it is stored in dead letters (``reason``)
 peer in a nack. :class:`Reason` is a ``StrEnum``, so a member equals its token: the Lua scripts
 return the same strings and Python compares their replies with the members.
 
-``python -m bus.core.reasons`` prints the table of README's "Refusal reasons" section; a test keeps
+``python -m bus.core.reasons`` prints the table of docs/guarantees/refusals.md; a test keeps
 the two equal.
 """
 
@@ -201,8 +201,9 @@ class Reason(StrEnum):
     STOPPED = "stopped", "The job was stopped by its caller or an admin. Stops, runners."
     MEMORY_LIMIT = (
         "memory_limit",
-        "The job ran out of its memory limit (`[limits] memory_mb`, the address space of each of "
-        "its processes): an allocation failed and the job ended on it. Runners.",
+        "The job ran out of its memory limit (`[limits] memory_mb`: its whole tree's memory, "
+        "/tmp included, where the node has cgroups; else the address space of each of its "
+        "processes): an allocation failed, or the kernel killed a process of it. Runners.",
     )
     CPU_LIMIT = (
         "cpu_limit",
@@ -211,8 +212,13 @@ class Reason(StrEnum):
     )
     PIDS_LIMIT = (
         "pids_limit",
-        "The job could not start another process or thread (`[limits] processes`) and ended on "
-        "it. Runners.",
+        "The job could not start another process or thread (`[limits] processes`: its whole "
+        "tree's, where the node has cgroups) and ended on it. Runners.",
+    )
+    DISK_LIMIT = (
+        "disk_limit",
+        "The job wrote past its context's disk quota (`[limits] disk_mb`, the work dir as a "
+        "whole) or filled its /tmp, and ended on it (ENOSPC or EDQUOT). Runners.",
     )
     FILE_SIZE_LIMIT = (
         "file_size_limit",
@@ -239,7 +245,7 @@ class Reason(StrEnum):
 
 
 def markdown_table() -> str:
-    """The README table of every reason, in declaration order."""
+    """The docs' table of every reason, in declaration order."""
     rows = ["| Reason | Meaning |", "| --- | --- |"]
     rows += [f"| `{reason}` | {reason.doc} |" for reason in Reason]
     return "\n".join(rows) + "\n"

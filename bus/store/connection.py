@@ -168,7 +168,7 @@ class Store:
         """Run one coredis command on DB ``db``, translating its errors.
 
         On a replicated store a command cut by a failover is sent again to the new primary
-        (:func:`bus.store.failover.retrying`) when it cannot have run, or when it is
+        (:meth:`bus.store.failover.Failover.retrying`) when it cannot have run, or when it is
         ``idempotent`` (a read); otherwise the StoreError reports it. ``resend=False``: never
         sent again (several commands, some of which may have run before the refusal)."""
         client = await self.db(db)

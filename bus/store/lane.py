@@ -4,7 +4,7 @@ coredis' per-call machinery.
 coredis sends each command through a writer task and reads each reply through a reader task
 (two task switches and two memory streams per call), with cancel scopes and a ``fail_after``
 around every pool checkout: 170-530 µs of CPU per call here, against 26-34 µs for the same
-request and reply on a bare trio socket (bench/README.md "Eleventh round"). A node makes a
+request and reply on a bare trio socket (bench/HISTORY.md#coredis-per-call). A node makes a
 script call for most steps of a message, so :class:`Lane` serves those calls
 (:meth:`Store.scripts`, :meth:`Store._block_then`), a client's submission
 (:meth:`Store.transact`: :func:`transaction`) and its blocking reply pops on plain connections

@@ -1,7 +1,7 @@
 """Who runs jobs in a context: the runners with a presence key, each with the jobs it is busy
 with (the jobs in its in-flight list). What ``status``, the metrics and the console show; the
 presence keys are written by the node's slots (node/runners/presence.py) and by external
-runners (README protocol)."""
+runners (docs/use/runners.md)."""
 
 from __future__ import annotations
 

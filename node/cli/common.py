@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from node.cli.parsing import home_dir
 from node.errors import NodeError
 from node.host.acl import NODE, role_url
 from node.host.homelock import holder
@@ -53,9 +54,12 @@ async def unless_interrupted(wait: Callable[[], Awaitable[T]], note: str) -> T |
 
 
 def home_of(args: argparse.Namespace) -> Path:
+    """The home of this command, absolute: ``--home`` is made so as it is parsed, and the
+    default (``$HERO_NODE_HOME``, else ``~/.hero-node``) by the same function."""
     from node.config import default_home
 
-    return Path(args.home) if args.home else default_home()
+    home: Path = args.home if args.home else home_dir(str(default_home()))
+    return home
 
 
 def config_of(args: argparse.Namespace) -> NodeConfig:

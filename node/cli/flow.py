@@ -13,7 +13,7 @@ from crypto import load_signing_key_file
 from node.cli.common import config_of, unless_interrupted, with_client
 from node.cli.jobs import add_signer
 from node.cli.lists import add_flow_list
-from node.cli.output import add_json, print_json
+from node.cli.output import add_json, flow_results, job_result, print_json
 from node.errors import NodeError
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def state_json(state: FlowState) -> dict[str, Any]:
         "name": state.name,
         "status": state.status.value,
         "reason": state.reason,
-        "result": state.result,
+        "result": flow_results(state.result),
         "jobs": [
             {
                 "id": j.id,
@@ -155,7 +155,7 @@ def state_json(state: FlowState) -> dict[str, Any]:
                 "depends": list(j.depends),
                 "status": j.status.value,
                 "reason": j.reason,
-                "result": j.result,
+                "result": job_result(j.result),
             }
             for j in state.jobs
         ],
@@ -171,6 +171,8 @@ async def flow_show(client: Client, args: argparse.Namespace) -> int:
     for name in ("doc", "signatures", "result", "env_vars", "jobs"):
         if name in fields:
             fields[name] = json.loads(fields[name] or "null")
+    if isinstance(fields.get("result"), dict):
+        fields["result"] = flow_results(fields["result"])
     fields["job_states"] = {
         j.id: {"job_key": j.job_key, "node": j.node, "status": j.status.value, "reason": j.reason}
         for j in state.jobs

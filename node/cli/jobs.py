@@ -72,7 +72,9 @@ def add_job_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type
 
 def _add_submit(job: Any) -> None:  # noqa: ANN401
     s = job.add_parser("submit", help="sign and submit a job; --wait follows it to its end")
-    s.add_argument("--to", default="self", help="node: 'self', a peer name, id or id prefix")
+    s.add_argument(
+        "--to", default="self", help="node: 'self', a name, an id or its first 8+ hex digits"
+    )
     s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
     s.add_argument("--type", default="python", dest="script_type", help="script type")
     src = s.add_mutually_exclusive_group(required=True)

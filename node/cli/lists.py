@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from bus.core import ids, keys
 from bus.core.models import FlowStatus, JobStatus
 from node.cli.common import context_of, with_client
-from node.cli.output import add_json, print_json, stamp
+from node.cli.output import add_json, integer, print_json, stamp
 
 if TYPE_CHECKING:
     from bus.client.api import Client
@@ -96,9 +96,9 @@ def _newest(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
 def job_row(fields: dict[str, str]) -> dict[str, Any]:
     """One job as ``job list --json`` prints it."""
     try:
-        exit_code = json.loads(fields.get("result") or "{}").get("exit_code", "")
+        exit_code = integer(json.loads(fields.get("result") or "{}").get("exit_code", ""))
     except (ValueError, AttributeError):
-        exit_code = ""
+        exit_code = None
     return {
         "key": fields["key"],
         "status": fields.get("status", ""),
@@ -107,7 +107,7 @@ def job_row(fields: dict[str, str]) -> dict[str, Any]:
         "created_at": _int(fields, "created_at"),
         "updated_at": _int(fields, "updated_at"),
         "reason": fields.get("reason", ""),
-        "exit_code": str(exit_code),
+        "exit_code": exit_code,
         "message_key": fields.get("message_key", ""),
     }
 

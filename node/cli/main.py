@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bus.errors import BusError
@@ -19,7 +18,7 @@ from node.cli.dlq import add_dlq_commands, add_msg_commands
 from node.cli.flow import add_flow_commands
 from node.cli.jobs import add_job_commands
 from node.cli.output import add_json
-from node.cli.parsing import HOME_HELP, VersionAction, finish, hidden_alias
+from node.cli.parsing import HOME_HELP, VersionAction, finish, hidden_alias, home_dir
 from node.cli.registry import add_registry_commands
 from node.cli.status import cmd_status
 from node.errors import NodeError
@@ -133,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A node of the hero signed job bus.",
         epilog=EPILOG,
     )
-    p.add_argument("--home", type=Path, default=None, help=HOME_HELP)
+    p.add_argument("--home", type=home_dir, default=None, help=HOME_HELP)
     p.add_argument(
         "--log-level",
         default="info",
@@ -282,7 +281,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     elif not config.redis_url:
         print(f"  valkey:     {reachable_url(config)} (hero-node credentials client|runner)")
     if config.console.enabled:
-        print(f"  console:    http://{config.console.listen} (read-only; README: Web console)")
+        print(f"  console:    http://{config.console.listen} (read-only; docs/operate/console.md)")
     # auto stays in config.toml (each start probes again); here is what it picks on this host
     from node.runners.sandboxes import explain, probe_config
 
@@ -305,7 +304,7 @@ def cmd_credentials(args: argparse.Namespace) -> int:
     if config.redis_url:
         raise NodeError(
             "this node uses the Redis of its redis_url setting: create the ACL users on that "
-            "server yourself (README: Who may write the node's Valkey)"
+            "server yourself (docs/security/valkey.md)"
         )
     print(role_url(config, reachable_url(config), args.role))
     return 0
@@ -326,11 +325,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from node.host.hardening import not_dumpable
+    from node.sandbox.disk import private_mounts
 
     config = config_of(args)
     # before the key is read: no process of this uid may read the node's memory or environment
     not_dumpable()
     key = load_key_file(config.node_key_path)  # before trio: may prompt for a passphrase
+    private_mounts()  # before any thread: the context disks it mounts end with the node
     trio.run(_run_until_signal, config, key)
     return 0
 

@@ -4,12 +4,22 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 HOME_HELP = "node home directory (default: $HERO_NODE_HOME or ~/.hero-node)"
+
+
+def home_dir(text: str) -> Path:
+    """A home as given (``--home`` or ``$HERO_NODE_HOME``), made absolute against the directory
+    the command runs in: the node hands its paths to processes started elsewhere (the embedded
+    Valkey runs in its data directory, where ``a/secrets/valkey.acl`` names nothing; bwrap's
+    probes), so a relative home must not get past the command line. ``..`` is folded, symlinks
+    are kept (the path the user named)."""
+    return Path(os.path.abspath(os.path.expanduser(text)))
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -77,7 +87,7 @@ def finish(root: argparse.ArgumentParser) -> None:
         if any(True for _ in subparsers(parser)):
             parser.set_defaults(func=_group_help(parser))
         else:
-            parser.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=HOME_HELP)
+            parser.add_argument("--home", type=home_dir, default=argparse.SUPPRESS, help=HOME_HELP)
 
 
 def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

@@ -54,7 +54,7 @@ def _add_peer_commands(sub: Any) -> None:  # noqa: ANN401
     add_json(s)
     s.set_defaults(func=with_client(peer_list))
     s = peer.add_parser("remove", help=f"forget a peer ({RESTART_NOTE})")
-    s.add_argument("node", help="the peer's id, id prefix or name")
+    s.add_argument("node", help="the peer's name, id or its first 8+ hex digits")
     s.set_defaults(func=with_client(peer_remove))
 
 

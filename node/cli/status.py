@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus.core import ids, keys
 from node.cli.common import with_client
-from node.cli.output import print_json
+from node.cli.output import node_facts, print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
 
@@ -37,6 +37,7 @@ async def status(client: Client, args: argparse.Namespace) -> int:
     if not facts["node"].get("id"):
         raise NodeError("no hero-node has run on this Redis (no node:info)")
     facts["store"] = await client.store.topology()
+    facts["disks"] = _disks(args, facts)
     down = [p for p in facts["peers"] if p["link"] != "up"]
     problems = [f"link to {p['name'] or p['id'][:16]} is {p['link']}" for p in down]
     problems += store_problems(facts["store"])
@@ -73,6 +74,7 @@ def print_text(facts: dict[str, Any]) -> None:
     for ctx, of_ctx in facts["contexts"].items():
         lens = [f"{name}={length}" for name, length in of_ctx["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
+        print(f"    {_disk_text(facts.get('disks', {}).get(str(ctx)))}")
         for runner in of_ctx["runners"]:
             where = "local" if runner["local"] else "external"
             state = f"busy {', '.join(runner['jobs'])}" if runner["jobs"] else "idle"
@@ -84,6 +86,29 @@ def print_text(facts: dict[str, Any]) -> None:
     print(f"  counters {' '.join(f'{k}={v}' for k, v in counted.items()) or '(none yet)'}")
     for problem in facts["health"]["problems"]:
         print(f"  unhealthy: {problem}")
+
+
+def _disks(args: argparse.Namespace, facts: dict[str, Any]) -> dict[str, Any]:
+    """Each context's disk use against its quota (node/sandbox/disk.py), read through the
+    node's mount namespace, where its contexts' disks are mounted."""
+    from node.cli.common import config_of
+    from node.sandbox.disk import context_disks, work_root_of
+
+    config = config_of(args)
+    pid = facts["node"].get("pid", "")
+    root = f"/proc/{pid}/root" if str(pid).isdigit() else "/"
+    return context_disks(work_root_of(config.home), list(facts["contexts"]), config.limits, root)
+
+
+def _disk_text(disk: dict[str, Any] | None) -> str:
+    if not disk:
+        return "disk ?"
+    if disk["enforced"] is None:
+        return "disk: unknown here (the node's mounts are root's to look at)"
+    if not disk["enforced"]:
+        return f"disk: no quota in force (disk_mb {disk['quota_mb']})"
+    used, size = disk["used_bytes"] / 2**20, disk["size_bytes"] / 2**20
+    return f"disk {used:.1f} of {size:.0f} MiB used (quota {disk['quota_mb']} MiB)"
 
 
 def print_store(topology: dict[str, Any]) -> None:
@@ -123,7 +148,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
     published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
     return {
-        "node": {k: v for k, v in info.items() if k not in published},
+        "node": node_facts({k: v for k, v in info.items() if k not in published}),
         "isolation": info.get("isolation", ""),
         "counters": counters.read(info),
         "peers": await peer_facts(client),

@@ -100,7 +100,7 @@ class NodeConfig:
     type_breaker_failures: int = 5
     type_breaker_open_s: float = 10.0
     type_breaker_probes: int = 1
-    # README "What a job can and cannot do": auto, strict, namespaces or none
+    # docs/security/sandbox.md: auto, strict, namespaces or none
     isolation: str = "auto"
     job_uid_base: int = 2_000_000_000  # strict: context N's jobs run as uid/gid base + N
     # [limits] (node/sandbox/limits.py) and [sandbox] (node/sandbox/settings.py), TOML-shaped
@@ -279,8 +279,8 @@ _HELP = {
     "listen_host": "websocket listener for links from peer nodes; an IPv6 address (a Mycelium "
     "overlay\naddress, or :: for all) works too: peers then dial ws://[address]:port",
     "redis_url": "Redis/Valkey URL; leave empty to run an embedded Valkey (data in valkey/, AOF "
-    'everysec).\nA Redis of your own needs ACL users and the default user off (README: "Who may '
-    "write the\nnode's Valkey\"); the URL then names the node's user and password",
+    "everysec).\nA Redis of your own needs ACL users and the default user off "
+    "(docs/security/valkey.md);\nthe URL then names the node's user and password",
     "valkey_port": "the embedded Valkey listens on the unix socket run/valkey.sock (only this user "
     "may connect;\nevery role authenticates with its password in secrets/). A port (not 0) opens "
     "TCP too, on\nvalkey_host, for external runners on other machines: `hero-node runner "
@@ -333,21 +333,25 @@ _HELP = {
     '"run", "{script_file}"]',
     "runner_groups": "optional: the group of this node's slots of a type; slot i then consumes"
     "\nqueue:<type>:group:<g>:inst:<i>, then queue:<type>:group:<g>, then queue:<type>",
-    "isolation": 'how jobs are isolated (README "What a job can and cannot do"): "auto" is '
+    "isolation": 'how jobs are isolated (docs/security/sandbox.md): "auto" is '
     '"strict" where\nthe node may switch users (root, or CAP_SETUID+CAP_SETGID), else '
     '"namespaces"; with no sandbox\npossible the node runs no job, unless "none" (no isolation: '
     "loud in logs, status, /metrics)",
     "job_uid_base": "strict: the jobs of context N run as uid and gid job_uid_base + N "
     "(no /etc/passwd entry needed)",
-    "limits": "limits of every job (rlimits): processes, memory_mb, cpu_s, open_files, "
-    "file_size_mb;\na [limits.<context id>] table overrides any of them for that context",
+    "limits": "limits of every job: processes, memory_mb (each job's whole tree where the "
+    "node has cgroups),\ncpu_percent (the tree's CPU share, cgroups), cpu_s, open_files, "
+    "file_size_mb, disk_mb (the context's\nwork dir as a whole, strict mode as root; 0: none); "
+    "a [limits.<context id>] table overrides\nany of them for that context, loudly "
+    "(docs/security/bounds.md)",
     "sandbox": "optional: bwrap (the program), recycle_jobs (the most jobs a warm sandbox "
     "runs before it is\nreplaced), fresh_process (true: each job in a fresh process of the "
     "sandbox; false, the "
     "default: python\njobs of a context run one after another in a warm process, and can see "
     "traces of each other);\n[sandbox.<context id>]: network = true lets that context's jobs "
     "use the network,\nrecycle_jobs = 1 gives each of its jobs a fresh sandbox, fresh_process "
-    "as above for that context",
+    'as above for that context;\nwork_dir = "per_job" empties the work dir after each job '
+    '(default "keep")',
     "algorithms": "optional: the actor key algorithms accepted per context id (or default), "
     'e.g.\n  default = ["ed25519", "secp256k1"]\n  "2" = ["secp256k1"]\nunset: '
     "both; an actor's signatures must be of its registered key's algorithm anyway",

@@ -103,8 +103,8 @@ def render_store(store: StoreConfig) -> str:
     note = (
         "# a replicated store: Sentinels that name the primary (empty: the embedded Valkey);\n"
         "# a promise (a link's ack, a submit) is given once WAITAOF confirms its writes fsynced\n"
-        "# on the primary (waitaof_local) and on waitaof_replicas replicas (README: Replicated\n"
-        "# store). The ACL users with this home's passwords must exist on every data server\n"
-        "# and Sentinel: hero-node store-acl\n"
+        "# on the primary (waitaof_local) and on waitaof_replicas replicas\n"
+        "# (docs/operate/replicated-store.md). The ACL users with this home's passwords must\n"
+        "# exist on every data server and Sentinel: hero-node store-acl\n"
     )
     return note + body

@@ -3,7 +3,7 @@
 See bus/core/flows.py for the trust design. :func:`check_flow_doc` is shared by the origin's flow
 engine (once per evaluation) and by :func:`authorise_flow_job`, which the consumer runs on every
 incoming ``flow_job`` message before materialising it. Both raise
-:class:`node.messages.Rejected` with a reason token.
+:class:`node.errors.Rejected` with a reason token.
 """
 
 from __future__ import annotations

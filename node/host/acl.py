@@ -8,8 +8,8 @@ without a password, and each role may touch only what it needs:
 - ``client``: submit (``message:*``, ``msg_out``), flows (``flow:*``, ``flow_events``, ...), wait
   for replies (``reply:*``, ``inbox:*``, ``flow_progress:*``) and read jobs, logs and the
   registry; never write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
-- ``runner``: the node's own runner processes (node/worker/), and external runners (README
-  "External runners"): queues, jobs, leases, ``running``, ``results``, in-flight lists, presence
+- ``runner``: the node's own runner processes (node/worker/), and external runners (docs/use/
+  runners.md): queues, jobs, leases, ``running``, ``results``, in-flight lists, presence
   and runner hashes, and what ending an attempt writes (attempts, the answer or the reply, the
   dlq, live logs, the type breakers, delayed retries); never ``actor:*``, ``context:*``,
   ``peer:*``, ``node:*``, flows, replay markers or any other key.

@@ -118,7 +118,7 @@ def data_args(primary: tuple[str, int] | None, passwords: dict[str, str]) -> lis
         "--masterauth",
         passwords[REPLICA],
         # an isolated old primary refuses writes once no replica has acknowledged it for 10 s:
-        # what it still takes in that window is what a failover can lose (README)
+        # what it still takes in that window is what a failover can lose (docs/guarantees)
         "--min-replicas-to-write",
         "1",
         "--min-replicas-max-lag",

@@ -18,7 +18,7 @@ Protocol, one JSON object per line: a runner sends ``{"content": {...}}`` and re
 ``{"signature": {algorithm, public_key, signature}}`` or ``{"error": "..."}``. The signer exits
 once the node's control socket is closed (the node is gone) and no runner holds a socket any
 more: a runner the node's death left running a job still gets its answer signed, as it did when
-it held the key itself (README "Runner processes"). Like the node and its runners it is not
+it held the key itself (docs/use/runners.md). Like the node and its runners it is not
 dumpable (node/host/hardening.py).
 
 The signer also tells the node, on a datagram socket of their own, which signature it made
@@ -28,8 +28,8 @@ results it signs itself. A notice that cannot be sent at once is dropped (the no
 verifies in full): a node that reads slowly never holds up a runner's answer.
 
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
-results it answers): moving those here too is future work (README "What a job can and cannot
-do").
+results it answers): moving those here too is future work (docs/security/
+sandbox.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Publishes the state of every peer link (bus/wire/linkstate.py) in DB 0's ``node:info``.
 
 One field, ``links``: a JSON object by peer node id of ``{state, since, last_seen, rtt_ms,
-error}`` (README "Data model"), rewritten whole on each change, at most once per
+error}`` (docs/architecture/data-model.md), rewritten whole on each change, at most once per
 PUBLISH_INTERVAL_S, as the counters are (node/observe/counters.py). ``hero-node status`` and the web
 console read it; a peer that is not in it was never dialled nor heard from since the node
 started.

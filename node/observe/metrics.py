@@ -13,7 +13,7 @@ prometheus_client's global one: one process may run several nodes, and the tests
   transport's; they start from zero when the node starts, as Prometheus expects of counters;
 - Valkey's round-trip latency: one PING, timed.
 
-README "Metrics" lists every family.
+docs/operate/metrics.md lists every family.
 """
 
 from __future__ import annotations
@@ -215,6 +215,7 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
 def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
     return [
         *isolation_families(state),
+        *disk_families(state, scrape),
         *valkey_families(scrape),
         *runner_families(scrape),
         *type_breaker_families(scrape),
@@ -224,7 +225,7 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
 
 
 def isolation_families(state: NodeState) -> Iterable[Metric]:
-    """1 for the node's isolation mode (README "What a job can and cannot do"): an alert on
+    """1 for the node's isolation mode (docs/security/sandbox.md): an alert on
     ``hero_isolation_mode{mode="none"} == 1`` or ``{mode="refused"}`` catches a node whose jobs
     run unsandboxed, or do not run."""
     iso = state.runners.isolation
@@ -235,6 +236,26 @@ def isolation_families(state: NodeState) -> Iterable[Metric]:
     )
     if iso is not None:
         gauge.add_metric([iso.mode, iso.limits], 1.0)
+    return [gauge]
+
+
+def disk_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
+    """Each context's disk use and quota (docs/security/bounds.md): used only where a quota is
+    in force (its work dir a file system of its own); an alert on used / quota near 1 sees a
+    context about to get ``disk_limit``."""
+    from node.sandbox.disk import context_disks, work_root_of
+
+    gauge = GaugeMetricFamily(
+        "hero_context_disk_bytes",
+        "A context's work dir: used bytes (where a quota is in force) and its quota.",
+        labels=["ctx", "kind"],
+    )
+    root = work_root_of(state.config.home)
+    disks = context_disks(root, sorted(scrape.depths), state.config.limits)
+    for ctx, disk in disks.items():
+        gauge.add_metric([ctx, "quota"], float(int(str(disk["quota_mb"])) * 2**20))
+        if disk["enforced"]:
+            gauge.add_metric([ctx, "used"], float(str(disk["used_bytes"])))
     return [gauge]
 
 
@@ -334,7 +355,7 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
             sizes.add_metric([*labels, "out"], float(traffic.bytes_out))
     unauthenticated = GaugeMetricFamily(
         "hero_link_pending_connections",
-        "Inbound connections accepted and not yet authenticated (capped, see README).",
+        "Inbound connections accepted and not yet authenticated (capped: max_pending_links).",
     )
     gate = transport.gate if transport is not None else None
     unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))

@@ -1,4 +1,4 @@
-"""External runners (README "External runners"): answering what they finish, reaping the dead.
+"""External runners (docs/use/runners.md): answering what they finish, reaping the dead.
 
 An external runner (any language, raw Redis commands) pops ``queue:<type>``, leases the job,
 runs it, writes the final ``status``/``result``/``reason`` and pushes the job key on ``results``.

@@ -9,7 +9,7 @@ stop deletes the presence keys; a crash lets them expire.
 
 The heartbeat names the runner's in-flight list (``inflight``): a runner is busy with the job
 keys in that list (between its pop and the job's final transition). So "busy" needs no hook in
-the runner's job code, and external runners that follow the README protocol show up alike.
+the runner's job code, and external runners that follow docs/use/runners.md show up alike.
 """
 
 from __future__ import annotations

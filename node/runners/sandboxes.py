@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from node.config import NodeConfig
-from node.sandbox.limits import limits_for
+from node.sandbox.disk import work_root_of
+from node.sandbox.limits import limits_for, raised
 from node.sandbox.probe import Isolation, probe, sandbox_spec
 from node.sandbox.settings import bwrap_of, context_settings
 
@@ -16,7 +17,7 @@ log = logging.getLogger("node.sandbox")
 
 def work_root(config: NodeConfig) -> Any:  # noqa: ANN401 - a Path
     """Where each context's work dir is (``<home>/work/<context id>``)."""
-    return config.home / "work"
+    return work_root_of(config.home)
 
 
 _EXPLAINED = {
@@ -51,6 +52,8 @@ def find_isolation(config: NodeConfig) -> Isolation:
         log.error("this node runs no job: %s", iso.why)
     else:
         log.info("isolation %s (%s); limits by %s", iso.mode, iso.why, iso.limits)
+    for bound in raised(config.limits):
+        log.warning("A BOUND RAISED FOR ONE CONTEXT: %s", bound)
     return iso
 
 
@@ -62,4 +65,5 @@ def slot_sandbox(config: NodeConfig, iso: Isolation, ctx: int) -> dict[str, Any]
     spec = sandbox_spec(
         iso, root, ctx, uids, limits, own.network, own.recycle_jobs, own.fresh_process
     )
+    spec = replace(spec, work_dir_policy=own.work_dir)
     return asdict(spec)

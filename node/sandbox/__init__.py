@@ -1,4 +1,4 @@
-"""The sandbox every job runs in (README "What a job can and cannot do").
+"""The sandbox every job runs in (docs/security/sandbox.md).
 
 Pure planning (:mod:`.limits`, :mod:`.seccomp`, :mod:`.plan`) is kept apart from the thin I/O:
 :mod:`.probe` (which mode this host allows), :mod:`.host` (the runner's side of a warm

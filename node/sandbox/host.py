@@ -13,7 +13,7 @@ Each worker is replaced after at most ``recycle_jobs`` jobs: up to an eighth few
 starts (:func:`recycle_point`). A node's slots take jobs in turn, so with one count for all
 they replaced their workers together, four starts (~85 ms of CPU each) at once on two cores
 every ``recycle_jobs`` jobs a slot: a sequential round trip met 10-14 slow ones in a row there
-(bench/README.md, nineteenth round). Drawn apart, they start one at a time.
+(bench/HISTORY.md#admission-where-job-runs). Drawn apart, they start one at a time.
 
 The runner process holds the runner's credentials; this module starts the worker with exec of
 a fresh program (subprocess, close_fds, an empty environment), never by a fork that keeps
@@ -42,7 +42,8 @@ from typing import Any
 import orjson
 
 from bus.core.models import dumps_json
-from node.sandbox import seccomp
+from node.sandbox import disk, seccomp
+from node.sandbox.cgroups import Counters, Leaf, enter_argv
 from node.sandbox.limits import Limits, rlimits
 from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
 
@@ -107,14 +108,26 @@ class SandboxSpec:
     binds: list[str] = field(default_factory=list)
     dirs: dict[str, str | None] = field(default_factory=dict)  # HostFacts.dirs
     limits: dict[str, int] = field(default_factory=dict)
+    # node/sandbox/cgroups.py: {"version": "v1" | "v2", "dirs": {controller: dir}, "prefix"}
+    cgroups: dict[str, Any] = field(default_factory=dict)
+    disk_quota: bool = False  # the work dir on an image of limits' disk_mb (node/sandbox/disk.py)
+    work_dir_policy: str = "keep"  # "per_job": emptied after each job, as /tmp always is
 
     @functools.cached_property
     def limit_values(self) -> Limits:
         return Limits(**self.limits)
 
+    @property
+    def emptied(self) -> list[str]:
+        """What the worker empties after each job: the sandbox's /tmp (its own tmpfs), and the
+        work dir under ``work_dir = "per_job"``; nothing without a sandbox."""
+        if self.mode == "none":
+            return []
+        return ["/tmp", WORK] if self.work_dir_policy == "per_job" else ["/tmp"]
+
     def argv(self, seccomp_fd: int, workdir_fd: int = -1) -> list[str]:
         way = "--fresh" if self.fresh_process else "--warm"
-        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS]
+        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS, *self.emptied]
         if self.mode == "none":
             return worker
         plan = SandboxPlan(
@@ -138,6 +151,9 @@ def prepare_work_dir(spec: SandboxSpec) -> None:
     """The context's work dir: 0700, owned by the context's uid in strict mode."""
     path = Path(spec.work_dir)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    quota = spec.limit_values.disk_mb
+    if spec.disk_quota and quota:
+        disk.mount_quota(path, quota, spec.uid)
     path.chmod(0o700)
     # the mode may have changed since it was made: its owner too. Strict without root needs
     # CAP_CHOWN (deploy/hero-node.service); without it strict cannot start, and says so.
@@ -244,6 +260,7 @@ def _end(
     whole: bool,
     killed: list[int],
     graceful: bool = False,
+    leaf: Leaf | None = None,
 ) -> None:
     """End a worker with every process under it and reap them all (``killed``, the pidfds a
     :meth:`Sandbox.kill` already took, too). ``graceful``: first close its socket and let it
@@ -257,11 +274,16 @@ def _end(
             proc.wait(RETIRE_WAIT_S)
     _kill_pidfds(below)
     _kill_group(proc)
+    if leaf is not None:
+        leaf.kill()
     if sock is not None:
         sock.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
     _reap_adopted(below)
+    # every process of the sandbox has exited (its pid namespace's init reaped them first)
+    if leaf is not None and not leaf.end():
+        log.warning("cgroup %s still busy: removed when the node next starts", leaf.dirs)
 
 
 @dataclass
@@ -271,9 +293,10 @@ class _Started:
     proc: subprocess.Popen[bytes]
     sock: socket.socket
     nproc_base: int
+    leaf: Leaf | None
 
     def discard(self, whole: bool) -> None:
-        _end(self.proc, self.sock, whole, [])
+        _end(self.proc, self.sock, whole, [], leaf=self.leaf)
 
 
 class Sandbox:
@@ -291,6 +314,7 @@ class Sandbox:
         self.settings: dict[str, Any] = {}
         self.spare: _Started | None = None
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
+        self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
         self._lock = threading.Lock()
 
     @property
@@ -313,13 +337,14 @@ class Sandbox:
         if started is None:
             started = self._spawn()
         self.proc, self.sock, self.nproc_base = started.proc, started.sock, started.nproc_base
+        self.leaf = started.leaf
         self.jobs = 0
         self.recycle_at = recycle_point(self.spec.recycle_jobs, self._rng)
         # what every request of this worker says besides the job
         cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
         self.settings = {
             "cwd": cwd,
-            "rlimits": rlimits(self.spec.limit_values, self.nproc_base),
+            "rlimits": rlimits(self.spec.limit_values, self.nproc_base, self.leaf is not None),
             # the worker sweeps its sandbox's processes only in a pid namespace not this one
             "outer_pidns": _OUTER_PIDNS,
         }
@@ -344,14 +369,16 @@ class Sandbox:
         if arch is not None:
             os.write(wfd, seccomp.encode(seccomp.program(arch)))  # < a pipe's buffer
         os.close(wfd)
+        leaf = self._leaf()
         passed, wd = [rfd], -1
         if self.spec.mode == "strict" and not self.spec.as_root:
             # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
             wd = os.open(self.spec.work_dir, os.O_PATH | os.O_DIRECTORY)
             passed.append(wd)
         try:
+            argv = self.spec.argv(rfd, wd)
             proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
-                self.spec.argv(rfd, wd),
+                enter_argv(leaf.procs_files(), argv) if leaf is not None else argv,
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
                 stderr=None,
@@ -362,12 +389,29 @@ class Sandbox:
             )
         except BaseException:
             ours.close()
+            if leaf is not None:
+                leaf.remove()
             raise
         finally:
             theirs.close()
             for fd in passed:
                 os.close(fd)
-        return _Started(proc, ours, nproc_base)
+        return _Started(proc, ours, nproc_base, leaf)
+
+    def _leaf(self) -> Leaf | None:
+        """A new cgroup for a worker, with the job's bounds; None without cgroups. Raises
+        SandboxLost if it cannot be made: a job never runs unbounded by accident."""
+        cg = self.spec.cgroups
+        if not cg:
+            return None
+        ctx = int(Path(self.spec.work_dir).name)
+        leaf = Leaf(str(cg["version"]), dict(cg["dirs"]), str(cg["prefix"]), ctx)
+        try:
+            leaf.create(self.spec.limit_values)
+        except OSError as exc:
+            leaf.remove()
+            raise SandboxLost(f"cannot make the job's cgroup: {exc}") from None
+        return leaf
 
     def run(self, request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
         """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
@@ -376,6 +420,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
+        before = self.leaf.counters() if self.leaf is not None else None
         data = dumps_json(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
@@ -388,7 +433,24 @@ class Sandbox:
             self._retire()
             raise
         self.jobs += 1
+        if reply.get("left"):  # what the job left in /tmp could not all be removed
+            self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
+        if reply["exit_code"] != 0 and (bound := self._bound(before)):
+            reply["bound"] = bound
         return reply
+
+    def _bound(self, before: Counters | None) -> str:
+        """The reason of a bound the job that just failed hit, as the kernel counted it (its
+        cgroup's OOM kills and refused forks) or as its work dir shows it (full)."""
+        if self.leaf is not None and before is not None:
+            after = self.leaf.counters()
+            if after.oom_kills > before.oom_kills:
+                return "memory_limit"
+            if after.forks_refused > before.forks_refused:
+                return "pids_limit"
+        if self.spec.disk_quota and disk.full(self.spec.work_dir):
+            return "disk_limit"
+        return ""
 
     def keep_spare(self) -> None:
         """Start the next worker if its switch is :data:`SPARE_LEAD_JOBS` jobs away or less
@@ -446,6 +508,8 @@ class Sandbox:
         below = _pidfds_below(proc.pid, self.whole)
         _kill_pidfds(below)
         _kill_group(proc)
+        if self.leaf is not None:  # the tree at once, whatever left the pid namespace's view
+            self.leaf.kill()
         with self._lock:
             self._killed += below
 
@@ -460,12 +524,12 @@ class Sandbox:
         with self._lock:
             killed, self._killed = self._killed, []
         if self.proc is not None:
-            _end(self.proc, self.sock, self.whole, killed, graceful and not killed)
+            _end(self.proc, self.sock, self.whole, killed, graceful and not killed, self.leaf)
         else:
             _reap_adopted(killed)
             if self.sock is not None:
                 self.sock.close()
-        self.proc, self.sock = None, None
+        self.proc, self.sock, self.leaf = None, None, None
 
     def stop(self, graceful: bool = False) -> None:
         """Kill and reap the worker and its spare. ``graceful``: let the worker exit first, as

@@ -32,7 +32,10 @@ dir), its environment, and closes every fd but 0/1/2.
 After every job, in both ways, every process it left in the sandbox (its pid namespace: a
 setsid daemon cannot leave it) is killed, and the answer waits until each has exited (a process
 that holds much memory takes a while to end); under isolation "none" only its process group
-and the orphans it left are (there is no namespace to sweep).
+and the orphans it left are (there is no namespace to sweep). Then the dirs named after the
+pid namespace in argv (the sandbox's /tmp, and the work dir under ``work_dir = "per_job"``) are
+emptied: a job's files there never meet the next job; the answer says ``"left": n`` if n
+entries could not be removed (the runner then replaces the sandbox, and its /tmp with it).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -56,6 +60,7 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
+EMPTIED: list[str] = []  # the dirs emptied after each job (argv, after the pid namespace)
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
@@ -229,12 +234,73 @@ def serve_one(sock: socket.socket) -> bool:
     if script_file:
         with _quiet():
             os.unlink(script_file)
-    cpu = usage.ru_utime + usage.ru_stime
-    if os.WIFSIGNALED(status):
-        send(sock, {"exit_code": None, "signal": os.WTERMSIG(status), "cpu_s": cpu})
-    else:
-        send(sock, {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu})
+    left = empty_dirs(EMPTIED)
+    send(sock, _ending(status, usage.ru_utime + usage.ru_stime) | _left(left))
     return True
+
+
+def _left(left: int) -> dict[str, int]:
+    return {"left": left} if left else {}
+
+
+def empty_dirs(paths: list[str]) -> int:
+    """Remove what is in each of ``paths`` on its own file system (a mount below, such as an
+    interpreter bound under /tmp, is left alone, with the dirs leading to it); how many
+    entries could not be removed."""
+    left = 0
+    for path in paths:
+        try:
+            dev = os.lstat(path).st_dev
+        except OSError:
+            continue
+        left += _empty(path, dev)
+    return left
+
+
+def _empty(path: str, dev: int) -> int:
+    """How many entries of ``path`` are left once it is emptied. Iterative: a job's deep
+    tree must not exhaust this process's stack."""
+    left, stack, dirs = 0, [path], []
+    holds_mount: set[str] = set()
+    while stack:
+        where = stack.pop()
+        try:
+            entries = list(os.scandir(where))
+        except OSError:
+            left += 1
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_dev != dev:  # a mount point: not the job's
+                holds_mount.update(_parents(entry.path, path))
+            elif stat.S_ISDIR(st.st_mode):
+                with _quiet():
+                    os.chmod(entry.path, 0o700)  # a job's 000 dir is still emptied
+                dirs.append(entry.path)
+                stack.append(entry.path)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    left += 1
+    for d in reversed(dirs):  # deepest first: found after their parents
+        if d not in holds_mount:
+            try:
+                os.rmdir(d)
+            except OSError:
+                left += 1
+    return left
+
+
+def _parents(entry: str, top: str) -> list[str]:
+    out, cur = [], os.path.dirname(entry)
+    while len(cur) > len(top):
+        out.append(cur)
+        cur = os.path.dirname(cur)
+    return out
 
 
 class _quiet:
@@ -383,7 +449,8 @@ def serve_warm(sock: socket.socket, outer_pidns: str) -> None:
         if phase == _IN_JOB:
             end_leftovers((os.getpid(),), outer_pidns, of=pid)
             (began,) = struct.unpack_from("d", shared, 8)
-            send(sock, _ending(status, usage.ru_utime + usage.ru_stime - began))
+            left = empty_dirs(EMPTIED)
+            send(sock, _ending(status, usage.ru_utime + usage.ru_stime - began) | _left(left))
         elif phase != _IDLE or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == RECYCLE):
             return
 
@@ -461,6 +528,7 @@ class _Warm:
         os.close(out)
         os.close(err)
         code, signum, spoiled = 127, 0, False
+        me = os.getpid()
         try:
             self.set_limits(request["rlimits"])
             os.umask(0o077)
@@ -477,13 +545,18 @@ class _Warm:
             with _quiet():
                 os.write(2, f"cannot run the job: {exc!r}\n".encode())
             spoiled = True
+        if os.getpid() != me:
+            # a process the job forked came back out of the script (an exception in it): it
+            # must not go on as this job process, and answer the runner too
+            os._exit(code & 0xFF)
         _null_stdio()  # the job's files are the runner's alone again
         self.end_leftovers()
+        left = _left(empty_dirs(EMPTIED))
         cpu = _cpu() - began
         spoiled = spoiled or self.spoiled()
         if signum:
-            return {"exit_code": None, "signal": signum, "cpu_s": cpu}, spoiled
-        return {"exit_code": code, "signal": 0, "cpu_s": cpu}, spoiled
+            return {"exit_code": None, "signal": signum, "cpu_s": cpu} | left, spoiled
+        return {"exit_code": code, "signal": 0, "cpu_s": cpu} | left, spoiled
 
     def set_limits(self, rlimits: list[list[Any]]) -> None:
         """The job's rlimits, set in this process when they differ from what it has (the first
@@ -510,7 +583,7 @@ class _Warm:
     def compiled(self, script: str) -> CodeType:
         """The last script's code, compiled once (~25 us for a two-line script, more for a
         longer one) while the same script comes again: the script is what the next job of the
-        context may find anyway (README, "Warm sandboxes")."""
+        context may find anyway (docs/security/sandbox.md#warm-sandboxes)."""
         if script != self.script:
             self.code, self.script = _compiled(script), script
         return self.code
@@ -609,6 +682,7 @@ def main() -> None:
     # once, before any fork, not in every job's process
     compile("", "<warm>", "exec")
     gc.freeze()  # what the worker holds now is never collected: no job's process walks it
+    EMPTIED[:] = sys.argv[3:]
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
     if sys.argv[1:2] == ["--warm"]:
         serve_warm(sock, sys.argv[2] if len(sys.argv) > 2 else "")

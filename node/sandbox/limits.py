@@ -11,6 +11,13 @@ process before the job's code runs; a job's children inherit them. What each lim
 ``cpu_s``         RLIMIT_CPU: CPU seconds of each process (SIGXCPU, then SIGKILL a second on).
 ``open_files``    RLIMIT_NOFILE: open file descriptors per process.
 ``file_size_mb``  RLIMIT_FSIZE: the largest file a job may write (its output files included).
+``disk_mb``       the context's work dir as a whole (node/sandbox/disk.py), where it has a
+                  file system of its own; 0: no quota.
+``cpu_percent``   the CPU share of a job's tree, in percent of one core (cgroups only).
+
+Where the node has cgroups (node/sandbox/cgroups.py), ``memory_mb`` and ``processes`` also bound
+each job's whole tree, and a job that hits one of those bounds ends with its reason even if it
+printed nothing; RLIMIT_NPROC is then only a backstop for the context's uid as a whole.
 
 Pure functions only: the runner and the worker import this module.
 """
@@ -31,12 +38,17 @@ class Limits:
     cpu_s: int = 3600
     open_files: int = 1024
     file_size_mb: int = 1024
+    disk_mb: int = 1024
+    cpu_percent: int = 100
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
 
 
 LIMIT_NAMES = tuple(f.name for f in fields(Limits))
+
+
+_ZERO_MEANS_NONE = ("disk_mb",)
 
 
 class LimitsError(ValueError):
@@ -49,8 +61,9 @@ def _check_values(where: str, table: Mapping[str, object]) -> dict[str, int]:
         if name not in LIMIT_NAMES:
             known = ", ".join(LIMIT_NAMES)
             raise LimitsError(f"[{where}] {name}: unknown limit (known: {known})")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LimitsError(f"[{where}] {name}: a whole number >= 1 (got {value!r})")
+        low = 0 if name in _ZERO_MEANS_NONE else 1
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise LimitsError(f"[{where}] {name}: a whole number >= {low} (got {value!r})")
         out[name] = value
     return out
 
@@ -80,13 +93,33 @@ def limits_for(table: Mapping[str, object], ctx: int) -> Limits:
     return replace(Limits(), **chosen)
 
 
+def raised(table: Mapping[str, object]) -> list[str]:
+    """The bounds a context's own table sets above the node's (``[limits]`` over the
+    built-ins), as "context 2: disk_mb 4096 (node: 1024)": said loudly at start."""
+    base = limits_for(_flat(table), 0)
+    out = []
+    for name, own in sorted(table.items()):
+        if isinstance(own, Mapping):
+            for limit, value in sorted(own.items()):
+                if value > getattr(base, limit) or (
+                    limit == "disk_mb" and value == 0 < base.disk_mb
+                ):
+                    out.append(f"context {name}: {limit} {value} (node: {getattr(base, limit)})")
+    return out
+
+
 # (resource name in the ``resource`` module, soft value, hard value) per limit
-def rlimits(limits: Limits, nproc_base: int = 0) -> list[tuple[str, int, int]]:
+def rlimits(
+    limits: Limits, nproc_base: int = 0, tree_bound: bool = False
+) -> list[tuple[str, int, int]]:
     """The rlimits a job's process sets on itself. ``nproc_base``: processes of the same uid
     that exist outside the job (the node's own, under ``namespaces``), added to the bound.
+    ``tree_bound``: a cgroup bounds the job's processes; RLIMIT_NPROC (per uid, so per context
+    in strict mode, shared by its slots) is then set twice as high, a backstop the cgroup's
+    bound is reached before.
     CPU: the soft limit sends SIGXCPU (the reason is then certain), the hard one a second on
     kills a job that ignores it."""
-    nproc = limits.processes + nproc_base
+    nproc = limits.processes * (2 if tree_bound else 1) + nproc_base
     return [
         ("RLIMIT_NPROC", nproc, nproc),
         ("RLIMIT_AS", limits.memory_mb * MB, limits.memory_mb * MB),
@@ -109,6 +142,8 @@ _PIDS_MARKS = (
 )
 # EFBIG (a job that ignores SIGXFSZ), and a shell's word for a child SIGXFSZ killed
 _FSIZE_MARKS = (b"File too large", b"File size limit exceeded")
+# ENOSPC and EDQUOT: the work dir's quota (or the /tmp tmpfs) is full
+_DISK_MARKS = (b"No space left on device", b"Disk quota exceeded")
 TAIL_BYTES = 4096
 
 
@@ -119,6 +154,7 @@ class Ending:
     exit_code: int | None  # None: killed by a signal
     signal: int = 0
     cpu_s: float = 0.0
+    bound: str = ""  # the reason of a bound the runner saw hit (a cgroup's counters, a full disk)
 
 
 def limit_reason(
@@ -139,6 +175,10 @@ def limit_reason(
         return "cpu_limit"
     if ending.exit_code == 0:
         return None
+    if ending.bound:
+        return ending.bound
+    if any(mark in tail for mark in _DISK_MARKS):
+        return "disk_limit"
     if any(mark in tail for mark in _MEMORY_MARKS):
         return "memory_limit"
     if any(mark in tail for mark in _PIDS_MARKS):

@@ -5,13 +5,14 @@ namespaces allowed, the seccomp filter accepted). Also the facts the planner nee
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.sandbox import seccomp
+from node.sandbox import cgroups, disk, seccomp
 from node.sandbox.host import INNER, SandboxSpec
 from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
 
@@ -24,12 +25,14 @@ class Isolation:
 
     mode: str  # strict, namespaces, none, refused
     why: str
-    limits: str = "rlimits"  # how limits are enforced
+    limits: str = "rlimits"  # how limits are enforced: cgroup v2, cgroup v1 or rlimits
     bwrap: str = ""
     setpriv: str = ""
     as_root: bool = True
     binds: list[str] = field(default_factory=list)
     dirs: dict[str, str | None] = field(default_factory=dict)
+    cgroups: dict[str, object] = field(default_factory=dict)  # SandboxSpec.cgroups
+    disk: str = ""  # how a context's disk_mb holds ("ext4 image"), or "" (it does not)
 
     @property
     def runs_jobs(self) -> bool:
@@ -125,7 +128,23 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
                     if mode == "strict" and not works[mode] and setting == "auto":
                         break
     mode, why = resolve_mode(setting, can_switch, works)
-    return Isolation(mode, why, "rlimits", bwrap_path, setpriv_path, root, binds, dirs)
+    cg = cgroups.Cgroups()
+    if mode in ("strict", "namespaces"):
+        cg = cgroups.find(cgroup_name(home))
+        cgroups.sweep(cg)
+    found: dict[str, object] = {}
+    if cg.version:
+        found = {"version": cg.version, "dirs": cg.dirs, "prefix": cg.prefix}
+    private = disk.OWN_NAMESPACE  # a mount outside it would outlive the node
+    image = "ext4 image" if mode == "strict" and root and private and not disk.tools() else ""
+    return Isolation(mode, why, cg.mode, bwrap_path, setpriv_path, root, binds, dirs, found, image)
+
+
+def cgroup_name(home: Path) -> str:
+    """The name of a node's cgroup directories: one per home, so that nodes on one machine
+    (and tests) never share one."""
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    return f"{home.name[:24]}-{digest}"
 
 
 def sandbox_spec(
@@ -137,6 +156,7 @@ def sandbox_spec(
     network: bool,
     recycle_jobs: int,
     fresh_process: bool = False,
+    work_dir_policy: str = "keep",
 ) -> SandboxSpec:
     return SandboxSpec(
         mode=iso.mode,
@@ -151,4 +171,7 @@ def sandbox_spec(
         binds=list(iso.binds),
         dirs=dict(iso.dirs),
         limits=limits,
+        cgroups=dict(iso.cgroups),
+        disk_quota=bool(iso.disk),
+        work_dir_policy=work_dir_policy,
     )

@@ -7,6 +7,7 @@ recycling (1: a fresh sandbox for every job) and ``fresh_process``.
     bwrap = "bwrap"        # a name looked up in PATH, or a path
     recycle_jobs = 1000
     fresh_process = false  # python jobs of a context share a warm process (node/sandbox/inner.py)
+    work_dir = "keep"      # or "per_job": the work dir emptied after each job, as /tmp is
     [sandbox.2]
     network = true
     recycle_jobs = 1
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 DEFAULT_BWRAP = "bwrap"
 DEFAULT_RECYCLE_JOBS = 1000
-_TOP = {"bwrap": str, "recycle_jobs": int, "fresh_process": bool}
-_PER_CONTEXT = {"network": bool, "recycle_jobs": int, "fresh_process": bool}
+_TOP = {"bwrap": str, "recycle_jobs": int, "fresh_process": bool, "work_dir": str}
+_PER_CONTEXT = {"network": bool, "recycle_jobs": int, "fresh_process": bool, "work_dir": str}
+WORK_DIR_POLICIES = ("keep", "per_job")
 
 
 class SandboxSettingsError(ValueError):
@@ -37,6 +39,8 @@ def _check(where: str, table: Mapping[str, object], kinds: Mapping[str, type]) -
         ok = isinstance(value, kind) and (kind is not int or not isinstance(value, bool))
         if not ok or (kind is int and value < 1):  # type: ignore[operator]
             raise SandboxSettingsError(f"[{where}] {name}: a {kind.__name__} (got {value!r})")
+        if name == "work_dir" and value not in WORK_DIR_POLICIES:
+            raise SandboxSettingsError(f'[{where}] work_dir: "keep" or "per_job" (got {value!r})')
         out[name] = value
     return out
 
@@ -67,6 +71,7 @@ class ContextSandbox:
     network: bool = False
     recycle_jobs: int = DEFAULT_RECYCLE_JOBS
     fresh_process: bool = False
+    work_dir: str = "keep"
 
 
 def context_settings(table: Mapping[str, object], ctx: int) -> ContextSandbox:
@@ -75,4 +80,5 @@ def context_settings(table: Mapping[str, object], ctx: int) -> ContextSandbox:
     own = own if isinstance(own, Mapping) else {}
     recycle = own.get("recycle_jobs", table.get("recycle_jobs", DEFAULT_RECYCLE_JOBS))
     fresh = own.get("fresh_process", table.get("fresh_process", False))
-    return ContextSandbox(bool(own.get("network", False)), int(recycle), bool(fresh))
+    work_dir = str(own.get("work_dir", table.get("work_dir", "keep")))
+    return ContextSandbox(bool(own.get("network", False)), int(recycle), bool(fresh), work_dir)

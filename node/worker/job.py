@@ -1,7 +1,7 @@
 """One job in a runner process (node/worker/loop.py): its script, its watch, its live logs.
 
 The runner never runs job code itself: every job goes to the slot's warm sandboxed worker
-(node/sandbox/host.py, README "What a job can and cannot do"), its stdout and stderr the
+(node/sandbox/host.py, docs/security/sandbox.md), its stdout and stderr the
 slot's log files. There a python job runs in the sandbox's warm job process (a fresh process
 per job with ``[sandbox] fresh_process``), any other type by exec of its command
 (node/runners/commands.py); what a job leaves running is killed after it. A limit that
@@ -116,6 +116,7 @@ _LIMIT_TEXT = {
     "pids_limit": "the job could not start more processes (its processes limit)",
     "file_size_limit": "the job wrote a file larger than its file size limit",
     "output_limit": "the job's output reached its file size limit",
+    "disk_limit": "the job filled its context's disk quota (or its /tmp)",
 }
 
 
@@ -303,7 +304,7 @@ class JobRun:
             # orphaned: should this process not get to record the end, the next node adopts it
             self.keep({"exit_code": code, "stdout": out, "stderr": err})
         signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
-        ending = Ending(reply["exit_code"], signum, cpu_s)
+        ending = Ending(reply["exit_code"], signum, cpu_s, str(reply.get("bound") or ""))
         hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))
         outcome = outcome_of(code, out, err, limit)
         if hit is not None and not cur.kill_reason:

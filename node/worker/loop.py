@@ -1,5 +1,5 @@
 """A built-in runner process: pops its own queues and finishes its own jobs (the spec's local
-runner, the external runner protocol of README "External runners", built in).
+runner, the external runner protocol of docs/use/runners.md, built in).
 
 One process per runner slot (``[runners] python = N``: N processes per context), started,
 watched and restarted by the node (node/runners/processes.py). It holds no secret it does not

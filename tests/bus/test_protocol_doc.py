@@ -18,6 +18,8 @@ from crypto.canonical import DOMAIN_PREFIX
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "PROTOCOL.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+REASONS = (ROOT / "docs" / "guarantees" / "refusals.md").read_text(encoding="utf-8")
+RUNNERS = (ROOT / "docs" / "use" / "runners.md").read_text(encoding="utf-8")
 REQUIRED_MESSAGE = {
     "id": "3",
     "caller_id": "7",
@@ -109,12 +111,12 @@ def test_job_table_matches_the_model() -> None:
 
 
 def test_every_reason_the_document_names_is_a_reason_of_the_code() -> None:
-    named = re.findall(r"\[`([a-z_]+)`\]\(README\.md#refusal-reasons\)", DOC)
+    named = re.findall(r"\[`([a-z_]+)`\]\(docs/guarantees/refusals\.md#refusal-reasons\)", DOC)
     assert len(set(named)) >= 25
     assert not set(named) - {str(r) for r in Reason}
     # and the table they link to is the generated one (tests/bus/test_reasons.py keeps it equal)
-    assert "\n## Refusal reasons\n" in README
-    assert "<!-- reasons:begin -->" in README
+    assert REASONS.startswith("# Refusal reasons\n")
+    assert "<!-- reasons:begin -->" in REASONS
 
 
 def test_the_document_keeps_no_list_of_its_own_of_the_reasons() -> None:
@@ -123,5 +125,5 @@ def test_the_document_keeps_no_list_of_its_own_of_the_reasons() -> None:
 
 def test_the_readme_points_to_the_protocol() -> None:
     assert "](PROTOCOL.md)" in README
-    assert "[External runners](README.md#external-runners)" in DOC
-    assert "\n### External runners\n" in README
+    assert "[External runners](docs/use/runners.md#external-runners)" in DOC
+    assert "\n## External runners\n" in RUNNERS

@@ -1,5 +1,5 @@
-"""examples/python_client.py, the README's "Python client", run as a program against a real
-node (embedded Valkey, connected as the client role, as README tells a program to)."""
+"""examples/python_client.py, docs/use/client.md's "Python client", run as a program against a
+real node (embedded Valkey, connected as the client role, as that page tells a program to)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ async def test_python_client_example_runs_jobs_flows_and_errors(node_factory):
 
 
 def test_readme_shows_the_example_verbatim():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Python client\n", 1)[1].split("\n## ", 1)[0]
+    page = (ROOT / "docs" / "use" / "client.md").read_text()
+    section = page.split("# Python client\n", 1)[1].split("\n## ", 1)[0]
     body = EXAMPLE.read_text().split('"""\n\nfrom __future__ import annotations\n', 1)[1]
     assert body.strip() in section

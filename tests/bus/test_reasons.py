@@ -1,4 +1,4 @@
-"""Refusal reasons: one StrEnum, listed in README from its own output."""
+"""Refusal reasons: one StrEnum, listed in docs/guarantees/refusals.md from its own output."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 from bus.core.reasons import Reason, markdown_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guarantees" / "refusals.md"
 
 
 def test_readme_lists_every_reason_from_the_enum() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     match = re.search(r"<!-- reasons:begin -->\n(.*?)<!-- reasons:end -->", text, re.DOTALL)
-    assert match is not None, "README has no reasons table"
+    assert match is not None, "the refusals page has no reasons table"
     assert match.group(1) == markdown_table()
 
 

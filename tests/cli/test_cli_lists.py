@@ -1,5 +1,5 @@
 """Lists and registry commands: job/flow list with filters, peer/actor/context list and
-remove, ``peer add`` validation, and the ``--json`` shapes README "JSON output" documents."""
+remove, ``peer add`` validation, and the ``--json`` shapes (docs/use/json-output.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_job_list_filters_by_type_status_caller_and_since(running_node):  # noqa
         "message_key",
     }
     [failed] = as_json(cli(home, "job", "list", "--json", "--status", "error"))
-    assert (failed["script_type"], failed["exit_code"]) == ("sh", "2")
+    assert (failed["script_type"], failed["exit_code"]) == ("sh", 2)
     assert failed["reason"] == "exit code 2"
     [only_py] = as_json(cli(home, "job", "list", "--json", "--type", "python"))
     assert only_py["status"] == "finished"

@@ -1,4 +1,7 @@
-"""Conformance: Wycheproof Ed25519, RFC 8032 §7.1, and RFC 8785 (JCS) test data."""
+"""Conformance: Wycheproof Ed25519, RFC 8032 §7.1, and RFC 8785 (JCS) test data.
+
+The third-party sets are in tests/vectors/conformance/ (its README names their sources and
+licences), so a plain clone has them."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from crypto.canonical import _jcs_bytes
 from crypto.keys import KeyPair
 from crypto.signing import verify_raw
 
-VECTORS = Path(__file__).resolve().parents[3] / "shared" / "vectors"
+VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "conformance"
 WYCHEPROOF = VECTORS / "ed25519_wycheproof.json"
 JCS = VECTORS / "jcs"
 
@@ -19,9 +22,8 @@ JCS = VECTORS / "jcs"
 def _require_vectors() -> None:
     if not WYCHEPROOF.is_file() or not (JCS / "input").is_dir():
         pytest.fail(
-            f"conformance vectors not found at {VECTORS}: the repository checkout must sit "
-            "beside the shared/ folder (shared/vectors/ed25519_wycheproof.json, "
-            "shared/vectors/jcs/)",
+            f"conformance vectors not found at {VECTORS} (ed25519_wycheproof.json, jcs/): "
+            "they are part of the repository",
             pytrace=False,
         )
 

@@ -29,7 +29,7 @@ from tests.runners.test_runners import External
 
 FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "echo hi"}
 FLOW_B = FLOW_JOB | {"id": "b", "depends": ["a"]}
-# README "External runners", step 4
+# docs/use/runners.md "External runners", step 4
 KEEP_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])

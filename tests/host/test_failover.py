@@ -86,7 +86,7 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
     promoted, then wakes up cut off from its replicas (it refuses writes: NOREPLICAS) until
     the Sentinels demote it, with the client's connections still open to it."""
     # jobs run sandboxed: each appends to ran.txt in context 1's work dir, the one place it
-    # may write (README "What a job can and cannot do")
+    # may write (docs/security/sandbox.md)
     async with replicated_node(tmp_path) as rig:
         out = rig.home / "work" / "1" / "ran.txt"
         counted = await _flow(rig, out, fault)

@@ -443,9 +443,9 @@ def test_the_dead_code_issue_22_named_stays_gone() -> None:
     assert not any(d.startswith("bus/wire/outbox.py:enqueue") for d in definitions())
 
 
-# -- README's "Follow a message" names the modules where the code is ---------------------------
+# -- the docs' "Follow a message" names the modules where the code is -----------------------
 
-README = ROOT / "README.md"
+README = ROOT / "docs" / "architecture" / "follow-a-message.md"
 WALK_LIMITS = {"One local job": 10, "One cross-node job": 14}
 _STEP = re.compile(r"^(\d+)\. `([\w/]+\.py)`[^:`]*:\s*(`([\w.]+)`)?")
 _NAME = re.compile(r"`([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)?)`")
@@ -467,7 +467,7 @@ def defined_names(path: Path) -> set[str]:
 
 def walks(text: str) -> dict[str, list[str]]:
     """Each walk of the section (its bold title's start) -> its steps, each one paragraph."""
-    section = text.split("## Follow a message", 1)[1].split("\n## ", 1)[0]
+    section = text.split("# Follow a message", 1)[1].split("\n## ", 1)[0]
     found: dict[str, list[str]] = {}
     parts = section.split("**")
     for title, after in zip(parts, parts[1:], strict=False):

@@ -1,5 +1,5 @@
-"""Runner processes (node/worker/loop.py, procs.py): their pop, and their life as the node
-starts, watches, restarts, recycles and stops them."""
+"""Runner processes (node/worker/loop.py, node/runners/processes.py): their pop, and their life
+as the node starts, watches, restarts, recycles and stops them."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from node.errors import ConfigError
 from node.host.home import init_home
 from tests.scripts import announcing, wait_announced
 
-# README "External runners": finishing a job (atomic, only while the attempt is current).
+# docs/use/runners.md#external-runners: finishing a job (atomic, only while the attempt is current)
 FINISH_LUA = """
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
 if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
@@ -151,7 +151,7 @@ async def test_clean_stop_deletes_presence(tmp_path, redis_url):
 
 
 class External:
-    """An external runner speaking the README protocol with raw Redis commands."""
+    """An external runner speaking docs/use/runners.md's protocol with raw Redis commands."""
 
     def __init__(self, store, runner_id: str, script_type: str) -> None:
         self.store, self.id, self.type = store, runner_id, script_type

@@ -68,8 +68,8 @@ NAMES = ("a", "b", "c")
 LEASE_TTL_MS = 6_000  # where the node lets it be configured (else its fixed TTL)
 ACK_S = 8  # timeout_ack of every message: B's freeze outlasts it
 # The allowed clock skew. All nodes share one clock, but the origin's margin past an ack
-# deadline must also cover an ack's way to it and its turn to be read there (README:
-# timeout_ack): seconds, with two workers' tests on a 2-core machine. Still short of a
+# deadline must also cover an ack's way to it and its turn to be read there (docs/guarantees/
+# fencing.md, timeout_ack): seconds, with two workers' tests on a 2-core machine. Still short of a
 # stall, so a frozen node resumes after its messages were failed at their origin.
 MAX_SKEW_S = 4
 RECOVERY_BOUND_S = 60.0

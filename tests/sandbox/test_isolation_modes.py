@@ -1,4 +1,4 @@
-"""The node's isolation mode, as an operator sees it (README "What a job can and cannot do"):
+"""The node's isolation mode, as an operator sees it (docs/security/sandbox.md):
 ``isolation = "none"`` is loud at start, in ``status`` (text and --json), ``/metrics`` and the
 console feed; a node that can build no sandbox runs no job and says why in the same places;
 ``hero-node init`` says what ``auto`` picks here."""

@@ -298,8 +298,8 @@ def test_a_job_never_finds_an_earlier_jobs_request_in_its_memory(
     """With ``fresh_process``, a job's process is forked from the sandbox's worker before its
     request comes and reads it itself: the worker never holds a script or an environment
     another job could find (the next job of the context, perhaps another caller's). In a warm
-    process (the default) the next python job of the context finds it: the trade-off README
-    states, shown here so that the fresh case is known to be able to fail."""
+    process (the default) the next python job of the context finds it: the trade-off the docs
+    state, shown here so that the fresh case is known to be able to fail."""
     box, _ = _box(tmp_path, "strict", fresh=fresh)
     token = "hero-leak-" + os.urandom(16).hex()
     first = f"a = '{token}'\n" + "#" * 3000 + f"\nb = '{token}'\n"

@@ -1,7 +1,7 @@
 """A warm sandboxed worker (node/sandbox/inner.py ``--warm``, the default): python jobs of a
 context run one after another in one process, and every per-job guarantee that still applies
 in a shared process holds per job; what a job leaves that the next one must not meet gets the
-next one a fresh process (README "What a job can and cannot do", "Warm sandboxes").
+next one a fresh process (docs/security/sandbox.md#warm-sandboxes).
 
 Each test has its control: the same probe shows the process was shared where nothing was left.
 """

@@ -56,7 +56,7 @@ function drawNode(s) {
   fill("node",
     el("p", {}, "listen ", el("span", { class: "mono" }, n.ws_url || "?"), " · pid ", n.pid,
       " · started ", ago(s.now, Number(n.started_at))),
-    // README "What a job can and cannot do": none (no sandbox) and refused (no job runs) are loud
+    // docs/security/sandbox.md: none (no sandbox) and refused (no job runs) are loud
     el("p", { id: "isolation" }, "isolation ", el("span", { class: "badge iso-" + (n.isolation || "unknown") },
       n.isolation || "?"), " ", el("span", { class: "muted" }, n.isolation_why || "")),
     el("div", { class: "counters" }, counters.length ? counters : el("span", { class: "muted" }, "no counters yet")));

@@ -1,0 +1,322 @@
+"""A job's whole tree under one bound (docs/security/bounds.md): each sandboxed worker, and so
+every process of the job it runs, in a cgroup of its own with a memory bound (the sandbox's
+/tmp tmpfs is charged to it too), a process bound and a CPU quota.
+
+Where the node may: cgroup v2 when its own cgroup is a delegated subtree (systemd
+``Delegate=yes``: writable, with the memory, pids and cpu controllers), else cgroup v1 when it
+may write a memory, a pids and a cpu hierarchy (root on a v1 host). Otherwise the rlimits of
+node/sandbox/limits.py are all there is, and ``status`` says so.
+
+A runner makes a leaf per sandboxed worker it starts, ``hero-<node>-<context>-<pid>-<n>``
+beside the node's own cgroup in each v1 hierarchy (under the node's ``hero-<node>`` in v2,
+which must hand its controllers down), moves the worker's first process there before bwrap
+runs (:func:`enter_argv`): no process of the sandbox is ever outside it; and removes the leaf
+once the worker has ended. Nothing is left behind but what a killed runner leaves, which the
+node removes when it next starts (:func:`sweep`). After a job the runner reads the leaf's
+counters (OOM kills, refused forks), which are facts the job cannot forge, unlike its stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import shlex
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.sandbox.limits import MB, Limits
+
+CONTROLLERS = ("memory", "pids", "cpu")
+UNIFIED = "unified"  # the key of v2's one directory in Cgroups.dirs
+PERIOD_US = 100_000
+# processes of a sandbox that are not the job's: bwrap's init, the worker, its job process,
+# and a spare's start racing a retirement
+SANDBOX_PROCESSES = 4
+_SEQ = itertools.count(1)
+# ending what a leaf still holds: in all, and rounds (a fork bomb forks while it is killed)
+END_WAIT_S = 5.0
+END_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """The node's cgroups: version "v2", "v1" or "" (none), and its directory per controller
+    (v2: one, under :data:`UNIFIED`)."""
+
+    version: str = ""
+    dirs: dict[str, str] = field(default_factory=dict)
+    prefix: str = ""  # of the leaves' names: the node's
+
+    @property
+    def mode(self) -> str:
+        """What ``status`` calls the bounds in force."""
+        return f"cgroup {self.version}" if self.version else "rlimits"
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
+    """(root, mount point, file system type, super options) of each cgroup mount."""
+    out = []
+    for line in Path(mountinfo).read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        parts, tail = left.split(), right.split()
+        if len(parts) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+            out.append((parts[3], parts[4], tail[0], set(tail[2].split(","))))
+    return out
+
+
+def _own(proc_cgroup: str) -> dict[str, str]:
+    """This process's cgroup path per controller ("" for v2's)."""
+    out: dict[str, str] = {}
+    for line in Path(proc_cgroup).read_text().splitlines():
+        _hid, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            out[name] = path
+    return out
+
+
+def _inside(root: str, point: str, path: str) -> str | None:
+    if path != root and not path.startswith(root.rstrip("/") + "/"):
+        return None
+    return point + path[len(root.rstrip("/")) :]
+
+
+def _writable(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK)
+
+
+def find(
+    name: str, proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo"
+) -> Cgroups:
+    """The cgroups the node may bound jobs with, its directories made (``hero-<name>``);
+    Cgroups() if none."""
+    try:
+        mounts, own = _mounts(mountinfo), _own(proc_cgroup)
+    except (OSError, ValueError):
+        return Cgroups()
+    for root, point, kind, _opts in mounts:
+        if kind == "cgroup2" and "" in own:
+            base = _inside(root, point, own[""])
+            if base and _writable(base) and (made := _v2_dir(base, name)):
+                return Cgroups("v2", {UNIFIED: made}, f"hero-{name}-")
+    dirs: dict[str, str] = {}
+    for controller in CONTROLLERS:
+        for root, point, kind, opts in mounts:
+            if kind == "cgroup" and controller in opts and controller in own:
+                base = _inside(root, point, own[controller])
+                if base and _writable(base):
+                    dirs[controller] = base
+    if set(dirs) != set(CONTROLLERS):
+        return Cgroups()
+    return Cgroups("v1", dirs, f"hero-{name}-")
+
+
+def _v2_dir(base: str, name: str) -> str:
+    """The node's v2 directory under its delegated cgroup ``base``, with the controllers
+    enabled for its children ("" if they cannot be). A cgroup that hands controllers down may
+    hold no process itself: the processes in ``base`` move to a leaf ``hero-node`` first, but
+    only if they are all this process and its children (a unit's, ``Delegate=yes``), never a
+    terminal's scope, whose shell is not the node's to move."""
+    try:
+        have = Path(base, "cgroup.controllers").read_text().split()
+        if not set(CONTROLLERS) <= set(have):
+            return ""
+        enable = " ".join(f"+{c}" for c in CONTROLLERS)
+        if not set(CONTROLLERS) <= set(Path(base, "cgroup.subtree_control").read_text().split()):
+            procs = [int(p) for p in Path(base, "cgroup.procs").read_text().split()]
+            if not all(_ours(pid) for pid in procs):
+                return ""
+            leaf = Path(base, "hero-node")
+            leaf.mkdir(exist_ok=True)
+            for pid in map(str, procs):
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    Path(leaf, "cgroup.procs").write_text(pid)
+            Path(base, "cgroup.subtree_control").write_text(enable)
+        made = Path(base, f"hero-{name}")
+        made.mkdir(exist_ok=True)
+        Path(made, "cgroup.subtree_control").write_text(enable)
+        return str(made)
+    except OSError:
+        return ""
+
+
+def _ours(pid: int, me: int = 0) -> bool:
+    """Whether ``pid`` is this process or one of its descendants."""
+    me = me or os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def sweep(cg: Cgroups) -> None:
+    """Remove the empty leaves an earlier run of the node left (a runner killed with its
+    worker: nothing else removes them)."""
+    for d in cg.dirs.values():
+        with contextlib.suppress(OSError):
+            for leaf in Path(d).glob(f"{cg.prefix}*"):
+                with contextlib.suppress(OSError):
+                    leaf.rmdir()
+
+
+# -- a runner's side: one leaf per sandboxed worker ---------------------------------------------
+
+
+def _count(text: bytes, key: bytes) -> int:
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == key:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class Counters:
+    oom_kills: int = 0
+    forks_refused: int = 0
+
+
+class Leaf:
+    """The cgroup of one sandboxed worker (and the job it runs)."""
+
+    def __init__(self, version: str, dirs: dict[str, str], prefix: str, ctx: int) -> None:
+        name = f"{prefix}{ctx}-{os.getpid()}-{next(_SEQ)}"
+        self.version = version
+        self.dirs = {c: Path(d, name) for c, d in dirs.items()}
+        self._counter_fds: tuple[int, int] | None = None  # opened once: read before each job
+
+    def _dir(self, controller: str) -> Path:
+        return self.dirs[UNIFIED if self.version == "v2" else controller]
+
+    def create(self, limits: Limits) -> None:
+        """Make the leaf with the bounds of ``limits`` (OSError if it cannot be)."""
+        for d in self.dirs.values():
+            d.mkdir()
+        memory, pids = limits.memory_mb * MB, limits.processes + SANDBOX_PROCESSES
+        quota = limits.cpu_percent * PERIOD_US // 100
+        if self.version == "v2":
+            d = self.dirs[UNIFIED]
+            writes = [("memory.max", str(memory)), ("pids.max", str(pids))]
+            writes += [("cpu.max", f"{quota} {PERIOD_US}")]
+            for name, value in writes:
+                (d / name).write_text(value)
+            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                with contextlib.suppress(OSError):  # a kernel without them
+                    (d / name).write_text(str(value))
+            return
+        (self._dir("memory") / "memory.limit_in_bytes").write_text(str(memory))
+        with contextlib.suppress(OSError):  # no swap accounting on this host
+            (self._dir("memory") / "memory.memsw.limit_in_bytes").write_text(str(memory))
+        (self._dir("pids") / "pids.max").write_text(str(pids))
+        (self._dir("cpu") / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (self._dir("cpu") / "cpu.cfs_quota_us").write_text(str(quota))
+
+    def counters(self) -> Counters:
+        """Its OOM kills and refused forks so far (two preads of files held open: ~100 us a
+        job with pathlib's open and read, here)."""
+        try:
+            if self._counter_fds is None:
+                events = "memory.events" if self.version == "v2" else "memory.oom_control"
+                memory = os.open(self._dir("memory") / events, os.O_RDONLY | os.O_CLOEXEC)
+                pids = os.open(self._dir("pids") / "pids.events", os.O_RDONLY | os.O_CLOEXEC)
+                self._counter_fds = (memory, pids)
+            memory, pids = self._counter_fds
+            oom, forks = os.pread(memory, 4096, 0), os.pread(pids, 4096, 0)
+        except OSError:
+            return Counters()
+        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"))
+
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs.values()]
+
+    def kill(self) -> None:
+        """SIGKILL every process in the leaf at once (v2 ``cgroup.kill``), or each of those
+        it lists (v1)."""
+        if self.version == "v2":
+            with contextlib.suppress(OSError):
+                (self.dirs[UNIFIED] / "cgroup.kill").write_text("1")
+                return
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (self._dir("pids") / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    def pids(self) -> list[int]:
+        with contextlib.suppress(OSError, ValueError):
+            return [int(p) for p in (self._dir("pids") / "cgroup.procs").read_text().split()]
+        return []
+
+    def end(self, wait_s: float = END_WAIT_S) -> bool:
+        """Kill what is left in the leaf, wait (bounded, on pidfds) until it has exited, and
+        remove the leaf; False if it could not be (the node's next start removes it)."""
+        deadline = time.monotonic() + wait_s
+        for _ in range(END_ROUNDS):
+            left = self.pids()
+            if not left or time.monotonic() >= deadline:
+                break
+            _kill_and_wait(left, deadline)
+        return self.remove()
+
+    def remove(self) -> bool:
+        """Remove the leaf (its processes all ended); False if one is still there."""
+        fds, self._counter_fds = self._counter_fds or (), None
+        for fd in fds:
+            os.close(fd)
+        done = True
+        for d in self.dirs.values():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+        return done
+
+
+def _kill_and_wait(pids: list[int], deadline: float) -> None:
+    """SIGKILL ``pids`` and wait until each has exited or ``deadline`` (pidfds: immune to pid
+    reuse, and waited on, not polled)."""
+    poller, fds = select.poll(), []
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            fds.append(fd)
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            poller.register(fd, select.POLLIN)
+        waiting = len(fds)
+        while waiting and (left_s := deadline - time.monotonic()) > 0:
+            for fd, _event in poller.poll(max(1, int(left_s * 1000))):
+                poller.unregister(fd)
+                waiting -= 1
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+# the worker's first process enters the leaf, then becomes the planned command (exec: same pid)
+_ENTER = 'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; '
+_ENTER += 'shift; exec "$@"'
+
+
+def enter_argv(procs_files: list[str], argv: list[str]) -> list[str]:
+    """``argv`` run in the cgroups whose ``cgroup.procs`` are ``procs_files``: the process
+    enters them before bwrap starts, so every process of the sandbox is born inside."""
+    for path in procs_files:
+        if path == "--" or not path.startswith("/"):
+            raise ValueError(f"not a cgroup.procs path: {shlex.quote(path)}")
+    return ["/bin/sh", "-c", _ENTER, "hero-cgroup", *procs_files, "--", *argv]

@@ -1,0 +1,387 @@
+"""A context is bounded as a whole (issue 46; docs/security/bounds.md), through real nodes:
+
+* a job writing past its context's disk quota ends ``disk_limit`` while a job of another context
+  writes and finishes, and the next job of the context runs (``work_dir = "per_job"``);
+* a job of 8 processes touching 512 MiB each under a 1 GiB bound ends ``memory_limit``;
+* a fork bomb ends ``pids_limit`` and the next job runs;
+* a file a job left in /tmp is not seen by the next job of the same slot;
+* ``status`` (text and --json) and /metrics say which bounds are in force, and each context's
+  disk use against its quota.
+
+The cgroup and disk cases need root on a host with cgroups (this machine and CI: cgroup v1).
+Each test removes, by its node's name, what a killed runner could leave: cgroup leaves and
+loop devices of its images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import trio
+
+from bus.client.api import open_client
+from crypto import read_key_file
+from node.config import render_config
+from node.config.console import ConsoleConfig
+from node.sandbox import cgroups, disk
+from node.sandbox.disk import IMAGES
+from node.sandbox.limits import (
+    Ending,
+    Limits,
+    LimitsError,
+    limit_reason,
+    limits_for,
+    parse_limits,
+    raised,
+)
+from node.sandbox.probe import cgroup_name
+from node.sandbox.settings import SandboxSettingsError, context_settings, parse_sandbox
+from tests.nodeproc import NodeProcess
+from tests.observe.test_dlq import hero_node
+from tests.observe.test_metrics import scrape, value
+from tests.runners.test_runners import submit
+from tests.sandbox.test_sandbox import _box, _run
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the bounds need root here")
+
+# the test's own node and its home, by name: whatever a killed runner left of them goes
+LEFT_OVER = "cgroup leaves and loop devices"
+
+
+def remove_leftovers(home: Path) -> None:
+    """The cgroup leaves of the node of ``home`` and the loop devices of its images, by name
+    (a node that ended cleanly leaves neither: its leaves are removed as its sandboxes end,
+    its mounts go with its mount namespace)."""
+    prefix = f"hero-{cgroup_name(home)}-"
+    for mount in Path("/sys/fs/cgroup").glob("*"):
+        for leaf in mount.rglob(f"{prefix}*"):
+            leaf.rmdir()
+    for image in (home / "work" / IMAGES).glob("*.img"):
+        out = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+        for line in out.stdout.splitlines():
+            subprocess.run(["losetup", "-d", line.split(":", 1)[0]], check=False)
+
+
+def leftovers(home: Path) -> list[str]:
+    prefix = f"hero-{cgroup_name(home)}-"
+    found = [str(p) for m in Path("/sys/fs/cgroup").glob("*") for p in m.rglob(f"{prefix}*")]
+    for image in (home / "work" / IMAGES).glob("*.img"):
+        out = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
+        found += out.stdout.splitlines()
+    return found
+
+
+async def status_json(node) -> dict:  # noqa: ANN001 - a RunningNode or a NodeProcess's shape
+    code, out, err = await hero_node(node, "status", "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+async def run_one(node, script_type: str, script: str, **kw: object):  # noqa: ANN001, ANN201
+    with trio.fail_after(90):
+        [res] = await node.client.wait_results(await submit(node, script_type, script, **kw), 80)
+    return res
+
+
+@pytest.fixture
+async def bounded(node_factory, tmp_path: Path) -> AsyncIterator:
+    """``await bounded(**limits_of_context_1)``: alice, an in-process node, its runners'
+    sandboxes bounded by cgroups (skipped where this host has none)."""
+    nodes: list = []
+
+    async def start(runners: dict[str, int] | None = None, console: bool = False, **limits: int):  # noqa: ANN202
+        over: dict[str, object] = {"limits": {"1": limits}}
+        if runners:
+            over["runners"] = runners
+        if console:
+            over["console"] = ConsoleConfig(listen="127.0.0.1:0")
+        alice = await node_factory("alice", **over)
+        nodes.append(alice)
+        facts = await status_json(alice)
+        if not facts["node"].get("limits", "").startswith("cgroup"):
+            pytest.skip(f"no cgroups here ({facts['node'].get('limits')})")
+        return alice
+
+    yield start
+    left = []
+    for node in nodes:  # stopped first: its runners' leaves are removed as they end
+        node.stop()
+        with trio.fail_after(60):
+            await node.stopped()
+        left += leftovers(node.config.home)
+        remove_leftovers(node.config.home)
+    assert left == [], LEFT_OVER
+
+
+EIGHT_TIMES_512 = """
+import os
+kids = []
+for _ in range(8):
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * (512 << 20)  # touched: every page is charged
+        os._exit(0)
+    kids.append(pid)
+failed = sum(os.waitpid(k, 0)[1] != 0 for k in kids)
+print("children failed:", failed)
+raise SystemExit(1 if failed else 0)
+"""
+
+
+@needs_root
+async def test_a_tree_past_its_memory_bound_ends_memory_limit(bounded) -> None:
+    """8 x 512 MiB, each process within its own 1 GiB: only the tree's bound stops it."""
+    alice = await bounded(memory_mb=1024)
+    res = await run_one(alice, "python", EIGHT_TIMES_512)
+    assert res.status.value == "error", res
+    assert res.reason.startswith("memory_limit"), res.reason
+    nxt = await run_one(alice, "python", "print('after')")
+    assert nxt.ok, nxt
+    assert nxt.stdout == "after\n"
+
+
+# silent: each process that cannot fork ends without a word, so no stderr says why (with
+# rlimits alone the job ends with its exit status only); the cgroup's counter does
+FORK_BOMB = """
+import os
+try:
+    while True:
+        os.fork()
+except OSError:
+    os._exit(1)
+"""
+
+
+@needs_root
+async def test_a_fork_bomb_ends_pids_limit_and_the_next_job_runs(bounded) -> None:
+    alice = await bounded(processes=64, cpu_s=20)
+    res = await run_one(alice, "python", FORK_BOMB, timeout_s=60)
+    assert res.status.value == "error", res
+    assert res.reason.startswith("pids_limit"), res.reason
+    nxt = await run_one(alice, "sh", "echo next")
+    assert nxt.ok, nxt
+    assert nxt.stdout == "next\n"
+
+
+@needs_root
+async def test_a_file_left_in_tmp_is_not_seen_by_the_next_job_of_the_slot(bounded) -> None:
+    """One python slot: both jobs run in the same warm sandbox (the same job process, the
+    same /tmp tmpfs); the second finds nothing the first left there."""
+    alice = await bounded(runners={"python": 1, "sh": 1})
+    first = await run_one(
+        alice,
+        "python",
+        "import os\nos.makedirs('/tmp/d/e')\nopen('/tmp/d/e/left', 'w').write('x' * 4096)\n"
+        "open('/tmp/left', 'w').write('secret')\nos.chmod('/tmp/d', 0)\nprint(os.getpid())",
+    )
+    assert first.ok, first
+    second = await run_one(alice, "python", "import os\nprint(os.getpid(), os.listdir('/tmp'))")
+    assert second.ok, second
+    pid, listing = second.stdout.split(" ", 1)
+    assert pid == first.stdout.strip(), "not the same sandbox: the test shows nothing"
+    assert listing.strip() == "[]", listing
+
+
+@needs_root
+async def test_status_and_metrics_say_which_bounds_hold(bounded) -> None:
+    alice = await bounded(disk_mb=64, console=True)
+    # status reads the home's config.toml: the in-process node's settings written there
+    alice.config.config_path.write_text(render_config(alice.config), encoding="utf-8")
+    facts = await status_json(alice)
+    assert facts["node"]["limits"] in ("cgroup v1", "cgroup v2")
+    # an in-process node has no mount namespace of its own: no quota in force, and it says so
+    assert facts["disks"]["1"] == {
+        "quota_mb": 64,
+        "used_bytes": None,
+        "size_bytes": None,
+        "enforced": False,
+    }
+    code, out, _ = await hero_node(alice, "status")
+    assert f"limits by {facts['node']['limits']}" in out
+    assert "disk: no quota in force (disk_mb 64)" in out
+    samples, _ = await scrape(alice)
+    assert value(samples, "hero_context_disk_bytes", ctx="1", kind="quota") == 64 * 2**20
+
+
+# -- the disk quota, through a node process (its own mount namespace) --------------------------
+
+
+class DiskNode(NodeProcess):
+    """A `hero-node run` with contexts 1 (a quota of 8 MiB, its work dir emptied after each
+    job) and 2 (32 MiB)."""
+
+    def __init__(self, home: Path) -> None:
+        super().__init__(home, "disky", runners={"sh": 1})
+        sandbox = {"1": {"network": True, "work_dir": "per_job"}}
+        self.config = replace(self.config, limits={"1": {"disk_mb": 8}, "2": {"disk_mb": 32}})
+        self.config = replace(self.config, sandbox=sandbox)
+        self.config.config_path.write_text(render_config(self.config), encoding="utf-8")
+
+
+@pytest.fixture
+async def disk_node(tmp_path: Path) -> AsyncIterator[DiskNode]:
+    node = DiskNode(tmp_path / "disky")
+    try:
+        await node.start()
+        yield node
+    finally:
+        await node.close()
+        remove_leftovers(node.home)
+
+
+async def _job(client, node: DiskNode, ctx: int, script: str):  # noqa: ANN001, ANN202
+    actor = read_key_file(node.config.actor_key_path)
+    msg = await client.submit_job(
+        actor,
+        node.config.actor_id,
+        to=node.node_id,
+        context_id=ctx,
+        script_type="sh",
+        script=script,
+    )
+    with trio.fail_after(90):
+        [res] = await client.wait_results(msg, timeout_s=80)
+    return res
+
+
+@needs_root
+@pytest.mark.skipif(bool(disk.tools()), reason=f"no disk quota here: {disk.tools()}")
+async def test_a_job_past_its_quota_ends_disk_limit_and_nothing_else_sees_it(disk_node) -> None:
+    node = disk_node
+    async with open_client(node.redis_url) as client:
+        await client.register_context(2, admins=[node.config.actor_id])
+        full = await _job(client, node, 1, "head -c 20000000 /dev/zero > big")
+        other = await _job(client, node, 2, "head -c 16000000 /dev/zero > big && ls -s big")
+        nxt = await _job(client, node, 1, "head -c 4000000 /dev/zero > small && echo wrote")
+    assert full.status.value == "error", full
+    assert full.reason.startswith("disk_limit"), full.reason
+    assert "No space left on device" in full.result.get("stderr", "")
+    assert other.ok, other  # context 2's own quota: 16 MB of its 32 MiB
+    assert nxt.ok, nxt  # per_job: the full dir was emptied after the failed job
+    assert nxt.stdout == "wrote\n"
+    code, out, err = await hero_node(node, "status", "--json")
+    assert code == 0, err
+    disks = json.loads(out)["disks"]
+    assert disks["1"]["enforced"], disks
+    assert disks["1"]["quota_mb"] == 8
+    assert disks["2"]["enforced"], disks
+    assert disks["2"]["used_bytes"] >= 16_000_000
+    # the node's home never held the bytes: the images are sparse, and their blocks are
+    # the jobs' own writes, inside them
+    assert not (node.home / "work" / "1" / "big").exists()  # not mounted out here
+    await node.close()
+    assert leftovers(node.home) == [], LEFT_OVER
+
+
+# -- the pieces, without root ------------------------------------------------------------------
+
+
+def test_limits_take_disk_and_cpu_share_and_say_what_a_context_raises() -> None:
+    table = parse_limits({"disk_mb": 512, "2": {"disk_mb": 4096}, "3": {"disk_mb": 0}})
+    assert limits_for(table, 1) == Limits(disk_mb=512)
+    assert limits_for(table, 3).disk_mb == 0  # 0: no quota, allowed for disk_mb alone
+    with pytest.raises(LimitsError):
+        parse_limits({"memory_mb": 0})
+    assert raised(table) == [
+        "context 2: disk_mb 4096 (node: 512)",
+        "context 3: disk_mb 0 (node: 512)",
+    ]
+    assert raised(parse_limits({"2": {"disk_mb": 16}})) == []  # lowered: nothing to say
+    assert context_settings(parse_sandbox({"3": {"work_dir": "per_job"}}), 3).work_dir == "per_job"
+    with pytest.raises(SandboxSettingsError):
+        parse_sandbox({"work_dir": "sometimes"})
+
+
+def test_a_bound_the_runner_saw_names_the_reason_of_a_failed_job() -> None:
+    lim = Limits()
+    assert limit_reason(Ending(1, bound="memory_limit"), lim, b"", 0) == "memory_limit"
+    assert limit_reason(Ending(None, 9, bound="pids_limit"), lim, b"", 0) == "pids_limit"
+    assert limit_reason(Ending(0, bound="memory_limit"), lim, b"", 0) is None  # it coped
+    assert limit_reason(Ending(1), lim, b"No space left on device", 0) == "disk_limit"
+    assert limit_reason(Ending(1), lim, b"x: Disk quota exceeded", 0) == "disk_limit"
+
+
+def _hierarchy(tmp: Path, name: str) -> Path:
+    d = tmp / name / "own"
+    d.mkdir(parents=True)
+    return d
+
+
+def test_cgroup_v1_is_found_where_the_three_hierarchies_are_writable(tmp_path: Path) -> None:
+    lines, cg = [], []
+    for i, name in enumerate(("memory", "pids", "cpu,cpuacct", "freezer"), start=30):
+        point = tmp_path / name
+        _hierarchy(tmp_path, name)
+        lines.append(f"{i} 1 0:{i} / {point} rw - cgroup cgroup rw,{name}")
+        cg.append(f"{i}:{name}:/own")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    (tmp_path / "cgroup").write_text("\n".join(cg) + "\n")
+    found = cgroups.find("n1", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert found.mode == "cgroup v1"
+    assert found.dirs == {
+        "memory": str(tmp_path / "memory" / "own"),
+        "pids": str(tmp_path / "pids" / "own"),
+        "cpu": str(tmp_path / "cpu,cpuacct" / "own"),
+    }
+    assert found.prefix == "hero-n1-"
+    # without a pids hierarchy: rlimits
+    (tmp_path / "mountinfo").write_text("\n".join(x for x in lines if "pids" not in x) + "\n")
+    none = cgroups.find("n1", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert none.mode == "rlimits"
+
+
+def test_cgroup_v2_needs_a_delegated_subtree_with_the_controllers(tmp_path: Path) -> None:
+    own = _hierarchy(tmp_path, "unified")
+    (tmp_path / "mountinfo").write_text(
+        f"40 1 0:40 / {tmp_path / 'unified'} rw - cgroup2 cgroup2 rw\n"
+    )
+    (tmp_path / "cgroup").write_text("0::/own\n")
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    # a process that is not the node's (a terminal's shell, here pytest's parent) is there:
+    # not the node's to move, so no v2
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n{os.getppid()}\n")
+    none = cgroups.find("n2", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert none.mode == "rlimits"
+    assert (own / "cgroup.subtree_control").read_text() == ""
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n")  # the node's alone: moved, enabled
+    found = cgroups.find("n2", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert found.mode == "cgroup v2"
+    assert found.dirs == {cgroups.UNIFIED: str(own / "hero-n2")}
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    assert (own / "hero-node" / "cgroup.procs").read_text() == str(os.getpid())
+    (own / "cgroup.controllers").write_text("cpu io\n")  # no memory, no pids delegated
+    assert cgroups.find("n3", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo")).version == ""
+
+
+def test_the_worker_enters_its_cgroups_before_the_sandbox_starts(tmp_path: Path) -> None:
+    files = [tmp_path / "a", tmp_path / "b"]
+    argv = cgroups.enter_argv([str(f) for f in files], ["/bin/sh", "-c", "echo $$"])
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    pid = done.stdout.strip()
+    assert [f.read_text().strip() for f in files] == [pid, pid]  # exec: the same process
+    with pytest.raises(ValueError, match="cgroup.procs"):
+        cgroups.enter_argv(["relative"], ["true"])
+
+
+@needs_root
+def test_a_process_a_python_job_forked_never_answers_for_the_job(tmp_path: Path) -> None:
+    """A warm job process runs a python job itself: a child the job forked that leaves the
+    script (an exception, SystemExit) must end there, not go on as the job process and answer
+    the runner first (a fork bomb's children did: its job ended ``runner_lost``)."""
+    box, _ = _box(tmp_path, "strict")
+    script = "import os\nif os.fork() == 0:\n    raise SystemExit(0)\nos.wait()\nprint('parent')"
+    try:
+        reply, out, _err = _run(box, tmp_path, script, kind="python")
+        assert reply["exit_code"] == 0, reply
+        assert out == "parent\n"
+        reply, out, _err = _run(box, tmp_path, "print('next')", kind="python")
+        assert out == "next\n"
+    finally:
+        box.stop()
