@@ -19,7 +19,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from bus.core.models import Message
+from bus.core.errors import ModelError
+from bus.core.flows import FlowJobPayload
+from bus.core.models import Message, MessageType
 from bus.core.tracecontext import (
     NO_TRACE,
     MessageTrace,
@@ -229,7 +231,22 @@ def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, An
     }
     if message.job:
         attributes[JOB_KEYS] = [job.key for job in message.job]
+    if message.message_type is MessageType.FLOW_JOB:
+        flow_id = _flow_id(message.message)
+        if flow_id:
+            attributes[FLOW_ID] = flow_id
     return attributes
+
+
+def _flow_id(payload: str) -> str:
+    """The flow id a flow job message's payload names ("" if it names none); only read while
+    spans are recorded."""
+    try:
+        flow = FlowJobPayload.decode(payload).flow
+    except ModelError:
+        return ""
+    flow_id = flow.get("id")
+    return str(flow_id) if type(flow_id) is int else ""
 
 
 def start_message_span(

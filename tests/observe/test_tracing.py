@@ -20,8 +20,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from bus.client.api import open_client
 from bus.core.envelope import sign_message
-from bus.core.models import FlowStatus, JobStatus
-from bus.core.spans import DROPPED, remote_context
+from bus.core.flows import FlowJobPayload
+from bus.core.models import FlowStatus, JobStatus, Message, MessageType, RunnerJob
+from bus.core.spans import DROPPED, message_attributes, remote_context
 from bus.core.tracecontext import parse_traceparent
 from bus.store import records
 from crypto import read_key_file
@@ -296,3 +297,32 @@ async def test_every_job_of_a_flow_and_a_stop_continue_the_caller_s_trace(node_f
     assert parse_traceparent(msg.traceparent).trace_id == f"{expected.trace_id:032x}"
     assert stop.traceparent == msg.traceparent  # the stop joins its job's trace
     assert not any(k.startswith(DROPPED) for k in alice.info.state.counters.metrics)
+
+
+def test_a_message_span_names_keys_and_ids_never_content():
+    job = RunnerJob(
+        id=5,
+        caller_id=7,
+        context_id=1,
+        script=CANARIES[0],
+        script_type="python",
+        env_vars={"SECRET": CANARIES[1]},
+    )
+    doc = {"id": 99, "jobs": [{"id": "A", "script": CANARIES[0]}], "env_vars": {"K": CANARIES[1]}}
+    payload = FlowJobPayload(doc, [], "A", {"B": {"stdout": CANARIES[2]}})
+    message = Message(
+        id=3,
+        caller_id=7,
+        context_id=1,
+        message=payload.encode(),
+        message_type=MessageType.FLOW_JOB,
+        job=[job],
+        origin="a" * 64,
+        destination="b" * 64,
+    )
+    attributes = message_attributes("n" * 64, 1, message)
+    assert attributes["messaging.message.id"] == "message:7:3"
+    assert attributes["hero.job.keys"] == ["job:7:5"]
+    assert attributes["hero.flow.id"] == "99"
+    assert attributes["hero.node.id"] == "n" * 64
+    assert not any(c in repr(attributes) for c in CANARIES)
