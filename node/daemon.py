@@ -81,6 +81,7 @@ from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
+from node.observe.tracing import tracing
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
 from node.runners.external import run_reaper, run_results
@@ -149,7 +150,10 @@ async def _run_node(
             redis_url = role_url(config, published, NODE)
             runner_url = role_url(config, published, RUNNER)
         signer = await root.start(run_signer, key)
-        async with open_store(redis_url) as store:
+        async with (
+            open_store(redis_url) as store,
+            tracing(config.tracing, key.public_hex, config.name),
+        ):
             node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
             await _run_services(node, (redis_url, runner_url), stop, task_status)
         root.cancel_scope.cancel()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
+from bus.core.tracecontext import inherited
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
@@ -105,8 +106,10 @@ def build_result(request: Message, body: ResultBody, *, origin: str) -> Message:
     """The one builder of a result message: ``body`` answering ``request``, sent by ``origin``
     (the node that ran the job) to the request's origin. Unsigned: each caller signs it with
     what it holds (the node its key, node/intake/messages.py; a runner process the node's
-    signer, node/host/signer.py)."""
+    signer, node/host/signer.py). It carries the request's trace context, so the result's way
+    back continues the request's trace (a value the node would drop is not signed again)."""
     stamp = now()
+    traceparent, tracestate = inherited(request.traceparent, request.tracestate)
     return Message(
         id=new_id(),
         caller_id=request.caller_id,
@@ -118,6 +121,8 @@ def build_result(request: Message, body: ResultBody, *, origin: str) -> Message:
         origin=origin,
         destination=request.origin,
         nonce=new_nonce(),
+        traceparent=traceparent,
+        tracestate=tracestate,
     )
 
 

@@ -564,7 +564,7 @@ def _plain(value: object) -> object:
 # What a stored message (and each job it carries) may leave out: the values from_hash assumes
 # for an absent field, here and in every earlier version (so older readers parse it the same).
 # Every field of the spec is stored (the contract); of the extensions, only what is set.
-_MESSAGE_DEFAULTS = {"reason": "", "reply_to": ""}
+_MESSAGE_DEFAULTS = {"reason": "", "reply_to": "", "traceparent": "", "tracestate": ""}
 _JOB_DEFAULTS: dict[str, object] = {
     "timeout": 60,
     "retries": 0,
@@ -602,6 +602,10 @@ class Message:
     reason: str = ""
     # the client's reply inbox (bus/core/keys.py reply_list); signed when set, stored when set
     reply_to: str = ""
+    # W3C trace context (bus/core/tracecontext.py): signed when set, stored when set; judged
+    # by whoever continues the trace, never by admission (a bad one is dropped, not refused)
+    traceparent: str = ""
+    tracestate: str = ""
 
     FIELDS = (
         "id",
@@ -624,6 +628,8 @@ class Message:
         "signatures",
         "reason",
         "reply_to",
+        "traceparent",
+        "tracestate",
     )
     SIGNED = (
         "id",
@@ -649,8 +655,10 @@ class Message:
         """The immutable fields the signature covers (status, logs, updated_at are not)."""
         content = {name: _plain(getattr(self, name)) for name in self.SIGNED}
         content["job"] = [j.signed_dict() for j in self.job]
-        if self.reply_to:  # signed only when set: messages without one keep their signatures
-            content["reply_to"] = self.reply_to
+        # signed only when set: messages without them keep their signatures
+        for name in _SIGNED_WHEN_SET:
+            if value := getattr(self, name):
+                content[name] = value
         return content
 
     def to_hash(self) -> Hash:
@@ -694,7 +702,13 @@ class Message:
             signatures=signatures,
             reason=h.get("reason", ""),
             reply_to=h.get("reply_to", ""),
+            traceparent=h.get("traceparent", ""),
+            tracestate=h.get("tracestate", ""),
         )
+
+
+# the extensions of a message signed only when non-empty, so older signatures stay valid
+_SIGNED_WHEN_SET = ("reply_to", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from crypto import ALGORITHMS
 from node.config.commands import validate_commands, validate_groups
 from node.config.console import ConsoleConfig, parse_console, render_console
 from node.config.store import StoreConfig, parse_store, render_store
+from node.config.tracing import TracingConfig, parse_tracing, render_tracing
 from node.errors import ConfigError
 from node.sandbox.limits import LimitsError, parse_limits
 from node.sandbox.plan import MODES
@@ -77,6 +78,8 @@ class NodeConfig:
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     # the [store] table: a replicated store behind Sentinels (node/config/store.py)
     store: StoreConfig = field(default_factory=StoreConfig)
+    # the [tracing] table: OpenTelemetry spans over OTLP/HTTP (node/observe/tracing.py); off
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
     # to
     # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
@@ -303,10 +306,20 @@ def load_config(home: Path) -> NodeConfig:
         store = parse_store(raw.get("store", {}))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        tracing = parse_tracing(raw.get("tracing", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if store.replicated and values.get("redis_url"):
         raise ConfigError(f"{path}: [node] redis_url and [store] sentinels exclude each other")
     return NodeConfig(
-        home=home, runners=dict(runners), console=console, store=store, **tables, **values  # type: ignore[arg-type]
+        home=home,
+        runners=dict(runners),
+        console=console,
+        store=store,
+        tracing=tracing,
+        **tables,  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
     )
 
 
@@ -424,5 +437,5 @@ def render_config(cfg: NodeConfig) -> str:
     console = render_console(cfg.console)
     return (
         f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}\n"
-        f"{console}\n{render_store(cfg.store)}"
+        f"{console}\n{render_store(cfg.store)}\n{render_tracing(cfg.tracing)}"
     )

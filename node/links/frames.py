@@ -12,11 +12,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
+from bus.core.tracecontext import message_trace
 from bus.store import lists, records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
@@ -59,6 +60,16 @@ class LinkHandler:
     # -- receiving messages ----------------------------------------------------------------------
 
     async def _deliver(self, link: Link, items: Sequence[MsgItem]) -> None:
+        """:meth:`_receive`, in the span of the frame (linked to the messages it carries)."""
+        span = _frame_span(self.node.identity.node_id, link.peer_id, items)
+        try:
+            await self._receive(link, items)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, "stored")
+
+    async def _receive(self, link: Link, items: Sequence[MsgItem]) -> None:
         """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
         ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
         (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
@@ -234,3 +245,21 @@ class LinkHandler:
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
         await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
+
+
+def _frame_span(node_id: str, peer_id: str, items: Sequence[MsgItem]) -> spans.Span | None:
+    """The CONSUMER span of one ``msgs`` frame from ``peer_id``, linked to the traces of the
+    messages it carries (as the sender's values: untrusted, so a bad one links nothing; the
+    consumer judges and counts it)."""
+    if not spans.recording():
+        return None
+    links = []
+    for item in items:
+        traceparent, tracestate = item.fields.get("traceparent"), item.fields.get("tracestate")
+        if isinstance(traceparent, str):
+            trace = message_trace(traceparent, tracestate if isinstance(tracestate, str) else "")
+            if trace.parent is not None:
+                links.append(spans.link_to(trace.parent))
+    attributes = {spans.PEER: peer_id, spans.NODE: node_id, spans.BATCH_COUNT: len(items)}
+    name = f"receive {peer_id[:16]}"
+    return spans.start(__name__, name, "CONSUMER", attributes=attributes, links=links)
