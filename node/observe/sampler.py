@@ -26,7 +26,7 @@ from typing import Any, Final, NoReturn
 import trio
 
 from bus.core import keys
-from bus.core.ids import now
+from bus.core.ids import now_ms
 from bus.errors import BusError
 from bus.store import lists, records
 from bus.store.atomic import STATS_BUCKETS_S
@@ -56,7 +56,7 @@ class Sample:
     """What the node counted up to one tick: ``clock_s`` on trio's clock, ``at`` in Unix s."""
 
     clock_s: float
-    at: int
+    at: float
     counts: Mapping[str, int] = field(default_factory=dict)  # RATES name -> total
     histograms: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # per-bucket counts
     depths: Mapping[str, int] = field(default_factory=dict)  # list name -> entries
@@ -90,7 +90,7 @@ def histogram_of(stats: Iterable[Mapping[str, str]], field_name: str) -> tuple[i
 
 
 def sample_of(
-    clock_s: float, at: int, stats: Sequence[Mapping[str, str]], depths: Mapping[str, int]
+    clock_s: float, at: float, stats: Sequence[Mapping[str, str]], depths: Mapping[str, int]
 ) -> Sample:
     return Sample(
         clock_s,
@@ -186,7 +186,7 @@ class Sampler:
         read: Read,
         every_s: float = SAMPLE_EVERY_S,
         keep: int = RING_SAMPLES,
-        wall: Callable[[], int] = now,
+        wall: Callable[[], float] = lambda: now_ms() / 1000,
     ) -> None:
         self.read, self.every_s, self.wall = read, every_s, wall
         self.ring: deque[Sample] = deque(maxlen=keep + 1)  # keep points need keep + 1 samples
