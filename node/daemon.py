@@ -12,6 +12,7 @@ run_node
     ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
     ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
     ├── run_store_tuning     replicated store: fsync, failovers (node/host/store_tuning.py)
+    ├── run_pressure_watch   free disk and store memory: hold new jobs (node/intake/pressure.py)
     ├── per peer
     │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
     │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
@@ -64,12 +65,15 @@ from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
 from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
+from node.intake.admission import raised_bounds
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
+from node.intake.pressure import run_pressure_watch
 from node.intake.supervisor import run_supervisor
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
@@ -135,6 +139,8 @@ async def _run_node(
         # with a configured Redis the runners use its URL, its users yours (docs/security/valkey.md)
         redis_url = runner_url = config.redis_url
         if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            if config.store.weak_promise is not None:  # said out loud, as isolation "none" is
+                log.warning("%s", config.store.weak_promise)
             redis_url = role_url(config, "", NODE)
             runner_url = role_url(config, "", RUNNER)
         elif not redis_url:
@@ -186,7 +192,11 @@ async def _run_services(
     node.peers.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
-        port = await services.start(transport.serve, host, config.listen_port)
+        try:
+            port = await services.start(transport.serve, host, config.listen_port)
+        except OSError as exc:
+            what, setting = "the link listener", "listen_port"
+            raise listen_error(what, host, config.listen_port, setting, exc) from None
         ws_url = link_url("wss" if config.tls else "ws", host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
@@ -204,6 +214,10 @@ async def _run_services(
         await services.start(
             registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
         )
+        # room for itself and bounds: node/intake/pressure.py, node/intake/admission.py
+        await services.start(registry.resilient, "pressure", run_pressure_watch, node)
+        for raised in raised_bounds(config):
+            log.warning("queue bound raised: %s", raised)
         if config.store.replicated:
             from node.host.store_tuning import run_store_tuning
 
@@ -378,7 +392,9 @@ class Registry:
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
         iso = self.node.runners.isolation
-        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+        # no sandbox: no runner; jobs of their types are answered isolation_refused on admission
+        # (node/intake/admission.py unrunnable), those queued before wait for a fixed host
+        if iso is None or not iso.runs_jobs:
             why = iso.why if iso is not None else "isolation unknown"
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
             up.set()
@@ -490,7 +506,8 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     """What node:info says of the isolation (hero-node status, the console)."""
     if iso is None:
         return {}
-    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:

@@ -122,8 +122,13 @@ class PeerOutbox:
         on a link that went down unacknowledged is sent again on the next one (recovered when
         serving starts on it)."""
         task_status.started()
-        queue = Queue(
-            keys.ACTORS_DB, self.source, self.inflight, read=False, max_redeliveries=MAX_RESENDS
+        queue = Queue(  # entries stay in flight until the peer acks: recovered per link
+            keys.ACTORS_DB,
+            self.source,
+            self.inflight,
+            read=False,
+            max_redeliveries=MAX_RESENDS,
+            recover_after_failover=False,
         )
         while True:
             link = await self.transport.wait_link(self.peer_id)

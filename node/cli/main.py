@@ -182,6 +182,13 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
         "0 or 1) and R replicas (default 1,1; 0,0: no wait)",
     )
     s.add_argument(
+        "--promise",
+        choices=("every-replica", "one-replica"),
+        default="every-replica",
+        help="with --sentinel: every-replica (R raised to every replica of the set: a failover "
+        "loses no promise) or one-replica (R as given; weaker: docs/operate/promise.md)",
+    )
+    s.add_argument(
         "--actor", type=int, default=1, dest="actor_id", help="id of this home's default actor"
     )
     hidden_alias(s, "--actor-id", type=int, dest="actor_id")
@@ -254,6 +261,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                 "waitaof_local": int(local),
                 "waitaof_replicas": int(replicas),
                 "waitaof_timeout_ms": StoreConfig().waitaof_timeout_ms,
+                "promise": args.promise,
             }
         )
     config = init_home(
@@ -288,6 +296,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     iso = probe_config(config)
     print(f"  isolation:  {config.isolation} -> {iso.mode} ({iso.why}; limits by {iso.limits})")
     print(f"              {explain(iso)}")
+    if iso.fix:
+        print(f"  to fix:     {iso.fix}")
+    print(f"  bwrap:      {iso.bwrap_info}")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 

@@ -103,6 +103,20 @@ class NodeConfig:
     # [limits] (node/sandbox/limits.py) and [sandbox] (node/sandbox/settings.py), TOML-shaped
     limits: dict[str, object] = field(default_factory=dict)
     sandbox: dict[str, object] = field(default_factory=dict)
+    # queue bounds (node/intake/admission.py: queue_bounds): jobs queued and not started yet,
+    # per actor in a context and per context (0: none); [queue_limits] per context
+    max_queued_per_actor: int = 10_000
+    max_queued_per_context: int = 100_000
+    queue_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # a peer's link stores no more while this many of its messages wait in msg_in (0: none)
+    max_msg_in_per_peer: int = 10_000
+    # the node keeps room for itself (node/intake/pressure.py): below this much free disk
+    # where its home or its Valkey data is, or with its store this close to maxmemory, it
+    # takes no new jobs until there is room again; checked every pressure_check_s
+    disk_headroom_mb: int = 1024
+    store_max_memory_mb: int = 0  # the embedded Valkey's maxmemory; 0: half the machine's
+    store_headroom_pct: int = 10
+    pressure_check_s: float = 2.0
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -155,7 +169,19 @@ LOWER_BOUNDS: dict[str, float] = {
     "type_breaker_open_s": 0.001,
     "type_breaker_probes": 1,
     "job_uid_base": 1000,
+    "max_queued_per_actor": 0,
+    "max_queued_per_context": 0,
+    "max_msg_in_per_peer": 0,
+    "disk_headroom_mb": 0,
+    "store_max_memory_mb": 0,
+    "store_headroom_pct": 1,
+    "pressure_check_s": 0.01,
 }
+
+
+# Upper bounds of [node] settings whose larger values mean nothing (refused at load): at 100 the
+# store's mark is 0 and the node would hold every new job for good.
+UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99}
 
 
 def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
@@ -180,6 +206,7 @@ _TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] 
     "runner_groups": validate_groups,
     "algorithms": validate_algorithms,
     "dlq_limits": lambda raw, _runners: validate_dlq_limits(raw),
+    "queue_limits": lambda raw, _runners: validate_queue_limits(raw),
     "limits": lambda raw, _runners: _sandbox_table(parse_limits, raw),
     "sandbox": lambda raw, _runners: _sandbox_table(parse_sandbox, raw),
 }
@@ -199,6 +226,25 @@ def validate_dlq_limits(raw: object) -> dict[str, int]:
     ):
         raise ConfigError('[dlq_limits] maps a context id ("2" = ...) to a dlq bound >= 0')
     return {str(int(k)): int(v) for k, v in raw.items()}
+
+
+QUEUE_LIMIT_NAMES = ("actor", "context")
+
+
+def validate_queue_limits(raw: object) -> dict[str, dict[str, int]]:
+    """Check ``[queue_limits]``: a context id -> ``{actor = N, context = N}`` (either or
+    both, each >= 0; 0: no bound), that context's own queue bounds."""
+    problem = '[queue_limits] maps a context id ("2" = ...) to {actor = N, context = N}, N >= 0'
+    if not isinstance(raw, Mapping):
+        raise ConfigError(problem)
+    out: dict[str, dict[str, int]] = {}
+    for ctx, bounds in raw.items():
+        if not (str(ctx).isdigit() and isinstance(bounds, Mapping)):
+            raise ConfigError(problem)
+        if not all(k in QUEUE_LIMIT_NAMES and _fits(v, int) and v >= 0 for k, v in bounds.items()):
+            raise ConfigError(f"{problem} (got {ctx} = {dict(bounds)!r})")
+        out[str(int(ctx))] = {str(k): int(v) for k, v in bounds.items()}
+    return out
 
 
 def _fits(value: object, kind: type) -> bool:
@@ -242,6 +288,9 @@ def load_config(home: Path) -> NodeConfig:
     for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
+    for name, high in UPPER_BOUNDS.items():
+        if name in values and values[name] > high:  # type: ignore[operator]
+            raise ConfigError(f"{path}: [node] {name} must be at most {high} (got {values[name]})")
     try:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
@@ -307,6 +356,18 @@ _HELP = {
     "other than stops and\nrefusals) has its circuit breaker opened: its runners take none of its "
     "jobs for\ntype_breaker_open_s (they wait in the queue), then type_breaker_probes at once; "
     "a success\ncloses it, a failed probe opens it again. 0: no breaker",
+    "max_queued_per_actor": "queue bounds: an actor may hold at most this many jobs queued and "
+    "not started yet in a\ncontext, a context at most max_queued_per_context (0: no bound); a "
+    'message past either is\nrefused ("quota_exceeded"); [queue_limits] sets them per context',
+    "max_msg_in_per_peer": "a peer's link stores no more messages (they wait in the peer's "
+    "outbox) while this many\nof them wait in msg_in for the consumer (0: no bound)",
+    "disk_headroom_mb": "the node takes no new jobs (they wait in msg_out, msg_in or the peer's "
+    "outbox) while the\nfile system of its home or its Valkey data has less free space than "
+    "this, or its store uses\nmore than (100 - store_headroom_pct)% of store_max_memory_mb "
+    "(0: half the machine's memory);\nchecked every pressure_check_s; status, /metrics and the "
+    "log say so",
+    "queue_limits": "optional: one context's own queue bounds, instead of max_queued_per_*; "
+    'raising one is logged\nat start. Example:\n  "2" = { actor = 50000, context = 500000 }',
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "

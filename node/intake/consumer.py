@@ -23,7 +23,7 @@ from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
 from node.intake.admission import admit
-from node.intake.held import hold, unacknowledged
+from node.intake.held import RECEIVED_FROM, hold, unacknowledged
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,
@@ -62,6 +62,8 @@ class Consumer(Intake["Message | VerifiedResult"]):
     name, source = SERVICE, keys.MSG_IN
 
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
+        # its peer's link may deliver one more (node/intake/pressure.py: Inbound)
+        self.node.pressure.inbound.taken([popped.fields.get(RECEIVED_FROM, "")])
         message = parse_message(self.ctx, popped.value, popped.fields)
         return await handle_incoming(self.node, self.ctx, message, popped.fields)
 
@@ -72,6 +74,8 @@ class Consumer(Intake["Message | VerifiedResult"]):
         if results:
             await accept_results(node, ctx, results, inflight)
         if jobs:
+            # no new job while the node lacks room (node/intake/pressure.py): they wait here
+            await node.pressure.hold.wait_open()
             await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
 
 

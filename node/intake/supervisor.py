@@ -100,6 +100,8 @@ async def handle_batch(
     if remote:
         await route_many(node, ctx, remote, inflight, hashes or {})
     if local:
+        # no new job while the node lacks room (node/intake/pressure.py): they wait here, in flight
+        await node.pressure.hold.wait_open()
         await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
         node.counters.count("routed", len(local))

@@ -87,6 +87,8 @@ class LinkHandler:
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
+        if by_ctx:  # held back on the link: the rest waits in the peer's outbox
+            await self._room_for(link.peer_id)
         epoch = self.node.store.epoch  # a failover while storing them voids the acks
         last = len(by_ctx) - 1
         for i, (ctx, group) in enumerate(by_ctx.items()):
@@ -95,7 +97,7 @@ class LinkHandler:
             # connection confirms it and, the contexts stored one after another, the others
             # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
             since = epoch if i == last else None
-            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+            stored = await self._store(link.peer_id, ctx, group, since)
             self._count("delivered", sum(stored))
             self._count("redelivered", len(group) - sum(stored))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
@@ -110,6 +112,36 @@ class LinkHandler:
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
+
+    async def _store(
+        self, peer: str, ctx: int, group: list[tuple[str, dict[str, str]]], since: int | None
+    ) -> list[bool]:
+        """Deliver ``group`` (routing.deliver), counted as waiting for the consumer from before
+        it is queued (the consumer may pop it at once), then less what was stored already."""
+        inbound = self.node.pressure.inbound
+        inbound.delivered(peer, len(group))
+        try:
+            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+        except BaseException:
+            inbound.delivered(peer, -len(group))
+            raise
+        inbound.delivered(peer, sum(stored) - len(group))
+        return stored
+
+    async def _room_for(self, peer: str) -> None:
+        """Return once this node may store what ``peer`` sent: nothing holds new jobs, and
+        fewer than ``max_msg_in_per_peer`` of its messages wait in ``msg_in``
+        (node/intake/pressure.py). Meanwhile this link reads no frame, so the peer's window
+        fills and its messages wait in its durable outbox: held back, nothing lost."""
+        pressure = self.node.pressure
+        if pressure.hold.held or pressure.inbound.waiting.get(peer, 0) >= self._per_peer:
+            self._count("link_held_back", 1)
+        await pressure.hold.wait_open()
+        await pressure.inbound.wait_room(peer, self._per_peer)
+
+    @property
+    def _per_peer(self) -> int:
+        return self.node.config.max_msg_in_per_peer
 
     def _count(self, name: str, n: int) -> None:
         if n:

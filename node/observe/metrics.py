@@ -18,9 +18,12 @@ docs/operate/metrics.md lists every family.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -34,11 +37,13 @@ from prometheus_client.utils import floatToGoString
 from bus.core import keys
 from bus.core.models import Peer
 from bus.core.reasons import Reason
+from bus.errors import StoreError
 from bus.store import lists, records
 from bus.store.atomic import STATS_BUCKETS_S, type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
 from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED
+from node.observe.quotas import pressure_families, quota_families
 from node.state import NodeState
 
 __all__ = ["exposition"]
@@ -73,6 +78,10 @@ class Scrape:
     outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
     # by context: each script type's circuit breaker (bus/store/atomic/type_breakers.py)
     breakers: dict[int, dict[str, TypeBreaker]]
+    # by context: queued jobs per actor, and in all (bus.store.lists.quota_depths)
+    quotas: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # a replicated store's promise as status shows it (bus/store/topology.py promise_facts)
+    promise: dict[str, Any] | None = None
 
 
 async def exposition(state: NodeState) -> tuple[bytes, str]:
@@ -112,9 +121,13 @@ async def read(state: NodeState) -> Scrape:
         scrape.depths[ctx][keys.MSG_HELD] = await lists.held_depth(store, ctx)
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
+        scrape.quotas[ctx] = await lists.quota_depths(store, ctx)
     for peer_id in state.peers.known:
         pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
+    if store.barrier is not None:  # replicated: what its promise does now, as status says
+        with contextlib.suppress(StoreError):  # no Sentinel answers: the families say nothing
+            scrape.promise = (await store.topology()).get("promise")
     return scrape
 
 
@@ -223,11 +236,14 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
     return [
         *isolation_families(state),
         *disk_families(state, scrape),
+        *promise_families(state, scrape),
         *valkey_families(scrape),
         *runner_families(scrape),
         *type_breaker_families(scrape),
         *link_families(state, scrape),
         *counter_families(state),
+        *quota_families(state.config, scrape.quotas),
+        *pressure_families(state.pressure.hold.held),
     ]
 
 
@@ -264,6 +280,37 @@ def disk_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
         if disk["enforced"]:
             gauge.add_metric([ctx, "used"], float(str(disk["used_bytes"])))
     return [gauge]
+
+
+def promise_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
+    """A replicated store's promise (docs/operate/promise.md): how many replicas' fsyncs each
+    waits for, whether it refuses them now (fewer replicas up), and how many of the node's own
+    (link acks) were refused. An alert on ``hero_store_promise_refusing == 1`` catches a set
+    that cannot confirm writes; ``{promise="one-replica"}`` names the weaker promise."""
+    barrier = state.store.barrier
+    if barrier is None:
+        return []
+    wanted = GaugeMetricFamily(
+        "hero_store_promise_replicas_wanted",
+        "Replica fsyncs (WAITAOF 1 N) each promise of the replicated store waits for.",
+        labels=["promise"],
+    )
+    refusing = GaugeMetricFamily(
+        "hero_store_promise_refusing",
+        "1 while fewer replicas are up than the promise waits for: writes are not confirmed.",
+        labels=["promise"],
+    )
+    refused = CounterMetricFamily(
+        "hero_store_promises_refused",
+        "Promises of this node (link acks) not given: WAITAOF did not confirm them.",
+        labels=["promise"],
+    )
+    name = barrier.target.promise
+    refused.add_metric([name], float(barrier.refused))
+    if scrape.promise is not None:  # the set as the Sentinels see it now, as status says
+        wanted.add_metric([name], float(scrape.promise["replicas_wanted"]))
+        refusing.add_metric([name], float(scrape.promise["refusing"]))
+    return [wanted, refusing, refused]
 
 
 def valkey_families(scrape: Scrape) -> Iterable[Metric]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bus.core.models import JobStatus, RunnerJob
 from bus.core.reasons import Reason
 
-NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE)
+NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE, Reason.ISOLATION_REFUSED)
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 EXPONENTIAL, LINEAR = "exponential", "linear"

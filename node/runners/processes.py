@@ -136,6 +136,11 @@ async def run_runner_process(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep slot ``slot`` of ``script_type`` served by a runner process until cancelled."""
+    if node.shutdown.stopping.is_set():
+        # a slot of a staged start reached after the node began to stop: nothing to serve,
+        # and its starter (nursery.start) must not take the return for a crash
+        task_status.started()
+        return
     spec = runner_spec(node, ctx, script_type, command, slot, redis_url)
     logs = log_paths(node.config.run_dir, f"{ctx}-{spec.slot_id}")
     outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)

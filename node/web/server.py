@@ -16,7 +16,8 @@ from hypercorn.utils import wrap_app
 
 from bus.wire.transport import Transport
 from node.config.console import ConsoleConfig
-from node.errors import NodeError
+from node.errors import ListenError
+from node.host.ports import cannot_listen
 from node.observe.sampler import Sampler, node_reader
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app
@@ -32,7 +33,7 @@ BACKLOG: Final = 64  # a console has a few readers, not a crowd
 GRACEFUL_S: Final = 1.0  # open feeds are streams that never end by themselves
 
 
-class ConsoleError(NodeError):
+class ConsoleError(ListenError):
     """The console cannot be served (its address cannot be bound)."""
 
 
@@ -50,10 +51,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
-        hint = " (set [console] listen in config.toml)" if exc.errno == 98 else ""
-        raise ConsoleError(
-            f"console: cannot listen on {host}:{port}: {exc.strerror or exc}{hint}"
-        ) from None
+        what, setting = "console:", "[console] listen"
+        raise ConsoleError(cannot_listen(what, host, port, setting, exc.errno)) from None
     return sock
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -39,6 +41,7 @@ from bus.store.atomic.runs import (
 )
 from bus.store.atomic.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
+from bus.store.promise import ReplicasWanted
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Begun", "SyncRuns", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
@@ -181,8 +184,16 @@ class SyncRuns:
     client: redis.Redis
     # a replicated store's durability (bus/store/sentinel.py durability): see :meth:`confirm`
     durable: SentinelTarget | None = None
+    clock: Callable[[], float] = time.monotonic  # the age of the replica count (confirm)
 
     def __post_init__(self) -> None:
+        target = self.durable
+        # how many replicas a confirmation counts: the node's own decision (bus/store/promise.py)
+        self._replicas = (
+            None
+            if target is None
+            else ReplicasWanted(target.promise, target.waitaof_replicas, self.clock)
+        )
         self._scripts: dict[str, tuple[str, str]] = {}  # name: (source, sha1)
         self._loaded: set[str] = set()  # the sha1s of scripts this process loaded itself
         self._held = threading.local()  # each thread's own connection (see _command)
@@ -253,14 +264,36 @@ class SyncRuns:
             # WAITAOF vouches only for its own connection's writes (on a new primary, for
             # none of the old one's): those of a connection lost since are not confirmed
             raise Unconfirmed("not durable: the connection that made the writes was lost")
+        wanted = self._replicas_wanted()
         local = replicas = 0
         for wait_ms in target.waits_ms():  # why two: bus/store/durable.py Barrier._confirm
-            ask = ("WAITAOF", target.waitaof_local, target.waitaof_replicas, wait_ms)
+            ask = ("WAITAOF", target.waitaof_local, wanted, wait_ms)
             local, replicas = (int(n) for n in self._command(*ask))
-            if target.confirmed(local, replicas):
+            if target.confirmed(local, replicas, wanted):
                 self._held.wrote_on = None
                 return
-        raise Unconfirmed(f"not durable: {target.shortfall(local, replicas)}")
+        raise Unconfirmed(f"not durable: {target.shortfall(local, replicas, wanted)}")
+
+    def _replicas_wanted(self) -> int:
+        """The replicas' fsyncs a confirmation waits for, the Sentinels asked when the count
+        is stale (as the node's Barrier.count_replicas does); Unconfirmed if never known."""
+        counted, target = self._replicas, self.durable
+        assert counted is not None
+        assert target is not None
+        if counted.stale():
+            manager = getattr(self.client.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", []):
+                try:
+                    counted.learn(
+                        len(sentinel.execute_command("SENTINEL", "REPLICAS", target.service))
+                    )
+                    break
+                except (redis.RedisError, OSError):
+                    continue
+            why = counted.unknown()
+            if why is not None:
+                raise Unconfirmed(f"not durable: {why}")
+        return counted.wanted
 
     def cut(self) -> int:
         """Shut every connection of a Sentinel-managed client (the Sentinels named a new

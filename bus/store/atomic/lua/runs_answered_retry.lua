@@ -6,7 +6,10 @@
 -- the delayed zset at due_ms.
 -- include: stats_jobs
 -- include: runs_answered
+-- an external runner starts jobs by hand: its job leaves its actor's queued count here
+-- include: quota_depth
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[5], 'updated_at', ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[6], ARGV[7])
 stats_ended(KEYS[1], 'retry', ARGV[5])
+quota_left(KEYS[1])
 return 1

@@ -3,10 +3,12 @@
 -- f: the job's fields as unrunnable read them. Starts the attempt: attempt + 1 (the fencing
 -- token), status 'started' with runner/updated_at/runner_id and stats_started_ms (now_ms), the
 -- lease set to the token with a TTL, the job added to the running set, counted as started, a
--- probe of its type's breaker (gate, if given) marked. Returns the job's fields after the start
+-- probe of its type's breaker (gate, if given) marked, the job no longer counted as queued for
+-- its actor's queue bound (quota_depth). Returns the job's fields after the start
 -- (flat), from f: the hash is not read again.
 -- include: stats_jobs
 -- include: type_breaker
+-- include: quota_depth
 local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate, now_ms)
   f['attempt'] = tostring((tonumber(f['attempt']) or 0) + 1)
   f['status'], f['runner'], f['updated_at'], f['runner_id'] = 'started', token, now, runner_id
@@ -15,6 +17,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate
              'updated_at', now, 'runner_id', runner_id, 'stats_started_ms', f['stats_started_ms'])
   redis.call('SET', lease, token, 'PX', ttl_ms)
   redis.call('SADD', running, job)
+  quota_left(job)
   stats_add('started|' .. stats_label(f['script_type']), 1)
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}
