@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,13 +205,7 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
     here: the script adds one count per observation)."""
     family = HistogramMetricFamily(name, doc, labels=["ctx", "type"])
     for ctx, fields in sorted(stats.items()):
-        by_type: dict[str, dict[str, int]] = {}
-        for key, value in fields.items():
-            kind, _, rest = key.partition("|")
-            script_type, _, le = rest.partition("|")
-            if kind == field and le:
-                by_type.setdefault(script_type, {})[le] = int(value)
-        for script_type, counts in sorted(by_type.items()):
+        for script_type, counts in sorted(bucket_counts(fields, field).items()):
             total, buckets = 0, []
             for bound in STATS_BUCKETS_S:
                 total += counts.get(str(bound), 0)
@@ -220,6 +214,19 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
             sum_s = float(fields.get(f"{field}_sum|{script_type}", 0))
             family.add_metric([str(ctx), script_type], buckets, sum_s)
     return family
+
+
+def bucket_counts(fields: Mapping[str, str], field: str) -> dict[str, dict[str, int]]:
+    """The observations of histogram ``field`` in a ``stats:jobs`` hash, by script type and
+    bucket bound (its label: "0.005" ... "+Inf"), as stats_jobs.lua counts them (not
+    cumulative). The console's charts read them too (node/observe/sampler.py)."""
+    by_type: dict[str, dict[str, int]] = {}
+    for key, value in fields.items():
+        kind, _, rest = key.partition("|")
+        script_type, _, le = rest.partition("|")
+        if kind == field and le:
+            by_type.setdefault(script_type, {})[le] = int(value)
+    return by_type
 
 
 # -- the node: queues, runners, links, refusals --------------------------------------------------

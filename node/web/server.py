@@ -18,6 +18,7 @@ from bus.wire.transport import Transport
 from node.config.console import ConsoleConfig
 from node.errors import ListenError
 from node.host.ports import cannot_listen
+from node.observe.sampler import Sampler, node_reader
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app
 from node.web.feed import Feed
@@ -67,8 +68,9 @@ async def run_console(
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the console until cancelled; reports its URL (``http://host:port``) once it is
-    bound and listening. Raises ConsoleError if the address cannot be bound."""
+    """Serve the console, and sample the node for its charts, until cancelled; reports its URL
+    (``http://host:port``) once it is bound and listening. Raises ConsoleError if the address
+    cannot be bound."""
     host, port = config.address()
     sock = bind(host, port)
     url = url_of(sock)
@@ -77,11 +79,13 @@ async def run_console(
     hypercorn.errorlog = HTTP_LOG
     hypercorn.graceful_timeout = GRACEFUL_S
     hosts = None if config.allow_remote else LOOPBACK_HOSTS | {host.lower()}
-    console = Console(Feed(node, transport), config.token, hosts)
+    sampler = Sampler(node_reader(node), config.chart_every_s)
+    console = Console(Feed(node, transport, sampler), config.token, hosts)
     starlette: Any = build_app(console)  # an ASGI app
     app = wrap_app(starlette, 0, "asgi")
     with sock:
         async with trio.open_nursery() as nursery:
+            await nursery.start(sampler.run)
             # worker_serve (what hypercorn.trio.serve runs) takes sockets bound beforehand:
             # serve() binds its own, and would report a port in use as a traceback
             await nursery.start(
