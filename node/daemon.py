@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import trio
@@ -58,7 +58,6 @@ from bus.wire import outbox
 from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
-from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
@@ -74,6 +73,7 @@ from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.pressure import run_pressure_watch
 from node.intake.supervisor import run_supervisor
+from node.links.encryption import migrate_peer_addresses, scheme, warn_legacy, with_encryption
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
@@ -163,6 +163,8 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    warn_legacy(config)
+    await migrate_peer_addresses(node.store, config)
     node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
@@ -190,7 +192,7 @@ async def _run_services(
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
         port = await services.start(transport.serve, host, config.listen_port)
-        ws_url = link_url("wss" if config.tls else "ws", host, port)
+        ws_url = link_url(scheme(config), host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
         )
@@ -279,20 +281,14 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 
 
 def transport_config(config: NodeConfig) -> TransportConfig:
-    """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
+    """Frame limits and link encryption (node/links/encryption.py)."""
     base = TransportConfig(
         max_frame_bytes=config.max_frame_bytes,
         handshake_timeout_s=config.handshake_timeout_s,
         max_pending=config.max_pending_links,
         max_pending_per_address=config.max_pending_links_per_address,
     )
-    if not config.tls:
-        return base
-    cert, key = config.home / "tls.crt", config.home / "tls.key"
-    if not cert.exists() or not key.exists():
-        make_self_signed(cert, key, f"hero-node {config.name}")
-        log.info("created a self-signed TLS certificate %s", cert)
-    return replace(base, ssl_server=server_context(cert, key), tls_fingerprint=fingerprint(cert))
+    return with_encryption(base, config)
 
 
 class Registry:
