@@ -65,6 +65,8 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
         f"{info.get('limits', '?')}{loud}"
     )
+    if info.get("link_encryption") == "none":
+        print(f"  links NOT ENCRYPTED ({info.get('link_encryption_why', '')}): the path reads jobs")
     print_store(facts.get("store", {}))
     held = info.get(HELD_FIELD, "")
     print(f"  intake HELD, new jobs wait: {held}" if held else "  intake open")

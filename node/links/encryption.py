@@ -61,6 +61,13 @@ def with_encryption(base: TransportConfig, config: NodeConfig) -> TransportConfi
     )
 
 
+def encryption_fields(config: NodeConfig) -> dict[str, str]:
+    """What node:info says of link encryption (hero-node status, the console)."""
+    if encrypted(config):
+        return {"link_encryption": TLS, "link_encryption_why": ""}
+    return {"link_encryption": NONE, "link_encryption_why": PLAINTEXT_WHY}
+
+
 def warn_legacy(config: NodeConfig) -> None:
     """Say at start that config.toml still holds ``tls`` (written by every older ``init``)."""
     for setting in config.legacy_settings:

@@ -12,6 +12,7 @@ home is rewritten at start.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import ssl
@@ -32,8 +33,12 @@ from bus.wire.transport import NO_TLS_HINT, PLAINTEXT_REFUSED, Transport
 from crypto import KeyPair, read_key_file
 from crypto.tls import client_context, make_self_signed, server_context
 from node.links.encryption import PLAINTEXT_WHY
+from tests.console_http import next_state
 from tests.faults_proxy import TcpProxy
-from tests.nodes import until
+from tests.nodes import link_to, until
+from tests.observe.test_dlq import hero_node
+from tests.observe.test_metrics import SERVED, scrape, value
+from tests.wire.test_linkstate import published_link
 
 
 def port_of(node) -> int:  # noqa: ANN001 - conftest.RunningNode
@@ -267,3 +272,41 @@ async def test_a_ws_peer_address_is_rewritten_at_start(node_factory, caplog):
 
 def test_client_context_is_tls_1_3_only():
     assert client_context().minimum_version is ssl.TLSVersion.TLSv1_3
+
+
+@pytest.mark.parametrize("encryption", ["tls", "none"])
+async def test_status_metrics_and_console_say_what_protects_each_link(node_factory, encryption):
+    alice = await node_factory("alice", link_encryption=encryption, console=SERVED)
+    bob = await node_factory("bob", link_encryption=encryption)
+    with trio.fail_after(30):
+        await link_to(alice, bob)
+        await published_link(alice.store, bob.node_id, lambda s: s["state"] == "up")
+    code, out, err = await hero_node(alice, "status")
+    assert code == 0, err
+    code, raw, _ = await hero_node(alice, "status", "--json")
+    facts = json.loads(raw)
+    [peer] = facts["peers"]
+    samples, _ = await scrape(alice)
+    with trio.fail_after(30):
+        state = await next_state(
+            alice.info.console_url + "/api/events",
+            lambda s: [p["link"] for p in s["peers"]] == ["up"],
+        )
+    [shown] = state["peers"]
+    if encryption == "tls":
+        assert "NOT ENCRYPTED" not in out
+        assert ", TLSv1.3 " in out
+        assert peer["encryption"].startswith("TLSv1.3 ")
+        assert peer["plaintext"] == ""
+        assert facts["node"]["link_encryption"] == "tls"
+        assert value(samples, "hero_link_encrypted", peer=bob.node_id, name="bob", why="") == 1
+        assert shown["encryption"] == peer["encryption"]
+    else:
+        assert f"links NOT ENCRYPTED ({PLAINTEXT_WHY})" in out
+        assert f"NOT ENCRYPTED ({PLAINTEXT_WHY})" in out.split("peer bob", 1)[1]
+        assert (peer["encryption"], peer["plaintext"]) == ("", PLAINTEXT_WHY)
+        assert facts["node"]["link_encryption_why"] == PLAINTEXT_WHY
+        labels = {"peer": bob.node_id, "name": "bob", "why": PLAINTEXT_WHY}
+        assert tuple(sorted(labels.items())) in samples["hero_link_encrypted"]
+        assert value(samples, "hero_link_encrypted", **labels) == 0
+        assert (shown["encryption"], shown["plaintext"]) == ("", PLAINTEXT_WHY)

@@ -66,7 +66,8 @@ function drawPeers(s) {
   fill("peers", table(["peer", "link", "last seen", "round trip", "outbox", "sent, unacked"],
     s.peers.map((p) => el("tr", { "data-peer": p.id },
       el("td", {}, p.name || "-", el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…")),
-      el("td", {}, badge(p.link), " ", el("span", { class: "muted" }, "since " + ago(s.now, p.since))),
+      el("td", {}, badge(p.link), " ", el("span", { class: "muted" }, "since " + ago(s.now, p.since)),
+        p.link !== "up" ? "" : p.encryption ? el("div", { class: "muted" }, p.encryption) : el("div", { class: "badge iso-none" }, "NOT ENCRYPTED: " + p.plaintext)),
       el("td", {}, ago(s.now, p.last_seen)),
       el("td", {}, p.rtt_ms === null ? "—" : p.rtt_ms + " ms"),
       el("td", {}, p.outbox), el("td", {}, p.in_flight)))));
