@@ -555,14 +555,17 @@ class Transport:
         address = self.dial_url(address)
         try:
             await self._dial_link(peer_id, address, ssl_context)
+            return
         except (WsHandshakeError, ConnectionClosed):
             failed = getattr(ssl_context, "handshake_error", None)
             if failed is None or not address.startswith("wss://"):
                 raise
-            hint = tls_hint(failed)
-            raise TransportError(
-                f"TLS handshake with {address} failed: {failed}" + (f" ({hint})" if hint else "")
-            ) from None  # the cause, trio-websocket's connect timeout, would only mislead
+        hint = tls_hint(failed)
+        # raised out of the handler: its context, trio-websocket's connect timeout, would only
+        # mislead the log line (describe() reads it)
+        raise TransportError(
+            f"TLS handshake with {address} failed: {failed}" + (f" ({hint})" if hint else "")
+        )
 
     async def _dial_link(self, peer_id: str, address: str, ssl_context: ssl.SSLContext) -> None:
         async with open_websocket_url(
