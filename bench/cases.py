@@ -602,7 +602,7 @@ async def case_transport(env: Env) -> list[Row]:
         ),
         Row(
             case,
-            "transport (TLS 1.3) / raw echo (cleartext)",
+            "transport / raw echo (link TLS 1.3, echo cleartext)",
             "%",
             [100 * t / r for t, r in plain],
             ">= 70",
