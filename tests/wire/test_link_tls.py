@@ -24,6 +24,10 @@ from bus.wire.transport import (
 )
 from crypto import KeyPair
 from crypto.tls import client_context, make_self_signed, server_context
+from node.config import load_config
+from node.errors import ConfigError
+from node.host.home import init_home
+from node.links.encryption import warn_legacy
 from tests.wire.test_handshake import Recorder
 
 A, B = KeyPair.generate(), KeyPair.generate()
@@ -160,3 +164,25 @@ def test_the_hint_names_a_cleartext_answer():
     wrapped.__cause__ = err
     assert tls_hint(wrapped) == NO_TLS_HINT
     assert tls_hint(OSError("connection refused")) == ""
+
+
+def test_the_setting_and_the_legacy_tls_line(tmp_path, caplog):
+    """``tls = false``, which every older init wrote, asks for nothing: it is named at start,
+    not read; ``link_encryption`` takes "tls" or "none" only."""
+    home = tmp_path / "h"
+    init_home(home, name="h")
+    text = (home / "config.toml").read_text()
+    assert "link_encryption" in text
+    assert "\ntls =" not in text
+    (home / "config.toml").write_text(text.replace("[node]\n", "[node]\ntls = false\n", 1))
+    config = load_config(home)
+    assert config.link_encryption == "tls"
+    assert config.legacy_settings == ("tls = false",)
+    with caplog.at_level(logging.WARNING):
+        warn_legacy(config)
+    assert "[node] tls = false is no longer read: links are encrypted" in caplog.text
+    (home / "config.toml").write_text(
+        text.replace('link_encryption = "tls"', 'link_encryption = "plain"')
+    )
+    with pytest.raises(ConfigError, match='link_encryption is "tls"'):
+        load_config(home)
