@@ -504,25 +504,20 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:
     """Tell clients on this machine where the node is (DB 0 ``node:info`` and run/node.json)."""
-    fields = (
-        {
-            "id": info.node_id,
-            "name": info.name,
-            "ws_url": info.ws_url,
-            "redis_url": info.redis_url,
-            "pid": str(info.pid),
-            "console_url": info.console_url,
-            "started_at": str(now()),
-            # whether processes of the node's uid may read its memory, or its signer's
-            # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
-            "dumpable": str(int(is_dumpable())),
-            "signer_dumpable": str(
-                int(node.identity.signer is None or node.identity.signer.dumpable)
-            ),
-        }
-        | isolation_fields(node.runners.isolation)
-        | encryption_fields(node.config)
-    )
+    fields = {
+        "id": info.node_id,
+        "name": info.name,
+        "ws_url": info.ws_url,
+        "redis_url": info.redis_url,
+        "pid": str(info.pid),
+        "console_url": info.console_url,
+        "started_at": str(now()),
+        # whether processes of the node's uid may read its memory, or its signer's
+        # (PR_SET_DUMPABLE, node/host/hardening.py): "0" is the safe answer
+        "dumpable": str(int(is_dumpable())),
+        "signer_dumpable": str(int(node.identity.signer is None or node.identity.signer.dumpable)),
+    } | isolation_fields(node.runners.isolation)
+    fields |= encryption_fields(node.config)
     await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
