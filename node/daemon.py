@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import trio
@@ -58,7 +58,6 @@ from bus.wire import outbox
 from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
-from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
@@ -75,6 +74,13 @@ from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.pressure import run_pressure_watch
 from node.intake.supervisor import run_supervisor
+from node.links.encryption import (
+    encryption_fields,
+    migrate_peer_addresses,
+    scheme,
+    warn_legacy,
+    with_encryption,
+)
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
@@ -170,6 +176,8 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    warn_legacy(config)
+    await migrate_peer_addresses(node.store, config)
     node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
@@ -201,7 +209,7 @@ async def _run_services(
         except OSError as exc:
             what, setting = "the link listener", "listen_port"
             raise listen_error(what, host, config.listen_port, setting, exc) from None
-        ws_url = link_url("wss" if config.tls else "ws", host, port)
+        ws_url = link_url(scheme(config), host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
         )
@@ -290,20 +298,14 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 
 
 def transport_config(config: NodeConfig) -> TransportConfig:
-    """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
+    """Frame limits and link encryption (node/links/encryption.py)."""
     base = TransportConfig(
         max_frame_bytes=config.max_frame_bytes,
         handshake_timeout_s=config.handshake_timeout_s,
         max_pending=config.max_pending_links,
         max_pending_per_address=config.max_pending_links_per_address,
     )
-    if not config.tls:
-        return base
-    cert, key = config.home / "tls.crt", config.home / "tls.key"
-    if not cert.exists() or not key.exists():
-        make_self_signed(cert, key, f"hero-node {config.name}")
-        log.info("created a self-signed TLS certificate %s", cert)
-    return replace(base, ssl_server=server_context(cert, key), tls_fingerprint=fingerprint(cert))
+    return with_encryption(base, config)
 
 
 class Registry:
@@ -529,6 +531,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.identity.signer is None or node.identity.signer.dumpable)),
     } | isolation_fields(node.runners.isolation)
+    fields |= encryption_fields(node.config)
     await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,8 @@ def print_text(facts: dict[str, Any]) -> None:
         print(f"  to run jobs here: {info['isolation_fix']}")
     if info.get("bwrap"):
         print(f"  bwrap {info['bwrap']}")
+    if info.get("link_encryption") == "none":
+        print(f"  links NOT ENCRYPTED ({info.get('link_encryption_why', '')}): the path reads jobs")
     print_store(facts.get("store", {}))
     held = info.get(HELD_FIELD, "")
     print(f"  intake HELD, new jobs wait: {held}" if held else "  intake open")

@@ -71,7 +71,8 @@ class NodeConfig:
     max_message_bytes: int = 1024 * 1024
     max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
-    tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
+    # "tls": every link TLS 1.3, bound to the node keys (node/links/encryption.py); "none"
+    link_encryption: str = "tls"
     python_workers: bool = True  # python jobs in the sandbox's warm worker (else: spawn)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
@@ -120,6 +121,8 @@ class NodeConfig:
     store_max_memory_mb: int = 0  # the embedded Valkey's maxmemory; 0: half the machine's
     store_headroom_pct: int = 10
     pressure_check_s: float = 2.0
+    # [node] settings of older versions found in config.toml, warned about at start
+    legacy_settings: tuple[str, ...] = ()
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -270,7 +273,8 @@ def load_config(home: Path) -> NodeConfig:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    section = raw.get("node", {})
+    section = dict(raw.get("node", {}))
+    legacy = _legacy(path, section)
     values: dict[str, object] = {}
     for name, kind in _SETTINGS.items():
         if name in section:
@@ -286,6 +290,8 @@ def load_config(home: Path) -> NodeConfig:
     unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
+    if values.get("link_encryption", "tls") not in LINK_ENCRYPTION:
+        raise ConfigError(f'{path}: [node] link_encryption is "tls" (the default) or "none"')
     if values.get("isolation", "auto") not in MODES:
         raise ConfigError(f"{path}: [node] isolation is one of {', '.join(MODES)}")
     for name, low in LOWER_BOUNDS.items():
@@ -318,9 +324,28 @@ def load_config(home: Path) -> NodeConfig:
         console=console,
         store=store,
         tracing=tracing,
+        legacy_settings=legacy,
         **tables,  # type: ignore[arg-type]
         **values,  # type: ignore[arg-type]
     )
+
+
+LINK_ENCRYPTION = ("tls", "none")
+# [node] settings older versions wrote: read no more, named at start (``tls = false`` came with
+# every init before links were encrypted by default, so it asks for nothing)
+_LEGACY = {"tls": bool}
+
+
+def _legacy(path: Path, section: dict[str, object]) -> tuple[str, ...]:
+    """Take the legacy settings out of ``section``; return them as "name = value"."""
+    found = []
+    for name, kind in _LEGACY.items():
+        if name in section:
+            value = section.pop(name)
+            if not _fits(value, kind):
+                raise ConfigError(f"{path}: [node] {name} has the wrong type ({value!r})")
+            found.append(f"{name} = {str(value).lower()}")
+    return tuple(found)
 
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
@@ -350,8 +375,10 @@ _HELP = {
     '(hero_link_refusals_total{stage="listener"});\nthe addresses this node dials its peers '
     "at are exempt from the total",
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
-    "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
-    "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
+    "link_encryption": '"tls": every link is TLS 1.3 (wss://, a self-signed certificate bound '
+    "by the node\nhandshake to the node key, so no CA is involved); peers dial wss://host:port. "
+    '"none": cleartext\nlinks anyone on the path can read: loud in logs, status, /metrics '
+    "(docs/security/links.md)",
     "python_workers": "python jobs run in the slot's warm sandboxed interpreter (never in the "
     "runner\nprocess; [sandbox] fresh_process); false: one fresh interpreter per job, in the "
     "same sandbox",

@@ -64,6 +64,9 @@ STAGES = {
     "oversize_frame": "frame",
     Reason.LISTENER_FULL: "listener",
     Reason.ADDRESS_FULL: "listener",
+    # a dialler that speaks cleartext to a TLS listener, or TLS to a cleartext one
+    "plaintext_dialler": "listener",
+    "tls_dialler": "listener",
 }
 
 
@@ -393,11 +396,19 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     sizes = CounterMetricFamily(
         "hero_link_bytes", "Bytes of those frames.", labels=[*peer_labels, "direction"]
     )
+    sealed = GaugeMetricFamily(
+        "hero_link_encrypted",
+        "Per peer link up: 1 if encrypted (TLS 1.3), 0 if cleartext (why: link_encryption).",
+        labels=[*peer_labels, "why"],
+    )
     transport = state.peers.transport
     for peer_id, peer in sorted(state.peers.known.items()):
         labels = _peer_labels(peer)
-        linked = transport is not None and transport.link(peer_id) is not None
-        up.add_metric(labels, 1.0 if linked else 0.0)
+        link = transport.link(peer_id) if transport is not None else None
+        up.add_metric(labels, 1.0 if link is not None else 0.0)
+        if link is not None and transport is not None:
+            why = "" if link.encryption else transport.config.plaintext_why
+            sealed.add_metric([*labels, why], 1.0 if link.encryption else 0.0)
         pending, inflight = scrape.outboxes.get(peer_id, (0, 0))
         outbox.add_metric([*labels, "pending"], float(pending))
         outbox.add_metric([*labels, "inflight"], float(inflight))
@@ -413,7 +424,7 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     )
     gate = transport.gate if transport is not None else None
     unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))
-    return [up, outbox, frames, sizes, unauthenticated]
+    return [up, outbox, frames, sizes, sealed, unauthenticated]
 
 
 def counter_families(state: NodeState) -> Iterable[Metric]:

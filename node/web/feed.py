@@ -129,6 +129,8 @@ class Feed:
                     "last_seen": view.last_seen,
                     "rtt_ms": view.rtt_ms if view.rtt_ms >= 0 else None,
                     "error": view.error,
+                    "encryption": view.encryption,  # "" and why (plaintext): a cleartext link
+                    "plaintext": view.plaintext,
                     "outbox": lens[2 * i],
                     "in_flight": lens[2 * i + 1],
                     "breaker": breakers.state(peer.id).value,

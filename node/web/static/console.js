@@ -93,6 +93,8 @@ function peerCard(s, p) {
     el("h3", {}, p.name || "-", " ", badge(p.link)),
     el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…"),
     fact("since", ago(s.now, p.since)),
+    p.link !== "up" ? null : fact("encryption", p.encryption ? p.encryption
+      : el("span", { class: "badge iso-none" }, "NOT ENCRYPTED: " + p.plaintext)),
     fact("round trip", p.rtt_ms === null ? "—" : p.rtt_ms + " ms"),
     fact("outbox", p.outbox + (p.in_flight ? " (+" + p.in_flight + " unacked)" : "")),
     fact("breaker", el("span", { class: "badge br-" + p.breaker }, p.breaker.replace("_", "-")),
