@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -37,7 +38,9 @@ from node.host.valkey import free_port  # noqa: E402
 ALL_CASES = (1, 2, 3, 4, 5, 6, 7, 9)
 
 
-async def main_async(args: argparse.Namespace, base: Path) -> list[Row]:
+async def main_async(args: argparse.Namespace, base: Path, failed: list[int | str]) -> list[Row]:
+    """Every case asked for, then the peers; the number of each case that failed is appended
+    to ``failed`` (its row says why)."""
     plan = cases.Plan.make(args.quick, args.runs, args.budget)
     plan.profile_dir = args.profile
     plan.inbox = not args.reply_lists
@@ -48,28 +51,36 @@ async def main_async(args: argparse.Namespace, base: Path) -> list[Row]:
         backlogs = cases.Backlogs(env)
         try:
             for number in args.cases:
-                t0 = time.perf_counter()
-                print(f"[bench] case {number} ...", file=sys.stderr, flush=True)
-                try:
-                    found = await run_case(env, backlogs, number)
-                except Exception as exc:  # noqa: BLE001 - report it, go on with the next case
-                    print(f"[bench] case {number} FAILED: {exc!r}", file=sys.stderr, flush=True)
-                    traceback.print_exc()
-                    found = [
-                        Row(f"{number} FAILED", type(exc).__name__, "", [], note=repr(exc)[:300])
-                    ]
-                rows += found
-                print(
-                    f"[bench] case {number} done in {time.perf_counter() - t0:.1f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                rows += await run_listed(number, lambda n: run_case(env, backlogs, n), failed)
         finally:
             await procs.stop_all()
             nursery.cancel_scope.cancel()
     if args.peers:
-        rows += await run_peers(args, base, rows)
+        found = await run_peers(args, base, rows)
+        if any(is_failure(row) for row in found):
+            failed.append("peers")
+        rows += found
     return rows
+
+
+async def run_listed(
+    number: int, run: Callable[[int], Awaitable[list[Row]]], failed: list[int | str]
+) -> list[Row]:
+    """Case ``number``'s rows; a case that raises gives one FAILED row saying why, and its
+    number is appended to ``failed`` (the next case still runs)."""
+    t0 = time.perf_counter()
+    print(f"[bench] case {number} ...", file=sys.stderr, flush=True)
+    try:
+        found = await run(number)
+    except Exception as exc:  # noqa: BLE001 - report it, go on with the next case
+        print(f"[bench] case {number} FAILED: {exc!r}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        found = [Row(f"{number} FAILED", type(exc).__name__, "", [], note=repr(exc)[:300])]
+    if any(is_failure(row) for row in found):
+        failed.append(number)
+    took_s = time.perf_counter() - t0
+    print(f"[bench] case {number} done in {took_s:.1f} s", file=sys.stderr, flush=True)
+    return found
 
 
 async def run_peers(args: argparse.Namespace, base: Path, ours: list[Row]) -> list[Row]:
@@ -85,7 +96,7 @@ async def run_peers(args: argparse.Namespace, base: Path, ours: list[Row]) -> li
         found = await trio.to_thread.run_sync(peers.run_peers, plan, base / "peers", free_port())
     except (RuntimeError, OSError) as exc:
         print(f"[bench] peers FAILED: {exc}", file=sys.stderr, flush=True)
-        return [Row(peers.CASE, "peers", "", [], note=str(exc)[:300])]
+        return [Row(f"{peers.CASE} FAILED", "peers", "", [], note=str(exc)[:300])]
     print(f"[bench] peers done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return peers.peer_rows(found) + peers.ratio_rows(ours, found)
 
@@ -108,6 +119,20 @@ async def run_case(env: cases.Env, backlogs: cases.Backlogs, number: int) -> lis
     else:
         found = await case_replicated(env)
     return found
+
+
+def is_failure(row: Row) -> bool:
+    """Whether ``row`` stands for a case that failed (what main_async and run_peers write)."""
+    return row.case.endswith(" FAILED")
+
+
+def exit_status(failed: list[int | str]) -> int:
+    """The process's exit status: 1 when any case failed, so that a smoke run that lost a case
+    fails (CI runs ``--quick``); a table with a hole is no measurement."""
+    if failed:
+        print(f"[bench] FAILED: {', '.join(map(str, failed))}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 def parse_cases(text: str) -> list[int]:
@@ -166,8 +191,9 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="hero-bench-"))
     started = time.strftime("%Y%m%dT%H%M%S")
     t0 = time.perf_counter()
+    failed: list[int | str] = []
     try:
-        rows = trio.run(main_async, args, base)
+        rows = trio.run(main_async, args, base, failed)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -193,7 +219,7 @@ def main() -> int:
     }
     out.write_text(cases.dumps(report) + "\n")
     print(f"saved {out}")
-    return 0
+    return exit_status(failed)
 
 
 if __name__ == "__main__":

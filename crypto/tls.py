@@ -1,7 +1,10 @@
-"""Self-signed TLS certificates for nodes that also want confidentiality on the wire (wss://).
+"""Self-signed TLS certificates and the TLS contexts of node links (wss://, the default).
 
 Peers do not trust the certificate through a CA: the node handshake binds its fingerprint
-under both nodes' Ed25519 signatures. Key files are written with mode 0600.
+under both nodes' Ed25519 signatures (bus/core/handshake.py), so a relay that terminates TLS
+with a certificate of its own is refused. Both sides require TLS 1.3: every key exchange is an
+ephemeral (EC)DHE, so a node key or certificate key stolen later decrypts no recorded link.
+Key files are written with mode 0600.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from cryptography.x509.oid import NameOID
 from crypto.errors import KeyFileError
 
 VALID_DAYS = 3650
+# forward secrecy: TLS 1.3 has no static-RSA or static-DH key exchange; 1.2 would allow them
+MINIMUM_VERSION = ssl.TLSVersion.TLSv1_3
 
 
 def make_self_signed(cert_path: Path, key_path: Path, common_name: str) -> str:
@@ -68,9 +73,20 @@ def server_context(cert_path: Path, key_path: Path) -> ssl.SSLContext:
             f"fix it with: chmod 600 {key_path}"
         )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.minimum_version = MINIMUM_VERSION
     try:
         context.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError) as exc:
         raise KeyFileError(f"cannot load TLS certificate/key {cert_path}: {exc}") from exc
+    return context
+
+
+def client_context() -> ssl.SSLContext:
+    """An SSL context to dial peers with: TLS 1.3 for confidentiality and forward secrecy.
+    No CA and no host name: the handshake checks, under the peer's node key, the certificate
+    this connection was shown (bus/core/handshake.py ``Session.tls``)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no CA store to load: none is used
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.minimum_version = MINIMUM_VERSION
     return context

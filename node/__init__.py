@@ -7,7 +7,7 @@ Embedding a node in a trio program::
         info = await nursery.start(run_node, config)  # NodeInfo: id, redis_url, ws_url
 
 The names below are imported on first use (PEP 562), so that a process which needs one small
-module of ``node`` (a warm python worker imports ``node.runners.outcomes``) does not load the
+module of ``node`` (a warm python worker imports ``node.slot.outcomes``) does not load the
 whole node.
 """
 

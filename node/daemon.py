@@ -13,6 +13,7 @@ run_node
     ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
     ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
     ├── run_store_tuning     replicated store: fsync, failovers (node/host/store_tuning.py)
+    ├── run_pressure_watch   free disk and store memory: hold new jobs (node/intake/pressure.py)
     ├── per peer
     │   ├── run              the durable outbox to the peer (bus/wire/outbox.py PeerOutbox)
     │   └── dial_forever     when the peer has an address (bus/wire/transport.py)
@@ -40,7 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 
 import trio
@@ -58,35 +59,45 @@ from bus.wire import outbox
 from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
 from crypto import KeyPair, passphrase_from_env, read_key_file, read_signing_key_file
-from crypto.tls import fingerprint, make_self_signed, server_context
 from node.config import NodeConfig
 from node.config.commands import validate_commands
 from node.flows.engine import run_flow_engine
 from node.host.acl import NODE, RUNNER, embedded_spec, role_url
 from node.host.hardening import check_home, ensure_admission_key, is_dumpable
 from node.host.homelock import hold_home
+from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
+from node.intake.admission import raised_bounds
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
+from node.intake.pressure import run_pressure_watch
 from node.intake.supervisor import run_supervisor
+from node.links.encryption import (
+    encryption_fields,
+    migrate_peer_addresses,
+    scheme,
+    warn_legacy,
+    with_encryption,
+)
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
+from node.observe.tracing import tracing
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
-from node.runners.commands import script_commands
 from node.runners.external import run_reaper, run_results
 from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import RunnerSlot, run_runner_process, slots_of, start_in_stages
 from node.runners.recovery import run_retry_scheduler
 from node.runners.sandboxes import find_isolation
 from node.sandbox.probe import Isolation
+from node.slot.commands import script_commands
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -136,6 +147,8 @@ async def _run_node(
         # with a configured Redis the runners use its URL, its users yours (docs/security/valkey.md)
         redis_url = runner_url = config.redis_url
         if config.store.replicated:  # the primary the Sentinels name, followed across failovers
+            if config.store.weak_promise is not None:  # said out loud, as isolation "none" is
+                log.warning("%s", config.store.weak_promise)
             redis_url = role_url(config, "", NODE)
             runner_url = role_url(config, "", RUNNER)
         elif not redis_url:
@@ -144,7 +157,10 @@ async def _run_node(
             redis_url = role_url(config, published, NODE)
             runner_url = role_url(config, published, RUNNER)
         signer = await root.start(run_signer, key)
-        async with open_store(redis_url) as store:
+        async with (
+            open_store(redis_url) as store,
+            tracing(config.tracing, key.public_hex, config.name),
+        ):
             node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
             await _run_services(node, (redis_url, runner_url), stop, task_status)
         root.cancel_scope.cancel()
@@ -161,6 +177,8 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    warn_legacy(config)
+    await migrate_peer_addresses(node.store, config)
     node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)
     contexts: set[int] = set()
     handler = LinkHandler(node, contexts)
@@ -187,8 +205,12 @@ async def _run_services(
     node.peers.transport = transport
     async with trio.open_nursery() as services:
         host = bare_host(config.listen_host)  # "[::1]" names the address ::1
-        port = await services.start(transport.serve, host, config.listen_port)
-        ws_url = link_url("wss" if config.tls else "ws", host, port)
+        try:
+            port = await services.start(transport.serve, host, config.listen_port)
+        except OSError as exc:
+            what, setting = "the link listener", "listen_port"
+            raise listen_error(what, host, config.listen_port, setting, exc) from None
+        ws_url = link_url(scheme(config), host, port)
         registry = Registry(
             node, transport, services, contexts, ws_url=ws_url, redis_url=runner_url
         )
@@ -206,6 +228,10 @@ async def _run_services(
         await services.start(
             registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
         )
+        # room for itself and bounds: node/intake/pressure.py, node/intake/admission.py
+        await services.start(registry.resilient, "pressure", run_pressure_watch, node)
+        for raised in raised_bounds(config):
+            log.warning("queue bound raised: %s", raised)
         if config.store.replicated:
             from node.host.store_tuning import run_store_tuning
 
@@ -274,20 +300,14 @@ async def drain(node: NodeState, services: trio.CancelScope) -> None:
 
 
 def transport_config(config: NodeConfig) -> TransportConfig:
-    """Frame limits and, with ``tls = true``, the listener's certificate (made on first use)."""
+    """Frame limits and link encryption (node/links/encryption.py)."""
     base = TransportConfig(
         max_frame_bytes=config.max_frame_bytes,
         handshake_timeout_s=config.handshake_timeout_s,
         max_pending=config.max_pending_links,
         max_pending_per_address=config.max_pending_links_per_address,
     )
-    if not config.tls:
-        return base
-    cert, key = config.home / "tls.crt", config.home / "tls.key"
-    if not cert.exists() or not key.exists():
-        make_self_signed(cert, key, f"hero-node {config.name}")
-        log.info("created a self-signed TLS certificate %s", cert)
-    return replace(base, ssl_server=server_context(cert, key), tls_fingerprint=fingerprint(cert))
+    return with_encryption(base, config)
 
 
 class Registry:
@@ -304,7 +324,7 @@ class Registry:
         redis_url: str = "",
     ) -> None:
         """``redis_url``: what the runner processes connect with (the ``runner`` user's URL).
-        Raises ConfigError if a [runners] type has no command (node/runners/commands.py)."""
+        Raises ConfigError if a [runners] type has no command (node/slot/commands.py)."""
         self.node = node
         self.transport = transport
         self.nursery = nursery
@@ -380,7 +400,9 @@ class Registry:
 
     async def _start_runners(self, nursery: trio.Nursery, ctx: int, up: trio.Event) -> None:
         iso = self.node.runners.isolation
-        if iso is None or not iso.runs_jobs:  # no sandbox: jobs wait in their queues
+        # no sandbox: no runner; jobs of their types are answered isolation_refused on admission
+        # (node/intake/admission.py unrunnable), those queued before wait for a fixed host
+        if iso is None or not iso.runs_jobs:
             why = iso.why if iso is not None else "isolation unknown"
             log.error("context %d: no runner started, jobs are not run: %s", ctx, why)
             up.set()
@@ -492,7 +514,8 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     """What node:info says of the isolation (hero-node status, the console)."""
     if iso is None:
         return {}
-    return {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 
 async def _publish(node: NodeState, info: NodeInfo) -> None:
@@ -510,6 +533,7 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.identity.signer is None or node.identity.signer.dumpable)),
     } | isolation_fields(node.runners.isolation)
+    fields |= encryption_fields(node.config)
     await registry.publish_node_info(node.store, fields)
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

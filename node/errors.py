@@ -26,6 +26,13 @@ class HomeInUse(NodeError):
         self.pid = pid
 
 
+class ListenError(NodeError):
+    """A port the node must listen on cannot be bound (in use, say): the message names the
+    port, the setting and what to do. Exit 2, as for a home in use: the operator's to fix."""
+
+    exit_code = 2
+
+
 class ValkeyError(NodeError):
     """The embedded Valkey could not be found, started or reached."""
 

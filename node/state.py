@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -298,6 +298,91 @@ class Recent:
     reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
 
 
+# -- what holds intake back (node/intake/pressure.py says when and why) -----------------------
+
+
+class IntakeHold:
+    """Why the node takes no new jobs now (cause -> detail); :meth:`wait_open` returns once
+    nothing holds them, :meth:`wait_changed` at the next change."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+        self._open = trio.Event()
+        self._open.set()
+        self._changed = trio.Event()
+
+    def _change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def hold(self, cause: str, detail: str) -> bool:
+        """Hold new jobs for ``cause``; whether it is new."""
+        new = cause not in self.held
+        self.held[cause] = detail
+        if self._open.is_set():
+            self._open = trio.Event()
+        if new:
+            self._change()
+        return new
+
+    def release(self, cause: str) -> bool:
+        """``cause`` no longer holds new jobs; whether it did."""
+        if self.held.pop(cause, None) is None:
+            return False
+        if not self.held:
+            self._open.set()
+        self._change()
+        return True
+
+    async def wait_open(self) -> None:
+        """Return once nothing holds new jobs (at once if nothing does)."""
+        while self.held:
+            await self._open.wait()
+
+    def text(self) -> str:
+        return "; ".join(f"{cause}: {detail}" for cause, detail in sorted(self.held.items()))
+
+
+@dataclass
+class Inbound:
+    """Messages each peer's link delivered that wait in ``msg_in`` (in this boot's memory: a
+    backlog a restart finds is drained without counting), and a wake-up when the consumer
+    takes some."""
+
+    waiting: dict[str, int] = field(default_factory=dict)
+    _taken: trio.Event = field(default_factory=trio.Event)
+
+    def delivered(self, peer: str, n: int) -> None:
+        """``n`` more (or, negative, fewer) of ``peer``'s messages wait. A link counts a group
+        before it stores it, so the consumer never takes one not counted yet."""
+        if n:
+            self.waiting[peer] = max(0, self.waiting.get(peer, 0) + n)
+
+    def taken(self, peers: Iterable[str]) -> None:
+        """The consumer took these messages (each its peer, "" for none) off ``msg_in``."""
+        for peer in peers:
+            if self.waiting.get(peer, 0) > 0:
+                self.waiting[peer] -= 1
+        self._taken.set()
+        self._taken = trio.Event()
+
+    async def wait_room(self, peer: str, limit: int) -> None:
+        """Return once fewer than ``limit`` messages of ``peer`` wait (0: no limit)."""
+        while limit and self.waiting.get(peer, 0) >= limit:
+            await self._taken.wait()
+
+
+@dataclass
+class Pressure:
+    """What holds intake back (NodeState.pressure)."""
+
+    hold: IntakeHold = field(default_factory=IntakeHold)
+    inbound: Inbound = field(default_factory=Inbound)
+
+
 @dataclass
 class NodeState:
     """The parts of a running node; the daemon builds it and hands each service its parts."""
@@ -317,6 +402,7 @@ class NodeState:
     registry: RegistryCache = field(init=False)
     runners: Runners = field(init=False, default_factory=Runners)
     recent: Recent = field(init=False, default_factory=Recent)
+    pressure: Pressure = field(init=False, default_factory=Pressure)  # node/intake/pressure.py
 
     def __post_init__(self, key: KeyPair, admission_key: bytes, signer: Signer | None) -> None:
         freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)

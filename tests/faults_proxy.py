@@ -28,6 +28,7 @@ class TcpProxy:
         host: str = "127.0.0.1",
         target_host: str = "127.0.0.1",
         delay_s: float = 0.0,
+        record: bool = False,
     ) -> None:
         self.target_port = target_port
         self.target_host = target_host
@@ -35,6 +36,9 @@ class TcpProxy:
         self.port = port or free_port()
         self.url = f"ws://{host}:{self.port}"
         self.delay_s = delay_s
+        # every byte forwarded, each direction apart, when recording (what a path observer sees)
+        self.to_target: bytearray | None = bytearray() if record else None
+        self.to_client: bytearray | None = bytearray() if record else None
         self.accepted = 0  # connections accepted (metrics for the test's report)
         self.upstream_refused = 0  # accepted, but the target was not listening
         self._scope: trio.CancelScope | None = None
@@ -109,12 +113,19 @@ class TcpProxy:
             await client.aclose()
             return
         async with client, upstream, trio.open_nursery() as nursery:
-            for src, dst in ((client, upstream), (upstream, client)):
-                nursery.start_soon(_pump, src, dst, nursery.cancel_scope, self)
+            for src, dst, tape in (
+                (client, upstream, self.to_target),
+                (upstream, client, self.to_client),
+            ):
+                nursery.start_soon(_pump, src, dst, nursery.cancel_scope, self, tape)
 
 
 async def _pump(
-    src: trio.SocketStream, dst: trio.SocketStream, both: trio.CancelScope, proxy: TcpProxy
+    src: trio.SocketStream,
+    dst: trio.SocketStream,
+    both: trio.CancelScope,
+    proxy: TcpProxy,
+    tape: bytearray | None = None,
 ) -> None:
     """Copy src to dst (each chunk ``delay_s`` after it arrived, none while frozen) until either
     side closes; then end both directions."""
@@ -123,6 +134,8 @@ async def _pump(
         if delay_s <= 0:
             async for chunk in src:
                 await proxy.flowing()
+                if tape is not None:
+                    tape += chunk
                 await dst.send_all(chunk)
             return
         # Unbounded: a test's traffic is small, and a bound would add back-pressure to the

@@ -9,6 +9,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+import coredis
+import coredis.exceptions
 import trio
 
 from node.config.store import StoreConfig
@@ -27,7 +30,8 @@ class Rig:
     node: trio.Process
     node_url: str
     client_url: str
-    ready: Ready  # the node's id and websocket URL
+    ready: Ready  # the node's id and websocket URL (and console URL, if it serves one)
+    log: Path  # the node's stderr
 
 
 @asynccontextmanager
@@ -37,6 +41,8 @@ async def replicated_node(
     runners: dict[str, int] | None = None,
     waitaof: tuple[int, int] = (1, 1),
     waitaof_timeout_ms: int = StoreConfig.waitaof_timeout_ms,
+    promise: str = StoreConfig.promise,
+    console_listen: str = "",
 ) -> AsyncIterator[Rig]:
     home = tmp / "node"
     home.mkdir(parents=True)
@@ -49,12 +55,13 @@ async def replicated_node(
             waitaof_local=waitaof[0],
             waitaof_replicas=waitaof[1],
             waitaof_timeout_ms=waitaof_timeout_ms,
+            promise=promise,
         )
         config = init_home(
             home,
             name="r",
             listen_port=0,
-            console_listen="",
+            console_listen=console_listen,
             runners=runners or {"python": 4, "sh": 1},
             store=store,
         )
@@ -72,6 +79,7 @@ async def replicated_node(
                         role_url(config, "", NODE),
                         role_url(config, "", CLIENT),
                         ready,
+                        tmp / "node.log",
                     )
                     nursery.cancel_scope.cancel()
             finally:
@@ -87,3 +95,61 @@ async def replicated_node(
             log.close()
     finally:
         await trio.to_thread.run_sync(servers.stop)
+
+
+async def current_primary(rig: Rig) -> int:
+    """The port of the server the Sentinels name primary (the first that answers)."""
+    for port in rig.servers.sentinel_ports:
+        sentinel: coredis.Redis[str] = coredis.Redis(
+            "127.0.0.1",
+            port,
+            decode_responses=True,
+            username=NODE,
+            password=rig.servers.passwords[NODE],
+        )
+        try:
+            async with sentinel:
+                host_port = await sentinel.sentinel_get_master_addr_by_name(rig.servers.service)
+        except (coredis.exceptions.RedisError, OSError):
+            continue
+        if host_port:
+            return int(host_port[1])
+    raise AssertionError("no Sentinel names a primary")
+
+
+@asynccontextmanager
+async def sentinel_events(
+    rig: Rig, channels: list[str]
+) -> AsyncIterator[trio.MemoryReceiveChannel[str]]:
+    """Every Sentinel's announcements on ``channels`` ("channel text"), in the order they come,
+    subscribed before the block starts (the leader of a failover announces its steps alone)."""
+    send, receive = trio.open_memory_channel[str](1000)  # a failover announces ~20
+    async with trio.open_nursery() as nursery, receive:
+        async with send:
+            for port in rig.servers.sentinel_ports:
+                password = rig.servers.passwords[NODE]
+                await nursery.start(_subscribed, port, password, channels, send.clone())
+        yield receive
+        nursery.cancel_scope.cancel()
+
+
+async def _subscribed(
+    port: int,
+    password: str,
+    channels: list[str],
+    send: trio.MemorySendChannel[str],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    sentinel: coredis.Redis[str] = coredis.Redis(
+        "127.0.0.1", port, decode_responses=True, username=NODE, password=password
+    )
+    # entered once the server confirmed the subscription: a fault injected next is seen
+    try:
+        async with send, sentinel, sentinel.pubsub(channels=channels) as ps:
+            task_status.started()
+            async for message in ps:
+                if message["type"] == "message":
+                    await send.send(f"{message['channel']!s} {message['data']!s}")
+    except* anyio.ClosedResourceError:
+        pass  # coredis's pubsub, cancelled as it unsubscribes (the block ending)

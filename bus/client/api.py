@@ -26,7 +26,7 @@ import trio
 
 from bus.client.inbox import JobResult, ReplyInbox, parse_reply
 from bus.client.plan import job_messages, write_plan
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.core.envelope import sign_message
 from bus.core.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
@@ -44,6 +44,7 @@ from bus.core.models import (
     check_retry_policy,
 )
 from bus.core.noderefs import KnownNode, pick_node
+from bus.core.tracecontext import message_trace
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
 from bus.store import lists, records, registry
@@ -288,20 +289,29 @@ class Client:
         origin = await self.node_id()
         if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
             to = await self.resolve_node(to)
-        messages = job_messages(
-            signer,
-            caller_id,
-            origin=origin,
-            to=to,
-            context_id=context_id,
-            jobs=jobs,
-            timeout_s=timeout_s,
-            timeout_ack_s=timeout_ack_s,
-            timeout_result_s=timeout_result_s,
-            reply_to=self.inbox,
-        )
-        if messages:
-            await self._publish(context_id, messages)
+        span = _producer_span("submit", context_id, caller_id)
+        traceparent, tracestate = spans.outgoing_trace(span)
+        try:
+            messages = job_messages(
+                signer,
+                caller_id,
+                origin=origin,
+                to=to,
+                context_id=context_id,
+                jobs=jobs,
+                timeout_s=timeout_s,
+                timeout_ack_s=timeout_ack_s,
+                timeout_result_s=timeout_result_s,
+                reply_to=self.inbox,
+                traceparent=traceparent,
+                tracestate=tracestate,
+            )
+            if messages:
+                await self._publish(context_id, messages)
+        except BaseException as exc:
+            spans.end(span, "failed", type(exc).__name__)
+            raise
+        spans.end(span, "queued", attributes=_carried(messages))
         return messages
 
     async def _publish(self, context_id: int, messages: list[Message]) -> None:
@@ -387,6 +397,8 @@ class Client:
         request = await records.read_message(self.store, context_id, job.get("message_key", ""))
         origin = await self.node_id()
         body = json.dumps({"job_key": job_key, "request": job.get("message_key", "")})
+        # the stop joins the job's trace: the request's own context when it has a valid one
+        traceparent, tracestate = _request_trace(request)
         message = sign_message(
             Message(
                 id=new_id(),
@@ -399,6 +411,8 @@ class Client:
                 origin=origin,
                 destination=request.get("destination") or origin,
                 nonce=new_nonce(),
+                traceparent=traceparent,
+                tracestate=tracestate,
             ),
             signer,
         )
@@ -586,6 +600,8 @@ class Client:
             detail = ", ".join(strays)
             raise FlowError(f"job(s) {detail} must run in the flow's context {context_id}", strays)
         stamp = now()
+        span = _producer_span("submit_flow", context_id, caller_id)
+        traceparent, tracestate = spans.outgoing_trace(span)
         doc = FlowDoc(
             id=new_id(),
             caller_id=caller_id,
@@ -597,8 +613,15 @@ class Client:
             spec=spec,
             job_ids={j.id: new_id() for j in spec.jobs},
             deadline_s=deadline_s,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
-        await self._store_flow(doc, sign_flow(doc, signer))
+        try:
+            await self._store_flow(doc, sign_flow(doc, signer))
+        except BaseException as exc:
+            spans.end(span, "failed", type(exc).__name__)
+            raise
+        spans.end(span, "stored", attributes={spans.FLOW_ID: str(doc.id)})
         return doc.id
 
     async def _resolve_flow_nodes(self, spec: FlowSpec) -> FlowSpec:
@@ -684,6 +707,34 @@ class Client:
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
             if not await records.wait_flow_progress(self.store, context_id, flow_id, left):
                 raise ClientError(f"flow {flow_id} not final within {timeout_s:g} s")
+
+
+def _producer_span(operation: str, context_id: int, caller_id: int) -> spans.Span | None:
+    """The client's PRODUCER span of one submission, a child of the caller's current span;
+    None unless the application set up OpenTelemetry."""
+    attributes = {
+        spans.DESTINATION: keys.MSG_OUT,
+        spans.CONTEXT: context_id,
+        spans.CALLER: caller_id,
+        "messaging.operation.name": operation,
+    }
+    return spans.start(__name__, f"{operation} {keys.MSG_OUT}", "PRODUCER", attributes=attributes)
+
+
+def _carried(messages: Sequence[Message]) -> dict[str, str | int]:
+    """The span attributes naming what a submission queued (never a script or an env)."""
+    if len(messages) == 1:
+        return {spans.MESSAGE_ID: messages[0].key}
+    return {spans.BATCH_COUNT: len(messages)}
+
+
+def _request_trace(request: Mapping[str, str]) -> tuple[str, str]:
+    """The trace context of a stored request message (its hash) when it is valid, else the
+    caller's own (:func:`spans.outgoing_trace`)."""
+    judged = message_trace(request.get("traceparent", ""), request.get("tracestate", ""))
+    if judged.parent is None:
+        return spans.outgoing_trace(None)
+    return judged.parent.header, judged.tracestate
 
 
 def _stamp(value: str) -> str:

@@ -41,9 +41,12 @@ def job_messages(
     timeout_ack_s: int,
     timeout_result_s: int,
     reply_to: str,
+    traceparent: str = "",
+    tracestate: str = "",
 ) -> list[Message]:
-    """One signed job message per item of ``jobs`` (a job, or the jobs one message carries).
-    Raises ClientError for an item that carries no job."""
+    """One signed job message per item of ``jobs`` (a job, or the jobs one message carries),
+    each in the trace ``traceparent`` names (signed; "" : none). Raises ClientError for an
+    item that carries no job."""
     messages = []
     for item in jobs:
         carried = [item] if isinstance(item, RunnerJob) else list(item)
@@ -65,6 +68,8 @@ def job_messages(
             destination=to,
             nonce=new_nonce(),
             reply_to=reply_to,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         messages.append(sign_message(message, signer))
     return messages

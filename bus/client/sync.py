@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 from bus.client.inbox import JobResult, parse_reply
 from bus.client.plan import job_messages, write_plan
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.models import Message, RunnerJob
 from bus.errors import ClientError
 from bus.store.blocking import BlockingStore
@@ -66,6 +66,7 @@ class SyncClient:
             to = origin
         if len(to) != 64:
             raise ClientError(f"node {to[:80]!r}: give its 64-hex id or 'self'")
+        traceparent, tracestate = spans.outgoing_trace(None)
         messages = job_messages(
             signer,
             caller_id,
@@ -77,6 +78,8 @@ class SyncClient:
             timeout_ack_s=timeout_ack_s,
             timeout_result_s=timeout_result_s,
             reply_to="",
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         for write in write_plan(messages):
             self.store.write_messages(context_id, write.hashes, write.pushed)

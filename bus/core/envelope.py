@@ -13,7 +13,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 from bus.core.errors import ModelError
+from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
+from bus.core.tracecontext import inherited
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
@@ -98,6 +100,30 @@ class ResultBody:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None
+
+
+def build_result(request: Message, body: ResultBody, *, origin: str) -> Message:
+    """The one builder of a result message: ``body`` answering ``request``, sent by ``origin``
+    (the node that ran the job) to the request's origin. Unsigned: each caller signs it with
+    what it holds (the node its key, node/intake/messages.py; a runner process the node's
+    signer, node/host/signer.py). It carries the request's trace context, so the result's way
+    back continues the request's trace (a value the node would drop is not signed again)."""
+    stamp = now()
+    traceparent, tracestate = inherited(request.traceparent, request.tracestate)
+    return Message(
+        id=new_id(),
+        caller_id=request.caller_id,
+        context_id=request.context_id,
+        message=body.encode(),
+        message_type=MessageType.RESULT,
+        created_at=stamp,
+        updated_at=stamp,
+        origin=origin,
+        destination=request.origin,
+        nonce=new_nonce(),
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
 
 
 def reply_text(

@@ -79,6 +79,10 @@ class FlowDoc:
     # seconds after created_at by which the flow must be over (None: the origin node's
     # flow_deadline_s); signed, so no one but the actor can stretch it
     deadline_s: int | None = None
+    # W3C trace context every job of the flow inherits (bus/core/tracecontext.py); signed
+    # when set, judged by the origin node before it passes it on
+    traceparent: str = ""
+    tracestate: str = ""
 
     def __post_init__(self) -> None:
         _deadline_s(self.deadline_s)  # ModelError before anyone signs a bad one
@@ -100,7 +104,12 @@ class FlowDoc:
     def _optional(self) -> _JSON:
         """Signed fields present only when set: a document signed without them verifies
         unchanged."""
-        return {} if self.deadline_s is None else {"deadline_s": self.deadline_s}
+        optional: _JSON = {} if self.deadline_s is None else {"deadline_s": self.deadline_s}
+        if self.traceparent:
+            optional["traceparent"] = self.traceparent
+        if self.tracestate:
+            optional["tracestate"] = self.tracestate
+        return optional
 
     def deadline(self, default_s: int) -> int:
         """When the flow must be over (wall-clock seconds): ``deadline_s`` (else ``default_s``)
@@ -130,8 +139,17 @@ class FlowDoc:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in header.values()):
             raise ModelError("flow document header fields must be integers")
         deadline_s = _deadline_s(d.get("deadline_s"))
+        trace = {k: d[k] for k in ("traceparent", "tracestate") if k in d}
+        if not all(isinstance(v, str) for v in trace.values()):
+            raise ModelError("flow document traceparent and tracestate must be strings")
         return cls(
-            spec=spec, job_ids=job_ids, origin=origin, nonce=nonce, deadline_s=deadline_s, **header
+            spec=spec,
+            job_ids=job_ids,
+            origin=origin,
+            nonce=nonce,
+            deadline_s=deadline_s,
+            **header,
+            **trace,
         )
 
     def job(self, job_id: str) -> FlowJobSpec:

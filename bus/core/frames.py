@@ -86,9 +86,20 @@ class _Signed:
 
 @dataclass(frozen=True, slots=True)
 class Auth(_Signed):
-    """``auth`` (initiator): its signature of the initiator's transcript."""
+    """``auth`` (initiator): its signature of the initiator's transcript, and (optional, not
+    signed apart: the transcript holds it) the fingerprint of the TLS certificate it was shown,
+    so that a responder shown another one can say so instead of only "bad signature"."""
 
     TYPE: ClassVar[str] = "auth"
+    tls: str = ""
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Self:
+        tls = body.get("tls", "")
+        return cls(body["sig"], tls if isinstance(tls, str) else "")
+
+    def encode(self) -> str:
+        return encode_frame(self.TYPE, sig=self.sig, tls=self.tls)
 
 
 @dataclass(frozen=True, slots=True)

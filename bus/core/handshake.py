@@ -28,6 +28,8 @@ from crypto.errors import KeyFormatError
 PROTOCOL_VERSION = 2
 DOMAIN = "handshake"
 NONCE_BYTES = 32
+# what a refusal for a certificate mismatch says, in the log and in the close reason
+CHANNEL_MISMATCH = "TLS certificate mismatch, a relay terminates TLS between us"
 
 
 def new_nonce() -> str:
@@ -40,7 +42,12 @@ class Session:
 
     ``tls`` is the SHA-256 (hex) of the responder's TLS certificate as each side knows it (its
     own, or the one it was shown), empty on plain ws://: a TLS man-in-the-middle who shows its
-    own certificate makes the two transcripts differ, so the signatures do not verify.
+    own certificate makes the two transcripts differ, so the signatures do not verify. That
+    binds the channel: only the holder of the responder's TLS key can show its certificate, and
+    TLS 1.3 proves that possession in every session (CertificateVerify over the handshake), so
+    an initiator whose signature verifies over the responder's certificate talks to the
+    responder itself, not to a relay. The dialler needs no certificate of its own for this:
+    its node-key signature over what it was shown is the check the responder makes.
     """
 
     initiator: str
@@ -84,6 +91,19 @@ def check_hello(
     if known is not None and node not in known:
         raise HandshakeError(Reason.UNKNOWN_NODE, node)
     return node, nonce
+
+
+def check_channel(shown: str, ours: str) -> None:
+    """Raise HandshakeError('bad_signature') when the initiator says it was shown another TLS
+    certificate than the one we present: something between us terminated TLS (a relay with a
+    certificate of its own), so its signature, over what it saw, cannot verify over ours. Said
+    apart so that both logs name the relay, not only a bad signature."""
+    if shown != ours:
+        raise HandshakeError(
+            Reason.BAD_SIGNATURE,
+            f"{CHANNEL_MISMATCH}: the dialler was shown certificate {shown[:16] or 'none'}…, "
+            f"we present {ours[:16] or 'none'}…",
+        )
 
 
 def sign_transcript(key: KeyPair, role: str, session: Session) -> str:

@@ -174,6 +174,18 @@ RESULTS = "results"
 # (bus/store/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by
 # node/observe/metrics.py. In Valkey, not in a node's memory: jobs end in runner processes too.
 STATS_JOBS = "stats:jobs"
+# Queue depth quotas of a context (node/intake/admission.py: queue bounds): the set of each
+# actor's jobs queued and not started yet, and a hash of their counts (field: the actor id, and
+# QUOTA_ALL for the whole context), kept by the scripts that queue and start or stop a job
+# (bus/store/atomic/lua/quota_depth.lua). In Valkey: runner processes start jobs too.
+QUOTA_DEPTH = "quota:depth"
+QUOTA_ALL = "all"
+
+
+def quota_jobs(caller_id: int) -> str:
+    return f"quota:jobs:{caller_id}"
+
+
 # hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
 TYPE_BREAKERS = "type_breakers"
 

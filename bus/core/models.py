@@ -411,7 +411,7 @@ class RunnerJob:
     group: str = ""
     instance: str = ""
     priority: str = ""  # high | normal | low ("": normal)
-    # extension: the retry policy (node/runners/lifecycle.py), signed and stored only when set
+    # extension: the retry policy (node/slot/lifecycle.py), signed and stored only when set
     # like the targeting: which failures are retried (empty: every one) and the backoff
     retry_on: list[str] = field(default_factory=list)
     backoff: str = ""  # exponential | linear ("": exponential)
@@ -516,7 +516,7 @@ class RunnerJob:
         return cls.from_hash(flat)
 
 
-# A retry_on entry: a failure cause (node/runners/lifecycle.py) or an exit code, exit:any for all.
+# A retry_on entry: a failure cause (node/slot/lifecycle.py) or an exit code, exit:any for all.
 RETRY_CAUSE = re.compile(r"timeout|runner_lost|exit:(any|[1-9][0-9]{0,2})")
 BACKOFFS = ("exponential", "linear")
 MAX_BACKOFF_MS = 3_600_000
@@ -564,7 +564,7 @@ def _plain(value: object) -> object:
 # What a stored message (and each job it carries) may leave out: the values from_hash assumes
 # for an absent field, here and in every earlier version (so older readers parse it the same).
 # Every field of the spec is stored (the contract); of the extensions, only what is set.
-_MESSAGE_DEFAULTS = {"reason": "", "reply_to": ""}
+_MESSAGE_DEFAULTS = {"reason": "", "reply_to": "", "traceparent": "", "tracestate": ""}
 _JOB_DEFAULTS: dict[str, object] = {
     "timeout": 60,
     "retries": 0,
@@ -602,6 +602,10 @@ class Message:
     reason: str = ""
     # the client's reply inbox (bus/core/keys.py reply_list); signed when set, stored when set
     reply_to: str = ""
+    # W3C trace context (bus/core/tracecontext.py): signed when set, stored when set; judged
+    # by whoever continues the trace, never by admission (a bad one is dropped, not refused)
+    traceparent: str = ""
+    tracestate: str = ""
 
     FIELDS = (
         "id",
@@ -624,6 +628,8 @@ class Message:
         "signatures",
         "reason",
         "reply_to",
+        "traceparent",
+        "tracestate",
     )
     SIGNED = (
         "id",
@@ -649,8 +655,10 @@ class Message:
         """The immutable fields the signature covers (status, logs, updated_at are not)."""
         content = {name: _plain(getattr(self, name)) for name in self.SIGNED}
         content["job"] = [j.signed_dict() for j in self.job]
-        if self.reply_to:  # signed only when set: messages without one keep their signatures
-            content["reply_to"] = self.reply_to
+        # signed only when set: messages without them keep their signatures
+        for name in _SIGNED_WHEN_SET:
+            if value := getattr(self, name):
+                content[name] = value
         return content
 
     def to_hash(self) -> Hash:
@@ -694,7 +702,13 @@ class Message:
             signatures=signatures,
             reason=h.get("reason", ""),
             reply_to=h.get("reply_to", ""),
+            traceparent=h.get("traceparent", ""),
+            tracestate=h.get("tracestate", ""),
         )
+
+
+# the extensions of a message signed only when non-empty, so older signatures stay valid
+_SIGNED_WHEN_SET = ("reply_to", "traceparent", "tracestate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,6 +116,12 @@ class Reason(StrEnum):
     )
     INVALID_FLOW = "invalid_flow", "A flow document does not describe a valid DAG. Flow trust."
     UNKNOWN_FLOW = "unknown_flow", "A flow event names no flow of the context. The flow engine."
+    QUOTA_EXCEEDED = (
+        "quota_exceeded",
+        "Queuing the message's jobs would take its actor past its queue bound in the context "
+        "(`max_queued_per_actor`), or the context past its own (`max_queued_per_context`; "
+        "`[queue_limits]` per context). Materialise, for admission.",
+    )
     INTERNAL_ERROR = (
         "internal_error",
         "Handling the message raised an unexpected exception (a bug): the message is refused "
@@ -233,6 +239,11 @@ class Reason(StrEnum):
     UNKNOWN_SCRIPT_TYPE = (
         "unknown_script_type",
         "No runner for the job's script type on this node. Materialise.",
+    )
+    ISOLATION_REFUSED = (
+        "isolation_refused",
+        "The node can build no sandbox, so its own runners run no job (the detail says why and "
+        "what to do on that host; `hero-node status` too). Materialise.",
     )
     PREREQUISITE_FAILED = (
         "prerequisite_failed",

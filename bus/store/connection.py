@@ -35,7 +35,7 @@ from bus.store.durable import Barrier
 from bus.store.failover import Failover, dial
 from bus.store.lane import Lane, LaneConnection, Queued, lane_for, transaction
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
-from bus.store.topology import store_topology
+from bus.store.topology import known_replicas, store_topology
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,11 @@ class Store:
     async def topology(self) -> dict[str, Any]:
         """Where this store's primary and replicas are (bus/store/topology.py)."""
         return await store_topology(self._dial_url)
+
+    async def known_replicas(self) -> int:
+        """How many replicas the Sentinels know for this store's set (StoreError if none
+        answers; bus/store/promise.py counts them)."""
+        return await known_replicas(self._dial_url)
 
     async def durable(self, since: int | None = None) -> None:
         """Return once every write made before this call is on disk as the store's URL asks

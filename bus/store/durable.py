@@ -13,6 +13,10 @@ batch. Against a barrier write that saves a round trip and, on a replica, a seco
 series: the replica fsyncs the promise's write while its reply travels, and the
 ``REPLCONF GETACK`` that ``WAITAOF`` sends comes after that write, not with it.
 
+How many replicas' fsyncs a promise waits for is bus/store/promise.py's decision (the promise
+in force: every replica of the set by default); the count is asked of the Sentinels before a
+promise's ``WAITAOF``, at most every ``REFRESH_S`` (one Sentinel round trip then).
+
 The barrier (:meth:`Barrier.wait`) is left for a promise whose writes are not covered by the
 connection that wrote last: a delivery batch whose last message was a redelivery (its message
 stored by an earlier delivery, on another connection, maybe after this batch's own writes and
@@ -23,6 +27,7 @@ wait for the next, which covers all of them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -33,10 +38,17 @@ from bus.core import keys
 from bus.errors import StoreError
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on
 from bus.store.lane import LaneConnection, transaction
+from bus.store.promise import ReplicasWanted
 from bus.store.sentinel import SentinelTarget
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
+
+
+log = logging.getLogger(__name__)
+
+REFUSALS_LOGGED_EVERY = 100  # a store refusing every promise says so once, then every 100th
+COUNT_WAIT_S = 2.0  # longest the Sentinels are waited for when the replicas are counted
 
 
 class NotDurable(StoreError):
@@ -44,10 +56,16 @@ class NotDurable(StoreError):
 
 
 class Barrier:
-    """The durability barrier of one store (``target``: what its URL asks)."""
+    """The durability barrier of one store (``target``: what its URL asks; ``clock``: how the
+    age of the replica count is read, trio's by default)."""
 
-    def __init__(self, target: SentinelTarget) -> None:
+    def __init__(
+        self, target: SentinelTarget, clock: Callable[[], float] = trio.current_time
+    ) -> None:
         self.target = target
+        self.replicas = ReplicasWanted(target.promise, target.waitaof_replicas, clock)
+        self.refused = 0  # promises not given (for /metrics and the log)
+        self._counting = trio.Lock()
         self._lock = trio.Lock()
         self._asked = 0  # tickets handed out
         self._covered = 0  # every ticket up to this one is durable ...
@@ -125,6 +143,27 @@ class Barrier:
             await self.wait(store, since)
         return results
 
+    async def count_replicas(self, store: Store) -> None:
+        """Ask the Sentinels how many replicas the set has, when the promise counts them and
+        the count is older than ``REFRESH_S``; NotDurable if it was never known. A count once
+        known outlives Sentinels that do not answer: it only ever grows."""
+        if not self.replicas.stale():
+            return
+        async with self._counting:
+            if not self.replicas.stale():
+                return
+            try:
+                with trio.fail_after(COUNT_WAIT_S):  # a stalled Sentinel holds no promise long
+                    self.replicas.learn(await store.known_replicas())
+            except (StoreError, trio.TooSlowError) as exc:
+                why = self.replicas.unknown()
+                if why is not None:
+                    self.refused += 1
+                    raise NotDurable(f"redis {store.url}: not durable: {why}: {exc}") from exc
+                log.warning(
+                    "store: replicas not counted again (%s); %d kept", exc, self.replicas.known
+                )
+
     async def _confirm(
         self,
         store: Store,
@@ -139,20 +178,25 @@ class Barrier:
         its fsync of the write, then tells again only a second later (its periodic ack):
         pipelined, a barrier took 620 ms at the median; sent after the write's reply, 0.6 ms
         (loopback, appendfsync always on the replicas)."""
+        await self.count_replicas(store)  # every promise passes here: one place decides
         local = replicas = 0
+        wanted = self.replicas.wanted
         try:  # never sent again: only the server that took the writes can vouch for them
             for wait_ms in self.target.waits_ms():  # a second asks again after the race above
-                ask = (self.target.waitaof_local, self.target.waitaof_replicas, wait_ms)
+                ask = (self.target.waitaof_local, wanted, wait_ms)
                 local, replicas = await connection.create_request(b"WAITAOF", *ask, decode=False)
-                if self.target.confirmed(int(local), int(replicas)):
+                if self.target.confirmed(int(local), int(replicas), wanted):
                     break
         except (coredis.exceptions.RedisError, OSError) as exc:
             self._failed(store, exc)
         if store.epoch != epoch:
             raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
         self.rounds += 1
-        if not self.target.confirmed(int(local), int(replicas)):
-            shortfall = self.target.shortfall(local, replicas)
+        if not self.target.confirmed(int(local), int(replicas), wanted):
+            shortfall = self.target.shortfall(int(local), int(replicas), wanted)
+            if self.refused % REFUSALS_LOGGED_EVERY == 0:
+                log.warning("store: promise not given (%s so far): %s", self.refused + 1, shortfall)
+            self.refused += 1
             raise NotDurable(f"redis {store.url}: not durable: {shortfall}")
 
     @staticmethod

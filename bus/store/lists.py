@@ -97,3 +97,11 @@ async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], t
     """Answer a waiting client on its reply list, which expires after ``ttl_s``."""
     await store.lpush(ctx, reply, *replies)
     await store.expire(ctx, reply, ttl_s)
+
+
+async def quota_depths(store: Store, ctx: int) -> dict[str, int]:
+    """Jobs queued and not started yet in context ``ctx``, by actor id, and under
+    ``keys.QUOTA_ALL`` in all: what the queue bounds count (bus/store/atomic/lua/quota_depth.lua).
+    A field that holds no number (written by hand) reads as 0."""
+    found = await store.hgetall(ctx, keys.QUOTA_DEPTH)
+    return {name: int(v) if v.lstrip("-").isdigit() else 0 for name, v in found.items()}

@@ -235,3 +235,10 @@ async def presence(store: Store, ctx: int, name: str) -> str | None:
 
 async def clear_presence(store: Store, ctx: int, runner_ids: list[str]) -> None:
     await store.delete(ctx, [keys.presence_runner(r) for r in runner_ids])
+
+
+async def memory_use(store: Store) -> tuple[int, int]:
+    """The store's ``used_memory`` and ``maxmemory`` in bytes (INFO memory; maxmemory 0: no
+    bound), what the node's intake hold watches (node/intake/pressure.py)."""
+    info = await store.read(keys.ACTORS_DB, lambda r: r.info("memory"))
+    return int(str(info.get("used_memory", 0))), int(str(info.get("maxmemory", 0)))

@@ -4,7 +4,7 @@ One URL carries everything a process needs to find the primary of a replicated s
 know what "durable" means there, so that the node, its CLI, clients (``bus.open_client``),
 runner processes and external runners, which all take a Redis URL, take this one too::
 
-    redis+sentinel://USER:PASSWORD@HOST:PORT[,HOST:PORT...]/SERVICE[?waitaof=L,R&waitaof_timeout_ms=T]
+    redis+sentinel://USER:PASSWORD@HOST:PORT[,HOST:PORT...]/SERVICE[?waitaof=L,R&waitaof_timeout_ms=T&promise=P]
 
 - ``HOST:PORT``: the Sentinels (at least one must answer; three or more in production);
 - ``SERVICE``: the name they monitor the primary under (``sentinel monitor SERVICE ...``);
@@ -13,13 +13,17 @@ runner processes and external runners, which all take a Redis URL, take this one
 - ``waitaof=L,R``: a promise (a link's ack, a client's submit) is given once ``WAITAOF L R``
   confirms the writes behind it fsynced locally (L = 1) and on R replicas; default ``1,1``;
   ``0,0`` gives promises without waiting (as the embedded single Valkey does);
-- ``waitaof_timeout_ms``: how long that may take before the promise is refused (default 1000).
+- ``waitaof_timeout_ms``: how long that may take before the promise is refused (default 1000);
+- ``promise``: ``every-replica`` (the default: R is raised to every replica the Sentinels know)
+  or ``one-replica`` (R as given, weaker: bus/store/promise.py says what each holds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, unquote
+
+from bus.store.promise import EVERY_REPLICA, PROMISES
 
 SCHEME = "redis+sentinel"
 
@@ -39,6 +43,7 @@ class SentinelTarget:
     waitaof_local: int = 1
     waitaof_replicas: int = 1
     waitaof_timeout_ms: int = 1000
+    promise: str = EVERY_REPLICA
 
     @property
     def durable(self) -> bool:
@@ -51,15 +56,20 @@ class SentinelTarget:
         rest = self.waitaof_timeout_ms - first
         return (first, rest) if rest > 0 else (first,)
 
-    def confirmed(self, local: int, replicas: int) -> bool:
-        """Whether a WAITAOF's reply (local and replica fsyncs) is what this URL asks."""
-        return local >= self.waitaof_local and replicas >= self.waitaof_replicas
+    def confirmed(self, local: int, replicas: int, wanted: int | None = None) -> bool:
+        """Whether a WAITAOF's reply (local and replica fsyncs) is what this URL asks
+        (``wanted``: the replicas its promise counts, bus/store/promise.py; by default
+        ``waitaof_replicas``)."""
+        wanted = self.waitaof_replicas if wanted is None else wanted
+        return local >= self.waitaof_local and replicas >= wanted
 
-    def shortfall(self, local: int, replicas: int) -> str:
+    def shortfall(self, local: int, replicas: int, wanted: int | None = None) -> str:
         """What a WAITAOF that did not confirm (``local``, ``replicas``) fell short of."""
+        wanted = self.waitaof_replicas if wanted is None else wanted
         return (
             f"WAITAOF confirmed {local} local and {replicas} replica fsync(s) in "
-            f"{self.waitaof_timeout_ms} ms; {self.waitaof_local} and {self.waitaof_replicas} wanted"
+            f"{self.waitaof_timeout_ms} ms; {self.waitaof_local} and {wanted} wanted "
+            f"(promise {self.promise})"
         )
 
 
@@ -104,7 +114,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
             raise ValueError(f"{item!r} is not a Sentinel host:port ({form})")
         hosts.append((host.strip("[]"), int(port)))
     options = {k: v[-1] for k, v in parse_qs(query).items()}
-    unknown = set(options) - {"waitaof", "waitaof_timeout_ms"}
+    unknown = set(options) - {"waitaof", "waitaof_timeout_ms", "promise"}
     if unknown:
         raise ValueError(f"unknown {SCHEME} option(s): {', '.join(sorted(unknown))}")
     local, replicas, timeout_ms = 1, 1, 1000
@@ -117,7 +127,12 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
         raise ValueError("waitaof=L,R and waitaof_timeout_ms=T take whole numbers") from None
     if local not in (0, 1) or replicas < 0 or timeout_ms < 0:
         raise ValueError("waitaof=L,R: L is 0 or 1, R >= 0; waitaof_timeout_ms >= 0")
-    return SentinelTarget(tuple(hosts), service, username, password, local, replicas, timeout_ms)
+    promise = options.get("promise", EVERY_REPLICA)
+    if promise not in PROMISES:
+        raise ValueError(f"promise is one of {', '.join(PROMISES)}, got {promise!r}")
+    return SentinelTarget(
+        tuple(hosts), service, username, password, local, replicas, timeout_ms, promise
+    )
 
 
 def sentinel_url(
@@ -127,7 +142,8 @@ def sentinel_url(
     password: str = "",
     **query: str,
 ) -> str:
-    """The URL of a service behind ``sentinels`` (``query``: waitaof, waitaof_timeout_ms)."""
+    """The URL of a service behind ``sentinels`` (``query``: waitaof, waitaof_timeout_ms,
+    promise)."""
     auth = ""
     if username or password:
         auth = f"{quote(username, safe='')}:{quote(password, safe='')}@"

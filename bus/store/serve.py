@@ -50,6 +50,10 @@ class Queue:
     registry: bool = False
     timeout_s: float = POP_TIMEOUT_S
     max_redeliveries: int = MAX_REDELIVERIES
+    # between two pops nothing of this queue is in flight, unless a failover lost its acks
+    # (an old primary that woke took them, then was demoted): recovered then, as at start.
+    # False for a queue whose entries stay in flight past their pop (acknowledged later).
+    recover_after_failover: bool = True
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,10 @@ async def serve_queue(
     any other exception is logged with its traceback and the entry dead-lettered with
     ``handler.flaw``. :class:`StoreError` (Valkey failed) and ``trio.Cancelled`` propagate: the
     service's supervisor (``resilient``) restarts it, and the entries in flight are recovered.
-    What ``recovered``, ``before_pop`` and ``batch`` raise propagates unchanged.
+    They are recovered too, between two pops, when the store saw a failover (its epoch grew):
+    an old primary that woke inside the failover may have taken an entry's acknowledgement and
+    lost it, with no error here. What ``recovered``, ``before_pop`` and ``batch`` raise
+    propagates unchanged.
     """
     await store.recover(
         queue.db, queue.inflight, queue.source, max_redeliveries=queue.max_redeliveries
@@ -126,7 +133,13 @@ async def serve_queue(
 
 async def _serve(store: Store, queue: Queue, handler: Handler[T]) -> NoReturn:
     drained = False  # the last pop left the queue empty
+    epoch = store.epoch
     while True:
+        if queue.recover_after_failover and store.epoch != epoch:
+            epoch = store.epoch  # read first: a failover during the recovery is seen next time
+            await store.recover(
+                queue.db, queue.inflight, queue.source, max_redeliveries=queue.max_redeliveries
+            )
         await handler.before_pop()
         items: list[T] = []
         entries, drained = await pop_entries(store, queue, block_first=drained)

@@ -4,6 +4,7 @@ and the last failover, as the Sentinels and the primary report them."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,8 @@ import coredis.exceptions
 from coredis.connection import TCPLocation
 
 from bus.errors import StoreError
-from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
+from bus.store.promise import ReplicasWanted
+from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 _FAILED = (coredis.exceptions.RedisError, OSError)
 
@@ -43,8 +45,9 @@ async def store_topology(url: str) -> dict[str, Any]:
     (host:port), ``replicas`` (address, link, offset lag in bytes, seconds since their last
     ack), ``sentinels`` (how many the asked one knows, itself included), ``failovers`` (the
     Sentinels' configuration epoch: how many times a primary was elected) and
-    ``primary_for_s`` (how long the current primary has been seen as primary). StoreError if
-    no Sentinel answers."""
+    ``primary_for_s`` (how long the current primary has been seen as primary), ``promise``
+    (:func:`promise_facts`: the promise in force and what it does now). StoreError if no
+    Sentinel answers."""
     if not is_sentinel_url(url):
         return {"mode": "single"}
     target = parse_sentinel_url(url)
@@ -53,10 +56,62 @@ async def store_topology(url: str) -> dict[str, Any]:
     for host, port in target.sentinels:
         try:
             with _as_store_error(f"sentinel {host}:{port}"):
-                return await _ask(TCPLocation(host, port), target.service, auth)
+                facts = await _ask(TCPLocation(host, port), target.service, auth)
+        except StoreError as exc:
+            last = exc
+            continue
+        return facts | {"promise": _promise_of(target, facts["replicas"])}
+    raise StoreError(f"no Sentinel of {target.service} answers: {last}")
+
+
+def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    if not target.durable:
+        now = "promises given without a wait"
+        return {"name": "none", "replicas_wanted": 0, "refusing": False, "now": now}
+    wanted = ReplicasWanted(target.promise, target.waitaof_replicas, time.monotonic)
+    wanted.learn(len(replicas))
+    return promise_facts(target.promise, wanted.wanted, replicas)
+
+
+async def known_replicas(url: str) -> int:
+    """How many replicas the first Sentinel of ``url`` that answers knows for its set, up or
+    down (what a promise ``every-replica`` counts: bus/store/promise.py). StoreError if none
+    answers."""
+    target = parse_sentinel_url(url)
+    last: Exception | None = None
+    for host, port in target.sentinels:
+        try:
+            with _as_store_error(f"sentinel {host}:{port}"):
+                sentinel: coredis.Redis[str] = coredis.Redis(
+                    host,
+                    port,
+                    decode_responses=True,
+                    username=target.username,
+                    password=target.password,
+                )
+                async with sentinel:
+                    return len(await sentinel.sentinel_replicas(target.service))
         except StoreError as exc:
             last = exc
     raise StoreError(f"no Sentinel of {target.service} answers: {last}")
+
+
+def promise_facts(promise: str, wanted: int, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+    """What ``status`` says of the promise in force: its name, the replicas' fsyncs each
+    promise waits for, whether it refuses writes now (fewer replicas up), and what it does
+    now, in words (``replicas``: :func:`store_topology`'s rows)."""
+    down = [r["address"] for r in replicas if r["link"] != "up"]
+    refusing = wanted > len(replicas) - len(down)
+    if refusing:
+        now = (
+            f"writes are refused (not durable): {wanted} replica fsync(s) wanted, "
+            f"{len(replicas) - len(down)} replica(s) up"
+        )
+    elif down:
+        now = f"promises given with {wanted} replica fsync(s); {', '.join(down)} down"
+    else:
+        now = f"promises given with {wanted} replica fsync(s)"
+    return {"name": promise, "replicas_wanted": wanted, "refusing": refusing, "now": now}
 
 
 async def _ask(where: TCPLocation, service: str, auth: dict[str, Any]) -> dict[str, Any]:
@@ -151,10 +206,19 @@ async def _set_fsync(address: str, mode: str, auth: dict[str, Any]) -> None:
 SWITCH_EVENTS = ("+switch-master", "+convert-to-slave")
 
 
-async def watch_failovers(url: str, on_switch: Callable[[str], Awaitable[None]]) -> None:
-    """Call ``on_switch`` with each of the :data:`SWITCH_EVENTS` a Sentinel publishes (its
-    channel, a space, its text), until cancelled; StoreError when the Sentinel goes (the
-    caller restarts it: the next start subscribes to whichever answers)."""
+# A server the Sentinels see go down or come back (a replica down costs promises: promise.py).
+DOWN_EVENTS = ("+sdown", "-sdown")
+
+
+async def watch_failovers(
+    url: str,
+    on_switch: Callable[[str], Awaitable[None]],
+    channels: tuple[str, ...] = SWITCH_EVENTS,
+) -> None:
+    """Call ``on_switch`` with each event on ``channels`` (by default :data:`SWITCH_EVENTS`)
+    a Sentinel publishes (its channel, a space, its text), until cancelled; StoreError when
+    the Sentinel goes (the caller restarts it: the next start subscribes to whichever
+    answers)."""
     target = parse_sentinel_url(url)
     last: Exception | None = None
     for host, port in target.sentinels:
@@ -168,7 +232,7 @@ async def watch_failovers(url: str, on_switch: Callable[[str], Awaitable[None]])
                     password=target.password,
                 )
                 try:
-                    async with sentinel, sentinel.pubsub(channels=list(SWITCH_EVENTS)) as ps:
+                    async with sentinel, sentinel.pubsub(channels=list(channels)) as ps:
                         async for message in ps:
                             if message["type"] == "message":
                                 await on_switch(f"{message['channel']!s} {message['data']!s}")

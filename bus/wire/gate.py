@@ -61,6 +61,14 @@ class Pending(trio.abc.HalfCloseableStream):
         self.scope = trio.CancelScope(deadline=trio.current_time() + gate.limits.deadline_s)
         self.holds_slot = True
         self.upgraded = False  # the websocket upgrade is done (the transport says so)
+        self._head = b""  # what peek() read, handed out again by the next receive_some
+
+    async def peek(self) -> bytes:
+        """The connection's first bytes, read without consuming them (b"" at EOF): the
+        listener tells a TLS client from a cleartext one by them (bus/wire/transport.py)."""
+        if not self._head:
+            self._head = bytes(await self.receive_some())
+        return self._head
 
     @property
     def timed_out(self) -> bool:
@@ -70,6 +78,11 @@ class Pending(trio.abc.HalfCloseableStream):
         """The peer proved itself: give back the slot and lift the deadline."""
         self.scope.deadline = math.inf
         self.gate.release(self)
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The connection's socket (trio-websocket reads the peer's address from it)."""
+        return self.stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.stream.send_all(data)
@@ -81,6 +94,10 @@ class Pending(trio.abc.HalfCloseableStream):
         await self.stream.send_eof()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._head:
+            size = len(self._head) if max_bytes is None else max_bytes
+            data, self._head = self._head[:size], self._head[size:]
+            return data
         data = await self.stream.receive_some(max_bytes)
         if not data and self.holds_slot:
             self.scope.cancel()  # the client left before authenticating: nothing to wait for

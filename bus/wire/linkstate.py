@@ -29,6 +29,9 @@ class LinkState:
     last_seen: int = 0
     rtt_ms: float = -1.0
     error: str = ""
+    # what protects the last link that came up ("TLSv1.3 <cipher>"), or "" and why not
+    encryption: str = ""
+    plaintext: str = ""
 
 
 class LinkStates:
@@ -44,10 +47,12 @@ class LinkStates:
     def _touch(self) -> None:
         self.changed.set()
 
-    def up(self, peer_id: str) -> None:
+    def up(self, peer_id: str, encryption: str = "", plaintext: str = "") -> None:
+        """A link came up, protected by ``encryption`` ("" for cleartext, ``plaintext`` why)."""
         state = self._of(peer_id)
         stamp = now()
         state.state, state.since, state.last_seen, state.error = UP, stamp, stamp, ""
+        state.encryption, state.plaintext = encryption, plaintext
         self._touch()
 
     def down(self, peer_id: str, error: str) -> None:

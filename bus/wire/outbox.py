@@ -15,10 +15,11 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.frames import MAX_BATCH, encode_msg_item, encode_msgs, msgs_frame_size
 from bus.core.models import Hash
 from bus.core.reasons import Reason
+from bus.core.tracecontext import MessageTrace, message_trace
 from bus.errors import ContentError, Refused, TransportError
 from bus.store import lists
 from bus.store.connection import Store
@@ -122,8 +123,13 @@ class PeerOutbox:
         on a link that went down unacknowledged is sent again on the next one (recovered when
         serving starts on it)."""
         task_status.started()
-        queue = Queue(
-            keys.ACTORS_DB, self.source, self.inflight, read=False, max_redeliveries=MAX_RESENDS
+        queue = Queue(  # entries stay in flight until the peer acks: recovered per link
+            keys.ACTORS_DB,
+            self.source,
+            self.inflight,
+            read=False,
+            max_redeliveries=MAX_RESENDS,
+            recover_after_failover=False,
         )
         while True:
             link = await self.transport.wait_link(self.peer_id)
@@ -139,10 +145,30 @@ class PeerOutbox:
     async def send(self, link: Link, entries: list[tuple[int, str, str]]) -> None:
         """Send what one pop took from the outbox in ``msgs`` frames: each batch is what was
         queued at that moment (nothing waits for a batch to fill), split by count and bytes."""
-        items = await self._encode(await self._load(entries))
+        traces: list[MessageTrace] | None = [] if spans.recording() else None
+        items = await self._encode(await self._load(entries), traces)
+        sent = 0
         for chunk in self._chunks(items):
             await self.window.acquire(len(chunk), self.ack_timeout_s)
-            await link.send_raw(encode_msgs(chunk))
+            span = self._frame_span(traces[sent : sent + len(chunk)] if traces else [])
+            sent += len(chunk)
+            try:
+                await link.send_raw(encode_msgs(chunk))
+            except BaseException as exc:
+                spans.end_error(span, exc)
+                raise
+            spans.end(span, "sent")
+
+    def _frame_span(self, traces: list[MessageTrace]) -> spans.Span | None:
+        """The span of one ``msgs`` frame to the peer, linked to the messages it carries."""
+        links = [spans.link_to(t.parent) for t in traces if t.parent is not None]
+        attributes = {
+            spans.PEER: self.peer_id,
+            spans.BATCH_COUNT: len(traces),
+            spans.DESTINATION: self.peer_id,
+        }
+        name = f"send {self.peer_id[:16]}"
+        return spans.start(__name__, name, "PRODUCER", attributes=attributes, links=links)
 
     async def _load(
         self, entries: list[tuple[int, str, str]]
@@ -171,13 +197,19 @@ class PeerOutbox:
             found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
         return [(value, found.get(value)) for _, _, value in entries]
 
-    async def _encode(self, loaded: list[tuple[str, Hash | str | None]]) -> list[str]:
-        """The ``msgs`` items of the entries that can be sent; the others leave the outbox."""
+    async def _encode(
+        self, loaded: list[tuple[str, Hash | str | None]], traces: list[MessageTrace] | None
+    ) -> list[str]:
+        """The ``msgs`` items of the entries that can be sent; the others leave the outbox.
+        ``traces`` (when spans are recorded) gets the trace of each item's message."""
         items: list[str] = []
         for value, fields in loaded:
             item = await self._encode_one(value, fields)
             if item is not None:
                 items.append(item)
+                if traces is not None and isinstance(fields, dict):
+                    trace = fields.get("traceparent", ""), fields.get("tracestate", "")
+                    traces.append(message_trace(*trace))
         return items
 
     async def _encode_one(self, value: str, fields: Hash | str | None) -> str | None:

@@ -1,5 +1,9 @@
 """Websocket links between nodes: mutual authentication, then JSON frames in both directions.
 
+Links are TLS 1.3 (wss://) when the node serves TLS and ``require_tls`` (the node's default,
+node/links/encryption.py): the listener answers a cleartext dialler ``426 Upgrade Required``
+with the reason, the dialler names a cleartext listener, and neither falls back to cleartext.
+
 :class:`Transport` owns the links. It listens (``serve``), dials each peer with backoff
 (``dial_forever``), runs the handshake of :mod:`bus.core.handshake` on every new connection and
 hands each authenticated data frame to the ``on_frame`` callback. Nothing touches Redis before
@@ -8,6 +12,7 @@ a peer has authenticated: the set of known peers is held in memory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -49,6 +54,7 @@ from bus.errors import FrameError, HandshakeError, TransportError
 from bus.wire.gate import Gate, GatedListener, GateLimits, Pending
 from bus.wire.linkstate import LinkStates
 from crypto import KeyPair
+from crypto.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,10 @@ class TransportConfig:
     ssl_server: ssl.SSLContext | None = None  # listen on wss:// with this context
     ssl_client: ssl.SSLContext | None = None  # for dialling wss:// addresses
     tls_fingerprint: str = ""  # SHA-256 hex of our own TLS certificate (DER), if we serve TLS
+    # dial every peer over TLS, a ws:// address as wss://: no link is cleartext unless the
+    # node says so out loud (node/links/encryption.py)
+    require_tls: bool = False
+    plaintext_why: str = "TLS not configured"  # shown beside a cleartext link (status, /metrics)
     # connections not yet authenticated, in total and per source address (bus/wire/gate.py)
     max_pending: int = 256
     max_pending_per_address: int = 16
@@ -114,6 +124,7 @@ class Link:
     peer_id: str
     ws: WebSocketConnection
     initiator: bool
+    encryption: str = ""  # "TLSv1.3 <cipher>", "" on a cleartext link (see :func:`channel`)
     closed: trio.Event = field(default_factory=trio.Event)
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
@@ -156,12 +167,76 @@ class Link:
 
 
 def default_client_tls() -> ssl.SSLContext:
-    """TLS for confidentiality only: peers are authenticated by the handshake, which binds the
-    certificate it was shown (see :class:`bus.core.handshake.Session`), not by a CA."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
+    """TLS 1.3 without a CA: peers are authenticated by the handshake, which binds the
+    certificate it was shown (see :class:`bus.core.handshake.Session`). One per dial: it
+    keeps that dial's TLS handshake error (:class:`_HandshakeWitness`)."""
+    context = client_context()
+    context.sslobject_class = _HandshakeWitness
     return context
+
+
+class _HandshakeWitness(ssl.SSLObject):
+    """Keeps a failed TLS handshake's error on its context (``handshake_error``): a dial then
+    says why. trio-websocket turns that failure into a closed connection and waits for its
+    connect timeout, so a wss:// dial to a cleartext listener would only say "timed out"."""
+
+    def do_handshake(self) -> None:
+        try:
+            super().do_handshake()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise  # trio feeds the TLS object and calls again: not a failure
+        except ssl.SSLError as exc:
+            self.context.handshake_error = exc  # type: ignore[attr-defined]
+            raise
+
+
+def channel(ws: WebSocketConnection) -> str:
+    """What protects a connection: its TLS version and cipher, or "" when it is cleartext."""
+    stream = getattr(ws, "_stream", None)  # trio-websocket keeps the transport stream here
+    if not isinstance(stream, trio.SSLStream):
+        return ""
+    cipher = stream.cipher()
+    return f"{stream.version()} {cipher[0]}" if cipher else str(stream.version())
+
+
+TLS_RECORD_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello
+PLAINTEXT_REFUSED = (
+    "this hero-node encrypts its links (TLS 1.3) and refuses cleartext: dial it at wss://, "
+    "from a hero-node with link encryption (an older one dials ws:// only)"
+)
+# what a dialler of cleartext meets at a TLS listener (the old node's log shows the body)
+PLAINTEXT_ANSWER = (
+    "HTTP/1.1 426 Upgrade Required\r\nUpgrade: TLS/1.3\r\nConnection: close\r\n"
+    f"Content-Type: text/plain\r\nContent-Length: {len(PLAINTEXT_REFUSED)}\r\n\r\n"
+    f"{PLAINTEXT_REFUSED}"
+).encode()
+MAX_REQUEST_HEAD = 16 * 1024
+# said by the dialler when a wss:// dial meets no TLS: what it names as the likely cause
+NO_TLS_HINT = (
+    "the peer does not speak TLS: an older hero-node (cleartext ws:// only) or one with "
+    'link_encryption = "none"; this node never falls back to cleartext'
+)
+
+
+def tls_hint(exc: BaseException) -> str:
+    """The cause of a failed wss:// dial, when it says the peer answered without TLS (a
+    cleartext HTTP answer read as a TLS record, or a close in the middle of the TLS
+    handshake); "" otherwise."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLError) and cur.reason in (
+            "WRONG_VERSION_NUMBER",
+            "RECORD_LAYER_FAILURE",
+            "UNEXPECTED_EOF_WHILE_READING",
+            "HTTP_REQUEST",
+        ):
+            return NO_TLS_HINT
+        if isinstance(cur, ssl.SSLEOFError):
+            return NO_TLS_HINT
+        cur = cur.__cause__ or cur.__context__
+    return ""
 
 
 def peer_certificate_fingerprint(ws: WebSocketConnection) -> str:
@@ -322,6 +397,7 @@ class Transport:
             disconnect_timeout=self.config.handshake_timeout_s,
         )
         server.on_timeout = partial(self._count_refused, "TooSlowError")
+        server.screen = partial(self._screen, self.config.ssl_server is not None)
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             task_status.started(sockets[0].socket.getsockname()[1])
@@ -330,6 +406,38 @@ class Transport:
 
     def _is_peer_host(self, address: str) -> bool:
         return address in self._peer_hosts.values()
+
+    async def _screen(self, tls: bool, pending: Pending) -> bool:
+        """Whether a new connection speaks what this listener serves (TLS, or cleartext when
+        the node's links are unencrypted), told by its first byte. A cleartext dialler of a
+        TLS listener is answered 426 with the reason (an older node logs it); a TLS dialler
+        of a cleartext listener is closed. Either is logged and counted here, never served."""
+        head = await pending.peek()
+        if not head or (head[0] == TLS_RECORD_HANDSHAKE) == tls:
+            return bool(head)
+        if tls:
+            await _answer_plaintext(pending, head)
+            reason, what = (
+                "plaintext_dialler",
+                (
+                    "it speaks cleartext ws:// (an older hero-node, or one with "
+                    'link_encryption = "none"); answered 426 Upgrade Required'
+                ),
+            )
+        else:
+            reason, what = (
+                "tls_dialler",
+                "it speaks TLS, and this node's links are not encrypted "
+                f"({self.config.plaintext_why})",
+            )
+        self._count_refused(reason)
+        log.warning(
+            "connection from %s refused before any frame: %s",
+            pending.address,
+            what,
+            extra={"reason": reason, "remote": pending.address},
+        )
+        return False
 
     async def _accept(self, request: WebSocketRequest) -> None:
         """Handle one inbound connection; nothing it does may take the listener down."""
@@ -352,12 +460,13 @@ class Transport:
                 peer_id = await self._respond(ws)
         except (HandshakeError, TransportError, trio.TooSlowError, ConnectionClosed) as exc:
             reason = self._refuse(ws, "inbound", exc)
-            # the token only (no detail): the dialler's log then says why it was refused
-            await ws.aclose(code=1008, reason=f"handshake refused: {reason}")
+            # the token only (no detail), but for a relay: the dialler's log then says why
+            said = f": {hs.CHANNEL_MISMATCH}" if hs.CHANNEL_MISMATCH in str(exc) else ""
+            await ws.aclose(code=1008, reason=f"handshake refused: {reason}{said}")
             return
         if pending is not None:
             pending.authenticated()
-        await self._run_link(Link(peer_id, ws, initiator=False))
+        await self._run_link(Link(peer_id, ws, initiator=False, encryption=channel(ws)))
 
     async def _respond(self, ws: WebSocketConnection) -> str:
         hello = await self._receive(ws, Hello)
@@ -371,6 +480,8 @@ class Transport:
         await ws.send_message(Hello(hs.PROTOCOL_VERSION, self.node_id, n_r).encode())
         session = hs.Session(peer_id, self.node_id, n_i, n_r, self.config.tls_fingerprint)
         auth = await self._receive(ws, Auth)
+        if auth.tls:  # an older dialler sends none: its signature alone then decides
+            hs.check_channel(auth.tls, self.config.tls_fingerprint)
         hs.verify_transcript(auth.sig, peer_id, "initiator", session)
         sig = hs.sign_transcript(self.key, "responder", session)
         await ws.send_message(Welcome(sig).encode())
@@ -406,11 +517,14 @@ class Transport:
                 TransportError,
                 trio.TooSlowError,
             ) as exc:
-                log.info(
+                said = describe(exc)
+                log.log(
+                    # a peer that cannot speak to us until one side is upgraded or set: loud
+                    logging.WARNING if NO_TLS_HINT in said or "426" in said else logging.INFO,
                     "link to %s… (%s) failed: %s",
                     peer_id[:16],
-                    address,
-                    describe(exc),
+                    self.dial_url(address),
+                    said,
                     extra={
                         "peer": peer_id,
                         "address": address,
@@ -429,8 +543,31 @@ class Transport:
         if self.link(peer_id) is None:  # a link the peer dialled may be up meanwhile
             self.states.down(peer_id, describe(exc))
 
+    def dial_url(self, address: str) -> str:
+        """What a peer's address is dialled as: with ``require_tls``, a ws:// address as
+        wss:// (its listener serves TLS, or the dial fails with the reason: never cleartext)."""
+        if self.config.require_tls and address.startswith("ws://"):
+            return "wss://" + address.removeprefix("ws://")
+        return address
+
     async def _dial_once(self, peer_id: str, address: str) -> None:
         ssl_context = self.config.ssl_client or default_client_tls()
+        address = self.dial_url(address)
+        try:
+            await self._dial_link(peer_id, address, ssl_context)
+            return
+        except (WsHandshakeError, ConnectionClosed):
+            failed = getattr(ssl_context, "handshake_error", None)
+            if failed is None or not address.startswith("wss://"):
+                raise
+        hint = tls_hint(failed)
+        # raised out of the handler: its context, trio-websocket's connect timeout, would only
+        # mislead the log line (describe() reads it)
+        raise TransportError(
+            f"TLS handshake with {address} failed: {failed}" + (f" ({hint})" if hint else "")
+        )
+
+    async def _dial_link(self, peer_id: str, address: str, ssl_context: ssl.SSLContext) -> None:
         async with open_websocket_url(
             address,
             ssl_context if address.startswith("wss://") else None,
@@ -444,15 +581,17 @@ class Transport:
             except HandshakeError as exc:
                 self._refuse(ws, "outbound", exc)
                 raise
-            await self._run_link(Link(peer_id, ws, initiator=True))
+            await self._run_link(Link(peer_id, ws, initiator=True, encryption=channel(ws)))
 
     async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
         n_i = hs.new_nonce()
         await ws.send_message(Hello(hs.PROTOCOL_VERSION, self.node_id, n_i).encode())
         hello = await self._receive(ws, Hello)
         _, n_r = hs.check_hello(hello, known=None, expected=peer_id)
-        session = hs.Session(self.node_id, peer_id, n_i, n_r, peer_certificate_fingerprint(ws))
-        await ws.send_message(Auth(hs.sign_transcript(self.key, "initiator", session)).encode())
+        shown = peer_certificate_fingerprint(ws)
+        session = hs.Session(self.node_id, peer_id, n_i, n_r, shown)
+        sig = hs.sign_transcript(self.key, "initiator", session)
+        await ws.send_message(Auth(sig, tls=shown).encode())
         welcome = await self._receive(ws, Welcome)
         hs.verify_transcript(welcome.sig, peer_id, "responder", session)
 
@@ -549,7 +688,16 @@ class Transport:
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
         self._register(link)
-        self.states.up(link.peer_id)
+        self.states.up(
+            link.peer_id, link.encryption, "" if link.encryption else self.config.plaintext_why
+        )
+        if not link.encryption:
+            log.warning(
+                "link %s %s… is NOT encrypted (%s)",
+                "to" if link.initiator else "from",
+                link.peer_id[:16],
+                self.config.plaintext_why,
+            )
         self._on_link(link.peer_id, True)
         try:
             async with trio.open_nursery() as nursery:
@@ -579,6 +727,7 @@ class _GatedServer(WebSocketServer):
     the connection at once (trio-websocket would wait for its connect timeout in CLOSE-WAIT)."""
 
     on_timeout: Callable[[], None] = staticmethod(lambda: None)
+    screen: Callable[[Pending], Awaitable[bool]] | None = None  # Transport._screen
 
     @property
     def listeners(self) -> list[str]:  # type: ignore[override]  # only for its debug log
@@ -591,7 +740,8 @@ class _GatedServer(WebSocketServer):
             return
         try:
             with inner.scope:
-                await super()._handle_connection(stream)
+                if self.screen is None or await self.screen(inner):
+                    await super()._handle_connection(stream)
             # past the upgrade, the handshake counts its own timeout (as a refusal)
             if inner.scope.cancelled_caught and not inner.upgraded and inner.timed_out:
                 self.on_timeout()
@@ -599,3 +749,17 @@ class _GatedServer(WebSocketServer):
             inner.gate.release(inner)
             with trio.CancelScope(shield=True, deadline=trio.current_time() + 1):
                 await stream.aclose()
+
+
+async def _answer_plaintext(pending: Pending, head: bytes) -> None:
+    """Answer a cleartext request ``426 Upgrade Required`` with the reason, after reading its
+    head: a close with the request unread would reset the connection, and the answer with it."""
+    request = bytearray(head)
+    while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_HEAD:
+        more = await pending.receive_some()
+        if not more:
+            return
+        request += more
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await pending.send_all(PLAINTEXT_ANSWER)
+        await pending.send_eof()

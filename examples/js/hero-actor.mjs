@@ -237,8 +237,20 @@ function buildMessage(opts, origin) {
     destination: opts.to === "self" ? origin : opts.to,
     nonce: crypto.randomBytes(16).toString("hex"),
     job: [job],
+    // the trace this job belongs to (PROTOCOL.md 4.5), signed with the rest
+    traceparent: opts.traceparent ?? newTraceparent(),
   };
+  if (opts.tracestate) signed.tracestate = opts.tracestate;
   return { signed, now };
+}
+
+// -- trace context (PROTOCOL.md 4.5) ---------------------------------------------------------
+
+const TRACEPARENT = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+// A new trace: random ids, flags 00 (nobody recorded a parent span).
+function newTraceparent() {
+  return `00-${crypto.randomBytes(16).toString("hex")}-${crypto.randomBytes(8).toString("hex")}-00`;
 }
 
 // The stored hash: every integer as decimal text, the job list and signatures as JSON.
@@ -263,7 +275,9 @@ async function submit(opts) {
     const messageKey = `message:${signed.caller_id}:${signed.id}`;
     await redis.call("HSET", messageKey, ...storedHash(signed, signature, now));
     await redis.call("LPUSH", "msg_out", messageKey);
-    console.error(`submitted ${messageKey} (job:${signed.caller_id}:${signed.job[0].id})`);
+    console.error(
+      `submitted ${messageKey} (job:${signed.caller_id}:${signed.job[0].id}) in trace ${signed.traceparent}`,
+    );
     const popped = await redis.call("BLPOP", `reply:${messageKey}`, opts.wait);
     if (popped === null) {
       console.error(`no reply within ${opts.wait} s`);
@@ -320,6 +334,16 @@ function parseOptions(argv) {
   for (const required of ["key", "actor", "script"]) {
     if (opts[required] === undefined) throw new UsageError(`submit needs --${required}`);
   }
+  // a caller inside a trace hands it on (W3C TRACEPARENT/TRACESTATE, as the environment
+  // variables of OpenTelemetry's conventions name them); a node checks it again anyway
+  opts.traceparent ??= process.env.TRACEPARENT;
+  opts.tracestate ??= process.env.TRACESTATE;
+  if (opts.traceparent !== undefined && !TRACEPARENT.test(opts.traceparent)) {
+    throw new UsageError("--traceparent takes 00-<32 hex>-<16 hex>-<2 hex> (W3C, lowercase)");
+  }
+  if (opts.tracestate !== undefined && Buffer.byteLength(opts.tracestate) > 512) {
+    throw new UsageError("--tracestate takes at most 512 bytes");
+  }
   if (opts.to !== "self" && !/^[0-9a-f]{64}$/.test(opts.to)) {
     throw new UsageError("--to takes 'self' or a node id (64 lowercase hex characters)");
   }
@@ -332,7 +356,7 @@ async function main(argv) {
   if (command === "pubkey" && rest.length === 1) return console.log(loadKey(rest[0]).publicHex) ?? 0;
   if (command === "selftest" && rest.length === 1) return selftest(rest[0]);
   if (command === "submit") return submit(parseOptions(rest));
-  throw new UsageError("usage: hero-actor.mjs keygen|pubkey KEYFILE | submit --key F --actor ID --script S | selftest DIR");
+  throw new UsageError("usage: hero-actor.mjs keygen|pubkey KEYFILE | submit --key F --actor ID --script S [--traceparent TP] | selftest DIR");
 }
 
 main(process.argv.slice(2)).then(

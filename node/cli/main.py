@@ -182,15 +182,26 @@ def _add_local_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private t
         "0 or 1) and R replicas (default 1,1; 0,0: no wait)",
     )
     s.add_argument(
+        "--promise",
+        choices=("every-replica", "one-replica"),
+        default="every-replica",
+        help="with --sentinel: every-replica (R raised to every replica of the set: a failover "
+        "loses no promise) or one-replica (R as given; weaker: docs/operate/promise.md)",
+    )
+    s.add_argument(
         "--actor", type=int, default=1, dest="actor_id", help="id of this home's default actor"
     )
     hidden_alias(s, "--actor-id", type=int, dest="actor_id")
     s.add_argument(
-        "--tls",
-        action="store_true",
-        help="listen on wss:// (self-signed certificate, bound "
-        "in the node handshake; peers then dial wss://host:port)",
+        "--link-encryption",
+        choices=("tls", "none"),
+        default="tls",
+        help='links to peers: "tls" (the default: TLS 1.3, a self-signed certificate bound in '
+        'the node handshake; peers dial wss://host:port) or "none" (cleartext: anyone on the '
+        "path reads every job; warned about at every start)",
     )
+    # links are TLS by default now: --tls asks for what is done anyway
+    hidden_alias(s, "--tls", action="store_const", const="tls", dest="link_encryption")
     s.add_argument(
         "--console",
         default=None,
@@ -254,6 +265,7 @@ def cmd_init(args: argparse.Namespace) -> int:
                 "waitaof_local": int(local),
                 "waitaof_replicas": int(replicas),
                 "waitaof_timeout_ms": StoreConfig().waitaof_timeout_ms,
+                "promise": args.promise,
             }
         )
     config = init_home(
@@ -264,7 +276,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         passphrase=passphrase_from_env(),
         force=args.force,
         actor_id=args.actor_id,
-        tls=args.tls,
+        link_encryption=args.link_encryption,
         console_listen=args.console,
         store=store,
     )
@@ -273,8 +285,13 @@ def cmd_init(args: argparse.Namespace) -> int:
     print(f"initialised {config.home}")
     print(f"  node id:    {node_key.public_hex}")
     print(f"  actor {config.actor_id}:    {actor_key.public_hex}")
-    scheme = "wss" if config.tls else "ws"
-    print(f"  listen:     {scheme}://{config.listen_host}:{config.listen_port}")
+    from node.links.encryption import PLAINTEXT_WHY, encrypted, scheme
+
+    print(f"  listen:     {scheme(config)}://{config.listen_host}:{config.listen_port}")
+    if encrypted(config):
+        print("  links:      encrypted (TLS 1.3, certificate bound to the node key)")
+    else:
+        print(f"  links:      NOT ENCRYPTED ({PLAINTEXT_WHY}): the path reads every job")
     if config.store.replicated:
         print(f"  store:      {', '.join(config.store.sentinels)} ({config.store.service})")
         print("              its servers' ACL users: hero-node store-acl data|replica|sentinel")
@@ -288,6 +305,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     iso = probe_config(config)
     print(f"  isolation:  {config.isolation} -> {iso.mode} ({iso.why}; limits by {iso.limits})")
     print(f"              {explain(iso)}")
+    if iso.fix:
+        print(f"  to fix:     {iso.fix}")
+    print(f"  bwrap:      {iso.bwrap_info}")
     print("start it with: hero-node run" + (f" --home {config.home}" if args.home else ""))
     return 0
 

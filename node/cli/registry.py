@@ -137,6 +137,9 @@ async def peer_facts(client: Client) -> list[dict[str, object]]:
                 "last_seen": link.get("last_seen", 0),
                 "rtt_ms": link.get("rtt_ms", -1),
                 "error": link.get("error", ""),
+                # what protects the link ("TLSv1.3 <cipher>"), or "" and why it is cleartext
+                "encryption": link.get("encryption", ""),
+                "plaintext": link.get("plaintext", ""),
                 "breaker": breakers.get(peer.id, {"state": "closed", "failures": 0}),
             }
         )
@@ -158,7 +161,8 @@ def link_text(peer: dict[str, object], now: float) -> str:
     if state == "up":
         rtt = float(str(peer["rtt_ms"]))
         rtt_text = f"rtt {rtt:.1f} ms" if rtt >= 0 else "rtt ?"
-        return f"up, seen {ago(peer['last_seen'], now)}, {rtt_text}"
+        sealed = peer.get("encryption") or f"NOT ENCRYPTED ({peer.get('plaintext') or '?'})"
+        return f"up, seen {ago(peer['last_seen'], now)}, {rtt_text}, {sealed}"
     if state == "down":
         return f"down since {ago(peer['since'], now)}: {peer['error'] or 'link closed'}"
     return "unknown (not dialled nor heard from since the node started)"

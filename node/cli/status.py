@@ -13,10 +13,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bus.core import ids, keys
+from bus.store.promise import ONE_REPLICA
 from node.cli.common import with_client
 from node.cli.output import node_facts, print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
+from node.intake.pressure import HELD_FIELD
+from node.observe.quotas import quota_text
 
 if TYPE_CHECKING:
     from bus.client.api import Client
@@ -63,7 +66,15 @@ def print_text(facts: dict[str, Any]) -> None:
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
         f"{info.get('limits', '?')}{loud}"
     )
+    if info.get("isolation_fix"):
+        print(f"  to run jobs here: {info['isolation_fix']}")
+    if info.get("bwrap"):
+        print(f"  bwrap {info['bwrap']}")
+    if info.get("link_encryption") == "none":
+        print(f"  links NOT ENCRYPTED ({info.get('link_encryption_why', '')}): the path reads jobs")
     print_store(facts.get("store", {}))
+    held = info.get(HELD_FIELD, "")
+    print(f"  intake HELD, new jobs wait: {held}" if held else "  intake open")
     now = ids.now_ms() / 1000
     for peer in facts["peers"]:
         print(
@@ -75,6 +86,7 @@ def print_text(facts: dict[str, Any]) -> None:
         lens = [f"{name}={length}" for name, length in of_ctx["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
         print(f"    {_disk_text(facts.get('disks', {}).get(str(ctx)))}")
+        print(f"    {quota_text(of_ctx['quotas'])}")
         for runner in of_ctx["runners"]:
             where = "local" if runner["local"] else "external"
             state = f"busy {', '.join(runner['jobs'])}" if runner["jobs"] else "idle"
@@ -124,14 +136,27 @@ def print_store(topology: dict[str, Any]) -> None:
     for r in topology["replicas"]:
         lag = "?" if r["lag_bytes"] is None else f"{r['lag_bytes']} bytes, {r['lag_s']} s"
         print(f"    replica {r['address']}  link {r['link']}  lag {lag}")
+    promise = topology.get("promise", {})
+    if promise:
+        weak = "  WARNING: weaker than every-replica" if promise["name"] == ONE_REPLICA else ""
+        print(
+            f"    promise {promise['name']}: WAITAOF 1 {promise['replicas_wanted']}; "
+            f"{promise['now']}{weak}"
+        )
 
 
 def store_problems(topology: dict[str, Any]) -> list[str]:
-    """What makes a replicated store unhealthy: no replica up (promises then wait, and fail)."""
+    """What makes a replicated store unhealthy: no replica up, or fewer than its promise
+    waits for (promises then wait, and fail)."""
     if topology.get("mode") != "replicated":
         return []
     up = [r for r in topology["replicas"] if r["link"] == "up"]
-    return [] if up else [f"store {topology['service']}: no replica is up"]
+    if not up:
+        return [f"store {topology['service']}: no replica is up"]
+    promise = topology.get("promise", {})
+    if promise.get("refusing"):
+        return [f"store {topology['service']}: promise {promise['name']}: {promise['now']}"]
+    return []
 
 
 async def status_facts(client: Client) -> dict[str, Any]:
@@ -139,14 +164,18 @@ async def status_facts(client: Client) -> dict[str, Any]:
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
     from bus.store import registry
+    from node.intake.admission import BOUNDS_FIELD, bounds_of
     from node.links.peer_breakers import BREAKERS_FIELD
     from node.observe import counters
     from node.observe.linkinfo import LINKS_FIELD
+    from node.observe.quotas import quota_facts
 
     store = client.store
     info = await registry.node_info(store)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
-    published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD)
+    for ctx, of_ctx in contexts.items():
+        of_ctx["quotas"] = quota_facts(bounds_of(info, ctx), of_ctx["quotas"])
+    published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD, BOUNDS_FIELD)
     return {
         "node": node_facts({k: v for k, v in info.items() if k not in published}),
         "isolation": info.get("isolation", ""),
@@ -194,6 +223,7 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     ]
     breakers = await type_breakers.read(store, ctx)
     return {
+        "quotas": await lists.quota_depths(store, ctx),  # with their bounds: status_facts
         "lists": lens,
         "runners": runners,
         "type_breakers": {t: b.to_json() for t, b in breakers.items()},

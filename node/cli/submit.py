@@ -124,6 +124,9 @@ async def job_wait(client: Client, args: argparse.Namespace) -> int:
     job = await client.job_fields(ctx, args.key)
     if not job:
         raise NodeError(f"no {args.key} in context {ctx}")
+    stuck = await never_runs(client, config_of(args), ctx, job)
+    if stuck:
+        raise NodeError(f"{args.key} waits in its queue and will not run: {stuck}")
     follower = Follower(client, ctx, args.key)
     outcome = await unless_interrupted(
         follower.until_final, f"waiting for {args.key} (Ctrl-C stops waiting, not the job)"
@@ -132,6 +135,24 @@ async def job_wait(client: Client, args: argparse.Namespace) -> int:
         print(f"hero-node: stopped waiting; {args.key} goes on", file=sys.stderr)
         return 130
     return report(outcome, follower)
+
+
+async def never_runs(client: Client, config: NodeConfig, ctx: int, job: dict[str, str]) -> str:
+    """Why ``job``, queued on this node, will never run ("" if it may): this node runs no job of
+    its type, as it can build no sandbox (a job queued before it started so: one admitted
+    since is answered isolation_refused at once, node/intake/admission.py)."""
+    from bus.store import records, registry
+
+    if job.get("status") != JobStatus.DISPATCHED.value or job.get("pending"):
+        return ""
+    info = await registry.node_info(client.store)
+    if info.get("isolation") != "refused" or not config.runners.get(job.get("script_type", "")):
+        return ""
+    message = await records.read_message(client.store, ctx, job.get("message_key", ""))
+    if message.get("destination") != info.get("id"):
+        return ""  # it runs on another node: its result comes from there
+    fix = f"; to run jobs here: {info['isolation_fix']}" if info.get("isolation_fix") else ""
+    return f"this node runs no job: {info.get('isolation_why', '')}{fix}"
 
 
 async def follow_job(client: Client, message: Message, timeout_s: float) -> int:
@@ -197,7 +218,7 @@ class Progress:
 
 
 class Follower:
-    """Follows one job: its live output (the node's log stream, see node/runners/joblogs.py),
+    """Follows one job: its live output (the node's log stream, see node/slot/joblogs.py),
     printed as it comes, a progress line on a terminal, and its end."""
 
     def __init__(self, client: Client, ctx: int, job_key: str) -> None:

@@ -25,6 +25,7 @@ from crypto import ALGORITHMS
 from node.config.commands import validate_commands, validate_groups
 from node.config.console import ConsoleConfig, parse_console, render_console
 from node.config.store import StoreConfig, parse_store, render_store
+from node.config.tracing import TracingConfig, parse_tracing, render_tracing
 from node.errors import ConfigError
 from node.sandbox.limits import LimitsError, parse_limits
 from node.sandbox.plan import MODES
@@ -50,7 +51,7 @@ class NodeConfig:
     actor_id: int = 1  # the default actor of this home (actor.key)
     context_id: int = 1  # the default context the node creates for that actor
     runners: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_RUNNERS))
-    # script type -> command template for types beyond the built-ins (node/runners/commands.py)
+    # script type -> command template for types beyond the built-ins (node/slot/commands.py)
     commands: dict[str, list[str]] = field(default_factory=dict)
     # script type -> runner group of this node's slots (targeted queues, bus/core/queues.py)
     runner_groups: dict[str, str] = field(default_factory=dict)
@@ -70,13 +71,16 @@ class NodeConfig:
     max_message_bytes: int = 1024 * 1024
     max_script_bytes: int = 1024 * 1024
     grace_s: float = 10.0
-    tls: bool = False  # listen on wss:// (self-signed tls.crt/tls.key in the home)
+    # "tls": every link TLS 1.3, bound to the node keys (node/links/encryption.py); "none"
+    link_encryption: str = "tls"
     python_workers: bool = True  # python jobs in the sandbox's warm worker (else: spawn)
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
     # the [store] table: a replicated store behind Sentinels (node/config/store.py)
     store: StoreConfig = field(default_factory=StoreConfig)
+    # the [tracing] table: OpenTelemetry spans over OTLP/HTTP (node/observe/tracing.py); off
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     # dead letters (node/observe/dlq.py): each dlq's bound (0: none), the oldest beyond it archived
     # to
     # archive/dlq-<db>.jsonl; a command run with each new entry as JSON on its stdin
@@ -103,6 +107,22 @@ class NodeConfig:
     # [limits] (node/sandbox/limits.py) and [sandbox] (node/sandbox/settings.py), TOML-shaped
     limits: dict[str, object] = field(default_factory=dict)
     sandbox: dict[str, object] = field(default_factory=dict)
+    # queue bounds (node/intake/admission.py: queue_bounds): jobs queued and not started yet,
+    # per actor in a context and per context (0: none); [queue_limits] per context
+    max_queued_per_actor: int = 10_000
+    max_queued_per_context: int = 100_000
+    queue_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # a peer's link stores no more while this many of its messages wait in msg_in (0: none)
+    max_msg_in_per_peer: int = 10_000
+    # the node keeps room for itself (node/intake/pressure.py): below this much free disk
+    # where its home or its Valkey data is, or with its store this close to maxmemory, it
+    # takes no new jobs until there is room again; checked every pressure_check_s
+    disk_headroom_mb: int = 1024
+    store_max_memory_mb: int = 0  # the embedded Valkey's maxmemory; 0: half the machine's
+    store_headroom_pct: int = 10
+    pressure_check_s: float = 2.0
+    # [node] settings of older versions found in config.toml, warned about at start
+    legacy_settings: tuple[str, ...] = ()
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
@@ -155,7 +175,19 @@ LOWER_BOUNDS: dict[str, float] = {
     "type_breaker_open_s": 0.001,
     "type_breaker_probes": 1,
     "job_uid_base": 1000,
+    "max_queued_per_actor": 0,
+    "max_queued_per_context": 0,
+    "max_msg_in_per_peer": 0,
+    "disk_headroom_mb": 0,
+    "store_max_memory_mb": 0,
+    "store_headroom_pct": 1,
+    "pressure_check_s": 0.01,
 }
+
+
+# Upper bounds of [node] settings whose larger values mean nothing (refused at load): at 100 the
+# store's mark is 0 and the node would hold every new job for good.
+UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99}
 
 
 def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
@@ -180,6 +212,7 @@ _TABLES: dict[str, Callable[[object, Mapping[str, int]], Mapping[str, object]]] 
     "runner_groups": validate_groups,
     "algorithms": validate_algorithms,
     "dlq_limits": lambda raw, _runners: validate_dlq_limits(raw),
+    "queue_limits": lambda raw, _runners: validate_queue_limits(raw),
     "limits": lambda raw, _runners: _sandbox_table(parse_limits, raw),
     "sandbox": lambda raw, _runners: _sandbox_table(parse_sandbox, raw),
 }
@@ -199,6 +232,25 @@ def validate_dlq_limits(raw: object) -> dict[str, int]:
     ):
         raise ConfigError('[dlq_limits] maps a context id ("2" = ...) to a dlq bound >= 0')
     return {str(int(k)): int(v) for k, v in raw.items()}
+
+
+QUEUE_LIMIT_NAMES = ("actor", "context")
+
+
+def validate_queue_limits(raw: object) -> dict[str, dict[str, int]]:
+    """Check ``[queue_limits]``: a context id -> ``{actor = N, context = N}`` (either or
+    both, each >= 0; 0: no bound), that context's own queue bounds."""
+    problem = '[queue_limits] maps a context id ("2" = ...) to {actor = N, context = N}, N >= 0'
+    if not isinstance(raw, Mapping):
+        raise ConfigError(problem)
+    out: dict[str, dict[str, int]] = {}
+    for ctx, bounds in raw.items():
+        if not (str(ctx).isdigit() and isinstance(bounds, Mapping)):
+            raise ConfigError(problem)
+        if not all(k in QUEUE_LIMIT_NAMES and _fits(v, int) and v >= 0 for k, v in bounds.items()):
+            raise ConfigError(f"{problem} (got {ctx} = {dict(bounds)!r})")
+        out[str(int(ctx))] = {str(k): int(v) for k, v in bounds.items()}
+    return out
 
 
 def _fits(value: object, kind: type) -> bool:
@@ -221,7 +273,8 @@ def load_config(home: Path) -> NodeConfig:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    section = raw.get("node", {})
+    section = dict(raw.get("node", {}))
+    legacy = _legacy(path, section)
     values: dict[str, object] = {}
     for name, kind in _SETTINGS.items():
         if name in section:
@@ -237,11 +290,16 @@ def load_config(home: Path) -> NodeConfig:
     unknown = set(section) - set(_SETTINGS)
     if unknown:
         raise ConfigError(f"{path}: unknown [node] setting(s): {', '.join(sorted(unknown))}")
+    if values.get("link_encryption", "tls") not in LINK_ENCRYPTION:
+        raise ConfigError(f'{path}: [node] link_encryption is "tls" (the default) or "none"')
     if values.get("isolation", "auto") not in MODES:
         raise ConfigError(f"{path}: [node] isolation is one of {', '.join(MODES)}")
     for name, low in LOWER_BOUNDS.items():
         if name in values and values[name] < low:  # type: ignore[operator]
             raise ConfigError(f"{path}: [node] {name} must be at least {low} (got {values[name]})")
+    for name, high in UPPER_BOUNDS.items():
+        if name in values and values[name] > high:  # type: ignore[operator]
+            raise ConfigError(f"{path}: [node] {name} must be at most {high} (got {values[name]})")
     try:
         tables = {name: check(raw.get(name, {}), runners) for name, check in _TABLES.items()}
     except ConfigError as exc:
@@ -254,11 +312,40 @@ def load_config(home: Path) -> NodeConfig:
         store = parse_store(raw.get("store", {}))
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    try:
+        tracing = parse_tracing(raw.get("tracing", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if store.replicated and values.get("redis_url"):
         raise ConfigError(f"{path}: [node] redis_url and [store] sentinels exclude each other")
     return NodeConfig(
-        home=home, runners=dict(runners), console=console, store=store, **tables, **values  # type: ignore[arg-type]
+        home=home,
+        runners=dict(runners),
+        console=console,
+        store=store,
+        tracing=tracing,
+        legacy_settings=legacy,
+        **tables,  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
     )
+
+
+LINK_ENCRYPTION = ("tls", "none")
+# [node] settings older versions wrote: read no more, named at start (``tls = false`` came with
+# every init before links were encrypted by default, so it asks for nothing)
+_LEGACY = {"tls": bool}
+
+
+def _legacy(path: Path, section: dict[str, object]) -> tuple[str, ...]:
+    """Take the legacy settings out of ``section``; return them as "name = value"."""
+    found = []
+    for name, kind in _LEGACY.items():
+        if name in section:
+            value = section.pop(name)
+            if not _fits(value, kind):
+                raise ConfigError(f"{path}: [node] {name} has the wrong type ({value!r})")
+            found.append(f"{name} = {str(value).lower()}")
+    return tuple(found)
 
 
 # What config.toml says above a setting or a table, for whoever edits it by hand.
@@ -288,8 +375,10 @@ _HELP = {
     '(hero_link_refusals_total{stage="listener"});\nthe addresses this node dials its peers '
     "at are exempt from the total",
     "grace_s": "on SIGTERM/SIGINT, running jobs get this long to finish",
-    "tls": "serve wss:// with a self-signed certificate (peers authenticate by node key, and the"
-    "\nhandshake binds the certificate, so no CA is involved); peers dial wss://host:port",
+    "link_encryption": '"tls": every link is TLS 1.3 (wss://, a self-signed certificate bound '
+    "by the node\nhandshake to the node key, so no CA is involved); peers dial wss://host:port. "
+    '"none": cleartext\nlinks anyone on the path can read: loud in logs, status, /metrics '
+    "(docs/security/links.md)",
     "python_workers": "python jobs run in the slot's warm sandboxed interpreter (never in the "
     "runner\nprocess; [sandbox] fresh_process); false: one fresh interpreter per job, in the "
     "same sandbox",
@@ -307,6 +396,18 @@ _HELP = {
     "other than stops and\nrefusals) has its circuit breaker opened: its runners take none of its "
     "jobs for\ntype_breaker_open_s (they wait in the queue), then type_breaker_probes at once; "
     "a success\ncloses it, a failed probe opens it again. 0: no breaker",
+    "max_queued_per_actor": "queue bounds: an actor may hold at most this many jobs queued and "
+    "not started yet in a\ncontext, a context at most max_queued_per_context (0: no bound); a "
+    'message past either is\nrefused ("quota_exceeded"); [queue_limits] sets them per context',
+    "max_msg_in_per_peer": "a peer's link stores no more messages (they wait in the peer's "
+    "outbox) while this many\nof them wait in msg_in for the consumer (0: no bound)",
+    "disk_headroom_mb": "the node takes no new jobs (they wait in msg_out, msg_in or the peer's "
+    "outbox) while the\nfile system of its home or its Valkey data has less free space than "
+    "this, or its store uses\nmore than (100 - store_headroom_pct)% of store_max_memory_mb "
+    "(0: half the machine's memory);\nchecked every pressure_check_s; status, /metrics and the "
+    "log say so",
+    "queue_limits": "optional: one context's own queue bounds, instead of max_queued_per_*; "
+    'raising one is logged\nat start. Example:\n  "2" = { actor = 50000, context = 500000 }',
     "dlq_limits": "optional: the dlq bound of one context, instead of dlq_max_len; example:\n"
     '  "2" = 100',
     "on_dead_letter": "a command (split like a shell would, not run by one) started for each "
@@ -363,5 +464,5 @@ def render_config(cfg: NodeConfig) -> str:
     console = render_console(cfg.console)
     return (
         f"# hero-node configuration (see `hero-node --help`)\n[node]\n{settings}\n{tables}\n"
-        f"{console}\n{render_store(cfg.store)}"
+        f"{console}\n{render_store(cfg.store)}\n{render_tracing(cfg.tracing)}"
     )

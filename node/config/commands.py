@@ -1,6 +1,6 @@
 """The ``[commands]`` and ``[runner_groups]`` tables of config.toml, checked when the config is
 read: script type names, command templates and their placeholders (what the placeholders do
-when a job runs: node/runners/commands.py)."""
+when a job runs: node/slot/commands.py)."""
 
 from __future__ import annotations
 

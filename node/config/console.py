@@ -25,11 +25,13 @@ LOOPBACK_NAMES: Final = frozenset({"localhost"})
 class ConsoleConfig:
     """``listen``: "host:port" ("" keeps the console off; port 0 takes a free port);
     ``allow_remote``: the explicit opt-in a non-loopback host needs; ``token``: enables the
-    operator actions (dlq retry/purge) for whoever presents it ("" : read-only)."""
+    operator actions (dlq retry/purge) for whoever presents it ("" : read-only);
+    ``chart_every_s``: the charts' resolution (they keep 120 points: 10 min at 5 s)."""
 
     listen: str = ""
     allow_remote: bool = False
     token: str = ""
+    chart_every_s: float = 5.0
 
     @property
     def enabled(self) -> bool:
@@ -62,7 +64,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_TYPES: Final = {"listen": str, "allow_remote": bool, "token": str}
+_TYPES: Final[dict[str, type | tuple[type, ...]]] = {
+    "listen": str,
+    "allow_remote": bool,
+    "token": str,
+    "chart_every_s": (int, float),
+}
+# the charts' resolution: finer reads stats:jobs more often, coarser shows little
+CHART_EVERY_S: Final = (0.5, 60.0)
 
 
 def parse_console(raw: object) -> ConsoleConfig:
@@ -85,6 +94,10 @@ def check_console(console: ConsoleConfig) -> None:
     """ConfigError unless ``console`` may be served as configured."""
     if not console.enabled:
         return
+    low, high = CHART_EVERY_S
+    every = console.chart_every_s
+    if isinstance(every, bool) or not low <= every <= high:
+        raise ConfigError(f"[console] chart_every_s wants seconds from {low} to {high}: {every!r}")
     host, _port = console.address()
     if not is_loopback(host) and not console.allow_remote:
         raise ConfigError(

@@ -8,6 +8,7 @@ Without it (or with no ``sentinels``) the node runs its embedded single Valkey. 
     waitaof_local = 1       # a promise waits for the local fsync of the primary ...
     waitaof_replicas = 1    # ... and of this many replicas (0 and 0: no wait)
     waitaof_timeout_ms = 1000
+    promise = "every-replica"  # or "one-replica" (weaker: docs/operate/promise.md)
 
 the node, its CLI and its runner processes connect as the ACL users of node/host/acl.py with
 the passwords of the home's ``secrets/`` (the same users exist on every data server and
@@ -23,6 +24,7 @@ from typing import Final
 
 import tomli_w
 
+from bus.store.promise import EVERY_REPLICA, ONE_REPLICA, PROMISES
 from bus.store.sentinel import sentinel_url
 from node.errors import ConfigError
 
@@ -34,6 +36,8 @@ class StoreConfig:
     waitaof_local: int = 1
     waitaof_replicas: int = 1
     waitaof_timeout_ms: int = 1000
+    # every-replica: a promise waits for every replica's fsync (bus/store/promise.py)
+    promise: str = EVERY_REPLICA
 
     @property
     def replicated(self) -> bool:
@@ -55,6 +59,18 @@ class StoreConfig:
             password,
             waitaof=f"{self.waitaof_local},{self.waitaof_replicas}",
             waitaof_timeout_ms=str(self.waitaof_timeout_ms),
+            promise=self.promise,
+        )
+
+    @property
+    def weak_promise(self) -> str | None:
+        """The warning a node gives at start when its promises are the weaker kind."""
+        if not self.replicated or self.promise != ONE_REPLICA:
+            return None
+        return (
+            '[store] promise = "one-replica": an acknowledged job is on ONE replica; a primary '
+            "that stalls and wakes while the Sentinels fail over can confirm writes, then lose "
+            "them (docs/operate/promise.md)"
         )
 
 
@@ -64,6 +80,7 @@ _TYPES: Final = {
     "waitaof_local": int,
     "waitaof_replicas": int,
     "waitaof_timeout_ms": int,
+    "promise": str,
 }
 
 
@@ -85,6 +102,8 @@ def parse_store(raw: object) -> StoreConfig:
             raise ConfigError(f'[store] sentinels: "host:port" each, got {item!r}')
     if store.waitaof_local not in (0, 1) or store.waitaof_replicas < 0:
         raise ConfigError("[store] waitaof_local is 0 or 1, waitaof_replicas >= 0")
+    if store.promise not in PROMISES:
+        raise ConfigError(f"[store] promise is one of {', '.join(PROMISES)} ({store.promise!r})")
     if store.waitaof_timeout_ms < 0 or not store.service:
         raise ConfigError("[store] waitaof_timeout_ms >= 0 and a service name")
     return store
@@ -98,13 +117,15 @@ def render_store(store: StoreConfig) -> str:
         "waitaof_local": store.waitaof_local,
         "waitaof_replicas": store.waitaof_replicas,
         "waitaof_timeout_ms": store.waitaof_timeout_ms,
+        "promise": store.promise,
     }
     body = tomli_w.dumps({"store": values})
     note = (
         "# a replicated store: Sentinels that name the primary (empty: the embedded Valkey);\n"
         "# a promise (a link's ack, a submit) is given once WAITAOF confirms its writes fsynced\n"
-        "# on the primary (waitaof_local) and on waitaof_replicas replicas\n"
-        "# (docs/operate/replicated-store.md). The ACL users with this home's passwords must\n"
+        "# on the primary (waitaof_local) and on every replica of the set (promise =\n"
+        '# "every-replica"; "one-replica": on waitaof_replicas, weaker: docs/operate/promise.md;\n'
+        "# docs/operate/replicated-store.md). The ACL users with this home's passwords must\n"
         "# exist on every data server and Sentinel: hero-node store-acl\n"
     )
     return note + body

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.dag import DOOMED_REASON, Decision, flow_result, schedule
 from bus.core.envelope import sign_message
 from bus.core.flows import FlowDoc, FlowJobPayload
@@ -247,6 +247,8 @@ async def _release(
     stamp = now()
     job = doc.runner_job(job_id, inputs, stamp)
     payload = FlowJobPayload(loaded.raw, loaded.signatures, job_id, inputs)
+    # every job of the flow continues the trace its actor signed into the document
+    trace = spans.judge(node.counters.count, doc.traceparent, doc.tracestate, f"flow {doc.id}")
     message = sign_message(
         Message(
             id=new_id(),
@@ -261,6 +263,8 @@ async def _release(
             origin=node.identity.node_id,
             destination=spec.node,
             nonce=new_nonce(),
+            traceparent=trace.traceparent,
+            tracestate=trace.tracestate,
         ),
         node.identity.key,
     )

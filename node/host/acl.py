@@ -79,6 +79,8 @@ _RUNNER_SELECTORS = (
     # (bus/store/atomic/lua/stats_jobs.lua, type_breaker.lua)
     "+hincrby +hincrbyfloat +hset +hget ~stats:jobs",
     "+hget +hmget +hset ~type_breakers",
+    # a started job leaves its actor's queue depth (bus/store/atomic/lua/quota_depth.lua)
+    "+srem +hincrby ~quota:*",
     # ending an attempt: its history, the answer (a result message on msg_out) or the local
     # client's reply and its flow's event, a retry's due time, a refusal's dead letter
     "+rpush +lrange ~attempts:*",
@@ -168,7 +170,7 @@ def embedded_spec(config: NodeConfig) -> ValkeySpec:
     passwords a home made before them lacks (a log line says so)."""
     # imported on use: hero-node's parser takes CLIENT and RUNNER from this module, and
     # valkey.py's trio would slow its --help and every TAB of its shell completion
-    from node.host.valkey import ValkeySpec
+    from node.host.valkey import ValkeySpec, maxmemory_bytes
 
     run_dir = config.run_dir
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -182,6 +184,7 @@ def embedded_spec(config: NodeConfig) -> ValkeySpec:
         data_dir=config.valkey_dir,
         databases=config.valkey_databases,
         unix_socket=valkey_socket(config),
+        maxmemory=str(maxmemory_bytes(config)),
         aclfile=aclfile,
         auth=(NODE, passwords[NODE]),
     )

@@ -164,7 +164,8 @@ def sentinel_conf(
 class _Child:
     name: str
     argv: list[str]
-    ready: bytes = READY_MARKER  # a Sentinel says "+monitor master" instead
+    ready: bytes = READY_MARKER  # a Sentinel says "+slave" once per replica it found
+    times: int = 1  # how many lines with ``ready`` it writes before it is ready
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -173,8 +174,10 @@ class _Child:
         )
         assert self.proc.stdout is not None
         tail: list[str] = []
+        seen = 0
         for raw in iter(self.proc.stdout.readline, b""):
-            if self.ready in raw:
+            seen += self.ready in raw
+            if seen == self.times:
                 threading.Thread(target=_discard, args=(self.proc.stdout,), daemon=True).start()
                 return
             tail = (tail + [raw.decode("utf-8", "replace").strip()])[-3:]
@@ -259,7 +262,7 @@ class ReplicatedSet:
             spec.data_dir.mkdir(parents=True, exist_ok=True)
             return spec.argv(binary) + data_args(primary, self.passwords)
 
-        port = self._on_a_free_port("valkey", argv, READY_MARKER, self.data)
+        port = self._on_a_free_port("valkey", argv, (READY_MARKER, 1), self.data)
         self.data_ports.append(port)
         if not ping(self._data_spec(port, i, acl)):
             raise ValkeyError(f"valkey {port} does not answer PING")
@@ -287,18 +290,25 @@ class ReplicatedSet:
             conf.chmod(0o600)
             return [str(binary), str(conf), "--sentinel"]
 
-        port = self._on_a_free_port("sentinel", argv, b"+monitor master", self.watchers)
+        # ready once it knows every replica: a promise counts the replicas the Sentinels know
+        # (bus/store/promise.py), and one asked before it found them would count too few
+        found = (b"+slave slave", self.replicas) if self.replicas else (b"+monitor master", 1)
+        port = self._on_a_free_port("sentinel", argv, found, self.watchers)
         self.sentinel_ports.append(port)
 
     def _on_a_free_port(
-        self, kind: str, argv: Callable[[int], list[str]], ready: bytes, into: list[_Child]
+        self,
+        kind: str,
+        argv: Callable[[int], list[str]],
+        ready: tuple[bytes, int],
+        into: list[_Child],
     ) -> int:
         """Start a server on a port from ``ports``, again on another if it finds it taken: a
         probed port is only free until someone else binds it (node/host/valkey.py free_port).
         Its port; the server is in ``into``."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = self.ports()
-            child = _Child(f"{kind} {port}", argv(port), ready)
+            child = _Child(f"{kind} {port}", argv(port), *ready)
             into.append(child)
             try:
                 child.start()
@@ -319,6 +329,14 @@ class ReplicatedSet:
 
     def child(self, port: int) -> _Child:
         return next(c for c in self.data if c.name == f"valkey {port}")
+
+    def restart(self, port: int) -> None:
+        """Start the data server of ``port`` again after it died (same port, data and
+        arguments: it comes back as it went, and the Sentinels make it a replica)."""
+        child = self.child(port)
+        if child.running:
+            raise ValkeyError(f"valkey {port} is still running")
+        child.start()
 
     def stop(self) -> None:
         """Stop every server this set started, by its PID."""

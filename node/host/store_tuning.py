@@ -3,7 +3,9 @@
 Every data server starts with ``appendfsync always``; this service lets the current primary
 fsync once a second (its promises still wait for ``WAITAOF 1 R``, which makes it fsync at once)
 and keeps the replicas at ``always``, at start and after each failover the Sentinels announce
-(bus/store/topology.py). Correctness never depends on it, only the cost of a write does.
+(bus/store/topology.py). Correctness never depends on it, only the cost of a write does. It
+also says in the log what the store's promise does at start and whenever the Sentinels see a
+server go down or come back (docs/operate/promise.md).
 
 A failover also drops the store's connections to the old primary (Store.follow_failover), and
 the runner processes' (``follow``: node/runners/processes.py): one that stalled (SIGSTOP) or
@@ -18,8 +20,10 @@ from collections.abc import Callable
 
 import trio
 
+from bus.errors import StoreError
 from bus.store.connection import Store
-from bus.store.topology import tune_fsync, watch_failovers
+from bus.store.promise import EVERY_REPLICA
+from bus.store.topology import DOWN_EVENTS, SWITCH_EVENTS, tune_fsync, watch_failovers
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,9 @@ async def run_store_tuning(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async def retune(event: str = "") -> None:
+        if event.startswith(DOWN_EVENTS):
+            await say_promise(event)
+            return
         if event.startswith("+switch-master"):  # a new primary: leave the old one
             store.follow_failover()
             follow()
@@ -43,6 +50,21 @@ async def run_store_tuning(
             f" (after {event})" if event else "",
         )
 
+    async def say_promise(event: str = "") -> None:
+        """What the promise does now, in the log: a replica down may stop writes."""
+        try:
+            promise = (await store.topology()).get("promise", {})
+        except StoreError as exc:  # no Sentinel answers now: the next event says it
+            log.info("store: promise not read (%s)", exc)
+            return
+        if promise:
+            say = (
+                log.warning if promise["refusing"] or promise["name"] != EVERY_REPLICA else log.info
+            )
+            after = f" (after {event})" if event else ""
+            say("store: promise %s: %s%s", promise["name"], promise["now"], after)
+
     await retune()
+    await say_promise()
     task_status.started()
-    await watch_failovers(url, retune)
+    await watch_failovers(url, retune, SWITCH_EVENTS + DOWN_EVENTS)

@@ -21,12 +21,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from errno import EADDRINUSE
 from pathlib import Path
-from typing import IO, NoReturn
+from typing import IO, TYPE_CHECKING, NoReturn
 
 import trio
 
-from node.errors import ValkeyError
+from node.errors import ListenError, ValkeyError
+from node.host.ports import cannot_listen
+
+if TYPE_CHECKING:
+    from node.config import NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ def below_ephemeral() -> tuple[int, int]:
 
 
 # port picks of its own: the random module's shared state is the application's (see
-# node/runners/lifecycle.py)
+# node/slot/lifecycle.py)
 _RANDOM = random.Random()
 
 
@@ -100,6 +105,16 @@ def free_port(within: tuple[int, int] | None = None) -> int:
 
 # sun_path holds 108 bytes on Linux, 104 on macOS (with the terminating NUL)
 MAX_SOCKET_PATH = 100
+
+
+def maxmemory_bytes(config: NodeConfig) -> int:
+    """The embedded Valkey's ``maxmemory``: ``store_max_memory_mb``, else half of the machine's
+    memory. Past it Valkey (noeviction, its default policy) refuses writes, evicting nothing: the
+    node holds new jobs back before that, at ``store_headroom_pct`` below it
+    (node/intake/pressure.py), so its own writes (acks, results, state) always fit."""
+    if config.store_max_memory_mb:
+        return config.store_max_memory_mb * 1024 * 1024
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
 
 
 @dataclass(frozen=True)
@@ -164,7 +179,8 @@ class ValkeySpec:
         else:
             args += ["--appendonly", "no"]
         if self.maxmemory:
-            args += ["--maxmemory", self.maxmemory]
+            # evicting a queued job or a replay marker would lose or replay it: refuse instead
+            args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction"]
         if self.unix_socket is not None:
             # 700: only the node's own user may even connect (the ACL is the second wall)
             args += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
@@ -240,7 +256,7 @@ async def run_valkey(
     batch_scheduling(proc.pid)
     try:
         assert proc.stdout is not None
-        await _await_ready(proc.stdout, spec.where)
+        await _await_ready(proc.stdout, spec)
         if not await trio.to_thread.run_sync(ping, spec):
             raise ValkeyError(f"valkey-server on {spec.where} said ready but PING failed")
         log.info("embedded valkey ready on %s (pid %d)", spec.url, proc.pid)
@@ -291,15 +307,23 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-async def _await_ready(stream: trio.abc.ReceiveStream, where: str) -> None:
+async def _await_ready(stream: trio.abc.ReceiveStream, spec: ValkeySpec) -> None:
+    """Return once the server said it is ready; ValkeyError with its last lines if it exited
+    first, ListenError if that was because its TCP port is taken."""
     seen = bytearray()
     async for chunk in stream:
         seen += chunk
         if READY_MARKER in seen:
             return
         del seen[:-4096]
-    tail = seen.decode("utf-8", "replace").strip().splitlines()[-3:]
-    raise ValkeyError(f"valkey-server on {where} exited before it was ready: {' / '.join(tail)}")
+    said = seen.decode("utf-8", "replace")
+    if spec.port and "Address already in use" in said:
+        why = cannot_listen("the embedded Valkey", spec.bind, spec.port, "valkey_port", EADDRINUSE)
+        raise ListenError(why)
+    tail = said.strip().splitlines()[-3:]
+    raise ValkeyError(
+        f"valkey-server on {spec.where} exited before it was ready: {' / '.join(tail)}"
+    )
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:

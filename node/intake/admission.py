@@ -23,11 +23,22 @@ script that pops what admission judges reads it after its pops (Store.pop_read_b
 pop_read_wait: no round trip of its own), so a key removed or a permission withdrawn before a
 message was submitted is never granted from the cache. Any refusal is re-checked against Redis
 before it stands, so nothing granted a moment ago is refused because of the cache either.
+
+Queue bounds: an actor may hold at most ``max_queued_per_actor`` jobs queued and not started
+yet in a context, the context at most ``max_queued_per_context`` (:func:`queue_bounds`), so
+one flooding actor neither exhausts the store nor delays the other actors' jobs by more than
+its bound. The counts live in Valkey and a bound can only hold if it is checked in the same
+atomic step that queues the jobs and counts them (two batches may materialise at once, on
+this node's two paths or after a restart): so the materialise script checks them, with the
+bounds decided here, and its verdict becomes the refusal here (:func:`quota_refusal`,
+``quota_exceeded``), dead-lettered and answered like every other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
 
 from bus.core import keys
 from bus.core.envelope import ResultBody
@@ -41,6 +52,7 @@ from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job, may_execute_in
 from node.intake.messages import Rejected, signed_here
 from node.intake.stops import parse_stop
+from node.sandbox.probe import Isolation
 from node.state import NodeState
 
 NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
@@ -133,6 +145,106 @@ def check_reply_to(message: Message) -> None:
     problem = keys.inbox_name_problem(message.reply_to) if message.reply_to else ""
     if problem:
         raise Rejected(Reason.BAD_REPLY_TO, f"reply_to {message.reply_to[:80]!r}: {problem}")
+
+
+# -- queue bounds (pure; enforced by the materialise script) ------------------------------------
+
+
+class QueueBounds(NamedTuple):
+    """The most jobs queued and not started yet in one context: per actor, and in all (0:
+    no bound)."""
+
+    actor: int
+    context: int
+
+
+# the materialise script's codes for a message refused by a bound (routing.materialise_batch)
+OVER_ACTOR_BOUND, OVER_CONTEXT_BOUND = 4, 5
+
+
+def queue_bounds(config: NodeConfig, ctx: int) -> QueueBounds:
+    """Context ``ctx``'s queue bounds: its entry in ``[queue_limits]``, else the node's."""
+    own = config.queue_limits.get(str(ctx), {})
+    return QueueBounds(
+        own.get("actor", config.max_queued_per_actor),
+        own.get("context", config.max_queued_per_context),
+    )
+
+
+def raised_bounds(config: NodeConfig) -> list[str]:
+    """Each context whose ``[queue_limits]`` raise (or lift) a node-wide bound: logged loudly
+    at start, since such a context may hold more of the store than the operator planned."""
+    out = []
+    base = QueueBounds(config.max_queued_per_actor, config.max_queued_per_context)
+    for ctx in sorted(config.queue_limits, key=int):
+        own = queue_bounds(config, int(ctx))
+        for name, mine, node_wide in zip(QueueBounds._fields, own, base, strict=True):
+            if node_wide and (mine == 0 or mine > node_wide):
+                shown = mine or "lifted"
+                out.append(f"context {ctx}: {name} queue bound {shown} (node-wide {node_wide})")
+    return out
+
+
+BOUNDS_FIELD = "queue_bounds"  # node:info: the node's queue bounds, for hero-node status
+
+
+def published_bounds(config: NodeConfig) -> str:
+    """The queue bounds as node:info publishes them: ``{"default": [actor, context], "<ctx>":
+    [actor, context], ...}`` (JSON; 0: no bound)."""
+    table = {
+        "default": list(QueueBounds(config.max_queued_per_actor, config.max_queued_per_context))
+    }
+    table |= {ctx: list(queue_bounds(config, int(ctx))) for ctx in config.queue_limits}
+    return json.dumps(table)
+
+
+def bounds_of(info: Mapping[str, str], ctx: int) -> QueueBounds:
+    """Context ``ctx``'s queue bounds as the node published them (0, 0 if it did not)."""
+    try:
+        table = json.loads(info.get(BOUNDS_FIELD) or "{}")
+        return QueueBounds(*table.get(str(ctx), table["default"]))
+    except (ValueError, KeyError, TypeError):
+        return QueueBounds(0, 0)
+
+
+def quota_refusal(message: Message, code: int, detail: str) -> Rejected:
+    """The refusal of ``message`` for the materialise script's bound verdict ``code`` (4: its
+    actor's bound, 5: the context's) and its ``detail`` ("<depth> <bound>")."""
+    depth, _, bound = detail.partition(" ")
+    jobs = len(message.job)
+    if code == OVER_ACTOR_BOUND:
+        who = f"actor {message.caller_id} holds {depth} queued jobs in context {message.context_id}"
+    else:
+        who = f"context {message.context_id} holds {depth} queued jobs"
+    return Rejected(Reason.QUOTA_EXCEEDED, f"{who}; {jobs} more would pass its bound of {bound}")
+
+
+# -- whether a job can run here (pure) ----------------------------------------------------------
+
+
+def unrunnable(
+    script_type: str,
+    script_types: Collection[str],
+    local_slots: Mapping[str, int],
+    isolation: Isolation | None,
+) -> Rejected | None:
+    """Why a job of ``script_type`` admitted here would never run (None if it can): no runner
+    for its type (``unknown_script_type``), or a type this node's own runners serve
+    (``local_slots`` > 0) while it can build no sandbox, so none runs (``isolation_refused``:
+    without it the job would wait in its queue, its caller in silence). A type served by
+    external runners only (0 slots) does not depend on the node's sandbox."""
+    if script_type not in script_types:
+        known = ", ".join(sorted(script_types))
+        return Rejected(
+            Reason.UNKNOWN_SCRIPT_TYPE,
+            f"no runner for {script_type!r} on this node (known: {known})",
+        )
+    if isolation is not None and not isolation.runs_jobs and local_slots.get(script_type, 0):
+        fix = f"; to run jobs there: {isolation.fix}" if isolation.fix else ""
+        return Rejected(
+            Reason.ISOLATION_REFUSED, f"this node runs no {script_type!r} job: {isolation.why}{fix}"
+        )
+    return None
 
 
 # -- the ack deadline (pure) -------------------------------------------------------------------

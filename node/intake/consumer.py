@@ -15,15 +15,16 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
+from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
 from node.intake.admission import admit
-from node.intake.held import hold, unacknowledged
+from node.intake.held import RECEIVED_FROM, hold, unacknowledged
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,
@@ -61,18 +62,67 @@ class Consumer(Intake["Message | VerifiedResult"]):
 
     name, source = SERVICE, keys.MSG_IN
 
+    def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
+        super().__init__(node, ctx, script_types)
+        self.traces: dict[str, MessageTrace] = {}  # of this pop's admitted job messages
+
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
+        # its peer's link may deliver one more (node/intake/pressure.py: Inbound)
+        self.node.pressure.inbound.taken([popped.fields.get(RECEIVED_FROM, "")])
         message = parse_message(self.ctx, popped.value, popped.fields)
-        return await handle_incoming(self.node, self.ctx, message, popped.fields)
+        trace = spans.judge_message(self.node.counters.count, message)
+        span = self._span("verify", message, trace)
+        try:
+            verdict = await handle_incoming(self.node, self.ctx, message, popped.fields)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, _outcome(verdict))
+        if isinstance(verdict, Message):
+            self.traces[message.key] = trace
+        return verdict
 
     async def batch(self, items: list[Message | VerifiedResult]) -> None:
         node, ctx, inflight = self.node, self.ctx, keys.inflight(SERVICE)
+        traces, self.traces = self.traces, {}
         results = [i for i in items if isinstance(i, tuple)]
         jobs = [i for i in items if not isinstance(i, tuple)]
         if results:
             await accept_results(node, ctx, results, inflight)
         if jobs:
-            await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
+            # no new job while the node lacks room (node/intake/pressure.py): they wait here
+            await node.pressure.hold.wait_open()
+            made = [(m, self._span("materialise", m, traces.get(m.key, NO_TRACE))) for m in jobs]
+            try:
+                await materialise_fresh(node, ctx, jobs, self.script_types, inflight, SERVICE)
+            except BaseException as exc:
+                for _, span in made:
+                    spans.end_error(span, exc)
+                raise
+            for _, span in made:
+                spans.end(span, "materialised")
+
+    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
+        """The consumer's span of one message, a child of the trace it carries."""
+        return spans.start_message_span(
+            __name__,
+            f"{operation} {keys.MSG_IN}",
+            "CONSUMER" if operation == "verify" else "INTERNAL",
+            self.node.identity.node_id,
+            self.ctx,
+            message,
+            trace,
+            keys.MSG_IN,
+        )
+
+
+def _outcome(verdict: Message | VerifiedResult | Done) -> str:
+    """What admitting a message led to, as its span says."""
+    if isinstance(verdict, Message):
+        return "admitted"
+    if isinstance(verdict, tuple):
+        return "result"
+    return "handled"  # a stop applied, a delivery held, a chat or mail stored
 
 
 async def handle_incoming(

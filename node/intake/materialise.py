@@ -13,7 +13,7 @@ which are messages on ``msg_out`` too), and a runner process runs nothing withou
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from bus.core import admitted, keys
 from bus.core.envelope import ResultBody
@@ -22,6 +22,13 @@ from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.queues import target_queue
 from bus.core.reasons import Reason
 from bus.store.atomic.routing import JobWrite, materialise_batch
+from node.intake.admission import (
+    OVER_ACTOR_BOUND,
+    OVER_CONTEXT_BOUND,
+    queue_bounds,
+    quota_refusal,
+    unrunnable,
+)
 from node.intake.messages import Rejected, queue_result, reject
 from node.state import NodeState
 
@@ -31,6 +38,8 @@ log = logging.getLogger(__name__)
 
 def refusal(message: Message, code: int, owner: str) -> Rejected:
     """Why the materialise script refused ``message`` (``code`` > 0)."""
+    if code in (OVER_ACTOR_BOUND, OVER_CONTEXT_BOUND):
+        return quota_refusal(message, code, owner)
     if code in REPLAY_WHAT:
         return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
     job_key, _, holder = owner.partition(" ")
@@ -48,8 +57,8 @@ async def materialise_fresh(
     """Materialise a batch of authorised job messages in one atomic step (materialise_batch);
     a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
     a job key of another message is refused and dead-lettered."""
-    refused = await materialise_many(node, ctx, messages, script_types, inflight)
-    _log_queued(ctx, messages, {m.key for m, _ in refused}, script_types)
+    refused, ended = await materialise_many(node, ctx, messages, script_types, inflight)
+    _log_queued(ctx, messages, {m.key for m, _ in refused}, ended)
     for message, exc in refused:
         queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
         await reject(node, ctx, message.key, exc, message, service, queue=queue)
@@ -57,15 +66,15 @@ async def materialise_fresh(
 
 
 def _log_queued(
-    ctx: int, messages: list[Message], refused: set[str], script_types: Collection[str]
+    ctx: int, messages: list[Message], refused: set[str], unrunnable: set[str]
 ) -> None:
     """One line per job queued here (what an operator follows, or greps by job key)."""
     for message in messages:
         if message.key in refused:
             continue
         for job in message.job:
-            if job.script_type not in script_types:
-                continue  # logged with its refusal by _unknown_types
+            if job.key in unrunnable:
+                continue  # logged with its refusal by _answer_unrunnable
             log.info(
                 "job %s (%s) queued on %s, from %s… (context %d)",
                 job.key,
@@ -83,12 +92,19 @@ def _log_queued(
             )
 
 
+Unrunnable = list[tuple[Message, RunnerJob, Rejected]]
+
+
 def _writes(
-    messages: list[Message], script_types: Collection[str], stamp: int, ctx: int, key: bytes
-) -> tuple[list[tuple[Message, list[JobWrite]]], list[tuple[Message, RunnerJob]]]:
+    messages: list[Message],
+    judge: Callable[[str], Rejected | None],
+    stamp: int,
+    ctx: int,
+    key: bytes,
+) -> tuple[list[tuple[Message, list[JobWrite]]], Unrunnable]:
     """Each message's job hashes (stamped with ``key``, in context ``ctx``) and queue entries,
-    and its jobs of no known script type."""
-    unknown: list[tuple[Message, RunnerJob]] = []
+    and its jobs that would never run here, with why (``judge``: admission.unrunnable)."""
+    unrunnable: Unrunnable = []
     batch: list[tuple[Message, list[JobWrite]]] = []
     for message in messages:
         writes = []
@@ -103,15 +119,16 @@ def _writes(
             if message.reply_to:  # where the runner answers a request made here
                 fields["reply_to"] = message.reply_to
             queue = ""
-            if job.script_type in script_types:
+            why = judge(job.script_type)
+            if why is None:
                 queue = target_queue(job)  # bus/core/queues.py
             else:
-                fields |= {"status": JobStatus.ERROR.value, "reason": Reason.UNKNOWN_SCRIPT_TYPE}
-                unknown.append((message, job))
+                fields |= {"status": JobStatus.ERROR.value, "reason": why.reason}
+                unrunnable.append((message, job, why))
             fields[admitted.FIELD] = admitted.stamp(key, ctx, job.key, fields)
             writes.append(JobWrite(job.key, queue, fields))
         batch.append((message, writes))
-    return batch, unknown
+    return batch, unrunnable
 
 
 async def materialise_many(
@@ -120,12 +137,18 @@ async def materialise_many(
     messages: list[Message],
     script_types: Collection[str],
     inflight: str,
-) -> list[tuple[Message, Rejected]]:
+) -> tuple[list[tuple[Message, Rejected]], set[str]]:
     """Write the jobs of checked messages, their queue entries, the message status, the replay
     markers and the ack, in one Lua call; returns the refused messages (replays, and those
-    naming another message's job) with why, for which nothing was written."""
+    naming another message's job) with why, for which nothing was written, and the keys of
+    the jobs written in error because they would never run here (answered at once)."""
     stamp = now_s()
-    batch, unknown = _writes(messages, script_types, stamp, ctx, node.identity.admission_key)
+    config = node.config
+
+    def judge(script_type: str) -> Rejected | None:
+        return unrunnable(script_type, script_types, config.runners, node.runners.isolation)
+
+    batch, ended = _writes(messages, judge, stamp, ctx, node.identity.admission_key)
     types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
     counted: list[str] = []
     codes, node.backpressure.queue_depth[ctx], owners = await materialise_batch(
@@ -136,6 +159,7 @@ async def materialise_many(
         now=stamp,
         window_s=node.identity.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
+        bounds=queue_bounds(node.config, ctx),
         counted=counted,
     )
     node.job_stats.add(ctx, counted)
@@ -147,31 +171,25 @@ async def materialise_many(
     node.counters.count(
         "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
     )
-    await _unknown_types(node, unknown, {m.key for m, _ in refused}, script_types)
-    return refused
+    refused_keys = {m.key for m, _ in refused}
+    await _answer_unrunnable(node, ended, refused_keys)
+    return refused, {job.key for m, job, _ in ended if m.key not in refused_keys}
 
 
-async def _unknown_types(
-    node: NodeState,
-    unknown: list[tuple[Message, RunnerJob]],
-    refused: set[str],
-    script_types: Collection[str],
-) -> None:
-    """Answer each materialised job of a type no runner here serves (it was written in
-    error): its origin learns why."""
-    for message, job in unknown:
+async def _answer_unrunnable(node: NodeState, ended: Unrunnable, refused: set[str]) -> None:
+    """Answer each materialised job that would never run here (it was written in error): its
+    origin, and the client waiting there, learn why at once."""
+    for message, job, why in ended:
         if message.key in refused:
             continue
-        detail = (
-            f"{Reason.UNKNOWN_SCRIPT_TYPE}: no runner for {job.script_type!r} on this node "
-            f"(known: {', '.join(sorted(script_types))})"
-        )
+        detail = f"{why.reason}: {why.detail}"
         log.warning(
             "job %s: %s",
             job.key,
             detail,
-            extra={"job": job.key, "ctx": message.context_id, "reason": Reason.UNKNOWN_SCRIPT_TYPE},
+            extra={"job": job.key, "ctx": message.context_id, "reason": why.reason},
         )
+        node.counters.count(f"unrunnable_{why.reason}")
         await queue_result(
             node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
         )

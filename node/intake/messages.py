@@ -8,8 +8,8 @@ from collections.abc import Collection, Mapping
 from typing import TypeVar
 
 from bus.core import keys
-from bus.core.envelope import ResultBody, sign_message
-from bus.core.ids import new_id, new_nonce, now
+from bus.core.envelope import ResultBody, build_result, reply_text, sign_message
+from bus.core.ids import now
 from bus.core.models import JobStatus, Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
 from bus.core.text import printable
@@ -123,19 +123,12 @@ async def _answer_unparsed(
     """A message of this node's own clients (``msg_out``) that cannot even be parsed (a
     negative timeout, say) gets no result message, which needs a parsed request: its waiting
     client is answered here, on its reply list, with one error per job the hash names (one
-    without a job key if it names none), so that it stops waiting at once."""
+    without a job key if it names none), so that it stops waiting at once: the reply every
+    other end writes (:func:`bus.core.envelope.reply_text`)."""
+    why, error = f"{exc.reason}: {exc.detail}", JobStatus.ERROR.value
     try:
-        replies = [
-            json.dumps(
-                {
-                    "job_key": job,
-                    "status": JobStatus.ERROR.value,
-                    "result": {},
-                    "reason": f"{exc.reason}: {exc.detail}",
-                }
-            )
-            for job in _job_keys(await records.read_message(node.store, ctx, key)) or [""]
-        ]
+        jobs = _job_keys(await records.read_message(node.store, ctx, key)) or [""]
+        replies = [reply_text(key, job, error, {}, why) for job in jobs]
         reply = keys.reply(key)
         await lists.push_replies(node.store, ctx, reply, replies, node.config.reply_ttl_s)
     except StoreError:
@@ -234,19 +227,9 @@ def signed_here(node: NodeState, message: Message) -> bool:
 
 
 def result_message(node: NodeState, request: Message, body: ResultBody) -> Message:
-    """A result message answering ``request``, signed by this node, addressed to its origin."""
-    msg = Message(
-        id=new_id(),
-        caller_id=request.caller_id,
-        context_id=request.context_id,
-        message=body.encode(),
-        message_type=MessageType.RESULT,
-        created_at=now(),
-        updated_at=now(),
-        origin=node.identity.node_id,
-        destination=request.origin,
-        nonce=new_nonce(),
-    )
+    """A result message answering ``request`` (:func:`bus.core.envelope.build_result`), signed
+    by this node, addressed to its origin."""
+    msg = build_result(request, body, origin=node.identity.node_id)
     signed = sign_message(msg, node.identity.key)
     node.recent.signed_results[signed.key] = signed.signatures[0]
     while len(node.recent.signed_results) > SIGNED_MEMORY:

@@ -12,10 +12,11 @@ from typing import NoReturn
 
 import trio
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.ids import now
 from bus.core.models import Hash, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
+from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.errors import StoreError
 from bus.store import lists, serve
 from bus.store.atomic import routing
@@ -63,15 +64,49 @@ class Supervisor(Intake[Message]):
     def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
         super().__init__(node, ctx, script_types)
         self.hashes: dict[str, Hash] = {}  # the hashes of the checked messages of this pop
+        self.traces: dict[str, MessageTrace] = {}  # and the traces they continue
 
     async def each(self, popped: Popped) -> Message:
-        message = await check(self.node, self.ctx, popped.value, popped.fields)
+        message = parse_message(self.ctx, popped.value, popped.fields)
+        trace = spans.judge_message(self.node.counters.count, message)
+        span = self._span("admit", message, trace)
+        try:
+            await check_parsed(self.node, self.ctx, message, popped.fields)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, "admitted")
         self.hashes[popped.value] = popped.fields  # a batch follows: it takes them
+        self.traces[popped.value] = trace
         return message
 
     async def batch(self, items: list[Message]) -> None:
         hashes, self.hashes = self.hashes, {}
-        await handle_batch(self.node, self.ctx, items, self.script_types, hashes)
+        traces, self.traces = self.traces, {}
+        routes = [(m, self._span("route", m, traces.get(m.key, NO_TRACE))) for m in items]
+        try:
+            await handle_batch(self.node, self.ctx, items, self.script_types, hashes)
+        except BaseException as exc:
+            for _, span in routes:
+                spans.end_error(span, exc)
+            raise
+        node_id = self.node.identity.node_id
+        for message, span in routes:
+            where = "local" if message.destination == node_id else "outbox"
+            spans.end(span, where, attributes={spans.PEER: message.destination})
+
+    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
+        """The supervisor's span of one message, a child of the trace it carries."""
+        return spans.start_message_span(
+            __name__,
+            f"{operation} {keys.MSG_OUT}",
+            "CONSUMER" if operation == "admit" else "INTERNAL",
+            self.node.identity.node_id,
+            self.ctx,
+            message,
+            trace,
+            keys.MSG_OUT,
+        )
 
     async def rejected(self, message: Message, exc: Rejected) -> None:
         """A refused job message of this node's own clients gets failed copies of its jobs."""
@@ -100,6 +135,8 @@ async def handle_batch(
     if remote:
         await route_many(node, ctx, remote, inflight, hashes or {})
     if local:
+        # no new job while the node lacks room (node/intake/pressure.py): they wait here, in flight
+        await node.pressure.hold.wait_open()
         await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
         node.counters.count("routed", len(local))
@@ -133,6 +170,12 @@ async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> 
     node is materialised right here: the caller was just verified, so no second hop through
     msg_in and no second verification); Rejected with the reason it may not."""
     message = parse_message(ctx, key, fields)
+    await check_parsed(node, ctx, message, fields)
+    return message
+
+
+async def check_parsed(node: NodeState, ctx: int, message: Message, fields: Hash) -> None:
+    """:func:`check` of a message already parsed from ``fields``."""
     await check_outgoing(node, ctx, message, fields)
     if message.destination != node.identity.node_id and message.destination not in node.peers.known:
         raise Rejected(
@@ -143,7 +186,6 @@ async def check(node: NodeState, ctx: int, key: str, fields: dict[str, str]) -> 
         why = node.peers.breakers.refusal(message.destination, ack_in_s)
         if why is not None:
             raise Rejected(Reason.PEER_UNAVAILABLE, why)
-    return message
 
 
 async def _refused_copies(node: NodeState, ctx: int, message: Message, exc: Rejected) -> None:

@@ -12,11 +12,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
 from bus.core.models import MessageStatus
 from bus.core.reasons import Reason
+from bus.core.tracecontext import message_trace
 from bus.store import lists, records, registry
 from bus.store.atomic import routing
 from bus.wire import outbox
@@ -65,6 +66,16 @@ class LinkHandler:
     # -- receiving messages ----------------------------------------------------------------------
 
     async def _deliver(self, link: Link, items: Sequence[MsgItem]) -> None:
+        """:meth:`_receive`, in the span of the frame (linked to the messages it carries)."""
+        span = _frame_span(self.node.identity.node_id, link.peer_id, items)
+        try:
+            await self._receive(link, items)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, "stored")
+
+    async def _receive(self, link: Link, items: Sequence[MsgItem]) -> None:
         """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
         ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
         (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
@@ -93,6 +104,8 @@ class LinkHandler:
             else:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
+        if by_ctx:  # held back on the link: the rest waits in the peer's outbox
+            await self._room_for(link.peer_id)
         epoch = self.node.store.epoch  # a failover while storing them voids the acks
         last = len(by_ctx) - 1
         for i, (ctx, group) in enumerate(by_ctx.items()):
@@ -101,7 +114,7 @@ class LinkHandler:
             # connection confirms it and, the contexts stored one after another, the others
             # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
             since = epoch if i == last else None
-            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+            stored = await self._store(link.peer_id, ctx, group, since)
             self._count("delivered", sum(stored))
             self._count("redelivered", len(group) - sum(stored))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
@@ -116,6 +129,36 @@ class LinkHandler:
         link.post("acks", acks=acks, nacks=nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
+
+    async def _store(
+        self, peer: str, ctx: int, group: list[tuple[str, dict[str, str]]], since: int | None
+    ) -> list[bool]:
+        """Deliver ``group`` (routing.deliver), counted as waiting for the consumer from before
+        it is queued (the consumer may pop it at once), then less what was stored already."""
+        inbound = self.node.pressure.inbound
+        inbound.delivered(peer, len(group))
+        try:
+            stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+        except BaseException:
+            inbound.delivered(peer, -len(group))
+            raise
+        inbound.delivered(peer, sum(stored) - len(group))
+        return stored
+
+    async def _room_for(self, peer: str) -> None:
+        """Return once this node may store what ``peer`` sent: nothing holds new jobs, and
+        fewer than ``max_msg_in_per_peer`` of its messages wait in ``msg_in``
+        (node/intake/pressure.py). Meanwhile this link reads no frame, so the peer's window
+        fills and its messages wait in its durable outbox: held back, nothing lost."""
+        pressure = self.node.pressure
+        if pressure.hold.held or pressure.inbound.waiting.get(peer, 0) >= self._per_peer:
+            self._count("link_held_back", 1)
+        await pressure.hold.wait_open()
+        await pressure.inbound.wait_room(peer, self._per_peer)
+
+    @property
+    def _per_peer(self) -> int:
+        return self.node.config.max_msg_in_per_peer
 
     def _count(self, name: str, n: int) -> None:
         if n:
@@ -208,3 +251,21 @@ class LinkHandler:
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
         await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
+
+
+def _frame_span(node_id: str, peer_id: str, items: Sequence[MsgItem]) -> spans.Span | None:
+    """The CONSUMER span of one ``msgs`` frame from ``peer_id``, linked to the traces of the
+    messages it carries (as the sender's values: untrusted, so a bad one links nothing; the
+    consumer judges and counts it)."""
+    if not spans.recording():
+        return None
+    links = []
+    for item in items:
+        traceparent, tracestate = item.fields.get("traceparent"), item.fields.get("tracestate")
+        if isinstance(traceparent, str):
+            trace = message_trace(traceparent, tracestate if isinstance(tracestate, str) else "")
+            if trace.parent is not None:
+                links.append(spans.link_to(trace.parent))
+    attributes = {spans.PEER: peer_id, spans.NODE: node_id, spans.BATCH_COUNT: len(items)}
+    name = f"receive {peer_id[:16]}"
+    return spans.start(__name__, name, "CONSUMER", attributes=attributes, links=links)

@@ -18,9 +18,12 @@ docs/operate/metrics.md lists every family.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -34,11 +37,13 @@ from prometheus_client.utils import floatToGoString
 from bus.core import keys
 from bus.core.models import Peer
 from bus.core.reasons import Reason
+from bus.errors import StoreError
 from bus.store import lists, records
 from bus.store.atomic import STATS_BUCKETS_S, type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
 from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED
+from node.observe.quotas import pressure_families, quota_families
 from node.state import NodeState
 
 __all__ = ["exposition"]
@@ -59,6 +64,9 @@ STAGES = {
     "oversize_frame": "frame",
     Reason.LISTENER_FULL: "listener",
     Reason.ADDRESS_FULL: "listener",
+    # a dialler that speaks cleartext to a TLS listener, or TLS to a cleartext one
+    "plaintext_dialler": "listener",
+    "tls_dialler": "listener",
 }
 
 
@@ -73,6 +81,10 @@ class Scrape:
     outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
     # by context: each script type's circuit breaker (bus/store/atomic/type_breakers.py)
     breakers: dict[int, dict[str, TypeBreaker]]
+    # by context: queued jobs per actor, and in all (bus.store.lists.quota_depths)
+    quotas: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # a replicated store's promise as status shows it (bus/store/topology.py promise_facts)
+    promise: dict[str, Any] | None = None
 
 
 async def exposition(state: NodeState) -> tuple[bytes, str]:
@@ -112,9 +124,13 @@ async def read(state: NodeState) -> Scrape:
         scrape.depths[ctx][keys.MSG_HELD] = await lists.held_depth(store, ctx)
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
+        scrape.quotas[ctx] = await lists.quota_depths(store, ctx)
     for peer_id in state.peers.known:
         pending, inflight = await lists.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
+    if store.barrier is not None:  # replicated: what its promise does now, as status says
+        with contextlib.suppress(StoreError):  # no Sentinel answers: the families say nothing
+            scrape.promise = (await store.topology()).get("promise")
     return scrape
 
 
@@ -192,13 +208,7 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
     here: the script adds one count per observation)."""
     family = HistogramMetricFamily(name, doc, labels=["ctx", "type"])
     for ctx, fields in sorted(stats.items()):
-        by_type: dict[str, dict[str, int]] = {}
-        for key, value in fields.items():
-            kind, _, rest = key.partition("|")
-            script_type, _, le = rest.partition("|")
-            if kind == field and le:
-                by_type.setdefault(script_type, {})[le] = int(value)
-        for script_type, counts in sorted(by_type.items()):
+        for script_type, counts in sorted(bucket_counts(fields, field).items()):
             total, buckets = 0, []
             for bound in STATS_BUCKETS_S:
                 total += counts.get(str(bound), 0)
@@ -209,6 +219,19 @@ def histogram(name: str, doc: str, field: str, stats: dict[int, dict[str, str]])
     return family
 
 
+def bucket_counts(fields: Mapping[str, str], field: str) -> dict[str, dict[str, int]]:
+    """The observations of histogram ``field`` in a ``stats:jobs`` hash, by script type and
+    bucket bound (its label: "0.005" ... "+Inf"), as stats_jobs.lua counts them (not
+    cumulative). The console's charts read them too (node/observe/sampler.py)."""
+    by_type: dict[str, dict[str, int]] = {}
+    for key, value in fields.items():
+        kind, _, rest = key.partition("|")
+        script_type, _, le = rest.partition("|")
+        if kind == field and le:
+            by_type.setdefault(script_type, {})[le] = int(value)
+    return by_type
+
+
 # -- the node: queues, runners, links, refusals --------------------------------------------------
 
 
@@ -216,11 +239,14 @@ def node_families(state: NodeState, scrape: Scrape) -> list[Metric]:
     return [
         *isolation_families(state),
         *disk_families(state, scrape),
+        *promise_families(state, scrape),
         *valkey_families(scrape),
         *runner_families(scrape),
         *type_breaker_families(scrape),
         *link_families(state, scrape),
         *counter_families(state),
+        *quota_families(state.config, scrape.quotas),
+        *pressure_families(state.pressure.hold.held),
     ]
 
 
@@ -257,6 +283,37 @@ def disk_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
         if disk["enforced"]:
             gauge.add_metric([ctx, "used"], float(str(disk["used_bytes"])))
     return [gauge]
+
+
+def promise_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
+    """A replicated store's promise (docs/operate/promise.md): how many replicas' fsyncs each
+    waits for, whether it refuses them now (fewer replicas up), and how many of the node's own
+    (link acks) were refused. An alert on ``hero_store_promise_refusing == 1`` catches a set
+    that cannot confirm writes; ``{promise="one-replica"}`` names the weaker promise."""
+    barrier = state.store.barrier
+    if barrier is None:
+        return []
+    wanted = GaugeMetricFamily(
+        "hero_store_promise_replicas_wanted",
+        "Replica fsyncs (WAITAOF 1 N) each promise of the replicated store waits for.",
+        labels=["promise"],
+    )
+    refusing = GaugeMetricFamily(
+        "hero_store_promise_refusing",
+        "1 while fewer replicas are up than the promise waits for: writes are not confirmed.",
+        labels=["promise"],
+    )
+    refused = CounterMetricFamily(
+        "hero_store_promises_refused",
+        "Promises of this node (link acks) not given: WAITAOF did not confirm them.",
+        labels=["promise"],
+    )
+    name = barrier.target.promise
+    refused.add_metric([name], float(barrier.refused))
+    if scrape.promise is not None:  # the set as the Sentinels see it now, as status says
+        wanted.add_metric([name], float(scrape.promise["replicas_wanted"]))
+        refusing.add_metric([name], float(scrape.promise["refusing"]))
+    return [wanted, refusing, refused]
 
 
 def valkey_families(scrape: Scrape) -> Iterable[Metric]:
@@ -339,11 +396,19 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     sizes = CounterMetricFamily(
         "hero_link_bytes", "Bytes of those frames.", labels=[*peer_labels, "direction"]
     )
+    sealed = GaugeMetricFamily(
+        "hero_link_encrypted",
+        "Per peer link up: 1 if encrypted (TLS 1.3), 0 if cleartext (why: link_encryption).",
+        labels=[*peer_labels, "why"],
+    )
     transport = state.peers.transport
     for peer_id, peer in sorted(state.peers.known.items()):
         labels = _peer_labels(peer)
-        linked = transport is not None and transport.link(peer_id) is not None
-        up.add_metric(labels, 1.0 if linked else 0.0)
+        link = transport.link(peer_id) if transport is not None else None
+        up.add_metric(labels, 1.0 if link is not None else 0.0)
+        if link is not None and transport is not None:
+            why = "" if link.encryption else transport.config.plaintext_why
+            sealed.add_metric([*labels, why], 1.0 if link.encryption else 0.0)
         pending, inflight = scrape.outboxes.get(peer_id, (0, 0))
         outbox.add_metric([*labels, "pending"], float(pending))
         outbox.add_metric([*labels, "inflight"], float(inflight))
@@ -359,7 +424,7 @@ def link_families(state: NodeState, scrape: Scrape) -> Iterable[Metric]:
     )
     gate = transport.gate if transport is not None else None
     unauthenticated.add_metric([], float(gate.pending if gate is not None else 0))
-    return [up, outbox, frames, sizes, unauthenticated]
+    return [up, outbox, frames, sizes, sealed, unauthenticated]
 
 
 def counter_families(state: NodeState) -> Iterable[Metric]:

@@ -1,7 +1,7 @@
 """Adopting, at start, what the jobs of a node that died finished without it.
 
 A job process outlives its node (it runs in its own session) and writes its outcome, tied to
-its attempt, into ``run/outcomes`` (node/runners/outcomes.py). At the next start:
+its attempt, into ``run/outcomes`` (node/slot/outcomes.py). At the next start:
 
 * the orphan killer spares a process whose pid file names the outcome file of a job's current
   attempt (:func:`kill_orphans_but_adoptable`): it is worth waiting for;
@@ -27,9 +27,9 @@ from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
 from bus.store import lists, records
 from bus.store.atomic import runs, slots
-from node.runners import outcomes
-from node.runners.exits import Outcome, kill_orphans, live_processes, outcome_of
-from node.runners.outcomes import outcome_dir, parse_outcome_name, read_outcome
+from node.slot import outcomes
+from node.slot.exits import Outcome, kill_orphans, live_processes, outcome_of
+from node.slot.outcomes import outcome_dir, parse_outcome_name, read_outcome
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

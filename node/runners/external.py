@@ -34,8 +34,7 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys
-from bus.core.envelope import ResultBody, reply_text
-from bus.core.ids import ms_after
+from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.queues import queue_of
 from bus.core.reasons import Reason
@@ -44,7 +43,9 @@ from bus.store import records
 from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
-from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.slot.exits import Outcome
+from node.slot.lifecycle import RetryPolicy
+from node.slot.plan import AnswerHere, Attempt, Retry, plan_ending
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -108,38 +109,34 @@ async def answer(
         )
         await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
         return False
-    entry = runs.attempt_entry(
-        attempt, fields.get("runner", ""), status, job.reason, int(fields.get("started_at") or 0)
-    )
-    read = runs.Answered(job_key, status, fields.get("attempt", ""), entry)
-    nxt = after_attempt(job.status, job.reason, attempt, job.retries, policy=RetryPolicy.of(job))
-    if nxt.retry:
-        due_ms = ms_after(nxt.delay_s)
-        reason = f"retrying after: {job.reason}"
+    origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
+    here = node.identity.node_id
+    request = Message(ident, caller, ctx, origin=origin, destination=here, reply_to=reply_to)
+    ran = Attempt(attempt, fields.get("runner", ""), int(fields.get("started_at") or 0), now())
+    outcome = Outcome(job.status, job.result, job.reason)
+    plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
+    read = runs.Answered(job_key, status, fields.get("attempt", ""), plan.entry)
+    if isinstance(plan, Retry):
+        due_ms = ms_after(plan.delay_s)
         queue = queue_of(fields)
         done = await runs.answered_retry(
-            node.store, ctx, read, reason=reason, due_ms=due_ms, queue=queue
+            node.store, ctx, read, cause=plan.cause, due_ms=due_ms, queue=queue
         )
         node.wakeups.wake_retries(ctx)
         return done
-    result = job.result | {"attempts": str(attempt)}
-    origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
-    request = Message(ident, caller, ctx, origin=origin, destination=node.identity.node_id)
-    if request.origin in ("", node.identity.node_id):
-        reply = reply_text(request.key, job_key, status, result, job.reason)
+    if isinstance(plan, AnswerHere):
         return await runs.answer_local(
             node.store,
             ctx,
             read,
-            result=result,
+            result=plan.body.result,
             request_key=request.key,
-            reply=reply,
+            reply=plan.reply,
             reply_ttl_s=node.config.reply_ttl_s,
-            reply_to=reply_to,
+            reply_to=plan.reply_to,
         )
-    body = ResultBody(request.key, job_key, job.status, result, job.reason)
-    msg = result_message(node, request, body)
-    return await runs.answer_remote(node.store, ctx, read, result=result, answer=msg)
+    msg = result_message(node, request, plan.body)
+    return await runs.answer_remote(node.store, ctx, read, result=plan.body.result, answer=msg)
 
 
 async def reap(node: NodeState, ctx: int, job_key: str) -> bool:

@@ -42,12 +42,12 @@ from bus.core import keys
 from bus.store import serve
 from node.host.hardening import child_env
 from node.observe import logs
-from node.runners import outcomes
-from node.runners.exits import KILL_GRACE_S
-from node.runners.joblogs import log_paths
 from node.runners.recovery import recover_slot
 from node.runners.sandboxes import slot_sandbox
-from node.runners.spec import RunnerSpec, frame
+from node.slot import outcomes
+from node.slot.exits import KILL_GRACE_S
+from node.slot.joblogs import log_paths
+from node.slot.spec import RunnerSpec, frame
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,11 @@ async def run_runner_process(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep slot ``slot`` of ``script_type`` served by a runner process until cancelled."""
+    if node.shutdown.stopping.is_set():
+        # a slot of a staged start reached after the node began to stop: nothing to serve,
+        # and its starter (nursery.start) must not take the return for a crash
+        task_status.started()
+        return
     spec = runner_spec(node, ctx, script_type, command, slot, redis_url)
     logs = log_paths(node.config.run_dir, f"{ctx}-{spec.slot_id}")
     outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
@@ -174,7 +179,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
         spec = replace(spec, signer_fd=signer.fileno())
     try:  # the run directory on its command line: what names the node's runners in ps
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "node.worker.pyjobs", "--runner", spec.run_dir],
+            [sys.executable, "-m", "node.worker", "--runner", spec.run_dir],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,

@@ -21,15 +21,24 @@ from typing import NoReturn
 import trio
 
 from bus.core import queues
-from bus.core.envelope import ResultBody
-from bus.core.ids import ms_after, now_ms
+from bus.core.ids import ms_after, now, now_ms
 from bus.core.models import Message, RunnerJob
 from bus.errors import StoreError
 from bus.store.atomic import runs
 from node.intake.messages import result_message
 from node.runners import adoption
-from node.runners.exits import Outcome
-from node.runners.lifecycle import RetryPolicy, after_attempt
+from node.slot.away import Away
+from node.slot.exits import Outcome
+from node.slot.lifecycle import RetryPolicy
+from node.slot.plan import (
+    AnswerHere,
+    Attempt,
+    Plan,
+    Retry,
+    ended_counter,
+    ending_of,
+    plan_ending,
+)
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -65,68 +74,56 @@ async def conclude(
     attempt: int,
     started_at: int,
 ) -> None:
-    """Finish the job or schedule its retry; retried while Redis is unreachable, because the
-    outcome exists only here (re-running the job instead would run it twice)."""
-    nxt = after_attempt(
-        outcome.status, outcome.reason, attempt, job.retries, policy=RetryPolicy.of(job)
-    )
-    entry = runs.attempt_entry(attempt, token, outcome.status.value, outcome.reason, started_at)
-    delay = 0.2
+    """Execute the plan that ends the attempt (node/slot/plan.py): the retry, or the answer;
+    tried again while Redis is unreachable (node/slot/away.py), because the outcome exists
+    only here (re-running the job instead would run it twice). ``queue``: where the job was
+    queued, where its retry goes."""
+    ran = Attempt(attempt, token, started_at, now())
+    here = node.identity.node_id
+    plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
+    away = Away(job.key)
     while True:
         try:
-            if nxt.retry:
-                due_ms = ms_after(nxt.delay_s)
-                ok = await runs.retry_later(
-                    node.store,
-                    ctx,
-                    job.key,
-                    attempt,
-                    inflight,
-                    queue=queue,
-                    reason=f"retrying after: {outcome.reason}",
-                    entry=entry,
-                    due_ms=due_ms,
-                )
-                node.wakeups.wake_retries(ctx)
-            else:
-                ok = await _finish(node, ctx, job, request, outcome, inflight, entry, attempt)
+            ok = await _execute(node, ctx, job.key, plan, attempt, inflight, queue)
             break
         except StoreError as exc:
-            log.warning("%s: cannot record the outcome yet (%s); retrying", job.key, exc)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await trio.sleep(away.failed(exc, log))
     if not ok:
         node.counters.count("stale_results")
         log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:
-        node.counters.count("job_retries" if nxt.retry else "jobs_" + outcome.status.value)
+        node.counters.count(ended_counter(plan))
 
 
-async def _finish(
-    node: NodeState,
-    ctx: int,
-    job: RunnerJob,
-    request: Message,
-    outcome: Outcome,
-    inflight: str,
-    entry: str,
-    attempt: int,
+async def _execute(
+    node: NodeState, ctx: int, job_key: str, plan: Plan, attempt: int, inflight: str, queue: str
 ) -> bool:
-    result = outcome.result | {"attempts": str(attempt)}
-    ending = runs.Ending(
-        job.key, attempt, inflight, outcome.status.value, result, outcome.reason, entry
-    )
-    if request.origin == node.identity.node_id:  # answered here: no signed result message needed
+    """One try of the plan's writes; False if the attempt is not the job's current one."""
+    if isinstance(plan, Retry):
+        ok = await runs.retry_later(
+            node.store,
+            ctx,
+            job_key,
+            attempt,
+            inflight,
+            queue=queue,
+            cause=plan.cause,
+            entry=plan.entry,
+            due_ms=ms_after(plan.delay_s),
+        )
+        node.wakeups.wake_retries(ctx)
+        return ok
+    ending = ending_of(plan, job_key, attempt, inflight)
+    if isinstance(plan, AnswerHere):  # answered here: no signed result message needed
         return await runs.finish_local(
             node.store,
             ctx,
             ending,
-            request_key=request.key,
+            request_key=plan.body.in_reply_to,
             reply_ttl_s=node.config.reply_ttl_s,
-            reply_to=request.reply_to,
+            reply_to=plan.reply_to,
         )
-    body = ResultBody(request.key, job.key, outcome.status, result, outcome.reason)
-    answer = result_message(node, request, body)
+    answer = result_message(node, plan.request, plan.body)
     return await runs.finish(node.store, ctx, ending, answer=answer)
 
 

@@ -26,8 +26,8 @@ _EXPLAINED = {
     "namespaces": "jobs run as this node's user in bubblewrap, under seccomp and limits; for "
     "strict, run the node as root or with CAP_SETUID, CAP_SETGID and CAP_CHOWN",
     "none": "WARNING: jobs run without a sandbox: any job can read this node's secrets",
-    "refused": "NO JOB WILL RUN until a sandbox can be built (install bubblewrap, allow user "
-    'namespaces), or isolation = "none" is set (no isolation)',
+    "refused": "NO JOB WILL RUN until a sandbox can be built, or isolation = \"none\" is set "
+    "(no isolation); jobs sent here are answered isolation_refused",
 }
 
 
@@ -50,8 +50,12 @@ def find_isolation(config: NodeConfig) -> Isolation:
         log.warning("ISOLATION OFF: %s; any job can read this node's secrets", iso.why)
     elif iso.mode == "refused":
         log.error("this node runs no job: %s", iso.why)
+        if iso.fix:
+            log.error("to run jobs here: %s", iso.fix)
     else:
         log.info("isolation %s (%s); limits by %s", iso.mode, iso.why, iso.limits)
+    if iso.bwrap_info:
+        log.info("bwrap: %s", iso.bwrap_info)
     for bound in raised(config.limits):
         log.warning("A BOUND RAISED FOR ONE CONTEXT: %s", bound)
     return iso

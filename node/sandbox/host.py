@@ -302,8 +302,13 @@ class _Started:
 class Sandbox:
     """One warm sandboxed worker of a runner slot (and its spare, near its retirement)."""
 
-    def __init__(self, spec: SandboxSpec, rng: random.Random = _STAGGER) -> None:
+    def __init__(
+        self, spec: SandboxSpec, rng: random.Random = _STAGGER, stderr: int | None = None
+    ) -> None:
+        """``stderr``: where bwrap and the worker write theirs (an open fd; None: inherited),
+        so that the probe can say why a sandbox did not start."""
         self.spec = spec
+        self._stderr = stderr
         self._rng = rng  # draws each worker's recycle_point
         self.proc: subprocess.Popen[bytes] | None = None
         self.sock: socket.socket | None = None
@@ -381,7 +386,7 @@ class Sandbox:
                 enter_argv(leaf.procs_files(), argv) if leaf is not None else argv,
                 stdin=theirs.fileno(),
                 stdout=subprocess.DEVNULL,
-                stderr=None,
+                stderr=self._stderr,
                 pass_fds=passed,
                 env={"LANG": "C.UTF-8"},
                 cwd="/",  # the worker enters the work dir (which the node may not)

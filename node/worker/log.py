@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from node.observe.logs import configure
 
 if TYPE_CHECKING:
-    from node.worker.loop import RunnerSpec
+    from node.slot.spec import RunnerSpec
 
 log = logging.getLogger("node.worker.loop")
 

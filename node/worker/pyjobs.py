@@ -1,6 +1,4 @@
-"""A runner process's entry (``python -m node.worker.pyjobs --runner``, started by
-node/runners/processes.py; the loop is node/worker/loop.py), and its one process setting of
-its own: it is a child subreaper.
+"""A runner process's one process setting of its own: it is a child subreaper.
 
 Its jobs run in its slot's sandbox (node/sandbox/): what a killed or retired sandbox leaves
 (bwrap's pid-namespace init, under isolation "none" the job processes) is re-parented to this
@@ -11,9 +9,6 @@ outlives it unseen and the CPU it used counts under this runner.
 from __future__ import annotations
 
 import ctypes
-import os
-import signal
-import sys
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -26,19 +21,3 @@ def become_subreaper() -> bool:
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):  # not Linux
         return False
-
-
-def main() -> None:
-    """``python -m node.worker.pyjobs --runner``: a runner process (node/worker/loop.py)."""
-    if sys.argv[1:2] != ["--runner"]:
-        sys.exit("usage: python -m node.worker.pyjobs --runner (started by the node)")
-    # told to stop while it starts: it has taken nothing yet, so it just goes
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: os._exit(0))
-    from node.worker.loop import main as runner_main
-
-    runner_main()
-
-
-if __name__ == "__main__":
-    main()

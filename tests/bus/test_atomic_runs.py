@@ -153,7 +153,7 @@ async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_
     before = await store.hgetall(1, JOB)
     assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
-        store, 1, JOB, 3, INFLIGHT, queue=QUEUE, reason="r", entry="{}", due_ms=1
+        store, 1, JOB, 3, INFLIGHT, queue=QUEUE, cause="r", entry="{}", due_ms=1
     )
     assert not sync_runs.finish_malformed(JOB, 1, INFLIGHT, "bad")
     assert not sync_runs.requeue(JOB, 1, INFLIGHT, QUEUE)
@@ -218,7 +218,7 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
 
 async def test_retry_later_schedules_the_next_attempt(store, sync_runs) -> None:
     await _started(store, sync_runs)
-    args = {"queue": QUEUE, "reason": "exit_1", "entry": "{}", "due_ms": 1234}
+    args = {"queue": QUEUE, "cause": "exit_1", "entry": "{}", "due_ms": 1234}
     assert await runs.retry_later(store, 1, JOB, 1, INFLIGHT, **args)
     assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "1")
     assert (await store.hgetall(1, JOB))["reason"] == "exit_1"
@@ -311,10 +311,10 @@ async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answe
 
 async def test_answered_retry_sends_the_attempt_back_once(store) -> None:
     read = await _ended(store)
-    args = {"reason": "retrying after: exit_1", "due_ms": 99, "queue": QUEUE}
+    args = {"cause": "exit_1", "due_ms": 99, "queue": QUEUE}
     assert await runs.answered_retry(store, 1, read, **args)
     job = await store.hgetall(1, JOB)
-    assert (job["status"], job["reason"]) == ("dispatched", "retrying after: exit_1")
+    assert (job["status"], job["reason"], job["retry_of"]) == ("dispatched", "exit_1", "1")
     assert await store.call(1, lambda r: r.zscore(keys.DELAYED, f"{QUEUE}|{JOB}")) == 99
     assert await store.lrange(1, runs.RESULTS_INFLIGHT) == []
     assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']

@@ -22,10 +22,10 @@ from bus.store.atomic import runs
 from bus.store.atomic.runs_sync import SyncRuns
 from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
-from node.runners import outcomes
 from node.runners.adoption import adopted_outcome
-from node.runners.exits import Outcome
-from node.worker.loop import Runner
+from node.slot import outcomes
+from node.slot.exits import Outcome
+from node.worker.loop import SlotLoop
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, command_job_run, wait_announced
 
@@ -71,7 +71,7 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, syn
     await _started(store, sync_runs, attempts=2)
     assert not await _finish_local(store, 1)
     assert not await runs.retry_later(
-        store, 1, JOB, 1, "inflight:x", queue="queue:python", reason="r", entry="{}", due_ms=0
+        store, 1, JOB, 1, "inflight:x", queue="queue:python", cause="r", entry="{}", due_ms=0
     )
     assert not sync_runs.finish_malformed(JOB, 1, "inflight:x", "bad")
     assert not sync_runs.requeue(JOB, 1, "inflight:x", "queue:python")
@@ -174,12 +174,12 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
 
 def test_the_outcome_a_runner_keeps_is_the_one_the_node_adopts(tmp_path, redis_url):
     """Before asking Valkey to record an attempt's end, the runner keeps its outcome on disk
-    (Runner.keep): the exit status as the node reads it (a signal as -N), and a reason only
+    (Ender.keep): the exit status as the node reads it (a signal as -N), and a reason only
     where the status does not say it (a timeout), so a node that adopts the file after the
     runner died (node/runners/adoption.py) concludes what the runner concluded."""
     run = command_job_run(tmp_path, redis_url, ["/bin/sh", "-s"])
-    runner = Runner(run.job_run.spec, b"k" * 32)
-    runner.job = run.job_run  # the slot's JobRun, as the runner process sets it up
+    runner = SlotLoop(run.job_run.spec, b"k" * 32)
+    runner.job = runner.ender.job = run.job_run  # the slot's JobRun, as the process has it
     cases = [
         ("echo hi; exit 3", "exit code 3", {"exit_code": 3}),
         ("kill -9 $$", "runner_lost: killed by SIGKILL", {"exit_code": -9}),
@@ -190,7 +190,7 @@ def test_the_outcome_a_runner_keeps_is_the_one_the_node_adopts(tmp_path, redis_u
         assert done is not None
         assert done.reason == reason
         path = outcomes.outcome_path(tmp_path, 1, job.key, 1)
-        runner.keep(done)
+        runner.ender.keep(done)
         assert outcomes.read_outcome(path) == kept
         adopted = adopted_outcome(path, run.job_run.logs, 10_000)
         assert adopted.found
@@ -198,7 +198,7 @@ def test_the_outcome_a_runner_keeps_is_the_one_the_node_adopts(tmp_path, redis_u
         assert adopted.outcome.result.get("stdout") == done.result.get("stdout")
     # killed by its runner (JobRun.run's outcome for a timeout): the status does not say why
     timed_out = Outcome(JobStatus.ERROR, {}, "timeout: killed after 1 s")
-    runner.keep(timed_out)
+    runner.ender.keep(timed_out)
     assert outcomes.read_outcome(path) == {"exit_code": -9, "reason": timed_out.reason}
     adopted = adopted_outcome(path, run.job_run.logs, 10_000)
     assert (adopted.outcome.status, adopted.outcome.reason) == (JobStatus.ERROR, timed_out.reason)

@@ -23,7 +23,7 @@ def _wake(_signum: int, _frame: object) -> None:
 
 def test_a_pop_cut_by_a_signal_leaves_the_next_command_its_own_reply(replicated):
     runs = SyncRuns(connect(replicated.url(RUNNER), 1))
-    assert runs.list_length("inflight:runner:x") == 0  # connected, as the runner is before it waits
+    assert runs.held("inflight:runner:x") == 0  # connected, as the runner is before it waits
     previous = signal.signal(signal.SIGALRM, _wake)
     try:
         # the signal interrupts the main thread's recv while BLMOVE waits (as the node's
@@ -36,8 +36,8 @@ def test_a_pop_cut_by_a_signal_leaves_the_next_command_its_own_reply(replicated)
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     # what the runner asks next (node/worker/loop.py pop): each reads its own reply
-    assert runs.list_head("inflight:runner:x") is None
-    assert runs.list_length("inflight:runner:x") == 0
+    assert runs.store.command("LRANGE", "inflight:runner:x", 0, 0) == []
+    assert runs.held("inflight:runner:x") == 0
     runs.client.rpush("inflight:runner:x", "a", "b")
-    assert runs.list_length("inflight:runner:x") == 2  # not the pop's late nil
-    assert runs.list_head("inflight:runner:x") == "a"
+    assert runs.held("inflight:runner:x") == 2  # not the pop's late nil
+    assert runs.store.command("LRANGE", "inflight:runner:x", 0, 0) == ["a"]

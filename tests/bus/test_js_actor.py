@@ -143,6 +143,20 @@ def test_the_js_actor_runs_a_job_on_a_real_node(running_node: Path, tmp_path: Pa
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "42\n"
     assert "submitted message:42:" in ran.stderr
+    assert re.search(r" in trace 00-[0-9a-f]{32}-[0-9a-f]{16}-00$", ran.stderr.splitlines()[0])
+
+    # A trace the caller hands on is signed with the message: the node verified it (the job
+    # ran) with the traceparent in the signed content (PROTOCOL.md 4.5)
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    env = {"HERO_REDIS_URL": url, "TRACEPARENT": traceparent, "TRACESTATE": "hero=1"}
+    traced = js("submit", "--key", str(key), "--actor", "42", "--script", "print(7)", env=env)
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == "7\n"
+    assert f"in trace {traceparent}" in traced.stderr
+    bad = {"HERO_REDIS_URL": url, "TRACEPARENT": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}
+    refused_trace = js("submit", "--key", str(key), "--actor", "42", "--script", "1", env=bad)
+    assert refused_trace.returncode == 2
+    assert "--traceparent takes" in refused_trace.stderr
 
     # An actor the node does not know: refused (unknown_signer), and the reply says why.
     refused = js(

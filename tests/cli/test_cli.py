@@ -153,6 +153,9 @@ def test_testnet_runs_three_nodes_and_cleans_up(tmp_path):
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # the jobs are timed once the mesh is up, and it says so
+    mesh = result.stdout.index("mesh up: 6 links in ")
+    assert mesh < result.stdout.index("from    to")
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("node")]
     table = [(r[0], r[1], r[2], r[3]) for r in rows if len(r) > 4 and r[3] == "finished"]
     assert ("node1", "node2", "python", "finished") in table

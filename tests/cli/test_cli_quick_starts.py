@@ -38,8 +38,8 @@ hero-node --home b init --name b --listen-port 7702 --actor 2
 hero-node --home a run &
 hero-node --home b run &
 # each node learns the other's id (its public key) and address
-hero-node --home a peer add "$(hero-node --home b id)" ws://127.0.0.1:7702 --name b
-hero-node --home b peer add "$(hero-node --home a id)" ws://127.0.0.1:7701 --name a
+hero-node --home a peer add "$(hero-node --home b id)" wss://127.0.0.1:7702 --name b
+hero-node --home b peer add "$(hero-node --home a id)" wss://127.0.0.1:7701 --name a
 # b learns a's actor 1 and lets it execute in b's context 1
 hero-node --home b actor add --actor 1 --pubkey "$(hero-verify pubkey a/actor.key)"
 hero-node --home b context add 1 --admin 2 --executor 1

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.config import LOWER_BOUNDS, NodeConfig, load_config, render_config
+from node.config import (
+    LINK_ENCRYPTION,
+    LOWER_BOUNDS,
+    UPPER_BOUNDS,
+    NodeConfig,
+    load_config,
+    render_config,
+)
 from node.errors import ConfigError
 from node.host.home import init_home
 from node.sandbox.plan import MODES
@@ -23,7 +30,11 @@ _BY_TYPE = {
 _SCALARS = {f.name: _BY_TYPE[str(f.type)] for f in fields(NodeConfig) if str(f.type) in _BY_TYPE}
 # settings with a lower bound are drawn above it (a value below is refused: test_type_breaker.py)
 _SCALARS |= {n: _SCALARS[n].filter(lambda v, low=low: v >= low) for n, low in LOWER_BOUNDS.items()}
+_SCALARS |= {
+    n: st.integers(int(LOWER_BOUNDS.get(n, 0)), int(high)) for n, high in UPPER_BOUNDS.items()
+}
 _SCALARS["isolation"] = st.sampled_from(MODES)  # any other value is refused
+_SCALARS["link_encryption"] = st.sampled_from(LINK_ENCRYPTION)  # likewise
 
 _TYPE_NAME = st.from_regex(r"\A[A-Za-z0-9_.-]{1,12}\Z")
 _ARG = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1).filter(
@@ -41,7 +52,7 @@ def _tables(draw: st.DrawFn) -> dict[str, object]:
 
 
 def test_the_property_covers_every_setting() -> None:
-    assert {"name", "redis_url", "grace_s", "tls", "lease_ttl_ms"} <= set(_SCALARS)
+    assert {"name", "redis_url", "grace_s", "link_encryption", "lease_ttl_ms"} <= set(_SCALARS)
 
 
 @settings(max_examples=150, deadline=None)

@@ -41,6 +41,7 @@ def test_a_sentinel_url_round_trips_and_redacts():
         ("redis+sentinel://h:1/hero?waitaof=2,1", "L is 0 or 1"),
         ("redis+sentinel://h:1/hero?waitaof=x", "whole numbers"),
         ("redis+sentinel://h:1/hero?db=3", "unknown"),
+        ("redis+sentinel://h:1/hero?promise=two-replicas", "promise is one of"),
     ],
 )
 def test_a_bad_sentinel_url_says_what_is_wrong(url, says):
@@ -56,11 +57,31 @@ def test_a_bad_sentinel_url_says_what_is_wrong(url, says):
         ({"waitaof_local": 2}, "waitaof_local"),
         ({"service": ""}, "service"),
         ({"primary": "x"}, "unknown"),
+        ({"promise": "some-replicas"}, "promise is one of"),
     ],
 )
 def test_a_bad_store_table_is_refused(table, says):
     with pytest.raises(ConfigError, match=says):
         parse_store(table)
+
+
+def test_the_promise_is_every_replica_unless_the_store_table_says_one_replica():
+    """The setting reaches every process through the URL; the weak one is said at start."""
+    default = StoreConfig(sentinels=["h:1"])
+    assert parse_sentinel_url(default.url("node", "pw")).promise == "every-replica"
+    assert parse_sentinel_url("redis+sentinel://h:1/hero").promise == "every-replica"
+    assert default.weak_promise is None
+    weak = parse_store({"sentinels": ["h:1"], "promise": "one-replica"})
+    assert parse_sentinel_url(weak.url("node", "pw")).promise == "one-replica"
+    assert weak.weak_promise is not None
+    assert "ONE replica" in weak.weak_promise
+
+
+def test_init_says_the_weaker_promise_only_when_asked(tmp_path):
+    home = tmp_path / "home"
+    argv = ["--home", str(home), "init", "--sentinel", "127.0.0.1:26379"]
+    assert main([*argv, "--promise", "one-replica"]) == 0
+    assert load_config(home).store.promise == "one-replica"
 
 
 def test_init_with_sentinels_writes_the_store_table_and_every_password(tmp_path):
@@ -70,6 +91,7 @@ def test_init_with_sentinels_writes_the_store_table_and_every_password(tmp_path)
     store = tomllib.loads((home / "config.toml").read_text())["store"]
     assert store["sentinels"] == ["127.0.0.1:26379", "127.0.0.1:26380"]
     assert (store["waitaof_local"], store["waitaof_replicas"]) == (1, 2)
+    assert store["promise"] == "every-replica"
     config = load_config(home)
     assert config.store.replicated
     for role in SET_ROLES:

@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from bus.store.connection import open_store
+from node.errors import ListenError
 from node.host.acl import ensure_secrets
 from node.host.replicated import SET_ROLES, ReplicatedSet
-from node.host.valkey import ValkeyError, ValkeySpec, free_port, run_valkey
+from node.host.valkey import ValkeySpec, free_port, run_valkey
 
 
 async def test_embedded_valkey_persists_with_aof_and_stops_on_cancel(tmp_path):
@@ -48,7 +49,9 @@ async def test_port_in_use_is_a_clear_error(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         spec = ValkeySpec(port=busy.getsockname()[1], data_dir=tmp_path / "v", persist=False)
-        expected = pytest.RaisesExc(ValkeyError, match="exited before it was ready.*in use")
+        port = spec.port
+        why = f"the embedded Valkey cannot listen on 127.0.0.1:{port}: the port is in use; "
+        expected = pytest.RaisesExc(ListenError, match=why)
         with trio.fail_after(30), pytest.RaisesGroup(expected, flatten_subgroups=True):
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_valkey, spec)

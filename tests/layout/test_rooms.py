@@ -23,6 +23,7 @@ REDIS_VERBS = frozenset(
     lrem lindex lpos lset ltrim sadd srem smembers sismember scard zadd zrem zrange
     zrangebyscore zscore zcard xadd xadd_capped xrange xlen publish subscribe eval evalsha
     script scripts call read transact transaction pipeline db count_existing exists_many
+    list_length list_all list_head hash_fields hash_all command
     """.split()
 )
 # The store itself, where the verbs belong.
@@ -32,11 +33,16 @@ _HANDS_OUT_CLIENT = {"call", "read", "transact"}
 _OPENS_CLIENT = {"transaction", "pipeline"}
 
 
+# The names a store is held under: the node's Store (``store``), a runner process's SyncRuns
+# (``runs``, ``sync_runs``; bus/store/atomic/runs_sync.py), whose generic verbs are gone too.
+STORE_RECEIVERS = frozenset({"store", "runs", "sync_runs"})
+
+
 def _receiver_is_store(node: ast.expr) -> bool:
-    """``store.x(...)``, ``node.store.x(...)``, ``client.store.x(...)``: a Store."""
+    """``store.x(...)``, ``node.store.x(...)``, ``self.runs.x(...)``: a Store or a SyncRuns."""
     if isinstance(node, ast.Name):
-        return node.id == "store"
-    return isinstance(node, ast.Attribute) and node.attr == "store"
+        return node.id in STORE_RECEIVERS
+    return isinstance(node, ast.Attribute) and node.attr in STORE_RECEIVERS
 
 
 def _opened_by(node: ast.expr, verbs: set[str]) -> bool:
@@ -182,6 +188,8 @@ def test_the_check_sees_every_door_outside_the_store(tmp_path: Path) -> None:
             "    await self.store.call(0, read)\n"
             "    self._db(0).blpop(['q'], timeout=1)\n"
             "    self.runs.client.llen('q')\n"
+            "    self.runs.hash_all('job:1:1')\n"
+            "    runs.list_length('q')\n"
             "    return path.exists() or d.get('x') or self.store.pop_batch(0, 'a', 'b', 1)\n"
         ),
         "bus/store/fine.py": "async def f(store):\n    await store.hgetall(0, 'k')\n",
@@ -196,6 +204,8 @@ def test_the_check_sees_every_door_outside_the_store(tmp_path: Path) -> None:
         "bus/client/bad.py:6 call",
         "bus/client/bad.py:7 blpop",
         "bus/client/bad.py:8 llen",
+        "bus/client/bad.py:9 hash_all",
+        "bus/client/bad.py:10 list_length",
     ]
 
 

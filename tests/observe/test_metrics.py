@@ -209,10 +209,10 @@ async def test_job_statistics_keep_their_labels_few(store, sync_runs):
     job = "job:1:1"
     await store.hset(1, job, {"status": "dispatched", "script_type": "v-lang.2|x", "attempt": "0"})
     assert isinstance(sync_runs.start(job, "t", 15000, ""), dict)
-    reason = "retrying after: exit code 3: boom"
+    cause = "exit code 3: boom"  # the failed attempt's reason: the retry's cause
     inflight = keys.inflight("r")
     ok = await runs.retry_later(
-        store, 1, job, 1, inflight, queue="queue:v", reason=reason, entry="{}", due_ms=1
+        store, 1, job, 1, inflight, queue="queue:v", cause=cause, entry="{}", due_ms=1
     )
     assert ok
     stats = await store.hgetall(1, keys.STATS_JOBS)
@@ -240,7 +240,7 @@ async def _end_twice(  # noqa: ANN202
     inflight = keys.inflight("r")
     sync_runs = SyncRuns(connect(redis_url, ctx))
     for attempt, status, reason in (
-        (1, "retry", "retrying after: exit code 3: boom"),
+        (1, "retry", "exit code 3: boom"),  # a retry's reason is its cause
         (2, "error", "timeout_run: 5 s"),
     ):
         fields = sync_runs.start(job, "t", 15000, "")
@@ -260,7 +260,6 @@ async def _end_twice(  # noqa: ANN202
             call = runs.retry_call(
                 ending,
                 queue="queue:v",
-                reason=reason,
                 due_ms=1,
                 stats=handed,
             )

@@ -89,7 +89,7 @@ class Gate:
 
 
 def outcome_files(node: NodeProcess) -> list[str]:
-    """The outcomes of the node's jobs on disk (node/runners/outcomes.py): the attempts' own
+    """The outcomes of the node's jobs on disk (node/slot/outcomes.py): the attempts' own
     files, and what the slots' files hold."""
     folder = node.config.run_dir / "outcomes"
     named = {p.name for p in folder.glob("*") if not p.name.endswith(".tmp")}

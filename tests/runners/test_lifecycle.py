@@ -16,7 +16,7 @@ from bus.core import keys
 from bus.core.models import JobStatus
 from bus.store.atomic import runs
 from crypto import read_key_file
-from node.runners.lifecycle import after_attempt, backoff_s
+from node.slot.lifecycle import after_attempt, backoff_s
 from tests.scripts import announcing, wait_announced
 
 

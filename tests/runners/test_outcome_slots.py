@@ -1,4 +1,4 @@
-"""A runner slot's outcome file (node/runners/outcomes.py: SlotFile, unpack_slot): the outcome
+"""A runner slot's outcome file (node/slot/outcomes.py: SlotFile, unpack_slot): the outcome
 of the attempt being ended, kept with one write per job, and turned into the attempt's own
 outcome file when the slot is recovered."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from node.runners import outcomes
+from node.slot import outcomes
 
 
 def _slot(run_dir: Path) -> outcomes.SlotFile:

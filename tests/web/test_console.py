@@ -42,6 +42,10 @@ TOKEN = "s3cret-operator-token-for-tests"
         ({"listen": "127.0.0.1:99999"}, 'wants "host:port"'),
         ({"listen": "127.0.0.1:7780", "tokn": "x"}, "unknown [console] setting(s): tokn"),
         ({"listen": 7780}, "[console] listen has the wrong type"),
+        ({"listen": "127.0.0.1:0", "chart_every_s": "5"}, "chart_every_s has the wrong type"),
+        ({"listen": "127.0.0.1:0", "chart_every_s": 0.1}, "chart_every_s wants seconds from"),
+        ({"listen": "127.0.0.1:0", "chart_every_s": 3600}, "chart_every_s wants seconds from"),
+        ({"listen": "127.0.0.1:0", "chart_every_s": True}, "chart_every_s wants seconds from"),
     ],
 )
 def test_console_settings_refused_with_their_reason(table, error):
@@ -143,7 +147,7 @@ def test_hero_node_run_says_so_without_a_traceback(tmp_path: Path):
             text=True,
             timeout=60,
         )
-    assert run.returncode == 1
+    assert run.returncode == 2  # the operator's to fix, as for a home in use
     assert "Traceback" not in run.stderr, run.stderr
     assert f"hero-node: console: cannot listen on 127.0.0.1:{port}: " in run.stderr
 

@@ -1,6 +1,7 @@
 """The web console in a real headless Chromium (Debian's chromium and chromium-driver): the page
-loads from a running node, shows a job submitted after it loaded, and a flow's DAG, across two
-nodes, changes colour as its jobs finish.
+loads from a running node, shows a job submitted after it loaded, the grid of the node and its
+peer, charts drawn from the jobs that ran, and a flow's DAG, across two nodes, with the node of
+each job, changing colour as its jobs finish.
 
 Skipped when Chromium is missing, except under CI (``CI`` set), where that is a failure.
 ``HERO_CONSOLE_SCREENSHOT=PATH`` also saves the screenshot the test takes there (how
@@ -49,6 +50,21 @@ const observer = new MutationObserver(() => {
 observer.observe(document.documentElement, {subtree: true, childList: true, attributes: true});
 """
 
+# Resolves when the polyline matching the selector has at least arguments[1] points, checked
+# as WAIT_FOR_SELECTOR checks.
+WAIT_FOR_POINTS = """
+const selector = arguments[0], least = arguments[1], done = arguments[arguments.length - 1];
+const found = () => {
+  const line = document.querySelector(selector);
+  return line && line.getAttribute("points").trim().split(/\\s+/).length >= least;
+};
+if (found()) { done(true); return; }
+const observer = new MutationObserver(() => {
+  if (found()) { observer.disconnect(); done(true); }
+});
+observer.observe(document.documentElement, {subtree: true, childList: true, attributes: true});
+"""
+
 
 @pytest.fixture
 def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
@@ -86,6 +102,17 @@ async def wait_for(driver, selector: str) -> None:
     await in_browser(driver.execute_async_script, WAIT_FOR_SELECTOR, selector)
 
 
+async def points_of(driver, selector: str, least: int) -> list[tuple[float, float]]:
+    """The points of the polyline ``selector``, once it has at least ``least``."""
+    await in_browser(driver.execute_async_script, WAIT_FOR_POINTS, selector, least)
+    text = await in_browser(
+        driver.execute_script,
+        "return document.querySelector(arguments[0]).getAttribute('points')",
+        selector,
+    )
+    return [tuple(float(v) for v in p.split(",")) for p in text.split()]
+
+
 async def fill_of(driver, flow_id: int, job: str) -> str:
     rect = f'svg[data-flow="{flow_id}"] g[data-job="{job}"] rect'
     return await in_browser(
@@ -118,10 +145,11 @@ def diamond(fifo: Path) -> dict:
     }
 
 
-async def test_console_in_chromium_shows_new_jobs_and_a_live_dag(
+async def test_console_in_chromium_shows_the_grid_charts_and_a_live_dag(
     node_factory, browser, tmp_path: Path
 ):
-    alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0"))
+    # charts at 0.5 s: points within seconds (the default, 5 s, would make the test wait)
+    alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0", chart_every_s=0.5))
     bob = await node_factory("bob")
     actor = await link_to(alice, bob)
     # in bob's context 1 work dir, the one place of the host its sandboxed job B sees
@@ -143,6 +171,30 @@ async def test_console_in_chromium_shows_new_jobs_and_a_live_dag(
         text = await in_browser(lambda: driver.find_element("css selector", row).text)
         assert "42" in text
 
+        # the grid: alice's own card and bob's, its link up and its breaker closed
+        await wait_for(driver, f'#grid .card[data-node="{alice.node_id}"][data-link="self"]')
+        bob_card = f'#grid .card[data-node="{bob.node_id}"][data-link="up"]'
+        await wait_for(driver, bob_card)
+        text = await in_browser(lambda: driver.find_element("css selector", bob_card).text)
+        assert "bob" in text
+        assert "closed" in text
+        assert " ms" in text  # its round trip
+
+        rates = 'svg[data-chart="rates"] polyline[data-series="finished"]'
+        finished: list[tuple[float, float]] = []
+        for batch in range(4):  # a few jobs, each batch in a later sample, for the charts
+            for _ in range(batch + 2):
+                sent = await alice.client.submit_job(
+                    actor, 1, to="self", context_id=1, script_type="python", script="print(1)"
+                )
+            await alice.client.wait_results(sent, 30)
+            finished = await points_of(driver, rates, max(len(finished) + 1, 2))
+        xs = [x for x, _ in finished]
+        assert xs == sorted(xs)  # oldest first, left to right
+        assert min(y for _, y in finished) < max(y for _, y in finished)  # some jobs/s above 0
+        await wait_for(driver, 'svg[data-chart="latency"] [data-series="roundtrip_p50"]')
+        await wait_for(driver, 'svg[data-chart="depths"] [data-series]')
+
         flow_id = await alice.client.submit_flow(actor, 1, diamond(fifo), context_id=1)
         dag = f'svg[data-flow="{flow_id}"]'
         await wait_for(driver, f'{dag} g[data-job="C"][data-status="finished"]')
@@ -151,7 +203,8 @@ async def test_console_in_chromium_shows_new_jobs_and_a_live_dag(
         assert await fill_of(driver, flow_id, "A") == COLOURS["finished"]
         assert await fill_of(driver, flow_id, "B") == COLOURS["dispatched"]
         assert await fill_of(driver, flow_id, "D") == COLOURS["waiting"]
-        await wait_for(driver, "#peers tr td span.st-up")
+        for job, node in {"A": "alice", "B": "bob", "C": "alice", "D": "alice"}.items():
+            await wait_for(driver, f'{dag} g[data-job="{job}"][data-node="{node}"]')
         shot = tmp_path / "console.png"
         assert await in_browser(driver.save_screenshot, str(shot))
 

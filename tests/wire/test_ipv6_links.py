@@ -60,7 +60,7 @@ def test_undialable_link_urls_are_refused_with_the_form_to_use(address, hint):
 async def test_two_nodes_link_and_run_a_job_over_ipv6(node_factory):
     alice = await node_factory("alice", listen_host="::1")
     bob = await node_factory("bob", listen_host="[::1]")
-    assert bob.info.ws_url.startswith("ws://[::1]:")
+    assert bob.info.ws_url.startswith("wss://[::1]:")
     with pytest.raises(ClientError, match="brackets"):
         await alice.client.add_peer(bob.node_id, bob.info.ws_url.replace("[::1]", "::1"))
     actor = await link_to(alice, bob)

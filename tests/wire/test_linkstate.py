@@ -40,6 +40,8 @@ def test_an_outage_keeps_its_first_moment_across_failed_redials():
         "last_seen": 0,
         "rtt_ms": -1.0,
         "error": "OSError: refused again",
+        "encryption": "",
+        "plaintext": "",
     }
     assert up["state"] == "up"
     assert up["since"] == 200

@@ -51,7 +51,7 @@ async def test_cross_node_round_trip(node_factory):
 
 async def test_cross_node_over_tls(node_factory):
     alice = await node_factory("alice")
-    bob = await node_factory("bob", tls=True)
+    bob = await node_factory("bob")  # TLS is the default
     assert bob.info.ws_url.startswith("wss://")
     actor = await link_to(alice, bob)
     with trio.fail_after(30):

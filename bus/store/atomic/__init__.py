@@ -43,6 +43,9 @@ CONSTANTS = {
     "BREAKER_NEUTRAL": "{" + ", ".join(f"['{r}'] = true" for r in BREAKER_NEUTRAL) + "}",
     "STATS_KEY": keys.STATS_JOBS,
     "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
+    "QUOTA_DEPTH_KEY": keys.QUOTA_DEPTH,
+    "QUOTA_ALL": keys.QUOTA_ALL,
+    "QUOTA_JOBS": keys.quota_jobs(0).removesuffix("0"),
 }
 
 

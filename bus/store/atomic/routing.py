@@ -152,13 +152,16 @@ async def materialise_batch(
     now: int,
     window_s: int,
     depth_of: list[str],
+    bounds: tuple[int, int] = (0, 0),
     counted: list[str] | None = None,
 ) -> tuple[list[int], int, list[str]]:
     """Write each message's jobs unless the message (key or nonce) was accepted before or one
     of its job keys is another message's, in one atomic script. Returns one code per message
     (0 written; 1 replay of its key, 2 of its nonce, 3 a job key held by another message:
-    nothing written for it), the depth of the deepest queue of ``depth_of`` afterwards, and
-    per message the job key refused and its holder ("" if none). ``counted``: the job
+    nothing written for it; 4 its queued jobs would take its actor past ``bounds[0]`` queued
+    jobs, 5 the context past ``bounds[1]``, 0: no bound), the depth of the deepest queue of
+    ``depth_of`` afterwards, and per message the job key refused and its holder, or for 4 and
+    5 "<depth> <bound>" ("" if none). ``counted``: the job
     statistics are not written but added to this list (``[field, increment, ...]``), for the
     caller to count."""
     payload = [
@@ -172,6 +175,7 @@ async def materialise_batch(
         for message, jobs in batch
     ]
     args = [json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
+    args += [str(bounds[0]), str(bounds[1])]
     materialise = script("routing_materialise")
     codes, depth, owners, figures = await store.script(
         ctx, materialise, [inflight, *depth_of], args

@@ -89,11 +89,13 @@ class NextJob:
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
-def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_at: int) -> str:
+def attempt_entry(
+    attempt: int, runner: str, status: str, reason: str, started_at: int, ended_at: int = 0
+) -> str:
     """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
     for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
     ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
-    has every attempt recorded."""
+    has every attempt recorded. ``ended_at`` 0: now."""
     if attempt == 1 and status == "finished":
         return ""
     return json_arg(
@@ -103,7 +105,7 @@ def attempt_entry(attempt: int, runner: str, status: str, reason: str, started_a
             "status": status,
             "reason": reason,
             "started_at": started_at,
-            "ended_at": now(),
+            "ended_at": ended_at or now(),
         }
     )
 
@@ -255,10 +257,12 @@ def then_take_next(
 
 
 def retry_call(
-    ending: Ending, *, queue: str, reason: str, due_ms: int, stats: str = ""
+    ending: Ending, *, queue: str, due_ms: int, stats: str = ""
 ) -> tuple[str, list[str], list[str]]:
-    """The script, KEYS and ARGV of :func:`retry_later`; ``stats`` as :func:`finish_call`'s."""
-    args = [str(ending.attempt), reason, str(now()), ending.entry, str(due_ms)]
+    """The script, KEYS and ARGV of :func:`retry_later`: ``ending.reason`` is the retry's
+    cause (the failed attempt's reason), the job's ``retry_of`` its attempt; ``stats`` as
+    :func:`finish_call`'s."""
+    args = [str(ending.attempt), ending.reason, str(now()), ending.entry, str(due_ms)]
     args += [f"{queue}|{ending.job_key}", stats]
     return "runs_retry", [*_attempt_keys(ending.job_key, ending.inflight), keys.DELAYED], args
 
@@ -271,13 +275,14 @@ async def retry_later(
     inflight: str,
     *,
     queue: str,
-    reason: str,
+    cause: str,
     entry: str,
     due_ms: int,
 ) -> bool:
-    """Record the failed attempt and schedule the next one; False if ``attempt`` is not current."""
-    ending = Ending(job_key, attempt, inflight, "retry", {}, reason, entry)
-    name, key_list, args = retry_call(ending, queue=queue, reason=reason, due_ms=due_ms)
+    """Record the failed attempt (its reason: ``cause``) and schedule the next one; False if
+    ``attempt`` is not current."""
+    ending = Ending(job_key, attempt, inflight, "retry", {}, cause, entry)
+    name, key_list, args = retry_call(ending, queue=queue, due_ms=due_ms)
     return bool(await store.script(ctx, script(name), key_list, args))
 
 
@@ -311,11 +316,12 @@ class Answered:
 
 
 async def answered_retry(
-    store: Store, ctx: int, read: Answered, *, reason: str, due_ms: int, queue: str
+    store: Store, ctx: int, read: Answered, *, cause: str, due_ms: int, queue: str
 ) -> bool:
     """Send the attempt ``read`` back through the delayed zset (due at ``due_ms``, then pushed
-    on ``queue``); False if it was answered or changed meanwhile. Raises StoreError."""
-    args = [*read.arg_list(), reason, str(due_ms), f"{queue}|{read.job_key}"]
+    on ``queue``), ``cause`` the failed attempt's reason; False if it was answered or changed
+    meanwhile. Raises StoreError."""
+    args = [*read.arg_list(), cause, str(due_ms), f"{queue}|{read.job_key}"]
     key_list = [*read.key_list(), keys.DELAYED]
     return bool(await store.script(ctx, script("runs_answered_retry"), key_list, args))
 

@@ -52,7 +52,6 @@ _TOTALS = (RUNNER_FIELD, NODE_FIELD)
 # as stats_jobs.lua's patterns: %w is ASCII alphanumerics in Valkey's C locale
 _TYPE = re.compile(r"[A-Za-z0-9_.\-]*")
 _TOKEN = re.compile(r"[a-z0-9_]*")
-_RETRY = re.compile(r"retrying after: (.*)", re.DOTALL)
 
 
 def type_label(script_type: str) -> str:
@@ -112,11 +111,9 @@ class StatsBatch:
 
     def ended(self, fields: dict[str, str], status: str, reason: str, duration_s: float) -> None:
         """An attempt of the job with ``fields`` (as its start returned them) ended here
-        (stats_ended): ``status`` finished, error or retry; a retry's reason is counted as
-        the reason of its attempt."""
+        (stats_ended): ``status`` finished, error or retry; a retry's reason is its cause,
+        the reason of the attempt that failed."""
         stype = type_label(fields.get("script_type", ""))
-        if status == "retry" and (m := _RETRY.match(reason)):
-            reason = m.group(1)
         self.counts[f"ended|{stype}|{reason_token(status)}|{reason_token(reason)}"] += 1
         self._observe("duration", stype, duration_s)
         self.jobs += 1

@@ -96,8 +96,8 @@ def config_value(threshold: int, open_ms: int, probes: int) -> str:
 
 def verdict(status: str, reason: str) -> str:
     """How an ended attempt counts (``type_breaker_ended`` in Lua): 'ok', 'fail' or '' (none).
-    ``status`` is finished, error, retry (a failure retried) or requeued (given back)."""
-    reason = reason.removeprefix("retrying after: ")
+    ``status`` is finished, error, retry (a failure retried: ``reason`` its cause) or
+    requeued (given back)."""
     token = ""
     for ch in reason:
         if not (ch.isascii() and (ch.islower() or ch.isdigit() or ch == "_")):

@@ -62,14 +62,158 @@ function drawNode(s) {
     el("div", { class: "counters" }, counters.length ? counters : el("span", { class: "muted" }, "no counters yet")));
 }
 
-function drawPeers(s) {
-  fill("peers", table(["peer", "link", "last seen", "round trip", "outbox", "sent, unacked"],
-    s.peers.map((p) => el("tr", { "data-peer": p.id },
-      el("td", {}, p.name || "-", el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…")),
-      el("td", {}, badge(p.link), " ", el("span", { class: "muted" }, "since " + ago(s.now, p.since))),
-      el("td", {}, ago(s.now, p.last_seen)),
-      el("td", {}, p.rtt_ms === null ? "—" : p.rtt_ms + " ms"),
-      el("td", {}, p.outbox), el("td", {}, p.in_flight)))));
+// -- the grid: this node and each peer as a card ------------------------------------------------
+
+function fact(label, ...value) {
+  return el("div", { class: "fact" }, el("span", { class: "muted" }, label), el("span", {}, ...value));
+}
+
+function summaryFacts(sum) {
+  return [fact("queued", sum.queued), fact("dead letters", sum.dead_letters),
+    fact("runners", sum.busy + " busy / " + sum.runners),
+    fact("finished", sum.finished_per_s === null ? "—" : short(sum.finished_per_s) + " /s"),
+    fact("round trip p99", sum.roundtrip_p99_ms === null ? "—" : short(sum.roundtrip_p99_ms) + " ms")];
+}
+
+function ownCard(s) {
+  const n = s.node;
+  return el("div", { class: "card self", "data-node": n.id, "data-link": "self" },
+    el("h3", {}, n.name || "?", " ", el("span", { class: "badge st-live" }, "this node")),
+    el("div", { class: "mono muted" }, n.id.slice(0, 16) + "…"),
+    fact("isolation", el("span", { class: "badge iso-" + (n.isolation || "unknown") }, n.isolation || "?")),
+    ...summaryFacts(n.summary));
+}
+
+function peerCard(s, p) {
+  // what only the peer knows (its queues, runners, counters) needs the peer query: until a
+  // peer answers one, its card shows what this node knows of the link
+  const own = p.summary ? summaryFacts(p.summary)
+    : [el("p", { class: "muted note" }, "its queues and runners: not asked (no peer query yet)")];
+  return el("div", { class: "card link-" + p.link, "data-node": p.id, "data-link": p.link },
+    el("h3", {}, p.name || "-", " ", badge(p.link)),
+    el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…"),
+    fact("since", ago(s.now, p.since)),
+    p.link !== "up" ? null : fact("encryption", p.encryption ? p.encryption
+      : el("span", { class: "badge iso-none" }, "NOT ENCRYPTED: " + p.plaintext)),
+    fact("round trip", p.rtt_ms === null ? "—" : p.rtt_ms + " ms"),
+    fact("outbox", p.outbox + (p.in_flight ? " (+" + p.in_flight + " unacked)" : "")),
+    fact("breaker", el("span", { class: "badge br-" + p.breaker }, p.breaker.replace("_", "-")),
+      p.failures ? " " + p.failures + " failed" : ""),
+    fact("last seen", ago(s.now, p.last_seen)),
+    p.error ? el("div", { class: "muted note" }, p.error) : null,
+    ...own);
+}
+
+function drawGrid(s) {
+  fill("grid", el("div", { class: "cards" }, ownCard(s), s.peers.map((p) => peerCard(s, p)),
+    s.peers.length ? null : el("p", { class: "muted" }, "no peers configured")));
+}
+
+// -- charts: hand-drawn SVG polylines over the last minutes -----------------------------------
+
+const POINTS_KEPT = 120;
+const CW = 440, CH = 170, PAD = { l: 44, r: 8, t: 10, b: 22 };
+
+function niceMax(value) {
+  if (!(value > 0)) return 1;
+  const step = Math.pow(10, Math.floor(Math.log10(value)));
+  return [1, 2, 2.5, 5, 10].map((m) => m * step).find((m) => m >= value);
+}
+
+function short(value) {
+  return value >= 1000 ? (value / 1000).toFixed(value >= 10000 ? 0 : 1) + "k"
+    : String(Math.round(value * 100) / 100);
+}
+
+// lines: [{key, label, colour, values, dash}]; a null value is a gap (nothing was measured)
+function since(seconds) {
+  return "−" + (seconds < 120 ? Math.round(seconds) + " s" : Math.round(seconds / 60) + " min");
+}
+
+// the window: the last POINTS_KEPT samples once there are that many; until then, from the first
+// sample on, so that a fresh node's chart is not a sliver at its right edge
+// a log scale (latency: from 1 up, by powers of ten) or a linear one from 0
+function scale(highest, log) {
+  const h = CH - PAD.t - PAD.b;
+  if (log) {
+    const decades = Math.max(1, Math.ceil(Math.log10(Math.max(highest, 1))));
+    return { ticks: [...Array(decades + 1).keys()].map((d) => Math.pow(10, d)),
+      y: (v) => CH - PAD.b - h * Math.log10(Math.max(v, 1)) / decades };
+  }
+  const top = niceMax(highest);
+  return { ticks: [0, top / 2, top], y: (v) => CH - PAD.b - h * (v / top) };
+}
+
+function chart(name, title, unit, at, now, every, lines, log) {
+  const left = Math.max(now - every * POINTS_KEPT, at[0] - every), span = Math.max(now - left, every);
+  const { ticks, y } = scale(Math.max(0, ...lines.flatMap((l) => l.values.filter((v) => v !== null))), log);
+  const x = (t) => PAD.l + (CW - PAD.l - PAD.r) * Math.min(1, Math.max(0, (t - left) / span));
+  const root = svg("svg", { viewBox: `0 0 ${CW} ${CH}`, class: "chart", "data-chart": name,
+    role: "img", "aria-label": title });
+  for (const tick of ticks) {
+    root.append(svg("line", { class: "axis", x1: PAD.l, x2: CW - PAD.r, y1: y(tick), y2: y(tick) }));
+    root.append(svg("text", { class: "tick", x: PAD.l - 4, y: y(tick) + 4, "text-anchor": "end" }, short(tick)));
+  }
+  [[left, since(span), "start"], [left + span / 2, since(span / 2), "middle"], [now, "now", "end"]].forEach(([t, label, anchor]) =>
+    root.append(svg("text", { class: "tick", x: x(t), y: CH - 6, "text-anchor": anchor }, label)));
+  for (const line of lines) {
+    let run = [];
+    const flush = () => {
+      if (run.length === 1) {
+        root.append(svg("circle", { cx: run[0][0], cy: run[0][1], r: 2.5, fill: line.colour, "data-series": line.key }));
+      } else if (run.length > 1) {
+        root.append(svg("polyline", { points: run.map((p) => p.join(",")).join(" "), stroke: line.colour,
+          "stroke-dasharray": line.dash ? "4 3" : "none", class: "series", "data-series": line.key }));
+      }
+      run = [];
+    };
+    line.values.forEach((v, i) => {
+      if (v === null || at[i] < left) { flush(); return; }
+      run.push([x(at[i]).toFixed(1), y(v).toFixed(1)]);
+    });
+    flush();
+  }
+  const legend = el("div", { class: "legend" }, lines.map((l) => {
+    const last = l.values.filter((v) => v !== null).pop();
+    const swatch = el("i", { class: l.dash ? "dash" : "" });
+    swatch.style.borderColor = l.colour;  // CSSOM, not a style attribute: the page's CSP allows it
+    return el("span", { "data-series": l.key }, swatch, l.label + " ",
+      el("b", {}, last === undefined ? "—" : short(last) + unit));
+  }));
+  return el("figure", { class: "chart-box" }, el("figcaption", {}, title), root, legend);
+}
+
+const DEPTH_COLOURS = ["#4a90d9", "#f5a623", "#8e6cc0", "#2e9d5b", "#d9443c", "#17a2b8", "#9aa0a6", "#c05a8e"];
+
+function drawCharts(s) {
+  const c = s.charts;
+  if (!c || !c.at) { fill("charts", el("p", { class: "muted" }, "no samples yet")); return; }
+  if (c.at.length < 1) {
+    fill("charts", el("p", { class: "muted" }, `sampling every ${c.every_s} s: the first points come soon`));
+    return;
+  }
+  const r = c.rates, l = c.latency_ms;
+  const rates = [
+    { key: "finished", label: "finished", colour: "#2e9d5b", values: r.finished },
+    { key: "failed", label: "failed", colour: "#d9443c", values: r.failed },
+    { key: "submitted", label: "submitted", colour: "#4a90d9", values: r.submitted },
+    { key: "retried", label: "retried", colour: "#f5a623", values: r.retried, dash: true },
+  ];
+  const latency = [
+    { key: "roundtrip_p50", label: "round trip p50", colour: "#4a90d9", values: l.roundtrip_p50 },
+    { key: "roundtrip_p99", label: "round trip p99", colour: "#1d3f7a", values: l.roundtrip_p99 },
+    { key: "run_p50", label: "run p50", colour: "#7cc49a", values: l.run_p50, dash: true },
+    { key: "run_p99", label: "run p99", colour: "#2e7d4f", values: l.run_p99, dash: true },
+  ];
+  const busy = Object.entries(c.depths).filter(([, v]) => v.some((n) => n > 0));
+  const depths = busy.length
+    ? busy.map(([q, v], i) => ({ key: q, label: q, colour: DEPTH_COLOURS[i % DEPTH_COLOURS.length], values: v }))
+    : [{ key: "all", label: "all queues empty", colour: "#9aa0a6",
+      values: c.at.map(() => 0) }];
+  fill("charts", el("div", { class: "charts" },
+    chart("rates", "Jobs per second", "/s", c.at, s.now, c.every_s, rates),
+    chart("latency", "Latency (ms, log scale)", " ms", c.at, s.now, c.every_s, latency, true),
+    chart("depths", "Queue depths", "", c.at, s.now, c.every_s, depths)));
 }
 
 function levels(jobs) {
@@ -105,7 +249,7 @@ function dag(flow) {
   }
   for (const job of flow.jobs) {
     const [x, y] = pos[job.id];
-    const g = svg("g", { "data-job": job.id, "data-key": job.key, "data-status": job.status,
+    const g = svg("g", { "data-job": job.id, "data-key": job.key, "data-status": job.status, "data-node": job.node,
       transform: `translate(${x + 1},${y + 1})` });
     g.append(svg("title", {}, `${job.id} on ${job.node}: ${job.status}` + (job.reason ? ` (${job.reason})` : "") + (job.stdout ? "\n" + job.stdout : "")));
     g.append(svg("rect", { width: W, height: H, rx: 6, fill: COLOURS[job.status] || "#666" }));
@@ -170,7 +314,7 @@ function drawMessages(s) {
 function draw(s) {
   actions = s.actions;
   document.getElementById("operator").hidden = !actions;
-  drawNode(s); drawPeers(s); drawFlows(s); drawJobs(s); drawContexts(s); drawMessages(s);
+  drawGrid(s); drawCharts(s); drawNode(s); drawFlows(s); drawJobs(s); drawContexts(s); drawMessages(s);
   document.body.dataset.updated = String(s.now);
 }
 

@@ -4,10 +4,13 @@
 --         message names this node as origin and destination, else 'received'; the job
 --         statistics' count), jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}],
 --       [2] now (s), [3] the replay window (s), [4] '1': the node counts the job statistics
---       (returned, not written: stats_collected)
+--       (returned, not written: stats_collected), [5] the most jobs one actor may hold queued
+--       in the context, [6] the most the context may hold queued (0: no bound)
 -- Returns: {codes, depth, owners, counted}: one code per message (0 materialised, 1 replay of
--- the message key, 2 replay of the nonce, 3 a job key held by another message), the deepest of
--- the reported queues afterwards, per message "<job key> <its holder>" for code 3 ("" else),
+-- the message key, 2 replay of the nonce, 3 a job key held by another message, 4 its jobs would
+-- take its actor past its queue bound, 5 the context past its own), the deepest of the reported
+-- queues afterwards, per message "<job key> <its holder>" for code 3, "<depth> <bound>" for
+-- codes 4 and 5 ("" else),
 -- and what was counted if ARGV[4] asks ([field, increment, ...]; else empty).
 -- Atomic effect: per message, the replay check and, unless refused, its job hashes, their
 -- queue entries (a job queued for the first time stamped stats_queued_ms in its own write),
@@ -15,8 +18,11 @@
 -- TTL) and its in-flight ack. A job hash that exists is written only by the message it names
 -- as message_key: a message naming another message's job (a replayed or reused job id) is
 -- refused whole, nothing of it written. A replay of an earlier message of the same batch is
--- refused as such.
+-- refused as such. Each queued job is counted for its actor and the context (quota_depth), and
+-- a message whose queued jobs would take either past its bound is refused whole: the check
+-- and the count are one step, so concurrent batches never overshoot a bound.
 -- include: stats_jobs
+-- include: quota_depth
 -- (j.fresh: no key of that name yet, so the job is queued for the first time)
 local function taken(m)
   for _, j in ipairs(m.jobs) do
@@ -44,6 +50,21 @@ local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local out, owners = {}, {}
 local depth_of = {}  -- a queue's length as the last LPUSH on it said: no LLEN of it after
+local actor_bound, context_bound = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+-- 4 or 5 and "<depth> <bound>" if queuing m's jobs would take its actor or the context past
+-- its bound; 0 and '' else
+local function over_bound(m)
+  local n = 0
+  for _, j in ipairs(m.jobs) do
+    if j.queue ~= '' then n = n + 1 end
+  end
+  local actor = n > 0 and quota_actor(m.jobs[1].key)
+  if not actor then return 0, '' end
+  local mine, all = quota_depths(actor)
+  if actor_bound > 0 and mine + n > actor_bound then return 4, mine .. ' ' .. actor_bound end
+  if context_bound > 0 and all + n > context_bound then return 5, all .. ' ' .. context_bound end
+  return 0, ''
+end
 for i, m in ipairs(batch) do
   local code, owner = 0, ''
   if all_new(m) then
@@ -56,6 +77,7 @@ for i, m in ipairs(batch) do
   else
     code = 2
   end
+  if code == 0 then code, owner = over_bound(m) end
   if code == 0 then
     for _, j in ipairs(m.jobs) do
       if j.fresh then  -- stamped in the same write (a held job keeps its first stamp)
@@ -67,7 +89,10 @@ for i, m in ipairs(batch) do
         redis.call('HSET', j.key, unpack(j.fields))
         stats_queued(j.key, m.event, j.fields)
       end
-      if j.queue ~= '' then depth_of[j.queue] = redis.call('LPUSH', j.queue, j.key) end
+      if j.queue ~= '' then
+        depth_of[j.queue] = redis.call('LPUSH', j.queue, j.key)
+        quota_queued(j.key)
+      end
     end
     redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     redis.call('SET', m.seen, '1', 'EX', ARGV[3])

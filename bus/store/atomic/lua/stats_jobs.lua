@@ -91,12 +91,11 @@ local function stats_ended_queued(job, status, reason)
   stats_add(field, 1)
   return stype
 end
--- an attempt ended where it ran (reason false: the job's own reason field); known: the job's
--- script_type and stats_started_ms as the caller read them (runs_fence), or nil
+-- an attempt ended where it ran (reason false: the job's own reason field; a retry's reason is
+-- its cause, the failed attempt's reason); known: the job's script_type and stats_started_ms as
+-- the caller read them (runs_fence), or nil
 local function stats_ended(job, status, reason, known)
   reason = reason or redis.call('HGET', job, 'reason') or ''
-  -- a retry is written 'retrying after: <the attempt's reason>' (node/runners): count the latter
-  if status == 'retry' then reason = string.match(reason, '^retrying after: (.*)') or reason end
   local stype, since
   if known then
     stype, since = stats_label(known.script_type), known.stats_started_ms

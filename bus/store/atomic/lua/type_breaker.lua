@@ -96,8 +96,7 @@ local function type_breaker_ended(job, status, reason, known)
   local t = string.sub(string.match(known.script_type or '', '^[%w_%.%-]*'), 1, 64)
   local probe = known.breaker_probe
   if probe then redis.call('HDEL', job, 'breaker_probe') end
-  reason = string.match(reason or '', '^retrying after: (.*)') or reason or ''
-  local token = string.match(reason, '^[a-z0-9_]*')
+  local token = string.match(reason or '', '^[a-z0-9_]*')
   if status == 'finished' then
     tb_event(t, 'ok', nil)
   elseif (status == 'error' or status == 'retry') and not TB_NEUTRAL[token] then

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from bus.core.models import JobStatus, RunnerJob
 from bus.core.reasons import Reason
 
-NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE)
+NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE, Reason.ISOLATION_REFUSED)
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 EXPONENTIAL, LINEAR = "exponential", "linear"
-# The reason of an attempt whose script exited non-zero (node/runners/exits.py).
+# The reason of an attempt whose script exited non-zero (node/slot/exits.py).
 _EXIT = re.compile(r"exit code (\d+)")
 
 

@@ -17,8 +17,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bus.core import keys
-
 if TYPE_CHECKING:
     from bus.store.atomic.runs_sync import SyncRuns
 
@@ -52,7 +50,6 @@ class LogPump:
             self._flush()
 
     def _flush(self) -> None:
-        stream = keys.logs(self.job_key)
         for i, (name, path) in enumerate(zip(("stdout", "stderr"), self.paths, strict=True)):
             if self.offsets[i] >= self.limit:
                 continue
@@ -60,7 +57,7 @@ class LogPump:
             if chunk:
                 self.offsets[i] += len(chunk)
                 fields = {"stream": name, "data": chunk.decode("utf-8", "replace")}
-                self.runs.xadd_capped(stream, fields, MAX_ENTRIES)
+                self.runs.log_chunk(self.job_key, fields, MAX_ENTRIES)
                 self.published = True
 
     def finish(self, status: str) -> None:
@@ -72,8 +69,7 @@ class LogPump:
             if not self.published:
                 return
             self._flush()
-            self.runs.xadd_capped(keys.logs(self.job_key), {"end": status}, MAX_ENTRIES)
-            self.runs.expire(keys.logs(self.job_key), self.ttl)
+            self.runs.log_end(self.job_key, status, MAX_ENTRIES, self.ttl)
 
 
 def _read_from(path: Path, offset: int, most: int) -> bytes:

@@ -3,9 +3,8 @@ frame on its stdin, before the control lines of the same pipe. The frame holds t
 URL with its password and the admission key, so it never travels in an environment, which any
 process of the same uid could read in ``/proc/<pid>/environ`` and which children inherit.
 
-It lives on the node's side, which writes it (processes.py): the runner process imports it from
-here, as it imports the other sync helpers of this room, so that node.worker imports node.runners
-and never the other way round.
+It is the first clause of the slot's contract (node/slot/): the node writes it
+(node/runners/processes.py), the runner process reads it (node/worker/loop.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,267 @@
+"""The bus's bridge to the OpenTelemetry API: start and end spans, turn trace contexts around.
+
+Spans are started and ended explicitly (:func:`start`, :func:`end`), never held by a context
+manager or made current across an ``await``: trio may switch tasks there, and a span made
+current in one task would leak into another (opentelemetry-python #2606).
+
+Costless when nothing is traced: :func:`start` returns None at once unless someone installed a
+recording tracer provider (a node with ``[tracing]`` on, node/observe/tracing.py; an
+application that set up the SDK around the client). opentelemetry-api is optional: without it
+every call here is a no-op, and a client still sends a trace context of its own.
+
+The services judge a message's trace context here too (:func:`judge`): once, where they take
+the message, the drop of a bad value counted by the caller's counter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from bus.core.errors import ModelError
+from bus.core.flows import FlowJobPayload
+from bus.core.models import Message, MessageType
+from bus.core.tracecontext import (
+    NO_TRACE,
+    MessageTrace,
+    TraceParent,
+    message_trace,
+    new_traceparent,
+    well_formed,
+)
+
+try:
+    from opentelemetry import trace as _otel
+    from opentelemetry.context import Context
+    from opentelemetry.trace import (
+        Link,
+        NonRecordingSpan,
+        SpanContext,
+        SpanKind,
+        TraceFlags,
+        TraceState,
+    )
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency of the node
+    _otel = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+# Attribute names: the messaging conventions where they fit, ``hero.*`` for the rest. No
+# attribute ever holds a script, an environment value or an output.
+SYSTEM: Final = "messaging.system"
+OPERATION: Final = "messaging.operation.type"
+DESTINATION: Final = "messaging.destination.name"
+MESSAGE_ID: Final = "messaging.message.id"
+BATCH_COUNT: Final = "messaging.batch.message_count"
+JOB_KEYS: Final = "hero.job.keys"
+FLOW_ID: Final = "hero.flow.id"
+CONTEXT: Final = "hero.context.id"
+CALLER: Final = "hero.caller.id"
+NODE: Final = "hero.node.id"
+PEER: Final = "hero.peer.id"
+OUTCOME: Final = "hero.outcome"
+REASON: Final = "hero.reason"
+SYSTEM_NAME: Final = "hero-bus"
+
+Attributes = Mapping[str, Any]  # str, int or a sequence of str
+Span = Any  # an opentelemetry.trace.Span; Any so that the module loads without the API
+
+
+def kind(name: str) -> Any:  # noqa: ANN401 - a SpanKind, or None without the API
+    """The SpanKind named ``name`` (PRODUCER, CONSUMER, INTERNAL, CLIENT)."""
+    return getattr(SpanKind, name) if _otel is not None else None
+
+
+def recording() -> bool:
+    """Whether spans started here would be recorded: a tracer provider was installed."""
+    if _otel is None:
+        return False
+    # asked per message: the API's global, read directly, costs a tenth of
+    # get_tracer_provider() (which looks its environment variable up on every call)
+    provider = getattr(_otel, "_TRACER_PROVIDER", _UNKNOWN)
+    if provider is None:
+        return False
+    if provider is _UNKNOWN:  # an API that keeps it elsewhere: ask it
+        provider = _otel.get_tracer_provider()
+    return not isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider)
+
+
+_UNKNOWN: Final = object()
+
+
+def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # noqa: ANN401
+    """An OpenTelemetry Context whose current span is ``parent`` (remote), or an empty one for
+    None: a node's span is a child of the message's trace, or the root of a trace of its own,
+    never of whatever happens to be current in the task."""
+    if parent is None:
+        return Context()
+    return _otel.set_span_in_context(NonRecordingSpan(_span_context(parent, tracestate)))
+
+
+def _span_context(parent: TraceParent, tracestate: str) -> Any:  # noqa: ANN401
+    state = TraceState.from_header([tracestate]) if tracestate else TraceState()
+    return SpanContext(
+        trace_id=int(parent.trace_id, 16),
+        span_id=int(parent.parent_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(parent.flags),
+        trace_state=state,
+    )
+
+
+def link_to(parent: TraceParent) -> Any:  # noqa: ANN401
+    """A span link to ``parent`` (a message a frame carries)."""
+    return Link(_span_context(parent, ""))
+
+
+def start(
+    tracer_name: str,
+    name: str,
+    span_kind: str,
+    *,
+    context: Any = None,  # noqa: ANN401 - an opentelemetry Context; None: the current one
+    attributes: Attributes | None = None,
+    links: Sequence[Any] = (),
+) -> Span | None:
+    """A started span (to be ended with :func:`end`), or None when nothing is recorded."""
+    if not recording():
+        return None
+    tracer = _otel.get_tracer(tracer_name)
+    return tracer.start_span(
+        name,
+        context=context,
+        kind=kind(span_kind),
+        attributes={SYSTEM: SYSTEM_NAME, **(attributes or {})},
+        links=list(links) or None,
+    )
+
+
+def end(
+    span: Span | None, outcome: str = "", reason: str = "", attributes: Attributes | None = None
+) -> None:
+    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token)."""
+    if span is None:
+        return
+    if outcome:
+        span.set_attribute(OUTCOME, outcome)
+    if reason:
+        span.set_attribute(REASON, reason)
+        span.set_status(_otel.Status(_otel.StatusCode.ERROR, reason))
+    for name, value in (attributes or {}).items():
+        span.set_attribute(name, value)
+    span.end()
+
+
+def traceparent_of(span: Span | None) -> tuple[str, str]:
+    """``(traceparent, tracestate)`` naming ``span`` as the parent ("" , "" when it has no
+    valid context: a no-op span outside any trace)."""
+    if span is None or _otel is None:
+        return "", ""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return "", ""
+    parent = TraceParent(f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}", int(ctx.trace_flags))
+    return parent.header, ctx.trace_state.to_header() if ctx.trace_state else ""
+
+
+def current_span() -> Span | None:
+    """The caller's current span (its OpenTelemetry context), None without the API."""
+    return _otel.get_current_span() if _otel is not None else None
+
+
+def outgoing_trace(span: Span | None) -> tuple[str, str]:
+    """The trace context a client signs into what it sends: ``span``'s (its PRODUCER span),
+    else the caller's current span's, else a new trace (bus/core/tracecontext.py)."""
+    for candidate in (span, current_span()):
+        found = traceparent_of(candidate)
+        if found[0]:
+            return found
+    return new_traceparent(), ""
+
+
+def end_error(span: Span | None, exc: BaseException) -> None:
+    """End ``span`` for an exception: ``rejected`` with a refusal's reason token (``Refused``
+    and ``Rejected`` carry one), else ``failed`` with the exception's type (never its text:
+    it may quote content)."""
+    if span is None:
+        return
+    reason = getattr(exc, "reason", "")
+    if reason:
+        end(span, "rejected", str(reason))
+    else:
+        end(span, "failed", type(exc).__name__)
+
+
+# -- a message's trace, as a service judges it ---------------------------------------------------
+
+DROPPED: Final = "trace_context_dropped_"  # + TraceDrop: the node counter of each drop
+
+
+def judge(
+    count: Callable[[str], None], traceparent: str, tracestate: str, what: str
+) -> MessageTrace:
+    """The trace a message (or flow document) ``what`` continues; each value dropped is
+    counted (``count(trace_context_dropped_<reason>)``) and logged, and nothing else happens:
+    the message runs as if it carried none."""
+    judged = message_trace(traceparent, tracestate)
+    for drop in judged.dropped:
+        count(DROPPED + drop.drop)
+        log.warning("%s: trace context dropped (%s)", what, drop, extra={"reason": str(drop.drop)})
+    return judged
+
+
+def judge_message(count: Callable[[str], None], message: Message) -> MessageTrace:
+    """:func:`judge` for a service that takes ``message``; while no span is recorded, a
+    well-formed trace context costs one regex match (NO_TRACE: there is nothing to continue)."""
+    if not recording() and not message.tracestate:
+        if not message.traceparent or well_formed(message.traceparent):
+            return NO_TRACE
+    return judge(count, message.traceparent, message.tracestate, message.key)
+
+
+def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, Any]:
+    """What a node's span of ``message`` says of it: keys and ids, never content."""
+    attributes: dict[str, Any] = {
+        MESSAGE_ID: message.key,
+        CONTEXT: ctx,
+        CALLER: message.caller_id,
+        NODE: node_id,
+        "messaging.message.type": message.message_type.value,
+    }
+    if message.job:
+        attributes[JOB_KEYS] = [job.key for job in message.job]
+    if message.message_type is MessageType.FLOW_JOB:
+        flow_id = _flow_id(message.message)
+        if flow_id:
+            attributes[FLOW_ID] = flow_id
+    return attributes
+
+
+def _flow_id(payload: str) -> str:
+    """The flow id a flow job message's payload names ("" if it names none); only read while
+    spans are recorded."""
+    try:
+        flow = FlowJobPayload.decode(payload).flow
+    except ModelError:
+        return ""
+    flow_id = flow.get("id")
+    return str(flow_id) if type(flow_id) is int else ""
+
+
+def start_message_span(
+    tracer: str,
+    name: str,
+    span_kind: str,
+    node_id: str,
+    ctx: int,
+    message: Message,
+    trace: MessageTrace,
+    destination: str,
+) -> Span | None:
+    """A node's span of one message, a child of the trace it carries (or a root)."""
+    if not recording():
+        return None
+    attributes = message_attributes(node_id, ctx, message) | {DESTINATION: destination}
+    context = remote_context(trace.parent, trace.tracestate)
+    return start(tracer, name, span_kind, context=context, attributes=attributes)

@@ -1,0 +1,116 @@
+"""What a runner process tells the node, and when (node/worker/loop.py): how many jobs it took
+(the supervisor's backpressure waits for that), how they ended (the node's counters, ``hero-node
+status``), and the job statistics it counted itself until it hands them to Valkey
+(bus/store/atomic/stats.py): every ``taken_every`` jobs or once per lease beat, and whenever it
+goes idle, not per job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
+from bus.store.atomic.stats import StatsBatch
+from node.slot.spec import RunnerSpec
+from node.worker.job import PROCESS
+
+
+def report(line: bytes) -> None:
+    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``c{json}`` counters to add,
+    ``r`` a retry scheduled."""
+    with contextlib.suppress(OSError):  # the node is gone: nobody to tell
+        os.write(PROCESS.report, line + b"\n")
+
+
+class Reports:
+    """The figures one runner process holds for the node and for Valkey, until they are due."""
+
+    def __init__(self, spec: RunnerSpec, runs: SyncRuns) -> None:
+        self.spec, self.runs = spec, runs
+        self.parent = os.getppid()
+        self.taken = 0  # jobs taken since the last report to the node
+        self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
+        # job statistics counted here, not yet in Valkey (bus/store/atomic/stats.py), and since;
+        # and the slot's totals as handed over (read from Valkey at start: main)
+        self.stats = StatsBatch()
+        self.stats_since = 0.0
+        self.totals = StatsBatch()
+
+    def orphaned(self) -> bool:
+        """Whether the node that started this process has died."""
+        return os.getppid() != self.parent
+
+    def took(self) -> None:
+        """One job taken: reported with the next ``taken_every``."""
+        self.taken += 1
+        if self.taken >= self.spec.taken_every:
+            self.flush()
+
+    def count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def counted(
+        self,
+        fields: dict[str, str],
+        status: str,
+        reason: str,
+        answered_here: bool,
+        took_s: float,
+        beat_s: float,
+    ) -> tuple[StatsBatch, bool]:
+        """The statistics not yet in Valkey with this attempt's end added, and whether they
+        are due now: every ``taken_every`` jobs or once per lease beat (``beat_s``); else the
+        end hands them over only if it leaves this runner idle (bus/store/atomic/runs.py:
+        then_source)."""
+        batch = self.stats.copy()
+        batch.ended(fields, status, reason, took_s)
+        if answered_here and status != "retry":
+            batch.answered(fields, status, reason, took_s)
+        if not self.stats.jobs:
+            self.stats_since = time.monotonic()
+        age_s = time.monotonic() - self.stats_since
+        return batch, batch.jobs >= self.spec.taken_every or age_s >= beat_s
+
+    def handover(self, batch: StatsBatch) -> str:
+        """The ``stats`` ARGV that hands ``batch`` over: the slot's totals with it added (one
+        HSET, and a hand-over whose reply was lost counts nothing twice); once the node died,
+        the increments alone, for the next node may have started another process of this
+        slot from the totals."""
+        if self.orphaned():
+            return batch.encode()
+        return self.totals.merged(batch).handover(self.spec.slot_id)
+
+    def kept(self, batch: StatsBatch, ok: bool, *, applied: bool) -> None:
+        """After an end: applied, nothing left (the totals include it); written but kept (a
+        next job was started), the batch is what is left; refused (a superseded attempt:
+        nothing written, not counted), what was left before."""
+        if applied:
+            if not self.orphaned():
+                self.totals = self.totals.merged(batch)
+            self.stats = StatsBatch()
+        elif ok:
+            self.stats = batch
+
+    def flush(self, *, idle: bool = False) -> None:
+        """Tell the node how many jobs this process took and how they ended: every
+        ``taken_every`` jobs and before blocking for more, not per job. ``idle``: also the job
+        statistics still held here (an end that left this runner idle applied them already,
+        unless it was not the last thing it did: a refusal, a requeue)."""
+        if idle and self.stats.jobs:
+            batch, self.stats = self.stats, StatsBatch()
+            orphaned = self.orphaned()  # then increments: see handover
+            if not orphaned:
+                self.totals = self.totals.merged(batch)  # a failed hand-over: in the next one
+            with contextlib.suppress(SyncStoreError):  # counts only
+                if orphaned:
+                    self.runs.add_stats(batch)
+                else:
+                    self.runs.add_stats(self.totals, self.spec.slot_id)
+        if self.taken:
+            report(b"t%d" % self.taken)
+            self.taken = 0
+        if self.counts:
+            report(b"c" + json.dumps(self.counts).encode())
+            self.counts = {}
