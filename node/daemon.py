@@ -8,6 +8,7 @@ run_node
     ├── watch                registry events: contexts, peers registered while running (Registry)
     ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
     ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
+    ├── carry_asks           clients' trace asks to peers, answers back (node/links/trace.py)
     ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
     ├── run_dlq_watch        DB 0's dead letters: bound, archive, hook (node/observe/dlq.py)
     ├── run_breaker_publisher  the peers' circuit breakers (node/links/peer_breakers.py)
@@ -219,6 +220,7 @@ async def _run_services(
             registry.resilient, "counters", run_counters, node.counters, node.store, transport
         )
         await services.start(registry.resilient, "links", run_link_info, node.store, transport)
+        await services.start(registry.resilient, "trace asks", handler.traces.carry_asks, transport)
         writer = JobStatsWriter(node.job_stats, node.store, node.identity.node_id)
         await services.start(registry.resilient, "job statistics", writer.run)
         console_url = await _start_console(node, transport, services)

@@ -5,7 +5,8 @@ Data frames: ``msgs`` (up to :data:`MAX_BATCH` message hashes, each for a contex
 the sender had ready, never held back to fill a batch) answered by one ``acks`` (the keys stored
 and queued, and the ``nacks``: keys refused, each with a reason; the sender dead-letters those
 instead of retrying forever). A single message travels as a ``msgs`` frame of one: any other
-type tag is refused as an unknown frame.
+type tag is refused as an unknown frame. ``ask`` and ``tell`` carry a trace ask and its answer
+(bus/core/traces.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ _REQUIRED: dict[str, dict[str, type]] = {
     "welcome": {"sig": str},
     "msgs": {"msgs": list},
     "acks": {"acks": list, "nacks": list},
+    # a trace ask and its answer (bus/core/traces.py checks what they hold)
+    "ask": {"ask": dict},
+    "tell": {"tell": dict},
 }
 # The items of the list fields of batch frames. A msgs item's ``fields`` is only checked to be
 # an object here: fields that are not all strings make that one message refused (nacked), not

@@ -219,6 +219,16 @@ REGISTRY_VERSION = "registry:version"
 NODE_INFO = "node:info"  # hash: id, name, ws_url, redis_url of the node on this Redis
 
 
+# DB 0: signed trace asks (bus/core/traces.py) a client hands its node to carry to a peer, and
+# the list each answer is pushed on for the client that waits for it (node/links/trace.py)
+TRACE_ASKS = "trace:asks"
+
+
+def trace_told(ask_id: int) -> str:
+    """The list the answer to trace ask ``ask_id`` is pushed on (expires soon after)."""
+    return f"trace:told:{ask_id}"
+
+
 def outbox(node_id: str) -> str:
     """Durable per-peer outbox: entries ``<context_id>|<message key>`` wait here until acked."""
     return f"outbox:{node_id}"

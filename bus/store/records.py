@@ -120,6 +120,11 @@ async def log_entries(
     ]
 
 
+async def read_attempts(store: Store, ctx: int, job_key: str) -> list[str]:
+    """The attempt entries of a job (JSON texts, oldest first; [] for a job run once)."""
+    return await store.lrange(ctx, keys.attempts(job_key))
+
+
 async def mark_message(store: Store, ctx: int, message_key: str, fields: dict[str, str]) -> None:
     """Set a message's own fields (status, reason, updated_at); not signed, not atomic with
     anything else."""

@@ -22,6 +22,7 @@ from node.cli.lists import add_job_list
 from node.cli.output import add_json, print_json
 from node.cli.parsing import hidden_alias
 from node.cli.submit import job_submit, job_wait, positive_int
+from node.cli.trace import add_job_trace
 
 if TYPE_CHECKING:
     from bus.client.api import Client
@@ -68,6 +69,8 @@ def add_job_commands(sub: Any) -> None:  # noqa: ANN401 (argparse's private type
     s.add_argument("--context", type=int, default=None, help=CONTEXT_HELP)
     add_json(s)
     s.set_defaults(func=with_client(job_show))
+
+    add_job_trace(job)
 
 
 def _add_submit(job: Any) -> None:  # noqa: ANN401

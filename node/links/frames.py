@@ -25,6 +25,7 @@ from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
 from node.intake.held import delivery_fields
 from node.intake.messages import Rejected, load_message, reject
+from node.links.trace import TraceDesk
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,17 @@ class LinkHandler:
     def __init__(self, node: NodeState, contexts: set[int]) -> None:
         self.node = node
         self.contexts = contexts  # the contexts this node serves (live set)
+        self.traces = TraceDesk(node)  # trace asks and answers (node/links/trace.py)
 
     async def on_frame(self, link: Link, frame: Frame) -> None:
         if frame.type == "msgs":
             await self._deliver(link, msgs_of(frame))
         elif frame.type == "acks":
             await self._answered(link, *answers_of(frame))
+        elif frame.type == "ask":
+            await self.traces.on_ask(link, frame.body)
+        elif frame.type == "tell":
+            await self.traces.on_tell(link, frame.body)
         else:
             await self.on_bad_frame(link, f"unexpected {frame.type} frame after the handshake")
 

@@ -100,6 +100,7 @@ async def test_each_commands_json_validates_against_its_schema(node_factory, tmp
         "dlq list": ["dlq", "list"],
         "dlq show": ["dlq", "show", refused.key],
         "msg status": ["msg", "status", failed["message_key"]],
+        "job trace": ["job", "trace", str(flow_id)],
     }
     hero_verify = {"hero-verify verify"}  # test_hero_verify_verify_json_validates
     assert set(runs) | hero_verify == json_commands(), "a --json command with no run here"
