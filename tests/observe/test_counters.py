@@ -74,9 +74,11 @@ async def test_status_shows_the_counters_as_text_and_json(node_factory, capsys):
         await alice.client.wait_results(message, 25)
         await published(alice.store, lambda c: c.get("jobs_finished") == 1)
         capsys.readouterr()
-        assert await status(alice.client, argparse.Namespace(json=False)) == 0
+        as_cli = argparse.Namespace(home=alice.config.home, json=False)
+        assert await status(alice.client, as_cli) == 0
         text = capsys.readouterr().out
-        assert await status(alice.client, argparse.Namespace(json=True)) == 0
+        as_cli = argparse.Namespace(home=alice.config.home, json=True)
+        assert await status(alice.client, as_cli) == 0
         facts = json.loads(capsys.readouterr().out)
     assert "context 1: msg_out=0" in text
     assert "jobs_finished=1" in text.splitlines()[-1]

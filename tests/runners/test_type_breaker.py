@@ -214,7 +214,8 @@ async def test_failing_jobs_open_it_queued_jobs_wait_probes_decide(node_factory,
 
     facts = await status_facts(alice.client)
     assert facts["contexts"][1]["type_breakers"]["sh"]["state"] == "open"
-    assert await status(alice.client, argparse.Namespace(json=False)) == 0
+    as_cli = argparse.Namespace(home=alice.config.home, json=False)
+    assert await status(alice.client, as_cli) == 0
     assert "breaker of sh open since" in capsys.readouterr().out
     body, _ = await exposition(alice.info.state)
     samples = {
