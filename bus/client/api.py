@@ -497,7 +497,20 @@ class Client:
     async def wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
         """Wait for one result per job of ``message``; ClientError after ``timeout_s``. A
         message that names an inbox is answered there (one pop per batch of answers, shared
-        with this client's other waiters); else on its own ``reply:<message key>``."""
+        with this client's other waiters); else on its own ``reply:<message key>``. Traced
+        (when the application set up OpenTelemetry) as the client's wait: a span in the
+        message's trace, from this call to the last answer."""
+        span = _wait_span(message)
+        try:
+            results = await self._wait_results(message, timeout_s)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        failed = sum(r.status is not JobStatus.FINISHED for r in results)
+        spans.end(span, "answered", attributes={"hero.results.failed": failed})
+        return results
+
+    async def _wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
         if message.reply_to:
             return await self._replies.wait(message, timeout_s)
         results: list[JobResult] = []
@@ -719,6 +732,24 @@ def _producer_span(operation: str, context_id: int, caller_id: int) -> spans.Spa
         "messaging.operation.name": operation,
     }
     return spans.start(__name__, f"{operation} {keys.MSG_OUT}", "PRODUCER", attributes=attributes)
+
+
+def _wait_span(message: Message) -> spans.Span | None:
+    """The client's span of waiting for ``message``'s results: a child of the span that sent
+    it (its signed traceparent); None unless the application set up OpenTelemetry. Started
+    and ended explicitly, never current across the wait's awaits."""
+    if not spans.recording():
+        return None
+    trace = message_trace(message.traceparent, message.tracestate)
+    attributes: dict[str, object] = {
+        spans.MESSAGE_ID: message.key,
+        spans.CONTEXT: message.context_id,
+        spans.CALLER: message.caller_id,
+        spans.DESTINATION: keys.reply(message.key) if not message.reply_to else "inbox",
+        spans.JOB_KEYS: [job.key for job in message.job],
+    }
+    context = spans.remote_context(trace.parent, trace.tracestate)
+    return spans.start(__name__, "wait reply", "CONSUMER", context=context, attributes=attributes)
 
 
 def _carried(messages: Sequence[Message]) -> dict[str, str | int]:

@@ -15,7 +15,9 @@ the message, the drop of a bad value counted by the caller's counter.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -60,6 +62,8 @@ CONTEXT: Final = "hero.context.id"
 CALLER: Final = "hero.caller.id"
 NODE: Final = "hero.node.id"
 PEER: Final = "hero.peer.id"
+JOB_KEY: Final = "hero.job.key"
+ATTEMPT: Final = "hero.attempt"
 OUTCOME: Final = "hero.outcome"
 REASON: Final = "hero.reason"
 SYSTEM_NAME: Final = "hero-bus"
@@ -115,6 +119,18 @@ def link_to(parent: TraceParent) -> Any:  # noqa: ANN401
     return Link(_span_context(parent, ""))
 
 
+# a span id start() asks the provider's id generator to use (node/observe/tracing.py
+# PinnedIds), per thread: set and taken within one start_span call
+_PINNED = threading.local()
+
+
+def take_pinned_span_id() -> int:
+    """The span id pinned for the span being started (0: none); taken once."""
+    pinned = getattr(_PINNED, "span_id", 0)
+    _PINNED.span_id = 0
+    return pinned
+
+
 def start(
     tracer_name: str,
     name: str,
@@ -123,17 +139,51 @@ def start(
     context: Any = None,  # noqa: ANN401 - an opentelemetry Context; None: the current one
     attributes: Attributes | None = None,
     links: Sequence[Any] = (),
+    span_id: int = 0,
 ) -> Span | None:
-    """A started span (to be ended with :func:`end`), or None when nothing is recorded."""
+    """A started span (to be ended with :func:`end`), or None when nothing is recorded.
+    ``span_id``: the id it gets where the node's provider allows it (else a random one)."""
     if not recording():
         return None
     tracer = _otel.get_tracer(tracer_name)
-    return tracer.start_span(
-        name,
-        context=context,
-        kind=kind(span_kind),
-        attributes={SYSTEM: SYSTEM_NAME, **(attributes or {})},
-        links=list(links) or None,
+    _PINNED.span_id = span_id
+    try:
+        return tracer.start_span(
+            name,
+            context=context,
+            kind=kind(span_kind),
+            attributes={SYSTEM: SYSTEM_NAME, **(attributes or {})},
+            links=list(links) or None,
+        )
+    finally:
+        _PINNED.span_id = 0
+
+
+def child_context(span: Span | None) -> Any:  # noqa: ANN401
+    """An OpenTelemetry Context whose current span is ``span`` (a parent to pass on
+    explicitly, never made current)."""
+    return _otel.set_span_in_context(span) if span is not None else None
+
+
+def attempt_span_id(trace_id: str, job_key: str, attempt: int) -> int:
+    """The span id of attempt ``attempt`` of ``job_key`` in trace ``trace_id``: derived, so
+    that a retry, run by whichever process of the node, links to its first attempt without
+    anyone recording that attempt's span. Never 0 (an invalid id)."""
+    seed = f"{trace_id}|{job_key}|{attempt}".encode()
+    value = int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big")
+    return value or 1
+
+
+def attempt_link(trace_id: str, job_key: str) -> Any:  # noqa: ANN401
+    """A span link to the first attempt of ``job_key`` in trace ``trace_id``."""
+    first = attempt_span_id(trace_id, job_key, 1)
+    return Link(
+        SpanContext(
+            trace_id=int(trace_id, 16),
+            span_id=first,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        )
     )
 
 

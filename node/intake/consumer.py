@@ -29,10 +29,12 @@ from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,
     Rejected,
+    end_result_spans,
     parse_message,
     reject,
     reply_targets,
     result_write,
+    start_result_spans,
 )
 from node.intake.stops import apply_stop
 from node.state import NodeState
@@ -181,6 +183,7 @@ async def accept_results(
         for (message, body), reply_to in zip(results, inboxes, strict=True)
     ]
     counted: list[str] = []
+    made = start_result_spans(node, ctx, results)
     verdicts = await routing.accept_results(
         node.store,
         ctx,
@@ -191,6 +194,7 @@ async def accept_results(
         counted=counted,
     )
     node.job_stats.add(ctx, counted)
+    end_result_spans(made, verdicts)
     for (message, body), (reason, detail) in zip(results, verdicts, strict=True):
         if reason != "ok":
             exc = _refusal(ctx, message, body, Reason(str(reason)), str(detail))

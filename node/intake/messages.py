@@ -7,12 +7,13 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import TypeVar
 
-from bus.core import keys
+from bus.core import keys, spans
 from bus.core.envelope import ResultBody, build_result, reply_text, sign_message
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
 from bus.core.text import printable
+from bus.core.tracecontext import message_trace
 from bus.errors import ModelError, Refused, StoreError
 from bus.store import lists, records
 from bus.store.atomic import routing as atomic_routing
@@ -262,3 +263,41 @@ def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> Resul
         reply_ttl_s=node.config.reply_ttl_s,
         reply_to=reply_to,
     )
+
+
+def start_result_spans(
+    node: NodeState, ctx: int, results: list[tuple[Message, ResultBody]]
+) -> list[spans.Span | None]:
+    """The result's way back, at its origin: one span per result applied (the job copy, the
+    request, the client's reply), a child of the trace the result carries (its request's,
+    bus/core/envelope.py build_result). The result was judged when it was verified: its
+    trace context is not counted a second time. [] while nothing is recorded."""
+    if not spans.recording():
+        return []
+    made = []
+    for message, body in results:
+        trace = message_trace(message.traceparent, message.tracestate)
+        span = spans.start_message_span(
+            __name__,
+            f"apply {keys.MSG_IN}",
+            "INTERNAL",
+            node.identity.node_id,
+            ctx,
+            message,
+            trace,
+            keys.MSG_IN,
+        )
+        if span is not None:
+            span.set_attribute(spans.JOB_KEY, body.job_key)
+            span.set_attribute("hero.request.id", body.in_reply_to)
+        made.append(span)
+    return made
+
+
+def end_result_spans(made: list[spans.Span | None], verdicts: list[tuple[str, str]]) -> None:
+    """End the spans of :func:`start_result_spans` with each result's verdict."""
+    for span, (reason, _) in zip(made, verdicts, strict=False):
+        if reason == "ok":
+            spans.end(span, "applied")
+        else:
+            spans.end(span, "rejected", str(reason))

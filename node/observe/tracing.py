@@ -13,6 +13,13 @@ ratio can make a node record (and export) what it would not. :class:`KeyedRatioS
 from a keyed hash of the trace id: nodes that share ``sampling_key`` record the same traces
 whole; without one each node keeps its own random key, which at a ratio below 1 samples each
 node's part of a trace independently.
+
+The node's runner processes (node/worker/) export the spans of the attempts they run with a
+provider of their own, set up from :func:`runner_settings` (the endpoint, the ratio and the
+node's very sampling key, in the spec on their stdin: nothing in an environment), so that a
+runner records exactly the traces its node records. Their span ids may be pinned
+(:class:`PinnedIds`): an attempt's id is derived from its job and number
+(bus/core/spans.py ``attempt_span_id``), and a retry links to its first attempt by it.
 """
 
 from __future__ import annotations
@@ -74,8 +81,31 @@ def sampling_key(config: TracingConfig) -> bytes:
     return secrets.token_bytes(32)
 
 
-def install(config: TracingConfig, node_id: str, node_name: str) -> Any:  # noqa: ANN401
-    """Install the global tracer provider that exports this node's spans; returns it."""
+# what install() set up, for the spec of each runner process it starts ({}: tracing is off)
+_RUNNER_SETTINGS: dict[str, Any] = {}
+
+
+def runner_settings() -> dict[str, Any]:
+    """What a runner process needs to export its spans as its node does ({}: tracing off):
+    endpoint, ratio, the sampling key (hex), service name, node id and name."""
+    return dict(_RUNNER_SETTINGS)
+
+
+def _pinned_ids() -> Any:  # noqa: ANN401 - an opentelemetry.sdk IdGenerator
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    from bus.core.spans import take_pinned_span_id
+
+    class PinnedIds(RandomIdGenerator):
+        """Random ids, except a span id pinned by bus/core/spans.py ``start(span_id=...)``."""
+
+        def generate_span_id(self) -> int:
+            return take_pinned_span_id() or super().generate_span_id()
+
+    return PinnedIds()
+
+
+def _install(settings: dict[str, Any]) -> Any:  # noqa: ANN401
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -84,15 +114,41 @@ def install(config: TracingConfig, node_id: str, node_name: str) -> Any:  # noqa
 
     resource = Resource.create(
         {
-            "service.name": config.service_name,
-            "service.instance.id": node_id,
-            "hero.node.name": node_name,
+            "service.name": settings["service_name"],
+            "service.instance.id": settings["node_id"],
+            "hero.node.name": settings["node_name"],
         }
     )
-    sampler = KeyedRatioSampler(config.sampling_ratio, sampling_key(config))
-    provider = TracerProvider(resource=resource, sampler=sampler)  # type: ignore[arg-type]
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.endpoint)))
+    sampler = KeyedRatioSampler(settings["sampling_ratio"], bytes.fromhex(settings["key"]))
+    provider = TracerProvider(
+        resource=resource,
+        sampler=sampler,  # type: ignore[arg-type]
+        id_generator=_pinned_ids(),
+    )
+    exporter = OTLPSpanExporter(endpoint=settings["endpoint"])
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    return provider
+
+
+def install_runner(settings: dict[str, Any]) -> Any:  # noqa: ANN401
+    """Install, in a runner process, the provider of :func:`runner_settings`; returns it."""
+    return _install(settings)
+
+
+def install(config: TracingConfig, node_id: str, node_name: str) -> Any:  # noqa: ANN401
+    """Install the global tracer provider that exports this node's spans; returns it."""
+    settings = {
+        "endpoint": config.endpoint,
+        "sampling_ratio": config.sampling_ratio,
+        "key": sampling_key(config).hex(),
+        "service_name": config.service_name,
+        "node_id": node_id,
+        "node_name": node_name,
+    }
+    provider = _install(settings)
+    _RUNNER_SETTINGS.clear()
+    _RUNNER_SETTINGS.update(settings)
     log.info(
         "tracing: spans to %s (sampling %g, service %s)",
         config.endpoint,
@@ -114,5 +170,6 @@ async def tracing(config: TracingConfig, node_id: str, node_name: str) -> AsyncI
     try:
         yield
     finally:
+        _RUNNER_SETTINGS.clear()
         with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_S):
             await trio.to_thread.run_sync(provider.shutdown, abandon_on_cancel=True)

@@ -42,6 +42,7 @@ from bus.core import keys
 from bus.store import serve
 from node.host.hardening import child_env
 from node.observe import logs
+from node.observe.tracing import runner_settings
 from node.runners.recovery import recover_slot
 from node.runners.sandboxes import slot_sandbox
 from node.slot import outcomes
@@ -86,6 +87,7 @@ def runner_spec(
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
         sandbox=slot_sandbox(config, node.runners.isolation, ctx) if node.runners.isolation else {},
+        tracing=runner_settings(),
     )
 
 

@@ -52,6 +52,8 @@ class RunnerSpec:
     signer_fd: int = -1  # its socket to the node's signer (node/host/signer.py), inherited
     # the slot's sandbox (node/sandbox/host.py SandboxSpec, as a dict): no sandbox, no job
     sandbox: dict[str, Any] = field(default_factory=dict)
+    # where its spans go, as its node's do (node/observe/tracing.py runner_settings; {}: off)
+    tracing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def slot_id(self) -> str:

@@ -23,7 +23,7 @@ from node.host.signer import SignerGone
 from node.slot.away import Away
 from node.slot.exits import Outcome, outcome_of
 from node.slot.lifecycle import RetryPolicy
-from node.slot.plan import AnswerHere, Attempt, Retry, ending_of, plan_ending
+from node.slot.plan import AnswerHere, Attempt, Retry, ended_as, ending_of, plan_ending
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.log import line_fields
@@ -50,6 +50,7 @@ class Ender:
         self.spec, self.runs, self.job, self.reports, self.signer = spec, runs, job, reports, signer
         self.inflight = spec.inflight
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
+        self.ended = ""  # how the last attempt ended: retry, finished or error (its span's)
 
     def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.spec, job_key, reason, **more)
@@ -158,6 +159,7 @@ class Ender:
         plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
+        self.ended = ended_as(plan)
         took_s = time.monotonic() - self.job.began
         here_answered = isinstance(plan, AnswerHere)
         batch, due = self.reports.counted(

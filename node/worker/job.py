@@ -41,6 +41,8 @@ from node.slot.commands import expand, uses_script_file
 from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.worker.pyjobs import become_subreaper
+from node.worker.spans import end as end_span
+from node.worker.spans import sandbox_span
 
 if TYPE_CHECKING:
     from bus.store.atomic.runs_sync import SyncRuns
@@ -207,6 +209,7 @@ class JobRun:
         self.named = False  # the attempt's outcome file was written, not only the slot's
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
+        self.span: Any = None  # the running attempt's span, the sandbox run's parent
 
     def start_watch(self) -> None:
         threading.Thread(target=self._watch, name="watch", daemon=True).start()
@@ -291,16 +294,21 @@ class JobRun:
         if self.log_fds is None:
             self.log_fds = _open_logs(self.logs)
         fds = _emptied(self.log_fds)
+        box = None if self.span is None else sandbox_span(self.spec, self.span, cur.job.key)
         try:
             reply = self.sandbox.run(request, fds[0], fds[1])
             # killed outright, it may be the abort's kill of the sandbox racing the answer
             cur.answered = reply.get("signal") != signal.SIGKILL
             code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
         except (SandboxLost, PlanError, OSError) as exc:
+            end_span(box, "failed", Reason.RUNNER_LOST)
             if not (cur.kill_reason or self.aborted):
                 reason = f"{Reason.RUNNER_LOST}: the sandbox ended ({exc})"
                 return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, reason)
             reply, code = {"exit_code": None, "signal": signal.SIGKILL}, -signal.SIGKILL
+        else:
+            if box is not None:
+                end_span(box, "exited", attributes={"hero.exit_code": code})
         sizes = [os.fstat(fd).st_size for fd in fds]
         tail = os.pread(fds[1], TAIL_BYTES, max(0, sizes[1] - TAIL_BYTES)) if sizes[1] else b""
         out, err = (read_back(fd, size, limit) for fd, size in zip(fds, sizes, strict=True))

@@ -46,6 +46,7 @@ import logging
 import os
 import signal
 from types import FrameType
+from typing import Any
 
 from bus.core import admitted, keys, queues
 from bus.core.models import Message, RunnerJob
@@ -65,6 +66,8 @@ from node.worker.job import Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
 from node.worker.reports import Reports, report
+from node.worker.spans import attempt_span
+from node.worker.spans import end as end_span
 
 log = logging.getLogger("node.worker.loop")
 
@@ -90,6 +93,8 @@ class SlotLoop:
         self.job = JobRun(spec, self.runs, self.end_from_watch)
         self.ender = Ender(spec, self.runs, self.job, self.reports, signer)
         self.popper = Popper(spec, self.runs, self.reports, self.flags)
+        self.traced = bool(spec.tracing)  # the one check a job costs with tracing off
+        self.ended_reason = ""  # the reason of the attempt that ended last (its span's)
 
     @property
     def draining(self) -> bool:
@@ -186,16 +191,30 @@ class SlotLoop:
         if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
             about = self.fields(job_key, attempt=attempt)
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
+        if self.traced:
+            self.job.span = attempt_span(self.spec, job, fields, request, attempt)
+        try:
+            return self._run_and_end(job, fields, request, attempt, nxt)
+        finally:
+            if self.job.span is not None:
+                span, self.job.span = self.job.span, None
+                end_span(span, self.ender.ended or "interrupted", self.ended_reason)
+
+    def _run_and_end(
+        self, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int, nxt: NextJob
+    ) -> Started | None:
+        self.ender.ended, self.ended_reason = "", ""
         outcome = self.job.run(job, request, attempt)
         with self.ender.ending:
             if outcome is None:  # aborted: the attempt does not count; run it later
-                self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
+                self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
                 self.job.end_logs("interrupted")
-                about = self.fields(job_key, attempt=attempt)
-                log.info("%s interrupted by shutdown; requeued", job_key, extra=about)
+                about = self.fields(job.key, attempt=attempt)
+                log.info("%s interrupted by shutdown; requeued", job.key, extra=about)
                 raise Aborted
             taken = None if self._leaving() else nxt
             self.ender.keep(outcome)
+            self.ended_reason = outcome.reason
             try:
                 started = self.ender.conclude(job, fields, request, outcome, attempt, taken)
             finally:
@@ -223,6 +242,9 @@ class SlotLoop:
             return Message.from_hash(self.runs.message_fields(job.message_key))
         caller, ident = keys.parse_message_key(job.message_key)
         reply_to = fields.get("reply_to", "")  # materialise copies the signed one here
+        signed: dict[str, str] = {}
+        if self.traced:  # the trace the attempt continues and its result carries back
+            signed = self.runs.message_fields(job.message_key)
         return Message(
             ident,
             caller,
@@ -230,6 +252,8 @@ class SlotLoop:
             origin=origin,
             destination=self.spec.node_id,
             reply_to=reply_to,
+            traceparent=signed.get("traceparent", ""),
+            tracestate=signed.get("tracestate", ""),
         )
 
     def end_from_watch(
@@ -274,6 +298,7 @@ def main() -> None:
     signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
     prepare_process(spec)  # fds, subreaper, pid file, environment
     _RUNNER = runner = SlotLoop(spec, admission_key, signer)
+    provider = _traced(spec)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, _on_signal)
     if runner.reports.orphaned():
@@ -300,8 +325,26 @@ def main() -> None:
         # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
         log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
         runner.job.sandbox.stop(graceful=True)
+        _flush(provider)
         os._exit(2)
     # no job runs now: the sandbox ends as a retired one does, reaped here with its jobs' CPU
     # (not left to bwrap's die-with-parent and init, which would count it nowhere)
     runner.job.sandbox.stop(graceful=True)
-    os._exit(0)  # the watch thread is a daemon; nothing else to wait for
+    _flush(provider)
+    os._exit(0)  # the watch and export threads are daemons; nothing else to wait for
+
+
+def _traced(spec: RunnerSpec) -> Any:  # noqa: ANN401 - a TracerProvider, or None
+    """The process's tracer provider when its node traces (node/worker/spans.py), else None:
+    the SDK is imported only then."""
+    if not spec.tracing:
+        return None
+    from node.observe.tracing import install_runner
+
+    return install_runner(spec.tracing)
+
+
+def _flush(provider: Any) -> None:  # noqa: ANN401
+    """Send the spans still queued before the process exits (os._exit runs no atexit)."""
+    if provider is not None:
+        provider.shutdown()

@@ -36,6 +36,15 @@ from tests.otlp import Receiver, Span
 
 CANARIES = ("CANARY-SCRIPT-7d1", "CANARY-ENV-5b2", "CANARY-OUT-9c3")
 SCRIPT = f"# {CANARIES[0]}\nimport os\nprint('{CANARIES[2]}', os.environ.get('SECRET', ''))\n"
+# fails its first attempt (and says so on both outputs), leaving a marker in its work dir
+RETRIED = (
+    f"# {CANARIES[0]}\nimport os, sys\n"
+    "marker = os.path.join(os.environ['HOME'], 'tried-once')\n"
+    "if not os.path.exists(marker):\n"
+    "    open(marker, 'w').close()\n"
+    f"    print('{CANARIES[2]}'); print('{CANARIES[2]}', file=sys.stderr); sys.exit(3)\n"
+    f"print('{CANARIES[2]}', os.environ.get('SECRET', ''))\n"
+)
 
 
 def _traced(node: NodeProcess, endpoint: str) -> None:
@@ -108,14 +117,16 @@ async def test_a_cross_node_job_is_one_trace_across_both_nodes(nodes, client_tra
                         to=b.node_id,
                         context_id=1,
                         script_type="python",
-                        script=SCRIPT,
+                        script=RETRIED,
                         env_vars={"SECRET": CANARIES[1]},
+                        retries=1,
                     )
                     [result] = await client.wait_results(msg, timeout_s=60)
             finally:
                 otel_context.detach(token)
                 caller.end()
             assert result.status is JobStatus.FINISHED, result
+            assert result.result["attempts"] == "2"  # failed once, retried
             assert CANARIES[2] in result.stdout
             assert CANARIES[1] in result.stdout  # the canaries did reach the job
 
@@ -139,9 +150,16 @@ async def test_a_cross_node_job_is_one_trace_across_both_nodes(nodes, client_tra
             def complete(spans: list[Span]) -> bool:
                 named = {(s.node, s.name) for s in spans}
                 parented = {(s.node, s.name) for s in spans if s.trace_id == trace_id}
-                return all(
-                    (hop in parented) if child else (hop in named)
-                    for hop, (_, child) in hops.items()
+                ran = [s for s in spans if s.name == "run queue:python" and s.trace_id == trace_id]
+                boxes = [s for s in spans if s.name == "sandbox" and s.trace_id == trace_id]
+                return (
+                    all(
+                        (hop in parented) if child else (hop in named)
+                        for hop, (_, child) in hops.items()
+                    )
+                    and len(ran) == 2
+                    and len(boxes) == 2
+                    and (a.node_id, "apply msg_in") in parented
                 )
 
             await receiver.wait_for(complete)
@@ -165,11 +183,56 @@ async def test_a_cross_node_job_is_one_trace_across_both_nodes(nodes, client_tra
         routed = _one(receiver.spans, a.node_id, "route msg_out", trace_id)
         assert routed is not None
         assert routed.attributes["hero.outcome"] == "outbox"
+        _check_attempts(receiver.spans, b.node_id, trace_id, parent.parent_id, msg)
+        # the result's way back: applied at the origin, in the request's trace
+        applied = _one(receiver.spans, a.node_id, "apply msg_in", trace_id)
+        assert applied is not None
+        assert applied.parent_id == parent.parent_id
+        assert applied.attributes["hero.job.key"] == msg.job[0].key
+        assert applied.attributes["hero.outcome"] == "applied"
+        # the client's wait, a child of its PRODUCER span, in the test process
+        [wait] = [s for s in exported.get_finished_spans() if s.name == "wait reply"]
+        assert wait.parent.span_id == producer.context.span_id
+        assert wait.context.trace_id == int(trace_id, 16)
+        assert wait.attributes["hero.outcome"] == "answered"
+        assert wait.attributes["messaging.message.id"] == msg.key
         # nothing a job carries or makes is in any span, attribute or resource exported
         for body in receiver.bodies:
             for canary in CANARIES:
                 assert canary.encode() not in body
+        client_side = repr([dict(s.attributes or {}) for s in exported.get_finished_spans()])
+        assert not any(canary in client_side for canary in CANARIES)
         nursery.cancel_scope.cancel()
+
+
+def _check_attempts(
+    spans: list[Span], node_id: str, trace_id: str, producer_id: str, msg: Message
+) -> None:
+    """Two attempt spans on the node that ran them, children of the message's trace, the
+    retry linked to the first; each with its sandbox run as a child."""
+    ran = sorted(
+        (s for s in spans if s.name == "run queue:python" and s.trace_id == trace_id),
+        key=lambda s: int(s.attributes["hero.attempt"]),  # type: ignore[call-overload]
+    )
+    assert [s.attributes["hero.attempt"] for s in ran] == [1, 2]
+    first, second = ran
+    for span in ran:
+        assert span.node == node_id
+        assert span.kind == "CONSUMER"
+        assert span.parent_id == producer_id
+        assert span.attributes["hero.job.key"] == msg.job[0].key
+        assert span.attributes["messaging.message.id"] == msg.key
+        assert span.attributes["hero.node.id"] == node_id
+        assert span.attributes["hero.caller.id"] == 1
+        assert span.attributes["hero.context.id"] == 1
+        [box] = [s for s in spans if s.name == "sandbox" and s.parent_id == span.span_id]
+        assert box.node == node_id
+        assert box.trace_id == trace_id
+    assert first.attributes["hero.outcome"] == "retry"
+    assert first.attributes["hero.reason"] == "exit:3"
+    assert second.attributes["hero.outcome"] == "finished"
+    assert first.links == []
+    assert second.links == [(trace_id, first.span_id)]  # a new span, linked, not collapsed
 
 
 @pytest.mark.slow
@@ -186,10 +249,17 @@ async def test_a_node_with_tracing_off_exports_nothing(nodes, monkeypatch):
             actor = read_key_file(a.config.actor_key_path)
             async with open_client(a.redis_url) as client:
                 msg = await client.submit_job(
-                    actor, 1, to="self", context_id=1, script_type="python", script=SCRIPT
+                    actor,
+                    1,
+                    to="self",
+                    context_id=1,
+                    script_type="python",
+                    script=RETRIED,
+                    retries=1,
                 )
                 [result] = await client.wait_results(msg, timeout_s=60)
             assert result.status is JobStatus.FINISHED
+            assert result.result["attempts"] == "2"  # the runner's retry path ran, untraced
             assert msg.traceparent  # the message is traced by its client all the same
             assert await a.signal_and_wait() == 0  # a stopping node flushes what it has
         assert receiver.bodies == []
