@@ -18,8 +18,6 @@ from node.cli.common import with_client
 from node.cli.output import node_facts, print_json
 from node.cli.registry import link_text, peer_facts
 from node.errors import NodeError
-from node.intake.pressure import HELD_FIELD
-from node.observe.quotas import quota_text
 
 if TYPE_CHECKING:
     from bus.client.api import Client
@@ -53,6 +51,11 @@ async def status(client: Client, args: argparse.Namespace) -> int:
 
 
 def print_text(facts: dict[str, Any]) -> None:
+    # here, not at the top: building the CLI's parser (--help, completion) imports no store
+    # client, and these modules import the node's (tests/cli/test_cli_startup.py)
+    from node.intake.pressure import HELD_FIELD
+    from node.observe.quotas import quota_text
+
     info = facts["node"]
     print(f"node {info.get('name', '?')}  id {info.get('id', '?')}")
     print(

@@ -106,6 +106,8 @@ def test_peer_add_validates_and_peers_are_listed_and_removed(running_node):  # n
         "rtt_ms",
         "error",
         "breaker",
+        "encryption",
+        "plaintext",
     }
     # nothing listens there: how many dials failed by now depends on the machine's pace, so
     # the breaker may already be open, but only after a failure

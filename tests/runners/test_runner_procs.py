@@ -309,11 +309,9 @@ async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monk
     monkeypatch.setattr(procs, "RECYCLE_JOBS", 2)
     alice = await node_factory("alice", runners={"python": 1})
     pids = []
-    # a new runner process is a new sandbox: a job names its sandbox by a file in its /tmp
-    which = (
-        "import os, pathlib\np = pathlib.Path('/tmp/which')\n"
-        "p.exists() or p.write_text(os.urandom(8).hex())\nprint(p.read_text())"
-    )
+    # a new runner process is a new sandbox: a job names its sandbox by the start time of the
+    # first process of its pid namespace (its /tmp is the job's own, emptied after each job)
+    which = "print(open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19])"
     for _ in range(5):
         msg = await _python_job(alice, which)
         with trio.fail_after(30):

@@ -1,17 +1,14 @@
 -- Materialise a batch of job messages.
 -- KEYS: [1] the in-flight list, then the type queues whose depth to report
--- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none), event ('submitted': the
---         message names this node as origin and destination, else 'received'; the job
---         statistics' count), jobs: [{key, queue ("" = none), fields: [k, v, ...]}]}],
---       [2] now (s), [3] the replay window (s), [4] '1': the node counts the job statistics
---       (returned, not written: stats_collected), [5] the most jobs one actor may hold queued
---       in the context, [6] the most the context may hold queued (0: no bound)
--- Returns: {codes, depth, owners, counted}: one code per message (0 materialised, 1 replay of
--- the message key, 2 replay of the nonce, 3 a job key held by another message, 4 its jobs would
--- take its actor past its queue bound, 5 the context past its own), the deepest of the reported
--- queues afterwards, per message "<job key> <its holder>" for code 3, "<depth> <bound>" for
--- codes 4 and 5 ("" else),
--- and what was counted if ARGV[4] asks ([field, increment, ...]; else empty).
+-- ARGV: [1] the batch as JSON: [{key, seen, nonce ("" if none), event ('submitted': origin
+--       and destination this node, else 'received'; the job statistics' count), jobs: [{key,
+--       queue ("" = none), fields: [k, v, ...]}]}], [2] now (s), [3] the replay window (s),
+--       [4] '1': count the job statistics (returned: stats_collected), [5] the most jobs one
+--       actor may hold queued in the context, [6] the most the context may (0: no bound)
+-- Returns: {codes, depth, owners, counted}: a code per message (0 materialised, 1 replay of the
+-- key, 2 replay of the nonce, 3 a job key held by another message, 4 past its actor's queue
+-- bound, 5 past the context's), the deepest reported queue afterwards, per message "<job key>
+-- <its holder>" (code 3) or "<depth> <bound>" (4, 5) or "", and what was counted (ARGV[4]).
 -- Atomic effect: per message, the replay check and, unless refused, its job hashes, their
 -- queue entries (a job queued for the first time stamped stats_queued_ms in its own write),
 -- the message's status 'acknowledged', its replay markers (with the window as
