@@ -58,6 +58,10 @@ class NodeProcess:
         # the tests' jobs announce themselves over TCP (tests/scripts.py): context 1 may use
         # the network, as in conftest.py's node_factory
         self.config = replace(self.config, sandbox={"1": {"network": True}})
+        # no disk quota unless a test sets one (tests/sandbox/test_bounds.py): a quota mounts
+        # each context's work dir in the node's own mount namespace, and these tests' jobs
+        # share their files with the test through the work dir as the host sees it
+        self.config = replace(self.config, limits={"disk_mb": 0})
         self.config.config_path.write_text(render_config(self.config), encoding="utf-8")
         if host:
             set_node(home, listen_host=f'"{host}"')
