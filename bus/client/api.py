@@ -196,8 +196,11 @@ class Client:
         """A node id from 'self', a full id, a name (this node's or a peer's) or an id prefix
         of at least 8 hex digits: the rule of bus/core/noderefs.py. ClientError if it names
         no node or several."""
+        own_id = await self.node_id()  # cached: a local submit reads nothing more
+        if ref in ("self", "local", own_id):
+            return own_id
         info = await registry.node_info(self.store)
-        own = KnownNode(await self.node_id(), info.get("name", ""))
+        own = KnownNode(own_id, info.get("name", ""))
         peers = [KnownNode(p.id, p.name) for p in await self.peers()]
         return pick_node(ref, own, peers)
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from bus.core.errors import ModelError
-from bus.core.flows import FlowJobPayload
 from bus.core.models import Message, MessageType
 from bus.core.tracecontext import (
     NO_TRACE,
@@ -291,6 +290,10 @@ def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, An
 def _flow_id(payload: str) -> str:
     """The flow id a flow job message's payload names ("" if it names none); only read while
     spans are recorded."""
+    # here, not at the top: a runner process imports this module, and flows (with the DAG
+    # scheduler) cost each of its starts (tests/runners/test_runner_procs.py)
+    from bus.core.flows import FlowJobPayload
+
     try:
         flow = FlowJobPayload.decode(payload).flow
     except ModelError:

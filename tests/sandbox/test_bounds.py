@@ -15,6 +15,7 @@ loop devices of its images.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -185,7 +186,10 @@ async def test_a_file_left_in_tmp_is_not_seen_by_the_next_job_of_the_slot(bounde
     assert second.ok, second
     pid, listing = second.stdout.split(" ", 1)
     assert pid == first.stdout.strip(), "not the same sandbox: the test shows nothing"
-    assert listing.strip() == "[]", listing
+    # only what the first job left is looked for: the sandbox's own binds may show under /tmp
+    # (the node's code, where a checkout lives there)
+    left = {"left", "d"} & set(ast.literal_eval(listing.strip()))
+    assert not left, listing
 
 
 @needs_root
