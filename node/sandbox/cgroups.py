@@ -21,13 +21,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import select
 import shlex
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from node.sandbox.inner import kill_and_wait  # the worker's own: pidfds, waited on
 from node.sandbox.limits import MB, Limits
 
 CONTROLLERS = ("memory", "pids", "cpu")
@@ -265,7 +265,7 @@ class Leaf:
             left = self.pids()
             if not left or time.monotonic() >= deadline:
                 break
-            _kill_and_wait(left, deadline)
+            kill_and_wait(left, deadline)
         return self.remove()
 
     def remove(self) -> bool:
@@ -282,30 +282,6 @@ class Leaf:
             except OSError:
                 done = False
         return done
-
-
-def _kill_and_wait(pids: list[int], deadline: float) -> None:
-    """SIGKILL ``pids`` and wait until each has exited or ``deadline`` (pidfds: immune to pid
-    reuse, and waited on, not polled)."""
-    poller, fds = select.poll(), []
-    try:
-        for pid in pids:
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            fds.append(fd)
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            poller.register(fd, select.POLLIN)
-        waiting = len(fds)
-        while waiting and (left_s := deadline - time.monotonic()) > 0:
-            for fd, _event in poller.poll(max(1, int(left_s * 1000))):
-                poller.unregister(fd)
-                waiting -= 1
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 # the worker's first process enters the leaf, then becomes the planned command (exec: same pid)

@@ -337,11 +337,11 @@ def _kill_all(find: Callable[[], list[int]]) -> None:
         left = find()
         if not left:
             return
-        _kill_and_wait(left, deadline)
+        kill_and_wait(left, deadline)
         _reap()
 
 
-def _kill_and_wait(pids: list[int], deadline: float) -> None:
+def kill_and_wait(pids: list[int], deadline: float) -> None:
     """SIGKILL ``pids`` and wait, until ``deadline``, until each has exited. A killed process
     still shows in /proc (not yet a zombie) while it releases what it holds, its memory first:
     without the wait the next job would meet it. A pidfd also makes the kill immune to pid
