@@ -86,7 +86,12 @@ def check_binds(binds: Iterable[str], secret_dirs: Iterable[str]) -> None:
         if PurePath(b) == PurePath("/"):
             raise PlanError("the sandbox never binds / (it would expose the node's home)")
         for s in secret_dirs:
-            if PurePath(s).is_relative_to(b) or PurePath(b).is_relative_to(s):
+            if PurePath(s).is_relative_to(b):  # a home inside the code jobs run with
+                raise PlanError(
+                    f"binding {b} into the sandbox would expose {s}: give the node a home "
+                    f"outside {b} (--home, $HERO_NODE_HOME)"
+                )
+            if PurePath(b).is_relative_to(s):
                 raise PlanError(
                     f"binding {b} into the sandbox would expose {s}: install the node's python "
                     "and its virtualenv outside the node's home"

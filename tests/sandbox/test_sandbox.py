@@ -104,9 +104,11 @@ def test_strict_without_root_switches_uid_before_bwrap() -> None:
 
 
 def test_a_bind_that_exposes_the_home_is_refused() -> None:
-    with pytest.raises(PlanError):
+    # the fix named is the one that applies: a home inside the checkout moves, a virtualenv
+    # inside the home moves out (a newcomer's home made inside the clone met the second)
+    with pytest.raises(PlanError, match="give the node a home outside /root "):
         check_binds(["/root"], ["/root/.hero-node"])
-    with pytest.raises(PlanError):
+    with pytest.raises(PlanError, match="install the node's python"):
         check_binds(["/root/.hero-node/venv"], ["/root/.hero-node"])
     with pytest.raises(PlanError):
         check_binds(["/"], [])
