@@ -108,7 +108,9 @@ async def test_both_script_paths_reload_what_the_server_forgot(replicated):
     for after, was in ((durable, before), (plain, durable)):
         assert after["script|load"] - was.get("script|load", 0) == 1
         assert after["evalsha"] - was["evalsha"] == 4  # two calls, each run again once
-    assert durable["waitaof"] - before.get("waitaof", 0) == 1
+    # one barrier for the reloaded delivery: one WAITAOF, or two when the first, short one
+    # misses a replica (bus/store/durable.py Barrier._confirm), as the test above allows
+    assert 1 <= durable["waitaof"] - before.get("waitaof", 0) <= 2
 
 
 async def _fake_peer(nursery: trio.Nursery, rig: Rig) -> tuple[Peer, Transport]:
