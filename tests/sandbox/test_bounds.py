@@ -429,6 +429,60 @@ def test_the_worker_enters_its_cgroups_before_the_sandbox_starts(tmp_path: Path)
         cgroups.enter_argv(["relative"], ["true"])
 
 
+TWO_BUSY = """
+import os, time
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.process_time() < 0.7:
+            pass
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+print("done")
+"""
+
+
+@needs_root
+def test_a_tree_that_crossed_its_cpu_time_between_ticks_ends_cpu_limit(tmp_path: Path) -> None:
+    """No watch tick here (a bare sandbox): the leaf's counter read as the job ends is what
+    says its tree (2 x 0.7 s) went past cpu_s = 1, though it exited 0."""
+    box, _ = _box(tmp_path, "strict", cpu_s=1)
+    if not box.spec.cgroups:
+        pytest.skip("no cgroups here")
+    try:
+        assert box.over_cpu() == ""  # no job running
+        reply, out, _err = _run(box, tmp_path, TWO_BUSY, kind="python")
+        assert out == "done\n"
+        assert (reply["exit_code"], reply.get("bound")) == (0, "cpu_limit"), reply
+        reply, out, _err = _run(box, tmp_path, "print('light')", kind="python")
+        assert out == "light\n"
+        assert "bound" not in reply, reply  # the count starts again with each job
+    finally:
+        box.stop()
+
+
+def test_a_leaf_reads_its_trees_cpu_time_on_either_version(tmp_path: Path) -> None:
+    v1 = cgroups.Leaf(
+        "v1", {"cpu": str(tmp_path / "cpu"), "cpuacct": str(tmp_path / "acct")}, "p-", 1
+    )
+    for d in v1.dirs.values():
+        d.mkdir(parents=True)
+    (v1.dirs["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
+    assert v1.cpu_ns() == 2_500_000_000
+    v2 = cgroups.Leaf("v2", {cgroups.UNIFIED: str(tmp_path / "u")}, "p-", 1)
+    v2.dirs[cgroups.UNIFIED].mkdir(parents=True)
+    (v2.dirs[cgroups.UNIFIED] / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\n")
+    assert v2.cpu_ns() == 1_500_000
+    none = cgroups.Leaf("v1", {"cpu": str(tmp_path / "bare")}, "p-", 1)
+    none.dirs["cpu"].mkdir(parents=True)  # a cpu hierarchy without cpuacct: not counted
+    assert none.cpu_ns() is None
+    for leaf in (v1, v2, none):
+        leaf.remove()
+
+
 @needs_root
 def test_a_process_a_python_job_forked_never_answers_for_the_job(tmp_path: Path) -> None:
     """A warm job process runs a python job itself: a child the job forked that leaves the
