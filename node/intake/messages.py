@@ -91,6 +91,8 @@ class Intake(Handler[T]):
     def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
         """This queue's span of one message: the judging one a CONSUMER span (the message
         taken from its queue), the others INTERNAL; named by the handler's module."""
+        if not spans.recording():
+            return None  # not even the node's id read: nothing records it
         kind: Literal["CONSUMER", "INTERNAL"] = (
             "CONSUMER" if operation == self.judging else "INTERNAL"
         )
