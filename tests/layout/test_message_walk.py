@@ -11,6 +11,9 @@ an idle interval shows to be timers (woken every second or two: counters and sta
 doing nothing then but what they do idle (a blocking pop's timeout). A task is one thread of
 control, so its order is the code's; tasks of one process run concurrently, so the page gives
 one row per task and lists a module only in the first row of its process that enters it.
+
+The runner's rows name the sandbox modules of this host's kind (cgroups here, as in CI); a host
+without cgroups walks another way, and the test says so as a disagreement with the page.
 """
 
 from __future__ import annotations
