@@ -29,6 +29,18 @@ async def queued_job(store: Store, job_key: str) -> dict[str, str]:
     return job
 
 
+async def marker(store: Store, field: str) -> str | None:
+    """A replay marker (data model v3: a field of the replay hash)."""
+    value = await store.call(CTX, lambda r: r.hget(keys.REPLAY, field))
+    return None if value is None else str(value)
+
+
+async def marker_ttl_s(store: Store, field: str) -> int:
+    """What is left of a replay marker's TTL (s; -2: no such marker)."""
+    [ttl] = await store.call(CTX, lambda r: r.httl(keys.REPLAY, [field]))
+    return int(ttl)
+
+
 async def test_pop_batch_moves_oldest_first_and_reads_each_hash(store: Store) -> None:
     await store.hset(CTX, "job:1:1", {"a": "1"})
     await store.call(CTX, lambda r: r.set("job:1:2", "a string"))
@@ -150,11 +162,17 @@ async def test_materialise_writes_or_refuses_each_message_whole(store: Store) ->
     assert codes == [0, 1, 2, 3]
     assert depth == 1
     assert owners == ["", "", "", f"{JOB} {first.key}"]
-    assert await queued_job(store, JOB) == {"message_key": first.key, "x": "1"}
+    # counted for its actor's queue bound: the mark rides in the job's own write
+    assert await queued_job(store, JOB) == {
+        "message_key": first.key,
+        "x": "1",
+        "quota_counted": "1",
+    }
+    assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "1"}
     assert await store.lrange(CTX, "queue:py") == [JOB]
     assert await store.hgetall(CTX, first.key) == {"status": "acknowledged", "updated_at": "50"}
-    assert await store.get(CTX, keys.nonce(7, "n1")) == first.key
-    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen(first.key))) <= 60
+    assert await marker(store, keys.nonce(7, "n1")) == first.key
+    assert 0 < await marker_ttl_s(store, keys.seen(first.key)) <= 60
     assert await store.lrange(CTX, "fly") == [squatter.key]  # refused: left for its refusal
 
 
@@ -252,8 +270,8 @@ async def test_accept_results_checks_then_writes_atomically(store: Store) -> Non
     ]
     assert (await store.hgetall(CTX, JOB))["status"] == "finished"
     assert await store.hgetall(CTX, "message:8:1") == {"status": "processed"}
-    assert await store.get(CTX, keys.seen("message:8:1")) == "1"
-    assert await store.get(CTX, "nonce:8:x") == "message:8:1"
+    assert await marker(store, keys.seen("message:8:1")) == "1"
+    assert await marker(store, "nonce:8:x") == "message:8:1"
     assert await store.lrange(CTX, "fly") == ["message:8:2"]
     assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}']
 
@@ -270,7 +288,7 @@ async def test_accept_results_refuses_wrong_types_and_late_results(store: Store)
     assert await _accept_all(store, [_accept("message:8:1")]) == [
         ("late_result", "timeout_ack: late")
     ]
-    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert await marker(store, keys.seen("message:8:1")) is None
     assert not await store.exists(CTX, keys.reply(REQUEST))
 
 
@@ -282,7 +300,7 @@ async def test_flow_events_of_another_type_refuse_only_a_flow_s_result(store: St
     await store.hset(CTX, JOB, {"message_key": REQUEST, "flow_id": "4"})
     ((reason, detail),) = await _accept_all(store, [_accept("message:8:1")])
     assert (reason, detail) == ("wrong_type", f"{keys.FLOW_EVENTS} holds a string")
-    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert await marker(store, keys.seen("message:8:1")) is None
     assert (await store.hgetall(CTX, JOB)).get("status") is None
     await store.call(CTX, lambda r: r.hdel(JOB, ["flow_id"]))
     assert await _accept_all(store, [_accept("message:8:1")]) == [("ok", "")]
@@ -369,11 +387,11 @@ async def test_accept_stop_marks_processed_sets_markers_and_acks(store: Store) -
     await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:1", 60, "n:7"))
     await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:2", 60, ""))
     assert await store.hgetall(CTX, "message:7:1") == {"status": "processed"}
-    assert await store.get(CTX, keys.seen("message:7:1")) == "1"
-    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen("message:7:1"))) <= 60
-    assert await store.get(CTX, "n:7") == "message:7:1"
-    assert 0 < await store.call(CTX, lambda r: r.ttl("n:7")) <= 60
-    assert await store.get(CTX, keys.seen("message:7:2")) == "1"
+    assert await marker(store, keys.seen("message:7:1")) == "1"
+    assert 0 < await marker_ttl_s(store, keys.seen("message:7:1")) <= 60
+    assert await marker(store, "n:7") == "message:7:1"
+    assert 0 < await marker_ttl_s(store, "n:7") <= 60
+    assert await marker(store, keys.seen("message:7:2")) == "1"
     assert not await store.lrange(CTX, "fly")
 
 

@@ -238,7 +238,8 @@ def apply_result(tx: Any, write: ResultWrite) -> None:
 
 @dataclass(frozen=True)
 class ResultAccept:
-    """A verified result message to accept: its key, nonce marker ("" if none), signer."""
+    """A verified result message to accept: its key, nonce marker (a field of the replay
+    hash, "" if none), signer."""
 
     message_key: str
     nonce_key: str
@@ -264,9 +265,17 @@ async def accept_results(
     calls = [
         (
             accept,
-            [r.message_key, keys.seen(r.message_key), r.nonce_key, inflight]
-            + r.write.script_keys(),
-            [*r.write.script_args(), str(window_s), r.message_key, r.origin, node_id, count],
+            [r.message_key, keys.REPLAY, inflight, *r.write.script_keys()],
+            [
+                *r.write.script_args(),
+                str(window_s),
+                r.message_key,
+                r.origin,
+                node_id,
+                count,
+                keys.seen(r.message_key),
+                r.nonce_key,
+            ],
         )
         for r in results
     ]
@@ -314,8 +323,8 @@ async def queue_outgoing(store: Store, ctx: int, message: Message) -> None:
 
 @dataclass(frozen=True)
 class StopAccept:
-    """An accepted stop message: its key, its replay markers' TTL and its nonce marker key
-    ("" for a message without a nonce)."""
+    """An accepted stop message: its key, its replay markers' TTL and its nonce marker (a field
+    of the replay hash, "" for a message without a nonce)."""
 
     key: str
     window_s: int
@@ -328,9 +337,10 @@ async def accept_stop(store: Store, ctx: int, inflight: str, stop: StopAccept) -
     or fully accepted (never replayed). Raises StoreError."""
     async with store.transaction(ctx) as tx:
         tx.hset(stop.key, {"status": MessageStatus.PROCESSED.value})
-        tx.set(keys.seen(stop.key), "1", ex=stop.window_s)
+        markers = {keys.seen(stop.key): "1"}
         if stop.nonce_key:
-            tx.set(stop.nonce_key, stop.key, ex=stop.window_s)
+            markers[stop.nonce_key] = stop.key
+        tx.hsetex(keys.REPLAY, markers, ex=stop.window_s)
         tx.lrem(inflight, 1, stop.key)
 
 

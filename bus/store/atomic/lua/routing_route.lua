@@ -8,9 +8,11 @@
 -- Atomic effect: per message, queued on msg_in, or its origin copies written under
 -- write_own_job's rule (routing_write_own_job_fn) and its ack and result deadlines armed;
 -- then its in-flight ack. All of it or none: a message is never acked without what routing
--- it wrote.
+-- it wrote. The in-flight list is trimmed once for the batch (inflight_ack).
 -- include: routing_write_own_job_fn
+-- include: inflight_ack
 if ARGV[2] == '1' then stats_collected = {} end
+local acked = {}
 for _, m in ipairs(cjson.decode(ARGV[1])) do
   if m.to_msg_in == '1' then
     redis.call('LPUSH', KEYS[1], m.key)
@@ -18,6 +20,7 @@ for _, m in ipairs(cjson.decode(ARGV[1])) do
     for _, c in ipairs(m.copies) do write_own_job(c.key, m.key, c.fields) end
     if #m.deadlines > 0 then redis.call('ZADD', KEYS[3], unpack(m.deadlines)) end
   end
-  redis.call('LREM', KEYS[2], 1, m.key)
+  acked[#acked + 1] = m.key
 end
+inflight_ack(KEYS[2], acked)
 return stats_collected or {}
