@@ -480,3 +480,45 @@ async def test_withdraw_empties_both_outbox_lists_of_the_entry(store: Store) -> 
     assert await store.lrange(keys.ACTORS_DB, keys.outbox("p")) == ["1|b"]
     assert await store.lrange(keys.ACTORS_DB, keys.outbox_inflight("p")) == ["1|c"]
     assert await routing.withdraw(store, "p", "1|a") == 0
+
+
+async def test_a_batch_trims_its_in_flight_list_once_and_keeps_what_it_refused(
+    store: Store,
+) -> None:
+    """More than two acks trim the in-flight list at once (LRANGE + DEL + RPUSH, no LREM per
+    message): what the batch refused, and anything else there, stays, in its order."""
+    ok = [_message(i, f"t{i}") for i in (20, 21, 22)]
+    replay = _message(20, "t9")  # the same key as ok[0]: refused, waits for its dead letter
+    entries = ["someone else's", ok[0].key, replay.key, ok[1].key, ok[2].key]
+    await store.call(CTX, lambda r: r.rpush("fly", entries))
+    batch = [
+        (m, [routing.JobWrite(f"job:7:{m.id}", "queue:py", {"message_key": m.key})]) for m in ok
+    ]
+    batch.insert(1, (replay, []))
+    before = await _command_calls(store)
+    codes, _, _ = await routing.materialise_batch(
+        store, CTX, "fly", batch, now=50, window_s=60, depth_of=[]
+    )
+    after = await _command_calls(store)
+    assert codes == [0, 1, 0, 0]
+    assert await store.call(CTX, lambda r: r.lrange("fly", 0, -1)) == ["someone else's", replay.key]
+    assert after.get("lrem", 0) == before.get("lrem", 0)
+
+
+async def test_a_job_queued_again_by_its_own_message_counts_once(store: Store) -> None:
+    """The quota mark in the job's hash is the guard: a message materialised again (its markers
+    gone) re-queues its job without counting it twice; its stop uncounts it once."""
+    message = _message(30, "q30")
+    job = routing.JobWrite(
+        "job:7:30", "queue:py", {"message_key": message.key, "status": "dispatched"}
+    )
+    for _ in range(2):
+        codes, _, _ = await routing.materialise_batch(
+            store, CTX, "fly", [(message, [job])], now=50, window_s=60, depth_of=[]
+        )
+        assert codes == [0]
+        await store.call(CTX, lambda r: r.delete([keys.REPLAY]))  # as if the window passed
+        assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "1"}
+    for _ in range(2):
+        await routing.stop_job(store, CTX, job.key, "py", reason="stopped", now=51)
+        assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "0"}

@@ -257,34 +257,29 @@ async def accept_results(
     node_id: str,
     counted: list[str] | None = None,
 ) -> list[tuple[str, str]]:
-    """Accept each result in order, each atomically with its checks (pipelined): per result
-    ("ok", "") or (reason, detail) with nothing written; see routing_accept_result.lua.
-    ``counted``: as :func:`materialise_batch`'s."""
-    accept = script("routing_accept_result")
-    count = "1" if counted is not None else ""
-    calls = [
-        (
-            accept,
-            [r.message_key, keys.REPLAY, inflight, *r.write.script_keys()],
-            [
-                *r.write.script_args(),
-                str(window_s),
-                r.message_key,
-                r.origin,
-                node_id,
-                count,
-                keys.seen(r.message_key),
-                r.nonce_key,
-            ],
-        )
+    """Accept each result in order, each with its checks, in one atomic script
+    (routing_accept_results.lua): per result ("ok", "") or (reason, detail) with nothing of it
+    written. ``counted``: as :func:`materialise_batch`'s."""
+    if not results:
+        return []
+    batch = [
+        {
+            "key": r.message_key,
+            "seen": keys.seen(r.message_key),
+            "nonce": r.nonce_key,
+            "origin": r.origin,
+            "keys": r.write.script_keys(),
+            "args": r.write.script_args(),
+        }
         for r in results
     ]
-    verdicts = []
-    for reason, detail, *figures in await store.scripts(ctx, calls):
-        if counted is not None and figures:
-            counted += [str(f) for f in figures[0]]
-        verdicts.append((str(reason), str(detail)))
-    return verdicts
+    args = [json_arg(batch), str(window_s), node_id, "1" if counted is not None else ""]
+    verdicts, figures = await store.script(
+        ctx, script("routing_accept_results"), [keys.REPLAY, inflight], args
+    )
+    if counted is not None:
+        counted += [str(f) for f in figures]
+    return [(str(reason), str(detail)) for reason, detail in verdicts]
 
 
 async def reply_targets(store: Store, ctx: int, requests: list[str]) -> list[str]:
