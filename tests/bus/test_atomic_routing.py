@@ -522,3 +522,24 @@ async def test_a_job_queued_again_by_its_own_message_counts_once(store: Store) -
     for _ in range(2):
         await routing.stop_job(store, CTX, job.key, "py", reason="stopped", now=51)
         assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "0"}
+
+
+async def test_route_checks_new_copies_in_one_exists_and_guards_the_batch(store: Store) -> None:
+    """New copies are checked by one EXISTS for the batch (no TYPE per copy); a second message
+    of the same batch naming a copy the first just wrote is still refused that key."""
+    first, second = "message:7:41", "message:7:42"
+    await store.lpush(CTX, "fly", first, second)
+    mine = routing.JobWrite("job:7:41", "", {"message_key": first})
+    again = routing.JobWrite("job:7:41", "", {"message_key": second})
+    own = routing.JobWrite("job:7:42", "", {"message_key": second})
+    routed = [
+        routing.Routed(first, False, [mine], None),
+        routing.Routed(second, False, [again, own], None),
+    ]
+    before = await _command_calls(store)
+    await routing.route(store, CTX, "fly", routed)
+    after = await _command_calls(store)
+    assert await queued_job(store, "job:7:41") == {"message_key": first}
+    assert await queued_job(store, "job:7:42") == {"message_key": second}
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert after.get("type", 0) - before.get("type", 0) == 1  # the one key written before

@@ -90,11 +90,12 @@ def _stored_last(results: list[object]) -> bool:
 async def mark_acked(
     store: Store, ctx: int, message_keys: list[str], *, now: int, peer: str
 ) -> list[bool]:
-    """Mark each message acknowledged by ``peer``, if it was sent to that peer (pipelined);
-    per message, whether it was."""
-    ack = script("routing_ack")
-    calls = [(ack, [key], [str(now), peer]) for key in message_keys]
-    return [bool(done) for done in await store.scripts(ctx, calls)]
+    """Mark each message acknowledged by ``peer``, if it was sent to that peer (one script
+    call); per message, whether it was."""
+    if not message_keys:
+        return []
+    found = await store.script(ctx, script("routing_ack"), message_keys, [str(now), peer])
+    return [bool(done) for done in found]
 
 
 async def hold(
