@@ -111,8 +111,15 @@ async def test_purge_dead_deletes_only_the_key_s_letters(store: Store) -> None:
 
 
 async def test_deliver_stores_and_queues_a_message_once(store: Store) -> None:
+    await routing.deliver(store, CTX, [("message:1:0", {})])  # the script loaded
+    await store.call(CTX, lambda r: r.delete([keys.MSG_IN]))
     batch = [("message:1:1", {"a": "1"}), ("message:1:2", {"b": "2"})]
+    before = await _command_calls(store)
     assert await routing.deliver(store, CTX, batch) == [True, True]
+    after = await _command_calls(store)
+    # one script call and one LPUSH for the frame, not one of each per message
+    assert after["evalsha"] - before.get("evalsha", 0) == 1
+    assert after["lpush"] - before.get("lpush", 0) == 1
     again = [("message:1:1", {"a": "changed"})]
     assert await routing.deliver(store, CTX, again) == [False]
     assert await store.hgetall(CTX, "message:1:1") == {"a": "1"}

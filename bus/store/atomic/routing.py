@@ -65,26 +65,31 @@ async def deliver(
     *,
     durable_since: int | None = None,
 ) -> list[bool]:
-    """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists
-    (pipelined, each atomic); per message, True if it was stored, False if already here.
+    """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists, in
+    one atomic script; per message, True if it was stored, False if already here.
 
     ``durable_since`` (:attr:`Store.epoch` before the promise's first write): return only once
     these messages, stored now or before, and every write before them are durable
     (:meth:`Store.scripts_durable`: one ``WAITAOF`` on the connection that stored them)."""
-    deliver_one = script("routing_deliver")
-    calls = [(deliver_one, [key, keys.MSG_IN], _flat(fields)) for key, fields in messages]
+    if not messages:
+        return []
+    args: list[str] = []
+    for _, fields in messages:
+        args += [str(2 * len(fields)), *_flat(fields)]
+    calls = [(script("routing_deliver"), [keys.MSG_IN, *(key for key, _ in messages)], args)]
     if durable_since is None:
-        return [bool(stored) for stored in await store.scripts(ctx, calls)]
-    found = await store.scripts_durable(ctx, calls, durable_since, _stored_last)
+        [found] = await store.scripts(ctx, calls)
+    else:
+        [found] = await store.scripts_durable(ctx, calls, durable_since, _stored_any)
     return [bool(stored) for stored in found]
 
 
-def _stored_last(results: list[object]) -> bool:
-    """Whether a delivery batch stored a message after every redelivery it found: then the
-    ``WAITAOF`` on its connection covers the redelivered ones too (stored before they were
-    found). A redelivery after the batch's last store may have met a write made meanwhile by
-    another connection, after that store."""
-    return bool(results) and bool(results[-1])
+def _stored_any(results: list[Any]) -> bool:
+    """Whether the delivery script stored a message: then the ``WAITAOF`` on its connection
+    covers every redelivered one too. The script is atomic, so each message it found stored
+    was written before its own writes; one that stored nothing needs the barrier's write."""
+    [found] = results
+    return any(bool(stored) for stored in found)
 
 
 async def mark_acked(

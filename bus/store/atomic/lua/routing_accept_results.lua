@@ -51,7 +51,9 @@ local function accept(r)
   end
   if r.origin ~= meta[1] and r.origin ~= ARGV[3] then return {'wrong_signer', ''} end
   apply_result(k[1], k[2], k[3], k[4], r.args, job)
-  redis.call('HSET', r.key, 'status', 'processed')
+  -- a pcall: the batch's later writes must not hang on a message key turned into another
+  -- type under us (nothing else here can fail)
+  redis.pcall('HSET', r.key, 'status', 'processed')
   return {'ok', ''}
 end
 local verdicts, markers, acked = {}, {}, {}

@@ -125,7 +125,9 @@ for i, m in ipairs(batch) do
   if code == 0 then code, owner = over_bound(m) end
   if code == 0 then
     for _, j in ipairs(m.jobs) do write_job(m, j) end
-    redis.call('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
+    -- a pcall: the batch's queue entries, markers and ack come after, and must not hang on a
+    -- message key turned into another type under us
+    redis.pcall('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
     marked[m.seen] = true
     markers[#markers + 1], markers[#markers + 2] = m.seen, '1'
     if m.nonce ~= '' then
