@@ -55,6 +55,7 @@ from bus.core.urls import bare_host, link_url, redact
 from bus.errors import Refused
 from bus.store import registry
 from bus.store.connection import open_store
+from bus.store.migrate import migrate
 from bus.wire import outbox
 from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
@@ -177,6 +178,7 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    await migrate(node.store, await node.store.context_ids())
     warn_legacy(config)
     await migrate_peer_addresses(node.store, config)
     node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)

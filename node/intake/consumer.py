@@ -147,9 +147,9 @@ async def accept_results(
     node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
 ) -> None:
     """Apply a batch of verified result messages in one round trip (one more to read the
-    requests' inboxes when the node does not remember them): per message, one atomic script
-    checks what Redis knows and writes the job copy, the request, the reply that wakes the
-    client, the replay markers and the ack.
+    requests' inboxes when the node does not remember them): one atomic script checks each
+    against what Redis knows and writes its job copy, its request and the reply that wakes the
+    client, then the batch's replay markers and its ack.
     Each refused one (a replay, also of another in this batch; an unknown request; a late
     result; a signer the request was not sent to) is dead-lettered and acknowledged alone."""
     inboxes = await reply_targets(node, ctx, [body.in_reply_to for _, body in results])
