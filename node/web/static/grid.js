@@ -104,7 +104,7 @@ function drawTimeline(doc) {
     hopsSvg(j, from, span, names),
     table(["node", "time", "hop", "attempt", "outcome", "took"], j.hops.map((h) => el("tr", {},
       el("td", {}, names(h.node)), el("td", { class: "mono" }, clock(h.at)), el("td", {}, h.what),
-      el("td", {}, h.attempt === null ? "" : h.attempt), el("td", {}, h.outcome, h.detail ? " " + h.detail : ""),
+      el("td", {}, h.attempt === null ? "" : h.attempt), el("td", {}, h.outcome, h.detail ? " " + (/^[0-9a-f]{64}$/.test(h.detail) ? names(h.detail) : h.detail) : ""),
       el("td", {}, h.duration_s === null ? "—" : short(h.duration_s) + " s"))))));
   fill("timeline", head, missing, jobs);
 }
