@@ -139,9 +139,11 @@ def start(
     attributes: Attributes | None = None,
     links: Sequence[Any] = (),
     span_id: int = 0,
+    start_time_s: float | None = None,
 ) -> Span | None:
     """A started span (to be ended with :func:`end`), or None when nothing is recorded.
-    ``span_id``: the id it gets where the node's provider allows it (else a random one)."""
+    ``span_id``: the id it gets where the node's provider allows it (else a random one);
+    ``start_time_s``: when it started (Unix s), if before now."""
     if not recording():
         return None
     tracer = _otel.get_tracer(tracer_name)
@@ -153,6 +155,7 @@ def start(
             kind=kind(span_kind),
             attributes={SYSTEM: SYSTEM_NAME, **(attributes or {})},
             links=list(links) or None,
+            start_time=None if start_time_s is None else int(start_time_s * 1e9),
         )
     finally:
         _PINNED.span_id = 0
