@@ -21,6 +21,8 @@ from bus.core.summaries import (
 from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair, read_key_file
 from node.config.console import ConsoleConfig
+from node.links.asks import Asker
+from node.web.timeline import Tracer
 from tests.console_http import get, next_state
 from tests.nodes import link_to
 
@@ -72,7 +74,7 @@ def test_a_peer_summary_out_of_shape_is_refused_with_what_is_wrong(change, why):
     assert why in summary_problem(good | change)
 
 
-class Asker:
+class SummaryPeer:
     """A peer of the node under test on our own Transport: it keeps the summary tells it gets."""
 
     def __init__(self) -> None:
@@ -97,7 +99,7 @@ class Asker:
 
 async def test_a_node_tells_its_summary_to_a_peer_and_refuses_bad_asks(node_factory, nursery):
     alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0", chart_every_s=0.5))
-    peer = Asker()
+    peer = SummaryPeer()
     await alice.client.add_peer(peer.key.public_hex, "", name="peer")
     await alice.store.dead_letter(1, "message:1:77", "malformed", "secret detail", queue="msg_in")
     transport = Transport(
@@ -168,6 +170,12 @@ async def test_two_consoles_show_each_others_figures_and_a_cross_node_timeline(n
         assert doc["nodes"][bob.node_id]["told"] is True
         assert "print(6*7)" not in body.decode()  # never its script, nor its output
         assert "stdout" not in body.decode()
+        # without an actor to ask as, the timeline holds this node's part, bob named untold
+        alone = Tracer(alice.info.state, Asker(alice.store, None, 1, alice.node_id, "no key"), 1)
+        untold = await alone.timeline(1, sent.key)
+        assert untold is not None
+        assert untold["nodes"][bob.node_id]["told"] is False
+        assert untold["nodes"][bob.node_id]["reason"] == "unknown_signer"
         bad, _, _ = await get(f"{url}/api/trace?context=1&key=actor:1")
         absent, _, _ = await get(f"{url}/api/trace?context=1&key=job:1:424242")
     assert (bad, absent) == (400, 404)
