@@ -23,7 +23,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from bus.core import keys
 from bus.core.reasons import Reason
@@ -40,9 +40,10 @@ MAX_ASK_BYTES = 2 * 1024
 FIGURES = ("queued", "dead_letters", "runners", "busy")  # whole numbers of a summary
 CHART_GROUPS = ("rates", "latency_ms", "depths")
 
+_V = TypeVar("_V")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NONCE = re.compile(r"[0-9a-f]{16,64}")
-_NAME = re.compile(r"[A-Za-z0-9_:.|+-]{1,80}")
+_NAME = re.compile(r"[A-Za-z0-9_:.|+-]{1,80}")  # MAX_NAME_CHARS
 
 
 @dataclass(frozen=True)
@@ -152,15 +153,18 @@ def summarise(
         "finished_per_s": rates[-1] if rates else None,
         "roundtrip_p99_ms": p99[-1] if p99 else None,
         "depths": _first(depths),
-        "runner_types": {t: list(v) for t, v in list(sorted(runners.items()))[:MAX_NAMES]},
+        "runner_types": {t: list(v) for t, v in _first(runners).items()},
         "counters": _first(counters),
         "links": {"up": links.get("up", 0), "down": links.get("down", 0)},
         "charts": _bounded_charts(charts),
     }
 
 
-def _first(values: Mapping[str, int]) -> dict[str, int]:
-    return {k[:MAX_NAME_CHARS]: v for k, v in list(sorted(values.items()))[:MAX_NAMES]}
+def _first(values: Mapping[str, _V]) -> dict[str, _V]:
+    """The first MAX_NAMES entries whose name a peer accepts (a summary with one it would not
+    is refused whole)."""
+    named = [(k, v) for k, v in sorted(values.items()) if _NAME.fullmatch(k)]
+    return dict(named[:MAX_NAMES])
 
 
 def _bounded_charts(charts: Mapping[str, Any]) -> dict[str, Any]:

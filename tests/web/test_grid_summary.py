@@ -40,7 +40,9 @@ def charts(finished: list[float], p99: list[float | None], depth: list[int]) -> 
 
 def test_a_summary_holds_totals_bounded_and_the_grid_sums_them():
     long = charts([1.0] * 300, [5.0] * 300, [2] * 300)
-    summary = summarise({"msg_in": 3, "dlq": 2}, {"python": (2, 1)}, {"x": 1}, {"up": 1}, long)
+    counters = {"x": 1, "a name a peer would refuse": 2}  # left out, not the summary refused
+    summary = summarise({"msg_in": 3, "dlq": 2}, {"python": (2, 1)}, counters, {"up": 1}, long)
+    assert summary["counters"] == {"x": 1}
     assert (summary["queued"], summary["dead_letters"], summary["busy"]) == (3, 2, 1)
     assert len(summary["charts"]["at"]) == len(summary["charts"]["rates"]["finished"]) == MAX_POINTS
     assert summary_problem(json.loads(json.dumps(summary))) == ""
