@@ -518,6 +518,7 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     if iso is None:
         return {}
     fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields["cpu_time"] = iso.cpu_time  # what cpu_s bounds: "job tree" or "process"
     return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
-from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
+from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_json, loads_text
 from bus.core.tracecontext import inherited
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
@@ -143,3 +143,36 @@ def reply_text(
         "reason": reason,
     }
     return dumps_json(answer).decode()
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The final state of one job, as a client reads it on its reply list
+    (``Client.wait_results``): ``result`` holds ``stdout``, ``stderr`` and ``exit_code``;
+    ``reason`` says why it failed."""
+
+    job_key: str
+    status: JobStatus
+    result: dict[str, str]
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is JobStatus.FINISHED
+
+    @property
+    def stdout(self) -> str:
+        return self.result.get("stdout", "")
+
+
+def parse_reply(raw: str | bytes) -> tuple[str, JobResult]:
+    """``(request key, result)`` of one answer :func:`reply_text` wrote; ValueError if
+    unreadable. Beside its writer: the client's one reader of the format."""
+    try:
+        d = loads_json(raw)
+        result = JobResult(
+            str(d["job_key"]), JobStatus(d["status"]), dict(d["result"]), str(d.get("reason", ""))
+        )
+        return str(d.get("in_reply_to", "")), result
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"unreadable reply: {exc!r}") from None

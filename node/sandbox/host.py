@@ -320,6 +320,8 @@ class Sandbox:
         self.spare: _Started | None = None
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
+        # while a job runs: its leaf and the leaf's CPU time when it began (over_cpu)
+        self._job_cpu: tuple[Leaf, int] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -426,33 +428,63 @@ class Sandbox:
             self.start()
         assert self.sock is not None
         before = self.leaf.counters() if self.leaf is not None else None
+        if self.leaf is not None and before is not None and before.cpu_ns is not None:
+            self._job_cpu = (self.leaf, before.cpu_ns)
         data = dumps_json(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
+            reply = _checked(self._receive())
         except OSError as exc:
+            self._job_cpu = None
             self._retire()
             raise SandboxLost(str(exc)) from None
-        try:
-            reply = _checked(self._receive())
         except SandboxLost:
+            self._job_cpu = None
             self._retire()
             raise
+        self._job_cpu = None
         self.jobs += 1
         if reply.get("left"):  # what the job left in /tmp could not all be removed
             self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
-        if reply["exit_code"] != 0 and (bound := self._bound(before)):
+        if bound := self._bound(before, reply["exit_code"] != 0):
             reply["bound"] = bound
         return reply
 
-    def _bound(self, before: Counters | None) -> str:
-        """The reason of a bound the job that just failed hit, as the kernel counted it (its
-        cgroup's OOM kills and refused forks) or as its work dir shows it (full)."""
+    def over_cpu(self) -> str:
+        """The reason to end the running job with if its tree has used more CPU time than
+        its ``cpu_s`` ("" if not, or if no cgroup counts it): read by the runner's watch
+        tick, which already wakes every half second while a job runs (any thread may call
+        this). The per-process RLIMIT_CPU stays as the backstop."""
+        running = self._job_cpu
+        if running is None:
+            return ""
+        leaf, start = running
+        used = leaf.cpu_ns()
+        bound = self.spec.limit_values.cpu_s
+        if used is None or used - start < bound * 1_000_000_000:
+            return ""
+        spent = (used - start) / 1e9
+        return f"cpu_limit: the job's processes used {spent:.1f} s of CPU time (cpu_s {bound})"
+
+    def _bound(self, before: Counters | None, failed: bool) -> str:
+        """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
+        kills, refused forks and its tree's CPU time) or as its work dir shows it (full).
+        Only CPU time is a bound even for a job that then exited 0: its tree used more than
+        ``cpu_s`` (what it used since the last watch tick), as no process may under its
+        rlimit; the others a job may meet and cope with."""
         if self.leaf is not None and before is not None:
             after = self.leaf.counters()
+            if after.cpu_ns is not None and before.cpu_ns is not None:
+                if after.cpu_ns - before.cpu_ns >= self.spec.limit_values.cpu_s * 1_000_000_000:
+                    return "cpu_limit"
+            if not failed:
+                return ""
             if after.oom_kills > before.oom_kills:
                 return "memory_limit"
             if after.forks_refused > before.forks_refused:
                 return "pids_limit"
+        if not failed:
+            return ""
         if self.spec.disk_quota and disk.full(self.spec.work_dir):
             return "disk_limit"
         return ""
