@@ -91,7 +91,6 @@ class SummaryDesk:
         waiting = self._waiting[ask.id] = _Waiting(peer, trio.Event(), Answer())
         try:
             link.post("ask", ask=ask.to_dict(), of=SUMMARY)
-            self.node.counters.count("summary_asks_sent")
             with trio.move_on_after(wait_s):
                 await waiting.done.wait()
         finally:
@@ -134,8 +133,9 @@ class SummaryDesk:
             reason = {"reason": refused.reason, "detail": refused.detail[:512]}
             link.post("tell", tell={"ask": ask_id, "node": identity.node_id} | reason, of=SUMMARY)
             return
+        # not counted: a grid asks every few seconds, and a counter that changes wakes the
+        # node's counters publisher (node/observe/counters.py) as often; refusals are counted
         link.post("tell", tell=told, of=SUMMARY)
-        self.node.counters.count("summary_asks_answered")
 
     async def own(self) -> dict[str, Any]:
         """This node's summary (bus/core/summaries.py), at most OWN_EVERY_S old. Raises
