@@ -85,6 +85,7 @@ from node.links.encryption import (
 )
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
+from node.links.summary import SummaryDesk
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
@@ -225,7 +226,7 @@ async def _run_services(
         await services.start(registry.resilient, "trace asks", handler.traces.carry_asks, transport)
         writer = JobStatsWriter(node.job_stats, node.store, node.identity.node_id)
         await services.start(registry.resilient, "job statistics", writer.run)
-        console_url = await _start_console(node, transport, services)
+        console_url = await _start_console(node, transport, handler.summaries, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(
             registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
@@ -273,7 +274,9 @@ async def _run_services(
             await drain(node, services.cancel_scope)
 
 
-async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nursery) -> str:
+async def _start_console(
+    node: NodeState, transport: Transport, summaries: SummaryDesk, nursery: trio.Nursery
+) -> str:
     """Serve the web console if configured; its URL ("" if off). The web stack is imported
     only then, so a node without a console never loads it. Raises ConsoleError (one line) if
     its address cannot be bound."""
@@ -281,7 +284,7 @@ async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nu
         return ""
     from node.web.server import run_console
 
-    url: str = await nursery.start(run_console, node, transport, node.config.console)
+    url: str = await nursery.start(run_console, node, transport, summaries, node.config.console)
     return url
 
 

@@ -25,6 +25,7 @@ from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
 from node.intake.held import ACKED_IN, RECEIVED_FROM
 from node.intake.messages import Rejected, load_message, reject
+from node.links.summary import SUMMARY, SummaryDesk
 from node.links.trace import TraceDesk
 from node.state import NodeState
 
@@ -38,14 +39,19 @@ class LinkHandler:
         self.node = node
         self.contexts = contexts  # the contexts this node serves (live set)
         self.traces = TraceDesk(node)  # trace asks and answers (node/links/trace.py)
+        self.summaries = SummaryDesk(node)  # the grid's summary asks (node/links/summary.py)
 
     async def on_frame(self, link: Link, frame: Frame) -> None:
         if frame.type == "msgs":
             await self._deliver(link, msgs_of(frame))
         elif frame.type == "acks":
             await self._answered(link, *answers_of(frame))
+        elif frame.type == "ask" and frame.body.get("of") == SUMMARY:
+            await self.summaries.on_ask(link, frame.body["ask"])
         elif frame.type == "ask":
             await self.traces.on_ask(link, frame.body)
+        elif frame.type == "tell" and frame.body.get("of") == SUMMARY:
+            await self.summaries.on_tell(link, frame.body["tell"])
         elif frame.type == "tell":
             await self.traces.on_tell(link, frame.body)
         else:
