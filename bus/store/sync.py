@@ -350,17 +350,21 @@ class SyncStore:
         assert target is not None
         if counted.stale():
             manager = getattr(self.client.connection_pool, "sentinel_manager", None)
-            listed, down = [], []  # every Sentinel that answers may lead the next failover
+            listed, down, named = [], [], set()  # every Sentinel that answers may lead
             for sentinel in getattr(manager, "sentinels", []):
                 try:
                     rows = sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
+                    primary = sentinel.execute_command(
+                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service
+                    )
                 except (redis.RedisError, OSError):
                     continue
                 listed.append(len(rows))
                 down.append(down_in(rows))
-            if listed:
-                out = counted_out(down, self._attached()) if set.intersection(*down) else 0
-                counted.learn(max(listed), out)
+                named.add(repr(primary))
+            if listed:  # as bus/store/topology.py known_replicas counts
+                settled = set.intersection(*down) and len(named) == 1
+                counted.learn(max(listed), counted_out(down, self._attached()) if settled else 0)
             else:
                 counted.unanswered()
             why = counted.unknown()

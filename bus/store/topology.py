@@ -73,7 +73,7 @@ async def known_replicas(url: str) -> tuple[int, int]:
     """How many replicas the Sentinels of ``url`` list for its set, and how many of those a
     promise ``every-replica`` may count out (bus/store/promise.py): flagged down by every
     Sentinel that answers (any of them may lead the next failover, each by its own view),
-    and not attached to the primary they name (``ROLE`` there): ``WAITAOF`` counts any
+    all of them naming one primary, and not attached to it (``ROLE`` there): ``WAITAOF`` counts any
     attached replica, so one that is would stand in for a replica that can be promoted.
     StoreError if no Sentinel answers."""
     target = parse_sentinel_url(url)
@@ -87,10 +87,11 @@ async def known_replicas(url: str) -> tuple[int, int]:
     views = await _each_sentinel(target, view, every=True, answer_s=SENTINEL_ANSWER_S)
     listed = max(len(replicas) for _, _, replicas in views)
     down = [down_in(replicas) for _, _, replicas in views]
-    if not set.intersection(*down):
-        return listed, 0
+    primaries = {(host, port) for host, port, _ in views}
+    if not set.intersection(*down) or len(primaries) != 1:
+        return listed, 0  # none flagged everywhere, or a failover still settling: none out
     auth = {"username": target.username, "password": target.password}
-    return listed, counted_out(down, await _attached(views[0][0], views[0][1], auth))
+    return listed, counted_out(down, await _attached(*primaries.pop(), auth))
 
 
 async def _attached(host: str, port: int, auth: dict[str, Any]) -> set[str] | None:
