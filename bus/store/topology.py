@@ -57,15 +57,20 @@ async def store_topology(url: str) -> dict[str, Any]:
     target = parse_sentinel_url(url)
     auth = {"username": target.username, "password": target.password}
     [facts] = await _each_sentinel(target, lambda sentinel: _ask(sentinel, target.service, auth))
-    return facts | {"promise": _promise_of(target, facts["replicas"])}
+    down = {r["address"] for r in facts["replicas"] if r["link"] != "up"}
+    out = 0
+    if down:  # counted out as the promise counts (known_replicas), from this Sentinel's view
+        host, _, port = str(facts["primary"]).rpartition(":")
+        out = counted_out([down], await _attached(host, int(port), auth))
+    return facts | {"promise": _promise_of(target, facts["replicas"], out)}
 
 
-def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]], out: int) -> dict[str, Any]:
     if not target.durable:
         now = "promises given without a wait"
         return {"name": "none", "replicas_wanted": 0, "refusing": False, "now": now}
     wanted = ReplicasWanted(target.promise, target.waitaof_replicas, time.monotonic)
-    wanted.learn(len(replicas), sum(r["link"] != "up" for r in replicas))
+    wanted.learn(len(replicas), out)
     return promise_facts(target.promise, wanted.wanted, replicas)
 
 
