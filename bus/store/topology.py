@@ -71,7 +71,7 @@ def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]], out: int
         return {"name": "none", "replicas_wanted": 0, "refusing": False, "now": now}
     wanted = ReplicasWanted(target.promise, target.waitaof_replicas, time.monotonic)
     wanted.learn(len(replicas), out)
-    return promise_facts(target.promise, wanted.wanted, replicas)
+    return promise_facts(target.promise, wanted.wanted, replicas, out)
 
 
 async def known_replicas(url: str) -> tuple[int, int]:
@@ -149,16 +149,21 @@ async def _each_sentinel(
     return answers
 
 
-def promise_facts(promise: str, wanted: int, replicas: list[dict[str, Any]]) -> dict[str, Any]:
+def promise_facts(
+    promise: str, wanted: int, replicas: list[dict[str, Any]], out: int | None = None
+) -> dict[str, Any]:
     """What ``status`` says of the promise in force: its name, the replicas' fsyncs each
-    promise waits for, whether it refuses writes now (fewer replicas up), and what it does
-    now, in words (``replicas``: :func:`store_topology`'s rows)."""
+    promise waits for, whether it refuses writes now (fewer replicas can fsync them), and
+    what it does now, in words (``replicas``: :func:`store_topology`'s rows; ``out``: how
+    many of them can confirm nothing, flagged down and detached from the primary; by default
+    every one flagged down)."""
     down = [r["address"] for r in replicas if r["link"] != "up"]
-    refusing = wanted > len(replicas) - len(down)
+    able = len(replicas) - (len(down) if out is None else out)
+    refusing = wanted > able
     if refusing:
         now = (
             f"writes are refused (not durable): {wanted} replica fsync(s) wanted, "
-            f"{len(replicas) - len(down)} replica(s) up"
+            f"{able} replica(s) up"
         )
     elif down:
         now = f"promises given with {wanted} replica fsync(s); {', '.join(down)} down"

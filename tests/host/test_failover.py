@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import coredis
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +31,8 @@ from bus.errors import ClientError, StoreError
 from bus.store.durable import NotDurable
 from bus.store.promise import EVERY_REPLICA, ONE_REPLICA
 from crypto import read_key_file
+from node.host.acl import NODE
+from node.host.replicated import SENTINEL
 from tests.cli.test_cli_json_schemas import validator
 from tests.console_http import get
 from tests.replicated_rig import ROOT, Rig, current_primary, replicated_node, sentinel_events
@@ -448,3 +451,45 @@ async def _kill_replica(rig: Rig, port: int, sig: int = signal.SIGKILL) -> None:
         flagged = 0
         while flagged < len(rig.servers.sentinel_ports):  # each Sentinel, its own view
             flagged += (await events.receive()).startswith(f"+sdown slave 127.0.0.1:{port}")
+
+
+async def test_a_replica_the_sentinels_lose_but_the_primary_keeps_still_counts(tmp_path):
+    """Replica B cut off from the Sentinels only (their user deleted on it): they flag it
+    down, but the primary still has it and ``WAITAOF`` counts its fsync. So the promise keeps
+    counting it: with replica A stalled, B's fsync alone confirms nothing (it would stand in
+    for A's, and the Sentinels, which cannot reach B, would promote A)."""
+    async with replicated_node(tmp_path) as rig:
+        actor = read_key_file(rig.home / "actor.key")
+        a, b = rig.servers.data_ports[1:]
+        async with open_client(rig.client_url) as client:
+            submit = partial(
+                client.submit_job,
+                actor,
+                1,
+                to="self",
+                context_id=1,
+                script_type="sh",
+                script="true",
+            )
+            await submit()
+            async with sentinel_events(rig, ["+sdown"]) as events:
+                server: coredis.Redis[str] = coredis.Redis(
+                    "127.0.0.1", b, username=NODE, password=rig.servers.passwords[NODE]
+                )
+                async with server:
+                    await server.acl_deluser([SENTINEL])  # ends their links to it, and logins
+                flagged = 0
+                while flagged < len(rig.servers.sentinel_ports):
+                    flagged += (await events.receive()).startswith(f"+sdown slave 127.0.0.1:{b}")
+            await submit()  # A and B both fsync it
+            facts = await cli_status(rig)
+            rig.servers.child(a).signal(signal.SIGSTOP)
+            with pytest.raises(NotDurable, match="2 wanted \\(promise every-replica\\)"):
+                await submit()
+    said = facts["store"]["promise"]
+    print(said)
+    assert [r["link"] for r in facts["store"]["replicas"] if r["address"].endswith(f":{b}")] == [
+        "down"
+    ]
+    assert said["replicas_wanted"] == 2
+    assert not said["refusing"]
