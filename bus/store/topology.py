@@ -71,7 +71,7 @@ def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]], out: int
         return {"name": "none", "replicas_wanted": 0, "refusing": False, "now": now}
     wanted = ReplicasWanted(target.promise, target.waitaof_replicas, time.monotonic)
     wanted.learn(len(replicas), out)
-    return promise_facts(target.promise, wanted.wanted, replicas, out)
+    return promise_facts(target.promise, wanted.wanted, replicas)
 
 
 async def known_replicas(url: str) -> tuple[int, int]:
@@ -149,16 +149,14 @@ async def _each_sentinel(
     return answers
 
 
-def promise_facts(
-    promise: str, wanted: int, replicas: list[dict[str, Any]], out: int | None = None
-) -> dict[str, Any]:
+def promise_facts(promise: str, wanted: int, replicas: list[dict[str, Any]]) -> dict[str, Any]:
     """What ``status`` says of the promise in force: its name, the replicas' fsyncs each
-    promise waits for, whether it refuses writes now (fewer replicas can fsync them), and
-    what it does now, in words (``replicas``: :func:`store_topology`'s rows; ``out``: how
-    many of them can confirm nothing, flagged down and detached from the primary; by default
-    every one flagged down)."""
+    promise waits for, whether it refuses writes now (fewer replicas up, as the Sentinels see
+    them: a replica they flag down that the primary still has may yet fsync writes, but one
+    that stalled does not, and which one it is shows only after the fact), and what it does
+    now, in words (``replicas``: :func:`store_topology`'s rows)."""
     down = [r["address"] for r in replicas if r["link"] != "up"]
-    able = len(replicas) - (len(down) if out is None else out)
+    able = len(replicas) - len(down)
     refusing = wanted > able
     if refusing:
         now = (
