@@ -12,6 +12,9 @@ import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
+import msgspec
+import orjson
+
 from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
@@ -69,17 +72,26 @@ class ResultBody:
     reason: str = ""
 
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "in_reply_to": self.in_reply_to,
-                "job_key": self.job_key,
-                "status": self.status.value,
-                "result": self.result,
-                "reason": self.reason,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        """Compact JSON with sorted keys, ASCII only: ``json.dumps(..., sort_keys=True)``'s
+        bytes, which the result's signature covers. orjson writes them where they are the same
+        (text all ASCII but DEL, which json escapes; every result value a str), 5 times faster
+        (bench/codecs.py); json writes the rest."""
+        body = {
+            "in_reply_to": self.in_reply_to,
+            "job_key": self.job_key,
+            "status": self.status.value,
+            "result": self.result,
+            "reason": self.reason,
+        }
+        if all(type(v) is str for v in self.result.values()):
+            try:
+                out = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+            except TypeError:  # orjson.JSONEncodeError: a key that is no str, a lone surrogate
+                pass
+            else:
+                if out.isascii() and b"\x7f" not in out:
+                    return out.decode()
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     def reply(self) -> str:
         """The reply a waiting client reads for this result (:func:`reply_text`)."""
@@ -89,6 +101,15 @@ class ResultBody:
 
     @classmethod
     def decode(cls, text: str) -> ResultBody:
+        """The body ``text`` holds; ModelError (``malformed result body: ...``) if none."""
+        body = _decoded_body(text)  # msgspec, exact or None
+        if body is not None:
+            return cls(body.in_reply_to, body.job_key, body.status, body.result, body.reason)
+        return cls.parse(text)
+
+    @classmethod
+    def parse(cls, text: str) -> ResultBody:
+        """The reference reader of a body (:meth:`decode`, naming what it refuses)."""
         try:
             d = loads_text(text, "result body")
             status = JobStatus(d["status"])
@@ -100,6 +121,28 @@ class ResultBody:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None
+
+
+class _Body(msgspec.Struct):
+    """A result body as :meth:`ResultBody.decode` reads it where msgspec reads it exactly:
+    every field of its type (a reason that is no str, say, goes the reference way, which
+    prints it)."""
+
+    in_reply_to: str
+    job_key: str
+    status: JobStatus
+    result: dict[str, str] = {}
+    reason: str = ""
+
+
+_BODY = msgspec.json.Decoder(_Body)
+
+
+def _decoded_body(text: str) -> _Body | None:
+    try:
+        return _BODY.decode(text)
+    except (msgspec.MsgspecError, UnicodeError, RecursionError):
+        return None
 
 
 def build_result(request: Message, body: ResultBody, *, origin: str) -> Message:
