@@ -3,8 +3,9 @@
 What a node, a runner and a client do per job with the data model, outside any I/O: a job
 message's hash written (``Message.to_hash``) and parsed (``Message.from_hash``), its signed
 content canonicalised, the job hash the node materialises and the runner reads back, the result
-message and its body, the reply a client reads; and the registry objects (actor, context, flow,
-peer, runner), read per message from a cache but measured all the same.
+message and its body, the reply a client reads, a message's item of a link frame written and
+read; and the registry objects (actor, context, flow, peer, runner), read per message from a
+cache but measured all the same.
 
     python bench/codecs.py              # 100k of each
     python bench/codecs.py --n 20000 --profile message.from_hash
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bus.core.envelope import ResultBody, build_result, reply_text  # noqa: E402
+from bus.core.frames import decode_frame, encode_msg_item, encode_msgs  # noqa: E402
 from bus.core.models import (  # noqa: E402
     Actor,
     Context,
@@ -101,6 +103,11 @@ def cases() -> dict[str, Callable[[], object]]:
     out["result_body.encode"] = body.encode
     out["result_body.decode"] = lambda: ResultBody.decode(text)
     out["reply_text"] = lambda: reply_text(msg.key, job.key, "finished", body.result, "")
+    stored = msg.to_hash()
+    item = encode_msg_item(msg.context_id, msg.key, stored)
+    frame = encode_msgs([item]).encode()
+    out["frame_item.encode"] = lambda: encode_msg_item(msg.context_id, msg.key, stored)
+    out["msgs_frame.decode"] = lambda: decode_frame(frame)
     return out
 
 

@@ -1,26 +1,29 @@
-"""The models' hash codecs, derived from their dataclasses and run by msgspec in C.
+"""The models' codecs in C (msgspec, orjson): Redis hashes, and the JSON text of frames and replies.
 
-A model's Redis hash holds strings: counts as decimal text, lists and maps as JSON. Reading one
-field by field in Python (``bus/core/models.py``'s reference parsers) cost a job hash 9.6 µs and
-a job message 19 µs (bench/codecs.py); msgspec reads the same hash in C from the dataclass's own
-annotations (bench/HISTORY.md#msgspec-codecs has the figures).
+A model's Redis hash holds strings: counts as decimal text, lists and maps as JSON. msgspec reads
+one from the dataclass's own annotations (a count's bounds are ``Annotated`` metadata), twice as
+fast as ``bus/core/models.py``'s reference parsers read it field by field (bench/codecs.py;
+bench/HISTORY.md#msgspec-codecs).
 
 The fast path is exact or it steps aside: :meth:`HashCodec.decode` returns ``None`` for any
 hash it cannot read to the very value the reference parser gives (a count not written as plain
 ASCII digits, an empty field meaning its default, a lone surrogate escape, a value of another
 type, a missing field), and the reference parser then decides: it accepts what it always
-accepted and names the reason for what it refuses, in the words it always used
-(tests/bus/test_codecs.py checks both agree on every value they accept).
+accepted and names the reason for what it refuses, in the words it always used. The JSON text
+helpers do the same with json: :func:`loads_json` gives json.loads' values or its error,
+:func:`ascii_json` json.dumps' bytes (tests/bus/test_codecs.py checks each pair agrees).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Generic, TypeVar
 
 import msgspec
+import orjson
 
 # Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
 # and would overflow wherever it meets a float (a timeout) or a Lua number.
@@ -96,3 +99,46 @@ def codec_of(cls: type[T]) -> HashCodec[T]:
     if codec is None:
         codec = _CODECS[cls] = HashCodec(cls, required=getattr(cls, "HASH_REQUIRED", ()))
     return codec
+
+
+# -- JSON text ---------------------------------------------------------------------------------
+
+
+def loads_json(raw: str | bytes) -> Any:  # noqa: ANN401 - any JSON value
+    """``json.loads(raw)``: msgspec parses what it accepts to the same values, several times
+    faster; what it refuses (NaN, numbers out of a double's range, deep nesting, lone
+    surrogates, escaped or not, bytes in UTF-16) json.loads judges, as it always did (its
+    ValueError or RecursionError). Not orjson: it reads an integer beyond 64 bits as a float,
+    where json keeps it exact."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError, UnicodeError):  # UnicodeError: a lone surrogate
+        return json.loads(raw)
+
+
+def ascii_json(value: dict[str, Any], *, sort_keys: bool = False) -> str:
+    """``json.dumps(value, separators=(",", ":"), sort_keys=sort_keys)``: compact, ASCII only,
+    byte for byte. orjson writes it where the two agree: every value of ``value`` a str, an int
+    or a map of strs, and the text all ASCII but DEL, which json escapes; json writes the rest
+    (orjson is 5 times faster, bench/codecs.py)."""
+    if _all_text(value):
+        option = orjson.OPT_SORT_KEYS if sort_keys else 0
+        try:
+            out = orjson.dumps(value, option=option)
+        except TypeError:  # orjson.JSONEncodeError: a key that is no str, a lone surrogate
+            pass
+        else:
+            if out.isascii() and b"\x7f" not in out:
+                return out.decode()
+    return json.dumps(value, separators=(",", ":"), sort_keys=sort_keys)
+
+
+def _all_text(value: dict[str, Any]) -> bool:
+    for item in value.values():
+        t = type(item)
+        if t is dict:
+            if not all(type(v) is str for v in item.values()):
+                return False
+        elif t is not str and t is not int:
+            return False
+    return True

@@ -8,13 +8,12 @@ over one kind can never be replayed as another.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
 import msgspec
-import orjson
 
+from bus.core.codecs import ascii_json
 from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
@@ -72,10 +71,7 @@ class ResultBody:
     reason: str = ""
 
     def encode(self) -> str:
-        """Compact JSON with sorted keys, ASCII only: ``json.dumps(..., sort_keys=True)``'s
-        bytes, which the result's signature covers. orjson writes them where they are the same
-        (text all ASCII but DEL, which json escapes; every result value a str), 5 times faster
-        (bench/codecs.py); json writes the rest."""
+        """Compact JSON, sorted keys, ASCII only: the bytes the result's signature covers."""
         body = {
             "in_reply_to": self.in_reply_to,
             "job_key": self.job_key,
@@ -83,15 +79,7 @@ class ResultBody:
             "result": self.result,
             "reason": self.reason,
         }
-        if all(type(v) is str for v in self.result.values()):
-            try:
-                out = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-            except TypeError:  # orjson.JSONEncodeError: a key that is no str, a lone surrogate
-                pass
-            else:
-                if out.isascii() and b"\x7f" not in out:
-                    return out.decode()
-        return json.dumps(body, separators=(",", ":"), sort_keys=True)
+        return ascii_json(body, sort_keys=True)
 
     def reply(self) -> str:
         """The reply a waiting client reads for this result (:func:`reply_text`)."""

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self, TypeVar
 
-import msgspec
 import orjson
 
 from bus.core import keys
-from bus.core.codecs import MAX_INT, Count, codec_of
+from bus.core.codecs import MAX_INT, Count, codec_of, loads_json
 from bus.core.errors import ModelError
 
 Hash = dict[str, str]
@@ -122,17 +121,6 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
 # one decodes to a str that is no Unicode text (it cannot be encoded, so not signed, stored or
 # logged), so parsing refuses it here, once, instead of each later step failing on it.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def loads_json(raw: str | bytes) -> Any:  # noqa: ANN401 - any JSON value
-    """``json.loads(raw)``: msgspec parses what it accepts to the same values, several times
-    faster; what it refuses (NaN, numbers out of a double's range, deep nesting, lone
-    surrogates) json.loads judges, as it always did (its ValueError or RecursionError).
-    Not orjson: it reads an integer beyond 64 bits as a float, where json keeps it exact."""
-    try:
-        return msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        return json.loads(raw)
 
 
 def dumps_json(value: object) -> bytes:
@@ -348,6 +336,7 @@ class Flow:
         "updated_at",
         "status",
     )
+    HASH_REQUIRED = ("status",)  # a flow hash states it (bus/core/codecs.py)
 
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)

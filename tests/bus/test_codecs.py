@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus.core.codecs import MAX_INT, codec_of
+from bus.core.codecs import MAX_INT, ascii_json, codec_of, loads_json
 from bus.core.envelope import ResultBody, _decoded_body
+from bus.core.frames import encode_msg_item
 from bus.core.models import (
     Actor,
     Context,
@@ -162,13 +163,18 @@ registry = st.one_of(
 models = jobs() | messages() | registry
 
 
-def _storable(model) -> bool:
-    """Whether a model's text is Unicode (what Redis gives back is: decode_hash)."""
+def _unicode(*values) -> bool:
+    """Whether every string in ``values`` is Unicode text (no lone surrogate)."""
     try:
-        json.dumps(model.to_hash(), ensure_ascii=False).encode()
+        json.dumps(values, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _storable(model) -> bool:
+    """Whether a model's text is Unicode (what Redis gives back is: decode_hash)."""
+    return _unicode(model.to_hash())
 
 
 @CHECKS
@@ -307,5 +313,49 @@ def test_a_result_body_is_read_as_the_reference_reads_it(fields, ascii_only):
 @given(bodies)
 def test_a_result_body_written_is_read_back_in_c(body):
     text = body.encode()
-    assert _decoded_body(text) is not None or not all(type(v) is str for v in body.result.values())
+    textual = all(type(v) is str for v in body.result.values()) and _unicode(
+        body.result, body.reason, body.in_reply_to, body.job_key
+    )
+    assert _decoded_body(text) is not None or not textual
     assert outcome(ResultBody.decode, text) == outcome(ResultBody.parse, text)
+
+
+# -- JSON text: what json.loads reads, what json.dumps writes ----------------------------------
+
+
+def json_loads_outcome(load, raw):
+    try:
+        return "ok", repr(load(raw))
+    except RecursionError:
+        return "refused", "RecursionError"
+    except ValueError as exc:  # json's own error: its words, whichever parser ran first
+        return "refused", f"{type(exc).__name__}: {exc}"
+
+
+@CHECKS
+@given(
+    json_texts
+    | st.builds(lambda v, a: json.dumps(v, ensure_ascii=a).encode(), json_values, st.booleans())
+    | st.builds(lambda v: json.dumps(v, ensure_ascii=False).encode("utf-16"), json_values)
+    | st.binary(max_size=40)
+    | every_char
+)
+def test_a_json_text_is_read_as_json_loads_reads_it(raw):
+    """Frames, replies and a hash's JSON fields (loads_json: msgspec, else json.loads) read to
+    json.loads' very values, and fail with its very errors."""
+    assert json_loads_outcome(loads_json, raw) == json_loads_outcome(json.loads, raw)
+
+
+@CHECKS
+@given(st.integers(0, 2**70), words, st.dictionaries(words, words, max_size=6))
+def test_a_frame_item_is_written_byte_for_byte_as_json_dumps_wrote_it(ctx, key, fields):
+    """A msgs frame's item, sized by its length as ASCII: ascii_json's bytes are json's."""
+    item = {"ctx": ctx, "key": key, "fields": fields}
+    try:
+        expected = json.dumps(item, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return
+    assert encode_msg_item(ctx, key, fields) == expected
+    assert ascii_json(item, sort_keys=True) == json.dumps(
+        item, separators=(",", ":"), sort_keys=True
+    )
