@@ -85,7 +85,8 @@ local function quota_flush()
   for _, actor in ipairs(quota_batch.wait_order) do
     local entries = quota_batch.waits[actor].entries
     for i = 1, #entries, 1000 do
-      redis.call('LPUSH', '${QUOTA_WAIT_PREFIX}' .. actor, unpack(entries, i, math.min(i + 999, #entries)))
+      local last = math.min(i + 999, #entries)
+      redis.call('LPUSH', '${QUOTA_WAIT_PREFIX}' .. actor, unpack(entries, i, last))
     end
     if #entries > 0 then redis.call('SADD', '${QUOTA_WAITING_KEY}', actor) end
   end

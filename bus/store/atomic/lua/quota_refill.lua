@@ -2,23 +2,24 @@
 -- KEYS: none: the fair share's keys are the quota fragment's (${QUOTA_WAITING_KEY},
 --       ${QUOTA_WAIT_PREFIX}<actor>, ${QUOTA_DEPTH_KEY}, ${QUOTA_NEXT_KEY}, ${QUOTA_WAKE_KEY})
 -- ARGV: [1] the fair share (0: none, every waiting job moves), [2] the most jobs to move
--- Returns: {moved, more, bad, queues}: jobs moved; 1 if it stopped at ARGV[2] jobs with actors still
--- waiting (the wake-up is pushed again: the next call goes on from there), else 0; the waiting
--- entries that named no queue (dropped: the caller dead-letters them); the queues pushed to.
+-- Returns: {moved, more, bad, queues}: jobs moved; 1 if it stopped at ARGV[2] jobs with actors
+-- still waiting (the wake-up is pushed again: the next call goes on from there), else 0; the
+-- waiting entries that named no queue (dropped: the caller dead-letters them); the queues
+-- pushed to.
 -- Atomic effect: the actors of ${QUOTA_WAITING_KEY}, in id order from the one ${QUOTA_NEXT_KEY}
 -- names (round robin across calls), each in turn: while it holds fewer than the fair share in
 -- the queues (its count less its waiting list's length), the oldest of its waiting entries
--- moves to the front of its queue (RPOP, LPUSH: the queue's consuming end is the right, as
--- the materialise script's). An actor whose list empties leaves the set. A job is in exactly one
--- place, its queue or its list, before and after: nothing lost, nothing queued twice.
+-- moves to its queue, behind the jobs there (RPOP, LPUSH: runners pop the right end, as the
+-- materialise script queues). An actor whose list empties leaves the set. A job is in exactly
+-- one place, its queue or its list, before and after: nothing lost, nothing queued twice.
 local fair, most = tonumber(ARGV[1]) or 0, tonumber(ARGV[2]) or 1000
 local actors = redis.call('SMEMBERS', '${QUOTA_WAITING_KEY}')
 if #actors == 0 then return {0, 0, {}, {}} end
-table.sort(actors, function(a, b) return tonumber(a) < tonumber(b) end)
+table.sort(actors, function(a, b) return (tonumber(a) or 0) < (tonumber(b) or 0) end)
 local from = tonumber(redis.call('GET', '${QUOTA_NEXT_KEY}') or '') or 0
 local start = 1
 for i, a in ipairs(actors) do
-  if tonumber(a) >= from then start = i break end
+  if (tonumber(a) or 0) >= from then start = i break end
 end
 local moved, bad, pushes, order = 0, {}, {}, {}
 local function push(queue, job)
@@ -65,7 +66,7 @@ if more == 0 and moved >= most and redis.call('SCARD', '${QUOTA_WAITING_KEY}') >
   redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
   more = 1
 end
-if more == 0 then redis.call('DEL', '${QUOTA_NEXT_KEY}') end
+if more == 0 and from > 0 then redis.call('DEL', '${QUOTA_NEXT_KEY}') end
 for _, q in ipairs(order) do
   local jobs = pushes[q]
   for i = 1, #jobs, 1000 do
