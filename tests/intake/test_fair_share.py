@@ -166,3 +166,37 @@ async def test_a_runner_under_its_acl_user_wakes_the_refill(node_factory):
         done = [(await alice.client.wait_results(m, timeout_s=30))[0] for m in flood]
     assert [r.stdout for r in done] == [f"{i}\n" for i in range(8)]
     assert await fair_share.waiting(alice.store, 1, 1) == []
+
+
+async def test_a_refill_goes_round_robin_within_its_bound_and_drops_bad_entries(store):
+    """The refill script alone, on a real Valkey: two actors over a share of 1, three jobs each
+    waiting; at most 3 moved per call, the next call starting where the last stopped; an entry
+    that names no queue is dropped and reported (node/intake/fair_share.py dead-letters it)."""
+    q = keys.queue("python")
+
+    async def wait(actor: int, jobs: list[str]) -> None:
+        await store.call(1, lambda r: r.lpush(keys.quota_wait(actor), jobs))
+        await store.call(1, lambda r: r.sadd(keys.QUOTA_WAITING, [str(actor)]))
+        await store.call(1, lambda r: r.hincrby(keys.QUOTA_DEPTH, str(actor), len(jobs)))
+
+    await wait(1, [f"{q} job:1:{i}" for i in range(3)] + ["no-queue"])
+    await wait(2, [f"{q} job:2:{i}" for i in range(3)])
+    first = await fair_share.refill(store, 1, 1, most=1)
+    assert (first.moved, first.more, first.bad) == (1, True, [])
+    assert await store.llen(1, keys.QUOTA_FAIR_WAKE) == 1  # it woke itself to go on
+    second = await fair_share.refill(store, 1, 1, most=3)
+    assert (second.moved, second.more) == (1, False)  # actor 2's one place; actor 1 is full
+    assert await store.call(1, lambda r: r.lrange(q, 0, -1)) == ["job:2:0", "job:1:0"]
+    # actor 1's first job started (quota_left's count), a place for its next
+    await store.call(1, lambda r: r.hincrby(keys.QUOTA_DEPTH, "1", -1))
+    await store.call(1, lambda r: r.rpop(q))
+    third = await fair_share.refill(store, 1, 0)  # no share: everything moves
+    assert (third.moved, third.bad, third.queues) == (4, ["no-queue"], [q])
+    assert await store.smembers(1, keys.QUOTA_WAITING) == set()
+    assert await store.call(1, lambda r: r.lrange(q, 0, -1)) == [
+        "job:2:2",
+        "job:2:1",
+        "job:1:2",
+        "job:1:1",
+        "job:2:0",
+    ]
