@@ -25,6 +25,7 @@ run_node
         ├── run_held             what a restart left unacknowledged (node/intake/held.py)
         ├── run_flow_engine      flows at their origin (node/flows/engine.py)
         ├── run_dlq_watch        the context's dead letters (node/observe/dlq.py)
+        ├── run_fair_share       waiting jobs into their queues (node/intake/fair_share.py)
         ├── run_results          what external runners finish (node/runners/external.py)
         ├── run_reaper           external runners' lost leases (node/runners/external.py)
         ├── run_presence         the slots' heartbeat (node/runners/presence.py)
@@ -72,6 +73,7 @@ from node.host.valkey import run_valkey
 from node.intake.admission import raised_bounds
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
+from node.intake.fair_share import run_fair_share
 from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
 from node.intake.pressure import run_pressure_watch
@@ -447,6 +449,7 @@ class Registry:
             await nursery.start(resilient, f"held {ctx}", run_held, node, ctx)
             await nursery.start(resilient, f"flows {ctx}", run_flow_engine, node, ctx)
             await nursery.start(resilient, f"dlq {ctx}", run_dlq_watch, node, ctx)
+            await nursery.start(resilient, f"fair share {ctx}", run_fair_share, node, ctx)
             # -- runner presence, external runners (node/runners/presence.py, external.py) --
             await nursery.start(resilient, f"results {ctx}", run_results, node, ctx)
             await nursery.start(resilient, f"reaper {ctx}", run_reaper, node, ctx)

@@ -184,6 +184,21 @@ STATS_JOBS = "stats:jobs"
 QUOTA_DEPTH = "quota:depth"
 QUOTA_COUNTED = "quota_counted"  # job hash field: "1" while the job counts for its actor
 QUOTA_ALL = "all"  # the context's whole depth, as bus.store.lists.quota_depths reports it
+# Fair share between actors (bus/store/atomic/lua/quota_depth.lua quota_push, quota_refill.lua):
+# an actor holding fair_share_jobs of its jobs in a context's queues has the rest wait, in order,
+# in its own list of "<queue> <job key>" entries; the set names the actors with such a list.
+# quota_left pushes QUOTA_FAIR_WAKE (one entry at most) while any actor waits; the node's
+# run_fair_share blocks on it and refills the queues, round robin from QUOTA_FAIR_NEXT.
+QUOTA_WAITING = "quota:waiting"
+QUOTA_WAIT_PREFIX = "quota:wait:"
+QUOTA_FAIR_WAKE = "quota:fair:wake"
+QUOTA_FAIR_NEXT = "quota:fair:next"
+
+
+def quota_wait(actor: int | str) -> str:
+    """The waiting list of ``actor``'s jobs past its fair share of a context's queues."""
+    return f"{QUOTA_WAIT_PREFIX}{actor}"
+
 
 # hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
 TYPE_BREAKERS = "type_breakers"

@@ -112,6 +112,11 @@ class NodeConfig:
     max_queued_per_actor: int = 10_000
     max_queued_per_context: int = 100_000
     queue_limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # fair share (node/intake/fair_share.py): an actor holds at most this many of its jobs in a
+    # context's queues, the rest wait in its own list (0: off, one first-in-first-out queue).
+    # 100: another actor's job waits behind at most 100 of a flooder's, not its 10,000; an
+    # actor that holds fewer pays one LLEN per batch and nothing else
+    fair_share_jobs: int = 100
     # a peer's link stores no more while this many of its messages wait in msg_in (0: none)
     max_msg_in_per_peer: int = 10_000
     # the node keeps room for itself (node/intake/pressure.py): below this much free disk
@@ -177,6 +182,7 @@ LOWER_BOUNDS: dict[str, float] = {
     "job_uid_base": 1000,
     "max_queued_per_actor": 0,
     "max_queued_per_context": 0,
+    "fair_share_jobs": 0,
     "max_msg_in_per_peer": 0,
     "disk_headroom_mb": 0,
     "store_max_memory_mb": 0,
@@ -399,6 +405,9 @@ _HELP = {
     "max_queued_per_actor": "queue bounds: an actor may hold at most this many jobs queued and "
     "not started yet in a\ncontext, a context at most max_queued_per_context (0: no bound); a "
     'message past either is\nrefused ("quota_exceeded"); [queue_limits] sets them per context',
+    "fair_share_jobs": "fair share between actors: an actor holds at most this many of its "
+    "jobs in a context's\nqueues; the rest wait in its own list and move to the queue as it "
+    "drains, one actor after\nanother (0: off, first in first out)",
     "max_msg_in_per_peer": "a peer's link stores no more messages (they wait in the peer's "
     "outbox) while this many\nof them wait in msg_in for the consumer (0: no bound)",
     "disk_headroom_mb": "the node takes no new jobs (they wait in msg_out, msg_in or the peer's "

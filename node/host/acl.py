@@ -79,8 +79,9 @@ _RUNNER_SELECTORS = (
     # (bus/store/atomic/lua/stats_jobs.lua, type_breaker.lua)
     "+hincrby +hincrbyfloat +hset +hget ~stats:jobs",
     "+hget +hmget +hset ~type_breakers",
-    # a started job leaves its actor's queue depth (bus/store/atomic/lua/quota_depth.lua)
-    "+srem +hincrby ~quota:*",
+    # a started job leaves its actor's queue depth, and wakes the fair share while actors wait
+    # (bus/store/atomic/lua/quota_depth.lua quota_left)
+    "+srem +hincrby +scard +lpush +ltrim ~quota:*",
     # ending an attempt: its history, the answer (a result message on msg_out) or the local
     # client's reply and its flow's event, a retry's due time, a refusal's dead letter
     "+rpush +lrange ~attempts:*",

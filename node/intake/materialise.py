@@ -160,6 +160,7 @@ async def materialise_many(
         window_s=node.identity.freshness.window_s,
         depth_of=[keys.queue(t) for t in types],
         bounds=queue_bounds(node.config, ctx),
+        fair_share_jobs=node.config.fair_share_jobs,
         counted=counted,
     )
     node.job_stats.add(ctx, counted)

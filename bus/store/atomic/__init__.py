@@ -45,6 +45,10 @@ CONSTANTS = {
     "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
     "QUOTA_DEPTH_KEY": keys.QUOTA_DEPTH,
     "QUOTA_COUNTED": keys.QUOTA_COUNTED,
+    "QUOTA_WAITING_KEY": keys.QUOTA_WAITING,
+    "QUOTA_WAIT_PREFIX": keys.QUOTA_WAIT_PREFIX,
+    "QUOTA_WAKE_KEY": keys.QUOTA_FAIR_WAKE,
+    "QUOTA_NEXT_KEY": keys.QUOTA_FAIR_NEXT,
     "REPLAY_KEY": keys.REPLAY,
 }
 

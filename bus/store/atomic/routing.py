@@ -159,6 +159,7 @@ async def materialise_batch(
     window_s: int,
     depth_of: list[str],
     bounds: tuple[int, int] = (0, 0),
+    fair_share_jobs: int = 0,
     counted: list[str] | None = None,
 ) -> tuple[list[int], int, list[str]]:
     """Write each message's jobs unless the message (key or nonce) was accepted before or one
@@ -167,9 +168,10 @@ async def materialise_batch(
     nothing written for it; 4 its queued jobs would take its actor past ``bounds[0]`` queued
     jobs, 5 the context past ``bounds[1]``, 0: no bound), the depth of the deepest queue of
     ``depth_of`` afterwards, and per message the job key refused and its holder, or for 4 and
-    5 "<depth> <bound>" ("" if none). ``counted``: the job
-    statistics are not written but added to this list (``[field, increment, ...]``), for the
-    caller to count."""
+    5 "<depth> <bound>" ("" if none). ``fair_share_jobs``: the most jobs of one actor in the
+    context's queues, the rest wait in its list (0: none; node/intake/fair_share.py).
+    ``counted``: the job statistics are not written but added to this list (``[field,
+    increment, ...]``), for the caller to count."""
     payload = [
         {
             "key": message.key,
@@ -181,7 +183,7 @@ async def materialise_batch(
         for message, jobs in batch
     ]
     args = [json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
-    args += [str(bounds[0]), str(bounds[1])]
+    args += [str(bounds[0]), str(bounds[1]), str(fair_share_jobs)]
     materialise = script("routing_materialise")
     codes, depth, owners, figures = await store.script(
         ctx, materialise, [inflight, *depth_of], args

@@ -10,11 +10,17 @@ local function quota_actor(job)
   return string.match(job, '^job:(%d+):%d+$') or false
 end
 -- job left its queue (started, or stopped while queued): no longer counted. One HDEL, and one
--- HINCRBY when it was counted.
+-- HINCRBY when it was counted. While an actor has jobs waiting past its fair share (quota_push),
+-- a place freed in the queues is an event: one entry on ${QUOTA_WAKE_KEY} (never more), which
+-- the node's run_fair_share blocks on and answers with quota_refill.lua. One SCARD otherwise.
 local function quota_left(job)
   if redis.call('HDEL', job, '${QUOTA_COUNTED}') == 1 then
     local actor = quota_actor(job)
     if actor then redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -1) end
+    if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
+      redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
+      redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
+    end
   end
 end
 -- A batch that queues jobs (routing_materialise) counts them in this table and writes the counts
@@ -44,9 +50,61 @@ local function quota_add(job, new_mark)
   local actor = quota_actor(job)
   if actor and new_mark then quota_batch.added[actor] = (quota_batch.added[actor] or 0) + 1 end
 end
+-- Fair share (routing_materialise): an actor holds at most quota_batch.fair (0: no bound) of its
+-- jobs in the context's queues; the rest wait, oldest at the right, in its list
+-- ${QUOTA_WAIT_PREFIX}<actor> as "<queue> <job key>" entries (one list keeps its order across
+-- queues). Jobs held in the queues = its count (quota_mine: queued and not started) less its
+-- waiting list's length, so no counter of its own, and a waiting job counts against the queue
+-- bounds like any job not started: the bounds stay exact. One LLEN per actor and batch.
+quota_batch.fair, quota_batch.waits, quota_batch.wait_order = 0, {}, {}
+local function quota_waits(actor)
+  local w = quota_batch.waits[actor]
+  if not w then
+    w = {len = redis.call('LLEN', '${QUOTA_WAIT_PREFIX}' .. actor), entries = {}}
+    quota_batch.waits[actor] = w
+    quota_batch.wait_order[#quota_batch.wait_order + 1] = actor
+  end
+  return w
+end
+-- true: job (counted already: quota_add) goes on queue now; false: it waits (written by
+-- quota_flush). An actor with jobs waiting has its new ones wait behind them: its order holds.
+local function quota_push(queue, job)
+  local actor = quota_actor(job)
+  if quota_batch.fair <= 0 or not actor then return true end
+  local w = quota_waits(actor)
+  local waiting = w.len + #w.entries
+  if waiting == 0 and quota_mine(actor) <= quota_batch.fair then return true end
+  w.entries[#w.entries + 1] = queue .. ' ' .. job
+  return false
+end
 local function quota_flush()
   for actor, n in pairs(quota_batch.added) do
     if n ~= 0 then redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, n) end
   end
   quota_batch.added = {}
+  for _, actor in ipairs(quota_batch.wait_order) do
+    local entries = quota_batch.waits[actor].entries
+    for i = 1, #entries, 1000 do
+      local last = math.min(i + 999, #entries)
+      redis.call('LPUSH', '${QUOTA_WAIT_PREFIX}' .. actor, unpack(entries, i, last))
+    end
+    if #entries > 0 then redis.call('SADD', '${QUOTA_WAITING_KEY}', actor) end
+  end
+  quota_batch.waits, quota_batch.wait_order = {}, {}
+end
+-- A stop of a queued job found nowhere in its queue: it may wait in its actor's list. One LRANGE
+-- of that list, for stops only (a start never looks there). True if it was there.
+local function quota_unwait(job)
+  local actor = quota_actor(job)
+  if not actor then return false end
+  local list = '${QUOTA_WAIT_PREFIX}' .. actor
+  local tail = ' ' .. job
+  for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    if string.sub(e, -#tail) == tail then
+      redis.call('LREM', list, 0, e)
+      if redis.call('LLEN', list) == 0 then redis.call('SREM', '${QUOTA_WAITING_KEY}', actor) end
+      return true
+    end
+  end
+  return false
 end

@@ -5,7 +5,8 @@
 --       'received'; the job statistics' count), jobs: [{key, queue ("" = none), fields: [k, v,
 --       ...]}]}], [2] now (s), [3] the replay window (s), [4] '1': count the job statistics
 --       (returned: stats_collected), [5] the most jobs one actor may hold queued in the
---       context, [6] the most the context may (0: no bound)
+--       context, [6] the most the context may (0: no bound), [7] its fair share: the most jobs
+--       one actor may hold in the context's queues, the rest wait (quota_push; 0: no bound)
 -- Returns: {codes, depth, owners, counted}: a code per message (0 materialised, 1 replay of the
 -- key, 2 replay of the nonce, 3 a job key held by another message, 4 past its actor's queue
 -- bound, 5 past the context's), the deepest reported queue afterwards, per message "<job key>
@@ -18,7 +19,9 @@
 -- refused whole, nothing of it written. A replay of an earlier message of the same batch is
 -- refused as such. Each queued job is counted for its actor (quota_depth), and a message whose
 -- queued jobs would take its actor or the context past its bound is refused whole: the check
--- and the count are one step, so concurrent batches never overshoot a bound.
+-- and the count are one step, so concurrent batches never overshoot a bound. A job past its
+-- actor's fair share waits in its actor's list instead of its queue (quota_push), in the same
+-- step: the node moves it to its queue as places free (quota_refill.lua).
 -- What is the same for the whole batch is done once for it: one HMGET of every replay marker,
 -- one EXISTS of every job key, one LPUSH per queue, one HINCRBY per actor, one HSETEX of the
 -- markers, one trim of the in-flight list.
@@ -29,6 +32,7 @@
 local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local actor_bound, context_bound = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
+quota_batch.fair = tonumber(ARGV[7]) or 0
 local names, job_keys = {}, {}
 for _, m in ipairs(batch) do
   names[#names + 1] = m.seen
@@ -102,7 +106,7 @@ local function write_job(m, j)
     quota_add(j.key, counts and redis.call('HSETNX', j.key, '${QUOTA_COUNTED}', '1') == 1)
   end
   written[j.key] = m.key
-  if j.queue ~= '' then
+  if j.queue ~= '' and quota_push(j.queue, j.key) then
     if not queued[j.queue] then
       queued[j.queue] = {}
       queue_order[#queue_order + 1] = j.queue
