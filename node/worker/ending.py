@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from bus.core import queues
@@ -34,6 +35,18 @@ log = logging.getLogger("node.worker.loop")
 
 class ResultSigner(Protocol):
     def sign_result(self, message: Message) -> Message: ...
+
+
+@dataclass(frozen=True)
+class Ran:
+    """An attempt that ran, as its end needs it: the job, its fields as its start returned
+    them, the request that carried it, its outcome and its number (the fencing token)."""
+
+    job: RunnerJob
+    fields: dict[str, str]
+    request: Message
+    outcome: Outcome
+    attempt: int
 
 
 class Ender:
@@ -84,23 +97,17 @@ class Ender:
         Valkey refuses)."""
         self.job.keep(recorded(outcome, output=False))
 
-    def conclude(
-        self,
-        job: RunnerJob,
-        fields: dict[str, str],
-        request: Message,
-        outcome: Outcome,
-        attempt: int,
-        nxt: NextJob | None,
-    ) -> Started | None:
-        """End the attempt: retried, or final and answered, in one Lua call; tried again while
-        Valkey is unreachable (the outcome exists only here: node/slot/away.py)."""
+    def conclude(self, ran: Ran, nxt: NextJob | None) -> Started | None:
+        """End the attempt: retried, or final and answered, in one Lua call that takes and
+        starts the next job too (``nxt``: how; None, take none); tried again while Valkey is
+        unreachable (the outcome exists only here: node/slot/away.py), without the take."""
+        job = ran.job
         away = Away(job.key)
         kept = False
         taking = nxt is not None
         while True:
             try:
-                started = self._end(job, fields, request, outcome, attempt, nxt)
+                started = self._end(ran, nxt)
                 # the end (and the next start with it) on a replica before the outcome is
                 # forgotten; unconfirmed, it is sent again like a cut one
                 self.runs.confirm()
@@ -115,7 +122,7 @@ class Ender:
                 if not kept:
                     # Valkey may stay away long enough for the machine to go down: the outcome
                     # (its output too: the slot's log files are not synced) fsynced
-                    self.job.keep(recorded(outcome), durable=True)
+                    self.job.keep(recorded(ran.outcome), durable=True)
                     kept = True
                 nxt = None  # a half-applied call must not take a second job
                 time.sleep(away.failed(exc, log, **self._fields(job.key)))
@@ -143,27 +150,20 @@ class Ender:
                 continue
             log.info("%s: taken by a cut call; given back", key, extra=self._fields(key))
 
-    def _end(
-        self,
-        job: RunnerJob,
-        fields: dict[str, str],
-        request: Message,
-        outcome: Outcome,
-        attempt: int,
-        nxt: NextJob | None,
-    ) -> Started | None:
+    def _end(self, ran: Ran, nxt: NextJob | None) -> Started | None:
         """One Lua call: retried, finished here and answered, or finished and answered with a
         signed result; the job statistics counted here go with it (node/worker/reports.py)."""
-        ran = Attempt(attempt, self.spec.token(job.key), self.job.started_at, now())
+        job, outcome, attempt, request = ran.job, ran.outcome, ran.attempt, ran.request
+        number = Attempt(attempt, self.spec.token(job.key), self.job.started_at, now())
         here = self.spec.node_id
-        plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
+        plan = plan_ending(job, outcome, number, RetryPolicy.of(job), request=request, here=here)
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
         self.ended = ended_as(plan)
         took_s = time.monotonic() - self.job.began
         here_answered = isinstance(plan, AnswerHere)
         batch, due = self.reports.counted(
-            fields, ending.status, ending.reason, here_answered, took_s, self.job.heartbeat_s
+            ran.fields, ending.status, ending.reason, here_answered, took_s, self.job.heartbeat_s
         )
         due = due or nxt is None or retry
         sums = (self.reports.handover(batch), "") if due else ("[]", self.reports.handover(batch))

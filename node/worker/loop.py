@@ -61,7 +61,7 @@ from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
 from node.slot.exits import Outcome
 from node.slot.spec import RunnerSpec, read_frame
-from node.worker.ending import Ender, ResultSigner
+from node.worker.ending import Ender, Ran, ResultSigner
 from node.worker.job import Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
@@ -216,7 +216,7 @@ class SlotLoop:
             self.ender.keep(outcome)
             self.ended_reason = outcome.reason
             try:
-                started = self.ender.conclude(job, fields, request, outcome, attempt, taken)
+                started = self.ender.conclude(Ran(job, fields, request, outcome, attempt), taken)
             finally:
                 self.job.end_logs(outcome.status.value)
             # only now: until the end is in Valkey, the outcome file is what the next start of

@@ -24,6 +24,7 @@ from node.runners.processes import start_in_stages, start_stages
 from node.slot.exits import Outcome
 from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
+from node.worker.ending import Ran
 from node.worker.job import Wake
 from node.worker.loop import SlotLoop
 from tests.nodeproc import NodeProcess
@@ -242,14 +243,7 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     client.hset("job:1:4", mapping={"status": "finished", "script_type": "v"})
     calls: list[object] = []
 
-    def end(  # Ender._end's signature
-        _job: object,
-        _fields: object,
-        _request: object,
-        _outcome: object,
-        _attempt: int,
-        nxt: object,
-    ) -> None:
+    def end(_ran: object, nxt: object) -> None:  # Ender._end's signature
         calls.append(nxt)
         if len(calls) == 1:  # it ended job:1:1 and took the others, but its reply was lost
             client.lpush(INFLIGHT, "job:1:3", "job:1:4", "job:1:2")
@@ -258,7 +252,7 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     monkeypatch.setattr(runner.ender, "_end", end)
     job = RunnerJob(1, 1, 1, "", "v")
     outcome = Outcome(JobStatus.FINISHED, {}, "")
-    assert runner.ender.conclude(job, {}, Message(1, 1, 1), outcome, 1, "next") is None
+    assert runner.ender.conclude(Ran(job, {}, Message(1, 1, 1), outcome, 1), "next") is None
     assert calls == ["next", None]  # sent again without taking a job
     assert client.lrange(INFLIGHT, 0, -1) == []
     assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]
