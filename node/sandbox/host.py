@@ -361,6 +361,7 @@ class Sandbox:
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
         self._lock = threading.Lock()
+        self.batching = False  # a batch request's answers are still to come (stop_batch)
 
     @property
     def whole(self) -> bool:
@@ -530,13 +531,19 @@ class Sandbox:
             self._retire()
             raise SandboxLost(str(exc)) from None
         frames = _Frames(self.sock)
+        self.batching = True
         for i in range(len(requests)):
             before = self.leaf.counters() if self.leaf is not None else None
             try:
-                reply = _checked(frames.next(last=i + 1 == len(requests)))
+                reply = frames.next(last=i + 1 == len(requests))
                 if reply.get("i") != i:
                     raise SandboxLost(f"an answer out of turn: {str(reply)[:200]}")
+                if reply.get("unrun") is True:  # stopped (stop_batch): the rest never ran
+                    self.batching = False
+                    return i, True
+                _checked(reply)
             except SandboxLost:
+                self.batching = False
                 self._retire()
                 raise
             del reply["i"]
@@ -546,10 +553,23 @@ class Sandbox:
             if reply["exit_code"] != 0 and (bound := self._bound(before)):
                 reply["bound"] = bound
             lost, resend = bool(reply.pop("lost", False)), bool(reply.pop("resend", False))
+            if lost or resend or i + 1 == len(requests):
+                self.batching = False
             yield reply
             if lost or resend:
                 return i + 1, lost
         return len(requests), False
+
+    def stop_batch(self) -> None:
+        """Ask the warm worker to run no further job of the batch it runs (any thread): the
+        job it runs ends as it would, the rest are answered unrun. Nothing while no batch
+        runs."""
+        sock = self.sock
+        if sock is None or not self.batching:
+            return
+        data = dumps_json({"stop": True})
+        with contextlib.suppress(OSError):  # gone: the batch ends anyway
+            sock.sendall(struct.pack(">I", len(data)) + data)
 
     def _bound(self, before: Counters | None) -> str:
         """The reason of a bound the job that just failed hit, as the kernel counted it (its

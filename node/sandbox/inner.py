@@ -13,6 +13,8 @@ ends, its answer naming its place (``"i": n``). What one job leaves that the nex
 meet (see ``--warm``) ends the batch there, its answer saying ``"resend": true``: the runner
 sends the rest again, none of them ran. A job that ends the job process is answered for by
 this worker with ``"lost": true``: the jobs after it never ran (the runner gives them back).
+A ``{"stop": true}`` frame from the runner while a batch runs (its node died: it answers only
+what it has begun) stops it before the next job, answered ``{"i": n, "unrun": true}``.
 
 Two ways to run the jobs (``[sandbox] fresh_process``, argv ``--warm`` or ``--fresh``):
 
@@ -512,6 +514,11 @@ def _job_process(sock: socket.socket, shared: mmap.mmap, outer_pidns: str) -> No
         if len(fds) != 2 * len(batch):
             os._exit(0)
         for i, job in enumerate(batch):
+            if i and _stopped(own):  # the runner's node died: it answers the job it has, only
+                send(own, {"i": i, "unrun": True})
+                for fd in fds[2 * i :]:
+                    os.close(fd)
+                break
             # the batch's shared settings (cwd, rlimits) under each job's own request
             struct.pack_into("I", shared, 4, 0 if job is request else i + 1)
             jobs.held = 2 * (len(batch) - i - 1)  # the later jobs' files, open here meanwhile
@@ -530,6 +537,20 @@ def _job_process(sock: socket.socket, shared: mmap.mmap, outer_pidns: str) -> No
                 for fd in fds[2 * (i + 1) :]:
                     os.close(fd)
                 os._exit(RECYCLE)
+
+
+def _stopped(sock: socket.socket) -> bool:
+    """Whether the runner asked, between two jobs of a batch, that the rest not run (a
+    ``{"stop": true}`` frame), or is gone."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        value, fds = receive(sock)
+    except (EOFError, ConnectionError, ValueError):
+        return True
+    for fd in fds:
+        os.close(fd)
+    return True
 
 
 def _null_stdio() -> None:
