@@ -108,3 +108,16 @@ async def test_a_lone_job_is_taken_alone_and_answered_at_once(node_factory) -> N
     result = await _result(alice, await _submit(alice, MARK.format("lone")))
     await _ran_once_each(alice, [result], ["lone"])
     assert await _starts(alice) - before == 1
+
+
+async def test_batch_jobs_1_takes_one_job_at_a_time(node_factory) -> None:  # noqa: ANN001
+    """The setting ``batch_jobs = 1``: the same jobs, none given back (5 starts), the timeout's
+    job ends alone and the others as before."""
+    alice = await node_factory("alice", runners={"python": 1}, batch_jobs=1)
+    before = await _starts(alice)
+    a, b, c, d = await _behind_a_gate(
+        alice, "import time\ntime.sleep(600)\nprint('late')", timeout_s=1, retries=0
+    )
+    assert b.reason.startswith("timeout"), b.reason
+    await _ran_once_each(alice, [a, c, d], "acd")
+    assert await _starts(alice) - before == 5
