@@ -149,3 +149,31 @@ def test_a_kill_in_a_batch_ends_that_job_and_leaves_the_rest_unrun(tmp_path: Pat
     assert not (Path(box.spec.work_dir) / "job2").exists()  # never ran
     assert files.out(2) == files.err(2) == ""
     assert replies[0]["exit_code"] == 0, again.err(0)  # a new sandbox serves the next batch
+
+
+def test_a_stopped_batch_runs_the_job_it_began_and_none_after(tmp_path: Path) -> None:
+    """The runner's node died (stop_batch): the job the worker runs ends as it would, the jobs
+    after it never run (answered unrun: the runner gives them back). The second job waits on
+    a FIFO that the test opens only once the stop was sent."""
+    box, _ = _box(tmp_path, "strict")
+    work = Path(box.spec.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(work / "gate", 0o600)
+    os.chown(work / "gate", box.spec.uid, box.spec.uid)
+    marker = "import os\nopen(os.path.join(os.environ['HOME'], os.environ['OWN']), 'w').close()\n"
+    scripts = [marker, "open('gate').read()\n" + marker, marker]
+    files = _Files(tmp_path, 3)
+    answers = box.run_batch([_request(s, f"job{i}") for i, s in enumerate(scripts)], files.fds)
+    try:
+        first = next(answers)
+        box.stop_batch()
+        with open(work / "gate", "w") as gate:  # opens once the second job reads it
+            gate.write("go")
+        rest = list(answers)
+    finally:
+        files.close()
+        box.stop()
+    assert first["exit_code"] == 0
+    assert [r["exit_code"] for r in rest] == [0]  # the one it began
+    assert (work / "job1").exists()
+    assert not (work / "job2").exists()  # never ran
