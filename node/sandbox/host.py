@@ -532,18 +532,24 @@ class Sandbox:
             raise SandboxLost(str(exc)) from None
         frames = _Frames(self.sock)
         self.batching = True
-        for i in range(len(requests)):
+        try:
+            return (yield from self._answers(frames, len(requests)))
+        finally:  # however it ends (a caller that stops reading too): no stop for a batch gone
+            self.batching = False
+
+    def _answers(
+        self, frames: _Frames, n: int
+    ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
+        for i in range(n):
             before = self.leaf.counters() if self.leaf is not None else None
             try:
-                reply = frames.next(last=i + 1 == len(requests))
+                reply = frames.next(last=i + 1 == n)
                 if reply.get("i") != i:
                     raise SandboxLost(f"an answer out of turn: {str(reply)[:200]}")
                 if reply.get("unrun") is True:  # stopped (stop_batch): the rest never ran
-                    self.batching = False
                     return i, True
                 _checked(reply)
             except SandboxLost:
-                self.batching = False
                 self._retire()
                 raise
             del reply["i"]
@@ -553,12 +559,12 @@ class Sandbox:
             if reply["exit_code"] != 0 and (bound := self._bound(before)):
                 reply["bound"] = bound
             lost, resend = bool(reply.pop("lost", False)), bool(reply.pop("resend", False))
-            if lost or resend or i + 1 == len(requests):
-                self.batching = False
+            if lost or resend or i + 1 == n:
+                self.batching = False  # no answer to come: a stop now would meet the next request
             yield reply
             if lost or resend:
                 return i + 1, lost
-        return len(requests), False
+        return n, False
 
     def stop_batch(self) -> None:
         """Ask the warm worker to run no further job of the batch it runs (any thread): the

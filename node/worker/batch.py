@@ -116,6 +116,7 @@ def run_batch(run: JobRun, items: list[Item]) -> list[tuple[Outcome | None, _Cur
     except BaseException:
         for cur in curs:
             cur.pump.finish("interrupted")
+        run.batch = []  # nothing will end them here: the node's recovery of the slot will
         raise
     finally:
         run.current, run.on_orphan = None, None

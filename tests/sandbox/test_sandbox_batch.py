@@ -154,7 +154,7 @@ def test_a_kill_in_a_batch_ends_that_job_and_leaves_the_rest_unrun(tmp_path: Pat
 def test_a_stopped_batch_runs_the_job_it_began_and_none_after(tmp_path: Path) -> None:
     """The runner's node died (stop_batch): the job the worker runs ends as it would, the jobs
     after it never run (answered unrun: the runner gives them back). The second job waits on
-    a FIFO that the test opens only once the stop was sent."""
+    a FIFO: the stop is sent once it opened it, and it ends once the test closes it."""
     box, _ = _box(tmp_path, "strict")
     work = Path(box.spec.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -166,8 +166,8 @@ def test_a_stopped_batch_runs_the_job_it_began_and_none_after(tmp_path: Path) ->
     answers = box.run_batch([_request(s, f"job{i}") for i, s in enumerate(scripts)], files.fds)
     try:
         first = next(answers)
-        box.stop_batch()
-        with open(work / "gate", "w") as gate:  # opens once the second job reads it
+        with open(work / "gate", "w") as gate:  # opens once the second job reads it: it runs
+            box.stop_batch()
             gate.write("go")
         rest = list(answers)
     finally:
