@@ -3,7 +3,8 @@
 
 Cases: 1 local throughput, 2 cross-node throughput, 3 round-trip latency, 4 transport vs raw
 websocket, 5 Valkey ceiling and commands per job, 6 memory, 7 scaling (runner slots, backlog),
-9 replicated store (WAITAOF-acknowledged promises) against the single Valkey, as ratios.
+9 replicated store (WAITAOF-acknowledged promises) against the single Valkey, as ratios, 10
+tracing off and on (sampling 1.0, OTLP to a receiver in the bench) on the local throughput run.
 With --peers, 8: the peer job queues (SAQ, Celery, Dramatiq, ../shared/peers/compare.sh) measured
 in the same invocation, and every speed target as a ratio against them or against our own figures.
 Every figure is the median of --runs runs with min and max; targets are printed beside them
@@ -33,9 +34,10 @@ if str(ROOT) not in sys.path:
 from bench import cases, peers  # noqa: E402
 from bench.harness import Procs, Row, render_table  # noqa: E402
 from bench.replicated import case_replicated  # noqa: E402
+from bench.tracing_cost import case_tracing  # noqa: E402
 from node.host.valkey import free_port  # noqa: E402
 
-ALL_CASES = (1, 2, 3, 4, 5, 6, 7, 9)
+ALL_CASES = (1, 2, 3, 4, 5, 6, 7, 9, 10)
 
 
 async def main_async(args: argparse.Namespace, base: Path, failed: list[int | str]) -> list[Row]:
@@ -116,8 +118,10 @@ async def run_case(env: cases.Env, backlogs: cases.Backlogs, number: int) -> lis
         found = await cases.case_memory(env, backlogs)
     elif number == 7:
         found = await cases.case_scaling(env, backlogs)
-    else:
+    elif number == 9:
         found = await case_replicated(env)
+    else:
+        found = await case_tracing(env)
     return found
 
 
@@ -141,7 +145,7 @@ def parse_cases(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--cases wants numbers like 1,3,5: {text!r}") from None
     if not found or any(c not in ALL_CASES for c in found):
-        raise argparse.ArgumentTypeError(f"cases are 1..7 and 9, got {text!r}")
+        raise argparse.ArgumentTypeError(f"cases are 1..7, 9 and 10, got {text!r}")
     return found
 
 

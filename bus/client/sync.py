@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from bus.client.inbox import JobResult, parse_reply
 from bus.client.plan import job_messages, write_plan
 from bus.core import keys, spans
+from bus.core.envelope import JobResult, parse_reply
 from bus.core.models import Message, RunnerJob
 from bus.errors import ClientError
 from bus.store.blocking import BlockingStore

@@ -8,13 +8,15 @@ over one kind can never be replayed as another.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
+import msgspec
+
+from bus.core.codecs import ascii_json
 from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
-from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_text
+from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_json, loads_text
 from bus.core.tracecontext import inherited
 from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
 
@@ -69,17 +71,15 @@ class ResultBody:
     reason: str = ""
 
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "in_reply_to": self.in_reply_to,
-                "job_key": self.job_key,
-                "status": self.status.value,
-                "result": self.result,
-                "reason": self.reason,
-            },
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        """Compact JSON, sorted keys, ASCII only: the bytes the result's signature covers."""
+        body = {
+            "in_reply_to": self.in_reply_to,
+            "job_key": self.job_key,
+            "status": self.status.value,
+            "result": self.result,
+            "reason": self.reason,
+        }
+        return ascii_json(body, sort_keys=True)
 
     def reply(self) -> str:
         """The reply a waiting client reads for this result (:func:`reply_text`)."""
@@ -89,6 +89,15 @@ class ResultBody:
 
     @classmethod
     def decode(cls, text: str) -> ResultBody:
+        """The body ``text`` holds; ModelError (``malformed result body: ...``) if none."""
+        body = _decoded_body(text)  # msgspec, exact or None
+        if body is not None:
+            return cls(body.in_reply_to, body.job_key, body.status, body.result, body.reason)
+        return cls.parse(text)
+
+    @classmethod
+    def parse(cls, text: str) -> ResultBody:
+        """The reference reader of a body (:meth:`decode`, naming what it refuses)."""
         try:
             d = loads_text(text, "result body")
             status = JobStatus(d["status"])
@@ -100,6 +109,28 @@ class ResultBody:
             )
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ModelError(f"malformed result body: {exc}") from None
+
+
+class _Body(msgspec.Struct):
+    """A result body as :meth:`ResultBody.decode` reads it where msgspec reads it exactly:
+    every field of its type (a reason that is no str, say, goes the reference way, which
+    prints it)."""
+
+    in_reply_to: str
+    job_key: str
+    status: JobStatus
+    result: dict[str, str] = {}
+    reason: str = ""
+
+
+_BODY = msgspec.json.Decoder(_Body)
+
+
+def _decoded_body(text: str) -> _Body | None:
+    try:
+        return _BODY.decode(text)
+    except (msgspec.MsgspecError, UnicodeError, RecursionError):
+        return None
 
 
 def build_result(request: Message, body: ResultBody, *, origin: str) -> Message:
@@ -143,3 +174,36 @@ def reply_text(
         "reason": reason,
     }
     return dumps_json(answer).decode()
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The final state of one job, as a client reads it on its reply list
+    (``Client.wait_results``): ``result`` holds ``stdout``, ``stderr`` and ``exit_code``;
+    ``reason`` says why it failed."""
+
+    job_key: str
+    status: JobStatus
+    result: dict[str, str]
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is JobStatus.FINISHED
+
+    @property
+    def stdout(self) -> str:
+        return self.result.get("stdout", "")
+
+
+def parse_reply(raw: str | bytes) -> tuple[str, JobResult]:
+    """``(request key, result)`` of one answer :func:`reply_text` wrote; ValueError if
+    unreadable. Beside its writer: the client's one reader of the format."""
+    try:
+        d = loads_json(raw)
+        result = JobResult(
+            str(d["job_key"]), JobStatus(d["status"]), dict(d["result"]), str(d.get("reason", ""))
+        )
+        return str(d.get("in_reply_to", "")), result
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"unreadable reply: {exc!r}") from None

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, TypeVar
 
+from bus.core.codecs import ascii_json, loads_json
 from bus.core.errors import FrameError
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -173,7 +174,7 @@ def encode_frame(frame_type: str, **body: Any) -> str:  # noqa: ANN401
 def encode_msg_item(ctx: int, key: str, fields: Mapping[str, str]) -> str:
     """One message of a ``msgs`` frame, encoded once: the sender sizes batches by its length
     (ASCII: ``json.dumps`` escapes everything else, so characters are bytes)."""
-    return json.dumps({"ctx": ctx, "key": key, "fields": fields}, separators=(",", ":"))
+    return ascii_json({"ctx": ctx, "key": key, "fields": fields})
 
 
 def msgs_frame_size(item_sizes: int, count: int) -> int:
@@ -203,7 +204,7 @@ def decode_frame(data: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) ->
     if size > max_bytes:
         raise FrameError(f"frame of {size} bytes exceeds the limit of {max_bytes}")
     try:
-        obj = json.loads(raw)
+        obj = loads_json(raw)  # json.loads' values and errors, msgspec's speed
     except (ValueError, UnicodeDecodeError) as exc:
         raise FrameError(f"frame is not JSON: {exc}") from None
     except RecursionError:

@@ -174,17 +174,16 @@ RESULTS = "results"
 # (bus/store/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by
 # node/observe/metrics.py. In Valkey, not in a node's memory: jobs end in runner processes too.
 STATS_JOBS = "stats:jobs"
-# Queue depth quotas of a context (node/intake/admission.py: queue bounds): the set of each
-# actor's jobs queued and not started yet, and a hash of their counts (field: the actor id, and
-# QUOTA_ALL for the whole context), kept by the scripts that queue and start or stop a job
-# (bus/store/atomic/lua/quota_depth.lua). In Valkey: runner processes start jobs too.
+# Queue depth quotas of a context (node/intake/admission.py: queue bounds), data model v3: a
+# hash of each actor's count of jobs queued and not started yet (field: the actor id); the
+# context's depth is the sum of its values (no field of its own: a start moves one count, not
+# two). A counted job holds QUOTA_COUNTED in its own hash, so a redelivery or a second start
+# never moves a count twice, at no command at queueing (the field rides in the job's write).
+# Kept by the scripts that queue and start or stop a job (bus/store/atomic/lua/quota_depth.lua).
+# In Valkey: runner processes start jobs too.
 QUOTA_DEPTH = "quota:depth"
-QUOTA_ALL = "all"
-
-
-def quota_jobs(caller_id: int) -> str:
-    return f"quota:jobs:{caller_id}"
-
+QUOTA_COUNTED = "quota_counted"  # job hash field: "1" while the job counts for its actor
+QUOTA_ALL = "all"  # the context's whole depth, as bus.store.lists.quota_depths reports it
 
 # hash: the circuit breaker of each script type of a context (bus/store/atomic/type_breakers.py)
 TYPE_BREAKERS = "type_breakers"
@@ -238,14 +237,32 @@ def outbox_inflight(node_id: str) -> str:
     return f"outbox:{node_id}:inflight"
 
 
+# Replay markers (data model v3): one hash per context DB whose fields expire one by one
+# (Valkey 9 HSETEX): ``seen:<message key>`` for a message accepted, ``nonce:<caller_id>:<nonce>``
+# for a caller's nonce used (its value: the message key), each for the replay window. One write
+# and one read per batch of messages instead of two strings written and read per message.
+REPLAY = "replay"
+
+
 def nonce(caller_id: int, value: str) -> str:
-    """Marker that a caller's nonce was used (replay protection, expires with the window)."""
+    """The field of REPLAY that marks a caller's nonce used (expires with the window)."""
     return f"nonce:{caller_id}:{value}"
 
 
 def seen(message_key: str) -> str:
-    """Marker that a message was accepted (replay / duplicate protection)."""
+    """The field of REPLAY that marks a message accepted (replay / duplicate protection)."""
     return f"seen:{message_key}"
+
+
+# The stored data model's version, a string in DB 0 (PROTOCOL.md section 5): a node migrates a
+# store of an older version at start (bus/store/migrate.py), then writes DATA_MODEL_VERSION here.
+DATA_MODEL = "data_model"
+DATA_MODEL_VERSION = 3
+# data model v2 keys, read only to migrate them: the replay markers as strings with a TTL (their
+# names are v3's REPLAY fields) and the set of each actor's queued jobs
+V2_SEEN_PATTERN = "seen:*"
+V2_NONCE_PATTERN = "nonce:*"
+V2_QUOTA_JOBS_PATTERN = "quota:jobs:*"
 
 
 # -- flows (context DB of the flow's origin) ---------------------------------------------------

@@ -2,7 +2,9 @@
 
 Redis hashes hold strings: integers as decimal text, lists and maps as JSON. ``from_hash``
 is strict: a missing or wrongly typed field raises :class:`ModelError` naming the field, so a
-malformed hash can be dead-lettered with a clear reason instead of crashing a service.
+malformed hash can be dead-lettered with a clear reason instead of crashing a service. It reads
+with msgspec, in C, from the dataclass's annotations (bus/core/codecs.py), and where msgspec
+steps aside ``parse_hash``, the reference parser, reads field by field and names the reason.
 """
 
 from __future__ import annotations
@@ -17,12 +19,10 @@ from typing import Any, Self, TypeVar
 import orjson
 
 from bus.core import keys
+from bus.core.codecs import MAX_INT, Count, codec_of, loads_json
 from bus.core.errors import ModelError
 
 Hash = dict[str, str]
-# Integers are what Redis counts in (64-bit): a larger one is no id, time or count of ours,
-# and would overflow wherever it meets a float (a timeout) or a Lua number.
-MAX_INT = 2**63 - 1
 RawHash = Mapping[str, str] | Mapping[bytes, bytes]
 
 
@@ -125,16 +125,6 @@ def _json(h: Mapping[str, str], name: str, kind: type, default: Any) -> Any:  # 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def loads_json(raw: str | bytes) -> Any:  # noqa: ANN401 - any JSON value
-    """``json.loads(raw)``: orjson parses what it accepts to the same values, several times
-    faster; what it refuses (NaN, integers beyond 64 bits, deep nesting, lone surrogates)
-    json.loads judges, as it always did (its ValueError or RecursionError)."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
 def dumps_json(value: object) -> bytes:
     """``json.dumps(value).encode()``'s JSON, written by orjson where it can (compact, the
     same values); what it cannot write (integers beyond 64 bits, lone surrogates) json does."""
@@ -226,6 +216,12 @@ def _no_floats(value: object, depth: int = 0) -> bool:
     return False
 
 
+def _text(value: object) -> str:
+    """:func:`_as_str`, its common cases (an exact str or int) without a second call."""
+    t = type(value)
+    return value if t is str else str(value) if t is int else _as_str(value)  # type: ignore[return-value]
+
+
 def _as_str(value: object) -> str:
     t = type(value)  # the common cases first: exact str and int (bool and StrEnum are not)
     if t is str:
@@ -250,11 +246,11 @@ def _to_hash(obj: object, names: tuple[str, ...]) -> Hash:
 
 @dataclass(frozen=True, slots=True)
 class Actor:
-    id: int
+    id: Count
     pubkey: str
     address: list[str] = field(default_factory=list)
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Count = 0
+    updated_at: Count = 0
     # the key's algorithm (crypto.ALGORITHMS); a hash without it is an Ed25519 actor's
     algorithm: str = "ed25519"
 
@@ -265,6 +261,15 @@ class Actor:
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
+        if h.get("algorithm") != "":  # "" reads as ed25519 there
+            found = codec_of(cls).decode(h)  # msgspec, exact or None (bus/core/codecs.py)
+            if found is not None:
+                return found
+        return cls.parse_hash(h)
+
+    @classmethod
+    def parse_hash(cls, h: Mapping[str, str]) -> Self:
+        """The reference parser (:meth:`from_hash`, naming the field it refuses)."""
         return cls(
             id=_int(h, "id"),
             pubkey=_get(h, "pubkey"),
@@ -277,12 +282,12 @@ class Actor:
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    id: int
-    admins: list[int] = field(default_factory=list)
-    readers: list[int] = field(default_factory=list)
-    executors: list[int] = field(default_factory=list)
-    created_at: int = 0
-    updated_at: int = 0
+    id: Count
+    admins: list[Count] = field(default_factory=list)
+    readers: list[Count] = field(default_factory=list)
+    executors: list[Count] = field(default_factory=list)
+    created_at: Count = 0
+    updated_at: Count = 0
 
     FIELDS = ("id", "admins", "readers", "executors", "created_at", "updated_at")
 
@@ -294,6 +299,12 @@ class Context:
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
+        found = codec_of(cls).decode(h)  # msgspec, exact or None (bus/core/codecs.py)
+        return cls.parse_hash(h) if found is None else found
+
+    @classmethod
+    def parse_hash(cls, h: Mapping[str, str]) -> Self:
+        """The reference parser (:meth:`from_hash`, naming the field it refuses)."""
         return cls(
             id=_int(h, "id"),
             admins=_int_list(h, "admins"),
@@ -306,14 +317,14 @@ class Context:
 
 @dataclass(frozen=True, slots=True)
 class Flow:
-    id: int
-    caller_id: int
-    context_id: int
-    jobs: list[int] = field(default_factory=list)
+    id: Count
+    caller_id: Count
+    context_id: Count
+    jobs: list[Count] = field(default_factory=list)
     env_vars: dict[str, str] = field(default_factory=dict)
     result: dict[str, str] = field(default_factory=dict)
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Count = 0
+    updated_at: Count = 0
     status: FlowStatus = FlowStatus.DISPATCHED
 
     FIELDS = (
@@ -327,12 +338,19 @@ class Flow:
         "updated_at",
         "status",
     )
+    HASH_REQUIRED = ("status",)  # a flow hash states it (bus/core/codecs.py)
 
     def to_hash(self) -> Hash:
         return _to_hash(self, self.FIELDS)
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
+        found = codec_of(cls).decode(h)  # msgspec, exact or None (bus/core/codecs.py)
+        return cls.parse_hash(h) if found is None else found
+
+    @classmethod
+    def parse_hash(cls, h: Mapping[str, str]) -> Self:
+        """The reference parser (:meth:`from_hash`, naming the field it refuses)."""
         return cls(
             id=_int(h, "id"),
             caller_id=_int(h, "caller_id"),
@@ -354,8 +372,8 @@ class Runner:
     topic: str = ""
     local: bool = True
     script_type: str = ""
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Count = 0
+    updated_at: Count = 0
 
     FIELDS = (
         "id",
@@ -390,19 +408,19 @@ class RunnerJob:
     """A job (``job:<caller_id>:<id>``): a script of a type, run in a context; make one with
     :func:`bus.new_job`."""
 
-    id: int
-    caller_id: int
-    context_id: int
+    id: Count
+    caller_id: Count
+    context_id: Count
     script: str
     script_type: str
-    timeout: int = 60
-    retries: int = 0
+    timeout: Count = 60
+    retries: Count = 0
     env_vars: dict[str, str] = field(default_factory=dict)
     result: dict[str, str] = field(default_factory=dict)
     prerequisites: list[str] = field(default_factory=list)
-    depends: list[int] = field(default_factory=list)
-    created_at: int = 0
-    updated_at: int = 0
+    depends: list[Count] = field(default_factory=list)
+    created_at: Count = 0
+    updated_at: Count = 0
     status: JobStatus = JobStatus.DISPATCHED
     message_key: str = ""  # extension: the message that carried this job
     reason: str = ""  # extension: why the job ended in error
@@ -415,7 +433,7 @@ class RunnerJob:
     # like the targeting: which failures are retried (empty: every one) and the backoff
     retry_on: list[str] = field(default_factory=list)
     backoff: str = ""  # exponential | linear ("": exponential)
-    backoff_ms: int = 0  # the delay before the first retry (0: the node's default)
+    backoff_ms: Count = 0  # the delay before the first retry (0: the node's default)
 
     FIELDS = (
         "id",
@@ -457,27 +475,47 @@ class RunnerJob:
     RETRY_POLICY = ("retry_on", "backoff", "backoff_ms")  # the same
 
     def to_hash(self) -> Hash:
-        policy = {name: _as_str(value) for name, value in self._policy().items()}
-        return _to_hash(self, self.FIELDS) | self._targeting() | policy
+        return {
+            name: _text(value)
+            for name in _JOB_STORED
+            if (value := getattr(self, name)) or name in _JOB_FIELDS
+        }
 
     def signed_dict(self) -> dict[str, object]:
-        signed = {name: _plain(getattr(self, name)) for name in self.SIGNED}
-        return signed | self._targeting() | self._policy()
-
-    def _policy(self) -> dict[str, object]:
-        return {name: _plain(v) for name in self.RETRY_POLICY if (v := getattr(self, name))}
+        return {
+            name: _plain(value)
+            for name in _JOB_SIGNED
+            if (value := getattr(self, name)) or name in _JOB_ALWAYS_SIGNED
+        }
 
     def stored_dict(self) -> dict[str, object]:
         """:meth:`signed_dict` without the entries that hold what :meth:`from_hash` assumes
         when they are absent: what a message hash stores of its job. Parsed back, it gives the
         same job, so the same signed content."""
-        return {k: v for k, v in self.signed_dict().items() if _JOB_DEFAULTS.get(k, _ANY) != v}
-
-    def _targeting(self) -> dict[str, str]:
-        return {name: getattr(self, name) for name in self.TARGETING if getattr(self, name)}
+        return {
+            name: _plain(value)
+            for name in _JOB_SIGNED
+            if _JOB_OMITTED.get(name, _ANY) != (value := getattr(self, name))
+        }
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
+        if "depends" in h or "dependends" not in h:
+            job = codec_of(cls).decode(h)  # msgspec, exact or None (bus/core/codecs.py)
+            if job is not None:
+                return job.checked()
+        return cls.parse_hash(h)
+
+    def checked(self) -> Self:
+        """This job, its retry policy checked (ModelError naming the field refused)."""
+        if self.retry_on or self.backoff or self.backoff_ms:
+            check_retry_policy(self.retry_on, self.backoff, self.backoff_ms)
+        return self
+
+    @classmethod
+    def parse_hash(cls, h: Mapping[str, str]) -> Self:
+        """The reference parser of a job hash: what :meth:`from_hash` gives, field by field,
+        naming the field for a hash it refuses."""
         if "depends" not in h and "dependends" in h:  # the spec's spelling, accepted on read
             h = {**h, "depends": h["dependends"]}
         return cls(
@@ -514,6 +552,15 @@ class RunnerJob:
             for k, v in d.items()
         }
         return cls.from_hash(flat)
+
+
+# One pass over a job's fields for each of its encodings (one comprehension each is half the
+# Python of a dict per group merged, bench/codecs.py): the spec's fields always, the optional
+# ones (targeting, retry policy) only when set.
+_JOB_FIELDS = frozenset(RunnerJob.FIELDS)
+_JOB_STORED = RunnerJob.FIELDS + RunnerJob.TARGETING + RunnerJob.RETRY_POLICY
+_JOB_ALWAYS_SIGNED = frozenset(RunnerJob.SIGNED)
+_JOB_SIGNED = RunnerJob.SIGNED + RunnerJob.TARGETING + RunnerJob.RETRY_POLICY
 
 
 # A retry_on entry: a failure cause (node/slot/lifecycle.py) or an exit code, exit:any for all.
@@ -572,6 +619,15 @@ _JOB_DEFAULTS: dict[str, object] = {
     "prerequisites": [],
     "depends": [],
 }
+# what a stored job entry leaves out: the defaults above, and the optional fields when unset
+_JOB_OMITTED: dict[str, object] = _JOB_DEFAULTS | {
+    "group": "",
+    "instance": "",
+    "priority": "",
+    "retry_on": [],
+    "backoff": "",
+    "backoff_ms": 0,
+}
 _ANY = object()
 
 
@@ -580,19 +636,19 @@ class Message:
     """A signed message (``message:<caller_id>:<id>``) carrying jobs to a node;
     :meth:`bus.Client.submit` returns it, :meth:`bus.Client.wait_results` takes it."""
 
-    id: int
-    caller_id: int
-    context_id: int
+    id: Count
+    caller_id: Count
+    context_id: Count
     message: str = ""
     message_type: MessageType = MessageType.JOB
     message_format_type: MessageFormat = MessageFormat.TEXT
-    timeout: int = 60
-    timeout_ack: int = 30
-    timeout_result: int = 3600
+    timeout: Count = 60
+    timeout_ack: Count = 30
+    timeout_result: Count = 3600
     job: list[RunnerJob] = field(default_factory=list)
     logs: list[dict[str, object]] = field(default_factory=list)
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Count = 0
+    updated_at: Count = 0
     status: MessageStatus = MessageStatus.DISPATCHED
     # extensions (DESIGN.md 5): routing and signatures
     origin: str = ""  # node id (public key hex) of the node the message was submitted on
@@ -646,6 +702,8 @@ class Message:
         "destination",
         "nonce",
     )
+    # what a message hash must hold although the dataclass has a default for it
+    HASH_REQUIRED = ("message_type", "created_at", "origin", "destination")
 
     @property
     def key(self) -> str:
@@ -666,16 +724,28 @@ class Message:
         job without the entries that hold their defaults (:meth:`RunnerJob.stored_dict`): the
         parsed message, and so its signed content, is the same, in less memory per queued
         message."""
-        h: Hash = {}
-        for name in self.FIELDS:
-            value = _as_str(getattr(self, name)) if name != "job" else ""
-            if name != "job" and _MESSAGE_DEFAULTS.get(name) != value:
-                h[name] = value
+        h = {
+            name: _text(value)
+            for name in _MESSAGE_STORED
+            if (value := getattr(self, name)) != "" or name not in _MESSAGE_DEFAULTS
+        }
         h["job"] = _dump([j.stored_dict() for j in self.job])
         return h
 
     @classmethod
     def from_hash(cls, h: Mapping[str, str]) -> Self:
+        if '"dependends"' not in h.get("job", ""):  # the spec's spelling: see RunnerJob
+            message = codec_of(cls).decode(h)  # msgspec, exact or None (bus/core/codecs.py)
+            if message is not None:
+                for job in message.job:
+                    job.checked()
+                return message
+        return cls.parse_hash(h)
+
+    @classmethod
+    def parse_hash(cls, h: Mapping[str, str]) -> Self:
+        """The reference parser of a message hash: what :meth:`from_hash` gives, field by
+        field, naming the field for a hash it refuses."""
         jobs = _json(h, "job", list, [])
         signatures = _json(h, "signatures", list, [])
         if not all(isinstance(s, dict) for s in signatures):
@@ -707,6 +777,7 @@ class Message:
         )
 
 
+_MESSAGE_STORED = tuple(name for name in Message.FIELDS if name != "job")  # job: its own way
 # the extensions of a message signed only when non-empty, so older signatures stay valid
 _SIGNED_WHEN_SET = ("reply_to", "traceparent", "tracestate")
 
@@ -718,8 +789,8 @@ class Peer:
     id: str
     address: str = ""  # ws://host:port to dial; empty for a peer that only dials us
     name: str = ""
-    created_at: int = 0
-    updated_at: int = 0
+    created_at: Count = 0
+    updated_at: Count = 0
 
     FIELDS = ("id", "address", "name", "created_at", "updated_at")
 

@@ -213,9 +213,9 @@ class Store:
         """Where this store's primary and replicas are (bus/store/topology.py)."""
         return await store_topology(self._dial_url)
 
-    async def known_replicas(self) -> int:
-        """How many replicas the Sentinels know for this store's set (StoreError if none
-        answers; bus/store/promise.py counts them)."""
+    async def known_replicas(self) -> tuple[int, int]:
+        """How many replicas the Sentinels list for this store's set, and how many of those
+        they flag down (StoreError if none answers; bus/store/promise.py counts them)."""
         return await known_replicas(self._dial_url)
 
     async def durable(self, since: int | None = None) -> None:

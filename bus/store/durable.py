@@ -144,9 +144,10 @@ class Barrier:
         return results
 
     async def count_replicas(self, store: Store) -> None:
-        """Ask the Sentinels how many replicas the set has, when the promise counts them and
-        the count is older than ``REFRESH_S``; NotDurable if it was never known. A count once
-        known outlives Sentinels that do not answer: it only ever grows."""
+        """Ask the Sentinels how many replicas the set has and how many they flag down, when
+        the promise counts them and the count is stale (bus/store/promise.py); NotDurable if
+        it was never known. A count once known outlives Sentinels that do not answer, every
+        replica counted then."""
         if not self.replicas.stale():
             return
         async with self._counting:
@@ -154,15 +155,15 @@ class Barrier:
                 return
             try:
                 with trio.fail_after(COUNT_WAIT_S):  # a stalled Sentinel holds no promise long
-                    self.replicas.learn(await store.known_replicas())
+                    self.replicas.learn(*await store.known_replicas())
             except (StoreError, trio.TooSlowError) as exc:
                 why = self.replicas.unknown()
                 if why is not None:
                     self.refused += 1
                     raise NotDurable(f"redis {store.url}: not durable: {why}: {exc}") from exc
-                log.warning(
-                    "store: replicas not counted again (%s); %d kept", exc, self.replicas.known
-                )
+                self.replicas.unanswered()
+                known = self.replicas.known
+                log.warning("store: replicas not counted again (%s); all %d counted", exc, known)
 
     async def _confirm(
         self,
@@ -179,6 +180,28 @@ class Barrier:
         pipelined, a barrier took 620 ms at the median; sent after the write's reply, 0.6 ms
         (loopback, appendfsync always on the replicas)."""
         await self.count_replicas(store)  # every promise passes here: one place decides
+        local, replicas, wanted = await self._waitaof(store, connection)
+        if not self.target.confirmed(local, replicas, wanted):
+            # a replica that went down since the count: counted out once the Sentinels flag
+            # it, and the writes confirmed on the others, with a WAITAOF of the new count
+            self.replicas.changed()
+            await self.count_replicas(store)
+            if self.replicas.wanted < wanted:
+                local, replicas, wanted = await self._waitaof(store, connection)
+        if store.epoch != epoch:
+            raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
+        self.rounds += 1
+        if not self.target.confirmed(local, replicas, wanted):
+            self.replicas.changed()
+            shortfall = self.target.shortfall(local, replicas, wanted)
+            if self.refused % REFUSALS_LOGGED_EVERY == 0:
+                log.warning("store: promise not given (%s so far): %s", self.refused + 1, shortfall)
+            self.refused += 1
+            raise NotDurable(f"redis {store.url}: not durable: {shortfall}")
+
+    async def _waitaof(self, store: Store, connection: LaneConnection) -> tuple[int, int, int]:
+        """The WAITAOFs of one confirmation (the count as it stands): local and replica
+        fsyncs confirmed, and the replicas wanted."""
         local = replicas = 0
         wanted = self.replicas.wanted
         try:  # never sent again: only the server that took the writes can vouch for them
@@ -189,15 +212,7 @@ class Barrier:
                     break
         except (coredis.exceptions.RedisError, OSError) as exc:
             self._failed(store, exc)
-        if store.epoch != epoch:
-            raise NotDurable(f"redis {store.url}: not durable: a failover came meanwhile")
-        self.rounds += 1
-        if not self.target.confirmed(int(local), int(replicas), wanted):
-            shortfall = self.target.shortfall(int(local), int(replicas), wanted)
-            if self.refused % REFUSALS_LOGGED_EVERY == 0:
-                log.warning("store: promise not given (%s so far): %s", self.refused + 1, shortfall)
-            self.refused += 1
-            raise NotDurable(f"redis {store.url}: not durable: {shortfall}")
+        return int(local), int(replicas), wanted
 
     @staticmethod
     def _failed(store: Store, exc: BaseException) -> NoReturn:

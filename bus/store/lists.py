@@ -102,6 +102,9 @@ async def push_replies(store: Store, ctx: int, reply: str, replies: list[str], t
 async def quota_depths(store: Store, ctx: int) -> dict[str, int]:
     """Jobs queued and not started yet in context ``ctx``, by actor id, and under
     ``keys.QUOTA_ALL`` in all: what the queue bounds count (bus/store/atomic/lua/quota_depth.lua).
-    A field that holds no number (written by hand) reads as 0."""
+    A field that holds no number (written by hand) reads as 0. The whole is the sum of the
+    actors' counts, as admission checks the context's bound (data model v3: no field of its own)."""
     found = await store.hgetall(ctx, keys.QUOTA_DEPTH)
-    return {name: int(v) if v.lstrip("-").isdigit() else 0 for name, v in found.items()}
+    depths = {name: int(v) if v.lstrip("-").isdigit() else 0 for name, v in found.items()}
+    depths.pop(keys.QUOTA_ALL, None)  # a v2 store's, not migrated yet
+    return depths | {keys.QUOTA_ALL: sum(depths.values())}

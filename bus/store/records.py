@@ -150,13 +150,12 @@ async def find_page(
 async def replay_markers(
     store: Store, ctx: int, message_key: str, nonce_key: str
 ) -> tuple[bool, bool]:
-    """Whether ``message_key`` was accepted within the window, and whether ``nonce_key`` was
-    (one round trip when neither was, the common case)."""
-    seen = keys.seen(message_key)
-    if not await store.count_existing(ctx, [seen, nonce_key]):
-        return False, False
-    seen_key = await store.exists(ctx, seen)
-    return seen_key, not seen_key
+    """Whether ``message_key`` was accepted within the window, and whether ``nonce_key`` (a
+    field of the replay hash, keys.nonce) was: one HMGET of the replay hash."""
+    seen, nonce = await store.call(
+        ctx, lambda r: r.hmget(keys.REPLAY, [keys.seen(message_key), nonce_key])
+    )
+    return seen is not None, seen is None and nonce is not None
 
 
 async def stats_totals(store: Store, ctx: int, field: str) -> str | None:

@@ -30,7 +30,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from bus.errors import StoreError
-from bus.store.promise import ReplicasWanted
+from bus.store.promise import ReplicasWanted, counted_out, down_in
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Arg", "SyncStore", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
@@ -141,9 +141,9 @@ class _PrimaryConnection(SentinelManagedConnection):
 def _primary(url: str, db: int) -> redis.Redis:
     target = parse_sentinel_url(url)
     auth = {"username": target.username, "password": target.password}
-    sentinels = Sentinel(
-        list(target.sentinels), sentinel_kwargs={**auth, "socket_connect_timeout": 10}
-    )
+    # a stalled Sentinel answers nothing: the next one is asked after socket_timeout
+    asking = {**auth, "socket_connect_timeout": 10, "socket_timeout": 2}
+    sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=asking)
     # the same settings as a plain client, for the same reasons (see above)
     client: redis.Redis = sentinels.master_for(
         target.service,
@@ -319,14 +319,28 @@ class SyncStore:
             # none of the old one's): those of a connection lost since are not confirmed
             raise Unconfirmed("not durable: the connection that made the writes was lost")
         wanted = self._replicas_wanted()
+        local, replicas = self._waitaof(target, wanted)
+        if not target.confirmed(local, replicas, wanted) and self._replicas is not None:
+            # a replica that went down since the count (bus/store/durable.py Barrier._confirm)
+            self._replicas.changed()
+            if self._replicas_wanted() < wanted:
+                wanted = self._replicas_wanted()
+                local, replicas = self._waitaof(target, wanted)
+        if target.confirmed(local, replicas, wanted):
+            self._held.wrote_on = None
+            return
+        if self._replicas is not None:
+            self._replicas.changed()
+        raise Unconfirmed(f"not durable: {target.shortfall(local, replicas, wanted)}")
+
+    def _waitaof(self, target: SentinelTarget, wanted: int) -> tuple[int, int]:
         local = replicas = 0
         for wait_ms in target.waits_ms():  # why two: bus/store/durable.py Barrier._confirm
             ask = ("WAITAOF", target.waitaof_local, wanted, wait_ms)
             local, replicas = (int(n) for n in self.command(*ask))
             if target.confirmed(local, replicas, wanted):
-                self._held.wrote_on = None
-                return
-        raise Unconfirmed(f"not durable: {target.shortfall(local, replicas, wanted)}")
+                break
+        return local, replicas
 
     def _replicas_wanted(self) -> int:
         """The replicas' fsyncs a confirmation waits for, the Sentinels asked when the count
@@ -336,18 +350,39 @@ class SyncStore:
         assert target is not None
         if counted.stale():
             manager = getattr(self.client.connection_pool, "sentinel_manager", None)
+            listed, down, named = [], [], set()  # every Sentinel that answers may lead
             for sentinel in getattr(manager, "sentinels", []):
                 try:
-                    counted.learn(
-                        len(sentinel.execute_command("SENTINEL", "REPLICAS", target.service))
+                    rows = sentinel.execute_command("SENTINEL", "REPLICAS", target.service)
+                    primary = sentinel.execute_command(
+                        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service
                     )
-                    break
                 except (redis.RedisError, OSError):
                     continue
+                listed.append(len(rows))
+                down.append(down_in(rows))
+                named.add(repr(primary))
+            if listed:  # as bus/store/topology.py known_replicas counts
+                settled = set.intersection(*down) and len(named) == 1
+                counted.learn(max(listed), counted_out(down, self._attached()) if settled else 0)
+            else:
+                counted.unanswered()
             why = counted.unknown()
             if why is not None:
                 raise Unconfirmed(f"not durable: {why}")
         return counted.wanted
+
+    def _attached(self) -> set[str] | None:
+        """The replicas attached to the primary this thread writes to (its ``ROLE``); None
+        if it does not answer as a primary (bus/store/promise.py counted_out)."""
+        try:
+            role = self.command("ROLE")
+        except (SyncStoreError, redis.RedisError, OSError):
+            return None
+        text = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+        if not role or text(role[0]) != "master":
+            return None
+        return {f"{text(r[0])}:{text(r[1])}" for r in role[2]}
 
     def cut(self) -> int:
         """Shut every connection of a Sentinel-managed client (the Sentinels named a new

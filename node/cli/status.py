@@ -67,7 +67,7 @@ def print_text(facts: dict[str, Any]) -> None:
     loud = "  JOBS DO NOT RUN" if mode == "refused" else loud
     print(
         f"  isolation {mode} ({info.get('isolation_why', '')}); limits by "
-        f"{info.get('limits', '?')}{loud}"
+        f"{info.get('limits', '?')}, cpu_s per {info.get('cpu_time', 'process')}{loud}"
     )
     if info.get("isolation_fix"):
         print(f"  to run jobs here: {info['isolation_fix']}")

@@ -433,8 +433,8 @@ _HELP = {
     "loud in logs, status, /metrics)",
     "job_uid_base": "strict: the jobs of context N run as uid and gid job_uid_base + N "
     "(no /etc/passwd entry needed)",
-    "limits": "limits of every job: processes, memory_mb (each job's whole tree where the "
-    "node has cgroups),\ncpu_percent (the tree's CPU share, cgroups), cpu_s, open_files, "
+    "limits": "limits of every job: processes, memory_mb, cpu_s (each job's whole tree where "
+    "the node has cgroups),\ncpu_percent (the tree's CPU share, cgroups), open_files, "
     "file_size_mb, disk_mb (the context's\nwork dir as a whole, strict mode as root; 0: none); "
     "a [limits.<context id>] table overrides\nany of them for that context, loudly "
     "(docs/security/bounds.md)",

@@ -30,7 +30,6 @@ from node.intake.messages import (
     Intake,
     Rejected,
     end_result_spans,
-    parse_message,
     reject,
     reply_targets,
     result_write,
@@ -62,7 +61,7 @@ class Consumer(Intake["Message | VerifiedResult"]):
     """Each message of msg_in is admitted (:func:`handle_incoming`); the batch's verified
     results are accepted together, then its job messages materialised in one step."""
 
-    name, source = SERVICE, keys.MSG_IN
+    name, source, judging = SERVICE, keys.MSG_IN, "verify"
 
     def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
         super().__init__(node, ctx, script_types)
@@ -71,15 +70,9 @@ class Consumer(Intake["Message | VerifiedResult"]):
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
         # its peer's link may deliver one more (node/intake/pressure.py: Inbound)
         self.node.pressure.inbound.taken([popped.fields.get(RECEIVED_FROM, "")])
-        message = parse_message(self.ctx, popped.value, popped.fields)
-        trace = spans.judge_message(self.node.counters.count, message)
-        span = self._span("verify", message, trace)
-        try:
-            verdict = await handle_incoming(self.node, self.ctx, message, popped.fields)
-        except BaseException as exc:
-            spans.end_error(span, exc)
-            raise
-        spans.end(span, _outcome(verdict))
+        message, trace, verdict = await self.judged(
+            popped, lambda m: handle_incoming(self.node, self.ctx, m, popped.fields), _outcome
+        )
         if isinstance(verdict, Message):
             self.traces[message.key] = trace
         return verdict
@@ -103,19 +96,6 @@ class Consumer(Intake["Message | VerifiedResult"]):
                 raise
             for _, span in made:
                 spans.end(span, "materialised")
-
-    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
-        """The consumer's span of one message, a child of the trace it carries."""
-        return spans.start_message_span(
-            __name__,
-            f"{operation} {keys.MSG_IN}",
-            "CONSUMER" if operation == "verify" else "INTERNAL",
-            self.node.identity.node_id,
-            self.ctx,
-            message,
-            trace,
-            keys.MSG_IN,
-        )
 
 
 def _outcome(verdict: Message | VerifiedResult | Done) -> str:
@@ -167,9 +147,9 @@ async def accept_results(
     node: NodeState, ctx: int, results: list[VerifiedResult], inflight: str
 ) -> None:
     """Apply a batch of verified result messages in one round trip (one more to read the
-    requests' inboxes when the node does not remember them): per message, one atomic script
-    checks what Redis knows and writes the job copy, the request, the reply that wakes the
-    client, the replay markers and the ack.
+    requests' inboxes when the node does not remember them): one atomic script checks each
+    against what Redis knows and writes its job copy, its request and the reply that wakes the
+    client, then the batch's replay markers and its ack.
     Each refused one (a replay, also of another in this batch; an unknown request; a late
     result; a signer the request was not sent to) is dead-lettered and acknowledged alone."""
     inboxes = await reply_targets(node, ctx, [body.in_reply_to for _, body in results])

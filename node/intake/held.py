@@ -34,7 +34,7 @@ import trio
 
 from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
-from bus.core.models import Message, MessageStatus, MessageType
+from bus.core.models import Message, MessageType
 from bus.store.atomic import routing
 from node.intake.admission import ack_deadline
 from node.state import NodeState
@@ -43,19 +43,6 @@ log = logging.getLogger(__name__)
 
 ACKED_IN = "acked_in"  # the boot of this node that acknowledges the delivery
 RECEIVED_FROM = "received_from"  # the peer that delivered it (and waits for its ack)
-
-
-def delivery_fields(peer: str, boot: str, stamp: int) -> dict[str, str]:
-    """The bookkeeping fields a link adds to a message it stores (before acknowledging it)."""
-    text = str(stamp)
-    return {
-        "status": MessageStatus.DISPATCHED.value,
-        "logs": "[]",
-        "updated_at": text,
-        "received_at": text,
-        RECEIVED_FROM: peer,
-        ACKED_IN: boot,
-    }
 
 
 def unacknowledged(boot: str, message: Message, stored: Mapping[str, str]) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Mapping
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Literal, TypeVar
 
 from bus.core import keys, spans
 from bus.core.envelope import ResultBody, build_result, reply_text, sign_message
@@ -13,7 +13,7 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
 from bus.core.text import printable
-from bus.core.tracecontext import message_trace
+from bus.core.tracecontext import MessageTrace, message_trace
 from bus.errors import ModelError, Refused, StoreError
 from bus.store import lists, records
 from bus.store.atomic import routing as atomic_routing
@@ -25,6 +25,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+V = TypeVar("V")
 
 
 async def load_message(node: NodeState, ctx: int, key: str) -> Message:
@@ -62,9 +63,49 @@ class Intake(Handler[T]):
 
     name = "intake"
     source = ""  # the queue, where a retry sends a refused message back
+    judging = ""  # the operation of a message's first span, the one that judges it
 
     def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
         self.node, self.ctx, self.script_types = node, ctx, script_types
+
+    async def judged(
+        self,
+        popped: Popped,
+        judge: Callable[[Message], Awaitable[V]],
+        outcome: Callable[[V], str],
+    ) -> tuple[Message, MessageTrace, V]:
+        """The popped message parsed and judged (``judge``) inside its first span, a child of
+        the trace it carries, which ends with ``outcome(verdict)`` or with the error (raised
+        on: a Rejected is refused by the serve loop)."""
+        message = parse_message(self.ctx, popped.value, popped.fields)
+        trace = spans.judge_message(self.node.counters.count, message)
+        span = self._span(self.judging, message, trace)
+        try:
+            verdict = await judge(message)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, outcome(verdict))
+        return message, trace, verdict
+
+    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
+        """This queue's span of one message: the judging one a CONSUMER span (the message
+        taken from its queue), the others INTERNAL; named by the handler's module."""
+        if not spans.recording():
+            return None  # not even the node's id read: nothing records it
+        kind: Literal["CONSUMER", "INTERNAL"] = (
+            "CONSUMER" if operation == self.judging else "INTERNAL"
+        )
+        return spans.start_message_span(
+            type(self).__module__,
+            f"{operation} {self.source}",
+            kind,
+            self.node.identity.node_id,
+            self.ctx,
+            message,
+            trace,
+            self.source,
+        )
 
     async def refuse(
         self, store: Store, queue: Queue, popped: Popped, refused: Refused, exc: Exception

@@ -59,7 +59,7 @@ class Supervisor(Intake[Message]):
     """Each message of msg_out is checked (:func:`check`); the batch of those that may go on
     is routed together, the jobs that run on this node materialised in one step."""
 
-    name, source = SERVICE, keys.MSG_OUT
+    name, source, judging = SERVICE, keys.MSG_OUT, "admit"
 
     def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
         super().__init__(node, ctx, script_types)
@@ -67,15 +67,11 @@ class Supervisor(Intake[Message]):
         self.traces: dict[str, MessageTrace] = {}  # and the traces they continue
 
     async def each(self, popped: Popped) -> Message:
-        message = parse_message(self.ctx, popped.value, popped.fields)
-        trace = spans.judge_message(self.node.counters.count, message)
-        span = self._span("admit", message, trace)
-        try:
-            await check_parsed(self.node, self.ctx, message, popped.fields)
-        except BaseException as exc:
-            spans.end_error(span, exc)
-            raise
-        spans.end(span, "admitted")
+        message, trace, _ = await self.judged(
+            popped,
+            lambda m: check_parsed(self.node, self.ctx, m, popped.fields),
+            lambda _: "admitted",
+        )
         self.hashes[popped.value] = popped.fields  # a batch follows: it takes them
         self.traces[popped.value] = trace
         return message
@@ -94,19 +90,6 @@ class Supervisor(Intake[Message]):
         for message, span in routes:
             where = "local" if message.destination == node_id else "outbox"
             spans.end(span, where, attributes={spans.PEER: message.destination})
-
-    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
-        """The supervisor's span of one message, a child of the trace it carries."""
-        return spans.start_message_span(
-            __name__,
-            f"{operation} {keys.MSG_OUT}",
-            "CONSUMER" if operation == "admit" else "INTERNAL",
-            self.node.identity.node_id,
-            self.ctx,
-            message,
-            trace,
-            keys.MSG_OUT,
-        )
 
     async def rejected(self, message: Message, exc: Rejected) -> None:
         """A refused job message of this node's own clients gets failed copies of its jobs."""

@@ -27,12 +27,14 @@ Told = dict[str, dict[str, Any]]  # key -> record, as bus/core/traces.py tells i
 
 @dataclass(frozen=True)
 class Asker:
-    """Who asks, from where: the actor's signer and id, and this node's id."""
+    """Who asks, from where: the actor's signer and id, and this node's id. Without a signer
+    nobody is asked: each peer is named as not told, ``unasked`` saying why."""
 
     store: Store
-    signer: Signer
+    signer: Signer | None
     actor: int
     node: str
+    unasked: str = ""
 
 
 def subject(key: str) -> str:
@@ -91,6 +93,8 @@ def _touched(here: Told, dag: list[dict[str, Any]]) -> set[str]:
 
 async def _ask(asker: Asker, ctx: int, peer: str, names: list[str], wait_s: float) -> Tell:
     """One peer's records of ``names``, asked in chunks of MAX_KEYS; the first refusal ends it."""
+    if asker.signer is None:
+        return Tell(0, peer, reason=Reason.UNKNOWN_SIGNER, detail=asker.unasked)
     found: dict[str, Any] = {}
     for start in range(0, len(names), MAX_KEYS):
         chunk = tuple(names[start : start + MAX_KEYS])

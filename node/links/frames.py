@@ -23,8 +23,9 @@ from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
-from node.intake.held import delivery_fields
+from node.intake.held import ACKED_IN, RECEIVED_FROM
 from node.intake.messages import Rejected, load_message, reject
+from node.links.summary import SUMMARY, SummaryDesk
 from node.links.trace import TraceDesk
 from node.state import NodeState
 
@@ -38,14 +39,19 @@ class LinkHandler:
         self.node = node
         self.contexts = contexts  # the contexts this node serves (live set)
         self.traces = TraceDesk(node)  # trace asks and answers (node/links/trace.py)
+        self.summaries = SummaryDesk(node)  # the grid's summary asks (node/links/summary.py)
 
     async def on_frame(self, link: Link, frame: Frame) -> None:
         if frame.type == "msgs":
             await self._deliver(link, msgs_of(frame))
         elif frame.type == "acks":
             await self._answered(link, *answers_of(frame))
+        elif frame.type == "ask" and frame.body.get("of") == SUMMARY:
+            await self.summaries.on_ask(link, frame.body["ask"])
         elif frame.type == "ask":
             await self.traces.on_ask(link, frame.body)
+        elif frame.type == "tell" and frame.body.get("of") == SUMMARY:
+            await self.summaries.on_tell(link, frame.body["tell"])
         elif frame.type == "tell":
             await self.traces.on_tell(link, frame.body)
         else:
@@ -80,7 +86,6 @@ class LinkHandler:
         ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
         (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
         message is dead-lettered and nacked; the others of its batch are delivered."""
-        # who it came from, and that this boot acknowledges it (node/intake/held.py)
         extra = delivery_fields(link.peer_id, self.node.identity.boot, now())
         nacks: list[dict[str, object]] = []
         by_ctx: dict[int, list[tuple[str, dict[str, str]]]] = {}
@@ -251,6 +256,20 @@ class LinkHandler:
             await self.node.store.dead_letter(ctx, key, f"{Reason.PEER_REFUSED}_{token}", detail)
             return
         await reject(self.node, ctx, key, Rejected.by_peer(token, detail), message, "transport")
+
+
+def delivery_fields(peer: str, boot: str, stamp: int) -> dict[str, str]:
+    """The bookkeeping fields a link adds to a message it stores (before acknowledging it):
+    who it came from, and that this boot acknowledges it (node/intake/held.py reads them)."""
+    text = str(stamp)
+    return {
+        "status": MessageStatus.DISPATCHED.value,
+        "logs": "[]",
+        "updated_at": text,
+        "received_at": text,
+        RECEIVED_FROM: peer,
+        ACKED_IN: boot,
+    }
 
 
 def _frame_span(node_id: str, peer_id: str, items: Sequence[MsgItem]) -> spans.Span | None:

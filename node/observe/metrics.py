@@ -258,10 +258,10 @@ def isolation_families(state: NodeState) -> Iterable[Metric]:
     gauge = GaugeMetricFamily(
         "hero_isolation_mode",
         "How this node isolates jobs: strict, namespaces, none (no sandbox) or refused.",
-        labels=["mode", "limits"],
+        labels=["mode", "limits", "cpu_time"],
     )
     if iso is not None:
-        gauge.add_metric([iso.mode, iso.limits], 1.0)
+        gauge.add_metric([iso.mode, iso.limits, iso.cpu_time], 1.0)
     return [gauge]
 
 

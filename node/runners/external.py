@@ -43,9 +43,10 @@ from bus.store import records
 from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
+from node.observe.ended_spans import attempt_ended
 from node.slot.exits import Outcome
 from node.slot.lifecycle import RetryPolicy
-from node.slot.plan import AnswerHere, Attempt, Retry, plan_ending
+from node.slot.plan import AnswerHere, Attempt, Plan, Retry, ended_as, plan_ending
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,19 @@ async def answer(
     outcome = Outcome(job.status, job.result, job.reason)
     plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
     read = runs.Answered(job_key, status, fields.get("attempt", ""), plan.entry)
+    done = await _answer(node, ctx, plan, read, request, queue_of(fields))
+    if done:  # its span: no runner process of this node recorded one (node/observe/ended_spans.py)
+        ended = ended_as(plan)
+        await attempt_ended(node.store, here, ctx, job, attempt, ran.started_at, ended, job.reason)
+    return done
+
+
+async def _answer(
+    node: NodeState, ctx: int, plan: Plan, read: runs.Answered, request: Message, queue: str
+) -> bool:
+    """The plan's writes, acknowledging the entry in the same step; False if done before."""
     if isinstance(plan, Retry):
         due_ms = ms_after(plan.delay_s)
-        queue = queue_of(fields)
         done = await runs.answered_retry(
             node.store, ctx, read, cause=plan.cause, due_ms=due_ms, queue=queue
         )

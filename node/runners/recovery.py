@@ -26,6 +26,7 @@ from bus.core.models import Message, RunnerJob
 from bus.errors import StoreError
 from bus.store.atomic import runs
 from node.intake.messages import result_message
+from node.observe.ended_spans import attempt_ended
 from node.runners import adoption
 from node.slot.away import Away
 from node.slot.exits import Outcome
@@ -35,6 +36,7 @@ from node.slot.plan import (
     Attempt,
     Plan,
     Retry,
+    ended_as,
     ended_counter,
     ending_of,
     plan_ending,
@@ -59,7 +61,8 @@ async def _conclude_adopted(
 ) -> None:
     runner, queue = left.fields.get("runner", ""), queues.queue_of(left.fields)
     job, request, attempt = left.job, left.request, left.attempt
-    await conclude(node, ctx, job, request, outcome, runner, inflight, queue, attempt, 0)
+    started_at = int(left.fields.get("started_at") or 0)
+    await conclude(node, ctx, job, request, outcome, runner, inflight, queue, attempt, started_at)
 
 
 async def conclude(
@@ -93,6 +96,9 @@ async def conclude(
         log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:
         node.counters.count(ended_counter(plan))
+        await attempt_ended(
+            node.store, here, ctx, job, attempt, started_at, ended_as(plan), outcome.reason
+        )
 
 
 async def _execute(

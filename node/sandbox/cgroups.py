@@ -31,6 +31,8 @@ from node.sandbox.inner import kill_and_wait  # the worker's own: pidfds, waited
 from node.sandbox.limits import MB, Limits
 
 CONTROLLERS = ("memory", "pids", "cpu")
+# v1 only: the tree's CPU time (``cpuacct.usage``), a hierarchy of its own or the cpu one's
+CPUACCT = "cpuacct"
 UNIFIED = "unified"  # the key of v2's one directory in Cgroups.dirs
 PERIOD_US = 100_000
 # processes of a sandbox that are not the job's: bwrap's init, the worker, its job process,
@@ -50,11 +52,17 @@ class Cgroups:
     version: str = ""
     dirs: dict[str, str] = field(default_factory=dict)
     prefix: str = ""  # of the leaves' names: the node's
+    tree_cpu: bool = False  # a leaf counts its tree's CPU time: cpu_s bounds the job's tree
 
     @property
     def mode(self) -> str:
         """What ``status`` calls the bounds in force."""
         return f"cgroup {self.version}" if self.version else "rlimits"
+
+    @property
+    def cpu_time(self) -> str:
+        """What ``cpu_s`` bounds here, as ``status`` says it."""
+        return "job tree" if self.tree_cpu else "process"
 
 
 def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
@@ -101,17 +109,23 @@ def find(
         if kind == "cgroup2" and "" in own:
             base = _inside(root, point, own[""])
             if base and _writable(base) and (made := _v2_dir(base, name)):
-                return Cgroups("v2", {UNIFIED: made}, f"hero-{name}-")
+                # cpu.stat's usage_usec is kept by every v2 cgroup, its controller on or not
+                return Cgroups("v2", {UNIFIED: made}, f"hero-{name}-", tree_cpu=True)
     dirs: dict[str, str] = {}
-    for controller in CONTROLLERS:
+    for controller in (*CONTROLLERS, CPUACCT):
         for root, point, kind, opts in mounts:
             if kind == "cgroup" and controller in opts and controller in own:
                 base = _inside(root, point, own[controller])
                 if base and _writable(base):
                     dirs[controller] = base
-    if set(dirs) != set(CONTROLLERS):
+    if not set(CONTROLLERS) <= set(dirs):
         return Cgroups()
-    return Cgroups("v1", dirs, f"hero-{name}-")
+    # co-mounted with cpu ("cpu,cpuacct"): the cpu leaf has the counter, and one directory
+    # is made once
+    tree_cpu = CPUACCT in dirs
+    if dirs.get(CPUACCT) == dirs["cpu"]:
+        del dirs[CPUACCT]
+    return Cgroups("v1", dirs, f"hero-{name}-", tree_cpu)
 
 
 def _v2_dir(base: str, name: str) -> str:
@@ -185,6 +199,7 @@ def _count(text: bytes, key: bytes) -> int:
 class Counters:
     oom_kills: int = 0
     forks_refused: int = 0
+    cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted
 
 
 class Leaf:
@@ -195,6 +210,7 @@ class Leaf:
         self.version = version
         self.dirs = {c: Path(d, name) for c, d in dirs.items()}
         self._counter_fds: tuple[int, int] | None = None  # opened once: read before each job
+        self._cpu_fd: int | None = None  # opened once: read at each watch tick while a job runs
 
     def _dir(self, controller: str) -> Path:
         return self.dirs[UNIFIED if self.version == "v2" else controller]
@@ -235,7 +251,25 @@ class Leaf:
             oom, forks = os.pread(memory, 4096, 0), os.pread(pids, 4096, 0)
         except OSError:
             return Counters()
-        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"))
+        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), self.cpu_ns())
+
+    def cpu_ns(self) -> int | None:
+        """CPU time of the tree so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s usage_usec),
+        one pread of a file held open; None where this leaf does not count it."""
+        v2 = self.version == "v2"
+        try:
+            if self._cpu_fd is None:
+                d = self.dirs.get(CPUACCT) or self._dir("cpu")
+                name = "cpu.stat" if v2 else "cpuacct.usage"
+                self._cpu_fd = os.open(d / name, os.O_RDONLY | os.O_CLOEXEC)
+            text = os.pread(self._cpu_fd, 4096, 0)
+        except OSError:
+            return None
+        if v2:
+            return _count(text, b"usage_usec") * 1000
+        with contextlib.suppress(ValueError):
+            return int(text)
+        return None
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
@@ -271,6 +305,8 @@ class Leaf:
     def remove(self) -> bool:
         """Remove the leaf (its processes all ended); False if one is still there."""
         fds, self._counter_fds = self._counter_fds or (), None
+        if self._cpu_fd is not None:
+            fds, self._cpu_fd = (*fds, self._cpu_fd), None
         for fd in fds:
             os.close(fd)
         done = True

@@ -360,6 +360,8 @@ class Sandbox:
         self.spare: _Started | None = None
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
+        # while a job runs: its leaf and the leaf's CPU time when it began (over_cpu)
+        self._job_cpu: tuple[Leaf, int] | None = None
         self._lock = threading.Lock()
         self.batching = False  # a batch request's answers are still to come (stop_batch)
 
@@ -467,21 +469,25 @@ class Sandbox:
             self.start()
         assert self.sock is not None
         before = self.leaf.counters() if self.leaf is not None else None
+        if self.leaf is not None and before is not None and before.cpu_ns is not None:
+            self._job_cpu = (self.leaf, before.cpu_ns)
         data = dumps_json(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
+            reply = _checked(self._receive())
         except OSError as exc:
+            self._job_cpu = None
             self._retire()
             raise SandboxLost(str(exc)) from None
-        try:
-            reply = _checked(self._receive())
         except SandboxLost:
+            self._job_cpu = None
             self._retire()
             raise
+        self._job_cpu = None
         self.jobs += 1
         if reply.get("left"):  # what the job left in /tmp could not all be removed
             self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
-        if reply["exit_code"] != 0 and (bound := self._bound(before)):
+        if bound := self._bound(before, reply["exit_code"] != 0):
             reply["bound"] = bound
         return reply
 
@@ -535,13 +541,15 @@ class Sandbox:
         try:
             return (yield from self._answers(frames, len(requests)))
         finally:  # however it ends (a caller that stops reading too): no stop for a batch gone
-            self.batching = False
+            self.batching, self._job_cpu = False, None
 
     def _answers(
         self, frames: _Frames, n: int
     ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
         for i in range(n):
             before = self.leaf.counters() if self.leaf is not None else None
+            if self.leaf is not None and before is not None and before.cpu_ns is not None:
+                self._job_cpu = (self.leaf, before.cpu_ns)  # this job's tree, from its turn
             try:
                 reply = frames.next(last=i + 1 == n)
                 if reply.get("i") != i:
@@ -550,13 +558,15 @@ class Sandbox:
                     return i, True
                 _checked(reply)
             except SandboxLost:
+                self._job_cpu = None
                 self._retire()
                 raise
+            self._job_cpu = None
             del reply["i"]
             self.jobs += 1
             if reply.get("left"):  # what the job left in /tmp could not all be removed
                 self.recycle_at = self.jobs
-            if reply["exit_code"] != 0 and (bound := self._bound(before)):
+            if bound := self._bound(before, reply["exit_code"] != 0):
                 reply["bound"] = bound
             lost, resend = bool(reply.pop("lost", False)), bool(reply.pop("resend", False))
             if lost or resend or i + 1 == n:
@@ -577,15 +587,41 @@ class Sandbox:
         with contextlib.suppress(OSError):  # gone: the batch ends anyway
             sock.sendall(struct.pack(">I", len(data)) + data)
 
-    def _bound(self, before: Counters | None) -> str:
-        """The reason of a bound the job that just failed hit, as the kernel counted it (its
-        cgroup's OOM kills and refused forks) or as its work dir shows it (full)."""
+    def over_cpu(self) -> str:
+        """The reason to end the running job with if its tree has used more CPU time than
+        its ``cpu_s`` ("" if not, or if no cgroup counts it): read by the runner's watch
+        tick, which already wakes every half second while a job runs (any thread may call
+        this). The per-process RLIMIT_CPU stays as the backstop."""
+        running = self._job_cpu
+        if running is None:
+            return ""
+        leaf, start = running
+        used = leaf.cpu_ns()
+        bound = self.spec.limit_values.cpu_s
+        if used is None or used - start < bound * 1_000_000_000:
+            return ""
+        spent = (used - start) / 1e9
+        return f"cpu_limit: the job's processes used {spent:.1f} s of CPU time (cpu_s {bound})"
+
+    def _bound(self, before: Counters | None, failed: bool) -> str:
+        """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
+        kills, refused forks and its tree's CPU time) or as its work dir shows it (full).
+        Only CPU time is a bound even for a job that then exited 0: its tree used more than
+        ``cpu_s`` (what it used since the last watch tick), as no process may under its
+        rlimit; the others a job may meet and cope with."""
         if self.leaf is not None and before is not None:
             after = self.leaf.counters()
+            if after.cpu_ns is not None and before.cpu_ns is not None:
+                if after.cpu_ns - before.cpu_ns >= self.spec.limit_values.cpu_s * 1_000_000_000:
+                    return "cpu_limit"
+            if not failed:
+                return ""
             if after.oom_kills > before.oom_kills:
                 return "memory_limit"
             if after.forks_refused > before.forks_refused:
                 return "pids_limit"
+        if not failed:
+            return ""
         if self.spec.disk_quota and disk.full(self.spec.work_dir):
             return "disk_limit"
         return ""

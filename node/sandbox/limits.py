@@ -8,16 +8,18 @@ process before the job's code runs; a job's children inherit them. What each lim
                   each context its own uid, so the bound is per context; under ``namespaces``
                   the node's own user shares it (the node's processes are counted in).
 ``memory_mb``     RLIMIT_AS: address space of each process of the job.
-``cpu_s``         RLIMIT_CPU: CPU seconds of each process (SIGXCPU, then SIGKILL a second on).
+``cpu_s``         RLIMIT_CPU: CPU seconds of each process (SIGXCPU, then SIGKILL a second on);
+                  with cgroups, also the CPU seconds of the job's whole tree.
 ``open_files``    RLIMIT_NOFILE: open file descriptors per process.
 ``file_size_mb``  RLIMIT_FSIZE: the largest file a job may write (its output files included).
 ``disk_mb``       the context's work dir as a whole (node/sandbox/disk.py), where it has a
                   file system of its own; 0: no quota.
 ``cpu_percent``   the CPU share of a job's tree, in percent of one core (cgroups only).
 
-Where the node has cgroups (node/sandbox/cgroups.py), ``memory_mb`` and ``processes`` also bound
-each job's whole tree, and a job that hits one of those bounds ends with its reason even if it
-printed nothing; RLIMIT_NPROC is then only a backstop for the context's uid as a whole.
+Where the node has cgroups (node/sandbox/cgroups.py), ``memory_mb``, ``processes`` and
+``cpu_s`` also bound each job's whole tree, and a job that hits one of those bounds ends with its
+reason even if it printed nothing; RLIMIT_NPROC is then only a backstop for the context's uid as
+a whole, and RLIMIT_CPU for each process.
 
 Pure functions only: the runner and the worker import this module.
 """
@@ -172,6 +174,8 @@ def limit_reason(
     if signum == signal.SIGXCPU:
         return "cpu_limit"
     if signum == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
+        return "cpu_limit"
+    if ending.bound == "cpu_limit":  # the tree's CPU time: past it, however the job ended
         return "cpu_limit"
     if ending.exit_code == 0:
         return None

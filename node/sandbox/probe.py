@@ -37,6 +37,7 @@ class Isolation:
     disk: str = ""  # how a context's disk_mb holds ("ext4 image"), or "" (it does not)
     bwrap_info: str = ""  # the bwrap, its version and where it comes from (Bwrap.describe)
     fix: str = ""  # refused: what to do on this host so that a sandbox can be built
+    cpu_time: str = "process"  # what cpu_s bounds: "job tree" (a cgroup counts it) or "process"
 
     @property
     def runs_jobs(self) -> bool:
@@ -165,6 +166,7 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
         found,
         image,
         bwrap_info=chosen.describe(),
+        cpu_time=cg.cpu_time,
         fix=fix_for(works, chosen) if mode == "refused" else "",
     )
 

@@ -6,6 +6,8 @@ Routes:
     GET  /api/state        one snapshot (feed.py) as JSON
     GET  /api/events       the live feed: server-sent events, one ``state`` event per change
     GET  /api/charts       the charts' series alone (node/observe/sampler.py), as JSON
+    GET  /api/trace        ?context=n&key=...: one job's, message's or flow's hop timeline
+                           (the document of ``hero-node job trace --json``; timeline.py)
     GET  /metrics          Prometheus exposition (node/observe/metrics.py)
     POST /api/dlq/retry    {"context": n, "key": "..."}: re-drive a dead letter  (token)
     POST /api/dlq/purge    {"context": n, "key": "..." or null}: delete dead letters (token)
@@ -34,6 +36,7 @@ from starlette.staticfiles import StaticFiles
 from bus.errors import BusError
 from node.observe.metrics import exposition
 from node.web.feed import Feed
+from node.web.timeline import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +60,17 @@ class Console:
     """The app's state: the node's feed, the operator token ("" : read-only) and the host
     names a request may name (None: any)."""
 
-    def __init__(self, feed: Feed, token: str, hosts: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        feed: Feed,
+        token: str,
+        hosts: frozenset[str] | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.feed = feed
         self._token = token.encode()
         self.hosts = hosts
+        self.tracer = tracer  # timelines (timeline.py); None: /api/trace answers 404
 
     def host_allowed(self, request: Request) -> bool:
         """Whether the request names a host this console answers for. A console on loopback
@@ -94,6 +104,7 @@ def build_app(console: Console) -> Starlette:
         Route("/api/state", _endpoint(console, state)),
         Route("/api/events", _endpoint(console, events)),
         Route("/api/charts", _endpoint(console, charts)),
+        Route("/api/trace", _endpoint(console, trace)),
         Route("/api/dlq/retry", _endpoint(console, dlq_retry), methods=["POST"]),
         Route("/api/dlq/purge", _endpoint(console, dlq_purge), methods=["POST"]),
         Route("/metrics", _endpoint(console, metrics)),
@@ -134,6 +145,24 @@ async def state(console: Console, request: Request) -> Response:
 
 async def charts(console: Console, request: Request) -> Response:
     return JSONResponse(console.feed.charts())
+
+
+async def trace(console: Console, request: Request) -> Response:
+    """A timeline: 400 for a bad context or key, 404 if this node holds no record of it."""
+    if console.tracer is None:
+        return _refuse(404, "this console draws no timelines")
+    ctx_text, key = request.query_params.get("context", "1"), request.query_params.get("key", "")
+    if not ctx_text.isdigit() or not 0 < int(ctx_text) < console.feed.node.config.valkey_databases:
+        return _refuse(400, "context must be a context id (an integer >= 1)")
+    try:
+        doc = await console.tracer.timeline(int(ctx_text), key)
+    except ValueError as exc:
+        return _refuse(400, str(exc))
+    except BusError as exc:
+        return _refuse(503, f"cannot read the node's Valkey: {exc}")
+    if doc is None:
+        return _refuse(404, f"no {key[:80]} in context {ctx_text} on this node")
+    return JSONResponse(doc)
 
 
 async def events(console: Console, request: Request) -> Response:

@@ -26,7 +26,7 @@ from bus.wire.transport import Transport
 from node.observe import counters
 from node.observe.sampler import Sampler
 from node.state import NodeState
-from node.web.grid import own_summary, peer_summary
+from node.web.grid import Grid, own_summary
 from node.web.recent import Recent
 from node.web.views import (
     JOB_FIELDS,
@@ -52,11 +52,16 @@ class Feed:
     """Snapshots of one running node for its console."""
 
     def __init__(
-        self, node: NodeState, transport: Transport, sampler: Sampler | None = None
+        self,
+        node: NodeState,
+        transport: Transport,
+        sampler: Sampler | None = None,
+        grid: Grid | None = None,
     ) -> None:
         self.node = node
         self.transport = transport
         self.sampler = sampler  # the charts' ring (node/observe/sampler.py); None: no charts
+        self.grid = grid  # the peers' summaries (node/web/grid.py); None: none asked
         self.client = Client(node.store)
         self._recent: dict[tuple[int, str], Recent] = {}
         self._lock = trio.Lock()
@@ -86,6 +91,7 @@ class Feed:
             "node": await self._node() | {"summary": own_summary(views, charts)},
             "peers": peers,
             "charts": charts,
+            "grid": {"charts": self.grid.charts(charts) if self.grid is not None else charts},
             "contexts": views,
             "jobs": await self._jobs(contexts),
             "flows": await self._flows(contexts),
@@ -135,7 +141,7 @@ class Feed:
                     "in_flight": lens[2 * i + 1],
                     "breaker": breakers.state(peer.id).value,
                     "failures": breaker.failures,
-                    "summary": await peer_summary(self.node, peer.id),
+                    "summary": self.grid.summary(peer.id) if self.grid is not None else None,
                 }
             )
         return out

@@ -18,10 +18,13 @@ from bus.wire.transport import Transport
 from node.config.console import ConsoleConfig
 from node.errors import ListenError
 from node.host.ports import cannot_listen
+from node.links.summary import SummaryDesk
 from node.observe.sampler import Sampler, node_reader
 from node.state import NodeState
 from node.web.console import LOOPBACK_HOSTS, Console, build_app
 from node.web.feed import Feed
+from node.web.grid import Grid
+from node.web.timeline import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ HTTP_LOG: Final = logging.getLogger("node.web.http")
 HTTP_LOG.setLevel(logging.WARNING)
 BACKLOG: Final = 64  # a console has a few readers, not a crowd
 GRACEFUL_S: Final = 1.0  # open feeds are streams that never end by themselves
+GRID_WAIT_S: Final = 3.0  # a peer's summary later than this waits for the next round
+TRACE_WAIT_S: Final = 5.0  # a peer's part of a timeline later than this is named as missing
 
 
 class ConsoleError(ListenError):
@@ -64,13 +69,15 @@ def url_of(sock: socket.socket) -> str:
 async def run_console(
     node: NodeState,
     transport: Transport,
+    summaries: SummaryDesk,
     config: ConsoleConfig,
     *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the console, and sample the node for its charts, until cancelled; reports its URL
-    (``http://host:port``) once it is bound and listening. Raises ConsoleError if the address
-    cannot be bound."""
+    """Serve the console, sample the node for its charts and ask its peers for their summaries
+    (``summaries``: the link handler's desk, which also tells peers this node's charts), until
+    cancelled; reports its URL (``http://host:port``) once it is bound and listening. Raises
+    ConsoleError if the address cannot be bound."""
     host, port = config.address()
     sock = bind(host, port)
     url = url_of(sock)
@@ -80,12 +87,16 @@ async def run_console(
     hypercorn.graceful_timeout = GRACEFUL_S
     hosts = None if config.allow_remote else LOOPBACK_HOSTS | {host.lower()}
     sampler = Sampler(node_reader(node), config.chart_every_s)
-    console = Console(Feed(node, transport, sampler), config.token, hosts)
+    summaries.sampler = sampler
+    grid = Grid(summaries, transport, config.chart_every_s, GRID_WAIT_S)
+    tracer = Tracer.of_home(node, TRACE_WAIT_S)
+    console = Console(Feed(node, transport, sampler, grid), config.token, hosts, tracer)
     starlette: Any = build_app(console)  # an ASGI app
     app = wrap_app(starlette, 0, "asgi")
     with sock:
         async with trio.open_nursery() as nursery:
             await nursery.start(sampler.run)
+            await nursery.start(grid.run)
             # worker_serve (what hypercorn.trio.serve runs) takes sockets bound beforehand:
             # serve() binds its own, and would report a port in use as a traceback
             await nursery.start(

@@ -397,6 +397,8 @@ class JobRun:
             self._escalate(cur)
         if t >= cur.deadline and not cur.kill_reason:
             self.kill(cur, f"{Reason.TIMEOUT}: killed after {cur.job.timeout} s")
+        if not cur.kill_reason and (over := self.sandbox.over_cpu()):
+            self.kill(cur, over)  # the tree's CPU time (cgroups); each process's is an rlimit
         if t >= cur.next_renew:
             cur.next_renew += self.heartbeat_s
             self._renew(cur)

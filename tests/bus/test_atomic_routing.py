@@ -29,6 +29,18 @@ async def queued_job(store: Store, job_key: str) -> dict[str, str]:
     return job
 
 
+async def marker(store: Store, field: str) -> str | None:
+    """A replay marker (data model v3: a field of the replay hash)."""
+    value = await store.call(CTX, lambda r: r.hget(keys.REPLAY, field))
+    return None if value is None else str(value)
+
+
+async def marker_ttl_s(store: Store, field: str) -> int:
+    """What is left of a replay marker's TTL (s; -2: no such marker)."""
+    [ttl] = await store.call(CTX, lambda r: r.httl(keys.REPLAY, [field]))
+    return int(ttl)
+
+
 async def test_pop_batch_moves_oldest_first_and_reads_each_hash(store: Store) -> None:
     await store.hset(CTX, "job:1:1", {"a": "1"})
     await store.call(CTX, lambda r: r.set("job:1:2", "a string"))
@@ -99,8 +111,15 @@ async def test_purge_dead_deletes_only_the_key_s_letters(store: Store) -> None:
 
 
 async def test_deliver_stores_and_queues_a_message_once(store: Store) -> None:
+    await routing.deliver(store, CTX, [("message:1:0", {})])  # the script loaded
+    await store.call(CTX, lambda r: r.delete([keys.MSG_IN]))
     batch = [("message:1:1", {"a": "1"}), ("message:1:2", {"b": "2"})]
+    before = await _command_calls(store)
     assert await routing.deliver(store, CTX, batch) == [True, True]
+    after = await _command_calls(store)
+    # one script call and one LPUSH for the frame, not one of each per message
+    assert after["evalsha"] - before.get("evalsha", 0) == 1
+    assert after["lpush"] - before.get("lpush", 0) == 1
     again = [("message:1:1", {"a": "changed"})]
     assert await routing.deliver(store, CTX, again) == [False]
     assert await store.hgetall(CTX, "message:1:1") == {"a": "1"}
@@ -150,11 +169,17 @@ async def test_materialise_writes_or_refuses_each_message_whole(store: Store) ->
     assert codes == [0, 1, 2, 3]
     assert depth == 1
     assert owners == ["", "", "", f"{JOB} {first.key}"]
-    assert await queued_job(store, JOB) == {"message_key": first.key, "x": "1"}
+    # counted for its actor's queue bound: the mark rides in the job's own write
+    assert await queued_job(store, JOB) == {
+        "message_key": first.key,
+        "x": "1",
+        "quota_counted": "1",
+    }
+    assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "1"}
     assert await store.lrange(CTX, "queue:py") == [JOB]
     assert await store.hgetall(CTX, first.key) == {"status": "acknowledged", "updated_at": "50"}
-    assert await store.get(CTX, keys.nonce(7, "n1")) == first.key
-    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen(first.key))) <= 60
+    assert await marker(store, keys.nonce(7, "n1")) == first.key
+    assert 0 < await marker_ttl_s(store, keys.seen(first.key)) <= 60
     assert await store.lrange(CTX, "fly") == [squatter.key]  # refused: left for its refusal
 
 
@@ -252,8 +277,8 @@ async def test_accept_results_checks_then_writes_atomically(store: Store) -> Non
     ]
     assert (await store.hgetall(CTX, JOB))["status"] == "finished"
     assert await store.hgetall(CTX, "message:8:1") == {"status": "processed"}
-    assert await store.get(CTX, keys.seen("message:8:1")) == "1"
-    assert await store.get(CTX, "nonce:8:x") == "message:8:1"
+    assert await marker(store, keys.seen("message:8:1")) == "1"
+    assert await marker(store, "nonce:8:x") == "message:8:1"
     assert await store.lrange(CTX, "fly") == ["message:8:2"]
     assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}']
 
@@ -270,7 +295,7 @@ async def test_accept_results_refuses_wrong_types_and_late_results(store: Store)
     assert await _accept_all(store, [_accept("message:8:1")]) == [
         ("late_result", "timeout_ack: late")
     ]
-    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert await marker(store, keys.seen("message:8:1")) is None
     assert not await store.exists(CTX, keys.reply(REQUEST))
 
 
@@ -282,7 +307,7 @@ async def test_flow_events_of_another_type_refuse_only_a_flow_s_result(store: St
     await store.hset(CTX, JOB, {"message_key": REQUEST, "flow_id": "4"})
     ((reason, detail),) = await _accept_all(store, [_accept("message:8:1")])
     assert (reason, detail) == ("wrong_type", f"{keys.FLOW_EVENTS} holds a string")
-    assert not await store.exists(CTX, keys.seen("message:8:1"))
+    assert await marker(store, keys.seen("message:8:1")) is None
     assert (await store.hgetall(CTX, JOB)).get("status") is None
     await store.call(CTX, lambda r: r.hdel(JOB, ["flow_id"]))
     assert await _accept_all(store, [_accept("message:8:1")]) == [("ok", "")]
@@ -369,11 +394,11 @@ async def test_accept_stop_marks_processed_sets_markers_and_acks(store: Store) -
     await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:1", 60, "n:7"))
     await routing.accept_stop(store, CTX, "fly", routing.StopAccept("message:7:2", 60, ""))
     assert await store.hgetall(CTX, "message:7:1") == {"status": "processed"}
-    assert await store.get(CTX, keys.seen("message:7:1")) == "1"
-    assert 0 < await store.call(CTX, lambda r: r.ttl(keys.seen("message:7:1"))) <= 60
-    assert await store.get(CTX, "n:7") == "message:7:1"
-    assert 0 < await store.call(CTX, lambda r: r.ttl("n:7")) <= 60
-    assert await store.get(CTX, keys.seen("message:7:2")) == "1"
+    assert await marker(store, keys.seen("message:7:1")) == "1"
+    assert 0 < await marker_ttl_s(store, keys.seen("message:7:1")) <= 60
+    assert await marker(store, "n:7") == "message:7:1"
+    assert 0 < await marker_ttl_s(store, "n:7") <= 60
+    assert await marker(store, keys.seen("message:7:2")) == "1"
     assert not await store.lrange(CTX, "fly")
 
 
@@ -462,3 +487,66 @@ async def test_withdraw_empties_both_outbox_lists_of_the_entry(store: Store) -> 
     assert await store.lrange(keys.ACTORS_DB, keys.outbox("p")) == ["1|b"]
     assert await store.lrange(keys.ACTORS_DB, keys.outbox_inflight("p")) == ["1|c"]
     assert await routing.withdraw(store, "p", "1|a") == 0
+
+
+async def test_a_batch_trims_its_in_flight_list_once_and_keeps_what_it_refused(
+    store: Store,
+) -> None:
+    """More than two acks trim the in-flight list at once (LRANGE + DEL + RPUSH, no LREM per
+    message): what the batch refused, and anything else there, stays, in its order."""
+    ok = [_message(i, f"t{i}") for i in (20, 21, 22)]
+    replay = _message(20, "t9")  # the same key as ok[0]: refused, waits for its dead letter
+    entries = ["someone else's", ok[0].key, replay.key, ok[1].key, ok[2].key]
+    await store.call(CTX, lambda r: r.rpush("fly", entries))
+    batch = [
+        (m, [routing.JobWrite(f"job:7:{m.id}", "queue:py", {"message_key": m.key})]) for m in ok
+    ]
+    batch.insert(1, (replay, []))
+    before = await _command_calls(store)
+    codes, _, _ = await routing.materialise_batch(
+        store, CTX, "fly", batch, now=50, window_s=60, depth_of=[]
+    )
+    after = await _command_calls(store)
+    assert codes == [0, 1, 0, 0]
+    assert await store.call(CTX, lambda r: r.lrange("fly", 0, -1)) == ["someone else's", replay.key]
+    assert after.get("lrem", 0) == before.get("lrem", 0)
+
+
+async def test_a_job_queued_again_by_its_own_message_counts_once(store: Store) -> None:
+    """The quota mark in the job's hash is the guard: a message materialised again (its markers
+    gone) re-queues its job without counting it twice; its stop uncounts it once."""
+    message = _message(30, "q30")
+    job = routing.JobWrite(
+        "job:7:30", "queue:py", {"message_key": message.key, "status": "dispatched"}
+    )
+    for _ in range(2):
+        codes, _, _ = await routing.materialise_batch(
+            store, CTX, "fly", [(message, [job])], now=50, window_s=60, depth_of=[]
+        )
+        assert codes == [0]
+        await store.call(CTX, lambda r: r.delete([keys.REPLAY]))  # as if the window passed
+        assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "1"}
+    for _ in range(2):
+        await routing.stop_job(store, CTX, job.key, "py", reason="stopped", now=51)
+        assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "0"}
+
+
+async def test_route_checks_new_copies_in_one_exists_and_guards_the_batch(store: Store) -> None:
+    """New copies are checked by one EXISTS for the batch (no TYPE per copy); a second message
+    of the same batch naming a copy the first just wrote is still refused that key."""
+    first, second = "message:7:41", "message:7:42"
+    await store.lpush(CTX, "fly", first, second)
+    mine = routing.JobWrite("job:7:41", "", {"message_key": first})
+    again = routing.JobWrite("job:7:41", "", {"message_key": second})
+    own = routing.JobWrite("job:7:42", "", {"message_key": second})
+    routed = [
+        routing.Routed(first, False, [mine], None),
+        routing.Routed(second, False, [again, own], None),
+    ]
+    before = await _command_calls(store)
+    await routing.route(store, CTX, "fly", routed)
+    after = await _command_calls(store)
+    assert await queued_job(store, "job:7:41") == {"message_key": first}
+    assert await queued_job(store, "job:7:42") == {"message_key": second}
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert after.get("type", 0) - before.get("type", 0) == 1  # the one key written before

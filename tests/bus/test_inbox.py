@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus.client.api import Client, new_job, open_client
-from bus.client.inbox import BATCH, JobResult, new_inbox_name, parse_reply
+from bus.client.inbox import BATCH, new_inbox_name
 from bus.core import keys
-from bus.core.envelope import sign_message, verify_message
+from bus.core.envelope import JobResult, parse_reply, sign_message, verify_message
 from bus.core.models import JobStatus, Message, MessageType
 from bus.core.reasons import Reason
 from bus.errors import ClientError

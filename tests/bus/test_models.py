@@ -219,8 +219,8 @@ def test_frame_decoder_never_raises_anything_but_frame_error(data):
     assert frame.type in {"hello", "auth", "welcome", "msgs", "acks"}
 
 
-# Any JSON value json.dumps can print: floats, integers beyond 64 bits (which orjson refuses),
-# text of every plane, lone surrogates included, deep enough to nest.
+# Any JSON value json.dumps can print: floats, integers beyond 64 bits (orjson read them as
+# floats), text of every plane, lone surrogates included, deep enough to nest.
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
@@ -230,7 +230,7 @@ json_values = st.recursive(
 
 @given(json_values, st.booleans())
 def test_json_fields_parse_as_json_loads_parses_them(value, ascii_only):
-    """loads_text's fast path (orjson) gives what json.loads gives, and refuses what it
+    """loads_text's fast path (msgspec) gives what json.loads gives, and refuses what it
     refused: the parsed message, and so its signed content, is the same either way."""
     raw = json.dumps(value, ensure_ascii=ascii_only)
     try:

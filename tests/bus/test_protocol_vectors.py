@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bus.core import envelope as bus_envelope
-from bus.core import flows, handshake
+from bus.core import flows, handshake, summaries, traces
 from bus.core.models import Flow, Message
 from bus.errors import HandshakeError
 from crypto import KeyPair, verify_envelope, verify_object
@@ -40,6 +40,8 @@ def test_one_file_per_signing_domain_of_the_code() -> None:
         flows.DOMAIN_FLOW,
         handshake.DOMAIN,
         "envelope",
+        traces.DOMAIN_ASK,
+        summaries.DOMAIN_SUMMARY,
     }
     assert domains == code
     assert [p.name for p in FILES] == sorted(f"ed25519-{d}.json" for d in code)

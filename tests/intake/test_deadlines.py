@@ -13,7 +13,7 @@ from bus.core.models import JobStatus, Message
 from bus.store.atomic import routing
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
-from node.intake.held import delivery_fields
+from node.links.frames import delivery_fields
 from tests.faults_proxy import TcpProxy
 from tests.nodes import link_to, tick
 from tests.scripts import announcing, wait_announced

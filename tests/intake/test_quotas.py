@@ -16,6 +16,7 @@ import trio
 from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
+from bus.store import lists
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import validate_queue_limits
@@ -44,8 +45,8 @@ async def _submit(node, signer: KeyPair, caller: int, script_type: str, script: 
 
 
 async def _depths(node) -> dict[str, int]:  # noqa: ANN001
-    found = await node.store.call(1, lambda r: r.hgetall(keys.QUOTA_DEPTH))
-    return {str(k): int(v) for k, v in found.items()}
+    """Each actor's count as stored, and the context's (their sum: bus.store.lists)."""
+    return await lists.quota_depths(node.store, 1)
 
 
 async def test_a_flooding_actor_is_refused_past_its_bound_while_another_actor_runs(

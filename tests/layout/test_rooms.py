@@ -5,7 +5,6 @@ rooms; daemon.py's nursery picture names the services it starts."""
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -453,12 +452,8 @@ def test_the_dead_code_issue_22_named_stays_gone() -> None:
     assert not any(d.startswith("bus/wire/outbox.py:enqueue") for d in definitions())
 
 
-# -- the docs' "Follow a message" names the modules where the code is -----------------------
-
-README = ROOT / "docs" / "architecture" / "follow-a-message.md"
-WALK_LIMITS = {"One local job": 10, "One cross-node job": 14}
-_STEP = re.compile(r"^(\d+)\. `([\w/]+\.py)`[^:`]*:\s*(`([\w.]+)`)?")
-_NAME = re.compile(r"`([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)?)`")
+# -- names a page says a module defines (tests/layout/test_message_walk.py checks the docs'
+# "Follow a message" against a trace of a job; this is how it reads a module's names) ---------
 
 
 def defined_names(path: Path) -> set[str]:
@@ -473,71 +468,3 @@ def defined_names(path: Path) -> set[str]:
                 if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef):
                     names |= {m.name, f"{stmt.name}.{m.name}"}
     return names
-
-
-def walks(text: str) -> dict[str, list[str]]:
-    """Each walk of the section (its bold title's start) -> its steps, each one paragraph."""
-    section = text.split("# Follow a message", 1)[1].split("\n## ", 1)[0]
-    found: dict[str, list[str]] = {}
-    parts = section.split("**")
-    for title, after in zip(parts, parts[1:], strict=False):
-        if title in WALK_LIMITS:
-            steps = re.split(r"\n(?=\d+\. )", after.split("\n", 1)[1].strip())
-            found[title] = [" ".join(s.split()) for s in steps if _STEP.match(s)]
-    return found
-
-
-def walk_faults(text: str, root: Path = ROOT) -> list[str]:
-    """What a walk gets wrong: too many steps, a module that is not there, a function said to
-    be in a module that does not define it (the step's own, or one the walk opened so far)."""
-    everywhere: set[str] = set()
-    for top in ("bus", "node"):
-        for path in (root / top).rglob("*.py"):
-            everywhere |= defined_names(path)
-    faults = []
-    for title, steps in walks(text).items():
-        if len(steps) > WALK_LIMITS[title]:
-            faults.append(f"{title}: {len(steps)} steps")
-        opened: set[str] = set()
-        for step in steps:
-            match = _STEP.match(step)
-            assert match is not None
-            number, module, _, first = match.groups()
-            for named in re.findall(r"`([\w/]+\.py)`", step):
-                if (root / named).is_file():
-                    opened |= defined_names(root / named)
-                elif "/" in named:
-                    faults.append(f"{title} {number}: no {named}")
-            if not (root / module).is_file():
-                continue
-            if first and first not in defined_names(root / module):
-                faults.append(f"{title} {number}: {first} is not in {module}")
-            for name in _NAME.findall(step):
-                if name in everywhere and name not in opened:
-                    faults.append(f"{title} {number}: {name} is in no module opened so far")
-    return faults
-
-
-def test_the_walks_name_the_modules_the_code_passes() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert set(walks(text)) == set(WALK_LIMITS)
-    assert walk_faults(text) == []
-
-
-def test_the_walk_check_sees_a_misplaced_function() -> None:
-    """Planted: a function put in the wrong module, a module that is not there, a step too many."""
-    text = README.read_text(encoding="utf-8")
-    wrong = text.replace(
-        "`node/intake/admission.py`: `admit`", "`node/intake/admission.py`: `check_outgoing`", 1
-    )
-    assert walk_faults(wrong) == [
-        "One local job 4: check_outgoing is not in node/intake/admission.py"
-    ]
-    gone = text.replace("`node/worker/job.py`: the job's watch", "`node/worker/run.py`: the", 1)
-    assert walk_faults(gone) == ["One local job 8: no node/worker/run.py"]
-    longer = text.replace(
-        "\n10. `bus/client/api.py` again",
-        "\n10. `bus/store/serve.py`: x.\n11. `bus/client/api.py` again",
-        1,
-    )
-    assert walk_faults(longer) == ["One local job: 11 steps"]

@@ -32,8 +32,8 @@ import pytest
 import trio
 
 from bus.client.api import open_client
-from bus.client.inbox import JobResult
 from bus.core import keys
+from bus.core.envelope import JobResult
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
 from tests.nodeproc import NodeProcess

@@ -4,6 +4,8 @@
   writes and finishes, and the next job of the context runs (``work_dir = "per_job"``);
 * a job of 8 processes touching 512 MiB each under a 1 GiB bound ends ``memory_limit``;
 * a fork bomb ends ``pids_limit`` and the next job runs;
+* a job of 4 busy processes, each under ``cpu_s`` but together over it, ends ``cpu_limit``
+  (its tree's CPU time, read at the runner's watch tick) and the next job runs;
 * a file a job left in /tmp is not seen by the next job of the same slot;
 * ``status`` (text and --json) and /metrics say which bounds are in force, and each context's
   disk use against its quota.
@@ -170,6 +172,38 @@ async def test_a_fork_bomb_ends_pids_limit_and_the_next_job_runs(bounded) -> Non
     assert nxt.stdout == "next\n"
 
 
+# each child spins until its own CPU time (not the wall clock) reaches 1.8 s: under its
+# RLIMIT_CPU of 2 s, so only the tree's bound (7.2 s of CPU against 2) can stop the job
+FOUR_BUSY = """
+import os, time
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        while time.process_time() < 1.8:
+            pass
+        os._exit(0)
+    kids.append(pid)
+print("children failed:", sum(os.waitpid(k, 0)[1] != 0 for k in kids))
+"""
+
+
+@needs_root
+async def test_a_tree_past_its_cpu_time_ends_cpu_limit_and_the_next_job_runs(bounded) -> None:
+    alice = await bounded(cpu_s=2)
+    facts = await status_json(alice)
+    if facts["node"]["cpu_time"] != "job tree":
+        pytest.skip("no cgroup counts a tree's CPU time here")
+    res = await run_one(alice, "python", FOUR_BUSY, timeout_s=60)
+    assert res.status.value == "error", res
+    # the watch tick's reason (it ended the job while it ran), not the job's own end
+    assert res.reason.startswith("cpu_limit: the job's processes used"), res.reason
+    assert "(cpu_s 2)" in res.reason, res.reason
+    nxt = await run_one(alice, "sh", "echo next")
+    assert nxt.ok, nxt
+    assert nxt.stdout == "next\n"
+
+
 @needs_root
 async def test_a_file_left_in_tmp_is_not_seen_by_the_next_job_of_the_slot(bounded) -> None:
     """One python slot: both jobs run in the same warm sandbox (the same job process, the
@@ -199,6 +233,7 @@ async def test_status_and_metrics_say_which_bounds_hold(bounded) -> None:
     alice.config.config_path.write_text(render_config(alice.config), encoding="utf-8")
     facts = await status_json(alice)
     assert facts["node"]["limits"] in ("cgroup v1", "cgroup v2")
+    assert facts["node"]["cpu_time"] in ("job tree", "process")
     # an in-process node has no mount namespace of its own: no quota in force, and it says so
     assert facts["disks"]["1"] == {
         "quota_mb": 64,
@@ -207,10 +242,12 @@ async def test_status_and_metrics_say_which_bounds_hold(bounded) -> None:
         "enforced": False,
     }
     code, out, _ = await hero_node(alice, "status")
-    assert f"limits by {facts['node']['limits']}" in out
+    assert f"limits by {facts['node']['limits']}, cpu_s per {facts['node']['cpu_time']}" in out
     assert "disk: no quota in force (disk_mb 64)" in out
     samples, _ = await scrape(alice)
     assert value(samples, "hero_context_disk_bytes", ctx="1", kind="quota") == 64 * 2**20
+    labels = {"mode": facts["node"]["isolation"], "limits": facts["node"]["limits"]}
+    assert value(samples, "hero_isolation_mode", cpu_time=facts["node"]["cpu_time"], **labels)
 
 
 # -- the disk quota, through a node process (its own mount namespace) --------------------------
@@ -307,6 +344,8 @@ def test_a_bound_the_runner_saw_names_the_reason_of_a_failed_job() -> None:
     assert limit_reason(Ending(1, bound="memory_limit"), lim, b"", 0) == "memory_limit"
     assert limit_reason(Ending(None, 9, bound="pids_limit"), lim, b"", 0) == "pids_limit"
     assert limit_reason(Ending(0, bound="memory_limit"), lim, b"", 0) is None  # it coped
+    # its tree used more CPU than cpu_s (since the last watch tick): past it however it ended
+    assert limit_reason(Ending(0, bound="cpu_limit"), lim, b"", 0) == "cpu_limit"
     assert limit_reason(Ending(1), lim, b"No space left on device", 0) == "disk_limit"
     assert limit_reason(Ending(1), lim, b"x: Disk quota exceeded", 0) == "disk_limit"
 
@@ -334,6 +373,22 @@ def test_cgroup_v1_is_found_where_the_three_hierarchies_are_writable(tmp_path: P
         "cpu": str(tmp_path / "cpu,cpuacct" / "own"),
     }
     assert found.prefix == "hero-n1-"
+    assert found.cpu_time == "job tree"  # cpuacct with cpu: the cpu leaf counts the tree's CPU
+    # cpuacct a hierarchy of its own (this machine's): a leaf there too
+    lines[2] = lines[2].replace("cpu,cpuacct", "cpu")  # its mount point and its options
+    _hierarchy(tmp_path, "cpu")
+    _hierarchy(tmp_path, "cpuacct")
+    lines.append(f"50 1 0:50 / {tmp_path / 'cpuacct'} rw - cgroup cgroup rw,cpuacct")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    (tmp_path / "cgroup").write_text("\n".join([*cg, "50:cpuacct:/own", "32:cpu:/own"]) + "\n")
+    apart = cgroups.find("n1", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert apart.dirs["cpu"] == str(tmp_path / "cpu" / "own")
+    assert apart.dirs["cpuacct"] == str(tmp_path / "cpuacct" / "own")
+    assert apart.cpu_time == "job tree"
+    # no cpuacct at all: cpu_s bounds each process only, and status says so
+    (tmp_path / "mountinfo").write_text("\n".join(lines[:-1]) + "\n")
+    alone = cgroups.find("n1", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
+    assert (alone.mode, alone.cpu_time) == ("cgroup v1", "process")
     # without a pids hierarchy: rlimits
     (tmp_path / "mountinfo").write_text("\n".join(x for x in lines if "pids" not in x) + "\n")
     none = cgroups.find("n1", str(tmp_path / "cgroup"), str(tmp_path / "mountinfo"))
@@ -372,6 +427,60 @@ def test_the_worker_enters_its_cgroups_before_the_sandbox_starts(tmp_path: Path)
     assert [f.read_text().strip() for f in files] == [pid, pid]  # exec: the same process
     with pytest.raises(ValueError, match="cgroup.procs"):
         cgroups.enter_argv(["relative"], ["true"])
+
+
+TWO_BUSY = """
+import os, time
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        while time.process_time() < 0.7:
+            pass
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+print("done")
+"""
+
+
+@needs_root
+def test_a_tree_that_crossed_its_cpu_time_between_ticks_ends_cpu_limit(tmp_path: Path) -> None:
+    """No watch tick here (a bare sandbox): the leaf's counter read as the job ends is what
+    says its tree (2 x 0.7 s) went past cpu_s = 1, though it exited 0."""
+    box, _ = _box(tmp_path, "strict", cpu_s=1)
+    if not box.spec.cgroups:
+        pytest.skip("no cgroups here")
+    try:
+        assert box.over_cpu() == ""  # no job running
+        reply, out, _err = _run(box, tmp_path, TWO_BUSY, kind="python")
+        assert out == "done\n"
+        assert (reply["exit_code"], reply.get("bound")) == (0, "cpu_limit"), reply
+        reply, out, _err = _run(box, tmp_path, "print('light')", kind="python")
+        assert out == "light\n"
+        assert "bound" not in reply, reply  # the count starts again with each job
+    finally:
+        box.stop()
+
+
+def test_a_leaf_reads_its_trees_cpu_time_on_either_version(tmp_path: Path) -> None:
+    v1 = cgroups.Leaf(
+        "v1", {"cpu": str(tmp_path / "cpu"), "cpuacct": str(tmp_path / "acct")}, "p-", 1
+    )
+    for d in v1.dirs.values():
+        d.mkdir(parents=True)
+    (v1.dirs["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
+    assert v1.cpu_ns() == 2_500_000_000
+    v2 = cgroups.Leaf("v2", {cgroups.UNIFIED: str(tmp_path / "u")}, "p-", 1)
+    v2.dirs[cgroups.UNIFIED].mkdir(parents=True)
+    (v2.dirs[cgroups.UNIFIED] / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\n")
+    assert v2.cpu_ns() == 1_500_000
+    none = cgroups.Leaf("v1", {"cpu": str(tmp_path / "bare")}, "p-", 1)
+    none.dirs["cpu"].mkdir(parents=True)  # a cpu hierarchy without cpuacct: not counted
+    assert none.cpu_ns() is None
+    for leaf in (v1, v2, none):
+        leaf.remove()
 
 
 @needs_root

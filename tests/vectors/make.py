@@ -22,6 +22,8 @@ from bus.core.flows import DOMAIN_FLOW, FlowDoc, FlowJobPayload, sign_flow
 from bus.core.handshake import DOMAIN as DOMAIN_HANDSHAKE
 from bus.core.handshake import Session, sign_transcript
 from bus.core.models import Flow, JobStatus, Message, MessageType, RunnerJob
+from bus.core.summaries import DOMAIN_SUMMARY, SummaryAsk, summarise
+from bus.core.traces import DOMAIN_ASK, Ask, Tell
 from crypto import KeyPair, sign_envelope
 from crypto.canonical import canonical_json, signing_input
 
@@ -276,6 +278,68 @@ def envelope() -> Vector:
     return vector
 
 
+def trace_ask() -> Vector:
+    ask = Ask(
+        id=7001,
+        caller_id=CALLER,
+        context_id=CONTEXT,
+        node=OTHER_NODE,
+        target=PUBLIC_HEX,
+        keys=("job:7:4001", "message:7:3001"),
+        created_at=CREATED_AT + 60,
+        nonce="c0c1c2c3c4c5c6c7c8c9cacbcccdcecf",
+    ).signed(KEY)
+    vector = _vector(
+        DOMAIN_ASK,
+        ask.signed_dict(),
+        "Actor 7, through node OTHER_NODE, asks node PUBLIC_HEX for its records of a job and "
+        "its message (hero-node job trace); the actor signs. 'frame' is the ask frame as "
+        "carried, 'answer' a tell of the job's record (no script, no output).",
+        None,
+    )
+    assert vector["signatures"] == [dict(s) for s in ask.signatures]
+    record = {
+        "fields": {"id": "4001", "status": "finished", "attempt": "1", "origin": OTHER_NODE},
+        "attempts": [],
+    }
+    tell = Tell(ask.id, PUBLIC_HEX, {"job:7:4001": record})
+    vector["frame"] = {"t": "ask", "ask": ask.to_dict()}
+    vector["answer"] = {"t": "tell", "tell": tell.to_dict()}
+    return vector
+
+
+def summary_ask() -> Vector:
+    ask = SummaryAsk(
+        id=7002,
+        node=PUBLIC_HEX,
+        target=OTHER_NODE,
+        created_at=CREATED_AT + 60,
+        nonce="d0d1d2d3d4d5d6d7d8d9dadbdcdddedf",
+    ).signed(KEY)
+    vector = _vector(
+        DOMAIN_SUMMARY,
+        ask.signed_dict(),
+        "Node PUBLIC_HEX asks its peer OTHER_NODE for its summary (the console's grid); the "
+        "asking node signs with its own key. 'frame' is the ask frame as carried, 'answer' "
+        "the peer's tell: totals over all its contexts, two points of its charts.",
+        None,
+    )
+    assert vector["signatures"] == [dict(s) for s in ask.signatures]
+    charts = {
+        "every_s": 5.0,
+        "at": [CREATED_AT + 55.0, CREATED_AT + 60.0],
+        "rates": {"finished": [1.2, 0.8], "failed": [0.0, 0.0]},
+        "latency_ms": {"roundtrip_p50": [31.5, None], "roundtrip_p99": [120.0, None]},
+        "depths": {"msg_in": [0, 2], "queue:python": [1, 3]},
+    }
+    depths = {"msg_out": 0, "msg_in": 2, "queue:python": 3, "dlq": 1, "outbox": 0}
+    summary = summarise(depths, {"python": (2, 1)}, {"delivered": 12}, {"up": 1, "down": 0}, charts)
+    told = {"ask": ask.id, "node": OTHER_NODE, "summary": summary}
+    vector["frame"] = {"t": "ask", "ask": ask.to_dict(), "of": "summary"}
+    vector["answer"] = {"t": "tell", "tell": told, "of": "summary"}
+    return vector
+
+
 MAKERS: dict[str, Callable[[], Vector]] = {
     "message": message,
     "result": result,
@@ -284,6 +348,8 @@ MAKERS: dict[str, Callable[[], Vector]] = {
     "flow-job": flow_job,
     "handshake": handshake,
     "envelope": envelope,
+    "trace-ask": trace_ask,
+    "summary-ask": summary_ask,
 }
 
 

@@ -44,8 +44,8 @@ CONSTANTS = {
     "STATS_KEY": keys.STATS_JOBS,
     "STATS_BUCKETS": "{" + ", ".join(f"'{b}'" for b in STATS_BUCKETS_S) + "}",
     "QUOTA_DEPTH_KEY": keys.QUOTA_DEPTH,
-    "QUOTA_ALL": keys.QUOTA_ALL,
-    "QUOTA_JOBS": keys.quota_jobs(0).removesuffix("0"),
+    "QUOTA_COUNTED": keys.QUOTA_COUNTED,
+    "REPLAY_KEY": keys.REPLAY,
 }
 
 

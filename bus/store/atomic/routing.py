@@ -65,36 +65,42 @@ async def deliver(
     *,
     durable_since: int | None = None,
 ) -> list[bool]:
-    """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists
-    (pipelined, each atomic); per message, True if it was stored, False if already here.
+    """Store each (message key, fields) and queue it on ``msg_in`` unless the key exists, in
+    one atomic script; per message, True if it was stored, False if already here.
 
     ``durable_since`` (:attr:`Store.epoch` before the promise's first write): return only once
     these messages, stored now or before, and every write before them are durable
     (:meth:`Store.scripts_durable`: one ``WAITAOF`` on the connection that stored them)."""
-    deliver_one = script("routing_deliver")
-    calls = [(deliver_one, [key, keys.MSG_IN], _flat(fields)) for key, fields in messages]
+    if not messages:
+        return []
+    args: list[str] = []
+    for _, fields in messages:
+        args += [str(2 * len(fields)), *_flat(fields)]
+    calls = [(script("routing_deliver"), [keys.MSG_IN, *(key for key, _ in messages)], args)]
     if durable_since is None:
-        return [bool(stored) for stored in await store.scripts(ctx, calls)]
-    found = await store.scripts_durable(ctx, calls, durable_since, _stored_last)
+        [found] = await store.scripts(ctx, calls)
+    else:
+        [found] = await store.scripts_durable(ctx, calls, durable_since, _stored_any)
     return [bool(stored) for stored in found]
 
 
-def _stored_last(results: list[object]) -> bool:
-    """Whether a delivery batch stored a message after every redelivery it found: then the
-    ``WAITAOF`` on its connection covers the redelivered ones too (stored before they were
-    found). A redelivery after the batch's last store may have met a write made meanwhile by
-    another connection, after that store."""
-    return bool(results) and bool(results[-1])
+def _stored_any(results: list[Any]) -> bool:
+    """Whether the delivery script stored a message: then the ``WAITAOF`` on its connection
+    covers every redelivered one too. The script is atomic, so each message it found stored
+    was written before its own writes; one that stored nothing needs the barrier's write."""
+    [found] = results
+    return any(bool(stored) for stored in found)
 
 
 async def mark_acked(
     store: Store, ctx: int, message_keys: list[str], *, now: int, peer: str
 ) -> list[bool]:
-    """Mark each message acknowledged by ``peer``, if it was sent to that peer (pipelined);
-    per message, whether it was."""
-    ack = script("routing_ack")
-    calls = [(ack, [key], [str(now), peer]) for key in message_keys]
-    return [bool(done) for done in await store.scripts(ctx, calls)]
+    """Mark each message acknowledged by ``peer``, if it was sent to that peer (one script
+    call); per message, whether it was."""
+    if not message_keys:
+        return []
+    found = await store.script(ctx, script("routing_ack"), message_keys, [str(now), peer])
+    return [bool(done) for done in found]
 
 
 async def hold(
@@ -238,7 +244,8 @@ def apply_result(tx: Any, write: ResultWrite) -> None:
 
 @dataclass(frozen=True)
 class ResultAccept:
-    """A verified result message to accept: its key, nonce marker ("" if none), signer."""
+    """A verified result message to accept: its key, nonce marker (a field of the replay
+    hash, "" if none), signer."""
 
     message_key: str
     nonce_key: str
@@ -256,26 +263,29 @@ async def accept_results(
     node_id: str,
     counted: list[str] | None = None,
 ) -> list[tuple[str, str]]:
-    """Accept each result in order, each atomically with its checks (pipelined): per result
-    ("ok", "") or (reason, detail) with nothing written; see routing_accept_result.lua.
-    ``counted``: as :func:`materialise_batch`'s."""
-    accept = script("routing_accept_result")
-    count = "1" if counted is not None else ""
-    calls = [
-        (
-            accept,
-            [r.message_key, keys.seen(r.message_key), r.nonce_key, inflight]
-            + r.write.script_keys(),
-            [*r.write.script_args(), str(window_s), r.message_key, r.origin, node_id, count],
-        )
+    """Accept each result in order, each with its checks, in one atomic script
+    (routing_accept_results.lua): per result ("ok", "") or (reason, detail) with nothing of it
+    written. ``counted``: as :func:`materialise_batch`'s."""
+    if not results:
+        return []
+    batch = [
+        {
+            "key": r.message_key,
+            "seen": keys.seen(r.message_key),
+            "nonce": r.nonce_key,
+            "origin": r.origin,
+            "keys": r.write.script_keys(),
+            "args": r.write.script_args(),
+        }
         for r in results
     ]
-    verdicts = []
-    for reason, detail, *figures in await store.scripts(ctx, calls):
-        if counted is not None and figures:
-            counted += [str(f) for f in figures[0]]
-        verdicts.append((str(reason), str(detail)))
-    return verdicts
+    args = [json_arg(batch), str(window_s), node_id, "1" if counted is not None else ""]
+    verdicts, figures = await store.script(
+        ctx, script("routing_accept_results"), [keys.REPLAY, inflight], args
+    )
+    if counted is not None:
+        counted += [str(f) for f in figures]
+    return [(str(reason), str(detail)) for reason, detail in verdicts]
 
 
 async def reply_targets(store: Store, ctx: int, requests: list[str]) -> list[str]:
@@ -314,8 +324,8 @@ async def queue_outgoing(store: Store, ctx: int, message: Message) -> None:
 
 @dataclass(frozen=True)
 class StopAccept:
-    """An accepted stop message: its key, its replay markers' TTL and its nonce marker key
-    ("" for a message without a nonce)."""
+    """An accepted stop message: its key, its replay markers' TTL and its nonce marker (a field
+    of the replay hash, "" for a message without a nonce)."""
 
     key: str
     window_s: int
@@ -328,9 +338,10 @@ async def accept_stop(store: Store, ctx: int, inflight: str, stop: StopAccept) -
     or fully accepted (never replayed). Raises StoreError."""
     async with store.transaction(ctx) as tx:
         tx.hset(stop.key, {"status": MessageStatus.PROCESSED.value})
-        tx.set(keys.seen(stop.key), "1", ex=stop.window_s)
+        markers = {keys.seen(stop.key): "1"}
         if stop.nonce_key:
-            tx.set(stop.nonce_key, stop.key, ex=stop.window_s)
+            markers[stop.nonce_key] = stop.key
+        tx.hsetex(keys.REPLAY, markers, ex=stop.window_s)
         tx.lrem(inflight, 1, stop.key)
 
 

@@ -69,10 +69,15 @@ function fact(label, ...value) {
 }
 
 function summaryFacts(sum) {
-  return [fact("queued", sum.queued), fact("dead letters", sum.dead_letters),
+  const facts = [fact("queued", sum.queued), fact("dead letters", sum.dead_letters),
     fact("runners", sum.busy + " busy / " + sum.runners),
     fact("finished", sum.finished_per_s === null ? "—" : short(sum.finished_per_s) + " /s"),
     fact("round trip p99", sum.roundtrip_p99_ms === null ? "—" : short(sum.roundtrip_p99_ms) + " ms")];
+  ["queued", "dead_letters", "runners", "finished_per_s", "roundtrip_p99_ms"].forEach((name, i) => {
+    facts[i].dataset.fig = name;
+    facts[i].dataset.value = String(name === "runners" ? sum.runners : sum[name]);
+  });
+  return facts;
 }
 
 function ownCard(s) {
@@ -85,11 +90,16 @@ function ownCard(s) {
 }
 
 function peerCard(s, p) {
-  // what only the peer knows (its queues, runners, counters) needs the peer query: until a
-  // peer answers one, its card shows what this node knows of the link
-  const own = p.summary ? summaryFacts(p.summary)
-    : [el("p", { class: "muted note" }, "its queues and runners: not asked (no peer query yet)")];
-  return el("div", { class: "card link-" + p.link, "data-node": p.id, "data-link": p.link },
+  // what only the peer knows (its queues, runners, counters) it tells in its summary, asked
+  // over the link every few seconds: the newest one, its age, and why the last ask failed
+  const sum = p.summary || {};
+  const told = sum.told_at !== undefined;
+  const own = told ? [...summaryFacts(sum), fact("told", ago(s.now, sum.told_at))] : [];
+  if (sum.reason) own.push(el("p", { class: "muted note", "data-summary-reason": sum.reason },
+    "its figures: " + sum.reason + (sum.detail ? " (" + sum.detail + ")" : "")));
+  else if (!told) own.push(el("p", { class: "muted note" }, "its figures: not told yet"));
+  return el("div", { class: "card link-" + p.link, "data-node": p.id, "data-link": p.link,
+    "data-told": told ? "yes" : "no" },
     el("h3", {}, p.name || "-", " ", badge(p.link)),
     el("div", { class: "mono muted" }, p.id.slice(0, 16) + "…"),
     fact("since", ago(s.now, p.since)),
@@ -261,15 +271,15 @@ function dag(flow) {
 }
 
 function drawFlows(s) {
-  fill("flows", s.flows.length ? s.flows.map((f) => el("div", { class: "flow", "data-flow": f.id },
-    el("h3", {}, (f.name || "flow") + " ", el("span", { class: "mono muted" }, f.id), " ", badge(f.status),
+  fill("flows", s.flows.length ? s.flows.map((f) => el("div", { class: "flow", "data-flow": f.id, "data-context": f.context },
+    el("h3", { "data-trace": "flow:" + f.id, title: "its timeline" }, (f.name || "flow") + " ", el("span", { class: "mono muted" }, f.id), " ", badge(f.status),
       f.reason ? el("span", { class: "muted" }, " " + f.reason) : null),
     dag(f))) : el("p", { class: "muted" }, "no flows yet"));
 }
 
 function drawJobs(s) {
   fill("jobs", table(["job", "type", "on", "status", "duration", "output", "submitted"],
-    s.jobs.map((j) => el("tr", { "data-key": j.key, "data-status": j.status },
+    s.jobs.map((j) => el("tr", { "data-key": j.key, "data-status": j.status, "data-context": j.context },
       el("td", { class: "mono" }, j.key, j.context !== 1 ? " (ctx " + j.context + ")" : ""),
       el("td", {}, j.type), el("td", {}, j.node),
       el("td", {}, badge(j.status), j.attempt > 1 ? " attempt " + j.attempt : "",
@@ -314,7 +324,7 @@ function drawMessages(s) {
 function draw(s) {
   actions = s.actions;
   document.getElementById("operator").hidden = !actions;
-  drawGrid(s); drawCharts(s); drawNode(s); drawFlows(s); drawJobs(s); drawContexts(s); drawMessages(s);
+  drawGrid(s); drawGridCharts(s); drawCharts(s); drawNode(s); drawFlows(s); drawJobs(s); drawContexts(s); drawMessages(s);
   document.body.dataset.updated = String(s.now);
 }
 

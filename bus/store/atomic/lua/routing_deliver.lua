@@ -1,10 +1,29 @@
--- Deliver one message that arrived over a link.
--- KEYS: [1] the message hash, [2] msg_in
--- ARGV: the hash's fields and values
--- Returns: 1 if the message was stored, 0 if it was already here.
--- Atomic effect: a new message is stored and its key queued on msg_in; a redelivered one (its
--- key exists) changes nothing, so it is acknowledged again but stored and queued once.
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-redis.call('LPUSH', KEYS[2], KEYS[1])
-return 1
+-- Deliver the messages of one frame that arrived over a link.
+-- KEYS: [1] msg_in, [2..] the message hashes
+-- ARGV: per message, in KEYS order: the number n of its hash's items (fields and values), then
+--       those n items
+-- Returns: per message, 1 if it was stored, 0 if it was already here (or had no field: an
+-- empty hash is no message, and nothing can store one).
+-- Atomic effect: each new message is stored, and the new ones' keys are queued on msg_in in
+-- their order (one LPUSH); a redelivered one (its key exists, also by an earlier copy in this
+-- frame) changes nothing, so it is acknowledged again but stored and queued once. One script
+-- for the frame: every message it found was written before anything it writes, so one WAITAOF
+-- after it covers the frame whenever it stored one (bus/store/durable.py).
+local out, new = {}, {}
+local a = 1
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[a])
+  -- no command here may fail: a failure half-way would leave stored messages unqueued
+  if n == 0 or redis.call('EXISTS', KEYS[i]) == 1 then
+    out[i - 1] = 0
+  else
+    redis.call('HSET', KEYS[i], unpack(ARGV, a + 1, a + n))
+    new[#new + 1] = KEYS[i]
+    out[i - 1] = 1
+  end
+  a = a + 1 + n
+end
+for i = 1, #new, 1000 do
+  redis.call('LPUSH', KEYS[1], unpack(new, i, math.min(i + 999, #new)))
+end
+return out

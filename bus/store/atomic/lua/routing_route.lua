@@ -8,16 +8,33 @@
 -- Atomic effect: per message, queued on msg_in, or its origin copies written under
 -- write_own_job's rule (routing_write_own_job_fn) and its ack and result deadlines armed;
 -- then its in-flight ack. All of it or none: a message is never acked without what routing
--- it wrote.
+-- it wrote. The in-flight list is trimmed once for the batch (inflight_ack).
 -- include: routing_write_own_job_fn
+-- include: inflight_ack
 if ARGV[2] == '1' then stats_collected = {} end
-for _, m in ipairs(cjson.decode(ARGV[1])) do
+local batch = cjson.decode(ARGV[1])
+-- one EXISTS of every copy's key: none there (the common case), no TYPE per copy
+local copies = {}
+for _, m in ipairs(batch) do
+  for _, c in ipairs(m.copies) do copies[#copies + 1] = c.key end
+end
+local new = true
+for i = 1, #copies, 500 do
+  if redis.call('EXISTS', unpack(copies, i, math.min(i + 499, #copies))) > 0 then new = false end
+end
+local acked, written = {}, {}
+for _, m in ipairs(batch) do
   if m.to_msg_in == '1' then
     redis.call('LPUSH', KEYS[1], m.key)
   else
-    for _, c in ipairs(m.copies) do write_own_job(c.key, m.key, c.fields) end
+    for _, c in ipairs(m.copies) do
+      -- a key an earlier message of this batch wrote is checked as any existing one
+      write_own_job(c.key, m.key, c.fields, new and not written[c.key])
+      written[c.key] = true
+    end
     if #m.deadlines > 0 then redis.call('ZADD', KEYS[3], unpack(m.deadlines)) end
   end
-  redis.call('LREM', KEYS[2], 1, m.key)
+  acked[#acked + 1] = m.key
 end
+inflight_ack(KEYS[2], acked)
 return stats_collected or {}

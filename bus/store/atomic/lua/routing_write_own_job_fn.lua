@@ -1,12 +1,12 @@
--- Fragment (included, never run alone): write_own_job(job, message_key, fields).
+-- Fragment (included, never run alone): write_own_job(job, message_key, fields, new).
 -- One job hash of a message, outside a materialised batch (the origin's copies). Arguments:
 -- the job hash, the message key, the job's fields and values [k, v, ...] (naming it as
--- message_key). Returns true if written, false if the key holds another message's job or
+-- message_key), and new: true when the caller knows no key of that name exists (no TYPE). Returns true if written, false if the key holds another message's job or
 -- another type (left as it is: the rule of routing_materialise). A job queued for the first
 -- time is stamped stats_queued_ms in the write that creates it, and counted.
 -- include: stats_jobs
-local function write_own_job(job, message_key, fields)
-  local kind = redis.call('TYPE', job).ok
+local function write_own_job(job, message_key, fields, new)
+  local kind = new and 'none' or redis.call('TYPE', job).ok
   if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', job, 'message_key') ~= message_key)
   then return false end
   if kind == 'none' then

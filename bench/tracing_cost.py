@@ -1,0 +1,208 @@
+"""Case 10: what tracing costs (issue 48): off, as every node runs by default, and on, with
+every trace recorded (sampling 1.0) and exported over OTLP/HTTP to a receiver in this process;
+and on at sampling 0.1, for scale.
+
+Three nodes side by side, each alone, alike but for ``[tracing]``: the same local throughput
+run (case 1's) on each, alternated run by run so that a noisy machine hurts all alike. Rows:
+
+- jobs/s of each, and each traced one / off (the target: on 1.0 costs <= 5 %, so >= 95 %);
+- tracing **off** against no tracing code at all cannot be run side by side (there is no such
+  node), so its cost is measured where it is paid: each hop's off path (one ``recording()``
+  check in ``spans.start``, an ``end(None)``) timed here, times the spans a traced job makes
+  (counted at the receiver), against the CPU a job costs the node (its process and its job
+  processes) in the off runs. Target: <= 1 % (below what any run-to-run spread can show);
+- spans exported per job, the CPU per job of each node, and where a traced job's extra CPU
+  goes (the node's process, its runner processes, the sandboxes).
+
+The receiver answers every export at once and keeps the bodies, decoded after the runs, so
+that it costs the bench client (on the same cores) as little as it can. The traced node is
+stopped before the spans are counted: its runners and itself flush what they hold on exit.
+Each traced node exports to a receiver of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import replace
+from functools import partial
+
+import trio
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from bench.cases import Env, bench_client, roundtrips, run_throughput
+from bench.harness import BenchNode, Row, wait_served, wire
+from bus.core import spans
+from node.config import load_config, render_config
+from node.config.tracing import TracingConfig
+from node.host.home import init_home
+
+CASE = "10 tracing"
+RUNNERS = {"python": 4, "sh": 1}
+OFF, ON = "off", "on 1.0"
+RATIOS = {OFF: 0.0, ON: 1.0, "on 0.1": 0.1}  # label -> sampling ratio (0: tracing off)
+OFF_CALLS = 200_000  # off-path span calls timed for the per-call cost
+# where a traced job's CPU goes: the node's process, its runner processes, the sandboxes
+SPLIT = ("node", "node job processes: runners", "node job processes: sandboxes")
+
+_LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+
+
+class Sink:
+    """An OTLP/HTTP traces endpoint on 127.0.0.1 that keeps each body and answers 200."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def start(self, nursery: trio.Nursery) -> str:
+        serve = partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1")
+        listeners = await nursery.start(serve)
+        return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1/traces"
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                match = _LENGTH.search(head)
+                length = int(match.group(1)) if match else 0
+                while len(buf) < length:
+                    chunk = await stream.receive_some(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                self.bodies.append(buf[:length])
+                buf = buf[length:]
+                await stream.send_all(_OK)
+        except trio.BrokenResourceError:
+            return
+
+    def span_count(self) -> int:
+        """Spans in every body received (the node's exporter sends protobuf, uncompressed)."""
+        total = 0
+        for body in self.bodies:
+            request = ExportTraceServiceRequest.FromString(body)
+            total += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return total
+
+
+async def _node(env: Env, name: str, endpoint: str, ratio: float) -> BenchNode:
+    home = env.base / name
+    init_home(home, name=name, listen_port=0, runners=RUNNERS, console_listen="")
+    if endpoint:
+        tracing = TracingConfig(endpoint=endpoint, sampling_ratio=ratio)
+        config = replace(load_config(home), tracing=tracing)
+        config.config_path.write_text(render_config(config), encoding="utf-8")
+    node = await env.procs.start_node(env.nursery, name, home)
+    await wire([node], env.actor)
+    return node
+
+
+def off_call_ns() -> float:
+    """The off path of one hop's span, in ns: a start that returns None, an end of None."""
+    if spans.recording():  # pragma: no cover - the bench process installs no provider
+        raise RuntimeError("a tracer provider is installed in the bench process")
+    attributes = {spans.JOB_KEY: "job:1:1", spans.CONTEXT: 1}
+    t0 = time.perf_counter_ns()
+    for _ in range(OFF_CALLS):
+        spans.end(spans.start("bench", "run queue:python", "CONSUMER", attributes=attributes))
+    return (time.perf_counter_ns() - t0) / OFF_CALLS
+
+
+def _node_cpu_ms(cpu: dict[str, float], n: int) -> float:
+    """The node's CPU per job (ms): its own process and its job processes."""
+    return (cpu.get("node", 0.0) + cpu.get("node job processes", 0.0)) * 1000 / n
+
+
+async def case_tracing(env: Env) -> list[Row]:
+    sinks = {label: Sink() for label, ratio in RATIOS.items() if ratio}
+    nodes: dict[str, BenchNode] = {}
+    async with trio.open_nursery() as nursery:
+        try:
+            for label, ratio in RATIOS.items():
+                endpoint = await sinks[label].start(nursery) if ratio else ""
+                nodes[label] = await _node(env, f"trace-{label.replace(' ', '-')}", endpoint, ratio)
+            rows, jobs = await _measure(env, nodes)
+        finally:
+            for node in nodes.values():
+                await env.procs.stop_node(node)  # a traced one flushes its spans
+        nursery.cancel_scope.cancel()
+    per_job = {label: sink.span_count() / jobs[label] for label, sink in sinks.items()}
+    off_ns = off_call_ns()
+    off_us = per_job[ON] * off_ns / 1000
+    cpu_off = next(r for r in rows if r.metric == f"node CPU per job, {OFF}")
+    share = [100 * off_us / (ms * 1000) for ms in cpu_off.samples]
+    return rows + [
+        *(
+            Row(CASE, f"spans exported per job, {label}", "spans", [n])
+            for label, n in per_job.items()
+        ),
+        Row(CASE, "off: one hop's span call", "ns", [off_ns]),
+        Row(
+            CASE,
+            "off: span calls per job",
+            "us",
+            [off_us],
+            note=f"each hop's off path times the spans a job makes traced ({ON})",
+        ),
+        Row(CASE, "off: span calls / node CPU per job", "%", share, target="<= 1"),
+    ]
+
+
+async def _measure(env: Env, nodes: dict[str, BenchNode]) -> tuple[list[Row], dict[str, int]]:
+    """The alternated throughput runs; the rows, and the jobs each node ran (warm-up too)."""
+    plan = env.plan
+    n_jobs = plan.jobs if plan.quick else min(plan.jobs, 2000)
+    rate: dict[str, list[float]] = {label: [] for label in RATIOS}
+    cpu: dict[str, list[float]] = {label: [] for label in RATIOS}
+    split: dict[str, dict[str, list[float]]] = {label: {} for label in RATIOS}
+    warm = 10
+    jobs = dict.fromkeys(RATIOS, warm + 1 + plan.runs * n_jobs)
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            label: await stack.enter_async_context(bench_client(env, node.redis_url))
+            for label, node in nodes.items()
+        }
+        for label, client in clients.items():  # served, connections, warm job processes
+            with trio.fail_after(60):
+                await wait_served(client, env.actor, nodes[label].node_id)
+            await roundtrips(client, env.actor, nodes[label].node_id, warm)
+        labels = list(RATIOS)
+        for run in range(plan.runs):  # alternated, rotated: a noisy machine hurts all alike
+            for label in labels[run % len(labels) :] + labels[: run % len(labels)]:
+                node = nodes[label]
+                done = await run_throughput(
+                    clients[label], env.actor, node.node_id, n_jobs, {"node": node.pid}
+                )
+                rate[label].append(done.rate)
+                cpu[label].append(_node_cpu_ms(done.cpu, n_jobs))
+                for name in SPLIT:
+                    ms = done.cpu.get(name, 0.0) * 1000 / n_jobs
+                    split[label].setdefault(name, []).append(ms)
+    note = f"N={n_jobs} local jobs per run; OTLP/HTTP to a receiver in the bench process"
+    rows = [Row(CASE, f"jobs/s, tracing {label}", "jobs/s", rate[label]) for label in RATIOS]
+    rows[0].note = note
+    for label in RATIOS:
+        if label != OFF:
+            ratio = [100 * a / b for a, b in zip(rate[label], rate[OFF], strict=True)]
+            target = ">= 95" if label == ON else ""
+            rows.append(Row(CASE, f"throughput: {label} / {OFF}", "%", ratio, target=target))
+    rows += [Row(CASE, f"node CPU per job, {label}", "ms", cpu[label]) for label in RATIOS]
+    rows += [
+        Row(CASE, f"CPU per job: {name}: {label} - {OFF}", "ms", _minus(values, split[OFF][name]))
+        for label in RATIOS
+        if label != OFF
+        for name, values in split[label].items()
+    ]
+    return rows, jobs
+
+
+def _minus(on: list[float], off: list[float]) -> list[float]:
+    return [a - b for a, b in zip(on, off, strict=True)]
