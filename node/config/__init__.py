@@ -74,6 +74,8 @@ class NodeConfig:
     # "tls": every link TLS 1.3, bound to the node keys (node/links/encryption.py); "none"
     link_encryption: str = "tls"
     python_workers: bool = True  # python jobs in the sandbox's warm worker (else: spawn)
+    # queued python jobs a warm slot takes, runs and ends at once, at most (node/worker/batch.py)
+    batch_jobs: int = 16
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -188,12 +190,13 @@ LOWER_BOUNDS: dict[str, float] = {
     "store_max_memory_mb": 0,
     "store_headroom_pct": 1,
     "pressure_check_s": 0.01,
+    "batch_jobs": 1,
 }
 
 
 # Upper bounds of [node] settings whose larger values mean nothing (refused at load): at 100 the
 # store's mark is 0 and the node would hold every new job for good.
-UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99}
+UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99, "batch_jobs": 64}
 
 
 def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
@@ -388,6 +391,9 @@ _HELP = {
     "python_workers": "python jobs run in the slot's warm sandboxed interpreter (never in the "
     "runner\nprocess; [sandbox] fresh_process); false: one fresh interpreter per job, in the "
     "same sandbox",
+    "batch_jobs": "a slot of python jobs in a warm sandbox takes at most this many of what is "
+    "queued at once,\nruns them in one sandbox request and ends them in one script call (1-64; "
+    "1: one at a time);\na lone job is never held for a batch",
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",

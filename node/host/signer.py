@@ -113,25 +113,42 @@ def _serve_runner(
 
 
 def _answer_all(conn: socket.socket, key: KeyPair, notices: socket.socket | None) -> None:
+    """A request is ``{"content": ...}`` (answered ``{"signature"}`` or ``{"error"}``) or, a
+    batch's results, ``{"contents": [...]}`` (answered ``{"answers": [...]}``, one each, each
+    checked alone)."""
     with conn, conn.makefile("rwb") as stream:
         for line in stream:
             try:
-                content = loads_text(line[:MAX_REQUEST_BYTES].decode(), "request")["content"]
-            except (ModelError, ValueError, TypeError, KeyError):
-                content = None
-            why = _check(content, key.public_hex)
-            answer: dict[str, object] = {"error": why}
-            if not why:
-                try:
-                    signature = sign(key, content)
-                except ValueError as exc:  # not canonicalisable
-                    answer = {"error": str(exc)}
-                else:
-                    answer = {"signature": signature}
-                    if notices is not None:
-                        _notify(notices, content, signature)
+                request = loads_text(line[:MAX_REQUEST_BYTES].decode(), "request")
+            except (ModelError, ValueError, TypeError):
+                request = None
+            if not isinstance(request, dict):
+                request = {}
+            contents = request.get("contents")
+            if isinstance(contents, list) and 0 < len(contents) <= MAX_RESULTS:
+                answer: dict[str, object] = {
+                    "answers": [_answer(c, key, notices) for c in contents]
+                }
+            else:
+                answer = _answer(request.get("content"), key, notices)
             stream.write(orjson.dumps(answer) + b"\n")
             stream.flush()
+
+
+MAX_RESULTS = 64  # results signed in one request (a runner's batch)
+
+
+def _answer(content: object, key: KeyPair, notices: socket.socket | None) -> dict[str, object]:
+    why = _check(content, key.public_hex)
+    if why:
+        return {"error": why}
+    try:
+        signature = sign(key, content)
+    except ValueError as exc:  # not canonicalisable
+        return {"error": str(exc)}
+    if notices is not None:
+        _notify(notices, content, signature)  # type: ignore[arg-type]
+    return {"signature": signature}
 
 
 def _notify(notices: socket.socket, content: dict[str, object], signature: dict[str, str]) -> None:
@@ -194,10 +211,19 @@ class SignerClient:
     def sign_result(self, message: Message) -> Message:
         """``message`` signed by the node's key; NodeError if the signer refuses, SignerGone if
         it is gone."""
-        request = dumps_json({"content": message.signed_content()}) + b"\n"
+        return self.sign_results([message])[0]
+
+    def sign_results(self, messages: list[Message]) -> list[Message]:
+        """``messages`` signed by the node's key, in one request (one line each way: a lone
+        one as ``content``, several as ``contents``); NodeError if the signer refuses any,
+        SignerGone if it is gone."""
+        if len(messages) == 1:
+            body: dict[str, object] = {"content": messages[0].signed_content()}
+        else:
+            body = {"contents": [m.signed_content() for m in messages]}
         with self.lock:
             try:
-                self.stream.write(request)
+                self.stream.write(dumps_json(body) + b"\n")
                 self.stream.flush()
                 line = self.stream.readline()
             except OSError:
@@ -205,9 +231,16 @@ class SignerClient:
         if not line:
             raise SignerGone("the node's signer is gone")
         answer = loads_text(line.decode(), "the signer's answer")
-        if "signature" not in answer:
+        answers = answer.get("answers", [answer]) if len(messages) > 1 else [answer]
+        if not isinstance(answers, list) or len(answers) != len(messages):
             raise NodeError(f"the node's signer refused: {answer.get('error')}")
-        return replace(message, signatures=[answer["signature"]])
+        signed = []
+        for message, each in zip(messages, answers, strict=True):
+            if not isinstance(each, dict) or "signature" not in each:
+                why = each.get("error") if isinstance(each, dict) else each
+                raise NodeError(f"the node's signer refused: {why}")
+            signed.append(replace(message, signatures=[each["signature"]]))
+        return signed
 
 
 # -- the node's side ------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ def runner_spec(
         breaker_probes=config.type_breaker_probes,
         # the supervisor waits for a batch's worth of jobs taken: report twice per batch
         taken_every=max(1, min(16, serve.BATCH // 2)),
+        batch_jobs=config.batch_jobs,
         log_level=logging.getLogger().getEffectiveLevel(),
         log_format=logs.current_format(),
         sandbox=slot_sandbox(config, node.runners.isolation, ctx) if node.runners.isolation else {},

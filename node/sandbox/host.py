@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import orjson
 from bus.core.models import dumps_json
 from node.sandbox import disk, seccomp
 from node.sandbox.cgroups import Counters, Leaf, enter_argv
+from node.sandbox.inner import MAX_BATCH
 from node.sandbox.limits import Limits, rlimits
 from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
 
@@ -86,6 +88,44 @@ def _checked(reply: dict[str, Any]) -> dict[str, Any]:
     if not (ints and type(cpu) in (int, float) and (code is not None or signum > 0)):
         raise SandboxLost(f"not an ending: {str(reply)[:200]}")
     return reply
+
+
+class _Frames:
+    """The answers of one batch request, read as they come: the job after an answer runs
+    meanwhile, so two answers may come in one read. Only the last may have nothing behind it
+    unread: more bytes there are a job's (it wrote to the socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.data = sock, b""
+
+    def next(self, *, last: bool) -> dict[str, Any]:
+        try:
+            size = self._size()
+            while len(self.data) < 4 + size:
+                self._read()
+            value = orjson.loads(self.data[4 : 4 + size])
+            self.data = self.data[4 + size :]
+            if last and self.data:
+                raise ValueError(f"{len(self.data)} bytes behind the answer: a job wrote there")
+        except (OSError, ValueError) as exc:
+            raise SandboxLost(str(exc)) from None
+        if not isinstance(value, dict):
+            raise SandboxLost("not a reply")
+        return value
+
+    def _size(self) -> int:
+        while len(self.data) < 4:
+            self._read()
+        (size,) = struct.unpack(">I", self.data[:4])
+        if size > MAX_REPLY_BYTES:
+            raise ValueError(f"an answer of {size} bytes")
+        return size
+
+    def _read(self) -> None:
+        chunk = self.sock.recv(4 + MAX_REPLY_BYTES + 1)
+        if not chunk:
+            raise OSError("the sandboxed worker ended")
+        self.data += chunk
 
 
 class SandboxLost(Exception):  # noqa: N818 - it is an event
@@ -323,6 +363,7 @@ class Sandbox:
         # while a job runs: its leaf and the leaf's CPU time when it began (over_cpu)
         self._job_cpu: tuple[Leaf, int] | None = None
         self._lock = threading.Lock()
+        self.batching = False  # a batch request's answers are still to come (stop_batch)
 
     @property
     def whole(self) -> bool:
@@ -449,6 +490,102 @@ class Sandbox:
         if bound := self._bound(before, reply["exit_code"] != 0):
             reply["bound"] = bound
         return reply
+
+    def run_batch(
+        self, requests: list[dict[str, Any]], files: list[tuple[int, int]]
+    ) -> Iterator[dict[str, Any]]:
+        """Run ``requests`` in turn (each job's stdout and stderr its own pair of ``files``);
+        yields how each ended, in order, as its answer comes (the job after it runs by then).
+        With a warm worker the jobs go in one request (node/sandbox/inner.py), each still alone:
+        its own rlimits, environment, cwd, output and leftovers killed before its answer. What
+        a job leaves that the next must not meet (in the job process, or in /tmp) gets the
+        rest of the batch sent again, to a new process or a new sandbox: none of them ran.
+
+        Stops early, having yielded fewer endings than requests, when a job ended the job
+        process (the worker answered for it): the jobs after it never ran (the caller gives
+        them back). Raises SandboxLost, as :meth:`run` does, in the job the worker died in (a
+        kill: a timeout, a stop, an abort); the jobs after it never ran either."""
+        if len(requests) != len(files):
+            raise ValueError("one pair of files per request")
+        done = 0
+        while done < len(requests):
+            if self.spec.fresh_process or len(requests) - done == 1:
+                # a process per job anyway: one request per job costs nothing more
+                yield self.run(requests[done], *files[done])
+                done += 1
+                continue
+            until = done + MAX_BATCH
+            ended = yield from self._batch(requests[done:until], files[done:until])
+            done += ended[0]
+            if ended[1]:
+                return
+
+    def _batch(
+        self, requests: list[dict[str, Any]], files: list[tuple[int, int]]
+    ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
+        """One batch request to the warm worker: (how many jobs it answered, whether the
+        job process died in the last of them, the rest not run)."""
+        self._retire_spent()
+        if self.sock is None:
+            self.start()
+        assert self.sock is not None
+        data = dumps_json({"jobs": requests} | self.settings)
+        fds = [fd for pair in files for fd in pair]
+        try:
+            socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], fds)
+        except OSError as exc:
+            self._retire()
+            raise SandboxLost(str(exc)) from None
+        frames = _Frames(self.sock)
+        self.batching = True
+        try:
+            return (yield from self._answers(frames, len(requests)))
+        finally:  # however it ends (a caller that stops reading too): no stop for a batch gone
+            self.batching, self._job_cpu = False, None
+
+    def _answers(
+        self, frames: _Frames, n: int
+    ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
+        for i in range(n):
+            before = self.leaf.counters() if self.leaf is not None else None
+            if self.leaf is not None and before is not None and before.cpu_ns is not None:
+                self._job_cpu = (self.leaf, before.cpu_ns)  # this job's tree, from its turn
+            try:
+                reply = frames.next(last=i + 1 == n)
+                if reply.get("i") != i:
+                    raise SandboxLost(f"an answer out of turn: {str(reply)[:200]}")
+                if reply.get("unrun") is True:  # stopped (stop_batch): the rest never ran
+                    return i, True
+                _checked(reply)
+            except SandboxLost:
+                self._job_cpu = None
+                self._retire()
+                raise
+            self._job_cpu = None
+            del reply["i"]
+            self.jobs += 1
+            if reply.get("left"):  # what the job left in /tmp could not all be removed
+                self.recycle_at = self.jobs
+            if bound := self._bound(before, reply["exit_code"] != 0):
+                reply["bound"] = bound
+            lost, resend = bool(reply.pop("lost", False)), bool(reply.pop("resend", False))
+            if lost or resend or i + 1 == n:
+                self.batching = False  # no answer to come: a stop now would meet the next request
+            yield reply
+            if lost or resend:
+                return i + 1, lost
+        return n, False
+
+    def stop_batch(self) -> None:
+        """Ask the warm worker to run no further job of the batch it runs (any thread): the
+        job it runs ends as it would, the rest are answered unrun. Nothing while no batch
+        runs."""
+        sock = self.sock
+        if sock is None or not self.batching:
+            return
+        data = dumps_json({"stop": True})
+        with contextlib.suppress(OSError):  # gone: the batch ends anyway
+            sock.sendall(struct.pack(">I", len(data)) + data)
 
     def over_cpu(self) -> str:
         """The reason to end the running job with if its tree has used more CPU time than

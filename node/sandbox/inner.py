@@ -7,6 +7,15 @@ and JSON: the worker says ``{"ready": true}``; then per job the runner sends a r
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
 job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
 
+A warm worker also takes a batch: ``{"jobs": [request, ...], <settings>}`` with two files per
+job, run one after another, each with the settings under its own request and answered as it
+ends, its answer naming its place (``"i": n``). What one job leaves that the next must not
+meet (see ``--warm``) ends the batch there, its answer saying ``"resend": true``: the runner
+sends the rest again, none of them ran. A job that ends the job process is answered for by
+this worker with ``"lost": true``: the jobs after it never ran (the runner gives them back).
+A ``{"stop": true}`` frame from the runner while a batch runs (its node died: it answers only
+what it has begun) stops it before the next job, answered ``{"i": n, "unrun": true}``.
+
 Two ways to run the jobs (``[sandbox] fresh_process``, argv ``--warm`` or ``--fresh``):
 
 ``--warm`` (the default): one job process, forked from this warm interpreter before any request
@@ -65,6 +74,7 @@ _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
 _FIRST_READ = 64 * 1024
+MAX_BATCH = 64  # jobs in one request: two fds each, within SCM_RIGHTS' 253 per message
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
@@ -80,7 +90,7 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
     """One request and the fds sent with it (the runner sends one at a time, in one send:
     mostly one recvmsg reads all of it)."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, _FIRST_READ, 4)
+    data, fds, _flags, _addr = socket.recv_fds(sock, _FIRST_READ, 2 * MAX_BATCH)
     if not data:
         raise EOFError
     if len(data) < 4:
@@ -435,6 +445,8 @@ def serve_warm(sock: socket.socket, outer_pidns: str) -> None:
     """The worker's loop: fork the job process, wait for it, answer for the job it died in.
     Returns when the runner is gone (the job process read the socket's end) or when an answer
     may have been cut (the runner then sees the sandbox end)."""
+    # the job process's phase (byte 0), its batch index + 1 (bytes 4-7, 0: a lone request), the
+    # CPU it had used when its job began (bytes 8-15)
     shared = mmap.mmap(-1, 16)
     while True:
         shared[0] = _IDLE
@@ -449,8 +461,12 @@ def serve_warm(sock: socket.socket, outer_pidns: str) -> None:
         if phase == _IN_JOB:
             end_leftovers((os.getpid(),), outer_pidns, of=pid)
             (began,) = struct.unpack_from("d", shared, 8)
+            (index,) = struct.unpack_from("I", shared, 4)
             left = empty_dirs(EMPTIED)
-            send(sock, _ending(status, usage.ru_utime + usage.ru_stime - began) | _left(left))
+            ending = _ending(status, usage.ru_utime + usage.ru_stime - began) | _left(left)
+            if index:  # the job process died in a batch's job: the jobs after it never ran
+                ending |= {"i": index - 1, "lost": True}
+            send(sock, ending)
         elif phase != _IDLE or not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == RECYCLE):
             return
 
@@ -490,14 +506,51 @@ def _job_process(sock: socket.socket, shared: mmap.mmap, outer_pidns: str) -> No
             request, fds = receive(own)
         except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
             os._exit(0)
-        if len(fds) != 2:
+        batch = request.pop("jobs", None)
+        if batch is None:
+            batch = [request]
+        elif not isinstance(batch, list) or not 0 < len(batch) <= MAX_BATCH:
             os._exit(0)
-        reply, spoiled = jobs.run(request, fds[0], fds[1])
-        shared[0] = _REPLYING
-        send(own, reply)
-        shared[0] = _IDLE
-        if spoiled:
-            os._exit(RECYCLE)
+        if len(fds) != 2 * len(batch):
+            os._exit(0)
+        for i, job in enumerate(batch):
+            if i and _stopped(own):  # the runner's node died: it answers the job it has, only
+                send(own, {"i": i, "unrun": True})
+                for fd in fds[2 * i :]:
+                    os.close(fd)
+                break
+            # the batch's shared settings (cwd, rlimits) under each job's own request
+            struct.pack_into("I", shared, 4, 0 if job is request else i + 1)
+            jobs.held = 2 * (len(batch) - i - 1)  # the later jobs' files, open here meanwhile
+            reply, spoiled = jobs.run(request | job, fds[2 * i], fds[2 * i + 1])
+            more = i + 1 < len(batch)
+            if job is not request:
+                reply["i"] = i
+                # the rest of the batch never meets what this job left (in the process, or
+                # in /tmp): the runner sends it again, to a new process or a new sandbox
+                if more and (spoiled or "left" in reply):
+                    reply["resend"] = True
+            shared[0] = _REPLYING
+            send(own, reply)
+            shared[0] = _IDLE
+            if spoiled or (more and reply.get("resend")):
+                for fd in fds[2 * (i + 1) :]:
+                    os.close(fd)
+                os._exit(RECYCLE)
+
+
+def _stopped(sock: socket.socket) -> bool:
+    """Whether the runner asked, between two jobs of a batch, that the rest not run (a
+    ``{"stop": true}`` frame), or is gone."""
+    if not select.select([sock], [], [], 0)[0]:
+        return False
+    try:
+        value, fds = receive(sock)
+    except (EOFError, ConnectionError, ValueError):
+        return True
+    for fd in fds:
+        os.close(fd)
+    return True
 
 
 def _null_stdio() -> None:
@@ -514,6 +567,7 @@ class _Warm:
         self.shared, self.outer_pidns = shared, outer_pidns
         self.limits: dict[str, tuple[int, int]] = {}
         self.fds = len(os.listdir("/proc/self/fd"))
+        self.held = 0  # open files of a batch's later jobs, besides self.fds
         self.path = list(sys.path)
         self.handlers = [_signal.getsignal(s) for s in _WATCHED]
         self.script, self.code = "", _compiled("")
@@ -636,7 +690,7 @@ class _Warm:
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
         used, a standard stream closed."""
         threads, mapped = _threads_and_size()
-        if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds:
+        if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds + self.held:
             return True
         for name, value in self.limits.items():
             if resource.getrlimit(getattr(resource, name)) != value:

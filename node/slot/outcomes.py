@@ -120,11 +120,19 @@ class SlotFile:
 
     def keep(self, name: str, outcome: dict[str, Any]) -> None:
         """Hold ``outcome``, standing for the outcome file ``name`` (:func:`outcome_name`)."""
+        self._write({"file": name, "outcome": outcome})
+
+    def keep_all(self, records: list[tuple[str, dict[str, Any]]]) -> None:
+        """Hold the outcomes of a batch's attempts, each standing for its outcome file (name,
+        outcome), in one record."""
+        self._write({"kept": [{"file": name, "outcome": outcome} for name, outcome in records]})
+
+    def _write(self, record: dict[str, Any]) -> None:
         if self.fd < 0:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self.size = os.fstat(self.fd).st_size
-        data = json.dumps({"file": name, "outcome": outcome}).encode()
+        data = json.dumps(record).encode()
         os.pwrite(self.fd, data.ljust(self.size), 0)
         self.size = max(self.size, len(data))
 
@@ -136,10 +144,11 @@ class SlotFile:
 
 
 def unpack_slot(run_dir: Path, ctx: int, slot_id: str) -> str | None:
-    """The outcome a slot's file holds, written as the outcome file it names (unless that file
-    exists: it was written later), the slot's file emptied; the name, or None if it held none.
-    For the slot's recovery, once the slot's process has ended. A record that is not one is
-    dropped: the slot's own process wrote it, and only whole records."""
+    """The outcomes a slot's file holds (one, or a batch's), each written as the outcome file
+    it names (unless that file exists: it was written later), the slot's file emptied; the
+    name of the last, or None if it held none. For the slot's recovery, once the slot's process
+    has ended. A record that is not one is dropped: the slot's own process wrote it, and only
+    whole records."""
     path = slot_path(run_dir, ctx, slot_id)
     try:
         text = path.read_bytes()
@@ -148,17 +157,25 @@ def unpack_slot(run_dir: Path, ctx: int, slot_id: str) -> str | None:
     name: str | None = None
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         value = json.loads(text) if text.strip() else {}
-        named, outcome = value.get("file"), value.get("outcome")
-        if (
-            isinstance(named, str)
-            and parse_outcome_name(named) is not None
-            and "/" not in named
-            and isinstance(outcome, dict)
-            and isinstance(outcome.get("exit_code"), int)
-        ):
-            name = named
-            target = outcome_dir(run_dir) / named
-            if not target.exists():
-                write_outcome(target, outcome)
+        kept = value.get("kept")
+        for record in kept if isinstance(kept, list) else [value]:
+            name = _unpacked(run_dir, record) or name
     os.truncate(path, 0)
     return name
+
+
+def _unpacked(run_dir: Path, record: Any) -> str | None:  # noqa: ANN401 - JSON
+    """One record of a slot's file written as the outcome file it names; that name."""
+    named, outcome = record.get("file"), record.get("outcome")
+    if not (
+        isinstance(named, str)
+        and parse_outcome_name(named) is not None
+        and "/" not in named
+        and isinstance(outcome, dict)
+        and isinstance(outcome.get("exit_code"), int)
+    ):
+        return None
+    target = outcome_dir(run_dir) / named
+    if not target.exists():
+        write_outcome(target, outcome)
+    return named

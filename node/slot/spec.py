@@ -46,6 +46,9 @@ class RunnerSpec:
     breaker_open_ms: int = 10_000
     breaker_probes: int = 1
     taken_every: int = 16  # jobs taken between two reports to the node (its backpressure)
+    # python jobs taken, run in one sandbox request and ended together, at most: only what is
+    # queued when the slot takes (node/worker/batch.py; 1: one at a time)
+    batch_jobs: int = 16
     log_level: int = logging.INFO
     # the node's (node/observe/logs.py FORMATS): its stderr stays one format
     log_format: str = "text"

@@ -11,19 +11,38 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from bus.core import queues
 from bus.core.envelope import build_result
 from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
-from bus.store.atomic.runs import NextJob, Started
+from bus.store.atomic.runs import (
+    Call,
+    NextJob,
+    Started,
+    finish_call,
+    finish_local_call,
+    requeue_call,
+    retry_call,
+)
 from bus.store.atomic.runs_sync import SyncRuns
+from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
 from node.slot.exits import Outcome, outcome_of
 from node.slot.lifecycle import RetryPolicy
-from node.slot.plan import AnswerHere, Attempt, Retry, ended_as, ending_of, plan_ending
+from node.slot.plan import (
+    AnswerHere,
+    AnswerRemote,
+    Attempt,
+    Plan,
+    Retry,
+    ended_as,
+    ending_of,
+    plan_ending,
+)
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.log import line_fields
@@ -34,6 +53,28 @@ log = logging.getLogger("node.worker.loop")
 
 class ResultSigner(Protocol):
     def sign_result(self, message: Message) -> Message: ...
+
+    def sign_results(self, messages: list[Message]) -> list[Message]: ...
+
+
+@dataclass(frozen=True)
+class Ran:
+    """An attempt that ran, as its end needs it: the job, its fields as its start returned
+    them, the request that carried it, its outcome and its number (the fencing token); when
+    its run began (monotonic, and its wall-clock start) and its outcome file's name."""
+
+    job: RunnerJob
+    fields: dict[str, str]
+    request: Message
+    outcome: Outcome
+    attempt: int
+    began: float = 0.0
+    started_at: int = 0
+    outcome_name: str = ""
+
+
+# an attempt of a batch that never ran, to give back uncounted: its job, attempt and queue
+Back = tuple[str, int, str]
 
 
 class Ender:
@@ -84,50 +125,50 @@ class Ender:
         Valkey refuses)."""
         self.job.keep(recorded(outcome, output=False))
 
-    def conclude(
-        self,
-        job: RunnerJob,
-        fields: dict[str, str],
-        request: Message,
-        outcome: Outcome,
-        attempt: int,
-        nxt: NextJob | None,
-    ) -> Started | None:
-        """End the attempt: retried, or final and answered, in one Lua call; tried again while
-        Valkey is unreachable (the outcome exists only here: node/slot/away.py)."""
-        away = Away(job.key)
+    def conclude(self, ran: Ran, nxt: NextJob | None) -> list[Started]:
+        """End the attempt: retried, or final and answered, in one Lua call that takes and
+        starts the next jobs too (``nxt``: how; None, take none)."""
+        return self.conclude_all([ran], [], nxt)
+
+    def conclude_all(self, rans: list[Ran], back: list[Back], nxt: NextJob | None) -> list[Started]:
+        """End the attempts ``rans`` (each by its plan), give ``back`` uncounted and take the
+        next jobs (``nxt``; None: none), in one Lua call; tried again while Valkey is
+        unreachable (the outcomes exist only here: node/slot/away.py), without the take."""
+        first = rans[0].job.key if rans else back[0][0]
+        away = Away(first)
         kept = False
         taking = nxt is not None
         while True:
             try:
-                started = self._end(job, fields, request, outcome, attempt, nxt)
-                # the end (and the next start with it) on a replica before the outcome is
-                # forgotten; unconfirmed, it is sent again like a cut one
+                started = self._end(rans, back, nxt)
+                # the ends (and the next starts with them) on a replica before the outcomes
+                # are forgotten; unconfirmed, they are sent again like a cut call
                 self.runs.confirm()
-                if taking and nxt is None:  # a call cut before: it may have taken a job
-                    self.give_back_taken(job.key)
+                if taking and nxt is None:  # a call cut before: it may have taken jobs
+                    self.give_back_taken({r.job.key for r in rans} | {b[0] for b in back})
                 return started
             except SignerGone:  # no retry can help: the next node's recovery ends the attempt
-                log.error("%s: the signer is gone; exiting", job.key, extra=self._fields(job.key))
+                log.error("%s: the signer is gone; exiting", first, extra=self._fields(first))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 self.runs.leave_if_stale(exc)  # the retry asks the Sentinels where to go
                 if not kept:
-                    # Valkey may stay away long enough for the machine to go down: the outcome
-                    # (its output too: the slot's log files are not synced) fsynced
-                    self.job.keep(recorded(outcome), durable=True)
+                    # Valkey may stay away long enough for the machine to go down: the
+                    # outcomes (their output too: the slot's log files are not synced) fsynced
+                    for ran in rans:
+                        self.job.keep(recorded(ran.outcome), durable=True, name=ran.outcome_name)
                     kept = True
-                nxt = None  # a half-applied call must not take a second job
-                time.sleep(away.failed(exc, log, **self._fields(job.key)))
+                nxt = None  # a half-applied call must not take more jobs
+                time.sleep(away.failed(exc, log, **self._fields(first)))
 
-    def give_back_taken(self, ended: str) -> None:
+    def give_back_taken(self, ended: set[str]) -> None:
         """After an end that was sent again: the call that was cut may have started the next
         job too (runs_take_next) without this process learning it. Left so, that job would
         stay ``started`` by a live slot whose lease the reaper renews for ever; it is given
         back uncounted (runs_requeue, fenced by its attempt), as is an entry that was moved
         but not started."""
         for key, fields in self.runs.in_flight(self.inflight):
-            if key == ended:
+            if key in ended:
                 continue
             queue = queues.queue_of(fields)
             token = self.spec.token(key)
@@ -143,31 +184,90 @@ class Ender:
                 continue
             log.info("%s: taken by a cut call; given back", key, extra=self._fields(key))
 
-    def _end(
-        self,
-        job: RunnerJob,
-        fields: dict[str, str],
-        request: Message,
-        outcome: Outcome,
-        attempt: int,
-        nxt: NextJob | None,
-    ) -> Started | None:
-        """One Lua call: retried, finished here and answered, or finished and answered with a
-        signed result; the job statistics counted here go with it (node/worker/reports.py)."""
-        ran = Attempt(attempt, self.spec.token(job.key), self.job.started_at, now())
+    def _end(self, rans: list[Ran], back: list[Back], nxt: NextJob | None) -> list[Started]:
+        """One Lua call: each attempt retried, finished here and answered, or finished and
+        answered with a signed result, what never ran given back, the next jobs taken; the job
+        statistics counted here go with it (node/worker/reports.py)."""
+        if len(rans) == 1 and not back:
+            return self._end_one(rans[0], nxt)
         here = self.spec.node_id
-        plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
+        plans = [self._plan(ran) for ran in rans]
+        remote = [p for p in plans if isinstance(p, AnswerRemote)]
+        signed = iter(
+            self._signed_all([build_result(p.request, p.body, origin=here) for p in remote])
+        )
+        calls: list[Call] = []
+        for ran, plan in zip(rans, plans, strict=True):
+            ending = ending_of(plan, ran.job.key, ran.attempt, self.inflight)
+            if isinstance(plan, Retry):
+                due_ms = ms_after(plan.delay_s)
+                calls.append(retry_call(ending, queue=plan.queue, due_ms=due_ms, stats="[]"))
+            elif isinstance(plan, AnswerHere):
+                ttl = self.spec.reply_ttl_s
+                request_key, reply_to = ran.request.key, plan.reply_to
+                call = finish_local_call(
+                    ending, request_key=request_key, reply_ttl_s=ttl, reply_to=reply_to, stats="[]"
+                )
+                calls.append(call)
+            else:
+                answer = next(signed)
+                calls.append(finish_call(ending, answer.key, answer.to_hash(), "[]"))
+        calls += [requeue_call(key, attempt, self.inflight, queue) for key, attempt, queue in back]
+        retried = any(isinstance(p, Retry) for p in plans)
+        batch, due = self._counted(rans, plans)
+        due = due or nxt is None or retried
+        sums = (self.reports.handover(batch), "") if due else ("", self.reports.handover(batch))
+        oks, taken = self.runs.end_all(calls, self.inflight, nxt, sums)
+        if retried:
+            report(b"r")  # the node's retry scheduler sleeps until the next due retry
+        ended = oks[: len(rans)]
+        applied = any(ended) and (due or not taken)
+        if all(ended) or not any(ended):
+            self.reports.kept(batch, any(ended), applied=applied)
+        else:  # superseded ones: their counts out (the totals handed over are replaced)
+            ok = [(r, p) for r, p, e in zip(rans, plans, ended, strict=True) if e]
+            self.reports.kept(
+                self._counted([r for r, _ in ok], [p for _, p in ok])[0], True, applied=applied
+            )
+            if applied:
+                self.reports.flush_totals()
+        for ran, plan, ok_end in zip(rans, plans, ended, strict=True):
+            self._log_end(ran, isinstance(plan, Retry), ok_end)
+        self.ended = ended_as(plans[-1]) if plans else ""
+        return taken
+
+    def _plan(self, ran: Ran) -> Plan:
+        number = Attempt(ran.attempt, self.spec.token(ran.job.key), ran.started_at, now())
+        policy, here = RetryPolicy.of(ran.job), self.spec.node_id
+        return plan_ending(ran.job, ran.outcome, number, policy, request=ran.request, here=here)
+
+    def _counted(self, rans: list[Ran], plans: list[Plan]) -> tuple[StatsBatch, bool]:
+        """The statistics not yet in Valkey with these ends added, and whether they are due."""
+        at = time.monotonic()
+        ends = []
+        for ran, plan in zip(rans, plans, strict=True):
+            status = ended_as(plan)
+            reason = plan.cause if isinstance(plan, Retry) else plan.body.reason
+            here = isinstance(plan, AnswerHere)
+            ends.append((ran.fields, status, reason, here, at - ran.began))
+        return self.reports.counted_all(ends, self.job.heartbeat_s)
+
+    def _end_one(self, ran: Ran, nxt: NextJob | None) -> list[Started]:
+        """One end, by the script of its plan, with the take (a lone job's way)."""
+        job, attempt, request = ran.job, ran.attempt, ran.request
+        plan = self._plan(ran)
+        here = self.spec.node_id
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
         self.ended = ended_as(plan)
-        took_s = time.monotonic() - self.job.began
+        took_s = time.monotonic() - ran.began
         here_answered = isinstance(plan, AnswerHere)
         batch, due = self.reports.counted(
-            fields, ending.status, ending.reason, here_answered, took_s, self.job.heartbeat_s
+            ran.fields, ending.status, ending.reason, here_answered, took_s, self.job.heartbeat_s
         )
         due = due or nxt is None or retry
         sums = (self.reports.handover(batch), "") if due else ("[]", self.reports.handover(batch))
-        taken: Started | None = None
+        taken: list[Started] = []
         if isinstance(plan, Retry):
             ok = self.runs.retry_later(
                 ending, queue=plan.queue, due_ms=ms_after(plan.delay_s), stats=sums[0]
@@ -180,17 +280,25 @@ class Ender:
         else:
             answer = self._signed(build_result(plan.request, plan.body, origin=here))
             ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt, stats=sums)
-        self.reports.kept(batch, ok, applied=ok and (due or taken is None))
-        self._log_end(job, outcome, retry, ok)
+        self.reports.kept(batch, ok, applied=ok and (due or not taken))
+        self._log_end(ran, retry, ok)
         return taken
+
+    def _signed_all(self, results: list[Message]) -> list[Message]:
+        if not results:
+            return []
+        if self.signer is None:
+            raise RuntimeError("this runner has no signer: it cannot answer a remote request")
+        return self.signer.sign_results(results)
 
     def _signed(self, result: Message) -> Message:
         if self.signer is None:
             raise RuntimeError("this runner has no signer: it cannot answer a remote request")
         return self.signer.sign_result(result)
 
-    def _log_end(self, job: RunnerJob, outcome: Outcome, retry: bool, ok: bool) -> None:
-        took_ms = (time.monotonic() - self.job.began) * 1000
+    def _log_end(self, ran: Ran, retry: bool, ok: bool) -> None:
+        job, outcome = ran.job, ran.outcome
+        took_ms = (time.monotonic() - ran.began) * 1000
         name = "job_retries" if retry else "jobs_" + outcome.status.value
         name = name if ok else "stale_results"
         self.reports.count(name)

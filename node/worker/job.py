@@ -173,6 +173,9 @@ class _Current:
     deadline: float
     kill_reason: str = ""
     kill_at: float = 0.0  # when a kill that was not obeyed is escalated
+    began: float = 0.0  # when its run began (monotonic), and (wall clock) its start
+    started_at: int = 0
+    outcome_name: str = ""  # its outcome file's (node/slot/outcomes.py)
     # the sandbox answered how the job ended, not by SIGKILL: it ran to its end, whatever
     # comes after
     answered: bool = False
@@ -206,7 +209,13 @@ class JobRun:
         self.outcomes = outcomes.outcome_dir(self.run_dir)
         slot_file = outcomes.slot_path(self.run_dir, spec.ctx, spec.slot_id)
         self.slot_file = outcomes.SlotFile(slot_file)
-        self.named = False  # the attempt's outcome file was written, not only the slot's
+        # the outcome files written (not only the slot's), until their ends are recorded
+        self.named: set[str] = set()
+        self.batch: list[_Current] = []  # a batch's attempts, their leases renewed meanwhile
+        # what the watch thread does for the running batch once the node died: the outcomes
+        # its jobs ended with so far, which only this process holds, written for the next node
+        self.on_orphan: Callable[[], None] | None = None
+        self.batch_fds: dict[int, tuple[int, int]] = {}  # a batch's output files past the first
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
         self.span: Any = None  # the running attempt's span, the sandbox run's parent
@@ -235,6 +244,7 @@ class JobRun:
             far,
         )
         self.outcome_name = outcomes.outcome_name(self.spec.ctx, job.key, attempt)
+        cur.began, cur.started_at, cur.outcome_name = self.began, self.started_at, self.outcome_name
         self.current = cur
         outcome: Outcome | None = None
         try:
@@ -261,18 +271,29 @@ class JobRun:
         if pump is not None:
             pump.finish(status)
 
-    def keep(self, record: dict[str, object], *, durable: bool = False) -> None:
+    def keep(self, record: dict[str, object], *, durable: bool = False, name: str = "") -> None:
         """Keep the attempt's outcome on disk for the node to adopt, should this process not
         get to record it in Valkey (node/slot/outcomes.py): in the slot's file, which the
         slot's recovery reads once this process has ended; in the attempt's own file, fsynced,
-        when ``durable``, and whenever the node has died (the next one may be reading)."""
-        if not self.outcome_name:
+        when ``durable``, and whenever the node has died (the next one may be reading).
+        ``name``: the attempt's outcome file's, if not the running (or last) attempt's."""
+        name = name or self.outcome_name
+        if not name:
             return
         if durable or os.getppid() != PROCESS.parent:
-            outcomes.write_outcome(self.outcome_file, record, durable=durable)
-            self.named = True
+            outcomes.write_outcome(self.outcomes / name, record, durable=durable)
+            self.named.add(name)
         else:
-            self.slot_file.keep(self.outcome_name, record)
+            self.slot_file.keep(name, record)
+
+    def keep_all(self, records: list[tuple[str, dict[str, object]]]) -> None:
+        """Keep the outcomes of a batch's attempts (outcome file name, record) as :meth:`keep`
+        keeps one: in the slot's file, in one write, or each in its own once the node died."""
+        if os.getppid() != PROCESS.parent:
+            for name, record in records:
+                self.keep(record, name=name)
+        elif records:
+            self.slot_file.keep_all(records)
 
     @property
     def outcome_file(self) -> Path:
@@ -280,16 +301,15 @@ class JobRun:
         return self.outcomes / self.outcome_name
 
     def forget(self) -> None:
-        """After the attempt's end is recorded: its outcome is of no further use."""
+        """After the attempt's end (or a batch's ends) is recorded: its outcome is of no
+        further use."""
         self.slot_file.clear()
-        if self.named and self.outcome_name:
-            outcomes.discard(self.outcome_file)
-            self.named = False
+        while self.named:
+            outcomes.discard(self.outcomes / self.named.pop())
 
     def _run_sandboxed(self, cur: _Current) -> Outcome:
         """Run the job in the slot's sandboxed worker (node/sandbox/host.py), its output in
         the slot's log files."""
-        limit = self.spec.max_output_bytes
         request = job_request(self.spec, cur.job)
         if self.log_fds is None:
             self.log_fds = _open_logs(self.logs)
@@ -309,12 +329,20 @@ class JobRun:
         else:
             if box is not None:
                 end_span(box, "exited", attributes={"hero.exit_code": code})
+        return self._ended(cur, reply, code, fds)
+
+    def _ended(
+        self, cur: _Current, reply: dict[str, Any], code: int, fds: tuple[int, int]
+    ) -> Outcome:
+        """How the job ended, from the sandbox's answer and its output files: its exit
+        status and output, or the limit it hit."""
+        limit = self.spec.max_output_bytes
         sizes = [os.fstat(fd).st_size for fd in fds]
         tail = os.pread(fds[1], TAIL_BYTES, max(0, sizes[1] - TAIL_BYTES)) if sizes[1] else b""
         out, err = (read_back(fd, size, limit) for fd, size in zip(fds, sizes, strict=True))
         if os.getppid() != PROCESS.parent:
             # orphaned: should this process not get to record the end, the next node adopts it
-            self.keep({"exit_code": code, "stdout": out, "stderr": err})
+            self.keep({"exit_code": code, "stdout": out, "stderr": err}, name=cur.outcome_name)
         signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
         ending = Ending(reply["exit_code"], signum, cpu_s, str(reply.get("bound") or ""))
         hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))
@@ -356,6 +384,11 @@ class JobRun:
             if cur is not None:
                 with contextlib.suppress(Exception):  # Valkey away: the next tick tries again
                     self._tick(cur)
+            for held in list(self.batch):  # a batch's attempts that wait, or wait for their end
+                if held is not cur and not held.over and time.monotonic() >= held.next_renew:
+                    held.next_renew += self.heartbeat_s
+                    with contextlib.suppress(Exception):
+                        self._renew(held)
 
     def _tick(self, cur: _Current) -> None:
         t = time.monotonic()
@@ -393,11 +426,19 @@ class JobRun:
         file (the next node's orphan killer then spares it and adopts what it does; written
         now, not per job), and drain: the job finishes and is answered, then the process
         exits."""
-        cur = self.current
-        if cur is not None and PROCESS.pid_file is not None:
+        if self.batch:  # only the job it runs is answered: the rest of its batch never runs
+            self.sandbox.stop_batch()
+            if self.on_orphan is not None:
+                self.on_orphan()
+        self.name_running()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def name_running(self) -> None:
+        """Once the node died: name the running job's outcome file in this process's pid file
+        (the next node's orphan killer spares this process, and its slot adopts that job)."""
+        if self.current is not None and PROCESS.pid_file is not None:
             with contextlib.suppress(OSError):
                 PROCESS.pid_file.write_text(f"{PROCESS.marker}\n{self.outcome_file}")
-        os.kill(os.getpid(), signal.SIGTERM)
 
     def _read_control(self) -> bool:
         """Apply the node's requests on the control pipe; False once the node closed it."""
@@ -410,10 +451,18 @@ class JobRun:
                 cur = self.current
                 if cur is not None and request.get("stop") == cur.job.key:
                     self.kill(cur, str(request["reason"]))
+                elif (waiting := self._waiting(request.get("stop"))) is not None:
+                    waiting.kill_reason = str(request["reason"])  # killed when its turn comes
+                    if self.current is waiting:  # it came meanwhile
+                        self._escalate(waiting)
                 elif cur is not None and request.get("abort"):
                     self.aborted = True
                     self._abort(cur)
         return True
+
+    def _waiting(self, job_key: object) -> _Current | None:
+        """The attempt of ``job_key`` that waits for its turn in the running batch, if any."""
+        return next((c for c in self.batch if c.job.key == job_key and not c.began), None)
 
     def _abort(self, _cur: _Current) -> None:
         self.sandbox.kill()

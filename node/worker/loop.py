@@ -61,7 +61,8 @@ from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
 from node.slot.exits import Outcome
 from node.slot.spec import RunnerSpec, read_frame
-from node.worker.ending import Ender, ResultSigner
+from node.worker.batch import run_batch
+from node.worker.ending import Ender, Ran, ResultSigner, recorded
 from node.worker.job import Aborted, JobRun, Wake, prepare_process
 from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
@@ -70,6 +71,9 @@ from node.worker.spans import attempt_span
 from node.worker.spans import end as end_span
 
 log = logging.getLogger("node.worker.loop")
+
+# a started job as it runs: the job, its fields, the request that carried it, its attempt
+Ready = tuple[RunnerJob, dict[str, str], Message, int]
 
 __all__ = ["RunnerSpec", "SlotLoop", "main"]
 
@@ -109,28 +113,32 @@ class SlotLoop:
 
     def serve(self) -> None:
         """Run jobs until drained, recycled (``max_jobs``) or aborted."""
-        started: Started | None = None
+        taken: list[Started] = []  # started with the last end
         found_empty, held, pops = False, None, 0
         try:
             while not self._leaving():
                 pops += 1
                 nxt = self.popper.take(queues.consume_order(self.popper.bases, pops))
-                if started is None and self.popper.breaker_wait_ms:
+                if not taken and self.popper.breaker_wait_ms:
                     self.popper.wait_breaker()
                     continue
-                begun: Begun | None
-                if started is None:
+                if not taken:
                     popped = self.popper.pop(
                         list(nxt.lists), check_first=not found_empty, held=held
                     )
                     found_empty, held = False, None
                     if popped is None:
                         continue
-                    job_key, begun = popped
+                    self.reports.took()
+                    taken = self.run_job(popped[0], popped[1], nxt)
                 else:
-                    (job_key, begun), started = started, None
-                self.reports.took()
-                started = self.run_job(job_key, begun, nxt)
+                    batch, taken = taken, []
+                    for _ in batch:
+                        self.reports.took()
+                    if len(batch) == 1:
+                        taken = self.run_job(batch[0][0], batch[0][1], nxt)
+                    else:
+                        taken = self.run_batch(batch, nxt)
                 self.job.sandbox.keep_spare()  # the job is answered: the next worker may start
                 found_empty, held = nxt.found_empty, nxt.held
                 self.popper.breaker_wait_ms = self.popper.breaker_wait_ms or nxt.breaker_wait_ms
@@ -138,9 +146,9 @@ class SlotLoop:
             log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
         finally:
             self.reports.flush(idle=True)
-            if started is not None:  # taken with the last result, but we are leaving
-                attempt = int(started[1].get("attempt") or 0)
-                self.runs.requeue(started[0], attempt, self.inflight, queues.queue_of(started[1]))
+            for job_key, fields in taken:  # taken with the last result, but we are leaving
+                attempt = int(fields.get("attempt") or 0)
+                self.runs.requeue(job_key, attempt, self.inflight, queues.queue_of(fields))
 
     def _leaving(self) -> bool:
         if self.reports.orphaned():  # the node died: finish nothing new
@@ -149,23 +157,43 @@ class SlotLoop:
 
     # -- one job -------------------------------------------------------------------------------
 
-    def run_job(self, job_key: str, begun: Begun | None, nxt: NextJob) -> Started | None:
+    def run_job(self, job_key: str, begun: Begun | None, nxt: NextJob) -> list[Started]:
         """Start (unless started already: with the previous result, or by the pop: ``begun``
-        says how that start went), run and end one job; the next job if it was started in the
-        same round trip as this one's end."""
+        says how that start went), run and end one job; the next jobs if they were started in
+        the same round trip as this one's end."""
         if begun is None:
             token = self.spec.token(job_key)
             begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.popper.gate)
         if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
             self.runs.give_back(self.inflight, job_key, self.runs.queue_of(job_key))
             self.popper.breaker_wait_ms = begun.wait_ms
-            return None
+            return []
         if isinstance(begun, str):  # the entry names nothing to run: refused, alone
             detail = unrunnable_detail(begun)
             log.warning("refused %s: %s", job_key, detail, extra=self.fields(job_key, begun))
             self.runs.refuse(self.inflight, job_key, begun, keys.queue(self.spec.script_type))
-            return None
-        fields = begun
+            return []
+        ready = self._ready(job_key, begun)
+        if ready is None:
+            return []
+        job, fields, request, attempt = ready
+        # on a replicated store, not before a replica has the start: one a failover lost would
+        # leave the job queued on the new primary, for another slot to run a second time
+        self.runs.confirm()
+        self._log_start(job_key, attempt)
+        if self.traced:
+            self.job.span = attempt_span(self.spec, job, fields, request, attempt)
+        try:
+            return self._run_and_end(job, fields, request, attempt, nxt)
+        finally:
+            if self.job.span is not None:
+                span, self.job.span = self.job.span, None
+                end_span(span, self.ender.ended or "interrupted", self.ended_reason)
+
+    def _ready(self, job_key: str, fields: dict[str, str]) -> Ready | None:
+        """A started job as it runs (its job, fields, request and attempt), or None: a final
+        job's duplicate entry (dropped), a hash this node did not admit or cannot read
+        (refused, ended in error)."""
         if not fields:  # final (a duplicate queue entry)
             self.runs.ack(self.inflight, job_key)
             return None
@@ -185,24 +213,16 @@ class SlotLoop:
             self.runs.dead_letter(job_key, Reason.MALFORMED_JOB, str(exc), queue)
             self.runs.finish_malformed(job_key, attempt, self.inflight, str(exc))
             return None
-        # on a replicated store, not before a replica has the start: one a failover lost would
-        # leave the job queued on the new primary, for another slot to run a second time
-        self.runs.confirm()
+        return job, fields, request, attempt
+
+    def _log_start(self, job_key: str, attempt: int) -> None:
         if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
             about = self.fields(job_key, attempt=attempt)
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
-        if self.traced:
-            self.job.span = attempt_span(self.spec, job, fields, request, attempt)
-        try:
-            return self._run_and_end(job, fields, request, attempt, nxt)
-        finally:
-            if self.job.span is not None:
-                span, self.job.span = self.job.span, None
-                end_span(span, self.ender.ended or "interrupted", self.ended_reason)
 
     def _run_and_end(
         self, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int, nxt: NextJob
-    ) -> Started | None:
+    ) -> list[Started]:
         self.ender.ended, self.ended_reason = "", ""
         outcome = self.job.run(job, request, attempt)
         with self.ender.ending:
@@ -215,14 +235,68 @@ class SlotLoop:
             taken = None if self._leaving() else nxt
             self.ender.keep(outcome)
             self.ended_reason = outcome.reason
+            ran = Ran(
+                job,
+                fields,
+                request,
+                outcome,
+                attempt,
+                self.job.began,
+                self.job.started_at,
+                self.job.outcome_name,
+            )
             try:
-                started = self.ender.conclude(job, fields, request, outcome, attempt, taken)
+                started = self.ender.conclude(ran, taken)
             finally:
                 self.job.end_logs(outcome.status.value)
             # only now: until the end is in Valkey, the outcome file is what the next start of
             # the node adopts, should this process end before it could record it
             self.job.forget()
             return started
+
+    # -- a batch -------------------------------------------------------------------------------
+
+    def run_batch(self, batch: list[Started], nxt: NextJob) -> list[Started]:
+        """Run and end jobs started together (node/worker/batch.py): in one request to the
+        slot's sandbox, ended in one script call that takes the next ones."""
+        ready = [r for key, fields in batch if (r := self._ready(key, fields)) is not None]
+        if not ready:
+            return []
+        self.runs.confirm()  # as run_job's: the starts on a replica before any job runs
+        if len(ready) == 1:
+            job, fields, request, attempt = ready[0]
+            self._log_start(job.key, attempt)
+            return self._run_and_end(job, fields, request, attempt, nxt)
+        for job, _, _, attempt in ready:
+            self._log_start(job.key, attempt)
+        ran = run_batch(self.job, [(job, request, attempt) for job, _, request, attempt in ready])
+        with self.ender.ending:
+            rans, back = [], []
+            for (job, fields, request, attempt), (outcome, cur) in zip(ready, ran, strict=True):
+                if outcome is None:  # never ran, or an abort cut it short: given back
+                    back.append((job.key, attempt, queues.queue_of(fields)))
+                    continue
+                info = (cur.began, cur.started_at, cur.outcome_name)
+                rans.append(Ran(job, fields, request, outcome, attempt, *info))
+            aborted = self.job.aborted
+            taken = None if aborted or self._leaving() else nxt
+            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+            for _, cur in ran:
+                cur.over = True  # its lease needs no renewal: its end is being recorded
+            ends = {r.job.key: r.outcome.status.value for r in rans}
+            try:
+                started = self.ender.conclude_all(rans, back, taken)
+            finally:
+                for _, cur in ran:
+                    cur.pump.finish(ends.get(cur.job.key, "interrupted"))
+                self.job.batch = []
+            self.job.forget()
+        if back:
+            about = self.fields(back[0][0], given_back=len(back))
+            log.info("%d jobs of a batch given back unrun", len(back), extra=about)
+        if aborted:
+            raise Aborted
+        return started
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str

@@ -13,6 +13,7 @@ from bus.core.reasons import Reason
 from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import Begun, SyncRuns, is_utf8
 from node.slot.spec import RunnerSpec
+from node.worker.batch import MAX_BATCH_JOBS
 from node.worker.job import Wake
 from node.worker.log import line_fields
 from node.worker.reports import Reports
@@ -29,6 +30,16 @@ class Flags:
     popping: bool = False
 
 
+def batch_size(spec: RunnerSpec) -> int:
+    """How many queued jobs the slot takes at once: ``batch_jobs`` (at most
+    :data:`~node.worker.batch.MAX_BATCH_JOBS`) for python jobs in a warm sandbox, untraced
+    (a span per attempt wants its own run); else one."""
+    warm = spec.in_process and not spec.sandbox.get("fresh_process")
+    if not warm or spec.tracing:
+        return 1
+    return max(1, min(spec.batch_jobs, MAX_BATCH_JOBS))
+
+
 class Popper:
     """The popping state of one slot: its lists, and how long its type's breaker holds it."""
 
@@ -38,12 +49,19 @@ class Popper:
         self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
         self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
         self.gate = spec.script_type if spec.breaker_failures > 0 else ""
+        self.count = batch_size(spec)
 
     def take(self, lists: list[str]) -> NextJob:
-        """How this slot takes and starts a job from ``lists`` (its lease, its token)."""
+        """How this slot takes and starts jobs from ``lists`` (its lease, its token, how many
+        of what is queued at once)."""
         spec = self.spec
         return NextJob(
-            tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type=self.gate
+            tuple(lists),
+            spec.token_base,
+            spec.lease_ttl_ms,
+            spec.slot_id,
+            script_type=self.gate,
+            count=self.count,
         )
 
     def pop(

@@ -64,10 +64,18 @@ class Reports:
         are due now: every ``taken_every`` jobs or once per lease beat (``beat_s``); else the
         end hands them over only if it leaves this runner idle (bus/store/atomic/runs.py:
         then_source)."""
+        return self.counted_all([(fields, status, reason, answered_here, took_s)], beat_s)
+
+    def counted_all(
+        self, ends: list[tuple[dict[str, str], str, str, bool, float]], beat_s: float
+    ) -> tuple[StatsBatch, bool]:
+        """:meth:`counted` for several ends at once (a batch's): each is (the job's fields,
+        status, reason, whether it was answered here, how long it took)."""
         batch = self.stats.copy()
-        batch.ended(fields, status, reason, took_s)
-        if answered_here and status != "retry":
-            batch.answered(fields, status, reason, took_s)
+        for fields, status, reason, answered_here, took_s in ends:
+            batch.ended(fields, status, reason, took_s)
+            if answered_here and status != "retry":
+                batch.answered(fields, status, reason, took_s)
         if not self.stats.jobs:
             self.stats_since = time.monotonic()
         age_s = time.monotonic() - self.stats_since
@@ -92,6 +100,13 @@ class Reports:
             self.stats = StatsBatch()
         elif ok:
             self.stats = batch
+
+    def flush_totals(self) -> None:
+        """Hand the slot's totals over again (one HSET), replacing totals an end handed over
+        that counted a superseded attempt of its batch (refused: it must not count)."""
+        if not self.orphaned():
+            with contextlib.suppress(SyncStoreError):  # counts only: the next hand-over has them
+                self.runs.add_stats(self.totals, self.spec.slot_id)
 
     def flush(self, *, idle: bool = False) -> None:
         """Tell the node how many jobs this process took and how they ended: every

@@ -189,9 +189,9 @@ async def test_finish_then_take_next_starts_the_next_job_in_one_step(store, sync
     await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
     await store.lpush(1, QUEUE, "job:1:2")
     take = runs.NextJob(("queue:python:prio:high", QUEUE), "base", 10_000, "python:0")
-    done, nxt = _finish_local_then(sync_runs, take)
+    done, taken = _finish_local_then(sync_runs, take)
     assert done
-    assert nxt is not None
+    [nxt] = taken
     assert (nxt[0], nxt[1]["status"], nxt[1]["attempt"]) == ("job:1:2", "started", "1")
     assert await store.get(1, keys.lease("job:1:2")) == "base:job:1:2"
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
@@ -204,7 +204,7 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
     await store.lpush(1, QUEUE, "job:1:404")  # names no hash
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
     done, nxt = _finish_local_then(sync_runs, take)
-    assert (done, nxt, take.found_empty) == (True, None, False)
+    assert (done, nxt, take.found_empty) == (True, [], False)
     assert await store.lrange(1, INFLIGHT) == []
     (dead,) = await store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == ("job:1:404", "missing_hash")
@@ -213,7 +213,7 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0")
     done, nxt = _finish_local_then(sync_runs, take, "job:1:2")
     # nothing queued: the in-flight list's length, which the blocking pop that follows needs
-    assert (done, nxt, take.found_empty, take.held) == (True, None, True, 1)
+    assert (done, nxt, take.found_empty, take.held) == (True, [], True, 1)
 
 
 async def test_retry_later_schedules_the_next_attempt(store, sync_runs) -> None:
@@ -419,7 +419,7 @@ async def test_a_take_that_finds_nothing_under_a_closed_breaker_reads_no_clock(
     before = await times()
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
     done, nxt = end_then(take, JOB)
-    assert (done, nxt, take.found_empty) == (True, None, True)
+    assert (done, nxt, take.found_empty) == (True, [], True)
     assert await times() == before
     await store.hset(1, keys.TYPE_BREAKERS, {"python|opened_ms": str(now_ms())})
     await _started(store, sync_runs, "job:1:2")
@@ -428,7 +428,7 @@ async def test_a_take_that_finds_nothing_under_a_closed_breaker_reads_no_clock(
     take = runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
     done, nxt = end_then(take, "job:1:2")
     assert done
-    assert nxt is None
+    assert nxt == []
     assert take.breaker_wait_ms > 0
     assert await times() > before
     assert await store.lrange(1, QUEUE) == ["job:1:3"]  # untouched

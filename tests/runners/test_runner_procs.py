@@ -24,6 +24,7 @@ from node.runners.processes import start_in_stages, start_stages
 from node.slot.exits import Outcome
 from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
+from node.worker.ending import Ran
 from node.worker.job import Wake
 from node.worker.loop import SlotLoop
 from tests.nodeproc import NodeProcess
@@ -200,13 +201,14 @@ def test_after_an_empty_take_the_blocking_pop_sends_nothing_ahead(redis_url, tmp
     client.lpush("queue:v", "job:1:1")
     popped: list[str] = []
 
-    def run_job(job_key: str, _begun: object, nxt: NextJob) -> None:
+    def run_job(job_key: str, _begun: object, nxt: NextJob) -> list:
         popped.append(job_key)
         nxt.found_empty, nxt.held = True, 1  # as an end whose take found nothing
         if len(popped) == 1:
             client.lpush("queue:v", "job:1:2")
         else:
             runner.draining = True
+        return []
 
     lengths: list[str] = []  # the runner's own LLENs (the scripts' are not its round trips)
     monkeypatch.setattr(SyncRuns, "held", lambda _self, name: lengths.append(name) or 0)
@@ -242,23 +244,17 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     client.hset("job:1:4", mapping={"status": "finished", "script_type": "v"})
     calls: list[object] = []
 
-    def end(  # Ender._end's signature
-        _job: object,
-        _fields: object,
-        _request: object,
-        _outcome: object,
-        _attempt: int,
-        nxt: object,
-    ) -> None:
+    def end(_rans: object, _back: object, nxt: object) -> list:  # Ender._end's signature
         calls.append(nxt)
         if len(calls) == 1:  # it ended job:1:1 and took the others, but its reply was lost
             client.lpush(INFLIGHT, "job:1:3", "job:1:4", "job:1:2")
             raise redis.ConnectionError("cut: the Sentinels named a new primary")
+        return []
 
     monkeypatch.setattr(runner.ender, "_end", end)
     job = RunnerJob(1, 1, 1, "", "v")
     outcome = Outcome(JobStatus.FINISHED, {}, "")
-    assert runner.ender.conclude(job, {}, Message(1, 1, 1), outcome, 1, "next") is None
+    assert runner.ender.conclude(Ran(job, {}, Message(1, 1, 1), outcome, 1), "next") == []
     assert calls == ["next", None]  # sent again without taking a job
     assert client.lrange(INFLIGHT, 0, -1) == []
     assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]

@@ -292,9 +292,9 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
     lists = ["queue:v:prio:high", "queue:v", "queue:v:prio:low"]
     assert runner.popper.pop(lists, check_first=True) == ("job:1:0", None)
     nxt = NextJob(tuple(lists), spec.token_base, spec.lease_ttl_ms, spec.slot_id, script_type="v")
-    assert runner.run_job("job:1:0", None, nxt) is None  # job:1:0 has no hash: refused alone
+    assert runner.run_job("job:1:0", None, nxt) == []  # job:1:0 has no hash: refused alone
     assert runner.popper.pop(lists, check_first=True) == ("job:1:1", None)
-    assert runner.run_job("job:1:1", None, nxt) is None
+    assert runner.run_job("job:1:1", None, nxt) == []
     assert await store.lrange(1, "queue:v:prio:high") == ["job:1:1"]
     assert await store.llen(1, spec.inflight) == 0
     assert await store.hgetall(1, "job:1:1") == job
@@ -306,7 +306,7 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
     assert popped is not None
     assert popped[0] == "job:1:2"
     assert isinstance(popped[1], BreakerOpen)
-    assert runner.run_job("job:1:2", popped[1], nxt) is None
+    assert runner.run_job("job:1:2", popped[1], nxt) == []
     assert await store.lrange(1, "queue:v") == ["job:1:2"]
     assert await store.llen(1, spec.inflight) == 0
     assert await store.hgetall(1, "job:1:2") == job | {"priority": ""}

@@ -245,6 +245,28 @@ async def test_the_signer_signs_results_of_this_node_only(tmp_path):
         client.sign_result(result)
 
 
+async def test_the_signer_signs_a_batchs_results_in_one_request_each_checked_alone(tmp_path):
+    """k results in one request, k signatures back in order; a batch with one result the
+    signer may not sign (another origin, not a result) is refused whole, and the socket is
+    still served."""
+    key = KeyPair.generate()
+    results = [replace(_result_of(key), id=n) for n in range(1, 4)]
+    async with _signer_and_runner(key) as (signer, client):
+        signed = await trio.to_thread.run_sync(client.sign_results, results)
+        assert [m.id for m in signed] == [1, 2, 3]
+        assert all(verify_message(m, key.public_hex).ok for m in signed)
+        assert len({m.signatures[0]["signature"] for m in signed}) == 3
+        for bad in (
+            replace(results[1], origin="ab" * 32),
+            replace(results[1], message_type=MessageType.JOB),
+        ):
+            with pytest.raises(NodeError, match="refused"):
+                await trio.to_thread.run_sync(client.sign_results, [results[0], bad])
+        again = await trio.to_thread.run_sync(client.sign_results, results[:2])
+        assert all(verify_message(m, key.public_hex).ok for m in again)
+        assert await until(lambda: all(r.key in signer.signed for r in results), 10)
+
+
 async def test_a_request_nested_too_deep_is_refused_and_the_signer_goes_on(tmp_path):
     """A request line no JSON parser here can nest (orjson refuses it, json recurses out)
     gets an error answer; the runner's socket is still served (it was closed: the thread

@@ -19,6 +19,7 @@ only the attempt it read, with the status it read.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 from bus.core import keys
@@ -32,7 +33,9 @@ if TYPE_CHECKING:  # not imported at run time: runner processes use this module 
     from bus.store.connection import Store
 
 __all__ = [
+    "ENDS",
     "Answered",
+    "Call",
     "RESULTS_INFLIGHT",
     "NextJob",
     "Started",
@@ -41,6 +44,8 @@ __all__ = [
     "answered_retry",
     "attempt_entry",
     "attempt_state",
+    "ends_then_source",
+    "ends_then_take",
     "finish",
     "finish_call",
     "finish_local",
@@ -48,6 +53,7 @@ __all__ = [
     "move_due",
     "reap",
     "renew",
+    "requeue_call",
     "retry_call",
     "retry_later",
     "running_jobs",
@@ -73,6 +79,7 @@ class NextJob:
     held: int | None = None
     script_type: str = ""
     breaker_wait_ms: int = 0
+    count: int = 1  # up to this many of what is queued now (a batch: runs_take_next.lua)
 
     def args(self) -> list[str]:
         """ARGV of runs_take_next.lua."""
@@ -83,6 +90,7 @@ class NextJob:
             keys.lease(""),
             self.runner_id,
             self.script_type,
+            str(self.count),
         ]
 
 
@@ -234,12 +242,90 @@ end
 local function second(KEYS, ARGV)
 {source(second, _SHARED)}
 end
+{_TOOK}
 local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
 local r1 = first({{unpack(KEYS, 1, nk)}}, {{unpack(ARGV, 4, 3 + na)}})
 local r2 = second({{unpack(KEYS, nk + 1)}}, {{unpack(ARGV, 4 + na)}})
-if ARGV[3] ~= '' and r1 ~= 0 and #r2 < 3 then stats_apply(ARGV[3]) end
+if ARGV[3] ~= '' and r1 ~= 0 and not took(r2) then stats_apply(ARGV[3]) end
 return {{r1, r2}}
 """
+
+
+# whether runs_take_next's reply started a job (one: {key, fields...}; a batch: {'*', ...})
+_TOOK = """
+local function took(r)
+  if r[1] ~= '*' then return #r >= 3 end
+  for i = 2, #r do
+    if #r[i] >= 3 then return true end
+  end
+  return false
+end
+"""
+
+# the scripts that end an attempt, which a batch's end (ends_then_source) runs by name
+ENDS = ("runs_finish_local", "runs_finish", "runs_retry", "runs_requeue")
+
+
+@cache
+def ends_then_source() -> str:
+    """One script that ends several attempts (each by one of :data:`ENDS`, with its own KEYS
+    and ARGV) and then, if KEYS are left for it, takes the next jobs (runs_take_next). ARGV[1]
+    is how many ends; ARGV[2] a runner process's statistics sums applied if an end did its
+    work, ARGV[3] those applied only if, besides, no next job was started ('': none); then
+    per end its script's name, how many keys and how many args are its; then the ends' args
+    and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take)."""
+    ends = "\n".join(
+        f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
+    )
+    return f"""
+{source("stats_jobs")}
+{source("type_breaker")}
+local ends = {{}}
+{ends}
+local function second(KEYS, ARGV)
+{source("runs_take_next", _SHARED)}
+end
+{_TOOK}
+local n = tonumber(ARGV[1])
+local k, a, done, any = 1, 4 + 3 * n, {{}}, false
+for i = 0, n - 1 do
+  local name, nk, na = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
+  local r = ends[name]({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
+  done[#done + 1] = r
+  any = any or r ~= 0
+  k, a = k + nk, a + na
+end
+local r2 = {{}}
+if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
+if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end
+if any and ARGV[3] ~= '' and not took(r2) then stats_apply(ARGV[3]) end
+return {{done, r2}}
+"""
+
+
+Call = tuple[str, list[str], list[str]]  # a script's name, KEYS and ARGV
+
+
+def ends_then_take(
+    calls: list[Call], inflight: str, take_next: NextJob | None, stats: tuple[str, str]
+) -> tuple[list[str], list[str]]:
+    """KEYS and ARGV of :func:`ends_then_source`'s script: the ends ``calls`` (each by
+    :func:`finish_call`, :func:`finish_local_call` or :func:`retry_call`), then the take
+    ``take_next`` (None: none); ``stats``: the sums applied with the ends, and those applied
+    only if no next job is started."""
+    key_list: list[str] = []
+    args = [str(len(calls)), *stats]
+    tail: list[str] = []
+    for name, c_keys, c_args in calls:
+        if name not in ENDS:
+            raise ValueError(f"{name} is not an end")
+        args += [name, str(len(c_keys)), str(len(c_args))]
+        key_list += c_keys
+        tail += c_args
+    if take_next is not None:
+        key_list += [inflight, keys.RUNNING, *take_next.lists]
+        tail += take_next.args()
+    return key_list, args + tail
 
 
 def then_take_next(
@@ -265,6 +351,13 @@ def retry_call(
     args = [str(ending.attempt), ending.reason, str(now()), ending.entry, str(due_ms)]
     args += [f"{queue}|{ending.job_key}", stats]
     return "runs_retry", [*_attempt_keys(ending.job_key, ending.inflight), keys.DELAYED], args
+
+
+def requeue_call(job_key: str, attempt: int, inflight: str, queue: str) -> Call:
+    """The script, KEYS and ARGV that give an attempt back uncounted (runs_requeue: an
+    interrupted one, or one of a batch that never ran), at the consuming end of ``queue``."""
+    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+    return "runs_requeue", key_list, [str(attempt), str(now())]
 
 
 async def retry_later(

@@ -22,11 +22,15 @@ from bus.core.models import JobStatus
 from bus.core.reasons import Reason
 from bus.store.atomic import source
 from bus.store.atomic.runs import (
+    Call,
     Ending,
     NextJob,
     Started,
+    ends_then_source,
+    ends_then_take,
     finish_call,
     finish_local_call,
+    requeue_call,
     retry_call,
     then_source,
     then_take_next,
@@ -175,7 +179,7 @@ class SyncRuns:
         answer_key: str,
         nxt: NextJob | None,
         stats: Sums = ("", ""),
-    ) -> tuple[bool, Started | None]:
+    ) -> tuple[bool, list[Started]]:
         """runs_finish (a signed answer for a remote origin), then maybe runs_take_next.
         ``stats``: the job statistics' sums to apply with this end, and those to apply only if
         no next job is started (:func:`bus.store.atomic.runs.then_source`); ('', ''): the
@@ -191,7 +195,7 @@ class SyncRuns:
         nxt: NextJob | None,
         reply_to: str = "",
         stats: Sums = ("", ""),
-    ) -> tuple[bool, Started | None]:
+    ) -> tuple[bool, list[Started]]:
         """runs_finish_local (the client's reply: :func:`bus.store.atomic.runs.finish_local_call`),
         then maybe runs_take_next; ``stats`` as :meth:`finish`'s."""
         call = finish_local_call(
@@ -209,23 +213,47 @@ class SyncRuns:
         ending: Ending,
         nxt: NextJob | None,
         idle_stats: str,
-    ) -> tuple[bool, Started | None]:
+    ) -> tuple[bool, list[Started]]:
         name, f_keys, f_args = call
         if nxt is None:
-            return bool(self._run(name, f_keys, f_args)), None
+            return bool(self._run(name, f_keys, f_args)), []
         key_list, args = then_take_next(call, ending.inflight, nxt, idle_stats)
         done, taken = self._run(f"{name}+runs_take_next", key_list, args)
+        return bool(done), self._taken(taken, ending.inflight, nxt)
+
+    def end_all(
+        self, calls: list[Call], inflight: str, nxt: NextJob | None, stats: Sums = ("", "")
+    ) -> tuple[list[bool], list[Started]]:
+        """Several ends (each a :func:`~bus.store.atomic.runs.finish_call`,
+        :func:`~bus.store.atomic.runs.finish_local_call` or
+        :func:`~bus.store.atomic.runs.retry_call`) and the take of the next jobs (``nxt``;
+        None: none) in one script call (:func:`bus.store.atomic.runs.ends_then_source`):
+        whether each end was recorded (False: its attempt was superseded), and the jobs
+        started. ``stats``: the sums applied with the ends, and those applied only if no next
+        job is started."""
+        key_list, args = ends_then_take(calls, inflight, nxt, stats)
+        done, taken = self._run("runs_ends+runs_take_next", key_list, args)
+        oks = [bool(r) for r in done]
+        return oks, [] if nxt is None else self._taken(taken, inflight, nxt)
+
+    def _taken(self, taken: list[Any], inflight: str, nxt: NextJob) -> list[Started]:
+        """The jobs a take (runs_take_next) started; what it found besides is noted in
+        ``nxt`` (every list empty, the breaker open) or refused here (an entry no runner can
+        start, taken off already: dead-lettered)."""
         if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
             nxt.breaker_wait_ms = wait_ms
-            return bool(done), None
-        if len(taken) == 2:  # an entry no runner can start: taken off already, recorded here
-            self.refuse(ending.inflight, str(taken[0]), str(taken[1]), "")
+            return []
         if len(taken) == 1 and isinstance(taken[0], int):  # nothing queued
             nxt.found_empty, nxt.held = True, taken[0]
-            return bool(done), None
-        if len(taken) < 3:
-            return bool(done), None
-        return bool(done), (str(taken[0]), _pairs(taken[1:]))
+            return []
+        entries = taken[1:] if taken and taken[0] == "*" else [taken]
+        started: list[Started] = []
+        for entry in entries:
+            if len(entry) == 2:  # an entry no runner can start
+                self.refuse(inflight, str(entry[0]), str(entry[1]), "")
+            elif len(entry) >= 3:
+                started.append((str(entry[0]), _pairs(entry[1:])))
+        return started
 
     def retry_later(self, ending: Ending, *, queue: str, due_ms: int, stats: str = "") -> bool:
         """runs_retry: the failed attempt recorded (``ending.reason`` the retry's cause), the
@@ -236,8 +264,7 @@ class SyncRuns:
 
     def requeue(self, job_key: str, attempt: int, inflight: str, queue: str) -> bool:
         """runs_requeue: an interrupted attempt given back, not counted."""
-        key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
-        return bool(self._run("runs_requeue", key_list, [str(attempt), str(now())]))
+        return bool(self._run(*requeue_call(job_key, attempt, inflight, queue)))
 
     def finish_malformed(
         self,
@@ -363,6 +390,9 @@ class SyncRuns:
 
 
 def _source(name: str) -> str:
-    """The text of script ``name``, or of ``<first>+runs_take_next`` (runs.then_source)."""
+    """The text of script ``name``, or of ``<first>+runs_take_next`` (runs.then_source), or
+    of ``runs_ends+runs_take_next`` (runs.ends_then_source)."""
+    if name == "runs_ends+runs_take_next":
+        return ends_then_source()
     first, _, then = name.partition("+")
     return then_source(first, then) if then else source(name)

@@ -1,0 +1,145 @@
+"""A batch of python jobs in one runner process (node/worker/loop.py): the jobs a take found
+queued (up to ``batch_jobs``, started in the same script call), run in one request to the
+slot's warm sandbox (node/sandbox/host.py ``run_batch``), each alone in what it may see and
+keep, and ended together (node/worker/ending.py ``conclude_all``) in the script call that takes
+the next batch.
+
+Each job keeps its own timeout, counted from its own turn, its own output files (the slot's for
+the first, ``<slot>-<n>`` for the n-th) and live log stream; the leases of all of them are
+renewed until their ends are recorded (node/worker/job.py, the watch thread). A stop for a job
+that waits for its turn kills it when its turn comes.
+
+A job that times out, is stopped, or ends the job process ends its batch there: the jobs after
+it never ran, and are given back uncounted (the sandbox of a kill is gone, and with it what it
+was handed). An abort gives back the running job too, as it does a lone one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from bus.core.ids import now
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.reasons import Reason
+from node.sandbox.host import SandboxLost
+from node.sandbox.plan import PlanError
+from node.slot import outcomes
+from node.slot.exits import KILL_GRACE_S, Outcome
+from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
+from node.worker.ending import recorded
+from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job_request
+
+MAX_BATCH_JOBS = 64  # the sandbox's bound on one request (node/sandbox/inner.py MAX_BATCH)
+
+# an attempt to run: the job, the request that carried it, its number
+Item = tuple[RunnerJob, Message, int]
+
+
+def batch_logs(run: JobRun, index: int) -> tuple[Path, Path]:
+    """The output files of a batch's ``index``-th job: the slot's for the first."""
+    if index == 0:
+        return run.logs
+    spec = run.spec
+    return log_paths(run.run_dir, f"{spec.ctx}-{spec.slot_id}-{index}")
+
+
+def _files(run: JobRun, index: int) -> tuple[int, int]:
+    """The ``index``-th job's output files, open for the life of the process, emptied."""
+    if index == 0:
+        if run.log_fds is None:
+            run.log_fds = _open_logs(run.logs)
+        return _emptied(run.log_fds)
+    fds = run.batch_fds.get(index)
+    if fds is None:
+        fds = run.batch_fds[index] = _open_logs(batch_logs(run, index))
+    return _emptied(fds)
+
+
+def _waiting(run: JobRun, item: Item, index: int, at: float) -> _Current:
+    job, request, attempt = item
+    spec = run.spec
+    pump = LogPump(
+        run.runs, job.key, batch_logs(run, index), spec.max_output_bytes, spec.reply_ttl_s
+    )
+    cur = _Current(job, request, attempt, spec.token(job.key), pump, 1e18, at, 1e18)
+    cur.outcome_name = outcomes.outcome_name(spec.ctx, job.key, attempt)
+    return cur
+
+
+def _begin(run: JobRun, cur: _Current) -> None:
+    """``cur``'s turn: its clocks start (its timeout counts from now)."""
+    cur.began, cur.started_at = time.monotonic(), now()
+    cur.next_flush = cur.began + LOG_FLUSH_S
+    cur.deadline = cur.began + (cur.job.timeout or 1e9)
+    run.began, run.started_at, run.outcome_name = cur.began, cur.started_at, cur.outcome_name
+    run.current = cur
+    if os.getppid() != PROCESS.parent:  # the next node must know which job this one runs
+        run.name_running()
+    if cur.kill_reason:  # stopped while it waited: it ends now, and its batch with it
+        cur.kill_at = time.monotonic() + KILL_GRACE_S
+        run.sandbox.kill()
+
+
+def run_batch(run: JobRun, items: list[Item]) -> list[tuple[Outcome | None, _Current]]:
+    """Run ``items`` in turn in one request to the slot's warm sandbox; each one's outcome
+    (None: it did not run, or an abort cut it short; the caller gives it back) with its
+    attempt's state (its start, its log stream, its outcome file's name)."""
+    at = time.monotonic() + run.heartbeat_s
+    curs = [_waiting(run, item, i, at) for i, item in enumerate(items)]
+    fds = [_files(run, i) for i in range(len(items))]
+    requests = [job_request(run.spec, cur.job) for cur in curs]
+    found: list[Outcome | None] = [None] * len(items)
+
+    def orphaned() -> None:  # the watch thread, once the node died: see JobRun.on_orphan
+        for outcome, cur in zip(list(found), curs, strict=True):
+            if outcome is not None:
+                run.keep(recorded(outcome), name=cur.outcome_name)
+
+    run.batch, run.on_orphan = curs, orphaned
+    i = 0
+    try:
+        answers = run.sandbox.run_batch(requests, fds)
+        _begin(run, curs[0])
+        try:
+            for reply in answers:
+                curs[i].answered = reply.get("signal") != signal.SIGKILL
+                code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
+                found[i] = _kept(run, curs[i], run._ended(curs[i], reply, code, fds[i]))
+                i += 1
+                if i < len(curs):
+                    _begin(run, curs[i])
+        except (SandboxLost, PlanError, OSError) as exc:
+            found[i] = _lost(run, curs, i, exc)
+    except BaseException:
+        for cur in curs:
+            cur.pump.finish("interrupted")
+        run.batch = []  # nothing will end them here: the node's recovery of the slot will
+        raise
+    finally:
+        run.current, run.on_orphan = None, None
+    return list(zip(found, curs, strict=True))
+
+
+def _kept(run: JobRun, cur: _Current, outcome: Outcome) -> Outcome | None:
+    """A job that answered: as :meth:`JobRun.run` has it (an abort that cut it short gives it
+    back; a kill's reason is its end)."""
+    if run.aborted and not cur.answered:
+        return None
+    if cur.kill_reason:
+        return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
+    return outcome
+
+
+def _lost(run: JobRun, curs: list[_Current], i: int, exc: BaseException) -> Outcome | None:
+    """The sandbox ended in job ``i``: killed for it (a timeout, a stop: that is its end), an
+    abort or a kill for a job before it (given back), or on its own (the runner lost it)."""
+    cur = curs[i]
+    if cur.kill_reason:
+        return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
+    if run.aborted or any(c.kill_reason for c in curs[:i]) or os.getppid() != PROCESS.parent:
+        return None  # not its own end: given back (an orphan stopped its batch before it)
+    reason = f"{Reason.RUNNER_LOST}: the sandbox ended ({exc})"
+    return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, reason)

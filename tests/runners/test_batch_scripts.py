@@ -1,0 +1,73 @@
+"""The script calls of a batch (bus/store/atomic/runs.py ``ends_then_source``, runs_take_next's
+count), on a real Valkey through a runner process's connection: a take takes only what is
+queued, up to its count; the ends of one call are each fenced alone, and what is given back is
+not counted."""
+
+from __future__ import annotations
+
+from bus.core import keys
+from bus.store.atomic.runs import Ending, NextJob, finish_local_call, requeue_call
+from bus.store.atomic.runs_sync import SyncRuns, connect
+
+INFLIGHT = keys.runner_inflight("v:0")
+
+
+def _queued(client, n: int) -> list[str]:  # noqa: ANN001 - a redis-py client
+    jobs = [f"job:1:{i}" for i in range(1, n + 1)]
+    for job in jobs:
+        client.hset(job, mapping={"status": "dispatched", "attempt": "0", "script_type": "v"})
+        client.lpush("queue:v", job)  # LPUSH, consumed from the right: FIFO
+    return jobs
+
+
+def _take(count: int) -> NextJob:
+    return NextJob(("queue:v",), "n:b:1:v:0", 15_000, "v:0", count=count)
+
+
+def test_a_take_takes_up_to_its_count_of_what_is_queued_and_starts_each(redis_url) -> None:  # noqa: ANN001
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 5)
+    nxt = _take(3)
+    _, taken = runs.end_all([], INFLIGHT, nxt)
+    assert [key for key, _ in taken] == jobs[:3]  # in queue order
+    for key, fields in taken:
+        assert (fields["status"], fields["attempt"]) == ("started", "1")
+        assert client.get(keys.lease(key)) == f"n:b:1:v:0:{key}"
+    assert client.lrange("queue:v", 0, -1) == [jobs[4], jobs[3]]
+    _, taken = runs.end_all([], INFLIGHT, nxt)  # only what is queued: two, nothing waited for
+    assert [key for key, _ in taken] == jobs[3:]
+    assert not nxt.found_empty
+    _, taken = runs.end_all([], INFLIGHT, nxt)
+    assert taken == []
+    assert nxt.found_empty  # the blocking pop follows
+    assert nxt.held == 5
+    assert sorted(client.smembers(keys.RUNNING)) == sorted(jobs)
+
+
+def test_a_batchs_ends_are_fenced_each_alone_and_a_given_back_one_is_not_counted(
+    redis_url,  # noqa: ANN001
+) -> None:
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 4)
+    _, taken = runs.end_all([], INFLIGHT, _take(4))
+    assert len(taken) == 4
+    client.hset(jobs[1], "attempt", "2")  # superseded: another attempt took it meanwhile
+
+    def finished(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {"stdout": job}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    calls = [finished(j) for j in jobs[:3]] + [requeue_call(jobs[3], 1, INFLIGHT, "queue:v")]
+    oks, again = runs.end_all(calls, INFLIGHT, _take(4))
+    assert oks == [True, False, True, True]
+    for job in (jobs[0], jobs[2]):
+        assert client.hget(job, "status") == "finished"
+        assert client.llen(keys.reply_list(f"message:{job}", "")) == 1
+    assert client.hmget(jobs[1], "status", "attempt") == ["started", "2"]  # untouched
+    assert client.llen(keys.reply_list(f"message:{jobs[1]}", "")) == 0
+    # given back, uncounted, at the consuming end: the take in the same call ran it again
+    assert [key for key, _ in again] == [jobs[3]]
+    assert again[0][1]["attempt"] == "1"
+    assert client.lrange(INFLIGHT, 0, -1) == [jobs[3], jobs[1]]
