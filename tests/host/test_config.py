@@ -29,7 +29,14 @@ _BY_TYPE = {
 # every scalar field of NodeConfig, whatever fields it grows (home and the tables aside)
 _SCALARS = {f.name: _BY_TYPE[str(f.type)] for f in fields(NodeConfig) if str(f.type) in _BY_TYPE}
 # settings with a lower bound are drawn above it (a value below is refused: test_type_breaker.py)
-_SCALARS |= {n: _SCALARS[n].filter(lambda v, low=low: v >= low) for n, low in LOWER_BOUNDS.items()}
+# (drawn in range, not filtered: with a dozen bounded settings a filter rejects most draws)
+_TYPES = {f.name: str(f.type) for f in fields(NodeConfig)}
+_SCALARS |= {
+    n: st.integers(int(low), 2**63 - 1)
+    if _TYPES[n] == "int"
+    else st.floats(float(low), allow_nan=False, allow_infinity=False)
+    for n, low in LOWER_BOUNDS.items()
+}
 _SCALARS |= {
     n: st.integers(int(LOWER_BOUNDS.get(n, 0)), int(high)) for n, high in UPPER_BOUNDS.items()
 }
