@@ -81,7 +81,9 @@ async def open_link(
             try:
                 yield ws
             finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(disconnect_timeout_s):
+                # as trio-websocket closes: the close handshake, bounded; a cancel ends it at
+                # once (the websocket closes its stream whatever happens)
+                with trio.move_on_after(disconnect_timeout_s):
                     await ws.aclose()
     except BaseExceptionGroup as group:
         _raise_alone(group)
