@@ -233,6 +233,9 @@ class TLSStream(trio.abc.Stream):
     async def _refill(self) -> None:
         """Read the transport into ``incoming``; at its EOF, OpenSSL's next read says whether
         a close_notify came first (clean) or not (SSLEOFError: broken)."""
+        if self._incoming.eof:  # OpenSSL took the EOF as no verdict: never wait for more
+            self._broken()
+            raise trio.BrokenResourceError("the TLS peer closed the connection mid-record")
         try:
             data = await self.transport_stream.receive_some(RECEIVE_BYTES)
         except trio.BrokenResourceError:
