@@ -15,12 +15,12 @@ from trio_websocket import ConnectionClosed, ConnectionRejected
 
 from bus.core import handshake as hs
 from bus.errors import HandshakeError
+from bus.wire.dial import tls_hint
 from bus.wire.transport import (
     NO_TLS_HINT,
     PLAINTEXT_REFUSED,
     Transport,
     TransportConfig,
-    tls_hint,
 )
 from crypto import KeyPair
 from crypto.tls import client_context, make_self_signed, server_context
