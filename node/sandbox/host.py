@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,24 @@ def _checked(reply: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
+# what a batch's reader does when the next answer is slow to come: after this many seconds
+# without one, it calls the function once (the runner ends the jobs that answered: see
+# node/worker/batch.py), then waits on
+Idle = tuple[float, Callable[[], None]]
+
+
+def _await_answer(sock: socket.socket, idle: Idle | None) -> None:
+    """Wait until ``sock`` has something to read (an answer, or its end); if nothing comes
+    within ``idle``'s bound, call its function once first. An event wait (poll), not a
+    sleep: a quick answer is read the moment it comes."""
+    if idle is None:
+        return
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(idle[0] * 1000):
+        idle[1]()
+
+
 class _Frames:
     """The answers of one batch request, read as they come: the job after an answer runs
     meanwhile, so two answers may come in one read. Only the last may have nothing behind it
@@ -98,7 +116,9 @@ class _Frames:
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.data = sock, b""
 
-    def next(self, *, last: bool) -> dict[str, Any]:
+    def next(self, *, last: bool, idle: Idle | None = None) -> dict[str, Any]:
+        if not self._whole():  # outside the try: what the function raises is not the sandbox's
+            _await_answer(self.sock, idle)
         try:
             size = self._size()
             while len(self.data) < 4 + size:
@@ -112,6 +132,11 @@ class _Frames:
         if not isinstance(value, dict):
             raise SandboxLost("not a reply")
         return value
+
+    def _whole(self) -> bool:
+        """Whether a whole answer is read already (it came with the one before)."""
+        data = self.data
+        return len(data) >= 4 and len(data) >= 4 + struct.unpack(">I", data[:4])[0]
 
     def _size(self) -> int:
         while len(self.data) < 4:
@@ -461,9 +486,12 @@ class Sandbox:
             raise SandboxLost(f"cannot make the job's cgroup: {exc}") from None
         return leaf
 
-    def run(self, request: dict[str, Any], out: int, err: int) -> dict[str, Any]:
+    def run(
+        self, request: dict[str, Any], out: int, err: int, idle: Idle | None = None
+    ) -> dict[str, Any]:
         """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
-        Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop)."""
+        Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop).
+        ``idle``: what to do meanwhile should its answer be slow to come (a batch's job)."""
         self._retire_spent()  # one keep_spare() did not retire after its last job's answer
         if self.sock is None:
             self.start()
@@ -474,6 +502,12 @@ class Sandbox:
         data = dumps_json(request | self.settings)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
+        except OSError as exc:
+            self._job_cpu = None
+            self._retire()
+            raise SandboxLost(str(exc)) from None
+        _await_answer(self.sock, idle)  # what its function raises is not the sandbox's
+        try:
             reply = _checked(self._receive())
         except OSError as exc:
             self._job_cpu = None
@@ -492,7 +526,10 @@ class Sandbox:
         return reply
 
     def run_batch(
-        self, requests: list[dict[str, Any]], files: list[tuple[int, int]]
+        self,
+        requests: list[dict[str, Any]],
+        files: list[tuple[int, int]],
+        idle: Idle | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Run ``requests`` in turn (each job's stdout and stderr its own pair of ``files``);
         yields how each ended, in order, as its answer comes (the job after it runs by then).
@@ -504,24 +541,28 @@ class Sandbox:
         Stops early, having yielded fewer endings than requests, when a job ended the job
         process (the worker answered for it): the jobs after it never ran (the caller gives
         them back). Raises SandboxLost, as :meth:`run` does, in the job the worker died in (a
-        kill: a timeout, a stop, an abort); the jobs after it never ran either."""
+        kill: a timeout, a stop, an abort); the jobs after it never ran either.
+
+        ``idle``: when an answer is slow to come, its function is called once (from this
+        thread, the job running meanwhile) before the wait goes on: the caller may end the
+        jobs that answered without waiting for the rest."""
         if len(requests) != len(files):
             raise ValueError("one pair of files per request")
         done = 0
         while done < len(requests):
             if self.spec.fresh_process or len(requests) - done == 1:
                 # a process per job anyway: one request per job costs nothing more
-                yield self.run(requests[done], *files[done])
+                yield self.run(requests[done], *files[done], idle)
                 done += 1
                 continue
             until = done + MAX_BATCH
-            ended = yield from self._batch(requests[done:until], files[done:until])
+            ended = yield from self._batch(requests[done:until], files[done:until], idle)
             done += ended[0]
             if ended[1]:
                 return
 
     def _batch(
-        self, requests: list[dict[str, Any]], files: list[tuple[int, int]]
+        self, requests: list[dict[str, Any]], files: list[tuple[int, int]], idle: Idle | None
     ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
         """One batch request to the warm worker: (how many jobs it answered, whether the
         job process died in the last of them, the rest not run)."""
@@ -539,19 +580,19 @@ class Sandbox:
         frames = _Frames(self.sock)
         self.batching = True
         try:
-            return (yield from self._answers(frames, len(requests)))
+            return (yield from self._answers(frames, len(requests), idle))
         finally:  # however it ends (a caller that stops reading too): no stop for a batch gone
             self.batching, self._job_cpu = False, None
 
     def _answers(
-        self, frames: _Frames, n: int
+        self, frames: _Frames, n: int, idle: Idle | None
     ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
         for i in range(n):
             before = self.leaf.counters() if self.leaf is not None else None
             if self.leaf is not None and before is not None and before.cpu_ns is not None:
                 self._job_cpu = (self.leaf, before.cpu_ns)  # this job's tree, from its turn
             try:
-                reply = frames.next(last=i + 1 == n)
+                reply = frames.next(last=i + 1 == n, idle=idle)
                 if reply.get("i") != i:
                     raise SandboxLost(f"an answer out of turn: {str(reply)[:200]}")
                 if reply.get("unrun") is True:  # stopped (stop_batch): the rest never ran

@@ -9,6 +9,11 @@ the first, ``<slot>-<n>`` for the n-th) and live log stream; the leases of all o
 renewed until their ends are recorded (node/worker/job.py, the watch thread). A stop for a job
 that waits for its turn kills it when its turn comes.
 
+A job that answered is not held back by a long one behind it: when the next answer does not
+come within :data:`EARLY_END_S`, the jobs that answered are ended at once (their ends and
+answers, without a take; ``end_early``), and the wait goes on. The rest end together with the
+next take, as before.
+
 A job that times out, is stopped, or ends the job process ends its batch there: the jobs after
 it never ran, and are given back uncounted (the sandbox of a kill is gone, and with it what it
 was handed). An abort gives back the running job too, as it does a lone one.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bus.core.ids import now
@@ -34,8 +40,19 @@ from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job
 
 MAX_BATCH_JOBS = 64  # the sandbox's bound on one request (node/sandbox/inner.py MAX_BATCH)
 
+# How long a batch's answered jobs wait for the next answer before they are ended without
+# the rest. A no-op job of a batch costs ~0.6 ms of CPU (runner and job process,
+# bench/HISTORY.md#runner-batches), a whole batch of 16 ~10 ms: at 30 ms a batch of quick
+# jobs still ends in one script call, even on a busy machine, while an answer behind a long
+# job waits this long, not the long job's whole run.
+EARLY_END_S = 0.03
+
 # an attempt to run: the job, the request that carried it, its number
 Item = tuple[RunnerJob, Message, int]
+# a job of the batch that answered: its index, its outcome, its attempt's state
+Done = tuple[int, Outcome, _Current]
+# ends the jobs that answered, while a later one runs (without a take)
+EndEarly = Callable[[list[Done]], None]
 
 
 def batch_logs(run: JobRun, index: int) -> tuple[Path, Path]:
@@ -83,25 +100,37 @@ def _begin(run: JobRun, cur: _Current) -> None:
         run.sandbox.kill()
 
 
-def run_batch(run: JobRun, items: list[Item]) -> list[tuple[Outcome | None, _Current]]:
+def run_batch(
+    run: JobRun, items: list[Item], end_early: EndEarly | None = None
+) -> list[tuple[Outcome | None, _Current]]:
     """Run ``items`` in turn in one request to the slot's warm sandbox; each one's outcome
     (None: it did not run, or an abort cut it short; the caller gives it back) with its
-    attempt's state (its start, its log stream, its outcome file's name)."""
+    attempt's state (its start, its log stream, its outcome file's name). Whenever the next
+    answer is slow to come, ``end_early`` gets the jobs that answered and were not given to it
+    yet, to end them then (the caller then ends only the others)."""
     at = time.monotonic() + run.heartbeat_s
     curs = [_waiting(run, item, i, at) for i, item in enumerate(items)]
     fds = [_files(run, i) for i in range(len(items))]
     requests = [job_request(run.spec, cur.job) for cur in curs]
     found: list[Outcome | None] = [None] * len(items)
+    ended = [False] * len(items)  # given to end_early: their ends are its
 
     def orphaned() -> None:  # the watch thread, once the node died: see JobRun.on_orphan
-        for outcome, cur in zip(list(found), curs, strict=True):
-            if outcome is not None:
+        for outcome, cur, gone in zip(list(found), curs, list(ended), strict=True):
+            if outcome is not None and not gone:
                 run.keep(recorded(outcome), name=cur.outcome_name)
+
+    def idle() -> None:  # the next answer is slow: the jobs before it end now
+        done = [(j, o, curs[j]) for j in range(i) if (o := found[j]) is not None and not ended[j]]
+        if done and end_early is not None:
+            for j, _, _ in done:
+                ended[j] = True
+            end_early(done)
 
     run.batch, run.on_orphan = curs, orphaned
     i = 0
     try:
-        answers = run.sandbox.run_batch(requests, fds)
+        answers = run.sandbox.run_batch(requests, fds, (EARLY_END_S, idle))
         _begin(run, curs[0])
         try:
             for reply in answers:
@@ -114,8 +143,9 @@ def run_batch(run: JobRun, items: list[Item]) -> list[tuple[Outcome | None, _Cur
         except (SandboxLost, PlanError, OSError) as exc:
             found[i] = _lost(run, curs, i, exc)
     except BaseException:
-        for cur in curs:
-            cur.pump.finish("interrupted")
+        for cur, gone in zip(curs, ended, strict=True):
+            if not gone:  # one ended early has its end marker
+                cur.pump.finish("interrupted")
         run.batch = []  # nothing will end them here: the node's recovery of the slot will
         raise
     finally:

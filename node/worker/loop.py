@@ -61,9 +61,9 @@ from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
 from node.slot.exits import Outcome
 from node.slot.spec import RunnerSpec, read_frame
-from node.worker.batch import run_batch
+from node.worker.batch import Done, run_batch
 from node.worker.ending import Ender, Ran, ResultSigner, recorded
-from node.worker.job import Aborted, JobRun, Wake, prepare_process
+from node.worker.job import Aborted, JobRun, Wake, _Current, prepare_process
 from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
 from node.worker.reports import Reports, report
@@ -258,7 +258,8 @@ class SlotLoop:
 
     def run_batch(self, batch: list[Started], nxt: NextJob) -> list[Started]:
         """Run and end jobs started together (node/worker/batch.py): in one request to the
-        slot's sandbox, ended in one script call that takes the next ones."""
+        slot's sandbox, ended in one script call that takes the next ones; those that answered
+        while a later one runs long are ended before it (:meth:`_end_early`)."""
         ready = [r for key, fields in batch if (r := self._ready(key, fields)) is not None]
         if not ready:
             return []
@@ -269,25 +270,36 @@ class SlotLoop:
             return self._run_and_end(job, fields, request, attempt, nxt)
         for job, _, _, attempt in ready:
             self._log_start(job.key, attempt)
-        ran = run_batch(self.job, [(job, request, attempt) for job, _, request, attempt in ready])
+        early: set[int] = set()  # the indices of the jobs ended before the batch's end
+
+        def end_early(done: list[Done]) -> None:
+            early.update(i for i, _, _ in done)
+            self._end_early(ready, done)
+
+        items = [(job, request, attempt) for job, _, request, attempt in ready]
+        ran = run_batch(self.job, items, end_early)
         with self.ender.ending:
-            rans, back = [], []
-            for (job, fields, request, attempt), (outcome, cur) in zip(ready, ran, strict=True):
+            rans, back, rest = [], [], []
+            for i, (outcome, cur) in enumerate(ran):
+                if i in early:  # ended already
+                    continue
+                rest.append(cur)
                 if outcome is None:  # never ran, or an abort cut it short: given back
+                    job, fields, _, attempt = ready[i]
                     back.append((job.key, attempt, queues.queue_of(fields)))
                     continue
-                info = (cur.began, cur.started_at, cur.outcome_name)
-                rans.append(Ran(job, fields, request, outcome, attempt, *info))
+                rans.append(_ran(ready[i], outcome, cur))
             aborted = self.job.aborted
             taken = None if aborted or self._leaving() else nxt
             self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for _, cur in ran:
+            for cur in rest:
                 cur.over = True  # its lease needs no renewal: its end is being recorded
             ends = {r.job.key: r.outcome.status.value for r in rans}
             try:
+                # always one at least: the last job is never ended early (no answer behind it)
                 started = self.ender.conclude_all(rans, back, taken)
             finally:
-                for _, cur in ran:
+                for cur in rest:
                     cur.pump.finish(ends.get(cur.job.key, "interrupted"))
                 self.job.batch = []
             self.job.forget()
@@ -297,6 +309,22 @@ class SlotLoop:
         if aborted:
             raise Aborted
         return started
+
+    def _end_early(self, ready: list[Ready], done: list[Done]) -> None:
+        """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
+        later one runs: as the batch's end ends them (kept for adoption first, each by its
+        plan, answered, signed), without a take; the leases of the rest are still renewed."""
+        with self.ender.ending:
+            rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
+            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+            for _, _, cur in done:
+                cur.over = True
+            try:
+                self.ender.conclude_all(rans, [], None)
+            finally:
+                for ran, (_, _, cur) in zip(rans, done, strict=True):
+                    cur.pump.finish(ran.outcome.status.value)
+            self.job.forget()
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
@@ -339,6 +367,12 @@ class SlotLoop:
 
     def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.spec, job_key, reason, **more)
+
+
+def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
+    """A batch's job that ran, as its end needs it."""
+    job, fields, request, attempt = ready
+    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)
 
 
 _RUNNER: SlotLoop | None = None

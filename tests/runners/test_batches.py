@@ -6,6 +6,7 @@ ends its batch there: the jobs after it are given back uncounted and run once, l
 Each test queues its jobs behind a gate job that holds the slot's only runner, then kills the
 gate: its end takes every queued job at once. The control that they ran as a batch is the
 starts the slot counted: a job given back is started twice, yet its attempt is its first.
+A job that answered is ended and answered while a long one behind it still runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import trio
 
 from bus.client.api import new_job
 from bus.core import keys
+from bus.core.envelope import JobResult, parse_reply
+from bus.store import lists
 from crypto import read_key_file
 from tests.scripts import announcing, wait_announced, work_file
 
@@ -121,3 +124,49 @@ async def test_batch_jobs_1_takes_one_job_at_a_time(node_factory) -> None:  # no
     assert b.reason.startswith("timeout"), b.reason
     await _ran_once_each(alice, [a, c, d], "acd")
     assert await _starts(alice) - before == 5
+
+
+async def _answers_until(node, msg, job_key: str, got: dict[str, JobResult]) -> JobResult:  # noqa: ANN001
+    """Pop ``msg``'s answers into ``got`` until ``job_key``'s has come (bounded)."""
+    with trio.fail_after(30):  # generous: a quick job's answer, on a busy machine
+        while job_key not in got:
+            raw = await lists.pop_reply(node.store, 1, keys.reply(msg.key), 30)
+            assert raw is not None, f"no answer for {job_key}"
+            result = parse_reply(raw)[1]
+            got[result.job_key] = result
+    return got[job_key]
+
+
+async def test_a_job_that_answered_is_answered_while_a_long_one_behind_it_runs(
+    node_factory,  # noqa: ANN001
+) -> None:
+    """a (quick) and b (held on a FIFO until the test writes to it) taken in one batch: a's end
+    is recorded and its client answered while b still runs; b ends once released."""
+    alice = await node_factory("alice", runners={"python": 1})
+    before = await _starts(alice)
+    url = alice.info.redis_url
+    hold = announcing(url, "gate", "import time\ntime.sleep(600)")
+    held = announcing(url, "held", "print(open('release').read())")
+    gate, a, b = (new_job(1, 1, "python", s) for s in (hold, MARK.format("a"), held))
+    actor = read_key_file(alice.config.actor_key_path)
+    msg = await alice.client.submit(actor, 1, to=alice.node_id, context_id=1, jobs=[gate, a, b])
+    assert not msg.reply_to  # answered on its own reply list, read here answer by answer
+    pid = await wait_announced(alice.store, "gate")
+    fifo = work_file(alice, "release")
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)  # noqa: S103 - the sandboxed job's uid reads it
+    os.kill(pid, signal.SIGKILL)  # the gate ends: its end takes a and b at once
+    got: dict[str, JobResult] = {}
+    first = await _answers_until(alice, msg, a.key, got)
+    await wait_announced(alice.store, "held")  # b runs, its answer not yet possible
+    assert (await alice.store.hgetall(1, b.key))["status"] == "started"
+    assert (await alice.store.hgetall(1, a.key))["status"] == "finished"
+    assert first.ok, first
+    assert first.stdout == "a\n"
+    await trio.to_thread.run_sync(fifo.write_text, "b")  # b may end now
+    second = await _answers_until(alice, msg, b.key, got)
+    assert second.ok, second
+    assert second.stdout == "b\n"
+    assert [got[j.key].result["attempts"] for j in (a, b)] == ["1", "1"]
+    assert work_file(alice, "ran-a").read_text() == "x"
+    assert await _starts(alice) - before == 3  # the gate, a and b, each once
