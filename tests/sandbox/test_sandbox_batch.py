@@ -80,8 +80,14 @@ def test_a_batchs_jobs_share_a_process_yet_each_has_its_own_env_cwd_output_and_t
     seen = [files.out(i).split(" ", 2) for i in range(3)]
     assert {pid for pid, _, _ in seen} == {seen[0][0]}  # the control: one process ran all three
     assert [mark for _, mark, _ in seen] == ["None", "job0", "job1"]
+    first_tmp = seen[0][2].split(" ", 3)[3]
     for i, (_, _, rest) in enumerate(seen):
-        assert rest == f"job{i} /job 0o77 []\n"  # its own variable, cwd, umask, an empty /tmp
+        own, cwd, umask, tmp = rest.split(" ", 3)
+        assert (own, cwd, umask) == (f"job{i}", "/job", "0o77")  # its own variable, cwd, umask
+        # and a /tmp without the files of the jobs before it (mount points of the sandbox's own
+        # binds may show there: a checkout under /tmp does)
+        assert tmp == first_tmp
+        assert "left-" not in tmp
         assert files.err(i) == f"err job{i}\n"
 
 
