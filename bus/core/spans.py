@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from bus.core.errors import ModelError
-from bus.core.models import Message, MessageType
+from bus.core.models import Message, MessageType, RunnerJob
 from bus.core.tracecontext import (
     NO_TRACE,
     MessageTrace,
@@ -203,6 +203,42 @@ def attempt_link(trace_id: str, job_key: str) -> Any:  # noqa: ANN401
             is_remote=True,
             trace_flags=TraceFlags(TraceFlags.SAMPLED),
         )
+    )
+
+
+def start_attempt(
+    tracer_name: str,
+    job: RunnerJob,
+    attempt: int,
+    trace: MessageTrace,
+    queue_name: str,
+    attributes: Attributes,
+    start_time_s: float | None = None,
+) -> Span | None:
+    """The started CONSUMER span of attempt ``attempt`` of ``job`` (None: not recorded),
+    whoever ends it (a runner process, or the node for an attempt it ended itself): parented
+    on the message's trace, its id derived from the job and attempt so that a retry links to
+    the first. ``attributes`` adds to the job's own (key, message, caller, attempt)."""
+    parent, links, span_id = trace.parent, [], 0
+    if parent is not None:
+        span_id = attempt_span_id(parent.trace_id, job.key, attempt)
+        if attempt > 1:
+            links.append(attempt_link(parent.trace_id, job.key))
+    own: dict[str, Any] = {
+        JOB_KEY: job.key,
+        MESSAGE_ID: job.message_key,
+        CALLER: job.caller_id,
+        ATTEMPT: attempt,
+    }
+    return start(
+        tracer_name,
+        f"run {queue_name}",
+        "CONSUMER",
+        context=remote_context(parent, trace.tracestate),
+        attributes=own | dict(attributes),
+        links=links,
+        span_id=span_id,
+        start_time_s=start_time_s,
     )
 
 

@@ -56,28 +56,14 @@ async def attempt_ended(
         log.info("%s: attempt %d's span not recorded: %s", job.key, attempt, exc)
         return
     trace = message_trace(fields[0].get("traceparent", ""), fields[0].get("tracestate", ""))
-    parent, links, span_id = trace.parent, [], 0
-    if parent is not None:
-        span_id = spans.attempt_span_id(parent.trace_id, job.key, attempt)
-        if attempt > 1:
-            links.append(spans.attempt_link(parent.trace_id, job.key))
-    attributes: dict[str, Any] = {
-        spans.JOB_KEY: job.key,
-        spans.MESSAGE_ID: job.message_key,
-        spans.CONTEXT: ctx,
-        spans.CALLER: job.caller_id,
-        spans.NODE: node_id,
-        spans.ATTEMPT: attempt,
-        ENDED_BY: "node",
-    }
-    span = spans.start(
+    attributes: dict[str, Any] = {spans.CONTEXT: ctx, spans.NODE: node_id, ENDED_BY: "node"}
+    span = spans.start_attempt(
         TRACER,
-        f"run {keys.queue(job.script_type)}",
-        "CONSUMER",
-        context=spans.remote_context(parent, trace.tracestate),
-        attributes=attributes,
-        links=links,
-        span_id=span_id,
+        job,
+        attempt,
+        trace,
+        keys.queue(job.script_type),
+        attributes,
         start_time_s=float(started_at) if 0 < started_at <= now() else None,
     )
     spans.end(span, outcome, cause_of(reason) if reason else "")

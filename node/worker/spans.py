@@ -32,31 +32,14 @@ def attempt_span(
 ) -> spans.Span | None:
     """The started span of attempt ``attempt`` of ``job`` (None: not recorded)."""
     trace = message_trace(request.traceparent, request.tracestate)
-    parent = trace.parent
-    links = []
-    span_id = 0
-    if parent is not None:
-        span_id = spans.attempt_span_id(parent.trace_id, job.key, attempt)
-        if attempt > 1:
-            links.append(spans.attempt_link(parent.trace_id, job.key))
     attributes: dict[str, Any] = {
-        spans.JOB_KEY: job.key,
-        spans.MESSAGE_ID: job.message_key,
         spans.CONTEXT: spec.ctx,
-        spans.CALLER: job.caller_id,
         spans.NODE: spec.node_id,
-        spans.ATTEMPT: attempt,
         spans.DESTINATION: queues.queue_of(fields),
         "hero.slot": spec.slot_id,
     }
-    return spans.start(
-        TRACER,
-        f"run {keys.queue(spec.script_type)}",
-        "CONSUMER",
-        context=spans.remote_context(parent, trace.tracestate),
-        attributes=attributes,
-        links=links,
-        span_id=span_id,
+    return spans.start_attempt(
+        TRACER, job, attempt, trace, keys.queue(spec.script_type), attributes
     )
 
 
