@@ -23,16 +23,14 @@ Each traced node exports to a receiver of its own.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from dataclasses import replace
-from functools import partial
 
 import trio
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.cases import Env, bench_client, roundtrips, run_throughput
 from bench.harness import BenchNode, Row, wait_served, wire
+from bench.otlp import Sink
 from bus.core import spans
 from node.config import load_config, render_config
 from node.config.tracing import TracingConfig
@@ -45,52 +43,6 @@ RATIOS = {OFF: 0.0, ON: 1.0, "on 0.1": 0.1}  # label -> sampling ratio (0: traci
 OFF_CALLS = 200_000  # off-path span calls timed for the per-call cost
 # where a traced job's CPU goes: the node's process, its runner processes, the sandboxes
 SPLIT = ("node", "node job processes: runners", "node job processes: sandboxes")
-
-_LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
-_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
-
-
-class Sink:
-    """An OTLP/HTTP traces endpoint on 127.0.0.1 that keeps each body and answers 200."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-
-    async def start(self, nursery: trio.Nursery) -> str:
-        serve = partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1")
-        listeners = await nursery.start(serve)
-        return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}/v1/traces"
-
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        buf = b""
-        try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                match = _LENGTH.search(head)
-                length = int(match.group(1)) if match else 0
-                while len(buf) < length:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                self.bodies.append(buf[:length])
-                buf = buf[length:]
-                await stream.send_all(_OK)
-        except trio.BrokenResourceError:
-            return
-
-    def span_count(self) -> int:
-        """Spans in every body received (the node's exporter sends protobuf, uncompressed)."""
-        total = 0
-        for body in self.bodies:
-            request = ExportTraceServiceRequest.FromString(body)
-            total += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-        return total
 
 
 async def _node(env: Env, name: str, endpoint: str, ratio: float) -> BenchNode:

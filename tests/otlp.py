@@ -1,21 +1,17 @@
-"""A tiny OTLP/HTTP traces receiver for tests: HTTP/1.1 on 127.0.0.1, every POSTed body kept
-(raw, and decoded as an ExportTraceServiceRequest), each span flattened with the node that
-exported it (its resource's ``service.instance.id``)."""
+"""A tiny OTLP/HTTP traces receiver for tests: bench/otlp.py's endpoint on 127.0.0.1, every
+POSTed body kept (raw, and decoded as an ExportTraceServiceRequest), each span flattened with
+the node that exported it (its resource's ``service.instance.id``)."""
 
 from __future__ import annotations
 
-import gzip
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 
 import trio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-_LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
-_GZIP = re.compile(rb"(?im)^content-encoding:\s*gzip\s*$")
-_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
+from bench.otlp import Sink
+
 KINDS = {1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
 
@@ -38,45 +34,16 @@ def _value(v: object) -> object:
     return getattr(v, kind) if kind else None
 
 
-@dataclass
-class Receiver:
-    bodies: list[bytes] = field(default_factory=list)
-    spans: list[Span] = field(default_factory=list)
-    changed: trio.Event = field(default_factory=trio.Event)
-    url: str = ""
+class Receiver(Sink):
+    """bench/otlp.py's endpoint, each body also decoded into :attr:`spans` as it comes."""
 
-    async def start(self, nursery: trio.Nursery) -> str:
-        serve = partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1")
-        listeners = await nursery.start(serve)
-        port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/v1/traces"
-        return self.url
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: list[Span] = []
+        self.changed = trio.Event()
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
-        buf = b""
-        try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, buf = buf.partition(b"\r\n\r\n")
-                match = _LENGTH.search(head)
-                length = int(match.group(1)) if match else 0
-                while len(buf) < length:
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                body, buf = buf[:length], buf[length:]
-                self._record(gzip.decompress(body) if _GZIP.search(head) else body)
-                await stream.send_all(_OK)
-        except trio.BrokenResourceError:
-            return
-
-    def _record(self, body: bytes) -> None:
-        self.bodies.append(body)
+    def received(self, body: bytes) -> None:
+        super().received(body)
         request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}

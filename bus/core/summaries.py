@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bus.core import keys
+from bus.core.asks import AskRefused, SignedAsk, checked_object, route_problem
 from bus.core.reasons import Reason
-from bus.core.traces import AskRefused
-from crypto import ALGORITHM_ED25519, Signer, sign_object, verify_object
+from bus.core.verify import Freshness
+from crypto import ALGORITHM_ED25519
 
 DOMAIN_SUMMARY = "summary-ask"
 MAX_POINTS = 120  # points per series: the sampler's ring (node/observe/sampler.py)
@@ -41,14 +42,14 @@ FIGURES = ("queued", "dead_letters", "runners", "busy")  # whole numbers of a su
 CHART_GROUPS = ("rates", "latency_ms", "depths")
 
 _V = TypeVar("_V")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_NONCE = re.compile(r"[0-9a-f]{16,64}")
 _NAME = re.compile(r"[A-Za-z0-9_:.|+-]{1,80}")  # MAX_NAME_CHARS
 
 
 @dataclass(frozen=True)
-class SummaryAsk:
+class SummaryAsk(SignedAsk):
     """What node ``node`` asks node ``target``: its summary, now."""
+
+    DOMAIN = DOMAIN_SUMMARY
 
     id: int
     node: str
@@ -57,48 +58,21 @@ class SummaryAsk:
     nonce: str
     signatures: tuple[Mapping[str, str], ...] = field(default=(), compare=False)
 
-    def signed_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "node": self.node,
-            "target": self.target,
-            "created_at": self.created_at,
-            "nonce": self.nonce,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.signed_dict() | {"signatures": [dict(s) for s in self.signatures]}
-
-    def signed(self, signer: Signer) -> SummaryAsk:
-        sig = sign_object(signer, DOMAIN_SUMMARY, self.signed_dict())
-        return SummaryAsk(**{**self.__dict__, "signatures": (sig,)})
-
 
 def parse_summary_ask(obj: object) -> SummaryAsk:
     """A :class:`SummaryAsk` from its wire object; AskRefused(malformed) naming what is wrong."""
-    if not isinstance(obj, dict):
-        raise AskRefused(Reason.MALFORMED, "summary ask is not an object")
-    extra = set(obj) - {"id", "node", "target", "created_at", "nonce", "signatures"}
-    if extra:
-        raise AskRefused(Reason.MALFORMED, f"summary ask field {sorted(extra)[0][:40]!r}")
-    ints = {n: obj.get(n) for n in ("id", "created_at")}
-    for name, value in ints.items():
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-            raise AskRefused(Reason.MALFORMED, f"summary ask field {name!r} not an integer")
-    for name, pattern in (("node", _HEX64), ("target", _HEX64), ("nonce", _NONCE)):
-        value = obj.get(name)
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise AskRefused(Reason.MALFORMED, f"summary ask field {name!r} missing or malformed")
-    sigs = obj.get("signatures")
-    if not isinstance(sigs, list) or not all(isinstance(s, dict) for s in sigs) or len(sigs) > 4:
-        raise AskRefused(Reason.MALFORMED, "summary ask signatures: a list of up to 4 objects")
+    if isinstance(obj, dict):
+        extra = set(obj) - {"id", "node", "target", "created_at", "nonce", "signatures"}
+        if extra:
+            raise AskRefused(Reason.MALFORMED, f"summary ask field {sorted(extra)[0][:40]!r}")
+    checked = checked_object(obj, "summary ask", ("id", "created_at"))
     return SummaryAsk(
-        ints["id"],  # type: ignore[arg-type]  # checked above
-        obj["node"],
-        obj["target"],
-        ints["created_at"],  # type: ignore[arg-type]
-        obj["nonce"],
-        tuple(sigs),
+        checked["id"],
+        checked["node"],
+        checked["target"],
+        checked["created_at"],
+        checked["nonce"],
+        tuple(checked["signatures"]),
     )
 
 
@@ -107,25 +81,9 @@ def summary_ask_problem(
 ) -> AskRefused | None:
     """What the answering node refuses in a summary ask (None if nothing): it names the node
     its link proved, is for this node, is fresh, and is signed by that node's key."""
-    if ask.node != link_peer:
-        return AskRefused(Reason.WRONG_ORIGIN, "the ask names another node than its link's")
-    if ask.target != own_id:
-        return AskRefused(Reason.WRONG_DESTINATION, "the ask is for another node")
-    age = now - ask.created_at
-    if age > max_age_s:
-        return AskRefused(Reason.EXPIRED, f"asked {age} s ago; the limit is {max_age_s} s")
-    if -age > max_skew_s:
-        return AskRefused(Reason.FROM_FUTURE, f"dated {-age} s ahead")
-    verdict = verify_object(
-        list(ask.signatures),
-        DOMAIN_SUMMARY,
-        ask.signed_dict(),
-        expected_public_key=link_peer,
-        expected_algorithm=ALGORITHM_ED25519,
-    )
-    if not verdict.ok:
-        return AskRefused(verdict.reason, verdict.detail or "the ask's signature does not verify")
-    return None
+    fresh = Freshness(max_age_s=max_age_s, max_skew_s=max_skew_s)
+    refused = route_problem(ask, link_peer=link_peer, own_id=own_id, now=now, freshness=fresh)
+    return refused or ask.signature_problem(link_peer, ALGORITHM_ED25519)
 
 
 # -- the summary -------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.core.asks import AskRefused, SignedAsk, checked_object, route_problem
 from bus.core.reasons import Reason
 from bus.core.verify import Freshness
-from crypto import Signer, sign_object, verify_object
 
 DOMAIN_ASK = "trace-ask"
 MAX_KEYS = 32  # keys one ask may name: a flow's jobs are asked for in chunks of this
@@ -54,8 +54,6 @@ FLOW_FIELDS = (
 ATTEMPT_FIELDS = ("attempt", "runner", "status", "reason", "started_at", "ended_at")
 
 _KEY = re.compile(r"(job|message):\d{1,20}:\d{1,20}|flow:\d{1,20}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_NONCE = re.compile(r"[0-9a-f]{16,64}")
 
 
 def is_traceable(key: str) -> bool:
@@ -64,18 +62,11 @@ def is_traceable(key: str) -> bool:
     return _KEY.fullmatch(key) is not None
 
 
-class AskRefused(Exception):  # noqa: N818 - a refusal, not an error of the code
-    """Why an ask is not answered: ``reason`` (a token) and ``detail`` (human text)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
 @dataclass(frozen=True)
-class Ask:
+class Ask(SignedAsk):
     """What an actor asks a peer (``target``) through its node (``node``)."""
+
+    DOMAIN = DOMAIN_ASK
 
     id: int
     caller_id: int
@@ -87,56 +78,27 @@ class Ask:
     nonce: str
     signatures: tuple[Mapping[str, str], ...] = field(default=(), compare=False)
 
-    def signed_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "caller_id": self.caller_id,
-            "context_id": self.context_id,
-            "node": self.node,
-            "target": self.target,
-            "keys": list(self.keys),
-            "created_at": self.created_at,
-            "nonce": self.nonce,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.signed_dict() | {"signatures": [dict(s) for s in self.signatures]}
-
-    def signed(self, signer: Signer) -> Ask:
-        sig = sign_object(signer, DOMAIN_ASK, self.signed_dict())
-        return Ask(**{**self.__dict__, "signatures": (sig,)})
-
 
 def parse_ask(obj: object) -> Ask:
     """An :class:`Ask` from its wire object; AskRefused(malformed) naming what is wrong."""
-    if not isinstance(obj, dict):
-        raise AskRefused(Reason.MALFORMED, "ask is not an object")
-    ints = {n: obj.get(n) for n in ("id", "caller_id", "context_id", "created_at")}
-    for name, value in ints.items():
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
-            raise AskRefused(Reason.MALFORMED, f"ask field {name!r} missing or not an integer")
-    for name, pattern in (("node", _HEX64), ("target", _HEX64), ("nonce", _NONCE)):
-        value = obj.get(name)
-        if not isinstance(value, str) or not pattern.fullmatch(value):
-            raise AskRefused(Reason.MALFORMED, f"ask field {name!r} missing or malformed")
-    names, sigs = obj.get("keys"), obj.get("signatures")
+    ints = ("id", "caller_id", "context_id", "created_at")
+    checked = checked_object(obj, "ask", ints)
+    names = checked.get("keys")
     if not isinstance(names, list) or not 0 < len(names) <= MAX_KEYS:
         raise AskRefused(Reason.MALFORMED, f"ask must name 1 to {MAX_KEYS} keys")
     bad = [k for k in names if not isinstance(k, str) or not is_traceable(k)]
     if bad:
         raise AskRefused(Reason.MALFORMED, f"not a job, message or flow key: {str(bad[0])[:80]!r}")
-    if not isinstance(sigs, list) or not all(isinstance(s, dict) for s in sigs) or len(sigs) > 4:
-        raise AskRefused(Reason.MALFORMED, "ask signatures must be a list of up to 4 objects")
     return Ask(
-        id=ints["id"],  # type: ignore[arg-type]  # checked above
-        caller_id=ints["caller_id"],  # type: ignore[arg-type]
-        context_id=ints["context_id"],  # type: ignore[arg-type]
-        node=obj["node"],
-        target=obj["target"],
+        id=checked["id"],
+        caller_id=checked["caller_id"],
+        context_id=checked["context_id"],
+        node=checked["node"],
+        target=checked["target"],
         keys=tuple(names),
-        created_at=ints["created_at"],  # type: ignore[arg-type]
-        nonce=obj["nonce"],
-        signatures=tuple(sigs),
+        created_at=checked["created_at"],
+        nonce=checked["nonce"],
+        signatures=tuple(checked["signatures"]),
     )
 
 
@@ -145,18 +107,7 @@ def ask_problem(
 ) -> AskRefused | None:
     """What the link and the clock refuse in an ask (None if nothing): it comes from the node
     it names, is for this node, and is fresh. The actor is checked by :func:`actor_problem`."""
-    if ask.node != link_peer:
-        return AskRefused(Reason.WRONG_ORIGIN, "the ask names another node than its link's")
-    if ask.target != own_id:
-        return AskRefused(Reason.WRONG_DESTINATION, "the ask is for another node")
-    age = now - ask.created_at
-    if age > freshness.max_age_s:
-        return AskRefused(
-            Reason.EXPIRED, f"asked {age} s ago; the limit is {freshness.max_age_s} s"
-        )
-    if -age > freshness.max_skew_s:
-        return AskRefused(Reason.FROM_FUTURE, f"dated {-age} s ahead")
-    return None
+    return route_problem(ask, link_peer=link_peer, own_id=own_id, now=now, freshness=freshness)
 
 
 def actor_problem(
@@ -171,15 +122,9 @@ def actor_problem(
         )
     if pubkey is None:
         return AskRefused(Reason.UNKNOWN_SIGNER, f"actor {ask.caller_id} is not registered here")
-    verdict = verify_object(
-        list(ask.signatures),
-        DOMAIN_ASK,
-        ask.signed_dict(),
-        expected_public_key=pubkey,
-        expected_algorithm=algorithm,
-    )
-    if not verdict.ok:
-        return AskRefused(verdict.reason, verdict.detail or "the ask's signature does not verify")
+    refused = ask.signature_problem(pubkey, algorithm)
+    if refused is not None:
+        return refused
     if ask.caller_id not in readers:
         return AskRefused(
             Reason.PERMISSION_DENIED,

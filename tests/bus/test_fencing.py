@@ -10,6 +10,8 @@ import json
 import os
 import re
 import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import trio
 
 from bus.client.api import open_client
 from bus.core import admitted, keys
-from bus.core.models import JobStatus, RunnerJob
+from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic import runs
 from bus.store.atomic.runs_sync import SyncRuns
 from crypto import read_key_file
@@ -248,34 +250,50 @@ async def _result(node: NodeProcess, msg, timeout_s: float = 30):
     return result
 
 
-def _runs_once(tmp_path, tag: str, nap: float) -> str:
-    """Python: sleeps ``nap`` s, then records one run in ``<tag>.runs``."""
-    return (
+async def _begun_with_a_short_lease(
+    node_proc: Callable[..., NodeProcess], tag: str
+) -> tuple[NodeProcess, Path, Message]:
+    """Node ``a`` with a 600 ms lease TTL, and the message of its job that, once it has begun,
+    sleeps 0.5 s, records one run in ``<tag>.runs`` of its work dir and prints ``done``;
+    returned once the job has begun (node, work dir, message)."""
+    node = node_proc("a", lease_ttl_ms=600)
+    await node.start()
+    work = work_of(node.home)
+    body = (
         "import time, pathlib; base = pathlib.Path('.')\n"  # its work dir (see work_of)
-        f"time.sleep({nap})\n"
+        "time.sleep(0.5)\n"
         f"with open(base / '{tag}.runs', 'a') as f: f.write('run\\n')\n"
         "print('done')\n"
     )
-
-
-async def test_node_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
-    node = node_proc("a", lease_ttl_ms=600)
-    await node.start()
-    tmp_path = work_of(node.home)
-    script = announcing(node.redis_url, "began:stall", _runs_once(tmp_path, "stall", 0.5))
-    msg = await _submit_to(node, script, retries=2)
+    msg = await _submit_to(node, announcing(node.redis_url, f"began:{tag}", body), retries=2)
     async with open_client(node.redis_url) as client:
-        await wait_announced(client.store, "began:stall")
-    assert node.proc is not None
-    node.proc.send_signal(signal.SIGSTOP)  # the script ends, the lease lapses meanwhile
+        await wait_announced(client.store, f"began:{tag}")
+    return node, work, msg
+
+
+@contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Process ``pid`` stopped (SIGSTOP) for the block, continued after it whatever happens."""
+    os.kill(pid, signal.SIGSTOP)
     try:
-        await trio.sleep(2.5)  # the stall itself (> 4 lease TTLs), not a wait for state
+        yield
     finally:
-        node.proc.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
+
+
+async def _finished_once(node: NodeProcess, msg: Message, work: Path, tag: str) -> None:
     result = await _result(node, msg, timeout_s=15)
     assert result.ok, result.reason
     assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
-    assert (tmp_path / "stall.runs").read_text() == "run\n"
+    assert (work / f"{tag}.runs").read_text() == "run\n"
+
+
+async def test_node_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc):
+    node, work, msg = await _begun_with_a_short_lease(node_proc, "stall")
+    assert node.proc is not None
+    with stopped(node.proc.pid):  # the script ends, the lease lapses meanwhile
+        await trio.sleep(2.5)  # the stall itself (> 4 lease TTLs), not a wait for state
+    await _finished_once(node, msg, work, "stall")
 
 
 async def _wait_for_file(path, timeout_s: float = 20) -> None:
@@ -325,21 +343,9 @@ async def test_killed_node_adopts_an_sh_job_that_ended_while_it_was_down(node_pr
     assert list((node.config.run_dir / "outcomes").iterdir()) == []  # adopted, then dropped
 
 
-async def test_valkey_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc, tmp_path):
-    node = node_proc("a", lease_ttl_ms=600)
-    await node.start()
-    tmp_path = work_of(node.home)
-    script = announcing(node.redis_url, "began:vk", _runs_once(tmp_path, "vk", 0.5))
-    msg = await _submit_to(node, script, retries=2)
-    async with open_client(node.redis_url) as client:
-        await wait_announced(client.store, "began:vk")
+async def test_valkey_stalled_beyond_the_lease_ttl_finishes_the_job_once(node_proc):
+    node, work, msg = await _begun_with_a_short_lease(node_proc, "vk")
     valkey = int((node.config.valkey_dir / "valkey.pid").read_text())
-    os.kill(valkey, signal.SIGSTOP)  # the script ends; the lease expires when Valkey wakes
-    try:
+    with stopped(valkey):  # the script ends; the lease expires when Valkey wakes
         await trio.sleep(2.5)  # the stall itself, not a wait for state
-    finally:
-        os.kill(valkey, signal.SIGCONT)
-    result = await _result(node, msg, timeout_s=15)
-    assert result.ok, result.reason
-    assert (result.stdout, result.result["attempts"]) == ("done\n", "1")
-    assert (tmp_path / "vk.runs").read_text() == "run\n"
+    await _finished_once(node, msg, work, "vk")

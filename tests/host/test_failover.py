@@ -15,6 +15,8 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from bus.core.models import JobStatus, Message
 from bus.errors import ClientError, StoreError
 from bus.store.durable import NotDurable
 from bus.store.promise import EVERY_REPLICA, ONE_REPLICA
-from crypto import read_key_file
+from crypto import KeyPair, read_key_file
 from node.host.acl import NODE
 from node.host.replicated import SENTINEL
 from tests.cli.test_cli_json_schemas import validator
@@ -76,6 +78,31 @@ async def _job_status(client: Client, job_key: str) -> str:
     except StoreError:
         return ""
     return status if status and JobStatus(status).final else ""
+
+
+@asynccontextmanager
+async def submitting(rig: Rig) -> AsyncIterator[Callable[[], Awaitable[Message]]]:
+    """A client of the rig's store, as ``submit()``: each call submits one ``sh`` job
+    ``true`` as the rig's actor."""
+    actor = read_key_file(rig.home / "actor.key")
+    async with open_client(rig.client_url) as client:
+        yield partial(
+            client.submit_job, actor, 1, to="self", context_id=1, script_type="sh", script="true"
+        )
+
+
+async def submit_tagged(client: Client, actor: KeyPair, tag: str) -> Message:
+    """One SCRIPT job that appends ``tag`` to ran.txt of its work dir when it runs."""
+    return await client.submit_job(
+        actor,
+        1,
+        to="self",
+        context_id=1,
+        script_type="python",
+        script=SCRIPT,
+        env_vars={"TAG": tag, "OUT": "ran.txt"},
+        retries=2,
+    )
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "sigkill-gone", "sigstop"])
@@ -129,17 +156,7 @@ async def test_a_submit_is_not_acknowledged_until_a_replica_has_it(tmp_path):
     """With both replicas stopped the primary still takes the write (within
     min-replicas-max-lag), but WAITAOF cannot confirm a replica's fsync: the client is told."""
     async with replicated_node(tmp_path) as rig:
-        actor = read_key_file(rig.home / "actor.key")
-        async with open_client(rig.client_url) as client:
-            submit = partial(
-                client.submit_job,
-                actor,
-                1,
-                to="self",
-                context_id=1,
-                script_type="sh",
-                script="true",
-            )
+        async with submitting(rig) as submit:
             await submit()  # acknowledged while the replicas are up
             for port in rig.servers.data_ports[1:]:
                 rig.servers.child(port).signal(signal.SIGSTOP)
@@ -195,16 +212,7 @@ async def _flow(rig: Rig, out, fault: str) -> dict[str, object]:  # noqa: ANN001
                 if i == KILL_AT:
                     nursery.start_soon(kill_primary)
                 try:
-                    msg = await client.submit_job(
-                        actor,
-                        1,
-                        to="self",
-                        context_id=1,
-                        script_type="python",
-                        script=SCRIPT,
-                        env_vars={"TAG": f"j{i:03d}", "OUT": "ran.txt"},
-                        retries=2,
-                    )
+                    msg = await submit_tagged(client, actor, f"j{i:03d}")
                 except StoreError as exc:
                     refused += 1  # told: not a promise (it may run all the same)
                     if refused < 4 or refused % 50 == 0:
@@ -294,18 +302,7 @@ async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_
             async def submitter(who: int) -> None:
                 for i in range(10**6):
                     try:
-                        acked.append(
-                            await client.submit_job(
-                                actor,
-                                1,
-                                to="self",
-                                context_id=1,
-                                script_type="python",
-                                script=SCRIPT,
-                                env_vars={"TAG": f"s{who}-{i}", "OUT": "ran.txt"},
-                                retries=2,
-                            )
-                        )
+                        acked.append(await submit_tagged(client, actor, f"s{who}-{i}"))
                     except StoreError as exc:
                         refused.append(str(exc))  # told: not a promise
                     await trio.sleep(SUBMIT_GAP_S)
@@ -392,17 +389,7 @@ async def test_a_replica_down_shows_what_the_promise_does(tmp_path, caplog, prom
     The log, ``status`` (text and JSON) and ``/metrics`` say which."""
     every = promise == EVERY_REPLICA
     async with replicated_node(tmp_path, promise=promise, console_listen="127.0.0.1:0") as rig:
-        actor = read_key_file(rig.home / "actor.key")
-        async with open_client(rig.client_url) as client:
-            submit = partial(
-                client.submit_job,
-                actor,
-                1,
-                to="self",
-                context_id=1,
-                script_type="sh",
-                script="true",
-            )
+        async with submitting(rig) as submit:
             await submit()  # both replicas up: acknowledged either way
             await _kill_replica(rig, rig.servers.data_ports[2])
             await submit()  # on the replica left
@@ -459,18 +446,8 @@ async def test_a_replica_the_sentinels_lose_but_the_primary_keeps_still_counts(t
     counting it: with replica A stalled, B's fsync alone confirms nothing (it would stand in
     for A's, and the Sentinels, which cannot reach B, would promote A)."""
     async with replicated_node(tmp_path) as rig:
-        actor = read_key_file(rig.home / "actor.key")
         a, b = rig.servers.data_ports[1:]
-        async with open_client(rig.client_url) as client:
-            submit = partial(
-                client.submit_job,
-                actor,
-                1,
-                to="self",
-                context_id=1,
-                script_type="sh",
-                script="true",
-            )
+        async with submitting(rig) as submit:
             await submit()
             async with sentinel_events(rig, ["+sdown"]) as events:
                 server: coredis.Redis[str] = coredis.Redis(

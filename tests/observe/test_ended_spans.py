@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -20,7 +22,7 @@ from bus.client.api import open_client
 from bus.core.models import JobStatus
 from bus.core.spans import attempt_span_id
 from bus.core.tracecontext import parse_traceparent
-from crypto import read_key_file
+from crypto import KeyPair, read_key_file
 from node.config import render_config
 from node.config.tracing import TracingConfig
 from tests.nodeproc import NodeProcess
@@ -30,46 +32,59 @@ from tests.runners.test_runners import External
 CANARY = "CANARY-EXTERNAL-SCRIPT-4e1"
 
 
-@pytest.mark.slow
-async def test_an_external_runner_s_attempts_are_spans_of_the_node(tmp_path: Path, monkeypatch):
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Receiver:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # the node exports every 0.1 s
-    receiver = Receiver()
-    node = NodeProcess(tmp_path / "a", "a", runners={"python": 1, "ext": 0})
+    return Receiver()
+
+
+@asynccontextmanager
+async def exporting(node: NodeProcess, receiver: Receiver) -> AsyncIterator[KeyPair]:
+    """``node`` started, exporting its spans to ``receiver``; yields its actor's key. The
+    node is closed on the way out, whatever happened (shielded: a test's deadline may be
+    what ends it; close bounds itself)."""
     try:
         async with trio.open_nursery() as nursery:
             endpoint = await receiver.start(nursery)
             node.config = replace(node.config, tracing=TracingConfig(endpoint=endpoint))
             node.config.config_path.write_text(render_config(node.config), encoding="utf-8")
-            with trio.fail_after(90):
-                await node.start()
-                actor = read_key_file(node.config.actor_key_path)
-                async with open_client(node.redis_url) as client:
-                    ext = External(client.store, "ext-1", "ext")
-                    await ext.register()
-                    msg = await client.submit_job(
-                        actor, 1, to="self", context_id=1, script_type="ext",
-                        script=f"say {CANARY}", retries=1,
-                    )  # fmt: skip
-                    job, attempt = await ext.take()
-                    failed = {"stdout": CANARY, "exit_code": "3"}
-                    assert await ext.finish(job, attempt, "error", failed, "exit code 3") == 1
-                    job, attempt = await ext.take()  # the node's retry
-                    assert await ext.finish(job, attempt, "finished", {"stdout": "ok"}) == 1
-                    [result] = await client.wait_results(msg, timeout_s=30)
-                assert (result.status, result.result["attempts"]) == (JobStatus.FINISHED, "2")
-                trace = parse_traceparent(msg.traceparent)
-
-                def ran(spans: list[Span]) -> list[Span]:
-                    return [
-                        s
-                        for s in spans
-                        if s.name == "run queue:ext" and s.trace_id == trace.trace_id
-                    ]
-
-                await receiver.wait_for(lambda spans: len(ran(spans)) == 2)
+            await node.start()
+            yield read_key_file(node.config.actor_key_path)
             nursery.cancel_scope.cancel()
     finally:
-        await node.close()
+        with trio.CancelScope(shield=True):
+            await node.close()
+
+
+@pytest.mark.slow
+async def test_an_external_runner_s_attempts_are_spans_of_the_node(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    node = NodeProcess(tmp_path / "a", "a", runners={"python": 1, "ext": 0})
+    with trio.fail_after(90):
+        async with exporting(node, receiver) as actor:
+            async with open_client(node.redis_url) as client:
+                ext = External(client.store, "ext-1", "ext")
+                await ext.register()
+                msg = await client.submit_job(
+                    actor, 1, to="self", context_id=1, script_type="ext",
+                    script=f"say {CANARY}", retries=1,
+                )  # fmt: skip
+                job, attempt = await ext.take()
+                failed = {"stdout": CANARY, "exit_code": "3"}
+                assert await ext.finish(job, attempt, "error", failed, "exit code 3") == 1
+                job, attempt = await ext.take()  # the node's retry
+                assert await ext.finish(job, attempt, "finished", {"stdout": "ok"}) == 1
+                [result] = await client.wait_results(msg, timeout_s=30)
+            assert (result.status, result.result["attempts"]) == (JobStatus.FINISHED, "2")
+            trace = parse_traceparent(msg.traceparent)
+
+            def ran(spans: list[Span]) -> list[Span]:
+                return [
+                    s for s in spans if s.name == "run queue:ext" and s.trace_id == trace.trace_id
+                ]
+
+            await receiver.wait_for(lambda spans: len(ran(spans)) == 2)
     first, second = sorted(ran(receiver.spans), key=lambda s: s.attributes["hero.attempt"])
     key = msg.job[0].key
     for number, span in enumerate((first, second), start=1):
@@ -98,48 +113,39 @@ def runner_pids(node_pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-async def test_an_attempt_its_runner_never_ended_is_a_span_of_the_node(tmp_path: Path, monkeypatch):
+async def test_an_attempt_its_runner_never_ended_is_a_span_of_the_node(
+    tmp_path: Path, receiver: Receiver
+) -> None:
     """The runner process killed while its job runs: the node recovers the slot, ends the
     attempt (``runner_lost``) and writes its span, which the runner never ended."""
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-    receiver = Receiver()
     node = NodeProcess(tmp_path / "a", "a", runners={"python": 1, "sh": 0})
     work = node.config.home / "work" / "1"  # the job's work dir, the one place it sees
     work.mkdir(parents=True, exist_ok=True)
     fifo = work / "release"
     os.mkfifo(fifo, 0o666)
     script = f"# {CANARY}\nprint(open('release').read().strip())\n"
-    try:
-        async with trio.open_nursery() as nursery:
-            endpoint = await receiver.start(nursery)
-            node.config = replace(node.config, tracing=TracingConfig(endpoint=endpoint))
-            node.config.config_path.write_text(render_config(node.config), encoding="utf-8")
-            with trio.fail_after(120):
-                await node.start()
-                actor = read_key_file(node.config.actor_key_path)
-                async with open_client(node.redis_url) as client:
-                    msg = await client.submit_job(
-                        actor, 1, to="self", context_id=1, script_type="python", script=script
-                    )
-                    # opening the fifo returns once the job opened it: the job runs now
-                    writer = await trio.to_thread.run_sync(partial(open, fifo, "w"))
-                    assert node.proc is not None
-                    [runner] = runner_pids(node.proc.pid)
-                    os.kill(runner, signal.SIGKILL)
-                    [result] = await client.wait_results(msg, timeout_s=60)
-                    await trio.to_thread.run_sync(writer.close)
-                assert result.status is JobStatus.ERROR, result
-                assert result.reason.startswith("runner_lost"), result
-                trace = parse_traceparent(msg.traceparent)
+    with trio.fail_after(120):
+        async with exporting(node, receiver) as actor:
+            async with open_client(node.redis_url) as client:
+                msg = await client.submit_job(
+                    actor, 1, to="self", context_id=1, script_type="python", script=script
+                )
+                # opening the fifo returns once the job opened it: the job runs now
+                writer = await trio.to_thread.run_sync(partial(open, fifo, "w"))
+                assert node.proc is not None
+                [runner] = runner_pids(node.proc.pid)
+                os.kill(runner, signal.SIGKILL)
+                [result] = await client.wait_results(msg, timeout_s=60)
+                await trio.to_thread.run_sync(writer.close)
+            assert result.status is JobStatus.ERROR, result
+            assert result.reason.startswith("runner_lost"), result
+            trace = parse_traceparent(msg.traceparent)
 
-                def ended(spans: list[Span]) -> list[Span]:
-                    ours = (s for s in spans if s.trace_id == trace.trace_id)
-                    return [s for s in ours if s.name == "run queue:python"]
+            def ended(spans: list[Span]) -> list[Span]:
+                ours = (s for s in spans if s.trace_id == trace.trace_id)
+                return [s for s in ours if s.name == "run queue:python"]
 
-                await receiver.wait_for(lambda spans: bool(ended(spans)))
-            nursery.cancel_scope.cancel()
-    finally:
-        await node.close()
+            await receiver.wait_for(lambda spans: bool(ended(spans)))
     [span] = ended(receiver.spans)
     key = msg.job[0].key
     assert (span.node, span.parent_id) == (node.node_id, trace.parent_id)

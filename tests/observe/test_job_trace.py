@@ -10,12 +10,12 @@ import sys
 import jsonschema
 import trio
 
-from bus.core.frames import Frame
 from bus.core.ids import new_nonce, now
 from bus.core.traces import Ask
-from bus.wire.transport import Link, Transport, TransportConfig
+from bus.wire.transport import Link
 from crypto import KeyPair, read_key_file, write_key_file
 from node.cli.output import schema_path
+from tests.fake_peer import FakePeer, link_fake_peer
 from tests.flows.test_flows import job, mesh
 
 # fails its first attempt (exit 3), leaving a marker in its work dir; the retry finds it
@@ -151,41 +151,13 @@ async def test_a_peer_refuses_an_actor_that_may_not_read_the_context(node_factor
     assert alone["jobs"][0]["hops"][0]["what"] == "job message submitted"
 
 
-class FakePeer:
-    """A node the node under test knows, on our own Transport: it keeps the tells it gets."""
-
-    def __init__(self) -> None:
-        self.key = KeyPair.generate()
-        self.tells: dict[int, dict] = {}
-        self.got = trio.Event()
-
-    async def on_frame(self, link: Link, frame: Frame) -> None:
-        if frame.type == "tell":
-            self.tells[frame.body["tell"]["ask"]] = frame.body["tell"]
-            self.got.set()
-            self.got = trio.Event()
-
-    async def on_bad_frame(self, link: Link, detail: str) -> None:
-        raise AssertionError(f"the node sent a bad frame: {detail}")
-
-    async def told(self, ask_id: int) -> dict:
-        while ask_id not in self.tells:
-            await self.got.wait()
-        return self.tells[ask_id]
-
-
 async def linked_peer(nursery, node) -> tuple[FakePeer, Link, KeyPair]:  # noqa: ANN001
     """A fake peer dialling ``node``, and actor 50, an executor of context 1 there."""
-    peer, actor = FakePeer(), KeyPair.generate()
+    actor = KeyPair.generate()
     await node.client.register_actor(50, actor.public_hex)
     await node.client.register_context(1, admins=[node.config.actor_id], executors=[50])
-    await node.client.add_peer(peer.key.public_hex, "", name="fake")
-    transport = Transport(
-        peer.key, lambda: {node.node_id}, peer.on_frame, peer.on_bad_frame, TransportConfig()
-    )
-    nursery.start_soon(transport.dial_forever, node.node_id, node.info.ws_url)
-    with trio.fail_after(30):
-        return peer, await transport.wait_link(node.node_id), actor
+    peer, link = await link_fake_peer(nursery, node)
+    return peer, link, actor
 
 
 async def test_asks_and_tells_from_a_peer_get_reasons_never_a_traceback(node_factory, nursery):

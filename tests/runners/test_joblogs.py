@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from crypto import read_key_file
+from tests.runners.test_runners import submit
 from tests.scripts import announcing, wait_announced
 
 TICKER = """
@@ -18,15 +18,7 @@ print("oops", file=sys.stderr)
 
 async def test_follow_a_running_job_live(node_factory):
     alice = await node_factory("alice")
-    actor = read_key_file(alice.config.actor_key_path)
-    msg = await alice.client.submit_job(
-        actor,
-        1,
-        to=alice.node_id,
-        context_id=1,
-        script_type="python",
-        script=announcing(alice.info.redis_url, "tick", TICKER),
-    )
+    msg = await submit(alice, "python", announcing(alice.info.redis_url, "tick", TICKER))
     await wait_announced(alice.store, "tick")
     seen: list[tuple[str, str]] = []
     with trio.fail_after(20):
@@ -45,15 +37,7 @@ async def test_follow_a_running_job_live(node_factory):
 
 async def test_logs_of_a_short_job_come_from_its_result(node_factory):
     alice = await node_factory("alice")
-    actor = read_key_file(alice.config.actor_key_path)
-    msg = await alice.client.submit_job(
-        actor,
-        1,
-        to=alice.node_id,
-        context_id=1,
-        script_type="sh",
-        script="echo quick; echo err >&2",
-    )
+    msg = await submit(alice, "sh", "echo quick; echo err >&2")
     with trio.fail_after(20):
         await alice.client.wait_results(msg, timeout_s=20)
         pairs = [p async for p in alice.client.job_logs(1, msg.job[0].key, follow=True)]
@@ -66,12 +50,9 @@ async def test_a_job_longer_than_its_lease_keeps_it_and_its_slot_logs_are_reused
     """The slot's watcher renews the lease of a job that outlives its lease TTL, and the next
     job on that slot starts with clean output files."""
     alice = await node_factory("alice", runners={"python": 1}, lease_ttl_ms=600)
-    actor = read_key_file(alice.config.actor_key_path)
 
     async def run(script: str) -> str:
-        msg = await alice.client.submit_job(
-            actor, 1, to=alice.node_id, context_id=1, script_type="python", script=script
-        )
+        msg = await submit(alice, "python", script)
         with trio.fail_after(20):
             [result] = await alice.client.wait_results(msg, timeout_s=20)
         assert result.ok, result.reason

@@ -28,6 +28,7 @@ from node.worker.ending import Ran
 from node.worker.job import Wake
 from node.worker.loop import SlotLoop
 from tests.nodeproc import NodeProcess
+from tests.runners.slots import slot_spec
 from tests.scripts import announcing, wait_announced
 
 INFLIGHT = "inflight:runner:v:0"
@@ -72,24 +73,7 @@ def runner_of(pid: int) -> int:
 
 
 def _runner(redis_url: str, tmp_path: Path) -> SlotLoop:
-    spec = RunnerSpec(
-        url=redis_url,
-        ctx=1,
-        script_type="v",
-        slot=0,
-        command=[],
-        group="",
-        token_base="n:b:1:v:0",
-        lease_ttl_ms=15_000,
-        run_dir=str(tmp_path),
-        max_output_bytes=1000,
-        reply_ttl_s=60,
-        node_id="n",
-        in_process=True,
-        max_jobs=10,
-        pop_timeout_s=1.0,
-    )
-    return SlotLoop(spec, b"k" * 32)
+    return SlotLoop(slot_spec(redis_url, tmp_path, pop_timeout_s=1.0), b"k" * 32)
 
 
 def test_a_runner_pops_in_consume_order_then_blocks_on_its_type_queue(redis_url, tmp_path):

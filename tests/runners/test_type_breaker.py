@@ -28,7 +28,8 @@ from node.config import load_config, render_config
 from node.errors import ConfigError
 from node.host.home import init_home
 from node.observe.metrics import exposition
-from node.worker.loop import RunnerSpec, SlotLoop
+from node.worker.loop import SlotLoop
+from tests.runners.slots import slot_spec
 
 # -- the Lua state machine against the pure one ---------------------------------------------------
 
@@ -264,24 +265,8 @@ async def test_a_popped_job_of_an_open_type_goes_back_to_its_queue_untouched(
 ):
     """The start after a pop (``runs_start``) refuses while the breaker is open: the runner
     puts the entry back at the consuming end of the list it came from and waits."""
-    spec = RunnerSpec(
-        url=redis_url,
-        ctx=1,
-        script_type="v",
-        slot=0,
-        command=[],
-        group="",
-        token_base="n:b:1:v:0",
-        lease_ttl_ms=15_000,
-        run_dir=str(tmp_path),
-        max_output_bytes=1000,
-        reply_ttl_s=60,
-        node_id="n",
-        in_process=True,
-        max_jobs=10,
-        pop_timeout_s=1.0,
-        breaker_failures=1,
-        breaker_open_ms=60_000,
+    spec = slot_spec(
+        redis_url, tmp_path, pop_timeout_s=1.0, breaker_failures=1, breaker_open_ms=60_000
     )
     runner = SlotLoop(spec, b"k" * 32)
     runner.runs.set_breaker("v", 1, 60_000, 1)

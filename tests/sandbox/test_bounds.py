@@ -124,19 +124,26 @@ async def bounded(node_factory, tmp_path: Path) -> AsyncIterator:
     assert left == [], LEFT_OVER
 
 
-EIGHT_TIMES_512 = """
-import os
-kids = []
-for _ in range(8):
-    pid = os.fork()
-    if pid == 0:
-        block = b"x" * (512 << 20)  # touched: every page is charged
-        os._exit(0)
-    kids.append(pid)
-failed = sum(os.waitpid(k, 0)[1] != 0 for k in kids)
-print("children failed:", failed)
-raise SystemExit(1 if failed else 0)
-"""
+def forking(children: int, child: str, *, fail_if_any: bool = False) -> str:
+    """A python job that forks ``children`` processes, each running the python line ``child``
+    then exiting 0, waits for them all and prints how many failed (``fail_if_any``: and
+    exits 1 if any did)."""
+    return (
+        "import os, time\n"
+        "kids = []\n"
+        f"for _ in range({children}):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        f"        {child}\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "failed = sum(os.waitpid(k, 0)[1] != 0 for k in kids)\n"
+        'print("children failed:", failed)\n'
+    ) + ("raise SystemExit(1 if failed else 0)\n" if fail_if_any else "")
+
+
+# each child touches every page of its block, so every page is charged
+EIGHT_TIMES_512 = forking(8, 'block = b"x" * (512 << 20)', fail_if_any=True)
 
 
 @needs_root
@@ -176,18 +183,7 @@ async def test_a_fork_bomb_ends_pids_limit_and_the_next_job_runs(bounded) -> Non
 
 # each child spins until its own CPU time (not the wall clock) reaches 1.8 s: under its
 # RLIMIT_CPU of 2 s, so only the tree's bound (7.2 s of CPU against 2) can stop the job
-FOUR_BUSY = """
-import os, time
-kids = []
-for _ in range(4):
-    pid = os.fork()
-    if pid == 0:
-        while time.process_time() < 1.8:
-            pass
-        os._exit(0)
-    kids.append(pid)
-print("children failed:", sum(os.waitpid(k, 0)[1] != 0 for k in kids))
-"""
+FOUR_BUSY = forking(4, "while time.process_time() < 1.8: pass")
 
 
 @needs_root

@@ -9,7 +9,6 @@ import json
 import pytest
 import trio
 
-from bus.core.frames import Frame
 from bus.core.ids import new_nonce, now
 from bus.core.summaries import (
     MAX_POINTS,
@@ -18,12 +17,12 @@ from bus.core.summaries import (
     summarise,
     summary_problem,
 )
-from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair, read_key_file
 from node.config.console import ConsoleConfig
 from node.links.asks import Asker
 from node.web.timeline import Tracer
 from tests.console_http import get, next_state
+from tests.fake_peer import link_fake_peer
 from tests.nodes import link_to
 
 
@@ -76,38 +75,10 @@ def test_a_peer_summary_out_of_shape_is_refused_with_what_is_wrong(change, why):
     assert why in summary_problem(good | change)
 
 
-class SummaryPeer:
-    """A peer of the node under test on our own Transport: it keeps the summary tells it gets."""
-
-    def __init__(self) -> None:
-        self.key = KeyPair.generate()
-        self.tells: dict[int, dict] = {}
-        self.got = trio.Event()
-
-    async def on_frame(self, link: Link, frame: Frame) -> None:
-        if frame.type == "tell" and frame.body.get("of") == "summary":
-            self.tells[frame.body["tell"]["ask"]] = frame.body["tell"]
-            self.got.set()
-            self.got = trio.Event()
-
-    async def on_bad_frame(self, link: Link, detail: str) -> None:
-        raise AssertionError(f"the node sent a bad frame: {detail}")
-
-    async def told(self, ask_id: int) -> dict:
-        while ask_id not in self.tells:
-            await self.got.wait()
-        return self.tells[ask_id]
-
-
 async def test_a_node_tells_its_summary_to_a_peer_and_refuses_bad_asks(node_factory, nursery):
     alice = await node_factory("alice", console=ConsoleConfig("127.0.0.1:0", chart_every_s=0.5))
-    peer = SummaryPeer()
-    await alice.client.add_peer(peer.key.public_hex, "", name="peer")
     await alice.store.dead_letter(1, "message:1:77", "malformed", "secret detail", queue="msg_in")
-    transport = Transport(
-        peer.key, lambda: {alice.node_id}, peer.on_frame, peer.on_bad_frame, TransportConfig()
-    )
-    nursery.start_soon(transport.dial_forever, alice.node_id, alice.info.ws_url)
+    peer, link = await link_fake_peer(nursery, alice, name="peer", of="summary")
     me, other = peer.key.public_hex, KeyPair.generate()
 
     def ask(ask_id: int, signer: KeyPair = peer.key, **changes: object) -> dict:
@@ -116,7 +87,6 @@ async def test_a_node_tells_its_summary_to_a_peer_and_refuses_bad_asks(node_fact
         return SummaryAsk(**(fields | changes)).signed(signer).to_dict()
 
     with trio.fail_after(30):
-        link = await transport.wait_link(alice.node_id)
         await link.send("ask", ask=ask(1), of="summary")
         await link.send("ask", ask=ask(2, node=other.public_hex), of="summary")
         await link.send("ask", ask=ask(3, signer=other), of="summary")
