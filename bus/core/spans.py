@@ -243,9 +243,14 @@ def start_attempt(
 
 
 def end(
-    span: Span | None, outcome: str = "", reason: str = "", attributes: Attributes | None = None
+    span: Span | None,
+    outcome: str = "",
+    reason: str = "",
+    attributes: Attributes | None = None,
+    end_time_s: float | None = None,
 ) -> None:
-    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token)."""
+    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token),
+    now or at ``end_time_s`` (Unix s)."""
     if span is None:
         return
     if outcome:
@@ -255,7 +260,7 @@ def end(
         span.set_status(_otel.Status(_otel.StatusCode.ERROR, reason))
     for name, value in (attributes or {}).items():
         span.set_attribute(name, value)
-    span.end()
+    span.end(None if end_time_s is None else int(end_time_s * 1e9))
 
 
 def traceparent_of(span: Span | None) -> tuple[str, str]:

@@ -16,7 +16,7 @@ record of the first span, whichever process of the node ran it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus.core import keys, queues, spans
 from bus.core.models import Message, RunnerJob
@@ -24,13 +24,22 @@ from bus.core.tracecontext import message_trace
 from node.slot.lifecycle import cause_of
 from node.slot.spec import RunnerSpec
 
+if TYPE_CHECKING:
+    from node.worker.ending import Ran
+
 TRACER = "hero.runner"
 
 
 def attempt_span(
-    spec: RunnerSpec, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int
+    spec: RunnerSpec,
+    job: RunnerJob,
+    fields: dict[str, str],
+    request: Message,
+    attempt: int,
+    start_time_s: float | None = None,
 ) -> spans.Span | None:
-    """The started span of attempt ``attempt`` of ``job`` (None: not recorded)."""
+    """The started span of attempt ``attempt`` of ``job`` (None: not recorded), started now
+    or at ``start_time_s`` (Unix s)."""
     trace = message_trace(request.traceparent, request.tracestate)
     attributes: dict[str, Any] = {
         spans.CONTEXT: spec.ctx,
@@ -38,13 +47,18 @@ def attempt_span(
         spans.DESTINATION: queues.queue_of(fields),
         "hero.slot": spec.slot_id,
     }
-    return spans.start_attempt(
-        TRACER, job, attempt, trace, keys.queue(spec.script_type), attributes
-    )
+    queue = keys.queue(spec.script_type)
+    return spans.start_attempt(TRACER, job, attempt, trace, queue, attributes, start_time_s)
 
 
-def sandbox_span(spec: RunnerSpec, attempt: spans.Span | None, job_key: str) -> spans.Span | None:
-    """The started span of the sandbox run of the attempt ``attempt`` (None: not recorded)."""
+def sandbox_span(
+    spec: RunnerSpec,
+    attempt: spans.Span | None,
+    job_key: str,
+    start_time_s: float | None = None,
+) -> spans.Span | None:
+    """The started span of the sandbox run of the attempt ``attempt`` (None: not recorded),
+    started now or at ``start_time_s`` (Unix s)."""
     if attempt is None:
         return None
     attributes = {spans.JOB_KEY: job_key, spans.NODE: spec.node_id, "hero.slot": spec.slot_id}
@@ -52,7 +66,32 @@ def sandbox_span(spec: RunnerSpec, attempt: spans.Span | None, job_key: str) -> 
     if mode:
         attributes["hero.sandbox.mode"] = mode
     context = spans.child_context(attempt)
-    return spans.start(TRACER, "sandbox", "INTERNAL", context=context, attributes=attributes)
+    return spans.start(
+        TRACER,
+        "sandbox",
+        "INTERNAL",
+        context=context,
+        attributes=attributes,
+        start_time_s=start_time_s,
+    )
+
+
+def ran_attempt(spec: RunnerSpec, ran: Ran, times: tuple[float, float, float], ended: str) -> None:
+    """The spans of a batch's attempt ``ran``, recorded once its end is (``ended``: retry,
+    finished or error): the jobs of a batch run one after the other in one request to the
+    sandbox, so each attempt's span starts at its turn and its sandbox span ends at its
+    answer. ``times``: its turn, its answer and its end, in Unix s."""
+    began, answered, ended_s = times
+    span = attempt_span(spec, ran.job, ran.fields, ran.request, ran.attempt, began)
+    if span is None:
+        return
+    box = sandbox_span(spec, span, ran.job.key, began)
+    code = ran.outcome.result.get("exit_code")
+    if code is not None:
+        spans.end(box, "exited", attributes={"hero.exit_code": int(code)}, end_time_s=answered)
+    else:  # killed (a timeout, a stop) or lost: no exit status of its own
+        end(box, "failed", ran.outcome.reason, end_time_s=answered)
+    end(span, ended, ran.outcome.reason, end_time_s=ended_s)
 
 
 def end(
@@ -60,7 +99,9 @@ def end(
     outcome: str,
     reason: str = "",
     attributes: spans.Attributes | None = None,
+    end_time_s: float | None = None,
 ) -> None:
     """End ``span`` with ``outcome`` and the cause of ``reason`` (a token such as
-    ``exit:1`` or ``timeout``: a reason's text may quote what the job wrote)."""
-    spans.end(span, outcome, cause_of(reason) if reason else "", attributes)
+    ``exit:1`` or ``timeout``: a reason's text may quote what the job wrote), now or at
+    ``end_time_s`` (Unix s)."""
+    spans.end(span, outcome, cause_of(reason) if reason else "", attributes, end_time_s)
