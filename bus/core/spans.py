@@ -43,6 +43,8 @@ try:
         TraceFlags,
         TraceState,
     )
+
+    _NO_STATE: Final = TraceState()  # immutable: one for every span context without a state
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency of the node
     _otel = None  # type: ignore[assignment]
 
@@ -87,10 +89,17 @@ def recording() -> bool:
         return False
     if provider is _UNKNOWN:  # an API that keeps it elsewhere: ask it
         provider = _otel.get_tracer_provider()
-    return not isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider)
+    seen = _RECORDING
+    if provider is not seen[0]:  # an isinstance of an ABC is a few µs: once per provider
+        seen[:] = [provider, not isinstance(provider, _NOT_RECORDING)]
+    return bool(seen[1])
 
 
 _UNKNOWN: Final = object()
+_RECORDING: list[Any] = [_UNKNOWN, False]  # the provider last asked about, and the answer
+_NOT_RECORDING: Final = (
+    (_otel.ProxyTracerProvider, _otel.NoOpTracerProvider) if _otel is not None else ()
+)
 
 
 def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # noqa: ANN401
@@ -103,7 +112,7 @@ def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # 
 
 
 def _span_context(parent: TraceParent, tracestate: str) -> Any:  # noqa: ANN401
-    state = TraceState.from_header([tracestate]) if tracestate else TraceState()
+    state = TraceState.from_header([tracestate]) if tracestate else _NO_STATE
     return SpanContext(
         trace_id=int(parent.trace_id, 16),
         span_id=int(parent.parent_id, 16),

@@ -459,7 +459,7 @@ def main() -> None:
 
 def _traced(spec: RunnerSpec) -> Any:  # noqa: ANN401 - a TracerProvider, or None
     """The process's tracer provider when its node traces (node/worker/spans.py), else None:
-    the SDK is imported only then."""
+    the recorder (node/observe/recorder.py) is imported only then."""
     if not spec.tracing:
         return None
     from node.observe.tracing import install_runner

@@ -6,8 +6,8 @@ from its attempt records: those records hold whole seconds (``attempt_entry``), 
 run is in none of them, and a job's time is most of a trace's; the runner measures both as
 they happen. It holds no secret for it: the endpoint, the ratio and the node's sampling key
 come in its spec on stdin (node/observe/tracing.py ``runner_settings``), the export runs in
-the SDK's own thread. With tracing off none of this is imported: the loop checks one
-attribute per job (``SlotLoop.traced``).
+the exporter's own thread (node/observe/otlp.py). With tracing off none of this is
+imported: the loop checks one attribute per job (``SlotLoop.traced``).
 
 A retry is a new span, linked to the first attempt's: attempt spans have ids derived from
 their trace, job and number (bus/core/spans.py ``attempt_span_id``), so the link needs no
