@@ -75,7 +75,10 @@ Span = Any  # an opentelemetry.trace.Span; Any so that the module loads without 
 
 def kind(name: str) -> Any:  # noqa: ANN401 - a SpanKind, or None without the API
     """The SpanKind named ``name`` (PRODUCER, CONSUMER, INTERNAL, CLIENT)."""
-    return getattr(SpanKind, name) if _otel is not None else None
+    return _KINDS.get(name) if _otel is not None else None
+
+
+_KINDS: Final = {k.name: k for k in SpanKind} if _otel is not None else {}
 
 
 def recording() -> bool:
@@ -108,7 +111,17 @@ def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # 
     never of whatever happens to be current in the task."""
     if parent is None:
         return Context()
-    return _otel.set_span_in_context(NonRecordingSpan(_span_context(parent, tracestate)))
+    # a message's spans (admit, route; verify, materialise) share one: a Context is immutable
+    found = _REMOTE.get((parent, tracestate))
+    if found is None:
+        if len(_REMOTE) >= 256:
+            _REMOTE.clear()
+        span = NonRecordingSpan(_span_context(parent, tracestate))
+        found = _REMOTE[parent, tracestate] = _otel.set_span_in_context(span)
+    return found
+
+
+_REMOTE: dict[tuple[TraceParent, str], Any] = {}  # the last remote contexts made, bounded
 
 
 def _span_context(parent: TraceParent, tracestate: str) -> Any:  # noqa: ANN401

@@ -105,10 +105,11 @@ def _any(value: object) -> bytes:
     return _field(1, str(value).encode())
 
 
-# encoded KeyValues by (key, value): most repeat from span to span (the node, the context, the
-# slot, outcomes, the system); bounded, emptied when full
-_KV: dict[tuple[str, object], bytes] = {}
+# encoded KeyValue fields by (field number, key, value): most repeat from span to span (the
+# node, the context, the slot, outcomes, the system); bounded, emptied when full
+_KV: dict[tuple[int, str, object], bytes] = {}
 _KV_MAX: Final = 4096
+_NAMES: dict[str, bytes] = {}  # a span's name field, by name: a few names, every span
 
 
 def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
@@ -116,14 +117,14 @@ def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
     out = []
     for key, value in attributes.items():
         kept = type(value) is str or type(value) is int  # never a bool: True == 1
-        encoded = _KV.get((key, value)) if kept else None
+        encoded = _KV.get((number, key, value)) if kept else None
         if encoded is None:
-            encoded = _field(1, key.encode()) + _field(2, _any(value))
+            encoded = _field(number, _field(1, key.encode()) + _field(2, _any(value)))
             if kept:
                 if len(_KV) >= _KV_MAX:
                     _KV.clear()
-                _KV[key, value] = encoded
-        out.append(_field(number, encoded))
+                _KV[number, key, value] = encoded
+        out.append(encoded)
     return b"".join(out)
 
 
@@ -137,8 +138,13 @@ def encode_span(r: Record) -> bytes:
         parts.append(_field(3, r.trace_state.encode()))
     if r.parent_id:
         parts.append(b"\x22\x08" + r.parent_id.to_bytes(8, "big"))
+    name = _NAMES.get(r.name)
+    if name is None:
+        name = _field(5, r.name.encode())
+        if len(_NAMES) < 256:  # a name per peer at most: bounded all the same
+            _NAMES[r.name] = name
     parts += [
-        _field(5, r.name.encode()),
+        name,
         b"\x30" + _varint(r.kind),
         b"\x39" + _FIXED64(r.start_ns),
         b"\x41" + _FIXED64(r.end_ns),

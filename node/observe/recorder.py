@@ -35,12 +35,13 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
 )
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.util.types import Attributes
 
 from bus.core.spans import take_pinned_span_id
-from node.observe.otlp import Exporter, Record
+from node.observe.otlp import Record
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -56,15 +57,30 @@ class Sampler(Protocol):
     def records(self, trace_id: int) -> bool: ...
 
 
+class Queue(Protocol):
+    """Where ended spans go: the exporter (node/observe/otlp.py ``Exporter``)."""
+
+    def add(self, record: Record) -> None: ...
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool: ...
+
+    def shutdown(self, timeout_s: float = 5.0) -> None: ...
+
+
 class RecordingSpan(trace.Span):
     """A sampled span: its fields as OTLP sends them, handed to the exporter once ended."""
 
-    __slots__ = ("_ctx", "_exporter", "_record")
+    __slots__ = ("_ctx", "_exporter", "_record", "_state")
 
-    def __init__(self, exporter: Exporter, record: Record, ctx: SpanContext) -> None:
-        self._exporter, self._record, self._ctx = exporter, record, ctx
+    def __init__(self, exporter: Queue, record: Record, state: TraceState) -> None:
+        self._exporter, self._record, self._state = exporter, record, state
+        self._ctx: SpanContext | None = None
 
     def get_span_context(self) -> SpanContext:
+        # made when asked (a child's parent, a trace context passed on): most spans never are
+        if self._ctx is None:
+            r = self._record
+            self._ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, self._state)
         return self._ctx
 
     def is_recording(self) -> bool:
@@ -114,6 +130,9 @@ class RecordingSpan(trace.Span):
         self._exporter.add(record)
 
 
+_PARENTS = (NonRecordingSpan, RecordingSpan)  # the parents bus/core/spans.py passes on
+
+
 class Tracer(trace.Tracer):
     """Starts the spans of one tracer name (an OTLP scope)."""
 
@@ -131,9 +150,9 @@ class Tracer(trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace.Span:
-        current = context.get(_SPAN_KEY) if context is not None else None
-        if not isinstance(current, trace.Span):  # a root, or the current span: the API's way
-            current = trace.get_current_span(context)
+        current: Any = context.get(_SPAN_KEY) if context is not None else None
+        if type(current) not in _PARENTS and not isinstance(current, trace.Span):
+            current = trace.get_current_span(context)  # a root, or the current span
         parent = current.get_span_context()
         span_id = take_pinned_span_id() or random.getrandbits(64) or 1
         if parent.is_valid:
@@ -145,7 +164,6 @@ class Tracer(trace.Tracer):
         provider = self.provider
         if not provider.sampler.records(trace_id):
             return NonRecordingSpan(SpanContext(trace_id, span_id, False, _UNSAMPLED, state))
-        ctx = SpanContext(trace_id, span_id, False, _SAMPLED, state)
         record = Record(
             self.name,
             name,
@@ -160,7 +178,7 @@ class Tracer(trace.Tracer):
             dict(attributes) if attributes else {},
             [(ln.context.trace_id, ln.context.span_id) for ln in links] if links else [],
         )
-        return RecordingSpan(provider.exporter, record, ctx)
+        return RecordingSpan(provider.exporter, record, state)
 
     @contextmanager
     def start_as_current_span(  # type: ignore[override]
@@ -184,7 +202,7 @@ class TracerProvider(trace.TracerProvider):
     """The provider a traced node (and each of its runner processes) installs: its spans go
     to ``exporter`` when ``sampler`` records their trace."""
 
-    def __init__(self, sampler: Sampler, exporter: Exporter) -> None:
+    def __init__(self, sampler: Sampler, exporter: Queue) -> None:
         self.sampler, self.exporter = sampler, exporter
         self._tracers: dict[str, Tracer] = {}
 

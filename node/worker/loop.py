@@ -50,6 +50,7 @@ from types import FrameType
 from typing import Any
 
 from bus.core import admitted, keys, queues
+from bus.core.ids import now_ms
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
@@ -335,12 +336,13 @@ class SlotLoop:
     def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
         """The spans of a batch's attempts, now that their ends are recorded: each its own,
         from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
-        wall = time.time() - time.monotonic()  # what a monotonic time is in Unix time
+        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
         ended_s = time.monotonic() + wall
         endings = self.ender.ended_each
         for ran, cur, ended in zip(rans, curs, endings, strict=False):
             times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
-            ran_attempt(self.spec, ran, times, ended)
+            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
+            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str

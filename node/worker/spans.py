@@ -16,16 +16,14 @@ record of the first span, whichever process of the node ran it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bus.core import keys, queues, spans
 from bus.core.models import Message, RunnerJob
 from bus.core.tracecontext import message_trace
+from node.slot.exits import Outcome
 from node.slot.lifecycle import cause_of
 from node.slot.spec import RunnerSpec
-
-if TYPE_CHECKING:
-    from node.worker.ending import Ran
 
 TRACER = "hero.runner"
 
@@ -76,22 +74,29 @@ def sandbox_span(
     )
 
 
-def ran_attempt(spec: RunnerSpec, ran: Ran, times: tuple[float, float, float], ended: str) -> None:
-    """The spans of a batch's attempt ``ran``, recorded once its end is (``ended``: retry,
-    finished or error): the jobs of a batch run one after the other in one request to the
-    sandbox, so each attempt's span starts at its turn and its sandbox span ends at its
-    answer. ``times``: its turn, its answer and its end, in Unix s."""
+def ran_attempt(
+    spec: RunnerSpec,
+    attempt: tuple[RunnerJob, dict[str, str], Message, int],
+    outcome: Outcome,
+    times: tuple[float, float, float],
+    ended: str,
+) -> None:
+    """The spans of a batch's ``attempt`` (job, fields, request, number), recorded once its
+    end is (``ended``: retry, finished or error): the jobs of a batch run one after the other
+    in one request to the sandbox, so each attempt's span starts at its turn and its sandbox
+    span ends at its answer. ``times``: its turn, its answer and its end, in Unix s."""
+    job, fields, request, number = attempt
     began, answered, ended_s = times
-    span = attempt_span(spec, ran.job, ran.fields, ran.request, ran.attempt, began)
+    span = attempt_span(spec, job, fields, request, number, began)
     if span is None:
         return
-    box = sandbox_span(spec, span, ran.job.key, began)
-    code = ran.outcome.result.get("exit_code")
+    box = sandbox_span(spec, span, job.key, began)
+    code = outcome.result.get("exit_code")
     if code is not None:
         spans.end(box, "exited", attributes={"hero.exit_code": int(code)}, end_time_s=answered)
     else:  # killed (a timeout, a stop) or lost: no exit status of its own
-        end(box, "failed", ran.outcome.reason, end_time_s=answered)
-    end(span, ended, ran.outcome.reason, end_time_s=ended_s)
+        end(box, "failed", outcome.reason, end_time_s=answered)
+    end(span, ended, outcome.reason, end_time_s=ended_s)
 
 
 def end(
