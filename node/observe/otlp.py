@@ -234,7 +234,11 @@ class Exporter:
             self._wake.clear()
             stopping = self._stopping
             while self.queue:  # what came meanwhile too, in batches
-                self._send(self._take())
+                batch = self._take()
+                try:
+                    self._send(batch)
+                except Exception as exc:  # noqa: BLE001 - a span is only a span: never the thread
+                    self._failed(batch, repr(exc))
             self._drained.set()
             if stopping:
                 self._close()

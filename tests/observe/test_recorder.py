@@ -143,3 +143,20 @@ async def test_the_exporter_sends_batches_bounds_its_queue_and_survives_a_dead_r
     assert exporter.dropped == 1
     assert "1 spans not exported" in caplog.text
     await trio.to_thread.run_sync(exporter.shutdown)
+
+
+async def test_a_span_that_cannot_be_encoded_is_dropped_and_the_exporter_goes_on():
+    receiver = Receiver()
+    async with trio.open_nursery() as nursery:
+        exporter = Exporter(await receiver.start(nursery), RESOURCE)
+        # a lone surrogate is no UTF-8: its batch fails to encode
+        exporter.add(Record("hero.test", "bad", 1, 1, 1, 0, 0x101, "", 1, 2, {"k": "\udc80"}))
+        with trio.fail_after(20):
+            assert await trio.to_thread.run_sync(exporter.force_flush)
+        assert exporter.dropped == 1
+        exporter.add(Record("hero.test", "next", 1, 1, 2, 0, 0x101, "", 1, 2, {}))
+        with trio.fail_after(20):
+            assert await trio.to_thread.run_sync(exporter.force_flush)
+            await receiver.wait_for(lambda got: [s.name for s in got] == ["next"])
+        await trio.to_thread.run_sync(exporter.shutdown)
+        nursery.cancel_scope.cancel()
