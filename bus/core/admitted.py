@@ -56,6 +56,8 @@ COVERED = (
     "message_key",
     "origin",
     "reply_to",
+    "traceparent",
+    "tracestate",
 )
 
 

@@ -43,6 +43,8 @@ try:
         TraceFlags,
         TraceState,
     )
+
+    _NO_STATE: Final = TraceState()  # immutable: one for every span context without a state
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency of the node
     _otel = None  # type: ignore[assignment]
 
@@ -73,7 +75,10 @@ Span = Any  # an opentelemetry.trace.Span; Any so that the module loads without 
 
 def kind(name: str) -> Any:  # noqa: ANN401 - a SpanKind, or None without the API
     """The SpanKind named ``name`` (PRODUCER, CONSUMER, INTERNAL, CLIENT)."""
-    return getattr(SpanKind, name) if _otel is not None else None
+    return _KINDS.get(name) if _otel is not None else None
+
+
+_KINDS: Final = {k.name: k for k in SpanKind} if _otel is not None else {}
 
 
 def recording() -> bool:
@@ -87,10 +92,17 @@ def recording() -> bool:
         return False
     if provider is _UNKNOWN:  # an API that keeps it elsewhere: ask it
         provider = _otel.get_tracer_provider()
-    return not isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider)
+    seen = _RECORDING
+    if provider is not seen[0]:  # an isinstance of an ABC is a few µs: once per provider
+        seen[:] = [provider, not isinstance(provider, _NOT_RECORDING)]
+    return bool(seen[1])
 
 
 _UNKNOWN: Final = object()
+_RECORDING: list[Any] = [_UNKNOWN, False]  # the provider last asked about, and the answer
+_NOT_RECORDING: Final = (
+    (_otel.ProxyTracerProvider, _otel.NoOpTracerProvider) if _otel is not None else ()
+)
 
 
 def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # noqa: ANN401
@@ -99,11 +111,21 @@ def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # 
     never of whatever happens to be current in the task."""
     if parent is None:
         return Context()
-    return _otel.set_span_in_context(NonRecordingSpan(_span_context(parent, tracestate)))
+    # a message's spans (admit, route; verify, materialise) share one: a Context is immutable
+    found = _REMOTE.get((parent, tracestate))
+    if found is None:
+        if len(_REMOTE) >= 256:
+            _REMOTE.clear()
+        span = NonRecordingSpan(_span_context(parent, tracestate))
+        found = _REMOTE[parent, tracestate] = _otel.set_span_in_context(span)
+    return found
+
+
+_REMOTE: dict[tuple[TraceParent, str], Any] = {}  # the last remote contexts made, bounded
 
 
 def _span_context(parent: TraceParent, tracestate: str) -> Any:  # noqa: ANN401
-    state = TraceState.from_header([tracestate]) if tracestate else TraceState()
+    state = TraceState.from_header([tracestate]) if tracestate else _NO_STATE
     return SpanContext(
         trace_id=int(parent.trace_id, 16),
         span_id=int(parent.parent_id, 16),
@@ -243,9 +265,14 @@ def start_attempt(
 
 
 def end(
-    span: Span | None, outcome: str = "", reason: str = "", attributes: Attributes | None = None
+    span: Span | None,
+    outcome: str = "",
+    reason: str = "",
+    attributes: Attributes | None = None,
+    end_time_s: float | None = None,
 ) -> None:
-    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token)."""
+    """End ``span`` (None: nothing), with its ``outcome`` and refusal ``reason`` (a token),
+    now or at ``end_time_s`` (Unix s)."""
     if span is None:
         return
     if outcome:
@@ -255,7 +282,7 @@ def end(
         span.set_status(_otel.Status(_otel.StatusCode.ERROR, reason))
     for name, value in (attributes or {}).items():
         span.set_attribute(name, value)
-    span.end()
+    span.end(None if end_time_s is None else int(end_time_s * 1e9))
 
 
 def traceparent_of(span: Span | None) -> tuple[str, str]:

@@ -118,6 +118,10 @@ def _writes(
             }
             if message.reply_to:  # where the runner answers a request made here
                 fields["reply_to"] = message.reply_to
+            if message.traceparent:  # the runner's attempt continues it without a message read
+                fields["traceparent"] = message.traceparent
+                if message.tracestate:
+                    fields["tracestate"] = message.tracestate
             queue = ""
             why = judge(job.script_type)
             if why is None:

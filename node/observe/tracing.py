@@ -1,11 +1,12 @@
 """The one place the node sets up OpenTelemetry (the spans themselves: bus/core/spans.py).
 
-Off by default (``[tracing]`` without an endpoint): no SDK is imported, no exporter thread runs,
-and every span call of the bus (bus/core/spans.py) returns at once on the API's no-op provider.
-On, :func:`tracing` installs a tracer provider whose spans leave in batches over OTLP/HTTP. The
-SDK's BatchSpanProcessor exports from a thread of its own (a plain ``threading.Thread``, no
-asyncio): the trio loop only appends finished spans to its queue, and an export that stalls
-costs the node no task, only spans dropped once that queue is full.
+Off by default (``[tracing]`` without an endpoint): no recorder is imported, no exporter thread
+runs, and every span call of the bus (bus/core/spans.py) returns at once on the API's no-op
+provider. On, :func:`tracing` installs the node's own tracer provider
+(node/observe/recorder.py: a span costs a job a few µs, not the SDK's ~100 µs), whose spans
+leave in batches over OTLP/HTTP from a thread of its own (node/observe/otlp.py: a plain
+``threading.Thread``, no asyncio): the trio loop only appends finished spans to its queue, and
+an export that stalls costs the node no task, only spans dropped once that queue is full.
 
 Sampling is the node's decision, never the sender's: a message's traceparent is signed by its
 actor, an untrusted party, so neither its sampled flag nor a trace id chosen to fall under a
@@ -18,8 +19,8 @@ The node's runner processes (node/worker/) export the spans of the attempts they
 provider of their own, set up from :func:`runner_settings` (the endpoint, the ratio and the
 node's very sampling key, in the spec on their stdin: nothing in an environment), so that a
 runner records exactly the traces its node records. Their span ids may be pinned
-(:class:`PinnedIds`): an attempt's id is derived from its job and number
-(bus/core/spans.py ``attempt_span_id``), and a retry links to its first attempt by it.
+(bus/core/spans.py ``start(span_id=...)``): an attempt's id is derived from its job and number
+(``attempt_span_id``), and a retry links to its first attempt by it.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ SHUTDOWN_S = 5.0  # the most a stopping node waits for its last spans to leave
 class KeyedRatioSampler:
     """Record a trace when a keyed hash of its trace id falls under ``ratio``; the parent's
     sampled flag and the trace id's own bits decide nothing (see the module docstring).
-    Implements opentelemetry.sdk.trace.sampling.Sampler (imported only when tracing is on)."""
+    :meth:`records` is what the node's provider asks; :meth:`should_sample` makes it an
+    opentelemetry.sdk.trace.sampling.Sampler too (for an application's SDK provider)."""
 
     def __init__(self, ratio: float, key: bytes) -> None:
         self.ratio, self.key = ratio, key
         self.bound = round(ratio * 2**64)
 
     def records(self, trace_id: int) -> bool:
+        if self.bound >= 2**64:  # 1.0: every trace, whatever the key
+            return True
         digest = hashlib.blake2b(trace_id.to_bytes(16, "big"), key=self.key, digest_size=8)
         return int.from_bytes(digest.digest(), "big") < self.bound
 
@@ -91,42 +95,21 @@ def runner_settings() -> dict[str, Any]:
     return dict(_RUNNER_SETTINGS)
 
 
-def _pinned_ids() -> Any:  # noqa: ANN401 - an opentelemetry.sdk IdGenerator
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-    from bus.core.spans import take_pinned_span_id
-
-    class PinnedIds(RandomIdGenerator):
-        """Random ids, except a span id pinned by bus/core/spans.py ``start(span_id=...)``."""
-
-        def generate_span_id(self) -> int:
-            return take_pinned_span_id() or super().generate_span_id()
-
-    return PinnedIds()
-
-
 def _install(settings: dict[str, Any]) -> Any:  # noqa: ANN401
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create(
-        {
-            "service.name": settings["service_name"],
-            "service.instance.id": settings["node_id"],
-            "hero.node.name": settings["node_name"],
-        }
-    )
+    from node.observe.otlp import Exporter
+    from node.observe.recorder import TracerProvider
+
+    resource = {
+        "service.name": settings["service_name"],
+        "service.instance.id": settings["node_id"],
+        "hero.node.name": settings["node_name"],
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "hero-node",
+    }
     sampler = KeyedRatioSampler(settings["sampling_ratio"], bytes.fromhex(settings["key"]))
-    provider = TracerProvider(
-        resource=resource,
-        sampler=sampler,  # type: ignore[arg-type]
-        id_generator=_pinned_ids(),
-    )
-    exporter = OTLPSpanExporter(endpoint=settings["endpoint"])
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider = TracerProvider(sampler, Exporter(settings["endpoint"], resource))
     trace.set_tracer_provider(provider)
     return provider
 
@@ -161,8 +144,8 @@ def install(config: TracingConfig, node_id: str, node_name: str) -> Any:  # noqa
 @asynccontextmanager
 async def tracing(config: TracingConfig, node_id: str, node_name: str) -> AsyncIterator[None]:
     """Tracing for the node's lifetime: nothing at all when it is off; on, the provider is
-    installed on entry and flushed and shut down on exit (in a thread: the SDK's shutdown
-    blocks on the exporter), within SHUTDOWN_S."""
+    installed on entry and flushed and shut down on exit (in a thread: the shutdown blocks
+    on the exporter's last send), within SHUTDOWN_S."""
     if not config.enabled:
         yield
         return

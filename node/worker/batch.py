@@ -134,6 +134,7 @@ def run_batch(
         _begin(run, curs[0])
         try:
             for reply in answers:
+                curs[i].answered_at = time.monotonic()
                 curs[i].answered = reply.get("signal") != signal.SIGKILL
                 code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
                 found[i] = _kept(run, curs[i], run._ended(curs[i], reply, code, fds[i]))

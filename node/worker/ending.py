@@ -92,6 +92,7 @@ class Ender:
         self.inflight = spec.inflight
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
         self.ended = ""  # how the last attempt ended: retry, finished or error (its span's)
+        self.ended_each: list[str] = []  # so, each attempt of the last batch's end
 
     def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.spec, job_key, reason, **more)
@@ -233,7 +234,8 @@ class Ender:
                 self.reports.flush_totals()
         for ran, plan, ok_end in zip(rans, plans, ended, strict=True):
             self._log_end(ran, isinstance(plan, Retry), ok_end)
-        self.ended = ended_as(plans[-1]) if plans else ""
+        self.ended_each = [ended_as(plan) for plan in plans]
+        self.ended = self.ended_each[-1] if plans else ""
         return taken
 
     def _plan(self, ran: Ran) -> Plan:
@@ -260,6 +262,7 @@ class Ender:
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
         self.ended = ended_as(plan)
+        self.ended_each = [self.ended]
         took_s = time.monotonic() - ran.began
         here_answered = isinstance(plan, AnswerHere)
         batch, due = self.reports.counted(

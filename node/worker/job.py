@@ -179,6 +179,7 @@ class _Current:
     # the sandbox answered how the job ended, not by SIGKILL: it ran to its end, whatever
     # comes after
     answered: bool = False
+    answered_at: float = 0.0  # when a batch's job answered (monotonic): its spans' times
     # the attempt's run is over (set before its end is recorded): a renewal the watch thread
     # began before that is refused by the end, which supersedes nothing
     over: bool = False

@@ -45,10 +45,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from types import FrameType
 from typing import Any
 
 from bus.core import admitted, keys, queues
+from bus.core.ids import now_ms
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
@@ -67,7 +69,7 @@ from node.worker.job import Aborted, JobRun, Wake, _Current, prepare_process
 from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
 from node.worker.reports import Reports, report
-from node.worker.spans import attempt_span
+from node.worker.spans import attempt_span, ran_attempt
 from node.worker.spans import end as end_span
 
 log = logging.getLogger("node.worker.loop")
@@ -279,7 +281,7 @@ class SlotLoop:
         items = [(job, request, attempt) for job, _, request, attempt in ready]
         ran = run_batch(self.job, items, end_early)
         with self.ender.ending:
-            rans, back, rest = [], [], []
+            rans, back, rest, ran_curs = [], [], [], []
             for i, (outcome, cur) in enumerate(ran):
                 if i in early:  # ended already
                     continue
@@ -289,6 +291,7 @@ class SlotLoop:
                     back.append((job.key, attempt, queues.queue_of(fields)))
                     continue
                 rans.append(_ran(ready[i], outcome, cur))
+                ran_curs.append(cur)
             aborted = self.job.aborted
             taken = None if aborted or self._leaving() else nxt
             self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
@@ -303,6 +306,8 @@ class SlotLoop:
                     cur.pump.finish(ends.get(cur.job.key, "interrupted"))
                 self.job.batch = []
             self.job.forget()
+            if self.traced:
+                self._batch_spans(rans, ran_curs)
         if back:
             about = self.fields(back[0][0], given_back=len(back))
             log.info("%d jobs of a batch given back unrun", len(back), extra=about)
@@ -325,6 +330,19 @@ class SlotLoop:
                 for ran, (_, _, cur) in zip(rans, done, strict=True):
                     cur.pump.finish(ran.outcome.status.value)
             self.job.forget()
+            if self.traced:
+                self._batch_spans(rans, [cur for _, _, cur in done])
+
+    def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
+        """The spans of a batch's attempts, now that their ends are recorded: each its own,
+        from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
+        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
+        ended_s = time.monotonic() + wall
+        endings = self.ender.ended_each
+        for ran, cur, ended in zip(rans, curs, endings, strict=False):
+            times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
+            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
+            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
@@ -343,19 +361,18 @@ class SlotLoop:
         if not origin:
             return Message.from_hash(self.runs.message_fields(job.message_key))
         caller, ident = keys.parse_message_key(job.message_key)
-        reply_to = fields.get("reply_to", "")  # materialise copies the signed one here
-        signed: dict[str, str] = {}
-        if self.traced:  # the trace the attempt continues and its result carries back
-            signed = self.runs.message_fields(job.message_key)
+        # materialise copies the signed reply_to and trace context here (node/intake/
+        # materialise.py), under the admission stamp: the trace the attempt continues and its
+        # result carries back costs no read of the message (an HGETALL per job, its script too)
         return Message(
             ident,
             caller,
             self.spec.ctx,
             origin=origin,
             destination=self.spec.node_id,
-            reply_to=reply_to,
-            traceparent=signed.get("traceparent", ""),
-            tracestate=signed.get("tracestate", ""),
+            reply_to=fields.get("reply_to", ""),
+            traceparent=fields.get("traceparent", ""),
+            tracestate=fields.get("tracestate", ""),
         )
 
     def end_from_watch(
@@ -444,7 +461,7 @@ def main() -> None:
 
 def _traced(spec: RunnerSpec) -> Any:  # noqa: ANN401 - a TracerProvider, or None
     """The process's tracer provider when its node traces (node/worker/spans.py), else None:
-    the SDK is imported only then."""
+    the recorder (node/observe/recorder.py) is imported only then."""
     if not spec.tracing:
         return None
     from node.observe.tracing import install_runner

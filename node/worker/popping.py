@@ -33,10 +33,10 @@ class Flags:
 
 def batch_size(spec: RunnerSpec) -> int:
     """How many queued jobs the slot takes at once: ``batch_jobs`` (at most
-    :data:`~node.worker.batch.MAX_BATCH_JOBS`) for python jobs in a warm sandbox, untraced
-    (a span per attempt wants its own run); else one."""
+    :data:`~node.worker.batch.MAX_BATCH_JOBS`) for python jobs in a warm sandbox, traced or
+    not (each job of a batch has its own attempt span: node/worker/spans.py); else one."""
     warm = spec.in_process and not spec.sandbox.get("fresh_process")
-    if not warm or spec.tracing:
+    if not warm:
         return 1
     if durability(spec.url) is not None:
         # a replicated store: one job per take. A failover round of tests/host/test_failover.py

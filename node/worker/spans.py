@@ -6,8 +6,8 @@ from its attempt records: those records hold whole seconds (``attempt_entry``), 
 run is in none of them, and a job's time is most of a trace's; the runner measures both as
 they happen. It holds no secret for it: the endpoint, the ratio and the node's sampling key
 come in its spec on stdin (node/observe/tracing.py ``runner_settings``), the export runs in
-the SDK's own thread. With tracing off none of this is imported: the loop checks one
-attribute per job (``SlotLoop.traced``).
+the exporter's own thread (node/observe/otlp.py). With tracing off none of this is
+imported: the loop checks one attribute per job (``SlotLoop.traced``).
 
 A retry is a new span, linked to the first attempt's: attempt spans have ids derived from
 their trace, job and number (bus/core/spans.py ``attempt_span_id``), so the link needs no
@@ -21,6 +21,7 @@ from typing import Any
 from bus.core import keys, queues, spans
 from bus.core.models import Message, RunnerJob
 from bus.core.tracecontext import message_trace
+from node.slot.exits import Outcome
 from node.slot.lifecycle import cause_of
 from node.slot.spec import RunnerSpec
 
@@ -28,9 +29,15 @@ TRACER = "hero.runner"
 
 
 def attempt_span(
-    spec: RunnerSpec, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int
+    spec: RunnerSpec,
+    job: RunnerJob,
+    fields: dict[str, str],
+    request: Message,
+    attempt: int,
+    start_time_s: float | None = None,
 ) -> spans.Span | None:
-    """The started span of attempt ``attempt`` of ``job`` (None: not recorded)."""
+    """The started span of attempt ``attempt`` of ``job`` (None: not recorded), started now
+    or at ``start_time_s`` (Unix s)."""
     trace = message_trace(request.traceparent, request.tracestate)
     attributes: dict[str, Any] = {
         spans.CONTEXT: spec.ctx,
@@ -38,13 +45,18 @@ def attempt_span(
         spans.DESTINATION: queues.queue_of(fields),
         "hero.slot": spec.slot_id,
     }
-    return spans.start_attempt(
-        TRACER, job, attempt, trace, keys.queue(spec.script_type), attributes
-    )
+    queue = keys.queue(spec.script_type)
+    return spans.start_attempt(TRACER, job, attempt, trace, queue, attributes, start_time_s)
 
 
-def sandbox_span(spec: RunnerSpec, attempt: spans.Span | None, job_key: str) -> spans.Span | None:
-    """The started span of the sandbox run of the attempt ``attempt`` (None: not recorded)."""
+def sandbox_span(
+    spec: RunnerSpec,
+    attempt: spans.Span | None,
+    job_key: str,
+    start_time_s: float | None = None,
+) -> spans.Span | None:
+    """The started span of the sandbox run of the attempt ``attempt`` (None: not recorded),
+    started now or at ``start_time_s`` (Unix s)."""
     if attempt is None:
         return None
     attributes = {spans.JOB_KEY: job_key, spans.NODE: spec.node_id, "hero.slot": spec.slot_id}
@@ -52,7 +64,39 @@ def sandbox_span(spec: RunnerSpec, attempt: spans.Span | None, job_key: str) -> 
     if mode:
         attributes["hero.sandbox.mode"] = mode
     context = spans.child_context(attempt)
-    return spans.start(TRACER, "sandbox", "INTERNAL", context=context, attributes=attributes)
+    return spans.start(
+        TRACER,
+        "sandbox",
+        "INTERNAL",
+        context=context,
+        attributes=attributes,
+        start_time_s=start_time_s,
+    )
+
+
+def ran_attempt(
+    spec: RunnerSpec,
+    attempt: tuple[RunnerJob, dict[str, str], Message, int],
+    outcome: Outcome,
+    times: tuple[float, float, float],
+    ended: str,
+) -> None:
+    """The spans of a batch's ``attempt`` (job, fields, request, number), recorded once its
+    end is (``ended``: retry, finished or error): the jobs of a batch run one after the other
+    in one request to the sandbox, so each attempt's span starts at its turn and its sandbox
+    span ends at its answer. ``times``: its turn, its answer and its end, in Unix s."""
+    job, fields, request, number = attempt
+    began, answered, ended_s = times
+    span = attempt_span(spec, job, fields, request, number, began)
+    if span is None:
+        return
+    box = sandbox_span(spec, span, job.key, began)
+    code = outcome.result.get("exit_code")
+    if code is not None:
+        spans.end(box, "exited", attributes={"hero.exit_code": int(code)}, end_time_s=answered)
+    else:  # killed (a timeout, a stop) or lost: no exit status of its own
+        end(box, "failed", outcome.reason, end_time_s=answered)
+    end(span, ended, outcome.reason, end_time_s=ended_s)
 
 
 def end(
@@ -60,7 +104,9 @@ def end(
     outcome: str,
     reason: str = "",
     attributes: spans.Attributes | None = None,
+    end_time_s: float | None = None,
 ) -> None:
     """End ``span`` with ``outcome`` and the cause of ``reason`` (a token such as
-    ``exit:1`` or ``timeout``: a reason's text may quote what the job wrote)."""
-    spans.end(span, outcome, cause_of(reason) if reason else "", attributes)
+    ``exit:1`` or ``timeout``: a reason's text may quote what the job wrote), now or at
+    ``end_time_s`` (Unix s)."""
+    spans.end(span, outcome, cause_of(reason) if reason else "", attributes, end_time_s)
