@@ -252,6 +252,7 @@ class SlotLoop:
             # only now: until the end is in Valkey, the outcome file is what the next start of
             # the node adopts, should this process end before it could record it
             self.job.forget()
+            self.job.empty_logs()
             return started
 
     # -- a batch -------------------------------------------------------------------------------
@@ -303,6 +304,7 @@ class SlotLoop:
                     cur.pump.finish(ends.get(cur.job.key, "interrupted"))
                 self.job.batch = []
             self.job.forget()
+            self.job.empty_logs()
         if back:
             about = self.fields(back[0][0], given_back=len(back))
             log.info("%d jobs of a batch given back unrun", len(back), extra=about)
