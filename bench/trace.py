@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import socket
 import statistics
 import sys
@@ -214,6 +215,7 @@ async def trace(cross: bool, reply_lists: bool, rounds: int) -> None:
                 print_timeline(timeline, *spans[0], cross)
         finally:
             await procs.stop_all()
+            shutil.rmtree(base, ignore_errors=True)
             nursery.cancel_scope.cancel()
 
 
