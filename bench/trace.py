@@ -10,12 +10,22 @@ waits on, or a link crossed), with the path. Diagnostic only.
 
     .venv/bin/python bench/trace.py            # local round trip
     .venv/bin/python bench/trace.py --cross    # A -> B -> A
+    .venv/bin/python bench/trace.py --rounds 100   # local: median time of each hop
+
+With ``--rounds N`` (local only) it traces N round trips in a row and prints, instead of one
+timeline, the median and p90 of each hop of a local job (:data:`HOPS`), from the server's
+timestamps: what each process did between two commands it sent, or how long a process took to
+wake up once Valkey handed it the job. MONITOR slows every command by a few microseconds: the
+hops are comparable between two trees, not the round trip's absolute time.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shutil
+import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -52,6 +62,7 @@ def hand_offs(lines: list[tuple[float, str, str]]) -> list[str]:
         target = words[1]
         if not target.startswith(WAITED):
             continue
+        label = label.rstrip("*")
         if node and label != node:
             hops.append(f"link {node}->{label}")
         node = label
@@ -59,38 +70,110 @@ def hand_offs(lines: list[tuple[float, str, str]]) -> list[str]:
     return hops
 
 
+# The hops of a local round trip, in order, each ending at a marker command of the MONITOR
+# timeline (a command sent by a process, not one run inside a script, unless "lua" says so).
+HOPS = (
+    ("client: build, sign, write the message", "EXEC"),
+    ("supervisor wakes, pops", "msg_out"),
+    ("supervisor: parse, admit, route", "inflight:supervisor queue:"),
+    ("materialise script (Valkey)", "lua LREM inflight:supervisor"),
+    ("runner wakes, start script sent", "inflight:runner"),
+    ("start script (Valkey)", "lua stats:jobs"),
+    ("runner: ready, sandbox round trip, outcome, plan", "lease:job"),
+    ("end script up to the reply's push (Valkey)", "lua inbox:"),
+    ("client wakes, reads the reply", ""),
+)
+
+
+def _marker(command: str, lua: bool, marker: str) -> bool:
+    words = marker.split()
+    if words and words[0] == "lua":
+        if not lua:
+            return False
+        words = words[1:]
+    elif lua:
+        return False
+    return all(w in command for w in words)
+
+
+def hop_times(window: list[tuple[float, str, str]], t0: float, t1: float) -> list[float] | None:
+    """The time (ms) of each of :data:`HOPS` in one traced local round trip, or None if a
+    marker is missing (the timeline of another shape)."""
+    times, at, i = [], t0, 0
+    for _, marker in HOPS:
+        if not marker:
+            times.append((t1 - at) * 1000)
+            break
+        while i < len(window) and not _marker(window[i][2], window[i][1].endswith("*"), marker):
+            i += 1
+        if i == len(window):
+            return None
+        times.append((window[i][0] - at) * 1000)
+        at = window[i][0]
+        i += 1
+    return times
+
+
+def print_hops(rounds: list[list[float]], round_trips: list[float]) -> None:
+    """Median and p90 of each hop over the traced rounds."""
+    print(f"{len(rounds)} local round trips traced (MONITOR on); per hop, ms:\n")
+    print(f"{'median':>7} {'p90':>7}  hop")
+    for n, (name, _) in enumerate(HOPS):
+        column = sorted(r[n] for r in rounds)
+        p90 = column[int(0.9 * (len(column) - 1))]
+        print(f"{statistics.median(column):7.3f} {p90:7.3f}  {name}")
+    total = sorted(sum(r) for r in rounds)
+    print(f"{statistics.median(total):7.3f} {total[int(0.9 * (len(total) - 1))]:7.3f}  sum")
+    rt = sorted(round_trips)
+    print(f"{statistics.median(rt):7.3f} {rt[int(0.9 * (len(rt) - 1))]:7.3f}  round trip")
+
+
 async def monitor(
     url: str, label: str, lines: list[tuple[float, str, str]], ready: trio.Event
 ) -> None:
-    """Record ``(server time, node label, command)`` for every command the server runs."""
+    """Record ``(server time, node label, command)`` for every command the server runs; a
+    command run inside a script has ``*`` after its label. The socket is read in a thread
+    and parsed once the trace ends, so that the traced client, in this process, does not share
+    its event loop with the parsing of every command."""
     parts = urlsplit(url)
     if parts.scheme == "unix":  # the embedded Valkey: its socket, as the node (ACL)
-        sock = trio.socket.socket(trio.socket.AF_UNIX)
-        await sock.connect(parts.path)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(parts.path)
     else:
-        sock = trio.socket.socket()
-        await sock.connect((parts.hostname, parts.port))
+        sock = socket.create_connection((parts.hostname or "", parts.port or 6379))
     if parts.password:
-        await sock.send(f"AUTH {parts.username} {parts.password}\r\n".encode())
-    await sock.send(b"MONITOR\r\n")
+        sock.sendall(f"AUTH {parts.username} {parts.password}\r\n".encode())
+    sock.sendall(b"MONITOR\r\n")
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while data := sock.recv(1 << 20):
+            chunks.append(data)
+
     ready.set()
-    buffer = b""
-    while True:
-        data = await sock.recv(65536)
-        if not data:
-            return
-        buffer += data
-        *complete, buffer = buffer.split(b"\r\n")
-        for raw in complete:
-            text = raw.decode(errors="replace").lstrip("+")
-            stamp, _, rest = text.partition(" ")
-            try:
-                lines.append((float(stamp), label, rest.split("]", 1)[-1].strip()))
-            except ValueError:
-                continue  # the +OK answering MONITOR itself
+    try:
+        await trio.to_thread.run_sync(read, abandon_on_cancel=True)
+    finally:
+        sock.shutdown(socket.SHUT_RDWR)  # the abandoned thread's recv returns
+        sock.close()
+        lines.extend(_parsed(b"".join(chunks), label))
 
 
-async def trace(cross: bool, reply_lists: bool) -> None:
+def _parsed(data: bytes, label: str) -> list[tuple[float, str, str]]:
+    out = []
+    for raw in data.split(b"\r\n"):
+        text = raw.decode(errors="replace").lstrip("+")
+        stamp, _, rest = text.partition(" ")
+        source, _, command = rest.partition("]")
+        tag = label + ("*" if source.endswith(" lua") else "")
+        try:
+            out.append((float(stamp), tag, command.strip()))
+        except ValueError:
+            continue  # the +OK answering MONITOR itself, a line cut at the end
+    return out
+
+
+async def trace(cross: bool, reply_lists: bool, rounds: int) -> None:
     procs = harness.Procs()
     base = Path(tempfile.mkdtemp(prefix="hero-trace-"))
     async with trio.open_nursery() as nursery:
@@ -99,35 +182,89 @@ async def trace(cross: bool, reply_lists: bool) -> None:
             a, b = await env.get_pair()
             to = b.node_id if cross else a.node_id
             inbox = "" if reply_lists else new_inbox_name()
+            lines: list[tuple[float, str, str]] = []
             async with open_client(a.redis_url, inbox=inbox) as client:
-                lines: list[tuple[float, str, str]] = []
-                for node, label in ((a, "A"), (b, "B")):
-                    ready = trio.Event()
-                    nursery.start_soon(monitor, node.redis_url, label, lines, ready)
-                    await ready.wait()
-                # the traced round trip follows the warm-up at once: after an idle pause the
-                # first one is slower (caches, CPU wake-up), which is not what this is about
-                await cases.roundtrips(client, env.actor, to, WARM_UP)
-                t0 = time.time()
-                [ms] = await cases.roundtrips(client, env.actor, to, 1)
-                t1 = time.time()
-                await trio.sleep(0.2)
-            print(f"{'cross-node' if cross else 'local'} round trip: {ms:.2f} ms\n")
-            print(f"{'t (ms)':>8} {'gap':>7}  node  command")
-            prev = t0
-            window = [x for x in sorted(lines) if t0 - 0.0005 <= x[0] <= t1 + 0.0005]
-            for stamp, label, command in window:
-                print(
-                    f"{(stamp - t0) * 1000:8.3f} {(stamp - prev) * 1000:+7.3f}  {label:4}  "
-                    f"{command[:WIDTH]}"
-                )
-                prev = stamp
-            print(f"{(t1 - t0) * 1000:8.3f} {(t1 - prev) * 1000:+7.3f}  client has the result")
-            hops = hand_offs(window)
-            print(f"\n{len(window)} commands, {len(hops)} hops: {' -> '.join(hops)}")
+                async with trio.open_nursery() as watch:
+                    for node, label in ((a, "A"), (b, "B")):
+                        ready = trio.Event()
+                        watch.start_soon(monitor, node.redis_url, label, lines, ready)
+                        await ready.wait()
+                    # the traced round trips follow the warm-up at once: after an idle pause
+                    # the first one is slower (caches, CPU wake-up), which is not what this
+                    # is about
+                    await cases.roundtrips(client, env.actor, to, WARM_UP)
+                    spans = []
+                    before = _cpu(a)
+                    for _ in range(rounds or 1):
+                        t0 = time.time()
+                        [ms] = await cases.roundtrips(client, env.actor, to, 1)
+                        spans.append((t0, time.time(), ms))
+                        # the runner's re-armed pop and its statistics land before the next
+                        await trio.sleep(0.005)
+                    cpu = [
+                        (y - x) * 1000 / len(spans) for x, y in zip(before, _cpu(a), strict=True)
+                    ]
+                    await trio.sleep(0.2)
+                    watch.cancel_scope.cancel()
+            timeline = sorted(lines)
+            if rounds:
+                print_rounds(timeline, spans)
+                print("\nCPU per round trip, ms (10 ms ticks):", end="")
+                print("".join(f" {n} {c:.3f}," for n, c in zip(CPU_NAMES, cpu, strict=True)))
+            else:
+                print_timeline(timeline, *spans[0], cross)
         finally:
             await procs.stop_all()
+            shutil.rmtree(base, ignore_errors=True)
             nursery.cancel_scope.cancel()
+
+
+CPU_NAMES = ("client", "node", "runners", "sandboxes", "valkey")
+
+
+def _cpu(node: harness.BenchNode) -> tuple[float, ...]:
+    """CPU seconds so far of this process (the client), of ``node``'s own process, its runner
+    processes, their sandboxes, and its Valkey."""
+    runners, boxes = harness.job_cpu_split(node.pid)
+    valkey = harness.cpu_times(node.valkey_pid).self_s if node.valkey_pid else 0.0
+    own = harness.own_cpu_s()
+    return own, harness.cpu_times(node.pid).self_s, runners, boxes, valkey
+
+
+def print_timeline(
+    timeline: list[tuple[float, str, str]], t0: float, t1: float, ms: float, cross: bool
+) -> None:
+    """One round trip's commands in time order, then its hand-offs."""
+    print(f"{'cross-node' if cross else 'local'} round trip: {ms:.2f} ms\n")
+    print(f"{'t (ms)':>8} {'gap':>7}  node  command")
+    prev = t0
+    window = [x for x in timeline if t0 - 0.0005 <= x[0] <= t1 + 0.0005]
+    for stamp, label, command in window:
+        print(
+            f"{(stamp - t0) * 1000:8.3f} {(stamp - prev) * 1000:+7.3f}  {label:4}  "
+            f"{command[:WIDTH]}"
+        )
+        prev = stamp
+    print(f"{(t1 - t0) * 1000:8.3f} {(t1 - prev) * 1000:+7.3f}  client has the result")
+    hops = hand_offs(window)
+    print(f"\n{len(window)} commands, {len(hops)} hops: {' -> '.join(hops)}")
+
+
+def print_rounds(
+    timeline: list[tuple[float, str, str]], spans: list[tuple[float, float, float]]
+) -> None:
+    """Each hop's median and p90 over the traced round trips."""
+    rounds, round_trips = [], []
+    for t0, t1, ms in spans:
+        window = [x for x in timeline if t0 <= x[0] <= t1 + 0.0005]
+        times = hop_times(window, t0, t1)
+        if times is not None:
+            rounds.append(times)
+            round_trips.append(ms)
+    if not rounds:
+        print("no round trip had the expected shape; trace one without --rounds")
+        return
+    print_hops(rounds, round_trips)
 
 
 def main() -> None:
@@ -138,8 +275,16 @@ def main() -> None:
         action="store_true",
         help="the client waits on the message's own reply list instead of a reply inbox",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="trace this many local round trips and print each hop's median and p90",
+    )
     args = parser.parse_args()
-    trio.run(trace, args.cross, args.reply_lists)
+    if args.rounds and args.cross:
+        parser.error("--rounds profiles a local round trip only")
+    trio.run(trace, args.cross, args.reply_lists, args.rounds)
 
 
 if __name__ == "__main__":

@@ -387,6 +387,7 @@ class Sandbox:
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
         # while a job runs: its leaf and the leaf's CPU time when it began (over_cpu)
         self._job_cpu: tuple[Leaf, int] | None = None
+        self._after: tuple[Leaf, Counters] | None = None  # the leaf's, as the last job ended
         self._lock = threading.Lock()
         self.batching = False  # a batch request's answers are still to come (stop_batch)
 
@@ -496,7 +497,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
-        before = self.leaf.counters() if self.leaf is not None else None
+        before = self._counters_before()
         if self.leaf is not None and before is not None and before.cpu_ns is not None:
             self._job_cpu = (self.leaf, before.cpu_ns)
         data = dumps_json(request | self.settings)
@@ -644,6 +645,18 @@ class Sandbox:
         spent = (used - start) / 1e9
         return f"cpu_limit: the job's processes used {spent:.1f} s of CPU time (cpu_s {bound})"
 
+    def _counters_before(self) -> Counters | None:
+        """The leaf's counters as a job starts: those read as the worker's last job ended
+        (nothing runs in the leaf between two jobs: the worker waits for its next request),
+        else read now. One read per job, after it, instead of one before it too: three
+        preads less between a lone job's start and its run (bench/HISTORY.md#lone-job-latency)."""
+        if self.leaf is None:
+            return None
+        last, self._after = self._after, None
+        if last is not None and last[0] is self.leaf:
+            return last[1]
+        return self.leaf.counters()
+
     def _bound(self, before: Counters | None, failed: bool) -> str:
         """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
         kills, refused forks and its tree's CPU time) or as its work dir shows it (full).
@@ -652,6 +665,7 @@ class Sandbox:
         rlimit; the others a job may meet and cope with."""
         if self.leaf is not None and before is not None:
             after = self.leaf.counters()
+            self._after = (self.leaf, after)
             if after.cpu_ns is not None and before.cpu_ns is not None:
                 if after.cpu_ns - before.cpu_ns >= self.spec.limit_values.cpu_s * 1_000_000_000:
                     return "cpu_limit"

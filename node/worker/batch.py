@@ -66,9 +66,7 @@ def batch_logs(run: JobRun, index: int) -> tuple[Path, Path]:
 def _files(run: JobRun, index: int) -> tuple[int, int]:
     """The ``index``-th job's output files, open for the life of the process, emptied."""
     if index == 0:
-        if run.log_fds is None:
-            run.log_fds = _open_logs(run.logs)
-        return _emptied(run.log_fds)
+        return run.slot_fds()
     fds = run.batch_fds.get(index)
     if fds is None:
         fds = run.batch_fds[index] = _open_logs(batch_logs(run, index))

@@ -196,6 +196,9 @@ class JobRun:
         self.spec, self.runs, self.end = spec, runs, end
         self.logs = slot_logs(spec)
         self.log_fds: tuple[int, int] | None = None  # the logs, open once (_open_logs)
+        # whether the logs hold a job's output: emptied once its end is recorded
+        # (:meth:`empty_logs`), off the next job's way; else at that job's start
+        self.logs_used = False
         # no sandbox spec, no job: a runner never runs one unsandboxed by omission
         box = SandboxSpec(**spec.sandbox) if spec.sandbox else SandboxSpec("refused", "")
         self.sandbox = Sandbox(box)
@@ -265,6 +268,27 @@ class JobRun:
             return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
         return outcome
 
+    def slot_fds(self) -> tuple[int, int]:
+        """The slot's output files, empty, for the job about to run: opened (and emptied: a
+        process before this one may have left output there) on first use; emptied here only
+        if :meth:`empty_logs` did not run after the last job."""
+        if self.log_fds is None:
+            self.log_fds = _emptied(_open_logs(self.logs))
+        elif self.logs_used:
+            _emptied(self.log_fds)
+        self.logs_used = True
+        return self.log_fds
+
+    def empty_logs(self) -> None:
+        """Empty the slot's output files once the end of the job that wrote them is recorded
+        (after :meth:`forget`: until then adoption may read them): after its answer, not on
+        the next job's way between its start and its run (two ftruncates and two lseeks,
+        ~40 us of a lone job's path here, bench/HISTORY.md#lone-job-latency). The output
+        then does not outlive the job's end either."""
+        if self.logs_used and self.log_fds is not None:
+            _emptied(self.log_fds)
+        self.logs_used = False
+
     def end_logs(self, status: str) -> None:
         """End the live log stream of the attempt :meth:`run` ran, once its end is recorded:
         a follower that sees the end marker (``job wait``) then finds the job's hash final."""
@@ -312,9 +336,7 @@ class JobRun:
         """Run the job in the slot's sandboxed worker (node/sandbox/host.py), its output in
         the slot's log files."""
         request = job_request(self.spec, cur.job)
-        if self.log_fds is None:
-            self.log_fds = _open_logs(self.logs)
-        fds = _emptied(self.log_fds)
+        fds = self.slot_fds()
         box = None if self.span is None else sandbox_span(self.spec, self.span, cur.job.key)
         try:
             reply = self.sandbox.run(request, fds[0], fds[1])

@@ -254,6 +254,7 @@ class SlotLoop:
             # only now: until the end is in Valkey, the outcome file is what the next start of
             # the node adopts, should this process end before it could record it
             self.job.forget()
+            self.job.empty_logs()
             return started
 
     # -- a batch -------------------------------------------------------------------------------
@@ -306,6 +307,7 @@ class SlotLoop:
                     cur.pump.finish(ends.get(cur.job.key, "interrupted"))
                 self.job.batch = []
             self.job.forget()
+            self.job.empty_logs()
             if self.traced:
                 self._batch_spans(rans, ran_curs)
         if back:

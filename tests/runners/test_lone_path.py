@@ -1,0 +1,90 @@
+"""What a lone job need not pay between its start and its run is done after its end (issue 44,
+bench/HISTORY.md#lone-job-latency).
+
+* The slot's output files are emptied once the end of the job that wrote them is recorded
+  (``JobRun.empty_logs``, which the loop calls after ``forget``), not between the next job's
+  start and its run: the output then does not outlive its job's end in them, and a job whose
+  end was recorded elsewhere (the watch thread's, before the process exits) leaves them to the
+  next job's start, which still empties them.
+* A warm sandbox reads its cgroup leaf's counters once per job, as the job ends; the next job
+  starts from those (nothing runs in the leaf between two jobs), counted as the kernel counts
+  this process's read calls (``/proc/self/io``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bus.core.models import JobStatus, RunnerJob
+from tests.sandbox.test_sandbox import _box
+from tests.scripts import command_job_run
+
+SH = ["/bin/sh", "-s"]
+
+
+def _job(ident: int, script: str) -> RunnerJob:
+    return RunnerJob(1, ident, 1, script, "sh", timeout=60)
+
+
+def test_a_jobs_output_is_gone_from_the_slot_once_its_end_is_recorded(
+    tmp_path: Path, redis_url: str
+) -> None:
+    run = command_job_run(tmp_path, redis_url, SH)
+    jobs = run.job_run
+    out_file, err_file = jobs.logs
+    try:
+        first = run(_job(1, "echo first-output; echo first-error >&2"))
+        assert first.status is JobStatus.FINISHED
+        assert first.result["stdout"] == "first-output\n"
+        # until its end is recorded, the output stays where adoption reads it
+        assert out_file.read_text() == "first-output\n"
+        assert err_file.read_text() == "first-error\n"
+        jobs.empty_logs()  # the loop's step once the end is recorded (after forget)
+        assert (out_file.read_text(), err_file.read_text()) == ("", "")
+
+        second = run(_job(2, "echo second"))
+        assert (second.result["stdout"], second.result["stderr"]) == ("second\n", "")
+        # no empty_logs after this one: the next job's start empties what it left
+        third = run(_job(3, "echo third"))
+        assert (third.result["stdout"], third.result["stderr"]) == ("third\n", "")
+        assert out_file.read_text() == "third\n"
+    finally:
+        jobs.sandbox.stop()
+
+
+def _reads() -> int:
+    """Read calls this process made so far, as the kernel counts them (read, pread, ...)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("syscr:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscr in /proc/self/io")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup leaf per sandbox needs root here")
+def test_a_warm_sandbox_reads_its_cgroup_counters_once_per_job(tmp_path: Path) -> None:
+    box, _ = _box(tmp_path, "strict")
+    files = [os.open(tmp_path / n, os.O_RDWR | os.O_CREAT, 0o600) for n in ("out", "err")]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/job"}
+    request = {"kind": "sh", "script": "echo hi", "argv": ["/bin/sh", "-s"], "env": env}
+    try:
+        assert box.run(request, *files)["exit_code"] == 0  # the worker starts with this one
+        if box.leaf is None:
+            pytest.skip("no cgroup leaf on this host: no counters are read")
+        own = _reads()
+        own = _reads() - own  # what reading the count costs itself
+        before = _reads()
+        box.leaf.counters()
+        one_read = _reads() - before - own  # the counters' files, each read once
+        assert one_read > 0
+        per_job = []
+        for _ in range(3):
+            before = _reads()
+            assert box.run(request, *files)["exit_code"] == 0
+            per_job.append(_reads() - before - own)
+        assert per_job == [one_read] * 3  # was twice that: before the job and after it
+    finally:
+        for fd in files:
+            os.close(fd)
+        box.stop()
