@@ -37,6 +37,7 @@ from bench.harness import (
 )
 from bus.client.api import Client, open_client
 from bus.client.inbox import new_inbox_name
+from bus.core import keys
 from bus.core.envelope import verify_message
 from bus.core.frames import Frame, encode_msg_item, encode_msgs
 from bus.core.models import Message
@@ -740,6 +741,10 @@ class BacklogResult:
     replies_in_window: int
     load_s: float
     rewrite_s: float  # waited for an AOF rewrite the bulk load triggered
+    # CPU ms per window job, from the release to the window's last job, by process (node,
+    # runners, sandboxes, valkey): what each depth costs, which a shared machine's load leaves
+    # readable when jobs/s is not; jobs past the window that ended meanwhile count too
+    cpu_ms_per_job: dict[str, float]
 
 
 class Backlogs:
@@ -820,9 +825,17 @@ class Backlogs:
                 # the bulk load can trigger an AOF rewrite (a fork writing the whole data set);
                 # let it finish first, or it competes with the node for the 2 cores
                 rewrite_s = await _settle_aof(r)
+                # the backlog waits under another name until the node is ready: a node started
+                # on it runs the window during its own start-up, its runner processes coming
+                # up one by one, and the rate would time that (bench/HISTORY.md#flat-cost-2)
+                await r.rename(keys.MSG_OUT, STAGED)
                 node = await env.procs.start_node(env.nursery, f"backlog{backlog}", self.home)
                 keys_ = [p.job_key for p in items[:window]]
+                cpu0 = _backlog_cpu(node.pid, server.pid)
+                released_ms = await _release(r)
                 rate = await _drain_rate(r, keys_)
+                cpu1 = _backlog_cpu(node.pid, server.pid)
+                await _queued_after(r, keys_, released_ms)
                 replies = await _count_replies(r, [p.message_key for p in items[:window]])
                 result = BacklogResult(
                     backlog,
@@ -835,6 +848,7 @@ class Backlogs:
                     replies,
                     load_s,
                     rewrite_s,
+                    {k: (cpu1[k] - cpu0[k]) * 1000 / window for k in cpu0},
                 )
         finally:
             if node is not None:
@@ -865,6 +879,40 @@ async def _settle_aof(r: Any) -> float:
             ):
                 return time.perf_counter() - t0
             await trio.sleep(0.2)
+
+
+def _backlog_cpu(node_pid: int, valkey_pid: int) -> dict[str, float]:
+    """CPU seconds so far of a backlog run's processes (see BacklogResult.cpu_ms_per_job)."""
+    runners, boxes = job_cpu_split(node_pid)
+    node, valkey = cpu_times(node_pid).self_s, cpu_times(valkey_pid).self_s
+    return {"node": node, "runners": runners, "sandboxes": boxes, "valkey": valkey}
+
+
+STAGED = "bench:backlog"  # where a backlog waits until the node is ready (Backlogs.run_one)
+
+
+async def _release(r: Any) -> int:
+    """Move the staged backlog onto msg_out whole, in one O(1) step (a RENAME, which wakes the
+    supervisor blocked on msg_out at once); Valkey's clock (ms) just before it."""
+    clock = await r.time()  # coredis: a datetime
+    await r.rename(STAGED, keys.MSG_OUT)
+    return int(clock.timestamp() * 1000)
+
+
+async def _queued_after(r: Any, job_keys: list[str], released_ms: int) -> None:
+    """Raise RuntimeError unless every job of ``job_keys`` was queued (``stats_queued_ms``,
+    Valkey's clock, as ``released_ms``) once the backlog was released: a job queued before
+    would be one the rate did not time from the same start as the others."""
+    async with r.pipeline(transaction=False) as pipe:
+        for k in job_keys:
+            pipe.hget(k, "stats_queued_ms")
+    stamps = [int(s) if s else 0 for s in pipe.results or ()]
+    early = [k for k, ms in zip(job_keys, stamps, strict=True) if ms < released_ms]
+    if early:
+        raise RuntimeError(
+            f"{len(early)} of {len(job_keys)} backlog jobs were queued before the backlog was "
+            f"released (first: {early[0]}): the window is not the node's steady drain"
+        )
 
 
 def _point_home_at(home: Path, url: str) -> None:
@@ -1056,7 +1104,20 @@ async def case_scaling(env: Env, backlogs: Backlogs) -> list[Row]:
                     "replies_delivered_in_window": [x.replies_in_window for x in res],
                     "load_s": [x.load_s for x in res],
                     "aof_rewrite_wait_s": [x.rewrite_s for x in res],
+                    "cpu_ms_per_job": [x.cpu_ms_per_job for x in res],
                 },
+            )
+        )
+        rows.append(
+            Row(
+                case,
+                f"{b:,} queued: CPU per job, every process (first {backlogs.window})",
+                "ms",
+                [sum(x.cpu_ms_per_job.values()) for x in res],
+                note=""
+                if b != env.plan.backlogs[-1]
+                else "from the backlog's release to the window's last job: node, runner "
+                "processes, sandboxes, Valkey (by process in the JSON: cpu_ms_per_job)",
             )
         )
         if b != env.plan.backlogs[0]:

@@ -133,7 +133,13 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
     least every second (runners of other processes, e.g. external ones, take jobs too). Never
     waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
     route back, stops) are delayed by at most that while this node's runners are saturated.
-    Far from the mark (as the last materialisation found the queue), it costs no round trip."""
+    Far from the mark (as the last materialisation found the queue), it costs no round trip.
+
+    The mark counts the type's queue only. With a fair share below it (``fair_share_jobs``,
+    100 by default), one actor's jobs past its share wait in its own list instead
+    (node/intake/fair_share.py), so a single actor's backlog is judged and materialised ahead
+    into that list, up to its queue bound: that is what lets another actor's later job pass
+    it, and what a node restarted on a deep backlog does while its runners come up."""
     if (
         node.backpressure.queue_depth.get(ctx, 0) < HIGH_WATER
     ):  # no round trip while far from the mark
