@@ -34,6 +34,7 @@ from node.host.valkey import (
     find_valkey_binary,
     free_port,
     ping,
+    server_env,
 )
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,11 @@ class _Child:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=server_env(),
         )
         assert self.proc.stdout is not None
         tail: list[str] = []

@@ -13,7 +13,7 @@ from bus.store.connection import open_store
 from node.errors import ListenError
 from node.host.acl import ensure_secrets
 from node.host.replicated import SET_ROLES, ReplicatedSet
-from node.host.valkey import ValkeySpec, free_port, run_valkey
+from node.host.valkey import LIBC_ENV, ValkeySpec, free_port, jemalloc, run_valkey
 
 
 async def test_embedded_valkey_persists_with_aof_and_stops_on_cancel(tmp_path):
@@ -55,6 +55,33 @@ async def test_port_in_use_is_a_clear_error(tmp_path):
         with trio.fail_after(30), pytest.RaisesGroup(expected, flatten_subgroups=True):
             async with trio.open_nursery() as nursery:
                 await nursery.start(run_valkey, spec)
+
+
+def _maps_jemalloc(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libjemalloc" in maps.read()
+
+
+@pytest.mark.parametrize("libc", [False, True], ids=["default", "libc-malloc-asked"])
+async def test_the_embedded_valkey_allocates_with_jemalloc_where_the_host_has_it(
+    tmp_path, monkeypatch, libc
+):
+    # glibc's malloc: the server's CPU per job grew with the store (HISTORY.md#flat-cost-2)
+    if libc:
+        monkeypatch.setenv(LIBC_ENV, "1")
+    if os.environ.get("CI") == "true":
+        assert jemalloc(), ".ci/run installs libjemalloc2: this test must check it"
+    elif not jemalloc():
+        pytest.skip("no jemalloc on this host: the server keeps glibc's malloc")
+    spec = ValkeySpec(port=free_port(), data_dir=tmp_path / "v", persist=False)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(run_valkey, spec)
+            async with open_store(url) as store:
+                server = await store.call(0, lambda r: r.info("server"))
+                mapped = _maps_jemalloc(int(server["process_id"]))
+            nursery.cancel_scope.cancel()
+    assert mapped is not libc
 
 
 def test_a_free_port_is_below_the_range_outgoing_connections_take_theirs_from():
