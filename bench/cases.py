@@ -451,11 +451,11 @@ class _Counter:
 
     async def on_msg(self, link: Link, frame: Frame) -> None:
         """Receiver side: what a node must do at least per delivery (ack it), nothing stored."""
-        if frame.type == "msgs":  # a batch, answered by one acks frame (as LinkHandler does)
+        if frame.type == "msgs":  # answered as LinkHandler does: posted to the link's writer
             for item in frame.body["msgs"]:
                 self._check(item["fields"])
             acks = [{"ctx": item["ctx"], "key": item["key"]} for item in frame.body["msgs"]]
-            await link.send("acks", acks=acks, nacks=[])
+            link.post_answers(acks, [])
 
     def _check(self, fields: dict[str, str]) -> None:
         if self.verify_key:
