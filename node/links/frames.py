@@ -1,9 +1,10 @@
 """What a node does with the frames its links carry (the transport only authenticates).
 
 Messages arrive in batches (``msgs`` frames): each is checked on its own, the acceptable ones
-are stored and queued together (one pipeline per context) and the whole batch is answered with
-one ``acks`` frame, where a refused message is a nack with its reason. Acks are applied the same
-way: one round trip for the outbox, one per context for the messages' status.
+are stored and queued together (one pipeline per context) and the whole batch is answered in
+one ``acks`` frame, where a refused message is a nack with its reason; frames read together are
+answered together (bus/wire/transport.py: Link.post_answers). Acks are applied the same way:
+one round trip for the outbox, one per context for the messages' status.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class LinkHandler:
 
     async def _receive(self, link: Link, items: Sequence[MsgItem]) -> None:
         """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
-        ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
-        (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
+        ones of a batch in one pipeline per context, then its answers (posted, never sent from
+        the reader, and merged with those of frames read with it: see
+        :meth:`bus.wire.transport.Link.post_answers`). A refused
         message is dead-lettered and nacked; the others of its batch are delivered."""
         extra = delivery_fields(link.peer_id, self.node.identity.boot, now())
         nacks: list[dict[str, object]] = []
