@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import trio
+import trio.testing
 
-from bus.core.frames import MAX_BATCH, Frame, decode_frame
-from bus.wire.transport import HELD_ANSWERS, Link, answer_frames
+from bus.core.frames import MAX_BATCH, Frame, decode_frame, encode_msg_item, encode_msgs
+from bus.wire.transport import HELD_ANSWERS, Link, Transport, answer_frames
+from crypto import KeyPair
 from tests.faults.test_faults import Peer, link_of, linked_peer, msg_frame
 from tests.intake.test_rejections import job_message
 
@@ -80,3 +83,61 @@ def test_answers_never_exceed_a_frame():
     assert [a for f in frames for a in f.body["acks"]] == acks
     assert [n for f in frames for n in f.body["nacks"]] == nacks
     assert answer_frames([], []) == []
+
+
+class Holding:
+    """A receiver that answers every msgs frame, and stops reading at frame ``stop``, as a
+    node held back does (node/links/frames.py: _room_for): after ``answer_now``, or not."""
+
+    def __init__(self, stop: int, answer_now: bool) -> None:
+        self.stop, self.answer_now = stop, answer_now
+        self.seen = 0
+        self.go = trio.Event()  # the first frame waits for it: the others pile up behind
+        self.held = trio.Event()
+
+    async def on_frame(self, link: Link, frame: Frame) -> None:
+        if frame.type != "msgs":
+            return
+        if self.seen == 0:
+            await self.go.wait()
+        self.seen += 1
+        link.post_answers([{"ctx": m["ctx"], "key": m["key"]} for m in frame.body["msgs"]], [])
+        if self.seen == self.stop:
+            if self.answer_now:
+                link.answer_now()
+            self.held.set()
+            await trio.sleep_forever()
+
+    async def on_bad_frame(self, link: Link, detail: str) -> None:
+        raise AssertionError(detail)
+
+
+@pytest.mark.parametrize("answer_now", [True, False])
+async def test_a_reader_that_waits_answers_first(nursery, answer_now):
+    """Answers held for frames read together go when the reader is about to wait for
+    something else (``answer_now``): without it they would wait for that wait to end."""
+    a, b = KeyPair.generate(), KeyPair.generate()
+    holding, sender = Holding(stop=2, answer_now=answer_now), Peer()
+    tb = Transport(b, lambda: {a.public_hex}, holding.on_frame, holding.on_bad_frame)
+    ta = Transport(a, lambda: {b.public_hex}, sender.on_frame, sender.on_bad_frame)
+    port = await nursery.start(tb.serve, "127.0.0.1", 0)
+    nursery.start_soon(ta.dial_forever, b.public_hex, f"ws://127.0.0.1:{port}")
+    link = await link_of(ta, b.public_hex)
+    keys = [f"message:1:{n}" for n in range(8)]
+    for key in keys:
+        await link.send_raw(encode_msgs([encode_msg_item(1, key, {"id": key})]))
+    # every frame received: the first one waits in on_frame, the second and third in
+    # trio-websocket's queue, so the second is read with others waiting behind it
+    await trio.testing.wait_all_tasks_blocked()
+    holding.go.set()
+    with trio.fail_after(10):
+        await holding.held.wait()
+    with trio.move_on_after(10 if answer_now else 1):
+        while keys[1] not in sender.acks():
+            await sender.got.wait()
+    # the second frame's answer waits for the frames behind it, until the reader says it
+    # will wait for something else; then the answers held so far go
+    if answer_now:
+        assert sender.acks() == keys[:2]
+    else:
+        assert keys[1] not in sender.acks()
