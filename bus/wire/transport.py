@@ -158,8 +158,9 @@ class Link:
     ) -> None:
         """Queue the answers to a ``msgs`` frame (as :meth:`post`). Answers posted before the
         writer takes them (a burst read at once, or frames handled while it was writing)
-        leave together, in as few ``acks`` frames as MAX_BATCH allows: a message and its ack
-        cost one websocket frame and one TLS record each way, and the ack's are saved."""
+        leave together, in as few ``acks`` frames as MAX_BATCH allows: the answers of n
+        frames cost one websocket frame, one TLS record and one application at the sender
+        (its store round trips), not n."""
         self._acks += acks
         self._nacks += nacks
         if not self._more or len(self._acks) + len(self._nacks) >= HELD_ANSWERS:
