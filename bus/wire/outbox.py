@@ -4,7 +4,8 @@ An entry ``<context id>|<message key>`` waits in ``outbox:<peer>`` (DB 0) until 
 moves to ``outbox:<peer>:inflight`` when sent, and is removed only when the peer acks it (after
 it stored the message and queued it). When a link drops, unacked entries go back to the outbox
 and are resent; the receiver's idempotent delivery makes a resend harmless. Messages travel in
-``msgs`` frames of whatever the outbox held when popped, each answered by one ``acks`` frame.
+``msgs`` frames of whatever the outbox held when popped; an ``acks`` frame answers one of them,
+or several the receiver read together (bus/wire/transport.py: Link.post_answers).
 """
 
 from __future__ import annotations

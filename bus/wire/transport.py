@@ -18,7 +18,7 @@ import logging
 import math
 import random
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import NoReturn
@@ -40,6 +40,7 @@ from wsproto.events import Ping
 from bus.core import handshake as hs
 from bus.core.frames import (
     DEFAULT_MAX_FRAME_BYTES,
+    MAX_BATCH,
     Auth,
     Frame,
     Handshake,
@@ -63,6 +64,10 @@ log = logging.getLogger(__name__)
 # link's frames over four at a time; 64 KiB lets the TLS stream decrypt every record already
 # received in one call (case 4 single frames, per CPU-second: 60 % of the raw echo, not 50 %)
 RECEIVE_BUFFER_BYTES = 64 * 1024
+# Answers (acks) posted while the reader handles frames read at once wait for the others' and
+# leave in one acks frame, up to this many: a quarter of a sender's default window (outbox.py),
+# so that it keeps sending meanwhile
+HELD_ANSWERS = 64
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
 # A ping per link this often measures its round trip; a peer that stopped answering shows as
 # a last_seen that falls behind, and its link is closed once a ping has waited ping_timeout_s.
@@ -133,21 +138,64 @@ class Link:
     closed: trio.Event = field(default_factory=trio.Event)
     _posted: list[str] = field(default_factory=list)
     _post_ready: trio.Event = field(default_factory=trio.Event)
+    # answers to msgs frames not yet written: whatever waits here leaves in one acks frame
+    _acks: list[dict[str, object]] = field(default_factory=list)
+    _nacks: list[dict[str, object]] = field(default_factory=list)
+    # the reader is handling a frame read together with others that wait: answers wait for
+    # theirs (see :meth:`reading`)
+    _more: bool = False
     traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
 
     def post(self, frame_type: str, **body: object) -> None:
         """Queue a frame for the link's writer without waiting. The frame handler answers this
-        way (acks), so the reader never blocks on a send: two nodes whose readers both waited
-        for the other to read would deadlock."""
+        way, so the reader never blocks on a send: two nodes whose readers both waited for
+        the other to read would deadlock."""
         self._posted.append(encode_frame(frame_type, **body))
         self._post_ready.set()
 
+    def post_answers(
+        self, acks: Sequence[dict[str, object]], nacks: Sequence[dict[str, object]]
+    ) -> None:
+        """Queue the answers to a ``msgs`` frame (as :meth:`post`). Answers posted before the
+        writer takes them (a burst read at once, or frames handled while it was writing)
+        leave together, in as few ``acks`` frames as MAX_BATCH allows: the answers of n
+        frames cost one websocket frame, one TLS record and one application at the sender
+        (its store round trips), not n."""
+        self._acks += acks
+        self._nacks += nacks
+        if not self._more or len(self._acks) + len(self._nacks) >= HELD_ANSWERS:
+            self._post_ready.set()
+
+    def reading(self, more: bool) -> None:
+        """The reader took a frame; ``more``: others were read with it and wait. The answers
+        posted meanwhile wait for theirs (up to HELD_ANSWERS), never for a frame not yet
+        received: a lone message is answered at once."""
+        self._more = more
+
+    def handled(self) -> None:
+        """The reader is done with its frame: unless more wait, the answers go."""
+        if not self._more and (self._acks or self._nacks):
+            self._post_ready.set()
+
+    def answer_now(self) -> None:
+        """Send the answers posted so far without waiting for the frames read with them
+        (the reader is about to wait for something other than the peer)."""
+        self._more = False
+        self.handled()
+
     async def write_posted(self) -> None:
-        """Send posted frames in order, until the link closes (runs beside the reader)."""
+        """Send posted frames in order, then the answers posted meanwhile, until the link
+        closes (runs beside the reader)."""
         while True:
             await self._post_ready.wait()
+            # the tasks already runnable first (the reader with a frame received meanwhile):
+            # what they answer leaves in the same acks frame
+            await trio.lowlevel.checkpoint()
             self._post_ready = trio.Event()
             batch, self._posted = self._posted, []
+            if not self._more or len(self._acks) + len(self._nacks) >= HELD_ANSWERS:
+                batch += answer_frames(self._acks, self._nacks)
+                self._acks, self._nacks = [], []
             for frame in batch:
                 await self.send_raw(frame)
 
@@ -169,6 +217,20 @@ class Link:
         self.closed.set()
         with trio.CancelScope(shield=True), trio.move_on_after(2):
             await self.ws.aclose()
+
+
+def answer_frames(
+    acks: Sequence[dict[str, object]], nacks: Sequence[dict[str, object]]
+) -> list[str]:
+    """The ``acks`` frames that carry ``acks`` and ``nacks``, MAX_BATCH entries each (what a
+    peer accepts in one), in order: acks first."""
+    frames = []
+    while acks or nacks:
+        these, acks = acks[:MAX_BATCH], acks[MAX_BATCH:]
+        room = MAX_BATCH - len(these)
+        those, nacks = nacks[:room], nacks[room:]
+        frames.append(encode_frame("acks", acks=list(these), nacks=list(those)))
+    return frames
 
 
 def channel(ws: WebSocketConnection) -> str:
@@ -576,15 +638,17 @@ class Transport:
             except ConnectionClosed as exc:
                 self._closed(link, exc)
                 return
+            link.reading(_frames_waiting(link.ws))
             link.traffic.frames_in += 1
             link.traffic.bytes_in += len(data.encode() if isinstance(data, str) else data)
             try:
                 frame = decode_frame(data, self.config.max_frame_bytes)
             except FrameError as exc:
                 await self._on_bad_frame(link, str(exc))
-                continue
-            self.states.seen(link.peer_id)
-            await self._on_frame(link, frame)
+            else:
+                self.states.seen(link.peer_id)
+                await self._on_frame(link, frame)
+            link.handled()
 
     async def _write_posted(self, link: Link) -> None:
         try:
@@ -650,6 +714,16 @@ class Transport:
                 self.states.down(link.peer_id, "link closed")
             self._on_link(link.peer_id, False)
             log.info("link down: %s…", link.peer_id[:16])
+
+
+def _frames_waiting(ws: WebSocketConnection) -> bool:
+    """Whether frames already received wait behind the one just taken: trio-websocket's
+    reader queues each message it parsed on this channel (one, and one more blocked)."""
+    channel = getattr(ws, "_recv_channel", None)
+    if channel is None:
+        return False
+    stats = channel.statistics()
+    return bool(stats.current_buffer_used or stats.tasks_waiting_send)
 
 
 def _remote(ws: WebSocketConnection) -> object:

@@ -1,9 +1,10 @@
 """What a node does with the frames its links carry (the transport only authenticates).
 
 Messages arrive in batches (``msgs`` frames): each is checked on its own, the acceptable ones
-are stored and queued together (one pipeline per context) and the whole batch is answered with
-one ``acks`` frame, where a refused message is a nack with its reason. Acks are applied the same
-way: one round trip for the outbox, one per context for the messages' status.
+are stored and queued together (one pipeline per context) and the whole batch is answered in
+one ``acks`` frame, where a refused message is a nack with its reason; frames read together are
+answered together (bus/wire/transport.py: Link.post_answers). Acks are applied the same way:
+one round trip for the outbox, one per context for the messages' status.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class LinkHandler:
 
     async def _receive(self, link: Link, items: Sequence[MsgItem]) -> None:
         """Store each message and queue it on ``msg_in`` before acknowledging it: the accepted
-        ones of a batch in one pipeline per context, then one ``acks`` frame for the batch
-        (posted, never sent from the reader: see :meth:`bus.wire.transport.Link.post`). A refused
+        ones of a batch in one pipeline per context, then its answers (posted, never sent from
+        the reader, and merged with those of frames read with it: see
+        :meth:`bus.wire.transport.Link.post_answers`). A refused
         message is dead-lettered and nacked; the others of its batch are delivered."""
         extra = delivery_fields(link.peer_id, self.node.identity.boot, now())
         nacks: list[dict[str, object]] = []
@@ -110,7 +112,7 @@ class LinkHandler:
                 by_ctx.setdefault(ctx, []).append((key, {**fields, **extra}))
         acks: list[dict[str, object]] = []
         if by_ctx:  # held back on the link: the rest waits in the peer's outbox
-            await self._room_for(link.peer_id)
+            await self._room_for(link)
         epoch = self.node.store.epoch  # a failover while storing them voids the acks
         last = len(by_ctx) - 1
         for i, (ctx, group) in enumerate(by_ctx.items()):
@@ -131,7 +133,7 @@ class LinkHandler:
                     "" if new else " again (stored already)",
                     extra={"message_key": key, "ctx": ctx, "peer": link.peer_id},
                 )
-        link.post("acks", acks=acks, nacks=nacks)
+        link.post_answers(acks, nacks)
         self._count("acks_sent", len(acks))
         self._count("nacks_sent", len(nacks))
 
@@ -150,14 +152,16 @@ class LinkHandler:
         inbound.delivered(peer, sum(stored) - len(group))
         return stored
 
-    async def _room_for(self, peer: str) -> None:
-        """Return once this node may store what ``peer`` sent: nothing holds new jobs, and
-        fewer than ``max_msg_in_per_peer`` of its messages wait in ``msg_in``
+    async def _room_for(self, link: Link) -> None:
+        """Return once this node may store what the link's peer sent: nothing holds new jobs,
+        and fewer than ``max_msg_in_per_peer`` of its messages wait in ``msg_in``
         (node/intake/pressure.py). Meanwhile this link reads no frame, so the peer's window
-        fills and its messages wait in its durable outbox: held back, nothing lost."""
-        pressure = self.node.pressure
+        fills and its messages wait in its durable outbox: held back, nothing lost. What
+        was stored already is acked before the wait."""
+        pressure, peer = self.node.pressure, link.peer_id
         if pressure.hold.held or pressure.inbound.waiting.get(peer, 0) >= self._per_peer:
             self._count("link_held_back", 1)
+            link.answer_now()
         await pressure.hold.wait_open()
         await pressure.inbound.wait_room(peer, self._per_peer)
 
