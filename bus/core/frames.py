@@ -2,11 +2,12 @@
 
 Handshake frames: ``hello`` (both sides), ``auth`` (initiator), ``welcome`` (responder).
 Data frames: ``msgs`` (up to :data:`MAX_BATCH` message hashes, each for a context: whatever
-the sender had ready, never held back to fill a batch) answered by one ``acks`` (the keys stored
+the sender had ready, never held back to fill a batch) answered by ``acks`` (the keys stored
 and queued, and the ``nacks``: keys refused, each with a reason; the sender dead-letters those
-instead of retrying forever). A single message travels as a ``msgs`` frame of one: any other
-type tag is refused as an unknown frame. ``ask`` and ``tell`` carry a trace ask and its answer
-(bus/core/traces.py).
+instead of retrying forever); one ``acks`` may answer several ``msgs`` frames that arrived
+together (bus/wire/transport.py ``Link.post_answers``). A single message travels as a ``msgs``
+frame of one: any other type tag is refused as an unknown frame. ``ask`` and ``tell`` carry a
+trace ask and its answer (bus/core/traces.py).
 """
 
 from __future__ import annotations
