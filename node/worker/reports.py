@@ -48,6 +48,11 @@ class Reports:
         if self.taken >= self.spec.taken_every:
             self.flush()
 
+    def started(self, fields: dict[str, str]) -> None:
+        """A job this process started (its start's script counted nothing: see
+        ``NextJob.counts_starts``), counted with the next hand-over."""
+        self.stats.started(fields)
+
     def count(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
 
@@ -113,7 +118,7 @@ class Reports:
         ``taken_every`` jobs and before blocking for more, not per job. ``idle``: also the job
         statistics still held here (an end that left this runner idle applied them already,
         unless it was not the last thing it did: a refusal, a requeue)."""
-        if idle and self.stats.jobs:
+        if idle and (self.stats.jobs or self.stats.counts):
             batch, self.stats = self.stats, StatsBatch()
             orphaned = self.orphaned()  # then increments: see handover
             if not orphaned:

@@ -69,7 +69,9 @@ class NextJob:
     its lease. ``found_empty`` is set when the take found every list empty, and ``held`` to
     the in-flight list's length it read then (a blocking pop next needs it). With
     ``script_type``, that type's circuit breaker (bus/store/atomic/type_breakers.py) is consulted:
-    ``breaker_wait_ms`` is then set when it let no job start (for that long)."""
+    ``breaker_wait_ms`` is then set when it let no job start (for that long). With
+    ``counts_starts``, the scripts count no start: the caller counts them in its own sums
+    (a runner process: bus/store/atomic/stats.py, ``StatsBatch.started``)."""
 
     lists: tuple[str, ...]
     token_base: str
@@ -80,6 +82,7 @@ class NextJob:
     script_type: str = ""
     breaker_wait_ms: int = 0
     count: int = 1  # up to this many of what is queued now (a batch: runs_take_next.lua)
+    counts_starts: bool = False
 
     def args(self) -> list[str]:
         """ARGV of runs_take_next.lua."""
@@ -91,6 +94,7 @@ class NextJob:
             self.runner_id,
             self.script_type,
             str(self.count),
+            "1" if self.counts_starts else "",
         ]
 
 

@@ -111,15 +111,23 @@ class SyncRuns:
         return str(value), 0
 
     def start(
-        self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
+        self,
+        job_key: str,
+        token: str,
+        ttl_ms: int,
+        runner_id: str,
+        script_type: str = "",
+        *,
+        counted: bool = False,
     ) -> Begun:
         """runs_start: the lease taken and the job marked started; the job's fields
         (``attempt`` counts this attempt), {} if the job is final, or why the entry names
         nothing to start (a reason token: :func:`bus.store.atomic.runs.unrunnable_detail`).
         ``runner_id`` names the in-flight list (``inflight:runner:<runner_id>``) a reaper
         removes the job from. With ``script_type``, refused (:class:`BreakerOpen`, nothing
-        written) while that type's circuit breaker is open."""
-        args = [token, str(ttl_ms), str(now()), runner_id, script_type]
+        written) while that type's circuit breaker is open. ``counted``: the caller counts
+        the start in its own sums (the script does not)."""
+        args = [token, str(ttl_ms), str(now()), runner_id, script_type, "1" if counted else ""]
         return _begun(self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args))
 
     def pop_started(
@@ -136,7 +144,7 @@ class SyncRuns:
         next command would read this pop's reply as its own. The start may have run: the job's
         hash says (status 'started', its ``runner`` the token)."""
         args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), keys.lease("")]
-        args += [nxt.runner_id, nxt.script_type]
+        args += [nxt.runner_id, nxt.script_type, "1" if nxt.counts_starts else ""]
         name = "runs_start_moved"
         moved, started = self.store.block_then_script(
             ("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s),

@@ -1,15 +1,18 @@
 -- Fragment: local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate,
--- now_ms), for the scripts that start a job (after unrunnable said it may start).
+-- now_ms, counted), for the scripts that start a job (after unrunnable said it may start).
 -- f: the job's fields as unrunnable read them. Starts the attempt: attempt + 1 (the fencing
 -- token), status 'started' with runner/updated_at/runner_id and stats_started_ms (now_ms), the
--- lease set to the token with a TTL, the job added to the running set, counted as started, a
+-- lease set to the token with a TTL, the job added to the running set, counted as started
+-- (unless counted: a runner process counts its starts in its own sums, bus/store/atomic/stats.py,
+-- and hands them over with its ends), a
 -- probe of its type's breaker (gate, if given) marked, a retry it was waiting for (retry_of)
 -- cleared, the job no longer counted as queued for its actor's queue bound (quota_depth).
 -- Returns the job's fields after the start (flat), from f: the hash is not read again.
 -- include: stats_jobs
 -- include: type_breaker
 -- include: quota_depth
-local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate, now_ms)
+local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate, now_ms,
+                     counted)
   f['attempt'] = tostring((tonumber(f['attempt']) or 0) + 1)
   f['status'], f['runner'], f['updated_at'], f['runner_id'] = 'started', token, now, runner_id
   f['stats_started_ms'] = tostring(now_ms)
@@ -22,7 +25,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate
   redis.call('SET', lease, token, 'PX', ttl_ms)
   redis.call('SADD', running, job)
   quota_left(job)
-  stats_add('started|' .. stats_label(f['script_type']), 1)
+  if not counted then stats_add('started|' .. stats_label(f['script_type']), 1) end
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}
   for k, v in pairs(f) do

@@ -2,7 +2,8 @@
 -- round trip).
 -- KEYS: inflight running, then the slot's lists in consume order
 -- ARGV: token_base ttl_ms now lease_prefix runner_id [script_type: its breaker is consulted]
---       [count: take up to this many of what is queued now, 1 if absent]
+--       [count: take up to this many of what is queued now, 1 if absent] [counted: '1', the
+--       caller counts the starts in its own sums (runs_begin)]
 -- Returns {n} (nothing queued: n the in-flight list's length, which a blocking pop that
 -- follows compares with its own: node/worker/loop.py), {key} (a final job's duplicate entry,
 -- dropped), {key, reason} (an entry no runner can start: dropped, for the caller to
@@ -18,6 +19,7 @@
 -- include: runs_begin
 local gate, now_ms = ARGV[6] or '', false
 local count = tonumber(ARGV[7] or '1') or 1
+local counted = ARGV[8] == '1'
 -- only a breaker that opened needs the clock to say whether a job may start: a take that
 -- finds nothing under a closed one (a runner going idle) reads no TIME
 local b = gate ~= '' and tb_read(gate)
@@ -49,7 +51,8 @@ local function take(nxt)
   end
   local tok = ARGV[1] .. ':' .. nxt
   now_ms = now_ms or stats_ms()
-  local out = begin(nxt, f, tok, ARGV[2], ARGV[3], ARGV[5], ARGV[4] .. nxt, KEYS[2], gate, now_ms)
+  local out = begin(nxt, f, tok, ARGV[2], ARGV[3], ARGV[5], ARGV[4] .. nxt, KEYS[2], gate, now_ms,
+                    counted)
   table.insert(out, 1, nxt)
   return out
 end
