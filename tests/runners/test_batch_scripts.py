@@ -71,3 +71,37 @@ def test_a_batchs_ends_are_fenced_each_alone_and_a_given_back_one_is_not_counted
     assert [key for key, _ in again] == [jobs[3]]
     assert again[0][1]["attempt"] == "1"
     assert client.lrange(INFLIGHT, 0, -1) == [jobs[3], jobs[1]]
+
+
+def _calls(client) -> dict[str, int]:  # noqa: ANN001 - a redis-py client
+    stats = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+def test_a_takes_starts_free_their_queue_places_in_one_write_per_actor(redis_url) -> None:  # noqa: ANN001
+    """A take of several counted jobs (runs_take_next) frees their places in the queue bounds
+    once for the batch: one HINCRBY per actor and one SCARD, not one of each per job; the
+    depths are exact, a job without the mark moves none, and a waiting actor gets one wake-up."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = ["job:7:1", "job:7:2", "job:8:1", "job:7:3", "job:8:2"]
+    for i, job in enumerate(jobs):
+        fields = {"status": "dispatched", "attempt": "0", "script_type": "v"}
+        if i != 4:  # the last one was never counted (no mark): its start moves nothing
+            fields[keys.QUOTA_COUNTED] = "1"
+        client.hset(job, mapping=fields)
+        client.lpush("queue:v", job)
+    client.hset(keys.QUOTA_DEPTH, mapping={"7": "3", "8": "1"})
+    client.sadd(keys.QUOTA_WAITING, "9")  # an actor waits past its fair share
+    before = _calls(client)
+    nxt = NextJob(("queue:v",), "n:b:1:v:0", 15_000, "v:0", count=5, counts_starts=True)
+    _, taken = runs.end_all([], INFLIGHT, nxt)
+    calls = _calls(client)
+    assert len(taken) == 5
+    assert calls.get("hincrby", 0) - before.get("hincrby", 0) == 2  # actors 7 and 8, once each
+    assert calls.get("scard", 0) - before.get("scard", 0) == 1
+    assert calls.get("hdel", 0) - before.get("hdel", 0) == 4  # the marked jobs only
+    assert client.hgetall(keys.QUOTA_DEPTH) == {"7": "0", "8": "0"}
+    assert all(not client.hexists(job, keys.QUOTA_COUNTED) for job in jobs)
+    assert client.lrange(keys.QUOTA_FAIR_WAKE, 0, -1) == ["1"]
+    assert client.llen(INFLIGHT) == 5

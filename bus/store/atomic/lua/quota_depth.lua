@@ -13,15 +13,36 @@ end
 -- HINCRBY when it was counted. While an actor has jobs waiting past its fair share (quota_push),
 -- a place freed in the queues is an event: one entry on ${QUOTA_WAKE_KEY} (never more), which
 -- the node's run_fair_share blocks on and answers with quota_refill.lua. One SCARD otherwise.
-local function quota_left(job)
-  if redis.call('HDEL', job, '${QUOTA_COUNTED}') == 1 then
-    local actor = quota_actor(job)
-    if actor then redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -1) end
-    if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
-      redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-      redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
-    end
+-- f: the job's fields if the caller read them (no HDEL for a job without the mark), or nil.
+-- While quota_leaving is a table (a take that starts several jobs: quota_leave_all), the
+-- counts are collected there and written once for the batch.
+local quota_leaving = false
+local function quota_freed(counts)
+  for actor, n in pairs(counts) do redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -n) end
+  if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
+    redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
+    redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
   end
+end
+local function quota_left(job, f)
+  if f and not f['${QUOTA_COUNTED}'] then return end
+  if redis.call('HDEL', job, '${QUOTA_COUNTED}') ~= 1 then return end
+  local actor = quota_actor(job)
+  if not quota_leaving then
+    quota_freed(actor and {[actor] = 1} or {})
+    return
+  end
+  quota_leaving.freed = true
+  if actor then quota_leaving.counts[actor] = (quota_leaving.counts[actor] or 0) + 1 end
+end
+-- run(): a take's starts, whose freed places are written once (one HINCRBY per actor, one SCARD)
+local function quota_leave_all(run)
+  quota_leaving = {counts = {}, freed = false}
+  local out = run()
+  local batch = quota_leaving
+  quota_leaving = false
+  if batch.freed then quota_freed(batch.counts) end
+  return out
 end
 -- A batch that queues jobs (routing_materialise) counts them in this table and writes the counts
 -- once, one HINCRBY per actor (quota_flush); the depths it checks bounds against are read once

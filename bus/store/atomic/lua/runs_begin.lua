@@ -24,7 +24,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate
   end
   redis.call('SET', lease, token, 'PX', ttl_ms)
   redis.call('SADD', running, job)
-  quota_left(job)
+  quota_left(job, f)
   if not counted then stats_add('started|' .. stats_label(f['script_type']), 1) end
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}

@@ -14,7 +14,8 @@
 -- probes go one at a time) move from the first non-empty list to the in-flight list (taken
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>' and its lease '<lease_prefix><key>'. Only what is queued is taken:
--- nothing waits for a batch to fill.
+-- nothing waits for a batch to fill. The batch's entries are pushed on the in-flight list in
+-- one command, and the places its starts free in the queue bounds written once (quota_depth).
 -- include: runs_unrunnable
 -- include: runs_begin
 local gate, now_ms = ARGV[6] or '', false
@@ -38,8 +39,9 @@ if count > 1 then
 end
 local got = redis.call('LMPOP', unpack(lists))
 if not got then return {redis.call('LLEN', KEYS[1])} end
+-- what was taken is in flight at once (one LPUSH for the batch), until it is started or dropped
+redis.call('LPUSH', KEYS[1], unpack(got[2]))
 local function take(nxt)
-  redis.call('LPUSH', KEYS[1], nxt)
   local bad, f = unrunnable(nxt)
   if bad then
     redis.call('LREM', KEYS[1], 1, nxt)
@@ -56,7 +58,9 @@ local function take(nxt)
   table.insert(out, 1, nxt)
   return out
 end
-if count == 1 then return take(got[2][1]) end
-local taken = {'*'}
-for _, nxt in ipairs(got[2]) do taken[#taken + 1] = take(nxt) end
-return taken
+if count == 1 then return quota_leave_all(function() return take(got[2][1]) end) end
+return quota_leave_all(function()
+  local taken = {'*'}
+  for _, nxt in ipairs(got[2]) do taken[#taken + 1] = take(nxt) end
+  return taken
+end)
