@@ -31,12 +31,10 @@ FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "ec
 FLOW_B = FLOW_JOB | {"id": "b", "depends": ["a"]}
 # docs/use/runners.md "External runners", step 4
 KEEP_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
 local cur = redis.call('HMGET', KEYS[2], 'status', 'attempt')
-if cur[1] ~= 'started' or cur[2] ~= ARGV[3] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if cur[1] ~= 'started' or cur[2] ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[1], KEYS[2])
 return 1
 """
 TRUSTED = ("actor:1", "context:1", "peer:" + "ab" * 32, "node:info")
@@ -135,17 +133,16 @@ async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
             job = new_job(1, 1, "ext", "say 42")
             msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
             key, attempt = await ext.take()
-            lease = f"lease:{key}"
-            held = await runner_store.call(1, lambda r: r.get(lease))
             keep = await runner_store.call(
-                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+                1, lambda r: r.eval(KEEP_LEASE, ["running", key], ["15000", attempt])
             )
             assert keep == 1
-            await runner_store.call(1, lambda r: r.delete([lease]))  # lapsed: a stall
+            await runner_store.call(1, lambda r: r.zadd("running", {key: 1}))  # lapsed: a stall
             keep = await runner_store.call(
-                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+                1, lambda r: r.eval(KEEP_LEASE, ["running", key], ["15000", attempt])
             )
             assert keep == 1  # taken again: the attempt is still current
+            assert int(await runner_store.call(1, lambda r: r.zscore("running", key))) > 1
             assert await ext.finish(key, attempt, "finished", {"stdout": "42"}) == 1
             [res] = await alice.client.wait_results(msg, 15)
     assert res.ok

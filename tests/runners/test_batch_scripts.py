@@ -33,7 +33,7 @@ def test_a_take_takes_up_to_its_count_of_what_is_queued_and_starts_each(redis_ur
     assert [key for key, _ in taken] == jobs[:3]  # in queue order
     for key, fields in taken:
         assert (fields["status"], fields["attempt"]) == ("started", "1")
-        assert client.get(keys.lease(key)) == f"n:b:1:v:0:{key}"
+        assert fields["runner"] == f"n:b:1:v:0:{key}"
     assert client.lrange("queue:v", 0, -1) == [jobs[4], jobs[3]]
     _, taken = runs.end_all([], INFLIGHT, nxt)  # only what is queued: two, nothing waited for
     assert [key for key, _ in taken] == jobs[3:]
@@ -42,7 +42,7 @@ def test_a_take_takes_up_to_its_count_of_what_is_queued_and_starts_each(redis_ur
     assert taken == []
     assert nxt.found_empty  # the blocking pop follows
     assert nxt.held == 5
-    assert sorted(client.smembers(keys.RUNNING)) == sorted(jobs)
+    assert sorted(client.zrange(keys.RUNNING, 0, -1)) == sorted(jobs)  # each with its lease
 
 
 def test_a_batchs_ends_are_fenced_each_alone_and_a_given_back_one_is_not_counted(

@@ -9,8 +9,9 @@ started again, or ended) is refused, while a result that arrives after a stall, 
 expired but nobody else having started the job, is accepted: an expired lease alone proves
 nothing about the process.
 
-The runner also holds ``lease:<job>`` (its token, a TTL it renews): that is liveness, which the
-reapers read to find attempts whose process may be gone; it is never the fence.
+The runner also holds a lease, its job's score in the ``running`` zset (when it lapses, by
+Valkey's clock; the token is the job's ``runner`` field), which it renews: that is liveness,
+which the reapers read to find attempts whose process may be gone; it is never the fence.
 
 The results service of external runners answers each final job once (``runs_answered.lua``):
 only the attempt it read, with the status it read.
@@ -50,6 +51,7 @@ __all__ = [
     "finish_call",
     "finish_local",
     "finish_local_call",
+    "lapsed",
     "move_due",
     "reap",
     "renew",
@@ -90,7 +92,6 @@ class NextJob:
             self.token_base,
             str(self.ttl_ms),
             str(now()),
-            keys.lease(""),
             self.runner_id,
             self.script_type,
             str(self.count),
@@ -134,14 +135,14 @@ def unrunnable_detail(reason: str) -> str:
 
 
 def _attempt_keys(job_key: str, inflight: str) -> list[str]:
-    return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
+    return [job_key, keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
 async def renew(
     store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, attempt: int
 ) -> bool:
     """Keep (or re-take) the lease of ``attempt``; False if that attempt was superseded."""
-    key_list = [keys.lease(job_key), job_key]
+    key_list = [keys.RUNNING, job_key]
     args = [token, str(ttl_ms), str(attempt)]
     return bool(await store.script(ctx, script("runs_renew"), key_list, args))
 
@@ -360,7 +361,7 @@ def retry_call(
 def requeue_call(job_key: str, attempt: int, inflight: str, queue: str) -> Call:
     """The script, KEYS and ARGV that give an attempt back uncounted (runs_requeue: an
     interrupted one, or one of a batch that never ran), at the consuming end of ``queue``."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+    key_list = [job_key, keys.RUNNING, inflight, queue]
     return "runs_requeue", key_list, [str(attempt), str(now())]
 
 
@@ -456,8 +457,8 @@ async def answer_remote(
 
 async def reap(store: Store, ctx: int, job_key: str, attempt: str, reason: str) -> bool:
     """End ``attempt`` of ``job_key`` (error ``reason``, handed to the results service) if its
-    lease is still gone and the job still started with it; False if not. Raises StoreError."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
+    lease is still lapsed and the job still started with it; False if not. Raises StoreError."""
+    key_list = [job_key, keys.RUNNING, keys.RESULTS]
     args = [attempt, str(now()), reason, keys.runner_inflight("")]
     return bool(await store.script(ctx, script("runs_reap"), key_list, args))
 
@@ -466,8 +467,20 @@ async def reap(store: Store, ctx: int, job_key: str, attempt: str, reason: str) 
 
 
 async def running_jobs(store: Store, ctx: int) -> list[str]:
-    """The started jobs of context ``ctx`` (the ``running`` set), sorted. Raises StoreError."""
-    return sorted(await store.call(ctx, lambda r: r.smembers(keys.RUNNING)))
+    """The started jobs of context ``ctx`` (the ``running`` zset), sorted. Raises StoreError."""
+    return sorted(await store.call(ctx, lambda r: r.zrange(keys.RUNNING, 0, -1)))
+
+
+LAPSED_PER_CALL = 500  # lapsed leases a reaper reads per script call
+
+
+async def lapsed(store: Store, ctx: int) -> tuple[list[str], float]:
+    """The started jobs of context ``ctx`` whose lease lapsed (up to :data:`LAPSED_PER_CALL`),
+    and the seconds until the earliest live lease lapses (-1: none), by Valkey's clock
+    (runs_lapsed). Raises StoreError."""
+    found = await store.script(ctx, script("runs_lapsed"), [keys.RUNNING], [str(LAPSED_PER_CALL)])
+    wait_ms = int(found[0])
+    return [str(job) for job in found[1:]], (wait_ms / 1000 if wait_ms >= 0 else -1.0)
 
 
 async def attempt_state(store: Store, ctx: int, job_key: str) -> tuple[str | None, str | None]:

@@ -1,8 +1,9 @@
--- Fragment: local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate,
--- now_ms, counted), for the scripts that start a job (after unrunnable said it may start).
+-- Fragment: local function begin(job, f, token, ttl_ms, now, runner_id, running, gate, now_ms,
+-- counted), for the scripts that start a job (after unrunnable said it may start).
 -- f: the job's fields as unrunnable read them. Starts the attempt: attempt + 1 (the fencing
 -- token), status 'started' with runner/updated_at/runner_id and stats_started_ms (now_ms), the
--- lease set to the token with a TTL, the job added to the running set, counted as started
+-- job in the running zset with its lease's expiry (now_ms + ttl_ms: the lease is its score, the
+-- token its runner field), counted as started
 -- (unless counted: a runner process counts its starts in its own sums, bus/store/atomic/stats.py,
 -- and hands them over with its ends), a
 -- probe of its type's breaker (gate, if given) marked, a retry it was waiting for (retry_of)
@@ -11,8 +12,7 @@
 -- include: stats_jobs
 -- include: type_breaker
 -- include: quota_depth
-local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate, now_ms,
-                     counted)
+local function begin(job, f, token, ttl_ms, now, runner_id, running, gate, now_ms, counted)
   f['attempt'] = tostring((tonumber(f['attempt']) or 0) + 1)
   f['status'], f['runner'], f['updated_at'], f['runner_id'] = 'started', token, now, runner_id
   f['stats_started_ms'] = tostring(now_ms)
@@ -22,8 +22,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, lease, running, gate
     redis.call('HDEL', job, 'retry_of')
     f['retry_of'] = nil
   end
-  redis.call('SET', lease, token, 'PX', ttl_ms)
-  redis.call('SADD', running, job)
+  redis.call('ZADD', running, now_ms + tonumber(ttl_ms), job)
   quota_left(job, f)
   if not counted then stats_add('started|' .. stats_label(f['script_type']), 1) end
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
