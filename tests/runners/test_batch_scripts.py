@@ -80,8 +80,9 @@ def _calls(client) -> dict[str, int]:  # noqa: ANN001 - a redis-py client
 
 def test_a_takes_starts_free_their_queue_places_in_one_write_per_actor(redis_url) -> None:  # noqa: ANN001
     """A take of several counted jobs (runs_take_next) frees their places in the queue bounds
-    once for the batch: one HINCRBY per actor and one SCARD, not one of each per job; the
-    depths are exact, a job without the mark moves none, and a waiting actor gets one wake-up."""
+    once for the batch: one HINCRBY per actor and one SCARD, not one of each per job, and no
+    command for the marks (each turns '0' in its job's start HSET); the depths are exact, a job
+    without the mark moves none, and a waiting actor gets one wake-up."""
     runs = SyncRuns.open(redis_url, 1)
     client = connect(redis_url, 1)
     jobs = ["job:7:1", "job:7:2", "job:8:1", "job:7:3", "job:8:2"]
@@ -100,8 +101,14 @@ def test_a_takes_starts_free_their_queue_places_in_one_write_per_actor(redis_url
     assert len(taken) == 5
     assert calls.get("hincrby", 0) - before.get("hincrby", 0) == 2  # actors 7 and 8, once each
     assert calls.get("scard", 0) - before.get("scard", 0) == 1
-    assert calls.get("hdel", 0) - before.get("hdel", 0) == 4  # the marked jobs only
+    assert calls.get("hdel", 0) - before.get("hdel", 0) == 0
+    assert calls.get("hset", 0) - before.get("hset", 0) == 5  # one per start, the mark in it
     assert client.hgetall(keys.QUOTA_DEPTH) == {"7": "0", "8": "0"}
-    assert all(not client.hexists(job, keys.QUOTA_COUNTED) for job in jobs)
+    assert [client.hget(job, keys.QUOTA_COUNTED) for job in jobs] == ["0"] * 4 + [None]
+    assert client.llen(INFLIGHT) == 5  # in flight in one LPUSH
+    # started again (a retry), a job moves no count: its mark says it left already
+    client.hset(jobs[0], "status", "dispatched")
+    client.lpush("queue:v", jobs[0])
+    runs.end_all([], INFLIGHT, nxt)
+    assert client.hgetall(keys.QUOTA_DEPTH) == {"7": "0", "8": "0"}
     assert client.lrange(keys.QUOTA_FAIR_WAKE, 0, -1) == ["1"]
-    assert client.llen(INFLIGHT) == 5

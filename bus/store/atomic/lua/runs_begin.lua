@@ -7,7 +7,8 @@
 -- (unless counted: a runner process counts its starts in its own sums, bus/store/atomic/stats.py,
 -- and hands them over with its ends), a
 -- probe of its type's breaker (gate, if given) marked, a retry it was waiting for (retry_of)
--- cleared, the job no longer counted as queued for its actor's queue bound (quota_depth).
+-- cleared, the job no longer counted as queued for its actor's queue bound (quota_depth: its
+-- mark '0' in the same HSET).
 -- Returns the job's fields after the start (flat), from f: the hash is not read again.
 -- include: stats_jobs
 -- include: type_breaker
@@ -16,14 +17,19 @@ local function begin(job, f, token, ttl_ms, now, runner_id, running, gate, now_m
   f['attempt'] = tostring((tonumber(f['attempt']) or 0) + 1)
   f['status'], f['runner'], f['updated_at'], f['runner_id'] = 'started', token, now, runner_id
   f['stats_started_ms'] = tostring(now_ms)
-  redis.call('HSET', job, 'attempt', f['attempt'], 'status', 'started', 'runner', token,
-             'updated_at', now, 'runner_id', runner_id, 'stats_started_ms', f['stats_started_ms'])
+  local w = {'attempt', f['attempt'], 'status', 'started', 'runner', token, 'updated_at', now,
+             'runner_id', runner_id, 'stats_started_ms', f['stats_started_ms']}
+  if quota_started(f) then  -- it leaves its actor's count: its mark turns '0' in the same write
+    quota_left(job, f)
+    w[#w + 1], w[#w + 2] = '${QUOTA_COUNTED}', '0'
+    f['${QUOTA_COUNTED}'] = '0'
+  end
+  redis.call('HSET', job, unpack(w))
   if f['retry_of'] then  -- only a retried job pays this command
     redis.call('HDEL', job, 'retry_of')
     f['retry_of'] = nil
   end
   redis.call('ZADD', running, now_ms + tonumber(ttl_ms), job)
-  quota_left(job, f)
   if not counted then stats_add('started|' .. stats_label(f['script_type']), 1) end
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}
