@@ -112,3 +112,31 @@ def test_a_takes_starts_free_their_queue_places_in_one_write_per_actor(redis_url
     runs.end_all([], INFLIGHT, nxt)
     assert client.hgetall(keys.QUOTA_DEPTH) == {"7": "0", "8": "0"}
     assert client.lrange(keys.QUOTA_FAIR_WAKE, 0, -1) == ["1"]
+
+
+def test_a_batchs_ends_take_their_entries_off_the_in_flight_list_at_once(redis_url) -> None:  # noqa: ANN001
+    """The ends of one call take their entries off the slot's in-flight list together: the
+    list read once and written once (LRANGE, DEL, RPUSH of what stays), not one LREM per end;
+    what stays keeps its order, and a refused end (superseded) leaves its entry."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 6)
+    _, taken = runs.end_all([], INFLIGHT, _take(6))
+    assert len(taken) == 6
+    client.hset(jobs[2], "attempt", "2")  # superseded: its end is refused
+
+    def finished(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    before = _calls(client)
+    oks, _ = runs.end_all([finished(j) for j in jobs[:5]], INFLIGHT, None)
+    calls = _calls(client)
+    assert oks == [True, True, False, True, True]
+    assert {n: calls.get(n, 0) - before.get(n, 0) for n in ("lrem", "lrange", "del", "rpush")} == {
+        "lrem": 0,
+        "lrange": 1,
+        "del": 1,
+        "rpush": 1,
+    }
+    assert client.lrange(INFLIGHT, 0, -1) == [jobs[5], jobs[2]]  # in their order

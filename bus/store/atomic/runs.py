@@ -227,7 +227,8 @@ async def finish_local(
 
 # the fragments an end and the take that follows it share in one script: one TIME and one read
 # of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
-_SHARED = frozenset({"stats_jobs", "type_breaker"})
+# (and the in-flight list a batch's ends take their entries off at once: runs_inflight)
+_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight"})
 
 
 def then_source(first: str, second: str) -> str:
@@ -241,6 +242,7 @@ def then_source(first: str, second: str) -> str:
     return f"""
 {source("stats_jobs")}
 {source("type_breaker")}
+{source("runs_inflight")}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -285,6 +287,7 @@ def ends_then_source() -> str:
     return f"""
 {source("stats_jobs")}
 {source("type_breaker")}
+{source("runs_inflight")}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)
@@ -293,6 +296,7 @@ end
 {_TOOK}
 local n = tonumber(ARGV[1])
 local k, a, done, any = 1, 4 + 3 * n, {{}}, false
+inflight_batch = {{jobs = {{}}}}
 for i = 0, n - 1 do
   local name, nk, na = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
   local r = ends[name]({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
@@ -300,6 +304,7 @@ for i = 0, n - 1 do
   any = any or r ~= 0
   k, a = k + nk, a + na
 end
+inflight_flush()
 local r2 = {{}}
 if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
 if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end

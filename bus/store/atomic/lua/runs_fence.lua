@@ -4,10 +4,11 @@
 -- then releases the attempt: the job taken off the running zset (its lease) and the in-flight
 -- list.
 -- known: the job's fields the ending reads, read here with the fence's own (one HMGET).
+-- include: runs_inflight
 local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt', 'script_type', 'breaker_probe',
                        'flow_id', 'stats_started_ms')
 if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
 local known = {script_type = cur[3], breaker_probe = cur[4], flow_id = cur[5],
                stats_started_ms = cur[6]}
 redis.call('ZREM', KEYS[2], KEYS[1])
-redis.call('LREM', KEYS[3], 1, KEYS[1])
+inflight_leave(KEYS[3], KEYS[1])
