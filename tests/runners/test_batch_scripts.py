@@ -5,6 +5,8 @@ not counted."""
 
 from __future__ import annotations
 
+import json
+
 from bus.core import keys
 from bus.store.atomic.runs import Ending, NextJob, finish_local_call, requeue_call
 from bus.store.atomic.runs_sync import SyncRuns, connect
@@ -140,3 +142,34 @@ def test_a_batchs_ends_take_their_entries_off_the_in_flight_list_at_once(redis_u
         "rpush": 1,
     }
     assert client.lrange(INFLIGHT, 0, -1) == [jobs[5], jobs[2]]  # in their order
+
+
+def test_a_batchs_answers_are_pushed_once_per_reply_list(redis_url) -> None:  # noqa: ANN001
+    """The answers of one call's ends go out per reply list: one LPUSH of all the replies an
+    inbox gets and one EXPIRE, not one of each per job; the client pops them in the order the
+    jobs ended, as one push each would have left them."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 4)
+    _, taken = runs.end_all([], INFLIGHT, _take(4))
+    assert len(taken) == 4
+
+    def finished(job: str, reply_to: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {"stdout": job}, "", "")
+        request = f"message:{job}"
+        return finish_local_call(ending, request_key=request, reply_ttl_s=60, reply_to=reply_to)
+
+    calls = [finished(j, "box") for j in jobs[:3]] + [finished(jobs[3], "")]
+    before = _calls(client)
+    oks, _ = runs.end_all(calls, INFLIGHT, None, ("[]", ""))
+    after = _calls(client)
+    assert oks == [True] * 4
+    assert {n: after.get(n, 0) - before.get(n, 0) for n in ("lpush", "expire")} == {
+        "lpush": 2,  # the inbox's three, the lone reply list's one
+        "expire": 2,
+    }
+    inbox = keys.reply_list("message:x", "box")
+    assert 0 < client.ttl(inbox) <= 60
+    popped = [json.loads(client.rpop(inbox))["job_key"] for _ in range(3)]
+    assert popped == jobs[:3]  # oldest first, as the client pops
+    assert client.llen(keys.reply_list(f"message:{jobs[3]}", "")) == 1

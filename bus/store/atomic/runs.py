@@ -227,8 +227,9 @@ async def finish_local(
 
 # the fragments an end and the take that follows it share in one script: one TIME and one read
 # of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
-# (and the in-flight list a batch's ends take their entries off at once: runs_inflight)
-_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight"})
+# (and what a batch's ends write once for all of them: the in-flight list's entries,
+# runs_inflight; the answers per reply list, runs_answer_here)
+_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_answer_here"})
 
 
 def then_source(first: str, second: str) -> str:
@@ -243,6 +244,7 @@ def then_source(first: str, second: str) -> str:
 {source("stats_jobs")}
 {source("type_breaker")}
 {source("runs_inflight")}
+{source("runs_answer_here", _SHARED)}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -280,7 +282,9 @@ def ends_then_source() -> str:
     is how many ends; ARGV[2] a runner process's statistics sums applied if an end did its
     work, ARGV[3] those applied only if, besides, no next job was started ('': none); then
     per end its script's name, how many keys and how many args are its; then the ends' args
-    and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take)."""
+    and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take). The ends'
+    in-flight entries leave the list at once, and their answers are pushed once per reply
+    list (runs_inflight, runs_answer_here)."""
     ends = "\n".join(
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
@@ -288,6 +292,7 @@ def ends_then_source() -> str:
 {source("stats_jobs")}
 {source("type_breaker")}
 {source("runs_inflight")}
+{source("runs_answer_here", _SHARED)}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)
@@ -296,7 +301,7 @@ end
 {_TOOK}
 local n = tonumber(ARGV[1])
 local k, a, done, any = 1, 4 + 3 * n, {{}}, false
-inflight_batch = {{jobs = {{}}}}
+inflight_batch, answers_batch = {{jobs = {{}}}}, {{}}
 for i = 0, n - 1 do
   local name, nk, na = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
   local r = ends[name]({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
@@ -305,6 +310,7 @@ for i = 0, n - 1 do
   k, a = k + nk, a + na
 end
 inflight_flush()
+answers_flush()
 local r2 = {{}}
 if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
 if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end
