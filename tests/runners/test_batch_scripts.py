@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from bus.core import keys
-from bus.store.atomic.runs import Ending, NextJob, finish_local_call, requeue_call
+from bus.store.atomic.runs import Ending, NextJob, finish_call, finish_local_call, requeue_call
 from bus.store.atomic.runs_sync import SyncRuns, connect
 
 INFLIGHT = keys.runner_inflight("v:0")
@@ -173,3 +173,27 @@ def test_a_batchs_answers_are_pushed_once_per_reply_list(redis_url) -> None:  # 
     popped = [json.loads(client.rpop(inbox))["job_key"] for _ in range(3)]
     assert popped == jobs[:3]  # oldest first, as the client pops
     assert client.llen(keys.reply_list(f"message:{jobs[3]}", "")) == 1
+
+
+def test_a_batchs_signed_answers_go_on_msg_out_in_one_push(redis_url) -> None:  # noqa: ANN001
+    """A batch's answers for remote origins (runs_finish) put their result messages' keys on
+    msg_out in one LPUSH, in the order the jobs ended: the node's supervisor pops them oldest
+    first, as before."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 3)
+    _, taken = runs.end_all([], INFLIGHT, _take(3))
+    assert len(taken) == 3
+
+    def answered(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {}, "", "")
+        return finish_call(ending, f"message:9:{job[6:]}", {"id": job[6:]}, "[]")
+
+    before = _calls(client)
+    oks, _ = runs.end_all([answered(j) for j in jobs], INFLIGHT, None)
+    after = _calls(client)
+    assert oks == [True] * 3
+    assert after.get("lpush", 0) - before.get("lpush", 0) == 1
+    popped = [client.rpop(keys.MSG_OUT) for _ in jobs]
+    assert popped == [f"message:9:{j[6:]}" for j in jobs]
+    assert client.hget(popped[0], "id") == jobs[0][6:]

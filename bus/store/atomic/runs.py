@@ -228,8 +228,8 @@ async def finish_local(
 # the fragments an end and the take that follows it share in one script: one TIME and one read
 # of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
 # (and what a batch's ends write once for all of them: the in-flight list's entries,
-# runs_inflight; the answers per reply list, runs_answer_here)
-_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_answer_here"})
+# runs_inflight; the answers' pushes per list, runs_pushes)
+_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_pushes"})
 
 
 def then_source(first: str, second: str) -> str:
@@ -244,7 +244,7 @@ def then_source(first: str, second: str) -> str:
 {source("stats_jobs")}
 {source("type_breaker")}
 {source("runs_inflight")}
-{source("runs_answer_here", _SHARED)}
+{source("runs_pushes")}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -284,7 +284,7 @@ def ends_then_source() -> str:
     per end its script's name, how many keys and how many args are its; then the ends' args
     and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take). The ends'
     in-flight entries leave the list at once, and their answers are pushed once per reply
-    list (runs_inflight, runs_answer_here)."""
+    list (runs_inflight, runs_pushes)."""
     ends = "\n".join(
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
@@ -292,7 +292,7 @@ def ends_then_source() -> str:
 {source("stats_jobs")}
 {source("type_breaker")}
 {source("runs_inflight")}
-{source("runs_answer_here", _SHARED)}
+{source("runs_pushes")}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)

@@ -7,10 +7,11 @@
 -- Atomic effect: the fence's release; status/result/reason/updated_at on the job, the attempt
 -- entry appended to the attempts list (unless '': a first attempt that finished records none,
 -- runs.attempt_entry), the answer message hash written and its key pushed on
--- msg_out; the job's type breaker told (type_breaker); the job statistics counted or the
+-- msg_out (with a batch's other answers, in one push: runs_pushes); the job's type breaker told (type_breaker); the job statistics counted or the
 -- given sums applied.
 -- include: stats_jobs
 -- include: type_breaker
+-- include: runs_pushes
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
@@ -22,5 +23,5 @@ else
 end
 type_breaker_ended(KEYS[1], ARGV[2], ARGV[4], known)
 redis.call('HSET', KEYS[5], unpack(ARGV, 8))
-redis.call('LPUSH', KEYS[6], KEYS[5])
+answers_push(KEYS[6], KEYS[5], false)
 return 1
