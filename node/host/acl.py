@@ -70,6 +70,8 @@ _RUNNER_CONNECT = f"{_CONNECT} +script|load +time +waitaof"
 _RUNNER_SELECTORS = (
     "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
     "+type +blmove +lmove +lmpop +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
+    # a batch's ends rewrite their slot's in-flight list at once (lua/runs_inflight.lua)
+    "+del ~inflight:runner:*",
     # the started jobs, each scored with its lease's expiry (bus/core/keys.py RUNNING)
     "+zadd +zrem +zscore +zrange ~running",
     "+lpush ~results",

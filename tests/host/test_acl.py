@@ -16,7 +16,7 @@ import trio
 from bus.client.api import new_job, open_client
 from bus.core.models import JobStatus
 from bus.errors import StoreError
-from bus.store.atomic.runs import NextJob
+from bus.store.atomic.runs import Call, Ending, NextJob, finish_local_call
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import Store, open_store
 from crypto import read_key_file
@@ -164,6 +164,36 @@ async def test_the_runner_user_starts_what_its_blocking_pop_moved(node_factory):
     assert entry == "job:1:999"
     assert isinstance(begun, dict)
     assert (begun["status"], begun["attempt"]) == ("started", "1")
+
+
+async def test_the_runner_user_ends_a_batch_and_takes_the_next_in_one_call(node_factory):
+    """A batch's ends and the next take (runs.ends_then_source) run under the runner's ACL
+    user, every command of them: the starts (the lease in ``running``), the ends with their
+    answers pushed per list, the in-flight list rewritten at once. A command it may not send
+    would fail the call after some ends were written."""
+    alice = await node_factory("alice", embedded=True, runners={"sh": 1})
+    jobs = [f"job:1:99{i}" for i in range(5)]
+    queued = {"status": "dispatched", "attempt": "0", "script_type": "probe"}
+    async with open_store(role_url(alice.config, alice.info.redis_url)) as admin:
+        for job in jobs:
+            await admin.hset(1, job, queued)
+            await admin.lpush(1, "queue:probe", job)
+    runs = SyncRuns(connect(role_url(alice.config, alice.info.redis_url, RUNNER), 1))
+    inflight = "inflight:runner:probe:0"
+    take = NextJob(("queue:probe",), "n:b:1:probe:0", 15_000, "probe:0", count=4)
+    _, taken = runs.end_all([], inflight, take)
+    assert [key for key, _ in taken] == jobs[:4]
+
+    def finished(job: str) -> Call:
+        ending = Ending(job, 1, inflight, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    oks, again = runs.end_all([finished(j) for j in jobs[:4]], inflight, take)
+    assert oks == [True] * 4
+    assert [key for key, _ in again] == [jobs[4]]
+    assert runs.client.lrange(inflight, 0, -1) == [jobs[4]]
+    async with open_store(role_url(alice.config, alice.info.redis_url)) as admin:
+        assert await admin.llen(1, f"reply:message:{jobs[0]}") == 1
 
 
 async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):

@@ -309,8 +309,8 @@ for i = 0, n - 1 do
   any = any or r ~= 0
   k, a = k + nk, a + na
 end
-inflight_flush()
 answers_flush()
+inflight_flush()
 local r2 = {{}}
 if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
 if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end
