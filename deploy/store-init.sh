@@ -24,7 +24,6 @@ hero-node store-acl data >"$store/.data.acl"
     echo "appendfsync always"
     echo "min-replicas-to-write 1"
     echo "min-replicas-max-lag 10"
-    echo "notify-keyspace-events Ex"
     echo "hash-max-listpack-value 1024"
     hero-node store-acl replica
 } >"$store/.data.conf"

@@ -132,11 +132,6 @@ def inflight(service: str) -> str:
     return f"inflight:{service}"
 
 
-def lease(job_key: str) -> str:
-    """A runner's lease on the job it runs: its token, with a TTL kept alive by heartbeats."""
-    return f"lease:{job_key}"
-
-
 def logs(job_key: str) -> str:
     """Stream of a running job's output (entries: stream=stdout|stderr, data; end=status)."""
     return f"logs:{job_key}"
@@ -149,7 +144,11 @@ def attempts(job_key: str) -> str:
 
 REDELIVERIES = "redeliveries"  # hash: in-flight entry -> times it was recovered (poison guard)
 DEADLINES = "deadlines"  # zset "ack|<message key>" / "result|<message key>" by due time (ms)
-RUNNING = "running"  # set of job keys with a lease (started, not final)
+# sorted set of the started jobs (not final), each scored with its lease's expiry (ms, Valkey's
+# clock: the scripts that start and renew an attempt set it); the lease's token is the job's
+# runner field. Data model v2 had a set, and a string lease:<job> with a TTL per job.
+RUNNING = "running"
+V2_LEASE_PATTERN = "lease:*"  # the v2 leases, which the start-up migration folds into RUNNING
 DELAYED = "delayed"  # zset of "<queue>|<job key>" scored by the time (ms) a retry is due
 
 

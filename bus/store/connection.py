@@ -629,46 +629,6 @@ class Store:
             return count
         return await queues.purge_dead(self, db, key)
 
-    # -- expiry events (keyspace notifications) --------------------------------------------------
-
-    async def enable_expired_events(self) -> bool:
-        """Make the server publish expired-key events (``notify-keyspace-events`` gains ``Ex``,
-        keeping what is set). False if the server refuses CONFIG (a managed Redis); StoreError
-        if it cannot be reached."""
-        client = await self.db(keys.ACTORS_DB)
-        with _translated(self.url):
-            try:
-                current = await client.config_get(["notify-keyspace-events"])
-                flags = str(next(iter(current.values()), "") or "")
-                if "E" in flags and ("x" in flags or "A" in flags):
-                    return True
-                merged = "".join(sorted(set(flags) | {"E", "x"}))
-                await client.config_set({"notify-keyspace-events": merged})
-                return True
-            except coredis.exceptions.ResponseError as exc:
-                log.warning("redis %s refuses keyspace notifications: %s", self.url, exc)
-                return False
-
-    async def watch_expired(
-        self,
-        db: int,
-        on_key: Callable[[str], Awaitable[None]],
-        *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Call ``on_key`` with each key of DB ``db`` that expires (needs
-        :meth:`enable_expired_events`); reports started once subscribed. Runs until cancelled;
-        StoreError if Redis fails. Events are not durable: a subscriber that reconnects misses
-        what expired meanwhile, so callers pair this with a sweep."""
-        client = await self.db(db)
-        channel = f"__keyevent@{db}__:expired"
-        with _translated(self.url):
-            async with client.pubsub(channels=[channel], ignore_subscribe_messages=True) as ps:
-                task_status.started()
-                async for message in ps:
-                    if message["type"] == "message":
-                        await on_key(str(message["data"]))
-
     # -- registry objects ------------------------------------------------------------------------
 
     async def get_actor(self, actor_id: int) -> Actor | None:

@@ -176,11 +176,6 @@ async def job_stats(store: Store, ctx: int) -> Hash:
     return merged_fields(await store.hgetall(ctx, keys.STATS_JOBS))
 
 
-async def leases_held(store: Store, ctx: int, job_keys: list[str]) -> list[bool]:
-    """Whether each job's lease is still there, in one round trip."""
-    return await store.exists_many(ctx, [keys.lease(k) for k in job_keys])
-
-
 # -- flows ----------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ without a password, and each role may touch only what it needs:
   for replies (``reply:*``, ``inbox:*``, ``flow_progress:*``) and read jobs, logs and the
   registry; never write ``actor:*``, ``context:*``, ``peer:*``, ``node:*`` or a job;
 - ``runner``: the node's own runner processes (node/worker/), and external runners (docs/use/
-  runners.md): queues, jobs, leases, ``running``, ``results``, in-flight lists, presence
+  runners.md): queues, jobs, ``running`` (their leases), ``results``, in-flight lists, presence
   and runner hashes, and what ending an attempt writes (attempts, the answer or the reply, the
   dlq, live logs, the type breakers, delayed retries); never ``actor:*``, ``context:*``,
   ``peer:*``, ``node:*``, flows, replay markers or any other key.
@@ -70,8 +70,10 @@ _RUNNER_CONNECT = f"{_CONNECT} +script|load +time +waitaof"
 _RUNNER_SELECTORS = (
     "+type +exists +hset +hsetnx +hget +hgetall +hmget +hincrby +hdel ~job:*",
     "+type +blmove +lmove +lmpop +lrange +llen +lrem +lpush +rpush ~queue:* ~inflight:runner:*",
-    "+set +get +pexpire +pttl +del ~lease:*",
-    "+sadd +srem +smembers ~running",
+    # a batch's ends rewrite their slot's in-flight list at once (lua/runs_inflight.lua)
+    "+del ~inflight:runner:*",
+    # the started jobs, each scored with its lease's expiry (bus/core/keys.py RUNNING)
+    "+zadd +zrem +zscore +zrange ~running",
     "+lpush ~results",
     "+hset +hgetall +del ~runner:*",
     "+set +get +expire +del ~presence:runner:*",
@@ -90,7 +92,7 @@ _RUNNER_SELECTORS = (
     "+lpush ~msg_out ~flow_events ~dlq ~dlq_events",
     "+zadd ~delayed",
     "+xadd +expire ~logs:*",
-    "+eval +evalsha ~job:* ~lease:* ~running ~results ~queue:* ~inflight:runner:* ~attempts:*"
+    "+eval +evalsha ~job:* ~running ~results ~queue:* ~inflight:runner:* ~attempts:*"
     " ~message:* ~reply:* ~inbox:* ~msg_out ~flow_events ~delayed ~type_breakers",
 )
 

@@ -128,9 +128,6 @@ def data_args(primary: tuple[str, int] | None, passwords: dict[str, str]) -> lis
         "yes",
         "--repl-diskless-sync-delay",
         "0",
-        # the reaper's lease-expiry events (node/runners/external.py) on whichever is promoted
-        "--notify-keyspace-events",
-        "Ex",
     ]
     if primary is not None:
         args += ["--replicaof", primary[0], str(primary[1])]

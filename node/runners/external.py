@@ -10,12 +10,12 @@ It cannot sign, so per context the node runs:
   a local runner's conclusion does, a remote origin gets a result message signed by this node.
   The answer and the ``answered`` mark on the job are one Lua transaction, so a crash between
   pop and answer re-answers nothing twice.
-* the **reaper**: when ``lease:<job>`` expires while the job is ``started``, and the attempt's
-  process is gone, the attempt ends in ``error`` (``runner_lost``) and goes to ``results`` (so
-  it is retried or answered as above). Event-driven: Valkey publishes expired keys (keyspace
-  notifications, enabled at start); as notifications are not durable (a reconnecting
-  subscriber misses some), the ``running`` set is also swept at start and every ``SWEEP_S``.
-  A server that refuses CONFIG SET is swept every lease TTL instead.
+* the **reaper**: when a job's lease lapses (its score in the ``running`` zset, the lease's
+  expiry by Valkey's clock, falls behind that clock) while the job is ``started``, and the
+  attempt's process is gone, the attempt ends in ``error`` (``runner_lost``) and goes to
+  ``results`` (so it is retried or answered as above). It sleeps until the earliest live lease
+  lapses (runs_lapsed says when), at most a third of the lease TTL, the beat the runners renew
+  on: a lease taken while it sleeps is seen at most that long after it lapses.
 
 An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
 TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
@@ -52,8 +52,6 @@ from node.state import NodeState
 log = logging.getLogger(__name__)
 
 RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
-SWEEP_S = 60.0  # safety net for missed expiry events
-FALLBACK_SWEEP_S = 15.0  # no keyspace notifications: one lease TTL
 
 
 async def run_results(
@@ -194,30 +192,26 @@ def _is_local(node: NodeState, token: str) -> bool:
 
 
 async def sweep(node: NodeState, ctx: int) -> int:
-    """Reap every started job whose lease is gone; how many. Raises StoreError."""
-    running = await runs.running_jobs(node.store, ctx)
-    present = await records.leases_held(node.store, ctx, running)
-    return sum(
-        [await reap(node, ctx, k) for k, alive in zip(running, present, strict=True) if not alive]
-    )
+    """Reap every started job whose lease lapsed; how many. Raises StoreError."""
+    return (await _sweep(node, ctx))[0]
+
+
+async def _sweep(node: NodeState, ctx: int) -> tuple[int, float]:
+    """:func:`sweep`, and the seconds until the earliest live lease lapses (-1: none; 0: more
+    lapsed leases than one read returns were reaped, read again)."""
+    lapsed, wait_s = await runs.lapsed(node.store, ctx)
+    reaped = sum([await reap(node, ctx, k) for k in lapsed])
+    return reaped, 0.0 if reaped and len(lapsed) >= runs.LAPSED_PER_CALL else wait_s
 
 
 async def run_reaper(
     node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> NoReturn:
-    """Reap dead external runners' jobs in context ``ctx`` until cancelled (see the module
-    docstring). Raises StoreError if Redis fails (the caller restarts the service)."""
-    prefix = keys.lease("")
-
-    async def on_expired(name: str) -> None:
-        if name.startswith(prefix):
-            await reap(node, ctx, name[len(prefix) :])
-
-    async with trio.open_nursery() as nursery:
-        events = await node.store.enable_expired_events()
-        if events:
-            await nursery.start(node.store.watch_expired, ctx, on_expired)
-        task_status.started()
-        while True:  # the sweep: a safety net with events, the mechanism without
-            await sweep(node, ctx)
-            await trio.sleep(SWEEP_S if events else FALLBACK_SWEEP_S)
+    """Reap dead runners' jobs in context ``ctx`` until cancelled (see the module docstring).
+    ``task_status`` reports once the reaper runs. Raises StoreError if Redis fails (the caller
+    restarts the service)."""
+    longest_s = node.config.lease_ttl_ms / 3000  # the renewals' beat (node/worker/job.py)
+    task_status.started()
+    while True:
+        _, wait_s = await _sweep(node, ctx)
+        await trio.sleep(wait_s if 0 <= wait_s < longest_s else longest_s)

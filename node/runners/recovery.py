@@ -3,12 +3,13 @@ node died (adopting outcomes), conclude such attempts, and move due retries back
 The runner processes (node/worker/loop.py) pop, run and conclude every other attempt.
 
 Each attempt is numbered (``attempt``, its fencing token: bus/store/atomic/runs.py) and holds a
-lease (``lease:<job>``, TTL renewed by a heartbeat while the script runs, re-taken if a stall
-let it lapse); status moves ``dispatched -> started -> finished | error``. A failed attempt is
-retried after a backoff while the job has retries left (``delayed`` zset, moved back to the
-queue when due). When a job ends, its final state, the signed result for the origin and the
-removal from the slot's in-flight list are written in one Lua transaction that checks first
-that the attempt is still the job's current one.
+lease (its score in the ``running`` zset: when it lapses, renewed by a heartbeat while the
+script runs, re-taken if a stall let it lapse); status moves
+``dispatched -> started -> finished | error``. A failed attempt is retried after a backoff
+while the job has retries left (``delayed`` zset, moved back to the queue when due). When a
+job ends, its final state, the signed result for the origin and the removal from the slot's
+in-flight list are written in one Lua transaction that checks first that the attempt is still
+the job's current one.
 """
 
 from __future__ import annotations

@@ -147,6 +147,8 @@ class SlotLoop:
         except Aborted:
             log.info("runner %s aborted", self.spec.slot_id, extra=self.fields())
         finally:
+            for _, fields in taken:  # started with the last result: counted, then given back
+                self.reports.started(fields)
             self.reports.flush(idle=True)
             for job_key, fields in taken:  # taken with the last result, but we are leaving
                 attempt = int(fields.get("attempt") or 0)
@@ -165,7 +167,9 @@ class SlotLoop:
         the same round trip as this one's end."""
         if begun is None:
             token = self.spec.token(job_key)
-            begun = self.runs.start(job_key, token, nxt.ttl_ms, nxt.runner_id, self.popper.gate)
+            begun = self.runs.start(
+                job_key, token, nxt.ttl_ms, nxt.runner_id, self.popper.gate, counted=True
+            )
         if isinstance(begun, BreakerOpen):  # back to the head of its queue, untouched
             self.runs.give_back(self.inflight, job_key, self.runs.queue_of(job_key))
             self.popper.breaker_wait_ms = begun.wait_ms
@@ -199,6 +203,7 @@ class SlotLoop:
         if not fields:  # final (a duplicate queue entry)
             self.runs.ack(self.inflight, job_key)
             return None
+        self.reports.started(fields)  # its start's script counted nothing
         attempt = int(fields["attempt"])
         unadmitted = admitted.problem(self.admission_key, self.spec.ctx, job_key, fields)
         if unadmitted:

@@ -68,6 +68,7 @@ class Popper:
             spec.slot_id,
             script_type=self.gate,
             count=self.count,
+            counts_starts=True,
         )
 
     def pop(

@@ -37,6 +37,7 @@ class Reports:
         self.stats = StatsBatch()
         self.stats_since = 0.0
         self.totals = StatsBatch()
+        self.starts: dict[str, int] = {}  # script type -> starts not yet in ``stats``
 
     def orphaned(self) -> bool:
         """Whether the node that started this process has died."""
@@ -47,6 +48,18 @@ class Reports:
         self.taken += 1
         if self.taken >= self.spec.taken_every:
             self.flush()
+
+    def started(self, fields: dict[str, str]) -> None:
+        """A job this process started (its start's script counted nothing: see
+        ``NextJob.counts_starts``), counted with the next end's statistics (its type is
+        labelled then, with the end's: nothing of the statistics runs per start)."""
+        script_type = fields.get("script_type", "")
+        self.starts[script_type] = self.starts.get(script_type, 0) + 1
+
+    def _with_starts(self, batch: StatsBatch) -> StatsBatch:
+        for script_type, n in self.starts.items():
+            batch.started({"script_type": script_type}, n)
+        return batch
 
     def count(self, name: str) -> None:
         self.counts[name] = self.counts.get(name, 0) + 1
@@ -71,7 +84,7 @@ class Reports:
     ) -> tuple[StatsBatch, bool]:
         """:meth:`counted` for several ends at once (a batch's): each is (the job's fields,
         status, reason, whether it was answered here, how long it took)."""
-        batch = self.stats.copy()
+        batch = self._with_starts(self.stats.copy())
         for fields, status, reason, answered_here, took_s in ends:
             batch.ended(fields, status, reason, took_s)
             if answered_here and status != "retry":
@@ -97,9 +110,9 @@ class Reports:
         if applied:
             if not self.orphaned():
                 self.totals = self.totals.merged(batch)
-            self.stats = StatsBatch()
+            self.stats, self.starts = StatsBatch(), {}
         elif ok:
-            self.stats = batch
+            self.stats, self.starts = batch, {}
 
     def flush_totals(self) -> None:
         """Hand the slot's totals over again (one HSET), replacing totals an end handed over
@@ -113,8 +126,9 @@ class Reports:
         ``taken_every`` jobs and before blocking for more, not per job. ``idle``: also the job
         statistics still held here (an end that left this runner idle applied them already,
         unless it was not the last thing it did: a refusal, a requeue)."""
-        if idle and self.stats.jobs:
-            batch, self.stats = self.stats, StatsBatch()
+        if idle and (self.stats.jobs or self.starts):
+            batch, self.stats = self._with_starts(self.stats), StatsBatch()
+            self.starts = {}
             orphaned = self.orphaned()  # then increments: see handover
             if not orphaned:
                 self.totals = self.totals.merged(batch)  # a failed hand-over: in the next one

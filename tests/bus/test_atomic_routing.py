@@ -4,6 +4,8 @@ what it writes and what it returns, refusals included."""
 
 from __future__ import annotations
 
+import redis
+
 from bus.core import keys
 from bus.core.models import Message, MessageType
 from bus.store.atomic import flows, queues, routing
@@ -283,11 +285,30 @@ async def test_accept_results_checks_then_writes_atomically(store: Store) -> Non
     assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}']
 
 
+async def test_accepting_a_result_reads_no_type_of_its_reply_list(store: Store, redis_url) -> None:  # noqa: ANN001
+    """The reply list's type is checked by its push, not by a TYPE read per result."""
+    await store.hset(CTX, REQUEST, {"destination": "peer", "status": "acknowledged"})
+    await store.hset(CTX, JOB, {"message_key": REQUEST})
+    stats = redis.Redis.from_url(redis_url)
+    before = int(stats.info("commandstats").get("cmdstat_type", {}).get("calls", 0))
+    assert await _accept_all(store, [_accept("message:8:1")]) == [("ok", "")]
+    assert int(stats.info("commandstats").get("cmdstat_type", {}).get("calls", 0)) == before
+    assert await store.lrange(CTX, keys.reply(REQUEST)) == ['{"done": true}']
+    stats.close()
+
+
 async def test_accept_results_refuses_wrong_types_and_late_results(store: Store) -> None:
+    """A reply list of another type is found by the result's push, its first write (no TYPE
+    read per result): refused, nothing of it written."""
     await store.call(CTX, lambda r: r.set(keys.reply(REQUEST), "x"))
+    await store.hset(CTX, REQUEST, {"destination": "peer", "status": "acknowledged"})
+    await store.hset(CTX, JOB, {"message_key": REQUEST})
     ((reason, detail),) = await _accept_all(store, [_accept("message:8:1")])
     assert reason == "wrong_type"
     assert detail == f"{keys.reply(REQUEST)} holds a string"
+    assert (await store.hgetall(CTX, JOB)).get("status") is None
+    assert (await store.hgetall(CTX, REQUEST))["status"] == "acknowledged"
+    assert await marker(store, keys.seen("message:8:1")) is None
     await store.call(CTX, lambda r: r.delete([keys.reply(REQUEST)]))
     await store.hset(
         CTX, REQUEST, {"destination": "peer", "status": "error", "reason": "timeout_ack: late"}

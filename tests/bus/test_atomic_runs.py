@@ -16,6 +16,7 @@ from bus.core.ids import now_ms
 from bus.core.models import Message, Runner
 from bus.store.atomic import runs, slots, source
 from bus.store.atomic.runs_sync import SyncRuns
+from tests.leases import lapse, lease_left_ms
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"
@@ -32,6 +33,14 @@ async def _started(
 
 async def _ttl_ms(store, key: str) -> int:
     return int(await store.call(1, lambda r: r.pttl(key)))
+
+
+async def _lease_left_ms(store, job: str = JOB) -> int | None:
+    return await lease_left_ms(store, job)
+
+
+async def _lapse(store, job: str = JOB, in_ms: int = -1) -> None:
+    await lapse(store, job, in_ms)
 
 
 def _ending(attempt: int, job: str = JOB) -> runs.Ending:
@@ -68,9 +77,9 @@ async def test_start_marks_started_leases_and_counts_the_attempt(store, sync_run
     assert isinstance(fields, dict)
     assert (fields["status"], fields["attempt"], fields["runner"]) == ("started", "3", "tok")
     assert fields["runner_id"] == "python:0"
-    assert await store.get(1, keys.lease(JOB)) == "tok"
-    assert 0 < await _ttl_ms(store, keys.lease(JOB)) <= 10_000
+    assert 0 < (await _lease_left_ms(store) or 0) <= 10_000
     assert await runs.running_jobs(store, 1) == [JOB]
+    assert await store.scan_keys(1, "lease:*") == []  # the lease is the job's score, no key
 
 
 @pytest.mark.parametrize(
@@ -89,7 +98,6 @@ async def test_start_refuses_what_no_runner_can_start(store, sync_runs, setup, k
     elif setup:
         await store.hset(1, key, setup)
     assert sync_runs.start(key, "tok", 10_000, "") == reason
-    assert not await store.exists(1, keys.lease(key))
     assert await runs.running_jobs(store, 1) == []
 
 
@@ -97,20 +105,22 @@ async def test_start_leaves_a_final_job_alone(store, sync_runs) -> None:
     await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
     assert sync_runs.start(JOB, "tok", 10_000, "") == {}
     assert await runs.attempt_state(store, 1, JOB) == ("finished", "1")
-    assert not await store.exists(1, keys.lease(JOB))
+    assert await _lease_left_ms(store) is None
 
 
 async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store, sync_runs) -> None:
     await _started(store, sync_runs)
-    await store.call(1, lambda r: r.pexpire(keys.lease(JOB), 500))
+    await _lapse(store, JOB, 500)
     assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
-    assert await _ttl_ms(store, keys.lease(JOB)) > 500
-    await store.delete(1, [keys.lease(JOB)])  # lapsed during a stall: taken again
-    assert await runs.renew(store, 1, JOB, "tok2", 10_000, 1)
-    assert await store.get(1, keys.lease(JOB)) == "tok2"
-    await store.delete(1, [keys.lease(JOB)])
+    assert (await _lease_left_ms(store) or 0) > 500
+    await _lapse(store, JOB)  # lapsed during a stall: taken again
+    assert sync_runs.renew(JOB, f"tok:{JOB}", 10_000, 1)
+    assert (await _lease_left_ms(store) or 0) > 500
+    await store.call(1, lambda r: r.zrem(keys.RUNNING, [JOB]))  # reaped meanwhile: re-taken
+    assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
+    await _lapse(store, JOB)
     assert not await runs.renew(store, 1, JOB, "old", 10_000, 2)  # not the current attempt
-    assert not await store.exists(1, keys.lease(JOB))
+    assert (await _lease_left_ms(store) or 0) < 0  # untouched
 
 
 async def test_only_a_job_with_a_history_to_tell_records_its_attempts(store, sync_runs) -> None:
@@ -143,8 +153,7 @@ async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) ->
     assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
     assert (await store.hgetall(1, answer.key))["origin"] == "elsewhere"
     assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
-    assert not await store.exists(1, keys.lease(JOB))
-    assert await runs.running_jobs(store, 1) == []
+    assert await runs.running_jobs(store, 1) == []  # its lease with it
     assert await store.lrange(1, INFLIGHT) == []
 
 
@@ -158,7 +167,7 @@ async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_
     assert not sync_runs.finish_malformed(JOB, 1, INFLIGHT, "bad")
     assert not sync_runs.requeue(JOB, 1, INFLIGHT, QUEUE)
     assert await store.hgetall(1, JOB) == before
-    assert await store.exists(1, keys.lease(JOB))
+    assert await _lease_left_ms(store) is not None
     assert await store.lrange(1, INFLIGHT) == [JOB]
     assert await store.lrange(1, "reply:message:1:1") == []
     assert await store.lrange(1, keys.attempts(JOB)) == []
@@ -193,7 +202,8 @@ async def test_finish_then_take_next_starts_the_next_job_in_one_step(store, sync
     assert done
     [nxt] = taken
     assert (nxt[0], nxt[1]["status"], nxt[1]["attempt"]) == ("job:1:2", "started", "1")
-    assert await store.get(1, keys.lease("job:1:2")) == "base:job:1:2"
+    assert nxt[1]["runner"] == "base:job:1:2"
+    assert 0 < (await _lease_left_ms(store, "job:1:2") or 0) <= 10_000
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
     assert await runs.running_jobs(store, 1) == ["job:1:2"]
     assert not take.found_empty
@@ -232,7 +242,7 @@ async def test_finish_malformed_ends_the_job_in_error(store, sync_runs) -> None:
     assert sync_runs.finish_malformed(JOB, 1, INFLIGHT, "no script")
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"]) == ("error", "malformed_job: no script")
-    assert not await store.exists(1, keys.lease(JOB))
+    assert await _lease_left_ms(store) is None
 
 
 async def test_requeue_gives_the_attempt_back(store, sync_runs) -> None:
@@ -350,8 +360,10 @@ async def test_answer_remote_queues_the_signed_result_once(store) -> None:
 
 async def test_reap_ends_an_attempt_whose_lease_is_gone(store, sync_runs) -> None:
     await _started(store, sync_runs)
-    assert not await runs.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease exists
-    await store.delete(1, [keys.lease(JOB)])
+    assert not await runs.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease is live
+    assert await runs.lapsed(store, 1) == ([], pytest.approx(10, abs=1))  # seconds to go
+    await _lapse(store)
+    assert await runs.lapsed(store, 1) == ([JOB], -1.0)
     assert not await runs.reap(store, 1, JOB, "2", "runner_lost: x")  # not its attempt
     assert await store.lrange(1, keys.RESULTS) == []
     assert await runs.reap(store, 1, JOB, "1", "runner_lost: x")

@@ -28,6 +28,7 @@ from node.runners.adoption import adopted_outcome
 from node.slot import outcomes
 from node.slot.exits import Outcome
 from node.worker.loop import SlotLoop
+from tests.leases import lapse, lease_left_ms
 from tests.nodeproc import NodeProcess
 from tests.scripts import announcing, command_job_run, wait_announced
 
@@ -60,7 +61,7 @@ async def _finish_local(store, attempt: int) -> bool:
 async def test_a_current_attempt_is_accepted_after_its_lease_expired(store, sync_runs):
     fields = await _started(store, sync_runs)
     assert (fields["attempt"], fields["runner_id"]) == ("1", "python:0")
-    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))  # lapsed during a stall
+    await lapse(store, JOB)  # lapsed during a stall
     assert await _finish_local(store, 1)
     job = await store.hgetall(1, JOB)
     assert (job["status"], json.loads(job["result"])) == ("finished", {"stdout": "x"})
@@ -84,11 +85,11 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, syn
 
 async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store, sync_runs):
     await _started(store, sync_runs, attempts=2)
-    await store.call(1, lambda r: r.delete([keys.lease(JOB)]))
+    await lapse(store, JOB)
     assert not await runs.renew(store, 1, JOB, "old", 10_000, 1)
-    assert not await store.exists_many(1, [keys.lease(JOB)]) == [True]
+    assert (await lease_left_ms(store, JOB) or 0) < 0  # still lapsed
     assert await runs.renew(store, 1, JOB, "tok", 10_000, 2)
-    assert await store.call(1, lambda r: r.get(keys.lease(JOB))) == "tok"
+    assert 9_000 < (await lease_left_ms(store, JOB) or 0) <= 10_000
 
 
 async def _submit(node, script: str, script_type: str = "python", **kw):
@@ -125,10 +126,9 @@ async def test_a_live_job_whose_lease_expired_retakes_it_and_finishes_once(node_
     msg = await _submit(alice, _gated(alice.info.redis_url, "live", tmp_path), retries=2)
     await wait_announced(alice.store, "pid:live")
     job_key = msg.job[0].key
-    lease = keys.lease(job_key)
-    await alice.store.call(1, lambda r: r.pexpire(lease, 1))  # as a stall would let it lapse
-    with trio.fail_after(10):  # the reaper sees the expiry, finds the attempt alive here
-        while not await alice.store.call(1, lambda r: r.exists([lease])):  # noqa: ASYNC110
+    await lapse(alice.store, job_key)  # as a stall would let it lapse
+    with trio.fail_after(20):  # re-taken: the attempt is alive here
+        while (await lease_left_ms(alice.store, job_key) or 0) <= 0:  # noqa: ASYNC110
             await trio.sleep(0.05)  # a real job process holds it: poll what Valkey shows
     assert (await alice.store.hgetall(1, job_key))["status"] == "started"
     (tmp_path / "live.go").touch()
@@ -159,16 +159,15 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
     await alice.store.call(1, lambda r: r.hincrby(job_key, "attempt", 1))
     started = {"status": "started", "runner": token, "runner_id": "python:0"}
     await alice.store.hset(1, job_key, started)
-    await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, [job_key]))
     key = ensure_admission_key(alice.config.home)  # the node's, made when it started
     assert admitted.problem(key, 1, job_key, await alice.store.hgetall(1, job_key)) == ""
-    await alice.store.call(1, lambda r: r.set(keys.lease(job_key), token, px=200))
+    await lapse(alice.store, job_key, 200)
     with trio.fail_after(20):
         [result] = await alice.client.wait_results(orphan, timeout_s=20)
     assert result.status is JobStatus.ERROR
     assert result.reason == "runner_lost: slot python:0 of this node no longer runs it"
     assert await alice.store.lrange(1, "inflight:runner:python:0") == []
-    assert await alice.store.call(1, lambda r: r.smembers(keys.RUNNING)) == set()
+    assert await runs.running_jobs(alice.store, 1) == []
 
 
 # -- the processes that write outcomes ----------------------------------------------------------

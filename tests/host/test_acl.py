@@ -16,7 +16,7 @@ import trio
 from bus.client.api import new_job, open_client
 from bus.core.models import JobStatus
 from bus.errors import StoreError
-from bus.store.atomic.runs import NextJob
+from bus.store.atomic.runs import Call, Ending, NextJob, finish_local_call
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import Store, open_store
 from crypto import read_key_file
@@ -31,12 +31,10 @@ FLOW_JOB = {"id": "a", "node": "self", "context": 1, "type": "sh", "script": "ec
 FLOW_B = FLOW_JOB | {"id": "b", "depends": ["a"]}
 # docs/use/runners.md "External runners", step 4
 KEEP_LEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
 local cur = redis.call('HMGET', KEYS[2], 'status', 'attempt')
-if cur[1] ~= 'started' or cur[2] ~= ARGV[3] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if cur[1] ~= 'started' or cur[2] ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], t[1] * 1000 + math.floor(t[2] / 1000) + ARGV[1], KEYS[2])
 return 1
 """
 TRUSTED = ("actor:1", "context:1", "peer:" + "ab" * 32, "node:info")
@@ -135,17 +133,16 @@ async def test_runner_credentials_serve_the_runner_protocol_only(node_factory):
             job = new_job(1, 1, "ext", "say 42")
             msg = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
             key, attempt = await ext.take()
-            lease = f"lease:{key}"
-            held = await runner_store.call(1, lambda r: r.get(lease))
             keep = await runner_store.call(
-                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+                1, lambda r: r.eval(KEEP_LEASE, ["running", key], ["15000", attempt])
             )
             assert keep == 1
-            await runner_store.call(1, lambda r: r.delete([lease]))  # lapsed: a stall
+            await runner_store.call(1, lambda r: r.zadd("running", {key: 1}))  # lapsed: a stall
             keep = await runner_store.call(
-                1, lambda r: r.eval(KEEP_LEASE, [lease, key], [held, "15000", attempt])
+                1, lambda r: r.eval(KEEP_LEASE, ["running", key], ["15000", attempt])
             )
             assert keep == 1  # taken again: the attempt is still current
+            assert int(await runner_store.call(1, lambda r: r.zscore("running", key))) > 1
             assert await ext.finish(key, attempt, "finished", {"stdout": "42"}) == 1
             [res] = await alice.client.wait_results(msg, 15)
     assert res.ok
@@ -167,6 +164,36 @@ async def test_the_runner_user_starts_what_its_blocking_pop_moved(node_factory):
     assert entry == "job:1:999"
     assert isinstance(begun, dict)
     assert (begun["status"], begun["attempt"]) == ("started", "1")
+
+
+async def test_the_runner_user_ends_a_batch_and_takes_the_next_in_one_call(node_factory):
+    """A batch's ends and the next take (runs.ends_then_source) run under the runner's ACL
+    user, every command of them: the starts (the lease in ``running``), the ends with their
+    answers pushed per list, the in-flight list rewritten at once. A command it may not send
+    would fail the call after some ends were written."""
+    alice = await node_factory("alice", embedded=True, runners={"sh": 1})
+    jobs = [f"job:1:99{i}" for i in range(5)]
+    queued = {"status": "dispatched", "attempt": "0", "script_type": "probe"}
+    async with open_store(role_url(alice.config, alice.info.redis_url)) as admin:
+        for job in jobs:
+            await admin.hset(1, job, queued)
+            await admin.lpush(1, "queue:probe", job)
+    runs = SyncRuns(connect(role_url(alice.config, alice.info.redis_url, RUNNER), 1))
+    inflight = "inflight:runner:probe:0"
+    take = NextJob(("queue:probe",), "n:b:1:probe:0", 15_000, "probe:0", count=4)
+    _, taken = runs.end_all([], inflight, take)
+    assert [key for key, _ in taken] == jobs[:4]
+
+    def finished(job: str) -> Call:
+        ending = Ending(job, 1, inflight, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    oks, again = runs.end_all([finished(j) for j in jobs[:4]], inflight, take)
+    assert oks == [True] * 4
+    assert [key for key, _ in again] == [jobs[4]]
+    assert runs.client.lrange(inflight, 0, -1) == [jobs[4]]
+    async with open_store(role_url(alice.config, alice.info.redis_url)) as admin:
+        assert await admin.llen(1, f"reply:message:{jobs[0]}") == 1
 
 
 async def test_a_home_without_passwords_gets_them_at_start(tmp_path, caplog):

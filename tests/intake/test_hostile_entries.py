@@ -342,6 +342,6 @@ async def test_the_reaper_passes_over_a_running_member_of_another_type(node_fact
 
     alice = await node_factory("alice")
     await alice.store.call(1, lambda r: r.set("job:1:901", "a string"))
-    await alice.store.call(1, lambda r: r.sadd(keys.RUNNING, ["job:1:901"]))
+    await alice.store.call(1, lambda r: r.zadd(keys.RUNNING, {"job:1:901": 0}))  # lapsed
     assert await reap(alice.info.state, 1, "job:1:901") is False
     assert await sweep(alice.info.state, 1) == 0

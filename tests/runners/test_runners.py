@@ -6,6 +6,7 @@ import json
 
 import pytest
 import trio
+from coredis.tokens import PureToken
 
 from bus.core import keys
 from bus.core.models import JobStatus
@@ -24,10 +25,9 @@ local cur = redis.call('HMGET', KEYS[1], 'status', 'attempt')
 if cur[1] ~= 'started' or cur[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
-redis.call('DEL', KEYS[2])
-redis.call('SREM', KEYS[3], KEYS[1])
-redis.call('LREM', KEYS[4], 1, KEYS[1])
-redis.call('LPUSH', KEYS[5], KEYS[1])
+redis.call('ZREM', KEYS[2], KEYS[1])
+redis.call('LREM', KEYS[3], 1, KEYS[1])
+redis.call('LPUSH', KEYS[4], KEYS[1])
 return 1
 """
 
@@ -170,17 +170,18 @@ class External:
         )
         assert job is not None
         token = f"{self.id}:t{trio.current_time()}"
-        assert await self.store.call(
-            1, lambda r: r.set(f"lease:{job}", token, condition="NX", px=lease_ms)
-        )
+        valkey_now = await self.store.call(1, lambda r: r.time())  # the clock leases are on
+        lapses_ms = int(valkey_now.timestamp() * 1000) + lease_ms
+        lease = {job: lapses_ms}
+        taken = await self.store.call(1, lambda r: r.zadd("running", lease, condition=PureToken.NX))
+        assert taken == 1  # 0: another runner holds it
         attempt = await self.store.call(1, lambda r: r.hincrby(job, "attempt", 1))
         started = {"status": "started", "runner": token, "runner_id": self.id}
         await self.store.call(1, lambda r: r.hset(job, started))
-        await self.store.call(1, lambda r: r.sadd("running", [job]))
         return job, str(attempt)
 
     async def finish(self, job: str, attempt: str, status: str, result: dict, reason: str = ""):
-        names = [job, f"lease:{job}", "running", self.inflight, "results"]
+        names = [job, "running", self.inflight, "results"]
         args = [attempt, status, json.dumps(result), reason, "0"]
         return await self.store.call(1, lambda r: r.eval(FINISH_LUA, names, args))
 
@@ -254,6 +255,6 @@ async def test_external_runner_dies_job_requeued_then_lost(node_factory):
     assert res.reason.startswith("runner_lost")
     assert res.result["attempts"] == "2"
     assert await ext.finish(job, attempt2, "finished", {}) == 0  # too late: that attempt was reaped
-    assert await alice.store.call(1, lambda r: r.smembers("running")) == set()
+    assert not await alice.store.call(1, lambda r: r.zrange("running", 0, -1))
     attempts = [json.loads(e) for e in await alice.store.lrange(1, keys.attempts(job))]
     assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "error"), (2, "error")]

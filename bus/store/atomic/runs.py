@@ -9,8 +9,9 @@ started again, or ended) is refused, while a result that arrives after a stall, 
 expired but nobody else having started the job, is accepted: an expired lease alone proves
 nothing about the process.
 
-The runner also holds ``lease:<job>`` (its token, a TTL it renews): that is liveness, which the
-reapers read to find attempts whose process may be gone; it is never the fence.
+The runner also holds a lease, its job's score in the ``running`` zset (when it lapses, by
+Valkey's clock; the token is the job's ``runner`` field), which it renews: that is liveness,
+which the reapers read to find attempts whose process may be gone; it is never the fence.
 
 The results service of external runners answers each final job once (``runs_answered.lua``):
 only the attempt it read, with the status it read.
@@ -50,6 +51,7 @@ __all__ = [
     "finish_call",
     "finish_local",
     "finish_local_call",
+    "lapsed",
     "move_due",
     "reap",
     "renew",
@@ -69,7 +71,9 @@ class NextJob:
     its lease. ``found_empty`` is set when the take found every list empty, and ``held`` to
     the in-flight list's length it read then (a blocking pop next needs it). With
     ``script_type``, that type's circuit breaker (bus/store/atomic/type_breakers.py) is consulted:
-    ``breaker_wait_ms`` is then set when it let no job start (for that long)."""
+    ``breaker_wait_ms`` is then set when it let no job start (for that long). With
+    ``counts_starts``, the scripts count no start: the caller counts them in its own sums
+    (a runner process: bus/store/atomic/stats.py, ``StatsBatch.started``)."""
 
     lists: tuple[str, ...]
     token_base: str
@@ -80,6 +84,7 @@ class NextJob:
     script_type: str = ""
     breaker_wait_ms: int = 0
     count: int = 1  # up to this many of what is queued now (a batch: runs_take_next.lua)
+    counts_starts: bool = False
 
     def args(self) -> list[str]:
         """ARGV of runs_take_next.lua."""
@@ -87,10 +92,10 @@ class NextJob:
             self.token_base,
             str(self.ttl_ms),
             str(now()),
-            keys.lease(""),
             self.runner_id,
             self.script_type,
             str(self.count),
+            "1" if self.counts_starts else "",
         ]
 
 
@@ -130,14 +135,14 @@ def unrunnable_detail(reason: str) -> str:
 
 
 def _attempt_keys(job_key: str, inflight: str) -> list[str]:
-    return [job_key, keys.lease(job_key), keys.RUNNING, inflight, keys.attempts(job_key)]
+    return [job_key, keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
 async def renew(
     store: Store, ctx: int, job_key: str, token: str, ttl_ms: int, attempt: int
 ) -> bool:
     """Keep (or re-take) the lease of ``attempt``; False if that attempt was superseded."""
-    key_list = [keys.lease(job_key), job_key]
+    key_list = [keys.RUNNING, job_key]
     args = [token, str(ttl_ms), str(attempt)]
     return bool(await store.script(ctx, script("runs_renew"), key_list, args))
 
@@ -222,7 +227,9 @@ async def finish_local(
 
 # the fragments an end and the take that follows it share in one script: one TIME and one read
 # of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
-_SHARED = frozenset({"stats_jobs", "type_breaker"})
+# (and what a batch's ends write once for all of them: the in-flight list's entries,
+# runs_inflight; the answers' pushes per list, runs_pushes)
+_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_pushes"})
 
 
 def then_source(first: str, second: str) -> str:
@@ -236,6 +243,8 @@ def then_source(first: str, second: str) -> str:
     return f"""
 {source("stats_jobs")}
 {source("type_breaker")}
+{source("runs_inflight")}
+{source("runs_pushes")}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -273,13 +282,17 @@ def ends_then_source() -> str:
     is how many ends; ARGV[2] a runner process's statistics sums applied if an end did its
     work, ARGV[3] those applied only if, besides, no next job was started ('': none); then
     per end its script's name, how many keys and how many args are its; then the ends' args
-    and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take)."""
+    and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take). The ends'
+    in-flight entries leave the list at once, and their answers are pushed once per reply
+    list (runs_inflight, runs_pushes)."""
     ends = "\n".join(
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
     return f"""
 {source("stats_jobs")}
 {source("type_breaker")}
+{source("runs_inflight")}
+{source("runs_pushes")}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)
@@ -288,6 +301,7 @@ end
 {_TOOK}
 local n = tonumber(ARGV[1])
 local k, a, done, any = 1, 4 + 3 * n, {{}}, false
+inflight_batch, answers_batch = {{jobs = {{}}}}, {{}}
 for i = 0, n - 1 do
   local name, nk, na = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
   local r = ends[name]({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
@@ -295,6 +309,8 @@ for i = 0, n - 1 do
   any = any or r ~= 0
   k, a = k + nk, a + na
 end
+answers_flush()
+inflight_flush()
 local r2 = {{}}
 if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
 if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end
@@ -356,7 +372,7 @@ def retry_call(
 def requeue_call(job_key: str, attempt: int, inflight: str, queue: str) -> Call:
     """The script, KEYS and ARGV that give an attempt back uncounted (runs_requeue: an
     interrupted one, or one of a batch that never ran), at the consuming end of ``queue``."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight, queue]
+    key_list = [job_key, keys.RUNNING, inflight, queue]
     return "runs_requeue", key_list, [str(attempt), str(now())]
 
 
@@ -452,8 +468,8 @@ async def answer_remote(
 
 async def reap(store: Store, ctx: int, job_key: str, attempt: str, reason: str) -> bool:
     """End ``attempt`` of ``job_key`` (error ``reason``, handed to the results service) if its
-    lease is still gone and the job still started with it; False if not. Raises StoreError."""
-    key_list = [job_key, keys.lease(job_key), keys.RUNNING, keys.RESULTS]
+    lease is still lapsed and the job still started with it; False if not. Raises StoreError."""
+    key_list = [job_key, keys.RUNNING, keys.RESULTS]
     args = [attempt, str(now()), reason, keys.runner_inflight("")]
     return bool(await store.script(ctx, script("runs_reap"), key_list, args))
 
@@ -462,8 +478,20 @@ async def reap(store: Store, ctx: int, job_key: str, attempt: str, reason: str) 
 
 
 async def running_jobs(store: Store, ctx: int) -> list[str]:
-    """The started jobs of context ``ctx`` (the ``running`` set), sorted. Raises StoreError."""
-    return sorted(await store.call(ctx, lambda r: r.smembers(keys.RUNNING)))
+    """The started jobs of context ``ctx`` (the ``running`` zset), sorted. Raises StoreError."""
+    return sorted(await store.call(ctx, lambda r: r.zrange(keys.RUNNING, 0, -1)))
+
+
+LAPSED_PER_CALL = 500  # lapsed leases a reaper reads per script call
+
+
+async def lapsed(store: Store, ctx: int) -> tuple[list[str], float]:
+    """The started jobs of context ``ctx`` whose lease lapsed (up to :data:`LAPSED_PER_CALL`),
+    and the seconds until the earliest live lease lapses (-1: none), by Valkey's clock
+    (runs_lapsed). Raises StoreError."""
+    found = await store.script(ctx, script("runs_lapsed"), [keys.RUNNING], [str(LAPSED_PER_CALL)])
+    wait_ms = int(found[0])
+    return [str(job) for job in found[1:]], (wait_ms / 1000 if wait_ms >= 0 else -1.0)
 
 
 async def attempt_state(store: Store, ctx: int, job_key: str) -> tuple[str | None, str | None]:

@@ -111,16 +111,24 @@ class SyncRuns:
         return str(value), 0
 
     def start(
-        self, job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str = ""
+        self,
+        job_key: str,
+        token: str,
+        ttl_ms: int,
+        runner_id: str,
+        script_type: str = "",
+        *,
+        counted: bool = False,
     ) -> Begun:
         """runs_start: the lease taken and the job marked started; the job's fields
         (``attempt`` counts this attempt), {} if the job is final, or why the entry names
         nothing to start (a reason token: :func:`bus.store.atomic.runs.unrunnable_detail`).
         ``runner_id`` names the in-flight list (``inflight:runner:<runner_id>``) a reaper
         removes the job from. With ``script_type``, refused (:class:`BreakerOpen`, nothing
-        written) while that type's circuit breaker is open."""
-        args = [token, str(ttl_ms), str(now()), runner_id, script_type]
-        return _begun(self._run("runs_start", [job_key, keys.lease(job_key), keys.RUNNING], args))
+        written) while that type's circuit breaker is open. ``counted``: the caller counts
+        the start in its own sums (the script does not)."""
+        args = [token, str(ttl_ms), str(now()), runner_id, script_type, "1" if counted else ""]
+        return _begun(self._run("runs_start", [job_key, keys.RUNNING], args))
 
     def pop_started(
         self, source_list: str, inflight: str, timeout_s: float, held: int, nxt: NextJob
@@ -135,8 +143,8 @@ class SyncRuns:
         connection is dropped: redis-py's Sentinel connections do not disconnect then, and the
         next command would read this pop's reply as its own. The start may have run: the job's
         hash says (status 'started', its ``runner`` the token)."""
-        args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), keys.lease("")]
-        args += [nxt.runner_id, nxt.script_type]
+        args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), nxt.runner_id]
+        args += [nxt.script_type, "1" if nxt.counts_starts else ""]
         name = "runs_start_moved"
         moved, started = self.store.block_then_script(
             ("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s),
@@ -170,7 +178,7 @@ class SyncRuns:
     def renew(self, job_key: str, token: str, ttl_ms: int, attempt: int) -> bool:
         """runs_renew: False if ``attempt`` was superseded."""
         args = [token, str(ttl_ms), str(attempt)]
-        return bool(self._run("runs_renew", [keys.lease(job_key), job_key], args))
+        return bool(self._run("runs_renew", [keys.RUNNING, job_key], args))
 
     def finish(
         self,
@@ -276,7 +284,7 @@ class SyncRuns:
     ) -> bool:
         """runs_malformed: a job whose hash cannot (or may not) be run ends in error with
         ``reason`` (the caller dead-letters it)."""
-        key_list = [job_key, keys.lease(job_key), keys.RUNNING, inflight]
+        key_list = [job_key, keys.RUNNING, inflight]
         args = [str(attempt), f"{reason}: {detail}", str(now())]
         return bool(self._run("runs_malformed", key_list, args))
 

@@ -109,6 +109,11 @@ class StatsBatch:
         key = f"{name}_sum|{stype}"
         self.sums[key] = self.sums.get(key, 0.0) + seconds
 
+    def started(self, fields: dict[str, str], n: int = 1) -> None:
+        """``n`` attempts of a job with ``fields`` (as its start returned them) started here,
+        by a script told not to count them (stats_jobs.lua's ``started|<type>``)."""
+        self.counts[f"started|{type_label(fields.get('script_type', ''))}"] += n
+
     def ended(self, fields: dict[str, str], status: str, reason: str, duration_s: float) -> None:
         """An attempt of the job with ``fields`` (as its start returned them) ended here
         (stats_ended): ``status`` finished, error or retry; a retry's reason is its cause,

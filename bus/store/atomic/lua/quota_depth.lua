@@ -2,26 +2,56 @@
 -- data model v3: the hash ${QUOTA_DEPTH_KEY} of each actor's count of jobs queued and not started
 -- yet (field: the actor id); the context's depth is the sum of its values. Not in KEYS, as the
 -- job statistics: the scripts that queue, start or stop a job keep them, whichever process runs
--- them. A counted job holds the field ${QUOTA_COUNTED} in its own hash: a job counts once however
--- often it is queued or started, so a redelivery or a second start never moves a count twice,
--- and the mark costs no command where the job is queued (it rides in the job's own HSET).
+-- them. A counted job holds the field ${QUOTA_COUNTED} = '1' in its own hash, and '0' (or none)
+-- once it left its queue: a job counts once however often it is queued or started, so a
+-- redelivery or a second start never moves a count twice, and the mark costs no command where
+-- the job is queued or started (it rides in the job's own HSET there).
 -- The actor of a job key job:<actor>:<id> (false for any other key: counted nowhere).
 local function quota_actor(job)
   return string.match(job, '^job:(%d+):%d+$') or false
 end
--- job left its queue (started, or stopped while queued): no longer counted. One HDEL, and one
--- HINCRBY when it was counted. While an actor has jobs waiting past its fair share (quota_push),
--- a place freed in the queues is an event: one entry on ${QUOTA_WAKE_KEY} (never more), which
--- the node's run_fair_share blocks on and answers with quota_refill.lua. One SCARD otherwise.
-local function quota_left(job)
-  if redis.call('HDEL', job, '${QUOTA_COUNTED}') == 1 then
-    local actor = quota_actor(job)
-    if actor then redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -1) end
-    if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
-      redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-      redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
-    end
+-- job left its queue (started, or stopped while queued): no longer counted. One HGET, and one
+-- HDEL and one HINCRBY when it was counted. While an actor has jobs waiting past its fair share
+-- (quota_push), a place freed in the queues is an event: one entry on ${QUOTA_WAKE_KEY} (never
+-- more), which the node's run_fair_share blocks on and answers with quota_refill.lua. One SCARD
+-- otherwise. f: the job's fields if the caller read them, and then the caller's own HSET of the
+-- job writes the mark '0' when f holds '1' (quota_started: no command for the mark), or nil.
+-- While quota_leaving is a table (a take that starts several jobs: quota_leave_all), the
+-- counts are collected there and written once for the batch.
+local quota_leaving = false
+local function quota_freed(counts)
+  for actor, n in pairs(counts) do redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -n) end
+  if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
+    redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
+    redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
   end
+end
+local function quota_started(f)
+  return f['${QUOTA_COUNTED}'] == '1'
+end
+local function quota_left(job, f)
+  if f then
+    if not quota_started(f) then return end
+  else
+    if redis.call('HGET', job, '${QUOTA_COUNTED}') ~= '1' then return end
+    redis.call('HDEL', job, '${QUOTA_COUNTED}')
+  end
+  local actor = quota_actor(job)
+  if not quota_leaving then
+    quota_freed(actor and {[actor] = 1} or {})
+    return
+  end
+  quota_leaving.freed = true
+  if actor then quota_leaving.counts[actor] = (quota_leaving.counts[actor] or 0) + 1 end
+end
+-- run(): a take's starts, whose freed places are written once (one HINCRBY per actor, one SCARD)
+local function quota_leave_all(run)
+  quota_leaving = {counts = {}, freed = false}
+  local out = run()
+  local batch = quota_leaving
+  quota_leaving = false
+  if batch.freed then quota_freed(batch.counts) end
+  return out
 end
 -- A batch that queues jobs (routing_materialise) counts them in this table and writes the counts
 -- once, one HINCRBY per actor (quota_flush); the depths it checks bounds against are read once

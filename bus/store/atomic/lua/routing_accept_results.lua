@@ -25,7 +25,9 @@ for _, r in ipairs(batch) do
 end
 local marked = replay_found(names)
 -- keys a (signed, yet hostile) result names: one of another type is refused. The two hashes
--- are read anyway (pcalls: the error says another type); the lists are only written.
+-- are read anyway (pcalls: the error says another type); flow_events (only a flow's result
+-- writes it) by its TYPE, and the reply list by the result's first write, its push (a pcall,
+-- once every other check passed: refused, nothing of the result is written).
 local function held(key)
   return {'wrong_type', key .. ' holds a ' .. redis.call('TYPE', key)['ok']}
 end
@@ -36,11 +38,9 @@ local function accept(r)
   local meta = redis.pcall('HMGET', k[2], 'destination', 'status', 'reason')
   if meta['err'] then return held(k[2]) end
   -- flow_events is written only for a flow's job that is the request's (apply_result)
-  local lists = {k[3]}
-  if job[1] == k[2] and job[2] and job[2] ~= '' then lists[2] = k[4] end
-  for _, key in ipairs(lists) do
-    local t = redis.call('TYPE', key)['ok']
-    if t ~= 'none' and t ~= 'list' then return {'wrong_type', key .. ' holds a ' .. t} end
+  if job[1] == k[2] and job[2] and job[2] ~= '' then
+    local t = redis.call('TYPE', k[4])['ok']
+    if t ~= 'none' and t ~= 'list' then return {'wrong_type', k[4] .. ' holds a ' .. t} end
   end
   if marked[r.seen] then return {'replay', 'message key'} end
   if r.nonce ~= '' and marked[r.nonce] then return {'replay', 'nonce'} end
@@ -50,7 +50,9 @@ local function accept(r)
     return {'late_result', why}
   end
   if r.origin ~= meta[1] and r.origin ~= ARGV[3] then return {'wrong_signer', ''} end
-  apply_result(k[1], k[2], k[3], k[4], r.args, job)
+  local pushed = redis.pcall('LPUSH', k[3], r.args[6])
+  if type(pushed) == 'table' and pushed['err'] then return held(k[3]) end
+  apply_result(k[1], k[2], k[3], k[4], r.args, job, true)
   -- a pcall: the batch's later writes must not hang on a message key turned into another
   -- type under us (nothing else here can fail)
   redis.pcall('HSET', r.key, 'status', 'processed')

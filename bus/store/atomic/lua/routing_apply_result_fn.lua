@@ -1,4 +1,5 @@
--- Fragment (included, never run alone): apply_result(job, request, reply, flow_events, a, cur).
+-- Fragment (included, never run alone): apply_result(job, request, reply, flow_events, a, cur,
+-- pushed).
 -- The origin's side of a result. Arguments: the job copy, the request message, the reply list
 -- that wakes the waiting client, the flow_events list; a: {status, result (JSON), reason,
 -- stamp, request status, reply (JSON), reply TTL (s)}.
@@ -6,13 +7,14 @@
 -- a refused message that named another message's job key is answered without touching that
 -- job; the request takes its status; the reply is pushed (with its TTL); for a flow's job the
 -- flow id is pushed on flow_events, which wakes the flow engine. cur: the job copy as
--- apply_result_job read it, if the caller read it already (nil: read here).
+-- apply_result_job read it, if the caller read it already (nil: read here); pushed: the caller
+-- pushed the reply already (routing_accept_results: its push is its check of the list's type).
 -- include: stats_jobs
 -- one read, a pcall: a key of another type reads as an error, which is no request's job
 local function apply_result_job(job)
   return redis.pcall('HMGET', job, 'message_key', 'flow_id', 'script_type', 'stats_queued_ms')
 end
-local function apply_result(job, request, reply, flow_events, a, cur)
+local function apply_result(job, request, reply, flow_events, a, cur, pushed)
   cur = cur or apply_result_job(job)
   local mine = not cur['err'] and cur[1] == request
   if mine then
@@ -20,7 +22,7 @@ local function apply_result(job, request, reply, flow_events, a, cur)
     stats_answered(job, a[1], a[3], {script_type = cur[3], stats_queued_ms = cur[4]})
   end
   redis.call('HSET', request, 'status', a[5], 'updated_at', a[4], 'processed_at', a[4])
-  redis.call('LPUSH', reply, a[6])
+  if not pushed then redis.call('LPUSH', reply, a[6]) end
   redis.call('EXPIRE', reply, a[7])
   local flow = mine and cur[2]
   if flow and flow ~= '' then redis.call('LPUSH', flow_events, flow) end

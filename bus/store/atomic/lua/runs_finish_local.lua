@@ -1,5 +1,5 @@
 -- End an attempt of a job submitted on this node and answer its client in the same step.
--- KEYS: job lease running inflight attempts request reply flow_events
+-- KEYS: job running inflight attempts request reply flow_events
 -- ARGV: attempt status result reason now attempt_entry reply reply_ttl [stats: '' or absent,
 --       this script counts the attempt in the job statistics; else a runner process's sums
 --       (stats_apply), which count it]
@@ -13,10 +13,10 @@
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'reason', ARGV[4],
            'updated_at', ARGV[5])
-if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[6]) end
+if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[6]) end
 local counted = (ARGV[9] or '') ~= ''
 if counted then stats_apply(ARGV[9]) else stats_ended(KEYS[1], ARGV[2], ARGV[4], known) end
 type_breaker_ended(KEYS[1], ARGV[2], ARGV[4], known)
-answer_here(KEYS[1], KEYS[6], KEYS[7], KEYS[8], ARGV[2], ARGV[5], ARGV[7], ARGV[8], counted,
+answer_here(KEYS[1], KEYS[5], KEYS[6], KEYS[7], ARGV[2], ARGV[5], ARGV[7], ARGV[8], counted,
             known)
 return 1

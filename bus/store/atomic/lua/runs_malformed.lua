@@ -1,5 +1,5 @@
 -- End an attempt whose job hash cannot be run (the caller dead-letters it).
--- KEYS: job lease running inflight
+-- KEYS: job running inflight
 -- ARGV: attempt reason now
 -- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
 -- Atomic effect: the fence's release; the job 'error' with the reason (no verdict on its type:

@@ -1,14 +1,14 @@
 -- Keep the lease of a live attempt, re-taking it if it lapsed (a stall longer than its TTL).
--- KEYS: lease job
+-- KEYS: running job
 -- ARGV: token ttl_ms attempt
 -- Returns 1 if the lease is held now, 0 if the attempt was superseded (the job is not
--- 'started' with that attempt and the lease is not the token's).
--- Atomic effect: the lease's TTL renewed, or the lease set again to the token; nothing on 0.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
+-- 'started' with that attempt: nothing written). The token is the job's runner field already
+-- (the attempt number is the fence): it is not read again.
+-- Atomic effect: the job's score in the running zset (its lease's expiry) set to Valkey's
+-- clock + ttl_ms, whether or not the lease had lapsed.
 local cur = redis.call('HMGET', KEYS[2], 'status', 'attempt')
 if cur[1] ~= 'started' or cur[2] ~= ARGV[3] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), KEYS[2])
 return 1

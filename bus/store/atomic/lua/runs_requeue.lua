@@ -1,5 +1,5 @@
 -- Give an interrupted attempt back (shutdown): it does not count.
--- KEYS: job lease running inflight queue
+-- KEYS: job running inflight queue
 -- ARGV: attempt now
 -- Returns 1, or 0 if the attempt is not the job's current one (runs_fence: nothing written).
 -- Atomic effect: the fence's release; attempt - 1, the job 'dispatched', its key pushed at the
@@ -9,6 +9,6 @@
 -- include: runs_fence
 redis.call('HINCRBY', KEYS[1], 'attempt', -1)
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'updated_at', ARGV[2])
-redis.call('RPUSH', KEYS[5], KEYS[1])
+redis.call('RPUSH', KEYS[4], KEYS[1])
 type_breaker_ended(KEYS[1], 'requeued', '', known)
 return 1

@@ -1,5 +1,5 @@
 -- End a failed attempt and schedule the next one.
--- KEYS: job lease running inflight attempts delayed
+-- KEYS: job running inflight attempts delayed
 -- ARGV: attempt cause now attempt_entry due_ms member ('<queue>|<job key>') [stats: '' or
 --       absent, this script counts the attempt in the job statistics; else a runner process's
 --       sums (stats_apply), which count it]. cause: the failed attempt's reason.
@@ -12,12 +12,12 @@
 -- include: runs_fence
 redis.call('HSET', KEYS[1], 'status', 'dispatched', 'reason', ARGV[2], 'retry_of', ARGV[1],
            'updated_at', ARGV[3])
-if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[5], ARGV[4]) end
+if ARGV[4] ~= '' then redis.call('RPUSH', KEYS[4], ARGV[4]) end
 if (ARGV[7] or '') ~= '' then
   stats_apply(ARGV[7])
 else
   stats_ended(KEYS[1], 'retry', ARGV[2], known)
 end
 type_breaker_ended(KEYS[1], 'retry', ARGV[2], known)
-redis.call('ZADD', KEYS[6], ARGV[5], ARGV[6])
+redis.call('ZADD', KEYS[5], ARGV[5], ARGV[6])
 return 1

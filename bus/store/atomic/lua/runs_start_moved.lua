@@ -1,12 +1,13 @@
 -- Start the entry a blocking pop just moved onto a slot's in-flight list: pipelined behind that
 -- BLMOVE on the same connection, it runs as soon as the pop returns (no round trip of its own).
 -- KEYS: inflight running
--- ARGV: held (the in-flight list's length before the pop) token_base ttl_ms now lease_prefix
---       runner_id [script_type: its breaker is consulted]
+-- ARGV: held (the in-flight list's length before the pop) token_base ttl_ms now runner_id
+--       [script_type: its breaker is consulted] [counted: '1', the caller counts the
+--       start in its own sums (runs_begin)]
 -- Returns {} if the pop moved nothing (the list holds no more than ``held``: it timed out), else
 -- {entry, start} with start as runs_start returns it for that entry (a reason token, {} for a
 -- final job, 'breaker_open:<ms>', or the job's fields after the start), its token
--- '<token_base>:<entry>' and its lease '<lease_prefix><entry>'.
+-- '<token_base>:<entry>'.
 -- Atomic effect: as runs_start on the in-flight list's head, when the list grew; an entry not
 -- started stays in flight for the caller to refuse, drop or give back, as after runs_start.
 -- include: runs_start_one
@@ -17,5 +18,5 @@ local head = redis.call('LRANGE', KEYS[1], 0, held)
 if #head <= held then return {} end
 local job = head[1]
 local token = ARGV[2] .. ':' .. job
-return {job, start_one(job, ARGV[5] .. job, KEYS[2], token, ARGV[3], ARGV[4], ARGV[6],
-                       ARGV[7] or '')}
+return {job, start_one(job, KEYS[2], token, ARGV[3], ARGV[4], ARGV[5], ARGV[6] or '',
+                       ARGV[7] == '1')}

@@ -1,0 +1,31 @@
+-- Fragment: the list pushes that answer an attempt (a client's reply, a flow's event, a result
+-- message's key on msg_out): local function answers_push(list, value, ttl) pushes value on list
+-- (then EXPIRE ttl, if given: false for none). While answers_batch is a table (a batch's ends:
+-- runs.ends_then_source), the pushes are collected and answers_flush makes them per list: one
+-- LPUSH of all a list's values (in the order one push each would leave them) and one EXPIRE.
+local answers_batch = false
+local function answers_push(list, value, ttl)
+  if not answers_batch then
+    redis.call('LPUSH', list, value)
+    if ttl then redis.call('EXPIRE', list, ttl) end
+    return
+  end
+  local b = answers_batch[list]
+  if not b then
+    b = {values = {}}
+    answers_batch[list] = b
+    answers_batch[#answers_batch + 1] = list
+  end
+  b.values[#b.values + 1] = value
+  b.ttl = ttl or b.ttl
+end
+local function answers_flush()
+  local batch = answers_batch
+  answers_batch = false
+  if not batch then return end
+  for _, list in ipairs(batch) do
+    local b = batch[list]
+    redis.call('LPUSH', list, unpack(b.values))
+    if b.ttl then redis.call('EXPIRE', list, b.ttl) end
+  end
+end
