@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from bus.core.spans import Shared
+
 log = logging.getLogger(__name__)
 
 # the SDK's defaults (opentelemetry.sdk.environment_variables)
@@ -58,6 +60,9 @@ class Record:
     links: list[tuple[int, int]] = field(default_factory=list)
     status: int = 0
     status_message: str = ""
+    # attributes many spans carry alike (bus/core/spans.py Shared), beside ``attributes``:
+    # never the same key in both; each group is encoded once, its bytes kept on it
+    shared: tuple[Shared, ...] = ()
 
 
 # -- protobuf, by hand ---------------------------------------------------------------------------
@@ -112,10 +117,10 @@ _KV_MAX: Final = 4096
 _NAMES: dict[str, bytes] = {}  # a span's name field, by name: a few names, every span
 
 
-def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
-    """``attributes`` as repeated KeyValue field ``number`` (1 or 9)."""
+def _attributes(number: int, attributes: Iterable[tuple[str, object]]) -> bytes:
+    """``attributes`` (key, value pairs) as repeated KeyValue field ``number`` (1 or 9)."""
     out = []
-    for key, value in attributes.items():
+    for key, value in attributes:
         kept = type(value) is str or type(value) is int  # never a bool: True == 1
         encoded = _KV.get((number, key, value)) if kept else None
         if encoded is None:
@@ -126,6 +131,15 @@ def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
                 _KV[number, key, value] = encoded
         out.append(encoded)
     return b"".join(out)
+
+
+def _shared(group: Shared) -> bytes:
+    """``group`` as repeated KeyValue field 9, encoded on first use and kept on it (a race
+    between two encoders writes the same bytes twice)."""
+    encoded = group.encoded
+    if not encoded:
+        encoded = group.encoded = _attributes(9, group.items)
+    return encoded
 
 
 def encode_span(r: Record) -> bytes:
@@ -148,8 +162,10 @@ def encode_span(r: Record) -> bytes:
         b"\x30" + _varint(r.kind),
         b"\x39" + _FIXED64(r.start_ns),
         b"\x41" + _FIXED64(r.end_ns),
-        _attributes(9, r.attributes),
+        _attributes(9, r.attributes.items()),
     ]
+    for group in r.shared:
+        parts.append(group.encoded or _shared(group))
     for trace_id, span_id in r.links:
         link = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
         parts.append(_field(13, link))
@@ -168,7 +184,7 @@ def encode_request(resource: Mapping[str, object], records: Iterable[Record]) ->
     scopes: dict[str, list[bytes]] = {}
     for r in records:
         scopes.setdefault(r.scope, []).append(_field(2, encode_span(r)))
-    body = [_field(1, _attributes(1, resource))]  # Resource
+    body = [_field(1, _attributes(1, resource.items()))]  # Resource
     for scope, encoded in scopes.items():
         body.append(_field(2, _field(1, _field(1, scope.encode())) + b"".join(encoded)))
     return _field(1, b"".join(body))
