@@ -109,14 +109,18 @@ _NOT_RECORDING: Final = (
 class Shared:
     """Attributes that many spans carry alike (a message's on its two spans at a node, a slot's
     on each attempt): made once, and encoded once by the node's exporter, which keeps the
-    bytes in ``encoded`` (node/observe/otlp.py). A span's own attributes never repeat one of
-    its groups' keys."""
+    bytes in ``encoded`` (node/observe/otlp.py); ``base``'s come with them. A span's own
+    attributes never repeat one of its group's keys. Made by :func:`group`."""
 
-    __slots__ = ("encoded", "items")
+    __slots__ = ("base", "encoded", "items")
 
-    def __init__(self, attributes: Attributes) -> None:
+    def __init__(self, attributes: Attributes, base: Shared | None = None) -> None:
         self.items: tuple[tuple[str, Any], ...] = tuple(attributes.items())
-        self.encoded = b""
+        self.base, self.encoded = base, b""
+
+    def all(self) -> dict[str, Any]:
+        """Its attributes and its base's."""
+        return (self.base.all() if self.base else {}) | dict(self.items)
 
 
 class Direct(Protocol):
@@ -133,9 +137,9 @@ class Direct(Protocol):
         name: str,
         kind: str,
         parent: tuple[int, int, str] | Span | None,
-        shared: tuple[Shared, ...],
+        shared: Shared,
         attributes: dict[str, Any] | None,
-        links: list[tuple[int, int]],
+        links: Sequence[tuple[int, int]],
         span_id: int,
         start_ns: int,
     ) -> Span: ...
@@ -154,6 +158,11 @@ def _direct() -> Direct | None:
 
 
 SYSTEM_GROUP: Final = Shared({SYSTEM: SYSTEM_NAME})  # on every span the bus starts
+
+
+def group(attributes: Attributes) -> Shared:
+    """A group of attributes for many spans (with the system's, as every span has it)."""
+    return Shared(attributes, SYSTEM_GROUP)
 
 
 def _remote(parent: TraceParent | None, tracestate: str) -> tuple[int, int, str] | None:
@@ -307,7 +316,7 @@ def start_attempt(
     whoever ends it (a runner process, or the node for an attempt it ended itself): parented
     on the message's trace, its id derived from the job and attempt so that a retry links to
     the first. ``attributes`` adds to the job's own (key, message, caller, attempt); a
-    :class:`Shared` group (a slot's, the same for each attempt) never repeats them."""
+    :func:`group` (a slot's, the same for each attempt) never repeats them."""
     if not recording():
         return None
     parent, span_id = trace.parent, 0
@@ -321,14 +330,13 @@ def start_attempt(
     }
     direct = _direct()
     if direct is not None:
-        links = []
+        links: Sequence[tuple[int, int]] = ()
         if parent is not None and attempt > 1:
-            first = attempt_span_id(parent.trace_id, job.key, 1)
-            links.append((int(parent.trace_id, 16), first))
+            links = [(int(parent.trace_id, 16), attempt_span_id(parent.trace_id, job.key, 1))]
         if isinstance(attributes, Shared):
-            shared: tuple[Shared, ...] = (SYSTEM_GROUP, attributes)
+            shared = attributes
         else:
-            shared, own = (SYSTEM_GROUP,), own | dict(attributes)
+            shared, own = SYSTEM_GROUP, own | dict(attributes)
         return direct(
             tracer_name,
             f"run {queue_name}",
@@ -341,7 +349,7 @@ def start_attempt(
             0 if start_time_s is None else int(start_time_s * 1e9),
         )
     if isinstance(attributes, Shared):
-        attributes = dict(attributes.items)
+        attributes = attributes.all()
     return start(
         tracer_name,
         f"run {queue_name}",
@@ -364,21 +372,20 @@ def start_child(
     start_time_s: float | None = None,
 ) -> Span | None:
     """A started span, a child of ``parent`` (None: not recorded), with the ``attributes``
-    of a group (never repeated in ``own``, the span's own)."""
+    of a :func:`group` (never repeated in ``own``, the span's own)."""
     if parent is None or not recording():
         return None
     direct = _direct()
     if direct is not None:
         start_ns = 0 if start_time_s is None else int(start_time_s * 1e9)
-        shared = (SYSTEM_GROUP, attributes)
         mine = dict(own) if own else {}
-        return direct(tracer_name, name, span_kind, parent, shared, mine, [], 0, start_ns)
+        return direct(tracer_name, name, span_kind, parent, attributes, mine, (), 0, start_ns)
     return start(
         tracer_name,
         name,
         span_kind,
         context=child_context(parent),
-        attributes=dict(attributes.items) | dict(own or {}),
+        attributes=attributes.all() | dict(own or {}),
         start_time_s=start_time_s,
     )
 
@@ -525,9 +532,9 @@ def start_message_span(
         attributes = message_attributes(node_id, ctx, message) | {DESTINATION: destination}
         context = remote_context(trace.parent, trace.tracestate)
         return start(tracer, name, span_kind, context=context, attributes=attributes)
-    shared = (_node_group(node_id, ctx, destination), _message_group(message))
+    shared = _message_group(message, _node_group(node_id, ctx, destination))
     parent = _remote(trace.parent, trace.tracestate)
-    return direct(tracer, name, span_kind, parent, shared, {}, [], 0, 0)
+    return direct(tracer, name, span_kind, parent, shared, {}, (), 0, 0)
 
 
 def _node_group(node_id: str, ctx: int, destination: str) -> Shared:
@@ -536,24 +543,24 @@ def _node_group(node_id: str, ctx: int, destination: str) -> Shared:
     if found is None:
         if len(_NODE_GROUPS) >= 256:
             _NODE_GROUPS.clear()
-        found = _NODE_GROUPS[node_id, ctx, destination] = Shared(
-            {SYSTEM: SYSTEM_NAME, NODE: node_id, CONTEXT: ctx, DESTINATION: destination}
+        found = _NODE_GROUPS[node_id, ctx, destination] = group(
+            {NODE: node_id, CONTEXT: ctx, DESTINATION: destination}
         )
     return found
 
 
-def _message_group(message: Message) -> Shared:
-    """What each span of ``message`` says of it (:func:`message_attributes` but the node's
-    part): made once for its two spans at a node (admit and route; verify and materialise),
-    by the message object, which stays the same between them."""
+def _message_group(message: Message, base: Shared) -> Shared:
+    """What each span of ``message`` says of it, on ``base`` (its node's): made once for its
+    two spans at a node (admit and route; verify and materialise), by the message object,
+    which stays the same between them."""
     found = _MESSAGE_GROUPS.get(message.key)
-    if found is not None and found[0] is message:
+    if found is not None and found[0] is message and found[1].base is base:
         return found[1]
-    group = Shared(_of_message(message))
+    made = Shared(_of_message(message), base)
     if len(_MESSAGE_GROUPS) >= _MESSAGE_GROUPS_MAX:
         _MESSAGE_GROUPS.clear()
-    _MESSAGE_GROUPS[message.key] = (message, group)
-    return group
+    _MESSAGE_GROUPS[message.key] = (message, made)
+    return made
 
 
 _NODE_GROUPS: dict[tuple[str, int, str], Shared] = {}

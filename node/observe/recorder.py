@@ -243,9 +243,9 @@ class TracerProvider(trace.TracerProvider):
         name: str,
         kind: str,
         parent: tuple[int, int, str] | trace.Span | None,
-        shared: tuple[Shared, ...],
+        shared: Shared,
         attributes: dict[str, Any] | None,
-        links: list[tuple[int, int]],
+        links: Sequence[tuple[int, int]],
         span_id: int,
         start_ns: int,
     ) -> trace.Span:
@@ -297,4 +297,3 @@ class TracerProvider(trace.TracerProvider):
     def shutdown(self) -> None:
         """Send the spans still queued and stop the exporter's thread."""
         self.exporter.shutdown()
-

@@ -51,7 +51,7 @@ def _slot_group(spec: RunnerSpec, destination: str) -> spans.Shared:
     if found is None:
         if len(_GROUPS) >= 256:
             _GROUPS.clear()
-        found = _GROUPS[key] = spans.Shared(
+        found = _GROUPS[key] = spans.group(
             {
                 spans.CONTEXT: spec.ctx,
                 spans.NODE: spec.node_id,
@@ -73,7 +73,7 @@ def _sandbox_group(spec: RunnerSpec) -> spans.Shared:
         attributes: dict[str, Any] = {spans.NODE: spec.node_id, "hero.slot": spec.slot_id}
         if mode:
             attributes["hero.sandbox.mode"] = mode
-        found = _GROUPS[key] = spans.Shared(attributes)
+        found = _GROUPS[key] = spans.group(attributes)
     return found
 
 
