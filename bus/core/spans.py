@@ -551,19 +551,21 @@ def _node_group(node_id: str, ctx: int, destination: str) -> Shared:
 
 def _message_group(message: Message, base: Shared) -> Shared:
     """What each span of ``message`` says of it, on ``base`` (its node's): made once for its
-    two spans at a node (admit and route; verify and materialise), by the message object,
-    which stays the same between them."""
+    two spans at a node (admit and route; verify and materialise), which see the same message
+    object. Kept by key and object id, never the message itself (its script may be large): an
+    id reused for another message of the same key in the same context is the same signed
+    message parsed again (a key names one message there), and says the same."""
     found = _MESSAGE_GROUPS.get(message.key)
-    if found is not None and found[0] is message and found[1].base is base:
+    if found is not None and found[0] == id(message) and found[1].base is base:
         return found[1]
     made = Shared(_of_message(message), base)
     if len(_MESSAGE_GROUPS) >= _MESSAGE_GROUPS_MAX:
         _MESSAGE_GROUPS.clear()
-    _MESSAGE_GROUPS[message.key] = (message, made)
+    _MESSAGE_GROUPS[message.key] = (id(message), made)
     return made
 
 
 _NODE_GROUPS: dict[tuple[str, int, str], Shared] = {}
 # the groups of the messages last spanned, by key: a pop's batch (64) is admitted, then routed
-_MESSAGE_GROUPS: dict[str, tuple[Message, Shared]] = {}
+_MESSAGE_GROUPS: dict[str, tuple[int, Shared]] = {}
 _MESSAGE_GROUPS_MAX: Final = 256

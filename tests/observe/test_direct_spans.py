@@ -196,8 +196,8 @@ def test_a_dropped_trace_records_nothing_and_stays_a_trace(
 
 
 def test_a_message_group_is_its_own_message_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two messages of one key (a refused copy, a message parsed again) never share what
-    their spans say: the group is the message object's."""
+    """Two messages of one key alive at once (one key in two contexts, a refused copy) never
+    share what their spans say: the group is the message object's."""
     kept = Kept()
     with installed(TracerProvider(KeyedRatioSampler(1.0, b"k" * 32), kept), monkeypatch):
         one = messages()[0]
