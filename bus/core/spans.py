@@ -19,7 +19,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from bus.core.errors import ModelError
 from bus.core.models import Message, MessageType, RunnerJob
@@ -94,15 +94,90 @@ def recording() -> bool:
         provider = _otel.get_tracer_provider()
     seen = _RECORDING
     if provider is not seen[0]:  # an isinstance of an ABC is a few µs: once per provider
-        seen[:] = [provider, not isinstance(provider, _NOT_RECORDING)]
+        seen[:] = [provider, not isinstance(provider, _NOT_RECORDING), _direct_of(provider)]
     return bool(seen[1])
 
 
 _UNKNOWN: Final = object()
-_RECORDING: list[Any] = [_UNKNOWN, False]  # the provider last asked about, and the answer
+# the provider last asked about, whether it records, and its direct recorder (or None)
+_RECORDING: list[Any] = [_UNKNOWN, False, None]
 _NOT_RECORDING: Final = (
     (_otel.ProxyTracerProvider, _otel.NoOpTracerProvider) if _otel is not None else ()
 )
+
+
+class Shared:
+    """Attributes that many spans carry alike (a message's on its two spans at a node, a slot's
+    on each attempt): made once, and encoded once by the node's exporter, which keeps the
+    bytes in ``encoded`` (node/observe/otlp.py); ``base``'s come with them. A span's own
+    attributes never repeat one of its group's keys. Made by :func:`group`."""
+
+    __slots__ = ("base", "encoded", "items")
+
+    def __init__(self, attributes: Attributes, base: Shared | None = None) -> None:
+        self.items: tuple[tuple[str, Any], ...] = tuple(attributes.items())
+        self.base, self.encoded = base, b""
+
+    def all(self) -> dict[str, Any]:
+        """Its attributes and its base's."""
+        return (self.base.all() if self.base else {}) | dict(self.items)
+
+
+class Direct(Protocol):
+    """A provider's recorder that takes a span's parts as they are, no API Context, Link or
+    SpanContext built for them (node/observe/recorder.py ``TracerProvider.record``).
+
+    ``parent``: ``(trace id, span id, tracestate header)`` of a remote parent (a message's),
+    a span (its child, local), or None (a new trace); ``links``: (trace id, span id) pairs;
+    ``span_id`` 0 and ``start_ns`` 0: a random id, now. Returns the started span."""
+
+    def __call__(
+        self,
+        scope: str,
+        name: str,
+        kind: str,
+        parent: tuple[int, int, str] | Span | None,
+        shared: Shared,
+        attributes: dict[str, Any] | None,
+        links: Sequence[tuple[int, int]],
+        span_id: int,
+        start_ns: int,
+    ) -> Span: ...
+
+
+def _direct_of(provider: object) -> Direct | None:
+    """The direct recorder of ``provider`` when it offers one (the node's); any other (an
+    application's SDK provider) records through the API."""
+    direct = getattr(provider, "record", None)
+    return direct if getattr(provider, "records_directly", False) else None
+
+
+def _direct() -> Direct | None:
+    """The installed provider's direct recorder; ask :func:`recording` first."""
+    return _RECORDING[2]
+
+
+SYSTEM_GROUP: Final = Shared({SYSTEM: SYSTEM_NAME})  # on every span the bus starts
+
+
+def group(attributes: Attributes) -> Shared:
+    """A group of attributes for many spans (with the system's, as every span has it)."""
+    return Shared(attributes, SYSTEM_GROUP)
+
+
+def _remote(parent: TraceParent | None, tracestate: str) -> tuple[int, int, str] | None:
+    """A message's trace context as a direct recorder takes a remote parent."""
+    if parent is None:
+        return None
+    state = _STATES.get(tracestate) if tracestate else ""
+    if state is None:  # as the API path would carry it: through a TraceState
+        if len(_STATES) >= 256:
+            _STATES.clear()
+        state = _STATES[tracestate] = TraceState.from_header([tracestate]).to_header()
+    return int(parent.trace_id, 16), int(parent.parent_id, 16), state
+
+
+_STATES: dict[str, str] = {}  # tracestate headers, as a TraceState writes them back, bounded
 
 
 def remote_context(parent: TraceParent | None, tracestate: str = "") -> Any:  # noqa: ANN401
@@ -234,32 +309,83 @@ def start_attempt(
     attempt: int,
     trace: MessageTrace,
     queue_name: str,
-    attributes: Attributes,
+    attributes: Attributes | Shared,
     start_time_s: float | None = None,
 ) -> Span | None:
     """The started CONSUMER span of attempt ``attempt`` of ``job`` (None: not recorded),
     whoever ends it (a runner process, or the node for an attempt it ended itself): parented
     on the message's trace, its id derived from the job and attempt so that a retry links to
-    the first. ``attributes`` adds to the job's own (key, message, caller, attempt)."""
-    parent, links, span_id = trace.parent, [], 0
+    the first. ``attributes`` adds to the job's own (key, message, caller, attempt); a
+    :func:`group` (a slot's, the same for each attempt) never repeats them."""
+    if not recording():
+        return None
+    parent, span_id = trace.parent, 0
     if parent is not None:
         span_id = attempt_span_id(parent.trace_id, job.key, attempt)
-        if attempt > 1:
-            links.append(attempt_link(parent.trace_id, job.key))
     own: dict[str, Any] = {
         JOB_KEY: job.key,
         MESSAGE_ID: job.message_key,
         CALLER: job.caller_id,
         ATTEMPT: attempt,
     }
+    direct = _direct()
+    if direct is not None:
+        links: Sequence[tuple[int, int]] = ()
+        if parent is not None and attempt > 1:
+            links = [(int(parent.trace_id, 16), attempt_span_id(parent.trace_id, job.key, 1))]
+        if isinstance(attributes, Shared):
+            shared = attributes
+        else:
+            shared, own = SYSTEM_GROUP, own | dict(attributes)
+        return direct(
+            tracer_name,
+            f"run {queue_name}",
+            "CONSUMER",
+            _remote(parent, trace.tracestate),
+            shared,
+            own,
+            links,
+            span_id,
+            0 if start_time_s is None else int(start_time_s * 1e9),
+        )
+    if isinstance(attributes, Shared):
+        attributes = attributes.all()
     return start(
         tracer_name,
         f"run {queue_name}",
         "CONSUMER",
         context=remote_context(parent, trace.tracestate),
         attributes=own | dict(attributes),
-        links=links,
+        links=[attempt_link(parent.trace_id, job.key)] if parent and attempt > 1 else [],
         span_id=span_id,
+        start_time_s=start_time_s,
+    )
+
+
+def start_child(
+    tracer_name: str,
+    name: str,
+    span_kind: str,
+    parent: Span | None,
+    attributes: Shared,
+    own: Attributes | None = None,
+    start_time_s: float | None = None,
+) -> Span | None:
+    """A started span, a child of ``parent`` (None: not recorded), with the ``attributes``
+    of a :func:`group` (never repeated in ``own``, the span's own)."""
+    if parent is None or not recording():
+        return None
+    direct = _direct()
+    if direct is not None:
+        start_ns = 0 if start_time_s is None else int(start_time_s * 1e9)
+        mine = dict(own) if own else {}
+        return direct(tracer_name, name, span_kind, parent, attributes, mine, (), 0, start_ns)
+    return start(
+        tracer_name,
+        name,
+        span_kind,
+        context=child_context(parent),
+        attributes=attributes.all() | dict(own or {}),
         start_time_s=start_time_s,
     )
 
@@ -354,11 +480,14 @@ def judge_message(count: Callable[[str], None], message: Message) -> MessageTrac
 
 def message_attributes(node_id: str, ctx: int, message: Message) -> dict[str, Any]:
     """What a node's span of ``message`` says of it: keys and ids, never content."""
+    return {CONTEXT: ctx, NODE: node_id, **_of_message(message)}
+
+
+def _of_message(message: Message) -> dict[str, Any]:
+    """:func:`message_attributes`, the message's own part."""
     attributes: dict[str, Any] = {
         MESSAGE_ID: message.key,
-        CONTEXT: ctx,
         CALLER: message.caller_id,
-        NODE: node_id,
         "messaging.message.type": message.message_type.value,
     }
     if message.job:
@@ -398,6 +527,45 @@ def start_message_span(
     """A node's span of one message, a child of the trace it carries (or a root)."""
     if not recording():
         return None
-    attributes = message_attributes(node_id, ctx, message) | {DESTINATION: destination}
-    context = remote_context(trace.parent, trace.tracestate)
-    return start(tracer, name, span_kind, context=context, attributes=attributes)
+    direct = _direct()
+    if direct is None:
+        attributes = message_attributes(node_id, ctx, message) | {DESTINATION: destination}
+        context = remote_context(trace.parent, trace.tracestate)
+        return start(tracer, name, span_kind, context=context, attributes=attributes)
+    shared = _message_group(message, _node_group(node_id, ctx, destination))
+    parent = _remote(trace.parent, trace.tracestate)
+    return direct(tracer, name, span_kind, parent, shared, {}, (), 0, 0)
+
+
+def _node_group(node_id: str, ctx: int, destination: str) -> Shared:
+    """What every span of a node's queue says alike: the system, node, context, queue."""
+    found = _NODE_GROUPS.get((node_id, ctx, destination))
+    if found is None:
+        if len(_NODE_GROUPS) >= 256:
+            _NODE_GROUPS.clear()
+        found = _NODE_GROUPS[node_id, ctx, destination] = group(
+            {NODE: node_id, CONTEXT: ctx, DESTINATION: destination}
+        )
+    return found
+
+
+def _message_group(message: Message, base: Shared) -> Shared:
+    """What each span of ``message`` says of it, on ``base`` (its node's): made once for its
+    two spans at a node (admit and route; verify and materialise), which see the same message
+    object. Kept by key and object id, never the message itself (its script may be large): an
+    id reused for another message of the same key in the same context is the same signed
+    message parsed again (a key names one message there), and says the same."""
+    found = _MESSAGE_GROUPS.get(message.key)
+    if found is not None and found[0] == id(message) and found[1].base is base:
+        return found[1]
+    made = Shared(_of_message(message), base)
+    if len(_MESSAGE_GROUPS) >= _MESSAGE_GROUPS_MAX:
+        _MESSAGE_GROUPS.clear()
+    _MESSAGE_GROUPS[message.key] = (id(message), made)
+    return made
+
+
+_NODE_GROUPS: dict[tuple[str, int, str], Shared] = {}
+# the groups of the messages last spanned, by key: a pop's batch (64) is admitted, then routed
+_MESSAGE_GROUPS: dict[str, tuple[int, Shared]] = {}
+_MESSAGE_GROUPS_MAX: Final = 256

@@ -25,9 +25,11 @@ import os
 import struct
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+from bus.core.spans import Shared
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +57,17 @@ class Record:
     start_ns: int
     end_ns: int
     attributes: dict[str, Any]
-    links: list[tuple[int, int]] = field(default_factory=list)
+    links: Sequence[tuple[int, int]] = ()
     status: int = 0
     status_message: str = ""
+    # attributes many spans carry alike (bus/core/spans.py Shared), beside ``attributes``:
+    # never the same key in both; a group is encoded once, its bytes kept on it
+    shared: Shared | None = None
 
 
 # -- protobuf, by hand ---------------------------------------------------------------------------
 
-_FIXED64 = struct.Struct("<Q").pack
 _DOUBLE = struct.Struct("<d").pack
-_FIXED32 = struct.Struct("<I").pack
 
 
 def _varint(value: int) -> bytes:
@@ -112,10 +115,10 @@ _KV_MAX: Final = 4096
 _NAMES: dict[str, bytes] = {}  # a span's name field, by name: a few names, every span
 
 
-def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
-    """``attributes`` as repeated KeyValue field ``number`` (1 or 9)."""
+def _attributes(number: int, attributes: Iterable[tuple[str, object]]) -> bytes:
+    """``attributes`` (key, value pairs) as repeated KeyValue field ``number`` (1 or 9)."""
     out = []
-    for key, value in attributes.items():
+    for key, value in attributes:
         kept = type(value) is str or type(value) is int  # never a bool: True == 1
         encoded = _KV.get((number, key, value)) if kept else None
         if encoded is None:
@@ -128,37 +131,55 @@ def _attributes(number: int, attributes: Mapping[str, object]) -> bytes:
     return b"".join(out)
 
 
+def _shared(group: Shared) -> bytes:
+    """``group`` (with its base's) as repeated KeyValue field 9, encoded on first use and kept
+    on it (a race between two encoders writes the same bytes twice)."""
+    encoded = group.encoded
+    if not encoded:
+        base = group.base
+        encoded = (base.encoded or _shared(base)) if base is not None else b""
+        encoded = group.encoded = encoded + _attributes(9, group.items)
+    return encoded
+
+
+# a Span's fixed fields, each run packed at once: ids as big-endian bytes (a trace id as two
+# 64-bit halves), times and flags as fixed64/fixed32 (little-endian), each after its tag
+_M64: Final = (1 << 64) - 1
+_IDS = struct.Struct(">HQQHQ").pack  # trace_id (1), span_id (2)
+_PARENT = struct.Struct(">HQ").pack  # parent_span_id (4)
+_TIMES = struct.Struct("<BBBQBQ").pack  # kind (6), start (7) and end (8) time
+_LINK = struct.Struct(">BBHQQHQ").pack  # a Link (13) of 28 bytes: its trace_id and span_id
+_FLAGS = struct.Struct("<BBI").pack  # flags (16)
+
+
 def encode_span(r: Record) -> bytes:
     """One Span message."""
-    parts = [
-        b"\x0a\x10" + r.trace_id.to_bytes(16, "big"),
-        b"\x12\x08" + r.span_id.to_bytes(8, "big"),
-    ]
+    trace_id = r.trace_id
+    parts = [_IDS(0x0A10, trace_id >> 64, trace_id & _M64, 0x1208, r.span_id)]
     if r.trace_state:
         parts.append(_field(3, r.trace_state.encode()))
     if r.parent_id:
-        parts.append(b"\x22\x08" + r.parent_id.to_bytes(8, "big"))
+        parts.append(_PARENT(0x2208, r.parent_id))
     name = _NAMES.get(r.name)
     if name is None:
         name = _field(5, r.name.encode())
         if len(_NAMES) < 256:  # a name per peer at most: bounded all the same
             _NAMES[r.name] = name
-    parts += [
-        name,
-        b"\x30" + _varint(r.kind),
-        b"\x39" + _FIXED64(r.start_ns),
-        b"\x41" + _FIXED64(r.end_ns),
-        _attributes(9, r.attributes),
-    ]
-    for trace_id, span_id in r.links:
-        link = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
-        parts.append(_field(13, link))
+    parts.append(name)
+    parts.append(_TIMES(0x30, r.kind, 0x39, r.start_ns, 0x41, r.end_ns))
+    if r.attributes:
+        parts.append(_attributes(9, r.attributes.items()))
+    group = r.shared
+    if group is not None:
+        parts.append(group.encoded or _shared(group))
+    for linked, span_id in r.links:
+        parts.append(_LINK(0x6A, 28, 0x0A10, linked >> 64, linked & _M64, 0x1208, span_id))
     if r.status:
         status = (_field(2, r.status_message.encode()) if r.status_message else b"") + bytes(
             (0x18, r.status)
         )
         parts.append(_field(15, status))
-    parts.append(b"\x85\x01" + _FIXED32(r.flags))  # field 16, fixed32
+    parts.append(_FLAGS(0x85, 0x01, r.flags))
     return b"".join(parts)
 
 
@@ -168,7 +189,7 @@ def encode_request(resource: Mapping[str, object], records: Iterable[Record]) ->
     scopes: dict[str, list[bytes]] = {}
     for r in records:
         scopes.setdefault(r.scope, []).append(_field(2, encode_span(r)))
-    body = [_field(1, _attributes(1, resource))]  # Resource
+    body = [_field(1, _attributes(1, resource.items()))]  # Resource
     for scope, encoded in scopes.items():
         body.append(_field(2, _field(1, _field(1, scope.encode())) + b"".join(encoded)))
     return _field(1, b"".join(body))

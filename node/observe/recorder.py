@@ -40,15 +40,17 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.util.types import Attributes
 
-from bus.core.spans import take_pinned_span_id
+from bus.core.spans import Shared, take_pinned_span_id
 from node.observe.otlp import Record
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NO_STATE = TraceState()
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 # OTLP's Span.flags: bit 8 says whether the parent's remoteness is known, bit 9 that it is
 _PARENT_LOCAL, _PARENT_REMOTE = 0x100, 0x300
 _OTLP_STATUS = {StatusCode.OK: 1, StatusCode.ERROR: 2}
 _OTLP_KIND = {kind: kind.value + 1 for kind in SpanKind}  # the API counts from 0, OTLP from 1
+_OTLP_KIND_NAMED = {kind.name: kind.value + 1 for kind in SpanKind}
 
 
 class Sampler(Protocol):
@@ -72,16 +74,23 @@ class RecordingSpan(trace.Span):
 
     __slots__ = ("_ctx", "_exporter", "_record", "_state")
 
-    def __init__(self, exporter: Queue, record: Record, state: TraceState) -> None:
+    def __init__(self, exporter: Queue, record: Record, state: TraceState | None) -> None:
         self._exporter, self._record, self._state = exporter, record, state
         self._ctx: SpanContext | None = None
 
     def get_span_context(self) -> SpanContext:
-        # made when asked (a child's parent, a trace context passed on): most spans never are
+        # made when asked (a child's parent through the API, a trace context passed on): most
+        # spans never are
         if self._ctx is None:
             r = self._record
-            self._ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, self._state)
+            self._ctx = SpanContext(r.trace_id, r.span_id, False, _SAMPLED, self._trace_state())
         return self._ctx
+
+    def _trace_state(self) -> TraceState:
+        if self._state is None:  # started directly: its header only
+            header = self._record.trace_state
+            self._state = TraceState.from_header([header]) if header else _NO_STATE
+        return self._state
 
     def is_recording(self) -> bool:
         return self._record.end_ns == 0
@@ -200,7 +209,15 @@ class Tracer(trace.Tracer):
 
 class TracerProvider(trace.TracerProvider):
     """The provider a traced node (and each of its runner processes) installs: its spans go
-    to ``exporter`` when ``sampler`` records their trace."""
+    to ``exporter`` when ``sampler`` records their trace.
+
+    Beside the API's tracers, :meth:`record` starts a span from its parts as the bus has them
+    (bus/core/spans.py ``Direct``): the ids of a message's trace context as ints, groups of
+    attributes made once for many spans, links as id pairs. What it records is what
+    ``start_span`` records for the same span (tests/observe/test_direct_spans.py); it costs
+    a third: no Context, SpanContext, TraceState, Link or attribute dict made per span."""
+
+    records_directly = True  # bus/core/spans.py: use record()
 
     def __init__(self, sampler: Sampler, exporter: Queue) -> None:
         self.sampler, self.exporter = sampler, exporter
@@ -220,10 +237,63 @@ class TracerProvider(trace.TracerProvider):
             )
         return tracer
 
+    def record(
+        self,
+        scope: str,
+        name: str,
+        kind: str,
+        parent: tuple[int, int, str] | trace.Span | None,
+        shared: Shared,
+        attributes: dict[str, Any] | None,
+        links: Sequence[tuple[int, int]],
+        span_id: int,
+        start_ns: int,
+    ) -> trace.Span:
+        """A started span (see the class docstring; the parameters: bus/core/spans.py
+        ``Direct``)."""
+        if isinstance(parent, tuple):  # a message's trace context: remote
+            trace_id, parent_id, state = parent
+            flags = _PARENT_REMOTE
+        elif type(parent) is RecordingSpan:
+            r = parent._record
+            trace_id, parent_id, state, flags = r.trace_id, r.span_id, r.trace_state, _PARENT_LOCAL
+        elif parent is None:
+            trace_id, parent_id, state, flags = random.getrandbits(128) or 1, 0, "", _PARENT_LOCAL
+        else:  # a span of the API's (a dropped one): as start_span takes it
+            ctx = parent.get_span_context()
+            if ctx.is_valid:
+                trace_id, parent_id = ctx.trace_id, ctx.span_id
+                state = ctx.trace_state.to_header() if ctx.trace_state else ""
+                flags = _PARENT_REMOTE if ctx.is_remote else _PARENT_LOCAL
+            else:
+                trace_id, parent_id, state = random.getrandbits(128) or 1, 0, ""
+                flags = _PARENT_LOCAL
+        span_id = span_id or random.getrandbits(64) or 1
+        if not self.sampler.records(trace_id):
+            trace_state = TraceState.from_header([state]) if state else _NO_STATE
+            return NonRecordingSpan(SpanContext(trace_id, span_id, False, _UNSAMPLED, trace_state))
+        record = Record(
+            scope,
+            name,
+            _OTLP_KIND_NAMED[kind],
+            trace_id,
+            span_id,
+            parent_id,
+            flags | 1,
+            state,
+            start_ns or time.time_ns(),
+            0,
+            attributes if attributes is not None else {},
+            links,
+            0,
+            "",
+            shared,
+        )
+        return RecordingSpan(self.exporter, record, None)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self.exporter.force_flush(timeout_millis / 1000)
 
     def shutdown(self) -> None:
         """Send the spans still queued and stop the exporter's thread."""
         self.exporter.shutdown()
-

@@ -39,14 +39,46 @@ def attempt_span(
     """The started span of attempt ``attempt`` of ``job`` (None: not recorded), started now
     or at ``start_time_s`` (Unix s)."""
     trace = message_trace(request.traceparent, request.tracestate)
-    attributes: dict[str, Any] = {
-        spans.CONTEXT: spec.ctx,
-        spans.NODE: spec.node_id,
-        spans.DESTINATION: queues.queue_of(fields),
-        "hero.slot": spec.slot_id,
-    }
+    group = _slot_group(spec, queues.queue_of(fields))
     queue = keys.queue(spec.script_type)
-    return spans.start_attempt(TRACER, job, attempt, trace, queue, attributes, start_time_s)
+    return spans.start_attempt(TRACER, job, attempt, trace, queue, group, start_time_s)
+
+
+def _slot_group(spec: RunnerSpec, destination: str) -> spans.Shared:
+    """What each attempt span of this slot says alike: context, node, queue, slot."""
+    key = ("run", spec.node_id, spec.ctx, spec.slot_id, destination)
+    found = _GROUPS.get(key)
+    if found is None:
+        if len(_GROUPS) >= 256:
+            _GROUPS.clear()
+        found = _GROUPS[key] = spans.group(
+            {
+                spans.CONTEXT: spec.ctx,
+                spans.NODE: spec.node_id,
+                spans.DESTINATION: destination,
+                "hero.slot": spec.slot_id,
+            }
+        )
+    return found
+
+
+def _sandbox_group(spec: RunnerSpec) -> spans.Shared:
+    """What each sandbox span of this slot says alike: node, slot, sandbox mode."""
+    mode = str(spec.sandbox.get("mode") or "")
+    key = ("sandbox", spec.node_id, spec.ctx, spec.slot_id, mode)
+    found = _GROUPS.get(key)
+    if found is None:
+        if len(_GROUPS) >= 256:
+            _GROUPS.clear()
+        attributes: dict[str, Any] = {spans.NODE: spec.node_id, "hero.slot": spec.slot_id}
+        if mode:
+            attributes["hero.sandbox.mode"] = mode
+        found = _GROUPS[key] = spans.group(attributes)
+    return found
+
+
+# by span, slot and queue: a runner process serves one slot, so a few (bounded all the same)
+_GROUPS: dict[tuple[str, str, int, str, str], spans.Shared] = {}
 
 
 def sandbox_span(
@@ -57,21 +89,9 @@ def sandbox_span(
 ) -> spans.Span | None:
     """The started span of the sandbox run of the attempt ``attempt`` (None: not recorded),
     started now or at ``start_time_s`` (Unix s)."""
-    if attempt is None:
-        return None
-    attributes = {spans.JOB_KEY: job_key, spans.NODE: spec.node_id, "hero.slot": spec.slot_id}
-    mode = str(spec.sandbox.get("mode") or "")
-    if mode:
-        attributes["hero.sandbox.mode"] = mode
-    context = spans.child_context(attempt)
-    return spans.start(
-        TRACER,
-        "sandbox",
-        "INTERNAL",
-        context=context,
-        attributes=attributes,
-        start_time_s=start_time_s,
-    )
+    own = {spans.JOB_KEY: job_key}
+    group = _sandbox_group(spec)
+    return spans.start_child(TRACER, "sandbox", "INTERNAL", attempt, group, own, start_time_s)
 
 
 def ran_attempt(
