@@ -15,7 +15,7 @@ from bus.store.atomic import routing
 from bus.wire import outbox
 from crypto import read_key_file
 from tests.intake.test_rejections import job_message, push_in, run_and_wait
-from tests.nodes import link_to
+from tests.nodes import link_to, until_read
 from tests.scripts import work_file
 
 
@@ -51,13 +51,25 @@ async def test_captured_message_replayed_is_refused(node_factory, tmp_path):
     # 3. the same content under a fresh key (new id) is a new message: signature breaks
     await push_in(bob, replace(Message.from_hash(captured), id=new_id()))
     await sync(alice, bob, actor)
-    entries = await bob.store.dead_letters(1)
+    entries = await dead_letters(bob, 3)
     assert [e["reason"] for e in entries if e["key"] == msg.key] == ["replay", "replay"]
     assert [e["reason"] for e in entries if e["key"] != msg.key] == ["bad_signature"]
     assert runs.read_text() == "run\n"  # executed exactly once
     assert (await alice.store.hgetall(1, msg.job[0].key))["status"] == "finished"
     assert await alice.store.dead_letters(1) == []
     assert (await bob.store.hgetall(1, msg.key))["status"] != "error"
+
+
+async def dead_letters(node, n: int) -> list[dict[str, str]]:
+    """Context 1's dead letters once there are ``n``. A replay is found by the batch's
+    materialise script and dead-lettered after it returns, while the batch's good jobs may
+    already run and answer: a result behind the replay does not prove its entry is written."""
+    await until_read(lambda: _at_least(node, n), 10)
+    return await node.store.dead_letters(1)
+
+
+async def _at_least(node, n: int) -> bool:
+    return len(await node.store.dead_letters(1)) >= n
 
 
 async def sync(alice, bob, actor) -> None:
@@ -78,7 +90,7 @@ async def test_nonce_reuse_is_a_replay(node_factory):
     await push_in(alice, first)
     await push_in(alice, second)
     assert (await run_and_wait(alice, actor, 1)).stdout == "still alive\n"
-    [entry] = await alice.store.dead_letters(1)
+    [entry] = await dead_letters(alice, 1)
     assert entry["key"] == second.key
     assert entry["reason"] == "replay"
     assert "nonce" in entry["detail"]
