@@ -278,12 +278,13 @@ async def run_valkey(
     spec.check()
     spec.data_dir.mkdir(parents=True, exist_ok=True)
     await trio.to_thread.run_sync(stop_stale, spec.data_dir)
+    env = server_env()
     proc = await trio.lowlevel.open_process(
         spec.argv(binary),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env=server_env(),
+        env=env,
     )
     batch_scheduling(proc.pid)
     try:
@@ -291,7 +292,7 @@ async def run_valkey(
         await _await_ready(proc.stdout, spec)
         if not await trio.to_thread.run_sync(ping, spec):
             raise ValkeyError(f"valkey-server on {spec.where} said ready but PING failed")
-        alloc = "jemalloc" if server_env() else "glibc malloc"
+        alloc = "jemalloc" if env else "glibc malloc"
         log.info("embedded valkey ready on %s (pid %d, %s)", spec.url, proc.pid, alloc)
         task_status.started(spec.url)
         await _drain(proc.stdout)
