@@ -263,10 +263,11 @@ class RegistryCache:
 class Runners:
     """This node's live runner processes (node/runners/processes.py)."""
 
-    # by (context, slot id): one runs its slot's started attempt, so a reaper that finds its
-    # lease expired (a stall) re-takes it, never ends it; each takes stop requests (job key,
-    # reason)
+    # by (context, slot id): each takes stop requests (job key, reason)
     processes: dict[tuple[int, str], Callable[[str, str], None]] = field(default_factory=dict)
+    # by (context, slot id): the token base of the slot's live process (each process of a
+    # slot has its own), which names the attempts that process started
+    tokens: dict[tuple[int, str], str] = field(default_factory=dict)
     # told when the Sentinels name a new primary (node/host/store_tuning.py), by (context, slot
     # id): each live runner process shuts its connections to the old one at once
     primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)

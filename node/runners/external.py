@@ -19,8 +19,9 @@ It cannot sign, so per context the node runs:
 
 An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
 TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
-attempt a live runner process of this node runs (``Runners.processes``) re-takes its
-lease; one none of them runs is ended. An external runner's process cannot be seen from here, so its
+attempt still run by the live runner process that started it (``Runners.tokens``: each
+process of a slot has its own token base) re-takes its lease; any other is ended. An external
+runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
 bus/store/atomic/runs.py). Jobs started by an earlier run of this node are left to that slot's
 recovery at start (node/runners/recovery.py: recover_slot), which adopts what finished meanwhile.
@@ -179,11 +180,12 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
 
 def _runs_it(node: NodeState, ctx: int, job_key: str, token: str, slot_id: str) -> bool:
     """Whether a live runner process of this node runs the attempt holding ``token``: its
-    slot's process is alive and the token is the one that process takes for this job (a
-    process restarted since is not the one: its slot's recovery ended what its predecessor
-    left, or adopts it)."""
-    base = f"{node.identity.node_id[:12]}:{node.identity.boot}:{ctx}:{slot_id}"
-    return (ctx, slot_id) in node.runners.processes and token == f"{base}:{job_key}"
+    slot's process is alive and the token is the one that process takes for this job. A
+    process restarted since is not the one (each has its own token base): its slot's
+    recovery ended what its predecessor left, and if a failover lost that end, the lapsed
+    lease ends it here."""
+    base = node.runners.tokens.get((ctx, slot_id))
+    return base is not None and token == f"{base}:{job_key}"
 
 
 def _is_local(node: NodeState, token: str) -> bool:

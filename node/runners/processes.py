@@ -147,7 +147,7 @@ async def run_runner_process(
     spec = runner_spec(node, ctx, script_type, command, slot, redis_url)
     logs = log_paths(node.config.run_dir, f"{ctx}-{spec.slot_id}")
     outcomes.outcome_dir(node.config.run_dir).mkdir(parents=True, exist_ok=True)
-    quick = 0
+    quick = launches = 0
     async with trio.open_nursery() as adoptions:
         while not node.shutdown.stopping.is_set():
             # the slot's process has ended (one a dead node left writes its attempt's own file)
@@ -159,7 +159,12 @@ async def run_runner_process(
             ):
                 adoptions.start_soon(adopt)
             began = trio.current_time()
-            code = await _serve_once(node, spec, task_status)
+            # each process of the slot has tokens of its own: a reaper that finds a lapsed
+            # lease renews it only for the process that started the attempt, and one a
+            # predecessor left (its recovery's end lost in a failover) is ended
+            launch = replace(spec, token_base=f"{spec.token_base}:{launches}")
+            launches += 1
+            code = await _serve_once(node, launch, task_status)
             task_status = trio.TASK_STATUS_IGNORED
             if node.shutdown.stopping.is_set():
                 break
@@ -201,6 +206,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
     where = (spec.ctx, spec.slot_id)
     wakers = node.wakeups.idle_slots.setdefault((spec.ctx, spec.script_type), set())
     node.runners.processes[where] = handle.stop
+    node.runners.tokens[where] = spec.token_base
     node.runners.primary_followers[where] = handle.primary_moved
     wakers.add(handle)
     node.shutdown.job_started()  # a live runner counts as running until it exits (graceful stop)
@@ -217,6 +223,7 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
         with trio.CancelScope(shield=True):
             await _end(handle)
         node.runners.processes.pop(where, None)
+        node.runners.tokens.pop(where, None)
         node.runners.primary_followers.pop(where, None)
         wakers.discard(handle)
         node.shutdown.job_ended()

@@ -86,13 +86,23 @@ async def conclude(
     here = node.identity.node_id
     plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
     away = Away(job.key)
+    tried = False  # a try whose write may stand (applied, then not confirmed durable)
     while True:
+        since = node.store.epoch
         try:
             ok = await _execute(node, ctx, job.key, plan, attempt, inflight, queue)
+            if ok:
+                # on a replicated store, not before a replica has it: an end a failover lost
+                # would leave the job started by a slot that has moved on, which nothing
+                # would look at again until its lease lapsed
+                await node.store.durable(since)
             break
         except StoreError as exc:
+            tried = True
             await trio.sleep(away.failed(exc, log))
-    if not ok:
+    if not ok and tried:  # the fence refused this try: most likely an earlier one stands
+        log.info("%s: attempt %d already ended (by an earlier try)", job.key, attempt)
+    elif not ok:
         node.counters.count("stale_results")
         log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:

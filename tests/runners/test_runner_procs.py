@@ -27,6 +27,7 @@ from node.worker import job as procjob
 from node.worker.ending import Ran
 from node.worker.job import Wake
 from node.worker.loop import SlotLoop
+from tests.leases import lapse
 from tests.nodeproc import NodeProcess
 from tests.runners.slots import slot_spec
 from tests.scripts import announcing, wait_announced
@@ -280,6 +281,38 @@ async def test_a_runner_killed_9_is_restarted_and_its_attempt_reaped(node_factor
     assert alice.info.state is not None
     assert alice.info.state.counters.metrics["runner_restarts"] >= 1
     assert await alice.store.lrange(1, "inflight:runner:python:0") == []
+
+
+async def test_an_attempt_a_slot_s_dead_process_left_is_reaped_under_its_live_successor(
+    node_factory,
+):
+    """The runner process SIGKILLed mid-job, its attempt hidden from the slot's recovery as a
+    Sentinel failover that lost the recovery's end leaves it (``started``, on no in-flight
+    list): once its lease lapses, the reaper ends it ``runner_lost`` though the slot has a
+    live process again, and the retry runs it. A reaper that took every attempt of a live
+    slot for that process's own would renew this lease for ever (the job never ends)."""
+    alice = await node_factory("alice", runners={"python": 1})
+    first = "import pathlib\np = pathlib.Path('ran-once')\nfirst = not p.exists()\np.touch()\n"
+    body = "import time\nif first:\n    time.sleep(60)\nprint('second')\n"
+    script = first + announcing(alice.info.redis_url, "run:h", body)
+    msg = await _python_job(alice, script, retries=1)
+    job_key = msg.job[0].key
+    runner = runner_of(await wait_announced(alice.store, "run:h"))
+    os.kill(runner, signal.SIGSTOP)  # still, while its in-flight entry goes
+    inflight = "inflight:runner:python:0"
+    assert await alice.store.call(1, lambda r: r.lrem(inflight, 1, job_key)) == 1
+    os.kill(runner, signal.SIGKILL)
+    with trio.fail_after(20):  # the slot's next process runs
+        while set(runner_processes_of(alice.config.run_dir)) - {runner} == set():  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    assert (await alice.store.hgetall(1, job_key))["status"] == "started"  # recovery missed it
+    await lapse(alice.store, job_key, 200)
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(msg, timeout_s=30)
+    assert result.ok, result
+    assert result.stdout == "second\n"
+    history = [json.loads(e) for e in await alice.store.lrange(1, keys.attempts(job_key))]
+    assert history[0]["reason"] == "runner_lost: slot python:0 of this node no longer runs it"
 
 
 async def test_runner_processes_are_recycled_after_their_jobs(node_factory, monkeypatch):
