@@ -37,6 +37,7 @@ from node.host.acl import NODE
 from node.host.replicated import SENTINEL
 from tests.cli.test_cli_json_schemas import validator
 from tests.console_http import get
+from tests.leases import lease_left_ms
 from tests.replicated_rig import ROOT, Rig, current_primary, replicated_node, sentinel_events
 
 # The long fault suites run one after another on one test worker (README "Run the tests"):
@@ -242,8 +243,12 @@ async def _counts(
     )
     tags = [m.job[0].env_vars["TAG"] for m in acked]
     for m, f, t in zip(acked, finals, tags, strict=True):
-        if not f:  # where an unfinished job is, for the log
-            print(t, m.key, await client.delivery_status(1, m.key))
+        if not f:  # where an unfinished job is, for the log: its attempt, runner and lease
+            job_key = m.job[0].key
+            job = await probe.store.hgetall(1, job_key)
+            held = {k: job.get(k) for k in ("status", "attempt", "runner", "runner_id")}
+            lease_ms = await lease_left_ms(probe.store, job_key)
+            print(t, m.key, await client.delivery_status(1, m.key), held, "lease", lease_ms)
     lost_runners = {
         t: sum(
             json.loads(e).get("reason", "").startswith("runner_lost")
