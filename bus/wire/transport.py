@@ -49,6 +49,7 @@ from bus.core.frames import (
     decode_frame,
     encode_frame,
 )
+from bus.core.ids import now
 from bus.core.reasons import Reason
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.wire.dial import NO_TLS_HINT, open_link
@@ -632,6 +633,7 @@ class Transport:
             self._on_refused(reason)
 
     async def _read(self, link: Link) -> None:
+        state = self.states.of(link.peer_id)
         while True:
             try:
                 data = await link.ws.get_message()
@@ -646,7 +648,7 @@ class Transport:
             except FrameError as exc:
                 await self._on_bad_frame(link, str(exc))
             else:
-                self.states.seen(link.peer_id)
+                state.last_seen = now()
                 await self._on_frame(link, frame)
             link.handled()
 
