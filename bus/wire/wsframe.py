@@ -76,6 +76,9 @@ class FrameWriter:
 
     async def send(self, payloads: Sequence[bytes]) -> None:
         """Send each payload (UTF-8 text) as one message, all in one write to the stream."""
+        # a cancelled caller stops here, before anything is encrypted: a TLS record made and
+        # not sent breaks the stream (trio-websocket's lock acquire checked this)
+        await trio.lowlevel.checkpoint_if_cancelled()
         ws = self._ws
         connection = ws._wsproto.connection
         if not self._plain or connection is None:

@@ -1,7 +1,7 @@
 """The websocket frames a link builds itself (bus/wire/wsframe.py): byte for byte what wsproto
 would have sent, read by a real trio-websocket peer (wsproto's checks on its side) in both
-directions, each of a client's frames under a fresh masking key, and a closed connection
-refused as trio-websocket refuses it."""
+directions, each of a client's frames under a fresh masking key, a closed connection
+refused as trio-websocket refuses it, and a cancelled send that leaves a TLS link whole."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import trio
+import trio.testing
 from trio_websocket import (
     ConnectionClosed,
     WebSocketConnection,
@@ -20,8 +21,10 @@ from trio_websocket import (
 from wsproto.frame_protocol import FrameProtocol
 
 from bus.errors import TransportError
-from bus.wire.transport import Link
+from bus.wire.transport import Link, Transport
 from bus.wire.wsframe import FrameWriter, mask, text_frame
+from tests.wire.test_handshake import A, B, Recorder
+from tests.wire.test_link_tls import tls
 
 # the length encodings' edges (7 bits, 16 bits, 64 bits), and a link's usual 966-byte frame
 SIZES = (0, 1, 125, 126, 966, 0xFFFF, 0x10000, 200_000)
@@ -136,3 +139,28 @@ async def test_a_closed_connection_is_refused(pair):
     with pytest.raises(TransportError):
         await link.send_raw('{"t":"acks","acks":[],"nacks":[]}')
     assert link.closed.is_set()
+
+
+async def test_a_cancelled_send_leaves_a_tls_link_whole(nursery, tmp_path):
+    """A send whose scope is already cancelled raises before anything is encrypted: a TLS
+    record made and not sent would break the stream, and the link with it."""
+    rec = Recorder()
+    tb = Transport(B, lambda: {A.public_hex}, rec.on_frame, rec.on_bad_frame, tls(tmp_path, "b"))
+    port = await nursery.start(tb.serve, "127.0.0.1", 0)
+    ta = Transport(A, lambda: {B.public_hex}, Recorder().on_frame, Recorder().on_bad_frame,
+                   tls(tmp_path, "a"))  # fmt: skip
+    nursery.start_soon(ta.dial_forever, B.public_hex, f"ws://127.0.0.1:{port}")
+    with trio.fail_after(10):
+        link = await ta.wait_link(B.public_hex)
+    assert link.encryption.startswith("TLSv1.3 ")
+    await trio.testing.wait_all_tasks_blocked()  # the first ping sent: the send lock is free
+    assert not link.ws._stream_lock.locked()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await link.send("acks", acks=[{"ctx": 1, "key": "message:1:1"}], nacks=[])
+    assert scope.cancelled_caught
+    with trio.fail_after(10):
+        await link.send("acks", acks=[{"ctx": 1, "key": "message:1:2"}], nacks=[])
+        await rec.got.wait()
+    assert [f.body["acks"] for _, f in rec.frames] == [[{"ctx": 1, "key": "message:1:2"}]]
+    assert not link.closed.is_set()
