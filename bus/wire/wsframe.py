@@ -26,12 +26,14 @@ from collections.abc import Sequence
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
-from wsproto.connection import ConnectionState
+from wsproto.connection import Connection, ConnectionState
 
 FIN_TEXT = 0x81  # FIN set, RSV bits clear, opcode 1 (text)
 MASKED = 0x80
 _TWO_BYTE = struct.Struct("!BBH")
 _EIGHT_BYTE = struct.Struct("!BBQ")
+# the connection's parts a writer uses, beside wsproto's connection state
+_READS = ("_stream", "_stream_lock", "_close_reason", "_abort_web_socket")
 
 
 def mask(payload: bytes, key: bytes) -> bytes:
@@ -68,11 +70,15 @@ class FrameWriter:
 
     def __init__(self, ws: WebSocketConnection) -> None:
         self._ws = ws
-        connection = ws._wsproto.connection  # set once the opening handshake is done
-        proto = getattr(connection, "_proto", None)
-        # a negotiated extension (compression) rewrites frames: leave those to wsproto
-        self._plain = connection is not None and getattr(proto, "extensions", None) == []
         self._client = ws.is_client
+        # set once the opening handshake is done
+        connection = getattr(getattr(ws, "_wsproto", None), "connection", None)
+        proto = getattr(connection, "_proto", None)
+        # what this reads of trio-websocket and wsproto (versions pinned in pyproject.toml), and
+        # no negotiated extension (compression rewrites frames); else frames go through wsproto
+        known = all(hasattr(ws, name) for name in _READS)
+        plain = getattr(proto, "extensions", None) == []
+        self._connection: Connection | None = connection if known and plain else None
 
     async def send(self, payloads: Sequence[bytes]) -> None:
         """Send each payload (UTF-8 text) as one message, all in one write to the stream."""
@@ -80,8 +86,8 @@ class FrameWriter:
         # not sent breaks the stream (trio-websocket's lock acquire checked this)
         await trio.lowlevel.checkpoint_if_cancelled()
         ws = self._ws
-        connection = ws._wsproto.connection
-        if not self._plain or connection is None:
+        connection = self._connection
+        if connection is None:
             for payload in payloads:
                 await ws.send_message(payload.decode())
             return
