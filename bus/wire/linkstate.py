@@ -43,8 +43,8 @@ class LinkStates:
 
     def of(self, peer_id: str) -> LinkState:
         """The peer's live state. A link's reader stamps ``last_seen`` on it for every frame
-        (or pong) from the peer, published with the next change, so that a busy link costs
-        neither an extra write nor a call per frame."""
+        from the peer (an answered ping does, through :meth:`rtt`), published with the next
+        change, so that a busy link costs neither an extra write nor a call per frame."""
         state = self._states.get(peer_id)
         if state is None:
             state = self._states[peer_id] = LinkState()
