@@ -41,15 +41,21 @@ class LinkStates:
         self._states: dict[str, LinkState] = {}
         self.changed = trio.Event()
 
-    def _of(self, peer_id: str) -> LinkState:
-        return self._states.setdefault(peer_id, LinkState())
+    def of(self, peer_id: str) -> LinkState:
+        """The peer's live state. A link's reader stamps ``last_seen`` on it for every frame
+        from the peer (an answered ping does, through :meth:`rtt`), published with the next
+        change, so that a busy link costs neither an extra write nor a call per frame."""
+        state = self._states.get(peer_id)
+        if state is None:
+            state = self._states[peer_id] = LinkState()
+        return state
 
     def _touch(self) -> None:
         self.changed.set()
 
     def up(self, peer_id: str, encryption: str = "", plaintext: str = "") -> None:
         """A link came up, protected by ``encryption`` ("" for cleartext, ``plaintext`` why)."""
-        state = self._of(peer_id)
+        state = self.of(peer_id)
         stamp = now()
         state.state, state.since, state.last_seen, state.error = UP, stamp, stamp, ""
         state.encryption, state.plaintext = encryption, plaintext
@@ -58,19 +64,14 @@ class LinkStates:
     def down(self, peer_id: str, error: str) -> None:
         """The link closed or could not be opened; ``since`` keeps the first moment of an
         outage across failed redials, so that it says how long the peer has been away."""
-        state = self._of(peer_id)
+        state = self.of(peer_id)
         if state.state != DOWN or not state.since:
             state.state, state.since = DOWN, now()
         state.error = error or "link closed"
         self._touch()
 
-    def seen(self, peer_id: str) -> None:
-        """A frame (or pong) came from the peer; published with the next change, so a busy
-        link costs no extra write."""
-        self._of(peer_id).last_seen = now()
-
     def rtt(self, peer_id: str, seconds: float) -> None:
-        state = self._of(peer_id)
+        state = self.of(peer_id)
         state.rtt_ms, state.last_seen = round(seconds * 1000, 3), now()
         self._touch()
 

@@ -49,12 +49,14 @@ from bus.core.frames import (
     decode_frame,
     encode_frame,
 )
+from bus.core.ids import now
 from bus.core.reasons import Reason
 from bus.errors import FrameError, HandshakeError, TransportError
 from bus.wire.dial import NO_TLS_HINT, open_link
 from bus.wire.gate import Gate, GatedListener, GateLimits, Pending
 from bus.wire.linkstate import LinkStates
 from bus.wire.tlsstream import TLSListener, TLSStream
+from bus.wire.wsframe import FrameWriter
 from crypto import KeyPair
 from crypto.tls import client_context
 
@@ -145,6 +147,10 @@ class Link:
     # theirs (see :meth:`reading`)
     _more: bool = False
     traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
+    _writer: FrameWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._writer = FrameWriter(self.ws)
 
     def post(self, frame_type: str, **body: object) -> None:
         """Queue a frame for the link's writer without waiting. The frame handler answers this
@@ -196,8 +202,8 @@ class Link:
             if not self._more or len(self._acks) + len(self._nacks) >= HELD_ANSWERS:
                 batch += answer_frames(self._acks, self._nacks)
                 self._acks, self._nacks = [], []
-            for frame in batch:
-                await self.send_raw(frame)
+            if batch:  # in one write: one TLS record and one socket call for them all
+                await self._send([frame.encode() for frame in batch])
 
     async def send(self, frame_type: str, **body: object) -> None:
         """Send one frame; TransportError if the link is gone."""
@@ -205,13 +211,16 @@ class Link:
 
     async def send_raw(self, frame: str) -> None:
         """Send one encoded frame; TransportError if the link is gone."""
+        await self._send([frame.encode()])
+
+    async def _send(self, frames: list[bytes]) -> None:
         try:
-            await self.ws.send_message(frame)
+            await self._writer.send(frames)
         except ConnectionClosed as exc:
             self.closed.set()
             raise TransportError(f"link to {self.peer_id[:16]}… closed") from exc
-        self.traffic.frames_out += 1
-        self.traffic.bytes_out += len(frame.encode())
+        self.traffic.frames_out += len(frames)
+        self.traffic.bytes_out += sum(map(len, frames))
 
     async def close(self) -> None:
         self.closed.set()
@@ -632,6 +641,7 @@ class Transport:
             self._on_refused(reason)
 
     async def _read(self, link: Link) -> None:
+        state = self.states.of(link.peer_id)
         while True:
             try:
                 data = await link.ws.get_message()
@@ -646,7 +656,7 @@ class Transport:
             except FrameError as exc:
                 await self._on_bad_frame(link, str(exc))
             else:
-                self.states.seen(link.peer_id)
+                state.last_seen = now()
                 await self._on_frame(link, frame)
             link.handled()
 
