@@ -88,3 +88,37 @@ def test_a_warm_sandbox_reads_its_cgroup_counters_once_per_job(tmp_path: Path) -
         for fd in files:
             os.close(fd)
         box.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup leaf per sandbox needs root here")
+def test_a_batch_reads_its_cgroup_counters_once_per_job(tmp_path: Path) -> None:
+    """Within a batch too (bench/HISTORY.md#runner-cpu): each job's counters are read as it
+    answers, and the next job's window begins there."""
+    box, _ = _box(tmp_path, "strict")
+    k = 4
+    pairs = [
+        tuple(os.open(tmp_path / f"{n}{i}", os.O_RDWR | os.O_CREAT, 0o600) for n in ("o", "e"))
+        for i in range(k)
+    ]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/job"}
+    request = {"kind": "python", "script": "print('hi')", "env": env}
+    try:
+        assert box.run(request, *pairs[0])["exit_code"] == 0  # the worker starts with this one
+        if box.leaf is None:
+            pytest.skip("no cgroup leaf on this host: no counters are read")
+        own = _reads()
+        own = _reads() - own
+        before = _reads()
+        box.leaf.counters()
+        one_read = _reads() - before - own
+        assert one_read > 0
+        before = _reads()
+        replies = list(box.run_batch([request] * k, pairs))
+        counted = _reads() - before - own  # the answers' socket receives are no read calls
+        assert [r["exit_code"] for r in replies] == [0] * k
+        assert counted == k * one_read  # was twice that: before each job and after it
+    finally:
+        for pair in pairs:
+            for fd in pair:
+                os.close(fd)
+        box.stop()
