@@ -281,11 +281,10 @@ class SyncStore:
             self._held.wrote_on = conn._sock  # see confirm
             replies: list[Any] = []
             try:
-                conn.send_packed_command(
-                    conn.pack_commands(
-                        [tuple(block), ("EVALSHA", sha, len(key_list), *key_list, *args)]
-                    )
-                )
+                # packed by hiredis, as _command's: redis-py's packer took ~6 us a pop, this ~2
+                script = ("EVALSHA", sha, len(key_list), *key_list, *args)
+                packed = hiredis.pack_command(tuple(block)) + hiredis.pack_command(script)  # type: ignore[arg-type]
+                conn.send_packed_command([packed])
                 for _ in range(2):  # both replies, errors too: the next command reads its own
                     try:
                         replies.append(conn.read_response())

@@ -589,7 +589,10 @@ class Sandbox:
         self, frames: _Frames, n: int, idle: Idle | None
     ) -> Generator[dict[str, Any], None, tuple[int, bool]]:
         for i in range(n):
-            before = self.leaf.counters() if self.leaf is not None else None
+            # the counters read as the job before it answered: one read per job, not two (the
+            # next job's window begins where the last one's ended, so none of its events is
+            # missed between two reads)
+            before = self._counters_before()
             if self.leaf is not None and before is not None and before.cpu_ns is not None:
                 self._job_cpu = (self.leaf, before.cpu_ns)  # this job's tree, from its turn
             try:
@@ -647,9 +650,11 @@ class Sandbox:
 
     def _counters_before(self) -> Counters | None:
         """The leaf's counters as a job starts: those read as the worker's last job ended
-        (nothing runs in the leaf between two jobs: the worker waits for its next request),
-        else read now. One read per job, after it, instead of one before it too: three
-        preads less between a lone job's start and its run (bench/HISTORY.md#lone-job-latency)."""
+        (between two requests nothing runs in the leaf: the worker waits; within a batch the
+        next job begins as the last one answers), else read now. One read per job, after it,
+        instead of one before it too: three preads less between a lone job's start and its
+        run (bench/HISTORY.md#lone-job-latency), and per job of a batch
+        (bench/HISTORY.md#runner-cpu)."""
         if self.leaf is None:
             return None
         last, self._after = self._after, None

@@ -566,6 +566,11 @@ class _Warm:
     def __init__(self, shared: mmap.mmap, outer_pidns: str) -> None:
         self.shared, self.outer_pidns = shared, outer_pidns
         self.limits: dict[str, tuple[int, int]] = {}
+        # this process's stat, held open and read again per job (an open and a close less,
+        # ~4 us of a job here); named by its inode, for a job may put another file there
+        self.stat = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        stat = os.fstat(self.stat)
+        self.stat_id = (stat.st_dev, stat.st_ino)
         self.fds = len(os.listdir("/proc/self/fd"))
         self.held = 0  # open files of a batch's later jobs, besides self.fds
         self.path = list(sys.path)
@@ -628,7 +633,10 @@ class _Warm:
         try:
             return _python(script, env, self.compiled)
         finally:
-            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            # each stream once (a job's own sys.stdout is mostly the process's)
+            for stream in {
+                id(s): s for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+            }.values():
                 with _quiet_all():
                     stream.flush()  # type: ignore[union-attr]
             sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
@@ -685,11 +693,27 @@ class _Warm:
         # its orphans (adopted) and its process group when there is no namespace to sweep
         end_leftovers((os.getppid(), me), self.outer_pidns, of=me)
 
+    def threads_and_size(self) -> tuple[int, int] | None:
+        """This process's threads and its mapped bytes, from one read of /proc/self/stat
+        (num_threads and vsize, fields 20 and 23; the command name before them ends at the
+        last ")"), or None if its held file is not that one any more."""
+        try:
+            stat = os.fstat(self.stat)
+            if (stat.st_dev, stat.st_ino) != self.stat_id:
+                return None
+            fields = os.pread(self.stat, 4096, 0).rsplit(b")", 1)[1].split()
+            return int(fields[17]), int(fields[20])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def spoiled(self) -> bool:
         """Whether the job left what the next job must not meet: a thread, an open file, a
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
         used, a standard stream closed."""
-        threads, mapped = _threads_and_size()
+        read = self.threads_and_size()
+        if read is None:  # its stat file closed, or another in its place: not as it was
+            return True
+        threads, mapped = read
         if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds + self.held:
             return True
         for name, value in self.limits.items():
@@ -705,18 +729,6 @@ class _Warm:
         if memory > 0 and mapped > memory // 2:
             return True
         return any(s is None or s.closed for s in (sys.__stdout__, sys.__stderr__))
-
-
-def _threads_and_size() -> tuple[int, int]:
-    """This process's threads and its mapped bytes, from one read of /proc/self/stat
-    (num_threads and vsize, fields 20 and 23; the command name before them ends at the last
-    ")")."""
-    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
-    finally:
-        os.close(fd)
-    return int(fields[17]), int(fields[20])
 
 
 class _quiet_all:

@@ -220,6 +220,7 @@ class JobRun:
         # its jobs ended with so far, which only this process holds, written for the next node
         self.on_orphan: Callable[[], None] | None = None
         self.batch_fds: dict[int, tuple[int, int]] = {}  # a batch's output files past the first
+        self.batch_paths: dict[int, tuple[Path, Path]] = {}  # their names (node/worker/batch.py)
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
         self.span: Any = None  # the running attempt's span, the sandbox run's parent

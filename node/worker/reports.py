@@ -7,9 +7,10 @@ goes idle, not per job."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
+
+import orjson
 
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
 from bus.store.atomic.stats import StatsBatch
@@ -38,6 +39,7 @@ class Reports:
         self.stats_since = 0.0
         self.totals = StatsBatch()
         self.starts: dict[str, int] = {}  # script type -> starts not yet in ``stats``
+        self._handed: tuple[StatsBatch, StatsBatch] | None = None  # a batch, totals with it
 
     def orphaned(self) -> bool:
         """Whether the node that started this process has died."""
@@ -101,7 +103,9 @@ class Reports:
         slot from the totals."""
         if self.orphaned():
             return batch.encode()
-        return self.totals.merged(batch).handover(self.spec.slot_id)
+        merged = self.totals.merged(batch)
+        self._handed = (batch, merged)  # the totals once it is applied (:meth:`kept`)
+        return merged.handover(self.spec.slot_id)
 
     def kept(self, batch: StatsBatch, ok: bool, *, applied: bool) -> None:
         """After an end: applied, nothing left (the totals include it); written but kept (a
@@ -109,7 +113,12 @@ class Reports:
         nothing written, not counted), what was left before."""
         if applied:
             if not self.orphaned():
-                self.totals = self.totals.merged(batch)
+                handed, self._handed = self._handed, None
+                # merged once, for the hand-over, not again (per end: a lone job's every time)
+                if handed is not None and handed[0] is batch:
+                    self.totals = handed[1]
+                else:
+                    self.totals = self.totals.merged(batch)
             self.stats, self.starts = StatsBatch(), {}
         elif ok:
             self.stats, self.starts = batch, {}
@@ -137,9 +146,14 @@ class Reports:
                     self.runs.add_stats(batch)
                 else:
                     self.runs.add_stats(self.totals, self.spec.slot_id)
+        lines = []
         if self.taken:
-            report(b"t%d" % self.taken)
+            lines.append(b"t%d" % self.taken)
             self.taken = 0
         if self.counts:
-            report(b"c" + json.dumps(self.counts).encode())
+            lines.append(b"c" + orjson.dumps(self.counts))
             self.counts = {}
+        if lines:
+            # one write: the node reads both lines with one wake-up, not one each (a lone job
+            # leaves its runner idle, and so flushes, every time)
+            report(b"\n".join(lines))

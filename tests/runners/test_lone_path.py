@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 
 from bus.core.models import JobStatus, RunnerJob
+from bus.store.atomic.runs_sync import SyncRuns
+from node.slot.spec import RunnerSpec
+from node.worker import job as procjob
+from node.worker.reports import Reports
 from tests.sandbox.test_sandbox import _box
 from tests.scripts import command_job_run
 
@@ -88,3 +92,71 @@ def test_a_warm_sandbox_reads_its_cgroup_counters_once_per_job(tmp_path: Path) -
         for fd in files:
             os.close(fd)
         box.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup leaf per sandbox needs root here")
+def test_a_batch_reads_its_cgroup_counters_once_per_job(tmp_path: Path) -> None:
+    """Within a batch too (bench/HISTORY.md#runner-cpu): each job's counters are read as it
+    answers, and the next job's window begins there."""
+    box, _ = _box(tmp_path, "strict")
+    k = 4
+    pairs = [
+        tuple(os.open(tmp_path / f"{n}{i}", os.O_RDWR | os.O_CREAT, 0o600) for n in ("o", "e"))
+        for i in range(k)
+    ]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/job"}
+    request = {"kind": "python", "script": "print('hi')", "env": env}
+    try:
+        assert box.run(request, *pairs[0])["exit_code"] == 0  # the worker starts with this one
+        if box.leaf is None:
+            pytest.skip("no cgroup leaf on this host: no counters are read")
+        own = _reads()
+        own = _reads() - own
+        before = _reads()
+        box.leaf.counters()
+        one_read = _reads() - before - own
+        assert one_read > 0
+        before = _reads()
+        replies = list(box.run_batch([request] * k, pairs))
+        counted = _reads() - before - own  # the answers' socket receives are no read calls
+        assert [r["exit_code"] for r in replies] == [0] * k
+        assert counted == k * one_read  # was twice that: before each job and after it
+    finally:
+        for pair in pairs:
+            for fd in pair:
+                os.close(fd)
+        box.stop()
+
+
+def _writes() -> int:
+    """Write calls this process made so far, as the kernel counts them."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscw in /proc/self/io")
+
+
+def test_a_runner_tells_its_node_what_it_took_and_how_it_ended_in_one_write(
+    tmp_path: Path, sync_runs: SyncRuns
+) -> None:
+    """A lone job leaves its runner idle, which reports to the node every time: the jobs it
+    took and the counters of their ends go in one write, read by the node in one wake-up
+    (bench/HISTORY.md#runner-cpu)."""
+    spec = RunnerSpec("", 1, "python", 0, [], "", "n:b:1:python:0", 15_000, str(tmp_path),
+                      1000, 60, "n", True, 10)  # fmt: skip
+    reports = Reports(spec, sync_runs)
+    theirs, ours = os.pipe()
+    saved, procjob.PROCESS.report = procjob.PROCESS.report, ours
+    try:
+        reports.took()
+        reports.count("jobs_finished")
+        own = _writes()
+        own = _writes() - own  # what reading the count costs itself (nothing, mostly)
+        before = _writes()
+        reports.flush()
+        assert _writes() - before - own == 1  # was two: one per line
+        assert os.read(theirs, 4096) == b't1\nc{"jobs_finished":1}\n'
+    finally:
+        procjob.PROCESS.report = saved
+        os.close(theirs)
+        os.close(ours)

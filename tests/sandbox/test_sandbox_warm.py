@@ -118,6 +118,24 @@ LEFT_BEHIND = {
     "handler": "import signal\nsignal.signal(signal.SIGTERM, lambda *a: None)",
     "limit": "import resource\nresource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))",
     "closed_stdout": "import sys\nsys.stdout.close()",
+    # a thread, hidden: the process's own stat file, which its worker holds open and reads per
+    # job, swapped for a forged one that says one thread (the swap itself is what is seen)
+    "hidden_thread": (
+        "import os, threading, time\n"
+        "me = f'/proc/{os.getpid()}/stat'\n"
+        "links = {n: f'/proc/self/fd/{n}' for n in os.listdir('/proc/self/fd')}\n"
+        "held = [int(n) for n, p in links.items() if os.path.exists(p) and os.readlink(p) == me]\n"
+        "head, tail = open(me, 'rb').read().rsplit(b')', 1)\n"
+        "fields = tail.split()\n"
+        "fields[17] = b'1'\n"
+        "forged = os.open('/tmp/stat', os.O_RDWR | os.O_CREAT, 0o600)\n"
+        "os.write(forged, head + b') ' + b' '.join(fields) + b'\\n')\n"
+        "for fd in held:\n"
+        "    os.dup2(forged, fd)\n"
+        "os.close(forged)\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "print(len(held))\n"
+    ),
 }
 
 

@@ -10,6 +10,7 @@ call left in flight, its live logs); none hands out a generic verb.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,9 +398,11 @@ class SyncRuns:
         )
 
 
+@functools.cache
 def _source(name: str) -> str:
     """The text of script ``name``, or of ``<first>+runs_take_next`` (runs.then_source), or
-    of ``runs_ends+runs_take_next`` (runs.ends_then_source)."""
+    of ``runs_ends+runs_take_next`` (runs.ends_then_source): built once per name, not per
+    call (a lone job's end built its 33 kB again, ~2 us)."""
     if name == "runs_ends+runs_take_next":
         return ends_then_source()
     first, _, then = name.partition("+")
