@@ -403,7 +403,10 @@ class Runner:
         )
 
 
-@dataclass(frozen=True, slots=True)
+# No __slots__ here nor on Message: msgspec reads a dataclass with them field by field through
+# setattr, one with a __dict__ in one go, 3.7 -> 1.1 us per job decoded (a node parses every
+# message it admits; bench/HISTORY.md#submit-cpu).
+@dataclass(frozen=True)
 class RunnerJob:
     """A job (``job:<caller_id>:<id>``): a script of a type, run in a context; make one with
     :func:`bus.new_job`."""
@@ -631,7 +634,7 @@ _JOB_OMITTED: dict[str, object] = _JOB_DEFAULTS | {
 _ANY = object()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Message:
     """A signed message (``message:<caller_id>:<id>``) carrying jobs to a node;
     :meth:`bus.Client.submit` returns it, :meth:`bus.Client.wait_results` takes it."""
