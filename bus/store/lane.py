@@ -75,7 +75,7 @@ def pack(args: tuple[Any, ...]) -> bytes:
     against ~4 µs joined in Python (bench/HISTORY.md#submit-cpu). What hiredis refuses (a
     bool, an int subclass, a bytearray) is packed by :func:`_pack_py`."""
     try:
-        return hiredis.pack_command(args)  # type: ignore[no-any-return]
+        return hiredis.pack_command(args)
     except TypeError:
         return _pack_py(args)
 
