@@ -322,9 +322,11 @@ class Client:
         with the concurrent calls on this context: they join the open batch; whoever then holds
         the write lock and finds its batch not yet taken writes the whole batch. Raises the
         write's error in every caller whose batch failed (StoreError for a Redis failure)."""
-        batch = self._open.setdefault(context_id, _Batch())
+        batch = self._open.get(context_id) or self._open.setdefault(context_id, _Batch())
         batch.messages.extend(messages)
-        lock = self._write_locks.setdefault(context_id, trio.Lock())
+        lock = self._write_locks.get(context_id) or self._write_locks.setdefault(
+            context_id, trio.Lock()
+        )
         try:
             await lock.acquire()
         except BaseException:  # cancelled before any write took it: withdraw ours

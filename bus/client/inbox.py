@@ -63,28 +63,30 @@ class ReplyInbox:
     async def wait(self, message: Message, timeout_s: float) -> list[JobResult]:
         """One result per job of ``message`` (which names an inbox), popped in batches with
         the other waiters' answers; ClientError after ``timeout_s``, StoreError if Redis fails."""
-        lane = self._lanes.setdefault((message.context_id, message.reply_to), _Lane())
+        where = (message.context_id, message.reply_to)
+        lane = self._lanes.get(where) or self._lanes.setdefault(where, _Lane())
         deadline = trio.current_time() + timeout_s
         popper = False
+        key = message.key  # a property that formats it: read once per wait, not per turn
         try:
-            while len(lane.arrived.get(message.key, ())) < len(message.job):
+            while len(lane.arrived.get(key, ())) < len(message.job):
                 await trio.lowlevel.checkpoint_if_cancelled()  # the pop itself is shielded
                 left = deadline - trio.current_time()
                 if left <= 0:
-                    raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
+                    raise ClientError(f"no result for {key} within {timeout_s:g} s")
                 if lane.popping and not popper:  # it wakes us with ours, or hands over
-                    waker = lane.wakers.setdefault(message.key, trio.Event())
+                    waker = lane.wakers.setdefault(key, trio.Event())
                     with trio.move_on_at(deadline):
                         await waker.wait()
                     continue
                 lane.popping = popper = True
                 await self._pop(lane, message, left)
-            return lane.arrived.pop(message.key)
+            return lane.arrived.pop(key)
         except BaseException:
-            lane.arrived.pop(message.key, None)  # a waiter that gave up claims nothing later
+            lane.arrived.pop(key, None)  # a waiter that gave up claims nothing later
             raise
         finally:
-            lane.wakers.pop(message.key, None)
+            lane.wakers.pop(key, None)
             if popper:
                 lane.popping = False
                 _hand_over(lane)

@@ -9,7 +9,8 @@ over one kind can never be replayed as another.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import msgspec
 
@@ -39,7 +40,16 @@ def domain_for(message: Message) -> str:
 def sign_message(message: Message, key: Signer) -> Message:
     """Return the message with ``key``'s signature over its immutable fields."""
     signature = sign_object(key, domain_for(message), message.signed_content())
-    return replace(message, signatures=[signature])
+    # every field as it is but the signatures, positionally: half the CPU of
+    # dataclasses.replace, which a client pays once per message (bench/HISTORY.md#submit-cpu)
+    values = list(_MESSAGE_VALUES(message))
+    values[_SIGNATURES_AT] = [signature]
+    return Message(*values)
+
+
+_MESSAGE_NAMES = [f.name for f in fields(Message)]
+_MESSAGE_VALUES = attrgetter(*_MESSAGE_NAMES)
+_SIGNATURES_AT = _MESSAGE_NAMES.index("signatures")
 
 
 def verify_message(

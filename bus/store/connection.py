@@ -48,7 +48,10 @@ MAX_REDELIVERIES = 5
 def _flat_hash(raw: Any) -> Hash:  # noqa: ANN401 - a Lua reply: flat list (or RESP3 map)
     if isinstance(raw, dict):
         return decode_hash(raw)
-    return decode_hash({raw[i]: raw[i + 1] for i in range(0, len(raw), 2)})
+    pairs = iter(raw)
+    if bytes not in map(type, raw):  # all text (a hash read's fields are text or bytes)
+        return dict(zip(pairs, pairs, strict=True))
+    return decode_hash(dict(zip(pairs, pairs, strict=True)))
 
 
 # Replies that say the content a command touched is unusable, not that the server failed,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bus.errors import ContentError, StoreError
 from bus.store.connection import Store, open_store
-from bus.store.lane import lane_for, pack
+from bus.store.lane import LaneConnection, lane_for, pack
 
 ECHO = Script(
     script="""
@@ -169,27 +169,126 @@ async def test_a_lane_blocking_pop_answers_as_coredis_does(redis_url):
 
 @given(
     st.lists(
-        st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=False)),
+        st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=False), st.booleans()),
         min_size=1,
         max_size=8,
     )
 )
 def test_pack_writes_each_argument_as_one_bulk_string(args):
     """What the lane writes reads back, argument by argument, as the bytes the server gets:
-    text as UTF-8, numbers as coredis writes them."""
+    text as UTF-8, an int as its digits (a bool as 1 or 0: hiredis refuses those, the Python
+    packer takes them), a float as the text of the very same double."""
     parser = Parser()
     parser.feed(pack(tuple(args)))
     _, values = parser.parse(decode=False)
-    expected = [_as_sent(a) for a in args]
-    assert values == expected
+    assert values == [_as_sent(a) for a in args]
+    for arg, value in zip(args, values, strict=True):
+        if isinstance(arg, float):
+            assert float(value) == arg  # the server reads back the double that was meant
     assert not parser.can_read()  # nothing after the command
 
 
 def _as_sent(arg: str | bytes | int | float) -> bytes:
     if isinstance(arg, str):
         return arg.encode()
+    if isinstance(arg, bool):
+        return b"1" if arg else b"0"
     if isinstance(arg, float):
-        return b"%.15g" % arg  # coredis' Packer.encode
+        return repr(arg).encode()
     if isinstance(arg, int):
         return str(arg).encode()
     return arg
+
+
+# -- the reader: hiredis, read as coredis reads ------------------------------------------------
+
+_ERROR_LINES = st.sampled_from(
+    [
+        b"NOSCRIPT No matching script",
+        b"WRONGTYPE Operation against a key holding the wrong kind of value",
+        b"EXECABORT Transaction discarded",
+        b"ERR unknown command 'X'",
+        b"ERR something else",
+        b"BUSY a script runs",
+        b"READONLY You can't write against a read only replica.",
+    ]
+)
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+_SCALARS = st.one_of(
+    st.binary(max_size=40).map(_bulk),  # any bytes: UTF-8 text, or not
+    st.text(max_size=20).map(lambda t: _bulk(t.encode())),
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: b":%d\r\n" % i),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda f: b",%r\r\n" % f),
+    st.sampled_from([b"_\r\n", b"$-1\r\n", b"#t\r\n", b"#f\r\n", b"+OK\r\n", b"+QUEUED\r\n"]),
+    _ERROR_LINES.map(lambda e: b"-%s\r\n" % e),
+)
+_KEYS = st.text(max_size=10).map(lambda t: _bulk(t.encode()))
+_REPLIES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=6).map(lambda xs: b"*%d\r\n" % len(xs) + b"".join(xs)),
+        st.dictionaries(_KEYS, inner, max_size=4).map(
+            lambda d: b"%%%d\r\n" % len(d) + b"".join(k + v for k, v in d.items())
+        ),
+    ),
+    max_leaves=20,
+)
+
+
+def _as_coredis(data: bytes, count: int) -> list[object]:
+    """The ``count`` replies in ``data`` as coredis' parser reads them (an error as its
+    exception, compared by class and text)."""
+    parser = Parser()
+    parser.feed(data)
+    return [_comparable(parser.parse(decode=True, encoding="utf-8")[1]) for _ in range(count)]  # type: ignore[index]
+
+
+def _comparable(value: object) -> object:
+    if isinstance(value, Exception):
+        return (type(value), str(value))
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
+
+
+async def _through_lane(data: bytes, count: int, chunk: int) -> list[object]:
+    """The ``count`` replies in ``data`` as a lane connection reads them off a socket, the
+    bytes arriving ``chunk`` at a time (a reply split anywhere, several in one read)."""
+    ours, theirs = trio.socket.socketpair()
+    conn = LaneConnection(trio.SocketStream(ours), "socketpair")
+    pending = [conn.create_request("PING") for _ in range(count)]
+    out: list[object] = []
+    async with trio.open_nursery() as nursery:
+
+        async def serve() -> None:
+            with theirs:
+                await theirs.recv(65536)  # the requests
+                for start in range(0, len(data), chunk):
+                    await theirs.send(data[start : start + chunk])
+                    await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(serve)
+        for reply in pending:
+            try:
+                out.append(_comparable(await reply))
+            except Exception as exc:  # noqa: BLE001 - an error reply, raised as coredis raises it
+                out.append(_comparable(exc))
+    conn.close()
+    return out
+
+
+@given(st.lists(_REPLIES, min_size=1, max_size=4), st.integers(1, 64))
+def test_the_lane_reads_every_reply_as_coredis_parser_does(replies, chunk):
+    """Text (UTF-8, or the bytes of what is not), numbers, doubles, null, booleans, status,
+    nested arrays and maps, and error replies as coredis' exception classes: the lane's C
+    reader gives what coredis' parser gives, however the bytes are split across reads."""
+    data = b"".join(replies)
+    expected = _as_coredis(data, len(replies))
+    assert trio.run(_through_lane, data, len(replies), chunk) == expected

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bus.core import keys
 from bus.core.envelope import sign_message
@@ -20,7 +22,7 @@ from bus.store.connection import Store
 from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
-from node.intake.admission import check_ack_deadline, delivery_problem
+from node.intake.admission import check_ack_deadline, delivery_problem, stored_size
 from node.intake.deadlines import deadline_times, fail_due
 from node.intake.messages import Rejected
 from node.state import NodeState
@@ -406,3 +408,11 @@ async def test_a_hostile_deadline_member_costs_the_others_nothing(store, tmp_pat
     assert (await store.hgetall(1, msg.key))["status"] == "error"
     [dead] = await store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == ("message:9:9", "wrong_type")
+
+
+@given(st.dictionaries(st.text(max_size=8), st.text(max_size=12), max_size=6))
+def test_the_stored_size_counts_each_value_as_its_own_encode_would(fields):
+    """stored_size encodes the values joined, in one call: the count is what encoding each
+    value alone gives (lone surrogates, which cannot be encoded, count one byte each)."""
+    one_by_one = sum(len(k) + len(v.encode("utf-8", "replace")) for k, v in fields.items())
+    assert stored_size(fields) == one_by_one
