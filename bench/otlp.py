@@ -1,6 +1,7 @@
 """An OTLP/HTTP traces endpoint on 127.0.0.1 that answers every export 200 at once and keeps
 its body: the receiver of bench case 10 (bench/tracing_cost.py) and, decoding what it keeps,
-of the tracing tests (tests/otlp.py). Here rather than in tests/ because tests import bench,
+of the tracing tests (tests/otlp.py); and :class:`Kept`, an exporter's queue that keeps the
+spans to be encoded by the caller. Here rather than in tests/ because tests import bench,
 never the other way round.
 
 HTTP/1.1 with keep-alive, bodies by Content-Length (a gzip-encoded one is kept decompressed);
@@ -16,10 +17,26 @@ from functools import partial
 import trio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from node.observe.otlp import Record
+
 _LENGTH = re.compile(rb"(?im)^content-length:\s*(\d+)\s*$")
 _GZIP = re.compile(rb"(?im)^content-encoding:\s*gzip\s*$")
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n"
 _CHUNK = 65536
+
+
+class Kept(list[Record]):
+    """Where a node's span recorder (node/observe/recorder.py) puts its spans instead of an
+    exporter's queue: kept, to be encoded by whoever holds it."""
+
+    def add(self, record: Record) -> None:
+        self.append(record)
+
+    def force_flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        pass
 
 
 class Sink:

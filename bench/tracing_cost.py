@@ -30,7 +30,7 @@ import trio
 
 from bench.cases import Env, bench_client, roundtrips, run_throughput
 from bench.harness import BenchNode, Row, wait_served, wire
-from bench.otlp import Sink
+from bench.otlp import Kept, Sink
 from bus.core import spans
 from node.config import load_config, render_config
 from node.config.tracing import TracingConfig
@@ -69,19 +69,6 @@ def off_call_ns() -> float:
     return (time.perf_counter_ns() - t0) / OFF_CALLS
 
 
-class _Kept(list):  # type: ignore[type-arg]
-    """Where the timed spans go instead of an exporter's queue: kept, to be encoded."""
-
-    def add(self, record: object) -> None:
-        self.append(record)
-
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        pass
-
-
 def on_job_us() -> float:
     """The CPU (this process's, in µs) that a local job's 4 spans cost on the node's provider
     (node/observe/recorder.py): the node's two message spans (admit, route) as the supervisor
@@ -107,7 +94,7 @@ def on_job_us() -> float:
     from node.worker.spans import ran_attempt
 
     freeze_start_heap()
-    kept = _Kept()
+    kept = Kept()
     provider = TracerProvider(KeyedRatioSampler(1.0, b"k" * 32), kept)
     node = "n" * 64
     job = RunnerJob(1, 1, 1, "print(1)", "python", message_key="message:1:1")

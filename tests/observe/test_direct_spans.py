@@ -16,11 +16,12 @@ import pytest
 from opentelemetry import trace as otel
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from bench.otlp import Kept
 from bus.core import spans
 from bus.core.flows import FlowJobPayload
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from bus.core.tracecontext import NO_TRACE, message_trace
-from node.observe.otlp import Record, encode_request
+from node.observe.otlp import encode_request
 from node.observe.recorder import TracerProvider
 from node.observe.tracing import KeyedRatioSampler
 from node.slot.exits import Outcome
@@ -31,19 +32,6 @@ from tests.otlp import Receiver
 NODE = "n" * 64
 RESOURCE = {"service.name": "hero-node", "service.instance.id": NODE}
 TRACEPARENT = f"00-{'ab' * 16}-{'cd' * 8}-01"
-
-
-class Kept(list[Record]):
-    """The exporter's queue, kept to be encoded."""
-
-    def add(self, record: Record) -> None:
-        self.append(record)
-
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        return True
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        pass
 
 
 class ThroughTheApi(TracerProvider):
