@@ -259,31 +259,40 @@ class RegistryCache:
         self._cache.clear()
 
 
+class LiveRunner(Protocol):
+    """A live runner process as the node's services see it (node/runners/processes.py
+    RunnerProcess)."""
+
+    # the token base of the process's starts (each process of a slot has its own): the
+    # attempts it started hold ``<token_base>:<job key>``
+    token_base: str
+
+    def stop(self, job_key: str, reason: str) -> None:
+        """Ask it to stop ``job_key`` if it runs it."""
+
+    def primary_moved(self) -> None:
+        """The Sentinels named a new primary: it shuts its connections to the old one."""
+
+
 @dataclass
 class Runners:
     """This node's live runner processes (node/runners/processes.py)."""
 
-    # by (context, slot id): each takes stop requests (job key, reason)
-    processes: dict[tuple[int, str], Callable[[str, str], None]] = field(default_factory=dict)
-    # by (context, slot id): the token base of the slot's live process (each process of a
-    # slot has its own), which names the attempts that process started
-    tokens: dict[tuple[int, str], str] = field(default_factory=dict)
-    # told when the Sentinels name a new primary (node/host/store_tuning.py), by (context, slot
-    # id): each live runner process shuts its connections to the old one at once
-    primary_followers: dict[tuple[int, str], Callable[[], None]] = field(default_factory=dict)
+    # by (context, slot id): the slot's live process
+    processes: dict[tuple[int, str], LiveRunner] = field(default_factory=dict)
     # how jobs are isolated, found at start (node/runners/sandboxes.py); None: not yet known
     isolation: Isolation | None = None
 
     def stop_running(self, job_key: str, reason: str) -> None:
         """Stop ``job_key`` if one of this node's runner processes is running it (each is
         told; the one running it kills it and ends it with ``reason``)."""
-        for stop in self.processes.values():
-            stop(job_key, reason)
+        for process in self.processes.values():
+            process.stop(job_key, reason)
 
     def primary_moved(self) -> None:
         """The Sentinels named a new primary: every live runner process is told."""
-        for follow in list(self.primary_followers.values()):
-            follow()
+        for process in list(self.processes.values()):
+            process.primary_moved()
 
 
 @dataclass

@@ -19,7 +19,7 @@ It cannot sign, so per context the node runs:
 
 An expired lease is a suspicion, not a proof: a stall of the node or of Valkey longer than the
 TTL lets the lease of a live process lapse. For this node's own runners the reaper knows: an
-attempt still run by the live runner process that started it (``Runners.tokens``: each
+attempt still run by the live runner process that started it (``Runners.processes``: each
 process of a slot has its own token base) re-takes its lease; any other is ended. An external
 runner's process cannot be seen from here, so its
 lapsed lease ends the attempt; its late result is then refused by the attempt fence (see
@@ -184,8 +184,8 @@ def _runs_it(node: NodeState, ctx: int, job_key: str, token: str, slot_id: str) 
     process restarted since is not the one (each has its own token base): its slot's
     recovery ended what its predecessor left, and if a failover lost that end, the lapsed
     lease ends it here."""
-    base = node.runners.tokens.get((ctx, slot_id))
-    return base is not None and token == f"{base}:{job_key}"
+    process = node.runners.processes.get((ctx, slot_id))
+    return process is not None and token == f"{process.token_base}:{job_key}"
 
 
 def _is_local(node: NodeState, token: str) -> bool:

@@ -95,8 +95,9 @@ def runner_spec(
 class RunnerProcess:
     """One running runner process: what the node can tell it."""
 
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: trio.Process, token_base: str) -> None:
         self.proc = proc
+        self.token_base = token_base  # names the attempts it starts (node/state.py LiveRunner)
         self.up = trio.Event()  # it reported ``up``: set up, about to pop
 
     def signal(self, signum: int) -> None:
@@ -202,12 +203,10 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
         await proc.stdin.send_all(
             frame(spec, node.identity.admission_key)
         )  # dead at once: seen below
-    handle = RunnerProcess(proc)
+    handle = RunnerProcess(proc, spec.token_base)
     where = (spec.ctx, spec.slot_id)
     wakers = node.wakeups.idle_slots.setdefault((spec.ctx, spec.script_type), set())
-    node.runners.processes[where] = handle.stop
-    node.runners.tokens[where] = spec.token_base
-    node.runners.primary_followers[where] = handle.primary_moved
+    node.runners.processes[where] = handle
     wakers.add(handle)
     node.shutdown.job_started()  # a live runner counts as running until it exits (graceful stop)
     try:
@@ -223,8 +222,6 @@ async def _serve_once(node: NodeState, spec: RunnerSpec, task_status: trio.TaskS
         with trio.CancelScope(shield=True):
             await _end(handle)
         node.runners.processes.pop(where, None)
-        node.runners.tokens.pop(where, None)
-        node.runners.primary_followers.pop(where, None)
         wakers.discard(handle)
         node.shutdown.job_ended()
         with contextlib.suppress(ProcessLookupError, PermissionError):
