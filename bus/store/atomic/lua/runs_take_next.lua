@@ -15,7 +15,8 @@
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>', its lease its score in the running zset. Only what is queued is taken:
 -- nothing waits for a batch to fill. The batch's entries are pushed on the in-flight list in
--- one command, and the places its starts free in the queue bounds written once (quota_depth).
+-- one command, their leases in one ZADD (runs_leases), and the places its starts free in the
+-- queue bounds written once (quota_depth).
 -- include: runs_unrunnable
 -- include: runs_begin
 local gate, now_ms = ARGV[5] or '', false
@@ -60,6 +61,8 @@ end
 if count == 1 then return quota_leave_all(function() return take(got[2][1]) end) end
 return quota_leave_all(function()
   local taken = {'*'}
+  leases_collect()
   for _, nxt in ipairs(got[2]) do taken[#taken + 1] = take(nxt) end
+  leases_flush()
   return taken
 end)
