@@ -234,3 +234,28 @@ def test_a_batchs_leases_are_set_and_dropped_in_one_command_each(redis_url) -> N
     assert set(leases) == {jobs[1], jobs[3], jobs[4]}
     assert leases[jobs[1]] == 7  # the holder's lease, untouched
     assert leases[jobs[3]] == int(again[0][1]["stats_started_ms"]) + 15_000
+
+
+def test_a_take_after_a_batchs_ends_knows_the_in_flight_length_without_llen(redis_url) -> None:  # noqa: ANN001
+    """A take that finds nothing queued returns the in-flight list's length (what the blocking
+    pop that follows compares with its own); after a batch's ends that just rewrote the list
+    it is the length they left, with no LLEN: an entry whose end was refused still counts."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 4)
+    _, taken = runs.end_all([], INFLIGHT, _take(4))
+    assert len(taken) == 4
+    client.hset(jobs[0], "attempt", "2")  # superseded: its entry stays in flight
+
+    def finished(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    nxt = _take(4)
+    before = _calls(client)
+    oks, again = runs.end_all([finished(j) for j in jobs], INFLIGHT, nxt)
+    calls = _calls(client)
+    assert (oks, again) == ([False, True, True, True], [])
+    assert nxt.found_empty
+    assert nxt.held == 1 == client.llen(INFLIGHT)
+    assert calls.get("llen", 0) - before.get("llen", 0) == 0
