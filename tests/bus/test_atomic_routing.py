@@ -571,3 +571,26 @@ async def test_route_checks_new_copies_in_one_exists_and_guards_the_batch(store:
     assert await queued_job(store, "job:7:42") == {"message_key": second}
     assert after["exists"] - before.get("exists", 0) == 1
     assert after.get("type", 0) - before.get("type", 0) == 1  # the one key written before
+
+
+async def test_route_arms_a_batch_s_deadlines_in_one_zadd(store: Store) -> None:
+    """The deadlines of a route batch's job messages go on the deadlines zset in one ZADD,
+    not one per message: each message keeps its own two, and a message routed twice in the
+    batch (a redelivery) keeps its last scores, as one ZADD each would leave them."""
+    sent = ["message:7:51", "message:7:52", "message:7:53"]
+    await store.lpush(CTX, "fly", *sent)
+    routed = [routing.Routed(m, False, [], (10 + i, 20 + i)) for i, m in enumerate(sent)]
+    routed.append(routing.Routed(sent[0], False, [], (30, 40)))
+    before = await _command_calls(store)
+    await routing.route(store, CTX, "fly", routed)
+    after = await _command_calls(store)
+    assert after["zadd"] - before.get("zadd", 0) == 1
+    assert dict(await _zset(store, keys.DEADLINES)) == {
+        f"ack|{sent[0]}": 30.0,
+        f"result|{sent[0]}": 40.0,
+        f"ack|{sent[1]}": 11.0,
+        f"result|{sent[1]}": 21.0,
+        f"ack|{sent[2]}": 12.0,
+        f"result|{sent[2]}": 22.0,
+    }
+    assert await store.lrange(CTX, "fly") == []
