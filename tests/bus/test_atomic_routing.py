@@ -594,3 +594,41 @@ async def test_route_arms_a_batch_s_deadlines_in_one_zadd(store: Store) -> None:
         f"result|{sent[2]}": 22.0,
     }
     assert await store.lrange(CTX, "fly") == []
+
+
+async def test_a_batch_of_results_pushes_once_per_list_behind_each_lists_first(
+    store: Store,
+) -> None:
+    """The results of one accept batch push their replies per list: a reply list's first push
+    (its type check) at once, the list's later ones in one LPUSH, one EXPIRE per list, and the
+    flows' events in one LPUSH; the client pops its replies in the order the results came, as
+    one push each would leave them. A reply list of another type still refuses its result."""
+    inbox, jobs, requests = "box", [f"job:7:{i}" for i in range(11, 15)], []
+    for i, job in enumerate(jobs):
+        request = f"message:7:{11 + i}"
+        requests.append(request)
+        await store.hset(CTX, request, {"destination": "peer", "status": "acknowledged"})
+        await store.hset(CTX, job, {"message_key": request, "flow_id": str(i)})
+    await store.call(CTX, lambda r: r.set(keys.reply_list(requests[3], ""), "x"))
+
+    def result(i: int) -> routing.ResultAccept:
+        reply_to = inbox if i < 3 else ""
+        write = routing.ResultWrite(
+            jobs[i], requests[i], "finished", "{}", "", 70, "processed", f'"r{i}"', 30, reply_to
+        )
+        return routing.ResultAccept(f"message:8:{11 + i}", "", "peer", write)
+
+    before = await _command_calls(store)
+    verdicts = await _accept_all(store, [result(i) for i in range(4)])
+    after = await _command_calls(store)
+    wrong = f"{keys.reply_list(requests[3], '')} holds a string"
+    assert verdicts == [("ok", "")] * 3 + [("wrong_type", wrong)]
+    got = {n: after.get(n, 0) - before.get(n, 0) for n in ("lpush", "expire")}
+    # the inbox's first push, its two others, the flows' three events; the refused one's
+    # failed push is counted too
+    assert got == {"lpush": 4, "expire": 1}
+    box = keys.reply_list(requests[0], inbox)
+    assert await store.lrange(CTX, box) == ['"r2"', '"r1"', '"r0"']
+    assert 0 < await store.call(CTX, lambda r: r.ttl(box)) <= 30
+    assert await store.lrange(CTX, keys.FLOW_EVENTS) == ["2", "1", "0"]
+    assert (await store.hgetall(CTX, jobs[3])).get("status") is None
