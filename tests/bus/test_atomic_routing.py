@@ -128,6 +128,27 @@ async def test_deliver_stores_and_queues_a_message_once(store: Store) -> None:
     assert await store.lrange(CTX, keys.MSG_IN) == ["message:1:2", "message:1:1"]
 
 
+async def test_deliver_checks_a_frame_of_new_messages_in_one_exists(store: Store) -> None:
+    """A frame whose messages are all new is checked by one EXISTS of every key, not one per
+    message; a second copy in the same frame is still stored and queued once, and a frame that
+    holds a message stored before still leaves that one as it was."""
+    await routing.deliver(store, CTX, [("message:1:0", {})])  # the script loaded
+    await store.call(CTX, lambda r: r.delete([keys.MSG_IN]))
+    frame = [("message:2:1", {"a": "1"}), ("message:2:2", {"b": "2"})]
+    frame += [("message:2:1", {"a": "again"}), ("message:2:3", {"c": "3"})]
+    before = await _command_calls(store)
+    assert await routing.deliver(store, CTX, frame) == [True, True, False, True]
+    after = await _command_calls(store)
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert await store.hgetall(CTX, "message:2:1") == {"a": "1"}
+    queued = ["message:2:3", "message:2:2", "message:2:1"]
+    assert await store.lrange(CTX, keys.MSG_IN) == queued
+    frame = [("message:2:4", {"d": "4"}), ("message:2:2", {"b": "changed"})]
+    assert await routing.deliver(store, CTX, frame) == [True, False]
+    assert await store.hgetall(CTX, "message:2:2") == {"b": "2"}
+    assert await store.lrange(CTX, keys.MSG_IN) == ["message:2:4", *queued]
+
+
 async def test_mark_acked_only_by_the_destination(store: Store) -> None:
     await store.hset(CTX, "m1", {"destination": "peer", "status": "dispatched"})
     await store.hset(CTX, "m2", {"destination": "peer", "status": "processed"})
