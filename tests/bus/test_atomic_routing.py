@@ -653,3 +653,37 @@ async def test_a_batch_of_results_pushes_once_per_list_behind_each_lists_first(
     assert 0 < await store.call(CTX, lambda r: r.ttl(box)) <= 30
     assert await store.lrange(CTX, keys.FLOW_EVENTS) == ["2", "1", "0"]
     assert (await store.hgetall(CTX, jobs[3])).get("status") is None
+
+
+async def test_materialise_reads_the_depths_once_when_the_context_is_bounded(
+    store: Store,
+) -> None:
+    """With a bound on the context's depth, a batch reads the depths hash once (HGETALL): it
+    gives the context's sum and every actor's count, so no HGET per actor and no HVALS; an
+    actor the hash does not name holds none. The bounds hold as they did, message by message,
+    counting what the batch queued before."""
+    await store.hset(CTX, keys.QUOTA_DEPTH, {"7": "2", "8": "1", "9": "3"})
+
+    def message(actor: int, ident: int, jobs: int) -> tuple[Message, list[routing.JobWrite]]:
+        m = Message(
+            id=ident, caller_id=actor, context_id=CTX, message="", message_type=MessageType.JOB
+        )
+        writes = [
+            routing.JobWrite(
+                f"job:{actor}:{ident}{i}", "queue:py", {"message_key": m.key, "script_type": "py"}
+            )
+            for i in range(jobs)
+        ]
+        return m, writes
+
+    batch = [message(7, 41, 1), message(7, 42, 1), message(8, 43, 2), message(10, 44, 1)]
+    before = await _command_calls(store)
+    codes, _, owners = await routing.materialise_batch(
+        store, CTX, "fly", batch, now=50, window_s=60, depth_of=[], bounds=(3, 9)
+    )
+    after = await _command_calls(store)
+    assert codes == [0, 4, 0, 5]
+    assert owners == ["", "3 3", "", "9 9"]
+    reads = {n: after.get(n, 0) - before.get(n, 0) for n in ("hgetall", "hget", "hvals")}
+    assert reads == {"hgetall": 1, "hget": 0, "hvals": 0}
+    assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "3", "8": "3", "9": "3"}
