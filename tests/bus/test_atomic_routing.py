@@ -687,3 +687,16 @@ async def test_materialise_reads_the_depths_once_when_the_context_is_bounded(
     reads = {n: after.get(n, 0) - before.get(n, 0) for n in ("hgetall", "hget", "hvals")}
     assert reads == {"hgetall": 1, "hget": 0, "hvals": 0}
     assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "3", "8": "3", "9": "3"}
+
+
+async def test_pop_due_takes_what_is_due_in_one_zrem(store: Store) -> None:
+    """What is due leaves the deadlines zset in one ZREM, not one per member; what is not due
+    stays."""
+    members = {f"ack|m{i}": 100 + i for i in range(5)} | {"result|m9": 900}
+    await store.call(CTX, lambda r: r.zadd(keys.DEADLINES, members))
+    before = await _command_calls(store)
+    after_s, due = await routing.pop_due(store, CTX, 200)
+    after = await _command_calls(store)
+    assert (after_s, sorted(due)) == (900, sorted(m for m in members if m != "result|m9"))
+    assert after["zrem"] - before.get("zrem", 0) == 1
+    assert await _zset(store, keys.DEADLINES) == [("result|m9", 900.0)]
