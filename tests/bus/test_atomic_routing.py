@@ -128,6 +128,27 @@ async def test_deliver_stores_and_queues_a_message_once(store: Store) -> None:
     assert await store.lrange(CTX, keys.MSG_IN) == ["message:1:2", "message:1:1"]
 
 
+async def test_deliver_checks_a_frame_of_new_messages_in_one_exists(store: Store) -> None:
+    """A frame whose messages are all new is checked by one EXISTS of every key, not one per
+    message; a second copy in the same frame is still stored and queued once, and a frame that
+    holds a message stored before still leaves that one as it was."""
+    await routing.deliver(store, CTX, [("message:1:0", {})])  # the script loaded
+    await store.call(CTX, lambda r: r.delete([keys.MSG_IN]))
+    frame = [("message:2:1", {"a": "1"}), ("message:2:2", {"b": "2"})]
+    frame += [("message:2:1", {"a": "again"}), ("message:2:3", {"c": "3"})]
+    before = await _command_calls(store)
+    assert await routing.deliver(store, CTX, frame) == [True, True, False, True]
+    after = await _command_calls(store)
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert await store.hgetall(CTX, "message:2:1") == {"a": "1"}
+    queued = ["message:2:3", "message:2:2", "message:2:1"]
+    assert await store.lrange(CTX, keys.MSG_IN) == queued
+    frame = [("message:2:4", {"d": "4"}), ("message:2:2", {"b": "changed"})]
+    assert await routing.deliver(store, CTX, frame) == [True, False]
+    assert await store.hgetall(CTX, "message:2:2") == {"b": "2"}
+    assert await store.lrange(CTX, keys.MSG_IN) == ["message:2:4", *queued]
+
+
 async def test_mark_acked_only_by_the_destination(store: Store) -> None:
     await store.hset(CTX, "m1", {"destination": "peer", "status": "dispatched"})
     await store.hset(CTX, "m2", {"destination": "peer", "status": "processed"})
@@ -571,3 +592,111 @@ async def test_route_checks_new_copies_in_one_exists_and_guards_the_batch(store:
     assert await queued_job(store, "job:7:42") == {"message_key": second}
     assert after["exists"] - before.get("exists", 0) == 1
     assert after.get("type", 0) - before.get("type", 0) == 1  # the one key written before
+
+
+async def test_route_arms_a_batch_s_deadlines_in_one_zadd(store: Store) -> None:
+    """The deadlines of a route batch's job messages go on the deadlines zset in one ZADD,
+    not one per message: each message keeps its own two, and a message routed twice in the
+    batch (a redelivery) keeps its last scores, as one ZADD each would leave them."""
+    sent = ["message:7:51", "message:7:52", "message:7:53"]
+    await store.lpush(CTX, "fly", *sent)
+    routed = [routing.Routed(m, False, [], (10 + i, 20 + i)) for i, m in enumerate(sent)]
+    routed.append(routing.Routed(sent[0], False, [], (30, 40)))
+    before = await _command_calls(store)
+    await routing.route(store, CTX, "fly", routed)
+    after = await _command_calls(store)
+    assert after["zadd"] - before.get("zadd", 0) == 1
+    assert dict(await _zset(store, keys.DEADLINES)) == {
+        f"ack|{sent[0]}": 30.0,
+        f"result|{sent[0]}": 40.0,
+        f"ack|{sent[1]}": 11.0,
+        f"result|{sent[1]}": 21.0,
+        f"ack|{sent[2]}": 12.0,
+        f"result|{sent[2]}": 22.0,
+    }
+    assert await store.lrange(CTX, "fly") == []
+
+
+async def test_a_batch_of_results_pushes_once_per_list_behind_each_lists_first(
+    store: Store,
+) -> None:
+    """The results of one accept batch push their replies per list: a reply list's first push
+    (its type check) at once, the list's later ones in one LPUSH, one EXPIRE per list, and the
+    flows' events in one LPUSH; the client pops its replies in the order the results came, as
+    one push each would leave them. A reply list of another type still refuses its result."""
+    inbox, jobs, requests = "box", [f"job:7:{i}" for i in range(11, 15)], []
+    for i, job in enumerate(jobs):
+        request = f"message:7:{11 + i}"
+        requests.append(request)
+        await store.hset(CTX, request, {"destination": "peer", "status": "acknowledged"})
+        await store.hset(CTX, job, {"message_key": request, "flow_id": str(i)})
+    await store.call(CTX, lambda r: r.set(keys.reply_list(requests[3], ""), "x"))
+
+    def result(i: int) -> routing.ResultAccept:
+        reply_to = inbox if i < 3 else ""
+        write = routing.ResultWrite(
+            jobs[i], requests[i], "finished", "{}", "", 70, "processed", f'"r{i}"', 30, reply_to
+        )
+        return routing.ResultAccept(f"message:8:{11 + i}", "", "peer", write)
+
+    before = await _command_calls(store)
+    verdicts = await _accept_all(store, [result(i) for i in range(4)])
+    after = await _command_calls(store)
+    wrong = f"{keys.reply_list(requests[3], '')} holds a string"
+    assert verdicts == [("ok", "")] * 3 + [("wrong_type", wrong)]
+    got = {n: after.get(n, 0) - before.get(n, 0) for n in ("lpush", "expire")}
+    # the inbox's first push, its two others, the flows' three events; the refused one's
+    # failed push is counted too
+    assert got == {"lpush": 4, "expire": 1}
+    box = keys.reply_list(requests[0], inbox)
+    assert await store.lrange(CTX, box) == ['"r2"', '"r1"', '"r0"']
+    assert 0 < await store.call(CTX, lambda r: r.ttl(box)) <= 30
+    assert await store.lrange(CTX, keys.FLOW_EVENTS) == ["2", "1", "0"]
+    assert (await store.hgetall(CTX, jobs[3])).get("status") is None
+
+
+async def test_materialise_reads_the_depths_once_when_the_context_is_bounded(
+    store: Store,
+) -> None:
+    """With a bound on the context's depth, a batch reads the depths hash once (HGETALL): it
+    gives the context's sum and every actor's count, so no HGET per actor and no HVALS; an
+    actor the hash does not name holds none. The bounds hold as they did, message by message,
+    counting what the batch queued before."""
+    await store.hset(CTX, keys.QUOTA_DEPTH, {"7": "2", "8": "1", "9": "3"})
+
+    def message(actor: int, ident: int, jobs: int) -> tuple[Message, list[routing.JobWrite]]:
+        m = Message(
+            id=ident, caller_id=actor, context_id=CTX, message="", message_type=MessageType.JOB
+        )
+        writes = [
+            routing.JobWrite(
+                f"job:{actor}:{ident}{i}", "queue:py", {"message_key": m.key, "script_type": "py"}
+            )
+            for i in range(jobs)
+        ]
+        return m, writes
+
+    batch = [message(7, 41, 1), message(7, 42, 1), message(8, 43, 2), message(10, 44, 1)]
+    before = await _command_calls(store)
+    codes, _, owners = await routing.materialise_batch(
+        store, CTX, "fly", batch, now=50, window_s=60, depth_of=[], bounds=(3, 9)
+    )
+    after = await _command_calls(store)
+    assert codes == [0, 4, 0, 5]
+    assert owners == ["", "3 3", "", "9 9"]
+    reads = {n: after.get(n, 0) - before.get(n, 0) for n in ("hgetall", "hget", "hvals")}
+    assert reads == {"hgetall": 1, "hget": 0, "hvals": 0}
+    assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"7": "3", "8": "3", "9": "3"}
+
+
+async def test_pop_due_takes_what_is_due_in_one_zrem(store: Store) -> None:
+    """What is due leaves the deadlines zset in one ZREM, not one per member; what is not due
+    stays."""
+    members = {f"ack|m{i}": 100 + i for i in range(5)} | {"result|m9": 900}
+    await store.call(CTX, lambda r: r.zadd(keys.DEADLINES, members))
+    before = await _command_calls(store)
+    after_s, due = await routing.pop_due(store, CTX, 200)
+    after = await _command_calls(store)
+    assert (after_s, sorted(due)) == (900, sorted(m for m in members if m != "result|m9"))
+    assert after["zrem"] - before.get("zrem", 0) == 1
+    assert await _zset(store, keys.DEADLINES) == [("result|m9", 900.0)]

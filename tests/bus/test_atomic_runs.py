@@ -267,6 +267,26 @@ async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -
     assert await store.lrange(1, QUEUE) == ["job:1:2", "job:1:1"]
 
 
+async def test_move_due_takes_what_is_due_off_the_zset_in_one_zrem(store) -> None:  # noqa: ANN001
+    """The due retries leave the delayed zset in one ZREM, not one per member, bad members
+    included (dead-lettered); what is not due stays."""
+    members = {f"{QUEUE}|job:1:{i}": 100 for i in range(1, 5)} | {"no-separator": 100}
+    members[f"{QUEUE}|job:1:9"] = 5000
+    await store.call(1, lambda r: r.zadd(keys.DELAYED, members))
+
+    async def zrems() -> int:
+        stats = await store.call(1, lambda r: r.info("commandstats"))
+        return int(dict(stats).get("cmdstat_zrem", {}).get("calls", 0))
+
+    before = await zrems()
+    assert await runs.move_due(store, 1, 1000) == 5000
+    assert await zrems() - before == 1
+    assert sorted(await store.lrange(1, QUEUE)) == [f"job:1:{i}" for i in range(1, 5)]
+    assert [d["key"] for d in await store.dead_letters(1)] == ["no-separator"]
+    left = await store.call(1, lambda r: r.zrange(keys.DELAYED, 0, -1))
+    assert list(left) == [f"{QUEUE}|job:1:9"]
+
+
 async def test_pop_first_moves_the_first_entry_of_the_first_list(store, sync_runs) -> None:
     await store.lpush(1, "queue:b", "job:1:2")
     await store.lpush(1, "queue:c", "job:1:3")

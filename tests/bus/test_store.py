@@ -199,8 +199,8 @@ async def test_pop_wait_takes_what_came_after_its_entry_in_the_same_round_trip(
 
 
 async def test_an_acks_frame_removes_each_entry_once_in_one_command(store: Store) -> None:
-    """An outbox's acknowledged entries leave its in-flight list: each once (one LREM each, so
-    a copy sent twice stays for its own ack), unknown ones ignored, the count of those that
+    """An outbox's acknowledged entries leave its in-flight list: each once (as one LREM each
+    would: a copy sent twice stays for its own ack), unknown ones ignored, the count of those that
     were there returned; one command, not a MULTI of one LREM per entry."""
     peer = "ab" * 32
     inflight = keys.outbox_inflight(peer)
@@ -210,6 +210,28 @@ async def test_an_acks_frame_removes_each_entry_once_in_one_command(store: Store
     assert removed == 2
     assert await store.lrange(0, inflight) == ["1|m:1", "1|m:2"]
     assert await _calls(store, "multi") == before  # one script call, no transaction
+
+
+async def test_an_acks_frame_trims_the_in_flight_list_once_not_per_entry(store: Store) -> None:
+    """More than two acknowledged entries leave an outbox's in-flight list in one trim (one
+    LRANGE, one DEL, one RPUSH of what stays, in its order), not one LREM per entry; a copy
+    sent twice keeps its second, what was not acknowledged keeps its place."""
+    peer = "cd" * 32
+    inflight = keys.outbox_inflight(peer)
+    sent = ["1|m:1", "1|m:2", "1|m:3", "1|m:2", "1|m:4", "1|m:5"]
+    await store.call(0, lambda r: r.rpush(inflight, sent))
+    names = ("lrem", "lrange", "del", "rpush")
+    before = [await _calls(store, n) for n in names]
+    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:5", "1|m:2", "1|m:1", "x"])
+    after = [await _calls(store, n) for n in names]
+    assert removed == 3
+    assert await store.lrange(0, inflight) == ["1|m:3", "1|m:2", "1|m:4"]
+    assert dict(zip(names, [a - b for a, b in zip(after, before, strict=True)], strict=True)) == {
+        "lrem": 0,
+        "lrange": 1,
+        "del": 1,
+        "rpush": 1,
+    }
 
 
 async def test_a_call_cancelled_while_its_db_opens_ends(redis_url) -> None:

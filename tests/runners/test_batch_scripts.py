@@ -197,3 +197,65 @@ def test_a_batchs_signed_answers_go_on_msg_out_in_one_push(redis_url) -> None:  
     popped = [client.rpop(keys.MSG_OUT) for _ in jobs]
     assert popped == [f"message:9:{j[6:]}" for j in jobs]
     assert client.hget(popped[0], "id") == jobs[0][6:]
+
+
+def test_a_batchs_leases_are_set_and_dropped_in_one_command_each(redis_url) -> None:  # noqa: ANN001
+    """A take's starts set their leases in one ZADD, and a batch's ends drop theirs in one
+    ZREM (runs_leases), not one per job: each started job is scored with its own lease, a
+    refused end (superseded) keeps the lease of the attempt that holds the job, and a job given
+    back and started again in the same call holds its new lease."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 5)
+    before = _calls(client)
+    _, taken = runs.end_all([], INFLIGHT, _take(5))
+    calls = _calls(client)
+    assert len(taken) == 5
+    assert calls.get("zadd", 0) - before.get("zadd", 0) == 1
+    leases = dict(client.zrange(keys.RUNNING, 0, -1, withscores=True))
+    for key, fields in taken:  # each its start's stamp plus the lease's 15 s
+        assert leases[key] == int(fields["stats_started_ms"]) + 15_000
+    client.hset(jobs[1], "attempt", "2")  # superseded: another attempt holds the job
+    client.zadd(keys.RUNNING, {jobs[1]: 7})
+
+    def finished(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    calls_ = [finished(j) for j in jobs[:3]] + [requeue_call(jobs[3], 1, INFLIGHT, "queue:v")]
+    before = _calls(client)
+    oks, again = runs.end_all(calls_, INFLIGHT, _take(1))
+    calls = _calls(client)
+    assert oks == [True, False, True, True]
+    assert calls.get("zrem", 0) - before.get("zrem", 0) == 1
+    assert calls.get("zadd", 0) - before.get("zadd", 0) == 1  # the take's one start
+    assert [key for key, _ in again] == [jobs[3]]
+    leases = dict(client.zrange(keys.RUNNING, 0, -1, withscores=True))
+    assert set(leases) == {jobs[1], jobs[3], jobs[4]}
+    assert leases[jobs[1]] == 7  # the holder's lease, untouched
+    assert leases[jobs[3]] == int(again[0][1]["stats_started_ms"]) + 15_000
+
+
+def test_a_take_after_a_batchs_ends_knows_the_in_flight_length_without_llen(redis_url) -> None:  # noqa: ANN001
+    """A take that finds nothing queued returns the in-flight list's length (what the blocking
+    pop that follows compares with its own); after a batch's ends that just rewrote the list
+    it is the length they left, with no LLEN: an entry whose end was refused still counts."""
+    runs = SyncRuns.open(redis_url, 1)
+    client = connect(redis_url, 1)
+    jobs = _queued(client, 4)
+    _, taken = runs.end_all([], INFLIGHT, _take(4))
+    assert len(taken) == 4
+    client.hset(jobs[0], "attempt", "2")  # superseded: its entry stays in flight
+
+    def finished(job: str) -> tuple[str, list[str], list[str]]:
+        ending = Ending(job, 1, INFLIGHT, "finished", {}, "", "")
+        return finish_local_call(ending, request_key=f"message:{job}", reply_ttl_s=60, stats="[]")
+
+    nxt = _take(4)
+    before = _calls(client)
+    oks, again = runs.end_all([finished(j) for j in jobs], INFLIGHT, nxt)
+    calls = _calls(client)
+    assert (oks, again) == ([False, True, True, True], [])
+    assert nxt.found_empty
+    assert nxt.held == 1 == client.llen(INFLIGHT)
+    assert calls.get("llen", 0) - before.get("llen", 0) == 0

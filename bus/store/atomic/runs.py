@@ -228,8 +228,9 @@ async def finish_local(
 # the fragments an end and the take that follows it share in one script: one TIME and one read
 # of a type's breaker serve both (the take's stamp and gate, the end's breaker event)
 # (and what a batch's ends write once for all of them: the in-flight list's entries,
-# runs_inflight; the answers' pushes per list, runs_pushes)
-_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_pushes"})
+# runs_inflight; the answers' pushes per list, runs_pushes; the leases, runs_leases, which a
+# take's starts also write once)
+_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_pushes", "runs_leases"})
 
 
 def then_source(first: str, second: str) -> str:
@@ -245,6 +246,7 @@ def then_source(first: str, second: str) -> str:
 {source("type_breaker")}
 {source("runs_inflight")}
 {source("runs_pushes")}
+{source("runs_leases")}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -283,8 +285,8 @@ def ends_then_source() -> str:
     work, ARGV[3] those applied only if, besides, no next job was started ('': none); then
     per end its script's name, how many keys and how many args are its; then the ends' args
     and the take's. Returns {{{{end results...}}, take result}} ({{}} without a take). The ends'
-    in-flight entries leave the list at once, and their answers are pushed once per reply
-    list (runs_inflight, runs_pushes)."""
+    in-flight entries leave the list at once, their leases the running zset at once, and their
+    answers are pushed once per reply list (runs_inflight, runs_leases, runs_pushes)."""
     ends = "\n".join(
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
@@ -293,6 +295,7 @@ def ends_then_source() -> str:
 {source("type_breaker")}
 {source("runs_inflight")}
 {source("runs_pushes")}
+{source("runs_leases")}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)
@@ -302,6 +305,7 @@ end
 local n = tonumber(ARGV[1])
 local k, a, done, any = 1, 4 + 3 * n, {{}}, false
 inflight_batch, answers_batch = {{jobs = {{}}}}, {{}}
+leases_collect()
 for i = 0, n - 1 do
   local name, nk, na = ARGV[4 + 3 * i], tonumber(ARGV[5 + 3 * i]), tonumber(ARGV[6 + 3 * i])
   local r = ends[name]({{unpack(KEYS, k, k + nk - 1)}}, {{unpack(ARGV, a, a + na - 1)}})
@@ -311,6 +315,7 @@ for i = 0, n - 1 do
 end
 answers_flush()
 inflight_flush()
+leases_flush()
 local r2 = {{}}
 if k <= #KEYS then r2 = second({{unpack(KEYS, k)}}, {{unpack(ARGV, a)}}) end
 if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end

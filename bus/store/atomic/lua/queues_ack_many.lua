@@ -3,9 +3,6 @@
 -- ARGV: the entries
 -- Returns: how many of them were in the list (each removed once).
 -- Atomic effect: all of them leave the list together, as one MULTI of LREMs would, in one
--- command instead of one per entry.
-local removed = 0
-for _, entry in ipairs(ARGV) do
-  removed = removed + redis.call('LREM', KEYS[1], 1, entry)
-end
-return removed
+-- command instead of one per entry; more than two in one trim of the list (inflight_ack).
+-- include: inflight_ack
+return (inflight_ack(KEYS[1], ARGV))

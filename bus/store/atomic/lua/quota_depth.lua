@@ -54,21 +54,20 @@ local function quota_leave_all(run)
   return out
 end
 -- A batch that queues jobs (routing_materialise) counts them in this table and writes the counts
--- once, one HINCRBY per actor (quota_flush); the depths it checks bounds against are read once
--- per actor and once for the context, only when a bound asks (quota_mine, quota_all).
-local quota_batch = {added = {}, mine = {}, all = false}
-local function quota_mine(actor)
-  local b = quota_batch
-  if b.mine[actor] == nil then
-    b.mine[actor] = tonumber(redis.call('HGET', '${QUOTA_DEPTH_KEY}', actor)) or 0
-  end
-  return b.mine[actor] + (b.added[actor] or 0)
-end
+-- once, one HINCRBY per actor (quota_flush); the depths it checks bounds against are read only
+-- when a bound asks: once per actor (quota_mine), or, when the context's depth is asked too
+-- (quota_batch.whole: the context has a bound), the whole hash once, which gives every actor's
+-- and their sum (quota_all; the script's own counts wait for quota_flush, so both reads agree).
+local quota_batch = {added = {}, mine = {}, all = false, whole = false}
 local function quota_all()
   local b = quota_batch
   if not b.all then
-    local sum = 0
-    for _, v in ipairs(redis.call('HVALS', '${QUOTA_DEPTH_KEY}')) do sum = sum + (tonumber(v) or 0) end
+    local sum, flat = 0, redis.call('HGETALL', '${QUOTA_DEPTH_KEY}')
+    for i = 1, #flat - 1, 2 do
+      local n = tonumber(flat[i + 1]) or 0
+      sum = sum + n
+      if b.mine[flat[i]] == nil then b.mine[flat[i]] = n end
+    end
     b.all = {sum}
   end
   local n = b.all[1]
@@ -76,6 +75,15 @@ local function quota_all()
   return n
 end
 -- job (written with its mark, or marked by HSETNX: new_mark) counts for its actor
+local function quota_mine(actor)
+  local b = quota_batch
+  if b.mine[actor] == nil and b.whole then quota_all() end
+  if b.mine[actor] == nil then
+    -- read whole, the hash holds no field for this actor: 0
+    b.mine[actor] = b.all and 0 or tonumber(redis.call('HGET', '${QUOTA_DEPTH_KEY}', actor)) or 0
+  end
+  return b.mine[actor] + (b.added[actor] or 0)
+end
 local function quota_add(job, new_mark)
   local actor = quota_actor(job)
   if actor and new_mark then quota_batch.added[actor] = (quota_batch.added[actor] or 0) + 1 end

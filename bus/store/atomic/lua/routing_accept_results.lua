@@ -11,13 +11,16 @@
 -- wrong_signer; and what was counted if ARGV[4] asks ([field, increment, ...]; else empty).
 -- Atomic effect: per result in order, the checks against what Valkey holds, then apply_result's
 -- writes and the result message turns 'processed'; a second copy in the same batch is a
--- replay. Then, once for the batch, the accepted results' replay markers are set (TTL: the
--- window) and they leave the in-flight list (refused ones stay for their dead letters).
+-- replay. Then, once for the batch, the replies and flow events are pushed (one LPUSH and one
+-- EXPIRE per list, behind each reply list's first push: runs_pushes), the accepted results'
+-- replay markers are set (TTL: the window) and they leave the in-flight list (refused ones stay
+-- for their dead letters).
 -- include: routing_apply_result_fn
 -- include: replay_markers
 -- include: inflight_ack
 local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
+answers_batch = {}  -- the pushes per list at once (runs_pushes)
 local names = {}
 for _, r in ipairs(batch) do
   names[#names + 1] = r.seen
@@ -50,8 +53,13 @@ local function accept(r)
     return {'late_result', why}
   end
   if r.origin ~= meta[1] and r.origin ~= ARGV[3] then return {'wrong_signer', ''} end
-  local pushed = redis.pcall('LPUSH', k[3], r.args[6])
-  if type(pushed) == 'table' and pushed['err'] then return held(k[3]) end
+  -- the batch's first push on a reply list checks its type; the list's later ones wait for the
+  -- flush, behind it
+  if answers_batch[k[3]] then
+    answers_push(k[3], r.args[6], r.args[7])
+  elseif not answers_first(k[3], r.args[6], r.args[7]) then
+    return held(k[3])
+  end
   apply_result(k[1], k[2], k[3], k[4], r.args, job, true)
   -- a pcall: the batch's later writes must not hang on a message key turned into another
   -- type under us (nothing else here can fail)
@@ -71,6 +79,7 @@ for i, r in ipairs(batch) do
     acked[#acked + 1] = r.key
   end
 end
+answers_flush()
 replay_mark(markers, ARGV[2])
 inflight_ack(KEYS[2], acked)
 return {verdicts, stats_collected or {}}

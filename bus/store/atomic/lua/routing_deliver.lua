@@ -6,18 +6,29 @@
 -- empty hash is no message, and nothing can store one).
 -- Atomic effect: each new message is stored, and the new ones' keys are queued on msg_in in
 -- their order (one LPUSH); a redelivered one (its key exists, also by an earlier copy in this
--- frame) changes nothing, so it is acknowledged again but stored and queued once. One script
--- for the frame: every message it found was written before anything it writes, so one WAITAOF
--- after it covers the frame whenever it stored one (bus/store/durable.py).
-local out, new = {}, {}
+-- frame) changes nothing, so it is acknowledged again but stored and queued once; one EXISTS
+-- of every key finds that none is there in the common case. One script for the frame: every
+-- message it found was written before anything it writes, so one WAITAOF after it covers the
+-- frame whenever it stored one (bus/store/durable.py).
+-- one EXISTS of every message key: none there (the common case: a first delivery), no EXISTS
+-- per message; a copy of a message stored earlier in this frame is found in stored
+local any = false
+for i = 2, #KEYS, 500 do
+  if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 499, #KEYS))) > 0 then
+    any = true
+    break
+  end
+end
+local out, new, stored = {}, {}, {}
 local a = 1
 for i = 2, #KEYS do
   local n = tonumber(ARGV[a])
   -- no command here may fail: a failure half-way would leave stored messages unqueued
-  if n == 0 or redis.call('EXISTS', KEYS[i]) == 1 then
+  if n == 0 or stored[KEYS[i]] or (any and redis.call('EXISTS', KEYS[i]) == 1) then
     out[i - 1] = 0
   else
     redis.call('HSET', KEYS[i], unpack(ARGV, a + 1, a + n))
+    stored[KEYS[i]] = true
     new[#new + 1] = KEYS[i]
     out[i - 1] = 1
   end

@@ -33,6 +33,7 @@ local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local actor_bound, context_bound = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
 quota_batch.fair = tonumber(ARGV[7]) or 0
+quota_batch.whole = context_bound > 0  -- its depth read once with every actor's (quota_all)
 local names, job_keys = {}, {}
 for _, m in ipairs(batch) do
   names[#names + 1] = m.seen

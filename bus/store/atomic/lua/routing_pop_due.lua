@@ -5,7 +5,9 @@
 -- Atomic effect: every member scored at or before ARGV[1] leaves the zset, so each deadline is
 -- handled once.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, member in ipairs(due) do redis.call('ZREM', KEYS[1], member) end
+for i = 1, #due, 1000 do  -- one ZREM for what is due, not one per member
+  redis.call('ZREM', KEYS[1], unpack(due, i, math.min(i + 999, #due)))
+end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local after = -1
 if #nxt > 0 then after = tonumber(nxt[2]) end

@@ -8,7 +8,8 @@
 -- Atomic effect: per message, queued on msg_in, or its origin copies written under
 -- write_own_job's rule (routing_write_own_job_fn) and its ack and result deadlines armed;
 -- then its in-flight ack. All of it or none: a message is never acked without what routing
--- it wrote. The in-flight list is trimmed once for the batch (inflight_ack).
+-- it wrote. The deadlines are armed in one ZADD and the in-flight list is trimmed once for the
+-- batch (inflight_ack).
 -- include: routing_write_own_job_fn
 -- include: inflight_ack
 if ARGV[2] == '1' then stats_collected = {} end
@@ -22,7 +23,7 @@ local new = true
 for i = 1, #copies, 500 do
   if redis.call('EXISTS', unpack(copies, i, math.min(i + 499, #copies))) > 0 then new = false end
 end
-local acked, written = {}, {}
+local acked, written, deadlines = {}, {}, {}
 for _, m in ipairs(batch) do
   if m.to_msg_in == '1' then
     redis.call('LPUSH', KEYS[1], m.key)
@@ -32,9 +33,14 @@ for _, m in ipairs(batch) do
       write_own_job(c.key, m.key, c.fields, new and not written[c.key])
       written[c.key] = true
     end
-    if #m.deadlines > 0 then redis.call('ZADD', KEYS[3], unpack(m.deadlines)) end
+    for _, v in ipairs(m.deadlines) do deadlines[#deadlines + 1] = v end
   end
   acked[#acked + 1] = m.key
+end
+-- the batch's deadlines in one ZADD (a member named twice keeps its last score, as one ZADD
+-- per message would leave it)
+for i = 1, #deadlines, 1000 do
+  redis.call('ZADD', KEYS[3], unpack(deadlines, i, math.min(i + 999, #deadlines)))
 end
 inflight_ack(KEYS[2], acked)
 return stats_collected or {}

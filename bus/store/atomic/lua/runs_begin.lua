@@ -3,16 +3,16 @@
 -- f: the job's fields as unrunnable read them. Starts the attempt: attempt + 1 (the fencing
 -- token), status 'started' with runner/updated_at/runner_id and stats_started_ms (now_ms), the
 -- job in the running zset with its lease's expiry (now_ms + ttl_ms: the lease is its score, the
--- token its runner field), counted as started
+-- token its runner field; runs_leases: a take's starts set theirs at once), counted as started
 -- (unless counted: a runner process counts its starts in its own sums, bus/store/atomic/stats.py,
--- and hands them over with its ends), a
--- probe of its type's breaker (gate, if given) marked, a retry it was waiting for (retry_of)
--- cleared, the job no longer counted as queued for its actor's queue bound (quota_depth: its
+-- and hands them over with its ends), a probe of its type's breaker (gate, if given) marked, a
+-- retry it was waiting for (retry_of) cleared, the job no longer counted as queued for its actor's queue bound (quota_depth: its
 -- mark '0' in the same HSET).
 -- Returns the job's fields after the start (flat), from f: the hash is not read again.
 -- include: stats_jobs
 -- include: type_breaker
 -- include: quota_depth
+-- include: runs_leases
 local function begin(job, f, token, ttl_ms, now, runner_id, running, gate, now_ms, counted)
   f['attempt'] = tostring((tonumber(f['attempt']) or 0) + 1)
   f['status'], f['runner'], f['updated_at'], f['runner_id'] = 'started', token, now, runner_id
@@ -29,7 +29,7 @@ local function begin(job, f, token, ttl_ms, now, runner_id, running, gate, now_m
     redis.call('HDEL', job, 'retry_of')
     f['retry_of'] = nil
   end
-  redis.call('ZADD', running, now_ms + tonumber(ttl_ms), job)
+  lease_take(running, now_ms + tonumber(ttl_ms), job)
   if not counted then stats_add('started|' .. stats_label(f['script_type']), 1) end
   if gate ~= '' and tb_started(gate, job, now_ms) then f['breaker_probe'] = '1' end
   local out = {}

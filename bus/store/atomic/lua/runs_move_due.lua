@@ -7,9 +7,11 @@
 -- goes to the dlq instead (its bytes escaped, so the entry is JSON text) rather than failing
 -- the whole move.
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for i = 1, #due, 1000 do  -- one ZREM for what is due, not one per member
+  redis.call('ZREM', KEYS[1], unpack(due, i, math.min(i + 999, #due)))
+end
 for _, member in ipairs(due) do
   local sep = string.find(member, '|', 1, true)
-  redis.call('ZREM', KEYS[1], member)
   local pushed = sep and redis.pcall('LPUSH', string.sub(member, 1, sep - 1),
                                      string.sub(member, sep + 1))
   if (not pushed) or (type(pushed) == 'table' and pushed.err) then

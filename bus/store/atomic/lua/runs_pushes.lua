@@ -1,23 +1,43 @@
 -- Fragment: the list pushes that answer an attempt (a client's reply, a flow's event, a result
 -- message's key on msg_out): local function answers_push(list, value, ttl) pushes value on list
 -- (then EXPIRE ttl, if given: false for none). While answers_batch is a table (a batch's ends:
--- runs.ends_then_source), the pushes are collected and answers_flush makes them per list: one
--- LPUSH of all a list's values (in the order one push each would leave them) and one EXPIRE.
+-- runs.ends_then_source; a batch of results at the origin: routing_accept_results), the pushes
+-- are collected and answers_flush makes them per list: one LPUSH of all a list's values (in the
+-- order one push each would leave them) and one EXPIRE.
+-- answers_first(list, value, ttl) is a push whose failure is the caller's check of the list's
+-- type (a pcall: false, nothing written, if the list holds another type): made at once, so the
+-- list exists from then on; while batching, the list's later pushes are collected behind it
+-- and its EXPIRE waits for the flush.
 local answers_batch = false
-local function answers_push(list, value, ttl)
-  if not answers_batch then
-    redis.call('LPUSH', list, value)
-    if ttl then redis.call('EXPIRE', list, ttl) end
-    return
-  end
+local function answers_of(list)
   local b = answers_batch[list]
   if not b then
     b = {values = {}}
     answers_batch[list] = b
     answers_batch[#answers_batch + 1] = list
   end
+  return b
+end
+local function answers_push(list, value, ttl)
+  if not answers_batch then
+    redis.call('LPUSH', list, value)
+    if ttl then redis.call('EXPIRE', list, ttl) end
+    return
+  end
+  local b = answers_of(list)
   b.values[#b.values + 1] = value
   b.ttl = ttl or b.ttl
+end
+local function answers_first(list, value, ttl)
+  local pushed = redis.pcall('LPUSH', list, value)
+  if type(pushed) == 'table' and pushed['err'] then return false end
+  if not answers_batch then
+    if ttl then redis.call('EXPIRE', list, ttl) end
+  else
+    local b = answers_of(list)
+    b.ttl = ttl or b.ttl
+  end
+  return true
 end
 local function answers_flush()
   local batch = answers_batch
@@ -25,7 +45,9 @@ local function answers_flush()
   if not batch then return end
   for _, list in ipairs(batch) do
     local b = batch[list]
-    redis.call('LPUSH', list, unpack(b.values))
+    for i = 1, #b.values, 1000 do
+      redis.call('LPUSH', list, unpack(b.values, i, math.min(i + 999, #b.values)))
+    end
     if b.ttl then redis.call('EXPIRE', list, b.ttl) end
   end
 end

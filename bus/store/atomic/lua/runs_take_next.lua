@@ -5,9 +5,9 @@
 --       [count: take up to this many of what is queued now, 1 if absent] [counted: '1', the
 --       caller counts the starts in its own sums (runs_begin)]
 -- Returns {n} (nothing queued: n the in-flight list's length, which a blocking pop that
--- follows compares with its own: node/worker/loop.py), {key} (a final job's duplicate entry,
--- dropped), {key, reason} (an entry no runner can start: dropped, for the caller to
--- dead-letter), {'', 'breaker_open:<ms>'} (the breaker of script_type lets no job start for
+-- follows compares with its own: node/worker/loop.py; no LLEN when a batch's ends just read
+-- it, runs_inflight), {key} (a final job's duplicate entry, dropped), {key, reason} (an entry
+-- no runner can start: dropped, for the caller to dead-letter), {'', 'breaker_open:<ms>'} (the breaker of script_type lets no job start for
 -- that long: nothing taken) or {key, fields...}; with a count above 1, what was taken as
 -- {'*', entry, ...}, each entry one of {key}, {key, reason}, {key, fields...}.
 -- Atomic effect: up to count entries (1 while the type's breaker is open or half-open: its
@@ -15,9 +15,11 @@
 -- off it again when dropped); a started job is as after runs_start, its token
 -- '<token_base>:<key>', its lease its score in the running zset. Only what is queued is taken:
 -- nothing waits for a batch to fill. The batch's entries are pushed on the in-flight list in
--- one command, and the places its starts free in the queue bounds written once (quota_depth).
+-- one command, their leases in one ZADD (runs_leases), and the places its starts free in the
+-- queue bounds written once (quota_depth).
 -- include: runs_unrunnable
 -- include: runs_begin
+-- include: runs_inflight
 local gate, now_ms = ARGV[5] or '', false
 local count = tonumber(ARGV[6] or '1') or 1
 local counted = ARGV[7] == '1'
@@ -38,7 +40,7 @@ if count > 1 then
   lists[#lists + 1] = count
 end
 local got = redis.call('LMPOP', unpack(lists))
-if not got then return {redis.call('LLEN', KEYS[1])} end
+if not got then return {inflight_len(KEYS[1])} end
 -- what was taken is in flight at once (one LPUSH for the batch), until it is started or dropped
 redis.call('LPUSH', KEYS[1], unpack(got[2]))
 local function take(nxt)
@@ -60,6 +62,8 @@ end
 if count == 1 then return quota_leave_all(function() return take(got[2][1]) end) end
 return quota_leave_all(function()
   local taken = {'*'}
+  leases_collect()
   for _, nxt in ipairs(got[2]) do taken[#taken + 1] = take(nxt) end
+  leases_flush()
   return taken
 end)

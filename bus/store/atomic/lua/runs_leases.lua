@@ -1,0 +1,51 @@
+-- Fragment: the running zset's side of starting and ending attempts (an attempt's lease is its
+-- job's score there, when it lapses: runs.py). local function lease_take(running, due_ms, job)
+-- sets the job's lease (one ZADD), lease_drop(running, job) takes it off (one ZREM).
+-- After leases_collect(), until leases_flush(), they are collected instead, and the flush
+-- writes them per zset at once: one ZREM of every lease dropped, then one ZADD of every lease
+-- taken, in order (a job started twice keeps its last lease, as one ZADD each would leave it).
+-- A batch is a take's starts (runs_take_next) or a batch's ends (runs.ends_then_source), each
+-- flushed before the script goes on: nothing in between reads the zset.
+local leases_batch = false
+local function leases_of(running)
+  local b = leases_batch[running]
+  if not b then
+    b = {add = {}, drop = {}}
+    leases_batch[running] = b
+    leases_batch[#leases_batch + 1] = running
+  end
+  return b
+end
+local function lease_take(running, due_ms, job)
+  if not leases_batch then
+    redis.call('ZADD', running, due_ms, job)
+    return
+  end
+  local add = leases_of(running).add
+  add[#add + 1], add[#add + 2] = due_ms, job
+end
+local function lease_drop(running, job)
+  if not leases_batch then
+    redis.call('ZREM', running, job)
+    return
+  end
+  local drop = leases_of(running).drop
+  drop[#drop + 1] = job
+end
+local function leases_collect()
+  leases_batch = {}
+end
+local function leases_flush()
+  local batch = leases_batch
+  leases_batch = false
+  if not batch then return end
+  for _, running in ipairs(batch) do
+    local b = batch[running]
+    for i = 1, #b.drop, 1000 do
+      redis.call('ZREM', running, unpack(b.drop, i, math.min(i + 999, #b.drop)))
+    end
+    for i = 1, #b.add, 1000 do
+      redis.call('ZADD', running, unpack(b.add, i, math.min(i + 999, #b.add)))
+    end
+  end
+end
