@@ -21,6 +21,7 @@ from bench import commands, workload
 from bench.harness import (
     ACTOR_ID,
     CONTEXT_ID,
+    RUNNERS,
     BenchNode,
     Procs,
     Row,
@@ -114,9 +115,10 @@ class Env:
     calibrated_rate: float = 0.0  # local jobs/s seen by the first calibration
 
     async def get_pair(self) -> tuple[BenchNode, BenchNode]:
-        """Nodes A and B (python=4, sh=1, embedded Valkey), wired, warmed up both ways."""
+        """Nodes A and B (:data:`~bench.harness.RUNNERS`, embedded Valkey), wired, warmed up both
+        ways."""
         if self.pair is None:
-            runners = {"python": 4, "sh": 1}
+            runners = RUNNERS
             a = await self.procs.start_node(
                 self.nursery, "a", make_home(self.base / "a", "a", runners, actor_id=1)
             )
@@ -807,7 +809,7 @@ class Backlogs:
             self.home = make_home(
                 self.env.base / "backlog",
                 "backlog",
-                {"python": 4, "sh": 1},
+                RUNNERS,
                 redis_url="redis://127.0.0.1:1",  # replaced per run (config.toml rewritten)
             )
         node_id = node_key(self.home).public_hex

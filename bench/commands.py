@@ -32,6 +32,7 @@ import redis
 import trio
 
 from bench.harness import (
+    RUNNERS,
     BenchNode,
     Procs,
     Row,
@@ -231,7 +232,8 @@ class TcpPair:
 async def start_tcp_pair(
     procs: Procs, nursery: trio.Nursery, base: Path, actor: KeyPair
 ) -> TcpPair:
-    """Nodes A and B (python=4, sh=1), each on its own TCP valkey-server, wired, warmed up."""
+    """Nodes A and B (bench/harness.py ``RUNNERS``), each on its own TCP valkey-server, wired,
+    warmed up."""
     servers, nodes = [], []
     for name, actor_id in (("a", 1), ("b", 2)):
         server = procs.start_valkey(base / f"cmd-valkey-{name}", persist=True)
@@ -239,7 +241,7 @@ async def start_tcp_pair(
         home = make_home(
             base / f"cmd-{name}",
             f"cmd{name}",
-            {"python": 4, "sh": 1},
+            RUNNERS,
             redis_url=server.url,
             actor_id=actor_id,
         )

@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 
 from bus.client.api import Client  # noqa: E402
 from crypto import KeyPair, read_key_file  # noqa: E402
+from node.config import DEFAULT_RUNNERS  # noqa: E402
 from node.host.home import init_home  # noqa: E402
 from node.host.launch import Ready, drain, start_node_process, wire_mesh  # noqa: E402
 from node.host.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
@@ -152,6 +153,11 @@ class BenchNode:
     @property
     def pid(self) -> int:
         return int(self.proc.pid)
+
+
+# The nodes' slots: python as a node's default has them (one per core, node/config), so the
+# figures are those of a node as `hero-node init` sets it up on this machine; sh, unused, one.
+RUNNERS = {"python": DEFAULT_RUNNERS["python"], "sh": 1}
 
 
 def make_home(

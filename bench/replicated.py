@@ -33,7 +33,16 @@ import trio
 
 from bench import workload
 from bench.cases import RESULT_TIMEOUT_S, Env, Throughput, bench_client, roundtrips, run_throughput
-from bench.harness import ACTOR_ID, CONTEXT_ID, BenchNode, Row, percentile, wait_served, wire
+from bench.harness import (
+    ACTOR_ID,
+    CONTEXT_ID,
+    RUNNERS,
+    BenchNode,
+    Row,
+    percentile,
+    wait_served,
+    wire,
+)
 from bus.client.api import Client
 from node.config.store import StoreConfig
 from node.host.acl import ensure_secrets
@@ -41,7 +50,6 @@ from node.host.home import init_home
 from node.host.replicated import SENTINEL, SET_ROLES, ReplicatedSet
 
 CASE = "9 replicated"
-RUNNERS = {"python": 4, "sh": 1}
 LABELS = ("unix", "tcp", "repl-nowait", "repl")
 
 

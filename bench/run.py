@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import cases, peers  # noqa: E402
-from bench.harness import Procs, Row, render_table  # noqa: E402
+from bench.harness import RUNNERS, Procs, Row, render_table  # noqa: E402
 from bench.replicated import case_replicated  # noqa: E402
 from bench.tracing_cost import case_tracing  # noqa: E402
 from node.host.valkey import free_port  # noqa: E402
@@ -216,6 +216,7 @@ def main() -> int:
         "quick": args.quick,
         "machine": {
             "cpus": os.cpu_count(),
+            "python_slots": RUNNERS["python"],
             "python": platform.python_version(),
             "platform": platform.platform(),
         },

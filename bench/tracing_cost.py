@@ -29,7 +29,7 @@ from dataclasses import replace
 import trio
 
 from bench.cases import Env, bench_client, roundtrips, run_throughput
-from bench.harness import BenchNode, Row, wait_served, wire
+from bench.harness import RUNNERS, BenchNode, Row, wait_served, wire
 from bench.otlp import Kept, Sink
 from bus.core import spans
 from node.config import load_config, render_config
@@ -37,7 +37,6 @@ from node.config.tracing import TracingConfig
 from node.host.home import init_home
 
 CASE = "10 tracing"
-RUNNERS = {"python": 4, "sh": 1}
 OFF, ON = "off", "on 1.0"
 RATIOS = {OFF: 0.0, ON: 1.0, "on 0.1": 0.1}  # label -> sampling ratio (0: tracing off)
 OFF_CALLS = 200_000  # off-path span calls timed for the per-call cost

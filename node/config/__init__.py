@@ -31,7 +31,23 @@ from node.sandbox.limits import LimitsError, parse_limits
 from node.sandbox.plan import MODES
 from node.sandbox.settings import SandboxSettingsError, parse_sandbox
 
-DEFAULT_RUNNERS = {"python": 4, "sh": 2}
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+# A python slot is a warm interpreter running job code: CPU-bound work, as many at once as the
+# node has cores (at most 8), as Celery's and Dramatiq's process counts default. More slots than
+# cores keep no more jobs running; they split a stream of jobs into lone ones, each a wake-up of
+# a runner and its sandbox where a batch would take several: on 2 cores, 4 slots cost ~14 % more
+# CPU per job than 2 (bench/HISTORY.md#slots-per-core). Jobs that mostly wait (network, sleep)
+# want more: ``[runners] python = N``.
+MAX_DEFAULT_PYTHON_SLOTS = 8
+DEFAULT_RUNNERS = {"python": min(cores(), MAX_DEFAULT_PYTHON_SLOTS), "sh": 2}
 
 
 def default_home() -> Path:
@@ -429,7 +445,8 @@ _HELP = {
     'new dead letter,\nthe entry as JSON on its stdin (with its "db"); killed after '
     "on_dead_letter_timeout_s;\nits failure is logged and counted (dlq_hook_failed)",
     "runners": "concurrency of the runners per context, by script type (python and sh are built "
-    "in;\nother types need a command below)",
+    "in;\nother types need a command below). python defaults to one slot per core (at most 8):"
+    "\njobs that mostly wait (network, sleep) want more",
     "commands": "commands of other script types: a non-empty list of strings; placeholders "
     "{script_file}\n(the script in a 0600 temp file, removed after the job; else the script is "
     'on stdin),\n{job_id}, {caller_id}, {context_id}, {script_type}. Example:\n  v = ["v", '

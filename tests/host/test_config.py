@@ -1,6 +1,9 @@
 """config.toml: what ``hero-node init`` writes loads back as the same NodeConfig, whatever the
 values, and a wrong setting is refused with a ConfigError that names it."""
 
+import os
+import subprocess
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -77,6 +80,28 @@ def test_init_writes_a_config_that_loads_back(tmp_path: Path) -> None:
     cfg = init_home(tmp_path / "n", name='quo"te \\ é', runners={"python": 3}, grace_s=2.5)
     assert load_config(cfg.home) == cfg
     assert cfg.name == 'quo"te \\ é'
+
+
+def test_init_gives_python_one_slot_per_core_it_may_run_on(tmp_path: Path) -> None:
+    """More python slots than cores run no more jobs at once and split a stream of jobs into
+    lone ones (bench/HISTORY.md#slots-per-core): a node's default is one per core, counted
+    from the CPUs the process may use, in a process held to one CPU and in this one."""
+    code = (
+        "import os, sys\nfrom pathlib import Path\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "from node.host.home import init_home\n"
+        "print(init_home(Path(sys.argv[1])).runners['python'])\n"
+    )
+    one = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert one.stdout.strip() == "1"
+    assert load_config(tmp_path / "one").runners["python"] == 1  # written, not implied
+    here = init_home(tmp_path / "here").runners["python"]
+    assert here == min(len(os.sched_getaffinity(0)), 8)
 
 
 def _write(home: Path, text: str) -> None:
