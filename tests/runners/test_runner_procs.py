@@ -371,7 +371,8 @@ async def test_sigterm_stops_every_runner_process_and_leaves_nothing(tmp_path):
     try:
         await node.start()
         run_dir = node.config.run_dir
-        assert len(runner_processes_of(run_dir)) == 6  # python 4 + sh 2, context 1
+        # a process per slot of context 1 (python: one per core, node/config; sh 2)
+        assert len(runner_processes_of(run_dir)) == sum(node.config.runners.values())
         script = announcing(node.redis_url, "run:s", "import time\ntime.sleep(1)\nprint('done')")
         actor = read_key_file(node.config.actor_key_path)
         async with open_client(node.redis_url) as client:
