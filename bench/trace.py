@@ -78,8 +78,8 @@ HOPS = (
     ("supervisor: parse, admit, route", "inflight:supervisor queue:"),
     ("materialise script (Valkey)", "lua LREM inflight:supervisor"),
     ("runner wakes, start script sent", "inflight:runner"),
-    ("start script (Valkey)", "lua stats:jobs"),
-    ("runner: ready, sandbox round trip, outcome, plan", "lease:job"),
+    ("start script (Valkey)", "lua ZADD running"),
+    ("runner: ready, sandbox round trip, outcome, plan", "attempts:job"),
     ("end script up to the reply's push (Valkey)", "lua inbox:"),
     ("client wakes, reads the reply", ""),
 )

@@ -24,6 +24,8 @@ stamp.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import hmac
 from collections.abc import Mapping
 
@@ -76,8 +78,18 @@ def mac_input(ctx: int, job_key: str, fields: Mapping[str, str]) -> bytes:
 
 def stamp(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:
     """The stamp (hex) of job ``job_key`` with ``fields`` in context DB ``ctx``."""
-    # the one-shot digest: an HMAC object costs the runner ~5 us more per job to set up
-    return hmac.digest(key, mac_input(ctx, job_key, fields), "sha256").hex()
+    mac = _keyed(key).copy()
+    mac.update(mac_input(ctx, job_key, fields))
+    return mac.hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _keyed(key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 with ``key`` set up, copied per stamp (a process holds one key). The
+    one-shot ``hmac.digest`` fetches the digest from OpenSSL by name and sets the key up on
+    every call: a lone job's stamp, in a process woken with cold caches, took ~43 us so and
+    ~20 as a copy, paid by the node and again by the runner (bench/HISTORY.md#lone-job-2)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def problem(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:

@@ -3,6 +3,8 @@ PROTOCOL.md "Admission proof" names, whatever the text in the covered fields."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 
 import pytest
@@ -30,6 +32,16 @@ def _canonical(ctx: int, job_key: str, fields: dict[str, str]) -> bytes:
 @given(st.integers(0, 2**31), TEXT, FIELDS)
 def test_the_stamped_bytes_are_the_canonical_json(ctx: int, job_key: str, fields: dict) -> None:
     assert admitted.mac_input(ctx, job_key, fields) == _canonical(ctx, job_key, fields)
+
+
+@given(st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=6), FIELDS)
+def test_the_stamp_is_the_hmac_of_those_bytes_under_each_key(
+    keys: list[bytes], fields: dict
+) -> None:
+    # keys in turn and back (more than the keyed objects kept): none stamps under another
+    for key in keys + keys[::-1]:
+        expected = hmac.new(key, _canonical(1, "job:1:1", fields), hashlib.sha256).hexdigest()
+        assert admitted.stamp(key, 1, "job:1:1", fields) == expected
 
 
 def test_a_field_that_is_not_utf8_text_has_no_stamp() -> None:
