@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -17,6 +17,7 @@ from bus.core.verify import Freshness
 from bus.store import registry
 from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import Store
+from bus.store.serve import Known
 from bus.wire.breakers import PeerBreakers
 from bus.wire.outbox import PeerOutbox
 from bus.wire.transport import Transport
@@ -364,6 +365,8 @@ class Inbound:
 
     waiting: dict[str, int] = field(default_factory=dict)
     _taken: trio.Event = field(default_factory=trio.Event)
+    # by context: the hashes of the messages this process pushed on msg_in (links, supervisor)
+    known: defaultdict[int, Known] = field(default_factory=lambda: defaultdict(Known))
 
     def delivered(self, peer: str, n: int) -> None:
         """``n`` more (or, negative, fewer) of ``peer``'s messages wait. A link counts a group

@@ -420,16 +420,28 @@ class Store:
         await self.refuse_entry(db, inflight, value, Reason.NOT_UTF8, detail, queue=queue)
         return None
 
-    async def pop_batch(self, db: int, source: str, inflight: str, limit: int) -> list[str]:
+    async def pop_batch(
+        self, db: int, source: str, inflight: str, limit: int, *, registry: bool = False
+    ) -> list[str]:
         """Move up to ``limit`` entries already queued on ``source`` to ``inflight`` (one round
-        trip; the batching partner of a blocking :meth:`pop_wait`)."""
+        trip; the batching partner of a blocking :meth:`pop_wait`). ``registry`` as
+        :meth:`pop_read_batch`'s."""
         if limit <= 0:
             return []
-        moved = await queues.pop_batch(self, db, source, inflight, limit, read=False)
+        call = queues.pop_call(source, inflight, limit, read=False, registry=registry)
+        moved, version = queues.popped_and_version(await self.script(db, *call), registry=registry)
+        self._saw_registry(moved, version)
         return await self._texts(db, inflight, moved, source)
 
     async def pop_wait(
-        self, db: int, source: str, inflight: str, limit: int, timeout_s: float
+        self,
+        db: int,
+        source: str,
+        inflight: str,
+        limit: int,
+        timeout_s: float,
+        *,
+        registry: bool = False,
     ) -> list[str]:
         """A blocking pop of up to ``timeout_s`` on ``source`` (moving the entry to
         ``inflight``) that takes, in the same round trip, up to ``limit`` - 1 entries queued
@@ -437,11 +449,35 @@ class Store:
         An entry that is not UTF-8 is dead-lettered (no key of this bus is such).
 
         The entries stay in ``inflight`` until :meth:`ack` removes them, so a crash between
-        pop and ack leaves them recoverable by :meth:`recover`."""
-        call = queues.pop_call(source, inflight, limit - 1, read=False)
-        first, rest = await self._block_then(db, source, inflight, timeout_s, call)
-        moved = ([] if first is None else [first]) + list(rest)
+        pop and ack leaves them recoverable by :meth:`recover`. ``registry`` as
+        :meth:`pop_read_batch`'s."""
+        call = queues.pop_call(source, inflight, limit - 1, read=False, registry=registry)
+        first, reply = await self._block_then(db, source, inflight, timeout_s, call)
+        rest, version = queues.popped_and_version(reply, registry=registry)
+        moved = ([] if first is None else [first]) + rest
+        self._saw_registry(moved, version)
         return await self._texts(db, inflight, moved, source)
+
+    def _saw_registry(self, popped: list[Any], version: str | None) -> None:
+        """Keep the registry's version a pop's script read after popping entries that will be
+        admitted (:attr:`registry_seen`); a pop that took nothing leaves the last one."""
+        if popped and version is not None:
+            self.registry_seen = version
+
+    async def read_popped(
+        self, db: int, source: str, inflight: str, popped: list[str], have: Mapping[str, Hash]
+    ) -> list[tuple[str, Hash]]:
+        """Popped entries with the hash each names: from ``have`` when the caller holds it
+        (written by its own process with the entry's push, unchanged since), the others read
+        in one round trip; one whose key holds no hash refused (:meth:`_read_entries`)."""
+        missing = [v for v in popped if v not in have]
+        read: dict[str, Any] = {}
+        if missing:
+            read = dict(zip(missing, await queues.read_hashes(self, db, missing), strict=True))
+        raw: list[Any] = []
+        for v in popped:
+            raw += [v, have[v] if v in have else read[v]]
+        return await self._read_entries(db, source, inflight, raw, None)
 
     async def _texts(self, db: int, inflight: str, moved: list[Any], queue: str) -> list[str]:
         """The popped entries as text, those that are not UTF-8 refused (:meth:`utf8_entry`)."""
@@ -488,8 +524,7 @@ class Store:
     ) -> list[tuple[str, Hash]]:
         """Popped entries and their hashes (flat: entry, hash, ...) as pairs; an entry that is
         not UTF-8, or whose key holds no hash, refused (:meth:`refuse_entry`)."""
-        if raw and version is not None:
-            self.registry_seen = version
+        self._saw_registry(raw, version)
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
             if await self.utf8_entry(db, inflight, value, source) is None:

@@ -9,7 +9,9 @@ loop, a public wrapper that reports ``started`` when the service is really ready
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, NoReturn, TypeVar
 
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 BATCH = 64  # entries taken (and their hashes read) per round trip
 POP_TIMEOUT_S = 5.0  # the blocking pop's bound: an idle queue costs one command per bound
+# hashes a queue's writers in this process hand its pop (Known), kept at most this many: more
+# (a consumer far behind) are read back as any other entry's
+MAX_KNOWN = 1024
 
 T = TypeVar("T")
 
@@ -33,6 +38,63 @@ class Done(Enum):
 
     ACK = "ack"  # handled: serve_queue acknowledges it
     ACKED = "acked"  # handled and acknowledged by the handler's own (atomic) write
+
+
+class Known:
+    """The hashes this process wrote itself for entries it pushed on a queue, by entry: the pop
+    that moves one takes its fields from here, not from Valkey (an ``HGETALL`` less per entry:
+    a message's read-back). A writer remembers a hash only if its push and that hash's write
+    are one atomic step and nothing writes the hash before the entry is popped; a restart
+    forgets them all, and the entries are read back.
+
+    A writer that cannot tell before its write whether it will store the hash (a delivery
+    finds the key there already) announces the entries (:meth:`storing`) and then settles them
+    (:meth:`stored`): a pop that moved an announced entry waits for that (its reply may come
+    first), so what it takes is what was stored, never a guess."""
+
+    def __init__(self, most: int = MAX_KNOWN) -> None:
+        self.most = most
+        self._fields: OrderedDict[str, Hash | None] = OrderedDict()  # None: being stored
+        self._settled = trio.Event()
+
+    def remember(self, entry: str, fields: Hash) -> None:
+        """``entry``'s hash is ``fields`` (stored and pushed, or about to be, in one step)."""
+        self._fields[entry] = fields
+        self._fields.move_to_end(entry)
+        while len(self._fields) > self.most:
+            self._fields.popitem(last=False)
+
+    def storing(self, entries: Iterable[tuple[str, Hash]]) -> list[str]:
+        """Announce entries about to be stored with their hashes; those not known already are
+        returned, for :meth:`stored` (a known one keeps its hash: the first store stands)."""
+        new = [entry for entry, _ in entries if entry not in self._fields]
+        for entry in new:
+            self._fields[entry] = None
+        return new
+
+    def stored(self, announced: list[str], fields: dict[str, Hash]) -> None:
+        """Settle ``announced`` (:meth:`storing`): each stored with the hash ``fields`` gives,
+        the others (found there already, or the write failed) forgotten."""
+        for entry in announced:
+            hashed = fields.get(entry)
+            if hashed is None:
+                self._fields.pop(entry, None)
+            elif entry in self._fields:
+                self.remember(entry, hashed)
+        self._settled.set()
+        self._settled = trio.Event()
+
+    async def take(self, entries: list[str]) -> dict[str, Hash]:
+        """The hashes known of ``entries`` (just popped), forgotten here; waits while one is
+        being stored."""
+        while any(e in self._fields and self._fields[e] is None for e in entries):
+            await self._settled.wait()
+        out: dict[str, Hash] = {}
+        for entry in entries:
+            hashed = self._fields.pop(entry, None)
+            if hashed is not None:
+                out[entry] = hashed
+        return out
 
 
 @dataclass(frozen=True)
@@ -54,6 +116,9 @@ class Queue:
     # (an old primary that woke took them, then was demoted): recovered then, as at start.
     # False for a queue whose entries stay in flight past their pop (acknowledged later).
     recover_after_failover: bool = True
+    # (with ``read``) the hashes this process's writers pushed entries with: the pop reads
+    # only the others (Known)
+    known: Known | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -189,6 +254,9 @@ async def pop_entries(
 async def _queued(store: Store, queue: Queue) -> list[Popped]:
     """Up to BATCH entries ``queue`` holds already (with their hashes if it reads them)."""
     db, source, inflight = queue.db, queue.source, queue.inflight
+    if queue.read and queue.known is not None:
+        values = await store.pop_batch(db, source, inflight, BATCH, registry=queue.registry)
+        return await _with_hashes(store, queue, values)
     if queue.read:
         read = await store.pop_read_batch(db, source, inflight, BATCH, registry=queue.registry)
         return [Popped(value, fields) for value, fields in read]
@@ -199,9 +267,24 @@ async def _waited(store: Store, queue: Queue) -> list[Popped]:
     """A blocking pop of up to ``queue.timeout_s`` and, in the same round trip, up to BATCH - 1
     entries queued after its entry (with their hashes if it reads them)."""
     db, source, inflight, timeout_s = queue.db, queue.source, queue.inflight, queue.timeout_s
+    if queue.read and queue.known is not None:
+        values = await store.pop_wait(
+            db, source, inflight, BATCH, timeout_s, registry=queue.registry
+        )
+        return await _with_hashes(store, queue, values)
     if queue.read:
         read = await store.pop_read_wait(
             db, source, inflight, BATCH, timeout_s, registry=queue.registry
         )
         return [Popped(value, fields) for value, fields in read]
     return [Popped(v, {}) for v in await store.pop_wait(db, source, inflight, BATCH, timeout_s)]
+
+
+async def _with_hashes(store: Store, queue: Queue, values: list[str]) -> list[Popped]:
+    """Popped ``values`` with their hashes: those ``queue.known`` holds from it, the others
+    read (one round trip, none when it holds them all)."""
+    if not values:
+        return []
+    have = await queue.known.take(values) if queue.known is not None else {}
+    read = await store.read_popped(queue.db, queue.source, queue.inflight, values, have)
+    return [Popped(value, fields) for value, fields in read]

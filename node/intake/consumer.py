@@ -53,7 +53,8 @@ async def run_consumer(
 ) -> NoReturn:
     """Process context ``ctx``'s incoming messages until cancelled; reports started after
     recovery. Raises StoreError if Valkey fails (see bus/store/serve.py)."""
-    queue = Queue(ctx, keys.MSG_IN, keys.inflight(SERVICE), registry=True)
+    known = node.pressure.inbound.known[ctx]  # what links and the supervisor pushed
+    queue = Queue(ctx, keys.MSG_IN, keys.inflight(SERVICE), registry=True, known=known)
     await serve_queue(node.store, queue, Consumer(node, ctx, script_types), task_status=task_status)
 
 

@@ -215,8 +215,11 @@ async def route_many(
     result in the copy) and arms its ack and result deadlines. The peer's outbox is handed the
     hashes just read with the entries (PeerOutbox.remember)."""
     by_peer: dict[str, list[str]] = {}
+    known = node.pressure.inbound.known[ctx]  # the consumer's pop takes them from here
     for m in messages:
-        if m.destination != node.identity.node_id:
+        if m.destination == node.identity.node_id and m.key in hashes:
+            known.remember(m.key, hashes[m.key])
+        elif m.destination != node.identity.node_id:
             value = outbox.entry(ctx, m.key)
             by_peer.setdefault(m.destination, []).append(value)
             box = node.peers.outboxes.get(m.destination)

@@ -16,7 +16,7 @@ from typing import Any
 from bus.core import keys, spans
 from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
-from bus.core.models import MessageStatus
+from bus.core.models import Hash, MessageStatus
 from bus.core.reasons import Reason
 from bus.core.tracecontext import message_trace
 from bus.store import lists, records, registry
@@ -144,11 +144,18 @@ class LinkHandler:
         it is queued (the consumer may pop it at once), then less what was stored already."""
         inbound = self.node.pressure.inbound
         inbound.delivered(peer, len(group))
+        # the consumer takes what is stored here from memory, not by reading it back: it may
+        # pop an entry before this task sees the reply, so the entries are announced first
+        known = inbound.known[ctx]
+        announced, kept = known.storing(group), dict[str, Hash]()
         try:
             stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
+            kept = {key: fields for (key, fields), new in zip(group, stored, strict=True) if new}
         except BaseException:
             inbound.delivered(peer, -len(group))
             raise
+        finally:
+            known.stored(announced, kept)
         inbound.delivered(peer, sum(stored) - len(group))
         return stored
 
