@@ -33,6 +33,13 @@ class Rig:
     ready: Ready  # the node's id and websocket URL (and console URL, if it serves one)
     log: Path  # the node's stderr
 
+    def work(self, ctx: int = 1) -> Path:
+        """Context ``ctx``'s work dir as the node and its sandboxes see it, while the node
+        runs: with a disk quota it is an image mounted in the node's own mount namespace
+        (node/sandbox/disk.py), and ``home/work/<ctx>`` seen from here is the empty dir under
+        that mount."""
+        return Path(f"/proc/{self.node.pid}/root") / self.home.relative_to("/") / "work" / str(ctx)
+
 
 @asynccontextmanager
 async def replicated_node(

@@ -118,7 +118,7 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
     # jobs run sandboxed: each appends to ran.txt in context 1's work dir, the one place it
     # may write (docs/security/sandbox.md)
     async with replicated_node(tmp_path) as rig:
-        out = rig.home / "work" / "1" / "ran.txt"
+        out = rig.work() / "ran.txt"
         counted = await _flow(rig, out, fault)
         async with open_client(rig.node_url) as node:
             after = await node.store.topology()
@@ -135,6 +135,7 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
     assert counted["acknowledged"] >= N_JOBS // 2
     for name in ("lost", "stuck", "completed_twice", "told_failed_but_ran"):
         assert counted[name] == 0, counted
+    assert counted["finished_unseen"] == 0, counted  # the run counts read the jobs' file
     assert counted["writes_resumed_s"] >= 0  # writes were confirmed again after the fault
     if fault == "sigkill-gone":  # ... without the dead server: counted out, shown down
         assert not rig.servers.child(rig.servers.data_ports[0]).running
@@ -268,6 +269,10 @@ async def _counts(
         "told_failed_but_ran": sum(
             1 for f, t in zip(finals, tags, strict=True) if f == "error" and ran[t]
         ),
+        # finished, yet its tag not in ``out``: the counts above would be blind
+        "finished_unseen": sum(
+            1 for f, t in zip(finals, tags, strict=True) if f == "finished" and not ran[t]
+        ),
     }
 
 
@@ -292,7 +297,7 @@ async def test_a_primary_woken_inside_the_failover_window_breaks_no_promise(tmp_
     be final. The woken old primary is made a replica by the node as soon as it answers,
     not by the Sentinels 8 s later; the time until writes are confirmed again is printed."""
     async with replicated_node(tmp_path) as rig:
-        out = rig.home / "work" / "1" / "ran.txt"
+        out = rig.work() / "ran.txt"
         actor = read_key_file(rig.home / "actor.key")
         acked: list[Message] = []
         refused: list[str] = []
