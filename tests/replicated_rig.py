@@ -33,6 +33,20 @@ class Rig:
     ready: Ready  # the node's id and websocket URL (and console URL, if it serves one)
     log: Path  # the node's stderr
 
+    def work(self, ctx: int = 1) -> Path:
+        """Context ``ctx``'s work dir as the node and its sandboxes see it, while the node
+        runs: with a disk quota it is an image mounted in the node's own mount namespace
+        (node/sandbox/disk.py), and ``home/work/<ctx>`` seen from here is the empty dir under
+        that mount. The plain path where the node's view is closed to this user (a node that
+        is not dumpable, a test not run as root: no quota mount then either)."""
+        plain = self.home / "work" / str(ctx)
+        home = Path(f"/proc/{self.node.pid}/root") / self.home.relative_to("/")
+        try:
+            home.stat()  # the work dir itself may not be made yet
+        except OSError:
+            return plain
+        return home / "work" / str(ctx)
+
 
 @asynccontextmanager
 async def replicated_node(

@@ -137,6 +137,8 @@ class SlotLoop:
                     batch, taken = taken, []
                     for _ in batch:
                         self.reports.took()
+                    if len(batch) > 1:  # what shows that batches form (hero-node status)
+                        self.reports.count("batch_takes")
                     if len(batch) == 1:
                         taken = self.run_job(batch[0][0], batch[0][1], nxt)
                     else:

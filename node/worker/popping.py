@@ -39,9 +39,10 @@ def batch_size(spec: RunnerSpec) -> int:
     if not warm:
         return 1
     if durability(spec.url) is not None:
-        # a replicated store: one job per take. A failover round of tests/host/test_failover.py
-        # once left a whole batch (16 acknowledged jobs) neither run nor ended; until a batch's
-        # start and recovery across a failover are tested, batches stay on the single store
+        # a replicated store: one job per take. With batches on, the failover window test ran
+        # a whole take (16 jobs) twice: its WAITAOF confirmed it on a primary woken inside the
+        # failover window, whose last replica the resync then erased (bench/HISTORY.md
+        # #replicated-batches); batches wait until that confirmation refuses in the window
         return 1
     return max(1, min(spec.batch_jobs, MAX_BATCH_JOBS))
 
