@@ -43,7 +43,7 @@ def cores() -> int:
 # A python slot is a warm interpreter running job code: CPU-bound work, as many at once as the
 # node has cores (at most 8), as Celery's and Dramatiq's process counts default. More slots than
 # cores keep no more jobs running; they split a stream of jobs into lone ones, each a wake-up of
-# a runner and its sandbox where a batch would take several: on 2 cores, 4 slots cost ~14 % more
+# a runner and its sandbox where a batch would take several: on 2 cores, 4 slots cost ~16 % more
 # CPU per job than 2 (bench/HISTORY.md#slots-per-core). Jobs that mostly wait (network, sleep)
 # want more: ``[runners] python = N``.
 MAX_DEFAULT_PYTHON_SLOTS = 8
