@@ -164,5 +164,7 @@ async def test_a_traced_runner_reads_no_message_hash_per_job(tmp_path: Path, mon
     finally:
         await traced.close()
         await plain.close()
-    # one read of the message per job would add n; a periodic read of the node's may add one
-    assert abs(calls["t"] - calls["p"]) < n // 2, calls
+    # one read of the message per job would add n on the traced node; how the jobs fall into
+    # takes and pops moves either count by a few (28 against 34 seen, the traced one lower):
+    # only more reads on the traced node are the fault
+    assert calls["t"] - calls["p"] < n // 2, calls
