@@ -47,15 +47,16 @@ async def test_pop_batch_moves_oldest_first_and_reads_each_hash(store: Store) ->
     await store.hset(CTX, "job:1:1", {"a": "1"})
     await store.call(CTX, lambda r: r.set("job:1:2", "a string"))
     await store.lpush(CTX, "src", "job:1:1", "job:1:2", "job:1:3", "job:1:4")
-    raw = await queues.pop_batch(store, CTX, "src", "fly", 3, read=True)
+    raw, version = await queues.pop_batch(store, CTX, "src", "fly", 3, read=True)
+    assert version is None  # not asked for (registry=False)
     assert raw[0::2] == ["job:1:1", "job:1:2", "job:1:3"]
     assert raw[1] in (["a", "1"], {"a": "1"})
     assert raw[3] == "string"
     assert not raw[5]
     assert await store.lrange(CTX, "src") == ["job:1:4"]
     assert await store.lrange(CTX, "fly") == ["job:1:3", "job:1:2", "job:1:1"]
-    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == ["job:1:4"]
-    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == []
+    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == (["job:1:4"], None)
+    assert await queues.pop_batch(store, CTX, "src", "fly", 5, read=False) == ([], None)
 
 
 async def test_read_hash_and_read_hashes_name_the_wrong_type(store: Store) -> None:
