@@ -10,6 +10,7 @@
 -- of every key finds that none is there in the common case. One script for the frame: every
 -- message it found was written before anything it writes, so one WAITAOF after it covers the
 -- frame whenever it stored one (bus/store/durable.py).
+-- include: call_chunked
 -- one EXISTS of every message key: none there (the common case: a first delivery), no EXISTS
 -- per message; a copy of a message stored earlier in this frame is found in stored
 local any = false
@@ -34,7 +35,5 @@ for i = 2, #KEYS do
   end
   a = a + 1 + n
 end
-for i = 1, #new, 1000 do
-  redis.call('LPUSH', KEYS[1], unpack(new, i, math.min(i + 999, #new)))
-end
+call_chunked('LPUSH', KEYS[1], new)
 return out

@@ -29,6 +29,7 @@
 -- include: quota_depth
 -- include: replay_markers
 -- include: inflight_ack
+-- include: call_chunked
 local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local actor_bound, context_bound = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
@@ -146,10 +147,7 @@ for i, m in ipairs(batch) do
 end
 local depth_of = {}  -- a queue's length as its LPUSH said: no LLEN of it after
 for _, q in ipairs(queue_order) do
-  local entries = queued[q]
-  for i = 1, #entries, 1000 do
-    depth_of[q] = redis.call('LPUSH', q, unpack(entries, i, math.min(i + 999, #entries)))
-  end
+  depth_of[q] = call_chunked('LPUSH', q, queued[q])
 end
 quota_flush()
 replay_mark(markers, ARGV[3])

@@ -6,6 +6,7 @@
 -- taken, in order (a job started twice keeps its last lease, as one ZADD each would leave it).
 -- A batch is a take's starts (runs_take_next) or a batch's ends (runs.ends_then_source), each
 -- flushed before the script goes on: nothing in between reads the zset.
+-- include: call_chunked
 local leases_batch = false
 local function leases_of(running)
   local b = leases_batch[running]
@@ -41,11 +42,7 @@ local function leases_flush()
   if not batch then return end
   for _, running in ipairs(batch) do
     local b = batch[running]
-    for i = 1, #b.drop, 1000 do
-      redis.call('ZREM', running, unpack(b.drop, i, math.min(i + 999, #b.drop)))
-    end
-    for i = 1, #b.add, 1000 do
-      redis.call('ZADD', running, unpack(b.add, i, math.min(i + 999, #b.add)))
-    end
+    call_chunked('ZREM', running, b.drop)
+    call_chunked('ZADD', running, b.add)
   end
 end

@@ -8,6 +8,7 @@
 -- type (a pcall: false, nothing written, if the list holds another type): made at once, so the
 -- list exists from then on; while batching, the list's later pushes are collected behind it
 -- and its EXPIRE waits for the flush.
+-- include: call_chunked
 local answers_batch = false
 local function answers_of(list)
   local b = answers_batch[list]
@@ -45,9 +46,7 @@ local function answers_flush()
   if not batch then return end
   for _, list in ipairs(batch) do
     local b = batch[list]
-    for i = 1, #b.values, 1000 do
-      redis.call('LPUSH', list, unpack(b.values, i, math.min(i + 999, #b.values)))
-    end
+    call_chunked('LPUSH', list, b.values)
     if b.ttl then redis.call('EXPIRE', list, b.ttl) end
   end
 end
