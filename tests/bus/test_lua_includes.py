@@ -49,5 +49,5 @@ def test_the_runner_scripts_place_their_shared_fragments_once_above_every_part()
     fragments = _fragments()
     shared = ("stats_jobs", "runs_inflight", "inflight_ack", "runs_pushes", "runs_leases")
     for text in [ends_then_source(), *(then_source(end, "runs_take_next") for end in ENDS)]:
-        for fragment in (*shared, "call_chunked"):
+        for fragment in (*shared, "call_chunked", "batch_entry"):
             assert text.count(fragments[fragment]) == 1, fragment

@@ -7,22 +7,17 @@
 -- A batch is a take's starts (runs_take_next) or a batch's ends (runs.ends_then_source), each
 -- flushed before the script goes on: nothing in between reads the zset.
 -- include: call_chunked
+-- include: batch_entry
 local leases_batch = false
-local function leases_of(running)
-  local b = leases_batch[running]
-  if not b then
-    b = {add = {}, drop = {}}
-    leases_batch[running] = b
-    leases_batch[#leases_batch + 1] = running
-  end
-  return b
+local function leases_new()
+  return {add = {}, drop = {}}
 end
 local function lease_take(running, due_ms, job)
   if not leases_batch then
     redis.call('ZADD', running, due_ms, job)
     return
   end
-  local add = leases_of(running).add
+  local add = batch_entry(leases_batch, running, leases_new).add
   add[#add + 1], add[#add + 2] = due_ms, job
 end
 local function lease_drop(running, job)
@@ -30,7 +25,7 @@ local function lease_drop(running, job)
     redis.call('ZREM', running, job)
     return
   end
-  local drop = leases_of(running).drop
+  local drop = batch_entry(leases_batch, running, leases_new).drop
   drop[#drop + 1] = job
 end
 local function leases_collect()
