@@ -64,25 +64,23 @@ CONSTANTS = {
 
 
 @cache
-def source(name: str, shared: frozenset[str] = frozenset()) -> str:
-    """The text of ``lua/<name>.lua`` with its includes expanded (:func:`sources`), except
-    those named in ``shared`` and what they include: a script made of several
-    (``runs.then_source``) places those fragments once above all of them (:func:`sources`),
-    so that their per-script caches (the ``TIME`` of stats_jobs, the type breakers
-    type_breaker read) serve every part."""
-    placed = set(shared)
-    for fragment in shared:
-        _expand(fragment, placed)
-    return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], _expand(name, placed))
+def source(name: str, shared: tuple[str, ...] = ()) -> str:
+    """The text of ``lua/<name>.lua`` with its includes expanded: :func:`sources`."""
+    return sources((name,), shared)
 
 
 @cache
-def sources(names: tuple[str, ...]) -> str:
+def sources(names: tuple[str, ...], shared: tuple[str, ...] = ()) -> str:
     """The texts of ``names``, one after the other, with their includes expanded: each
     fragment once in all, where it is first included (a later include of it, by a script or by
     another fragment, finds its functions defined above, and a fragment's state, such as a
-    batch being collected, is one for the whole script)."""
+    batch being collected, is one for the whole script). Except ``shared`` and what they
+    include: a script made of several parts (``runs.then_source``) places those fragments once
+    above all of them (``sources(shared)``), so that their per-script caches (the ``TIME`` of
+    stats_jobs, the type breakers type_breaker read) and batches serve every part."""
     placed: set[str] = set()
+    for fragment in shared:
+        _expand(fragment, placed)
     texts = [_expand(name, placed) for name in names if name not in placed]
     return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], "\n".join(texts))
 

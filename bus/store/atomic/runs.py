@@ -230,8 +230,7 @@ async def finish_local(
 # (and what a batch's ends write once for all of them: the in-flight list's entries,
 # runs_inflight; the answers' pushes per list, runs_pushes; the leases, runs_leases, which a
 # take's starts also write once)
-_SHARED_ORDER = ("stats_jobs", "type_breaker", "runs_inflight", "runs_pushes", "runs_leases")
-_SHARED = frozenset(_SHARED_ORDER)
+_SHARED = ("stats_jobs", "type_breaker", "runs_inflight", "runs_pushes", "runs_leases")
 
 
 def then_source(first: str, second: str) -> str:
@@ -243,7 +242,7 @@ def then_source(first: str, second: str) -> str:
     Returns both results. Only the runner processes end an attempt and take the next one at
     once (bus/store/atomic/runs_sync.py); the node ends the attempts it recovers alone."""
     return f"""
-{sources(_SHARED_ORDER)}
+{sources(_SHARED)}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -288,7 +287,7 @@ def ends_then_source() -> str:
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
     return f"""
-{sources(_SHARED_ORDER)}
+{sources(_SHARED)}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)
