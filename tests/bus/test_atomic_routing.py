@@ -213,6 +213,18 @@ async def _command_calls(store: Store) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
+async def test_deliver_checks_a_frame_of_1000_new_messages_in_one_exists(store: Store) -> None:
+    """A frame's keys are checked 1,000 an EXISTS (chunked.lua): a frame of 1,000 new
+    messages, in one (it took two when this loop was written 500 a call), all stored."""
+    await routing.deliver(store, CTX, [("message:1:0", {})])  # the script loaded
+    frame = [(f"message:3:{i}", {"n": str(i)}) for i in range(1_000)]
+    before = await _command_calls(store)
+    assert await routing.deliver(store, CTX, frame) == [True] * 1_000
+    after = await _command_calls(store)
+    assert after["exists"] - before.get("exists", 0) == 1
+    assert await store.llen(CTX, keys.MSG_IN) == 1_000
+
+
 async def test_materialise_checks_a_new_message_in_one_exists(store: Store) -> None:
     """The common case, a new message naming new jobs, is checked by one EXISTS of its
     replay markers and job keys: no TYPE per job (each command inside a script is one of
@@ -696,7 +708,7 @@ async def test_pop_due_takes_what_is_due_in_one_zrem_per_1000(
     store: Store, count: int, zrems: int
 ) -> None:
     """What is due leaves the deadlines zset in one ZREM per 1,000 members, not one per
-    member (call_chunked.lua, through which every batched write of the scripts goes: Lua's
+    member (chunked.lua, through which every batched write of the scripts goes: Lua's
     unpack returns at most 8,000 values at once); what is not due stays."""
     members = {f"ack|m{i}": 100 + i % 100 for i in range(count)} | {"result|m9": 900}
     await store.call(CTX, lambda r: r.zadd(keys.DEADLINES, members))

@@ -30,13 +30,13 @@ def _text(name: str) -> str:
 
 def test_a_fragment_included_by_several_parts_of_a_script_is_placed_once() -> None:
     fragments = _fragments()
-    assert "call_chunked" in fragments
+    assert "chunked" in fragments
     for name in _names():
         text = source(name)
         assert not _INCLUDE.search(text), name
         for fragment, header in fragments.items():
             assert text.count(header) <= 1, (name, fragment)
-    # routing_materialise includes call_chunked itself and through inflight_ack and quota_depth
+    # routing_materialise includes chunked itself and through inflight_ack and quota_depth
     assert source("routing_materialise").count("local function call_chunked(") == 1
     # runs_finish_local includes stats_jobs itself and through runs_answer_here
     assert source("runs_finish_local").count(fragments["stats_jobs"]) == 1
@@ -49,5 +49,5 @@ def test_the_runner_scripts_place_their_shared_fragments_once_above_every_part()
     fragments = _fragments()
     shared = ("stats_jobs", "runs_inflight", "inflight_ack", "runs_pushes", "runs_leases")
     for text in [ends_then_source(), *(then_source(end, "runs_take_next") for end in ENDS)]:
-        for fragment in (*shared, "call_chunked", "batch_entry"):
+        for fragment in (*shared, "chunked", "batch_entry"):
             assert text.count(fragments[fragment]) == 1, fragment

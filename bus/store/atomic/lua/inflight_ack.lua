@@ -4,7 +4,7 @@
 -- what stays, in its order, when anything does: a refused entry waits for its dead letter)
 -- instead of one LREM per entry. Returns how many of done were there (each removed once), and
 -- the list's length after, when the trim read it (else nil: a caller that needs it asks LLEN).
--- include: call_chunked
+-- include: chunked
 local function inflight_ack(list, done)
   if #done <= 2 then
     local removed = 0

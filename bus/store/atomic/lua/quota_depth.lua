@@ -7,7 +7,7 @@
 -- redelivery or a second start never moves a count twice, and the mark costs no command where
 -- the job is queued or started (it rides in the job's own HSET there).
 -- The actor of a job key job:<actor>:<id> (false for any other key: counted nowhere).
--- include: call_chunked
+-- include: chunked
 local function quota_actor(job)
   return string.match(job, '^job:(%d+):%d+$') or false
 end

@@ -12,7 +12,7 @@
 -- moves to its queue, behind the jobs there (RPOP, LPUSH: runners pop the right end, as the
 -- materialise script queues). An actor whose list empties leaves the set. A job is in exactly
 -- one place, its queue or its list, before and after: nothing lost, nothing queued twice.
--- include: call_chunked
+-- include: chunked
 local fair, most = tonumber(ARGV[1]) or 0, tonumber(ARGV[2]) or 1000
 local actors = redis.call('SMEMBERS', '${QUOTA_WAITING_KEY}')
 if #actors == 0 then return {0, 0, {}, {}} end

@@ -6,7 +6,7 @@
 -- taken, in order (a job started twice keeps its last lease, as one ZADD each would leave it).
 -- A batch is a take's starts (runs_take_next) or a batch's ends (runs.ends_then_source), each
 -- flushed before the script goes on: nothing in between reads the zset.
--- include: call_chunked
+-- include: chunked
 -- include: batch_entry
 local leases_batch = false
 local function leases_new()

@@ -6,7 +6,7 @@
 -- key is pushed on its queue; a member of another shape, or naming a key that holds no list,
 -- goes to the dlq instead (its bytes escaped, so the entry is JSON text) rather than failing
 -- the whole move.
--- include: call_chunked
+-- include: chunked
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 call_chunked('ZREM', KEYS[1], due)  -- one ZREM for what is due, not one per member
 for _, member in ipairs(due) do

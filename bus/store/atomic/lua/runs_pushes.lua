@@ -8,7 +8,7 @@
 -- type (a pcall: false, nothing written, if the list holds another type): made at once, so the
 -- list exists from then on; while batching, the list's later pushes are collected behind it
 -- and its EXPIRE waits for the flush.
--- include: call_chunked
+-- include: chunked
 -- include: batch_entry
 local answers_batch = false
 local function answers_new()
