@@ -564,7 +564,7 @@ class Store:
         start."""
         call = queues.pop_call(source, inflight, more, read=read, head=read, registry=registry)
 
-        async def once(connection: Any) -> tuple[Any, list[Any], str | None]:  # noqa: ANN401 - lane's or coredis'
+        async def once(connection: Any) -> tuple[Any, Any]:  # noqa: ANN401 - lane's or coredis'
             moved = connection.create_request(
                 b"BLMOVE",
                 source,
@@ -581,14 +581,16 @@ class Store:
             except (coredis.exceptions.RedisError, OSError) as exc:
                 # the pop ran: never sent again (what it moved is requeued at the restart)
                 raise StoreError(f"redis {self.url}: {exc}") from exc
-            return first, *queues.popped_and_version(reply, registry=registry)
+            return first, reply
 
         if self.lane is not None:
-            return await self._on_lane(db, once)
-        client = await self.db(db)
-        with _translated(self.url):
-            async with client.connection_pool.acquire() as connection:
-                return await once(connection)
+            first, reply = await self._on_lane(db, once)
+        else:
+            client = await self.db(db)
+            with _translated(self.url):
+                async with client.connection_pool.acquire() as connection:
+                    first, reply = await once(connection)
+        return first, *queues.popped_and_version(reply, registry=registry)
 
     async def refuse_entry(
         self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str
