@@ -428,10 +428,10 @@ class Store:
         :meth:`pop_read_batch`'s."""
         if limit <= 0:
             return []
-        call = queues.pop_call(source, inflight, limit, read=False, registry=registry)
-        moved, version = queues.popped_and_version(await self.script(db, *call), registry=registry)
-        self._saw_registry(moved, version)
-        return await self._texts(db, inflight, moved, source)
+        moved, version = await queues.pop_batch(
+            self, db, source, inflight, limit, read=False, registry=registry
+        )
+        return await self._texts(db, source, inflight, moved, version)
 
     async def pop_wait(
         self,
@@ -451,12 +451,11 @@ class Store:
         The entries stay in ``inflight`` until :meth:`ack` removes them, so a crash between
         pop and ack leaves them recoverable by :meth:`recover`. ``registry`` as
         :meth:`pop_read_batch`'s."""
-        call = queues.pop_call(source, inflight, limit - 1, read=False, registry=registry)
-        first, reply = await self._block_then(db, source, inflight, timeout_s, call)
-        rest, version = queues.popped_and_version(reply, registry=registry)
+        first, rest, version = await self._block_then(
+            db, source, inflight, timeout_s, limit - 1, read=False, registry=registry
+        )
         moved = ([] if first is None else [first]) + rest
-        self._saw_registry(moved, version)
-        return await self._texts(db, inflight, moved, source)
+        return await self._texts(db, source, inflight, moved, version)
 
     def _saw_registry(self, popped: list[Any], version: str | None) -> None:
         """Keep the registry's version a pop's script read after popping entries that will be
@@ -479,9 +478,13 @@ class Store:
             raw += [v, have[v] if v in have else read[v]]
         return await self._read_entries(db, source, inflight, raw, None)
 
-    async def _texts(self, db: int, inflight: str, moved: list[Any], queue: str) -> list[str]:
-        """The popped entries as text, those that are not UTF-8 refused (:meth:`utf8_entry`)."""
-        texts = [await self.utf8_entry(db, inflight, v, queue) for v in moved]
+    async def _texts(
+        self, db: int, source: str, inflight: str, moved: list[Any], version: str | None
+    ) -> list[str]:
+        """The popped entries as text, those that are not UTF-8 refused (:meth:`utf8_entry`);
+        ``version`` as :meth:`_read_entries`'."""
+        self._saw_registry(moved, version)
+        texts = [await self.utf8_entry(db, inflight, v, source) for v in moved]
         return [t for t in texts if t is not None]
 
     async def pop_read_batch(
@@ -492,8 +495,9 @@ class Store:
         batching partner of a blocking :meth:`pop_read_wait`. ``registry``: the entries will
         be admitted (node/intake/admission.py): the same script reads the registry's version
         after its pops (:attr:`registry_seen`)."""
-        call = queues.pop_call(source, inflight, limit, read=True, registry=registry)
-        raw, version = queues.popped_and_version(await self.script(db, *call), registry=registry)
+        raw, version = await queues.pop_batch(
+            self, db, source, inflight, limit, read=True, registry=registry
+        )
         return await self._read_entries(db, source, inflight, raw, version)
 
     async def pop_read_wait(
@@ -510,9 +514,9 @@ class Store:
         ``inflight``), whose entry is read with up to ``limit`` - 1 entries queued after it
         by a script pipelined behind it (:meth:`_block_then`): one round trip. [] after the
         timeout. ``registry`` as :meth:`pop_read_batch`'s."""
-        call = queues.pop_call(source, inflight, limit - 1, read=True, head=True, registry=registry)
-        first, reply = await self._block_then(db, source, inflight, timeout_s, call)
-        raw, version = queues.popped_and_version(reply, registry=registry)
+        first, raw, version = await self._block_then(
+            db, source, inflight, timeout_s, limit - 1, read=True, registry=registry
+        )
         if first is None:  # timed out: the head read is not this pop's entry
             raw = raw[2:]
         elif raw[0] != first:  # another writer of ``inflight`` came between (none should)
@@ -539,14 +543,26 @@ class Store:
         return out
 
     async def _block_then(
-        self, db: int, source: str, inflight: str, timeout_s: float, call: ScriptCall
-    ) -> tuple[Any, Any]:
+        self,
+        db: int,
+        source: str,
+        inflight: str,
+        timeout_s: float,
+        more: int,
+        *,
+        read: bool,
+        registry: bool,
+    ) -> tuple[Any, list[Any], str | None]:
         """BLMOVE the oldest entry of ``source`` onto ``inflight`` (up to ``timeout_s``), with
-        ``call`` pipelined behind it on the same connection: Valkey runs a blocked client's
-        next command as soon as its pop returns, so the script needs no round trip of its
-        own. (The entry moved or None, the script's reply.) Cancelled while blocked, the
+        the pop of up to ``more`` entries queued after it pipelined behind it on the same
+        connection (:func:`~bus.store.atomic.queues.pop_call`; ``read``: with their hashes,
+        the in-flight list's head and its hash first): Valkey runs a blocked client's next
+        command as soon as its pop returns, so the script needs no round trip of its own.
+        (The entry moved or None, what the script popped, the registry's version or None:
+        :func:`~bus.store.atomic.queues.popped_and_version`.) Cancelled while blocked, the
         connection is dropped: what the pop moved stays in flight, requeued at the next
         start."""
+        call = queues.pop_call(source, inflight, more, read=read, head=read, registry=registry)
 
         async def once(connection: Any) -> tuple[Any, Any]:  # noqa: ANN401 - lane's or coredis'
             moved = connection.create_request(
@@ -568,11 +584,13 @@ class Store:
             return first, reply
 
         if self.lane is not None:
-            return await self._on_lane(db, once)
-        client = await self.db(db)
-        with _translated(self.url):
-            async with client.connection_pool.acquire() as connection:
-                return await once(connection)
+            first, reply = await self._on_lane(db, once)
+        else:
+            client = await self.db(db)
+            with _translated(self.url):
+                async with client.connection_pool.acquire() as connection:
+                    first, reply = await once(connection)
+        return first, *queues.popped_and_version(reply, registry=registry)
 
     async def refuse_entry(
         self, db: int, inflight: str, value: str | bytes, reason: str, detail: str, *, queue: str

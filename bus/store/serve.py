@@ -64,10 +64,10 @@ class Known:
         while len(self._fields) > self.most:
             self._fields.popitem(last=False)
 
-    def storing(self, entries: Iterable[tuple[str, Hash]]) -> list[str]:
-        """Announce entries about to be stored with their hashes; those not known already are
+    def storing(self, entries: Iterable[str]) -> list[str]:
+        """Announce entries whose hashes are about to be stored; those not known already are
         returned, for :meth:`stored` (a known one keeps its hash: the first store stands)."""
-        new = [entry for entry, _ in entries if entry not in self._fields]
+        new = [entry for entry in entries if entry not in self._fields]
         for entry in new:
             self._fields[entry] = None
         return new

@@ -147,7 +147,7 @@ class LinkHandler:
         # the consumer takes what is stored here from memory, not by reading it back: it may
         # pop an entry before this task sees the reply, so the entries are announced first
         known = inbound.known[ctx]
-        announced, kept = known.storing(group), dict[str, Hash]()
+        announced, kept = known.storing(key for key, _ in group), dict[str, Hash]()
         try:
             stored = await routing.deliver(self.node.store, ctx, group, durable_since=since)
             kept = {key: fields for (key, fields), new in zip(group, stored, strict=True) if new}

@@ -71,7 +71,7 @@ async def test_an_entry_being_stored_is_taken_as_stored(store: Store, was_there:
     for the delivery's verdict: stored, its hash from memory; found there already (an older
     copy, whose hash may differ), read back, never the announced guess."""
     known = Known()
-    announced = known.storing([("m:x", {"v": "announced"})])
+    announced = known.storing(["m:x"])
     held = {"v": "older copy"} if was_there else {"v": "announced"}
     await _push(store, {"m:x": held})
     got: list[Popped] = []

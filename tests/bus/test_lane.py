@@ -68,6 +68,21 @@ async def test_a_lane_raises_what_coredis_raises(redis_url):
             assert await store.script(0, ECHO, ["none"], ["a"]) == [42, "a"]
 
 
+async def test_the_blocking_pops_take_alike_on_the_lane_and_on_coredis(redis_url):
+    """pop_read_wait and pop_wait (a BLMOVE with the pop script pipelined behind it on the same
+    connection) give the same entries, hashes and registry version either way."""
+
+    async def pops(store: Store) -> tuple[object, ...]:
+        await store.hset(1, "h1", {"n": "1"})
+        await store.lpush(1, "src", "h1", "e2", "e3")
+        read = await store.pop_read_wait(1, "src", "fly", 1, 5.0)
+        taken = await store.pop_wait(1, "src", "fly", 5, 5.0, registry=True)
+        return read, taken, store.registry_seen
+
+    lane, plain = await _both(redis_url, pops)
+    assert lane == plain == ([("h1", {"n": "1"})], ["e2", "e3"], "0")
+
+
 async def test_a_hand_off_goes_on_the_lane(redis_url):
     """LPUSH hands a message on (to a peer's outbox, a client's reply list): on the lane, with
     no coredis client's writer and reader tasks between the caller and its reply (a cross-node

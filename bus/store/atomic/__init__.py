@@ -8,9 +8,11 @@ reload of the scripts a server answers ``NOSCRIPT`` to, for plain and durable ba
 
 A script may start with ``-- include: <name>`` lines: the named fragment (a ``.lua`` file of
 shared local functions, such as the attempt fence) is placed there, so a rule that several
-scripts enforce is written once. ``${NAME}`` in a script is replaced by the value of that name in
-:data:`CONSTANTS`: the job statistics' key and buckets (``stats_jobs.lua``), the type breakers'
-key and the reasons that are no verdict on a type (``type_breaker.lua``), named once in Python.
+scripts enforce is written once; a fragment that several parts of one script include is placed
+once, where it is first included (:func:`sources`). ``${NAME}`` in a script is replaced by the
+value of that name in :data:`CONSTANTS`: the job statistics' key and buckets
+(``stats_jobs.lua``), the type breakers' key and the reasons that are no verdict on a type
+(``type_breaker.lua``), named once in Python.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from bus.core import keys
 from bus.core.models import dumps_json
 from bus.core.reasons import Reason
 
-__all__ = ["BREAKER_NEUTRAL", "CONSTANTS", "STATS_BUCKETS_S", "json_arg", "script", "source"]
+__all__ = [
+    "BREAKER_NEUTRAL",
+    "CONSTANTS",
+    "STATS_BUCKETS_S",
+    "json_arg",
+    "script",
+    "source",
+    "sources",
+]
 
 _INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
@@ -54,14 +64,41 @@ CONSTANTS = {
 
 
 @cache
-def source(name: str, shared: frozenset[str] = frozenset()) -> str:
-    """The text of ``lua/<name>.lua`` with its includes expanded, except those named in
-    ``shared``: a script made of several (``runs.then_source``) places those fragments once
-    above all of them, so that their per-script caches (the ``TIME`` of stats_jobs, the type
-    breakers type_breaker read) serve every part."""
+def source(name: str, shared: tuple[str, ...] = ()) -> str:
+    """The text of ``lua/<name>.lua`` with its includes expanded: :func:`sources`."""
+    return sources((name,), shared)
+
+
+@cache
+def sources(names: tuple[str, ...], shared: tuple[str, ...] = ()) -> str:
+    """The texts of ``names``, one after the other, with their includes expanded: each
+    fragment once in all, where it is first included (a later include of it, by a script or by
+    another fragment, finds its functions defined above, and a fragment's state, such as a
+    batch being collected, is one for the whole script). Except ``shared`` and what they
+    include: a script made of several parts (``runs.then_source``) places those fragments once
+    above all of them (``sources(shared)``), so that their per-script caches (the ``TIME`` of
+    stats_jobs, the type breakers type_breaker read) and batches serve every part."""
+    placed: set[str] = set()
+    for fragment in shared:
+        _expand(fragment, placed)
+    texts = [_expand(name, placed) for name in names if name not in placed]
+    return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], "\n".join(texts))
+
+
+def _expand(name: str, placed: set[str]) -> str:
+    """``lua/<name>.lua`` with each include not in ``placed`` replaced by its text (expanded
+    the same way) and added to ``placed``; the others dropped."""
+
+    def place(include: re.Match[str]) -> str:
+        fragment = include.group(1)
+        if fragment in placed:
+            return ""
+        placed.add(fragment)
+        return _expand(fragment, placed)
+
+    placed.add(name)
     text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-    text = _INCLUDE.sub(lambda m: "" if m.group(1) in shared else source(m.group(1), shared), text)
-    return _CONSTANT.sub(lambda m: CONSTANTS[m.group(1)], text)
+    return _INCLUDE.sub(place, text)
 
 
 @cache

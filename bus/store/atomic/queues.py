@@ -36,11 +36,20 @@ async def ack_many(store: Store, db: int, inflight: str, entries: list[str]) -> 
 
 
 async def pop_batch(
-    store: Store, db: int, source: str, inflight: str, limit: int, *, read: bool
-) -> list[Any]:
-    """Move up to ``limit`` entries of ``source`` to ``inflight``: the entries, each followed
-    (``read``) by the hash it names or the name of the type its key holds instead."""
-    return list(await store.script(db, *pop_call(source, inflight, limit, read=read)))
+    store: Store,
+    db: int,
+    source: str,
+    inflight: str,
+    limit: int,
+    *,
+    read: bool,
+    registry: bool = False,
+) -> tuple[list[Any], str | None]:
+    """Move up to ``limit`` entries of ``source`` to ``inflight``: (the entries, each followed
+    (``read``) by the hash it names or the name of the type its key holds instead; with
+    ``registry``, the registry's version read after the pops, else None)."""
+    call = pop_call(source, inflight, limit, read=read, registry=registry)
+    return popped_and_version(await store.script(db, *call), registry=registry)
 
 
 def pop_call(

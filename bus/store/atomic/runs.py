@@ -28,7 +28,7 @@ from bus.core.envelope import reply_text
 from bus.core.ids import now
 from bus.core.models import Message
 from bus.core.reasons import Reason
-from bus.store.atomic import json_arg, script, source
+from bus.store.atomic import json_arg, script, source, sources
 
 if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
     from bus.store.connection import Store
@@ -230,7 +230,7 @@ async def finish_local(
 # (and what a batch's ends write once for all of them: the in-flight list's entries,
 # runs_inflight; the answers' pushes per list, runs_pushes; the leases, runs_leases, which a
 # take's starts also write once)
-_SHARED = frozenset({"stats_jobs", "type_breaker", "runs_inflight", "runs_pushes", "runs_leases"})
+_SHARED = ("stats_jobs", "type_breaker", "runs_inflight", "runs_pushes", "runs_leases")
 
 
 def then_source(first: str, second: str) -> str:
@@ -242,11 +242,7 @@ def then_source(first: str, second: str) -> str:
     Returns both results. Only the runner processes end an attempt and take the next one at
     once (bus/store/atomic/runs_sync.py); the node ends the attempts it recovers alone."""
     return f"""
-{source("stats_jobs")}
-{source("type_breaker")}
-{source("runs_inflight")}
-{source("runs_pushes")}
-{source("runs_leases")}
+{sources(_SHARED)}
 local function first(KEYS, ARGV)
 {source(first, _SHARED)}
 end
@@ -291,11 +287,7 @@ def ends_then_source() -> str:
         f"ends['{name}'] = function(KEYS, ARGV)\n{source(name, _SHARED)}\nend" for name in ENDS
     )
     return f"""
-{source("stats_jobs")}
-{source("type_breaker")}
-{source("runs_inflight")}
-{source("runs_pushes")}
-{source("runs_leases")}
+{sources(_SHARED)}
 local ends = {{}}
 {ends}
 local function second(KEYS, ARGV)

@@ -4,6 +4,7 @@
 -- what stays, in its order, when anything does: a refused entry waits for its dead letter)
 -- instead of one LREM per entry. Returns how many of done were there (each removed once), and
 -- the list's length after, when the trim read it (else nil: a caller that needs it asks LLEN).
+-- include: chunked
 local function inflight_ack(list, done)
   if #done <= 2 then
     local removed = 0
@@ -22,8 +23,6 @@ local function inflight_ack(list, done)
     end
   end
   redis.call('DEL', list)
-  for i = 1, #keep, 1000 do
-    redis.call('RPUSH', list, unpack(keep, i, math.min(i + 999, #keep)))
-  end
+  call_chunked('RPUSH', list, keep)
   return removed, #keep
 end

@@ -7,6 +7,7 @@
 -- redelivery or a second start never moves a count twice, and the mark costs no command where
 -- the job is queued or started (it rides in the job's own HSET there).
 -- The actor of a job key job:<actor>:<id> (false for any other key: counted nowhere).
+-- include: chunked
 local function quota_actor(job)
   return string.match(job, '^job:(%d+):%d+$') or false
 end
@@ -122,10 +123,7 @@ local function quota_flush()
   quota_batch.added = {}
   for _, actor in ipairs(quota_batch.wait_order) do
     local entries = quota_batch.waits[actor].entries
-    for i = 1, #entries, 1000 do
-      local last = math.min(i + 999, #entries)
-      redis.call('LPUSH', '${QUOTA_WAIT_PREFIX}' .. actor, unpack(entries, i, last))
-    end
+    call_chunked('LPUSH', '${QUOTA_WAIT_PREFIX}' .. actor, entries)
     if #entries > 0 then redis.call('SADD', '${QUOTA_WAITING_KEY}', actor) end
   end
   quota_batch.waits, quota_batch.wait_order = {}, {}

@@ -12,6 +12,7 @@
 -- moves to its queue, behind the jobs there (RPOP, LPUSH: runners pop the right end, as the
 -- materialise script queues). An actor whose list empties leaves the set. A job is in exactly
 -- one place, its queue or its list, before and after: nothing lost, nothing queued twice.
+-- include: chunked
 local fair, most = tonumber(ARGV[1]) or 0, tonumber(ARGV[2]) or 1000
 local actors = redis.call('SMEMBERS', '${QUOTA_WAITING_KEY}')
 if #actors == 0 then return {0, 0, {}, {}} end
@@ -68,9 +69,6 @@ if more == 0 and moved >= most and redis.call('SCARD', '${QUOTA_WAITING_KEY}') >
 end
 if more == 0 and from > 0 then redis.call('DEL', '${QUOTA_NEXT_KEY}') end
 for _, q in ipairs(order) do
-  local jobs = pushes[q]
-  for i = 1, #jobs, 1000 do
-    redis.call('LPUSH', q, unpack(jobs, i, math.min(i + 999, #jobs)))
-  end
+  call_chunked('LPUSH', q, pushes[q])
 end
 return {moved, more, bad, order}

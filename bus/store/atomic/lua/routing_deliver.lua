@@ -10,15 +10,10 @@
 -- of every key finds that none is there in the common case. One script for the frame: every
 -- message it found was written before anything it writes, so one WAITAOF after it covers the
 -- frame whenever it stored one (bus/store/durable.py).
+-- include: chunked
 -- one EXISTS of every message key: none there (the common case: a first delivery), no EXISTS
 -- per message; a copy of a message stored earlier in this frame is found in stored
-local any = false
-for i = 2, #KEYS, 500 do
-  if redis.call('EXISTS', unpack(KEYS, i, math.min(i + 499, #KEYS))) > 0 then
-    any = true
-    break
-  end
-end
+local any = exists_any(KEYS, 2)
 local out, new, stored = {}, {}, {}
 local a = 1
 for i = 2, #KEYS do
@@ -34,7 +29,5 @@ for i = 2, #KEYS do
   end
   a = a + 1 + n
 end
-for i = 1, #new, 1000 do
-  redis.call('LPUSH', KEYS[1], unpack(new, i, math.min(i + 999, #new)))
-end
+call_chunked('LPUSH', KEYS[1], new)
 return out

@@ -29,6 +29,7 @@
 -- include: quota_depth
 -- include: replay_markers
 -- include: inflight_ack
+-- include: chunked
 local batch = cjson.decode(ARGV[1])
 if ARGV[4] == '1' then stats_collected = {} end
 local actor_bound, context_bound = tonumber(ARGV[5]) or 0, tonumber(ARGV[6]) or 0
@@ -43,13 +44,7 @@ end
 local marked = replay_found(names)
 -- none of the batch's job keys exists (the common case: new messages naming new jobs): then no
 -- TYPE per job
-local any_job = false
-for i = 1, #job_keys, 500 do
-  if redis.call('EXISTS', unpack(job_keys, i, math.min(i + 499, #job_keys))) > 0 then
-    any_job = true
-    break
-  end
-end
+local any_job = exists_any(job_keys, 1)
 local written = {}  -- job key -> the message of this batch that wrote it
 -- "<job key> <its holder>" for the first job of m held by another message ('' if none); sets
 -- j.fresh: no key of that name yet, so the job is queued for the first time
@@ -146,10 +141,7 @@ for i, m in ipairs(batch) do
 end
 local depth_of = {}  -- a queue's length as its LPUSH said: no LLEN of it after
 for _, q in ipairs(queue_order) do
-  local entries = queued[q]
-  for i = 1, #entries, 1000 do
-    depth_of[q] = redis.call('LPUSH', q, unpack(entries, i, math.min(i + 999, #entries)))
-  end
+  depth_of[q] = call_chunked('LPUSH', q, queued[q])
 end
 quota_flush()
 replay_mark(markers, ARGV[3])

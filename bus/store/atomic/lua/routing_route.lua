@@ -12,6 +12,7 @@
 -- batch (inflight_ack).
 -- include: routing_write_own_job_fn
 -- include: inflight_ack
+-- include: chunked
 if ARGV[2] == '1' then stats_collected = {} end
 local batch = cjson.decode(ARGV[1])
 -- one EXISTS of every copy's key: none there (the common case), no TYPE per copy
@@ -19,10 +20,7 @@ local copies = {}
 for _, m in ipairs(batch) do
   for _, c in ipairs(m.copies) do copies[#copies + 1] = c.key end
 end
-local new = true
-for i = 1, #copies, 500 do
-  if redis.call('EXISTS', unpack(copies, i, math.min(i + 499, #copies))) > 0 then new = false end
-end
+local new = not exists_any(copies, 1)
 local acked, written, deadlines = {}, {}, {}
 for _, m in ipairs(batch) do
   if m.to_msg_in == '1' then
@@ -39,8 +37,6 @@ for _, m in ipairs(batch) do
 end
 -- the batch's deadlines in one ZADD (a member named twice keeps its last score, as one ZADD
 -- per message would leave it)
-for i = 1, #deadlines, 1000 do
-  redis.call('ZADD', KEYS[3], unpack(deadlines, i, math.min(i + 999, #deadlines)))
-end
+call_chunked('ZADD', KEYS[3], deadlines)
 inflight_ack(KEYS[2], acked)
 return stats_collected or {}

@@ -6,22 +6,18 @@
 -- taken, in order (a job started twice keeps its last lease, as one ZADD each would leave it).
 -- A batch is a take's starts (runs_take_next) or a batch's ends (runs.ends_then_source), each
 -- flushed before the script goes on: nothing in between reads the zset.
+-- include: chunked
+-- include: batch_entry
 local leases_batch = false
-local function leases_of(running)
-  local b = leases_batch[running]
-  if not b then
-    b = {add = {}, drop = {}}
-    leases_batch[running] = b
-    leases_batch[#leases_batch + 1] = running
-  end
-  return b
+local function leases_new()
+  return {add = {}, drop = {}}
 end
 local function lease_take(running, due_ms, job)
   if not leases_batch then
     redis.call('ZADD', running, due_ms, job)
     return
   end
-  local add = leases_of(running).add
+  local add = batch_entry(leases_batch, running, leases_new).add
   add[#add + 1], add[#add + 2] = due_ms, job
 end
 local function lease_drop(running, job)
@@ -29,7 +25,7 @@ local function lease_drop(running, job)
     redis.call('ZREM', running, job)
     return
   end
-  local drop = leases_of(running).drop
+  local drop = batch_entry(leases_batch, running, leases_new).drop
   drop[#drop + 1] = job
 end
 local function leases_collect()
@@ -41,11 +37,7 @@ local function leases_flush()
   if not batch then return end
   for _, running in ipairs(batch) do
     local b = batch[running]
-    for i = 1, #b.drop, 1000 do
-      redis.call('ZREM', running, unpack(b.drop, i, math.min(i + 999, #b.drop)))
-    end
-    for i = 1, #b.add, 1000 do
-      redis.call('ZADD', running, unpack(b.add, i, math.min(i + 999, #b.add)))
-    end
+    call_chunked('ZREM', running, b.drop)
+    call_chunked('ZADD', running, b.add)
   end
 end

@@ -6,10 +6,9 @@
 -- key is pushed on its queue; a member of another shape, or naming a key that holds no list,
 -- goes to the dlq instead (its bytes escaped, so the entry is JSON text) rather than failing
 -- the whole move.
+-- include: chunked
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for i = 1, #due, 1000 do  -- one ZREM for what is due, not one per member
-  redis.call('ZREM', KEYS[1], unpack(due, i, math.min(i + 999, #due)))
-end
+call_chunked('ZREM', KEYS[1], due)  -- one ZREM for what is due, not one per member
 for _, member in ipairs(due) do
   local sep = string.find(member, '|', 1, true)
   local pushed = sep and redis.pcall('LPUSH', string.sub(member, 1, sep - 1),

@@ -8,15 +8,11 @@
 -- type (a pcall: false, nothing written, if the list holds another type): made at once, so the
 -- list exists from then on; while batching, the list's later pushes are collected behind it
 -- and its EXPIRE waits for the flush.
+-- include: chunked
+-- include: batch_entry
 local answers_batch = false
-local function answers_of(list)
-  local b = answers_batch[list]
-  if not b then
-    b = {values = {}}
-    answers_batch[list] = b
-    answers_batch[#answers_batch + 1] = list
-  end
-  return b
+local function answers_new()
+  return {values = {}}
 end
 local function answers_push(list, value, ttl)
   if not answers_batch then
@@ -24,7 +20,7 @@ local function answers_push(list, value, ttl)
     if ttl then redis.call('EXPIRE', list, ttl) end
     return
   end
-  local b = answers_of(list)
+  local b = batch_entry(answers_batch, list, answers_new)
   b.values[#b.values + 1] = value
   b.ttl = ttl or b.ttl
 end
@@ -34,7 +30,7 @@ local function answers_first(list, value, ttl)
   if not answers_batch then
     if ttl then redis.call('EXPIRE', list, ttl) end
   else
-    local b = answers_of(list)
+    local b = batch_entry(answers_batch, list, answers_new)
     b.ttl = ttl or b.ttl
   end
   return true
@@ -45,9 +41,7 @@ local function answers_flush()
   if not batch then return end
   for _, list in ipairs(batch) do
     local b = batch[list]
-    for i = 1, #b.values, 1000 do
-      redis.call('LPUSH', list, unpack(b.values, i, math.min(i + 999, #b.values)))
-    end
+    call_chunked('LPUSH', list, b.values)
     if b.ttl then redis.call('EXPIRE', list, b.ttl) end
   end
 end
