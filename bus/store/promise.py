@@ -83,6 +83,26 @@ def counted_out(views: list[set[str]], attached: set[str] | None) -> int:
     return len(set.intersection(*views) - attached)
 
 
+def address(named: object) -> str:
+    """ip:port of a primary as ``SENTINEL GET-MASTER-ADDR-BY-NAME`` names it (a pair; None
+    when the Sentinel knows no primary: "")."""
+    if not isinstance(named, list | tuple) or len(named) != 2:
+        return ""
+    return f"{_text(named[0])}:{_text(named[1])}"
+
+
+def elsewhere(named: set[str], written: str | None) -> str | None:
+    """Why writes made on ``written`` (ip:port) cannot be confirmed there, when the Sentinels
+    that answered (``named``: the primary each names, :func:`address`) agree on another
+    primary: a failover replaced that server, and a replica it still has will resync from
+    the new one, erasing what it confirmed. None when they name ``written``, disagree (a
+    failover in progress: no replica is counted out then, and an old primary cannot have
+    them all), or ``written`` is not known."""
+    if written is None or len(named) != 1 or written in named or "" in named:
+        return None
+    return f"the Sentinels name primary {next(iter(named))}, the writes went to {written}"
+
+
 @dataclass
 class ReplicasWanted:
     """How many replicas' fsync this process's promises wait for (``promise``: one of
