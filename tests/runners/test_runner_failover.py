@@ -20,7 +20,8 @@ from bus.store.promise import REFRESH_S
 from bus.store.sentinel import durability
 from bus.store.sync import SyncStore
 from node.host.acl import NODE, RUNNER
-from node.host.replicated import SENTINEL, ReplicatedSet
+from node.host.replicated import ReplicatedSet
+from tests.replicated_rig import sentinels_name
 
 ELECTION_S = 30.0  # down-after (1 s) plus the election: about 3 s here, more under load
 TAKE = NextJob(("queue:x",), "n:b:1:x:0", 15_000, "x:0")  # how the runner names its start
@@ -185,13 +186,7 @@ def test_writes_on_a_primary_the_sentinels_no_longer_name_are_not_confirmed(repl
     store.command("RPUSH", "queue:x", "job:1:1", writes=True)
     store.confirm()  # both replicas fsynced it: confirmed
     promoted = replicated.data_ports[1]
-    for port in replicated.sentinel_ports:
-        sentinel = redis.Redis(
-            "127.0.0.1", port, username=SENTINEL, password=replicated.passwords[SENTINEL]
-        )
-        sentinel.execute_command("SENTINEL", "REMOVE", "hero")
-        sentinel.execute_command("SENTINEL", "MONITOR", "hero", "127.0.0.1", promoted, 2)
-        sentinel.close()
+    sentinels_name(replicated, promoted)
     now[0] += REFRESH_S  # the count is stale: the Sentinels are asked again
     store.command("RPUSH", "queue:x", "job:1:2", writes=True)  # still the old primary's connection
     with pytest.raises(Unconfirmed, match=f"Sentinels name primary 127.0.0.1:{promoted}"):
