@@ -161,7 +161,7 @@ class Barrier:
                     self.replicas.learn(*await store.known_replicas(written))
             except Replaced as exc:  # left stale: the next promise asks them again
                 self.refused += 1
-                raise NotDurable(str(exc)) from exc
+                raise NotDurable(f"redis {store.url}: {exc}") from exc
             except (StoreError, trio.TooSlowError) as exc:
                 why = self.replicas.unknown()
                 if why is not None:

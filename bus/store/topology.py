@@ -97,7 +97,7 @@ async def known_replicas(url: str, written: str | None = None) -> tuple[int, int
     views = await _each_sentinel(target, view, every=True, answer_s=SENTINEL_ANSWER_S)
     moved = elsewhere({f"{host}:{port}" if host else "" for host, port, _ in views}, written)
     if moved is not None:
-        raise Replaced(f"redis {url}: not durable: {moved}")
+        raise Replaced(f"not durable: {moved}")  # no URL: it holds the password
     listed = max(len(replicas) for _, _, replicas in views)
     down = [down_in(replicas) for _, _, replicas in views]
     primaries = {(host, port) for host, port, _ in views}
