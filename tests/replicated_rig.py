@@ -12,15 +12,29 @@ from pathlib import Path
 import anyio
 import coredis
 import coredis.exceptions
+import redis
 import trio
 
 from node.config.store import StoreConfig
 from node.host.acl import CLIENT, NODE, ensure_secrets, role_url
 from node.host.home import init_home
 from node.host.launch import Ready, drain, start_node_process
-from node.host.replicated import SET_ROLES, ReplicatedSet
+from node.host.replicated import SENTINEL, SET_ROLES, ReplicatedSet
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def sentinels_name(servers: ReplicatedSet, port: int) -> None:
+    """Make every Sentinel name the server on ``port`` primary of the set, as after a
+    promotion, while the servers themselves stay as they are (the primary keeps its replicas):
+    the view a process gets when it asks the Sentinels from a primary they have replaced."""
+    for sentinel_port in servers.sentinel_ports:
+        sentinel = redis.Redis(
+            "127.0.0.1", sentinel_port, username=SENTINEL, password=servers.passwords[SENTINEL]
+        )
+        with sentinel:
+            sentinel.execute_command("SENTINEL", "REMOVE", servers.service)
+            sentinel.execute_command("SENTINEL", "MONITOR", servers.service, "127.0.0.1", port, 2)
 
 
 @dataclass

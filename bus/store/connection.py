@@ -216,10 +216,11 @@ class Store:
         """Where this store's primary and replicas are (bus/store/topology.py)."""
         return await store_topology(self._dial_url)
 
-    async def known_replicas(self) -> tuple[int, int]:
+    async def known_replicas(self, written: str | None = None) -> tuple[int, int]:
         """How many replicas the Sentinels list for this store's set, and how many of those
-        they flag down (StoreError if none answers; bus/store/promise.py counts them)."""
-        return await known_replicas(self._dial_url)
+        they flag down (StoreError if none answers; bus/store/promise.py counts them;
+        bus/store/topology.py Replaced if they name another primary than ``written``)."""
+        return await known_replicas(self._dial_url, written)
 
     async def durable(self, since: int | None = None) -> None:
         """Return once every write made before this call is on disk as the store's URL asks

@@ -40,6 +40,7 @@ from bus.store.atomic.evalsha import ScriptCall, evalsha_on
 from bus.store.lane import LaneConnection, transaction
 from bus.store.promise import ReplicasWanted
 from bus.store.sentinel import SentinelTarget
+from bus.store.topology import Replaced
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
@@ -143,11 +144,13 @@ class Barrier:
             await self.wait(store, since)
         return results
 
-    async def count_replicas(self, store: Store) -> None:
+    async def count_replicas(self, store: Store, written: str | None = None) -> None:
         """Ask the Sentinels how many replicas the set has and how many they flag down, when
         the promise counts them and the count is stale (bus/store/promise.py); NotDurable if
-        it was never known. A count once known outlives Sentinels that do not answer, every
-        replica counted then."""
+        it was never known, or if they agree on another primary than ``written`` (ip:port,
+        where the promise's writes went: an old primary woken inside their failover keeps a
+        replica whose resync erases what it confirmed). A count once known outlives
+        Sentinels that do not answer, every replica counted then."""
         if not self.replicas.stale():
             return
         async with self._counting:
@@ -155,7 +158,10 @@ class Barrier:
                 return
             try:
                 with trio.fail_after(COUNT_WAIT_S):  # a stalled Sentinel holds no promise long
-                    self.replicas.learn(*await store.known_replicas())
+                    self.replicas.learn(*await store.known_replicas(written))
+            except Replaced as exc:  # left stale: the next promise asks them again
+                self.refused += 1
+                raise NotDurable(f"redis {store.url}: {exc}") from exc
             except (StoreError, trio.TooSlowError) as exc:
                 why = self.replicas.unknown()
                 if why is not None:
@@ -179,13 +185,14 @@ class Barrier:
         its fsync of the write, then tells again only a second later (its periodic ack):
         pipelined, a barrier took 620 ms at the median; sent after the write's reply, 0.6 ms
         (loopback, appendfsync always on the replicas)."""
-        await self.count_replicas(store)  # every promise passes here: one place decides
+        # every promise passes here: one place decides
+        await self.count_replicas(store, connection.where)
         local, replicas, wanted = await self._waitaof(store, connection)
         if not self.target.confirmed(local, replicas, wanted):
             # a replica that went down since the count: counted out once the Sentinels flag
             # it, and the writes confirmed on the others, with a WAITAOF of the new count
             self.replicas.changed()
-            await self.count_replicas(store)
+            await self.count_replicas(store, connection.where)
             if self.replicas.wanted < wanted:
                 local, replicas, wanted = await self._waitaof(store, connection)
         if store.epoch != epoch:

@@ -4,8 +4,9 @@ bus/store/atomic/runs_sync.py ``SyncRuns.confirm``).
 
 ``every-replica`` (the default): ``WAITAOF 1 N`` with N = every replica the Sentinels could
 promote: every replica they know for the set, less those they flag down (``s_down``,
-``o_down``, ``disconnected``), which their leader never selects (sentinel.c
-``sentinelSelectReplica`` skips them). A write that every such replica fsynced is on whichever
+``o_down``), which their leader never selects (sentinel.c ``sentinelSelectReplica`` skips
+them; it skips a ``disconnected`` one too, but the replica it has just selected is flagged so
+while it is promoted: :data:`DOWN_FLAGS`). A write that every such replica fsynced is on whichever
 of them is promoted. The case it closes (issue 43): a primary stalls, the Sentinels promote
 replica A, and the primary wakes before they move replica B; it still has B, so ``WAITAOF 1 1``
 there confirms writes that B erases in its full resync from A. Woken so, the old primary has at
@@ -37,8 +38,11 @@ PROMISES = (EVERY_REPLICA, ONE_REPLICA)
 REFRESH_S = 10.0  # how often a process asks the Sentinels again how many replicas there are
 # ... while a replica is counted out: it is counted again this soon after it answers
 DOWN_REFRESH_S = 1.0
-# how a Sentinel flags a server it would not promote (sentinel.c sentinelSelectReplica)
-DOWN_FLAGS = ("s_down", "o_down", "disconnected")
+# how a Sentinel flags a server it would not promote (sentinel.c sentinelSelectReplica). Not
+# ``disconnected``, which it skips too: the promotion it sends the replica it selected ends
+# with CLIENT KILL TYPE normal, so every Sentinel flags the new primary-to-be disconnected
+# while the old one may still be awake to confirm writes without it (the failover window)
+DOWN_FLAGS = ("s_down", "o_down")
 
 
 def _text(value: object) -> str:
@@ -81,6 +85,26 @@ def counted_out(views: list[set[str]], attached: set[str] | None) -> int:
     if not views or attached is None:
         return 0
     return len(set.intersection(*views) - attached)
+
+
+def address(named: object) -> str:
+    """ip:port of a primary as ``SENTINEL GET-MASTER-ADDR-BY-NAME`` names it (a pair; None
+    when the Sentinel knows no primary: "")."""
+    if not isinstance(named, list | tuple) or len(named) != 2:
+        return ""
+    return f"{_text(named[0])}:{_text(named[1])}"
+
+
+def elsewhere(named: set[str], written: str | None) -> str | None:
+    """Why writes made on ``written`` (ip:port) cannot be confirmed there, when the Sentinels
+    that answered (``named``: the primary each names, :func:`address`) agree on another
+    primary: a failover replaced that server, and a replica it still has will resync from
+    the new one, erasing what it confirmed. None when they name ``written``, disagree (a
+    failover in progress: no replica is counted out then, and an old primary cannot have
+    them all), or ``written`` is not known."""
+    if written is None or len(named) != 1 or written in named or "" in named:
+        return None
+    return f"the Sentinels name primary {next(iter(named))}, the writes went to {written}"
 
 
 @dataclass

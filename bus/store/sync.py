@@ -30,7 +30,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from bus.errors import StoreError
-from bus.store.promise import ReplicasWanted, counted_out, down_in
+from bus.store.promise import ReplicasWanted, address, counted_out, down_in, elsewhere
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Arg", "SyncStore", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
@@ -360,9 +360,17 @@ class SyncStore:
                     continue
                 listed.append(len(rows))
                 down.append(down_in(rows))
-                named.add(repr(primary))
+                named.add(address(primary))
             if listed:  # as bus/store/topology.py known_replicas counts
                 settled = set.intersection(*down) and len(named) == 1
+                moved = elsewhere(named, self._writes_to())
+                if moved is not None:
+                    # the writes went to a primary the Sentinels have replaced: one woken
+                    # inside their failover still has a replica, which WAITAOF counts, but
+                    # that replica's resync from the new primary erases them (and this
+                    # thread's ROLE would count the new primary's replica out as down)
+                    self.disconnect()  # the next command goes where they point
+                    raise Unconfirmed(f"not durable: {moved}")
                 counted.learn(max(listed), counted_out(down, self._attached()) if settled else 0)
             else:
                 counted.unanswered()
@@ -370,6 +378,13 @@ class SyncStore:
             if why is not None:
                 raise Unconfirmed(f"not durable: {why}")
         return counted.wanted
+
+    def _writes_to(self) -> str | None:
+        """The ip:port of the server this thread's connection writes to (None: not connected
+        to one the Sentinels named)."""
+        conn = getattr(self._held, "conn", None)
+        host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+        return None if host is None or port is None else f"{host}:{port}"
 
     def _attached(self) -> set[str] | None:
         """The replicas attached to the primary this thread writes to (its ``ROLE``); None

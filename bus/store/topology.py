@@ -16,7 +16,7 @@ import coredis
 import coredis.exceptions
 
 from bus.errors import StoreError
-from bus.store.promise import ReplicasWanted, counted_out, down_in, flagged_down
+from bus.store.promise import ReplicasWanted, counted_out, down_in, elsewhere, flagged_down
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 _FAILED = (coredis.exceptions.RedisError, OSError)
@@ -74,13 +74,18 @@ def _promise_of(target: SentinelTarget, replicas: list[dict[str, Any]], out: int
     return promise_facts(target.promise, wanted.wanted, replicas)
 
 
-async def known_replicas(url: str) -> tuple[int, int]:
+class Replaced(StoreError):
+    """The Sentinels agree on another primary than the server a promise's writes went to."""
+
+
+async def known_replicas(url: str, written: str | None = None) -> tuple[int, int]:
     """How many replicas the Sentinels of ``url`` list for its set, and how many of those a
     promise ``every-replica`` may count out (bus/store/promise.py): flagged down by every
     Sentinel that answers (any of them may lead the next failover, each by its own view),
     all of them naming one primary, and not attached to it (``ROLE`` there): ``WAITAOF`` counts any
     attached replica, so one that is would stand in for a replica that can be promoted.
-    StoreError if no Sentinel answers."""
+    StoreError if no Sentinel answers; :class:`Replaced` if they agree on a primary other
+    than ``written`` (ip:port, the server the promise wrote to: promise.py elsewhere)."""
     target = parse_sentinel_url(url)
 
     async def view(sentinel: coredis.Redis[str]) -> tuple[str, int, list[Any]]:
@@ -90,6 +95,9 @@ async def known_replicas(url: str) -> tuple[int, int]:
         return str(host), int(str(port)), list(replicas)
 
     views = await _each_sentinel(target, view, every=True, answer_s=SENTINEL_ANSWER_S)
+    moved = elsewhere({f"{host}:{port}" if host else "" for host, port, _ in views}, written)
+    if moved is not None:
+        raise Replaced(f"not durable: {moved}")  # no URL: it holds the password
     listed = max(len(replicas) for _, _, replicas in views)
     down = [down_in(replicas) for _, _, replicas in views]
     primaries = {(host, port) for host, port, _ in views}

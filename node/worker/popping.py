@@ -12,7 +12,6 @@ from bus.core import keys, queues
 from bus.core.reasons import Reason
 from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import Begun, SyncRuns, is_utf8
-from bus.store.sentinel import durability
 from node.slot.spec import RunnerSpec
 from node.worker.batch import MAX_BATCH_JOBS
 from node.worker.job import Wake
@@ -34,16 +33,14 @@ class Flags:
 def batch_size(spec: RunnerSpec) -> int:
     """How many queued jobs the slot takes at once: ``batch_jobs`` (at most
     :data:`~node.worker.batch.MAX_BATCH_JOBS`) for python jobs in a warm sandbox, traced or
-    not (each job of a batch has its own attempt span: node/worker/spans.py); else one."""
+    not (each job of a batch has its own attempt span: node/worker/spans.py), on a single or a
+    replicated store; else one."""
     warm = spec.in_process and not spec.sandbox.get("fresh_process")
     if not warm:
         return 1
-    if durability(spec.url) is not None:
-        # a replicated store: one job per take. With batches on, the failover window test ran
-        # a whole take (16 jobs) twice: its WAITAOF confirmed it on a primary woken inside the
-        # failover window, whose last replica the resync then erased (bench/HISTORY.md
-        # #replicated-batches); batches wait until that confirmation refuses in the window
-        return 1
+    # a replicated store too: a take's starts are confirmed (one WAITAOF) before any of its
+    # jobs runs, and its ends before their outcome files are forgotten (node/worker/loop.py);
+    # nothing is confirmed on a primary the Sentinels have replaced (bus/store/sync.py confirm)
     return max(1, min(spec.batch_jobs, MAX_BATCH_JOBS))
 
 

@@ -18,6 +18,7 @@ from bus.store.durable import NotDurable
 from crypto import KeyPair
 from node.host.acl import NODE
 from node.host.replicated import SENTINEL, ReplicatedSet
+from tests.replicated_rig import sentinels_name
 
 CTX = 1
 
@@ -141,3 +142,20 @@ async def test_the_next_write_goes_while_a_batch_waits_to_be_durable(replicated)
             for port in replicated.data_ports[1:]:
                 replicated.child(port).signal(signal.SIGCONT)
     assert outcomes == ["not durable", "not durable"]
+
+
+async def test_no_promise_is_given_on_a_primary_the_sentinels_no_longer_name(replicated):
+    """A primary woken inside a failover still has a replica, which ``WAITAOF`` counts and
+    whose resync from the new primary erases what it confirmed. Once the Sentinels agree on
+    another primary, no promise is given on the old one, even where every replica the count
+    wants confirms (as the runner's confirmation: tests/runners/test_runner_failover.py).
+    They are made to name replica A while the store's connections stay on the primary, both
+    replicas attached; the count is asked again as after a Sentinel's ``+sdown``."""
+    async with open_store(replicated.url(NODE)) as store:
+        await _replicas_ready(store)  # promise every-replica: both replicas confirmed
+        assert store.barrier is not None
+        promoted = replicated.data_ports[1]
+        sentinels_name(replicated, promoted)
+        store.barrier.replicas.changed()
+        with pytest.raises(NotDurable, match=f"Sentinels name primary 127.0.0.1:{promoted}"):
+            await store.durable()

@@ -75,7 +75,9 @@ async def test_one_replica_never_asks_and_waits_for_the_urls_count(autojump_cloc
 
 def test_flags_read_from_each_shape_a_client_returns():
     assert flagged_down({"flags": "s_down,slave"})
-    assert flagged_down({"flags": {"slave", "disconnected"}})
+    assert flagged_down({"flags": {"slave", "s_down", "disconnected"}})
+    # the replica being promoted: the promotion's CLIENT KILL cut every Sentinel's link to it
+    assert not flagged_down({"flags": {"slave", "disconnected"}})
     assert flagged_down([b"name", b"x", b"flags", b"o_down,slave"])
     assert not flagged_down({"flags": "slave"})
     assert not flagged_down(["flags", "slave,promoted"])

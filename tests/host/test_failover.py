@@ -143,6 +143,8 @@ async def test_primary_lost_mid_flow_loses_nothing_and_runs_nothing_twice(tmp_pa
         assert counted[name] == 0, counted
     assert counted["finished_unseen"] == 0, counted  # the run counts read the jobs' file
     assert counted["writes_resumed_s"] >= 0  # writes were confirmed again after the fault
+    # the runners took jobs several at a time (one take, one WAITAOF for its starts)
+    assert events.get("batch_takes", 0) >= 1, events
     if fault == "sigkill-gone":  # ... without the dead server: counted out, shown down
         assert not rig.servers.child(rig.servers.data_ports[0]).running
         [row] = [r for r in after["replicas"] if r["address"] == old_primary]
@@ -240,8 +242,7 @@ async def _flow(rig: Rig, out, fault: str) -> dict[str, object]:  # noqa: ANN001
 
         with trio.fail_after(120):
             # WAVE submits at a time: more jobs queued at once than the node has python slots,
-            # so that, where batches are on (not yet on a replicated store: bench/HISTORY.md
-            # #replicated-batches), the slots take them in batches across the failover
+            # so that the slots take them in batches, across the failover too
             for wave in range(0, N_JOBS, WAVE):
                 if wave <= KILL_AT < wave + WAVE:
                     nursery.start_soon(kill_primary)
@@ -519,11 +520,10 @@ time.sleep(600)
 MARK = "with open('ran-{0}', 'a') as f:\n    f.write('x')\n"
 
 
-async def test_a_take_no_replica_confirms_runs_none_of_its_jobs(tmp_path):
+async def test_a_batch_taken_while_no_replica_confirms_runs_none_of_its_jobs(tmp_path):
     """Four jobs queued behind a gate on the one python slot; both replicas stalled, then the
-    gate killed: its end takes what is queued (one job on a replicated store today, up to
-    ``batch_jobs`` where batches are on) in the same script call, on the primary only.
-    WAITAOF cannot confirm that take, so no job of it may run (a failover now would leave
+    gate killed: its end takes the four in one script call (a batch), on the primary only.
+    WAITAOF cannot confirm that take, so none of the four may run (a failover now would leave
     them queued on the new primary, for another slot to run again): the runner sends the end
     again, and again. Once the replicas are back, each of the four runs once."""
     rig_kw: dict[str, Any] = {"runners": {"python": 1, "sh": 1}, "console_listen": "127.0.0.1:0"}
@@ -561,3 +561,4 @@ async def test_a_take_no_replica_confirms_runs_none_of_its_jobs(tmp_path):
     assert ran_unconfirmed == []  # not one job of the unconfirmed take ran
     assert sorted(r.job_key for r in results if r.ok) == sorted(j.key for j in jobs[1:])
     assert marks == dict.fromkeys("abcd", "x")  # each ran once, once confirmed
+    assert events.get("batch_takes", 0) >= 1  # the four were taken together

@@ -16,9 +16,12 @@ import redis
 
 from bus.store.atomic.runs import NextJob
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError, Unconfirmed, connect
+from bus.store.promise import REFRESH_S
 from bus.store.sentinel import durability
+from bus.store.sync import SyncStore
 from node.host.acl import NODE, RUNNER
 from node.host.replicated import ReplicatedSet
+from tests.replicated_rig import sentinels_name
 
 ELECTION_S = 30.0  # down-after (1 s) plus the election: about 3 s here, more under load
 TAKE = NextJob(("queue:x",), "n:b:1:x:0", 15_000, "x:0")  # how the runner names its start
@@ -163,3 +166,30 @@ def test_a_start_is_confirmed_on_a_replica_before_its_job_runs(replicated):
     assert runs.held("queue:x") == 0  # a new connection, which wrote nothing
     with pytest.raises(Unconfirmed, match="connection that made the writes was lost"):
         runs.confirm()
+
+
+def test_writes_on_a_primary_the_sentinels_no_longer_name_are_not_confirmed(replicated):
+    """A primary woken inside a failover still has a replica, which its ``WAITAOF`` counts,
+    and which then resyncs from the new primary, erasing what it confirmed. Once the
+    Sentinels name another primary, a runner confirms nothing written to the old one, even
+    where every replica the count wants answers, and its next command goes where they point.
+    The Sentinels are made to name replica A here (as after a promotion) while the runner's
+    connection stays on the primary, both replicas attached; the replica count is asked
+    again when it is stale (an injected clock)."""
+    now = [0.0]
+    url = replicated.url(RUNNER, waitaof_timeout_ms="300")
+    store = SyncStore(connect(url, 1), durability(url), clock=lambda: now[0])
+    admin = {"username": NODE, "password": replicated.passwords[NODE]}
+    primary = redis.Redis("127.0.0.1", replicated.data_ports[0], db=1, **admin)
+    primary.rpush("queue:x", "job:1:0")
+    assert primary.wait(2, 10_000) == 2  # both replicas attached and in sync
+    store.command("RPUSH", "queue:x", "job:1:1", writes=True)
+    store.confirm()  # both replicas fsynced it: confirmed
+    promoted = replicated.data_ports[1]
+    sentinels_name(replicated, promoted)
+    now[0] += REFRESH_S  # the count is stale: the Sentinels are asked again
+    store.command("RPUSH", "queue:x", "job:1:2", writes=True)  # still the old primary's connection
+    with pytest.raises(Unconfirmed, match=f"Sentinels name primary 127.0.0.1:{promoted}"):
+        store.confirm()
+    assert store.command("ROLE")[0] == "slave"  # reconnected to the server they name
+    store.close()
