@@ -477,16 +477,13 @@ def _ending(status: int, cpu: float) -> dict[str, Any]:
     return {"exit_code": os.WEXITSTATUS(status), "signal": 0, "cpu_s": cpu}
 
 
-def _cpu() -> float:
-    """This process's CPU so far, its reaped children's included (as wait4 reports it)."""
+def _cpu() -> tuple[float, float]:
+    """This process's CPU so far: its own, and with its reaped children's (as wait4 reports
+    it)."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def _own_cpu_s() -> float:
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
+    mine = own.ru_utime + own.ru_stime
+    return mine, mine + kids.ru_utime + kids.ru_stime
 
 
 def _job_process(sock: socket.socket, shared: mmap.mmap, outer_pidns: str) -> None:
@@ -560,6 +557,36 @@ def _null_stdio() -> None:
     os.close(devnull)
 
 
+def _file_id(fd: int) -> tuple[int, int, int]:
+    stat = os.fstat(fd)
+    return stat.st_dev, stat.st_ino, stat.st_rdev
+
+
+def _fstype(path: str) -> str:
+    """The type of the file system mounted last at ``path`` ("" if none is)."""
+    found = ""
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            head, _, tail = line.partition(b" - ")
+            fields = head.split()
+            if len(fields) > 4 and fields[4] == os.fsencode(path):
+                found = tail.split(b" ", 1)[0].decode()
+    return found
+
+
+def _empty_size(path: str) -> int | None:
+    """The size ``path``, a tmpfs, has while it is empty; None if it is no tmpfs of its own or
+    holds something now (a mount below it). A tmpfs directory's size counts its entries
+    (``BOGO_DIRENT_SIZE`` each, every way one is made: a file, a dir, a link, a rename into
+    it), so one lstat tells that the whole tree is empty: nothing can be below it then."""
+    try:
+        if _fstype(path) != "tmpfs" or empty_dirs([path]) or os.listdir(path):
+            return None
+        return os.lstat(path).st_size
+    except OSError:
+        return None
+
+
 class _Warm:
     """The job process's jobs, and what it set for them, to see what a job changed."""
 
@@ -569,17 +596,29 @@ class _Warm:
         # this process's stat, held open and read again per job (an open and a close less,
         # ~4 us of a job here); named by its inode, for a job may put another file there
         self.stat = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-        stat = os.fstat(self.stat)
-        self.stat_id = (stat.st_dev, stat.st_ino)
-        self.fds = len(os.listdir("/proc/self/fd"))
+        self.stat_id = _file_id(self.stat)
+        # the count of its open files likewise: its fd dir's size (Linux >= 6.2), one fstat a
+        # job where a listing took an open, two reads and a close (~8 us); else the listing
+        self.fd_dir = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fd_dir_id = _file_id(self.fd_dir)
+        # (a listing counts the descriptor it reads through, too)
+        self.fd_dir_sized = os.fstat(self.fd_dir).st_size == len(os.listdir("/proc/self/fd")) - 1
+        # /dev/null for fds 0-2 after each job, held open: an open and a close less a job
+        self.null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.null_id = _file_id(self.null)
+        self.fds = self.open_files() or 0
         self.held = 0  # open files of a batch's later jobs, besides self.fds
+        self.pid = os.getpid()
+        # /tmp seen empty by one lstat instead of a listing (an open, two reads, a close)
+        self.tmp_size = _empty_size("/tmp") if "/tmp" in EMPTIED else None
+        self.not_tmp = [path for path in EMPTIED if path != "/tmp"]
         self.path = list(sys.path)
         self.handlers = [_signal.getsignal(s) for s in _WATCHED]
         self.script, self.code = "", _compiled("")
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
         """Run one job; how it ended, and whether this process must be replaced after it."""
-        began = _cpu()
+        _, began = _cpu()
         struct.pack_into("d", self.shared, 8, began)
         self.shared[0] = _IN_JOB
         os.dup2(out, 1)
@@ -587,7 +626,6 @@ class _Warm:
         os.close(out)
         os.close(err)
         code, signum, spoiled = 127, 0, False
-        me = os.getpid()
         try:
             self.set_limits(request["rlimits"])
             os.umask(0o077)
@@ -604,15 +642,16 @@ class _Warm:
             with _quiet():
                 os.write(2, f"cannot run the job: {exc!r}\n".encode())
             spoiled = True
-        if os.getpid() != me:
+        if os.getpid() != self.pid:
             # a process the job forked came back out of the script (an exception in it): it
             # must not go on as this job process, and answer the runner too
             os._exit(code & 0xFF)
-        _null_stdio()  # the job's files are the runner's alone again
+        spoiled = not self.null_stdio() or spoiled  # the job's files are the runner's again
         self.end_leftovers()
-        left = _left(empty_dirs(EMPTIED))
-        cpu = _cpu() - began
-        spoiled = spoiled or self.spoiled()
+        left = _left(self.empty())
+        own, used = _cpu()
+        cpu = used - began
+        spoiled = spoiled or self.spoiled(own)
         if signum:
             return {"exit_code": None, "signal": signum, "cpu_s": cpu} | left, spoiled
         return {"exit_code": code, "signal": 0, "cpu_s": cpu} | left, spoiled
@@ -698,28 +737,62 @@ class _Warm:
         (num_threads and vsize, fields 20 and 23; the command name before them ends at the
         last ")"), or None if its held file is not that one any more."""
         try:
-            stat = os.fstat(self.stat)
-            if (stat.st_dev, stat.st_ino) != self.stat_id:
+            if _file_id(self.stat) != self.stat_id:
                 return None
             fields = os.pread(self.stat, 4096, 0).rsplit(b")", 1)[1].split()
             return int(fields[17]), int(fields[20])
         except (OSError, ValueError, IndexError):
             return None
 
-    def spoiled(self) -> bool:
+    def open_files(self) -> int | None:
+        """How many files this process has open; None if its held fd dir is not that one any
+        more (a job put another file in its place)."""
+        if not self.fd_dir_sized:
+            return len(os.listdir("/proc/self/fd"))
+        stat = os.fstat(self.fd_dir)
+        if (stat.st_dev, stat.st_ino, stat.st_rdev) != self.fd_dir_id:
+            return None
+        return stat.st_size
+
+    def null_stdio(self) -> bool:
+        """/dev/null on fds 0-2 again; False if the job put another file in place of the one
+        held for this (a fresh /dev/null is put there then, and the process is replaced)."""
+        try:
+            held = _file_id(self.null) == self.null_id
+        except OSError:
+            held = False
+        if not held:
+            _null_stdio()
+            return False
+        for fd in (0, 1, 2):
+            os.dup2(self.null, fd)
+        return True
+
+    def empty(self) -> int:
+        """Empty what a job may have left files in (EMPTIED); how many entries are left. /tmp
+        is listed only when its size says it holds something."""
+        if self.tmp_size is None:
+            return empty_dirs(EMPTIED)
+        try:
+            tmp_empty = os.lstat("/tmp").st_size == self.tmp_size
+        except OSError:
+            tmp_empty = False
+        return empty_dirs(self.not_tmp if tmp_empty else EMPTIED)
+
+    def spoiled(self, own_cpu_s: float) -> bool:
         """Whether the job left what the next job must not meet: a thread, an open file, a
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
-        used, a standard stream closed."""
+        used (``own_cpu_s`` is what it used), a standard stream closed."""
         read = self.threads_and_size()
         if read is None:  # its stat file closed, or another in its place: not as it was
             return True
         threads, mapped = read
-        if threads != 1 or len(os.listdir("/proc/self/fd")) != self.fds + self.held:
+        if threads != 1 or self.open_files() != self.fds + self.held:
             return True
         for name, value in self.limits.items():
             if resource.getrlimit(getattr(resource, name)) != value:
                 return True
-        if _own_cpu_s() > CPU_BUDGET_S:
+        if own_cpu_s > CPU_BUDGET_S:
             return True
         if [_signal.getsignal(s) for s in _WATCHED] != self.handlers:
             return True
