@@ -126,3 +126,33 @@ def test_what_a_job_leaves_in_tmp_is_gone_for_the_next_job_in_the_same_process(
     assert reply["exit_code"] == 0, err
     assert before.startswith("True ")
     assert after == before  # the same process, and /tmp as it was before the job
+
+
+def test_a_failing_python_job_prints_its_traceback_and_the_process_serves_on(
+    tmp_path: Path,
+) -> None:
+    """The traceback a failing job prints is the interpreter's own (the worker imports no
+    traceback module): the whole chain, on the job's stderr; the next job keeps the process."""
+    failing = (
+        "def inner():\n"
+        "    return {}['missing']\n"
+        "try:\n"
+        "    inner()\n"
+        "except KeyError as exc:\n"
+        "    raise ValueError('wrapped') from exc\n"
+    )
+    box, _ = _box(tmp_path, "strict")
+    try:
+        _marks(box, tmp_path)
+        reply, _, err = _run(box, tmp_path, failing, "python")
+        after, _ = _marks(box, tmp_path)
+    finally:
+        box.stop()
+    assert reply["exit_code"] == 1
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert '  File "<job>", line 2, in inner' in lines
+    assert "KeyError: 'missing'" in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert lines[-1] == "ValueError: wrapped"
+    assert after != "None"
