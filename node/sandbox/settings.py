@@ -5,7 +5,7 @@ recycling (1: a fresh sandbox for every job) and ``fresh_process``.
 
     [sandbox]
     bwrap = "bwrap"        # a name looked up in PATH, or a path
-    recycle_jobs = 1000
+    recycle_jobs = 10000
     fresh_process = false  # python jobs of a context share a warm process (node/sandbox/inner.py)
     work_dir = "keep"      # or "per_job": the work dir emptied after each job, as /tmp is
     [sandbox.2]
@@ -20,7 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_BWRAP = "bwrap"
-DEFAULT_RECYCLE_JOBS = 1000
+# A worker runs no job's code (its job process does, and is replaced after CPU_BUDGET_S of CPU
+# or anything a job left in it: node/sandbox/inner.py), and what a job leaves in the sandbox is
+# killed or emptied after each job: a new sandbox every 1,000 jobs a slot cost ~0.06 ms of CPU
+# per local job (a start ~38 ms), 10,000 ~0.006 (bench/HISTORY.md#job-process-cpu)
+DEFAULT_RECYCLE_JOBS = 10_000
 _TOP = {"bwrap": str, "recycle_jobs": int, "fresh_process": bool, "work_dir": str}
 _PER_CONTEXT = {"network": bool, "recycle_jobs": int, "fresh_process": bool, "work_dir": str}
 WORK_DIR_POLICIES = ("keep", "per_job")
