@@ -7,6 +7,7 @@ run_node
     ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
     ├── watch                registry events: contexts, peers registered while running (Registry)
     ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
+    ├── run_node_info        the node's own facts in node:info, once up (node/observe/nodeinfo.py)
     ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
     ├── carry_asks           clients' trace asks to peers, answers back (node/links/trace.py)
     ├── run_console          the web console, when ``[console] listen`` is set (node/web/server.py)
@@ -92,6 +93,7 @@ from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
 from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
+from node.observe.nodeinfo import run_node_info
 from node.observe.tracing import tracing
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable
@@ -268,7 +270,9 @@ async def _run_services(
             console_url=console_url,
             state=node,
         )
-        await _publish(node, info)
+        fields = _node_fields(node, info)
+        await services.start(registry.resilient, "node info", run_node_info, node.store, fields)
+        _write_node_json(node, fields)
         log.info(
             "node %s (%s…) up: %s, redis %s",
             config.name,
@@ -533,8 +537,9 @@ def isolation_fields(iso: Isolation | None) -> dict[str, str]:
     return fields | {"bwrap": iso.bwrap_info, "isolation_fix": iso.fix}
 
 
-async def _publish(node: NodeState, info: NodeInfo) -> None:
-    """Tell clients on this machine where the node is (DB 0 ``node:info`` and run/node.json)."""
+def _node_fields(node: NodeState, info: NodeInfo) -> dict[str, str]:
+    """What tells clients on this machine where the node is (DB 0 ``node:info``, kept there by
+    node/observe/nodeinfo.py, and run/node.json)."""
     fields = {
         "id": info.node_id,
         "name": info.name,
@@ -548,8 +553,10 @@ async def _publish(node: NodeState, info: NodeInfo) -> None:
         "dumpable": str(int(is_dumpable())),
         "signer_dumpable": str(int(node.identity.signer is None or node.identity.signer.dumpable)),
     } | isolation_fields(node.runners.isolation)
-    fields |= encryption_fields(node.config)
-    await registry.publish_node_info(node.store, fields)
+    return fields | encryption_fields(node.config)
+
+
+def _write_node_json(node: NodeState, fields: dict[str, str]) -> None:
     run_dir = node.config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tmp = run_dir / "node.json.tmp"

@@ -191,8 +191,7 @@ class Store:
         """Drop every connection to the old primary (the Sentinels named another): commands
         waiting on a primary that stalled or was cut off end now (StoreError, their service
         restarts) instead of when it comes back; new connections ask the Sentinels."""
-        if self.failover is not None:
-            self.failover.epoch += 1
+        self.saw_failover()
         if self.lane is not None:
             self.lane.drop()
         for client in self._clients.values():
@@ -211,6 +210,30 @@ class Store:
         """Grows with every sign of a failover; pass the value read before a promise's writes
         to :meth:`durable`."""
         return 0 if self.failover is None else self.failover.epoch
+
+    def saw_failover(self) -> None:
+        """The epoch grows: writes made before now may be lost (an old primary demoted)."""
+        if self.failover is not None:
+            self.failover.grow()
+
+    @contextmanager
+    def waking_on_failover(self, wake: Callable[[], None]) -> Iterator[None]:
+        """Call ``wake()`` each time the store sees a failover (its epoch grows) within the
+        block; never on a store without Sentinels.
+
+        A write is not a promise: one the old primary took may be lost in a failover, and
+        what a service writes only when its own state changes (the node's counters, link
+        states, breakers, job statistics, node:info) would then leave the new primary's older
+        copy standing while nothing changes. Such a service wakes its own trigger here and
+        writes again (docs/operate/promise.md)."""
+        if self.failover is None:
+            yield
+            return
+        self.failover.wakes.append(wake)
+        try:
+            yield
+        finally:
+            self.failover.wakes.remove(wake)
 
     async def topology(self) -> dict[str, Any]:
         """Where this store's primary and replicas are (bus/store/topology.py)."""

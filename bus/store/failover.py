@@ -94,12 +94,19 @@ class Failover:
         # grows with every sign of a failover (an error handled here, a pool dropped): a
         # promise whose writes and barrier did not all happen in one epoch is not given
         self.epoch = 0
+        self.wakes: list[Callable[[], None]] = []  # called each time the epoch grows
+
+    def grow(self) -> None:
+        """A sign of a failover: the epoch grows, and every one of :attr:`wakes` is called."""
+        self.epoch += 1
+        for wake in list(self.wakes):
+            wake()
 
     def noticed(self, exc: BaseException) -> None:
         """Count a failure that a failover may explain (the epoch grows), and leave the old
         primary when ``exc`` shows a connection reaches a server that is no longer one."""
         if _not_run(exc) or _cut(exc):
-            self.epoch += 1
+            self.grow()
         if _stale(exc):
             self.leave()
 

@@ -117,16 +117,20 @@ async def run_pressure_watch(
 
     read_memory = measure_memory or memory
     started = False
+    since = node.store.epoch
     while True:
         free = await trio.to_thread.run_sync(measure_disk, paths)
         verdicts = {
             DISK: disk_verdict(node.config, free),
             STORE_MEMORY: memory_verdict(node.config, *await read_memory()),
         }
-        if apply_verdicts(node, verdicts) or not started:
+        # a failover may have lost the last write (Store.waking_on_failover): written again
+        lost = node.store.epoch != since
+        if apply_verdicts(node, verdicts) or not started or lost:
             facts = {HELD_FIELD: node.pressure.hold.text()}
-            if not started:
+            if not started or lost:
                 facts[BOUNDS_FIELD] = published_bounds(node.config)
+            since = node.store.epoch
             await registry.publish_node_info(node.store, facts)
         if not started:
             task_status.started()

@@ -27,13 +27,14 @@ async def run_breaker_publisher(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Write the breakers' states to ``node:info`` at start and after each change, at most once
-    every PUBLISH_EVERY_S (a flapping link must not cost a write per event). Raises
-    StoreError."""
+    """Write the breakers' states to ``node:info`` at start, after each change and after each
+    failover the store sees (Store.waking_on_failover), at most once every PUBLISH_EVERY_S
+    (a flapping link must not cost a write per event). Raises StoreError."""
     task_status.started()
-    while True:
-        changed = breakers.changed
-        snapshot = json.dumps(breakers.snapshot(), separators=(",", ":"))
-        await registry.publish_node_info(store, {BREAKERS_FIELD: snapshot})
-        await trio.sleep(PUBLISH_EVERY_S)
-        await changed.wait()  # at once if a breaker changed since the snapshot
+    with store.waking_on_failover(lambda: breakers.changed.set()):
+        while True:
+            changed = breakers.changed
+            snapshot = json.dumps(breakers.snapshot(), separators=(",", ":"))
+            await registry.publish_node_info(store, {BREAKERS_FIELD: snapshot})
+            await trio.sleep(PUBLISH_EVERY_S)
+            await changed.wait()  # at once if a breaker changed since the snapshot

@@ -49,15 +49,17 @@ async def run_counters(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Publish the counters, then again after each change, at most once every
+    """Publish the counters, then again after each change and after each failover the store
+    sees (a failover may lose a write: Store.waking_on_failover), at most once every
     PUBLISH_INTERVAL_S. Reports started after the first write. Raises StoreError if Redis
     fails (``resilient`` restarts it)."""
-    await publish(counters, store, transport)
-    task_status.started()
-    while True:
-        await trio.sleep(PUBLISH_INTERVAL_S)
-        await counters.counted.wait()
+    with store.waking_on_failover(lambda: counters.counted.set()):
         await publish(counters, store, transport)
+        task_status.started()
+        while True:
+            await trio.sleep(PUBLISH_INTERVAL_S)
+            await counters.counted.wait()
+            await publish(counters, store, transport)
 
 
 def read(info: dict[str, str]) -> dict[str, int]:

@@ -6,8 +6,10 @@ the node (stats_jobs.lua: stats_collected) instead of one ``HINCRBY`` per figure
 node adds them up in its memory (node/state.py: JobStats) and writes its totals, one field
 ``node|<node id>`` per context (a JSON object, as a runner slot's: bus/store/atomic/stats.py),
 at most once every :data:`WRITE_INTERVAL_S` after a change, before each metrics scrape (so a
-scrape shows every job answered before it) and when the node stops. A node killed loses what
-it counted since its last write (at most that interval); the next run goes on from its field.
+scrape shows every job answered before it) and when the node stops; and every context's
+totals again once the store has seen a failover, which may have lost the last write
+(Store.waking_on_failover). A node killed loses what it counted since its last write (at
+most that interval); the next run goes on from its field.
 """
 
 from __future__ import annotations
@@ -38,14 +40,18 @@ class JobStatsWriter:
         self.field = NODE_FIELD + node_id[:16]
         self.totals: dict[int, StatsBatch] = {}
         self.lock = trio.Lock()
+        self.again = False  # the store saw a failover: every total is written again
 
     async def write(self) -> None:
-        """Write every context's totals with what was counted since; what a failed write
-        held is counted again in the next one. StoreError if Valkey fails."""
+        """Write every context's totals with what was counted since (after a failover, also
+        those with nothing new); what a failed write held is counted again in the next one.
+        StoreError if Valkey fails."""
         async with self.lock:
             self.stats.counted = trio.Event()  # a count during the write: written next time
-            for ctx in list(self.stats.pending):
-                batch = self.stats.pending.pop(ctx)
+            every, self.again = self.again, False
+            again = [ctx for ctx in self.totals if every and ctx not in self.stats.pending]
+            for ctx in [*self.stats.pending, *again]:
+                batch = self.stats.pending.pop(ctx, StatsBatch())
                 try:
                     totals = self.totals.get(ctx)
                     if totals is None:
@@ -54,6 +60,7 @@ class JobStatsWriter:
                     text = orjson.dumps(totals.figures()).decode()
                     await records.set_stats_totals(self.store, ctx, self.field, text)
                 except BaseException:
+                    self.again = self.again or every
                     later = self.stats.pending.get(ctx, StatsBatch())
                     self.stats.pending[ctx] = batch.merged(later)
                     self.stats.counted.set()
@@ -63,16 +70,25 @@ class JobStatsWriter:
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
-        """Write after each change, at most once every WRITE_INTERVAL_S, and once more when
-        cancelled (the node stopping). Raises StoreError if Valkey fails (``resilient``
-        restarts it)."""
+        """Write after each change and after the store has seen a failover, at most once
+        every WRITE_INTERVAL_S, and once more when cancelled (the node stopping). Raises
+        StoreError if Valkey fails (``resilient`` restarts it)."""
         self.stats.write = self.write  # the metrics scrape writes before it reads
+
+        def seen() -> None:
+            self.again = True
+            self.stats.counted.set()
+
+        # restarted after a store error, which a failover may explain: every total again
+        if self.totals:
+            seen()
         task_status.started()
         try:
-            while True:
-                await self.stats.counted.wait()
-                await self.write()
-                await trio.sleep(WRITE_INTERVAL_S)
+            with self.store.waking_on_failover(seen):
+                while True:
+                    await self.stats.counted.wait()
+                    await self.write()
+                    await trio.sleep(WRITE_INTERVAL_S)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 with contextlib.suppress(StoreError):  # stopping: those counts are lost

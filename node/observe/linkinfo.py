@@ -33,15 +33,17 @@ async def run_link_info(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Publish the link states, then again after each change (at most once every
-    PUBLISH_INTERVAL_S). Reports started after the first write. Raises StoreError if Redis
-    fails (``resilient`` restarts it)."""
-    await publish_links(store, transport)
-    task_status.started()
-    while True:
-        await trio.sleep(PUBLISH_INTERVAL_S)
-        await transport.states.changed.wait()
+    """Publish the link states, then again after each change and after each failover the
+    store sees (Store.waking_on_failover), at most once every PUBLISH_INTERVAL_S. Reports
+    started after the first write. Raises StoreError if Redis fails (``resilient`` restarts
+    it)."""
+    with store.waking_on_failover(lambda: transport.states.changed.set()):
         await publish_links(store, transport)
+        task_status.started()
+        while True:
+            await trio.sleep(PUBLISH_INTERVAL_S)
+            await transport.states.changed.wait()
+            await publish_links(store, transport)
 
 
 def read_links(info: dict[str, str]) -> dict[str, dict[str, object]]:

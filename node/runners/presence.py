@@ -61,6 +61,7 @@ async def run_presence(
     """Register ``slots`` and keep their presence alive until cancelled; then delete it.
 
     Raises StoreError if Redis fails (the caller restarts the service)."""
+    since = store.epoch
     await register(identity, store, ctx, slots, address)
     started_at = now()
     try:
@@ -68,6 +69,9 @@ async def run_presence(
         task_status.started()
         while True:
             await trio.sleep(PRESENCE_REFRESH_S)  # a heartbeat timer, not polling for state
+            if store.epoch != since:  # a failover may have lost the registration: again
+                since = store.epoch
+                await register(identity, store, ctx, slots, address)
             await _beat(identity, store, ctx, slots, started_at)
     finally:
         with trio.CancelScope(shield=True), trio.move_on_after(2):
