@@ -38,7 +38,7 @@ from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
-from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back
+from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back, tail_of, written
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span
@@ -372,22 +372,22 @@ class JobRun:
         """How the job ended, from the sandbox's answer and its output files: its exit
         status and output, or the limit it hit."""
         limit = self.spec.max_output_bytes
-        sizes = [os.fstat(fd).st_size for fd in fds]
-        for fd, size in zip(fds, sizes, strict=True):
+        files = [written(fd) for fd in fds]
+        for fd, w in zip(fds, files, strict=True):
             # answered: the job process closed them and its leftovers are dead (the sandbox
             # answers only then), so an empty one stays empty; a killed sandbox may not be
-            if size == 0 and cur.answered:
+            if w.size == 0 and cur.answered:
                 self.empty.add(fd)
             else:
                 self.empty.discard(fd)
-        tail = os.pread(fds[1], TAIL_BYTES, max(0, sizes[1] - TAIL_BYTES)) if sizes[1] else b""
-        out, err = (read_back(fd, size, limit) for fd, size in zip(fds, sizes, strict=True))
+        tail = tail_of(fds[1], files[1], TAIL_BYTES)
+        out, err = (read_back(fd, w, limit) for fd, w in zip(fds, files, strict=True))
         if os.getppid() != PROCESS.parent:
             # orphaned: should this process not get to record the end, the next node adopts it
             self.keep({"exit_code": code, "stdout": out, "stderr": err}, name=cur.outcome_name)
         signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
         ending = Ending(reply["exit_code"], signum, cpu_s, str(reply.get("bound") or ""))
-        hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))
+        hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(w.size for w in files))
         outcome = outcome_of(code, out, err, limit)
         if hit is not None and not cur.kill_reason:
             return Outcome(JobStatus.ERROR, outcome.result, f"{hit}: {_LIMIT_TEXT[hit]}")

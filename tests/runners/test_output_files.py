@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from bus.core.models import JobStatus, RunnerJob
+from node.slot import exits
 from tests.scripts import command_job_run
 
 SH = ["/bin/sh", "-s"]
@@ -71,3 +74,28 @@ def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_o
         assert (last.result["stdout"], last.result["stderr"]) == ("out\n", "err\n")
     finally:
         jobs.sandbox.stop()
+
+
+SIZES = [0, 3, 4095, 4097, exits.HEAD_BYTES, exits.HEAD_BYTES + 5, 200_000]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("limit", [0, 10, 65_536, 1_000_000])
+def test_an_output_read_from_its_head_is_what_reading_its_size_gave(
+    tmp_path: Path, size: int, limit: int
+) -> None:
+    """The output and its stderr tail read with one pread where the file is short, as an fstat
+    of its size and reads of that gave them (two system calls a file, one now)."""
+    data = bytes(range(256)) * (size // 256) + b"y" * (size % 256)
+    path = tmp_path / "out"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        w = exits.written(fd)
+        assert w.size == size
+        assert exits.tail_of(fd, w, 4096) == data[-4096:]
+        text = data[: min(size, limit)].decode("utf-8", "replace")
+        expected = text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
+        assert exits.read_back(fd, w, limit) == (expected if size else "")
+    finally:
+        os.close(fd)
