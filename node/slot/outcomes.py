@@ -107,6 +107,9 @@ def slot_path(run_dir: Path, ctx: int, slot_id: str) -> Path:
     return run_dir / "outcome-slots" / f"{ctx}-{slot_id}"
 
 
+BLANKED_MAX = 4096  # the longest record SlotFile.clear blanks instead of truncating
+
+
 class SlotFile:
     """A runner slot's outcome file: the outcome of the attempt its process is ending, and the
     name of the outcome file it stands for. Each record is one ``pwrite`` at offset 0, padded
@@ -137,10 +140,16 @@ class SlotFile:
         self.size = max(self.size, len(data))
 
     def clear(self) -> None:
-        """Valkey has the end: the slot holds no outcome."""
-        if self.size:
+        """Valkey has the end: the slot holds no outcome. Blanked in place (a blank file holds
+        none: :func:`unpack_slot`), as a record is written: an ftruncate of a file with data
+        costs ~8 us on ext4 (the inode journalled), a pwrite of a few blanks ~1
+        (bench/HISTORY.md#runner-syscalls). Truncated still past :data:`BLANKED_MAX`, so that
+        one large batch record does not pad every later one."""
+        if self.size > BLANKED_MAX:
             os.ftruncate(self.fd, 0)
             self.size = 0
+        elif self.size:
+            os.pwrite(self.fd, b" " * self.size, 0)
 
 
 def unpack_slot(run_dir: Path, ctx: int, slot_id: str) -> str | None:

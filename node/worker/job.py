@@ -38,7 +38,7 @@ from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
-from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back
+from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of, read_back, tail_of, written
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span
@@ -152,11 +152,19 @@ def _open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
         raise
 
 
-def _emptied(fds: tuple[int, int]) -> tuple[int, int]:
+def _emptied(fds: tuple[int, int], empty: set[int]) -> tuple[int, int]:
     """``fds`` empty, their shared offset at 0 (the sandbox writes through the same open file
-    descriptions), for the next job's output."""
+    descriptions), for the next job's output. A file in ``empty`` (seen empty after a job's
+    answer, its writers gone) is not truncated: an ftruncate journals the inode on ext4 even
+    when there is nothing to cut (~2.8 us, the most costly system call of a job here:
+    bench/HISTORY.md#runner-syscalls), and a job's stderr is mostly empty. Its offset is still
+    reset: a job may have moved it without writing. Either way it leaves ``empty``: it is
+    handed to a job next."""
     for fd in fds:
-        os.ftruncate(fd, 0)
+        if fd in empty:
+            empty.discard(fd)
+        else:
+            os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
     return fds
 
@@ -220,6 +228,9 @@ class JobRun:
         # its jobs ended with so far, which only this process holds, written for the next node
         self.on_orphan: Callable[[], None] | None = None
         self.batch_fds: dict[int, tuple[int, int]] = {}  # a batch's output files past the first
+        # output files seen empty after a job's answer, nothing left that could write them:
+        # emptied again without an ftruncate (:func:`_emptied`)
+        self.empty: set[int] = set()
         self.batch_paths: dict[int, tuple[Path, Path]] = {}  # their names (node/worker/batch.py)
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
@@ -274,9 +285,9 @@ class JobRun:
         process before this one may have left output there) on first use; emptied here only
         if :meth:`empty_logs` did not run after the last job."""
         if self.log_fds is None:
-            self.log_fds = _emptied(_open_logs(self.logs))
+            self.log_fds = _emptied(_open_logs(self.logs), self.empty)
         elif self.logs_used:
-            _emptied(self.log_fds)
+            _emptied(self.log_fds, self.empty)
         self.logs_used = True
         return self.log_fds
 
@@ -287,7 +298,7 @@ class JobRun:
         ~40 us of a lone job's path here, bench/HISTORY.md#lone-job-latency). The output
         then does not outlive the job's end either."""
         if self.logs_used and self.log_fds is not None:
-            _emptied(self.log_fds)
+            _emptied(self.log_fds, self.empty)
         self.logs_used = False
 
     def end_logs(self, status: str) -> None:
@@ -361,15 +372,22 @@ class JobRun:
         """How the job ended, from the sandbox's answer and its output files: its exit
         status and output, or the limit it hit."""
         limit = self.spec.max_output_bytes
-        sizes = [os.fstat(fd).st_size for fd in fds]
-        tail = os.pread(fds[1], TAIL_BYTES, max(0, sizes[1] - TAIL_BYTES)) if sizes[1] else b""
-        out, err = (read_back(fd, size, limit) for fd, size in zip(fds, sizes, strict=True))
+        files = [written(fd) for fd in fds]
+        for fd, w in zip(fds, files, strict=True):
+            # answered: the job process closed them and its leftovers are dead (the sandbox
+            # answers only then), so an empty one stays empty; a killed sandbox may not be
+            if w.size == 0 and cur.answered:
+                self.empty.add(fd)
+            else:
+                self.empty.discard(fd)
+        tail = tail_of(fds[1], files[1], TAIL_BYTES)
+        out, err = (read_back(fd, w, limit) for fd, w in zip(fds, files, strict=True))
         if os.getppid() != PROCESS.parent:
             # orphaned: should this process not get to record the end, the next node adopts it
             self.keep({"exit_code": code, "stdout": out, "stderr": err}, name=cur.outcome_name)
         signum, cpu_s = int(reply.get("signal") or 0), float(reply.get("cpu_s") or 0)
         ending = Ending(reply["exit_code"], signum, cpu_s, str(reply.get("bound") or ""))
-        hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(sizes))
+        hit = limit_reason(ending, self.sandbox.spec.limit_values, tail, max(w.size for w in files))
         outcome = outcome_of(code, out, err, limit)
         if hit is not None and not cur.kill_reason:
             return Outcome(JobStatus.ERROR, outcome.result, f"{hit}: {_LIMIT_TEXT[hit]}")

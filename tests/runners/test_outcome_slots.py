@@ -76,3 +76,26 @@ def test_what_is_not_a_record_is_dropped(tmp_path: Path) -> None:
         assert path.read_bytes() == b""
     assert list(outcomes.outcome_dir(tmp_path).iterdir()) == []
     assert outcomes.unpack_slot(tmp_path, 2, "sh-0") is None  # no file: a slot that never ran
+
+
+def test_a_recorded_end_blanks_a_short_record_and_truncates_a_long_one(tmp_path: Path) -> None:
+    """Blanks over a short record (one pwrite; an ftruncate of a file with data journals its
+    inode: bench/HISTORY.md#runner-syscalls) read as no outcome; a record longer than
+    BLANKED_MAX is truncated away, so that it does not pad every later record."""
+    slot = _slot(tmp_path)
+    named = outcomes.outcome_path(tmp_path, 1, "job:1:5", 1)
+    slot.keep(named.name, {"exit_code": 0})
+    size = os.path.getsize(slot.path)
+    slot.clear()
+    assert slot.path.read_bytes() == b" " * size
+    assert outcomes.unpack_slot(tmp_path, 1, "python-0") is None
+    assert not named.exists()
+
+    big = {"exit_code": 0, "stdout": "x" * outcomes.BLANKED_MAX}
+    slot.keep(outcomes.outcome_name(1, "job:1:6", 1), big)
+    slot.clear()
+    assert os.path.getsize(slot.path) == 0
+    slot.keep(named.name, {"exit_code": 4})
+    assert os.path.getsize(slot.path) < 100  # not padded to the long one
+    assert outcomes.unpack_slot(tmp_path, 1, "python-0") == named.name
+    assert outcomes.read_outcome(named) == {"exit_code": 4}

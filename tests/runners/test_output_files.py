@@ -1,0 +1,101 @@
+"""A runner's output files between two jobs (node/worker/job.py ``_emptied``,
+bench/HISTORY.md#runner-syscalls).
+
+* A file seen empty after a job's answer is not truncated again before the next job: an
+  ftruncate journals the inode on ext4 even when there is nothing to cut, and a job's stderr is
+  mostly empty. Seen by the file's mtime, which every ftruncate sets, even to the same size.
+* What that must not cost: the next job's output is exactly its own. A job that moved its
+  file's offset without writing leaves an empty file whose shared offset is not 0; the next
+  job's output still starts at 0 (no hole of zero bytes before it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bus.core.models import JobStatus, RunnerJob
+from node.slot import exits
+from tests.scripts import command_job_run
+
+SH = ["/bin/sh", "-s"]
+OLD_NS = 1_000_000_000  # an mtime long past: any truncation after it shows
+
+
+def _job(ident: int, script: str) -> RunnerJob:
+    return RunnerJob(1, ident, 1, script, "sh", timeout=60)
+
+
+def test_an_output_file_seen_empty_is_not_truncated_again(tmp_path: Path, redis_url: str) -> None:
+    run = command_job_run(tmp_path, redis_url, SH)
+    jobs = run.job_run
+    out_file, err_file = jobs.logs
+    try:
+        first = run(_job(1, "echo first"))
+        assert (first.status, first.result["stdout"]) == (JobStatus.FINISHED, "first\n")
+        os.utime(out_file, ns=(OLD_NS, OLD_NS))
+        os.utime(err_file, ns=(OLD_NS, OLD_NS))
+        jobs.empty_logs()  # the loop's step once the end is recorded
+        assert os.stat(err_file).st_mtime_ns == OLD_NS  # empty: left as it was
+        assert os.stat(out_file).st_mtime_ns != OLD_NS  # written: truncated
+        assert out_file.read_text() == ""
+
+        second = run(_job(2, "echo second-error >&2"))
+        assert (second.result["stdout"], second.result["stderr"]) == ("", "second-error\n")
+        os.utime(err_file, ns=(OLD_NS, OLD_NS))
+        jobs.empty_logs()
+        assert os.stat(err_file).st_mtime_ns != OLD_NS  # it held output: truncated
+        assert (out_file.read_text(), err_file.read_text()) == ("", "")
+    finally:
+        jobs.sandbox.stop()
+
+
+def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_output(
+    tmp_path: Path, redis_url: str
+) -> None:
+    run = command_job_run(tmp_path, redis_url, SH)
+    jobs = run.job_run
+    # the shell's own fds 1 and 2 are the slot's files' open descriptions: moved, not written
+    seek = "/usr/bin/python3 -c 'import os; os.lseek(1, 4096, 0); os.lseek(2, 4096, 0)'"
+    try:
+        moved = run(_job(1, seek))
+        assert (moved.status, moved.result["stdout"], moved.result["stderr"]) == (
+            JobStatus.FINISHED,
+            "",
+            "",
+        )
+        jobs.empty_logs()
+        after = run(_job(2, "echo out; echo err >&2"))
+        assert (after.result["stdout"], after.result["stderr"]) == ("out\n", "err\n")
+        # and with no empty_logs between (a job whose end was recorded elsewhere)
+        run(_job(3, seek))
+        last = run(_job(4, "echo out; echo err >&2"))
+        assert (last.result["stdout"], last.result["stderr"]) == ("out\n", "err\n")
+    finally:
+        jobs.sandbox.stop()
+
+
+SIZES = [0, 3, 4095, 4097, exits.HEAD_BYTES, exits.HEAD_BYTES + 5, 200_000]
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("limit", [0, 10, 65_536, 1_000_000])
+def test_an_output_read_from_its_head_is_what_reading_its_size_gave(
+    tmp_path: Path, size: int, limit: int
+) -> None:
+    """The output and its stderr tail read with one pread where the file is short, as an fstat
+    of its size and reads of that gave them (two system calls a file, one now)."""
+    data = bytes(range(256)) * (size // 256) + b"y" * (size % 256)
+    path = tmp_path / "out"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        w = exits.written(fd)
+        assert w.size == size
+        assert exits.tail_of(fd, w, 4096) == data[-4096:]
+        text = data[: min(size, limit)].decode("utf-8", "replace")
+        expected = text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
+        assert exits.read_back(fd, w, limit) == (expected if size else "")
+    finally:
+        os.close(fd)
