@@ -76,7 +76,7 @@ def _files(run: JobRun, index: int) -> tuple[int, int]:
     fds = run.batch_fds.get(index)
     if fds is None:
         fds = run.batch_fds[index] = _open_logs(batch_logs(run, index))
-    return _emptied(fds, run.empty)
+    return _emptied(fds)
 
 
 def _waiting(run: JobRun, item: Item, index: int, at: float) -> _Current:

@@ -152,19 +152,11 @@ def _open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
         raise
 
 
-def _emptied(fds: tuple[int, int], empty: set[int]) -> tuple[int, int]:
+def _emptied(fds: tuple[int, int]) -> tuple[int, int]:
     """``fds`` empty, their shared offset at 0 (the sandbox writes through the same open file
-    descriptions), for the next job's output. A file in ``empty`` (seen empty after a job's
-    answer, its writers gone) is not truncated: an ftruncate journals the inode on ext4 even
-    when there is nothing to cut (~2.8 us, the most costly system call of a job here:
-    bench/HISTORY.md#runner-syscalls), and a job's stderr is mostly empty. Its offset is still
-    reset: a job may have moved it without writing. Either way it leaves ``empty``: it is
-    handed to a job next."""
+    descriptions), for the next job's output."""
     for fd in fds:
-        if fd in empty:
-            empty.discard(fd)
-        else:
-            os.ftruncate(fd, 0)
+        os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
     return fds
 
@@ -228,9 +220,6 @@ class JobRun:
         # its jobs ended with so far, which only this process holds, written for the next node
         self.on_orphan: Callable[[], None] | None = None
         self.batch_fds: dict[int, tuple[int, int]] = {}  # a batch's output files past the first
-        # output files seen empty after a job's answer, nothing left that could write them:
-        # emptied again without an ftruncate (:func:`_emptied`)
-        self.empty: set[int] = set()
         self.batch_paths: dict[int, tuple[Path, Path]] = {}  # their names (node/worker/batch.py)
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
@@ -285,9 +274,9 @@ class JobRun:
         process before this one may have left output there) on first use; emptied here only
         if :meth:`empty_logs` did not run after the last job."""
         if self.log_fds is None:
-            self.log_fds = _emptied(_open_logs(self.logs), self.empty)
+            self.log_fds = _emptied(_open_logs(self.logs))
         elif self.logs_used:
-            _emptied(self.log_fds, self.empty)
+            _emptied(self.log_fds)
         self.logs_used = True
         return self.log_fds
 
@@ -298,7 +287,7 @@ class JobRun:
         ~40 us of a lone job's path here, bench/HISTORY.md#lone-job-latency). The output
         then does not outlive the job's end either."""
         if self.logs_used and self.log_fds is not None:
-            _emptied(self.log_fds, self.empty)
+            _emptied(self.log_fds)
         self.logs_used = False
 
     def end_logs(self, status: str) -> None:
@@ -373,13 +362,6 @@ class JobRun:
         status and output, or the limit it hit."""
         limit = self.spec.max_output_bytes
         files = [written(fd) for fd in fds]
-        for fd, w in zip(fds, files, strict=True):
-            # answered: the job process closed them and its leftovers are dead (the sandbox
-            # answers only then), so an empty one stays empty; a killed sandbox may not be
-            if w.size == 0 and cur.answered:
-                self.empty.add(fd)
-            else:
-                self.empty.discard(fd)
         tail = tail_of(fds[1], files[1], TAIL_BYTES)
         out, err = (read_back(fd, w, limit) for fd, w in zip(fds, files, strict=True))
         if os.getppid() != PROCESS.parent:

@@ -1,12 +1,8 @@
 """A runner's output files between two jobs (node/worker/job.py ``_emptied``,
-bench/HISTORY.md#runner-syscalls).
-
-* A file seen empty after a job's answer is not truncated again before the next job: an
-  ftruncate journals the inode on ext4 even when there is nothing to cut, and a job's stderr is
-  mostly empty. Seen by the file's mtime, which every ftruncate sets, even to the same size.
-* What that must not cost: the next job's output is exactly its own. A job that moved its
-  file's offset without writing leaves an empty file whose shared offset is not 0; the next
-  job's output still starts at 0 (no hole of zero bytes before it)."""
+bench/HISTORY.md#runner-syscalls): the next job's output is exactly its own. A job that moved
+its file's offset without writing leaves an empty file whose shared offset is not 0; the next
+job's output still starts at 0 (no hole of zero bytes before it). And what a job wrote is read
+back from the file's head as it was from its size."""
 
 from __future__ import annotations
 
@@ -20,35 +16,10 @@ from node.slot import exits
 from tests.scripts import command_job_run
 
 SH = ["/bin/sh", "-s"]
-OLD_NS = 1_000_000_000  # an mtime long past: any truncation after it shows
 
 
 def _job(ident: int, script: str) -> RunnerJob:
     return RunnerJob(1, ident, 1, script, "sh", timeout=60)
-
-
-def test_an_output_file_seen_empty_is_not_truncated_again(tmp_path: Path, redis_url: str) -> None:
-    run = command_job_run(tmp_path, redis_url, SH)
-    jobs = run.job_run
-    out_file, err_file = jobs.logs
-    try:
-        first = run(_job(1, "echo first"))
-        assert (first.status, first.result["stdout"]) == (JobStatus.FINISHED, "first\n")
-        os.utime(out_file, ns=(OLD_NS, OLD_NS))
-        os.utime(err_file, ns=(OLD_NS, OLD_NS))
-        jobs.empty_logs()  # the loop's step once the end is recorded
-        assert os.stat(err_file).st_mtime_ns == OLD_NS  # empty: left as it was
-        assert os.stat(out_file).st_mtime_ns != OLD_NS  # written: truncated
-        assert out_file.read_text() == ""
-
-        second = run(_job(2, "echo second-error >&2"))
-        assert (second.result["stdout"], second.result["stderr"]) == ("", "second-error\n")
-        os.utime(err_file, ns=(OLD_NS, OLD_NS))
-        jobs.empty_logs()
-        assert os.stat(err_file).st_mtime_ns != OLD_NS  # it held output: truncated
-        assert (out_file.read_text(), err_file.read_text()) == ("", "")
-    finally:
-        jobs.sandbox.stop()
 
 
 def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_output(
