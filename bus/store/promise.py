@@ -88,9 +88,9 @@ def counted_out(views: list[set[str]], attached: set[str] | None) -> int:
 
 
 def address(named: object) -> str:
-    """ip:port of a primary as ``SENTINEL GET-MASTER-ADDR-BY-NAME`` names it (a pair; None
-    when the Sentinel knows no primary: "")."""
-    if not isinstance(named, list | tuple) or len(named) != 2:
+    """ip:port of a primary as ``SENTINEL GET-MASTER-ADDR-BY-NAME`` names it (a pair); ""
+    when the Sentinel knows no primary (None, or a pair without a host)."""
+    if not isinstance(named, list | tuple) or len(named) != 2 or not named[0]:
         return ""
     return f"{_text(named[0])}:{_text(named[1])}"
 

@@ -16,7 +16,14 @@ import coredis
 import coredis.exceptions
 
 from bus.errors import StoreError
-from bus.store.promise import ReplicasWanted, counted_out, down_in, elsewhere, flagged_down
+from bus.store.promise import (
+    ReplicasWanted,
+    address,
+    counted_out,
+    down_in,
+    elsewhere,
+    flagged_down,
+)
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 _FAILED = (coredis.exceptions.RedisError, OSError)
@@ -95,7 +102,7 @@ async def known_replicas(url: str, written: str | None = None) -> tuple[int, int
         return str(host), int(str(port)), list(replicas)
 
     views = await _each_sentinel(target, view, every=True, answer_s=SENTINEL_ANSWER_S)
-    moved = elsewhere({f"{host}:{port}" if host else "" for host, port, _ in views}, written)
+    moved = elsewhere({address((host, port)) for host, port, _ in views}, written)
     if moved is not None:
         raise Replaced(f"not durable: {moved}")  # no URL: it holds the password
     listed = max(len(replicas) for _, _, replicas in views)

@@ -12,8 +12,10 @@ from bus.store.promise import (
     ONE_REPLICA,
     REFRESH_S,
     ReplicasWanted,
+    address,
     counted_out,
     down_in,
+    elsewhere,
     flagged_down,
 )
 
@@ -95,3 +97,18 @@ def test_a_replica_is_counted_out_only_if_every_sentinel_flags_it_and_it_is_deta
     # still attached to the primary: WAITAOF would count its fsync for a promotable one's
     assert counted_out([down_in(rows)], {"10.0.0.2:6379"}) == 0
     assert counted_out([down_in(rows)], None) == 0  # the primary did not answer
+
+
+def test_writes_are_elsewhere_only_when_every_answering_sentinel_names_another_primary():
+    # the shapes a primary's address comes in: redis-py's list of bytes, coredis' pair
+    assert address([b"10.0.0.1", b"6379"]) == address(("10.0.0.1", 6379)) == "10.0.0.1:6379"
+    assert address(None) == address(("", 0)) == ""  # a Sentinel that knows no primary
+    assert elsewhere({"10.0.0.2:6379"}, "10.0.0.1:6379") == (
+        "the Sentinels name primary 10.0.0.2:6379, the writes went to 10.0.0.1:6379"
+    )
+    assert elsewhere({"10.0.0.1:6379"}, "10.0.0.1:6379") is None  # the one they name
+    # they disagree (a failover in progress), one knows none, or where the writes went is
+    # not known: the replica count decides, as before
+    assert elsewhere({"10.0.0.1:6379", "10.0.0.2:6379"}, "10.0.0.1:6379") is None
+    assert elsewhere({""}, "10.0.0.1:6379") is None
+    assert elsewhere({"10.0.0.2:6379"}, None) is None
