@@ -77,6 +77,16 @@ def work_file(node, name: str, context: int = 1) -> Path:  # noqa: ANN001 - a te
     return Path(node.config.home) / "work" / str(context) / name
 
 
+SH = ["/bin/sh", "-s"]  # the command of command_job_run's sh jobs: the script on stdin
+
+
+def sh_job(ident: int, script: str):  # noqa: ANN201 - a RunnerJob, imported lazily as below
+    """A sh job numbered ``ident`` of context 1, for :func:`command_job_run` with :data:`SH`."""
+    from bus.core.models import RunnerJob
+
+    return RunnerJob(1, ident, 1, script, "sh", timeout=60)
+
+
 def command_job_run(tmp_path, redis_url: str, command: list[str]):
     """A runner process's JobRun (node/worker/job.py) for command jobs, set up in this
     process as a runner would be (its run directory under ``tmp_path``): ``run(job)`` runs

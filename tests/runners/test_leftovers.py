@@ -12,9 +12,7 @@ import trio
 
 from bus.core.models import JobStatus, RunnerJob
 from crypto import read_key_file
-from tests.scripts import command_job_run
-
-SH = ["/bin/sh", "-s"]
+from tests.scripts import SH, command_job_run
 
 
 def job(script: str, script_type: str = "python") -> RunnerJob:

@@ -17,19 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from bus.core.models import JobStatus, RunnerJob
+from bus.core.models import JobStatus
 from bus.store.atomic.runs_sync import SyncRuns
 from node.slot.spec import RunnerSpec
 from node.worker import job as procjob
 from node.worker.reports import Reports
 from tests.sandbox.test_sandbox import _box
-from tests.scripts import command_job_run
-
-SH = ["/bin/sh", "-s"]
-
-
-def _job(ident: int, script: str) -> RunnerJob:
-    return RunnerJob(1, ident, 1, script, "sh", timeout=60)
+from tests.scripts import SH, command_job_run, sh_job
 
 
 def test_a_jobs_output_is_gone_from_the_slot_once_its_end_is_recorded(
@@ -39,7 +33,7 @@ def test_a_jobs_output_is_gone_from_the_slot_once_its_end_is_recorded(
     jobs = run.job_run
     out_file, err_file = jobs.logs
     try:
-        first = run(_job(1, "echo first-output; echo first-error >&2"))
+        first = run(sh_job(1, "echo first-output; echo first-error >&2"))
         assert first.status is JobStatus.FINISHED
         assert first.result["stdout"] == "first-output\n"
         # until its end is recorded, the output stays where adoption reads it
@@ -48,10 +42,10 @@ def test_a_jobs_output_is_gone_from_the_slot_once_its_end_is_recorded(
         jobs.empty_logs()  # the loop's step once the end is recorded (after forget)
         assert (out_file.read_text(), err_file.read_text()) == ("", "")
 
-        second = run(_job(2, "echo second"))
+        second = run(sh_job(2, "echo second"))
         assert (second.result["stdout"], second.result["stderr"]) == ("second\n", "")
         # no empty_logs after this one: the next job's start empties what it left
-        third = run(_job(3, "echo third"))
+        third = run(sh_job(3, "echo third"))
         assert (third.result["stdout"], third.result["stderr"]) == ("third\n", "")
         assert out_file.read_text() == "third\n"
     finally:

@@ -11,15 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bus.core.models import JobStatus, RunnerJob
+from bus.core.models import JobStatus
 from node.slot import exits
-from tests.scripts import command_job_run
-
-SH = ["/bin/sh", "-s"]
-
-
-def _job(ident: int, script: str) -> RunnerJob:
-    return RunnerJob(1, ident, 1, script, "sh", timeout=60)
+from tests.scripts import SH, command_job_run, sh_job
 
 
 def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_output(
@@ -30,18 +24,18 @@ def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_o
     # the shell's own fds 1 and 2 are the slot's files' open descriptions: moved, not written
     seek = "/usr/bin/python3 -c 'import os; os.lseek(1, 4096, 0); os.lseek(2, 4096, 0)'"
     try:
-        moved = run(_job(1, seek))
+        moved = run(sh_job(1, seek))
         assert (moved.status, moved.result["stdout"], moved.result["stderr"]) == (
             JobStatus.FINISHED,
             "",
             "",
         )
         jobs.empty_logs()
-        after = run(_job(2, "echo out; echo err >&2"))
+        after = run(sh_job(2, "echo out; echo err >&2"))
         assert (after.result["stdout"], after.result["stderr"]) == ("out\n", "err\n")
         # and with no empty_logs between (a job whose end was recorded elsewhere)
-        run(_job(3, seek))
-        last = run(_job(4, "echo out; echo err >&2"))
+        run(sh_job(3, seek))
+        last = run(sh_job(4, "echo out; echo err >&2"))
         assert (last.result["stdout"], last.result["stderr"]) == ("out\n", "err\n")
     finally:
         jobs.sandbox.stop()
