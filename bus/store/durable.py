@@ -91,7 +91,7 @@ class Nudges:
         self.nursery = nursery
         self.lane = lane
         self.command = NUDGE  # what a nudge sends
-        self.sent = 0  # nudges the server answered (for tests and the bench)
+        self.sent = 0  # nudges sent (for tests and the bench)
         self.failed = 0  # nudges that failed: nothing else came of them
         self._waiting = 0  # WAITAOFs sent and not answered yet
         self._waits = 0  # WAITAOFs sent so far
@@ -158,8 +158,9 @@ class Nudges:
         try:
             with trio.move_on_after(NUDGE_WAIT_S):  # cut short: its connection is closed
                 async with self.lane.acquire(keys.ACTORS_DB) as connection:
-                    await connection.create_request(*self.command, decode=False)
-                self.sent += 1
+                    reply = connection.create_request(*self.command, decode=False)
+                    self.sent += 1
+                    await reply
                 return
             raise TimeoutError(f"no reply in {NUDGE_WAIT_S} s")
         except (coredis.exceptions.RedisError, OSError, RuntimeError) as exc:
