@@ -164,7 +164,8 @@ class Nudges:
                 return
             raise TimeoutError(f"no reply in {NUDGE_WAIT_S} s")
         except (coredis.exceptions.RedisError, OSError, RuntimeError) as exc:
-            # RuntimeError: the store closed meanwhile
+            if self._closed:  # RuntimeError: the lane is closed; nothing waits any more
+                return
             if self.failed % REFUSALS_LOGGED_EVERY == 0:
                 log.warning("store: a WAITAOF nudge failed (%s so far): %s", self.failed + 1, exc)
             self.failed += 1
