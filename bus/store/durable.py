@@ -163,8 +163,8 @@ class Nudges:
                     await reply
                 return
             raise TimeoutError(f"no reply in {NUDGE_WAIT_S} s")
-        except (coredis.exceptions.RedisError, OSError, RuntimeError) as exc:
-            if self._closed:  # RuntimeError: the lane is closed; nothing waits any more
+        except Exception as exc:  # a nudge stops nothing: the store's nursery holds this task
+            if self._closed:  # the lane is closed (RuntimeError): nothing waits any more
                 return
             if self.failed % REFUSALS_LOGGED_EVERY == 0:
                 log.warning("store: a WAITAOF nudge failed (%s so far): %s", self.failed + 1, exc)

@@ -188,6 +188,12 @@ class _Nudges:
         self._asked: set[int] = set()  # id() of those whose nudge is not answered yet
 
     def send(self) -> None:
+        try:
+            self._send()
+        except Exception:  # noqa: BLE001 - a nudge stops nothing; counted, never raised
+            self.failed += 1
+
+    def _send(self) -> None:
         free = None
         for conn in list(self._conns):
             try:
