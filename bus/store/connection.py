@@ -31,7 +31,7 @@ from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import queues
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on, send_evalshas
-from bus.store.durable import Barrier
+from bus.store.durable import Barrier, Nudges
 from bus.store.failover import Failover, dial
 from bus.store.lane import Lane, LaneConnection, Queued, lane_for, transaction
 from bus.store.sentinel import is_sentinel_url, parse_sentinel_url
@@ -116,10 +116,13 @@ class Store:
         self._holders: set[trio.CancelScope] = set()
         target = parse_sentinel_url(url) if is_sentinel_url(url) else None
         self.failover = Failover(self._leave) if target is not None else None
-        self.barrier = Barrier(target) if target is not None and target.durable else None
         # script calls and blocking pops on connections of the store's own (bus/store/lane.py);
         # None where coredis serves them too (TLS, options): never behind Sentinels
         self.lane: Lane | None = lane_for(url)
+        self.barrier: Barrier | None = None
+        if target is not None and target.durable:  # its WAITAOFs nudged on the lane's connections
+            nudges = Nudges(nursery, self.lane) if self.lane is not None else None
+            self.barrier = Barrier(target, nudges=nudges)
         # the registry's version as the script of the last pop whose entries are admitted
         # (pop_read_batch, pop_read_wait with ``registry``) read it, after its pops: it sees
         # every registry write made before what it popped was pushed (node/state.py's cache)
@@ -153,6 +156,8 @@ class Store:
 
     def _close(self, grace_s: float = 5.0) -> None:
         self._closing.set()
+        if self.barrier is not None:
+            self.barrier.close()
         if self.lane is not None:
             self.lane.close()
         for scope in self._holders:

@@ -23,12 +23,29 @@ stored by an earlier delivery, on another connection, maybe after this batch's o
 not confirmed yet). It is one write of its own, ``INCR durable`` in DB 0, then ``WAITAOF`` on
 the same connection; barriers are group-committed: callers that arrive while one is in flight
 wait for the next, which covers all of them.
+
+A ``WAITAOF`` still unanswered :data:`NUDGE_AFTER_S` after it was sent is *nudged*
+(:class:`Nudges`): another connection sends :data:`NUDGE`, a ``WAITAOF`` that cannot be
+satisfied, so that it blocks and the primary sends every replica ``REPLCONF GETACK`` again
+(server.c ``beforeSleep``: a blocked ``WAIT``/``WAITAOF`` is what makes it ask). A replica
+answers a GETACK with the offset it has fsynced when it reads it (replication.c
+``replicationSendAck``), and fsyncs (``appendfsync always``) only in its ``beforeSleep``, after
+everything it read in that loop: a GETACK read together with the write it follows is answered
+before that write's fsync, and the replica says nothing more until its periodic ack, once a
+second. A replica slow to read its stream (a loaded machine) reads the write and the first
+GETACK together; the nudge's GETACK, read in a later loop, is answered with the fsync, which
+answers the waiting ``WAITAOF`` at once instead of at its first timeout, seen by the server
+only on a clock tick (10-100 ms). A nudge confirms nothing: its own connection made none of
+the writes, its reply is dropped, and the promise stays the reply of the ``WAITAOF`` on the
+connection that wrote; a nudge that fails leaves that wait as it was without nudges.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import coredis.exceptions
@@ -37,9 +54,15 @@ import trio
 from bus.core import keys
 from bus.errors import StoreError
 from bus.store.atomic.evalsha import ScriptCall, evalsha_on
-from bus.store.lane import LaneConnection, transaction
+from bus.store.lane import Lane, LaneConnection, transaction
 from bus.store.promise import ReplicasWanted
-from bus.store.sentinel import SentinelTarget
+from bus.store.sentinel import (
+    NUDGE,
+    NUDGE_AFTER_S,
+    NUDGES_AT_ONCE,
+    SentinelTarget,
+    nudge_gaps,
+)
 from bus.store.topology import Replaced
 
 if TYPE_CHECKING:
@@ -51,19 +74,116 @@ log = logging.getLogger(__name__)
 REFUSALS_LOGGED_EVERY = 100  # a store refusing every promise says so once, then every 100th
 COUNT_WAIT_S = 2.0  # longest the Sentinels are waited for when the replicas are counted
 
+NUDGE_WAIT_S = 1.0  # longest a nudge's own reply is waited for (a stalled primary)
+
 
 class NotDurable(StoreError):
     """WAITAOF did not confirm the writes in time: the promise must not be given."""
 
 
+class Nudges:
+    """The nudges of one store's ``WAITAOF``s (module docstring), sent on ``lane`` by one task
+    in ``nursery``, started with the first wait and ended by :meth:`close`. The task sleeps
+    until the newest unanswered ``WAITAOF`` is :data:`NUDGE_AFTER_S` old: a wait answered
+    sooner only moves its deadline, and wakes nothing."""
+
+    def __init__(self, nursery: trio.Nursery, lane: Lane) -> None:
+        self.nursery = nursery
+        self.lane = lane
+        self.command = NUDGE  # what a nudge sends
+        self.sent = 0  # nudges sent (for tests and the bench)
+        self.failed = 0  # nudges that failed: nothing else came of them
+        self._waiting = 0  # WAITAOFs sent and not answered yet
+        self._waits = 0  # WAITAOFs sent so far
+        self._deadline = math.inf  # when the next nudge is due
+        self._timer: trio.CancelScope | None = None  # the task's sleep until then
+        self._nudging = 0  # nudges sent and not answered yet
+        self._started = self._closed = False
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        """Nudges while the block awaits a ``WAITAOF``'s reply (sent when the block starts)."""
+        self._waiting += 1
+        self._waits += 1
+        self._due(trio.current_time() + NUDGE_AFTER_S)
+        if not self._started and not self._closed:
+            self._started = True
+            self.nursery.start_soon(self._run)
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._due(math.inf)
+
+    def close(self) -> None:
+        """End the task (the store is closing)."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _due(self, deadline: float) -> None:
+        self._deadline = deadline
+        if self._timer is not None:
+            self._timer.deadline = deadline
+
+    async def _run(self) -> None:
+        gaps, seen = nudge_gaps(), 0
+        while not self._closed:
+            with trio.CancelScope(deadline=self._deadline) as self._timer:
+                await trio.sleep_forever()
+            self._timer = None
+            if self._closed:
+                return
+            if not self._waiting or trio.current_time() < self._deadline:
+                continue
+            if self._waits != seen:  # a newer WAITAOF: nudged on a schedule of its own
+                gaps, seen = nudge_gaps(), self._waits
+                next(gaps)  # the first gap led here
+            if self._nudging < NUDGES_AT_ONCE:
+                # not awaited: a nudge is answered on the server's next loop after its
+                # 1 ms, and a quiet server's next loop may be its clock tick (100 ms)
+                self._nudging += 1
+                self.nursery.start_soon(self._nudge)
+            self._deadline = trio.current_time() + next(gaps)
+
+    async def _nudge(self) -> None:
+        try:
+            await self.nudge()
+        finally:
+            self._nudging -= 1
+
+    async def nudge(self) -> None:
+        """Send one nudge and read its reply; a failure is counted and logged, never raised."""
+        try:
+            with trio.move_on_after(NUDGE_WAIT_S):  # cut short: its connection is closed
+                async with self.lane.acquire(keys.ACTORS_DB) as connection:
+                    reply = connection.create_request(*self.command, decode=False)
+                    self.sent += 1
+                    await reply
+                return
+            raise TimeoutError(f"no reply in {NUDGE_WAIT_S} s")
+        except Exception as exc:  # a nudge stops nothing: the store's nursery holds this task
+            if self._closed:  # the lane is closed (RuntimeError): nothing waits any more
+                return
+            if self.failed % REFUSALS_LOGGED_EVERY == 0:
+                log.warning("store: a WAITAOF nudge failed (%s so far): %s", self.failed + 1, exc)
+            self.failed += 1
+
+
 class Barrier:
     """The durability barrier of one store (``target``: what its URL asks; ``clock``: how the
-    age of the replica count is read, trio's by default)."""
+    age of the replica count is read, trio's by default; ``nudges``: how its ``WAITAOF``s are
+    nudged, None: never)."""
 
     def __init__(
-        self, target: SentinelTarget, clock: Callable[[], float] = trio.current_time
+        self,
+        target: SentinelTarget,
+        clock: Callable[[], float] = trio.current_time,
+        nudges: Nudges | None = None,
     ) -> None:
         self.target = target
+        self.nudges = nudges
         self.replicas = ReplicasWanted(target.promise, target.waitaof_replicas, clock)
         self.refused = 0  # promises not given (for /metrics and the log)
         self._counting = trio.Lock()
@@ -72,6 +192,11 @@ class Barrier:
         self._covered = 0  # every ticket up to this one is durable ...
         self._covered_epoch: int | None = None  # ... if its writes were made in this epoch
         self.rounds = 0  # barriers sent (for tests and the bench)
+
+    def close(self) -> None:
+        """The store is closing: no more nudges."""
+        if self.nudges is not None:
+            self.nudges.close()
 
     async def wait(self, store: Store, since: int | None = None) -> None:
         """Return once the writes made before this call are durable; NotDurable if that is not
@@ -214,7 +339,12 @@ class Barrier:
         try:  # never sent again: only the server that took the writes can vouch for them
             for wait_ms in self.target.waits_ms():  # a second asks again after the race above
                 ask = (self.target.waitaof_local, wanted, wait_ms)
-                local, replicas = await connection.create_request(b"WAITAOF", *ask, decode=False)
+                reply = connection.create_request(b"WAITAOF", *ask, decode=False)
+                if self.nudges is None:
+                    local, replicas = await reply
+                else:
+                    with self.nudges.around():
+                        local, replicas = await reply
                 if self.target.confirmed(int(local), int(replicas), wanted):
                     break
         except (coredis.exceptions.RedisError, OSError) as exc:

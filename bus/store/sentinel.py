@@ -20,6 +20,7 @@ runner processes and external runners, which all take a Redis URL, take this one
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qs, quote, unquote
 
@@ -30,6 +31,26 @@ SCHEME = "redis+sentinel"
 # The first WAITAOF's timeout (the server checks it on its clock ticks, 100 ms apart at the
 # default hz 10), before a second one asks the replicas again (bus/store/durable.py says why).
 FIRST_WAIT_MS = 10
+
+# A WAITAOF unanswered NUDGE_AFTER_S after it was sent is nudged (bus/store/durable.py says why
+# and how): quiet, a replica has fsynced by then (a lone WAITAOF: 0.4 ms at the median). Again
+# while it stays unanswered, each gap twice the last, up to NUDGE_GAP_MAX_S: a replica stopped
+# for long is asked ~60 times a second, no more.
+NUDGE_AFTER_S = 0.001
+NUDGE_GAP_MAX_S = 0.016
+NUDGES_AT_ONCE = 4  # nudges awaiting their replies, each on a connection of its own, at most
+# WAITAOF 0 N 1 with N above any set's replicas: it blocks (1 ms, until the server's next loop
+# after it), and a blocked WAITAOF is what makes the primary ask every replica for its offsets;
+# the one such command every role's ACL allows. Its reply says nothing of anyone's writes.
+NUDGE: tuple[str | int, ...] = ("WAITAOF", 0, 1_000_000, 1)
+
+
+def nudge_gaps() -> Iterator[float]:
+    """How long a WAITAOF waits unanswered before its first nudge, then between nudges."""
+    gap = NUDGE_AFTER_S
+    while True:
+        yield gap
+        gap = min(gap * 2, NUDGE_GAP_MAX_S)
 
 
 @dataclass(frozen=True)

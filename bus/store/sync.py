@@ -31,7 +31,14 @@ from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from bus.errors import StoreError
 from bus.store.promise import ReplicasWanted, address, counted_out, down_in, elsewhere
-from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
+from bus.store.sentinel import (
+    NUDGE,
+    NUDGES_AT_ONCE,
+    SentinelTarget,
+    is_sentinel_url,
+    nudge_gaps,
+    parse_sentinel_url,
+)
 
 __all__ = ["Arg", "SyncStore", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
 
@@ -166,6 +173,60 @@ def is_utf8(value: str) -> bool:
     return True
 
 
+class _Nudges:
+    """One thread's nudges of its ``WAITAOF``s (bus/store/durable.py says why), each on a
+    connection of ``pool`` that has no nudge awaiting its reply, at most
+    :data:`NUDGES_AT_ONCE`: a nudge is answered only on the server's next loop after its 1 ms.
+    A reply is read once it is there; a nudge that fails is counted, never raised."""
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = pool
+        self.command = hiredis.pack_command(NUDGE)  # type: ignore[arg-type]
+        self.sent = 0  # nudges sent (for tests)
+        self.failed = 0  # nudges that failed: nothing else came of them
+        self._conns: list[redis.connection.Connection] = []
+        self._asked: set[int] = set()  # id() of those whose nudge is not answered yet
+
+    def send(self) -> None:
+        try:
+            self._send()
+        except Exception:  # noqa: BLE001 - a nudge stops nothing; counted, never raised
+            self.failed += 1
+
+    def _send(self) -> None:
+        free = None
+        for conn in list(self._conns):
+            try:
+                if id(conn) in self._asked and conn.is_connected:
+                    if not conn.can_read(0):
+                        continue  # its nudge still blocked
+                    conn.read_response()  # its nudge's reply, dropped
+                self._asked.discard(id(conn))  # answered, or cut (the next send connects)
+                free = free or conn
+            except (redis.RedisError, OSError):  # a refusal, or a connection lost
+                self._drop(conn)
+        if free is None and len(self._conns) >= NUDGES_AT_ONCE:
+            return
+        try:
+            if free is None:
+                free = self.pool.get_connection()
+                self._conns.append(free)
+            free.send_packed_command([self.command])
+            self._asked.add(id(free))
+            self.sent += 1
+        except (redis.RedisError, OSError):
+            if free is not None:
+                self._drop(free)
+
+    def _drop(self, conn: redis.connection.Connection) -> None:
+        self.failed += 1
+        self._asked.discard(id(conn))
+        if conn in self._conns:
+            self._conns.remove(conn)
+        conn.disconnect()
+        self.pool.release(conn)
+
+
 class SyncStore:
     """One runner process's connection to one context DB: commands, scripts, transactions,
     every error translated (:class:`SyncStoreError`)."""
@@ -204,7 +265,7 @@ class SyncStore:
         with _translated():
             return self._command(args, writes)
 
-    def _command(self, args: Sequence[Arg], writes: bool) -> Any:  # noqa: ANN401
+    def _command(self, args: Sequence[Arg], writes: bool, nudges: _Nudges | None = None) -> Any:  # noqa: ANN401
         conn = self._connection()
         if writes:
             self._held.wrote_on = conn._sock  # a socket: a reconnected connection has another
@@ -213,6 +274,11 @@ class SyncStore:
             # generator (~30 per job end), 9 % of a runner's samples; ours are str and int
             packed = hiredis.pack_command(tuple(args))  # type: ignore[arg-type]
             conn.send_packed_command([packed])
+            if nudges is not None:  # a WAITAOF: nudged while it waits
+                for gap in nudge_gaps():
+                    if conn.can_read(gap):
+                        break
+                    nudges.send()
             return conn.read_response()
         except redis.ResponseError:  # an answer: the connection is fine
             raise
@@ -230,6 +296,13 @@ class SyncStore:
             # would connect again to the server it last knew, maybe a primary no more
             conn.connect()
         return conn
+
+    def _nudges(self) -> _Nudges:
+        """This thread's nudges (made on first use)."""
+        nudges = getattr(self._held, "nudges", None)
+        if nudges is None:
+            nudges = self._held.nudges = _Nudges(self.client.connection_pool)
+        return nudges
 
     def sha(self, name: str, text: str) -> str:
         """The SHA1 of script ``name`` whose text is ``text`` (computed once)."""
@@ -336,7 +409,8 @@ class SyncStore:
         local = replicas = 0
         for wait_ms in target.waits_ms():  # why two: bus/store/durable.py Barrier._confirm
             ask = ("WAITAOF", target.waitaof_local, wanted, wait_ms)
-            local, replicas = (int(n) for n in self.command(*ask))
+            with _translated():
+                local, replicas = (int(n) for n in self._command(ask, False, self._nudges()))
             if target.confirmed(local, replicas, wanted):
                 break
         return local, replicas
