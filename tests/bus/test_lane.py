@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 import trio
+import trio.testing
 from coredis.commands.script import Script
 from coredis.parser import Parser
 from hypothesis import given
@@ -149,6 +150,46 @@ async def test_an_idle_connection_the_server_closed_is_not_used(redis_url):
         sync.close()
         assert await store.script(1, ECHO, ["none"], ["b"]) == [42, "b"]
         assert store.lane.opened == opened + 1
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the steps one task is resumed for."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task, self.count = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def test_a_lane_request_is_resumed_once_for_its_reply(redis_url):
+    """A request is written without a checkpoint after the write (trio's ``send_all`` yields
+    there: a scheduler pass for nothing, per request on a lone job's path) and its reply read
+    after one wait, not after a read that fails first: the caller is resumed once."""
+    async with open_store(redis_url) as store, trio.open_nursery() as nursery:
+        assert await store.blpop(1, "warm", 0.01) is None  # the connection and its handshake
+
+        async def push() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            await store.lpush(1, "q", "x")
+
+        steps = _Steps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(steps)
+        nursery.start_soon(push)
+        popped = await store.blpop(1, "q", 10)
+        trio.lowlevel.remove_instrument(steps)
+    assert popped == "x"
+    assert steps.count == 1
+
+
+async def test_a_lane_request_larger_than_the_socket_buffers_goes_whole(redis_url):
+    """A request the socket cannot take at once is written as the buffer drains, and a reply
+    of many reads is read whole."""
+    big = "\u2713" * 1_000_000  # 3 MB (a unix socket takes ~200 kB), the reply as much
+    async with open_store(redis_url) as store:
+        assert await store.script(1, ECHO, ["none"], [big]) == [42, big]
+        assert await store.script(1, ECHO, ["none"], ["next"]) == [42, "next"]
 
 
 async def test_a_closed_store_refuses_lane_calls(redis_url):
