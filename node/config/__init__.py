@@ -92,6 +92,9 @@ class NodeConfig:
     python_workers: bool = True  # python jobs in the sandbox's warm worker (else: spawn)
     # queued python jobs a warm slot takes, runs and ends at once, at most (node/worker/batch.py)
     batch_jobs: int = 16
+    # runner processes (and the job processes they start) this many nice steps below the node
+    # (node/runners/processes.py): intake first, and slots that take what queued meanwhile
+    runner_nice: int = 10
     lease_ttl_ms: int = 15_000  # a runner's lease on the job it runs; renewed every third
     # the [console] table: the web console (node/web/); off unless config.toml sets listen
     console: ConsoleConfig = field(default_factory=ConsoleConfig)
@@ -207,12 +210,13 @@ LOWER_BOUNDS: dict[str, float] = {
     "store_headroom_pct": 1,
     "pressure_check_s": 0.01,
     "batch_jobs": 1,
+    "runner_nice": 0,
 }
 
 
 # Upper bounds of [node] settings whose larger values mean nothing (refused at load): at 100 the
 # store's mark is 0 and the node would hold every new job for good.
-UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99, "batch_jobs": 64}
+UPPER_BOUNDS: dict[str, float] = {"store_headroom_pct": 99, "batch_jobs": 64, "runner_nice": 19}
 
 
 def validate_algorithms(raw: object, _runners: Mapping[str, int]) -> dict[str, list[str]]:
@@ -410,6 +414,10 @@ _HELP = {
     "batch_jobs": "a slot of python jobs in a warm sandbox takes at most this many of what is "
     "queued at once,\nruns them in one sandbox request and ends them in one script call (1-64; "
     "1: one at a time);\na lone job is never held for a batch",
+    "runner_nice": "runner processes, and the job processes they start, run this many nice "
+    "steps below the\nnode (0-19; 0: at the node's priority): where the CPU is short the node "
+    "takes and\nmaterialises jobs first and each slot takes what queued meanwhile in one batch; "
+    "on an idle\nmachine it changes nothing",
     "lease_ttl_ms": "a runner's lease on the job it runs, renewed every third of it; if it "
     "lapses because the\nrunner is gone, the attempt ends in error (runner_lost) and is retried "
     "while the job has\nretries left",
