@@ -20,11 +20,11 @@ from bus.store.connection import Store, open_store
 from bus.wire.transport import Transport, TransportConfig
 from crypto import read_key_file
 from node.host.acl import NODE
-from tests.bus.test_durable_submit import _calls, _replicas_ready
+from tests.bus.test_durable_submit import _replicas_ready
 from tests.bus.test_store import _SHAPES, misnamed
 from tests.faults.test_faults import Peer, link_of
 from tests.intake.test_rejections import job_message
-from tests.replicated_rig import Rig, replicated_node
+from tests.replicated_rig import Rig, primary_calls, replicated_node
 
 CTX = 1
 
@@ -41,11 +41,11 @@ async def test_a_delivered_batch_waits_once_on_its_own_connection(replicated):
     async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
         await _replicas_ready(store)
         assert store.barrier is not None
-        before, rounds = await _calls(replicated), store.barrier.rounds
+        before, rounds = await primary_calls(replicated), store.barrier.rounds
         # the first batch also loads the delivery script (NOSCRIPT, then run again)
         assert await _deliver_durably(store, [_message(n) for n in range(5)]) == [True] * 5
         assert await _deliver_durably(store, [_message(n) for n in range(5, 9)]) == [True] * 4
-        after, rounds = await _calls(replicated), store.barrier.rounds - rounds
+        after, rounds = await primary_calls(replicated), store.barrier.rounds - rounds
         assert len(await store.lrange(CTX, keys.MSG_IN)) == 9
     assert rounds == 2  # one confirmation per batch ...
     # ... each one WAITAOF, or two when a replica's fsync outlasts the first short wait
@@ -60,14 +60,14 @@ async def test_only_a_delivery_that_stored_nothing_takes_the_barrier(replicated)
     async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
         await _replicas_ready(store)
         await _deliver_durably(store, [_message(1)])
-        before = await _calls(replicated)
+        before = await primary_calls(replicated)
         # a new message then a redelivered one, a redelivery then a new one: covered
         assert await _deliver_durably(store, [_message(2), _message(1)]) == [True, False]
         assert await _deliver_durably(store, [_message(1), _message(3)]) == [False, True]
-        middle = await _calls(replicated)
+        middle = await primary_calls(replicated)
         # a redelivery alone
         assert await _deliver_durably(store, [_message(2)]) == [False]
-        after = await _calls(replicated)
+        after = await primary_calls(replicated)
     assert middle.get("incr", 0) == before.get("incr", 0)
     assert after.get("incr", 0) - middle.get("incr", 0) == 1
 
@@ -86,13 +86,13 @@ async def test_both_script_paths_reload_what_the_server_forgot(replicated):
         assert await _deliver_durably(store, [_message(1)]) == [True]
         await store.call(CTX, lambda r: r.script_flush())
         assert not await _known(store, deliver)
-        before = await _calls(replicated)
+        before = await primary_calls(replicated)
         assert await _deliver_durably(store, [_message(2), _message(3)]) == [True, True]
-        durable = await _calls(replicated)
+        durable = await primary_calls(replicated)
         assert await _known(store, deliver)
         await store.call(CTX, lambda r: r.script_flush())
         assert await routing.deliver(store, CTX, [_message(4), _message(1)]) == [True, False]
-        plain = await _calls(replicated)
+        plain = await primary_calls(replicated)
         assert await _known(store, deliver)
         assert len(await store.lrange(CTX, keys.MSG_IN)) == 4
 
@@ -102,10 +102,10 @@ async def test_both_script_paths_reload_what_the_server_forgot(replicated):
         ]
         assert await store.scripts(CTX, shapes) == [["x", 5, None, ["x", 7]]]
 
-        waits = (await _calls(replicated)).get("waitaof", 0)
+        waits = (await primary_calls(replicated)).get("waitaof", 0)
         with pytest.raises(StoreError, match="still missing after SCRIPT LOAD"):
             await store.scripts_durable(CTX, [(misnamed(), [], [])], store.epoch, lambda _: True)
-        assert (await _calls(replicated)).get("waitaof", 0) == waits
+        assert (await primary_calls(replicated)).get("waitaof", 0) == waits
     for after, was in ((durable, before), (plain, durable)):
         assert after["script|load"] - was.get("script|load", 0) == 1
         # one call for the two messages (routing_deliver.lua), run again once
@@ -147,11 +147,11 @@ async def test_a_link_ack_waits_without_a_barrier_write(tmp_path, nursery):
         sent, frame = _frame(rig, peer, 1)
         await link.send_raw(frame)  # connections made, scripts loaded
         await peer.wait_frame(lambda f: f.type == "acks" and sent[0] in peer.acks())
-        before = await _calls(rig.servers)
+        before = await primary_calls(rig.servers)
         sent, frame = _frame(rig, peer, 3)
         await link.send_raw(frame)
         await peer.wait_frame(lambda f: f.type == "acks" and set(sent) <= set(peer.acks()))
-        after = await _calls(rig.servers)
+        after = await primary_calls(rig.servers)
     assert after.get("waitaof", 0) > before.get("waitaof", 0)
     assert after.get("incr", 0) == before.get("incr", 0)  # no ``INCR durable``
 

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from itertools import islice
 
-import coredis
 import hiredis
 import pytest
 import redis
@@ -21,8 +20,9 @@ from bus.store.durable import NotDurable, Nudges
 from bus.store.sentinel import NUDGE, NUDGE_AFTER_S, NUDGE_GAP_MAX_S, durability, nudge_gaps
 from bus.store.sync import SyncStore, Unconfirmed, connect
 from node.host.acl import NODE, RUNNER
-from node.host.replicated import SENTINEL, ReplicatedSet
+from node.host.replicated import ReplicatedSet
 from tests.bus.test_durable_submit import _replicas_ready
+from tests.replicated_rig import primary_calls
 
 # what a refused nudge sends: WAITAOF's numlocal is 0 or 1, so the server answers an error
 REFUSED = ("WAITAOF", 2, 1, 1)
@@ -38,19 +38,6 @@ def _replicas_stopped(servers: ReplicatedSet) -> Iterator[None]:
     finally:
         for child in stopped:
             child.signal(signal.SIGCONT)
-
-
-async def _waitaof_calls(servers: ReplicatedSet) -> int:
-    primary = coredis.Redis(
-        host="127.0.0.1",
-        port=servers.data_ports[0],
-        username=SENTINEL,
-        password=servers.passwords[SENTINEL],
-        decode_responses=True,
-    )
-    async with primary:
-        stats = await primary.info("commandstats")
-    return int(stats.get("cmdstat_waitaof", {"calls": 0})["calls"])  # type: ignore[index]
 
 
 def _nudges(store: Store) -> Nudges:
@@ -74,14 +61,14 @@ async def test_a_nudge_asks_the_primary_and_confirms_nothing(replicated):
         await _replicas_ready(store)
         nudges = _nudges(store)
         assert nudges.command == NUDGE
-        before = await _waitaof_calls(replicated)
+        before = (await primary_calls(replicated)).get("waitaof", 0)
         with _replicas_stopped(replicated), pytest.raises(NotDurable, match="0 replica fsync"):
             await store.durable()
         assert nudges.sent >= 1
         assert nudges.failed == 0
         # the barrier's two WAITAOFs (a short one, then the rest), and a nudge: each blocks
         # 1 ms, and is answered by the server's clock tick (100 ms) at the latest
-        assert await _waitaof_calls(replicated) - before >= 3
+        assert (await primary_calls(replicated)).get("waitaof", 0) - before >= 3
         await store.durable()  # the replicas back: confirmed
 
 

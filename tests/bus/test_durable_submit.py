@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 
-import coredis
 import pytest
 import trio
 
@@ -17,28 +16,9 @@ from bus.store.connection import Store, open_store
 from bus.store.durable import NotDurable
 from crypto import KeyPair
 from node.host.acl import NODE
-from node.host.replicated import SENTINEL, ReplicatedSet
-from tests.replicated_rig import sentinels_name
+from tests.replicated_rig import primary_calls, sentinels_name
 
 CTX = 1
-
-
-async def _info(servers: ReplicatedSet, section: str) -> dict[str, object]:
-    primary = coredis.Redis(
-        host="127.0.0.1",
-        port=servers.data_ports[0],
-        username=SENTINEL,
-        password=servers.passwords[SENTINEL],
-        decode_responses=True,
-    )
-    async with primary:
-        return dict(await primary.info(section))
-
-
-async def _calls(servers: ReplicatedSet) -> dict[str, int]:
-    """Calls of each command the primary has served so far."""
-    stats = await _info(servers, "commandstats")
-    return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}  # type: ignore[index]
 
 
 async def _replicas_ready(store: Store) -> None:
@@ -67,10 +47,10 @@ async def test_a_submit_waits_on_its_own_write_without_a_barrier_write(replicate
         client = await _client(store)
         actor = KeyPair.generate()
         await _submit(client, actor)  # connections made, scripts loaded
-        before = await _calls(replicated)
+        before = await primary_calls(replicated)
         for _ in range(3):
             await _submit(client, actor)
-        after = await _calls(replicated)
+        after = await primary_calls(replicated)
         assert len(await store.lrange(CTX, keys.MSG_OUT)) == 4
     assert after.get("waitaof", 0) - before.get("waitaof", 0) >= 3
     assert after.get("incr", 0) == before.get("incr", 0)  # no ``INCR durable``
@@ -82,10 +62,10 @@ async def test_a_failed_write_is_reported_not_confirmed(replicated):
         client = await _client(store)
         actor = KeyPair.generate()
         await store.call(CTX, lambda r: r.set(keys.MSG_OUT, "not a list"))  # LPUSH: WRONGTYPE
-        before = await _calls(replicated)
+        before = await primary_calls(replicated)
         with pytest.raises(StoreError, match="wrong_type"):
             await _submit(client, actor)
-        assert (await _calls(replicated)).get("waitaof", 0) == before.get("waitaof", 0)
+        assert (await primary_calls(replicated)).get("waitaof", 0) == before.get("waitaof", 0)
 
 
 async def test_no_submit_returns_while_no_replica_confirms_it(replicated):
