@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from crypto import read_key_file
+from tests.runners.test_runner_procs import runner_processes_of
 
 
 def nice_of(pid: int) -> int:
@@ -29,24 +30,11 @@ def autogroup_of(pid: int) -> tuple[str, int] | None:
     return name, int(nice)
 
 
-def runners_of(run_dir: Path) -> list[int]:
-    """The runner processes whose command line names ``run_dir`` (node/runners/processes.py)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--runner" in argv and str(run_dir).encode() in argv:
-            found.append(int(entry.name))
-    return found
-
-
 async def test_runners_and_their_jobs_run_below_the_node(node_factory) -> None:  # noqa: ANN001
     alice = await node_factory("alice", runners={"python": 1, "sh": 1})
     expected = min(19, os.getpriority(os.PRIO_PROCESS, 0) + alice.config.runner_nice)
     assert alice.config.runner_nice == 10  # the default
-    runners = runners_of(alice.config.run_dir)
+    runners = runner_processes_of(alice.config.run_dir)
     assert len(runners) == 2
     own = autogroup_of(os.getpid())
     for pid in runners:
@@ -70,7 +58,7 @@ async def test_runners_and_their_jobs_run_below_the_node(node_factory) -> None: 
 
 async def test_runner_nice_0_leaves_runners_at_the_node_priority(node_factory) -> None:  # noqa: ANN001
     alice = await node_factory("alice", runners={"python": 1, "sh": 0}, runner_nice=0)
-    [pid] = runners_of(alice.config.run_dir)
+    [pid] = runner_processes_of(alice.config.run_dir)
     assert nice_of(pid) == os.getpriority(os.PRIO_PROCESS, 0)
     own = autogroup_of(os.getpid())
     group = autogroup_of(pid)
