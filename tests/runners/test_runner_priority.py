@@ -22,10 +22,11 @@ def nice_of(pid: int) -> int:
 
 
 def autogroup_of(pid: int) -> tuple[str, int] | None:
-    """(name, nice) of the autogroup of ``pid``, None where the kernel has none."""
+    """(name, nice) of the autogroup of ``pid``, None where the kernel has none: no file, or
+    an empty one (a process in a cpu cgroup other than the root's belongs to no autogroup)."""
     try:
         name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
-    except OSError:
+    except (OSError, ValueError):
         return None
     return name, int(nice)
 

@@ -18,6 +18,7 @@ loop devices of its images.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import signal
@@ -59,13 +60,26 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the bounds need root 
 LEFT_OVER = "cgroup leaves and loop devices"
 
 
+def _leaves_of(home: Path) -> list[Path]:
+    """The cgroup directories of the node of ``home``, in every hierarchy. Other tests' nodes
+    make and remove their own leaves meanwhile: ``os.walk`` skips a directory gone between
+    its listing and its walk, where a walk that raised would fail this test over another's
+    cleanup."""
+    prefix = f"hero-{cgroup_name(home)}-"
+    return [
+        Path(parent, name)
+        for parent, dirs, _files in os.walk("/sys/fs/cgroup")
+        for name in dirs
+        if name.startswith(prefix)
+    ]
+
+
 def remove_leftovers(home: Path) -> None:
     """The cgroup leaves of the node of ``home`` and the loop devices of its images, by name
     (a node that ended cleanly leaves neither: its leaves are removed as its sandboxes end,
     its mounts go with its mount namespace)."""
-    prefix = f"hero-{cgroup_name(home)}-"
-    for mount in Path("/sys/fs/cgroup").glob("*"):
-        for leaf in mount.rglob(f"{prefix}*"):
+    for leaf in reversed(_leaves_of(home)):  # a leaf's children before it
+        with contextlib.suppress(FileNotFoundError):
             leaf.rmdir()
     for image in (home / "work" / IMAGES).glob("*.img"):
         out = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
@@ -74,8 +88,7 @@ def remove_leftovers(home: Path) -> None:
 
 
 def leftovers(home: Path) -> list[str]:
-    prefix = f"hero-{cgroup_name(home)}-"
-    found = [str(p) for m in Path("/sys/fs/cgroup").glob("*") for p in m.rglob(f"{prefix}*")]
+    found = [str(p) for p in _leaves_of(home)]
     for image in (home / "work" / IMAGES).glob("*.img"):
         out = subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True)
         found += out.stdout.splitlines()
