@@ -105,8 +105,15 @@ def runner_pids(node_pid: int) -> list[int]:
     """The node's runner processes (``python -m node.worker``), from /proc."""
     found = []
     for task in Path(f"/proc/{node_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        try:  # a thread or a child may end between the listing and its read
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
             if b"node.worker" in cmdline:
                 found.append(int(child))
     return found
