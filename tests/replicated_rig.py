@@ -181,18 +181,3 @@ async def _subscribed(
                     await send.send(f"{message['channel']!s} {message['data']!s}")
     except* anyio.ClosedResourceError:
         pass  # coredis's pubsub, cancelled as it unsubscribes (the block ending)
-
-
-async def primary_calls(servers: ReplicatedSet) -> dict[str, int]:
-    """Calls of each command the set's first data server (its primary until a failover) has
-    served so far, by lower-case name."""
-    primary = coredis.Redis(
-        host="127.0.0.1",
-        port=servers.data_ports[0],
-        username=SENTINEL,
-        password=servers.passwords[SENTINEL],
-        decode_responses=True,
-    )
-    async with primary:
-        stats = dict(await primary.info("commandstats"))
-    return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}  # type: ignore[index]

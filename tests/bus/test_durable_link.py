@@ -11,6 +11,7 @@ import coredis
 import pytest
 import trio
 
+from bench.replicated import primary_calls
 from bus.client.api import Client
 from bus.core import keys
 from bus.core.frames import encode_msg_item, encode_msgs
@@ -24,7 +25,7 @@ from tests.bus.test_durable_submit import _replicas_ready
 from tests.bus.test_store import _SHAPES, misnamed
 from tests.faults.test_faults import Peer, link_of
 from tests.intake.test_rejections import job_message
-from tests.replicated_rig import Rig, primary_calls, replicated_node
+from tests.replicated_rig import Rig, replicated_node
 
 CTX = 1
 

@@ -15,6 +15,7 @@ import hiredis
 import pytest
 import redis
 
+from bench.replicated import primary_calls
 from bus.store.connection import Store, open_store
 from bus.store.durable import NotDurable, Nudges
 from bus.store.sentinel import NUDGE, NUDGE_AFTER_S, NUDGE_GAP_MAX_S, durability, nudge_gaps
@@ -22,7 +23,6 @@ from bus.store.sync import SyncStore, Unconfirmed, connect
 from node.host.acl import NODE, RUNNER
 from node.host.replicated import ReplicatedSet
 from tests.bus.test_durable_submit import _replicas_ready
-from tests.replicated_rig import primary_calls
 
 # what a refused nudge sends: WAITAOF's numlocal is 0 or 1, so the server answers an error
 REFUSED = ("WAITAOF", 2, 1, 1)

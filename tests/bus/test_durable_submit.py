@@ -9,6 +9,7 @@ import signal
 import pytest
 import trio
 
+from bench.replicated import primary_calls
 from bus.client.api import Client
 from bus.core import keys
 from bus.errors import StoreError
@@ -16,7 +17,7 @@ from bus.store.connection import Store, open_store
 from bus.store.durable import NotDurable
 from crypto import KeyPair
 from node.host.acl import NODE
-from tests.replicated_rig import primary_calls, sentinels_name
+from tests.replicated_rig import sentinels_name
 
 CTX = 1
 
