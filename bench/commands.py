@@ -103,6 +103,17 @@ def _port(addr: str) -> int:
         return 0
 
 
+def call_counts(commandstats: dict[str, Any]) -> Counter[str]:
+    """Calls of each command, by lower-case name, from ``INFO commandstats`` as a client
+    decodes it (``cmdstat_<name>`` -> its fields): case 5 here, case 9's primary
+    (bench/replicated.py), bench/link_ack.py and the durable-ack tests read it alike."""
+    out: Counter[str] = Counter()
+    for name, value in commandstats.items():
+        if isinstance(value, dict) and "calls" in value:
+            out[name.removeprefix("cmdstat_")] += int(value["calls"])
+    return out
+
+
 class Watch:
     """One Valkey's counters over a run: commandstats, tot-cmds per connection, MONITOR."""
 
@@ -119,11 +130,7 @@ class Watch:
         self.conns0: dict[int, tuple[int, int]] = {}
 
     def _commandstats(self) -> Counter[str]:
-        out: Counter[str] = Counter()
-        for name, value in self.conn.info("commandstats").items():
-            if isinstance(value, dict) and "calls" in value:
-                out[name.removeprefix("cmdstat_")] += int(value["calls"])
-        return out
+        return call_counts(self.conn.info("commandstats"))
 
     def _conns(self) -> dict[int, tuple[int, int]]:
         """client id -> (client port, tot-cmds), without the measuring connections."""

@@ -21,6 +21,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import trio
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.commands import call_counts  # noqa: E402
 from bench.harness import percentile  # noqa: E402
 from bus.store.atomic import routing  # noqa: E402
 from bus.store.connection import Store, open_store  # noqa: E402
@@ -40,9 +42,8 @@ CTX = 1
 WAYS = ("nowait", "barrier", "own")
 
 
-async def _calls(store: Store) -> dict[str, int]:
-    stats = await store.read(0, lambda r: r.info("commandstats"))
-    return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}
+async def _calls(store: Store) -> Counter[str]:
+    return call_counts(await store.read(0, lambda r: r.info("commandstats")))
 
 
 async def _batch(store: Store, way: str, tag: str, size: int) -> None:

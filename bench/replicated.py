@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from urllib.parse import urlsplit, urlunsplit
 
 import coredis
@@ -34,6 +35,7 @@ import trio
 
 from bench import workload
 from bench.cases import RESULT_TIMEOUT_S, Env, Throughput, bench_client, roundtrips, run_throughput
+from bench.commands import call_counts
 from bench.harness import (
     ACTOR_ID,
     CONTEXT_ID,
@@ -110,7 +112,7 @@ async def timed_roundtrips(
     return total, submit
 
 
-async def primary_calls(servers: ReplicatedSet) -> dict[str, int]:
+async def primary_calls(servers: ReplicatedSet) -> Counter[str]:
     """Calls of each command the set's first data server (its primary until a failover) has
     served so far, by lower-case name (the durable-ack tests count ``waitaof`` with it too)."""
     primary = coredis.Redis(
@@ -121,8 +123,7 @@ async def primary_calls(servers: ReplicatedSet) -> dict[str, int]:
         decode_responses=True,
     )
     async with primary:
-        stats = dict(await primary.info("commandstats"))
-    return {name[len("cmdstat_") :]: int(v["calls"]) for name, v in stats.items()}  # type: ignore[index]
+        return call_counts(dict(await primary.info("commandstats")))
 
 
 def _watched(
