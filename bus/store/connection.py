@@ -83,9 +83,16 @@ def _translated(url: str, *, content: bool = True) -> Iterator[None]:
     ``content``), else StoreError (Redis failed). Nothing of coredis leaves this block."""
     try:
         yield
-    except (coredis.exceptions.RedisError, OSError) as exc:
-        refused = _content_error(exc) if content else None
-        raise refused or StoreError(f"redis {url}: {exc}") from exc
+    except _FAILURES as exc:
+        raise _translation(url, exc, content=content) from exc
+
+
+_FAILURES = (coredis.exceptions.RedisError, OSError)  # what :func:`_translated` translates
+
+
+def _translation(url: str, exc: Exception, *, content: bool = True) -> Exception:
+    """What :func:`_translated` raises for ``exc`` (one of _FAILURES)."""
+    return (_content_error(exc) if content else None) or StoreError(f"redis {url}: {exc}")
 
 
 def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
@@ -336,14 +343,23 @@ class Store:
         assert lane is not None
 
         async def once() -> T:
-            async with lane.acquire(db) as conn:
+            # the lane's acquire block, unrolled: its enter and exit would be two coroutines
+            # more on the way of each pop and script call
+            conn = lane.idle(db) or await lane.fresh(db)
+            try:
                 return await fn(conn)
+            finally:
+                lane.give_back(db, conn)
 
+        # _translated's translation, without its context manager: this runs twice for every
+        # message (its pop, its script), and the generator behind such a block costs as much
+        # as the rest of this method
         try:
-            with _translated(self.url):
-                if self.failover is None or not resend:
-                    return await once()
-                return await self.failover.retrying(once)
+            if self.failover is None or not resend:
+                return await once()
+            return await self.failover.retrying(once)
+        except _FAILURES as exc:
+            raise _translation(self.url, exc) from exc
         except RuntimeError as exc:  # the lane is closed (the store is closing)
             raise StoreError(f"redis {self.url}: store closed ({exc})") from exc
 
@@ -560,8 +576,11 @@ class Store:
         self._saw_registry(raw, version)
         out: list[tuple[str, Hash]] = []
         for value, read in zip(raw[::2], raw[1::2], strict=True):
-            if await self.utf8_entry(db, inflight, value, source) is None:
-                continue
+            # utf8_entry's verdict, awaited only for bytes (the one case it refuses: no
+            # coroutine per entry that is text)
+            if type(value) is not str:
+                if await self.utf8_entry(db, inflight, value, source) is None:
+                    continue
             if isinstance(read, str | bytes):
                 detail = f"{printable(value)} holds a {printable(read)}, not a hash"
                 await self.refuse_entry(

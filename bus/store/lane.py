@@ -347,7 +347,23 @@ class Lane:
         meanwhile."""
         return _Held(self, db)
 
-    def _give_back(self, db: int, conn: LaneConnection) -> None:
+    def idle(self, db: int) -> LaneConnection | None:
+        """:meth:`acquire` without its block, for a caller that gives the connection back
+        itself (:meth:`give_back`): an idle connection to DB ``db``, now the caller's, or None
+        (then :meth:`fresh` makes one); no coroutine while one is idle."""
+        conn = self._idle_one(db)
+        if conn is not None:
+            self._busy.add(conn)
+        return conn
+
+    async def fresh(self, db: int) -> LaneConnection:
+        """A new connection to DB ``db``, the caller's (:meth:`idle`)."""
+        conn = await self._open(db)
+        self._busy.add(conn)
+        return conn
+
+    def give_back(self, db: int, conn: LaneConnection) -> None:
+        """Return a connection of :meth:`idle` or :meth:`fresh`."""
         self._busy.discard(conn)
         if conn.reusable and not self._closed and conn.generation == self._generation:
             self._idle.setdefault(db, []).append(conn)
@@ -478,12 +494,11 @@ class _Held:
 
     async def __aenter__(self) -> LaneConnection:
         lane = self.lane
-        self.conn = lane._idle_one(self.db) or await lane._open(self.db)
-        lane._busy.add(self.conn)
+        self.conn = lane.idle(self.db) or await lane.fresh(self.db)
         return self.conn
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.lane._give_back(self.db, self.conn)
+        self.lane.give_back(self.db, self.conn)
 
 
 async def _connect(target: _Target) -> trio.SocketStream:
