@@ -49,10 +49,16 @@ class Identity:
     admission_key: bytes = b""
     signer: Signer | None = None
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
+    _id_of: KeyPair | None = field(default=None, init=False, repr=False, compare=False)
+    _id: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def node_id(self) -> str:
-        return self.key.public_hex
+        # formatted once per key, not at each of the ~6 reads of every message admitted
+        key = self.key
+        if key is not self._id_of:
+            self._id_of, self._id = key, key.public_hex
+        return self._id
 
 
 @dataclass
@@ -88,7 +94,10 @@ class JobStats:
 
     def add(self, ctx: int, flat: list[str]) -> None:
         if flat:
-            self.pending.setdefault(ctx, StatsBatch()).add_flat(flat)
+            batch = self.pending.get(ctx)
+            if batch is None:  # made only when missing: not one per materialised job, unused
+                batch = self.pending[ctx] = StatsBatch()
+            batch.add_flat(flat)
             self.counted.set()
 
 
@@ -236,21 +245,29 @@ class RegistryCache:
 
     async def actor(self, actor_id: int, version: str) -> Actor | None:
         """``actor:<id>`` as of registry ``version`` (:meth:`version`)."""
-        return await self._cached(("actor", actor_id), version, self.store.get_actor(actor_id))
+        key = ("actor", actor_id)
+        hit: Actor | None = self._hit(key, version)
+        return hit if hit is not None else await self._load(key, version, self.store.get_actor)
 
     async def context(self, context_id: int, version: str) -> Context | None:
         """``context:<id>`` as of registry ``version`` (:meth:`version`)."""
-        load = self.store.get_context(context_id)
-        return await self._cached(("context", context_id), version, load)
+        key = ("context", context_id)
+        hit: Context | None = self._hit(key, version)
+        return hit if hit is not None else await self._load(key, version, self.store.get_context)
 
-    async def _cached(self, key: tuple[str, int], version: str, load: Coroutine[Any, Any, T]) -> T:
+    # Every admitted message asks for its actor and its context: a hit costs no coroutine but
+    # the caller's, and a load is made only for a miss
+
+    def _hit(self, key: tuple[str, int], version: str) -> Any:  # noqa: ANN401 - Actor | Context
+        hit = self._cache.get(key)
+        return hit[1] if hit is not None and hit[0] == version else None
+
+    async def _load(
+        self, key: tuple[str, int], version: str, load: Callable[[int], Coroutine[Any, Any, T]]
+    ) -> T:
         # the version is read before the load: a write between them bumps it again, so what
         # this load saw is tagged older than the registry and reloaded at the next use
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] == version:
-            load.close()
-            return hit[1]
-        value = await load
+        value = await load(key[1])
         if value is not None:  # absence is never cached: a registration applies at once
             self._cache[key] = (version, value)
         return value
