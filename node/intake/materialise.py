@@ -58,7 +58,7 @@ async def materialise_fresh(
     a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
     a job key of another message is refused and dead-lettered."""
     refused, ended = await materialise_many(node, ctx, messages, script_types, inflight)
-    _log_queued(ctx, messages, {m.key for m, _ in refused}, ended)
+    _log_queued(ctx, messages, refused, ended)
     for message, exc in refused:
         queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
         await reject(node, ctx, message.key, exc, message, service, queue=queue)
@@ -66,13 +66,17 @@ async def materialise_fresh(
 
 
 def _log_queued(
-    ctx: int, messages: list[Message], refused: set[str], unrunnable: set[str]
+    ctx: int,
+    messages: list[Message],
+    refused: list[tuple[Message, Rejected]],
+    unrunnable: set[str],
 ) -> None:
     """One line per job queued here (what an operator follows, or greps by job key)."""
     if not log.isEnabledFor(logging.INFO):  # its arguments cost a node ~2 us per job
         return
+    refused_keys = {m.key for m, _ in refused}
     for message in messages:
-        if message.key in refused:
+        if message.key in refused_keys:
             continue
         for job in message.job:
             if job.key in unrunnable:
@@ -178,6 +182,8 @@ async def materialise_many(
     node.counters.count(
         "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
     )
+    if not ended:  # nearly always: no set and no coroutine for nothing to answer
+        return refused, set()
     refused_keys = {m.key for m, _ in refused}
     await _answer_unrunnable(node, ended, refused_keys)
     return refused, {job.key for m, job, _ in ended if m.key not in refused_keys}

@@ -88,6 +88,8 @@ class Supervisor(Intake[Message]):
             raise
         node_id = self.node.identity.node_id
         for message, span in routes:
+            if span is None:  # not recorded: no outcome to build
+                continue
             where = "local" if message.destination == node_id else "outbox"
             spans.end(span, where, attributes={spans.PEER: message.destination})
 
@@ -120,12 +122,12 @@ async def handle_batch(
     if local:
         # no new job while the node lacks room (node/intake/pressure.py): they wait here, in flight
         await node.pressure.hold.wait_open()
-        await _backpressure(node, ctx, {j.script_type for m in local for j in m.job})
+        await _backpressure(node, ctx, local)
         await materialise_fresh(node, ctx, local, script_types, inflight, SERVICE)
         node.counters.count("routed", len(local))
 
 
-async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> None:
+async def _backpressure(node: NodeState, ctx: int, local: list[Message]) -> None:
     """Materialise no further ahead of the runners than HIGH_WATER queued jobs per type: a deep
     msg_out backlog then costs the runners nothing while they work (it waits, unverified, in
     msg_out). When the queue is at the mark, wait until this node's runners have taken enough
@@ -133,7 +135,9 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
     least every second (runners of other processes, e.g. external ones, take jobs too). Never
     waits more than BACKPRESSURE_MAX_S per batch, so the other messages in msg_out (results to
     route back, stops) are delayed by at most that while this node's runners are saturated.
-    Far from the mark (as the last materialisation found the queue), it costs no round trip.
+    Far from the mark (as the last materialisation found the queue), it costs no round trip,
+    nor the set of ``local``'s types (the job messages about to be materialised), whose
+    queues it measures.
 
     The mark counts the type's queue only. With a fair share below it (``fair_share_jobs``,
     100 by default), one actor's jobs past its share wait in its own list instead
@@ -144,6 +148,7 @@ async def _backpressure(node: NodeState, ctx: int, script_types: set[str]) -> No
         node.backpressure.queue_depth.get(ctx, 0) < HIGH_WATER
     ):  # no round trip while far from the mark
         return
+    script_types = {j.script_type for m in local for j in m.job}
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
             depths = await lists.queue_depths(node.store, ctx, script_types)
