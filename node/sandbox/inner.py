@@ -537,6 +537,11 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
             jobs.held = 2 * (len(batch) - i - 1)  # the later jobs' files, open here meanwhile
             reply, spoiled = jobs.run(request | job, fds[2 * i], fds[2 * i + 1])
             more = i + 1 < len(batch)
+            # what the job left that the next must not meet: checked before the answer when
+            # the rest of the batch waits on it (its resend), else once the answer is sent,
+            # off the runner's way (~40 us of a lone job's path): the next request is read
+            # only after the check, by this process or, spoiled, by its replacement
+            spoiled = spoiled or (more and jobs.left_behind())
             if job is not request:
                 reply["i"] = i
                 # the rest of the batch never meets what this job left (in the process, or
@@ -546,6 +551,8 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
             shared[0] = _REPLYING
             send(own, reply)
             shared[0] = _IDLE
+            if not (spoiled or more):
+                spoiled = jobs.left_behind()
             if spoiled or (more and reply.get("resend")):
                 for fd in fds[2 * (i + 1) :]:
                     os.close(fd)
@@ -631,9 +638,11 @@ class _Warm:
         self.path = list(sys.path)
         self.handlers = [_signal.getsignal(s) for s in _WATCHED]
         self.script, self.code = "", _compiled("")
+        self.own_cpu = 0.0  # the CPU this process had used as the last job ended (its own)
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
-        """Run one job; how it ended, and whether this process must be replaced after it."""
+        """Run one job; how it ended, and whether its setup or its standard files say this
+        process must be replaced after it (the rest of what it left: :meth:`left_behind`)."""
         _, began = _cpu()
         struct.pack_into("d", self.shared, 8, began)
         self.shared[0] = _IN_JOB
@@ -665,9 +674,8 @@ class _Warm:
         spoiled = not self.null_stdio() or spoiled  # the job's files are the runner's again
         self.end_leftovers()
         left = _left(self.empty())
-        own, used = _cpu()
+        self.own_cpu, used = _cpu()
         cpu = used - began
-        spoiled = spoiled or self.spoiled(own)
         if signum:
             return {"exit_code": None, "signal": signum, "cpu_s": cpu} | left, spoiled
         return {"exit_code": code, "signal": 0, "cpu_s": cpu} | left, spoiled
@@ -794,6 +802,10 @@ class _Warm:
         except OSError:
             tmp_empty = False
         return empty_dirs(self.not_tmp if tmp_empty else EMPTIED)
+
+    def left_behind(self) -> bool:
+        """Whether the last job left what the next must not meet (:meth:`spoiled`)."""
+        return self.spoiled(self.own_cpu)
 
     def spoiled(self, own_cpu_s: float) -> bool:
         """Whether the job left what the next job must not meet: a thread, an open file, a
