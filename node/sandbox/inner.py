@@ -5,9 +5,13 @@ imported: this process holds no secret and is started by exec of a fresh interpr
 Protocol on fd 0 (a unix stream socket to the runner), frames of a 4-byte big-endian length
 and JSON: the worker says ``{"ready": true}``; then per job the runner sends a request with two
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
-job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
+job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``. What every job of the worker
+is set up with (its cwd, rlimits, the runner's pid namespace) comes once, as JSON in argv after
+``--warm``/``--fresh`` and the pid namespace (the dirs emptied after each job follow it); a
+request holds the job's own (its script, environment, kind, command), and any key of its own
+goes over those settings.
 
-A warm worker also takes a batch: ``{"jobs": [request, ...], <settings>}`` with two files per
+A warm worker also takes a batch: ``{"jobs": [request, ...]}`` with two files per
 job, run one after another, each with the settings under its own request and answered as it
 ends, its answer naming its place (``"i": n``). What one job leaves that the next must not
 meet (see ``--warm``) ends the batch there, its answer saying ``"resend": true``: the runner
@@ -71,7 +75,10 @@ if TYPE_CHECKING:
     from types import CodeType
     from typing import Any
 
-EMPTIED: list[str] = []  # the dirs emptied after each job (argv, after the pid namespace)
+# what each job is set up with besides its own request (cwd, rlimits, the runner's pid
+# namespace), from the runner once, in argv: a request's own keys go over them
+SETTINGS: dict[str, Any] = {}
+EMPTIED: list[str] = []  # the dirs emptied after each job (argv, after the settings)
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
@@ -224,7 +231,8 @@ def _next_job(sock: _socket.socket, note: int) -> None:
     after the job, then becomes the job. Never returns."""
     try:
         os.setsid()
-        request, fds = receive(sock)
+        given, fds = receive(sock)
+        request = SETTINGS | given
         if len(fds) != 2:
             raise EOFError
         after = f"{request.get('script_file') or ''}\0{request.get('outer_pidns', '')}"
@@ -516,9 +524,10 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
     jobs = _Warm(shared, outer_pidns)
     while True:
         try:
-            request, fds = receive(own)
+            given, fds = receive(own)
         except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
             os._exit(0)
+        request = SETTINGS | given
         batch = request.pop("jobs", None)
         if batch is None:
             batch = [request]
@@ -849,7 +858,8 @@ def main() -> None:
     # once, before any fork, not in every job's process
     compile("", "<warm>", "exec")
     gc.freeze()  # what the worker holds now is never collected: no job's process walks it
-    EMPTIED[:] = sys.argv[3:]
+    SETTINGS.update(json.loads(sys.argv[3]))
+    EMPTIED[:] = sys.argv[4:]
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
     if sys.argv[1:2] == ["--warm"]:
         serve_warm(sock, sys.argv[2] if len(sys.argv) > 2 else "")
