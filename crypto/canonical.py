@@ -237,8 +237,19 @@ def signing_input(domain: str, value: object) -> bytes:
         CanonicalError: ``domain`` is not a non-empty token of ``[a-z0-9_-]``, or ``value``
             cannot be canonicalised (see :func:`canonical_json`).
     """
-    if not isinstance(domain, str) or not _DOMAIN_RE.fullmatch(domain):
-        raise CanonicalError(
-            f"invalid signing domain {domain!r}: must be a non-empty token of [a-z0-9_-]"
-        )
-    return DOMAIN_PREFIX.encode("ascii") + domain.encode("ascii") + b"\n" + canonical_json(value)
+    head = _HEADS.get(domain) if type(domain) is str else None
+    if head is None:
+        if not isinstance(domain, str) or not _DOMAIN_RE.fullmatch(domain):
+            raise CanonicalError(
+                f"invalid signing domain {domain!r}: must be a non-empty token of [a-z0-9_-]"
+            )
+        head = DOMAIN_PREFIX.encode("ascii") + domain.encode("ascii") + b"\n"
+        if len(_HEADS) < _HEADS_MAX:
+            _HEADS[domain] = head
+    return head + canonical_json(value)
+
+
+# the checked prefix of each domain seen (a handful: one per kind of signed object), so that
+# signing or verifying one object does not check and encode its domain again
+_HEADS: dict[str, bytes] = {}
+_HEADS_MAX = 64

@@ -87,6 +87,7 @@ def new_job(
     ``exponential`` (default) or ``linear`` ``backoff`` from ``backoff_ms`` (default 500).
     Raises ModelError for a policy the node would refuse."""
     check_retry_policy(list(retry_on), backoff, backoff_ms)
+    stamp = now()
     return RunnerJob(
         id=new_id(),
         caller_id=caller_id,
@@ -96,8 +97,8 @@ def new_job(
         timeout=timeout_s,
         retries=retries,
         env_vars=dict(env_vars or {}),
-        created_at=now(),
-        updated_at=now(),
+        created_at=stamp,
+        updated_at=stamp,
         retry_on=list(retry_on),
         backoff=backoff,
         backoff_ms=backoff_ms,
@@ -122,6 +123,7 @@ class Client:
         self._node_id: str | None = None
         self._open: dict[int, _Batch] = {}  # per context DB: the batch new writes join
         self._write_locks: dict[int, trio.Lock] = {}
+        self._arriving = 0  # submissions reading what they need before they join a batch
 
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
@@ -235,7 +237,7 @@ class Client:
             timeout_s=timeout_s,
             retries=retries,
         )
-        return await self.submit(
+        [message] = await self.submit_many(
             signer,
             caller_id,
             to=to,
@@ -245,6 +247,7 @@ class Client:
             timeout_ack_s=timeout_ack_s,
             timeout_result_s=timeout_result_s,
         )
+        return message
 
     async def submit(
         self,
@@ -289,9 +292,13 @@ class Client:
         512 messages); returns the messages in order, each to be awaited with
         :meth:`wait_results`. Raises ClientError for an unknown node or an empty message,
         StoreError if the write failed (then none of a chunk's messages was queued)."""
-        origin = await self.node_id()
-        if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
-            to = await self.resolve_node(to)
+        self._arriving += 1  # until it joins a batch (no await after this block): _publish
+        try:
+            origin = await self.node_id()
+            if len(to) != 64:  # not a node id: 'self', a peer name or an id prefix
+                to = await self.resolve_node(to)
+        finally:
+            self._arriving -= 1
         span = _producer_span("submit", context_id, caller_id)
         traceparent, tracestate = spans.outgoing_trace(span)
         try:
@@ -314,7 +321,8 @@ class Client:
         except BaseException as exc:
             spans.end(span, "failed", type(exc).__name__)
             raise
-        spans.end(span, "queued", attributes=_carried(messages))
+        if span is not None:
+            spans.end(span, "queued", attributes=_carried(messages))
         return messages
 
     async def _publish(self, context_id: int, messages: list[Message]) -> None:
@@ -322,18 +330,22 @@ class Client:
         with the concurrent calls on this context: they join the open batch; whoever then holds
         the write lock and finds its batch not yet taken writes the whole batch. Raises the
         write's error in every caller whose batch failed (StoreError for a Redis failure)."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller queues nothing
         batch = self._open.get(context_id) or self._open.setdefault(context_id, _Batch())
         batch.messages.extend(messages)
         lock = self._write_locks.get(context_id) or self._write_locks.setdefault(
             context_id, trio.Lock()
         )
-        try:
-            await lock.acquire()
-        except BaseException:  # cancelled before any write took it: withdraw ours
-            if not batch.taken:
-                ours = {id(m) for m in messages}
-                batch.messages[:] = [m for m in batch.messages if id(m) not in ours]
-            raise
+        if lock.locked() or self._arriving:
+            try:  # wait for the write in progress, or let those on their way join ours first
+                await lock.acquire()
+            except BaseException:  # cancelled before any write took it: withdraw ours
+                if not batch.taken:
+                    ours = {id(m) for m in messages}
+                    batch.messages[:] = [m for m in batch.messages if id(m) not in ours]
+                raise
+        else:  # a lone submission: written now, without lock.acquire's scheduler pass
+            lock.acquire_nowait()
         released = False
 
         def release() -> None:
@@ -511,8 +523,9 @@ class Client:
         except BaseException as exc:
             spans.end_error(span, exc)
             raise
-        failed = sum(r.status is not JobStatus.FINISHED for r in results)
-        spans.end(span, "answered", attributes={"hero.results.failed": failed})
+        if span is not None:  # counted only for a span: this runs per job waited for
+            failed = sum(r.status is not JobStatus.FINISHED for r in results)
+            spans.end(span, "answered", attributes={"hero.results.failed": failed})
         return results
 
     async def _wait_results(self, message: Message, timeout_s: float) -> list[JobResult]:
@@ -730,6 +743,8 @@ class Client:
 def _producer_span(operation: str, context_id: int, caller_id: int) -> spans.Span | None:
     """The client's PRODUCER span of one submission, a child of the caller's current span;
     None unless the application set up OpenTelemetry."""
+    if not spans.recording():  # its attributes are not built for nothing: one per submission
+        return None
     attributes = {
         spans.DESTINATION: keys.MSG_OUT,
         spans.CONTEXT: context_id,

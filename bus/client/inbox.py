@@ -48,6 +48,7 @@ def new_inbox_name() -> str:
 class _Lane:
     """The state of one inbox list (one name in one context DB)."""
 
+    inbox: str  # its list's key
     arrived: dict[str, list[JobResult]] = field(default_factory=dict)
     wakers: dict[str, trio.Event] = field(default_factory=dict)
     popping: bool = False
@@ -64,7 +65,9 @@ class ReplyInbox:
         """One result per job of ``message`` (which names an inbox), popped in batches with
         the other waiters' answers; ClientError after ``timeout_s``, StoreError if Redis fails."""
         where = (message.context_id, message.reply_to)
-        lane = self._lanes.get(where) or self._lanes.setdefault(where, _Lane())
+        lane = self._lanes.get(where) or self._lanes.setdefault(
+            where, _Lane(keys.inbox(message.reply_to))
+        )
         deadline = trio.current_time() + timeout_s
         popper = False
         key = message.key  # a property that formats it: read once per wait, not per turn
@@ -94,7 +97,7 @@ class ReplyInbox:
     async def _pop(self, lane: _Lane, message: Message, timeout_s: float) -> None:
         """Take up to BATCH answers off the inbox (blocking until one comes, or ``timeout_s``)
         and file each under its request, waking its waiter."""
-        inbox = keys.inbox(message.reply_to)
+        inbox = lane.inbox
         wait_s = min(max(timeout_s, 0.01), POP_S)
         with trio.CancelScope(shield=True):
             popped = await lists.pop_inbox(self.store, message.context_id, inbox, wait_s, BATCH)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bus.core.envelope import sign_message
+from bus.core.envelope import signature_of
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import Hash, Message, MessageType, RunnerJob
 from bus.errors import ClientError
@@ -53,6 +53,7 @@ def job_messages(
         if not carried:
             raise ClientError("a job message must carry at least one job")
         stamp = now()
+        signatures: list[dict[str, str]] = []
         message = Message(
             id=new_id(),
             caller_id=caller_id,
@@ -67,11 +68,15 @@ def job_messages(
             origin=origin,
             destination=to,
             nonce=new_nonce(),
+            signatures=signatures,
             reply_to=reply_to,
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        messages.append(sign_message(message, signer))
+        # signed in place: the list is this call's own and the message not out yet; the
+        # signature covers no signatures, so it is the one sign_message would add
+        signatures.append(signature_of(message, signer))
+        messages.append(message)
     return messages
 
 

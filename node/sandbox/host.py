@@ -190,9 +190,12 @@ class SandboxSpec:
             return []
         return ["/tmp", WORK] if self.work_dir_policy == "per_job" else ["/tmp"]
 
-    def argv(self, seccomp_fd: int, workdir_fd: int = -1) -> list[str]:
+    def argv(self, seccomp_fd: int, workdir_fd: int, settings: dict[str, Any]) -> list[str]:
+        """The worker's command (in its sandbox); ``settings``: what each of its jobs is set up
+        with (node/sandbox/inner.py SETTINGS)."""
         way = "--fresh" if self.fresh_process else "--warm"
-        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS, *self.emptied]
+        given = dumps_json(settings).decode()
+        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS, given, *self.emptied]
         if self.mode == "none":
             return worker
         plan = SandboxPlan(
@@ -381,7 +384,6 @@ class Sandbox:
         self.recycle_at = spec.recycle_jobs  # this worker's own (recycle_point), drawn at start
         self.nproc_base = 0
         self.uid = -1  # the worker's uid, as it reported it
-        self.settings: dict[str, Any] = {}
         self.spare: _Started | None = None
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
@@ -414,14 +416,6 @@ class Sandbox:
         self.leaf = started.leaf
         self.jobs = 0
         self.recycle_at = recycle_point(self.spec.recycle_jobs, self._rng)
-        # what every request of this worker says besides the job
-        cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
-        self.settings = {
-            "cwd": cwd,
-            "rlimits": rlimits(self.spec.limit_values, self.nproc_base, self.leaf is not None),
-            # the worker sweeps its sandbox's processes only in a pid namespace not this one
-            "outer_pidns": _OUTER_PIDNS,
-        }
         try:
             hello = self._receive()
         except SandboxLost:
@@ -450,7 +444,7 @@ class Sandbox:
             wd = os.open(self.spec.work_dir, os.O_PATH | os.O_DIRECTORY)
             passed.append(wd)
         try:
-            argv = self.spec.argv(rfd, wd)
+            argv = self.spec.argv(rfd, wd, self._settings(nproc_base, leaf))
             proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
                 enter_argv(leaf.procs_files(), argv) if leaf is not None else argv,
                 stdin=theirs.fileno(),
@@ -471,6 +465,18 @@ class Sandbox:
             for fd in passed:
                 os.close(fd)
         return _Started(proc, ours, nproc_base, leaf)
+
+    def _settings(self, nproc_base: int, leaf: Leaf | None) -> dict[str, Any]:
+        """What every job of a worker is set up with besides its own request: given to the
+        worker once, in its argv, not in each request (their JSON, written by the runner and
+        parsed by the job process on a lone job's path, was half settings)."""
+        cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
+        return {
+            "cwd": cwd,
+            "rlimits": rlimits(self.spec.limit_values, nproc_base, leaf is not None),
+            # the worker sweeps its sandbox's processes only in a pid namespace not this one
+            "outer_pidns": _OUTER_PIDNS,
+        }
 
     def _leaf(self) -> Leaf | None:
         """A new cgroup for a worker, with the job's bounds; None without cgroups. Raises
@@ -500,7 +506,7 @@ class Sandbox:
         before = self._counters_before()
         if self.leaf is not None and before is not None and before.cpu_ns is not None:
             self._job_cpu = (self.leaf, before.cpu_ns)
-        data = dumps_json(request | self.settings)
+        data = dumps_json(request)
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], [out, err])
         except OSError as exc:
@@ -571,7 +577,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
-        data = dumps_json({"jobs": requests} | self.settings)
+        data = dumps_json({"jobs": requests})
         fds = [fd for pair in files for fd in pair]
         try:
             socket.send_fds(self.sock, [struct.pack(">I", len(data)) + data], fds)

@@ -5,9 +5,13 @@ imported: this process holds no secret and is started by exec of a fresh interpr
 Protocol on fd 0 (a unix stream socket to the runner), frames of a 4-byte big-endian length
 and JSON: the worker says ``{"ready": true}``; then per job the runner sends a request with two
 open files attached (SCM_RIGHTS: the job's stdout and stderr) and the worker answers how the
-job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``.
+job ended: ``{"exit_code": n | null, "signal": s, "cpu_s": t}``. What every job of the worker
+is set up with (its cwd, rlimits, the runner's pid namespace) comes once, as JSON in argv after
+``--warm``/``--fresh`` and the pid namespace (the dirs emptied after each job follow it); a
+request holds the job's own (its script, environment, kind, command), and any key of its own
+goes over those settings.
 
-A warm worker also takes a batch: ``{"jobs": [request, ...], <settings>}`` with two files per
+A warm worker also takes a batch: ``{"jobs": [request, ...]}`` with two files per
 job, run one after another, each with the settings under its own request and answered as it
 ends, its answer naming its place (``"i": n``). What one job leaves that the next must not
 meet (see ``--warm``) ends the batch there, its answer saying ``"resend": true``: the runner
@@ -71,7 +75,10 @@ if TYPE_CHECKING:
     from types import CodeType
     from typing import Any
 
-EMPTIED: list[str] = []  # the dirs emptied after each job (argv, after the pid namespace)
+# what each job is set up with besides its own request (cwd, rlimits, the runner's pid
+# namespace), from the runner once, in argv: a request's own keys go over them
+SETTINGS: dict[str, Any] = {}
+EMPTIED: list[str] = []  # the dirs emptied after each job (argv, after the settings)
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
 _MAX_FRAME = 64 * 1024 * 1024
@@ -224,7 +231,8 @@ def _next_job(sock: _socket.socket, note: int) -> None:
     after the job, then becomes the job. Never returns."""
     try:
         os.setsid()
-        request, fds = receive(sock)
+        given, fds = receive(sock)
+        request = SETTINGS | given
         if len(fds) != 2:
             raise EOFError
         after = f"{request.get('script_file') or ''}\0{request.get('outer_pidns', '')}"
@@ -516,9 +524,10 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
     jobs = _Warm(shared, outer_pidns)
     while True:
         try:
-            request, fds = receive(own)
+            given, fds = receive(own)
         except (EOFError, ConnectionError, ValueError):  # the runner is gone, or spoke nonsense
             os._exit(0)
+        request = SETTINGS | given
         batch = request.pop("jobs", None)
         if batch is None:
             batch = [request]
@@ -537,6 +546,11 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
             jobs.held = 2 * (len(batch) - i - 1)  # the later jobs' files, open here meanwhile
             reply, spoiled = jobs.run(request | job, fds[2 * i], fds[2 * i + 1])
             more = i + 1 < len(batch)
+            # what the job left that the next must not meet: checked before the answer when
+            # the rest of the batch waits on it (its resend), else once the answer is sent,
+            # off the runner's way (~40 us of a lone job's path): the next request is read
+            # only after the check, by this process or, spoiled, by its replacement
+            spoiled = spoiled or (more and jobs.left_behind())
             if job is not request:
                 reply["i"] = i
                 # the rest of the batch never meets what this job left (in the process, or
@@ -546,6 +560,8 @@ def _job_process(sock: _socket.socket, shared: mmap.mmap, outer_pidns: str) -> N
             shared[0] = _REPLYING
             send(own, reply)
             shared[0] = _IDLE
+            if not (spoiled or more):
+                spoiled = jobs.left_behind()
             if spoiled or (more and reply.get("resend")):
                 for fd in fds[2 * (i + 1) :]:
                     os.close(fd)
@@ -631,9 +647,11 @@ class _Warm:
         self.path = list(sys.path)
         self.handlers = [_signal.getsignal(s) for s in _WATCHED]
         self.script, self.code = "", _compiled("")
+        self.own_cpu = 0.0  # the CPU this process had used as the last job ended (its own)
 
     def run(self, request: dict[str, Any], out: int, err: int) -> tuple[dict[str, Any], bool]:
-        """Run one job; how it ended, and whether this process must be replaced after it."""
+        """Run one job; how it ended, and whether its setup or its standard files say this
+        process must be replaced after it (the rest of what it left: :meth:`left_behind`)."""
         _, began = _cpu()
         struct.pack_into("d", self.shared, 8, began)
         self.shared[0] = _IN_JOB
@@ -665,9 +683,8 @@ class _Warm:
         spoiled = not self.null_stdio() or spoiled  # the job's files are the runner's again
         self.end_leftovers()
         left = _left(self.empty())
-        own, used = _cpu()
+        self.own_cpu, used = _cpu()
         cpu = used - began
-        spoiled = spoiled or self.spoiled(own)
         if signum:
             return {"exit_code": None, "signal": signum, "cpu_s": cpu} | left, spoiled
         return {"exit_code": code, "signal": 0, "cpu_s": cpu} | left, spoiled
@@ -795,6 +812,10 @@ class _Warm:
             tmp_empty = False
         return empty_dirs(self.not_tmp if tmp_empty else EMPTIED)
 
+    def left_behind(self) -> bool:
+        """Whether the last job left what the next must not meet (:meth:`spoiled`)."""
+        return self.spoiled(self.own_cpu)
+
     def spoiled(self, own_cpu_s: float) -> bool:
         """Whether the job left what the next job must not meet: a thread, an open file, a
         changed limit, signal handler or timer, half its memory limit mapped, CPU_BUDGET_S
@@ -837,7 +858,8 @@ def main() -> None:
     # once, before any fork, not in every job's process
     compile("", "<warm>", "exec")
     gc.freeze()  # what the worker holds now is never collected: no job's process walks it
-    EMPTIED[:] = sys.argv[3:]
+    SETTINGS.update(json.loads(sys.argv[3]))
+    EMPTIED[:] = sys.argv[4:]
     send(sock, {"ready": True, "uid": os.getuid(), "pid": os.getpid()})
     if sys.argv[1:2] == ["--warm"]:
         serve_warm(sock, sys.argv[2] if len(sys.argv) > 2 else "")

@@ -152,11 +152,15 @@ def _open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
         raise
 
 
-def _emptied(fds: tuple[int, int]) -> tuple[int, int]:
+def _emptied(fds: tuple[int, int], sizes: tuple[int, int] | None = None) -> tuple[int, int]:
     """``fds`` empty, their shared offset at 0 (the sandbox writes through the same open file
-    descriptions), for the next job's output."""
-    for fd in fds:
-        os.ftruncate(fd, 0)
+    descriptions), for the next job's output. ``sizes``: what each held when nothing could
+    write it any more (None: unknown); one that held nothing is not truncated (an ftruncate
+    journals its inode even then: ~6-20 us, and most jobs leave stderr empty), only its
+    offset set back (a job may have moved it without writing)."""
+    for fd, size in zip(fds, sizes or (1, 1), strict=True):
+        if size:
+            os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
     return fds
 
@@ -199,6 +203,9 @@ class JobRun:
         # whether the logs hold a job's output: emptied once its end is recorded
         # (:meth:`empty_logs`), off the next job's way; else at that job's start
         self.logs_used = False
+        # what they held once the job that used them answered (nothing writes them then: its
+        # leftovers were killed and waited for, its job process closed them); None: unknown
+        self.logs_sizes: tuple[int, int] | None = None
         # no sandbox spec, no job: a runner never runs one unsandboxed by omission
         box = SandboxSpec(**spec.sandbox) if spec.sandbox else SandboxSpec("refused", "")
         self.sandbox = Sandbox(box)
@@ -276,8 +283,8 @@ class JobRun:
         if self.log_fds is None:
             self.log_fds = _emptied(_open_logs(self.logs))
         elif self.logs_used:
-            _emptied(self.log_fds)
-        self.logs_used = True
+            _emptied(self.log_fds, self.logs_sizes)
+        self.logs_used, self.logs_sizes = True, None
         return self.log_fds
 
     def empty_logs(self) -> None:
@@ -287,8 +294,8 @@ class JobRun:
         ~40 us of a lone job's path here, bench/HISTORY.md#lone-job-latency). The output
         then does not outlive the job's end either."""
         if self.logs_used and self.log_fds is not None:
-            _emptied(self.log_fds)
-        self.logs_used = False
+            _emptied(self.log_fds, self.logs_sizes)
+        self.logs_used, self.logs_sizes = False, None
 
     def end_logs(self, status: str) -> None:
         """End the live log stream of the attempt :meth:`run` ran, once its end is recorded:
@@ -362,6 +369,8 @@ class JobRun:
         status and output, or the limit it hit."""
         limit = self.spec.max_output_bytes
         files = [written(fd) for fd in fds]
+        if cur.answered and fds is self.log_fds:  # the job's own answer: nothing writes them now
+            self.logs_sizes = (files[0].size, files[1].size)
         tail = tail_of(fds[1], files[1], TAIL_BYTES)
         out, err = (read_back(fd, w, limit) for fd, w in zip(fds, files, strict=True))
         if os.getppid() != PROCESS.parent:

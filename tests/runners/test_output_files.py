@@ -41,6 +41,30 @@ def test_a_job_that_moved_its_empty_outputs_offset_leaves_the_next_job_its_own_o
         jobs.sandbox.stop()
 
 
+def test_a_file_the_last_job_left_empty_is_not_truncated_and_one_it_wrote_is(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A file the job that answered left empty is only rewound (an ftruncate of an empty file
+    still journals its inode), one it wrote is emptied: the next job's output is its own, with
+    empty_logs between the two jobs or without."""
+    run = command_job_run(tmp_path, redis_url, SH)
+    jobs = run.job_run
+    try:
+        first = run(sh_job(1, "echo out"))
+        assert (first.result["stdout"], first.result["stderr"]) == ("out\n", "")
+        assert jobs.logs_sizes == (4, 0)
+        jobs.empty_logs()
+        assert jobs.logs_sizes is None
+        assert jobs.log_fds is not None
+        assert os.fstat(jobs.log_fds[0]).st_size == 0
+        second = run(sh_job(2, "echo err >&2"))
+        assert (second.result["stdout"], second.result["stderr"]) == ("", "err\n")
+        third = run(sh_job(3, "true"))  # no empty_logs before it: emptied at its start
+        assert (third.result["stdout"], third.result["stderr"]) == ("", "")
+    finally:
+        jobs.sandbox.stop()
+
+
 SIZES = [0, 3, 4095, 4097, exits.HEAD_BYTES, exits.HEAD_BYTES + 5, 200_000]
 
 
