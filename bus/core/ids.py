@@ -13,7 +13,6 @@ clock. Tests that need both in step set this clock from trio's (conftest.py's
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -24,12 +23,7 @@ _clock: Callable[[], float] = time.time
 
 
 def new_id() -> int:
-    """A uniform random id in 1..MAX_ID: ``secrets.randbelow(MAX_ID) + 1``, its rejection
-    sampling of 53 random bits written out (half its CPU; a client takes two per job)."""
-    while True:
-        bits = int.from_bytes(os.urandom(7)) >> 3  # 56 bits from the OS CSPRNG, 53 kept
-        if bits < MAX_ID:
-            return bits + 1
+    return secrets.randbelow(MAX_ID) + 1
 
 
 def new_nonce() -> str:
