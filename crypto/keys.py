@@ -114,9 +114,10 @@ class KeyPair:
         """The 32-byte public key."""
         return bytes(self.signing_key.verify_key)
 
-    @property
+    @functools.cached_property
     def public_hex(self) -> str:
-        """The public key as 64 lowercase hex characters."""
+        """The public key as 64 lowercase hex characters (formatted once: a node reads its
+        own id several times for every message it admits)."""
         return self.public_bytes.hex()
 
     @functools.cached_property

@@ -49,16 +49,10 @@ class Identity:
     admission_key: bytes = b""
     signer: Signer | None = None
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
-    _id_of: KeyPair | None = field(default=None, init=False, repr=False, compare=False)
-    _id: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def node_id(self) -> str:
-        # formatted once per key, not at each of the ~6 reads of every message admitted
-        key = self.key
-        if key is not self._id_of:
-            self._id_of, self._id = key, key.public_hex
-        return self._id
+        return self.key.public_hex
 
 
 @dataclass
