@@ -45,11 +45,11 @@ from bus.core.envelope import ResultBody
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.core.reasons import Reason
-from bus.core.verify import freshness_problem, judge
+from bus.core.verify import freshness_problem, judge, permission_problem
 from bus.errors import ModelError
 from bus.store import records
 from node.config import NodeConfig
-from node.flows.trust import authorise_flow_job, may_execute_in
+from node.flows.trust import authorise_flow_job
 from node.intake.messages import Rejected, signed_here
 from node.intake.stops import parse_stop
 from node.sandbox.probe import Isolation
@@ -374,7 +374,9 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     node.counters.count(VERIFIED)
     context = await (node.store.get_context(ctx) if fresh else node.registry.context(ctx, version))
-    may_execute_in(context, ctx, caller)
+    denied = permission_problem(context, ctx, caller)
+    if denied is not None:
+        raise Rejected(Reason(denied.reason), denied.detail)
 
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
