@@ -10,8 +10,9 @@ message from a peer, its signed ack deadline. Replays are refused atomically whe
 message causes is written: job and flow-job messages by the materialise script
 (node/intake/materialise.py), results by the consumer's accept script; stops here.
 
-The ack deadline of a job message is ``created_at + timeout_ack``. Both are signed fields, so
-the deadline travels under the caller's signature and no node on the way can move it. A
+The ack deadline of a job message is ``created_at + timeout_ack`` (bus/core/deadlines.py). Both
+are signed fields, so the deadline travels under the caller's signature and no node on the way
+can move it. A
 destination refuses a job message it receives (node/links/frames.py) or takes from ``msg_in``
 after that deadline (``expired``); its origin declares the message failed only after the
 deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
@@ -41,6 +42,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from bus.core import keys
+from bus.core.deadlines import ack_deadline
 from bus.core.envelope import ResultBody
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
@@ -249,12 +251,7 @@ def unrunnable(
     return None
 
 
-# -- the ack deadline (pure) -------------------------------------------------------------------
-
-
-def ack_deadline(message: Message) -> int:
-    """Unix second after which a job message must no longer be accepted (signed fields)."""
-    return message.created_at + message.timeout_ack
+# -- the ack deadline (pure; its rule: bus/core/deadlines.py) --------------------------------------
 
 
 def check_ack_deadline(message: Message, stamp: int) -> None:
