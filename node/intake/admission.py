@@ -12,10 +12,9 @@ message causes is written: job and flow-job messages by the materialise script
 
 The ack deadline of a job message is ``created_at + timeout_ack`` (bus/core/deadlines.py). Both
 are signed fields, so the deadline travels under the caller's signature and no node on the way
-can move it. A
-destination refuses a job message it receives (node/links/frames.py) or takes from ``msg_in``
-after that deadline (``expired``); its origin declares the message failed only after the
-deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
+can move it. A destination refuses a job message it receives (node/links/frames.py) or takes
+from ``msg_in`` after that deadline (``expired``); its origin declares the message failed only
+after the deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
 ``max_skew_s`` of each other, a message its client was told failed never runs.
 
 Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
