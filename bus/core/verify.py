@@ -1,10 +1,11 @@
 """The one verdict on a message, shared by the node and ``hero-verify``. Pure, no I/O.
 
 The caller looks up the signer's registered key (``actor:<caller_id>`` for a job message, the
-origin node for a result) and passes it in; this module decides. Reasons are short tokens
-recorded in the dead-letter list: ``bad_signature``, ``unknown_signer``, ``wrong_signer``,
-``malformed``, ``expired``, ``from_future``, and for the key algorithms ``wrong_algorithm``,
-``malformed_key``, ``uncompressed_key``, ``invalid_point``, ``high_s``.
+origin node for a result) and the context, and passes them in; this module decides. Reasons are
+short tokens recorded in the dead-letter list: ``bad_signature``, ``unknown_signer``,
+``wrong_signer``, ``malformed``, ``expired``, ``from_future``, for the key algorithms
+``wrong_algorithm``, ``malformed_key``, ``uncompressed_key``, ``invalid_point``, ``high_s``,
+and for the caller's permission ``unknown_context``, ``permission_denied``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from bus.core.envelope import verify_message
-from bus.core.models import Message
+from bus.core.models import Context, Message
 from bus.core.reasons import Reason
 from crypto import ALGORITHM_ED25519
 
@@ -88,3 +89,20 @@ def judge(
         if stale is not None:
             return stale
     return MessageVerdict(True, "ok", "", verdict.signer)
+
+
+def permission_problem(context: Context | None, ctx: int, actor_id: int) -> MessageVerdict | None:
+    """The one permission rule, for actors' messages and flows alike: a failing verdict
+    (``unknown_context``, ``permission_denied``) unless ``actor_id`` is an admin or executor of
+    ``context`` (context ``ctx`` as the node holds it; None if it holds none), else None."""
+    if context is None:
+        return MessageVerdict(
+            False, Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node"
+        )
+    if not context.may_execute(actor_id):
+        return MessageVerdict(
+            False,
+            Reason.PERMISSION_DENIED,
+            f"actor {actor_id} is not admin/executor of context {ctx}",
+        )
+    return None

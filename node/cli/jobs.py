@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus.core.models import Message
 from crypto import load_signing_key_file
-from node.cli.common import config_of, context_of, with_client
+from node.cli.common import config_of, context_of, unless_interrupted, with_client
 from node.cli.lists import add_job_list
 from node.cli.output import add_json, print_json
 from node.cli.parsing import hidden_alias
@@ -121,11 +121,27 @@ async def job_stop(client: Client, args: argparse.Namespace) -> int:
 
 
 async def job_logs(client: Client, args: argparse.Namespace) -> int:
-    async for stream, text in client.job_logs(context_of(args), args.key, follow=args.follow):
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        out.write(text)
-        out.flush()
-    return 0
+    """A job's output; with ``--follow`` until it ends, Ctrl-C stopping the following (exit
+    130) as it stops every other wait of the CLI: :func:`unless_interrupted`, not
+    KeyboardInterrupt, which trio raises wherever the program is (and never, where the
+    command was started with SIGINT ignored)."""
+
+    async def printed() -> int:
+        async for stream, text in client.job_logs(context_of(args), args.key, follow=args.follow):
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.write(text)
+            out.flush()
+        return 0
+
+    if not args.follow:
+        return await printed()
+    done = await unless_interrupted(
+        printed, f"following {args.key} (Ctrl-C stops following, not the job)"
+    )
+    if done is None:
+        print(f"hero-node: stopped following; {args.key} goes on", file=sys.stderr)
+        return 130
+    return done
 
 
 async def job_show(client: Client, args: argparse.Namespace) -> int:

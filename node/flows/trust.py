@@ -11,9 +11,9 @@ from __future__ import annotations
 from bus.core.dag import FlowError, validate_flow
 from bus.core.flows import FlowDoc, FlowJobPayload, verify_flow
 from bus.core.ids import now
-from bus.core.models import Context, Message
+from bus.core.models import Message
 from bus.core.reasons import Reason
-from bus.core.verify import judge
+from bus.core.verify import judge, permission_problem
 from bus.errors import ModelError
 from bus.store import records
 from node.errors import Rejected
@@ -62,20 +62,11 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
 
 
 async def check_may_execute(node: NodeState, ctx: int, actor_id: int) -> None:
-    """Rejected('permission_denied'/'unknown_context') unless the actor may execute in ctx."""
-    may_execute_in(await node.store.get_context(ctx), ctx, actor_id)
-
-
-def may_execute_in(context: Context | None, ctx: int, actor_id: int) -> None:
-    """The one permission rule, for actors' messages and flows alike: Rejected
-    ('unknown_context', 'permission_denied') unless ``actor_id`` is an admin or executor of
-    ``context`` (context ``ctx`` as this node holds it; None if it holds none)."""
-    if context is None:
-        raise Rejected(Reason.UNKNOWN_CONTEXT, f"context {ctx} does not exist on this node")
-    if not context.may_execute(actor_id):
-        raise Rejected(
-            Reason.PERMISSION_DENIED, f"actor {actor_id} is not admin/executor of context {ctx}"
-        )
+    """Rejected('permission_denied'/'unknown_context') unless the actor may execute in ctx
+    (the rule actors' messages are admitted by: bus.core.verify.permission_problem)."""
+    denied = permission_problem(await node.store.get_context(ctx), ctx, actor_id)
+    if denied is not None:
+        raise Rejected(Reason(denied.reason), denied.detail)
 
 
 async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> None:

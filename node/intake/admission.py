@@ -10,11 +10,11 @@ message from a peer, its signed ack deadline. Replays are refused atomically whe
 message causes is written: job and flow-job messages by the materialise script
 (node/intake/materialise.py), results by the consumer's accept script; stops here.
 
-The ack deadline of a job message is ``created_at + timeout_ack``. Both are signed fields, so
-the deadline travels under the caller's signature and no node on the way can move it. A
-destination refuses a job message it receives (node/links/frames.py) or takes from ``msg_in``
-after that deadline (``expired``); its origin declares the message failed only after the
-deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
+The ack deadline of a job message is ``created_at + timeout_ack`` (bus/core/deadlines.py). Both
+are signed fields, so the deadline travels under the caller's signature and no node on the way
+can move it. A destination refuses a job message it receives (node/links/frames.py) or takes
+from ``msg_in`` after that deadline (``expired``); its origin declares the message failed only
+after the deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
 ``max_skew_s`` of each other, a message its client was told failed never runs.
 
 Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
@@ -41,15 +41,16 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from bus.core import keys
+from bus.core.deadlines import ack_deadline
 from bus.core.envelope import ResultBody
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.core.reasons import Reason
-from bus.core.verify import freshness_problem, judge
+from bus.core.verify import freshness_problem, judge, permission_problem
 from bus.errors import ModelError
 from bus.store import records
 from node.config import NodeConfig
-from node.flows.trust import authorise_flow_job, may_execute_in
+from node.flows.trust import authorise_flow_job
 from node.intake.messages import Rejected, signed_here
 from node.intake.stops import parse_stop
 from node.sandbox.probe import Isolation
@@ -249,12 +250,7 @@ def unrunnable(
     return None
 
 
-# -- the ack deadline (pure) -------------------------------------------------------------------
-
-
-def ack_deadline(message: Message) -> int:
-    """Unix second after which a job message must no longer be accepted (signed fields)."""
-    return message.created_at + message.timeout_ack
+# -- the ack deadline (pure; its rule: bus/core/deadlines.py) --------------------------------------
 
 
 def check_ack_deadline(message: Message, stamp: int) -> None:
@@ -374,7 +370,9 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
         raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
     node.counters.count(VERIFIED)
     context = await (node.store.get_context(ctx) if fresh else node.registry.context(ctx, version))
-    may_execute_in(context, ctx, caller)
+    denied = permission_problem(context, ctx, caller)
+    if denied is not None:
+        raise Rejected(Reason(denied.reason), denied.detail)
 
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:

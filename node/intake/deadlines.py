@@ -6,12 +6,13 @@ come back by the second, the origin's copy ends in ``error`` (reason ``timeout_a
 ``timeout_result``) and the waiting client is answered. A result that arrives after that is
 refused as ``late_result``.
 
-The ack deadline is the signed one, ``created_at + timeout_ack`` (node/intake/admission.py):
-the destination refuses the message after it (``expired``), on arrival and when its consumer
-takes it. The origin fails the message only once that deadline plus the allowed clock skew
-(``max_skew_s``) has passed, so by then the destination refuses it too, and withdraws it from
-the peer's outbox and its in-flight list in one transaction: a message its client was told
-failed is never sent again, and one already on the wire is refused where it lands.
+The ack deadline is the signed one, ``created_at + timeout_ack`` (bus/core/deadlines.py, where
+the supervisor takes the times it arms): the destination refuses the message after it
+(``expired``), on arrival and when its consumer takes it. The origin fails the message only once
+that deadline plus the allowed clock skew (``max_skew_s``) has passed, so by then the destination
+refuses it too, and withdraws it from the peer's outbox and its in-flight list in one
+transaction: a message its client was told failed is never sent again, and one already on the
+wire is refused where it lands.
 """
 
 from __future__ import annotations
@@ -30,22 +31,12 @@ from bus.store import records
 from bus.store.atomic.routing import fail_request, pop_due
 from bus.store.atomic.routing import withdraw as atomic_withdraw
 from bus.wire import outbox
-from node.intake.admission import ack_deadline
 from node.intake.messages import result_write
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
-
-
-def deadline_times(message: Message, skew_s: int) -> tuple[int, int]:
-    """The ack and result deadlines (Unix ms) of a job message sent to a peer (armed with
-    bus.store.atomic.routing.route; the caller then wakes the deadline service:
-    WakeUps.deadline_scheduled): the ack one at the signed deadline plus ``skew_s``, the
-    allowed clock skew (see the module doc)."""
-    ack_ms = (ack_deadline(message) + skew_s) * 1000
-    return ack_ms, now_ms() + message.timeout_result * 1000
 
 
 async def run_deadlines(

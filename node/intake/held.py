@@ -32,11 +32,11 @@ from typing import NoReturn
 
 import trio
 
+from bus.core.deadlines import ack_deadline
 from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.store.atomic import routing
-from node.intake.admission import ack_deadline
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

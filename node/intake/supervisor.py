@@ -13,6 +13,7 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys, spans
+from bus.core.deadlines import ack_deadline, deadline_times
 from bus.core.ids import now
 from bus.core.models import Hash, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
@@ -22,7 +23,6 @@ from bus.store import lists, serve
 from bus.store.atomic import routing
 from bus.store.serve import Popped, Queue, serve_queue
 from bus.wire import outbox
-from node.intake import deadlines
 from node.intake.admission import admit
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
@@ -176,7 +176,7 @@ async def check_parsed(node: NodeState, ctx: int, message: Message, fields: Hash
             Reason.UNKNOWN_DESTINATION, f"node {message.destination[:16]}… is not a peer"
         )
     if message.destination != node.identity.node_id and message.message_type is MessageType.JOB:
-        ack_in_s = deadlines.ack_deadline(message) - now()
+        ack_in_s = ack_deadline(message) - now()
         why = node.peers.breakers.refusal(message.destination, ack_in_s)
         if why is not None:
             raise Rejected(Reason.PEER_UNAVAILABLE, why)
@@ -254,7 +254,7 @@ def _routed(node: NodeState, message: Message, stamp: str) -> routing.Routed:
     if message.message_type is not MessageType.JOB:
         return routing.Routed(message.key, False, [], None)
     copies = origin_copies(message, {"updated_at": stamp})
-    times = deadlines.deadline_times(message, node.identity.freshness.max_skew_s)
+    times = deadline_times(message, node.identity.freshness.max_skew_s)
     return routing.Routed(message.key, False, copies, times)
 
 

@@ -38,10 +38,12 @@ class Isolation:
     bwrap_info: str = ""  # the bwrap, its version and where it comes from (Bwrap.describe)
     fix: str = ""  # refused: what to do on this host so that a sandbox can be built
     cpu_time: str = "process"  # what cpu_s bounds: "job tree" (a cgroup counts it) or "process"
+    # whether this node runs jobs at all: fixed with the mode, found once at the start, so a
+    # plain attribute (admission reads it for every job it admits: node/intake/admission.py)
+    runs_jobs: bool = field(init=False)
 
-    @property
-    def runs_jobs(self) -> bool:
-        return self.mode != "refused"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "runs_jobs", self.mode != "refused")
 
 
 def can_switch_users() -> tuple[bool, bool]:

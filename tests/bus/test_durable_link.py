@@ -42,15 +42,22 @@ async def test_a_delivered_batch_waits_once_on_its_own_connection(replicated):
     async with open_store(replicated.url(NODE, waitaof="1,1")) as store:
         await _replicas_ready(store)
         assert store.barrier is not None
+        nudges = store.barrier.nudges
+        assert nudges is not None
         before, rounds = await primary_calls(replicated), store.barrier.rounds
+        nudged = nudges.sent
         # the first batch also loads the delivery script (NOSCRIPT, then run again)
         assert await _deliver_durably(store, [_message(n) for n in range(5)]) == [True] * 5
         assert await _deliver_durably(store, [_message(n) for n in range(5, 9)]) == [True] * 4
         after, rounds = await primary_calls(replicated), store.barrier.rounds - rounds
+        nudged = nudges.sent - nudged
         assert len(await store.lrange(CTX, keys.MSG_IN)) == 9
     assert rounds == 2  # one confirmation per batch ...
-    # ... each one WAITAOF, or two when a replica's fsync outlasts the first short wait
-    assert rounds <= after.get("waitaof", 0) - before.get("waitaof", 0) <= 2 * rounds
+    # ... each one WAITAOF, or two when a replica's fsync outlasts the first short wait; a
+    # wait unanswered for a while is nudged by a WAITAOF on another connection (how many
+    # depends on the machine's load, not on the batch: counted apart)
+    waits = after.get("waitaof", 0) - before.get("waitaof", 0) - nudged
+    assert rounds <= waits <= 2 * rounds
     assert after.get("incr", 0) == before.get("incr", 0)  # no ``INCR durable``
 
 
@@ -87,9 +94,11 @@ async def test_both_script_paths_reload_what_the_server_forgot(replicated):
         assert await _deliver_durably(store, [_message(1)]) == [True]
         await store.call(CTX, lambda r: r.script_flush())
         assert not await _known(store, deliver)
-        before = await primary_calls(replicated)
+        nudges = store.barrier.nudges if store.barrier else None
+        assert nudges is not None
+        before, nudged = await primary_calls(replicated), nudges.sent
         assert await _deliver_durably(store, [_message(2), _message(3)]) == [True, True]
-        durable = await primary_calls(replicated)
+        durable, nudged = await primary_calls(replicated), nudges.sent - nudged
         assert await _known(store, deliver)
         await store.call(CTX, lambda r: r.script_flush())
         assert await routing.deliver(store, CTX, [_message(4), _message(1)]) == [True, False]
@@ -112,8 +121,9 @@ async def test_both_script_paths_reload_what_the_server_forgot(replicated):
         # one call for the two messages (routing_deliver.lua), run again once
         assert after["evalsha"] - was["evalsha"] == 2
     # one barrier for the reloaded delivery: one WAITAOF, or two when the first, short one
-    # misses a replica (bus/store/durable.py Barrier._confirm), as the test above allows
-    assert 1 <= durable["waitaof"] - before.get("waitaof", 0) <= 2
+    # misses a replica (bus/store/durable.py Barrier._confirm), as the test above allows;
+    # the nudges of a slow wait (as many as the machine's load makes) counted apart
+    assert 1 <= durable["waitaof"] - before.get("waitaof", 0) - nudged <= 2
 
 
 async def _fake_peer(nursery: trio.Nursery, rig: Rig) -> tuple[Peer, Transport]:

@@ -9,13 +9,15 @@ from hypothesis import strategies as st
 
 from bus.core.envelope import sign_message, verify_message
 from bus.core.models import (
+    Context,
     Message,
     MessageFormat,
     MessageStatus,
     MessageType,
     RunnerJob,
 )
-from bus.core.verify import judge
+from bus.core.reasons import Reason
+from bus.core.verify import judge, permission_problem
 from crypto import KeyPair
 
 KEY = KeyPair.generate()
@@ -111,3 +113,18 @@ def test_signing_keeps_every_field_but_the_signatures():
     assert signed == replace(message, signatures=signed.signatures)
     assert signed.signatures != message.signatures
     assert verify_message(signed, KEY.public_hex).ok
+
+
+def test_the_permission_verdict_names_an_unknown_context_and_a_denied_actor():
+    """The one permission rule (admission and flows raise from it): an admin or an executor
+    of the context may execute there; a reader, or anyone in a context the node lacks, not."""
+    context = Context(3, admins=[1], readers=[2], executors=[4])
+    assert permission_problem(context, 3, 1) is None
+    assert permission_problem(context, 3, 4) is None
+    denied = permission_problem(context, 3, 2)
+    assert denied is not None
+    assert denied.reason == Reason.PERMISSION_DENIED
+    missing = permission_problem(None, 5, 1)
+    assert missing is not None
+    assert missing.reason == Reason.UNKNOWN_CONTEXT
+    assert "context 5" in missing.detail

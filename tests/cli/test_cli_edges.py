@@ -69,15 +69,24 @@ def test_a_refused_connection_is_one_line_without_the_password(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def interrupted(home, *args: str, after: str = "stderr") -> tuple[str, int, str]:
+def interrupted(
+    home, *args: str, after: str = "stderr", sigint_ignored: bool = False
+) -> tuple[str, int, str]:
     """Run ``hero-node --home HOME ARGS``, wait for its first line on ``after`` (stdout or
-    stderr), send it SIGINT; the first line, the exit code and the rest of its stderr."""
+    stderr), send it SIGINT; the first line, the exit code and the rest of its stderr.
+    ``sigint_ignored``: started as a shell's background job (``cmd &``) or ``nohup`` start
+    it, SIGINT ignored, where Python never raises KeyboardInterrupt."""
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "--home", str(home), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     )
     try:
         stream = proc.stdout if after == "stdout" else proc.stderr
@@ -169,13 +178,23 @@ def test_ctrl_c_while_following_a_flow_names_it_and_exits_130(running_node, tmp_
     assert "Traceback" not in rest
 
 
-def test_ctrl_c_while_following_logs_exits_130_without_a_traceback(running_node):  # noqa: F811
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["terminal", "sigint-ignored"])
+def test_ctrl_c_while_following_logs_exits_130_without_a_traceback(
+    running_node,  # noqa: F811
+    sigint_ignored: bool,
+):
+    """Following a job's output stops on SIGINT as ``--wait`` does, also where the command
+    was started with SIGINT ignored (a background job of a script): the job runs 10 s, so
+    a follower that did not hear the signal would exit 0 with the job, not 130."""
     home, _node = running_node
-    script = "import time; print('started', flush=True); time.sleep(3)"
+    script = "import time; print('started', flush=True); time.sleep(10)"
     job_key = cli(home, "job", "submit", "--script", script).stdout.strip()
-    first, code, err = interrupted(home, "job", "logs", job_key, "-f", after="stdout")
+    first, code, err = interrupted(
+        home, "job", "logs", job_key, "-f", after="stdout", sigint_ignored=sigint_ignored
+    )
     assert first == "started\n"  # it follows the running job now
     assert code == 130, err
+    assert f"stopped following; {job_key} goes on" in err
     assert "Traceback" not in err
 
 

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus.core import keys
+from bus.core.deadlines import deadline_times
 from bus.core.envelope import sign_message
 from bus.core.ids import new_id, now, set_clock
 from bus.core.models import JobStatus, Message
@@ -23,7 +24,7 @@ from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
 from node.intake.admission import check_ack_deadline, delivery_problem, stored_size
-from node.intake.deadlines import deadline_times, fail_due
+from node.intake.deadlines import fail_due
 from node.intake.messages import Rejected
 from node.state import NodeState
 from tests.intake.test_rejections import Ran, job_message, push_in, run_and_wait
