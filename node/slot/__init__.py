@@ -4,8 +4,9 @@ which pops, runs and ends its jobs. Both import this room; neither imports the o
 
 What the node tells the process at its start (spec.py), how a job's exit becomes an outcome
 (exits.py), where an outcome waits on disk for adoption (outcomes.py), how a job's command line
-is built (commands.py), its live logs (joblogs.py), the retry policy (lifecycle.py) and the one
-plan that ends every attempt (plan.py). Standard library and bus/ only: no trio here."""
+is built (commands.py), its output files, followed live and read back (joblogs.py), the retry
+policy (lifecycle.py) and the one plan that ends every attempt (plan.py). Standard library and
+bus/ only: no trio here."""
 
 # The modules of this room are imported by their own names; the package re-exports none.
 __all__: list[str] = []

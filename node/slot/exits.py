@@ -34,46 +34,6 @@ def _clip(data: bytes | str, limit: int) -> str:
     return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
 
 
-# What a job's output file is read with first: its size known from what came back, not from
-# an fstat (the file held open, nothing writes it after the job's answer). One system call a
-# file instead of two for what most jobs write; 64 KiB costs pread no more than 4.
-HEAD_BYTES = 65536
-
-
-@dataclass(frozen=True)
-class Written:
-    """What a job wrote to one of its output files: its first bytes (up to HEAD_BYTES) and its
-    size."""
-
-    head: bytes
-    size: int
-
-
-def written(fd: int) -> Written:
-    """What the file open as ``fd`` holds from its start: read once, an fstat only if it is
-    longer than HEAD_BYTES."""
-    head = os.pread(fd, HEAD_BYTES, 0)
-    return Written(head, len(head) if len(head) < HEAD_BYTES else os.fstat(fd).st_size)
-
-
-def tail_of(fd: int, w: Written, n: int) -> bytes:
-    """The last ``n`` bytes of what :func:`written` read as ``w``."""
-    if w.size <= len(w.head):
-        return w.head[-n:] if w.size else b""
-    return os.pread(fd, n, max(0, w.size - n))
-
-
-def read_back(fd: int, w: Written, limit: int) -> str:
-    """What a script wrote to its log file (open as ``fd``, read as ``w``), bounded like
-    captured output."""
-    size = w.size
-    if not size:
-        return ""
-    data = w.head if min(size, limit) <= len(w.head) else os.pread(fd, min(size, limit), 0)
-    text = data[:limit].decode("utf-8", "replace")
-    return text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
-
-
 def outcome_of(
     returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
 ) -> Outcome:

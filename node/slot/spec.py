@@ -14,6 +14,7 @@ import logging
 import os
 import struct
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from bus.core import keys
@@ -58,11 +59,13 @@ class RunnerSpec:
     # where its spans go, as its node's do (node/observe/tracing.py runner_settings; {}: off)
     tracing: dict[str, Any] = field(default_factory=dict)
 
-    @property
+    # fixed for the process's life: worked out once, plain attributes from then on (a log
+    # line, a start, an end each read them; a property would run for each)
+    @cached_property
     def slot_id(self) -> str:
         return f"{self.script_type}:{self.slot}"
 
-    @property
+    @cached_property
     def inflight(self) -> str:
         return keys.inflight(f"runner:{self.slot_id}")
 

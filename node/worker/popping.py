@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from bus.core import keys, queues
 from bus.core.reasons import Reason
 from bus.store.atomic.runs import NextJob
-from bus.store.atomic.runs_sync import Begun, SyncRuns, is_utf8
+from bus.store.atomic.runs_sync import Begun, SyncRuns
 from node.slot.spec import RunnerSpec
 from node.worker.batch import MAX_BATCH_JOBS
 from node.worker.job import Wake
@@ -121,9 +121,10 @@ class Popper:
         finally:
             self.flags.popping = False
 
-    def usable(self, value: str, begun: Begun | None) -> tuple[str, Begun | None] | None:
-        """A popped entry, unless it is not UTF-8 text: refused then (dead-lettered)."""
-        if is_utf8(value):
+    def usable(self, value: str | bytes, begun: Begun | None) -> tuple[str, Begun | None] | None:
+        """A popped entry, unless it is not UTF-8 text (the store hands it over as bytes):
+        refused then (dead-lettered)."""
+        if isinstance(value, str):
             return value, begun
         why = line_fields(self.spec, reason=Reason.NOT_UTF8)
         log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)

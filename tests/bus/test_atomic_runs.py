@@ -295,6 +295,19 @@ async def test_pop_first_moves_the_first_entry_of_the_first_list(store, sync_run
     assert sync_runs.pop_first(["queue:a", "queue:b"], INFLIGHT) == (None, 1)
 
 
+def test_a_popped_entry_that_is_not_utf8_comes_back_as_its_bytes(sync_runs) -> None:
+    """Both pops hand an entry that is no UTF-8 text over as its bytes, as the node's store
+    hands such a value over (bus/store/lane.py): no job key, and refused by its exact value."""
+    first, second = b"job:1:\xff", b"job:1:\xfe"
+    sync_runs.client.lpush("queue:b", first, second)
+    assert sync_runs.pop_first(["queue:b"], INFLIGHT) == (first, 0)
+    assert sync_runs.pop_started("queue:b", INFLIGHT, 1.0, 1, _take())[0] == second
+    sync_runs.refuse(INFLIGHT, first, "not_utf8", "queue:b")
+    assert sync_runs.client.lrange(INFLIGHT, 0, -1) == [second.decode("utf-8", "surrogateescape")]
+    sync_runs.refuse(INFLIGHT, second, "not_utf8", "queue:b")
+    assert sync_runs.held(INFLIGHT) == 0
+
+
 def _take() -> runs.NextJob:
     return runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
 

@@ -42,7 +42,7 @@ from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.store.sentinel import SentinelTarget
 from bus.store.sync import SyncStore, SyncStoreError, Unconfirmed, connect, is_utf8
 
-__all__ = ["Begun", "SyncRuns", "SyncStoreError", "Unconfirmed", "connect", "is_utf8"]
+__all__ = ["Begun", "SyncRuns", "SyncStoreError", "Unconfirmed", "connect"]
 
 
 # job statistics' sums for an end: (applied with it, applied only if it leaves the runner idle)
@@ -59,6 +59,14 @@ def _pairs(flat: list[Any] | dict[Any, Any]) -> dict[str, str]:
 # how a start went (runs_start): the job's fields after it ({}: the job is final), a reason
 # token (the entry names nothing to start), or the type's breaker refused it
 Begun = dict[str, str] | str | BreakerOpen
+
+
+def _entry(value: Any) -> str | bytes:  # noqa: ANN401
+    """A popped entry: its text, or its bytes if they are no UTF-8 (read with
+    ``surrogateescape``: bus/store/sync.py), as the node's store hands such a value over
+    (bus/store/lane.py ``_restored``): no key of a job, refused by its exact value."""
+    text = str(value)
+    return text if is_utf8(text) else text.encode("utf-8", "surrogateescape")
 
 
 def _begun(reply: Any) -> Begun:  # noqa: ANN401
@@ -103,13 +111,14 @@ class SyncRuns:
         (:meth:`bus.store.sync.SyncStore.leave_if_stale`)."""
         return self.store.leave_if_stale(exc)
 
-    def pop_first(self, lists: list[str], inflight: str) -> tuple[str | None, int]:
-        """runs_pop_first: the entry moved from the first non-empty list, or None and the
-        length of ``inflight`` (what a blocking pop that follows compares with its own)."""
+    def pop_first(self, lists: list[str], inflight: str) -> tuple[str | bytes | None, int]:
+        """runs_pop_first: the entry moved from the first non-empty list (bytes: no UTF-8
+        text), or None and the length of ``inflight`` (what a blocking pop that follows
+        compares with its own)."""
         value = self._run("runs_pop_first", [inflight, *lists], [])
         if isinstance(value, int):
             return None, value
-        return str(value), 0
+        return _entry(value), 0
 
     def start(
         self,
@@ -133,13 +142,14 @@ class SyncRuns:
 
     def pop_started(
         self, source_list: str, inflight: str, timeout_s: float, held: int, nxt: NextJob
-    ) -> tuple[str | None, Begun | None]:
+    ) -> tuple[str | bytes | None, Begun | None]:
         """BLMOVE of the oldest entry of ``source_list`` onto ``inflight`` (up to
         ``timeout_s``), with runs_start_moved pipelined behind it on the same connection: Valkey
         runs a blocked client's next command as soon as its pop returns, so the entry is
         started (as :meth:`start`, named as ``nxt`` names a take's) in the same round trip.
         ``held``: the length of ``inflight`` before. (None, None) on timeout; (entry, None) if
-        the script did not start it (a server that lost the script: the caller starts it).
+        the script did not start it (a server that lost the script: the caller starts it); the
+        entry as bytes if it is no UTF-8 text.
         Interrupted (a signal, the runner's wake-up) before its replies were read, the
         connection is dropped: redis-py's Sentinel connections do not disconnect then, and the
         next command would read this pop's reply as its own. The start may have run: the job's
@@ -163,7 +173,7 @@ class SyncRuns:
             if isinstance(begun, dict) and begun:
                 self.requeue(entry, int(begun["attempt"]), inflight, queues.queue_of(begun))
             begun = None
-        return (None, None) if moved is None else (str(moved), begun)
+        return (None, None) if moved is None else (_entry(moved), begun)
 
     def give_back(self, inflight: str, job_key: str, queue: str) -> None:
         """A popped entry that may not start yet back at the consuming end of ``queue`` (the
@@ -289,7 +299,7 @@ class SyncRuns:
         args = [str(attempt), f"{reason}: {detail}", str(now())]
         return bool(self._run("runs_malformed", key_list, args))
 
-    def refuse(self, inflight: str, value: str, reason: str, queue: str) -> None:
+    def refuse(self, inflight: str, value: str | bytes, reason: str, queue: str) -> None:
         """Dead-letter one popped entry (``reason`` a token of runs_unrunnable, or
         ``not_utf8``) and take it off ``inflight``, in one transaction."""
         detail = (
@@ -300,7 +310,7 @@ class SyncRuns:
         self.dead_letter(value, reason, detail, queue, inflight=inflight)
 
     def dead_letter(
-        self, key: str, reason: str, detail: str, queue: str, *, inflight: str = ""
+        self, key: str | bytes, reason: str, detail: str, queue: str, *, inflight: str = ""
     ) -> None:
         """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
         its exact bytes: the client sends str values as strict UTF-8)."""
@@ -309,7 +319,7 @@ class SyncRuns:
             _dlq_entry as dlq_entry,  # a refusal: rare, and coredis with it
         )
 
-        raw = key.encode("utf-8", "surrogateescape")
+        raw = key if isinstance(key, bytes) else key.encode("utf-8", "surrogateescape")
         entry = dlq_entry(printable(raw, 1000), reason, detail, queue)
         # the dlq watcher's copy too (node/observe/dlq.py), as the store does; the entry off
         # ``inflight`` by its exact bytes (str values are sent as strict UTF-8)
@@ -346,11 +356,12 @@ class SyncRuns:
 
     def moved_before_wake(
         self, inflight: str, held: int, token_base: str
-    ) -> tuple[str, Begun | None] | None:
+    ) -> tuple[str | bytes, Begun | None] | None:
         """After a blocking pop a signal interrupted (:meth:`pop_started`): the entry the
-        server moved onto ``inflight`` just before, if the list grew past ``held``, and its
-        job's fields if the start pipelined behind the pop ran (its status 'started', its
-        ``runner`` this slot's token: ``<token_base>:<entry>``); None if nothing was moved."""
+        server moved onto ``inflight`` just before (bytes: no UTF-8 text), if the list grew
+        past ``held``, and its job's fields if the start pipelined behind the pop ran (its
+        status 'started', its ``runner`` this slot's token: ``<token_base>:<entry>``); None if
+        nothing was moved."""
         head = self.store.command("LRANGE", inflight, 0, 0)
         if not head or self.held(inflight) <= held:
             return None
@@ -358,7 +369,7 @@ class SyncRuns:
         fields = _pairs(self.store.command("HGETALL", moved))
         ours = fields.get("status") == JobStatus.STARTED.value
         ours = ours and fields.get("runner") == f"{token_base}:{moved}"
-        return moved, fields if ours else None
+        return _entry(moved), fields if ours else None
 
     def queue_of(self, job_key: str) -> str:
         """The list a job was queued on (its targeting fields: bus/core/queues.py)."""
