@@ -88,7 +88,7 @@ def on_job_us() -> float:
     from node.observe.otlp import encode_request
     from node.observe.recorder import TracerProvider
     from node.observe.tracing import KeyedRatioSampler
-    from node.slot.exits import Outcome
+    from node.slot.outcomes import Outcome
     from node.slot.spec import RunnerSpec
     from node.worker.spans import ran_attempt
 

@@ -28,8 +28,15 @@ from bus.errors import ContentError, ModelError, StoreError
 from bus.store import lists, records
 from bus.store.atomic import runs, slots
 from node.slot import outcomes
-from node.slot.exits import Outcome, kill_orphans, live_processes, outcome_of
-from node.slot.outcomes import outcome_dir, parse_outcome_name, read_outcome
+from node.slot.outcomes import (
+    Outcome,
+    kill_orphans,
+    live_processes,
+    outcome_dir,
+    outcome_of,
+    parse_outcome_name,
+    read_outcome,
+)
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

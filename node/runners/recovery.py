@@ -30,8 +30,8 @@ from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
 from node.runners import adoption
 from node.slot.away import Away
-from node.slot.exits import Outcome
 from node.slot.lifecycle import RetryPolicy
+from node.slot.outcomes import Outcome
 from node.slot.plan import (
     AnswerHere,
     Attempt,

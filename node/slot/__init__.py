@@ -2,8 +2,8 @@
 which starts, watches and recovers the slot's process, and the process's (node/worker/, sync),
 which pops, runs and ends its jobs. Both import this room; neither imports the other.
 
-What the node tells the process at its start (spec.py), how a job's exit becomes an outcome
-(exits.py), where an outcome waits on disk for adoption (outcomes.py), how a job's command line
+What the node tells the process at its start (spec.py), a job's outcome: how its exit becomes
+one and where it waits on disk for adoption (outcomes.py), how a job's command line
 is built (commands.py), its output files, followed live and read back (joblogs.py), the retry
 policy (lifecycle.py) and the one plan that ends every attempt (plan.py). Standard library and
 bus/ only: no trio here."""

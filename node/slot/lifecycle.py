@@ -23,7 +23,7 @@ NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE, Reason.ISOLATION_REFU
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 EXPONENTIAL, LINEAR = "exponential", "linear"
-# The reason of an attempt whose script exited non-zero (node/slot/exits.py).
+# The reason of an attempt whose script exited non-zero (node/slot/outcomes.py: outcome_of).
 _EXIT = re.compile(r"exit code (\d+)")
 
 

@@ -1,4 +1,9 @@
-"""Job outcomes written where the next start of the node finds them, tied to their attempt.
+"""A job's outcome: made from its exit status and output, kept on disk tied to its attempt until
+Valkey has recorded it, and the processes a dead run of the node left behind that may still
+finish one.
+
+A runner process (node/worker/job.py) runs each job; its outcome (:func:`outcome_of`) is
+``finished`` with the script's output (stdout, stderr, exit_code) or ``error`` with a reason.
 
 A node killed while its jobs run leaves their processes running (each in its own session): they
 finish, and only they know how. So the runner process that waits for a job keeps the job's
@@ -6,8 +11,10 @@ outcome on disk until Valkey has recorded it, named by the attempt: ``run/outcom
 key>-<attempt>``. The attempt in the name is the fencing token: a slot adopts the outcome of a
 job's *current* attempt (node/runners/recovery.py: recover_slot), waiting first for a process
 that still runs it; only a job whose process died with no outcome is recorded ``runner_lost``.
-A job's pid file (``run/jobs/<pid>``) names its outcome file on its second line, so the
-start-up orphan killer can spare a process that is still worth adopting.
+A job's processes record their pid in ``run/jobs`` while they run, and a job's pid file
+(``run/jobs/<pid>``) names its outcome file on its second line, so that the start-up orphan
+killer (:func:`kill_orphans`) kills what the dead run left behind but spares a process that is
+still worth adopting.
 
 Every job's outcome goes first into its slot's file (:class:`SlotFile`,
 ``run/outcome-slots/<ctx>-<slot>``, open for the life of the runner process), one write over
@@ -18,7 +25,7 @@ process has ended by then. A runner whose node has died, one that ends a stopped
 python job by exiting, and one whose end Valkey refused write the named file itself (the next
 node may already be looking), the last fsynced (:func:`write_outcome` ``durable``).
 
-This module is imported by the runner processes too: standard library only.
+This module is imported by the runner processes too: standard library and bus/core only.
 """
 
 from __future__ import annotations
@@ -26,8 +33,50 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bus.core.models import JobStatus
+from bus.core.reasons import Reason
+
+# how long a job (or a runner process) told to end may take before it is killed outright
+KILL_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: its status, its result (the script's output and exit code) and,
+    for an error, its reason."""
+
+    status: JobStatus
+    result: dict[str, str]
+    reason: str = ""
+
+
+def _clip(data: bytes | str, limit: int) -> str:
+    if isinstance(data, str):
+        return data
+    text = data[:limit].decode("utf-8", "replace")
+    return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
+
+
+def outcome_of(
+    returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
+) -> Outcome:
+    """The job's outcome from its exit status and output (``max_output_bytes`` 0: as given)."""
+    result = {
+        "stdout": _clip(stdout, max_output_bytes),
+        "stderr": _clip(stderr, max_output_bytes),
+        "exit_code": str(returncode),
+    }
+    if returncode == 0:
+        return Outcome(JobStatus.FINISHED, result)
+    if returncode < 0:  # killed by a signal we did not send: the runner process was lost
+        name = signal.Signals(-returncode).name
+        return Outcome(JobStatus.ERROR, result, f"{Reason.RUNNER_LOST}: killed by {name}")
+    return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
 
 
 def outcome_dir(run_dir: Path) -> Path:
@@ -188,3 +237,42 @@ def _unpacked(run_dir: Path, record: Any) -> str | None:  # noqa: ANN401 - JSON
     if not target.exists():
         write_outcome(target, outcome)
     return named
+
+
+def live_processes(pid_dir: Path, *, prune: bool = True) -> dict[int, str]:
+    """The processes this node's pid files name that still run (checked by their environment,
+    as a pid may have been reused): pid -> the outcome file its pid file names ("" if none).
+    ``prune``: remove the other pid files (only while no job runs: one being written would
+    look stale)."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    alive: dict[int, str] = {}
+    for path in pid_dir.iterdir():
+        try:
+            pid = int(path.name)
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            marker, _, outcome = path.read_text().partition("\n")
+        except (ValueError, OSError):
+            if prune:
+                path.unlink(missing_ok=True)
+            continue
+        if "=" not in marker:  # a job: "<caller>:<id>"
+            marker = f"HERO_JOB_ID={marker.partition(':')[2]}"
+        if f"\0{marker}\0".encode() in b"\0" + environ + b"\0":
+            alive[pid] = outcome
+        elif prune:
+            path.unlink(missing_ok=True)
+    return alive
+
+
+def kill_orphans(pid_dir: Path, keep: frozenset[str] = frozenset()) -> int:
+    """Kill the process groups of scripts a crashed run of this node left behind, except those
+    running an attempt whose outcome file is in ``keep`` (they are adopted); how many."""
+    killed = 0
+    for pid, outcome in live_processes(pid_dir).items():
+        if outcome and outcome in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        (pid_dir / str(pid)).unlink(missing_ok=True)
+    return killed

@@ -20,8 +20,8 @@ from bus.core import queues
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, RunnerJob
 from bus.store.atomic.runs import Ending, attempt_entry
-from node.slot.exits import Outcome
 from node.slot.lifecycle import RetryPolicy, after_attempt
+from node.slot.outcomes import Outcome
 
 
 @dataclass(frozen=True)

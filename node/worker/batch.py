@@ -33,8 +33,8 @@ from bus.core.reasons import Reason
 from node.sandbox.host import SandboxLost
 from node.sandbox.plan import PlanError
 from node.slot import outcomes
-from node.slot.exits import KILL_GRACE_S, Outcome
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
+from node.slot.outcomes import KILL_GRACE_S, Outcome
 from node.worker.ending import recorded
 from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job_request
 

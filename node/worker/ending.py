@@ -31,8 +31,8 @@ from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
-from node.slot.exits import Outcome, outcome_of
 from node.slot.lifecycle import RetryPolicy
+from node.slot.outcomes import Outcome, outcome_of
 from node.slot.plan import (
     AnswerHere,
     AnswerRemote,

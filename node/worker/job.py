@@ -38,8 +38,8 @@ from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
-from node.slot.exits import KILL_GRACE_S, Outcome, outcome_of
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths, read_back, tail_of, written
+from node.slot.outcomes import KILL_GRACE_S, Outcome, outcome_of
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span
 from node.worker.spans import sandbox_span

@@ -61,7 +61,7 @@ from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
-from node.slot.exits import Outcome
+from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec, read_frame
 from node.worker.batch import Done, run_batch
 from node.worker.ending import Ender, Ran, ResultSigner, recorded

@@ -26,7 +26,7 @@ from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
 from node.runners.adoption import adopted_outcome
 from node.slot import outcomes
-from node.slot.exits import Outcome
+from node.slot.outcomes import Outcome
 from node.worker.loop import SlotLoop
 from tests.leases import lapse, lease_left_ms
 from tests.nodeproc import NodeProcess

@@ -24,7 +24,7 @@ from bus.core.tracecontext import NO_TRACE, message_trace
 from node.observe.otlp import encode_request
 from node.observe.recorder import TracerProvider
 from node.observe.tracing import KeyedRatioSampler
-from node.slot.exits import Outcome
+from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec
 from node.worker import spans as worker_spans
 from tests.otlp import Receiver

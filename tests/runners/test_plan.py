@@ -15,8 +15,8 @@ from bus.core.envelope import reply_text
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.slot.away import Away
-from node.slot.exits import Outcome
 from node.slot.lifecycle import BACKOFF_MAX_S, RetryPolicy, after_attempt
+from node.slot.outcomes import Outcome
 from node.slot.plan import (
     AnswerHere,
     AnswerRemote,

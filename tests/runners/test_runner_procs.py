@@ -21,7 +21,7 @@ from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.runners.processes import start_in_stages, start_stages
-from node.slot.exits import Outcome
+from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.ending import Ran
