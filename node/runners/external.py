@@ -45,9 +45,8 @@ from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
-from node.slot.lifecycle import RetryPolicy
+from node.slot.lifecycle import AnswerHere, Attempt, Plan, Retry, RetryPolicy, ended_as, plan_ending
 from node.slot.outcomes import Outcome
-from node.slot.plan import AnswerHere, Attempt, Plan, Retry, ended_as, plan_ending
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

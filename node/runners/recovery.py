@@ -30,18 +30,18 @@ from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
 from node.runners import adoption
 from node.slot.away import Away
-from node.slot.lifecycle import RetryPolicy
-from node.slot.outcomes import Outcome
-from node.slot.plan import (
+from node.slot.lifecycle import (
     AnswerHere,
     Attempt,
     Plan,
     Retry,
+    RetryPolicy,
     ended_as,
     ended_counter,
     ending_of,
     plan_ending,
 )
+from node.slot.outcomes import Outcome
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,10 @@ async def conclude(
     attempt: int,
     started_at: int,
 ) -> None:
-    """Execute the plan that ends the attempt (node/slot/plan.py): the retry, or the answer;
-    tried again while Redis is unreachable (node/slot/away.py), because the outcome exists
-    only here (re-running the job instead would run it twice). ``queue``: where the job was
-    queued, where its retry goes."""
+    """Execute the plan that ends the attempt (node/slot/lifecycle.py: plan_ending): the
+    retry, or the answer; tried again while Redis is unreachable (node/slot/away.py), because
+    the outcome exists only here (re-running the job instead would run it twice). ``queue``:
+    where the job was queued, where its retry goes."""
     ran = Attempt(attempt, token, started_at, now())
     here = node.identity.node_id
     plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)

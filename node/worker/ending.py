@@ -1,8 +1,8 @@
 """How a runner process ends an attempt (node/worker/loop.py): it executes the one plan
-(node/slot/plan.py) in one Lua call with the next job's take, keeps the outcome on disk until
-Valkey has it (node/slot/outcomes.py), tries again while Valkey is away (node/slot/away.py),
-and gives back what a cut call may have taken. The watch thread may end a python job's attempt
-too, just before the process exits: a lock lets one of them end it."""
+(node/slot/lifecycle.py: plan_ending) in one Lua call with the next job's take, keeps the
+outcome on disk until Valkey has it (node/slot/outcomes.py), tries again while Valkey is away
+(node/slot/away.py), and gives back what a cut call may have taken. The watch thread may end
+a python job's attempt too, just before the process exits: a lock lets one of them end it."""
 
 from __future__ import annotations
 
@@ -31,18 +31,18 @@ from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
-from node.slot.lifecycle import RetryPolicy
-from node.slot.outcomes import Outcome, outcome_of
-from node.slot.plan import (
+from node.slot.lifecycle import (
     AnswerHere,
     AnswerRemote,
     Attempt,
     Plan,
     Retry,
+    RetryPolicy,
     ended_as,
     ending_of,
     plan_ending,
 )
+from node.slot.outcomes import Outcome, outcome_of
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.log import line_fields

@@ -14,9 +14,8 @@ from bus.core.ids import now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic import runs, type_breakers
 from bus.store.atomic.runs_sync import SyncRuns
-from node.slot.lifecycle import RetryPolicy
+from node.slot.lifecycle import AnswerHere, Attempt, Retry, RetryPolicy, ending_of, plan_ending
 from node.slot.outcomes import Outcome
-from node.slot.plan import AnswerHere, Attempt, Retry, ending_of, plan_ending
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"

@@ -1,6 +1,6 @@
-"""The one plan that ends every attempt (node/slot/plan.py), a pure function: retry, answer
-here or answer a remote origin, with what each writes. Property-tested against the retry
-policy it applies (node/slot/lifecycle.py), which keeps its own tests."""
+"""The one plan that ends every attempt (node/slot/lifecycle.py: plan_ending), a pure function:
+retry, answer here or answer a remote origin, with what each writes. Property-tested against
+the retry policy it applies (after_attempt, beside it), which keeps its own tests."""
 
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ from bus.core.envelope import reply_text
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.slot.away import Away
-from node.slot.lifecycle import BACKOFF_MAX_S, RetryPolicy, after_attempt
-from node.slot.outcomes import Outcome
-from node.slot.plan import (
+from node.slot.lifecycle import (
+    BACKOFF_MAX_S,
     AnswerHere,
     AnswerRemote,
     Attempt,
     Retry,
+    RetryPolicy,
+    after_attempt,
     ended_as,
     ended_counter,
     ending_of,
     plan_ending,
 )
+from node.slot.outcomes import Outcome
 
 HERE, THERE = "a" * 64, "b" * 64
 REASONS = st.sampled_from(
