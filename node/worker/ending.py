@@ -93,6 +93,7 @@ class Ender:
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
         self.ended = ""  # how the last attempt ended: retry, finished or error (its span's)
         self.ended_each: list[str] = []  # so, each attempt of the last batch's end
+        self.about = line_fields(spec)  # what every line says, built once (node/worker/log.py)
 
     def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.spec, job_key, reason, **more)
@@ -308,7 +309,10 @@ class Ender:
         if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
             return
         status = "retry" if retry else outcome.status.value
-        about = self._fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
+        about = self.about | {"job": job.key}  # line_fields' order: job, reason, then the rest
+        if outcome.reason:
+            about["reason"] = outcome.reason
+        about |= {"status": status, "duration_ms": round(took_ms, 1)}
         if not ok:
             log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
         elif outcome.status is JobStatus.FINISHED:

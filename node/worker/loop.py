@@ -100,6 +100,9 @@ class SlotLoop:
         self.ender = Ender(spec, self.runs, self.job, self.reports, signer)
         self.popper = Popper(spec, self.runs, self.reports, self.flags)
         self.traced = bool(spec.tracing)  # the one check a job costs with tracing off
+        # what every line of this runner says (node/worker/log.py), built once: a job's own
+        # lines add to it, not build it again
+        self.about = line_fields(spec)
         self.ended_reason = ""  # the reason of the attempt that ended last (its span's)
 
     @property
@@ -226,7 +229,7 @@ class SlotLoop:
 
     def _log_start(self, job_key: str, attempt: int) -> None:
         if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
-            about = self.fields(job_key, attempt=attempt)
+            about = self.about | {"job": job_key, "attempt": attempt}
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
 
     def _run_and_end(
