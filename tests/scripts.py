@@ -113,7 +113,8 @@ def command_job_run(tmp_path, redis_url: str, command: list[str]):
     jobs = procjob.JobRun(spec, SyncRuns(connect(redis_url, 1)), lambda *_: False)
 
     def run(job, attempt: int = 1):
-        return jobs.run(job, Message(1, job.caller_id, 1, origin="n", destination="n"), attempt)
+        request = Message(1, job.caller_id, 1, origin="n", destination="n")
+        return jobs.run(job, request, attempt, spec.token(job.key))
 
     run.job_run = jobs  # type: ignore[attr-defined]
     return run

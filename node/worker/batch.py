@@ -47,8 +47,8 @@ MAX_BATCH_JOBS = 64  # the sandbox's bound on one request (node/sandbox/inner.py
 # job waits this long, not the long job's whole run.
 EARLY_END_S = 0.03
 
-# an attempt to run: the job, the request that carried it, its number
-Item = tuple[RunnerJob, Message, int]
+# an attempt to run: the job, the request that carried it, its number, its lease's token
+Item = tuple[RunnerJob, Message, int, str]
 # a job of the batch that answered: its index, its outcome, its attempt's state
 Done = tuple[int, Outcome, _Current]
 # ends the jobs that answered, while a later one runs (without a take)
@@ -80,12 +80,12 @@ def _files(run: JobRun, index: int) -> tuple[int, int]:
 
 
 def _waiting(run: JobRun, item: Item, index: int, at: float) -> _Current:
-    job, request, attempt = item
+    job, request, attempt, token = item
     spec = run.spec
     pump = LogPump(
         run.runs, job.key, batch_logs(run, index), spec.max_output_bytes, spec.reply_ttl_s
     )
-    cur = _Current(job, request, attempt, spec.token(job.key), pump, 1e18, at, 1e18)
+    cur = _Current(job, request, attempt, token, pump, 1e18, at, 1e18)
     cur.outcome_name = outcomes.outcome_name(spec.ctx, job.key, attempt)
     return cur
 

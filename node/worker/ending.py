@@ -60,8 +60,9 @@ class ResultSigner(Protocol):
 @dataclass(frozen=True)
 class Ran:
     """An attempt that ran, as its end needs it: the job, its fields as its start returned
-    them, the request that carried it, its outcome and its number (the fencing token); when
-    its run began (monotonic, and its wall-clock start) and its outcome file's name."""
+    them (``runner``: the attempt's lease token), the request that carried it, its outcome and
+    its number (the fencing token); when its run began (monotonic, and its wall-clock start)
+    and its outcome file's name."""
 
     job: RunnerJob
     fields: dict[str, str]
@@ -240,7 +241,7 @@ class Ender:
         return taken
 
     def _plan(self, ran: Ran) -> Plan:
-        number = Attempt(ran.attempt, self.spec.token(ran.job.key), ran.started_at, now())
+        number = Attempt(ran.attempt, ran.fields["runner"], ran.started_at, now())
         policy, here = RetryPolicy.of(ran.job), self.spec.node_id
         return plan_ending(ran.job, ran.outcome, number, policy, request=ran.request, here=here)
 

@@ -237,10 +237,10 @@ class JobRun:
 
     # -- the main thread -----------------------------------------------------------------------
 
-    def run(self, job: RunnerJob, request: Message, attempt: int) -> Outcome | None:
-        """Run attempt ``attempt`` of ``job``; None if the runner was aborted meanwhile."""
+    def run(self, job: RunnerJob, request: Message, attempt: int, token: str) -> Outcome | None:
+        """Run attempt ``attempt`` of ``job``, whose lease is ``token`` (the ``runner`` field
+        its start wrote and returned); None if the runner was aborted meanwhile."""
         self.began, self.started_at = time.monotonic(), now()
-        token = self.spec.token(job.key)
         pump = LogPump(
             self.runs, job.key, self.logs, self.spec.max_output_bytes, self.spec.reply_ttl_s
         )

@@ -236,7 +236,7 @@ class SlotLoop:
         self, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int, nxt: NextJob
     ) -> list[Started]:
         self.ender.ended, self.ended_reason = "", ""
-        outcome = self.job.run(job, request, attempt)
+        outcome = self.job.run(job, request, attempt, fields["runner"])
         with self.ender.ending:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
@@ -289,7 +289,7 @@ class SlotLoop:
             early.update(i for i, _, _ in done)
             self._end_early(ready, done)
 
-        items = [(job, request, attempt) for job, _, request, attempt in ready]
+        items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
         ran = run_batch(self.job, items, end_early)
         with self.ender.ending:
             rans, back, rest, ran_curs = [], [], [], []
