@@ -41,7 +41,7 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     if actor is None:
         raise Rejected(Reason.UNKNOWN_SIGNER, f"actor {doc.caller_id} is not registered here")
     assert isinstance(doc_dict, dict)  # from_dict accepted it
-    accepted = node.config.accepted_algorithms(doc.context_id)
+    accepted = node.identity.algorithms.accepted(doc.context_id)
     verdict = verify_flow(doc_dict, signatures, actor.pubkey, actor.algorithm, accepted)
     if not verdict.ok:
         precise = verdict.reason in (Reason.WRONG_SIGNER, *_KEY_REASONS)

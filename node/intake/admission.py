@@ -364,7 +364,7 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
         now=now(),
         freshness=node.identity.freshness,
         algorithm=actor.algorithm if actor else "",
-        accepted=node.config.accepted_algorithms(ctx),
+        accepted=node.identity.algorithms.accepted(ctx),
     )
     if not verdict.ok:
         raise Rejected.by_verdict(verdict, f"actor {caller}")
