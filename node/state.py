@@ -78,7 +78,7 @@ class Identity:
 @dataclass
 class Counters:
     """Counters of what happened, by name (see :meth:`count`); ``counted`` is set when one
-    changes and re-armed by the service that publishes them (node/observe/counters.py)."""
+    changes and re-armed by the service that publishes them (node/observe/tallies.py)."""
 
     metrics: dict[str, int] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
@@ -99,7 +99,7 @@ class JobStats:
     """Job statistics the node's own scripts counted and handed back (materialising a job,
     accepting a result: bus/store/atomic/lua/stats_jobs.lua, stats_collected), by context,
     not yet in ``stats:jobs``; ``counted`` is set when one is added and re-armed by the service
-    that writes them (node/observe/jobstats.py)."""
+    that writes them (node/observe/tallies.py)."""
 
     pending: dict[int, StatsBatch] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
