@@ -6,7 +6,7 @@ run_node
 └── services                 (the store open; each service restarted by node/resilient.py)
     ├── serve                the transport's listener: authenticated links (bus/wire/transport.py)
     ├── watch                registry events: contexts, peers registered while running (Registry)
-    ├── run_counters         the counters ``status`` shows (node/observe/counters.py)
+    ├── run_counters         the counters ``status`` shows (node/observe/tallies.py)
     ├── run_node_info        the node's own facts in node:info, once up (node/observe/nodeinfo.py)
     ├── run_link_info        the peer links ``status`` shows (node/observe/linkinfo.py)
     ├── carry_asks           clients' trace asks to peers, answers back (node/links/trace.py)
@@ -89,11 +89,10 @@ from node.links.encryption import (
 from node.links.frames import LinkHandler
 from node.links.peer_breakers import run_breaker_publisher
 from node.links.summary import SummaryDesk
-from node.observe.counters import run_counters
 from node.observe.dlq import run_dlq_watch
-from node.observe.jobstats import JobStatsWriter
 from node.observe.linkinfo import run_link_info
 from node.observe.nodeinfo import run_node_info
+from node.observe.tallies import JobStatsWriter, run_counters
 from node.observe.tracing import tracing
 from node.resilient import resilient
 from node.runners.adoption import kill_orphans_but_adoptable

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bus.core.reasons import Reason
 from bus.errors import Refused
+
+if TYPE_CHECKING:
+    from bus.core.verify import MessageVerdict
 
 
 class NodeError(Exception):
@@ -45,3 +49,13 @@ class Rejected(NodeError, Refused):
         """The peer refused the message for ``token``, a reason of its own that this node
         records as ``peer_refused_<token>`` without judging it."""
         return cls(f"{Reason.PEER_REFUSED}_{token}", detail)
+
+    @classmethod
+    def by_verdict(cls, verdict: MessageVerdict, about: str = "") -> Rejected:
+        """The refusal a failing verdict of bus/core/verify.py (``judge``, the permission
+        rule, freshness) stands for: its reason, its detail after ``about`` (who was judged)
+        when given. Made only for a verdict that failed, so an accepted message never enters
+        here."""
+        return cls(
+            Reason(verdict.reason), f"{about}: {verdict.detail}" if about else verdict.detail
+        )

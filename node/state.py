@@ -37,6 +37,24 @@ class Waker(Protocol):
     def cancel(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Algorithms:
+    """The actor key algorithms each context accepts (:meth:`NodeConfig.accepted_algorithms`),
+    resolved from the config once at start: admission asks for every message it judges, and
+    the answer cannot change while the node runs."""
+
+    default: tuple[str, ...]
+    own: dict[int, tuple[str, ...]]  # the contexts ``[algorithms]`` names
+
+    @classmethod
+    def of(cls, config: NodeConfig) -> Algorithms:
+        named = (int(ctx) for ctx in config.algorithms if ctx != "default")
+        return cls(config.default_algorithms, {c: config.accepted_algorithms(c) for c in named})
+
+    def accepted(self, ctx: int) -> tuple[str, ...]:
+        return self.own.get(ctx, self.default)
+
+
 @dataclass
 class Identity:
     """Who this node is, in this boot."""
@@ -44,6 +62,8 @@ class Identity:
     key: KeyPair
     # how old and how far ahead a signed message may be (from the config)
     freshness: Freshness
+    # the key algorithms an actor's message may be signed with, per context (from the config)
+    algorithms: Algorithms
     # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
     # signer process runners get a socket to (node/host/signer.py); set by the daemon
     admission_key: bytes = b""
@@ -58,7 +78,7 @@ class Identity:
 @dataclass
 class Counters:
     """Counters of what happened, by name (see :meth:`count`); ``counted`` is set when one
-    changes and re-armed by the service that publishes them (node/observe/counters.py)."""
+    changes and re-armed by the service that publishes them (node/observe/tallies.py)."""
 
     metrics: dict[str, int] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
@@ -79,7 +99,7 @@ class JobStats:
     """Job statistics the node's own scripts counted and handed back (materialising a job,
     accepting a result: bus/store/atomic/lua/stats_jobs.lua, stats_collected), by context,
     not yet in ``stats:jobs``; ``counted`` is set when one is added and re-armed by the service
-    that writes them (node/observe/jobstats.py)."""
+    that writes them (node/observe/tallies.py)."""
 
     pending: dict[int, StatsBatch] = field(default_factory=dict)
     counted: trio.Event = field(default_factory=trio.Event)
@@ -430,6 +450,7 @@ class NodeState:
 
     def __post_init__(self, key: KeyPair, admission_key: bytes, signer: Signer | None) -> None:
         freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)
-        self.identity = Identity(key, freshness, admission_key, signer)
+        algorithms = Algorithms.of(self.config)
+        self.identity = Identity(key, freshness, algorithms, admission_key, signer)
         self.peers = Peers(key.public_hex)
         self.registry = RegistryCache(self.store)

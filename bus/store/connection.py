@@ -29,8 +29,7 @@ from bus.core.reasons import Reason
 from bus.core.text import printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
-from bus.store.atomic import queues
-from bus.store.atomic.evalsha import ScriptCall, evalsha_on, send_evalshas
+from bus.store.atomic import ScriptCall, evalsha_on, queues, send_evalshas
 from bus.store.durable import Barrier, Nudges
 from bus.store.failover import Failover, dial
 from bus.store.lane import Lane, LaneConnection, Queued, lane_for, transaction
@@ -319,7 +318,7 @@ class Store:
         """Several Lua scripts in one pipelined round trip (not atomic together); results.
         Bare EVALSHAs on one connection; those the server answers NOSCRIPT (a fresh or
         restarted server: nothing of them ran) are loaded and run again
-        (:func:`bus.store.atomic.evalsha.evalsha_on`). On a replicated store one call is
+        (:func:`bus.store.atomic.evalsha_on`). On a replicated store one call is
         sent again when a failover refused it before it ran (as :meth:`call` does); a batch
         is not: some of it may have run before the refusal."""
 

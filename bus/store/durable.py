@@ -53,7 +53,7 @@ import trio
 
 from bus.core import keys
 from bus.errors import StoreError
-from bus.store.atomic.evalsha import ScriptCall, evalsha_on
+from bus.store.atomic import ScriptCall, evalsha_on
 from bus.store.lane import Lane, LaneConnection, transaction
 from bus.store.promise import ReplicasWanted
 from bus.store.sentinel import (

@@ -16,7 +16,7 @@ What coredis gave for free and a lane must keep:
 - the same replies: RESP3 (``HELLO 3``, as coredis speaks) parsed by coredis' own parser, with
   the same decoding (UTF-8 text, the bytes of what is not UTF-8: a hostile entry stays itself)
   and error replies as coredis' exception classes (``NOSCRIPT`` is ``NoScriptError``), so
-  the store's one error translation and :func:`bus.store.atomic.evalsha.evalsha_on` see
+  the store's one error translation and :func:`bus.store.atomic.evalsha_on` see
   nothing new; a lost connection is coredis' ``ConnectionError``;
 - ``AUTH`` (the URL's ACL user and password) and ``SELECT`` of the DB, on every connection;
 - a connection whose replies were not all read (a cancelled blocking pop, a failed read, a
@@ -55,7 +55,7 @@ import hiredis
 import trio
 from coredis.parser import Parser
 
-from bus.store.atomic.evalsha import read_replies
+from bus.store.atomic import read_replies
 from bus.store.sentinel import SentinelTarget, is_sentinel_url, parse_sentinel_url
 
 __all__ = ["Lane", "LaneConnection", "Queued", "lane_for", "transaction"]

@@ -356,7 +356,7 @@ class Transport:
         self._links: dict[str, Link] = {}
         self._link_added = trio.Event()
         # refusal reasons (handshakes, oversize frames) -> count; ``on_refused(reason)`` is
-        # called after each, so that the node publishes the counts (node/observe/counters.py)
+        # called after each, so that the node publishes the counts (node/observe/tallies.py)
         self.refused: dict[str, int] = {}
         self.traffic: dict[str, Traffic] = {}  # by peer id
         self._on_refused = on_refused

@@ -1,7 +1,7 @@
 """``hero-node status``: the running node as its Redis shows it, as text or JSON.
 
 It reads what the node publishes in DB 0 (``node:info``, with the node's counters: see
-node/observe/counters.py, and its links: node/observe/linkinfo.py), the peers and their outboxes,
+node/observe/tallies.py, and its links: node/observe/linkinfo.py), the peers and their outboxes,
 and per
 context the message lists, the job queues and the live runners.
 """
@@ -169,7 +169,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
     from bus.store import registry
     from node.intake.admission import BOUNDS_FIELD, bounds_of
     from node.links.peer_breakers import BREAKERS_FIELD
-    from node.observe import counters
+    from node.observe import tallies
     from node.observe.linkinfo import LINKS_FIELD
     from node.observe.quotas import quota_facts
 
@@ -178,11 +178,11 @@ async def status_facts(client: Client) -> dict[str, Any]:
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
     for ctx, of_ctx in contexts.items():
         of_ctx["quotas"] = quota_facts(bounds_of(info, ctx), of_ctx["quotas"])
-    published = (counters.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD, BOUNDS_FIELD)
+    published = (tallies.COUNTERS_FIELD, LINKS_FIELD, BREAKERS_FIELD, BOUNDS_FIELD)
     return {
         "node": node_facts({k: v for k, v in info.items() if k not in published}),
         "isolation": info.get("isolation", ""),
-        "counters": counters.read(info),
+        "counters": tallies.read(info),
         "peers": await peer_facts(client),
         "contexts": contexts,
     }

@@ -152,10 +152,16 @@ class NodeConfig:
 
     def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
         """The key algorithms whose actors may sign messages in ``context_id``: its entry in
-        ``[algorithms]``, else the ``default`` entry, else every algorithm (an actor's
-        signatures are held to its registered key's algorithm anyway)."""
-        chosen = self.algorithms.get(str(context_id)) or self.algorithms.get("default")
-        return tuple(chosen) if chosen else ALGORITHMS
+        ``[algorithms]``, else :attr:`default_algorithms`."""
+        own = self.algorithms.get(str(context_id))
+        return tuple(own) if own else self.default_algorithms
+
+    @property
+    def default_algorithms(self) -> tuple[str, ...]:
+        """The key algorithms of a context without an entry of its own in ``[algorithms]``:
+        the ``default`` entry, else every algorithm (an actor's signatures are held to its
+        registered key's algorithm anyway)."""
+        return tuple(self.algorithms.get("default") or ALGORITHMS)
 
     @property
     def node_key_path(self) -> Path:

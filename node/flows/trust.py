@@ -41,7 +41,7 @@ async def check_flow_doc(node: NodeState, doc_dict: object, signatures: object) 
     if actor is None:
         raise Rejected(Reason.UNKNOWN_SIGNER, f"actor {doc.caller_id} is not registered here")
     assert isinstance(doc_dict, dict)  # from_dict accepted it
-    accepted = node.config.accepted_algorithms(doc.context_id)
+    accepted = node.identity.algorithms.accepted(doc.context_id)
     verdict = verify_flow(doc_dict, signatures, actor.pubkey, actor.algorithm, accepted)
     if not verdict.ok:
         precise = verdict.reason in (Reason.WRONG_SIGNER, *_KEY_REASONS)
@@ -66,7 +66,7 @@ async def check_may_execute(node: NodeState, ctx: int, actor_id: int) -> None:
     (the rule actors' messages are admitted by: bus.core.verify.permission_problem)."""
     denied = permission_problem(await node.store.get_context(ctx), ctx, actor_id)
     if denied is not None:
-        raise Rejected(Reason(denied.reason), denied.detail)
+        raise Rejected.by_verdict(denied)
 
 
 async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> None:
@@ -80,7 +80,7 @@ async def authorise_flow_job(node: NodeState, ctx: int, message: Message) -> Non
     signer = message.origin if node.peers.is_known_node(message.origin) else None
     verdict = judge(message, signer, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
-        raise Rejected(Reason(verdict.reason), f"origin node: {verdict.detail}")
+        raise Rejected.by_verdict(verdict, "origin node")
     try:
         payload = FlowJobPayload.decode(message.message)
     except ModelError as exc:

@@ -319,11 +319,11 @@ def _check_own(node: NodeState, message: Message) -> None:
     if message.message_type is MessageType.RESULT and signed_here(node, message):
         stale = freshness_problem(message, now(), node.identity.freshness)
         if stale is not None:
-            raise Rejected(Reason(stale.reason), stale.detail)
+            raise Rejected.by_verdict(stale)
         return
     verdict = judge(message, node.identity.node_id, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
-        raise Rejected(Reason(verdict.reason), verdict.detail)
+        raise Rejected.by_verdict(verdict)
     node.counters.count(VERIFIED)
 
 
@@ -334,7 +334,7 @@ def verify_result(node: NodeState, message: Message) -> ResultBody:
     signer = message.origin if node.peers.is_known_node(message.origin) else None
     verdict = judge(message, signer, now=now(), freshness=node.identity.freshness)
     if not verdict.ok:
-        raise Rejected(Reason(verdict.reason), verdict.detail)
+        raise Rejected.by_verdict(verdict)
     node.counters.count(VERIFIED)
     try:
         return ResultBody.decode(message.message)
@@ -364,15 +364,15 @@ async def _check(node: NodeState, ctx: int, message: Message, *, fresh: bool) ->
         now=now(),
         freshness=node.identity.freshness,
         algorithm=actor.algorithm if actor else "",
-        accepted=node.config.accepted_algorithms(ctx),
+        accepted=node.identity.algorithms.accepted(ctx),
     )
     if not verdict.ok:
-        raise Rejected(Reason(verdict.reason), f"actor {caller}: {verdict.detail}")
+        raise Rejected.by_verdict(verdict, f"actor {caller}")
     node.counters.count(VERIFIED)
     context = await (node.store.get_context(ctx) if fresh else node.registry.context(ctx, version))
     denied = permission_problem(context, ctx, caller)
     if denied is not None:
-        raise Rejected(Reason(denied.reason), denied.detail)
+        raise Rejected.by_verdict(denied)
 
 
 async def check_replay(node: NodeState, ctx: int, message: Message) -> None:

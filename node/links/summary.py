@@ -134,7 +134,7 @@ class SummaryDesk:
             link.post("tell", tell={"ask": ask_id, "node": identity.node_id} | reason, of=SUMMARY)
             return
         # not counted: a grid asks every few seconds, and a counter that changes wakes the
-        # node's counters publisher (node/observe/counters.py) as often; refusals are counted
+        # node's counters publisher (node/observe/tallies.py) as often; refusals are counted
         link.post("tell", tell=told, of=SUMMARY)
 
     async def own(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 One field, ``links``: a JSON object by peer node id of ``{state, since, last_seen, rtt_ms,
 error}`` (docs/architecture/data-model.md), rewritten whole on each change, at most once per
-PUBLISH_INTERVAL_S, as the counters are (node/observe/counters.py). ``hero-node status`` and the web
+PUBLISH_INTERVAL_S, as the counters are (node/observe/tallies.py). ``hero-node status`` and the web
 console read it; a peer that is not in it was never dialled nor heard from since the node
 started.
 """

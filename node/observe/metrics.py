@@ -9,7 +9,7 @@ prometheus_client's global one: one process may run several nodes, and the tests
   hold across restarts of the node and include jobs run by runner processes;
 - queue depths, outboxes and live runner slots: read from Valkey;
 - links, frames, acks, refusals and signature verifications: the node's in-memory counters
-  (``Counters.count``, published for ``hero-node status`` by node/observe/counters.py) and its
+  (``Counters.count``, published for ``hero-node status`` by node/observe/tallies.py) and its
   transport's; they start from zero when the node starts, as Prometheus expects of counters;
 - Valkey's round-trip latency: one PING, timed.
 

@@ -23,7 +23,7 @@ from bus.store import lists, records, registry
 from bus.store.presence import live_runners
 from bus.wire import outbox
 from bus.wire.transport import Transport
-from node.observe import counters
+from node.observe import tallies
 from node.observe.sampler import Sampler
 from node.state import NodeState
 from node.web.grid import Grid, own_summary
@@ -108,7 +108,7 @@ class Feed:
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.identity.node_id,
             "name": self.node.config.name,
-            "counters": counters.snapshot(self.node.counters, self.transport),
+            "counters": tallies.snapshot(self.node.counters, self.transport),
         }
 
     # -- peers and their links -------------------------------------------------------------------

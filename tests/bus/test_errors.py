@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bus.core.reasons import Reason
+from bus.core.verify import permission_problem
 from bus.errors import BusError, ContentError, FlowError
 from crypto.cli import InputError as CliInputError
 from crypto.errors import CryptoError, InputError
@@ -32,3 +33,9 @@ def test_rejected_carries_its_reason_and_a_printable_detail() -> None:
         "peer_refused_oversize",
         "peer_refused_oversize: too big",
     )
+    denied = permission_problem(None, 7, 1)
+    assert denied is not None
+    by_verdict = Rejected.by_verdict(denied)
+    assert (by_verdict.reason, by_verdict.detail) == (denied.reason, denied.detail)
+    about = Rejected.by_verdict(denied, "actor 1")
+    assert (about.reason, about.detail) == ("unknown_context", f"actor 1: {denied.detail}")

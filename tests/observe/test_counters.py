@@ -16,7 +16,7 @@ from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
 from node.cli.status import status
 from node.config import NodeConfig
-from node.observe.counters import PUBLISH_INTERVAL_S, read, run_counters
+from node.observe.tallies import PUBLISH_INTERVAL_S, read, run_counters
 from node.state import NodeState
 
 

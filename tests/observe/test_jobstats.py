@@ -1,4 +1,4 @@
-"""The job statistics a node's own scripts count (node/observe/jobstats.py): handed back to
+"""The job statistics a node's own scripts count (node/observe/tallies.py): handed back to
 the node, added up in its memory and written as one field, at most once a beat."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio.testing
 
 from bus.core import keys
 from bus.store import records
-from node.observe.jobstats import WRITE_INTERVAL_S, JobStatsWriter
+from node.observe.tallies import WRITE_INTERVAL_S, JobStatsWriter
 from node.state import JobStats
 
 NODE_ID = "ab" * 32

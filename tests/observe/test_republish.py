@@ -26,10 +26,15 @@ from node.host.store_tuning import run_store_tuning
 from node.intake.admission import BOUNDS_FIELD
 from node.intake.pressure import HELD_FIELD, run_pressure_watch
 from node.links.peer_breakers import BREAKERS_FIELD, run_breaker_publisher
-from node.observe.counters import COUNTERS_FIELD, read, run_counters
-from node.observe.jobstats import WRITE_INTERVAL_S, JobStatsWriter
 from node.observe.linkinfo import LINKS_FIELD, run_link_info
 from node.observe.nodeinfo import run_node_info
+from node.observe.tallies import (
+    COUNTERS_FIELD,
+    WRITE_INTERVAL_S,
+    JobStatsWriter,
+    read,
+    run_counters,
+)
 from node.runners.presence import Slot, run_presence, runner_id
 from node.state import JobStats, NodeState
 from tests.nodes import until

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.store.atomic import script
-from bus.store.atomic.evalsha import ScriptCall
+from bus.store.atomic import ScriptCall, script
 
 if TYPE_CHECKING:
     from bus.store.connection import Store

@@ -14,7 +14,7 @@ the field ``runner|<slot id>`` (a JSON object), not one ``HINCRBY`` per figure, 
 whose reply was lost is not counted twice. The next process of the slot starts from that
 field's totals (:func:`totals_of`), and a reader adds every such field to the plain ones
 (:func:`merged_fields`). The node counts what its own scripts count the same way, in its
-field ``node|<node id>`` (node/observe/jobstats.py). A runner whose node died (another
+field ``node|<node id>`` (node/observe/tallies.py). A runner whose node died (another
 process of its slot may be running) hands over increments instead
 (:meth:`StatsBatch.encode`), which the scripts add to the plain fields.
 
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 RUNNER_FIELD = "runner|"  # + a slot id: that slot's runner processes' totals (a JSON object)
-NODE_FIELD = "node|"  # + a node id: what that node's own scripts counted (node/observe/jobstats.py)
+NODE_FIELD = "node|"  # + a node id: what that node's own scripts counted (node/observe/tallies.py)
 _TOTALS = (RUNNER_FIELD, NODE_FIELD)
 
 # as stats_jobs.lua's patterns: %w is ASCII alphanumerics in Valkey's C locale
