@@ -102,6 +102,18 @@ async def wait_for(driver, selector: str) -> None:
     await in_browser(driver.execute_async_script, WAIT_FOR_SELECTOR, selector)
 
 
+def click(driver, selector: str) -> None:  # noqa: ANN001 - a WebDriver
+    """Click ``selector`` (blocking: run it with :func:`in_browser`). The live feed may redraw
+    the element between finding and clicking it; it is found again then."""
+    for _ in range(5):
+        try:
+            driver.find_element("css selector", selector).click()
+            return
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector} was redrawn under every click")
+
+
 async def points_of(driver, selector: str, least: int) -> list[tuple[float, float]]:
     """The points of the polyline ``selector``, once it has at least ``least``."""
     await in_browser(driver.execute_async_script, WAIT_FOR_POINTS, selector, least)
@@ -229,13 +241,7 @@ async def test_console_in_chromium_purges_a_dead_letter_with_the_token(node_fact
         field = driver.find_element("css selector", "#token")
         field.clear()
         field.send_keys(value)
-        for _ in range(5):  # the live feed may redraw the row between finding and clicking
-            try:
-                driver.find_element("css selector", purge).click()
-                return
-            except StaleElementReferenceException:
-                continue
-        raise AssertionError("the purge button was redrawn under every click")
+        click(driver, purge)
 
     with trio.fail_after(60):
         await in_browser(driver.get, node.info.console_url + "/")

@@ -12,7 +12,12 @@ import trio
 
 from node.config.console import ConsoleConfig
 from tests.flows.test_flows import job, mesh
-from tests.web.test_console_browser import browser, in_browser, wait_for  # noqa: F401 - fixture
+from tests.web.test_console_browser import (  # noqa: F401 - browser: a fixture
+    browser,
+    click,
+    in_browser,
+    wait_for,
+)
 
 # fails its first attempt (exit 3), leaving a marker in its work dir; the retry finds it
 FAIL_ONCE = (
@@ -78,7 +83,7 @@ async def test_the_grid_shows_three_nodes_a_flow_across_them_and_a_timeline(
         # B's timeline, from a click on it: two attempts on bob, the first failed
         key = await attr(driver, f'{dag} g[data-job="B"]', "data-key")
         b_box = f'{dag} g[data-job="B"] rect'
-        await in_browser(lambda: driver.find_element("css selector", b_box).click())
+        await in_browser(click, driver, b_box)
         job_row = f'#timeline[data-state="drawn"] .timeline-job[data-key="{key}"]'
         await wait_for(driver, job_row)
         assert await attr(driver, job_row, "data-node") == bob.node_id
@@ -90,9 +95,7 @@ async def test_the_grid_shows_three_nodes_a_flow_across_them_and_a_timeline(
         assert await attr(driver, second, "data-outcome") == "finished"
 
         # the whole flow's timeline, from its title: every job on its node
-        await in_browser(
-            lambda: driver.find_element("css selector", f'h3[data-trace="flow:{flow_id}"]').click()
-        )
+        await in_browser(click, driver, f'h3[data-trace="flow:{flow_id}"]')
         await wait_for(driver, f'#timeline[data-state="drawn"][data-key="flow:{flow_id}"]')
         for node in (alice, bob, carol):
             await wait_for(driver, f'#timeline .timeline-job[data-node="{node.node_id}"]')
