@@ -1,5 +1,6 @@
-"""Limits of a job (config.toml ``[limits]``, ``[limits.<context id>]``) and the reason a job
-that hit one ends with.
+"""Limits of a job (config.toml ``[limits]``, ``[limits.<context id>]``): what they are, read once
+at the start, and the rlimits that apply them. The reason a job that hit one ends with is read
+from how it ended, with its outcome (node/slot/outcomes.py: :func:`limit_reason`).
 
 The limits are applied as rlimits by the sandboxed worker (node/sandbox/inner.py) in each job's
 process before the job's code runs; a job's children inherit them. What each limit means:
@@ -21,12 +22,11 @@ Where the node has cgroups (node/sandbox/cgroups.py), ``memory_mb``, ``processes
 reason even if it printed nothing; RLIMIT_NPROC is then only a backstop for the context's uid as
 a whole, and RLIMIT_CPU for each process.
 
-Pure functions only: the runner and the worker import this module.
+Pure functions only: the node and the runner import this module.
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 
@@ -130,61 +130,3 @@ def rlimits(
         ("RLIMIT_FSIZE", limits.file_size_mb * MB, limits.file_size_mb * MB),
         ("RLIMIT_CORE", 0, 0),  # a core file would land in the work dir, and hold secrets
     ]
-
-
-# What a job's stderr says when a limit refused it something (the tail is searched, so a job
-# cannot hide it by printing more first).
-_MEMORY_MARKS = (b"MemoryError", b"Cannot allocate memory", b"memory exhausted", b"out of memory")
-_PIDS_MARKS = (
-    b"Resource temporarily unavailable",
-    b"BlockingIOError",
-    b"fork: retry",
-    b"Cannot fork",
-    b"can't fork",
-)
-# EFBIG (a job that ignores SIGXFSZ), and a shell's word for a child SIGXFSZ killed
-_FSIZE_MARKS = (b"File too large", b"File size limit exceeded")
-# ENOSPC and EDQUOT: the work dir's quota (or the /tmp tmpfs) is full
-_DISK_MARKS = (b"No space left on device", b"Disk quota exceeded")
-TAIL_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a job's process ended, as the worker saw it (wait status and rusage)."""
-
-    exit_code: int | None  # None: killed by a signal
-    signal: int = 0
-    cpu_s: float = 0.0
-    bound: str = ""  # the reason of a bound the runner saw hit (a cgroup's counters, a full disk)
-
-
-def limit_reason(
-    ending: Ending, limits: Limits, stderr_tail: bytes, largest_output: int
-) -> str | None:
-    """The reason token of a limit that ended the job, or None if none did. ``largest_output``:
-    the size of its larger output file (a SIGXFSZ there is the output limit)."""
-    signum = ending.signal
-    if not signum and ending.exit_code is not None and 128 < ending.exit_code < 160:
-        signum = ending.exit_code - 128  # a shell reports its child's death by signal so
-    tail = stderr_tail[-TAIL_BYTES:]
-    too_large = ending.exit_code != 0 and any(mark in tail for mark in _FSIZE_MARKS)
-    if signum == signal.SIGXFSZ or too_large:  # the signal, or EFBIG where it is ignored
-        return "output_limit" if largest_output >= limits.file_size_mb * MB else "file_size_limit"
-    if signum == signal.SIGXCPU:
-        return "cpu_limit"
-    if signum == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
-        return "cpu_limit"
-    if ending.bound == "cpu_limit":  # the tree's CPU time: past it, however the job ended
-        return "cpu_limit"
-    if ending.exit_code == 0:
-        return None
-    if ending.bound:
-        return ending.bound
-    if any(mark in tail for mark in _DISK_MARKS):
-        return "disk_limit"
-    if any(mark in tail for mark in _MEMORY_MARKS):
-        return "memory_limit"
-    if any(mark in tail for mark in _PIDS_MARKS):
-        return "pids_limit"
-    return None

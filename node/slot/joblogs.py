@@ -11,7 +11,7 @@ expires with the reply lists. ``hero-node job logs KEY --follow`` reads it.
 
 Once the job answered, the runner reads back what it wrote (:func:`written`, :func:`read_back`,
 :func:`tail_of`): its result's output, and the tail a limit's reason is read from
-(node/sandbox/limits.py).
+(node/slot/outcomes.py).
 """
 
 from __future__ import annotations

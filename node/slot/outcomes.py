@@ -3,7 +3,9 @@ Valkey has recorded it, and the processes a dead run of the node left behind tha
 finish one.
 
 A runner process (node/worker/job.py) runs each job; its outcome (:func:`outcome_of`) is
-``finished`` with the script's output (stdout, stderr, exit_code) or ``error`` with a reason.
+``finished`` with the script's output (stdout, stderr, exit_code) or ``error`` with a reason:
+a limit's (:func:`limit_reason`, read from the same exit status, the tail of its stderr and the
+size of its output) where one ended it.
 
 A node killed while its jobs run leaves their processes running (each in its own session): they
 finish, and only they know how. So the runner process that waits for a job keeps the job's
@@ -36,7 +38,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bus.core.models import JobStatus
 from bus.core.reasons import Reason
@@ -77,6 +79,82 @@ def outcome_of(
         name = signal.Signals(-returncode).name
         return Outcome(JobStatus.ERROR, result, f"{Reason.RUNNER_LOST}: killed by {name}")
     return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
+
+
+# -- the limit a job hit -----------------------------------------------------------------
+
+
+# What a job's stderr says when a limit refused it something (the tail is searched, so a job
+# cannot hide it by printing more first).
+_MEMORY_MARKS = (b"MemoryError", b"Cannot allocate memory", b"memory exhausted", b"out of memory")
+_PIDS_MARKS = (
+    b"Resource temporarily unavailable",
+    b"BlockingIOError",
+    b"fork: retry",
+    b"Cannot fork",
+    b"can't fork",
+)
+# EFBIG (a job that ignores SIGXFSZ), and a shell's word for a child SIGXFSZ killed
+_FSIZE_MARKS = (b"File too large", b"File size limit exceeded")
+# ENOSPC and EDQUOT: the work dir's quota (or the /tmp tmpfs) is full
+_DISK_MARKS = (b"No space left on device", b"Disk quota exceeded")
+TAIL_BYTES = 4096
+
+
+class Bounds(Protocol):
+    """The limits a job's reason is read against (node/sandbox/limits.py: ``Limits``)."""
+
+    @property
+    def file_size_mb(self) -> int: ...
+
+    @property
+    def cpu_s(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job's process ended, as the worker saw it (wait status and rusage)."""
+
+    exit_code: int | None  # None: killed by a signal
+    signal: int = 0
+    cpu_s: float = 0.0
+    bound: str = ""  # the reason of a bound the runner saw hit (a cgroup's counters, a full disk)
+
+
+def limit_reason(
+    ending: Ending, limits: Bounds, stderr_tail: bytes, largest_output: int
+) -> str | None:
+    """The reason token of a limit (node/sandbox/limits.py) that ended the job, or None if none
+    did. ``largest_output``: the size of its larger output file (a SIGXFSZ there is the output
+    limit)."""
+    signum = ending.signal
+    if not signum and ending.exit_code is not None and 128 < ending.exit_code < 160:
+        signum = ending.exit_code - 128  # a shell reports its child's death by signal so
+    tail = stderr_tail[-TAIL_BYTES:]
+    too_large = ending.exit_code != 0 and any(mark in tail for mark in _FSIZE_MARKS)
+    if signum == signal.SIGXFSZ or too_large:  # the signal, or EFBIG where it is ignored
+        at_output_limit = largest_output >= limits.file_size_mb * 1024 * 1024
+        return "output_limit" if at_output_limit else "file_size_limit"
+    if signum == signal.SIGXCPU:
+        return "cpu_limit"
+    if signum == signal.SIGKILL and ending.cpu_s >= limits.cpu_s:
+        return "cpu_limit"
+    if ending.bound == "cpu_limit":  # the tree's CPU time: past it, however the job ended
+        return "cpu_limit"
+    if ending.exit_code == 0:
+        return None
+    if ending.bound:
+        return ending.bound
+    if any(mark in tail for mark in _DISK_MARKS):
+        return "disk_limit"
+    if any(mark in tail for mark in _MEMORY_MARKS):
+        return "memory_limit"
+    if any(mark in tail for mark in _PIDS_MARKS):
+        return "pids_limit"
+    return None
+
+
+# -- outcome files ------------------------------------------------------------------------
 
 
 def outcome_dir(run_dir: Path) -> Path:

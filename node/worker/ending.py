@@ -45,8 +45,7 @@ from node.slot.lifecycle import (
 from node.slot.outcomes import Outcome, outcome_of
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
-from node.worker.log import line_fields
-from node.worker.reports import Reports, report
+from node.worker.reports import Reports, line_fields, report, runner_fields
 
 log = logging.getLogger("node.worker.loop")
 
@@ -94,10 +93,10 @@ class Ender:
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
         self.ended = ""  # how the last attempt ended: retry, finished or error (its span's)
         self.ended_each: list[str] = []  # so, each attempt of the last batch's end
-        self.about = line_fields(spec)  # what every line says, built once (node/worker/log.py)
+        self.about = runner_fields(spec)  # what every line says; a job's lines add to it
 
     def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
-        return line_fields(self.spec, job_key, reason, **more)
+        return line_fields(self.about, job_key, reason, **more)
 
     def end_from_watch(
         self, job: RunnerJob, request: Message, outcome: Outcome | None, attempt: int
@@ -310,10 +309,7 @@ class Ender:
         if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
             return
         status = "retry" if retry else outcome.status.value
-        about = self.about | {"job": job.key}  # line_fields' order: job, reason, then the rest
-        if outcome.reason:
-            about["reason"] = outcome.reason
-        about |= {"status": status, "duration_ms": round(took_ms, 1)}
+        about = self._fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
         if not ok:
             log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
         elif outcome.status is JobStatus.FINISHED:

@@ -5,7 +5,7 @@ The runner never runs job code itself: every job goes to the slot's warm sandbox
 slot's log files. There a python job runs in the sandbox's warm job process (a fresh process
 per job with ``[sandbox] fresh_process``), any other type by exec of its command
 (node/slot/commands.py); what a job leaves running is killed after it. A limit that
-fired (node/sandbox/limits.py) ends the job with its reason.
+fired (node/slot/outcomes.py: limit_reason) ends the job with its reason.
 
 A watch thread, per process, does what must happen while the script runs: it renews the lease
 (three times per TTL, re-taking it after a stall), forwards the output to ``logs:<job>``
@@ -34,12 +34,18 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
-from node.sandbox.limits import TAIL_BYTES, Ending, limit_reason
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
 from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths, read_back, tail_of, written
-from node.slot.outcomes import KILL_GRACE_S, Outcome, outcome_of
+from node.slot.outcomes import (
+    KILL_GRACE_S,
+    TAIL_BYTES,
+    Ending,
+    Outcome,
+    limit_reason,
+    outcome_of,
+)
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span
 from node.worker.spans import sandbox_span

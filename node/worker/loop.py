@@ -66,9 +66,8 @@ from node.slot.spec import RunnerSpec, read_frame
 from node.worker.batch import Done, run_batch
 from node.worker.ending import Ender, Ran, ResultSigner, recorded
 from node.worker.job import Aborted, JobRun, Wake, _Current, prepare_process
-from node.worker.log import line_fields, log_to
 from node.worker.popping import Flags, Popper
-from node.worker.reports import Reports, report
+from node.worker.reports import Reports, line_fields, log_to, report, runner_fields
 from node.worker.spans import attempt_span, ran_attempt
 from node.worker.spans import end as end_span
 
@@ -100,9 +99,7 @@ class SlotLoop:
         self.ender = Ender(spec, self.runs, self.job, self.reports, signer)
         self.popper = Popper(spec, self.runs, self.reports, self.flags)
         self.traced = bool(spec.tracing)  # the one check a job costs with tracing off
-        # what every line of this runner says (node/worker/log.py), built once: a job's own
-        # lines add to it, not build it again
-        self.about = line_fields(spec)
+        self.about = runner_fields(spec)  # what every line says; a job's lines add to it
         self.ended_reason = ""  # the reason of the attempt that ended last (its span's)
 
     @property
@@ -229,7 +226,7 @@ class SlotLoop:
 
     def _log_start(self, job_key: str, attempt: int) -> None:
         if log.isEnabledFor(logging.INFO):  # the line's fields cost even when it is dropped
-            about = self.about | {"job": job_key, "attempt": attempt}
+            about = self.fields(job_key, attempt=attempt)
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
 
     def _run_and_end(
@@ -395,7 +392,7 @@ class SlotLoop:
         return self.ender.end_from_watch(job, request, outcome, attempt)
 
     def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
-        return line_fields(self.spec, job_key, reason, **more)
+        return line_fields(self.about, job_key, reason, **more)
 
 
 def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
@@ -443,7 +440,7 @@ def main() -> None:
     runner.job.start_watch()
     frozen = freeze_start_heap()
     report(b"up")
-    up = line_fields(spec)
+    up = runner_fields(spec)
     log.info(
         "runner %s (context %d) up, pid %d (start-up heap frozen: %d objects)",
         spec.slot_id,

@@ -15,8 +15,7 @@ from bus.store.atomic.runs_sync import Begun, SyncRuns
 from node.slot.spec import RunnerSpec
 from node.worker.batch import MAX_BATCH_JOBS
 from node.worker.job import Wake
-from node.worker.log import line_fields
-from node.worker.reports import Reports
+from node.worker.reports import Reports, line_fields, runner_fields
 
 log = logging.getLogger("node.worker.loop")
 
@@ -126,7 +125,7 @@ class Popper:
         refused then (dead-lettered)."""
         if isinstance(value, str):
             return value, begun
-        why = line_fields(self.spec, reason=Reason.NOT_UTF8)
+        why = line_fields(runner_fields(self.spec), reason=Reason.NOT_UTF8)
         log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)
         self.runs.refuse(self.inflight, value, Reason.NOT_UTF8, keys.queue(self.spec.script_type))
         return None

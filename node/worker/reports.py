@@ -2,20 +2,29 @@
 (the supervisor's backpressure waits for that), how they ended (the node's counters, ``hero-node
 status``), and the job statistics it counted itself until it hands them to Valkey
 (bus/store/atomic/stats.py): every ``taken_every`` jobs or once per lease beat, and whenever it
-goes idle, not per job."""
+goes idle, not per job. And its log lines, written to the node's stderr in the node's level and
+format (node/observe/logs.py; ``hero-node run --log-format json`` gives one JSON object per line
+whichever process wrote it), each carrying its fields as the node's lines do."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import sys
+import threading
 import time
+from types import TracebackType
 
 import orjson
 
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
 from bus.store.atomic.stats import StatsBatch
+from node.observe.logs import configure
 from node.slot.spec import RunnerSpec
 from node.worker.job import PROCESS
+
+log = logging.getLogger("node.worker.loop")
 
 
 def report(line: bytes) -> None:
@@ -157,3 +166,44 @@ class Reports:
             # one write: the node reads both lines with one wake-up, not one each (a lone job
             # leaves its runner idle, and so flushes, every time)
             report(b"\n".join(lines))
+
+
+# -- log lines ------------------------------------------------------------------------------
+
+
+def runner_fields(spec: RunnerSpec) -> dict[str, object]:
+    """What every line of a runner process carries, built once at its start: its context and
+    its slot."""
+    return {"ctx": spec.ctx, "runner": spec.slot_id}
+
+
+def line_fields(
+    about: dict[str, object], job_key: str = "", reason: str = "", **more: object
+) -> dict[str, object]:
+    """The ``extra`` of a runner's log line: ``about`` (:func:`runner_fields`), the job, and
+    why (the job's ``reason`` as it is stored), then ``more`` (attempt, status, duration_ms)."""
+    found = dict(about)
+    if job_key:
+        found["job"] = job_key
+    if reason:
+        found["reason"] = reason
+    found |= more
+    return found
+
+
+def log_to(fd: int, spec: RunnerSpec) -> None:
+    """Log to ``fd`` (the node's stderr) in the spec's level and format, uncaught exceptions
+    too: a traceback printed as it is would break a stream of JSON lines in pieces."""
+    stream = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    configure(spec.log_level, spec.log_format, stream)
+    fields = runner_fields(spec)
+
+    def uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        log.critical("runner %s failed", spec.slot_id, exc_info=(kind, exc, tb), extra=fields)
+
+    def uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None:
+            uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = uncaught
+    threading.excepthook = uncaught_in_thread

@@ -4,6 +4,7 @@ as the node starts, watches, restarts, recycles and stops them."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from pathlib import Path
@@ -245,6 +246,25 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     assert client.hmget("job:1:2", "status", "attempt") == ["dispatched", "0"]
     assert client.zrange(keys.RUNNING, 0, -1) == []  # its lease released
     assert sorted(client.lrange("queue:v", 0, -1)) == ["job:1:2", "job:1:3"]
+
+
+def test_a_job_s_start_and_end_lines_carry_their_fields_in_one_order(
+    redis_url, tmp_path, caplog
+):
+    """Both lines each job logs (started; finished or failed) carry the runner's context and
+    slot, then the job, then why, then the rest: the order of every runner line (its JSON
+    object's keys, node/observe/logs.py)."""
+    runner = _runner(redis_url, tmp_path)
+    standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+    job = RunnerJob(1, 1, 1, "", "v")
+    failed = Outcome(JobStatus.ERROR, {}, "exit code 3")
+    with caplog.at_level(logging.INFO, logger="node.worker.loop"):
+        runner._log_start(job.key, 1)
+        runner.ender._log_end(Ran(job, {}, Message(1, 1, 1), failed, 1), False, True)
+    start, end = ([k for k in vars(r) if k not in standard] for r in caplog.records)
+    assert start == ["ctx", "runner", "job", "attempt"]
+    assert end == ["ctx", "runner", "job", "reason", "status", "duration_ms"]
+    assert caplog.records[1].reason == "exit code 3"
 
 
 # -- the processes of a node ---------------------------------------------------------------------

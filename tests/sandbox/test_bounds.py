@@ -37,16 +37,15 @@ from node.config.console import ConsoleConfig
 from node.sandbox import cgroups, disk
 from node.sandbox.disk import IMAGES
 from node.sandbox.limits import (
-    Ending,
     Limits,
     LimitsError,
-    limit_reason,
     limits_for,
     parse_limits,
     raised,
 )
 from node.sandbox.probe import cgroup_name
 from node.sandbox.settings import SandboxSettingsError, context_settings, parse_sandbox
+from node.slot.outcomes import Ending, limit_reason
 from tests.nodeproc import NodeProcess
 from tests.observe.test_dlq import hero_node
 from tests.observe.test_metrics import scrape, value

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from bus.core.reasons import Reason
 from node.sandbox import seccomp
 from node.sandbox.host import Sandbox, SandboxLost, recycle_point
-from node.sandbox.limits import Ending, Limits, LimitsError, limit_reason, limits_for, parse_limits
+from node.sandbox.limits import Limits, LimitsError, limits_for, parse_limits
 from node.sandbox.plan import (
     HostFacts,
     PlanError,
@@ -40,6 +40,7 @@ from node.sandbox.settings import (
     context_settings,
     parse_sandbox,
 )
+from node.slot.outcomes import Ending, limit_reason
 
 BASE = 2_000_000_000
 ROOT = Path(__file__).resolve().parents[2]
