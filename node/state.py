@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from bus.core.models import Actor, Context, Peer
-from bus.core.verify import Freshness
+from bus.core.verify import AcceptedAlgorithms, Freshness
 from bus.store import registry
 from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import Store
@@ -37,24 +37,6 @@ class Waker(Protocol):
     def cancel(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Algorithms:
-    """The actor key algorithms each context accepts (:meth:`NodeConfig.accepted_algorithms`),
-    resolved from the config once at start: admission asks for every message it judges, and
-    the answer cannot change while the node runs."""
-
-    default: tuple[str, ...]
-    own: dict[int, tuple[str, ...]]  # the contexts ``[algorithms]`` names
-
-    @classmethod
-    def of(cls, config: NodeConfig) -> Algorithms:
-        named = (int(ctx) for ctx in config.algorithms if ctx != "default")
-        return cls(config.default_algorithms, {c: config.accepted_algorithms(c) for c in named})
-
-    def accepted(self, ctx: int) -> tuple[str, ...]:
-        return self.own.get(ctx, self.default)
-
-
 @dataclass
 class Identity:
     """Who this node is, in this boot."""
@@ -63,7 +45,7 @@ class Identity:
     # how old and how far ahead a signed message may be (from the config)
     freshness: Freshness
     # the key algorithms an actor's message may be signed with, per context (from the config)
-    algorithms: Algorithms
+    algorithms: AcceptedAlgorithms
     # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
     # signer process runners get a socket to (node/host/signer.py); set by the daemon
     admission_key: bytes = b""
@@ -450,7 +432,7 @@ class NodeState:
 
     def __post_init__(self, key: KeyPair, admission_key: bytes, signer: Signer | None) -> None:
         freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)
-        algorithms = Algorithms.of(self.config)
+        algorithms = self.config.accepted_algorithms
         self.identity = Identity(key, freshness, algorithms, admission_key, signer)
         self.peers = Peers(key.public_hex)
         self.registry = RegistryCache(self.store)
