@@ -51,10 +51,12 @@ class Identity:
     admission_key: bytes = b""
     signer: Signer | None = None
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
+    # the node's public key, which names it: read for every message judged, routed and
+    # delivered, so resolved here once rather than by a call each time
+    node_id: str = field(init=False)
 
-    @property
-    def node_id(self) -> str:
-        return self.key.public_hex
+    def __post_init__(self) -> None:
+        self.node_id = self.key.public_hex
 
 
 @dataclass
