@@ -135,9 +135,19 @@ class WakeUps:
     idle_slots: dict[tuple[int, str], set[Waker]] = field(default_factory=dict)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    # per context: when the deadline service looks next (Unix ms; -1: at its idle wake-up)
+    deadline_due: dict[int, int] = field(default_factory=dict)
     flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     # per context: a message was held, or a link came up (node/intake/held.py)
     held: dict[int, trio.Event] = field(default_factory=dict)
+
+    def deadline_armed(self, ctx: int, at_ms: int) -> None:
+        """A deadline of ``ctx`` is armed for ``at_ms``: wake the deadline service only if it
+        would look later (node/intake/deadlines.py); that look finds this one anyway."""
+        due = self.deadline_due.get(ctx, -1)
+        if due < 0 or at_ms < due:
+            self.deadline_due[ctx] = at_ms
+            self.deadline_scheduled.setdefault(ctx, trio.Event()).set()
 
     def wake_idle_slots(self, ctx: int, script_type: str) -> None:
         """A job was queued on a priority or targeted list: idle slots block on the plain type
