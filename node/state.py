@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from bus.core.models import Actor, Context, Peer
-from bus.core.verify import Freshness
+from bus.core.verify import AcceptedAlgorithms, Freshness
 from bus.store import registry
 from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import Store
@@ -37,24 +37,6 @@ class Waker(Protocol):
     def cancel(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Algorithms:
-    """The actor key algorithms each context accepts (:meth:`NodeConfig.accepted_algorithms`),
-    resolved from the config once at start: admission asks for every message it judges, and
-    the answer cannot change while the node runs."""
-
-    default: tuple[str, ...]
-    own: dict[int, tuple[str, ...]]  # the contexts ``[algorithms]`` names
-
-    @classmethod
-    def of(cls, config: NodeConfig) -> Algorithms:
-        named = (int(ctx) for ctx in config.algorithms if ctx != "default")
-        return cls(config.default_algorithms, {c: config.accepted_algorithms(c) for c in named})
-
-    def accepted(self, ctx: int) -> tuple[str, ...]:
-        return self.own.get(ctx, self.default)
-
-
 @dataclass
 class Identity:
     """Who this node is, in this boot."""
@@ -63,16 +45,18 @@ class Identity:
     # how old and how far ahead a signed message may be (from the config)
     freshness: Freshness
     # the key algorithms an actor's message may be signed with, per context (from the config)
-    algorithms: Algorithms
+    algorithms: AcceptedAlgorithms
     # the key of the admission stamp (bus/core/admitted.py; node/host/hardening.py) and the
     # signer process runners get a socket to (node/host/signer.py); set by the daemon
     admission_key: bytes = b""
     signer: Signer | None = None
     boot: str = field(default_factory=lambda: secrets.token_hex(4))
+    # the node's public key, which names it: read for every message judged, routed and
+    # delivered, so resolved here once rather than by a call each time
+    node_id: str = field(init=False)
 
-    @property
-    def node_id(self) -> str:
-        return self.key.public_hex
+    def __post_init__(self) -> None:
+        self.node_id = self.key.public_hex
 
 
 @dataclass
@@ -151,9 +135,19 @@ class WakeUps:
     idle_slots: dict[tuple[int, str], set[Waker]] = field(default_factory=dict)
     retry_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
+    # per context: when the deadline service looks next (Unix ms; -1: at its idle wake-up)
+    deadline_due: dict[int, int] = field(default_factory=dict)
     flow_deadline_scheduled: dict[int, trio.Event] = field(default_factory=dict)
     # per context: a message was held, or a link came up (node/intake/held.py)
     held: dict[int, trio.Event] = field(default_factory=dict)
+
+    def deadline_armed(self, ctx: int, at_ms: int) -> None:
+        """A deadline of ``ctx`` is armed for ``at_ms``: wake the deadline service only if it
+        would look later (node/intake/deadlines.py); that look finds this one anyway."""
+        due = self.deadline_due.get(ctx, -1)
+        if due < 0 or at_ms < due:
+            self.deadline_due[ctx] = at_ms
+            self.deadline_scheduled.setdefault(ctx, trio.Event()).set()
 
     def wake_idle_slots(self, ctx: int, script_type: str) -> None:
         """A job was queued on a priority or targeted list: idle slots block on the plain type
@@ -450,7 +444,7 @@ class NodeState:
 
     def __post_init__(self, key: KeyPair, admission_key: bytes, signer: Signer | None) -> None:
         freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)
-        algorithms = Algorithms.of(self.config)
+        algorithms = self.config.accepted_algorithms
         self.identity = Identity(key, freshness, algorithms, admission_key, signer)
         self.peers = Peers(key.public_hex)
         self.registry = RegistryCache(self.store)

@@ -10,8 +10,8 @@ and for the caller's permission ``unknown_context``, ``permission_denied``.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from bus.core.envelope import verify_message
 from bus.core.models import Context, Message
@@ -31,6 +31,18 @@ class Freshness:
     def window_s(self) -> int:
         """How long a seen key/nonce must be remembered so a replay is always caught."""
         return self.max_age_s + self.max_skew_s + 60
+
+
+@dataclass(frozen=True)
+class AcceptedAlgorithms:
+    """The actor key algorithms each context accepts: its own entry, else the default (a
+    node's ``[algorithms]``, resolved once by :attr:`NodeConfig.accepted_algorithms`)."""
+
+    default: tuple[str, ...]
+    own: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def accepted(self, ctx: int) -> tuple[str, ...]:
+        return self.own.get(ctx, self.default)
 
 
 @dataclass(frozen=True)

@@ -489,7 +489,7 @@ class Transport:
             await ws.aclose(code=1008, reason=f"handshake refused: {reason}{said}")
             return
         if pending is not None:
-            pending.authenticated()
+            _past_the_gate(ws, pending)
         await self._run_link(Link(peer_id, ws, initiator=False, encryption=channel(ws)))
 
     async def _respond(self, ws: WebSocketConnection) -> str:
@@ -753,6 +753,17 @@ def _pending(ws: WebSocketConnection) -> Pending | None:
     if isinstance(stream, TLSStream):
         stream = stream.transport_stream
     return stream if isinstance(stream, Pending) else None
+
+
+def _past_the_gate(ws: WebSocketConnection, pending: Pending) -> None:
+    """The peer proved itself: the gate gives back its slot, and the link's frames go to the
+    socket from now on, not through the gate's wrapper, which would only pass each one on."""
+    pending.authenticated()
+    stream = ws._stream  # trio-websocket keeps the transport stream here
+    if isinstance(stream, TLSStream):
+        stream.transport_stream = pending.stream
+    else:
+        ws._stream = pending.stream
 
 
 class _GatedServer(WebSocketServer):

@@ -16,11 +16,13 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import get_type_hints
 
 import tomli_w
 
+from bus.core.verify import AcceptedAlgorithms
 from crypto import ALGORITHMS
 from node.config.commands import validate_commands, validate_groups
 from node.config.console import ConsoleConfig, parse_console, render_console
@@ -150,18 +152,15 @@ class NodeConfig:
     # [node] settings of older versions found in config.toml, warned about at start
     legacy_settings: tuple[str, ...] = ()
 
-    def accepted_algorithms(self, context_id: int) -> tuple[str, ...]:
-        """The key algorithms whose actors may sign messages in ``context_id``: its entry in
-        ``[algorithms]``, else :attr:`default_algorithms`."""
-        own = self.algorithms.get(str(context_id))
-        return tuple(own) if own else self.default_algorithms
-
-    @property
-    def default_algorithms(self) -> tuple[str, ...]:
-        """The key algorithms of a context without an entry of its own in ``[algorithms]``:
-        the ``default`` entry, else every algorithm (an actor's signatures are held to its
-        registered key's algorithm anyway)."""
-        return tuple(self.algorithms.get("default") or ALGORITHMS)
+    @cached_property
+    def accepted_algorithms(self) -> AcceptedAlgorithms:
+        """The key algorithms whose actors may sign messages in each context: its entry in
+        ``[algorithms]``, else the ``default`` entry, else every algorithm (an actor's
+        signatures are held to its registered key's algorithm anyway). Resolved once: the
+        node asks for every message it judges, and the table cannot change while it runs."""
+        default = tuple(self.algorithms.get("default") or ALGORITHMS)
+        named = {int(c): tuple(a) for c, a in self.algorithms.items() if c != "default" and a}
+        return AcceptedAlgorithms(default, named)
 
     @property
     def node_key_path(self) -> Path:

@@ -32,25 +32,40 @@ from bus.store.atomic.routing import fail_request, pop_due
 from bus.store.atomic.routing import withdraw as atomic_withdraw
 from bus.wire import outbox
 from node.intake.messages import result_write
-from node.state import NodeState
+from node.state import NodeState, WakeUps
 
 log = logging.getLogger(__name__)
 
 UNANSWERED = (MessageStatus.DISPATCHED.value, MessageStatus.ACKNOWLEDGED.value)
+IDLE_S = 3600.0  # a look with no deadline armed, against anything missed
 
 
 async def run_deadlines(
     node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> NoReturn:
-    """Fail what is overdue; sleeps until the next deadline or a newly armed one (no polling)."""
+    """Fail what is overdue; sleeps until the next deadline (no polling), or an earlier one
+    armed meanwhile (WakeUps.deadline_armed): a later one wakes nothing, as the look at the
+    time already due finds it."""
     task_status.started()
+    wakeups = node.wakeups
     while True:
-        wake = node.wakeups.deadline_scheduled.setdefault(ctx, trio.Event())
+        # armed from here on: in the store before the look reads it, or said by deadline_armed
+        wakeups.deadline_due[ctx] = -1
         after = await fail_due(node, ctx)
-        wait_s = 3600.0 if after < 0 else max(0.0, (after - now_ms()) / 1000)
-        with trio.move_on_after(wait_s):
-            await wake.wait()
-        node.wakeups.deadline_scheduled[ctx] = trio.Event()
+        if after >= 0:
+            wakeups.deadline_armed(ctx, after)
+        await _sleep(wakeups, ctx)
+
+
+async def _sleep(wakeups: WakeUps, ctx: int) -> None:
+    """Until the time the deadline service looks next (an hour when none is armed)."""
+    while True:
+        woken = wakeups.deadline_scheduled[ctx] = trio.Event()
+        due = wakeups.deadline_due[ctx]
+        with trio.move_on_after(IDLE_S if due < 0 else max(0.0, (due - now_ms()) / 1000)):
+            await woken.wait()
+        if not woken.is_set():
+            return
 
 
 async def fail_due(node: NodeState, ctx: int) -> int:

@@ -239,11 +239,9 @@ async def route_many(
     routed = [_routed(node, m, stamp) for m in messages]
     await routing.route(node.store, ctx, inflight, routed, counted)
     node.job_stats.add(ctx, counted)
-    if any(
-        m.destination != node.identity.node_id and m.message_type is MessageType.JOB
-        for m in messages
-    ):
-        node.wakeups.deadline_scheduled.setdefault(ctx, trio.Event()).set()
+    armed = [t for r in routed if r.deadlines is not None for t in r.deadlines]
+    if armed:
+        node.wakeups.deadline_armed(ctx, min(armed))
     node.counters.count("routed", len(messages))
 
 

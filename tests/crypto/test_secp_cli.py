@@ -17,7 +17,6 @@ from node.cli.registry import actor_add
 from node.config import NodeConfig, load_config
 from node.errors import ConfigError
 from node.host.home import init_home
-from node.state import Algorithms
 
 
 def run(capsys, *argv: object) -> tuple[int, str, str]:
@@ -105,13 +104,12 @@ def _config_with(tmp_path, table: str):
 
 def test_algorithms_per_context_from_config(tmp_path):
     config = _config_with(tmp_path, '[algorithms]\ndefault = ["ed25519"]\n"2" = ["secp256k1"]\n')
-    assert config.accepted_algorithms(1) == ("ed25519",)
-    assert config.accepted_algorithms(2) == ("secp256k1",)
-    assert NodeConfig(home=tmp_path).accepted_algorithms(5) == ("ed25519", "secp256k1")
-    # what admission reads per message: the same answers, resolved once at start
-    resolved = Algorithms.of(config)
-    assert [resolved.accepted(c) for c in (1, 2, 5)] == [("ed25519",), ("secp256k1",), ("ed25519",)]
-    assert Algorithms.of(NodeConfig(home=tmp_path)).accepted(5) == ("ed25519", "secp256k1")
+    table = config.accepted_algorithms
+    assert [table.accepted(c) for c in (1, 2, 5)] == [("ed25519",), ("secp256k1",), ("ed25519",)]
+    # no [algorithms] at all: every algorithm, in every context
+    assert NodeConfig(home=tmp_path).accepted_algorithms.accepted(5) == ("ed25519", "secp256k1")
+    # resolved once: what admission reads per message is the same table, not a second rule
+    assert config.accepted_algorithms is table
 
 
 @pytest.mark.parametrize(

@@ -2,21 +2,54 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import trio
+import trio.testing
 
 from bus.client.api import new_job
 from bus.client.plan import job_messages
 from bus.core import keys
 from bus.core.frames import MAX_BATCH
-from bus.core.ids import now
+from bus.core.ids import now, now_ms
 from bus.core.models import JobStatus, Message
 from bus.store.atomic import routing
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
+from node.intake import deadlines
 from node.links.frames import delivery_fields
+from node.state import WakeUps
 from tests.faults_proxy import TcpProxy
 from tests.nodes import link_to, tick
 from tests.scripts import announcing, wait_announced
+
+
+async def test_a_deadline_armed_later_than_the_next_look_wakes_nothing(
+    monkeypatch: pytest.MonkeyPatch, mock_clock, wall_clock_on_trio
+):
+    """The deadline service looks (a round trip to the store) at the next deadline its last
+    look found, or at an earlier one armed meanwhile; one armed for later wakes nothing."""
+    node = SimpleNamespace(wakeups=WakeUps())
+    looks: list[int] = []
+
+    async def look(_node: object, _ctx: int) -> int:
+        looks.append(now_ms())
+        return now_ms() + 10_000  # the next deadline in the store
+
+    monkeypatch.setattr(deadlines, "fail_due", look)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(deadlines.run_deadlines, node, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        [start] = looks
+        node.wakeups.deadline_armed(1, start + 20_000)  # after the one found: no look for it
+        await trio.sleep(5)
+        assert looks == [start]
+        node.wakeups.deadline_armed(1, start + 7_000)  # before it: looked at when due
+        await trio.sleep(4)
+        assert len(looks) == 2
+        assert abs(looks[1] - (start + 7_000)) <= 1
+        nursery.cancel_scope.cancel()
 
 
 async def test_unreachable_peer_times_out_the_ack(node_factory, mock_clock, wall_clock_on_trio):

@@ -140,6 +140,8 @@ async def test_an_authenticated_link_outlives_the_deadline(clock):
         nursery.start_soon(alice.dial_forever, b.public_hex, f"ws://127.0.0.1:{port}")
         link = await bob.wait_link(a.public_hex)
         assert bob.gate.pending == 0
+        # and its frames go to the socket, no longer through the gate's wrapper
+        assert type(link.ws._stream) is trio.SocketStream
         await trio.sleep(6 * DEADLINE_S)
         assert bob.link(a.public_hex) is link
         nursery.cancel_scope.cancel()

@@ -52,7 +52,8 @@ async def listen(nursery: trio.Nursery, key: KeyPair, config: TransportConfig) -
 
 async def test_a_ws_address_is_dialled_over_tls_1_3(nursery, tmp_path):
     tb = await listen(nursery, B, tls(tmp_path, "b"))
-    ta = Transport(A, lambda: {B.public_hex}, Recorder().on_frame, Recorder().on_bad_frame,
+    got = Recorder()
+    ta = Transport(A, lambda: {B.public_hex}, got.on_frame, got.on_bad_frame,
                    tls(tmp_path, "a"))  # fmt: skip
     # an address from an older home: dialled as wss://, never in cleartext
     nursery.start_soon(ta.dial_forever, B.public_hex, f"ws://127.0.0.1:{tb.port}")
@@ -63,6 +64,13 @@ async def test_a_ws_address_is_dialled_over_tls_1_3(nursery, tmp_path):
     assert inbound.encryption == link.encryption
     assert ta.states.get(B.public_hex).encryption == link.encryption
     assert ta.states.get(B.public_hex).plaintext == ""
+    # past the handshake, the inbound link's TLS runs on its socket, not through the
+    # listener's gate (bus/wire/gate.py), and carries frames
+    assert type(inbound.ws._stream.transport_stream) is trio.SocketStream
+    await inbound.send("acks", acks=[{"ctx": 1, "key": "message:1:2"}], nacks=[])
+    with trio.fail_after(10):
+        await got.got.wait()
+    assert [f.type for _, f in got.frames] == ["acks"]
 
 
 async def test_a_cleartext_dialler_is_answered_426_with_the_reason(nursery, tmp_path, caplog):
