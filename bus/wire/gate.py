@@ -71,6 +71,11 @@ class Pending(trio.abc.HalfCloseableStream):
         return self._head
 
     @property
+    def has_unread(self) -> bool:
+        """Whether peek() read bytes that no receive_some has handed out yet."""
+        return bool(self._head)
+
+    @property
     def timed_out(self) -> bool:
         return trio.current_time() >= self.scope.deadline
 

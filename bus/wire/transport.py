@@ -759,6 +759,8 @@ def _past_the_gate(ws: WebSocketConnection, pending: Pending) -> None:
     """The peer proved itself: the gate gives back its slot, and the link's frames go to the
     socket from now on, not through the gate's wrapper, which would only pass each one on."""
     pending.authenticated()
+    if pending.has_unread:  # bytes peeked but not yet handed out stay with the wrapper
+        return
     stream = ws._stream  # trio-websocket keeps the transport stream here
     if isinstance(stream, TLSStream):
         stream.transport_stream = pending.stream
