@@ -462,6 +462,26 @@ def test_a_runner_process_starts_without_the_async_stack():
     assert done.stdout.strip() == ""
 
 
+def test_a_runner_process_starts_without_the_metrics_sdk():
+    """redis-py, the runner's store client, imports OpenTelemetry's metrics SDK when it is
+    installed (65 ms of a runner's start), for client metrics a runner never turns on: the
+    runner's entry loads its loop without any OpenTelemetry SDK (docs/operate/tracing.md: with
+    tracing off a runner imports none), and the SDK stays importable afterwards."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from node.worker.__main__ import METRICS_SDK, load_loop; load_loop(); "
+        "sdk = [m for m in sys.modules if m.startswith('opentelemetry.sdk')]; "
+        "print('redis' in sys.modules, bool(sdk), end=' '); "
+        "import opentelemetry.sdk.metrics; print(METRICS_SDK in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "False", "True"]
+
+
 async def test_each_type_s_first_runner_is_up_before_the_others_start(autojump_clock):
     """The first job of a context created while the node runs waits for one start, not for
     all of them: each type's first slot starts first, together, and the other slots once
