@@ -248,14 +248,13 @@ def test_an_end_sent_again_gives_back_what_the_cut_call_took(redis_url, tmp_path
     assert sorted(client.lrange("queue:v", 0, -1)) == ["job:1:2", "job:1:3"]
 
 
-def test_a_job_s_start_and_end_lines_carry_their_fields_in_one_order(
-    redis_url, tmp_path, caplog
-):
+def test_a_job_s_start_and_end_lines_carry_their_fields_in_one_order(redis_url, tmp_path, caplog):
     """Both lines each job logs (started; finished or failed) carry the runner's context and
     slot, then the job, then why, then the rest: the order of every runner line (its JSON
     object's keys, node/observe/logs.py)."""
     runner = _runner(redis_url, tmp_path)
-    standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+    # what any record carries, and what a handler's formatter adds to it once it has run
+    standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
     job = RunnerJob(1, 1, 1, "", "v")
     failed = Outcome(JobStatus.ERROR, {}, "exit code 3")
     with caplog.at_level(logging.INFO, logger="node.worker.loop"):
