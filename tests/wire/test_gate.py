@@ -11,13 +11,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 
 import pytest
 import trio
 import trio.testing
 
 from bus.core.frames import Frame
-from bus.wire.transport import PING_INTERVAL_S, Link, Transport, TransportConfig
+from bus.wire.gate import Gate, GateLimits
+from bus.wire.transport import (
+    PING_INTERVAL_S,
+    Link,
+    Transport,
+    TransportConfig,
+    _past_the_gate,
+)
 from crypto import KeyPair
 from tests.faults_proxy import TcpProxy
 
@@ -166,3 +174,23 @@ async def test_a_link_whose_pings_go_unanswered_is_closed(clock):
             await link.closed.wait()
         assert trio.current_time() - frozen_at >= CONFIG.ping_timeout_s
         nursery.cancel_scope.cancel()
+
+
+async def test_a_wrapper_holding_peeked_bytes_stays_beneath_the_link() -> None:
+    """An authenticated link's stream goes past the gate's wrapper only once the wrapper holds
+    no byte it peeked and has not handed out: those live nowhere else."""
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    async with listener, await trio.open_tcp_stream("127.0.0.1", port) as theirs:
+        gate = Gate(GateLimits(), lambda _: False, lambda _: None)
+        pending = gate.admit(await listener.accept())
+        assert pending is not None
+        await theirs.send_all(b"hello")
+        assert await pending.peek() == b"hello"
+        ws = SimpleNamespace(_stream=pending)
+        _past_the_gate(ws, pending)  # type: ignore[arg-type]
+        assert ws._stream is pending  # the peeked bytes are still to be read through it
+        assert gate.pending == 0  # the slot is given back all the same
+        assert await ws._stream.receive_some() == b"hello"
+        _past_the_gate(ws, pending)  # type: ignore[arg-type]
+        assert ws._stream is pending.stream  # nothing unread: the socket itself
