@@ -98,6 +98,8 @@ class Nudges:
         self._deadline = math.inf  # when the next nudge is due
         self._timer: trio.CancelScope | None = None  # the task's sleep until then
         self._nudging = 0  # nudges sent and not answered yet
+        self._quiet = trio.Event()  # set while no nudge is in flight
+        self._quiet.set()
         self._started = self._closed = False
 
     @contextmanager
@@ -115,6 +117,13 @@ class Nudges:
             self._waiting -= 1
             if not self._waiting:
                 self._due(math.inf)
+
+    async def settled(self) -> None:
+        """Return once no nudge is in flight. A nudge blocks on the server until its next loop,
+        maybe after the wait it nudged was answered, and the server counts a command when it
+        ends: tests that count a primary's ``WAITAOF``s settle the nudges first."""
+        while self._nudging:
+            await self._quiet.wait()
 
     def close(self) -> None:
         """End the task (the store is closing)."""
@@ -143,6 +152,8 @@ class Nudges:
             if self._nudging < NUDGES_AT_ONCE:
                 # not awaited: a nudge is answered on the server's next loop after its
                 # 1 ms, and a quiet server's next loop may be its clock tick (100 ms)
+                if not self._nudging:
+                    self._quiet = trio.Event()
                 self._nudging += 1
                 self.nursery.start_soon(self._nudge)
             self._deadline = trio.current_time() + next(gaps)
@@ -152,6 +163,8 @@ class Nudges:
             await self.nudge()
         finally:
             self._nudging -= 1
+            if not self._nudging:
+                self._quiet.set()
 
     async def nudge(self) -> None:
         """Send one nudge and read its reply; a failure is counted and logged, never raised."""

@@ -72,6 +72,27 @@ async def test_a_nudge_asks_the_primary_and_confirms_nothing(replicated):
         await store.durable()  # the replicas back: confirmed
 
 
+async def test_a_store_s_nudges_settle_before_the_primary_is_counted(replicated):
+    """A nudge blocks on the primary after the wait it nudged has ended, and the primary counts
+    a command when it ends: once :meth:`Nudges.settled` returns, every nudge sent is counted
+    there. Here each nudge blocks 600 ms and the barrier gives up after 300 ms, so without the
+    settling none of them would be counted yet."""
+    async with open_store(replicated.url(NODE, waitaof_timeout_ms="300")) as store:
+        await _replicas_ready(store)
+        nudges = _nudges(store)
+        nudges.command = ("WAITAOF", 0, 1_000_000, 600)
+        await nudges.settled()
+        before, sent = (await primary_calls(replicated)).get("waitaof", 0), nudges.sent
+        with _replicas_stopped(replicated), pytest.raises(NotDurable, match="0 replica fsync"):
+            await store.durable()
+        sent = nudges.sent - sent
+        assert sent >= 1
+        await nudges.settled()
+        assert nudges.failed == 0
+        barrier = (await primary_calls(replicated)).get("waitaof", 0) - before - sent
+        assert barrier in (1, 2)  # the barrier's own: one, or a short one then the rest
+
+
 async def test_a_failed_nudge_changes_nothing(replicated):
     """Every nudge refused by the server: the wait still ends with its own reason, and the
     store confirms as before once the replicas are back."""
