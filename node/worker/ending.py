@@ -42,7 +42,7 @@ from node.slot.lifecycle import (
     ending_of,
     plan_ending,
 )
-from node.slot.outcomes import Outcome, outcome_of
+from node.slot.outcomes import Outcome, exit_reason
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.reports import Reports, line_fields, report, runner_fields
@@ -329,6 +329,6 @@ def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
     record: dict[str, object] = {"exit_code": code}
     if output:
         record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
-    if "exit_code" not in result or outcome.reason != outcome_of(code, "", "", 0).reason:
+    if "exit_code" not in result or outcome.reason != exit_reason(code):
         record["reason"] = outcome.reason
     return record
