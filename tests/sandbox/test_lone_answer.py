@@ -1,12 +1,18 @@
-"""A lone job's answer (node/sandbox/host.py ``Sandbox.run``): what the runner reads of the
-job's cgroup leaf, and when. A job that exited 0 too quickly to have used its ``cpu_s`` on
-every CPU has no count to check: its leaf's counters are read once it was answered
-(``keep_spare``), as the next job's start, not on its answer's way. A job that failed, or ran
-long enough, still has them read as it answers."""
+"""A lone job's round trip through its sandbox (node/sandbox/host.py ``Sandbox.run``, and
+node/sandbox/inner.py): what the runner reads of the job's cgroup leaf, and when; how the warm
+job process sets a job's environment and reads and writes its frames.
+
+A job that exited 0 too quickly to have used its ``cpu_s`` on every CPU has no count to check:
+its leaf's counters are read once it was answered (``keep_spare``), as the next job's start,
+not on its answer's way. A job that failed, or ran long enough, still has them read as it
+answers."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -15,6 +21,7 @@ import pytest
 from node.sandbox import cgroups
 from node.sandbox.cgroups import POSSIBLE_CPUS, Counters
 from node.sandbox.host import Sandbox
+from node.sandbox.inner import _loads, _replace_environ, send
 from tests.sandbox.test_sandbox import _box, _run, needs_root
 
 
@@ -80,6 +87,44 @@ def test_a_quick_lone_job_has_its_counters_read_once_answered(tmp_path: Path, re
         ]  # a failed job's bound may be a count: read at once
     finally:
         box.stop()
+
+
+def test_a_job_that_changed_os_environ_leaves_nothing_of_it_to_the_next() -> None:
+    """The job process reads what a job changed of os.environ again; what it set last is
+    trusted only while os.environ is exactly as it left it."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    saved = dict(os.environ)
+    first = {"PATH": "/bin", "HERO_JOB_ID": "1", "KEPT": "k"}
+    second = {"PATH": "/bin", "HERO_JOB_ID": "2", "KEPT": "k"}
+    try:
+        _replace_environ(first)
+        os.environ["PLANTED"] = "by the job"  # what a job may do
+        os.environ["KEPT"] = "changed"
+        del os.environ["PATH"]
+        _replace_environ(second)
+        assert dict(os.environ) == second
+        assert getenv(b"PLANTED") is None
+        assert (getenv(b"KEPT"), getenv(b"PATH")) == (b"k", b"/bin")
+        _replace_environ(second)  # nothing changed since: nothing to set
+        assert dict(os.environ) == second
+    finally:
+        _replace_environ(saved)
+
+
+def test_the_worker_reads_and_writes_its_frames_as_json_does() -> None:
+    request = {"script": 'print("é")\n', "env": {"A": "1"}, "kind": "python", "n": [1, 2.5]}
+    assert _loads(json.dumps(request).encode()) == request
+    for bad in (b"", b" {}", b"{} ", b'{"a": 1}{}', b"nul", b"\xff"):
+        with pytest.raises(ValueError):  # noqa: PT011 - whichever of json's errors
+            _loads(bad)
+    a, b = socket.socketpair()
+    with a, b:
+        answer = {"exit_code": None, "signal": 9, "cpu_s": 1e-7, "left": 2, "i": 0}
+        send(a, answer)
+        data = b.recv(4096)
+        assert data[4:] == json.dumps(answer).encode()
+        assert int.from_bytes(data[:4], "big") == len(data) - 4
 
 
 @needs_root
