@@ -18,8 +18,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -59,17 +58,26 @@ class Unconfirmed(SyncStoreError):
     now could lose them."""
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """The one translation of redis-py's and sockets' errors (see the module docstring)."""
-    try:
-        yield
-    except redis.ResponseError as exc:
-        # a transaction's refusal comes as "Command # N (...) of pipeline caused error: ..."
-        reply = str(exc).rpartition("caused error: ")[2]
-        raise SyncStoreError(f"valkey refused: {exc}", reply) from exc
-    except (redis.RedisError, OSError) as exc:
-        raise SyncStoreError(f"valkey: {exc!r}") from exc
+class _Translated:
+    """The one translation of redis-py's and sockets' errors (see the module docstring), as
+    ``with _translated:``: one instance for every call, not a generator-based context manager
+    made per call (a lone job's start and its end each pass through one)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object
+    ) -> None:
+        if isinstance(exc, redis.ResponseError):
+            # a transaction's refusal comes as "Command # N (...) of pipeline caused error: ..."
+            reply = str(exc).rpartition("caused error: ")[2]
+            raise SyncStoreError(f"valkey refused: {exc}", reply) from exc
+        if isinstance(exc, redis.RedisError | OSError):
+            raise SyncStoreError(f"valkey: {exc!r}") from exc
+
+
+_translated = _Translated()
 
 
 def connect(url: str, db: int) -> redis.Redis:
@@ -78,7 +86,7 @@ def connect(url: str, db: int) -> redis.Redis:
     :class:`SyncStore` (and for the setup of tests, which speak to Valkey directly). A
     ``redis+sentinel://`` URL (bus/store/sentinel.py): each new connection goes to the server
     the Sentinels name primary, so after a failover the process follows on its next command."""
-    with _translated():
+    with _translated:
         return _primary(url, db) if is_sentinel_url(url) else _plain(url, db)
 
 
@@ -262,7 +270,7 @@ class SyncStore:
         connections, this one included): its next command connects again, through the
         Sentinels to the current primary. Raw replies: decoded text, ints, lists, None.
         ``writes``: the command may write (see :meth:`confirm`)."""
-        with _translated():
+        with _translated:
             return self._command(args, writes)
 
     def _command(self, args: Sequence[Arg], writes: bool, nudges: _Nudges | None = None) -> Any:  # noqa: ANN401
@@ -315,7 +323,7 @@ class SyncStore:
         """Script ``name`` (``text``) by EVALSHA, loaded once more if the server lost it (a
         restart, a flush) and run again: it did not run the first time."""
         sha = self.sha(name, text)
-        with _translated():
+        with _translated:
             try:
                 return self._command(("EVALSHA", sha, len(key_list), *key_list, *args), True)
             except redis.exceptions.NoScriptError:
@@ -324,7 +332,7 @@ class SyncStore:
 
     def transaction(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """``commands`` in one MULTI/EXEC; their replies."""
-        with _translated():
+        with _translated:
             pipe = self.client.pipeline(transaction=True)
             for args in commands:
                 pipe.execute_command(*args)
@@ -346,7 +354,7 @@ class SyncStore:
         connection is dropped: redis-py's Sentinel connections do not disconnect then, and
         the next command would read this one's reply as its own."""
         sha = self.sha(name, text)
-        with _translated():
+        with _translated:
             if sha not in self._loaded:  # pipelined, a NOSCRIPT would cost the pop its script
                 self._command(("SCRIPT", "LOAD", text), False)
                 self._loaded.add(sha)
@@ -409,7 +417,7 @@ class SyncStore:
         local = replicas = 0
         for wait_ms in target.waits_ms():  # why two: bus/store/durable.py Barrier._confirm
             ask = ("WAITAOF", target.waitaof_local, wanted, wait_ms)
-            with _translated():
+            with _translated:
                 local, replicas = (int(n) for n in self._command(ask, False, self._nudges()))
             if target.confirmed(local, replicas, wanted):
                 break

@@ -112,16 +112,15 @@ def _writes(
     and its jobs that would never run here, with why (``judge``: admission.unrunnable)."""
     unrunnable: Unrunnable = []
     batch: list[tuple[Message, list[JobWrite]]] = []
+    dispatched, when = JobStatus.DISPATCHED.value, str(stamp)
     for message in messages:
         writes = []
         for job in message.job:
-            fields = job.to_hash() | {
-                "status": JobStatus.DISPATCHED.value,
-                "created_at": str(stamp),
-                "updated_at": str(stamp),
-                "message_key": message.key,
-                "origin": message.origin,
-            }
+            fields = job.to_hash()  # a dict of its own: completed in place, not copied
+            fields["status"] = dispatched
+            fields["created_at"] = fields["updated_at"] = when
+            fields["message_key"] = message.key
+            fields["origin"] = message.origin
             if message.reply_to:  # where the runner answers a request made here
                 fields["reply_to"] = message.reply_to
             if message.traceparent:  # the runner's attempt continues it without a message read

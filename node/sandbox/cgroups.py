@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import shlex
 import signal
@@ -195,11 +196,33 @@ def _count(text: bytes, key: bytes) -> int:
     return 0
 
 
+def _possible_cpus() -> int:
+    """How many CPUs this machine may ever run processes on at once: those it may bring
+    online too (``/sys/devices/system/cpu/possible``: "0-3,6"), else those online now."""
+    try:
+        with open("/sys/devices/system/cpu/possible") as f:
+            spans = [part.partition("-") for part in f.read().strip().split(",")]
+        return sum(int(last or first) - int(first) + 1 for first, _, last in spans)
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
+POSSIBLE_CPUS = _possible_cpus()
+
+
 @dataclass(frozen=True)
 class Counters:
     oom_kills: int = 0
     forks_refused: int = 0
     cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted
+    read_at: float = -math.inf  # time.monotonic() just before they were read
+
+    def cpu_out_of_reach(self, bound_ns: int) -> bool:
+        """Whether the leaf's tree cannot have used ``bound_ns`` of CPU time since these
+        counters were read: not in the wall time since, on every CPU the machine may have,
+        with half the bound to spare (the kernel charges a running task's time late, by up
+        to a tick)."""
+        return (time.monotonic() - self.read_at) * POSSIBLE_CPUS * 2e9 < bound_ns
 
 
 class Leaf:
@@ -241,6 +264,7 @@ class Leaf:
     def counters(self) -> Counters:
         """Its OOM kills and refused forks so far (two preads of files held open: ~100 us a
         job with pathlib's open and read, here)."""
+        at = time.monotonic()
         try:
             if self._counter_fds is None:
                 events = "memory.events" if self.version == "v2" else "memory.oom_control"
@@ -251,7 +275,7 @@ class Leaf:
             oom, forks = os.pread(memory, 4096, 0), os.pread(pids, 4096, 0)
         except OSError:
             return Counters()
-        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), self.cpu_ns())
+        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), self.cpu_ns(), at)
 
     def cpu_ns(self) -> int | None:
         """CPU time of the tree so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s usage_usec),

@@ -528,7 +528,7 @@ class Sandbox:
         self.jobs += 1
         if reply.get("left"):  # what the job left in /tmp could not all be removed
             self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
-        if bound := self._bound(before, reply["exit_code"] != 0):
+        if bound := self._bound(before, reply["exit_code"] != 0, lone=True):
             reply["bound"] = bound
         return reply
 
@@ -577,6 +577,8 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
+        if self.leaf is not None and self._after is None:  # the first job's window, from now
+            self._after = (self.leaf, self.leaf.counters())
         data = dumps_json({"jobs": requests})
         fds = [fd for pair in files for fd in pair]
         try:
@@ -617,7 +619,7 @@ class Sandbox:
             self.jobs += 1
             if reply.get("left"):  # what the job left in /tmp could not all be removed
                 self.recycle_at = self.jobs
-            if bound := self._bound(before, reply["exit_code"] != 0):
+            if bound := self._bound(before, reply["exit_code"] != 0, lone=i + 1 == n):
                 reply["bound"] = bound
             lost, resend = bool(reply.pop("lost", False)), bool(reply.pop("resend", False))
             if lost or resend or i + 1 == n:
@@ -655,11 +657,12 @@ class Sandbox:
         return f"cpu_limit: the job's processes used {spent:.1f} s of CPU time (cpu_s {bound})"
 
     def _counters_before(self) -> Counters | None:
-        """The leaf's counters as a job starts: those read as the worker's last job ended
-        (between two requests nothing runs in the leaf: the worker waits; within a batch the
-        next job begins as the last one answers), else read now. One read per job, after it,
-        instead of one before it too: three preads less between a lone job's start and its
-        run (bench/HISTORY.md#lone-job-latency), and per job of a batch
+        """The leaf's counters as a job starts: those read as the worker's last job ended, or
+        once a quick lone job was answered (:meth:`keep_spare`; between two requests nothing
+        runs in the leaf: the worker waits; within a batch the next job begins as the last one
+        answers), else read now. One read per job, after it, instead of one before it too:
+        three preads less between a lone job's start and its run
+        (bench/HISTORY.md#lone-job-latency), and per job of a batch
         (bench/HISTORY.md#runner-cpu)."""
         if self.leaf is None:
             return None
@@ -668,17 +671,25 @@ class Sandbox:
             return last[1]
         return self.leaf.counters()
 
-    def _bound(self, before: Counters | None, failed: bool) -> str:
+    def _bound(self, before: Counters | None, failed: bool, lone: bool = False) -> str:
         """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
         kills, refused forks and its tree's CPU time) or as its work dir shows it (full).
         Only CPU time is a bound even for a job that then exited 0: its tree used more than
         ``cpu_s`` (what it used since the last watch tick), as no process may under its
-        rlimit; the others a job may meet and cope with."""
+        rlimit; the others a job may meet and cope with.
+
+        A ``lone`` job (no next job of a batch running already: a lone request, a batch's
+        last job) that exited 0 too quickly to have used ``cpu_s`` on every CPU has nothing to
+        read: the next job's counters are read once this one is answered
+        (:meth:`keep_spare`), not on its answer's way, or before the next request is sent."""
+        cpu_s = self.spec.limit_values.cpu_s
         if self.leaf is not None and before is not None:
+            if lone and not failed and before.cpu_out_of_reach(cpu_s * 1_000_000_000):
+                return ""
             after = self.leaf.counters()
             self._after = (self.leaf, after)
             if after.cpu_ns is not None and before.cpu_ns is not None:
-                if after.cpu_ns - before.cpu_ns >= self.spec.limit_values.cpu_s * 1_000_000_000:
+                if after.cpu_ns - before.cpu_ns >= cpu_s * 1_000_000_000:
                     return "cpu_limit"
             if not failed:
                 return ""
@@ -698,7 +709,8 @@ class Sandbox:
         job was answered, not before: a start costs ~0.7 ms, which a result need not wait for.
         If it fails, the next job's start tries again and reports why. A worker that ran its
         last job is retired here, after the answer, not on the job's way, and after its spare
-        was started: its exit (~8 ms) overlaps the spare's start."""
+        was started: its exit (~8 ms) overlaps the spare's start. The next job's counters are
+        read here too, if its answer did not read them (:meth:`_bound`)."""
         due = self.jobs > 0 and self.jobs >= self.recycle_at - SPARE_LEAD_JOBS
         if self.spare is None and due:
             try:
@@ -706,6 +718,8 @@ class Sandbox:
             except (OSError, SandboxLost, ValueError) as exc:
                 log.warning("could not start a spare sandbox worker ahead of time: %s", exc)
         self._retire_spent()
+        if self.leaf is not None and self._after is None:  # the next job's, read off its way
+            self._after = (self.leaf, self.leaf.counters())
 
     def _receive(self) -> dict[str, Any]:
         """One answer (it comes in one send: mostly one recv reads all of it). More than

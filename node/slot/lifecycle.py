@@ -73,6 +73,7 @@ class RetryPolicy:
 
 
 DEFAULT_POLICY = RetryPolicy()
+_FINAL = Next(retry=False)  # frozen: one for every attempt that is not retried
 
 
 def cause_of(reason: str) -> str:
@@ -95,9 +96,9 @@ def after_attempt(
 ) -> Next:
     """Decide whether attempt number ``attempt`` (1-based) of a job with ``retries`` is retried."""
     if status is JobStatus.FINISHED or attempt > retries or reason.startswith(NEVER_RETRY):
-        return Next(retry=False)
+        return _FINAL
     if not policy.covers(reason):
-        return Next(retry=False)
+        return _FINAL
     delay = backoff_s(attempt, base_s=policy.base_s, kind=policy.backoff, rand=rand)
     return Next(retry=True, delay_s=delay)
 
@@ -177,19 +178,22 @@ def plan_ending(
     job: RunnerJob,
     outcome: Outcome,
     attempt: Attempt,
-    policy: RetryPolicy,
+    policy: RetryPolicy | None,
     *,
     request: Message,
     here: str,
     rand: random.Random | None = None,
 ) -> Plan:
     """What ending ``attempt`` of ``job`` with ``outcome`` writes, under the job's retry
-    ``policy``: a retry, or the answer to ``request`` (here when its origin is this node,
-    ``here``, or unnamed; else remote). ``rand`` draws the retry's jitter."""
+    ``policy`` (None: the one it signed, read only for an attempt that did not finish): a
+    retry, or the answer to ``request`` (here when its origin is this node, ``here``, or
+    unnamed; else remote). ``rand`` draws the retry's jitter."""
     status, reason = outcome.status, outcome.reason
     entry = attempt_entry(
         attempt.number, attempt.token, status.value, reason, attempt.started_at, attempt.ended_at
     )
+    if policy is None:  # a finished attempt is never retried: its policy is not read
+        policy = DEFAULT_POLICY if status is JobStatus.FINISHED else RetryPolicy.of(job)
     after = after_attempt(status, reason, attempt.number, job.retries, policy=policy, rand=rand)
     if after.retry:
         return Retry(reason, after.delay_s, queues.target_queue(job), entry)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bus.core.models import JobStatus
+from bus.core.models import JobStatus, dumps_json
 from bus.core.reasons import Reason
 
 # how long a job (or a runner process) told to end may take before it is killed outright
@@ -75,10 +75,16 @@ def outcome_of(
     }
     if returncode == 0:
         return Outcome(JobStatus.FINISHED, result)
+    return Outcome(JobStatus.ERROR, result, exit_reason(returncode))
+
+
+def exit_reason(returncode: int) -> str:
+    """The reason :func:`outcome_of` gives an exit status ("" for 0)."""
+    if returncode == 0:
+        return ""
     if returncode < 0:  # killed by a signal we did not send: the runner process was lost
-        name = signal.Signals(-returncode).name
-        return Outcome(JobStatus.ERROR, result, f"{Reason.RUNNER_LOST}: killed by {name}")
-    return Outcome(JobStatus.ERROR, result, f"exit code {returncode}")
+        return f"{Reason.RUNNER_LOST}: killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
 
 
 # -- the limit a job hit -----------------------------------------------------------------
@@ -262,7 +268,8 @@ class SlotFile:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             self.size = os.fstat(self.fd).st_size
-        data = json.dumps(record).encode()
+        # orjson (dumps_json): json.dumps' encoder costs a lone job ~5 us here, ~20 cold
+        data = dumps_json(record)
         os.pwrite(self.fd, data.ljust(self.size), 0)
         self.size = max(self.size, len(data))
 

@@ -37,12 +37,11 @@ from node.slot.lifecycle import (
     Attempt,
     Plan,
     Retry,
-    RetryPolicy,
     ended_as,
     ending_of,
     plan_ending,
 )
-from node.slot.outcomes import Outcome, outcome_of
+from node.slot.outcomes import Outcome, exit_reason
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.reports import Reports, line_fields, report, runner_fields
@@ -137,7 +136,7 @@ class Ender:
         next jobs (``nxt``; None: none), in one Lua call; tried again while Valkey is
         unreachable (the outcomes exist only here: node/slot/away.py), without the take."""
         first = rans[0].job.key if rans else back[0][0]
-        away = Away(first)
+        away: Away | None = None  # made on the first failure: most ends never need one
         kept = False
         taking = nxt is not None
         while True:
@@ -153,6 +152,7 @@ class Ender:
                 log.error("%s: the signer is gone; exiting", first, extra=self._fields(first))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
+                away = away or Away(first)
                 self.runs.leave_if_stale(exc)  # the retry asks the Sentinels where to go
                 if not kept:
                     # Valkey may stay away long enough for the machine to go down: the
@@ -241,8 +241,8 @@ class Ender:
 
     def _plan(self, ran: Ran) -> Plan:
         number = Attempt(ran.attempt, ran.fields["runner"], ran.started_at, now())
-        policy, here = RetryPolicy.of(ran.job), self.spec.node_id
-        return plan_ending(ran.job, ran.outcome, number, policy, request=ran.request, here=here)
+        here = self.spec.node_id
+        return plan_ending(ran.job, ran.outcome, number, None, request=ran.request, here=here)
 
     def _counted(self, rans: list[Ran], plans: list[Plan]) -> tuple[StatsBatch, bool]:
         """The statistics not yet in Valkey with these ends added, and whether they are due."""
@@ -329,6 +329,6 @@ def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
     record: dict[str, object] = {"exit_code": code}
     if output:
         record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
-    if "exit_code" not in result or outcome.reason != outcome_of(code, "", "", 0).reason:
+    if "exit_code" not in result or outcome.reason != exit_reason(code):
         record["reason"] = outcome.reason
     return record

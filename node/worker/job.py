@@ -237,6 +237,10 @@ class JobRun:
         self.open_logs: LogPump | None = None  # the last attempt's stream, ended by end_logs
         self.heartbeat_s = spec.lease_ttl_ms / 1000 / 3
         self.span: Any = None  # the running attempt's span, the sandbox run's parent
+        # what the loop leaves for the job's run time (its start's log line): done once the
+        # request is sent, while the answer is awaited, not between the start and the run
+        self.meanwhile: Callable[[], None] | None = None
+        self._meanwhile_idle = (0.0, self.run_meanwhile)  # the sandbox's idle, without a wait
 
     def start_watch(self) -> None:
         threading.Thread(target=self._watch, name="watch", daemon=True).start()
@@ -273,6 +277,7 @@ class JobRun:
         finally:
             cur.over = True
             self.current = None
+            self.run_meanwhile()  # if the answer, or a failure, came before it could be done
         self.open_logs = pump
         # an abort that lands after the job ended must not give the attempt back: it ran, and
         # would run a second time; only an attempt the abort cut short is given back
@@ -281,6 +286,13 @@ class JobRun:
         if cur.kill_reason:
             return Outcome(JobStatus.ERROR, {}, cur.kill_reason)
         return outcome
+
+    def run_meanwhile(self) -> None:
+        """Do what :attr:`meanwhile` holds, once: as soon as the job's request is sent (the
+        sandbox's ``idle`` function, called without waiting), else once :meth:`run` ends."""
+        work, self.meanwhile = self.meanwhile, None
+        if work is not None:
+            work()
 
     def slot_fds(self) -> tuple[int, int]:
         """The slot's output files, empty, for the job about to run: opened (and emptied: a
@@ -353,7 +365,8 @@ class JobRun:
         fds = self.slot_fds()
         box = None if self.span is None else sandbox_span(self.spec, self.span, cur.job.key)
         try:
-            reply = self.sandbox.run(request, fds[0], fds[1])
+            idle = self._meanwhile_idle if self.meanwhile is not None else None
+            reply = self.sandbox.run(request, fds[0], fds[1], idle)
             # killed outright, it may be the abort's kill of the sandbox racing the answer
             cur.answered = reply.get("signal") != signal.SIGKILL
             code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]

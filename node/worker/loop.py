@@ -42,6 +42,7 @@ outlives its node finishes and answers, then the process exits.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -188,9 +189,10 @@ class SlotLoop:
         # on a replicated store, not before a replica has the start: one a failover lost would
         # leave the job queued on the new primary, for another slot to run a second time
         self.runs.confirm()
-        self._log_start(job_key, attempt)
         if self.traced:
             self.job.span = attempt_span(self.spec, job, fields, request, attempt)
+        if log.isEnabledFor(logging.INFO):  # the line while the job runs, not before it
+            self.job.meanwhile = functools.partial(self._log_start, job_key, attempt)
         try:
             return self._run_and_end(job, fields, request, attempt, nxt)
         finally:
