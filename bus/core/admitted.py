@@ -28,7 +28,6 @@ import functools
 import hashlib
 import hmac
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
@@ -79,26 +78,18 @@ def mac_input(ctx: int, job_key: str, fields: Mapping[str, str]) -> bytes:
 
 def stamp(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:
     """The stamp (hex) of job ``job_key`` with ``fields`` in context DB ``ctx``."""
-    inner, outer = _pads(key)
-    inner = inner.copy()
-    inner.update(mac_input(ctx, job_key, fields))
-    outer = outer.copy()
-    outer.update(inner.digest())
-    return outer.hexdigest()
+    mac = _keyed(key).copy()
+    mac.update(mac_input(ctx, job_key, fields))
+    return mac.hexdigest()
 
 
 @functools.lru_cache(maxsize=4)
-def _pads(key: bytes) -> tuple[Any, Any]:
-    """HMAC-SHA256 (RFC 2104) under ``key`` as its two SHA-256 states, each with its padded
-    key hashed in once, and copied per stamp (a process holds one key). A lone job's stamp
-    runs in a process woken with cold caches, paid by the node and again by the runner: as
-    bare C copies it costs less than ``hmac.HMAC.copy`` (Python over the same calls), and
-    far less than the one-shot ``hmac.digest``, which sets the key up on every call."""
-    block = hashlib.sha256().block_size
-    padded = (hashlib.sha256(key).digest() if len(key) > block else key).ljust(block, b"\0")
-    inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
-    outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
-    return inner, outer
+def _keyed(key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 with ``key`` set up, copied per stamp (a process holds one key). The
+    one-shot ``hmac.digest`` fetches the digest from OpenSSL by name and sets the key up on
+    every call: a lone job's stamp, in a process woken with cold caches, took ~43 us so and
+    ~20 as a copy, paid by the node and again by the runner (bench/HISTORY.md#lone-job-2)."""
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def problem(key: bytes, ctx: int, job_key: str, fields: Mapping[str, str]) -> str:

@@ -13,7 +13,7 @@ clock. Tests that need both in step set this clock from trio's (conftest.py's
 
 from __future__ import annotations
 
-import os
+import secrets
 import time
 from collections.abc import Callable
 
@@ -22,21 +22,12 @@ MAX_ID = 2**53 - 1
 _clock: Callable[[], float] = time.time
 
 
-# os.urandom directly, as secrets does it underneath: a client draws two ids and a nonce for
-# every job it submits, right before its write, and random.py's Python on the way
-# (SystemRandom.randbelow, getrandbits) cost more than the draw itself in a cold process
-
-
 def new_id() -> int:
-    """Uniform in 1 .. MAX_ID: 53 random bits, drawn again in the one case (0) out of range."""
-    while True:
-        value = int.from_bytes(os.urandom(7), "big") >> 3
-        if value:
-            return value
+    return secrets.randbelow(MAX_ID) + 1
 
 
 def new_nonce() -> str:
-    return os.urandom(16).hex()
+    return secrets.token_hex(16)
 
 
 def now() -> int:

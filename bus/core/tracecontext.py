@@ -12,8 +12,8 @@ Pure: no I/O, no OpenTelemetry import (the client and the node bridge to it them
 
 from __future__ import annotations
 
-import os
 import re
+import secrets
 from enum import StrEnum
 from typing import Final, NamedTuple
 
@@ -168,8 +168,7 @@ def message_trace(traceparent: str, tracestate: str) -> MessageTrace:
 def new_traceparent() -> str:
     """A traceparent that starts a new trace (random ids, flags 00: nobody recorded its
     parent); what a client without a current span sends."""
-    ids = os.urandom(24).hex()  # one draw for both ids: a client sends one per submission
-    return f"{VERSION}-{ids[:32]}-{ids[32:]}-00"
+    return TraceParent(secrets.token_hex(16), secrets.token_hex(8), 0).header
 
 
 def inherited(traceparent: str, tracestate: str) -> tuple[str, str]:
