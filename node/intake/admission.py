@@ -95,11 +95,14 @@ async def admit(
 def stored_size(fields: Mapping[str, str]) -> int:
     """Bytes of a message hash's names and values (UTF-8; what cannot be encoded counts one)."""
     # one encode of all the values: the UTF-8 encoder pairs no surrogates across two values
-    # (nor within one), so it counts what each value's own encode counts, in C; none for
-    # ASCII text (most messages), whose bytes are its characters
-    text = "".join(fields.values())
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
-    return sum(map(len, fields)) + size
+    # (nor within one), so it counts what each value's own encode counts, in C
+    return sum(map(len, fields)) + _utf8_size("".join(fields.values()))
+
+
+def _utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (what cannot be encoded counts one); no encode for ASCII
+    text (most messages), whose bytes are its characters."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
 
 
 def size_limit(config: NodeConfig, message_type: str) -> int:
@@ -117,8 +120,7 @@ def check_size(config: NodeConfig, message: Message, stored: Mapping[str, str]) 
     hash, ``stored`` as popped (fields the message does not use count too), is above its
     :func:`size_limit`."""
     for job in message.job:
-        script = job.script
-        size = len(script) if script.isascii() else len(script.encode("utf-8", "replace"))
+        size = _utf8_size(job.script)
         if size > config.max_script_bytes:
             raise Rejected(
                 Reason.OVERSIZE, f"script of {job.key}: {size} bytes > {config.max_script_bytes}"
