@@ -577,8 +577,7 @@ class Sandbox:
         if self.sock is None:
             self.start()
         assert self.sock is not None
-        if self.leaf is not None and self._after is None:  # the first job's window, from now
-            self._after = (self.leaf, self.leaf.counters())
+        self._read_after()  # the first job's window, from now
         data = dumps_json({"jobs": requests})
         fds = [fd for pair in files for fd in pair]
         try:
@@ -718,7 +717,11 @@ class Sandbox:
             except (OSError, SandboxLost, ValueError) as exc:
                 log.warning("could not start a spare sandbox worker ahead of time: %s", exc)
         self._retire_spent()
-        if self.leaf is not None and self._after is None:  # the next job's, read off its way
+        self._read_after()  # the next job's, read off its way
+
+    def _read_after(self) -> None:
+        """Read the leaf's counters now, as the next job's start, unless the last answer did."""
+        if self.leaf is not None and self._after is None:
             self._after = (self.leaf, self.leaf.counters())
 
     def _receive(self) -> dict[str, Any]:
