@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from bus.client.inbox import ReplyInbox
-from bus.client.plan import job_messages, write_plan
 from bus.core import keys, spans
 from bus.core.dag import FlowError, FlowSpec, parse_flow, validate_flow
 from bus.core.envelope import JobResult, parse_reply, sign_message
@@ -44,6 +43,7 @@ from bus.core.models import (
     check_retry_policy,
 )
 from bus.core.noderefs import KnownNode, pick_node
+from bus.core.submission import job_messages, write_plan
 from bus.core.tracecontext import message_trace
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError

@@ -1,6 +1,6 @@
 """A blocking client for scripts that do not run trio: submit jobs, wait for their results.
 
-It runs the same plan as the trio client (bus/client/plan.py: the same signed messages, one
+It runs the same plan as the trio client (bus/core/submission.py: the same signed messages, one
 MULTI/EXEC per submitted batch) on a redis-py connection, and each message is answered on its
 own ``reply:<message key>`` list (a blocking script waits for one message at a time, so the
 shared inbox of the trio client would buy it nothing). Registrations, flows and logs stay with
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
-from bus.client.plan import job_messages, write_plan
 from bus.core import keys, spans
 from bus.core.envelope import JobResult, parse_reply
 from bus.core.models import Message, RunnerJob
+from bus.core.submission import job_messages, write_plan
 from bus.errors import ClientError
 from bus.store.blocking import BlockingStore
 from crypto import Signer

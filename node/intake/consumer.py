@@ -16,6 +16,7 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys, spans
+from bus.core.deadlines import RECEIVED_FROM, unacknowledged
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
@@ -24,7 +25,7 @@ from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
 from node.intake.admission import admit
-from node.intake.held import RECEIVED_FROM, hold, unacknowledged
+from node.intake.held import hold
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,

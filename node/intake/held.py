@@ -11,8 +11,8 @@ after it told its client the message failed.
 
 So each delivery records the boot of this node that acknowledges it (``acked_in``) and the peer
 it came from (``received_from``). The consumer sets aside a job message stored in another boot
-(:func:`unacknowledged`, :func:`hold`: ``msg_held``) instead of admitting it, and
-:func:`run_held`, one per context, gives back what ``msg_held`` holds:
+(``unacknowledged``, bus/core/deadlines.py; :func:`hold`: ``msg_held``) instead of admitting
+it, and :func:`run_held`, one per context, gives back what ``msg_held`` holds:
 
 - to a peer whose link is up: it acknowledges the messages on that link (an ack the origin had
   already changes nothing there: bus/store/atomic/lua/routing_ack.lua), then queues them on
@@ -27,7 +27,6 @@ The service sleeps until a link comes up, a message is held, or the next held de
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import NoReturn
 
 import trio
@@ -35,26 +34,11 @@ import trio
 from bus.core.deadlines import ack_deadline
 from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
-from bus.core.models import Message, MessageType
+from bus.core.models import Message
 from bus.store.atomic import routing
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
-
-ACKED_IN = "acked_in"  # the boot of this node that acknowledges the delivery
-RECEIVED_FROM = "received_from"  # the peer that delivered it (and waits for its ack)
-
-
-def unacknowledged(boot: str, message: Message, stored: Mapping[str, str]) -> str:
-    """The peer to acknowledge job message ``message`` to before it may run, if a boot other
-    than ``boot`` stored it from that peer; "" if it may run (acknowledged in this boot, or not
-    delivered by a peer). Only job messages: their origin fails them at the ack deadline."""
-    if message.message_type is not MessageType.JOB:
-        return ""
-    peer = stored.get(RECEIVED_FROM, "")
-    if not peer or stored.get(ACKED_IN) == boot:
-        return ""
-    return peer
 
 
 async def hold(node: NodeState, ctx: int, message: Message, peer: str, inflight: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bus.core import keys, spans
+from bus.core.deadlines import ACKED_IN, RECEIVED_FROM
 from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
 from bus.core.models import Hash, MessageStatus
@@ -24,7 +25,6 @@ from bus.store.atomic import routing
 from bus.wire import outbox
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
-from node.intake.held import ACKED_IN, RECEIVED_FROM
 from node.intake.messages import Rejected, load_message, reject
 from node.links.summary import SUMMARY, SummaryDesk
 from node.links.trace import TraceDesk
@@ -271,7 +271,8 @@ class LinkHandler:
 
 def delivery_fields(peer: str, boot: str, stamp: int) -> dict[str, str]:
     """The bookkeeping fields a link adds to a message it stores (before acknowledging it):
-    who it came from, and that this boot acknowledges it (node/intake/held.py reads them)."""
+    who it came from, and that this boot acknowledges it (read by bus/core/deadlines.py's
+    unacknowledged)."""
     text = str(stamp)
     return {
         "status": MessageStatus.DISPATCHED.value,

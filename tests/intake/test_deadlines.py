@@ -9,11 +9,11 @@ import trio
 import trio.testing
 
 from bus.client.api import new_job
-from bus.client.plan import job_messages
 from bus.core import keys
 from bus.core.frames import MAX_BATCH
 from bus.core.ids import now, now_ms
 from bus.core.models import JobStatus, Message
+from bus.core.submission import job_messages
 from bus.store.atomic import routing
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from bus.core.envelope import signature_of
+from bus.core.errors import ClientError
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import Hash, Message, MessageType, RunnerJob
-from bus.errors import ClientError
 from crypto import Signer
 
 WRITE_CHUNK = 512  # messages per transaction when a batch is large
