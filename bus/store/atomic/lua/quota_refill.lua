@@ -13,6 +13,7 @@
 -- materialise script queues; as many as it has places in one RPOP, not one a job). An actor
 -- whose list empties leaves the set. A job is in exactly one place, its queue or its list,
 -- before and after: nothing lost, nothing queued twice.
+-- include: quota_depth
 -- include: chunked
 local fair, most = tonumber(ARGV[1]) or 0, tonumber(ARGV[2]) or 1000
 local actors = redis.call('SMEMBERS', '${QUOTA_WAITING_KEY}')
@@ -37,8 +38,7 @@ for k = 0, #actors - 1 do
   local actor = actors[(start - 1 + k) % #actors + 1]
   if moved >= most then  -- the rest next call, from this actor on
     redis.call('SET', '${QUOTA_NEXT_KEY}', actor)
-    redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-    redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
+    quota_wake()
     more = 1
     break
   end
@@ -67,8 +67,7 @@ for k = 0, #actors - 1 do
   if len <= 0 then redis.call('SREM', '${QUOTA_WAITING_KEY}', actor) end
 end
 if more == 0 and moved >= most and redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
-  redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-  redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
+  quota_wake()
   more = 1
 end
 if more == 0 and from > 0 then redis.call('DEL', '${QUOTA_NEXT_KEY}') end
