@@ -234,6 +234,30 @@ async def test_an_acks_frame_trims_the_in_flight_list_once_not_per_entry(store: 
     }
 
 
+async def test_an_acks_frame_of_the_oldest_entries_takes_them_off_in_one_pop(
+    store: Store,
+) -> None:
+    """Acknowledged entries that are exactly the in-flight list's oldest (its tail: a pop
+    pushes its batch on the head), in any order, leave it in one pop (LMPOP): no LRANGE, DEL,
+    RPUSH or LREM; what was sent after them keeps its place."""
+    peer = "ef" * 32
+    inflight = keys.outbox_inflight(peer)
+    await store.call(0, lambda r: r.lpush(inflight, ["1|m:1", "1|m:2", "1|m:3", "1|m:4"]))
+    names = ("lmpop", "lrem", "lrange", "del", "rpush")
+    before = [await _calls(store, n) for n in names]
+    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:1", "1|m:3"])
+    after = [await _calls(store, n) for n in names]
+    assert removed == 3
+    assert await store.lrange(0, inflight) == ["1|m:4"]
+    assert dict(zip(names, [a - b for a, b in zip(after, before, strict=True)], strict=True)) == {
+        "lmpop": 1,
+        "lrem": 0,
+        "lrange": 0,
+        "del": 0,
+        "rpush": 0,
+    }
+
+
 async def test_a_call_cancelled_while_its_db_opens_ends(redis_url) -> None:
     """A DB's client opens on its first command (Store.db), in a task that holds it until
     the store closes. A caller cancelled while that opens (Ctrl-C on `job submit --wait`

@@ -202,3 +202,46 @@ async def test_a_refill_goes_round_robin_within_its_bound_and_drops_bad_entries(
         "job:1:1",
         "job:2:0",
     ]
+
+
+async def test_a_refill_takes_an_actors_places_in_one_rpop(store):
+    """The waiting entries an actor has places for leave its list in one RPOP, not one a job:
+    300 waiting, a share of 250 with 40 held, 210 moved (the oldest, in order) by one RPOP."""
+    q = keys.queue("python")
+    jobs = [f"{q} job:1:{i}" for i in range(300)]
+    await store.call(1, lambda r: r.lpush(keys.quota_wait(1), jobs))
+    await store.call(1, lambda r: r.sadd(keys.QUOTA_WAITING, ["1"]))
+    await store.call(1, lambda r: r.hincrby(keys.QUOTA_DEPTH, "1", 300 + 40))
+
+    async def rpops() -> int:
+        stats = await store.call(1, lambda r: r.info("commandstats"))
+        return int(stats.get("cmdstat_rpop", {}).get("calls", 0))
+
+    before = await rpops()
+    done = await fair_share.refill(store, 1, 250)
+    assert (done.moved, done.more, done.bad) == (210, False, [])
+    assert await rpops() - before == 1
+    moved = await store.call(1, lambda r: r.lrange(q, 0, -1))
+    assert moved == [f"job:1:{i}" for i in reversed(range(210))]
+    assert len(await fair_share.waiting(store, 1, 1)) == 90
+
+
+async def test_a_wake_up_is_one_entry_and_one_command_when_none_waits(store):
+    """A refill that stops at its bound wakes the next one: one entry on the wake list, pushed
+    by one LPUSH when the list was empty (no LTRIM), trimmed back to one when it was not."""
+    q = keys.queue("python")
+    await store.call(1, lambda r: r.lpush(keys.quota_wait(1), [f"{q} job:1:{i}" for i in range(3)]))
+    await store.call(1, lambda r: r.sadd(keys.QUOTA_WAITING, ["1"]))
+    await store.call(1, lambda r: r.hincrby(keys.QUOTA_DEPTH, "1", 3))
+
+    async def ltrims() -> int:
+        stats = await store.call(1, lambda r: r.info("commandstats"))
+        return int(stats.get("cmdstat_ltrim", {}).get("calls", 0))
+
+    before = await ltrims()
+    assert (await fair_share.refill(store, 1, 0, most=1)).more
+    assert await store.llen(1, keys.QUOTA_FAIR_WAKE) == 1
+    assert await ltrims() == before
+    assert (await fair_share.refill(store, 1, 0, most=1)).more  # the first wake not taken
+    assert await store.llen(1, keys.QUOTA_FAIR_WAKE) == 1
+    assert await ltrims() == before + 1

@@ -20,12 +20,16 @@ end
 -- While quota_leaving is a table (a take that starts several jobs: quota_leave_all), the
 -- counts are collected there and written once for the batch.
 local quota_leaving = false
-local function quota_freed(counts)
-  for actor, n in pairs(counts) do redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -n) end
-  if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
-    redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
+-- the wake-up's one entry: the LPUSH's reply is the list's length, trimmed back to one only
+-- when an entry was there already (most often the node took it: one command, not two)
+local function quota_wake()
+  if redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1') > 1 then
     redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
   end
+end
+local function quota_freed(counts)
+  for actor, n in pairs(counts) do redis.call('HINCRBY', '${QUOTA_DEPTH_KEY}', actor, -n) end
+  if redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then quota_wake() end
 end
 local function quota_started(f)
   return f['${QUOTA_COUNTED}'] == '1'

@@ -10,8 +10,10 @@
 -- names (round robin across calls), each in turn: while it holds fewer than the fair share in
 -- the queues (its count less its waiting list's length), the oldest of its waiting entries
 -- moves to its queue, behind the jobs there (RPOP, LPUSH: runners pop the right end, as the
--- materialise script queues). An actor whose list empties leaves the set. A job is in exactly
--- one place, its queue or its list, before and after: nothing lost, nothing queued twice.
+-- materialise script queues; as many as it has places in one RPOP, not one a job). An actor
+-- whose list empties leaves the set. A job is in exactly one place, its queue or its list,
+-- before and after: nothing lost, nothing queued twice.
+-- include: quota_depth
 -- include: chunked
 local fair, most = tonumber(ARGV[1]) or 0, tonumber(ARGV[2]) or 1000
 local actors = redis.call('SMEMBERS', '${QUOTA_WAITING_KEY}')
@@ -36,8 +38,7 @@ for k = 0, #actors - 1 do
   local actor = actors[(start - 1 + k) % #actors + 1]
   if moved >= most then  -- the rest next call, from this actor on
     redis.call('SET', '${QUOTA_NEXT_KEY}', actor)
-    redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-    redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
+    quota_wake()
     more = 1
     break
   end
@@ -48,23 +49,25 @@ for k = 0, #actors - 1 do
     local held = (tonumber(redis.call('HGET', '${QUOTA_DEPTH_KEY}', actor)) or 0) - len
     room = math.min(len, fair - held)
   end
-  while room > 0 and moved < most do
-    local e = redis.call('RPOP', list)
-    if not e then break end
-    len = len - 1
-    local gap = string.find(e, ' ', 1, true)
-    if gap and gap > 1 and gap < #e then
-      push(string.sub(e, 1, gap - 1), string.sub(e, gap + 1))
-      room, moved = room - 1, moved + 1
-    else
-      bad[#bad + 1] = e
+  -- the places left, in one RPOP each round (a bad entry takes no place: another round)
+  while room > 0 and moved < most and len > 0 do
+    local popped = redis.call('RPOP', list, math.min(room, most - moved))
+    if not popped then break end
+    for _, e in ipairs(popped) do
+      len = len - 1
+      local gap = string.find(e, ' ', 1, true)
+      if gap and gap > 1 and gap < #e then
+        push(string.sub(e, 1, gap - 1), string.sub(e, gap + 1))
+        room, moved = room - 1, moved + 1
+      else
+        bad[#bad + 1] = e
+      end
     end
   end
   if len <= 0 then redis.call('SREM', '${QUOTA_WAITING_KEY}', actor) end
 end
 if more == 0 and moved >= most and redis.call('SCARD', '${QUOTA_WAITING_KEY}') > 0 then
-  redis.call('LPUSH', '${QUOTA_WAKE_KEY}', '1')
-  redis.call('LTRIM', '${QUOTA_WAKE_KEY}', 0, 0)
+  quota_wake()
   more = 1
 end
 if more == 0 and from > 0 then redis.call('DEL', '${QUOTA_NEXT_KEY}') end
