@@ -122,7 +122,8 @@ class NodeProcess:
 
 
 def set_node(home: Path, **values: object) -> None:
-    """Rewrite [node] settings of config.toml (values as TOML) before the node starts."""
+    """Rewrite settings of config.toml (values as TOML) before the node starts: each line
+    ``name = ...`` init wrote ([node]'s, or [runners]' ``python`` and ``sh``)."""
     path = home / "config.toml"
     lines = path.read_text().splitlines()
     for i, line in enumerate(lines):

@@ -220,7 +220,9 @@ async def node_proc(tmp_path):
     made: list[NodeProcess] = []
 
     def make(name: str, **node_options: object) -> NodeProcess:
-        made.append(NodeProcess(tmp_path / name, name))
+        # one slot of each type: each test runs one job, and every slot is a runner process
+        # each start and restart waits for (the default is one python slot per core)
+        made.append(NodeProcess(tmp_path / name, name, runners={"python": 1, "sh": 1}))
         cfg = made[-1].config.config_path
         text = cfg.read_text()
         for key, value in node_options.items():  # init writes every setting: replace its line

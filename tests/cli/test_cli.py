@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.nodeproc import set_node
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,6 +34,12 @@ def running_node(tmp_path):
     home = tmp_path / "home"
     init = cli(home, "init", "--listen-port", "0")
     assert init.returncode == 0, init.stderr
+    # one slot of each type: no test here runs two jobs at once, and the node reports ready
+    # only once every runner process is up (~0.5 s of CPU each; the default is a python
+    # slot per core). A 1 s grace period: no test here checks what SIGTERM does to a running
+    # job (tests/host/test_shutdown.py does), and the teardown's SIGTERM would wait out a job
+    # a test left running (its follower interrupted) for up to the default 10 s
+    set_node(home, python=1, sh=1, grace_s=1.0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "node.cli", "--home", str(home), "run"],
         stdout=subprocess.PIPE,

@@ -12,9 +12,13 @@ from crypto import KeyPair, read_key_file
 from tests.cli.test_cli import cli, running_node  # noqa: F401 (fixture)
 from tests.observe.test_dlq import hero_node
 
+# the node_factory nodes below run no job (each is refused): one slot, where every slot is a
+# process each start waits for
+ONE_SLOT = {"python": 1}
+
 
 async def test_a_message_the_node_cannot_parse_is_answered_at_once(node_factory):
-    alice = await node_factory("alice")
+    alice = await node_factory("alice", runners=ONE_SLOT)
     actor = read_key_file(alice.config.actor_key_path)
     msg = await alice.client.submit_job(
         actor,
@@ -42,7 +46,7 @@ async def test_a_message_the_node_cannot_parse_is_answered_at_once(node_factory)
 
 
 async def test_a_refused_signer_reaches_the_waiting_client(node_factory):
-    alice = await node_factory("alice")
+    alice = await node_factory("alice", runners=ONE_SLOT)
     stranger = KeyPair.generate()
     msg = await alice.client.submit_job(
         stranger, 77, to=alice.node_id, context_id=1, script_type="python", script="print(1)"

@@ -59,7 +59,8 @@ async def hero_node(node, *args: str) -> tuple[int, object]:  # noqa: ANN001 - a
 async def test_each_commands_json_validates_against_its_schema(node_factory, tmp_path):
     """A node with something of everything: a finished job, a failed one (exit 3), a flow,
     a dead letter (a refused actor), a peer."""
-    alice = await node_factory("alice")
+    # its jobs run one at a time: one slot of each type (each slot a process its start waits for)
+    alice = await node_factory("alice", runners={"python": 1, "sh": 1})
     actor = read_key_file(alice.config.actor_key_path)
     client = alice.client
     with trio.fail_after(60):

@@ -14,8 +14,9 @@ from tests.wire.test_linkstate import published_link
 
 
 async def test_status_exits_3_while_a_peer_link_is_down(node_factory):
-    alice = await node_factory("alice")
-    bob = await node_factory("bob")
+    # no job runs here: one slot each, where every slot is a process each start waits for
+    alice = await node_factory("alice", runners={"python": 1})
+    bob = await node_factory("bob", runners={"python": 1})
     with trio.fail_after(30):
         await link_to(alice, bob)
         await published_link(alice.store, bob.node_id, lambda s: s["rtt_ms"] >= 0)

@@ -16,6 +16,9 @@ from tests.nodeproc import ROOT, NodeProcess
 
 NOT_RUNNING = "the node is not running (start it with: hero-node run)"
 SUBMIT = ("job", "submit", "--to", "self", "--context", "1", "--type", "python")
+# the tests' nodes run python jobs one at a time, and every slot is a runner process each
+# start waits for (the default is one python slot per core, and two sh slots)
+ONE_SLOT = {"python": 1}
 
 
 async def cli(home: Path, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -46,7 +49,7 @@ def test_the_lock_is_exclusive_and_tells_who_holds_it(tmp_path):
 
 
 async def test_a_second_run_on_a_running_home_exits_2_and_touches_nothing(tmp_path):
-    node = NodeProcess(tmp_path / "home", "first")
+    node = NodeProcess(tmp_path / "home", "first", runners=ONE_SLOT)
     try:
         await node.start()
         assert node.proc is not None
@@ -70,7 +73,7 @@ async def test_a_second_run_on_a_running_home_exits_2_and_touches_nothing(tmp_pa
 
 
 async def test_client_commands_on_a_stopped_node_say_so_at_once(tmp_path):
-    node = NodeProcess(tmp_path / "home", "gone")
+    node = NodeProcess(tmp_path / "home", "gone", runners=ONE_SLOT)
     try:
         await node.start()
         assert await node.signal_and_wait() == 0

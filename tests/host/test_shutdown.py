@@ -21,7 +21,9 @@ async def node_proc(tmp_path):
     made: list[NodeProcess] = []
 
     def make(name: str, **init) -> NodeProcess:
-        made.append(NodeProcess(tmp_path / name, name, **init))
+        # one python slot: each test runs one python job, and every slot is a runner process
+        # each start and restart waits for (the default is one per core, and two sh slots)
+        made.append(NodeProcess(tmp_path / name, name, runners={"python": 1}, **init))
         return made[-1]
 
     yield make

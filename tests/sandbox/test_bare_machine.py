@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 async def node_under(prefix: Sequence[str], home: Path) -> AsyncIterator[Path]:
     """`hero-node run` on a new ``home``, run under ``prefix``; its log is ``home``/node.log.
     Stopped by its PID (and any Valkey it left) on the way out."""
-    config = init_home(home, name="bare", listen_port=0, console_listen="")
+    # one python slot: the tests run one python job at most, and every slot is a process
+    # the node's start waits for
+    config = init_home(home, name="bare", listen_port=0, console_listen="", runners={"python": 1})
     log = home / "node.log"
     with log.open("ab") as logf:  # noqa: ASYNC230 - a local file, opened once
         proc, _ready = await start_node_process(home, stderr=logf, cwd=ROOT, prefix=prefix)

@@ -113,9 +113,10 @@ async def bounded(node_factory, tmp_path: Path) -> AsyncIterator:
     nodes: list = []
 
     async def start(runners: dict[str, int] | None = None, console: bool = False, **limits: int):  # noqa: ANN202
+        # one slot of each type unless a test says: the tests run one job at a time, and
+        # every slot is a process the node's start waits for
         over: dict[str, object] = {"limits": {"1": limits}}
-        if runners:
-            over["runners"] = runners
+        over["runners"] = runners or {"python": 1, "sh": 1}
         if console:
             over["console"] = ConsoleConfig(listen="127.0.0.1:0")
         alice = await node_factory("alice", **over)

@@ -253,12 +253,20 @@ async def _until_node_dies(scene: Scene, scope: trio.CancelScope) -> None:
 
 
 async def foreign_settled(scene: Scene) -> None:
-    """Until the job hash the foreign probe wrote into B (if it could) has left every list of
-    B's DB and is not running (a runner popped it: it ran, or was refused)."""
+    """Until the job hash the foreign probe wrote into B (if it could) has ended, or has left
+    every list of B's DB and is not running (a runner popped it: it ran, or was refused).
+
+    An ended hash (finished or error) is settled wherever its key still lies: no runner
+    starts a final job (runs_start_one.lua), and one that ran wrote its file before it ended.
+    Where the probe got in (isolation "none"), a copy of the key can stay on a slot's
+    in-flight list after the refusal: waiting for it to leave only ran out the bound."""
 
     def pending() -> bool:
         r = connect(scene.node.redis_url, B)
         if not r.exists(scene.foreign_key):
+            return False
+        status = r.hget(scene.foreign_key, "status")
+        if status in (JobStatus.FINISHED.value, JobStatus.ERROR.value):
             return False
         lists = [k for k in r.scan_iter("*") if r.type(k) == "list"]
         queued = any(scene.foreign_key in r.lrange(k, 0, -1) for k in lists)

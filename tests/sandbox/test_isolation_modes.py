@@ -23,11 +23,13 @@ from tests.runners.test_runner_procs import runner_processes_of
 from tests.runners.test_runners import submit
 
 SERVED = ConsoleConfig(listen="127.0.0.1:0")
+# for a node that runs sh jobs only, one at a time: every slot is a process its start waits for
+SH_SLOT = {"sh": 1}
 
 
 async def test_none_is_loud_everywhere_and_lets_a_job_read_the_key(node_factory, caplog):
     caplog.set_level(logging.WARNING, logger="node.sandbox")
-    alice = await node_factory("alice", isolation="none", console=SERVED)
+    alice = await node_factory("alice", isolation="none", console=SERVED, runners=SH_SLOT)
     assert any("ISOLATION OFF" in r.getMessage() for r in caplog.records)
     # the reason it is loud: a job reads the node's key (the control of
     # tests/sandbox/test_sandbox.py)
@@ -83,7 +85,7 @@ async def test_a_node_without_a_usable_bwrap_runs_no_job_and_says_why(node_facto
 
 
 async def test_a_job_sent_to_a_peer_that_runs_none_comes_back_refused_at_once(node_factory):
-    alice = await node_factory("alice")
+    alice = await node_factory("alice", runners=SH_SLOT)  # it runs no job: bob refuses
     bob = await node_factory("bob", sandbox={"bwrap": "/nonexistent/bwrap"})
     await link_to(alice, bob)
     message = await submit(alice, "sh", "echo ran", to=bob.node_id)
@@ -132,7 +134,7 @@ def test_init_says_what_auto_picks_here(tmp_path: Path) -> None:
 async def test_a_limit_ends_the_job_with_its_reason_and_the_next_job_runs(node_factory):
     """Through the node: [limits.1] file_size_mb = 1; a job writing 3 MB to its stdout ends
     error with output_limit (its kept output within max_output_bytes); the next one runs."""
-    alice = await node_factory("alice", limits={"1": {"file_size_mb": 1}})
+    alice = await node_factory("alice", limits={"1": {"file_size_mb": 1}}, runners=SH_SLOT)
     with trio.fail_after(40):
         [big] = await alice.client.wait_results(
             await submit(alice, "sh", "head -c 3000000 /dev/zero | tr '\\0' x"), 30
