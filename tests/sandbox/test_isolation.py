@@ -270,7 +270,7 @@ async def foreign_settled(scene: Scene) -> None:
             return False
         lists = [k for k in r.scan_iter("*") if r.type(k) == "list"]
         queued = any(scene.foreign_key in r.lrange(k, 0, -1) for k in lists)
-        return queued or r.hget(scene.foreign_key, "status") == JobStatus.STARTED.value
+        return queued or status == JobStatus.STARTED.value
 
     with trio.move_on_after(30):
         while await trio.to_thread.run_sync(pending):  # noqa: ASYNC110 - another process's state
