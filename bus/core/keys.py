@@ -257,6 +257,20 @@ def outbox_inflight(node_id: str) -> str:
     return f"outbox:{node_id}:inflight"
 
 
+def outbox_entry(context_id: int, message_key: str) -> str:
+    """An entry of a peer's outbox lists: which message of which context to send."""
+    return f"{context_id}|{message_key}"
+
+
+def parse_outbox_entry(value: str) -> tuple[int, str]:
+    """``(context id, message key)`` of an outbox entry; ValueError unless the context is a
+    decimal number from 1 (DB 0 holds no messages) and a key follows."""
+    ctx, _, key = value.partition("|")
+    if not (ctx.isascii() and ctx.isdecimal() and len(ctx) <= 9 and int(ctx) > 0 and key):
+        raise ValueError(f"not <context>|<message key>: {value[:80]!r}")
+    return int(ctx), key
+
+
 # Replay markers (data model v3): one hash per context DB whose fields expire one by one
 # (Valkey 9 HSETEX): ``seen:<message key>`` for a message accepted, ``nonce:<caller_id>:<nonce>``
 # for a caller's nonce used (its value: the message key), each for the replay window. One write

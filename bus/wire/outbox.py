@@ -2,7 +2,8 @@
 
 An entry ``<context id>|<message key>`` waits in ``outbox:<peer>`` (DB 0) until a link is up,
 moves to ``outbox:<peer>:inflight`` when sent, and is removed only when the peer acks it (after
-it stored the message and queued it). When a link drops, unacked entries go back to the outbox
+it stored the message and queued it; the node's link reader applies the ack and opens the
+link's window, node/links/frames.py). When a link drops, unacked entries go back to the outbox
 and are resent; the receiver's idempotent delivery makes a resend harmless. Messages travel in
 ``msgs`` frames of whatever the outbox held when popped; an ``acks`` frame answers one of them,
 or several the receiver read together (bus/wire/transport.py: Link.post_answers).
@@ -11,7 +12,7 @@ or several the receiver read together (bus/wire/transport.py: Link.post_answers)
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import trio
@@ -22,10 +23,9 @@ from bus.core.models import Hash
 from bus.core.reasons import Reason
 from bus.core.tracecontext import MessageTrace, message_trace
 from bus.errors import ContentError, Refused, TransportError
-from bus.store import lists
 from bus.store.connection import Store
 from bus.store.serve import Handler, Popped, Queue, serve_queue
-from bus.wire.transport import Link, Transport
+from bus.wire.transport import Link, Transport, Window
 
 log = logging.getLogger(__name__)
 
@@ -35,47 +35,7 @@ MAX_RESENDS = 100  # a link that flaps must not dead-letter what it carries
 MAX_REMEMBERED = 1024
 
 
-def entry(context_id: int, message_key: str) -> str:
-    return f"{context_id}|{message_key}"
-
-
-def parse_entry(value: str) -> tuple[int, str]:
-    """``(context id, message key)`` of an outbox entry; ValueError unless the context is a
-    decimal number from 1 (DB 0 holds no messages) and a key follows."""
-    ctx, _, key = value.partition("|")
-    if not (ctx.isascii() and ctx.isdecimal() and len(ctx) <= 9 and int(ctx) > 0 and key):
-        raise ValueError(f"not <context>|<message key>: {value[:80]!r}")
-    return int(ctx), key
-
-
 Undeliverable = Callable[[int, str, Refused], Awaitable[None]]
-
-
-class Window:
-    """At most ``size`` unacknowledged messages on a link; each ack opens a place again."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.unacked = 0
-        self._opened = trio.Event()
-
-    async def acquire(self, count: int, ack_timeout_s: float) -> None:
-        """Wait for ``count`` places (at most ``size``); TransportError if the peer acks
-        nothing for ``ack_timeout_s`` while the window is too full."""
-        while self.unacked > self.size - min(count, self.size):
-            with trio.move_on_after(ack_timeout_s) as waited:
-                await self._opened.wait()
-            if waited.cancelled_caught:
-                raise TransportError(f"no ack for {ack_timeout_s:g} s with a full window")
-        self.unacked += count
-
-    def release(self, count: int = 1) -> None:
-        self.unacked = max(0, self.unacked - count)
-        self._opened.set()
-        self._opened = trio.Event()
-
-    def reset(self) -> None:
-        self.unacked = 0
 
 
 class PeerOutbox:
@@ -88,14 +48,15 @@ class PeerOutbox:
         peer_id: str,
         on_undeliverable: Undeliverable,
         *,
-        window: int = 256,
         ack_timeout_s: float = 30.0,
     ) -> None:
         self.store = store
         self.transport = transport
         self.peer_id = peer_id
         self.on_undeliverable = on_undeliverable
-        self.window = Window(window)
+        # the window of the link it sends on (an unused one until a link is up): where a
+        # withdrawn message's place opens again (node/intake/deadlines.py: withdraw)
+        self.window = Window()
         self.ack_timeout_s = ack_timeout_s
         self.source, self.inflight = keys.outbox(peer_id), keys.outbox_inflight(peer_id)
         self._contexts: set[int] = set()  # served contexts, re-read when an entry names another
@@ -110,12 +71,6 @@ class PeerOutbox:
         self._remembered[value] = fields
         if len(self._remembered) > MAX_REMEMBERED:
             del self._remembered[next(iter(self._remembered))]
-
-    async def acked(self, entries: Sequence[str]) -> None:
-        """The peer stored and queued these messages (or refused them): they leave the outbox,
-        and the window opens by as many as were in flight (one round trip for a whole acks
-        frame)."""
-        self.window.release(await lists.remove_outbox_inflight(self.store, self.peer_id, entries))
 
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -135,7 +90,7 @@ class PeerOutbox:
         while True:
             link = await self.transport.wait_link(self.peer_id)
             self._remembered.clear()  # remembered while no link was up: read when sent
-            self.window.reset()
+            self.window = link.window  # the peer's acks open it (node/links/frames.py)
             try:
                 await serve_queue(self.store, queue, _Forward(self, link))
             except TransportError as exc:
@@ -150,7 +105,7 @@ class PeerOutbox:
         items = await self._encode(await self._load(entries), traces)
         sent = 0
         for chunk in self._chunks(items):
-            await self.window.acquire(len(chunk), self.ack_timeout_s)
+            await link.window.acquire(len(chunk), self.ack_timeout_s)
             span = self._frame_span(traces[sent : sent + len(chunk)] if traces else [])
             sent += len(chunk)
             try:
@@ -195,7 +150,9 @@ class PeerOutbox:
                 hashes = await self.store.read_hashes(ctx, message_keys)
             except ContentError:  # no such database
                 continue
-            found |= {entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)}
+            found |= {
+                keys.outbox_entry(ctx, k): h for k, h in zip(message_keys, hashes, strict=True)
+            }
         return [(value, found.get(value)) for _, _, value in entries]
 
     async def _encode(
@@ -214,7 +171,7 @@ class PeerOutbox:
         return items
 
     async def _encode_one(self, value: str, fields: Hash | str | None) -> str | None:
-        ctx, key = parse_entry(value)
+        ctx, key = keys.parse_outbox_entry(value)
         if fields is None:
             await self._refuse(value, Reason.UNKNOWN_CONTEXT, f"this node serves no context {ctx}")
             return None
@@ -240,7 +197,7 @@ class PeerOutbox:
 
     def _chunks(self, items: list[str]) -> list[list[str]]:
         """Consecutive runs of ``items`` that each fit one frame (bytes) and the window."""
-        most = min(MAX_BATCH, self.window.size)
+        most = min(MAX_BATCH, self.transport.config.window)
         limit = self.transport.config.max_frame_bytes
         chunks: list[list[str]] = []
         current: list[str] = []
@@ -270,7 +227,7 @@ class PeerOutbox:
 class _Forward(Handler[tuple[int, str, str]]):
     """Serving an outbox on one link: each entry is parsed (one that is no
     ``<context>|<message key>`` is refused), the batch sent; the entries stay in flight until
-    the peer acks them (PeerOutbox.acked). Serving stops when the link closes."""
+    the peer acks them (node/links/frames.py). Serving stops when the link closes."""
 
     name = "outbox"
 
@@ -283,7 +240,7 @@ class _Forward(Handler[tuple[int, str, str]]):
 
     async def each(self, popped: Popped) -> tuple[int, str, str]:
         try:
-            ctx, key = parse_entry(popped.value)
+            ctx, key = keys.parse_outbox_entry(popped.value)
         except ValueError as exc:
             raise Refused(Reason.MALFORMED_ENTRY, str(exc)) from None
         return ctx, key, popped.value

@@ -67,9 +67,10 @@ log = logging.getLogger(__name__)
 # received in one call (case 4 single frames, per CPU-second: 60 % of the raw echo, not 50 %)
 RECEIVE_BUFFER_BYTES = 64 * 1024
 # Answers (acks) posted while the reader handles frames read at once wait for the others' and
-# leave in one acks frame, up to this many: a quarter of a sender's default window (outbox.py),
-# so that it keeps sending meanwhile
+# leave in one acks frame, up to this many: a quarter of a sender's default window, so that it
+# keeps sending meanwhile
 HELD_ANSWERS = 64
+WINDOW = 256  # messages a link carries unacknowledged, by default (TransportConfig.window)
 CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold the dialler long
 # A ping per link this often measures its round trip; a peer that stopped answering shows as
 # a last_seen that falls behind, and its link is closed once a ping has waited ping_timeout_s.
@@ -116,6 +117,8 @@ class TransportConfig:
     # connection moves again, while the outbox keeps sending on it; closed, the outbox moves
     # to a fresh link (the peer's dial, or ours). A stalled peer is dialled again.
     ping_timeout_s: float = 20.0
+    # messages sent on a link and not yet acknowledged, at most (the outbox's flow control)
+    window: int = WINDOW
 
 
 @dataclass
@@ -127,6 +130,30 @@ class Traffic:
     frames_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+
+
+class Window:
+    """At most ``size`` unacknowledged messages on a link; each ack opens a place again."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.size = size
+        self.unacked = 0
+        self._opened = trio.Event()
+
+    async def acquire(self, count: int, ack_timeout_s: float) -> None:
+        """Wait for ``count`` places (at most ``size``); TransportError if the peer acks
+        nothing for ``ack_timeout_s`` while the window is too full."""
+        while self.unacked > self.size - min(count, self.size):
+            with trio.move_on_after(ack_timeout_s) as waited:
+                await self._opened.wait()
+            if waited.cancelled_caught:
+                raise TransportError(f"no ack for {ack_timeout_s:g} s with a full window")
+        self.unacked += count
+
+    def release(self, count: int = 1) -> None:
+        self.unacked = max(0, self.unacked - count)
+        self._opened.set()
+        self._opened = trio.Event()
 
 
 @dataclass(eq=False)
@@ -147,6 +174,8 @@ class Link:
     # theirs (see :meth:`reading`)
     _more: bool = False
     traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
+    # what the outbox sent on this link and the peer has not acked yet (bus/wire/outbox.py)
+    window: Window = field(default_factory=Window)
     _writer: FrameWriter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -387,6 +416,11 @@ class Transport:
             await self._link_added.wait()
         return link
 
+    def _link(self, peer_id: str, ws: WebSocketConnection, *, initiator: bool) -> Link:
+        """An authenticated connection as a link (its window of this transport's size)."""
+        window = Window(self.config.window)
+        return Link(peer_id, ws, initiator=initiator, encryption=channel(ws), window=window)
+
     def _register(self, link: Link) -> None:
         link.traffic = self.traffic.setdefault(link.peer_id, Traffic())
         self._links[link.peer_id] = link
@@ -490,7 +524,7 @@ class Transport:
             return
         if pending is not None:
             _past_the_gate(ws, pending)
-        await self._run_link(Link(peer_id, ws, initiator=False, encryption=channel(ws)))
+        await self._run_link(self._link(peer_id, ws, initiator=False))
 
     async def _respond(self, ws: WebSocketConnection) -> str:
         hello = await self._receive(ws, Hello)
@@ -591,7 +625,7 @@ class Transport:
             except HandshakeError as exc:
                 self._refuse(ws, "outbound", exc)
                 raise
-            await self._run_link(Link(peer_id, ws, initiator=True, encryption=channel(ws)))
+            await self._run_link(self._link(peer_id, ws, initiator=True))
 
     async def _initiate(self, ws: WebSocketConnection, peer_id: str) -> None:
         n_i = hs.new_nonce()

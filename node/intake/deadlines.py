@@ -22,6 +22,7 @@ from typing import NoReturn
 
 import trio
 
+from bus.core import keys
 from bus.core.envelope import ResultBody
 from bus.core.ids import now_ms
 from bus.core.models import JobStatus, Message, MessageStatus
@@ -30,7 +31,6 @@ from bus.errors import ContentError, ModelError
 from bus.store import records
 from bus.store.atomic.routing import fail_request, pop_due
 from bus.store.atomic.routing import withdraw as atomic_withdraw
-from bus.wire import outbox
 from node.intake.messages import result_write
 from node.state import NodeState, WakeUps
 
@@ -103,7 +103,7 @@ async def _expire(node: NodeState, ctx: int, kind: str, key: str) -> None:
         f"{message.destination[:16]}… within {limit} s"
     )
     log.warning("%s: %s", key, reason)
-    await withdraw(node, message.destination, outbox.entry(ctx, key))
+    await withdraw(node, message.destination, keys.outbox_entry(ctx, key))
     failed = [
         result_write(node, ResultBody(key, j.key, JobStatus.ERROR, {}, reason), message.reply_to)
         for j in message.job

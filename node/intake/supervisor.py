@@ -22,7 +22,6 @@ from bus.errors import StoreError
 from bus.store import lists, serve
 from bus.store.atomic import routing
 from bus.store.serve import Popped, Queue, serve_queue
-from bus.wire import outbox
 from node.intake.admission import admit
 from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
@@ -225,7 +224,7 @@ async def route_many(
         if m.destination == node.identity.node_id and m.key in hashes:
             known.remember(m.key, hashes[m.key])
         elif m.destination != node.identity.node_id:
-            value = outbox.entry(ctx, m.key)
+            value = keys.outbox_entry(ctx, m.key)
             by_peer.setdefault(m.destination, []).append(value)
             box = node.peers.outboxes.get(m.destination)
             if box is not None and m.key in hashes:

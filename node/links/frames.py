@@ -22,7 +22,6 @@ from bus.core.reasons import Reason
 from bus.core.tracecontext import message_trace
 from bus.store import lists, records, registry
 from bus.store.atomic import routing
-from bus.wire import outbox
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
 from node.intake.messages import Rejected, load_message, reject
@@ -225,15 +224,14 @@ class LinkHandler:
 
     async def _answered(self, link: Link, acks: Sequence[Ack], nacks: Sequence[Nack]) -> None:
         """The peer's answer to messages we sent: all of them leave the outbox (one round
-        trip), the acked ones are marked acknowledged (one round trip per context) and each
-        refused one is failed with the peer's reason."""
-        answered = [outbox.entry(a.ctx, a.key) for a in acks]
-        answered += [outbox.entry(n.ctx, n.key) for n in nacks]
-        box = self.node.peers.outboxes.get(link.peer_id)
-        if box is not None:
-            await box.acked(answered)
-        else:  # the peer registered a moment ago; its outbox task is starting
+        trip) and their places in the link's window open, the acked ones are marked
+        acknowledged (one round trip per context) and each refused one is failed with the
+        peer's reason."""
+        answered = [keys.outbox_entry(a.ctx, a.key) for a in acks]
+        answered += [keys.outbox_entry(n.ctx, n.key) for n in nacks]
+        link.window.release(
             await lists.remove_outbox_inflight(self.node.store, link.peer_id, answered)
+        )
         await self._mark_acked(link, acks)
         self._count("acks_received", len(acks))
         self._count("nacks_received", len(nacks))

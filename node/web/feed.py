@@ -21,7 +21,6 @@ from bus.core.queues import consume_order, slot_bases
 from bus.errors import BusError
 from bus.store import lists, records, registry
 from bus.store.presence import live_runners
-from bus.wire import outbox
 from bus.wire.transport import Transport
 from node.observe import tallies
 from node.observe.sampler import Sampler
@@ -251,7 +250,7 @@ class Feed:
                 if not row:
                     self._forget(ctx, "message:*", key)
                     continue
-                entry = outbox.entry(ctx, key)
+                entry = keys.outbox_entry(ctx, key)
                 place = "queued" if entry in queued else "sent" if entry in sent else ""
                 out.append(
                     message_view(ctx, key, row, place, self.node.identity.node_id, self._node_name)

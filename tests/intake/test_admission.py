@@ -20,7 +20,6 @@ from bus.core.ids import new_id, now, set_clock
 from bus.core.models import JobStatus, Message
 from bus.store.atomic.routing import JobWrite, deadline_members, materialise_batch
 from bus.store.connection import Store
-from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
 from node.intake.admission import check_ack_deadline, delivery_problem, stored_size
@@ -294,7 +293,7 @@ async def test_origin_fails_only_after_deadline_plus_skew_and_withdraws(store, t
     """The origin's ack deadline is the signed one plus max_skew_s; when it passes, the entry
     leaves the outbox and its in-flight list (one transaction) and the client is told."""
     node, peer, msg = await _sent_to_a_peer(store, tmp_path, clock, skew_s=60)
-    entry = outbox.entry(1, msg.key)
+    entry = keys.outbox_entry(1, msg.key)
     await store.lpush(keys.ACTORS_DB, keys.outbox(peer), entry)
     await store.lpush(keys.ACTORS_DB, keys.outbox_inflight(peer), entry)
 

@@ -12,7 +12,6 @@ from bus.core.ids import new_id, now
 from bus.core.models import JobStatus, Message
 from bus.core.verify import Freshness, freshness_problem
 from bus.store.atomic import routing
-from bus.wire import outbox
 from crypto import read_key_file
 from tests.intake.test_rejections import job_message, push_in, run_and_wait
 from tests.nodes import link_to, until_read
@@ -47,7 +46,7 @@ async def test_captured_message_replayed_is_refused(node_factory, tmp_path):
     await sync(alice, bob, actor)
     # 2. delivered again over the authenticated link, after the hash was cleaned up at bob
     await bob.store.call(1, lambda r: r.delete([msg.key]))
-    await routing.push_outboxes(alice.store, {bob.node_id: [outbox.entry(1, msg.key)]})
+    await routing.push_outboxes(alice.store, {bob.node_id: [keys.outbox_entry(1, msg.key)]})
     # 3. the same content under a fresh key (new id) is a new message: signature breaks
     await push_in(bob, replace(Message.from_hash(captured), id=new_id()))
     await sync(alice, bob, actor)

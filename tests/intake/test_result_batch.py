@@ -13,7 +13,6 @@ from bus.core import keys
 from bus.core.envelope import ResultBody, sign_message
 from bus.core.ids import new_id
 from bus.core.models import JobStatus, Message
-from bus.wire import outbox
 from crypto import KeyPair, read_key_file
 from node.intake.messages import result_message, signed_here
 from tests.intake.test_rejections import job_message, push_in, run_and_wait
@@ -131,4 +130,4 @@ async def test_results_in_msg_out_that_this_node_did_not_just_sign_are_verified(
     [dead] = await alice.store.dead_letters(1)
     assert (dead["key"], dead["reason"]) == (forged.key, "wrong_signer")
     queued = await alice.store.lrange(0, keys.outbox(P.public_hex))
-    assert queued == [outbox.entry(1, fresh.key)]
+    assert queued == [keys.outbox_entry(1, fresh.key)]

@@ -31,8 +31,8 @@ from bus.core.frames import (
 from bus.core.models import Message
 from bus.errors import FrameError, TransportError
 from bus.wire import outbox
-from bus.wire.outbox import PeerOutbox, Window
-from bus.wire.transport import Link, TransportConfig
+from bus.wire.outbox import PeerOutbox
+from bus.wire.transport import Link, TransportConfig, Window
 from tests.faults.test_faults import Peer, good_message_runs, link_of, linked_peer, sent_in
 from tests.intake.test_rejections import job_message
 
@@ -96,8 +96,8 @@ def test_batch_bodies_decode_to_dataclasses_and_a_nack_keeps_its_reason_apart():
 
 def test_outbox_splits_batches_by_bytes_count_and_window():
     def box(max_frame_bytes: int, window: int = 256) -> PeerOutbox:
-        transport = SimpleNamespace(config=TransportConfig(max_frame_bytes=max_frame_bytes))
-        return PeerOutbox(None, transport, "p", None, window=window)  # type: ignore[arg-type]
+        config = TransportConfig(max_frame_bytes=max_frame_bytes, window=window)
+        return PeerOutbox(None, SimpleNamespace(config=config), "p", None)  # type: ignore[arg-type]
 
     items = [item(n, pad="x" * 100) for n in range(10)]
     one = len(items[0])
@@ -218,7 +218,7 @@ async def test_one_acks_frame_answers_a_batch_the_node_sent(node_factory, nurser
     await link.send_raw(encode_msgs([msg_item(m) for m in msgs]))
     results = [await result_for(peer, m) for m in msgs]  # the fake peer acks nothing yet...
     inflight = keys.outbox_inflight(peer.key.public_hex)
-    sent = {outbox.entry(r["ctx"], r["key"]) for r in results}
+    sent = {keys.outbox_entry(r["ctx"], r["key"]) for r in results}
     assert sent <= set(await alice.store.lrange(0, inflight))  # ...so they wait for an ack
     first, *rest = results
     await link.send(
@@ -254,9 +254,7 @@ async def test_acks_from_another_peer_change_nothing(node_factory, nursery):
     assert "acked_at" not in await alice.store.hgetall(1, msg.key)
 
 
-async def test_an_outbox_sends_what_the_supervisor_read_without_reading_it_again(
-    store, redis_url
-):
+async def test_an_outbox_sends_what_the_supervisor_read_without_reading_it_again(store, redis_url):
     """The supervisor hands the outbox the message hashes it just read with their entries:
     their first pop reads nothing; a resend (the next pop of the entry) and entries it was
     not handed are read from Valkey; it keeps at most MAX_REMEMBERED of them."""
@@ -284,3 +282,25 @@ async def test_an_outbox_sends_what_the_supervisor_read_without_reading_it_again
         box.remember(f"1|message:1:{n}", {"id": str(n)})
     assert len(box._remembered) == outbox.MAX_REMEMBERED
     assert "1|message:1:0" not in box._remembered
+
+
+async def test_the_peers_acks_open_the_window_of_their_link(node_factory, nursery):
+    """What the outbox sent on a link holds places in that link's window until the peer's acks,
+    read on the same link, open them again (node/links/frames.py)."""
+    alice = await node_factory("alice")
+    peer, transport, actor = await linked_peer(nursery, alice)
+    link = await link_of(transport, alice.node_id)
+    msgs = [job_message(actor, 50, peer.key.public_hex, alice.node_id, "print(5)") for _ in "ab"]
+    await link.send_raw(encode_msgs([msg_item(m) for m in msgs]))
+    results = [await result_for(peer, m) for m in msgs]  # the fake peer acks nothing yet
+    state = alice.info.state
+    assert state is not None
+    assert state.peers.transport is not None
+    alices = state.peers.transport.link(peer.key.public_hex)
+    assert alices is not None
+    assert alices.window.unacked == 2
+    await link.send("acks", acks=[{"ctx": r["ctx"], "key": r["key"]} for r in results], nacks=[])
+    probe = job_message(actor, 50, peer.key.public_hex, alice.node_id, "print(6)")
+    await link.send_raw(encode_msgs([encode_msg_item(77, probe.key, probe.to_hash())]))
+    await answer_to(peer, probe.key)  # frames are handled in order: the acks frame was applied
+    assert alices.window.unacked == 0
