@@ -2,10 +2,10 @@
 Valkey has recorded it, and the processes a dead run of the node left behind that may still
 finish one.
 
-A runner process (node/worker/job.py) runs each job; its outcome (:func:`outcome_of`) is
-``finished`` with the script's output (stdout, stderr, exit_code) or ``error`` with a reason:
-a limit's (:func:`limit_reason`, read from the same exit status, the tail of its stderr and the
-size of its output) where one ended it.
+A runner process (node/worker/job.py) runs each job; its outcome (bus/core/attempts.py
+``outcome_of``) is ``finished`` with the script's output or ``error`` with a reason: a limit's
+(:func:`limit_reason`, read from the same exit status, the tail of its stderr and the size of
+its output) where one ended it. An outcome file holds it as :func:`recorded` writes it.
 
 A node killed while its jobs run leaves their processes running (each in its own session): they
 finish, and only they know how. So the runner process that waits for a job keeps the job's
@@ -40,51 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bus.core.models import JobStatus, dumps_json
-from bus.core.reasons import Reason
+from bus.core.attempts import Outcome, exit_reason
+from bus.core.models import dumps_json
 
 # how long a job (or a runner process) told to end may take before it is killed outright
 KILL_GRACE_S = 2.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an attempt ended: its status, its result (the script's output and exit code) and,
-    for an error, its reason."""
-
-    status: JobStatus
-    result: dict[str, str]
-    reason: str = ""
-
-
-def _clip(data: bytes | str, limit: int) -> str:
-    if isinstance(data, str):
-        return data
-    text = data[:limit].decode("utf-8", "replace")
-    return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
-
-
-def outcome_of(
-    returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
-) -> Outcome:
-    """The job's outcome from its exit status and output (``max_output_bytes`` 0: as given)."""
-    result = {
-        "stdout": _clip(stdout, max_output_bytes),
-        "stderr": _clip(stderr, max_output_bytes),
-        "exit_code": str(returncode),
-    }
-    if returncode == 0:
-        return Outcome(JobStatus.FINISHED, result)
-    return Outcome(JobStatus.ERROR, result, exit_reason(returncode))
-
-
-def exit_reason(returncode: int) -> str:
-    """The reason :func:`outcome_of` gives an exit status ("" for 0)."""
-    if returncode == 0:
-        return ""
-    if returncode < 0:  # killed by a signal we did not send: the runner process was lost
-        return f"{Reason.RUNNER_LOST}: killed by {signal.Signals(-returncode).name}"
-    return f"exit code {returncode}"
 
 
 # -- the limit a job hit -----------------------------------------------------------------
@@ -161,6 +121,21 @@ def limit_reason(
 
 
 # -- outcome files ------------------------------------------------------------------------
+
+
+def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
+    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
+    reads it back): the script's exit status, its output (else adoption reads it from the
+    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
+    a limit, a command that could not start)."""
+    result = outcome.result
+    code = int(result.get("exit_code") or -signal.SIGKILL)
+    record: dict[str, object] = {"exit_code": code}
+    if output:
+        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
+    if "exit_code" not in result or outcome.reason != exit_reason(code):
+        record["reason"] = outcome.reason
+    return record
 
 
 def outcome_dir(run_dir: Path) -> Path:

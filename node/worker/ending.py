@@ -1,5 +1,5 @@
 """How a runner process ends an attempt (node/worker/loop.py): it executes the one plan
-(node/slot/lifecycle.py: plan_ending) in one Lua call with the next job's take, keeps the
+(bus/core/attempts.py: plan_ending) in one Lua call with the next job's take, keeps the
 outcome on disk until Valkey has it (node/slot/outcomes.py), tries again while Valkey is away
 (node/slot/away.py), and gives back what a cut call may have taken. The watch thread may end
 a python job's attempt too, just before the process exits: a lock lets one of them end it."""
@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from bus.core import queues
+from bus.core.attempts import (
+    AnswerHere,
+    AnswerRemote,
+    Attempt,
+    Outcome,
+    Plan,
+    Retry,
+    ended_as,
+    plan_ending,
+)
 from bus.core.envelope import build_result
 from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
@@ -22,6 +32,7 @@ from bus.store.atomic.runs import (
     Call,
     NextJob,
     Started,
+    ending_of,
     finish_call,
     finish_local_call,
     requeue_call,
@@ -31,17 +42,7 @@ from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
-from node.slot.lifecycle import (
-    AnswerHere,
-    AnswerRemote,
-    Attempt,
-    Plan,
-    Retry,
-    ended_as,
-    ending_of,
-    plan_ending,
-)
-from node.slot.outcomes import Outcome, exit_reason
+from node.slot.outcomes import recorded
 from node.slot.spec import RunnerSpec
 from node.worker.job import JobRun
 from node.worker.reports import Reports, line_fields, report, runner_fields
@@ -317,18 +318,3 @@ class Ender:
         else:
             then = "retrying" if retry else "failed"
             log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
-
-
-def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
-    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
-    reads it back): the script's exit status, its output (else adoption reads it from the
-    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
-    a limit, a command that could not start)."""
-    result = outcome.result
-    code = int(result.get("exit_code") or -signal.SIGKILL)
-    record: dict[str, object] = {"exit_code": code}
-    if output:
-        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
-    if "exit_code" not in result or outcome.reason != exit_reason(code):
-        record["reason"] = outcome.reason
-    return record

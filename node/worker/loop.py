@@ -51,6 +51,7 @@ from types import FrameType
 from typing import Any
 
 from bus.core import admitted, keys, queues
+from bus.core.attempts import Outcome
 from bus.core.ids import now_ms
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
@@ -62,10 +63,10 @@ from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
-from node.slot.outcomes import Outcome
+from node.slot.outcomes import recorded
 from node.slot.spec import RunnerSpec, read_frame
 from node.worker.batch import Done, run_batch
-from node.worker.ending import Ender, Ran, ResultSigner, recorded
+from node.worker.ending import Ender, Ran, ResultSigner
 from node.worker.job import Aborted, JobRun, Wake, _Current, prepare_process
 from node.worker.popping import Flags, Popper
 from node.worker.reports import Reports, line_fields, log_to, report, runner_fields
