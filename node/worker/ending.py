@@ -257,10 +257,13 @@ class Ender:
         return self.reports.counted_all(ends, self.job.heartbeat_s)
 
     def _end_one(self, ran: Ran, nxt: NextJob | None) -> list[Started]:
-        """One end, by the script of its plan, with the take (a lone job's way)."""
+        """One end, by the script of its plan, with the take (a lone job's way). A remote
+        origin's result is signed first, as the batch's are: the end's script carries it."""
         job, attempt, request = ran.job, ran.attempt, ran.request
         plan = self._plan(ran)
-        here = self.spec.node_id
+        answer = None
+        if isinstance(plan, AnswerRemote):
+            answer = self._signed(build_result(plan.request, plan.body, origin=self.spec.node_id))
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
         self.ended = ended_as(plan)
@@ -283,7 +286,7 @@ class Ender:
                 ending, request.key, self.spec.reply_ttl_s, nxt, reply_to=plan.reply_to, stats=sums
             )
         else:
-            answer = self._signed(build_result(plan.request, plan.body, origin=here))
+            assert answer is not None  # signed above: the plan answers a remote origin
             ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt, stats=sums)
         self.reports.kept(batch, ok, applied=ok and (due or not taken))
         self._log_end(ran, retry, ok)
