@@ -38,8 +38,18 @@ from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
-from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths, read_back, tail_of, written
-from node.slot.outcomes import KILL_GRACE_S, TAIL_BYTES, Ending, limit_reason
+from node.slot.outcomes import (
+    KILL_GRACE_S,
+    LOG_FLUSH_S,
+    TAIL_BYTES,
+    Ending,
+    LogPump,
+    limit_reason,
+    log_paths,
+    read_back,
+    tail_of,
+    written,
+)
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span
 from node.worker.spans import sandbox_span
