@@ -85,9 +85,10 @@ Ready = tuple[RunnerJob, dict[str, str], Message, int]
 
 
 class Ender:
-    """The ending state of one slot: the lock that lets one thread end the running attempt,
-    and how the last one ended. ``leaving`` says whether the process takes no next job (read
-    once an attempt ran: a drain may have begun meanwhile)."""
+    """The ending state of one slot, which sees each started attempt (or batch) from its run
+    to its end: the lock that lets one thread end the running attempt, and how the last one
+    ended. ``leaving`` says whether the process takes no next job (read once an attempt ran: a
+    drain may have begun meanwhile)."""
 
     def __init__(
         self,
