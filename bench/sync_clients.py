@@ -62,7 +62,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bus.core import keys  # noqa: E402
-from bus.store.atomic.runs import Ending, NextJob, attempt_entry  # noqa: E402
+from bus.core.attempts import attempt_entry  # noqa: E402
+from bus.store.atomic.runs import Ending, NextJob  # noqa: E402
 from bus.store.atomic.runs_sync import SyncRuns, connect  # noqa: E402
 from node.host.valkey import ValkeyProcess, ValkeySpec, free_port  # noqa: E402
 

@@ -82,13 +82,13 @@ def on_job_us() -> float:
 
     from opentelemetry import trace as otel
 
+    from bus.core.attempts import Outcome
     from bus.core.models import JobStatus, Message, RunnerJob
     from bus.core.tracecontext import message_trace, new_traceparent
     from node.host.heap import freeze_start_heap
     from node.observe.otlp import encode_request
     from node.observe.recorder import TracerProvider
     from node.observe.tracing import KeyedRatioSampler
-    from node.slot.outcomes import Outcome
     from node.slot.spec import RunnerSpec
     from node.worker.spans import ran_attempt
 

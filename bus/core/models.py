@@ -442,7 +442,7 @@ class RunnerJob:
     group: str = ""
     instance: str = ""
     priority: str = ""  # high | normal | low ("": normal)
-    # extension: the retry policy (node/slot/lifecycle.py), signed and stored only when set
+    # extension: the retry policy (bus/core/attempts.py), signed and stored only when set
     # like the targeting: which failures are retried (empty: every one) and the backoff
     retry_on: list[str] = field(default_factory=list)
     backoff: str = ""  # exponential | linear ("": exponential)
@@ -576,7 +576,7 @@ _JOB_ALWAYS_SIGNED = frozenset(RunnerJob.SIGNED)
 _JOB_SIGNED = RunnerJob.SIGNED + RunnerJob.TARGETING + RunnerJob.RETRY_POLICY
 
 
-# A retry_on entry: a failure cause (node/slot/lifecycle.py) or an exit code, exit:any for all.
+# A retry_on entry: a failure cause (bus/core/attempts.py) or an exit code, exit:any for all.
 RETRY_CAUSE = re.compile(r"timeout|runner_lost|exit:(any|[1-9][0-9]{0,2})")
 BACKOFFS = ("exponential", "linear")
 MAX_BACKOFF_MS = 3_600_000

@@ -218,7 +218,7 @@ class Progress:
 
 
 class Follower:
-    """Follows one job: its live output (the node's log stream, see node/slot/joblogs.py),
+    """Follows one job: its live output (the node's log stream, see node/slot/outcomes.py),
     printed as it comes, a progress line on a terminal, and its end."""
 
     def __init__(self, client: Client, ctx: int, job_key: str) -> None:

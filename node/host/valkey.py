@@ -105,7 +105,7 @@ def below_ephemeral() -> tuple[int, int]:
 
 
 # port picks of its own: the random module's shared state is the application's (see
-# node/slot/lifecycle.py)
+# bus/core/attempts.py)
 _RANDOM = random.Random()
 
 

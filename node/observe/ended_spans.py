@@ -19,13 +19,13 @@ import logging
 from typing import Any, Final
 
 from bus.core import keys, spans
+from bus.core.attempts import cause_of
 from bus.core.ids import now
 from bus.core.models import RunnerJob
 from bus.core.tracecontext import message_trace
 from bus.errors import StoreError
 from bus.store import records
 from bus.store.connection import Store
-from node.slot.lifecycle import cause_of
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import trio
 
+from bus.core.attempts import Outcome, outcome_of
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
@@ -29,11 +30,9 @@ from bus.store import lists, records
 from bus.store.atomic import runs, slots
 from node.slot import outcomes
 from node.slot.outcomes import (
-    Outcome,
     kill_orphans,
     live_processes,
     outcome_dir,
-    outcome_of,
     parse_outcome_name,
     read_outcome,
 )

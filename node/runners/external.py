@@ -35,6 +35,16 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys
+from bus.core.attempts import (
+    AnswerHere,
+    Attempt,
+    Outcome,
+    Plan,
+    Retry,
+    RetryPolicy,
+    ended_as,
+    plan_ending,
+)
 from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.queues import queue_of
@@ -45,8 +55,6 @@ from bus.store.atomic import runs
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
-from node.slot.lifecycle import AnswerHere, Attempt, Plan, Retry, RetryPolicy, ended_as, plan_ending
-from node.slot.outcomes import Outcome
 from node.state import NodeState
 
 log = logging.getLogger(__name__)

@@ -47,8 +47,7 @@ from node.observe.tracing import runner_settings
 from node.runners.recovery import recover_slot
 from node.runners.sandboxes import slot_sandbox
 from node.slot import outcomes
-from node.slot.joblogs import log_paths
-from node.slot.outcomes import KILL_GRACE_S
+from node.slot.outcomes import KILL_GRACE_S, log_paths
 from node.slot.spec import RunnerSpec, frame
 from node.state import NodeState
 

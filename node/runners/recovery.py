@@ -22,6 +22,17 @@ from typing import NoReturn
 import trio
 
 from bus.core import queues
+from bus.core.attempts import (
+    AnswerHere,
+    Attempt,
+    Outcome,
+    Plan,
+    Retry,
+    RetryPolicy,
+    ended_as,
+    ended_counter,
+    plan_ending,
+)
 from bus.core.ids import ms_after, now, now_ms
 from bus.core.models import Message, RunnerJob
 from bus.errors import StoreError
@@ -30,18 +41,6 @@ from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
 from node.runners import adoption
 from node.slot.away import Away
-from node.slot.lifecycle import (
-    AnswerHere,
-    Attempt,
-    Plan,
-    Retry,
-    RetryPolicy,
-    ended_as,
-    ended_counter,
-    ending_of,
-    plan_ending,
-)
-from node.slot.outcomes import Outcome
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ async def conclude(
     attempt: int,
     started_at: int,
 ) -> None:
-    """Execute the plan that ends the attempt (node/slot/lifecycle.py: plan_ending): the
+    """Execute the plan that ends the attempt (bus/core/attempts.py: plan_ending): the
     retry, or the answer; tried again while Redis is unreachable (node/slot/away.py), because
     the outcome exists only here (re-running the job instead would run it twice). ``queue``:
     where the job was queued, where its retry goes."""
@@ -130,7 +129,7 @@ async def _execute(
         )
         node.wakeups.wake_retries(ctx)
         return ok
-    ending = ending_of(plan, job_key, attempt, inflight)
+    ending = runs.ending_of(plan, job_key, attempt, inflight)
     if isinstance(plan, AnswerHere):  # answered here: no signed result message needed
         return await runs.finish_local(
             node.store,

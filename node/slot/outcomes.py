@@ -1,11 +1,21 @@
-"""A job's outcome: made from its exit status and output, kept on disk tied to its attempt until
-Valkey has recorded it, and the processes a dead run of the node left behind that may still
-finish one.
+"""A job's outcome on disk: its output files (followed while it runs, read back once it
+answered), the limit that ended it, the outcome kept tied to its attempt until Valkey has
+recorded it, and the processes a dead run of the node left behind that may still finish one.
 
-A runner process (node/worker/job.py) runs each job; its outcome (:func:`outcome_of`) is
-``finished`` with the script's output (stdout, stderr, exit_code) or ``error`` with a reason:
-a limit's (:func:`limit_reason`, read from the same exit status, the tail of its stderr and the
-size of its output) where one ended it.
+Scripts write their output to two files under ``run/logs``, one pair per runner slot (emptied
+for the slot's next job); while the job runs, its pump (:class:`LogPump`) appends what is new
+to the stream ``logs:<job key>`` every LOG_FLUSH_S (a job that ends sooner has its output in
+its result and never touches the stream). The runner process's watch thread drives the flushes
+(node/worker/job.py). When a job that published ends, the rest and an ``end`` entry follow.
+Each stream forwards at most ``max_output_bytes``, keeps at most MAX_ENTRIES entries and
+expires with the reply lists. ``hero-node job logs KEY --follow`` reads it.
+
+Once the job answered, the runner reads back what it wrote (:func:`written`,
+:func:`read_back`, :func:`tail_of`); its outcome (bus/core/attempts.py ``outcome_of``) is
+``finished`` with the script's output or ``error`` with a reason: a limit's
+(:func:`limit_reason`, read from the same exit status, the tail of its stderr and the size of
+its output) where one ended it. An outcome file holds it as :func:`recorded` writes it; the
+slot's output files are what adoption reads the output from when the record has none.
 
 A node killed while its jobs run leaves their processes running (each in its own session): they
 finish, and only they know how. So the runner process that waits for a job keeps the job's
@@ -35,56 +45,124 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bus.core.models import JobStatus, dumps_json
-from bus.core.reasons import Reason
+from bus.core.attempts import Outcome, exit_reason
+from bus.core.models import dumps_json
+
+if TYPE_CHECKING:
+    from bus.store.atomic.runs_sync import SyncRuns
 
 # how long a job (or a runner process) told to end may take before it is killed outright
 KILL_GRACE_S = 2.0
 
 
+# -- the output files --------------------------------------------------------------------
+
+LOG_FLUSH_S = 0.5
+MAX_ENTRIES = 2000
+
+
+def log_paths(run_dir: Path, slot_name: str) -> tuple[Path, Path]:
+    """The output files of one runner slot (reused by each job it runs)."""
+    base = run_dir / "logs"
+    base.mkdir(parents=True, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", slot_name)
+    return base / f"{name}.out", base / f"{name}.err"
+
+
+class LogPump:
+    """Forwards what the script wrote since the last flush to the job's log stream (from the
+    watch thread; the end from the main thread, after the job)."""
+
+    def __init__(
+        self, runs: SyncRuns, job_key: str, paths: tuple[Path, Path], limit: int, ttl_s: int
+    ) -> None:
+        self.runs, self.job_key, self.paths = runs, job_key, paths
+        self.limit, self.ttl = limit, ttl_s
+        self.offsets = [0, 0]
+        self.published = False
+        self.lock = threading.Lock()  # a flush in progress ends before the end marker
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        for i, (name, path) in enumerate(zip(("stdout", "stderr"), self.paths, strict=True)):
+            if self.offsets[i] >= self.limit:
+                continue
+            chunk = _read_from(path, self.offsets[i], self.limit - self.offsets[i])
+            if chunk:
+                self.offsets[i] += len(chunk)
+                fields = {"stream": name, "data": chunk.decode("utf-8", "replace")}
+                self.runs.log_chunk(self.job_key, fields, MAX_ENTRIES)
+                self.published = True
+
+    def finish(self, status: str) -> None:
+        """After the job: the rest and an end marker, if anything was published live (a
+        Valkey that is away does not hold up the job's end)."""
+        if not self.published and not self.lock.locked():
+            return
+        with self.lock, contextlib.suppress(Exception):
+            if not self.published:
+                return
+            self._flush()
+            self.runs.log_end(self.job_key, status, MAX_ENTRIES, self.ttl)
+
+
+# What a job's output file is read with first: its size known from what came back, not from
+# an fstat (the file held open, nothing writes it after the job's answer). One system call a
+# file instead of two for what most jobs write; 64 KiB costs pread no more than 4.
+HEAD_BYTES = 65536
+
+
 @dataclass(frozen=True)
-class Outcome:
-    """How an attempt ended: its status, its result (the script's output and exit code) and,
-    for an error, its reason."""
+class Written:
+    """What a job wrote to one of its output files: its first bytes (up to HEAD_BYTES) and its
+    size."""
 
-    status: JobStatus
-    result: dict[str, str]
-    reason: str = ""
-
-
-def _clip(data: bytes | str, limit: int) -> str:
-    if isinstance(data, str):
-        return data
-    text = data[:limit].decode("utf-8", "replace")
-    return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
+    head: bytes
+    size: int
 
 
-def outcome_of(
-    returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
-) -> Outcome:
-    """The job's outcome from its exit status and output (``max_output_bytes`` 0: as given)."""
-    result = {
-        "stdout": _clip(stdout, max_output_bytes),
-        "stderr": _clip(stderr, max_output_bytes),
-        "exit_code": str(returncode),
-    }
-    if returncode == 0:
-        return Outcome(JobStatus.FINISHED, result)
-    return Outcome(JobStatus.ERROR, result, exit_reason(returncode))
+def written(fd: int) -> Written:
+    """What the file open as ``fd`` holds from its start: read once, an fstat only if it is
+    longer than HEAD_BYTES."""
+    head = os.pread(fd, HEAD_BYTES, 0)
+    return Written(head, len(head) if len(head) < HEAD_BYTES else os.fstat(fd).st_size)
 
 
-def exit_reason(returncode: int) -> str:
-    """The reason :func:`outcome_of` gives an exit status ("" for 0)."""
-    if returncode == 0:
+def tail_of(fd: int, w: Written, n: int) -> bytes:
+    """The last ``n`` bytes of what :func:`written` read as ``w``."""
+    if w.size <= len(w.head):
+        return w.head[-n:] if w.size else b""
+    return os.pread(fd, n, max(0, w.size - n))
+
+
+def read_back(fd: int, w: Written, limit: int) -> str:
+    """What a script wrote to its log file (open as ``fd``, read as ``w``), bounded like
+    captured output."""
+    size = w.size
+    if not size:
         return ""
-    if returncode < 0:  # killed by a signal we did not send: the runner process was lost
-        return f"{Reason.RUNNER_LOST}: killed by {signal.Signals(-returncode).name}"
-    return f"exit code {returncode}"
+    data = w.head if min(size, limit) <= len(w.head) else os.pread(fd, min(size, limit), 0)
+    text = data[:limit].decode("utf-8", "replace")
+    return text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
+
+
+def _read_from(path: Path, offset: int, most: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(most)
+    except OSError:
+        return b""
 
 
 # -- the limit a job hit -----------------------------------------------------------------
@@ -161,6 +239,21 @@ def limit_reason(
 
 
 # -- outcome files ------------------------------------------------------------------------
+
+
+def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
+    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
+    reads it back): the script's exit status, its output (else adoption reads it from the
+    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
+    a limit, a command that could not start)."""
+    result = outcome.result
+    code = int(result.get("exit_code") or -signal.SIGKILL)
+    record: dict[str, object] = {"exit_code": code}
+    if output:
+        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
+    if "exit_code" not in result or outcome.reason != exit_reason(code):
+        record["reason"] = outcome.reason
+    return record
 
 
 def outcome_dir(run_dir: Path) -> Path:

@@ -27,15 +27,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bus.core.attempts import Outcome
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.sandbox.host import SandboxLost
 from node.sandbox.plan import PlanError
 from node.slot import outcomes
-from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths
-from node.slot.outcomes import KILL_GRACE_S, Outcome
-from node.worker.ending import recorded
+from node.slot.outcomes import KILL_GRACE_S, LOG_FLUSH_S, LogPump, log_paths, recorded
 from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job_request
 
 MAX_BATCH_JOBS = 64  # the sandbox's bound on one request (node/sandbox/inner.py MAX_BATCH)

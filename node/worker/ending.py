@@ -1,8 +1,10 @@
-"""How a runner process ends an attempt (node/worker/loop.py): it executes the one plan
-(node/slot/lifecycle.py: plan_ending) in one Lua call with the next job's take, keeps the
-outcome on disk until Valkey has it (node/slot/outcomes.py), tries again while Valkey is away
-(node/slot/away.py), and gives back what a cut call may have taken. The watch thread may end
-a python job's attempt too, just before the process exits: a lock lets one of them end it."""
+"""How a runner process sees a started attempt through to its end (node/worker/loop.py hands it
+over once the start is checked): it runs the job (node/worker/job.py; a batch,
+node/worker/batch.py), then executes the one plan (bus/core/attempts.py: plan_ending) in one
+Lua call with the next job's take, keeps the outcome on disk until Valkey has it
+(node/slot/outcomes.py), tries again while Valkey is away (node/slot/away.py), and gives back
+what a cut call may have taken. The watch thread may end a python job's attempt too, just
+before the process exits: a lock lets one of them end it."""
 
 from __future__ import annotations
 
@@ -11,17 +13,29 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from bus.core import queues
+from bus.core.attempts import (
+    AnswerHere,
+    AnswerRemote,
+    Attempt,
+    Outcome,
+    Plan,
+    Retry,
+    ended_as,
+    plan_ending,
+)
 from bus.core.envelope import build_result
-from bus.core.ids import ms_after, now
+from bus.core.ids import ms_after, now, now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic.runs import (
     Call,
     NextJob,
     Started,
+    ending_of,
     finish_call,
     finish_local_call,
     requeue_call,
@@ -31,20 +45,12 @@ from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
-from node.slot.lifecycle import (
-    AnswerHere,
-    AnswerRemote,
-    Attempt,
-    Plan,
-    Retry,
-    ended_as,
-    ending_of,
-    plan_ending,
-)
-from node.slot.outcomes import Outcome, exit_reason
+from node.slot.outcomes import recorded
 from node.slot.spec import RunnerSpec
-from node.worker.job import JobRun
+from node.worker.batch import Done, run_batch
+from node.worker.job import Aborted, JobRun, _Current
 from node.worker.reports import Reports, line_fields, report, runner_fields
+from node.worker.spans import ran_attempt
 
 log = logging.getLogger("node.worker.loop")
 
@@ -74,10 +80,15 @@ class Ran:
 
 # an attempt of a batch that never ran, to give back uncounted: its job, attempt and queue
 Back = tuple[str, int, str]
+# a started job as it runs: the job, its fields, the request that carried it, its attempt
+Ready = tuple[RunnerJob, dict[str, str], Message, int]
 
 
 class Ender:
-    """The ending state of one slot: the lock that lets one thread end the running attempt."""
+    """The ending state of one slot, which sees each started attempt (or batch) from its run
+    to its end: the lock that lets one thread end the running attempt, and how the last one
+    ended. ``leaving`` says whether the process takes no next job (read once an attempt ran: a
+    drain may have begun meanwhile)."""
 
     def __init__(
         self,
@@ -85,12 +96,16 @@ class Ender:
         runs: SyncRuns,
         job: JobRun,
         reports: Reports,
+        leaving: Callable[[], bool],
         signer: ResultSigner | None = None,
     ) -> None:
         self.spec, self.runs, self.job, self.reports, self.signer = spec, runs, job, reports, signer
+        self.leaving = leaving
         self.inflight = spec.inflight
+        self.traced = bool(spec.tracing)  # the one check a batch's end costs with tracing off
         self.ending = threading.Lock()  # the main thread or the watch thread ends an attempt
         self.ended = ""  # how the last attempt ended: retry, finished or error (its span's)
+        self.ended_reason = ""  # and its reason
         self.ended_each: list[str] = []  # so, each attempt of the last batch's end
         self.about = runner_fields(spec)  # what every line says; a job's lines add to it
 
@@ -115,6 +130,123 @@ class Ender:
             recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
             self.job.keep(recorded | {"reason": outcome.reason})
         return True
+
+    # -- an attempt, from its run to its end ------------------------------------------------
+
+    def run_and_end(
+        self, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int, nxt: NextJob
+    ) -> list[Started]:
+        """Run attempt ``attempt`` of ``job`` (node/worker/job.py) and end it by its plan, in
+        the script call that takes the next jobs (``nxt``, unless the process is leaving by
+        then); the jobs that call started."""
+        self.ended, self.ended_reason = "", ""
+        outcome = self.job.run(job, request, attempt, fields["runner"])
+        with self.ending:
+            if outcome is None:  # aborted: the attempt does not count; run it later
+                self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
+                self.job.end_logs("interrupted")
+                about = self._fields(job.key, attempt=attempt)
+                log.info("%s interrupted by shutdown; requeued", job.key, extra=about)
+                raise Aborted
+            taken = None if self.leaving() else nxt
+            self.keep(outcome)
+            self.ended_reason = outcome.reason
+            ran = Ran(
+                job,
+                fields,
+                request,
+                outcome,
+                attempt,
+                self.job.began,
+                self.job.started_at,
+                self.job.outcome_name,
+            )
+            try:
+                started = self.conclude(ran, taken)
+            finally:
+                self.job.end_logs(outcome.status.value)
+            # only now: until the end is in Valkey, the outcome file is what the next start of
+            # the node adopts, should this process end before it could record it
+            self.job.forget()
+            self.job.empty_logs()
+            return started
+
+    def run_and_end_batch(self, ready: list[Ready], nxt: NextJob) -> list[Started]:
+        """Run jobs started together (node/worker/batch.py) in one request to the slot's
+        sandbox and end them in one script call that takes the next ones; those that answered
+        while a later one runs long are ended before it (:meth:`_end_early`)."""
+        early: set[int] = set()  # the indices of the jobs ended before the batch's end
+
+        def end_early(done: list[Done]) -> None:
+            early.update(i for i, _, _ in done)
+            self._end_early(ready, done)
+
+        items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
+        ran = run_batch(self.job, items, end_early)
+        with self.ending:
+            rans, back, rest, ran_curs = [], [], [], []
+            for i, (outcome, cur) in enumerate(ran):
+                if i in early:  # ended already
+                    continue
+                rest.append(cur)
+                if outcome is None:  # never ran, or an abort cut it short: given back
+                    job, fields, _, attempt = ready[i]
+                    back.append((job.key, attempt, queues.queue_of(fields)))
+                    continue
+                rans.append(_ran(ready[i], outcome, cur))
+                ran_curs.append(cur)
+            aborted = self.job.aborted
+            taken = None if aborted or self.leaving() else nxt
+            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+            for cur in rest:
+                cur.over = True  # its lease needs no renewal: its end is being recorded
+            ends = {r.job.key: r.outcome.status.value for r in rans}
+            try:
+                # always one at least: the last job is never ended early (no answer behind it)
+                started = self.conclude_all(rans, back, taken)
+            finally:
+                for cur in rest:
+                    cur.pump.finish(ends.get(cur.job.key, "interrupted"))
+                self.job.batch = []
+            self.job.forget()
+            self.job.empty_logs()
+            if self.traced:
+                self._batch_spans(rans, ran_curs)
+        if back:
+            about = self._fields(back[0][0], given_back=len(back))
+            log.info("%d jobs of a batch given back unrun", len(back), extra=about)
+        if aborted:
+            raise Aborted
+        return started
+
+    def _end_early(self, ready: list[Ready], done: list[Done]) -> None:
+        """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
+        later one runs: as the batch's end ends them (kept for adoption first, each by its
+        plan, answered, signed), without a take; the leases of the rest are still renewed."""
+        with self.ending:
+            rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
+            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+            for _, _, cur in done:
+                cur.over = True
+            try:
+                self.conclude_all(rans, [], None)
+            finally:
+                for ran, (_, _, cur) in zip(rans, done, strict=True):
+                    cur.pump.finish(ran.outcome.status.value)
+            self.job.forget()
+            if self.traced:
+                self._batch_spans(rans, [cur for _, _, cur in done])
+
+    def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
+        """The spans of a batch's attempts, now that their ends are recorded: each its own,
+        from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
+        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
+        ended_s = time.monotonic() + wall
+        endings = self.ended_each
+        for ran, cur, ended in zip(rans, curs, endings, strict=False):
+            times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
+            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
+            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
 
     def keep(self, outcome: Outcome) -> None:
         """Put the attempt's outcome where the node adopts it (node/runners/adoption.py),
@@ -256,10 +388,13 @@ class Ender:
         return self.reports.counted_all(ends, self.job.heartbeat_s)
 
     def _end_one(self, ran: Ran, nxt: NextJob | None) -> list[Started]:
-        """One end, by the script of its plan, with the take (a lone job's way)."""
+        """One end, by the script of its plan, with the take (a lone job's way). A remote
+        origin's result is signed first, as the batch's are: the end's script carries it."""
         job, attempt, request = ran.job, ran.attempt, ran.request
         plan = self._plan(ran)
-        here = self.spec.node_id
+        answer = None
+        if isinstance(plan, AnswerRemote):
+            answer = self._signed(build_result(plan.request, plan.body, origin=self.spec.node_id))
         ending = ending_of(plan, job.key, attempt, self.inflight)
         retry = isinstance(plan, Retry)
         self.ended = ended_as(plan)
@@ -282,7 +417,7 @@ class Ender:
                 ending, request.key, self.spec.reply_ttl_s, nxt, reply_to=plan.reply_to, stats=sums
             )
         else:
-            answer = self._signed(build_result(plan.request, plan.body, origin=here))
+            assert answer is not None  # signed above: the plan answers a remote origin
             ok, taken = self.runs.finish(ending, answer.to_hash(), answer.key, nxt, stats=sums)
         self.reports.kept(batch, ok, applied=ok and (due or not taken))
         self._log_end(ran, retry, ok)
@@ -319,16 +454,7 @@ class Ender:
             log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
 
 
-def recorded(outcome: Outcome, *, output: bool = True) -> dict[str, object]:
-    """``outcome`` as an outcome file records it (node/runners/adoption.py: adopted_outcome
-    reads it back): the script's exit status, its output (else adoption reads it from the
-    slot's log files), and a reason where the exit status does not say it (a stop, a timeout,
-    a limit, a command that could not start)."""
-    result = outcome.result
-    code = int(result.get("exit_code") or -signal.SIGKILL)
-    record: dict[str, object] = {"exit_code": code}
-    if output:
-        record |= {"stdout": result.get("stdout", ""), "stderr": result.get("stderr", "")}
-    if "exit_code" not in result or outcome.reason != exit_reason(code):
-        record["reason"] = outcome.reason
-    return record
+def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
+    """A batch's job that ran, as its end needs it."""
+    job, fields, request, attempt = ready
+    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bus.core.attempts import Outcome, outcome_of
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
@@ -37,14 +38,17 @@ from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
 from node.sandbox.plan import PATH, WORK, PlanError
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
-from node.slot.joblogs import LOG_FLUSH_S, LogPump, log_paths, read_back, tail_of, written
 from node.slot.outcomes import (
     KILL_GRACE_S,
+    LOG_FLUSH_S,
     TAIL_BYTES,
     Ending,
-    Outcome,
+    LogPump,
     limit_reason,
-    outcome_of,
+    log_paths,
+    read_back,
+    tail_of,
+    written,
 )
 from node.worker.pyjobs import become_subreaper
 from node.worker.spans import end as end_span

@@ -47,11 +47,12 @@ import logging
 import os
 import signal
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from bus.core import admitted, keys, queues
-from bus.core.ids import now_ms
+from bus.core.attempts import Outcome
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
@@ -62,30 +63,145 @@ from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
 from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
-from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec, read_frame
-from node.worker.batch import Done, run_batch
-from node.worker.ending import Ender, Ran, ResultSigner, recorded
-from node.worker.job import Aborted, JobRun, Wake, _Current, prepare_process
-from node.worker.popping import Flags, Popper
+from node.worker.batch import MAX_BATCH_JOBS
+from node.worker.ending import Ender, Ready, ResultSigner
+from node.worker.job import Aborted, JobRun, Wake, prepare_process
 from node.worker.reports import Reports, line_fields, log_to, report, runner_fields
-from node.worker.spans import attempt_span, ran_attempt
+from node.worker.spans import attempt_span
 from node.worker.spans import end as end_span
 
 log = logging.getLogger("node.worker.loop")
 
-# a started job as it runs: the job, its fields, the request that carried it, its attempt
-Ready = tuple[RunnerJob, dict[str, str], Message, int]
-
 __all__ = ["RunnerSpec", "SlotLoop", "main"]
+
+
+# -- taking jobs: a reliable pop over the slot's lists in consume order (bus/core/queues.py), a
+# blocking pop with the start pipelined behind it when every list is empty, and the wait while
+# the type's circuit breaker is open
+
+
+@dataclass
+class Flags:
+    """What the signal handlers read and change (``_on_signal``): whether
+    the process drains, and whether the main thread waits where a signal may interrupt it."""
+
+    draining: bool = False
+    popping: bool = False
+
+
+def batch_size(spec: RunnerSpec) -> int:
+    """How many queued jobs the slot takes at once: ``batch_jobs`` (at most
+    :data:`~node.worker.batch.MAX_BATCH_JOBS`) for python jobs in a warm sandbox, traced or
+    not (each job of a batch has its own attempt span: node/worker/spans.py), on a single or a
+    replicated store; else one."""
+    warm = spec.in_process and not spec.sandbox.get("fresh_process")
+    if not warm:
+        return 1
+    # a replicated store too: a take's starts are confirmed (one WAITAOF) before any of its
+    # jobs runs, and its ends before their outcome files are forgotten (node/worker/loop.py);
+    # nothing is confirmed on a primary the Sentinels have replaced (bus/store/sync.py confirm)
+    return max(1, min(spec.batch_jobs, MAX_BATCH_JOBS))
+
+
+class Popper:
+    """The popping state of one slot: its lists, and how long its type's breaker holds it."""
+
+    def __init__(self, spec: RunnerSpec, runs: SyncRuns, reports: Reports, flags: Flags) -> None:
+        self.spec, self.runs, self.reports, self.flags = spec, runs, reports, flags
+        self.inflight = spec.inflight
+        self.bases = queues.slot_bases(spec.script_type, spec.group, str(spec.slot))
+        self.breaker_wait_ms = 0  # the type's breaker lets no job start for this long
+        self.gate = spec.script_type if spec.breaker_failures > 0 else ""
+        self.count = batch_size(spec)
+
+    def take(self, lists: list[str]) -> NextJob:
+        """How this slot takes and starts jobs from ``lists`` (its lease, its token, how many
+        of what is queued at once)."""
+        spec = self.spec
+        return NextJob(
+            tuple(lists),
+            spec.token_base,
+            spec.lease_ttl_ms,
+            spec.slot_id,
+            script_type=self.gate,
+            count=self.count,
+            counts_starts=True,
+        )
+
+    def pop(
+        self, lists: list[str], *, check_first: bool, held: int | None = None
+    ) -> tuple[str, Begun | None] | None:
+        """A reliable pop over the slot's lists (see bus/core/queues.py): the entry, and how
+        its start went if the pop started it too (None: not started yet). Only when every list
+        is empty a blocking pop, which starts its entry in the same round trip. A signal
+        (drain, wake) interrupts the blocking wait; an entry the server moved just before is
+        then taken from the head of the in-flight list, if the list grew. What it held before
+        the wait comes from the script that found the lists empty (the take with the last
+        answer, ``held``, or the pop that does not block): the blocking pop sends no command
+        of its own ahead."""
+        if check_first:
+            found, held = self.runs.pop_first(lists, self.inflight)
+            if found is not None:
+                return self.usable(found, None)
+        base = next((q for q in lists if q.count(":") == 1), lists[0])
+        self.reports.flush(idle=True)  # idle now: the node's figures are complete while it waits
+        before = self.runs.held(self.inflight) if held is None else held
+        nxt = self.take(lists)
+        try:
+            self.flags.popping = True
+            if self.flags.draining:
+                return None
+            value, begun = self.runs.pop_started(
+                base, self.inflight, self.spec.pop_timeout_s, before, nxt
+            )
+        except Wake:
+            self.flags.popping = False
+            # the start pipelined behind the pop may have run: the job's hash says
+            moved = self.runs.moved_before_wake(self.inflight, before, self.spec.token_base)
+            return None if moved is None else self.usable(*moved)
+        finally:
+            self.flags.popping = False
+        return None if value is None else self.usable(value, begun)
+
+    def wait_breaker(self) -> None:
+        """The type's circuit breaker is open: wait it out without popping (a wake-up or a
+        drain signal ends the wait early, as it ends a blocking pop)."""
+        wait_s, self.breaker_wait_ms = self.breaker_wait_ms / 1000, 0
+        # half-open, the runners without a probe look again every second: not worth a line each
+        level = logging.INFO if wait_s > 1 else logging.DEBUG
+        log.log(level, "%s: circuit breaker open; next try in %.1f s", self.spec.slot_id, wait_s)
+        self.reports.flush(idle=True)
+        try:
+            self.flags.popping = True
+            if not self.flags.draining:
+                time.sleep(wait_s)
+        except Wake:
+            pass
+        finally:
+            self.flags.popping = False
+
+    def usable(self, value: str | bytes, begun: Begun | None) -> tuple[str, Begun | None] | None:
+        """A popped entry, unless it is not UTF-8 text (the store hands it over as bytes):
+        refused then (dead-lettered)."""
+        if isinstance(value, str):
+            return value, begun
+        why = line_fields(runner_fields(self.spec), reason=Reason.NOT_UTF8)
+        log.warning("refused a queue entry of %s: not UTF-8", self.spec.script_type, extra=why)
+        self.runs.refuse(self.inflight, value, Reason.NOT_UTF8, keys.queue(self.spec.script_type))
+        return None
+
+
+# -- the loop -------------------------------------------------------------------------------
 
 
 class SlotLoop:
     """The pop / start / run / end loop of one slot. Its state is split by what owns it: the
-    popping (:class:`~node.worker.popping.Popper`), the ending
+    popping (:class:`Popper`), the attempts from their run to their end
     (:class:`~node.worker.ending.Ender`), the reports (:class:`~node.worker.reports.Reports`),
     the running job (:class:`~node.worker.job.JobRun`); the loop keeps only the count of jobs
-    it ran and the flags the signals change."""
+    it ran and the flags the signals change, and checks each start before it hands the
+    attempt over."""
 
     def __init__(
         self, spec: RunnerSpec, admission_key: bytes, signer: ResultSigner | None = None
@@ -97,11 +213,10 @@ class SlotLoop:
         self.jobs = 0
         self.reports = Reports(spec, self.runs)
         self.job = JobRun(spec, self.runs, self.end_from_watch)
-        self.ender = Ender(spec, self.runs, self.job, self.reports, signer)
+        self.ender = Ender(spec, self.runs, self.job, self.reports, self._leaving, signer)
         self.popper = Popper(spec, self.runs, self.reports, self.flags)
         self.traced = bool(spec.tracing)  # the one check a job costs with tracing off
         self.about = runner_fields(spec)  # what every line says; a job's lines add to it
-        self.ended_reason = ""  # the reason of the attempt that ended last (its span's)
 
     @property
     def draining(self) -> bool:
@@ -194,11 +309,11 @@ class SlotLoop:
         if log.isEnabledFor(logging.INFO):  # the line while the job runs, not before it
             self.job.meanwhile = functools.partial(self._log_start, job_key, attempt)
         try:
-            return self._run_and_end(job, fields, request, attempt, nxt)
+            return self.ender.run_and_end(job, fields, request, attempt, nxt)
         finally:
             if self.job.span is not None:
                 span, self.job.span = self.job.span, None
-                end_span(span, self.ender.ended or "interrupted", self.ended_reason)
+                end_span(span, self.ender.ended or "interrupted", self.ender.ended_reason)
 
     def _ready(self, job_key: str, fields: dict[str, str]) -> Ready | None:
         """A started job as it runs (its job, fields, request and attempt), or None: a final
@@ -231,47 +346,11 @@ class SlotLoop:
             about = self.fields(job_key, attempt=attempt)
             log.info("%s started (attempt %d)", job_key, attempt, extra=about)
 
-    def _run_and_end(
-        self, job: RunnerJob, fields: dict[str, str], request: Message, attempt: int, nxt: NextJob
-    ) -> list[Started]:
-        self.ender.ended, self.ended_reason = "", ""
-        outcome = self.job.run(job, request, attempt, fields["runner"])
-        with self.ender.ending:
-            if outcome is None:  # aborted: the attempt does not count; run it later
-                self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
-                self.job.end_logs("interrupted")
-                about = self.fields(job.key, attempt=attempt)
-                log.info("%s interrupted by shutdown; requeued", job.key, extra=about)
-                raise Aborted
-            taken = None if self._leaving() else nxt
-            self.ender.keep(outcome)
-            self.ended_reason = outcome.reason
-            ran = Ran(
-                job,
-                fields,
-                request,
-                outcome,
-                attempt,
-                self.job.began,
-                self.job.started_at,
-                self.job.outcome_name,
-            )
-            try:
-                started = self.ender.conclude(ran, taken)
-            finally:
-                self.job.end_logs(outcome.status.value)
-            # only now: until the end is in Valkey, the outcome file is what the next start of
-            # the node adopts, should this process end before it could record it
-            self.job.forget()
-            self.job.empty_logs()
-            return started
-
     # -- a batch -------------------------------------------------------------------------------
 
     def run_batch(self, batch: list[Started], nxt: NextJob) -> list[Started]:
-        """Run and end jobs started together (node/worker/batch.py): in one request to the
-        slot's sandbox, ended in one script call that takes the next ones; those that answered
-        while a later one runs long are ended before it (:meth:`_end_early`)."""
+        """Run and end jobs started together (node/worker/batch.py), once each is checked:
+        by the ender (:meth:`~node.worker.ending.Ender.run_and_end_batch`)."""
         ready = [r for key, fields in batch if (r := self._ready(key, fields)) is not None]
         if not ready:
             return []
@@ -279,81 +358,10 @@ class SlotLoop:
         if len(ready) == 1:
             job, fields, request, attempt = ready[0]
             self._log_start(job.key, attempt)
-            return self._run_and_end(job, fields, request, attempt, nxt)
+            return self.ender.run_and_end(job, fields, request, attempt, nxt)
         for job, _, _, attempt in ready:
             self._log_start(job.key, attempt)
-        early: set[int] = set()  # the indices of the jobs ended before the batch's end
-
-        def end_early(done: list[Done]) -> None:
-            early.update(i for i, _, _ in done)
-            self._end_early(ready, done)
-
-        items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
-        ran = run_batch(self.job, items, end_early)
-        with self.ender.ending:
-            rans, back, rest, ran_curs = [], [], [], []
-            for i, (outcome, cur) in enumerate(ran):
-                if i in early:  # ended already
-                    continue
-                rest.append(cur)
-                if outcome is None:  # never ran, or an abort cut it short: given back
-                    job, fields, _, attempt = ready[i]
-                    back.append((job.key, attempt, queues.queue_of(fields)))
-                    continue
-                rans.append(_ran(ready[i], outcome, cur))
-                ran_curs.append(cur)
-            aborted = self.job.aborted
-            taken = None if aborted or self._leaving() else nxt
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for cur in rest:
-                cur.over = True  # its lease needs no renewal: its end is being recorded
-            ends = {r.job.key: r.outcome.status.value for r in rans}
-            try:
-                # always one at least: the last job is never ended early (no answer behind it)
-                started = self.ender.conclude_all(rans, back, taken)
-            finally:
-                for cur in rest:
-                    cur.pump.finish(ends.get(cur.job.key, "interrupted"))
-                self.job.batch = []
-            self.job.forget()
-            self.job.empty_logs()
-            if self.traced:
-                self._batch_spans(rans, ran_curs)
-        if back:
-            about = self.fields(back[0][0], given_back=len(back))
-            log.info("%d jobs of a batch given back unrun", len(back), extra=about)
-        if aborted:
-            raise Aborted
-        return started
-
-    def _end_early(self, ready: list[Ready], done: list[Done]) -> None:
-        """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
-        later one runs: as the batch's end ends them (kept for adoption first, each by its
-        plan, answered, signed), without a take; the leases of the rest are still renewed."""
-        with self.ender.ending:
-            rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for _, _, cur in done:
-                cur.over = True
-            try:
-                self.ender.conclude_all(rans, [], None)
-            finally:
-                for ran, (_, _, cur) in zip(rans, done, strict=True):
-                    cur.pump.finish(ran.outcome.status.value)
-            self.job.forget()
-            if self.traced:
-                self._batch_spans(rans, [cur for _, _, cur in done])
-
-    def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
-        """The spans of a batch's attempts, now that their ends are recorded: each its own,
-        from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
-        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
-        ended_s = time.monotonic() + wall
-        endings = self.ender.ended_each
-        for ran, cur, ended in zip(rans, curs, endings, strict=False):
-            times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
-            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
-            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
+        return self.ender.run_and_end_batch(ready, nxt)
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
@@ -395,12 +403,6 @@ class SlotLoop:
 
     def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.about, job_key, reason, **more)
-
-
-def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
-    """A batch's job that ran, as its end needs it."""
-    job, fields, request, attempt = ready
-    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)
 
 
 _RUNNER: SlotLoop | None = None

@@ -19,10 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from bus.core import keys, queues, spans
+from bus.core.attempts import Outcome, cause_of
 from bus.core.models import Message, RunnerJob
 from bus.core.tracecontext import message_trace
-from node.slot.lifecycle import cause_of
-from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec
 
 TRACER = "hero.runner"

@@ -12,6 +12,7 @@ from importlib import resources
 import pytest
 
 from bus.core import keys
+from bus.core.attempts import attempt_entry
 from bus.core.ids import now_ms
 from bus.core.models import Message, Runner
 from bus.store.atomic import runs, slots, source
@@ -126,12 +127,12 @@ async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store, sync_r
 async def test_only_a_job_with_a_history_to_tell_records_its_attempts(store, sync_runs) -> None:
     """A first attempt that finished writes no attempt entry (its job hash says it all); a
     failed one, or any later attempt, is recorded."""
-    assert runs.attempt_entry(1, "tok", "finished", "", 5) == ""
-    assert json.loads(runs.attempt_entry(2, "tok", "finished", "", 5))["attempt"] == 2
-    assert json.loads(runs.attempt_entry(1, "tok", "error", "exit_1", 5))["status"] == "error"
+    assert attempt_entry(1, "tok", "finished", "", 5) == ""
+    assert json.loads(attempt_entry(2, "tok", "finished", "", 5))["attempt"] == 2
+    assert json.loads(attempt_entry(1, "tok", "error", "exit_1", 5))["status"] == "error"
     await _started(store, sync_runs)
     first = runs.Ending(
-        JOB, 1, INFLIGHT, "finished", {}, "", runs.attempt_entry(1, "t", "finished", "", 5)
+        JOB, 1, INFLIGHT, "finished", {}, "", attempt_entry(1, "t", "finished", "", 5)
     )
     assert await runs.finish_local(store, 1, first, request_key="message:1:1", reply_ttl_s=60)
     assert not await store.exists(1, keys.attempts(JOB))

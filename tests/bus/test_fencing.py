@@ -19,6 +19,7 @@ import trio
 
 from bus.client.api import open_client
 from bus.core import admitted, keys
+from bus.core.attempts import Outcome
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic import runs
 from bus.store.atomic.runs_sync import SyncRuns
@@ -26,7 +27,6 @@ from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
 from node.runners.adoption import adopted_outcome
 from node.slot import outcomes
-from node.slot.outcomes import Outcome
 from node.worker.loop import SlotLoop
 from tests.leases import lapse, lease_left_ms
 from tests.nodeproc import NodeProcess

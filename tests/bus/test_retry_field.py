@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from bus.core import keys
+from bus.core.attempts import AnswerHere, Attempt, Outcome, Retry, RetryPolicy, plan_ending
 from bus.core.ids import now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store.atomic import runs, type_breakers
+from bus.store.atomic.runs import ending_of
 from bus.store.atomic.runs_sync import SyncRuns
-from node.slot.lifecycle import AnswerHere, Attempt, Retry, RetryPolicy, ending_of, plan_ending
-from node.slot.outcomes import Outcome
 
 JOB = "job:1:1"
 INFLIGHT = "inflight:runner:python:0"

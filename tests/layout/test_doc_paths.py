@@ -157,7 +157,7 @@ def test_the_check_finds_a_stale_path_and_passes_a_real_one():
     text = (
         "raises `node.messages.Rejected` (see `node/runners/workers.py`)\n"
         "raises `node.errors.Rejected`; `python -m tests.vectors.make`; `node/runners/*.py`\n"
-        "`bus.open_client`, `node/slot/lifecycle.py: after_attempt`, `node.key`, "
+        "`bus.open_client`, `bus/core/attempts.py: after_attempt`, `node.key`, "
         "`tests/vectors/secp256k1-<domain>.json`, `bench/results/x.py`\n"
         "`bus.core.keys.no_such_name`, `node/<nothing>/x.py`, ``node.store.hget(...)``\n"
     )

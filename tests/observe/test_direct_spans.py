@@ -18,13 +18,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from bench.otlp import Kept
 from bus.core import spans
+from bus.core.attempts import Outcome
 from bus.core.flows import FlowJobPayload
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from bus.core.tracecontext import NO_TRACE, message_trace
 from node.observe.otlp import encode_request
 from node.observe.recorder import TracerProvider
 from node.observe.tracing import KeyedRatioSampler
-from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec
 from node.worker import spans as worker_spans
 from tests.otlp import Receiver

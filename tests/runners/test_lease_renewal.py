@@ -15,7 +15,7 @@ import pytest
 from bus.core.models import RunnerJob
 from bus.store.atomic.runs import Ending
 from bus.store.atomic.runs_sync import SyncRuns
-from node.slot.joblogs import LogPump
+from node.slot.outcomes import LogPump
 from node.worker.job import JobRun, _Current
 from tests.runners.slots import slot_spec
 

@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus.core import keys
+from bus.core.attempts import after_attempt, backoff_s
 from bus.core.models import JobStatus
 from bus.store.atomic import runs
 from crypto import read_key_file
-from node.slot.lifecycle import after_attempt, backoff_s
 from tests.leases import lapse
 from tests.scripts import announcing, wait_announced
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bus.core.models import JobStatus
-from node.slot import joblogs
+from node.slot import outcomes
 from tests.scripts import SH, command_job_run, sh_job
 
 
@@ -65,7 +65,7 @@ def test_a_file_the_last_job_left_empty_is_not_truncated_and_one_it_wrote_is(
         jobs.sandbox.stop()
 
 
-SIZES = [0, 3, 4095, 4097, joblogs.HEAD_BYTES, joblogs.HEAD_BYTES + 5, 200_000]
+SIZES = [0, 3, 4095, 4097, outcomes.HEAD_BYTES, outcomes.HEAD_BYTES + 5, 200_000]
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -80,11 +80,11 @@ def test_an_output_read_from_its_head_is_what_reading_its_size_gave(
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
     try:
-        w = joblogs.written(fd)
+        w = outcomes.written(fd)
         assert w.size == size
-        assert joblogs.tail_of(fd, w, 4096) == data[-4096:]
+        assert outcomes.tail_of(fd, w, 4096) == data[-4096:]
         text = data[: min(size, limit)].decode("utf-8", "replace")
         expected = text + (f"\n[... {size - limit} more bytes cut]" if size > limit else "")
-        assert joblogs.read_back(fd, w, limit) == (expected if size else "")
+        assert outcomes.read_back(fd, w, limit) == (expected if size else "")
     finally:
         os.close(fd)

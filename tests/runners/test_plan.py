@@ -1,4 +1,4 @@
-"""The one plan that ends every attempt (node/slot/lifecycle.py: plan_ending), a pure function:
+"""The one plan that ends every attempt (bus/core/attempts.py: plan_ending), a pure function:
 retry, answer here or answer a remote origin, with what each writes. Property-tested against
 the retry policy it applies (after_attempt, beside it), which keeps its own tests."""
 
@@ -11,24 +11,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bus.core import queues
-from bus.core.envelope import reply_text
-from bus.core.models import JobStatus, Message, RunnerJob
-from bus.core.reasons import Reason
-from node.slot.away import Away
-from node.slot.lifecycle import (
+from bus.core.attempts import (
     BACKOFF_MAX_S,
     AnswerHere,
     AnswerRemote,
     Attempt,
+    Outcome,
     Retry,
     RetryPolicy,
     after_attempt,
     ended_as,
     ended_counter,
-    ending_of,
     plan_ending,
 )
-from node.slot.outcomes import Outcome
+from bus.core.envelope import reply_text
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.reasons import Reason
+from bus.store.atomic.runs import ending_of
+from node.slot.away import Away
 
 HERE, THERE = "a" * 64, "b" * 64
 REASONS = st.sampled_from(

@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 
 from bus.client.api import new_job
 from bus.core import keys
-from bus.core.models import JobStatus, Message, RunnerJob
-from bus.errors import ModelError
-from crypto import read_key_file
-from node.slot.lifecycle import (
+from bus.core.attempts import (
     BACKOFF_MAX_S,
     RetryPolicy,
     after_attempt,
     backoff_s,
     cause_of,
 )
+from bus.core.models import JobStatus, Message, RunnerJob
+from bus.errors import ModelError
+from crypto import read_key_file
 from tests.scripts import work_file
 
 CAUSES = ["timeout", "runner_lost", "exit:1", "exit:3", "exit:75", "exit:any"]

@@ -15,6 +15,7 @@ import trio
 
 from bus import open_client
 from bus.core import keys
+from bus.core.attempts import Outcome
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.store import records
 from bus.store.atomic.runs import NextJob
@@ -22,7 +23,6 @@ from bus.store.atomic.runs_sync import SyncRuns, connect
 from crypto import read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec
 from node.runners.processes import start_in_stages, start_stages
-from node.slot.outcomes import Outcome
 from node.slot.spec import RunnerSpec, frame, read_frame
 from node.worker import job as procjob
 from node.worker.ending import Ran

@@ -24,6 +24,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from bus.core import keys
+from bus.core.attempts import Plan, Retry
 from bus.core.envelope import reply_text
 from bus.core.ids import now
 from bus.core.models import Message
@@ -43,9 +44,9 @@ __all__ = [
     "answer_local",
     "answer_remote",
     "answered_retry",
-    "attempt_entry",
     "attempt_state",
     "ends_then_source",
+    "ending_of",
     "ends_then_take",
     "finish",
     "finish_call",
@@ -102,27 +103,6 @@ class NextJob:
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
 
 
-def attempt_entry(
-    attempt: int, runner: str, status: str, reason: str, started_at: int, ended_at: int = 0
-) -> str:
-    """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
-    for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
-    ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
-    has every attempt recorded. ``ended_at`` 0: now."""
-    if attempt == 1 and status == "finished":
-        return ""
-    return json_arg(
-        {
-            "attempt": attempt,
-            "runner": runner,
-            "status": status,
-            "reason": reason,
-            "started_at": started_at,
-            "ended_at": ended_at or now(),
-        }
-    )
-
-
 def unrunnable_detail(reason: str) -> str:
     """What a reason token of ``runs_unrunnable.lua`` means, for the dead letter."""
     return {
@@ -164,6 +144,17 @@ class Ending:
         """ARGV[1..6] of runs_finish.lua and runs_finish_local.lua."""
         result = json_arg(self.result)
         return [str(self.attempt), self.status, result, self.reason, str(now()), self.entry]
+
+
+def ending_of(plan: Plan, job_key: str, attempt: int, inflight: str) -> Ending:
+    """The plan that ends an attempt (bus/core/attempts.py ``plan_ending``) as the ending
+    scripts take it: a retry's reason is its cause, its status ``retry``."""
+    if isinstance(plan, Retry):
+        return Ending(job_key, attempt, inflight, "retry", {}, plan.cause, plan.entry)
+    body = plan.body
+    return Ending(
+        job_key, attempt, inflight, body.status.value, body.result, body.reason, plan.entry
+    )
 
 
 async def finish(
@@ -412,7 +403,7 @@ class Answered:
     job_key: str
     status: str
     attempt: str  # as read ('' if the job has none)
-    entry: str  # the attempt's record (attempt_entry)
+    entry: str  # the attempt's record (bus/core/attempts.py attempt_entry)
 
     def key_list(self) -> list[str]:
         return [self.job_key, RESULTS_INFLIGHT, keys.attempts(self.job_key)]

@@ -1,6 +1,11 @@
-"""What happens to a job after an attempt: the one plan that ends every attempt and the retry
-policy it applies. Pure functions, no I/O (httpcore's pool plan: a function decides and returns
-what to do; the caller does the I/O).
+"""How an attempt ends: its outcome, the retry policy, and the one plan that ends every attempt.
+Pure functions, no I/O (httpcore's pool plan: a function decides and returns what to do; the
+caller does the I/O).
+
+An attempt's outcome (:class:`Outcome`) is ``finished`` with the script's output (stdout,
+stderr, exit_code) or ``error`` with a reason: :func:`outcome_of` makes it from an exit status
+and output (a limit's reason, where one ended the job, is the runner's: node/slot/outcomes.py
+``limit_reason``); the reason of a non-zero exit is read back as a cause by :func:`cause_of`.
 
 An attempt ends three ways (:func:`plan_ending`): **retried** (an error the job's policy retries
 while retries are left: the job waits in the ``delayed`` zset, its reason the failed attempt's,
@@ -9,7 +14,8 @@ final state and the client's reply in one script) or **answered remotely** (a re
 signed by the caller with what it holds, goes back to the request's origin). Three callers
 execute the plan, each with its own I/O: a runner process ending the job it ran (node/worker/),
 the node ending an attempt it adopted from a dead process (node/runners/recovery.py), and the
-node answering what an external runner finished (node/runners/external.py).
+node answering what an external runner finished (node/runners/external.py); the ending scripts
+take the plan as bus/store/atomic/runs.py ``ending_of`` puts it.
 
 The retry policy (:func:`after_attempt`): an error is retried, after a backoff with jitter,
 while the job has retries left; a job that was stopped, or whose type has no runner, is never
@@ -24,20 +30,66 @@ from __future__ import annotations
 
 import random
 import re
+import signal
 from dataclasses import dataclass
 
 from bus.core import queues
 from bus.core.envelope import ResultBody
-from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.ids import now
+from bus.core.models import JobStatus, Message, RunnerJob, dumps_json
 from bus.core.reasons import Reason
-from bus.store.atomic.runs import Ending, attempt_entry
-from node.slot.outcomes import Outcome
+
+# -- the outcome -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: its status, its result (the script's output and exit code) and,
+    for an error, its reason."""
+
+    status: JobStatus
+    result: dict[str, str]
+    reason: str = ""
+
+
+def _clip(data: bytes | str, limit: int) -> str:
+    if isinstance(data, str):
+        return data
+    text = data[:limit].decode("utf-8", "replace")
+    return text + (f"\n[... {len(data) - limit} more bytes cut]" if len(data) > limit else "")
+
+
+def outcome_of(
+    returncode: int, stdout: bytes | str, stderr: bytes | str, max_output_bytes: int
+) -> Outcome:
+    """The job's outcome from its exit status and output (``max_output_bytes`` 0: as given)."""
+    result = {
+        "stdout": _clip(stdout, max_output_bytes),
+        "stderr": _clip(stderr, max_output_bytes),
+        "exit_code": str(returncode),
+    }
+    if returncode == 0:
+        return Outcome(JobStatus.FINISHED, result)
+    return Outcome(JobStatus.ERROR, result, exit_reason(returncode))
+
+
+def exit_reason(returncode: int) -> str:
+    """The reason :func:`outcome_of` gives an exit status ("" for 0)."""
+    if returncode == 0:
+        return ""
+    if returncode < 0:  # killed by a signal we did not send: the runner process was lost
+        return f"{Reason.RUNNER_LOST}: killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
+
+
+# -- the retry policy ------------------------------------------------------------------------
+
 
 NEVER_RETRY = (Reason.STOPPED, Reason.UNKNOWN_SCRIPT_TYPE, Reason.ISOLATION_REFUSED)
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 60.0
 EXPONENTIAL, LINEAR = "exponential", "linear"
-# The reason of an attempt whose script exited non-zero (node/slot/outcomes.py: outcome_of).
+# The reason of an attempt whose script exited non-zero (:func:`exit_reason`).
 _EXIT = re.compile(r"exit code (\d+)")
 
 
@@ -123,6 +175,27 @@ def backoff_s(
     return ceiling * (0.5 + 0.5 * (rand or _RANDOM).random())
 
 
+def attempt_entry(
+    attempt: int, runner: str, status: str, reason: str, started_at: int, ended_at: int = 0
+) -> str:
+    """The record of one ended attempt, appended to ``attempts:<job>``; '' (nothing recorded)
+    for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
+    ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
+    has every attempt recorded. ``ended_at`` 0: now. JSON as a script argument is written
+    (bus/store/atomic/__init__.py ``json_arg``)."""
+    if attempt == 1 and status == "finished":
+        return ""
+    record = {
+        "attempt": attempt,
+        "runner": runner,
+        "status": status,
+        "reason": reason,
+        "started_at": started_at,
+        "ended_at": ended_at or now(),
+    }
+    return dumps_json(record).decode()
+
+
 # -- the plan --------------------------------------------------------------------------------
 
 
@@ -144,7 +217,7 @@ class Retry:
     cause: str  # the failed attempt's reason: the job's reason while the retry waits
     delay_s: float
     queue: str
-    entry: str  # the attempt's record (bus/store/atomic/runs.py attempt_entry)
+    entry: str  # the attempt's record (:func:`attempt_entry`)
 
 
 @dataclass(frozen=True)
@@ -208,17 +281,6 @@ def ended_as(plan: Plan) -> str:
     """How the plan ends the attempt, as the job statistics and the breakers count it:
     ``retry``, ``finished`` or ``error``."""
     return "retry" if isinstance(plan, Retry) else plan.body.status.value
-
-
-def ending_of(plan: Plan, job_key: str, attempt: int, inflight: str) -> Ending:
-    """The plan as the ending scripts take it (bus/store/atomic/runs.py): a retry's reason is
-    its cause, its status ``retry``."""
-    if isinstance(plan, Retry):
-        return Ending(job_key, attempt, inflight, "retry", {}, plan.cause, plan.entry)
-    body = plan.body
-    return Ending(
-        job_key, attempt, inflight, body.status.value, body.result, body.reason, plan.entry
-    )
 
 
 def ended_counter(plan: Plan) -> str:
