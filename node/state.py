@@ -13,9 +13,9 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from bus.core.models import Actor, Context, Peer
+from bus.core.stats import StatsBatch
 from bus.core.verify import AcceptedAlgorithms, Freshness
 from bus.store import registry
-from bus.store.atomic.stats import StatsBatch
 from bus.store.connection import Store
 from bus.store.serve import Known
 from bus.wire.breakers import PeerBreakers

@@ -9,7 +9,7 @@ from typing import Any
 
 from bus.core import keys
 from bus.core.models import Hash, decode_hash
-from bus.store.atomic.stats import merged_fields
+from bus.core.stats import merged_fields
 from bus.store.connection import Store
 
 
@@ -160,7 +160,7 @@ async def replay_markers(
 
 async def stats_totals(store: Store, ctx: int, field: str) -> str | None:
     """One totals field of ``stats:jobs`` (a runner slot's or a node's, a JSON object:
-    bus/store/atomic/stats.py), or None."""
+    bus/core/stats.py), or None."""
     value = await store.call(ctx, lambda r: r.hget(keys.STATS_JOBS, field))
     return None if value is None else str(value)
 
@@ -172,7 +172,7 @@ async def set_stats_totals(store: Store, ctx: int, field: str, text: str) -> Non
 
 async def job_stats(store: Store, ctx: int) -> Hash:
     """The job counters of context ``ctx``: ``stats:jobs`` with its runner slots' totals
-    added (bus/store/atomic/stats.py: merged_fields)."""
+    added (bus/core/stats.py: merged_fields)."""
     return merged_fields(await store.hgetall(ctx, keys.STATS_JOBS))
 
 
