@@ -167,7 +167,7 @@ async def status_facts(client: Client) -> dict[str, Any]:
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
     from bus.store import registry
-    from node.intake.admission import BOUNDS_FIELD, bounds_of
+    from node.intake.pressure import BOUNDS_FIELD, bounds_of
     from node.links.peer_breakers import BREAKERS_FIELD
     from node.observe import tallies
     from node.observe.linkinfo import LINKS_FIELD
