@@ -55,7 +55,7 @@ from bus.core.models import Actor, Context, Peer
 from bus.core.queues import consume_order, slot_bases
 from bus.core.urls import bare_host, link_url, redact
 from bus.errors import Refused
-from bus.store import registry
+from bus.store import records
 from bus.store.connection import open_store
 from bus.store.migrate import migrate
 from bus.wire import outbox
@@ -393,7 +393,7 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await registry.next_registry_event(self.node.store, 30)
+            event = await records.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
                 self.node.registry.forget()

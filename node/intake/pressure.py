@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from bus.store import registry
+from bus.store import records
 from node.intake.admission import QueueBounds, queue_bounds
 
 if TYPE_CHECKING:
@@ -109,8 +109,6 @@ async def run_pressure_watch(
     clock) by the free disk space and the store's memory; reports started after the first
     look. A change is logged, counted (``intake_held_<cause>``) and published in node:info
     (``intake_held``, for ``hero-node status``). Raises StoreError if Valkey fails."""
-    from bus.store import records
-
     paths = watched_paths(node.config)
 
     async def memory() -> tuple[int, int]:
@@ -132,7 +130,7 @@ async def run_pressure_watch(
             if not started or lost:
                 facts[BOUNDS_FIELD] = published_bounds(node.config)
             since = node.store.epoch
-            await registry.publish_node_info(node.store, facts)
+            await records.publish_node_info(node.store, facts)
         if not started:
             task_status.started()
             started = True

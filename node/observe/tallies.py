@@ -33,7 +33,7 @@ import trio
 
 from bus.core.stats import NODE_FIELD, StatsBatch, totals_of
 from bus.errors import StoreError
-from bus.store import records, registry
+from bus.store import records
 from bus.store.connection import Store
 from bus.wire.transport import Transport
 from node.state import Counters, JobStats
@@ -63,7 +63,7 @@ async def publish(counters: Counters, store: Store, transport: Transport) -> Non
     # re-armed before the snapshot is taken: a count during the write is published next time
     counters.counted = trio.Event()
     text = json.dumps(snapshot(counters, transport), separators=(",", ":"))
-    await registry.publish_node_info(store, {COUNTERS_FIELD: text})
+    await records.publish_node_info(store, {COUNTERS_FIELD: text})
 
 
 async def run_counters(
