@@ -22,6 +22,9 @@ A peer's link is held back on its own too (node.state.Inbound): at most ``max_ms
 messages it delivered may wait in ``msg_in`` for the consumer; past that its link stores nothing
 more until the consumer took some, so one flooding peer neither fills the store nor crowds the
 other peers out of the consumer.
+
+The watch also publishes the queue bounds admission enforces (node/intake/admission.py:
+queue_bounds) in node:info, for ``hero-node status`` (:func:`published_bounds`, :func:`bounds_of`).
 """
 
 from __future__ import annotations
