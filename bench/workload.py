@@ -90,7 +90,7 @@ def materialised_form(message: Message) -> bytes:
 
     Job hash as the consumer writes it, the message hash as submitted and then acknowledged,
     the ``queue:python`` entry and the ``seen:`` replay marker, a field of the replay hash
-    (materialise_many, ``node/intake/materialise.py``).
+    (materialise_many, ``node/intake/admission.py``).
     """
     [job] = message.job
     stamp = str(now())

@@ -12,14 +12,9 @@ from crypto.errors import (
     KeyFormatError,
     PassphraseRequiredError,
 )
-from crypto.keys import (
-    ALGORITHMS,
-    KeyPair,
-    Signer,
+from crypto.keyfiles import (
     load_key_file,
     load_signing_key_file,
-    parse_public_key,
-    parse_public_key_for,
     passphrase_from_env,
     prompt_passphrase,
     read_key_file,
@@ -27,7 +22,18 @@ from crypto.keys import (
     write_key_file,
 )
 from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
-from crypto.signing import ALGORITHM_ED25519, Verdict, sign_object, verify_object, verify_raw
+from crypto.signing import (
+    ALGORITHM_ED25519,
+    ALGORITHMS,
+    KeyPair,
+    Signer,
+    Verdict,
+    parse_public_key,
+    parse_public_key_for,
+    sign_object,
+    verify_object,
+    verify_raw,
+)
 
 __all__ = [
     "ALGORITHM_ED25519",

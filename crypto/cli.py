@@ -14,19 +14,22 @@ from typing import Any
 from crypto.canonical import loads_strict
 from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
 from crypto.errors import CanonicalError, CryptoError, InputError, PassphraseRequiredError
-from crypto.keys import (
-    ALGORITHM_ED25519,
-    ALGORITHMS,
-    KeyPair,
-    Signer,
-    parse_public_key_for,
+from crypto.keyfiles import (
     passphrase_from_env,
     prompt_passphrase,
     read_signing_key_file,
     write_key_file,
 )
 from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
-from crypto.signing import Verdict, verify_object
+from crypto.signing import (
+    ALGORITHM_ED25519,
+    ALGORITHMS,
+    KeyPair,
+    Signer,
+    Verdict,
+    parse_public_key_for,
+    verify_object,
+)
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -202,7 +205,7 @@ def _load_key(path: str, env_var: str) -> Signer:
     """Read a key file, taking the passphrase from ``env_var`` or the terminal if needed.
 
     Raises:
-        KeyFileError: see :func:`crypto.keys.read_key_file`.
+        KeyFileError: see :func:`crypto.keyfiles.read_key_file`.
     """
     try:
         return read_signing_key_file(path, passphrase=passphrase_from_env(env_var))

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from crypto.canonical import signing_input
 from crypto.errors import CanonicalError
-from crypto.keys import Signer
-from crypto.signing import Verdict, sign_object, verify_object
+from crypto.signing import Signer, Verdict, sign_object, verify_object
 
 __all__ = ["DEFAULT_DOMAIN", "check_envelope", "sign_envelope", "verify_envelope"]
 

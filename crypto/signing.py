@@ -1,4 +1,5 @@
-"""Detached Ed25519 and secp256k1 signatures over domain-separated canonical JSON.
+"""Ed25519 keys, and detached Ed25519 and secp256k1 signatures over domain-separated canonical
+JSON: what signs and verifies every message (the key files are crypto/keyfiles.py's).
 
 A signature entry on the wire is ``{"algorithm": "ed25519", "public_key": <64 hex>,
 "signature": <128 hex>}`` or ``{"algorithm": "secp256k1", "public_key": <66 hex, compressed>,
@@ -12,19 +13,22 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import nacl.bindings
 import nacl.exceptions
+import nacl.signing
 from nacl.bindings import crypto_sign_open, crypto_sign_PUBLICKEYBYTES
 
 from crypto.canonical import signing_input
 from crypto.errors import CanonicalError, KeyFormatError
-from crypto.keys import ALGORITHM_ED25519, ALGORITHMS, Signer, parse_public_key_for
 from crypto.secp256k1 import (
     ALGORITHM_SECP256K1,
     HighSError,
     InvalidPointError,
+    Secp256k1KeyPair,
     UncompressedKeyError,
+    parse_secp256k1_public_key,
     split_signature,
     verify_secp256k1,
 )
@@ -34,12 +38,175 @@ __all__ = [
     "ALGORITHM_SECP256K1",
     "ALGORITHMS",
     "MAX_SIGNATURES",
+    "PUBLIC_KEY_BYTES",
+    "SEED_BYTES",
     "VERDICT_REASONS",
+    "KeyPair",
+    "Signer",
     "Verdict",
+    "parse_public_key",
+    "parse_public_key_for",
     "sign_object",
     "verify_object",
     "verify_raw",
 ]
+
+ALGORITHM_ED25519 = "ed25519"
+ALGORITHMS = (ALGORITHM_ED25519, ALGORITHM_SECP256K1)
+"""Every key algorithm an actor may have; node keys are always Ed25519."""
+SEED_BYTES = 32
+PUBLIC_KEY_BYTES = 32
+_FIELD_P = 2**255 - 19
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+# The 8 points of order dividing 8 (the torsion subgroup), canonically encoded.
+_SMALL_ORDER_POINTS = frozenset(
+    bytes.fromhex(h)
+    for h in (
+        "0100000000000000000000000000000000000000000000000000000000000000",  # identity
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # order 2
+        "0000000000000000000000000000000000000000000000000000000000000000",  # order 4
+        "0000000000000000000000000000000000000000000000000000000000000080",  # order 4
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",  # order 8
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",  # order 8
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",  # order 8
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",  # order 8
+    )
+)
+_BASE_POINT = bytes.fromhex("5866666666666666666666666666666666666666666666666666666666666666")
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """An Ed25519 signing key (and its public key). ``repr`` never shows the secret."""
+
+    signing_key: nacl.signing.SigningKey = field(repr=False)
+    algorithm: str = field(default=ALGORITHM_ED25519, init=False)
+
+    @classmethod
+    def generate(cls) -> KeyPair:
+        """Create a new random key pair (libsodium's CSPRNG)."""
+        return cls(nacl.signing.SigningKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> KeyPair:
+        """Build a key pair from its 32-byte secret seed (RFC 8032 "secret key").
+
+        Raises:
+            KeyFormatError: ``seed`` is not exactly 32 bytes.
+        """
+        if not isinstance(seed, bytes) or len(seed) != SEED_BYTES:
+            raise KeyFormatError(f"an Ed25519 seed must be exactly {SEED_BYTES} bytes")
+        return cls(nacl.signing.SigningKey(seed))
+
+    @property
+    def seed(self) -> bytes:
+        """The 32-byte secret seed."""
+        return bytes(self.signing_key)
+
+    @property
+    def public_bytes(self) -> bytes:
+        """The 32-byte public key."""
+        return bytes(self.signing_key.verify_key)
+
+    @functools.cached_property
+    def public_hex(self) -> str:
+        """The public key as 64 lowercase hex characters (formatted once: a node reads its
+        own id several times for every message it admits)."""
+        return self.public_bytes.hex()
+
+    @functools.cached_property
+    def _secret(self) -> bytes:
+        """libsodium's 64-byte secret key (seed || public key), derived once."""
+        return nacl.bindings.crypto_sign_seed_keypair(self.seed)[1]
+
+    def sign(self, data: bytes) -> bytes:
+        """Return the 64-byte detached Ed25519 signature of ``data``."""
+        # the binding itself: SigningKey.sign wraps the same bytes in a SignedMessage and
+        # its encoders, ~1 us of a client's per-message CPU
+        return nacl.bindings.crypto_sign(data, self._secret)[: nacl.bindings.crypto_sign_BYTES]
+
+    def __repr__(self) -> str:
+        return f"KeyPair(public_hex={self.public_hex!r})"
+
+
+def _public_key_bytes(value: str | bytes) -> bytes:
+    """Decode ``value`` (64 hex chars or 32 raw bytes) without any curve checks.
+
+    Raises:
+        KeyFormatError: wrong type, wrong length, or not hexadecimal.
+    """
+    if isinstance(value, str):
+        if len(value) != 2 * PUBLIC_KEY_BYTES:
+            raise KeyFormatError(
+                f"public key must be {2 * PUBLIC_KEY_BYTES} hex characters, got {len(value)}"
+            )
+        if not _HEX_DIGITS.issuperset(value):
+            raise KeyFormatError("public key is not hexadecimal")
+        return bytes.fromhex(value)
+    if isinstance(value, bytes):
+        if len(value) != PUBLIC_KEY_BYTES:
+            raise KeyFormatError(f"public key must be {PUBLIC_KEY_BYTES} bytes, got {len(value)}")
+        return value
+    raise KeyFormatError(f"public key must be hex str or bytes, not {type(value).__name__}")
+
+
+def parse_public_key(value: str | bytes) -> bytes:
+    """Parse and validate an Ed25519 public key; return its 32 bytes.
+
+    Refuses non-canonical encodings (y >= 2**255 - 19, or x = 0 with the sign bit set),
+    the 8 small-order points (including the identity), points not on the curve, and points
+    outside the prime-order subgroup (libsodium ``crypto_core_ed25519_is_valid_point``).
+
+    Raises:
+        KeyFormatError: with the reason, for any of the above or a wrong length / non-hex input.
+    """
+    raw = _public_key_bytes(value)
+    sign_bit = raw[31] >> 7
+    y = int.from_bytes(raw, "little") & ~(1 << 255)
+    if y >= _FIELD_P:
+        raise KeyFormatError("public key is a non-canonical encoding (y >= 2**255 - 19)")
+    if sign_bit and y in (1, _FIELD_P - 1):
+        raise KeyFormatError("public key is a non-canonical encoding (x = 0 with sign bit set)")
+    if raw in _SMALL_ORDER_POINTS:
+        raise KeyFormatError("public key is a small-order point (weak key)")
+    if not nacl.bindings.crypto_core_ed25519_is_valid_point(raw):
+        raise KeyFormatError(f"public key is {_invalid_point_reason(raw)}")
+    return raw
+
+
+def parse_public_key_for(algorithm: str, value: str | bytes) -> bytes:
+    """Parse and validate a public key of ``algorithm`` (``ed25519`` or ``secp256k1``).
+
+    Raises:
+        KeyFormatError: an unknown algorithm, or the key is invalid for it (the subclasses of
+            crypto/secp256k1.py name the secp256k1 cases: uncompressed, invalid point).
+    """
+    if algorithm == ALGORITHM_ED25519:
+        return parse_public_key(value)
+    if algorithm == ALGORITHM_SECP256K1:
+        return parse_secp256k1_public_key(value)
+    shown = algorithm[:40] if isinstance(algorithm, str) else type(algorithm).__name__
+    raise KeyFormatError(f"unknown key algorithm {shown!r} (known: {', '.join(ALGORITHMS)})")
+
+
+Signer = KeyPair | Secp256k1KeyPair
+"""A key that signs for an actor: Ed25519 or secp256k1 (``.algorithm`` says which)."""
+
+
+def _invalid_point_reason(raw: bytes) -> str:
+    """Explain why libsodium refused ``raw``: off the curve, or carrying a torsion component."""
+    try:
+        nacl.bindings.crypto_core_ed25519_add(raw, _BASE_POINT)
+    except nacl.exceptions.CryptoError:
+        return "not a point on the Ed25519 curve"
+    return "not in the prime-order subgroup (has a small-order component)"
+
+
+# -- signatures ---------------------------------------------------------------------------------
 
 SIGNATURE_BYTES = 64
 MAX_SIGNATURES = 16

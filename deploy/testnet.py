@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 
 from bus.client.api import Client, JobResult, open_client  # noqa: E402
 from bus.core.urls import redact  # noqa: E402
-from bus.store import registry  # noqa: E402
+from bus.store import records  # noqa: E402
 from crypto import KeyPair, write_key_file  # noqa: E402
 from node.cli.flow import render  # noqa: E402
 from node.config.store import StoreConfig  # noqa: E402
@@ -124,7 +124,7 @@ async def check_runs_jobs(node: TestNode) -> str:
     """The node's sandbox, as a line to print; TestnetError if it runs no job (no sandbox can
     be built there), with why and what to do: its jobs would only come back refused."""
     async with open_client(node.redis_url) as client:
-        info = await registry.node_info(client.store)
+        info = await records.node_info(client.store)
     if info.get("isolation") == "refused":
         fix = info.get("isolation_fix") or 'set isolation = "none" (no sandbox)'
         raise TestnetError(
@@ -138,7 +138,7 @@ async def links_down(nodes: list[TestNode], clients: list[Client]) -> list[str]:
     """The links of the mesh not up yet, as ``node1 -> node2`` (``clients``: one per node)."""
     down = []
     for n, client in zip(nodes, clients, strict=True):
-        links = read_links(await registry.node_info(client.store))
+        links = read_links(await records.node_info(client.store))
         down += [
             f"{n.name} -> {o.name}"
             for o in nodes

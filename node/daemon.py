@@ -55,7 +55,7 @@ from bus.core.models import Actor, Context, Peer
 from bus.core.queues import consume_order, slot_bases
 from bus.core.urls import bare_host, link_url, redact
 from bus.errors import Refused
-from bus.store import registry
+from bus.store import records
 from bus.store.connection import open_store
 from bus.store.migrate import migrate
 from bus.wire import outbox
@@ -71,13 +71,12 @@ from node.host.homelock import hold_home
 from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
-from node.intake.admission import raised_bounds
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.fair_share import run_fair_share
 from node.intake.held import run_held
 from node.intake.messages import Rejected, load_message, reject
-from node.intake.pressure import run_pressure_watch
+from node.intake.pressure import raised_bounds, run_pressure_watch
 from node.intake.supervisor import run_supervisor
 from node.links.encryption import (
     encryption_fields,
@@ -394,7 +393,7 @@ class Registry:
         """Refresh on every registration event (BLPOP on node:events)."""
         task_status.started()
         while True:
-            event = await registry.next_registry_event(self.node.store, 30)
+            event = await records.next_registry_event(self.node.store, 30)
             if event is not None:
                 log.info("registry event %s", event)
                 self.node.registry.forget()

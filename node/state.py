@@ -13,9 +13,9 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from bus.core.models import Actor, Context, Peer
+from bus.core.stats import StatsBatch
 from bus.core.verify import AcceptedAlgorithms, Freshness
-from bus.store import registry
-from bus.store.atomic.stats import StatsBatch
+from bus.store import records
 from bus.store.connection import Store
 from bus.store.serve import Known
 from bus.wire.breakers import PeerBreakers
@@ -216,10 +216,10 @@ class Peers:
 
     async def load_peers(self, store: Store) -> list[Peer]:
         """Refresh the in-memory peer registry from DB 0; return peers not seen before."""
-        ids = await registry.peer_ids(store)
+        ids = await records.peer_ids(store)
         fresh = []
         for peer_id in ids:
-            h = await registry.read_peer(store, peer_id)
+            h = await records.read_peer(store, peer_id)
             if not h:
                 continue
             peer = Peer.from_hash(h)
@@ -248,7 +248,7 @@ class RegistryCache:
         if self.store.registry_seen is not None:
             return self.store.registry_seen
         if self._read is None:
-            self._read = await registry.version(self.store)
+            self._read = await records.registry_version(self.store)
         return self._read
 
     async def actor(self, actor_id: int, version: str) -> Actor | None:

@@ -47,7 +47,7 @@ from bus.core.submission import job_messages, write_plan
 from bus.core.tracecontext import message_trace
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
-from bus.store import lists, records, registry
+from bus.store import lists, records
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
@@ -128,7 +128,7 @@ class Client:
     async def node_id(self) -> str:
         """The id of the node serving this Redis; ClientError if no node ever ran on it."""
         if self._node_id is None:
-            found = await registry.node_id(self.store)
+            found = await records.node_id(self.store)
             if not found:
                 raise ClientError("no hero-node has run on this Redis yet (no node:info)")
             self._node_id = found
@@ -186,12 +186,12 @@ class Client:
         except ValueError as exc:
             raise ClientError(f"peer {node_id[:16]}…: {exc}") from None
         peer = Peer(node_id.lower(), address, name, created_at=now(), updated_at=now())
-        await registry.put_peer(self.store, peer)
+        await records.put_peer(self.store, peer)
         return peer
 
     async def peers(self) -> list[Peer]:
-        ids = await registry.peer_ids(self.store)
-        found = [await registry.read_peer(self.store, i) for i in sorted(ids)]
+        ids = await records.peer_ids(self.store)
+        found = [await records.read_peer(self.store, i) for i in sorted(ids)]
         return [Peer.from_hash(h) for h in found if h]
 
     async def resolve_node(self, ref: str) -> str:
@@ -201,7 +201,7 @@ class Client:
         own_id = await self.node_id()  # cached: a local submit reads nothing more
         if ref in ("self", "local", own_id):
             return own_id
-        info = await registry.node_info(self.store)
+        info = await records.node_info(self.store)
         own = KnownNode(own_id, info.get("name", ""))
         peers = [KnownNode(p.id, p.name) for p in await self.peers()]
         return pick_node(ref, own, peers)
@@ -658,7 +658,7 @@ class Client:
     async def _resolve_flow_nodes(self, spec: FlowSpec) -> FlowSpec:
         """``spec`` with every job's node as a node id ('self', this node's name, a peer's id,
         name or id prefix); FlowError naming the jobs whose node is unknown."""
-        own = await registry.node_info(self.store)
+        own = await records.node_info(self.store)
         resolved, strays = [], []
         for job in spec.jobs:
             try:

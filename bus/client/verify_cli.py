@@ -15,7 +15,7 @@ from bus.core.models import Message, MessageType
 from bus.core.reasons import Reason
 from bus.core.verify import Freshness, judge
 from bus.errors import BusError, ModelError
-from bus.store import records, registry
+from bus.store import records
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Verdict
 from crypto import cli as crypto_cli
@@ -70,8 +70,8 @@ async def registered_signer(store: Store, message: Message) -> tuple[str | None,
     """The key that must have signed ``message`` and its algorithm: its actor's, or for a
     result its origin node's (always Ed25519)."""
     if message.message_type is MessageType.RESULT:
-        own = await registry.node_id(store)
-        known = message.origin == own or await registry.knows_peer(store, message.origin)
+        own = await records.node_id(store)
+        known = message.origin == own or await records.knows_peer(store, message.origin)
         return (message.origin if known else None), ALGORITHM_ED25519
     actor = await store.get_actor(message.caller_id)
     if actor is None:

@@ -2,7 +2,7 @@
 redis-py, for scripts that do not run trio.
 
 Each runs what its trio flavour runs, read from the same place: the node id is the field
-:data:`bus.store.registry.NODE_ID_FIELD` of ``node:info`` (:func:`bus.store.registry.node_id`),
+:data:`bus.store.records.NODE_ID_FIELD` of ``node:info`` (:func:`bus.store.records.node_id`),
 a submission sends the commands :func:`bus.store.records.message_writes` lists in one MULTI/EXEC
 (:func:`bus.store.records.write_messages`), and an answer is the BLPOP of a reply list
 (:func:`bus.store.lists.pop_reply`). Only the client library differs; its errors become
@@ -19,8 +19,7 @@ import redis
 
 from bus.core import keys
 from bus.errors import StoreError
-from bus.store.records import message_writes
-from bus.store.registry import NODE_ID_FIELD
+from bus.store.records import NODE_ID_FIELD, message_writes
 
 # How redis-py takes the arguments of each verb message_writes lists (coredis takes them as
 # they are: a mapping, a list).

@@ -182,10 +182,10 @@ async def flow_show(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _node_names(client: Client) -> dict[str, str]:
-    from bus.store import registry
+    from bus.store import records
 
     names = {p.id: p.name for p in await client.peers() if p.name}
-    own = await registry.node_info(client.store)
+    own = await records.node_info(client.store)
     if own.get("id"):
         names[own["id"]] = own.get("name") or "self"
     return names

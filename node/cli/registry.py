@@ -11,7 +11,7 @@ from bus.core import ids
 from bus.core.models import Actor
 from bus.core.urls import check_link_url
 from bus.errors import ModelError
-from crypto.keys import ALGORITHM_ED25519, ALGORITHMS
+from crypto.signing import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
 from node.cli.parsing import hidden_alias
@@ -115,12 +115,11 @@ async def peer_add(client: Client, args: argparse.Namespace) -> int:
 async def peer_facts(client: Client) -> list[dict[str, object]]:
     """Every peer with its link (node/observe/linkinfo.py) and outbox length; the shape of
     ``peer list --json`` and of ``status --json``'s ``peers``."""
-    from bus.store import lists
-    from bus.store import registry as store_registry
+    from bus.store import lists, records
     from node.links.peer_breakers import BREAKERS_FIELD
     from node.observe.linkinfo import read_links
 
-    info = await store_registry.node_info(client.store)
+    info = await records.node_info(client.store)
     links = read_links(info)
     breakers = _breakers(info.get(BREAKERS_FIELD, "{}"))
     out: list[dict[str, object]] = []
@@ -181,12 +180,12 @@ async def peer_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def peer_remove(client: Client, args: argparse.Namespace) -> int:
-    from bus.store import registry as store_registry
+    from bus.store import records
 
     node_id = await client.resolve_node(args.node)
     if node_id == await client.node_id():
         raise UsageError("that is this node itself, not a peer")
-    await store_registry.remove_peer(client.store, node_id)
+    await records.remove_peer(client.store, node_id)
     print(f"peer {node_id[:16]}… removed ({RESTART_NOTE})")
     return 0
 
@@ -203,10 +202,10 @@ async def actor_add(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actors(client: Client) -> list[Actor]:
-    from bus.store import registry as store_registry
+    from bus.store import records
 
     out = []
-    for h in await store_registry.actor_hashes(client.store):
+    for h in await records.actor_hashes(client.store):
         try:
             out.append(Actor.from_hash(h))
         except ModelError:  # not an actor the node could use either: not listed
@@ -235,9 +234,9 @@ async def actor_list(client: Client, args: argparse.Namespace) -> int:
 
 
 async def actor_remove(client: Client, args: argparse.Namespace) -> int:
-    from bus.store import registry as store_registry
+    from bus.store import records
 
-    if not await store_registry.remove_actor(client.store, args.actor_id):
+    if not await records.remove_actor(client.store, args.actor_id):
         print(f"hero-node: no actor {args.actor_id}", file=sys.stderr)
         return 1
     print(f"actor {args.actor_id} removed")

@@ -166,15 +166,15 @@ async def status_facts(client: Client) -> dict[str, Any]:
     """What ``status`` shows: ``node`` (node:info), ``counters``, ``peers`` (with their link
     and the length of their outbox: see node/cli/registry.py ``peer_facts``) and ``contexts``
     (list lengths and live runners, by context id)."""
-    from bus.store import registry
-    from node.intake.admission import BOUNDS_FIELD, bounds_of
+    from bus.store import records
+    from node.intake.pressure import BOUNDS_FIELD, bounds_of
     from node.links.peer_breakers import BREAKERS_FIELD
     from node.observe import tallies
     from node.observe.linkinfo import LINKS_FIELD
     from node.observe.quotas import quota_facts
 
     store = client.store
-    info = await registry.node_info(store)
+    info = await records.node_info(store)
     contexts = {ctx: await _context_facts(store, ctx) for ctx in await store.context_ids()}
     for ctx, of_ctx in contexts.items():
         of_ctx["quotas"] = quota_facts(bounds_of(info, ctx), of_ctx["quotas"])

@@ -141,11 +141,11 @@ async def never_runs(client: Client, config: NodeConfig, ctx: int, job: dict[str
     """Why ``job``, queued on this node, will never run ("" if it may): this node runs no job of
     its type, as it can build no sandbox (a job queued before it started so: one admitted
     since is answered isolation_refused at once, node/intake/admission.py)."""
-    from bus.store import records, registry
+    from bus.store import records
 
     if job.get("status") != JobStatus.DISPATCHED.value or job.get("pending"):
         return ""
-    info = await registry.node_info(client.store)
+    info = await records.node_info(client.store)
     if info.get("isolation") != "refused" or not config.runners.get(job.get("script_type", "")):
         return ""
     message = await records.read_message(client.store, ctx, job.get("message_key", ""))

@@ -1,4 +1,5 @@
-"""Admission: the one decision on whether this node accepts a message, whatever its path.
+"""Admission: the one decision on whether this node accepts a message, whatever its path, and
+the atomic write that completes it for a job message (its jobs materialised).
 
 Two paths lead here: the supervisor (``msg_out``: what this node's clients and services submit;
 a job for this node is materialised right there) and the consumer (``msg_in``: what peers
@@ -8,14 +9,18 @@ context are the message's; a stop names a job; a result's body decodes), its sig
 the registered key, its freshness, the caller's permission in the context and, for a job
 message from a peer, its signed ack deadline. Replays are refused atomically where what a
 message causes is written: job and flow-job messages by the materialise script
-(node/intake/materialise.py), results by the consumer's accept script; stops here.
+(:func:`materialise_many`), results by the consumer's accept script; stops here.
 
-The ack deadline of a job message is ``created_at + timeout_ack`` (bus/core/deadlines.py). Both
-are signed fields, so the deadline travels under the caller's signature and no node on the way
-can move it. A destination refuses a job message it receives (node/links/frames.py) or takes
-from ``msg_in`` after that deadline (``expired``); its origin declares the message failed only
-after the deadline plus the allowed clock skew (node/intake/deadlines.py). So, for clocks within
-``max_skew_s`` of each other, a message its client was told failed never runs.
+Materialising a batch (replay check, job hashes, queue entries, message status, replay markers,
+in-flight ack) is one Lua call (bus/store/atomic/lua/routing_materialise.lua). Each job hash it
+writes carries the node's admission stamp (bus/core/admitted.py): no other place writes a job
+after :func:`admit` accepted its message, and a runner process runs nothing without the stamp.
+
+The ack deadline of a job message (signed: bus/core/deadlines.py): a destination refuses a job
+message it receives (node/links/frames.py) or takes from ``msg_in`` after it (``expired``); its
+origin declares the message failed only after it plus the allowed clock skew
+(node/intake/deadlines.py). So, for clocks within ``max_skew_s`` of each other, a message its
+client was told failed never runs.
 
 Actors and contexts come from the node's cache (node/state.py), kept while ``registry:version``
 holds the value they were loaded under: every write of an actor or a context bumps it, and the
@@ -36,25 +41,29 @@ bounds decided here, and its verdict becomes the refusal here (:func:`quota_refu
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Mapping
+import logging
+from collections.abc import Callable, Collection, Mapping
 from typing import NamedTuple
 
-from bus.core import keys
+from bus.core import admitted, keys
 from bus.core.deadlines import ack_deadline
 from bus.core.envelope import ResultBody
 from bus.core.ids import now
-from bus.core.models import Message, MessageType
+from bus.core.models import JobStatus, Message, MessageType, RunnerJob
+from bus.core.queues import target_queue
 from bus.core.reasons import Reason
 from bus.core.verify import freshness_problem, judge, permission_problem
 from bus.errors import ModelError
 from bus.store import records
+from bus.store.atomic.routing import JobWrite, materialise_batch
 from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job
-from node.intake.messages import Rejected, signed_here
+from node.intake.messages import Rejected, answer_unrunnable, reject, signed_here
 from node.intake.stops import parse_stop
 from node.sandbox.probe import Isolation
 from node.state import NodeState
+
+log = logging.getLogger(__name__)
 
 NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
 # the node counter of messages whose signature verified (node/observe/metrics.py)
@@ -178,54 +187,6 @@ def queue_bounds(config: NodeConfig, ctx: int) -> QueueBounds:
         own.get("actor", config.max_queued_per_actor),
         own.get("context", config.max_queued_per_context),
     )
-
-
-def raised_bounds(config: NodeConfig) -> list[str]:
-    """Each context whose ``[queue_limits]`` raise (or lift) a node-wide bound: logged loudly
-    at start, since such a context may hold more of the store than the operator planned."""
-    out = []
-    base = QueueBounds(config.max_queued_per_actor, config.max_queued_per_context)
-    for ctx in sorted(config.queue_limits, key=int):
-        own = queue_bounds(config, int(ctx))
-        for name, mine, node_wide in zip(QueueBounds._fields, own, base, strict=True):
-            if node_wide and (mine == 0 or mine > node_wide):
-                shown = mine or "lifted"
-                out.append(f"context {ctx}: {name} queue bound {shown} (node-wide {node_wide})")
-    return out
-
-
-BOUNDS_FIELD = "queue_bounds"  # node:info: the node's queue bounds, for hero-node status
-
-
-def published_bounds(config: NodeConfig) -> str:
-    """The queue bounds as node:info publishes them: ``{"default": [actor, context], "<ctx>":
-    [actor, context], ...}`` (JSON; 0: no bound)."""
-    table = {
-        "default": list(QueueBounds(config.max_queued_per_actor, config.max_queued_per_context))
-    }
-    table |= {ctx: list(queue_bounds(config, int(ctx))) for ctx in config.queue_limits}
-    return json.dumps(table)
-
-
-def bounds_of(info: Mapping[str, str], ctx: int) -> QueueBounds:
-    """Context ``ctx``'s queue bounds as the node published them (0, 0 if it did not)."""
-    try:
-        table = json.loads(info.get(BOUNDS_FIELD) or "{}")
-        return QueueBounds(*table.get(str(ctx), table["default"]))
-    except (ValueError, KeyError, TypeError):
-        return QueueBounds(0, 0)
-
-
-def quota_refusal(message: Message, code: int, detail: str) -> Rejected:
-    """The refusal of ``message`` for the materialise script's bound verdict ``code`` (4: its
-    actor's bound, 5: the context's) and its ``detail`` ("<depth> <bound>")."""
-    depth, _, bound = detail.partition(" ")
-    jobs = len(message.job)
-    if code == OVER_ACTOR_BOUND:
-        who = f"actor {message.caller_id} holds {depth} queued jobs in context {message.context_id}"
-    else:
-        who = f"context {message.context_id} holds {depth} queued jobs"
-    return Rejected(Reason.QUOTA_EXCEEDED, f"{who}; {jobs} more would pass its bound of {bound}")
 
 
 # -- whether a job can run here (pure) ----------------------------------------------------------
@@ -388,3 +349,172 @@ async def check_replay(node: NodeState, ctx: int, message: Message) -> None:
     if seen_key or seen_nonce:
         what = "message key" if seen_key else "nonce"
         raise Rejected(Reason.REPLAY, f"{what} of {message.key} was already accepted")
+
+
+# -- materialising: the write that completes admission, in one atomic step ----------------------
+
+REPLAY_WHAT = {1: "message key", 2: "nonce"}
+
+
+def quota_refusal(message: Message, code: int, detail: str) -> Rejected:
+    """The refusal of ``message`` for the materialise script's bound verdict ``code`` (4: its
+    actor's bound, 5: the context's) and its ``detail`` ("<depth> <bound>")."""
+    depth, _, bound = detail.partition(" ")
+    jobs = len(message.job)
+    if code == OVER_ACTOR_BOUND:
+        who = f"actor {message.caller_id} holds {depth} queued jobs in context {message.context_id}"
+    else:
+        who = f"context {message.context_id} holds {depth} queued jobs"
+    return Rejected(Reason.QUOTA_EXCEEDED, f"{who}; {jobs} more would pass its bound of {bound}")
+
+
+def refusal(message: Message, code: int, owner: str) -> Rejected:
+    """Why the materialise script refused ``message`` (``code`` > 0)."""
+    if code in (OVER_ACTOR_BOUND, OVER_CONTEXT_BOUND):
+        return quota_refusal(message, code, owner)
+    if code in REPLAY_WHAT:
+        return Rejected(Reason.REPLAY, f"{REPLAY_WHAT[code]} of {message.key} was already accepted")
+    job_key, _, holder = owner.partition(" ")
+    return Rejected(Reason.JOB_EXISTS, f"{job_key} exists already, held by {holder}")
+
+
+async def materialise_fresh(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+    service: str,
+) -> None:
+    """Materialise a batch of authorised job messages in one atomic step (materialise_batch);
+    a replay (its key or nonce accepted before, or earlier in this batch) or a message naming
+    a job key of another message is refused and dead-lettered."""
+    refused, ended = await materialise_many(node, ctx, messages, script_types, inflight)
+    _log_queued(ctx, messages, refused, ended)
+    for message, exc in refused:
+        queue = keys.MSG_IN if service == "consumer" else keys.MSG_OUT
+        await reject(node, ctx, message.key, exc, message, service, queue=queue)
+        await node.store.ack(ctx, inflight, message.key)
+
+
+def _log_queued(
+    ctx: int,
+    messages: list[Message],
+    refused: list[tuple[Message, Rejected]],
+    unrunnable: set[str],
+) -> None:
+    """One line per job queued here (what an operator follows, or greps by job key)."""
+    if not log.isEnabledFor(logging.INFO):  # its arguments cost a node ~2 us per job
+        return
+    refused_keys = {m.key for m, _ in refused}
+    for message in messages:
+        if message.key in refused_keys:
+            continue
+        for job in message.job:
+            if job.key in unrunnable:
+                continue  # logged with its refusal by answer_unrunnable
+            log.info(
+                "job %s (%s) queued on %s, from %s… (context %d)",
+                job.key,
+                job.script_type,
+                target_queue(job),
+                message.origin[:16],
+                ctx,
+                extra={
+                    "job": job.key,
+                    "ctx": ctx,
+                    "message_key": message.key,
+                    "type": job.script_type,
+                    "origin": message.origin,
+                },
+            )
+
+
+Unrunnable = list[tuple[Message, RunnerJob, Rejected]]
+
+
+def _writes(
+    messages: list[Message],
+    judge: Callable[[str], Rejected | None],
+    stamp: int,
+    ctx: int,
+    key: bytes,
+) -> tuple[list[tuple[Message, list[JobWrite]]], Unrunnable]:
+    """Each message's job hashes (stamped with ``key``, in context ``ctx``) and queue entries,
+    and its jobs that would never run here, with why (``judge``: admission.unrunnable)."""
+    unrunnable: Unrunnable = []
+    batch: list[tuple[Message, list[JobWrite]]] = []
+    dispatched, when = JobStatus.DISPATCHED.value, str(stamp)
+    for message in messages:
+        writes = []
+        for job in message.job:
+            fields = job.to_hash()  # a dict of its own: completed in place, not copied
+            fields["status"] = dispatched
+            fields["created_at"] = fields["updated_at"] = when
+            fields["message_key"] = message.key
+            fields["origin"] = message.origin
+            if message.reply_to:  # where the runner answers a request made here
+                fields["reply_to"] = message.reply_to
+            if message.traceparent:  # the runner's attempt continues it without a message read
+                fields["traceparent"] = message.traceparent
+                if message.tracestate:
+                    fields["tracestate"] = message.tracestate
+            queue = ""
+            why = judge(job.script_type)
+            if why is None:
+                queue = target_queue(job)  # bus/core/queues.py
+            else:
+                fields |= {"status": JobStatus.ERROR.value, "reason": why.reason}
+                unrunnable.append((message, job, why))
+            fields[admitted.FIELD] = admitted.stamp(key, ctx, job.key, fields)
+            writes.append(JobWrite(job.key, queue, fields))
+        batch.append((message, writes))
+    return batch, unrunnable
+
+
+async def materialise_many(
+    node: NodeState,
+    ctx: int,
+    messages: list[Message],
+    script_types: Collection[str],
+    inflight: str,
+) -> tuple[list[tuple[Message, Rejected]], set[str]]:
+    """Write the jobs of checked messages, their queue entries, the message status, the replay
+    markers and the ack, in one Lua call; returns the refused messages (replays, and those
+    naming another message's job) with why, for which nothing was written, and the keys of
+    the jobs written in error because they would never run here (answered at once)."""
+    stamp = now()
+    config = node.config
+
+    def judge(script_type: str) -> Rejected | None:
+        return unrunnable(script_type, script_types, config.runners, node.runners.isolation)
+
+    batch, ended = _writes(messages, judge, stamp, ctx, node.identity.admission_key)
+    types = sorted({job.script_type for m in messages for job in m.job} & set(script_types))
+    counted: list[str] = []
+    codes, node.backpressure.queue_depth[ctx], owners = await materialise_batch(
+        node.store,
+        ctx,
+        inflight,
+        batch,
+        now=stamp,
+        window_s=node.identity.freshness.window_s,
+        depth_of=[keys.queue(t) for t in types],
+        bounds=queue_bounds(node.config, ctx),
+        fair_share_jobs=node.config.fair_share_jobs,
+        counted=counted,
+    )
+    node.job_stats.add(ctx, counted)
+    refused = [(m, refusal(m, c, o)) for m, c, o in zip(messages, codes, owners, strict=True) if c]
+    for (_, writes), code in zip(batch, codes, strict=True):
+        for w in writes:  # idle slots wait on the plain type queue only
+            if not code and w.queue and w.queue != keys.queue(w.fields["script_type"]):
+                node.wakeups.wake_idle_slots(ctx, w.fields["script_type"])
+    node.counters.count(
+        "materialised", sum(len(m.job) for m, c in zip(messages, codes, strict=True) if not c)
+    )
+    if not ended:  # nearly always: no set and no coroutine for nothing to answer
+        return refused, set()
+    refused_keys = {m.key for m, _ in refused}
+    await answer_unrunnable(node, ended, refused_keys)
+    return refused, {job.key for m, job, _ in ended if m.key not in refused_keys}

@@ -24,9 +24,8 @@ from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.store import records
 from bus.store.atomic import routing
 from bus.store.serve import Done, Popped, Queue, serve_queue
-from node.intake.admission import admit
+from node.intake.admission import admit, materialise_fresh
 from node.intake.held import hold
-from node.intake.materialise import materialise_fresh
 from node.intake.messages import (
     Intake,
     Rejected,

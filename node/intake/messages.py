@@ -10,7 +10,7 @@ from typing import Literal, TypeVar
 from bus.core import keys, spans
 from bus.core.envelope import ResultBody, build_result, reply_text, sign_message
 from bus.core.ids import now
-from bus.core.models import JobStatus, Message, MessageStatus, MessageType
+from bus.core.models import JobStatus, Message, MessageStatus, MessageType, RunnerJob
 from bus.core.reasons import Reason
 from bus.core.text import printable
 from bus.core.tracecontext import MessageTrace, message_trace
@@ -342,3 +342,25 @@ def end_result_spans(made: list[spans.Span | None], verdicts: list[tuple[str, st
             spans.end(span, "applied")
         else:
             spans.end(span, "rejected", str(reason))
+
+
+async def answer_unrunnable(
+    node: NodeState, ended: list[tuple[Message, RunnerJob, Rejected]], refused: set[str]
+) -> None:
+    """Answer each job materialised in error, as it would never run here (node/intake/admission.py:
+    unrunnable), unless its message was ``refused``: its origin, and the client waiting there,
+    learn why at once."""
+    for message, job, why in ended:
+        if message.key in refused:
+            continue
+        detail = f"{why.reason}: {why.detail}"
+        log.warning(
+            "job %s: %s",
+            job.key,
+            detail,
+            extra={"job": job.key, "ctx": message.context_id, "reason": why.reason},
+        )
+        node.counters.count(f"unrunnable_{why.reason}")
+        await queue_result(
+            node, message, ResultBody(message.key, job.key, JobStatus.ERROR, {}, detail)
+        )

@@ -22,19 +22,24 @@ A peer's link is held back on its own too (node.state.Inbound): at most ``max_ms
 messages it delivered may wait in ``msg_in`` for the consumer; past that its link stores nothing
 more until the consumer took some, so one flooding peer neither fills the store nor crowds the
 other peers out of the consumer.
+
+The watch also publishes the queue bounds admission enforces (node/intake/admission.py:
+queue_bounds) in node:info, for ``hero-node status`` (:func:`published_bounds`, :func:`bounds_of`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from bus.store import registry
+from bus.store import records
+from node.intake.admission import QueueBounds, queue_bounds
 
 if TYPE_CHECKING:
     from node.config import NodeConfig
@@ -107,9 +112,6 @@ async def run_pressure_watch(
     clock) by the free disk space and the store's memory; reports started after the first
     look. A change is logged, counted (``intake_held_<cause>``) and published in node:info
     (``intake_held``, for ``hero-node status``). Raises StoreError if Valkey fails."""
-    from bus.store import records
-    from node.intake.admission import BOUNDS_FIELD, published_bounds
-
     paths = watched_paths(node.config)
 
     async def memory() -> tuple[int, int]:
@@ -131,7 +133,7 @@ async def run_pressure_watch(
             if not started or lost:
                 facts[BOUNDS_FIELD] = published_bounds(node.config)
             since = node.store.epoch
-            await registry.publish_node_info(node.store, facts)
+            await records.publish_node_info(node.store, facts)
         if not started:
             task_status.started()
             started = True
@@ -150,3 +152,42 @@ def apply_verdicts(node: NodeState, verdicts: dict[str, str]) -> bool:
             log.warning("taking new jobs again: %s has room", cause, extra={"cause": cause})
             changed = True
     return changed
+
+
+# -- the queue bounds as the node publishes them (node/intake/admission.py: queue_bounds) ----
+
+
+def raised_bounds(config: NodeConfig) -> list[str]:
+    """Each context whose ``[queue_limits]`` raise (or lift) a node-wide bound: logged loudly
+    at start, since such a context may hold more of the store than the operator planned."""
+    out = []
+    base = QueueBounds(config.max_queued_per_actor, config.max_queued_per_context)
+    for ctx in sorted(config.queue_limits, key=int):
+        own = queue_bounds(config, int(ctx))
+        for name, mine, node_wide in zip(QueueBounds._fields, own, base, strict=True):
+            if node_wide and (mine == 0 or mine > node_wide):
+                shown = mine or "lifted"
+                out.append(f"context {ctx}: {name} queue bound {shown} (node-wide {node_wide})")
+    return out
+
+
+BOUNDS_FIELD = "queue_bounds"  # node:info: the node's queue bounds, for hero-node status
+
+
+def published_bounds(config: NodeConfig) -> str:
+    """The queue bounds as node:info publishes them: ``{"default": [actor, context], "<ctx>":
+    [actor, context], ...}`` (JSON; 0: no bound)."""
+    table = {
+        "default": list(QueueBounds(config.max_queued_per_actor, config.max_queued_per_context))
+    }
+    table |= {ctx: list(queue_bounds(config, int(ctx))) for ctx in config.queue_limits}
+    return json.dumps(table)
+
+
+def bounds_of(info: Mapping[str, str], ctx: int) -> QueueBounds:
+    """Context ``ctx``'s queue bounds as the node published them (0, 0 if it did not)."""
+    try:
+        table = json.loads(info.get(BOUNDS_FIELD) or "{}")
+        return QueueBounds(*table.get(str(ctx), table["default"]))
+    except (ValueError, KeyError, TypeError):
+        return QueueBounds(0, 0)

@@ -22,8 +22,7 @@ from bus.errors import StoreError
 from bus.store import lists, serve
 from bus.store.atomic import routing
 from bus.store.serve import Popped, Queue, serve_queue
-from node.intake.admission import admit
-from node.intake.materialise import materialise_fresh
+from node.intake.admission import admit, materialise_fresh
 from node.intake.messages import (
     Intake,
     Rejected,

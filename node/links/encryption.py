@@ -16,7 +16,7 @@ from typing import Final
 
 from bus.core.ids import now
 from bus.core.models import Peer
-from bus.store import registry
+from bus.store import records
 from bus.store.connection import Store
 from bus.wire.transport import TransportConfig
 from crypto.tls import fingerprint, make_self_signed, server_context
@@ -86,13 +86,13 @@ async def migrate_peer_addresses(store: Store, config: NodeConfig) -> list[Peer]
     if not encrypted(config):
         return []
     moved = []
-    for peer_id in sorted(await registry.peer_ids(store)):
-        h = await registry.read_peer(store, peer_id)
+    for peer_id in sorted(await records.peer_ids(store)):
+        h = await records.read_peer(store, peer_id)
         if not h or not h.get("address", "").startswith("ws://"):
             continue
         peer = Peer.from_hash(h)
         new = replace(peer, address="wss://" + peer.address.removeprefix("ws://"), updated_at=now())
-        await registry.put_peer(store, new)
+        await records.put_peer(store, new)
         log.warning(
             "peer %s (%s…): address %s rewritten to %s: links are encrypted; that peer "
             "must run a hero-node with link encryption, or its links are refused",

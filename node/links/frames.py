@@ -20,7 +20,7 @@ from bus.core.ids import now
 from bus.core.models import Hash, MessageStatus
 from bus.core.reasons import Reason
 from bus.core.tracecontext import message_trace
-from bus.store import lists, records, registry
+from bus.store import lists, records
 from bus.store.atomic import routing
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
@@ -215,7 +215,7 @@ class LinkHandler:
         """A context registered but not yet picked up by the registry watcher still counts."""
         if not self._valid_db(ctx):
             return False
-        return await registry.serves_context(self.node.store, ctx)
+        return await records.serves_context(self.node.store, ctx)
 
     def _valid_db(self, ctx: int) -> bool:
         return 0 < ctx < self.node.config.valkey_databases

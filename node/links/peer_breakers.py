@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
-from bus.store import registry
+from bus.store import records
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
@@ -35,6 +35,6 @@ async def run_breaker_publisher(
         while True:
             changed = breakers.changed
             snapshot = json.dumps(breakers.snapshot(), separators=(",", ":"))
-            await registry.publish_node_info(store, {BREAKERS_FIELD: snapshot})
+            await records.publish_node_info(store, {BREAKERS_FIELD: snapshot})
             await trio.sleep(PUBLISH_EVERY_S)
             await changed.wait()  # at once if a breaker changed since the snapshot

@@ -14,7 +14,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from bus.store import registry
+from bus.store import records
 from bus.store.connection import Store
 from bus.wire.transport import Transport
 
@@ -24,7 +24,7 @@ PUBLISH_INTERVAL_S: Final = 1.0
 
 async def publish_links(store: Store, transport: Transport) -> None:
     text = json.dumps(transport.states.snapshot(), separators=(",", ":"))
-    await registry.publish_node_info(store, {LINKS_FIELD: text})
+    await records.publish_node_info(store, {LINKS_FIELD: text})
 
 
 async def run_link_info(

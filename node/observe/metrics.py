@@ -5,7 +5,7 @@ prometheus_client's global one: one process may run several nodes, and the tests
 
 - jobs: the ``stats:jobs`` hash of each context, counted in Valkey by the scripts that start
   and end jobs (bus/store/atomic/lua/stats_jobs.lua), whichever process runs them, or summed by
-  a runner process and applied by its ending scripts (bus/store/atomic/stats.py), so the counts
+  a runner process and applied by its ending scripts (bus/core/stats.py), so the counts
   hold across restarts of the node and include jobs run by runner processes;
 - queue depths, outboxes and live runner slots: read from Valkey;
 - links, frames, acks, refusals and signature verifications: the node's in-memory counters
@@ -37,9 +37,10 @@ from prometheus_client.utils import floatToGoString
 from bus.core import keys
 from bus.core.models import Peer
 from bus.core.reasons import Reason
+from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import StoreError
 from bus.store import lists, records
-from bus.store.atomic import STATS_BUCKETS_S, type_breakers
+from bus.store.atomic import type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
 from bus.store.presence import LiveRunner, live_runners
 from node.intake.admission import VERIFIED

@@ -13,7 +13,7 @@ from typing import Final, NoReturn
 
 import trio
 
-from bus.store import registry
+from bus.store import records
 from bus.store.connection import Store
 
 # a failover shows many signs (each command it refuses): at most one write per this interval
@@ -35,10 +35,10 @@ async def run_node_info(
         failover.set()
 
     with store.waking_on_failover(seen):
-        await registry.publish_node_info(store, fields)
+        await records.publish_node_info(store, fields)
         task_status.started()
         while True:
             await trio.sleep(REWRITE_INTERVAL_S)
             await failover.wait()
             failover = trio.Event()  # before the write: a failover during it is seen next
-            await registry.publish_node_info(store, fields)
+            await records.publish_node_info(store, fields)

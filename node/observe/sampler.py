@@ -27,9 +27,9 @@ import trio
 
 from bus.core import keys
 from bus.core.ids import now_ms
+from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import BusError
 from bus.store import lists, records
-from bus.store.atomic import STATS_BUCKETS_S
 from node.observe.metrics import bucket_counts
 from node.state import NodeState
 

@@ -15,7 +15,7 @@ of the node never lingers beside the current ones.
 accepting a result (``answered``, the round trip) are counted by the scripts that do them, with
 Valkey's clock, but handed back to the node (stats_jobs.lua: stats_collected) instead of one
 ``HINCRBY`` per figure per job. :class:`JobStatsWriter` writes the node's totals, one field
-``node|<node id>`` per context (a JSON object, as a runner slot's: bus/store/atomic/stats.py),
+``node|<node id>`` per context (a JSON object, as a runner slot's: bus/core/stats.py),
 at most once every :data:`WRITE_INTERVAL_S` after a change, before each metrics scrape (so a
 scrape shows every job answered before it) and when the node stops; and every context's totals
 again after a failover. A node killed loses what it counted since its last write (at most that
@@ -31,9 +31,9 @@ from typing import Final, NoReturn
 import orjson
 import trio
 
+from bus.core.stats import NODE_FIELD, StatsBatch, totals_of
 from bus.errors import StoreError
-from bus.store import records, registry
-from bus.store.atomic.stats import NODE_FIELD, StatsBatch, totals_of
+from bus.store import records
 from bus.store.connection import Store
 from bus.wire.transport import Transport
 from node.state import Counters, JobStats
@@ -63,7 +63,7 @@ async def publish(counters: Counters, store: Store, transport: Transport) -> Non
     # re-armed before the snapshot is taken: a count during the write is published next time
     counters.counted = trio.Event()
     text = json.dumps(snapshot(counters, transport), separators=(",", ":"))
-    await registry.publish_node_info(store, {COUNTERS_FIELD: text})
+    await records.publish_node_info(store, {COUNTERS_FIELD: text})
 
 
 async def run_counters(

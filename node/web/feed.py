@@ -19,7 +19,7 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.queues import consume_order, slot_bases
 from bus.errors import BusError
-from bus.store import lists, records, registry
+from bus.store import lists, records
 from bus.store.presence import live_runners
 from bus.wire.transport import Transport
 from node.observe import tallies
@@ -102,7 +102,7 @@ class Feed:
         return self.sampler.series() if self.sampler is not None else {}
 
     async def _node(self) -> dict[str, Any]:
-        info = await registry.node_info(self.node.store)
+        info = await records.node_info(self.node.store)
         shown = ("id", "name", "ws_url", "pid", "started_at", "isolation", "isolation_why")
         return {k: info.get(k, "") for k in shown} | {
             "id": self.node.identity.node_id,

@@ -31,6 +31,7 @@ from bus.core.attempts import (
 from bus.core.envelope import build_result
 from bus.core.ids import ms_after, now, now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
+from bus.core.stats import StatsBatch
 from bus.store.atomic.runs import (
     Call,
     NextJob,
@@ -42,7 +43,6 @@ from bus.store.atomic.runs import (
     retry_call,
 )
 from bus.store.atomic.runs_sync import SyncRuns
-from bus.store.atomic.stats import StatsBatch
 from node.host.signer import SignerGone
 from node.slot.away import Away
 from node.slot.outcomes import recorded

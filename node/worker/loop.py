@@ -380,9 +380,10 @@ class SlotLoop:
         if not origin:
             return Message.from_hash(self.runs.message_fields(job.message_key))
         caller, ident = keys.parse_message_key(job.message_key)
-        # materialise copies the signed reply_to and trace context here (node/intake/
-        # materialise.py), under the admission stamp: the trace the attempt continues and its
-        # result carries back costs no read of the message (an HGETALL per job, its script too)
+        # materialising copies the signed reply_to and trace context here
+        # (node/intake/admission.py), under the admission stamp: the trace the attempt
+        # continues and its result carries back costs no read of the message (an HGETALL per
+        # job, its script too)
         return Message(
             ident,
             caller,

@@ -1,7 +1,7 @@
 """What a runner process tells the node, and when (node/worker/loop.py): how many jobs it took
 (the supervisor's backpressure waits for that), how they ended (the node's counters, ``hero-node
 status``), and the job statistics it counted itself until it hands them to Valkey
-(bus/store/atomic/stats.py): every ``taken_every`` jobs or once per lease beat, and whenever it
+(bus/core/stats.py): every ``taken_every`` jobs or once per lease beat, and whenever it
 goes idle, not per job. And its log lines, written to the node's stderr in the node's level and
 format (node/observe/logs.py; ``hero-node run --log-format json`` gives one JSON object per line
 whichever process wrote it), each carrying its fields as the node's lines do."""
@@ -18,8 +18,8 @@ from types import TracebackType
 
 import orjson
 
+from bus.core.stats import StatsBatch
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
-from bus.store.atomic.stats import StatsBatch
 from node.observe.logs import configure
 from node.slot.spec import RunnerSpec
 from node.worker.job import PROCESS
@@ -42,7 +42,7 @@ class Reports:
         self.parent = os.getppid()
         self.taken = 0  # jobs taken since the last report to the node
         self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
-        # job statistics counted here, not yet in Valkey (bus/store/atomic/stats.py), and since;
+        # job statistics counted here, not yet in Valkey (bus/core/stats.py), and since;
         # and the slot's totals as handed over (read from Valkey at start: main)
         self.stats = StatsBatch()
         self.stats_since = 0.0

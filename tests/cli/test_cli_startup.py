@@ -23,7 +23,6 @@ HEAVY = (
     "bus.store.lane",
     "bus.store.records",
     "bus.store.lists",
-    "bus.store.registry",
     "bus.store.atomic",
     "node.daemon",
 )

@@ -13,7 +13,8 @@ import pytest
 
 from crypto.cli import main
 from crypto.envelope import verify_envelope
-from crypto.keys import KeyPair, read_key_file, write_key_file
+from crypto.keyfiles import read_key_file, write_key_file
+from crypto.signing import KeyPair
 
 REPO = Path(__file__).resolve().parents[2]
 

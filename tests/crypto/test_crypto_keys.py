@@ -11,14 +11,13 @@ import nacl.pwhash.argon2id as argon2id
 import pytest
 
 from crypto.errors import CryptoError, KeyFileError, KeyFormatError, PassphraseRequiredError
-from crypto.keys import (
-    KeyPair,
-    parse_public_key,
+from crypto.keyfiles import (
     passphrase_from_env,
     prompt_passphrase,
     read_key_file,
     write_key_file,
 )
+from crypto.signing import KeyPair, parse_public_key
 
 # --------------------------------------------------------------- pure-Python curve arithmetic
 # Used only to prove that the literals below really are what the tests claim they are.

@@ -20,8 +20,7 @@ from crypto.canonical import (
     signing_input,
 )
 from crypto.errors import CanonicalError
-from crypto.keys import KeyPair
-from crypto.signing import sign_object, verify_object, verify_raw
+from crypto.signing import KeyPair, sign_object, verify_object, verify_raw
 
 KEY = KeyPair.from_seed(bytes(range(32)))
 OTHER_KEY = KeyPair.from_seed(bytes(range(1, 33)))

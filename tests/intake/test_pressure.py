@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from bus.core import keys
-from bus.store import lists, registry
+from bus.store import lists, records
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import NodeConfig, load_config
@@ -161,13 +161,13 @@ async def test_the_watcher_holds_at_its_first_look_and_resumes_within_one_check(
             partial(run_pressure_watch, node, measure_disk=measure_disk, measure_memory=no_bound)
         )
         assert DISK in node.pressure.hold.held
-        assert "under the headroom of 16 MiB" in (await registry.node_info(store))[HELD_FIELD]
+        assert "under the headroom of 16 MiB" in (await records.node_info(store))[HELD_FIELD]
         free["mb"] = HEADROOM_MB
         since = trio.current_time()
         with trio.fail_after(2 * config.pressure_check_s):
             await node.pressure.hold.wait_open()
         assert 0 < trio.current_time() - since <= config.pressure_check_s
-        assert (await registry.node_info(store))[HELD_FIELD] == ""
+        assert (await records.node_info(store))[HELD_FIELD] == ""
         assert node.counters.metrics["intake_held_disk"] == 1
         nursery.cancel_scope.cancel()
 

@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Redis commands (and the Store's generic wrappers of them) that no module outside bus/store may
-# call itself: what it does with storage has a name in bus/store (records, lists, registry,
-# atomic/, serve).
+# call itself: what it does with storage has a name in bus/store (records, lists, atomic/,
+# serve).
 REDIS_VERBS = frozenset(
     """
     get set set_new getdel getset setex mget mset incr incrby decr del delete unlink exists

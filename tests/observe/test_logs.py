@@ -134,7 +134,7 @@ async def test_json_lines_name_the_job_the_message_and_the_reason(node_factory, 
     assert received["ctx"] == 1
     [queued] = [r for r in records if r.get("job") == ok.job[0].key]
     assert queued["msg"].startswith(f"job {ok.job[0].key} (python) queued on queue:python")
-    assert queued["logger"] == "node.intake.materialise"
+    assert queued["logger"] == "node.intake.admission"
     [refused] = [r for r in records if r.get("message_key") == forged.key]
     assert refused["level"] == "warning"
     assert refused["reason"] == "wrong_signer"

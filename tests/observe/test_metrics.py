@@ -16,11 +16,11 @@ from trio_websocket import ConnectionClosed
 
 from bus.core import keys
 from bus.core.models import JobStatus
+from bus.core.stats import StatsBatch, merged_fields, reason_token, type_label
 from bus.errors import HandshakeError
 from bus.store import records
 from bus.store.atomic import runs, script, source
 from bus.store.atomic.runs_sync import SyncRuns, connect
-from bus.store.atomic.stats import StatsBatch, merged_fields, reason_token, type_label
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
 from crypto import KeyPair, read_key_file
@@ -292,7 +292,7 @@ def _labels(stats: dict[str, str]) -> Counter[str]:
 
 async def test_a_runner_counts_what_the_scripts_count(store, redis_url):
     """A runner process counts the ends and answers of its attempts in its memory
-    (bus/store/atomic/stats.py) and hands the sums to its ending scripts: the same fields and
+    (bus/core/stats.py) and hands the sums to its ending scripts: the same fields and
     counts as the scripts' own counting (bucket and sums aside, which depend on durations)."""
     await _end_twice(store, redis_url, 1, by_runner=False)
     await _end_twice(store, redis_url, 2, by_runner=True)

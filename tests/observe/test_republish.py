@@ -23,8 +23,7 @@ from node.config import NodeConfig
 from node.host.acl import NODE
 from node.host.replicated import ReplicatedSet
 from node.host.store_tuning import run_store_tuning
-from node.intake.admission import BOUNDS_FIELD
-from node.intake.pressure import HELD_FIELD, run_pressure_watch
+from node.intake.pressure import BOUNDS_FIELD, HELD_FIELD, run_pressure_watch
 from node.links.peer_breakers import BREAKERS_FIELD, run_breaker_publisher
 from node.observe.linkinfo import LINKS_FIELD, run_link_info
 from node.observe.nodeinfo import run_node_info

@@ -28,7 +28,7 @@ from wsproto.utilities import RemoteProtocolError
 
 from bus.core import handshake as hs
 from bus.core.models import JobStatus
-from bus.store import registry
+from bus.store import records
 from bus.wire.transport import NO_TLS_HINT, PLAINTEXT_REFUSED, Transport
 from crypto import KeyPair, read_key_file
 from crypto.tls import client_context, make_self_signed, server_context
@@ -263,7 +263,7 @@ async def test_a_ws_peer_address_is_rewritten_at_start(node_factory, caplog):
     with caplog.at_level(logging.WARNING):
         alice = await node_factory("alice", again=alice)
     assert f"address {old_address} rewritten to wss://127.0.0.1:{port_of(bob)}" in caplog.text
-    stored = await registry.read_peer(alice.store, bob.node_id)
+    stored = await records.read_peer(alice.store, bob.node_id)
     assert stored["address"] == f"wss://127.0.0.1:{port_of(bob)}"
     with trio.fail_after(20):
         link = await transport_of(alice).wait_link(bob.node_id)

@@ -29,12 +29,12 @@ if TYPE_CHECKING:
 from bus.core import keys
 from bus.core.models import dumps_json
 from bus.core.reasons import Reason
+from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import StoreError
 
 __all__ = [
     "BREAKER_NEUTRAL",
     "CONSTANTS",
-    "STATS_BUCKETS_S",
     "ScriptCall",
     "evalsha_on",
     "json_arg",
@@ -50,9 +50,6 @@ ScriptCall = tuple["Script[str]", list[str], list[str]]  # (script, keys, args)
 _INCLUDE = re.compile(r"^-- include: ([a-z0-9_]+)\s*$", re.MULTILINE)
 _CONSTANT = re.compile(r"\$\{([A-Z_]+)\}")
 
-# Upper bounds (s) of the job duration and round-trip histograms (node/observe/metrics.py): from a
-# local python job (milliseconds) to a long batch job (an hour).
-STATS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 # A failed attempt whose reason's token is one of these is no verdict on its script type (a
 # refusal, a stop): every reason but a timeout and a lost runner (type_breakers.py).
 BREAKER_NEUTRAL = tuple(r.value for r in Reason if r not in (Reason.TIMEOUT, Reason.RUNNER_LOST))

@@ -74,7 +74,7 @@ class NextJob:
     ``script_type``, that type's circuit breaker (bus/store/atomic/type_breakers.py) is consulted:
     ``breaker_wait_ms`` is then set when it let no job start (for that long). With
     ``counts_starts``, the scripts count no start: the caller counts them in its own sums
-    (a runner process: bus/store/atomic/stats.py, ``StatsBatch.started``)."""
+    (a runner process: bus/core/stats.py, ``StatsBatch.started``)."""
 
     lists: tuple[str, ...]
     token_base: str
@@ -176,7 +176,7 @@ def finish_call(
 ) -> tuple[str, list[str], list[str]]:
     """The script, KEYS and ARGV of :func:`finish`. ``stats``: '' the script counts the
     attempt in the job statistics; else the sums a runner process counted itself
-    (bus/store/atomic/stats.py: ``StatsBatch.encode``), applied instead."""
+    (bus/core/stats.py: ``StatsBatch.encode``), applied instead."""
     fields = [x for kv in answer_hash.items() for x in kv]
     key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer_key, keys.MSG_OUT]
     return "runs_finish", key_list, [*ending.args(), stats, *fields]

@@ -21,6 +21,7 @@ from bus.core import keys, queues
 from bus.core.ids import now
 from bus.core.models import JobStatus
 from bus.core.reasons import Reason
+from bus.core.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic import source
 from bus.store.atomic.runs import (
     Call,
@@ -37,7 +38,6 @@ from bus.store.atomic.runs import (
     then_take_next,
     unrunnable_detail,
 )
-from bus.store.atomic.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
 from bus.store.sentinel import SentinelTarget
 from bus.store.sync import SyncStore, SyncStoreError, Unconfirmed, connect, is_utf8
@@ -333,7 +333,7 @@ class SyncRuns:
 
     def slot_totals(self, slot_id: str) -> StatsBatch:
         """The job statistics the runner processes of slot ``slot_id`` handed over so far
-        (bus/store/atomic/stats.py: StatsBatch.handover)."""
+        (bus/core/stats.py: StatsBatch.handover)."""
         return totals_of(self.store.command("HGET", keys.STATS_JOBS, RUNNER_FIELD + slot_id))
 
     def add_stats(self, stats: StatsBatch, slot_id: str | None = None) -> None:

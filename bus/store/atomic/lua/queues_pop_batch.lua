@@ -8,7 +8,7 @@
 --       [5] (with [4]) its key
 -- Returns: {entry, ...}; with ARGV[2] == '1', {entry, read_hash(entry), entry, ...} (with
 -- ARGV[3] == '1' the head first, '' and {} if the in-flight list is empty); with ARGV[4], the
--- reply is {version ('0' if unset, as bus/store/registry.py reads it), that list}.
+-- reply is {version ('0' if unset, as bus/store/records.py registry_version reads it), that list}.
 -- Atomic effect: up to ARGV[1] entries move from the consuming (right) end of the source to the
 -- left of the in-flight list, oldest first; nothing else is written. One LMPOP and one LPUSH
 -- of them all (each LPUSH argument goes to the head in turn: the same order as an LMOVE each).

@@ -4,7 +4,7 @@
 -- token), status 'started' with runner/updated_at/runner_id and stats_started_ms (now_ms), the
 -- job in the running zset with its lease's expiry (now_ms + ttl_ms: the lease is its score, the
 -- token its runner field; runs_leases: a take's starts set theirs at once), counted as started
--- (unless counted: a runner process counts its starts in its own sums, bus/store/atomic/stats.py,
+-- (unless counted: a runner process counts its starts in its own sums, bus/core/stats.py,
 -- and hands them over with its ends), a probe of its type's breaker (gate, if given) marked, a
 -- retry it was waiting for (retry_of) cleared, the job no longer counted as queued for its actor's queue bound (quota_depth: its
 -- mark '0' in the same HSET).

@@ -10,7 +10,7 @@
 -- the first bucket bound the value is not above, or +Inf) with duration_sum|<type> and
 -- roundtrip_sum|<type> (seconds). A job hash gains stats_queued_ms (when it was queued: on its
 -- origin, submitted; at its destination, received) and stats_started_ms (its attempt's start).
--- A runner process counts the ends and answers of its attempts itself (bus/store/atomic/stats.py,
+-- A runner process counts the ends and answers of its attempts itself (bus/core/stats.py,
 -- the same fields) and hands them to an ending script's 'stats' ARGV: stats_apply. Its slot's
 -- totals are then the field runner|<slot id>, which readers add to the others.
 local STATS = '${STATS_KEY}'
@@ -119,7 +119,7 @@ local function stats_answered(job, status, reason, known)
   stats_add(field, 1)
   stats_observe('roundtrip', stype, since)
 end
--- what a runner process counted (bus/store/atomic/stats.py): its slot's totals,
+-- what a runner process counted (bus/core/stats.py): its slot's totals,
 -- '=runner|<slot id>' TAB a JSON object, set in one HSET (a reader adds them: merged_fields);
 -- or increments, a JSON list [field, increment, ...] (a '_sum|' field is a float)
 local function stats_apply(encoded)

@@ -1,5 +1,7 @@
 """The job statistics a runner process counts itself (``stats:jobs``, read by
-node/observe/metrics.py), with the very field names and labels ``lua/stats_jobs.lua`` uses.
+node/observe/metrics.py), with the very field names and labels
+``bus/store/atomic/lua/stats_jobs.lua`` uses. Pure, no I/O: the counting and the text handed to
+the scripts, which apply it.
 
 A script that ends an attempt counts it in Valkey, whichever process runs it. A runner process
 ends thousands of attempts a second between them, and those counts cost it ~13 commands per job
@@ -33,10 +35,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from bus.store.atomic import STATS_BUCKETS_S
-
 __all__ = [
     "NODE_FIELD",
+    "STATS_BUCKETS_S",
     "RUNNER_FIELD",
     "StatsBatch",
     "merged_fields",
@@ -45,6 +46,9 @@ __all__ = [
     "type_label",
 ]
 
+# Upper bounds (s) of the job duration and round-trip histograms (node/observe/metrics.py;
+# stats_jobs.lua's buckets): from a local python job (milliseconds) to a long batch job (an hour).
+STATS_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 RUNNER_FIELD = "runner|"  # + a slot id: that slot's runner processes' totals (a JSON object)
 NODE_FIELD = "node|"  # + a node id: what that node's own scripts counted (node/observe/tallies.py)
 _TOTALS = (RUNNER_FIELD, NODE_FIELD)
