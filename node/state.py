@@ -12,12 +12,13 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from bus.core.deadlines import RECEIVED_FROM
 from bus.core.models import Actor, Context, Peer
 from bus.core.stats import StatsBatch
 from bus.core.verify import AcceptedAlgorithms, Freshness
 from bus.store import records
 from bus.store.connection import Store
-from bus.store.serve import Known
+from bus.store.serve import Known, Popped
 from bus.wire.breakers import PeerBreakers
 from bus.wire.outbox import PeerOutbox
 from bus.wire.transport import Transport
@@ -385,8 +386,8 @@ class IntakeHold:
 @dataclass
 class Inbound:
     """Messages each peer's link delivered that wait in ``msg_in`` (in this boot's memory: a
-    backlog a restart finds is drained without counting), and a wake-up when the consumer
-    takes some."""
+    backlog a restart finds is drained without counting), and a wake-up when the consumer's
+    pop takes some (:meth:`popped`, its queue's ``taken``: bus/store/serve.py)."""
 
     waiting: dict[str, int] = field(default_factory=dict)
     _taken: trio.Event = field(default_factory=trio.Event)
@@ -398,6 +399,11 @@ class Inbound:
         before it stores it, so the consumer never takes one not counted yet."""
         if n:
             self.waiting[peer] = max(0, self.waiting.get(peer, 0) + n)
+
+    def popped(self, entries: list[Popped]) -> None:
+        """The consumer's pop moved ``entries`` off ``msg_in``: each counted for the peer that
+        delivered it (its ``received_from`` field), if one did."""
+        self.taken(popped.fields.get(RECEIVED_FROM, "") for popped in entries)
 
     def taken(self, peers: Iterable[str]) -> None:
         """The consumer took these messages (each its peer, "" for none) off ``msg_in``."""

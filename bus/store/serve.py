@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, NoReturn, TypeVar
@@ -119,6 +119,10 @@ class Queue:
     # (with ``read``) the hashes this process's writers pushed entries with: the pop reads
     # only the others (Known)
     known: Known | None = field(default=None, compare=False)
+    # told of each pop's entries (with their hashes when it reads them) as soon as they are off
+    # ``source``: what this process's writers count as waiting there (node.state.Inbound)
+    # drops where it stops waiting, whatever the handler then does with them
+    taken: Callable[[list[Popped]], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,8 @@ async def pop_entries(
     popped: list[Popped] = [] if block_first else await _queued(store, queue)
     if not popped:
         popped = await _waited(store, queue)
+    if popped and queue.taken is not None:
+        queue.taken(popped)
     return popped, len(popped) < BATCH
 
 

@@ -16,7 +16,7 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys, spans
-from bus.core.deadlines import RECEIVED_FROM, unacknowledged
+from bus.core.deadlines import unacknowledged
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
@@ -53,9 +53,18 @@ async def run_consumer(
 ) -> NoReturn:
     """Process context ``ctx``'s incoming messages until cancelled; reports started after
     recovery. Raises StoreError if Valkey fails (see bus/store/serve.py)."""
-    known = node.pressure.inbound.known[ctx]  # what links and the supervisor pushed
-    queue = Queue(ctx, keys.MSG_IN, keys.inflight(SERVICE), registry=True, known=known)
+    queue = msg_in_queue(node, ctx)
     await serve_queue(node.store, queue, Consumer(node, ctx, script_types), task_status=task_status)
+
+
+def msg_in_queue(node: NodeState, ctx: int) -> Queue:
+    """Context ``ctx``'s ``msg_in`` as the consumer pops it: with the hashes links and the
+    supervisor pushed handed over, and what it takes off counted off its peers' links'
+    waiting messages at once (node.state.Inbound: they may deliver more)."""
+    inbound = node.pressure.inbound
+    known = inbound.known[ctx]
+    inflight = keys.inflight(SERVICE)
+    return Queue(ctx, keys.MSG_IN, inflight, registry=True, known=known, taken=inbound.popped)
 
 
 class Consumer(Intake["Message | VerifiedResult"]):
@@ -69,8 +78,6 @@ class Consumer(Intake["Message | VerifiedResult"]):
         self.traces: dict[str, MessageTrace] = {}  # of this pop's admitted job messages
 
     async def each(self, popped: Popped) -> Message | VerifiedResult | Done:
-        # its peer's link may deliver one more (node/intake/pressure.py: Inbound)
-        self.node.pressure.inbound.taken([popped.fields.get(RECEIVED_FROM, "")])
         message, trace, verdict = await self.judged(
             popped, lambda m: handle_incoming(self.node, self.ctx, m, popped.fields), _outcome
         )

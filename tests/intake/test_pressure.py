@@ -17,12 +17,15 @@ import trio
 import trio.testing
 
 from bus.core import keys
+from bus.core.deadlines import RECEIVED_FROM
 from bus.store import lists, records
+from bus.store.serve import pop_entries
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import NodeConfig, load_config
 from node.errors import ConfigError
 from node.intake import supervisor
+from node.intake.consumer import msg_in_queue
 from node.intake.pressure import DISK, HELD_FIELD, STORE_MEMORY, run_pressure_watch
 from node.observe.metrics import exposition
 from node.state import Inbound, IntakeHold, NodeState
@@ -194,6 +197,21 @@ async def test_a_peer_link_waits_for_room_until_the_consumer_takes_its_messages(
         assert done == ["carol"]
         inbound.taken(["bob"])
     assert done == ["carol", "bob"]
+
+
+async def test_the_consumers_pop_counts_what_it_takes_off_msg_in_at_once(store, tmp_path):
+    """A peer's messages stop waiting in ``msg_in`` when the consumer's pop moves them off it,
+    all of the pop's at once, before the consumer judges any: its link may deliver more."""
+    node = NodeState(NodeConfig(home=tmp_path), KeyPair.generate(), store)
+    inbound = node.pressure.inbound
+    inbound.delivered("bob", 2)
+    for key, peer in [("message:1", "bob"), ("message:2", ""), ("message:3", "bob")]:
+        await store.hset(1, key, {RECEIVED_FROM: peer} if peer else {"n": "1"})
+        await store.lpush(1, keys.MSG_IN, key)
+    with trio.fail_after(10):
+        popped, _ = await pop_entries(store, msg_in_queue(node, 1))
+    assert [p.value for p in popped] == ["message:1", "message:2", "message:3"]
+    assert inbound.waiting == {"bob": 0}
 
 
 def test_a_headroom_of_the_whole_store_is_refused_at_load(tmp_path):
