@@ -326,8 +326,8 @@ class Runners:
 class Recent:
     """What this node did lately, remembered so that answers need no read."""
 
-    # result messages this node signed lately, by key: their signature entry (see
-    # node.intake.messages.signed_here)
+    # result messages this node or its signer signed lately, by key: their signature entry
+    # (see node.intake.messages.signed_here)
     signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
     # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
     # none), so that the answers their results carry need no read
@@ -452,5 +452,7 @@ class NodeState:
         freshness = Freshness(self.config.max_age_s, self.config.max_skew_s)
         algorithms = self.config.accepted_algorithms
         self.identity = Identity(key, freshness, algorithms, admission_key, signer)
+        if signer is not None:  # one memory of the results signed here: its own and its signer's
+            self.recent.signed_results = signer.signed
         self.peers = Peers(key.public_hex)
         self.registry = RegistryCache(self.store)

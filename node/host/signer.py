@@ -22,10 +22,11 @@ it held the key itself (docs/use/runners.md). Like the node and its runners it i
 dumpable (node/host/hardening.py).
 
 The signer also tells the node, on a datagram socket of their own, which signature it made
-for which result (its message key): the node's supervisor then does not verify that result
-again when it routes it (:func:`node.intake.messages.signed_here`), as it does not for the
-results it signs itself. A notice that cannot be sent at once is dropped (the node then
-verifies in full): a node that reads slowly never holds up a runner's answer.
+for which result (its message key): the node keeps them as they come in its one memory of the
+results signed here (:attr:`Signer.signed`, which its state holds), and its supervisor then does
+not verify that result again when it routes it (:func:`node.intake.messages.signed_here`), as it
+does not for the results it signs itself. A notice that cannot be sent at once is dropped (the
+node then verifies in full): a node that reads slowly never holds up a runner's answer.
 
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
 results it answers): moving those here too is future work (docs/security/
@@ -63,7 +64,9 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20  # a result's content: its output is capped far below this
 _ATTACH = b"a"
-NOTICE_MEMORY = 4096  # signatures the node keeps from the signer's notices (most recent)
+# result signatures made here that the node keeps, by message key (most recent): its signer's,
+# heard from its notices, and its own, one memory (node.intake.messages.signed_here)
+SIGNED_MEMORY = 4096
 
 
 # -- the signer process -------------------------------------------------------------------------
@@ -259,7 +262,8 @@ class Signer:
         self.control = control
         self.pid = pid
         self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
-        # the signatures the signer made for runners, by message key (its notices, bounded)
+        # the signatures the signer made for runners, by message key (its notices, bounded):
+        # the node's memory of the results signed here (NodeState.recent.signed_results)
         self.signed: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.notices = notices  # where they come
 
@@ -286,7 +290,7 @@ class Signer:
         if not isinstance(key, str) or not isinstance(signature, dict):
             return
         self.signed[key] = signature
-        while len(self.signed) > NOTICE_MEMORY:
+        while len(self.signed) > SIGNED_MEMORY:
             self.signed.popitem(last=False)
 
     async def attach(self) -> socket.socket:

@@ -21,6 +21,7 @@ from bus.store.atomic.routing import ResultWrite
 from bus.store.connection import Store
 from bus.store.serve import Handler, Popped, Queue
 from node.errors import Rejected
+from node.host.signer import SIGNED_MEMORY
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -235,7 +236,6 @@ def _should_notify(node: NodeState, message: Message, reason: str) -> bool:
     return node.peers.is_known_node(message.origin)
 
 
-SIGNED_MEMORY = 4096  # result messages remembered by Recent.signed_results
 REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to Recent.reply_targets keeps
 
 
@@ -259,8 +259,10 @@ async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[
 def signed_here(node: NodeState, message: Message) -> bool:
     """True once if this node signed ``message`` (same key, same signature) since it started:
     itself (:func:`result_message`), or its signer for a runner process (the signer's notices,
-    node/host/signer.py): the supervisor's shortcut, see check_outgoing. Bounded: what fell
-    out, or was signed before a restart, is verified like any other."""
+    node/host/signer.py): the supervisor's shortcut, see check_outgoing. Both are one memory,
+    the state's ``recent.signed_results``, which the task that hears the notices fills as they come;
+    a signature not in it yet may still wait in the notices' socket, and is looked for there.
+    Bounded: what fell out, or was signed before a restart, is verified like any other."""
     signature = node.recent.signed_results.pop(message.key, None)
     signer = node.identity.signer
     if signature is None and signer is not None:

@@ -23,11 +23,13 @@ from bus.core.envelope import ResultBody, sign_message, verify_message
 from bus.core.models import JobStatus, Message, MessageType
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
+from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
 from node.host.signer import Signer, SignerClient, SignerGone, run_signer
 from node.intake.messages import signed_here
+from node.state import NodeState
 from tests.nodeproc import NodeProcess
 from tests.nodes import link_to, until
 from tests.runners.test_runner_procs import runner_processes_of
@@ -314,6 +316,29 @@ async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
         signer.took_notice(b"not json")  # a garbled notice is ignored
         signer.took_notice(b'{"key": 1, "signature": {}}')
         assert 1 not in signer.signed
+
+
+def test_a_notice_heard_is_found_without_asking_the_signer(tmp_path, monkeypatch):
+    """The node's memory of results signed here is one: what the signer's notices said (taken
+    as they come) is found there like the node's own signatures, with no look into the notices'
+    socket (that only for a signature not heard yet); still once, and only that signature."""
+    key = KeyPair.generate()
+    signer = Signer(None, 0, dumpable=False)  # type: ignore[arg-type]  # no process: notices only
+    node = NodeState(NodeConfig(home=tmp_path), key, None, signer=signer)  # type: ignore[arg-type]
+    signed = sign_message(_result_of(key), key)
+    notice = {"key": signed.key, "signature": signed.signatures[0]}
+    signer.took_notice(json.dumps(notice).encode())
+
+    def not_asked(message_key: str) -> None:
+        raise AssertionError(f"asked the signer for {message_key}")
+
+    monkeypatch.setattr(signer, "signature_for", not_asked)
+    forged = replace(signed, signatures=[sign_message(signed, KeyPair.generate()).signatures[0]])
+    assert not signed_here(node, forged)  # (taken: once)
+    signer.took_notice(json.dumps(notice).encode())
+    assert signed_here(node, signed)
+    monkeypatch.undo()
+    assert not signed_here(node, signed)  # once
 
 
 async def test_node_signer_and_runners_are_not_dumpable(tmp_path):
