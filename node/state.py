@@ -24,7 +24,7 @@ from bus.wire.outbox import PeerOutbox
 from bus.wire.transport import Transport
 from crypto import KeyPair
 from node.config import NodeConfig
-from node.host.signer import Signer
+from node.host.signer import SignedResults, Signer
 from node.sandbox.probe import Isolation
 
 log = logging.getLogger(__name__)
@@ -328,7 +328,7 @@ class Recent:
 
     # result messages this node or its signer signed lately, by key: their signature entry
     # (see node.intake.messages.signed_here)
-    signed_results: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    signed_results: SignedResults = field(default_factory=SignedResults)
     # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
     # none), so that the answers their results carry need no read
     # (node.intake.messages.reply_targets)

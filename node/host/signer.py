@@ -64,9 +64,33 @@ log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 << 20  # a result's content: its output is capped far below this
 _ATTACH = b"a"
-# result signatures made here that the node keeps, by message key (most recent): its signer's,
-# heard from its notices, and its own, one memory (node.intake.messages.signed_here)
-SIGNED_MEMORY = 4096
+SIGNED_MEMORY = 4096  # result signatures made here that the node keeps (the most recent)
+
+
+class SignedResults:
+    """The node's one memory of the result messages signed here, by message key: their
+    signature entry, whether its signer made it for a runner (heard from its notices) or the
+    node itself (node.intake.messages.result_message). The supervisor takes an entry once
+    (node.intake.messages.signed_here). Bounded by :data:`SIGNED_MEMORY`, the oldest forgotten
+    first: a result whose signature fell out is verified in full, as any other."""
+
+    def __init__(self) -> None:
+        self._by_key: OrderedDict[str, dict[str, str]] = OrderedDict()
+
+    def keep(self, key: str, signature: dict[str, str]) -> None:
+        self._by_key[key] = signature
+        while len(self._by_key) > SIGNED_MEMORY:
+            self._by_key.popitem(last=False)
+
+    def take(self, key: str) -> dict[str, str] | None:
+        """The signature kept for ``key``, forgotten then (None if none is)."""
+        return self._by_key.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._by_key
+
+    def __len__(self) -> int:
+        return len(self._by_key)
 
 
 # -- the signer process -------------------------------------------------------------------------
@@ -262,9 +286,9 @@ class Signer:
         self.control = control
         self.pid = pid
         self.dumpable = dumpable  # its memory open to processes of its uid (prctl failed)
-        # the signatures the signer made for runners, by message key (its notices, bounded):
-        # the node's memory of the results signed here (NodeState.recent.signed_results)
-        self.signed: OrderedDict[str, dict[str, str]] = OrderedDict()
+        # the signatures the signer made for runners, by message key (its notices): the node's
+        # memory of the results signed here (NodeState.recent.signed_results)
+        self.signed = SignedResults()
         self.notices = notices  # where they come
 
     def signature_for(self, message_key: str) -> dict[str, str] | None:
@@ -277,7 +301,7 @@ class Signer:
                 self.took_notice(self.notices.recv(65536, socket.MSG_DONTWAIT))
             except OSError:  # none waiting (BlockingIOError), or the signer is gone
                 break
-        return self.signed.pop(message_key, None)
+        return self.signed.take(message_key)
 
     def took_notice(self, data: bytes) -> None:
         """Remember one notice of the signer (``{"key", "signature"}``); anything else is
@@ -289,9 +313,7 @@ class Signer:
             return
         if not isinstance(key, str) or not isinstance(signature, dict):
             return
-        self.signed[key] = signature
-        while len(self.signed) > SIGNED_MEMORY:
-            self.signed.popitem(last=False)
+        self.signed.keep(key, signature)
 
     async def attach(self) -> socket.socket:
         """A new socket to the signer, for one runner process (pass its fd to the process,

@@ -21,7 +21,6 @@ from bus.store.atomic.routing import ResultWrite
 from bus.store.connection import Store
 from bus.store.serve import Handler, Popped, Queue
 from node.errors import Rejected
-from node.host.signer import SIGNED_MEMORY
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -263,7 +262,7 @@ def signed_here(node: NodeState, message: Message) -> bool:
     the state's ``recent.signed_results``, which the task that hears the notices fills as they come;
     a signature not in it yet may still wait in the notices' socket, and is looked for there.
     Bounded: what fell out, or was signed before a restart, is verified like any other."""
-    signature = node.recent.signed_results.pop(message.key, None)
+    signature = node.recent.signed_results.take(message.key)
     signer = node.identity.signer
     if signature is None and signer is not None:
         signature = signer.signature_for(message.key)
@@ -275,9 +274,7 @@ def result_message(node: NodeState, request: Message, body: ResultBody) -> Messa
     by this node, addressed to its origin."""
     msg = build_result(request, body, origin=node.identity.node_id)
     signed = sign_message(msg, node.identity.key)
-    node.recent.signed_results[signed.key] = signed.signatures[0]
-    while len(node.recent.signed_results) > SIGNED_MEMORY:
-        node.recent.signed_results.popitem(last=False)
+    node.recent.signed_results.keep(signed.key, signed.signatures[0])
     return signed
 
 

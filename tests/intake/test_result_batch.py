@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -14,6 +13,7 @@ from bus.core.envelope import ResultBody, sign_message
 from bus.core.ids import new_id
 from bus.core.models import JobStatus, Message
 from crypto import KeyPair, read_key_file
+from node.host.signer import SIGNED_MEMORY, SignedResults
 from node.intake.messages import result_message, signed_here
 from tests.intake.test_rejections import job_message, push_in, run_and_wait
 from tests.nodes import add_known_peers
@@ -26,7 +26,7 @@ def stand_in(k: KeyPair) -> SimpleNamespace:
     """The parts of a NodeState that result_message and signed_here use."""
     return SimpleNamespace(
         identity=SimpleNamespace(node_id=k.public_hex, key=k, signer=None),
-        recent=SimpleNamespace(signed_results=OrderedDict()),
+        recent=SimpleNamespace(signed_results=SignedResults()),
     )
 
 
@@ -107,6 +107,25 @@ def test_signed_here_knows_only_what_result_message_signed():
     assert not signed_here(p, replace(twin, signatures=other.signatures))  # type: ignore[arg-type]
     assert signed_here(p, copy)  # type: ignore[arg-type]
     assert not signed_here(p, copy)  # type: ignore[arg-type]  # once: a re-route verifies in full
+
+
+def test_the_memory_of_results_signed_here_forgets_the_oldest_first():
+    """One bound for both writers of the memory: what result_message kept falls out once
+    SIGNED_MEMORY newer signatures (here the signer's notices' kind) came after it, and
+    signed_here then knows it no more (the result is verified in full)."""
+    request = job_message(Q, 1, Q.public_hex, P.public_hex, "print(1)")
+    node = stand_in(P)
+    kept = result_message(node, request, ResultBody(request.key, "j", JobStatus.FINISHED, {}))
+    memory: SignedResults = node.recent.signed_results
+    for i in range(SIGNED_MEMORY - 1):
+        memory.keep(f"k{i}", {"n": str(i)})
+    assert len(memory) == SIGNED_MEMORY
+    assert kept.key in memory
+    memory.keep("one more", {})
+    assert len(memory) == SIGNED_MEMORY
+    assert kept.key not in memory
+    assert "k0" in memory
+    assert not signed_here(node, kept)  # type: ignore[arg-type]
 
 
 async def test_results_in_msg_out_that_this_node_did_not_just_sign_are_verified(node_factory):

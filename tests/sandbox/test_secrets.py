@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -27,7 +26,7 @@ from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
-from node.host.signer import Signer, SignerClient, SignerGone, run_signer
+from node.host.signer import SignedResults, Signer, SignerClient, SignerGone, run_signer
 from node.intake.messages import signed_here
 from node.state import NodeState
 from tests.nodeproc import NodeProcess
@@ -300,7 +299,7 @@ async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
         signed = await trio.to_thread.run_sync(client.sign_result, result)
         node = SimpleNamespace(
             identity=SimpleNamespace(signer=signer),
-            recent=SimpleNamespace(signed_results=OrderedDict()),
+            recent=SimpleNamespace(signed_results=SignedResults()),
         )
         assert await until(lambda: result.key in signer.signed, 10)
         forged = replace(
