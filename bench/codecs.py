@@ -39,7 +39,7 @@ from bus.core.models import (  # noqa: E402
     Runner,
     RunnerJob,
 )
-from crypto.canonical import canonical_json  # noqa: E402
+from crypto.signing import canonical_json  # noqa: E402
 
 SCRIPT = 'x = "41"\nprint(int(x) + 1)'  # bench/workload.py's job
 NODE_A, NODE_B = "a1" * 32, "b2" * 32

@@ -3,7 +3,6 @@
 Pure library code: no network, no Redis, and no imports of ``bus`` or ``node``.
 """
 
-from crypto.canonical import DOMAIN_PREFIX, canonical_json, loads_strict, signing_input
 from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
 from crypto.errors import (
     CanonicalError,
@@ -21,19 +20,25 @@ from crypto.keyfiles import (
     read_signing_key_file,
     write_key_file,
 )
-from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
-from crypto.signing import (
+from crypto.public_keys import (
     ALGORITHM_ED25519,
     ALGORITHMS,
+    parse_public_key,
+    parse_public_key_for,
+)
+from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
+from crypto.signing import (
+    DOMAIN_PREFIX,
     KeyPair,
     Signer,
     Verdict,
-    parse_public_key,
-    parse_public_key_for,
+    canonical_json,
     sign_object,
+    signing_input,
     verify_object,
     verify_raw,
 )
+from crypto.strict_json import loads_strict
 
 __all__ = [
     "ALGORITHM_ED25519",

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from crypto.canonical import loads_strict
 from crypto.envelope import DEFAULT_DOMAIN, check_envelope, sign_envelope, verify_envelope
 from crypto.errors import CanonicalError, CryptoError, InputError, PassphraseRequiredError
 from crypto.keyfiles import (
@@ -20,16 +19,10 @@ from crypto.keyfiles import (
     read_signing_key_file,
     write_key_file,
 )
+from crypto.public_keys import ALGORITHM_ED25519, ALGORITHMS, parse_public_key_for
 from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
-from crypto.signing import (
-    ALGORITHM_ED25519,
-    ALGORITHMS,
-    KeyPair,
-    Signer,
-    Verdict,
-    parse_public_key_for,
-    verify_object,
-)
+from crypto.signing import KeyPair, Signer, Verdict, verify_object
+from crypto.strict_json import loads_strict
 
 EXIT_OK = 0
 EXIT_INVALID = 1

@@ -6,9 +6,8 @@ are ignored (and therefore not authenticated).
 
 from __future__ import annotations
 
-from crypto.canonical import signing_input
 from crypto.errors import CanonicalError
-from crypto.signing import Signer, Verdict, sign_object, verify_object
+from crypto.signing import Signer, Verdict, sign_object, signing_input, verify_object
 
 __all__ = ["DEFAULT_DOMAIN", "check_envelope", "sign_envelope", "verify_envelope"]
 

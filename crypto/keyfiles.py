@@ -30,10 +30,11 @@ import nacl.pwhash.argon2id as argon2id
 import nacl.secret
 
 from crypto import secp256k1
-from crypto.canonical import loads_strict
 from crypto.errors import CanonicalError, KeyFileError, KeyFormatError, PassphraseRequiredError
+from crypto.public_keys import ALGORITHM_ED25519, PUBLIC_KEY_BYTES
 from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
-from crypto.signing import ALGORITHM_ED25519, PUBLIC_KEY_BYTES, SEED_BYTES, KeyPair, Signer
+from crypto.signing import SEED_BYTES, KeyPair, Signer
+from crypto.strict_json import loads_strict
 
 __all__ = [
     "KEY_FILE_KIND",

@@ -1,11 +1,21 @@
-"""Ed25519 keys, and detached Ed25519 and secp256k1 signatures over domain-separated canonical
-JSON: what signs and verifies every message (the key files are crypto/keyfiles.py's).
+"""The bytes a signature covers and the signature over them: what signs and verifies every
+message.
+
+The signed bytes are ``hero-bus/v1/<domain>`` + newline + the RFC 8785 (JCS) canonical JSON of
+the content, integer-only: ``None``, ``bool``, ``int`` (within the exact range of an IEEE
+double, ``|n| <= 2**53 - 1``), ``str``, ``list``/``tuple`` and ``dict`` with ``str`` keys.
+Floats are refused everywhere: two implementations can disagree on how to print them, and a
+signature must never depend on that. The domain separates kinds of signed objects.
 
 A signature entry on the wire is ``{"algorithm": "ed25519", "public_key": <64 hex>,
 "signature": <128 hex>}`` or ``{"algorithm": "secp256k1", "public_key": <66 hex, compressed>,
 "signature": <128 hex, r || s, low S>}`` (crypto/secp256k1.py); an object carries a list of
-them. :func:`verify_object` never raises
-on wire input: every problem becomes a :class:`Verdict` with ``ok=False`` and a reason token.
+them. :func:`verify_object` never raises on wire input: every problem becomes a
+:class:`Verdict` with ``ok=False`` and a reason token.
+
+What a warm job's signing does not use lives beside: parsing and validating public keys
+(crypto/public_keys.py, once per key), strict JSON reading (crypto/strict_json.py) and key
+files (crypto/keyfiles.py).
 """
 
 from __future__ import annotations
@@ -14,69 +24,210 @@ import functools
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import nacl.bindings
 import nacl.exceptions
 import nacl.signing
+import orjson
+import rfc8785
 from nacl.bindings import crypto_sign_open, crypto_sign_PUBLICKEYBYTES
 
-from crypto.canonical import signing_input
 from crypto.errors import CanonicalError, KeyFormatError
+from crypto.public_keys import ALGORITHM_ED25519, ALGORITHMS, parse_public_key_for
 from crypto.secp256k1 import (
     ALGORITHM_SECP256K1,
     HighSError,
     InvalidPointError,
     Secp256k1KeyPair,
     UncompressedKeyError,
-    parse_secp256k1_public_key,
     split_signature,
     verify_secp256k1,
 )
 
 __all__ = [
-    "ALGORITHM_ED25519",
-    "ALGORITHM_SECP256K1",
-    "ALGORITHMS",
+    "DOMAIN_PREFIX",
+    "MAX_DEPTH",
+    "MAX_SAFE_INTEGER",
     "MAX_SIGNATURES",
-    "PUBLIC_KEY_BYTES",
     "SEED_BYTES",
     "VERDICT_REASONS",
     "KeyPair",
     "Signer",
     "Verdict",
-    "parse_public_key",
-    "parse_public_key_for",
+    "canonical_json",
+    "check_canonical_value",
     "sign_object",
+    "signing_input",
     "verify_object",
     "verify_raw",
 ]
 
-ALGORITHM_ED25519 = "ed25519"
-ALGORITHMS = (ALGORITHM_ED25519, ALGORITHM_SECP256K1)
-"""Every key algorithm an actor may have; node keys are always Ed25519."""
-SEED_BYTES = 32
-PUBLIC_KEY_BYTES = 32
-_FIELD_P = 2**255 - 19
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+# -- the signed bytes ---------------------------------------------------------------------------
 
-# The 8 points of order dividing 8 (the torsion subgroup), canonically encoded.
-_SMALL_ORDER_POINTS = frozenset(
-    bytes.fromhex(h)
-    for h in (
-        "0100000000000000000000000000000000000000000000000000000000000000",  # identity
-        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",  # order 2
-        "0000000000000000000000000000000000000000000000000000000000000000",  # order 4
-        "0000000000000000000000000000000000000000000000000000000000000080",  # order 4
-        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",  # order 8
-        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",  # order 8
-        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",  # order 8
-        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",  # order 8
-    )
-)
-_BASE_POINT = bytes.fromhex("5866666666666666666666666666666666666666666666666666666666666666")
+DOMAIN_PREFIX = "hero-bus/v1/"
+MAX_SAFE_INTEGER = 2**53 - 1
+"""Largest integer JCS represents exactly (JavaScript Number.MAX_SAFE_INTEGER)."""
+MAX_DEPTH = 128
+"""Maximum nesting of arrays/objects accepted in canonical content."""
+
+_DOMAIN_RE = re.compile(r"[a-z0-9_-]+")
+
+
+def _jcs_bytes(value: object) -> bytes:
+    """Serialise ``value`` with RFC 8785 (JCS) *allowing floats*; internal, used for conformance.
+
+    Raises:
+        CanonicalError: rfc8785 refused the value (NaN/Infinity, unsafe integer, lone surrogate,
+            non-str key, unsupported type) or it is nested too deeply.
+    """
+    try:
+        return rfc8785.dumps(value)  # type: ignore[arg-type]
+    except RecursionError as exc:
+        raise CanonicalError("content is nested too deeply to canonicalise") from exc
+    except (ValueError, TypeError) as exc:  # rfc8785.CanonicalizationError is a ValueError
+        raise CanonicalError(f"content cannot be canonicalised (RFC 8785): {exc}") from exc
+
+
+def _fail(path: str, what: str) -> NoReturn:
+    raise CanonicalError(f"{what} at {path}; signed content must be integer-only JSON")
+
+
+def check_canonical_value(value: object, path: str, depth: int) -> bool:
+    """Walk ``value`` and refuse anything outside integer-only JSON. Returns True if an object
+    key holds a character outside the BMP (the only case where JCS's UTF-16 key order differs
+    from Python's code-point order).
+
+    Raises:
+        CanonicalError: float, unsafe integer, non-str key, unsupported type, or too deep.
+    """
+    if value is None or isinstance(value, bool | str):
+        return False
+    if isinstance(value, int):
+        if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            _fail(path, f"integer {value} is outside +/-(2**53 - 1) and cannot be represented")
+        return False
+    if isinstance(value, float):
+        _fail(path, f"float {value!r} is not allowed")
+    if depth >= MAX_DEPTH:
+        _fail(path, f"nesting deeper than {MAX_DEPTH} levels")
+    astral = False
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if type(item) is not str:
+                astral |= check_canonical_value(item, f"{path}[{index}]", depth + 1)
+        return astral
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                _fail(path, f"object key {key!r} of type {type(key).__name__} is not a string")
+            if not key.isascii() and max(key) > "\uffff":
+                astral = True
+            if type(item) is not str:
+                astral |= check_canonical_value(item, f"{path}.{key}", depth + 1)
+        return astral
+    _fail(path, f"value of unsupported type {type(value).__name__}")
+
+
+_ORJSON = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+
+
+def _fast_admits(value: object, depth: int = 0) -> bool:
+    """True if ``value`` is made only of the exact types None, bool, int (within the safe
+    range), str, list, tuple and dict with str keys inside the BMP, at most :data:`MAX_DEPTH`
+    deep: content for which orjson with sorted keys prints exactly the RFC 8785 bytes (integers
+    print alike; orjson escapes strings as JCS does, ``\\uXXXX`` lowercase for the other control
+    characters; sorted code points equal sorted UTF-16 code units inside the BMP). Anything else,
+    subclasses included, goes the reference way. No paths are built: this runs per message."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER  # type: ignore[operator]
+    if depth >= MAX_DEPTH:
+        return False
+    if kind is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]
+            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
+                return False
+            # text and counts (most of a message) judged here, without a call of their own
+            t = type(item)
+            if t is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif t is not str and not _fast_admits(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:  # type: ignore[attr-defined]
+            t = type(item)
+            if t is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif t is not str and not _fast_admits(item, depth + 1):
+                return False
+        return True
+    return False
+
+
+def canonical_json(value: object) -> bytes:
+    """Return the RFC 8785 (JCS) canonical bytes of an integer-only JSON value.
+
+    Fast path: content :func:`_fast_admits` is printed by orjson with sorted keys (about 50
+    times cheaper than the reference; tests/crypto/test_crypto_props.py checks both agree
+    wherever the guard admits). Everything else (subclasses of the JSON types, keys outside the
+    BMP, whose UTF-16 order differs, and anything to refuse) goes through
+    :func:`check_canonical_value`, which names what is wrong, and the ``rfc8785`` reference
+    implementation.
+
+    Raises:
+        CanonicalError: the value contains a float (anywhere), an integer outside
+            ``+/-(2**53 - 1)``, a non-str dict key, a type other than
+            None/bool/int/str/list/tuple/dict, a string that is not valid Unicode
+            (lone surrogate), or is nested more than :data:`MAX_DEPTH` levels.
+    """
+    try:
+        if _fast_admits(value):
+            return orjson.dumps(value, option=_ORJSON)
+    except orjson.JSONEncodeError:
+        pass  # a lone surrogate: the reference path says so precisely
+    except RecursionError as exc:
+        raise CanonicalError("content is nested too deeply to canonicalise") from exc
+    check_canonical_value(value, "$", 0)
+    return _jcs_bytes(value)
+
+
+def signing_input(domain: str, value: object) -> bytes:
+    """Return the exact bytes that get signed: ``hero-bus/v1/<domain>\\n<canonical JSON>``.
+
+    The domain separates kinds of signed objects, so a signature over one kind can never be
+    replayed as another.
+
+    Raises:
+        CanonicalError: ``domain`` is not a non-empty token of ``[a-z0-9_-]``, or ``value``
+            cannot be canonicalised (see :func:`canonical_json`).
+    """
+    head = _HEADS.get(domain) if type(domain) is str else None
+    if head is None:
+        if not isinstance(domain, str) or not _DOMAIN_RE.fullmatch(domain):
+            raise CanonicalError(
+                f"invalid signing domain {domain!r}: must be a non-empty token of [a-z0-9_-]"
+            )
+        head = DOMAIN_PREFIX.encode("ascii") + domain.encode("ascii") + b"\n"
+        if len(_HEADS) < _HEADS_MAX:
+            _HEADS[domain] = head
+    return head + canonical_json(value)
+
+
+# the checked prefix of each domain seen (a handful: one per kind of signed object), so that
+# signing or verifying one object does not check and encode its domain again
+_HEADS: dict[str, bytes] = {}
+_HEADS_MAX = 64
 
 
 # -- keys ---------------------------------------------------------------------------------------
+
+SEED_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -133,77 +284,8 @@ class KeyPair:
         return f"KeyPair(public_hex={self.public_hex!r})"
 
 
-def _public_key_bytes(value: str | bytes) -> bytes:
-    """Decode ``value`` (64 hex chars or 32 raw bytes) without any curve checks.
-
-    Raises:
-        KeyFormatError: wrong type, wrong length, or not hexadecimal.
-    """
-    if isinstance(value, str):
-        if len(value) != 2 * PUBLIC_KEY_BYTES:
-            raise KeyFormatError(
-                f"public key must be {2 * PUBLIC_KEY_BYTES} hex characters, got {len(value)}"
-            )
-        if not _HEX_DIGITS.issuperset(value):
-            raise KeyFormatError("public key is not hexadecimal")
-        return bytes.fromhex(value)
-    if isinstance(value, bytes):
-        if len(value) != PUBLIC_KEY_BYTES:
-            raise KeyFormatError(f"public key must be {PUBLIC_KEY_BYTES} bytes, got {len(value)}")
-        return value
-    raise KeyFormatError(f"public key must be hex str or bytes, not {type(value).__name__}")
-
-
-def parse_public_key(value: str | bytes) -> bytes:
-    """Parse and validate an Ed25519 public key; return its 32 bytes.
-
-    Refuses non-canonical encodings (y >= 2**255 - 19, or x = 0 with the sign bit set),
-    the 8 small-order points (including the identity), points not on the curve, and points
-    outside the prime-order subgroup (libsodium ``crypto_core_ed25519_is_valid_point``).
-
-    Raises:
-        KeyFormatError: with the reason, for any of the above or a wrong length / non-hex input.
-    """
-    raw = _public_key_bytes(value)
-    sign_bit = raw[31] >> 7
-    y = int.from_bytes(raw, "little") & ~(1 << 255)
-    if y >= _FIELD_P:
-        raise KeyFormatError("public key is a non-canonical encoding (y >= 2**255 - 19)")
-    if sign_bit and y in (1, _FIELD_P - 1):
-        raise KeyFormatError("public key is a non-canonical encoding (x = 0 with sign bit set)")
-    if raw in _SMALL_ORDER_POINTS:
-        raise KeyFormatError("public key is a small-order point (weak key)")
-    if not nacl.bindings.crypto_core_ed25519_is_valid_point(raw):
-        raise KeyFormatError(f"public key is {_invalid_point_reason(raw)}")
-    return raw
-
-
-def parse_public_key_for(algorithm: str, value: str | bytes) -> bytes:
-    """Parse and validate a public key of ``algorithm`` (``ed25519`` or ``secp256k1``).
-
-    Raises:
-        KeyFormatError: an unknown algorithm, or the key is invalid for it (the subclasses of
-            crypto/secp256k1.py name the secp256k1 cases: uncompressed, invalid point).
-    """
-    if algorithm == ALGORITHM_ED25519:
-        return parse_public_key(value)
-    if algorithm == ALGORITHM_SECP256K1:
-        return parse_secp256k1_public_key(value)
-    shown = algorithm[:40] if isinstance(algorithm, str) else type(algorithm).__name__
-    raise KeyFormatError(f"unknown key algorithm {shown!r} (known: {', '.join(ALGORITHMS)})")
-
-
 Signer = KeyPair | Secp256k1KeyPair
 """A key that signs for an actor: Ed25519 or secp256k1 (``.algorithm`` says which)."""
-
-
-def _invalid_point_reason(raw: bytes) -> str:
-    """Explain why libsodium refused ``raw``: off the curve, or carrying a torsion component."""
-    try:
-        nacl.bindings.crypto_core_ed25519_add(raw, _BASE_POINT)
-    except nacl.exceptions.CryptoError:
-        return "not a point on the Ed25519 curve"
-    return "not in the prime-order subgroup (has a small-order component)"
 
 
 # -- signatures ---------------------------------------------------------------------------------

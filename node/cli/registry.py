@@ -11,7 +11,7 @@ from bus.core import ids
 from bus.core.models import Actor
 from bus.core.urls import check_link_url
 from bus.errors import ModelError
-from crypto.signing import ALGORITHM_ED25519, ALGORITHMS
+from crypto.public_keys import ALGORITHM_ED25519, ALGORITHMS
 from node.cli.common import UsageError, with_client
 from node.cli.output import add_json, ago, print_json
 from node.cli.parsing import hidden_alias

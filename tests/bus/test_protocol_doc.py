@@ -13,7 +13,7 @@ from bus.core import handshake
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ModelError
-from crypto.canonical import DOMAIN_PREFIX
+from crypto.signing import DOMAIN_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "PROTOCOL.md").read_text(encoding="utf-8")

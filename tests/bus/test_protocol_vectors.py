@@ -18,7 +18,7 @@ from bus.core import flows, handshake, summaries, traces
 from bus.core.models import Flow, Message
 from bus.errors import HandshakeError
 from crypto import KeyPair, verify_envelope, verify_object
-from crypto.canonical import DOMAIN_PREFIX, canonical_json, signing_input
+from crypto.signing import DOMAIN_PREFIX, canonical_json, signing_input
 from tests.vectors import make
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors"

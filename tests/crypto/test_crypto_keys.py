@@ -17,7 +17,8 @@ from crypto.keyfiles import (
     read_key_file,
     write_key_file,
 )
-from crypto.signing import KeyPair, parse_public_key
+from crypto.public_keys import parse_public_key
+from crypto.signing import KeyPair
 
 # --------------------------------------------------------------- pure-Python curve arithmetic
 # Used only to prove that the literals below really are what the tests claim they are.

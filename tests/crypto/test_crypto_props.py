@@ -10,17 +10,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crypto.canonical import (
+from crypto.errors import CanonicalError
+from crypto.signing import (
     DOMAIN_PREFIX,
     MAX_SAFE_INTEGER,
+    KeyPair,
     _fast_admits,
     _jcs_bytes,
     canonical_json,
-    loads_strict,
+    sign_object,
     signing_input,
+    verify_object,
+    verify_raw,
 )
-from crypto.errors import CanonicalError
-from crypto.signing import KeyPair, sign_object, verify_object, verify_raw
+from crypto.strict_json import loads_strict
 
 KEY = KeyPair.from_seed(bytes(range(32)))
 OTHER_KEY = KeyPair.from_seed(bytes(range(1, 33)))

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crypto.canonical import _jcs_bytes
-from crypto.signing import KeyPair, verify_raw
+from crypto.signing import KeyPair, _jcs_bytes, verify_raw
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "conformance"
 WYCHEPROOF = VECTORS / "ed25519_wycheproof.json"

@@ -18,10 +18,10 @@ SITE = str(Path(modulewalk.__file__).parent)
 PROGRAM = """
 import sys, time, trio
 from bus.core import ids
-from crypto import canonical
+from crypto import signing
 
 async def main():
-    canonical.canonical_json({"a": 1})
+    signing.canonical_json({"a": 1})
     await trio.sleep(0.01)
     print(time.monotonic_ns(), sys.getprofile() is not None, flush=True)
     ids.now_ms()
@@ -52,7 +52,7 @@ def test_a_traced_process_writes_its_modules_in_order(tmp_path: Path) -> None:
     [trace] = modulewalk.read_traces(tmp_path).values()
     assert trace.ppid == os.getpid()
     before = [m for ns, _, m in trace.lines if ns < mark and m != "~"]
-    assert before[-1] == "crypto/canonical.py"  # the last call before the mark
+    assert before[-1] == "crypto/signing.py"  # the last call before the mark
     after = [m for ns, _, m in trace.lines if ns > mark and m != "~"]
     assert after[:1] == ["bus/core/ids.py"]  # the first call after the mark, nothing resumed
     [chain] = trace.chains(mark, mark + 10**10, (0, 0))

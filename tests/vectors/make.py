@@ -25,7 +25,7 @@ from bus.core.models import Flow, JobStatus, Message, MessageType, RunnerJob
 from bus.core.summaries import DOMAIN_SUMMARY, SummaryAsk, summarise
 from bus.core.traces import DOMAIN_ASK, Ask, Tell
 from crypto import KeyPair, sign_envelope
-from crypto.canonical import canonical_json, signing_input
+from crypto.signing import canonical_json, signing_input
 
 HERE = Path(__file__).resolve().parent
 ALGORITHM = "ed25519"
