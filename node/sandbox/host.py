@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import random
 import select
@@ -44,7 +45,7 @@ import orjson
 
 from bus.core.models import dumps_json
 from node.sandbox import disk, seccomp
-from node.sandbox.cgroups import Counters, Leaf, enter_argv
+from node.sandbox.cgroups import POSSIBLE_CPUS, CountFiles, Leaf, enter_argv
 from node.sandbox.inner import MAX_BATCH
 from node.sandbox.limits import Limits, rlimits
 from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
@@ -367,6 +368,58 @@ class _Started:
         _end(self.proc, self.sock, whole, [], leaf=self.leaf)
 
 
+# -- a job's counters, as its cgroup leaf (node/sandbox/cgroups.py) keeps them -----------------
+
+
+def _count(text: bytes, key: bytes) -> int:
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == key:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class Counters:
+    oom_kills: int = 0
+    forks_refused: int = 0
+    cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted
+    read_at: float = -math.inf  # time.monotonic() just before they were read
+
+    def cpu_out_of_reach(self, bound_ns: int) -> bool:
+        """Whether the leaf's tree cannot have used ``bound_ns`` of CPU time since these
+        counters were read: not in the wall time since, on every CPU the machine may have,
+        with half the bound to spare (the kernel charges a running task's time late, by up
+        to a tick)."""
+        return (time.monotonic() - self.read_at) * POSSIBLE_CPUS * 2e9 < bound_ns
+
+
+def read_counters(files: CountFiles) -> Counters:
+    """A leaf's OOM kills, refused forks and tree's CPU time so far (three preads of files
+    held open); Counters() if they cannot be read."""
+    at = time.monotonic()
+    try:
+        oom, forks = os.pread(files.memory, 4096, 0), os.pread(files.pids, 4096, 0)
+    except OSError:
+        return Counters()
+    return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), tree_cpu_ns(files), at)
+
+
+def tree_cpu_ns(files: CountFiles) -> int | None:
+    """CPU time of a leaf's tree so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s
+    usage_usec), one pread of a file held open; None where the leaf does not count it."""
+    try:
+        text = os.pread(files.cpu, 4096, 0)
+    except OSError:
+        return None
+    if files.v2:
+        return _count(text, b"usage_usec") * 1000
+    with contextlib.suppress(ValueError):
+        return int(text)
+    return None
+
+
 class Sandbox:
     """One warm sandboxed worker of a runner slot (and its spare, near its retirement)."""
 
@@ -648,7 +701,7 @@ class Sandbox:
         if running is None:
             return ""
         leaf, start = running
-        used = leaf.cpu_ns()
+        used = tree_cpu_ns(leaf.counted)
         bound = self.spec.limit_values.cpu_s
         if used is None or used - start < bound * 1_000_000_000:
             return ""
@@ -668,7 +721,7 @@ class Sandbox:
         last, self._after = self._after, None
         if last is not None and last[0] is self.leaf:
             return last[1]
-        return self.leaf.counters()
+        return read_counters(self.leaf.counted)
 
     def _bound(self, before: Counters | None, failed: bool, lone: bool = False) -> str:
         """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
@@ -685,7 +738,7 @@ class Sandbox:
         if self.leaf is not None and before is not None:
             if lone and not failed and before.cpu_out_of_reach(cpu_s * 1_000_000_000):
                 return ""
-            after = self.leaf.counters()
+            after = read_counters(self.leaf.counted)
             self._after = (self.leaf, after)
             if after.cpu_ns is not None and before.cpu_ns is not None:
                 if after.cpu_ns - before.cpu_ns >= cpu_s * 1_000_000_000:
@@ -722,7 +775,7 @@ class Sandbox:
     def _read_after(self) -> None:
         """Read the leaf's counters now, as the next job's start, unless the last answer did."""
         if self.leaf is not None and self._after is None:
-            self._after = (self.leaf, self.leaf.counters())
+            self._after = (self.leaf, read_counters(self.leaf.counted))
 
     def _receive(self) -> dict[str, Any]:
         """One answer (it comes in one send: mostly one recv reads all of it). More than
