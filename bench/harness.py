@@ -105,7 +105,7 @@ def job_cpu_s(pid: int) -> float:
 def job_cpu_split(pid: int) -> tuple[float, float]:
     """:func:`job_cpu_s` as (runner processes, sandboxes): a sandbox is a runner's child
     (bwrap, or the worker itself under isolation "none") with everything under it, and a
-    runner's reaped children are the sandboxes it retired (node/sandbox/host.py reaps them up
+    runner's reaped children are the sandboxes it retired (node/sandbox/reap.py reaps them up
     the tree); a runner the node replaced counts on the runners' side."""
     runners, boxes = cpu_times(pid).children_s, 0.0
     todo = [(child, False) for child in children_of(pid)]

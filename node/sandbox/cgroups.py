@@ -13,14 +13,14 @@ which must hand its controllers down), moves the worker's first process there be
 runs (:func:`enter_argv`): no process of the sandbox is ever outside it; and removes the leaf
 once the worker has ended. Nothing is left behind but what a killed runner leaves, which the
 node removes when it next starts (:func:`sweep`). After a job the runner reads the leaf's
-counters (OOM kills, refused forks), which are facts the job cannot forge, unlike its stderr.
+counters (OOM kills, refused forks, its tree's CPU time: node/sandbox/host.py, from the files
+:meth:`Leaf.open_counted` holds open), which are facts the job cannot forge, unlike its stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import shlex
 import signal
@@ -184,18 +184,6 @@ def sweep(cg: Cgroups) -> None:
                     leaf.rmdir()
 
 
-# -- a runner's side: one leaf per sandboxed worker ---------------------------------------------
-
-
-def _count(text: bytes, key: bytes) -> int:
-    for line in text.splitlines():
-        name, _, value = line.partition(b" ")
-        if name == key:
-            with contextlib.suppress(ValueError):
-                return int(value)
-    return 0
-
-
 def _possible_cpus() -> int:
     """How many CPUs this machine may ever run processes on at once: those it may bring
     online too (``/sys/devices/system/cpu/possible``: "0-3,6"), else those online now."""
@@ -207,22 +195,21 @@ def _possible_cpus() -> int:
         return os.cpu_count() or 1
 
 
-POSSIBLE_CPUS = _possible_cpus()
+POSSIBLE_CPUS = _possible_cpus()  # what bounds a leaf's CPU time per second (node/sandbox/host.py)
+
+
+# -- a runner's side: one leaf per sandboxed worker ---------------------------------------------
 
 
 @dataclass(frozen=True)
-class Counters:
-    oom_kills: int = 0
-    forks_refused: int = 0
-    cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted
-    read_at: float = -math.inf  # time.monotonic() just before they were read
+class CountFiles:
+    """A leaf's counter files, held open from its making to its removal, which node/sandbox/
+    host.py reads for each job (one pread each); -1 for one that could not be opened."""
 
-    def cpu_out_of_reach(self, bound_ns: int) -> bool:
-        """Whether the leaf's tree cannot have used ``bound_ns`` of CPU time since these
-        counters were read: not in the wall time since, on every CPU the machine may have,
-        with half the bound to spare (the kernel charges a running task's time late, by up
-        to a tick)."""
-        return (time.monotonic() - self.read_at) * POSSIBLE_CPUS * 2e9 < bound_ns
+    memory: int = -1  # its OOM kills: memory.events (v2), memory.oom_control (v1)
+    pids: int = -1  # its refused forks: pids.events
+    cpu: int = -1  # its tree's CPU time: cpu.stat (v2), cpuacct.usage (v1)
+    v2: bool = False
 
 
 class Leaf:
@@ -232,16 +219,20 @@ class Leaf:
         name = f"{prefix}{ctx}-{os.getpid()}-{next(_SEQ)}"
         self.version = version
         self.dirs = {c: Path(d, name) for c, d in dirs.items()}
-        self._counter_fds: tuple[int, int] | None = None  # opened once: read before each job
-        self._cpu_fd: int | None = None  # opened once: read at each watch tick while a job runs
+        self.counted = CountFiles()  # opened as it is made (:meth:`open_counted`)
 
     def _dir(self, controller: str) -> Path:
         return self.dirs[UNIFIED if self.version == "v2" else controller]
 
     def create(self, limits: Limits) -> None:
-        """Make the leaf with the bounds of ``limits`` (OSError if it cannot be)."""
+        """Make the leaf with the bounds of ``limits`` (OSError if it cannot be), its counter
+        files opened."""
         for d in self.dirs.values():
             d.mkdir()
+        self._bound(limits)
+        self.open_counted()
+
+    def _bound(self, limits: Limits) -> None:
         memory, pids = limits.memory_mb * MB, limits.processes + SANDBOX_PROCESSES
         quota = limits.cpu_percent * PERIOD_US // 100
         if self.version == "v2":
@@ -261,39 +252,19 @@ class Leaf:
         (self._dir("cpu") / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         (self._dir("cpu") / "cpu.cfs_quota_us").write_text(str(quota))
 
-    def counters(self) -> Counters:
-        """Its OOM kills and refused forks so far (two preads of files held open: ~100 us a
-        job with pathlib's open and read, here)."""
-        at = time.monotonic()
-        try:
-            if self._counter_fds is None:
-                events = "memory.events" if self.version == "v2" else "memory.oom_control"
-                memory = os.open(self._dir("memory") / events, os.O_RDONLY | os.O_CLOEXEC)
-                pids = os.open(self._dir("pids") / "pids.events", os.O_RDONLY | os.O_CLOEXEC)
-                self._counter_fds = (memory, pids)
-            memory, pids = self._counter_fds
-            oom, forks = os.pread(memory, 4096, 0), os.pread(pids, 4096, 0)
-        except OSError:
-            return Counters()
-        return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), self.cpu_ns(), at)
-
-    def cpu_ns(self) -> int | None:
-        """CPU time of the tree so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s usage_usec),
-        one pread of a file held open; None where this leaf does not count it."""
+    def open_counted(self) -> None:
+        """Open the files a job's counters are read from, once: the runner reads them after
+        each job (~100 us a job with pathlib's open and read, here, against two preads), and
+        the CPU time at each watch tick while one runs."""
         v2 = self.version == "v2"
-        try:
-            if self._cpu_fd is None:
-                d = self.dirs.get(CPUACCT) or self._dir("cpu")
-                name = "cpu.stat" if v2 else "cpuacct.usage"
-                self._cpu_fd = os.open(d / name, os.O_RDONLY | os.O_CLOEXEC)
-            text = os.pread(self._cpu_fd, 4096, 0)
-        except OSError:
-            return None
-        if v2:
-            return _count(text, b"usage_usec") * 1000
-        with contextlib.suppress(ValueError):
-            return int(text)
-        return None
+        memory, pids = (self.dirs.get(UNIFIED if v2 else c) for c in ("memory", "pids"))
+        cpu = self.dirs.get(CPUACCT) or self.dirs.get(UNIFIED if v2 else "cpu")
+        self.counted = CountFiles(
+            _opened(memory, "memory.events" if v2 else "memory.oom_control"),
+            _opened(pids, "pids.events"),
+            _opened(cpu, "cpu.stat" if v2 else "cpuacct.usage"),
+            v2,
+        )
 
     def procs_files(self) -> list[str]:
         return [str(d / "cgroup.procs") for d in self.dirs.values()]
@@ -328,11 +299,10 @@ class Leaf:
 
     def remove(self) -> bool:
         """Remove the leaf (its processes all ended); False if one is still there."""
-        fds, self._counter_fds = self._counter_fds or (), None
-        if self._cpu_fd is not None:
-            fds, self._cpu_fd = (*fds, self._cpu_fd), None
-        for fd in fds:
-            os.close(fd)
+        counted, self.counted = self.counted, CountFiles()
+        for fd in (counted.memory, counted.pids, counted.cpu):
+            if fd >= 0:
+                os.close(fd)
         done = True
         for d in self.dirs.values():
             try:
@@ -342,6 +312,14 @@ class Leaf:
             except OSError:
                 done = False
         return done
+
+
+def _opened(d: Path | None, name: str) -> int:
+    """``name`` in ``d`` opened to read; -1 if it cannot be."""
+    if d is not None:
+        with contextlib.suppress(OSError):
+            return os.open(d / name, os.O_RDONLY | os.O_CLOEXEC)
+    return -1
 
 
 # the worker's first process enters the leaf, then becomes the planned command (exec: same pid)

@@ -1,79 +1,45 @@
-"""The runner's side of its sandboxed worker (node/sandbox/inner.py): started lazily, fed one
-job at a time over a unix socket, recycled after ``recycle_jobs`` jobs (its socket closed, it
-exits), and SIGKILLed, which ends every process of the sandbox, when a job must end before its
-time (timeout, stop, abort). What either leaves, this process (a subreaper) adopts and reaps.
+"""The runner's side of a warm sandboxed worker's job conversation (node/sandbox/inner.py is
+the worker): each job, or batch of jobs, sent over a unix socket, its answer read bounded and
+checked, and the bounds it hit read from its cgroup leaf's counters. How a worker is started,
+retired (after ``recycle_jobs`` jobs: its socket closed, it exits) and killed (a job that must
+end before its time: timeout, stop, abort) is node/sandbox/worker.py's, with the killing and
+reaping of every process of the sandbox in node/sandbox/reap.py.
 
 A worker takes ~80 ms to start here (bwrap, then Python): the job after a recycling waited that
 long, one round trip in a thousand per slot (the bench's local p99 at 89 ms against ~6 ms).
 The replacement is started :data:`SPARE_LEAD_JOBS` jobs before the switch (right after each job
 when every job gets a fresh worker) and waits, ready, until it is needed; a spare that died
 meanwhile is replaced by a new start then. A spare never ran a job.
-
-Each worker is replaced after at most ``recycle_jobs`` jobs: up to an eighth fewer, drawn when it
-starts (:func:`recycle_point`). A node's slots take jobs in turn, so with one count for all
-they replaced their workers together, four starts (~85 ms of CPU each) at once on two cores
-every ``recycle_jobs`` jobs a slot: a sequential round trip met 10-14 slow ones in a row there
-(bench/HISTORY.md#admission-where-job-runs). Drawn apart, they start one at a time.
-
-The runner process holds the runner's credentials; this module starts the worker with exec of
-a fresh program (subprocess, close_fds, an empty environment), never by a fork that keeps
-running Python.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
+import math
 import os
 import random
 import select
-import signal
 import socket
 import struct
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from bus.core.models import dumps_json
-from node.sandbox import disk, seccomp
-from node.sandbox.cgroups import Counters, Leaf, enter_argv
+from node.sandbox import disk
+from node.sandbox.cgroups import POSSIBLE_CPUS, CountFiles, Leaf
 from node.sandbox.inner import MAX_BATCH
-from node.sandbox.limits import Limits, rlimits
-from node.sandbox.plan import WORK, HostFacts, SandboxPlan, bwrap_argv
+from node.sandbox.worker import STAGGER, SandboxLost, SandboxSpec, Worker
 
 log = logging.getLogger("node.worker.loop")
-
-INNER = str(Path(__file__).with_name("inner.py"))
-
-
-def _pidns() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-_OUTER_PIDNS = _pidns()
-
 
 # jobs before a worker's retirement that its replacement is started (a worker starts in ~80 ms;
 # a python job takes a few): the switch then finds it ready
 SPARE_LEAD_JOBS = 32
-_STAGGER = random.Random()  # the module's own: a caller's seeded sequence is never drawn from
-
-
-def recycle_point(recycle_jobs: int, rng: random.Random = _STAGGER) -> int:
-    """How many jobs a worker runs before it is replaced: ``recycle_jobs``, less a number
-    drawn below an eighth of it (so exactly ``recycle_jobs`` below 8)."""
-    return recycle_jobs - rng.randrange(recycle_jobs // 8 + 1)
 
 
 # A warm job process holds its end of the socket while a job runs: what comes back may be the
@@ -153,345 +119,83 @@ class _Frames:
         self.data += chunk
 
 
-class SandboxLost(Exception):  # noqa: N818 - it is an event
-    """The worker ended (killed, or it could not start): the job has no ending of its own."""
+# -- a job's counters, as its cgroup leaf (node/sandbox/cgroups.py) keeps them -----------------
+
+
+def _count(text: bytes, key: bytes) -> int:
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == key:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return 0
 
 
 @dataclass(frozen=True)
-class SandboxSpec:
-    """What a runner needs to start its context's sandboxed worker (JSON in the RunnerSpec)."""
+class Counters:
+    oom_kills: int = 0
+    forks_refused: int = 0
+    cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted
+    read_at: float = -math.inf  # time.monotonic() just before they were read
 
-    mode: str  # strict, namespaces, none
-    work_dir: str
-    bwrap: str = "bwrap"
-    setpriv: str = "setpriv"
-    uid: int = -1
-    network: bool = False
-    recycle_jobs: int = 1000
-    fresh_process: bool = False  # a fresh process per job (else python jobs share a warm one)
-    as_root: bool = True
-    binds: list[str] = field(default_factory=list)
-    dirs: dict[str, str | None] = field(default_factory=dict)  # HostFacts.dirs
-    limits: dict[str, int] = field(default_factory=dict)
-    # node/sandbox/cgroups.py: {"version": "v1" | "v2", "dirs": {controller: dir}, "prefix"}
-    cgroups: dict[str, Any] = field(default_factory=dict)
-    disk_quota: bool = False  # the work dir on an image of limits' disk_mb (node/sandbox/disk.py)
-    work_dir_policy: str = "keep"  # "per_job": emptied after each job, as /tmp always is
-
-    @functools.cached_property
-    def limit_values(self) -> Limits:
-        return Limits(**self.limits)
-
-    @property
-    def emptied(self) -> list[str]:
-        """What the worker empties after each job: the sandbox's /tmp (its own tmpfs), and the
-        work dir under ``work_dir = "per_job"``; nothing without a sandbox."""
-        if self.mode == "none":
-            return []
-        return ["/tmp", WORK] if self.work_dir_policy == "per_job" else ["/tmp"]
-
-    def argv(self, seccomp_fd: int, workdir_fd: int, settings: dict[str, Any]) -> list[str]:
-        """The worker's command (in its sandbox); ``settings``: what each of its jobs is set up
-        with (node/sandbox/inner.py SETTINGS)."""
-        way = "--fresh" if self.fresh_process else "--warm"
-        given = dumps_json(settings).decode()
-        worker = [sys.executable, "-u", INNER, way, _OUTER_PIDNS, given, *self.emptied]
-        if self.mode == "none":
-            return worker
-        plan = SandboxPlan(
-            mode=self.mode,
-            bwrap=self.bwrap,
-            setpriv=self.setpriv,
-            work_dir=self.work_dir,
-            worker=worker,
-            binds=self.binds,
-            uid=self.uid,
-            network=self.network,
-            as_root=self.as_root,
-            seccomp_fd=seccomp_fd,
-            workdir_fd=workdir_fd,
-            tmp_bytes=min(self.limit_values.file_size_mb, 1024) * 1024 * 1024,
-        )
-        return bwrap_argv(plan, HostFacts(dict(self.dirs)))
+    def cpu_out_of_reach(self, bound_ns: int) -> bool:
+        """Whether the leaf's tree cannot have used ``bound_ns`` of CPU time since these
+        counters were read: not in the wall time since, on every CPU the machine may have,
+        with half the bound to spare (the kernel charges a running task's time late, by up
+        to a tick)."""
+        return (time.monotonic() - self.read_at) * POSSIBLE_CPUS * 2e9 < bound_ns
 
 
-def prepare_work_dir(spec: SandboxSpec) -> None:
-    """The context's work dir: 0700, owned by the context's uid in strict mode."""
-    path = Path(spec.work_dir)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    quota = spec.limit_values.disk_mb
-    if spec.disk_quota and quota:
-        disk.mount_quota(path, quota, spec.uid)
-    path.chmod(0o700)
-    # the mode may have changed since it was made: its owner too. Strict without root needs
-    # CAP_CHOWN (deploy/hero-node.service); without it strict cannot start, and says so.
-    uid = spec.uid if spec.mode == "strict" else os.geteuid()
-    st = path.stat()
-    if (st.st_uid, st.st_gid) != (uid, uid if spec.mode == "strict" else st.st_gid):
-        os.chown(path, uid, uid if spec.mode == "strict" else -1)
-
-
-def _same_uid_processes() -> int:
-    """Processes of this uid now (``namespaces``: the bound on processes counts them too)."""
-    me, n = os.getuid(), 0
-    for name in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            if name.isdigit() and os.stat(f"/proc/{name}").st_uid == me:
-                n += 1
-    return n
-
-
-def _kill_group(proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL a worker's process group, unless it was reaped (its pid may be another's now)."""
-    if proc is not None and proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-# the processes a kill looks for under a worker with no pid namespace (isolation "none"):
-# a pidfd each, held until they are reaped, within the runner's descriptors
-_MAX_BELOW = 512
-_REAP_WAIT_S = 5.0
-RETIRE_WAIT_S = 1.0  # a retired worker's own exit, before it is killed (~8 ms here)
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError, ValueError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    return out
-
-
-def _parent(pid: int) -> int:
+def read_counters(files: CountFiles) -> Counters:
+    """A leaf's OOM kills, refused forks and tree's CPU time so far (three preads of files
+    held open); Counters() if they cannot be read."""
+    at = time.monotonic()
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+        oom, forks = os.pread(files.memory, 4096, 0), os.pread(files.pids, 4096, 0)
+    except OSError:
+        return Counters()
+    return Counters(_count(oom, b"oom_kill"), _count(forks, b"max"), tree_cpu_ns(files), at)
 
 
-def _pidfds_below(pid: int, whole: bool) -> list[int]:
-    """Pidfds of the processes under ``pid``, taken before it is killed: its children (under
-    bwrap, the pid namespace's init, whose death ends every process in the namespace) or, with
-    no namespace (``whole``), every descendant. Once their parent is killed, the runner (a
-    child subreaper) adopts them: unless it reaps them they stay zombies, one per retired or
-    killed worker, and the CPU they used is counted in no process."""
-    fds: list[int] = []
-    todo = [pid]
-    while todo and len(fds) < _MAX_BELOW:
-        parent = todo.pop()
-        for child in _children(parent):
-            try:
-                fd = os.pidfd_open(child)
-            except OSError:  # gone already, or no pidfds (Linux < 5.3)
-                continue
-            if _parent(child) != parent:  # gone, and its pid another process's by now
-                os.close(fd)
-                continue
-            fds.append(fd)
-            if whole:
-                todo.append(child)
-    return fds
-
-
-def _kill_pidfds(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-
-
-def _reap_adopted(fds: list[int]) -> None:
-    """Wait (bounded) until each process of ``fds`` has exited, then reap those this process
-    adopted (the others' parents reap them), and close the pidfds."""
+def tree_cpu_ns(files: CountFiles) -> int | None:
+    """CPU time of a leaf's tree so far (v1 ``cpuacct.usage``, v2 ``cpu.stat``'s
+    usage_usec), one pread of a file held open; None where the leaf does not count it."""
     try:
-        poller = select.poll()
-        for fd in fds:
-            poller.register(fd, select.POLLIN)
-        pending, end = len(fds), time.monotonic() + _REAP_WAIT_S
-        while pending and (left := end - time.monotonic()) > 0:
-            for fd, _event in poller.poll(left * 1000):
-                poller.unregister(fd)
-                pending -= 1
-        for fd in fds:
-            with contextlib.suppress(OSError):  # ChildProcessError: not this process's child
-                os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
-    finally:
-        for fd in fds:
-            os.close(fd)
+        text = os.pread(files.cpu, 4096, 0)
+    except OSError:
+        return None
+    if files.v2:
+        return _count(text, b"usage_usec") * 1000
+    with contextlib.suppress(ValueError):
+        return int(text)
+    return None
 
 
-def _end(
-    proc: subprocess.Popen[bytes],
-    sock: socket.socket | None,
-    whole: bool,
-    killed: list[int],
-    graceful: bool = False,
-    leaf: Leaf | None = None,
-) -> None:
-    """End a worker with every process under it and reap them all (``killed``, the pidfds a
-    :meth:`Sandbox.kill` already took, too). ``graceful``: first close its socket and let it
-    exit (bounded wait), which is how a retired worker's CPU is counted: a pid namespace's
-    init that is killed drops its children unaccounted (the kernel lets them reap themselves)."""
-    below = killed + _pidfds_below(proc.pid, whole) if proc.returncode is None else killed
-    if graceful and sock is not None:
-        sock.close()
-        sock = None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(RETIRE_WAIT_S)
-    _kill_pidfds(below)
-    _kill_group(proc)
-    if leaf is not None:
-        leaf.kill()
-    if sock is not None:
-        sock.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-    _reap_adopted(below)
-    # every process of the sandbox has exited (its pid namespace's init reaped them first)
-    if leaf is not None and not leaf.end():
-        log.warning("cgroup %s still busy: removed when the node next starts", leaf.dirs)
-
-
-@dataclass
-class _Started:
-    """A worker started, its hello not read yet."""
-
-    proc: subprocess.Popen[bytes]
-    sock: socket.socket
-    nproc_base: int
-    leaf: Leaf | None
-
-    def discard(self, whole: bool) -> None:
-        _end(self.proc, self.sock, whole, [], leaf=self.leaf)
-
-
-class Sandbox:
-    """One warm sandboxed worker of a runner slot (and its spare, near its retirement)."""
+class Sandbox(Worker):
+    """One warm sandboxed worker of a runner slot (and its spare, near its retirement), and
+    the jobs it runs."""
 
     def __init__(
-        self, spec: SandboxSpec, rng: random.Random = _STAGGER, stderr: int | None = None
+        self, spec: SandboxSpec, rng: random.Random = STAGGER, stderr: int | None = None
     ) -> None:
         """``stderr``: where bwrap and the worker write theirs (an open fd; None: inherited),
         so that the probe can say why a sandbox did not start."""
-        self.spec = spec
-        self._stderr = stderr
-        self._rng = rng  # draws each worker's recycle_point
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.sock: socket.socket | None = None
-        self.jobs = 0
-        self.recycle_at = spec.recycle_jobs  # this worker's own (recycle_point), drawn at start
-        self.nproc_base = 0
-        self.uid = -1  # the worker's uid, as it reported it
-        self.spare: _Started | None = None
-        self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
-        self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
+        super().__init__(spec, rng, stderr)
         # while a job runs: its leaf and the leaf's CPU time when it began (over_cpu)
         self._job_cpu: tuple[Leaf, int] | None = None
         self._after: tuple[Leaf, Counters] | None = None  # the leaf's, as the last job ended
-        self._lock = threading.Lock()
         self.batching = False  # a batch request's answers are still to come (stop_batch)
-
-    @property
-    def whole(self) -> bool:
-        """Whether a kill must find every process under the worker: with no pid namespace
-        to end them all, under isolation "none" (the job process leads its own session)."""
-        return self.spec.mode == "none"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else 0
 
     def start(self) -> None:
         """Make the spare (or a worker started now) the current worker, once it said hello.
         Raises SandboxLost if it cannot start."""
-        started, self.spare = self.spare, None
-        if started is not None and started.proc.poll() is not None:
-            started.discard(self.whole)  # died waiting: start another
-            started = None
-        if started is None:
-            started = self._spawn()
-        self.proc, self.sock, self.nproc_base = started.proc, started.sock, started.nproc_base
-        self.leaf = started.leaf
-        self.jobs = 0
-        self.recycle_at = recycle_point(self.spec.recycle_jobs, self._rng)
+        self._take()
         try:
             hello = self._receive()
         except SandboxLost:
             self._retire()
             raise
         self.uid = int(hello.get("uid", -1))
-
-    def _spawn(self) -> _Started:
-        """Start a worker (exec of the planned sandbox); it says hello when it is ready."""
-        if self.spec.mode not in ("strict", "namespaces", "none"):
-            raise SandboxLost(f"no sandbox can be built (isolation {self.spec.mode})")
-        prepare_work_dir(self.spec)
-        nproc_base = 0
-        if self.spec.mode != "strict" and os.getuid() != 0:
-            nproc_base = _same_uid_processes() + 16
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        rfd, wfd = os.pipe()
-        arch = seccomp.native_arch()
-        if arch is not None:
-            os.write(wfd, seccomp.encode(seccomp.program(arch)))  # < a pipe's buffer
-        os.close(wfd)
-        leaf = self._leaf()
-        passed, wd = [rfd], -1
-        if self.spec.mode == "strict" and not self.spec.as_root:
-            # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
-            wd = os.open(self.spec.work_dir, os.O_PATH | os.O_DIRECTORY)
-            passed.append(wd)
-        try:
-            argv = self.spec.argv(rfd, wd, self._settings(nproc_base, leaf))
-            proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
-                enter_argv(leaf.procs_files(), argv) if leaf is not None else argv,
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
-                pass_fds=passed,
-                env={"LANG": "C.UTF-8"},
-                cwd="/",  # the worker enters the work dir (which the node may not)
-                start_new_session=True,
-            )
-        except BaseException:
-            ours.close()
-            if leaf is not None:
-                leaf.remove()
-            raise
-        finally:
-            theirs.close()
-            for fd in passed:
-                os.close(fd)
-        return _Started(proc, ours, nproc_base, leaf)
-
-    def _settings(self, nproc_base: int, leaf: Leaf | None) -> dict[str, Any]:
-        """What every job of a worker is set up with besides its own request: given to the
-        worker once, in its argv, not in each request (their JSON, written by the runner and
-        parsed by the job process on a lone job's path, was half settings)."""
-        cwd = self.spec.work_dir if self.spec.mode == "none" else WORK
-        return {
-            "cwd": cwd,
-            "rlimits": rlimits(self.spec.limit_values, nproc_base, leaf is not None),
-            # the worker sweeps its sandbox's processes only in a pid namespace not this one
-            "outer_pidns": _OUTER_PIDNS,
-        }
-
-    def _leaf(self) -> Leaf | None:
-        """A new cgroup for a worker, with the job's bounds; None without cgroups. Raises
-        SandboxLost if it cannot be made: a job never runs unbounded by accident."""
-        cg = self.spec.cgroups
-        if not cg:
-            return None
-        ctx = int(Path(self.spec.work_dir).name)
-        leaf = Leaf(str(cg["version"]), dict(cg["dirs"]), str(cg["prefix"]), ctx)
-        try:
-            leaf.create(self.spec.limit_values)
-        except OSError as exc:
-            leaf.remove()
-            raise SandboxLost(f"cannot make the job's cgroup: {exc}") from None
-        return leaf
 
     def run(
         self, request: dict[str, Any], out: int, err: int, idle: Idle | None = None
@@ -648,7 +352,7 @@ class Sandbox:
         if running is None:
             return ""
         leaf, start = running
-        used = leaf.cpu_ns()
+        used = tree_cpu_ns(leaf.counted)
         bound = self.spec.limit_values.cpu_s
         if used is None or used - start < bound * 1_000_000_000:
             return ""
@@ -668,7 +372,7 @@ class Sandbox:
         last, self._after = self._after, None
         if last is not None and last[0] is self.leaf:
             return last[1]
-        return self.leaf.counters()
+        return read_counters(self.leaf.counted)
 
     def _bound(self, before: Counters | None, failed: bool, lone: bool = False) -> str:
         """The reason of a bound the job hit, as the kernel counted it (its cgroup's OOM
@@ -685,7 +389,7 @@ class Sandbox:
         if self.leaf is not None and before is not None:
             if lone and not failed and before.cpu_out_of_reach(cpu_s * 1_000_000_000):
                 return ""
-            after = self.leaf.counters()
+            after = read_counters(self.leaf.counted)
             self._after = (self.leaf, after)
             if after.cpu_ns is not None and before.cpu_ns is not None:
                 if after.cpu_ns - before.cpu_ns >= cpu_s * 1_000_000_000:
@@ -722,7 +426,7 @@ class Sandbox:
     def _read_after(self) -> None:
         """Read the leaf's counters now, as the next job's start, unless the last answer did."""
         if self.leaf is not None and self._after is None:
-            self._after = (self.leaf, self.leaf.counters())
+            self._after = (self.leaf, read_counters(self.leaf.counted))
 
     def _receive(self) -> dict[str, Any]:
         """One answer (it comes in one send: mostly one recv reads all of it). More than
@@ -757,42 +461,7 @@ class Sandbox:
             data += chunk
         return data
 
-    def kill(self) -> None:
-        """End the sandbox and every process in it now (any thread may call this)."""
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        below = _pidfds_below(proc.pid, self.whole)
-        _kill_pidfds(below)
-        _kill_group(proc)
-        if self.leaf is not None:  # the tree at once, whatever left the pid namespace's view
-            self.leaf.kill()
-        with self._lock:
-            self._killed += below
-
     def _retire_spent(self) -> None:
         """Retire the worker, letting it exit, if it ran its jobs (:attr:`recycle_at`)."""
         if self.proc is not None and self.jobs >= self.recycle_at:
             self._retire(graceful=True)
-
-    def _retire(self, graceful: bool = False) -> None:
-        """End and reap the worker (``graceful``: let it exit first, see :func:`_end`); the
-        next job starts a new one (or takes the spare)."""
-        with self._lock:
-            killed, self._killed = self._killed, []
-        if self.proc is not None:
-            _end(self.proc, self.sock, self.whole, killed, graceful and not killed, self.leaf)
-        else:
-            _reap_adopted(killed)
-            if self.sock is not None:
-                self.sock.close()
-        self.proc, self.sock, self.leaf = None, None, None
-
-    def stop(self, graceful: bool = False) -> None:
-        """Kill and reap the worker and its spare. ``graceful``: let the worker exit first, as
-        a retirement does (see :func:`_end`), so that its jobs' CPU is counted in this
-        process: how a runner that leaves (drained, recycled) ends its sandbox."""
-        self._retire(graceful)
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            spare.discard(self.whole)

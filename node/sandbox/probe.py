@@ -15,8 +15,8 @@ from pathlib import Path
 
 from node.sandbox import cgroups, disk, seccomp, userns
 from node.sandbox.bwrap import CONFIGURED, Bwrap, find_bwrap
-from node.sandbox.host import INNER, SandboxSpec
 from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
+from node.sandbox.worker import INNER, SandboxLost, SandboxSpec
 
 _CAP_SETGID, _CAP_SETUID = 6, 7
 
@@ -86,7 +86,7 @@ def interpreter_binds(home: Path) -> list[str]:
 def _try(spec: SandboxSpec) -> str:
     """ "" if a sandbox of ``spec`` starts and runs ``true``-like code, else why not (what
     bwrap said, when it said anything)."""
-    from node.sandbox.host import Sandbox, SandboxLost
+    from node.sandbox.host import Sandbox
 
     with tempfile.TemporaryFile() as err:
         box = Sandbox(spec, stderr=err.fileno())

@@ -34,8 +34,9 @@ from bus.core.attempts import Outcome, outcome_of
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
-from node.sandbox.host import Sandbox, SandboxLost, SandboxSpec
+from node.sandbox.host import Sandbox
 from node.sandbox.plan import PATH, WORK, PlanError
+from node.sandbox.worker import SandboxLost, SandboxSpec
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
 from node.slot.outcomes import (

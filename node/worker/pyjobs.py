@@ -2,7 +2,7 @@
 
 Its jobs run in its slot's sandbox (node/sandbox/): what a killed or retired sandbox leaves
 (bwrap's pid-namespace init, under isolation "none" the job processes) is re-parented to this
-process rather than to init, and node/sandbox/host.py reaps it, so nothing a sandbox started
+process rather than to init, and node/sandbox/reap.py reaps it, so nothing a sandbox started
 outlives it unseen and the CPU it used counts under this runner.
 """
 

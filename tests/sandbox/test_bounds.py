@@ -34,7 +34,7 @@ from bus.client.api import open_client
 from crypto import read_key_file
 from node.config import render_config
 from node.config.console import ConsoleConfig
-from node.sandbox import cgroups, disk
+from node.sandbox import cgroups, disk, host
 from node.sandbox.disk import IMAGES
 from node.sandbox.limits import (
     Limits,
@@ -482,14 +482,17 @@ def test_a_leaf_reads_its_trees_cpu_time_on_either_version(tmp_path: Path) -> No
     for d in v1.dirs.values():
         d.mkdir(parents=True)
     (v1.dirs["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
-    assert v1.cpu_ns() == 2_500_000_000
+    v1.open_counted()
+    assert host.tree_cpu_ns(v1.counted) == 2_500_000_000
     v2 = cgroups.Leaf("v2", {cgroups.UNIFIED: str(tmp_path / "u")}, "p-", 1)
     v2.dirs[cgroups.UNIFIED].mkdir(parents=True)
     (v2.dirs[cgroups.UNIFIED] / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\n")
-    assert v2.cpu_ns() == 1_500_000
+    v2.open_counted()
+    assert host.tree_cpu_ns(v2.counted) == 1_500_000
     none = cgroups.Leaf("v1", {"cpu": str(tmp_path / "bare")}, "p-", 1)
     none.dirs["cpu"].mkdir(parents=True)  # a cpu hierarchy without cpuacct: not counted
-    assert none.cpu_ns() is None
+    none.open_counted()
+    assert host.tree_cpu_ns(none.counted) is None
     for leaf in (v1, v2, none):
         leaf.remove()
 

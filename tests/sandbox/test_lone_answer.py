@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from node.sandbox import cgroups
-from node.sandbox.cgroups import POSSIBLE_CPUS, Counters
-from node.sandbox.host import Sandbox
+from node.sandbox import host
+from node.sandbox.cgroups import POSSIBLE_CPUS, CountFiles
+from node.sandbox.host import Counters, Sandbox
 from node.sandbox.inner import _loads, _replace_environ, send
 from tests.sandbox.test_sandbox import _box, _run, needs_root
 
@@ -40,13 +40,13 @@ class Reads:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seen: list[str] = []
         self.phase = "run"
-        real = cgroups.Leaf.counters
+        real = host.read_counters
 
-        def counted(leaf: cgroups.Leaf) -> Counters:
+        def counted(files: CountFiles) -> Counters:
             self.seen.append(self.phase)
-            return real(leaf)
+            return real(files)
 
-        monkeypatch.setattr(cgroups.Leaf, "counters", counted)
+        monkeypatch.setattr(host, "read_counters", counted)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from bus.core.reasons import Reason
 from node.sandbox import seccomp
-from node.sandbox.host import Sandbox, SandboxLost, recycle_point
+from node.sandbox.host import Sandbox
 from node.sandbox.limits import Limits, LimitsError, limits_for, parse_limits
 from node.sandbox.plan import (
     HostFacts,
@@ -40,6 +40,7 @@ from node.sandbox.settings import (
     context_settings,
     parse_sandbox,
 )
+from node.sandbox.worker import SandboxLost, recycle_point
 from node.slot.outcomes import Ending, limit_reason
 
 BASE = 2_000_000_000
@@ -565,7 +566,8 @@ def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str)
 _AS_RUNNER = """
 import json, os, sys, threading
 from pathlib import Path
-from node.sandbox.host import Sandbox, SandboxLost
+from node.sandbox.host import Sandbox
+from node.sandbox.worker import SandboxLost
 from node.sandbox.probe import probe, sandbox_spec
 from node.worker.pyjobs import become_subreaper
 
