@@ -2,7 +2,7 @@
 the worker): each job, or batch of jobs, sent over a unix socket, its answer read bounded and
 checked, and the bounds it hit read from its cgroup leaf's counters. How a worker is started,
 retired (after ``recycle_jobs`` jobs: its socket closed, it exits) and killed (a job that must
-end before its time: timeout, stop, abort) is node/sandbox/worker.py's, with the killing and
+end before its time: timeout, stop, abort) is node/sandbox/spawn.py's, with the killing and
 reaping of every process of the sandbox in node/sandbox/reap.py.
 
 A worker takes ~80 ms to start here (bwrap, then Python): the job after a recycling waited that
@@ -33,7 +33,7 @@ from bus.core.models import dumps_json
 from node.sandbox import disk
 from node.sandbox.cgroups import POSSIBLE_CPUS, CountFiles, Leaf
 from node.sandbox.inner import MAX_BATCH
-from node.sandbox.worker import STAGGER, SandboxLost, SandboxSpec, Worker
+from node.sandbox.spawn import STAGGER, SandboxLost, SandboxSpec, Worker
 
 log = logging.getLogger("node.worker.loop")
 

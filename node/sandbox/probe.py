@@ -16,7 +16,7 @@ from pathlib import Path
 from node.sandbox import cgroups, disk, seccomp, userns
 from node.sandbox.bwrap import CONFIGURED, Bwrap, find_bwrap
 from node.sandbox.plan import SYSTEM_DIRS, PlanError, check_binds, python_binds, resolve_mode
-from node.sandbox.worker import INNER, SandboxLost, SandboxSpec
+from node.sandbox.spawn import INNER, SandboxLost, SandboxSpec
 
 _CAP_SETGID, _CAP_SETUID = 6, 7
 

@@ -54,7 +54,7 @@ class RunnerSpec:
     # the node's (node/observe/logs.py FORMATS): its stderr stays one format
     log_format: str = "text"
     signer_fd: int = -1  # its socket to the node's signer (node/host/signer.py), inherited
-    # the slot's sandbox (node/sandbox/worker.py SandboxSpec, as a dict): no sandbox, no job
+    # the slot's sandbox (node/sandbox/spawn.py SandboxSpec, as a dict): no sandbox, no job
     sandbox: dict[str, Any] = field(default_factory=dict)
     # where its spans go, as its node's do (node/observe/tracing.py runner_settings; {}: off)
     tracing: dict[str, Any] = field(default_factory=dict)

@@ -32,7 +32,7 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.sandbox.plan import PlanError
-from node.sandbox.worker import SandboxLost
+from node.sandbox.spawn import SandboxLost
 from node.slot import outcomes
 from node.slot.outcomes import KILL_GRACE_S, LOG_FLUSH_S, LogPump, log_paths, recorded
 from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job_request

@@ -36,7 +36,7 @@ from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from node.sandbox.host import Sandbox
 from node.sandbox.plan import PATH, WORK, PlanError
-from node.sandbox.worker import SandboxLost, SandboxSpec
+from node.sandbox.spawn import SandboxLost, SandboxSpec
 from node.slot import outcomes
 from node.slot.commands import expand, uses_script_file
 from node.slot.outcomes import (

@@ -178,7 +178,7 @@ def test_the_nodes_jitter_leaves_the_random_modules_state_alone() -> None:
     in another thread) finds its sequence untouched."""
     from bus.wire.transport import jittered, ping_payload
     from node.host.valkey import free_port
-    from node.sandbox.worker import recycle_point
+    from node.sandbox.spawn import recycle_point
 
     state = random.getstate()
     assert 0.5 <= backoff_s(1, base_s=1.0) <= 1.0

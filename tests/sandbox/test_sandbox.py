@@ -40,7 +40,7 @@ from node.sandbox.settings import (
     context_settings,
     parse_sandbox,
 )
-from node.sandbox.worker import SandboxLost, recycle_point
+from node.sandbox.spawn import SandboxLost, recycle_point
 from node.slot.outcomes import Ending, limit_reason
 
 BASE = 2_000_000_000
@@ -567,7 +567,7 @@ _AS_RUNNER = """
 import json, os, sys, threading
 from pathlib import Path
 from node.sandbox.host import Sandbox
-from node.sandbox.worker import SandboxLost
+from node.sandbox.spawn import SandboxLost
 from node.sandbox.probe import probe, sandbox_spec
 from node.worker.pyjobs import become_subreaper
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from node.sandbox.host import Sandbox
-from node.sandbox.worker import SandboxLost
+from node.sandbox.spawn import SandboxLost
 from tests.sandbox.test_sandbox import _box, needs_root
 
 pytestmark = needs_root

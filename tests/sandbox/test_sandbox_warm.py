@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from crypto import read_key_file
 from node.sandbox.host import Sandbox
 from node.sandbox.inner import _replace_environ
-from node.sandbox.worker import SandboxLost
+from node.sandbox.spawn import SandboxLost
 from node.slot.outcomes import Ending, limit_reason
 from tests.sandbox.test_sandbox import _box, _cmdline, _run, needs_root
 
