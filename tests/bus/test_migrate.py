@@ -11,7 +11,7 @@ from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.errors import StoreError
 from bus.store import lists
-from bus.store.atomic import routing, runs
+from bus.store.atomic import queues, routing, runs
 from bus.store.connection import Store, open_store
 from bus.store.migrate import Migrated, data_model_version, migrate
 from crypto import read_key_file
@@ -61,12 +61,12 @@ async def test_v2_markers_and_depths_are_migrated_once(store: Store) -> None:
     assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"1": "1"}
 
     # the markers still refuse what they marked, now from the replay hash
-    replay_key = routing.JobWrite("job:1:8", "", {"message_key": "message:1:5"})
+    replay_key = queues.JobWrite("job:1:8", "", {"message_key": "message:1:5"})
     batch = [
         (job_message_keyed(5, "x"), [replay_key]),
         (job_message_keyed(9, "n5"), []),
     ]
-    codes, _, _ = await routing.materialise_batch(
+    codes, _, _ = await queues.materialise_batch(
         store, CTX, "fly", batch, now=now(), window_s=60, depth_of=[]
     )
     assert codes == [1, 2]
