@@ -19,7 +19,7 @@ from bus.core.models import Hash, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
 from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.errors import StoreError
-from bus.store import lists, serve
+from bus.store import records, serve
 from bus.store.atomic import routing
 from bus.store.atomic.queues import JobWrite
 from bus.store.serve import Popped, Queue, serve_queue
@@ -150,7 +150,7 @@ async def _backpressure(node: NodeState, ctx: int, local: list[Message]) -> None
     script_types = {j.script_type for m in local for j in m.job}
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
-            depths = await lists.queue_depths(node.store, ctx, script_types)
+            depths = await records.queue_depths(node.store, ctx, script_types)
             depth = node.backpressure.queue_depth[ctx] = max(depths, default=0)
             if depth < HIGH_WATER:
                 return
