@@ -47,7 +47,7 @@ from bus.core.submission import job_messages, write_plan
 from bus.core.tracecontext import message_trace
 from bus.core.urls import check_link_url
 from bus.errors import BusError, ClientError, ContentError, StoreError
-from bus.store import lists, records
+from bus.store import records
 from bus.store.connection import Store, open_store
 from crypto import ALGORITHM_ED25519, Signer, parse_public_key, parse_public_key_for
 from crypto.errors import KeyFormatError
@@ -534,7 +534,7 @@ class Client:
         results: list[JobResult] = []
         reply_key = keys.reply(message.key)
         while len(results) < len(message.job):
-            popped = await lists.pop_reply(self.store, message.context_id, reply_key, timeout_s)
+            popped = await records.pop_reply(self.store, message.context_id, reply_key, timeout_s)
             if popped is None:
                 raise ClientError(f"no result for {message.key} within {timeout_s:g} s")
             try:
@@ -565,7 +565,7 @@ class Client:
             state = "pending (outbox, waiting for a link)"
         elif dest and await self._in_list(keys.ACTORS_DB, keys.outbox_inflight(dest), entry):
             state = "sent (waiting for the peer's ack)"
-        elif "received_at" in fields and await lists.is_held(
+        elif "received_at" in fields and await records.is_held(
             store, context_id, fields.get("received_from", ""), key
         ):
             state = "held (stored before a restart; runs once acknowledged again to its peer)"
@@ -599,7 +599,7 @@ class Client:
         return report
 
     async def _in_list(self, db: int, list_key: str, value: str) -> bool:
-        return await lists.holds(self.store, db, list_key, value)
+        return await records.holds(self.store, db, list_key, value)
 
     # -- flows -----------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from bus.core import keys
 from bus.core.envelope import JobResult, parse_reply
 from bus.core.models import Message
 from bus.errors import ClientError
-from bus.store import lists
+from bus.store import records
 from bus.store.connection import Store
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class ReplyInbox:
         inbox = lane.inbox
         wait_s = min(max(timeout_s, 0.01), POP_S)
         with trio.CancelScope(shield=True):
-            popped = await lists.pop_inbox(self.store, message.context_id, inbox, wait_s, BATCH)
+            popped = await records.pop_inbox(self.store, message.context_id, inbox, wait_s, BATCH)
         for raw in popped:
             try:
                 request, result = parse_reply(raw)

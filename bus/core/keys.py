@@ -188,7 +188,7 @@ STATS_JOBS = "stats:jobs"
 # In Valkey: runner processes start jobs too.
 QUOTA_DEPTH = "quota:depth"
 QUOTA_COUNTED = "quota_counted"  # job hash field: "1" while the job counts for its actor
-QUOTA_ALL = "all"  # the context's whole depth, as bus.store.lists.quota_depths reports it
+QUOTA_ALL = "all"  # the context's whole depth, as bus.store.records.quota_depths reports it
 # Fair share between actors (bus/store/atomic/lua/quota_depth.lua quota_push, quota_refill.lua):
 # an actor holding fair_share_jobs of its jobs in a context's queues has the rest wait, in order,
 # in its own list of "<queue> <job key>" entries; the set names the actors with such a list.

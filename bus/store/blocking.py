@@ -5,7 +5,7 @@ Each runs what its trio flavour runs, read from the same place: the node id is t
 :data:`bus.store.records.NODE_ID_FIELD` of ``node:info`` (:func:`bus.store.records.node_id`),
 a submission sends the commands :func:`bus.store.records.message_writes` lists in one MULTI/EXEC
 (:func:`bus.store.records.write_messages`), and an answer is the BLPOP of a reply list
-(:func:`bus.store.lists.pop_reply`). Only the client library differs; its errors become
+(:func:`bus.store.records.pop_reply`). Only the client library differs; its errors become
 StoreError here, as :mod:`bus.store.connection` translates coredis's.
 """
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from bus.core import keys
 from bus.core.models import decode_hash
-from bus.store import lists, records
+from bus.store import records
 from bus.store.connection import Store
 
 
@@ -47,7 +47,7 @@ async def live_runners(store: Store, ctx: int) -> list[LiveRunner]:
             presence = {}
         hash_ = decode_hash(await records.read_runner(store, ctx, rid))
         inflight = str(presence.get("inflight") or keys.runner_inflight(rid))
-        jobs = await lists.entries(store, ctx, inflight)
+        jobs = await records.entries(store, ctx, inflight)
         out.append(
             LiveRunner(
                 runner_id=rid,

@@ -115,7 +115,7 @@ async def peer_add(client: Client, args: argparse.Namespace) -> int:
 async def peer_facts(client: Client) -> list[dict[str, object]]:
     """Every peer with its link (node/observe/linkinfo.py) and outbox length; the shape of
     ``peer list --json`` and of ``status --json``'s ``peers``."""
-    from bus.store import lists, records
+    from bus.store import records
     from node.links.peer_breakers import BREAKERS_FIELD
     from node.observe.linkinfo import read_links
 
@@ -130,7 +130,7 @@ async def peer_facts(client: Client) -> list[dict[str, object]]:
                 "id": peer.id,
                 "name": peer.name,
                 "address": peer.address,
-                "outbox": (await lists.outbox_depths(client.store, peer.id))[0],
+                "outbox": (await records.outbox_depths(client.store, peer.id))[0],
                 "link": str(link.get("state", "unknown")),
                 "since": link.get("since", 0),
                 "last_seen": link.get("last_seen", 0),

@@ -211,13 +211,13 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, its live runners (those
     with a presence key: type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
-    from bus.store import lists
+    from bus.store import records
     from bus.store.atomic import type_breakers
     from bus.store.presence import live_runners
 
-    names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ, *sorted(await lists.queue_names(store, ctx))]
-    lens = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
-    held = await lists.held_depth(store, ctx)
+    names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ, *sorted(await records.queue_names(store, ctx))]
+    lens = dict(zip(names, await records.depths(store, ctx, names), strict=True))
+    held = await records.held_depth(store, ctx)
     if held:  # job messages a restart left unacknowledged (node/intake/held.py)
         lens[keys.MSG_HELD] = held
     runners = [
@@ -226,7 +226,7 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     ]
     breakers = await type_breakers.read(store, ctx)
     return {
-        "quotas": await lists.quota_depths(store, ctx),  # with their bounds: status_facts
+        "quotas": await records.quota_depths(store, ctx),  # with their bounds: status_facts
         "lists": lens,
         "runners": runners,
         "type_breakers": {t: b.to_json() for t, b in breakers.items()},

@@ -12,7 +12,7 @@ message causes is written: job and flow-job messages by the materialise script
 (:func:`materialise_many`), results by the consumer's accept script; stops here.
 
 Materialising a batch (replay check, job hashes, queue entries, message status, replay markers,
-in-flight ack) is one Lua call (bus/store/atomic/lua/routing_materialise.lua). Each job hash it
+in-flight ack) is one Lua call (bus/store/atomic/lua/queues_materialise.lua). Each job hash it
 writes carries the node's admission stamp (bus/core/admitted.py): no other place writes a job
 after :func:`admit` accepted its message, and a runner process runs nothing without the stamp.
 
@@ -55,7 +55,7 @@ from bus.core.reasons import Reason
 from bus.core.verify import freshness_problem, judge, permission_problem
 from bus.errors import ModelError
 from bus.store import records
-from bus.store.atomic.routing import JobWrite, materialise_batch
+from bus.store.atomic.queues import JobWrite, materialise_batch
 from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job
 from node.intake.messages import Rejected, answer_unrunnable, reject, signed_here
@@ -176,7 +176,7 @@ class QueueBounds(NamedTuple):
     context: int
 
 
-# the materialise script's codes for a message refused by a bound (routing.materialise_batch)
+# the materialise script's codes for a message refused by a bound (queues.materialise_batch)
 OVER_ACTOR_BOUND, OVER_CONTEXT_BOUND = 4, 5
 
 

@@ -15,7 +15,7 @@ from bus.core.reasons import Reason
 from bus.core.text import printable
 from bus.core.tracecontext import MessageTrace, message_trace
 from bus.errors import ModelError, Refused, StoreError
-from bus.store import lists, records
+from bus.store import records
 from bus.store.atomic import routing as atomic_routing
 from bus.store.atomic.routing import ResultWrite
 from bus.store.connection import Store
@@ -172,7 +172,7 @@ async def _answer_unparsed(
         jobs = _job_keys(await records.read_message(node.store, ctx, key)) or [""]
         replies = [reply_text(key, job, error, {}, why) for job in jobs]
         reply = keys.reply(key)
-        await lists.push_replies(node.store, ctx, reply, replies, node.config.reply_ttl_s)
+        await records.push_replies(node.store, ctx, reply, replies, node.config.reply_ttl_s)
     except StoreError:
         raise
     except Exception:  # the dead letter is written; a flaw in telling the client stops nothing

@@ -19,8 +19,9 @@ from bus.core.models import Hash, JobStatus, Message, MessageType
 from bus.core.reasons import Reason
 from bus.core.tracecontext import NO_TRACE, MessageTrace
 from bus.errors import StoreError
-from bus.store import lists, serve
+from bus.store import records, serve
 from bus.store.atomic import routing
+from bus.store.atomic.queues import JobWrite
 from bus.store.serve import Popped, Queue, serve_queue
 from node.intake.admission import admit, materialise_fresh
 from node.intake.messages import (
@@ -149,7 +150,7 @@ async def _backpressure(node: NodeState, ctx: int, local: list[Message]) -> None
     script_types = {j.script_type for m in local for j in m.job}
     with trio.move_on_after(BACKPRESSURE_MAX_S):
         while True:
-            depths = await lists.queue_depths(node.store, ctx, script_types)
+            depths = await records.queue_depths(node.store, ctx, script_types)
             depth = node.backpressure.queue_depth[ctx] = max(depths, default=0)
             if depth < HIGH_WATER:
                 return
@@ -254,14 +255,14 @@ def _routed(node: NodeState, message: Message, stamp: str) -> routing.Routed:
     return routing.Routed(message.key, False, copies, times)
 
 
-def origin_copies(message: Message, fields: dict[str, str]) -> list[routing.JobWrite]:
+def origin_copies(message: Message, fields: dict[str, str]) -> list[JobWrite]:
     """The origin's copy of each job of ``message`` (job hash as the message carries it,
     linked to the message), with ``fields`` on top; written never over another message's job
     (bus.store.atomic.routing.write_own_job), and none under another caller's key (a refused message
     may name one)."""
     base = {"created_at": str(message.created_at), "message_key": message.key}
     return [
-        routing.JobWrite(job.key, "", job.to_hash() | base | fields)
+        JobWrite(job.key, "", job.to_hash() | base | fields)
         for job in message.job
         if job.caller_id == message.caller_id
     ]

@@ -20,7 +20,7 @@ from bus.core.ids import now
 from bus.core.models import Hash, MessageStatus
 from bus.core.reasons import Reason
 from bus.core.tracecontext import message_trace
-from bus.store import lists, records
+from bus.store import records
 from bus.store.atomic import routing
 from bus.wire.transport import Link
 from node.intake.admission import delivery_problem
@@ -230,7 +230,7 @@ class LinkHandler:
         answered = [keys.outbox_entry(a.ctx, a.key) for a in acks]
         answered += [keys.outbox_entry(n.ctx, n.key) for n in nacks]
         link.window.release(
-            await lists.remove_outbox_inflight(self.node.store, link.peer_id, answered)
+            await records.remove_outbox_inflight(self.node.store, link.peer_id, answered)
         )
         await self._mark_acked(link, acks)
         self._count("acks_received", len(acks))

@@ -35,7 +35,7 @@ from bus.core.summaries import (
     summary_problem,
 )
 from bus.core.traces import AskRefused
-from bus.store import lists
+from bus.store import records
 from bus.store.presence import live_runners
 from bus.wire.transport import Link, Transport
 
@@ -152,14 +152,14 @@ class SummaryDesk:
         depths = dict.fromkeys(names, 0)
         runners: dict[str, tuple[int, int]] = {}
         for ctx in await store.context_ids():
-            for name, n in zip(names, await lists.depths(store, ctx, names), strict=True):
+            for name, n in zip(names, await records.depths(store, ctx, names), strict=True):
                 depths[name] += n
             for runner in await live_runners(store, ctx):
                 live, busy = runners.get(runner.script_type, (0, 0))
                 runners[runner.script_type] = (live + 1, busy + bool(runner.jobs))
         depths["outbox"] = 0
         for peer in sorted(self.node.peers.known):
-            depths["outbox"] += (await lists.outbox_depths(store, peer))[0]
+            depths["outbox"] += (await records.outbox_depths(store, peer))[0]
         transport = self.node.peers.transport
         up = sum(1 for p in self.node.peers.known if transport and transport.link(p))
         links = {"up": up, "down": len(self.node.peers.known) - up}

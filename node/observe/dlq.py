@@ -24,7 +24,7 @@ import trio
 
 from bus.core import keys
 from bus.core.text import printable
-from bus.store import lists
+from bus.store import records
 from bus.store.atomic import queues
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.state import NodeState
@@ -77,7 +77,7 @@ class DeadLetters(Handler[None]):
 async def trim(node: NodeState, db: int) -> int:
     """Archive and drop the dlq's entries beyond its bound, oldest first; how many."""
     limit, store = node.config.dlq_limit(db), node.store
-    oldest = await lists.dlq_beyond(store, db, limit)
+    oldest = await records.dlq_beyond(store, db, limit)
     if not oldest:
         return 0
     path = archive_path(node.config.archive_dir, db)

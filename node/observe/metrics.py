@@ -39,7 +39,7 @@ from bus.core.models import Peer
 from bus.core.reasons import Reason
 from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import StoreError
-from bus.store import lists, records
+from bus.store import records
 from bus.store.atomic import type_breakers
 from bus.store.atomic.type_breakers import TypeBreaker
 from bus.store.presence import LiveRunner, live_runners
@@ -82,7 +82,7 @@ class Scrape:
     outboxes: dict[str, tuple[int, int]]  # by peer id: (pending, in flight)
     # by context: each script type's circuit breaker (bus/store/atomic/type_breakers.py)
     breakers: dict[int, dict[str, TypeBreaker]]
-    # by context: queued jobs per actor, and in all (bus.store.lists.quota_depths)
+    # by context: queued jobs per actor, and in all (bus.store.records.quota_depths)
     quotas: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     # a replicated store's promise as status shows it (bus/store/topology.py promise_facts)
     promise: dict[str, Any] | None = None
@@ -120,14 +120,14 @@ async def read(state: NodeState) -> Scrape:
         # each type's queue always (an empty list does not exist in Valkey), then the others
         names = [keys.MSG_OUT, keys.MSG_IN, keys.DLQ]
         names += [keys.queue(t) for t in sorted(state.config.runners)]
-        names += sorted(set(await lists.queue_names(store, ctx)) - set(names))
-        scrape.depths[ctx] = dict(zip(names, await lists.depths(store, ctx, names), strict=True))
-        scrape.depths[ctx][keys.MSG_HELD] = await lists.held_depth(store, ctx)
+        names += sorted(set(await records.queue_names(store, ctx)) - set(names))
+        scrape.depths[ctx] = dict(zip(names, await records.depths(store, ctx, names), strict=True))
+        scrape.depths[ctx][keys.MSG_HELD] = await records.held_depth(store, ctx)
         scrape.runners[ctx] = await live_runners(store, ctx)
         scrape.breakers[ctx] = await type_breakers.read(store, ctx)
-        scrape.quotas[ctx] = await lists.quota_depths(store, ctx)
+        scrape.quotas[ctx] = await records.quota_depths(store, ctx)
     for peer_id in state.peers.known:
-        pending, inflight = await lists.outbox_depths(store, peer_id)
+        pending, inflight = await records.outbox_depths(store, peer_id)
         scrape.outboxes[peer_id] = (pending, inflight)
     if store.barrier is not None:  # replicated: what its promise does now, as status says
         with contextlib.suppress(StoreError):  # no Sentinel answers: the families say nothing

@@ -16,7 +16,7 @@ from node.intake.admission import QueueBounds, queue_bounds
 
 def quota_facts(bounds: QueueBounds, depths: Mapping[str, int]) -> dict[str, Any]:
     """A context's queued jobs against its ``bounds`` (0: none): ``{"actors": {id: {depth,
-    bound}}, "context": {depth, bound}}``; ``depths`` as bus.store.lists.quota_depths reads
+    bound}}, "context": {depth, bound}}``; ``depths`` as bus.store.records.quota_depths reads
     them."""
     actors = {
         actor: {"depth": n, "bound": bounds.actor}

@@ -29,7 +29,7 @@ from bus.core import keys
 from bus.core.ids import now_ms
 from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import BusError
-from bus.store import lists, records
+from bus.store import records
 from node.observe.metrics import bucket_counts
 from node.state import NodeState
 
@@ -233,11 +233,11 @@ def node_reader(node: NodeState) -> Read:
         stats, depths = [], dict.fromkeys(names, 0)
         for ctx in await store.context_ids():
             stats.append(await records.job_stats(store, ctx))
-            for name, n in zip(names, await lists.depths(store, ctx, names), strict=True):
+            for name, n in zip(names, await records.depths(store, ctx, names), strict=True):
                 depths[name] += n
         depths["outbox"] = 0
         for peer_id in sorted(node.peers.known):
-            depths["outbox"] += (await lists.outbox_depths(store, peer_id))[0]
+            depths["outbox"] += (await records.outbox_depths(store, peer_id))[0]
         return stats, depths
 
     return read

@@ -26,7 +26,7 @@ from bus.core.attempts import Outcome, outcome_of
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
-from bus.store import lists, records
+from bus.store import records
 from bus.store.atomic import runs, slots
 from node.slot import outcomes
 from node.slot.outcomes import (
@@ -161,7 +161,7 @@ async def recover_slot(
     adopting = f"{inflight}:adopting"
     pending: list[Callable[[], Awaitable[None]]] = []
     for where in (adopting, inflight):
-        for job_key in await lists.entries(node.store, ctx, where):
+        for job_key in await records.entries(node.store, ctx, where):
             left = await _left_behind(node, ctx, job_key, logs)
             if left is None:
                 if where == adopting:  # ended meanwhile

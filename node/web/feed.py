@@ -19,7 +19,7 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.queues import consume_order, slot_bases
 from bus.errors import BusError
-from bus.store import lists, records
+from bus.store import records
 from bus.store.presence import live_runners
 from bus.wire.transport import Transport
 from node.observe import tallies
@@ -115,7 +115,7 @@ class Feed:
     async def _peers(self) -> list[dict[str, Any]]:
         peers = sorted(self.node.peers.known.values(), key=lambda p: (p.name, p.id))
         store, out = self.node.store, []
-        lens = await lists.depths(
+        lens = await records.depths(
             store,
             keys.ACTORS_DB,
             [k for p in peers for k in (keys.outbox(p.id), keys.outbox_inflight(p.id))],
@@ -165,9 +165,9 @@ class Feed:
 
     async def _context(self, ctx: int) -> dict[str, Any]:
         store, names = self.node.store, self._queues()
-        lens = await lists.depths(store, ctx, [*names, keys.DLQ])
+        lens = await records.depths(store, ctx, [*names, keys.DLQ])
         letters = []
-        for raw in await lists.head(store, ctx, keys.DLQ, DEAD_LETTERS_SHOWN):
+        for raw in await records.head(store, ctx, keys.DLQ, DEAD_LETTERS_SHOWN):
             letters.append(dead_letter_view(raw))
         queues = dict(zip(names, lens, strict=False))
         return {
@@ -266,8 +266,8 @@ class Feed:
         for peer in peers:
             if peer["outbox"]:
                 box = keys.outbox(peer["id"])
-                queued.update(await lists.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
+                queued.update(await records.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
             if peer["in_flight"]:
                 box = keys.outbox_inflight(peer["id"])
-                sent.update(await lists.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
+                sent.update(await records.head(store, keys.ACTORS_DB, box, OUTBOX_LOOKED_AT))
         return queued, sent

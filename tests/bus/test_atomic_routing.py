@@ -185,10 +185,10 @@ async def test_materialise_writes_or_refuses_each_message_whole(store: Store) ->
         _message(3, ""),
     )
     await store.lpush(CTX, "fly", first.key, squatter.key)
-    write = routing.JobWrite(JOB, "queue:py", {"message_key": first.key, "x": "1"})
-    stolen = routing.JobWrite(JOB, "queue:py", {"message_key": squatter.key})
+    write = queues.JobWrite(JOB, "queue:py", {"message_key": first.key, "x": "1"})
+    stolen = queues.JobWrite(JOB, "queue:py", {"message_key": squatter.key})
     batch = [(first, [write]), (replay, [write]), (reused_nonce, []), (squatter, [stolen])]
-    codes, depth, owners = await routing.materialise_batch(
+    codes, depth, owners = await queues.materialise_batch(
         store, CTX, "fly", batch, now=50, window_s=60, depth_of=["queue:py", "queue:none"]
     )
     assert codes == [0, 1, 2, 3]
@@ -230,11 +230,9 @@ async def test_materialise_checks_a_new_message_in_one_exists(store: Store) -> N
     replay markers and job keys: no TYPE per job (each command inside a script is one of
     the node's per-job costs, bench case 5)."""
     message = _message(4, "n4")
-    jobs = [
-        routing.JobWrite(f"job:7:{i}", "queue:py", {"message_key": message.key}) for i in (4, 5)
-    ]
+    jobs = [queues.JobWrite(f"job:7:{i}", "queue:py", {"message_key": message.key}) for i in (4, 5)]
     before = await _command_calls(store)
-    codes, _, _ = await routing.materialise_batch(
+    codes, _, _ = await queues.materialise_batch(
         store, CTX, "fly", [(message, jobs)], now=50, window_s=60, depth_of=[]
     )
     after = await _command_calls(store)
@@ -461,8 +459,8 @@ async def test_accept_stop_marks_processed_sets_markers_and_acks(store: Store) -
 async def test_write_copies_writes_only_its_own_jobs(store: Store) -> None:
     await store.hset(CTX, "job:7:2", {"message_key": "message:9:9"})
     copies = [
-        routing.JobWrite(JOB, "", {"message_key": REQUEST, "status": "error"}),
-        routing.JobWrite("job:7:2", "", {"message_key": REQUEST, "status": "error"}),
+        queues.JobWrite(JOB, "", {"message_key": REQUEST, "status": "error"}),
+        queues.JobWrite("job:7:2", "", {"message_key": REQUEST, "status": "error"}),
     ]
     await routing.write_copies(store, CTX, REQUEST, copies)
     assert await queued_job(store, JOB) == {"message_key": REQUEST, "status": "error"}
@@ -479,7 +477,7 @@ async def test_push_outboxes_pushes_each_peer_s_entries(store: Store) -> None:
 
 async def test_route_queues_local_copies_jobs_arms_deadlines_and_acks(store: Store) -> None:
     await store.lpush(CTX, "fly", "local", REQUEST, "chat", "other")
-    copy = routing.JobWrite(JOB, "", {"message_key": REQUEST, "updated_at": "5"})
+    copy = queues.JobWrite(JOB, "", {"message_key": REQUEST, "updated_at": "5"})
     routed = [
         routing.Routed("local", True, [], None),
         routing.Routed(REQUEST, False, [copy], (1000, 2000)),
@@ -501,7 +499,7 @@ async def test_route_writes_no_copy_over_another_message_s_job_and_counts(store:
     await store.hset(CTX, "job:7:2", {"message_key": "message:9:9"})
     await store.lpush(CTX, "job:7:3", "a list")
     fields = {"message_key": REQUEST, "script_type": "sh", "status": "dispatched"}
-    copies = [routing.JobWrite(k, "", fields) for k in (JOB, "job:7:2", "job:7:3")]
+    copies = [queues.JobWrite(k, "", fields) for k in (JOB, "job:7:2", "job:7:3")]
     counted: list[str] = []
     await routing.route(
         store, CTX, "fly", [routing.Routed(REQUEST, False, copies, (7, 9))], counted
@@ -555,11 +553,11 @@ async def test_a_batch_trims_its_in_flight_list_once_and_keeps_what_it_refused(
     entries = ["someone else's", ok[0].key, replay.key, ok[1].key, ok[2].key]
     await store.call(CTX, lambda r: r.rpush("fly", entries))
     batch = [
-        (m, [routing.JobWrite(f"job:7:{m.id}", "queue:py", {"message_key": m.key})]) for m in ok
+        (m, [queues.JobWrite(f"job:7:{m.id}", "queue:py", {"message_key": m.key})]) for m in ok
     ]
     batch.insert(1, (replay, []))
     before = await _command_calls(store)
-    codes, _, _ = await routing.materialise_batch(
+    codes, _, _ = await queues.materialise_batch(
         store, CTX, "fly", batch, now=50, window_s=60, depth_of=[]
     )
     after = await _command_calls(store)
@@ -572,11 +570,11 @@ async def test_a_job_queued_again_by_its_own_message_counts_once(store: Store) -
     """The quota mark in the job's hash is the guard: a message materialised again (its markers
     gone) re-queues its job without counting it twice; its stop uncounts it once."""
     message = _message(30, "q30")
-    job = routing.JobWrite(
+    job = queues.JobWrite(
         "job:7:30", "queue:py", {"message_key": message.key, "status": "dispatched"}
     )
     for _ in range(2):
-        codes, _, _ = await routing.materialise_batch(
+        codes, _, _ = await queues.materialise_batch(
             store, CTX, "fly", [(message, [job])], now=50, window_s=60, depth_of=[]
         )
         assert codes == [0]
@@ -592,9 +590,9 @@ async def test_route_checks_new_copies_in_one_exists_and_guards_the_batch(store:
     of the same batch naming a copy the first just wrote is still refused that key."""
     first, second = "message:7:41", "message:7:42"
     await store.lpush(CTX, "fly", first, second)
-    mine = routing.JobWrite("job:7:41", "", {"message_key": first})
-    again = routing.JobWrite("job:7:41", "", {"message_key": second})
-    own = routing.JobWrite("job:7:42", "", {"message_key": second})
+    mine = queues.JobWrite("job:7:41", "", {"message_key": first})
+    again = queues.JobWrite("job:7:41", "", {"message_key": second})
+    own = queues.JobWrite("job:7:42", "", {"message_key": second})
     routed = [
         routing.Routed(first, False, [mine], None),
         routing.Routed(second, False, [again, own], None),
@@ -678,12 +676,12 @@ async def test_materialise_reads_the_depths_once_when_the_context_is_bounded(
     counting what the batch queued before."""
     await store.hset(CTX, keys.QUOTA_DEPTH, {"7": "2", "8": "1", "9": "3"})
 
-    def message(actor: int, ident: int, jobs: int) -> tuple[Message, list[routing.JobWrite]]:
+    def message(actor: int, ident: int, jobs: int) -> tuple[Message, list[queues.JobWrite]]:
         m = Message(
             id=ident, caller_id=actor, context_id=CTX, message="", message_type=MessageType.JOB
         )
         writes = [
-            routing.JobWrite(
+            queues.JobWrite(
                 f"job:{actor}:{ident}{i}", "queue:py", {"message_key": m.key, "script_type": "py"}
             )
             for i in range(jobs)
@@ -692,7 +690,7 @@ async def test_materialise_reads_the_depths_once_when_the_context_is_bounded(
 
     batch = [message(7, 41, 1), message(7, 42, 1), message(8, 43, 2), message(10, 44, 1)]
     before = await _command_calls(store)
-    codes, _, owners = await routing.materialise_batch(
+    codes, _, owners = await queues.materialise_batch(
         store, CTX, "fly", batch, now=50, window_s=60, depth_of=[], bounds=(3, 9)
     )
     after = await _command_calls(store)

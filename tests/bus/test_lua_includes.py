@@ -36,8 +36,8 @@ def test_a_fragment_included_by_several_parts_of_a_script_is_placed_once() -> No
         assert not _INCLUDE.search(text), name
         for fragment, header in fragments.items():
             assert text.count(header) <= 1, (name, fragment)
-    # routing_materialise includes chunked itself and through inflight_ack and quota_depth
-    assert source("routing_materialise").count("local function call_chunked(") == 1
+    # queues_materialise includes chunked itself and through inflight_ack and quota_depth
+    assert source("queues_materialise").count("local function call_chunked(") == 1
     # runs_finish_local includes stats_jobs itself and through runs_answer_here
     assert source("runs_finish_local").count(fragments["stats_jobs"]) == 1
 

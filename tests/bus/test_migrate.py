@@ -10,8 +10,8 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.errors import StoreError
-from bus.store import lists
-from bus.store.atomic import routing, runs
+from bus.store import records
+from bus.store.atomic import queues, routing, runs
 from bus.store.connection import Store, open_store
 from bus.store.migrate import Migrated, data_model_version, migrate
 from crypto import read_key_file
@@ -61,19 +61,19 @@ async def test_v2_markers_and_depths_are_migrated_once(store: Store) -> None:
     assert await store.hgetall(CTX, keys.QUOTA_DEPTH) == {"1": "1"}
 
     # the markers still refuse what they marked, now from the replay hash
-    replay_key = routing.JobWrite("job:1:8", "", {"message_key": "message:1:5"})
+    replay_key = queues.JobWrite("job:1:8", "", {"message_key": "message:1:5"})
     batch = [
         (job_message_keyed(5, "x"), [replay_key]),
         (job_message_keyed(9, "n5"), []),
     ]
-    codes, _, _ = await routing.materialise_batch(
+    codes, _, _ = await queues.materialise_batch(
         store, CTX, "fly", batch, now=now(), window_s=60, depth_of=[]
     )
     assert codes == [1, 2]
     # the counted job leaves its actor's count once, however often it is stopped
     for _ in range(2):
         await routing.stop_job(store, CTX, job, "none", reason="stopped", now=now())
-        assert await lists.quota_depths(store, CTX) == {"1": 0, keys.QUOTA_ALL: 0}
+        assert await records.quota_depths(store, CTX) == {"1": 0, keys.QUOTA_ALL: 0}
 
     assert await migrate(store, [CTX]) == []  # at version 3: nothing to do
 
@@ -112,7 +112,7 @@ async def test_a_node_started_on_a_v2_store_migrates_it(node_factory) -> None:  
 
     alice = await node_factory("alice", again=alice)
     assert await data_model_version(alice.store) == 3
-    assert await lists.quota_depths(alice.store, CTX) == {"1": 1, keys.QUOTA_ALL: 1}
+    assert await records.quota_depths(alice.store, CTX) == {"1": 1, keys.QUOTA_ALL: 1}
     await push_in(alice, replayed)
     assert (await run_and_wait(alice, actor, 1)).ok  # every earlier msg_in entry was handled
     letters = await alice.store.call(CTX, lambda r: r.lrange(keys.DLQ, 0, -1))
@@ -120,7 +120,7 @@ async def test_a_node_started_on_a_v2_store_migrates_it(node_factory) -> None:  
     assert not await alice.store.exists(CTX, replayed.job[0].key)
     await routing.stop_job(alice.store, CTX, job, "sh", reason="stopped", now=now())
     await routing.stop_job(alice.store, CTX, job, "sh", reason="stopped", now=now())
-    assert await lists.quota_depths(alice.store, CTX) == {"1": 0, keys.QUOTA_ALL: 0}
+    assert await records.quota_depths(alice.store, CTX) == {"1": 0, keys.QUOTA_ALL: 0}
 
 
 async def _v2_leases(store: Store, ctx: int = CTX) -> None:

@@ -8,7 +8,7 @@ from coredis.commands.script import Script
 
 from bus.core import keys
 from bus.errors import ContentError, StoreError
-from bus.store import lists
+from bus.store import records
 from bus.store.connection import Store, open_store
 
 _INCR_BY = Script(script="return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -206,7 +206,7 @@ async def test_an_acks_frame_removes_each_entry_once_in_one_command(store: Store
     inflight = keys.outbox_inflight(peer)
     await store.call(0, lambda r: r.rpush(inflight, ["1|m:1", "1|m:2", "1|m:2", "1|m:3"]))
     before = await _calls(store, "multi")
-    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:3", "1|m:9"])
+    removed = await records.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:3", "1|m:9"])
     assert removed == 2
     assert await store.lrange(0, inflight) == ["1|m:1", "1|m:2"]
     assert await _calls(store, "multi") == before  # one script call, no transaction
@@ -222,7 +222,7 @@ async def test_an_acks_frame_trims_the_in_flight_list_once_not_per_entry(store: 
     await store.call(0, lambda r: r.rpush(inflight, sent))
     names = ("lrem", "lrange", "del", "rpush")
     before = [await _calls(store, n) for n in names]
-    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:5", "1|m:2", "1|m:1", "x"])
+    removed = await records.remove_outbox_inflight(store, peer, ["1|m:5", "1|m:2", "1|m:1", "x"])
     after = [await _calls(store, n) for n in names]
     assert removed == 3
     assert await store.lrange(0, inflight) == ["1|m:3", "1|m:2", "1|m:4"]
@@ -245,7 +245,7 @@ async def test_an_acks_frame_of_the_oldest_entries_takes_them_off_in_one_pop(
     await store.call(0, lambda r: r.lpush(inflight, ["1|m:1", "1|m:2", "1|m:3", "1|m:4"]))
     names = ("lmpop", "lrem", "lrange", "del", "rpush")
     before = [await _calls(store, n) for n in names]
-    removed = await lists.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:1", "1|m:3"])
+    removed = await records.remove_outbox_inflight(store, peer, ["1|m:2", "1|m:1", "1|m:3"])
     after = [await _calls(store, n) for n in names]
     assert removed == 3
     assert await store.lrange(0, inflight) == ["1|m:4"]

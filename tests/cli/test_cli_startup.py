@@ -22,7 +22,6 @@ HEAVY = (
     "bus.store.connection",
     "bus.store.lane",
     "bus.store.records",
-    "bus.store.lists",
     "bus.store.atomic",
     "node.daemon",
 )

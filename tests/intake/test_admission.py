@@ -18,7 +18,8 @@ from bus.core.deadlines import deadline_times
 from bus.core.envelope import sign_message
 from bus.core.ids import new_id, now, set_clock
 from bus.core.models import JobStatus, Message
-from bus.store.atomic.routing import JobWrite, deadline_members, materialise_batch
+from bus.store.atomic.queues import JobWrite, materialise_batch
+from bus.store.atomic.routing import deadline_members
 from bus.store.connection import Store
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig

@@ -16,7 +16,7 @@ from bus.client.api import new_job
 from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
-from bus.store import lists
+from bus.store import records
 from bus.store.atomic import fair_share
 from crypto import KeyPair, read_key_file
 from node.config import NodeConfig
@@ -75,7 +75,7 @@ async def _ahead_of_the_other(fair_share_jobs: int, node_factory) -> tuple[int, 
         done = [(await alice.client.wait_results(m, timeout_s=50))[0] for m in flood]
     assert result.ok
     assert [r.stdout for r in done] == [f"{i}\n" for i in range(FLOOD)]
-    assert await lists.quota_depths(alice.store, 1) == {"1": 0, "2": 0, keys.QUOTA_ALL: 0}
+    assert await records.quota_depths(alice.store, 1) == {"1": 0, "2": 0, keys.QUOTA_ALL: 0}
     queued, started = await _stamps(alice, mine)
     theirs = [(await _stamps(alice, m))[1] for m in flood]
     return sum(queued <= t <= started for t in theirs), sum(t <= started for t in theirs)
@@ -121,7 +121,7 @@ async def test_waiting_jobs_survive_restarts_run_once_and_can_be_stopped(node_fa
     assert result.reason.startswith(Reason.STOPPED)
     left = [k for k in keys_in_order if k != stopped.job[0].key]
     assert await fair_share.waiting(alice.store, 1, 1) == [f"{queue} {k}" for k in left[share:]]
-    assert (await lists.quota_depths(alice.store, 1))["1"] == n - 1
+    assert (await records.quota_depths(alice.store, 1))["1"] == n - 1
 
     await alice.stopped()
     alice = await node_factory("alice", again=alice, fair_share_jobs=20)
@@ -138,7 +138,7 @@ async def test_waiting_jobs_survive_restarts_run_once_and_can_be_stopped(node_fa
         job = await alice.store.hgetall(1, m.job[0].key)
         assert job.get("attempt", "0") == ("0" if m is stopped else "1"), m.key
     assert await fair_share.waiting(alice.store, 1, 1) == []
-    assert await lists.quota_depths(alice.store, 1) == {"1": 0, keys.QUOTA_ALL: 0}
+    assert await records.quota_depths(alice.store, 1) == {"1": 0, keys.QUOTA_ALL: 0}
 
 
 @pytest.mark.parametrize("share", [0, 3])
@@ -153,7 +153,7 @@ async def test_a_share_keeps_the_queue_bounds_exact(node_factory, share: int):
     with trio.fail_after(30):
         refused = [(await alice.client.wait_results(m, timeout_s=30))[0] for m in flood[10:]]
     assert all(r.reason.startswith(f"{Reason.QUOTA_EXCEEDED}: ") for r in refused)
-    assert (await lists.quota_depths(alice.store, 1))["1"] == 10
+    assert (await records.quota_depths(alice.store, 1))["1"] == 10
     assert await alice.store.llen(1, keys.queue("python")) == (share or 10)
 
 

@@ -18,7 +18,7 @@ import trio.testing
 
 from bus.core import keys
 from bus.core.deadlines import RECEIVED_FROM
-from bus.store import lists, records
+from bus.store import records
 from bus.store.serve import pop_entries
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
@@ -86,7 +86,7 @@ async def test_jobs_wait_while_the_disk_lacks_headroom_and_run_once_space_is_bac
 
     async def waiting_in_flight() -> bool:  # the supervisor took a batch, and holds it there
         inflight = keys.inflight(supervisor.SERVICE)
-        out, taken = await lists.depths(alice.store, 1, [keys.MSG_OUT, inflight])
+        out, taken = await records.depths(alice.store, 1, [keys.MSG_OUT, inflight])
         return taken > 0 and out + taken == len(messages)
 
     assert await until_read(waiting_in_flight, 20)

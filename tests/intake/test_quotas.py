@@ -16,7 +16,7 @@ import trio
 from bus.core import keys
 from bus.core.models import JobStatus, Message
 from bus.core.reasons import Reason
-from bus.store import lists
+from bus.store import records
 from crypto import KeyPair, read_key_file
 from node.cli.status import status, status_facts
 from node.config import validate_queue_limits
@@ -45,8 +45,8 @@ async def _submit(node, signer: KeyPair, caller: int, script_type: str, script: 
 
 
 async def _depths(node) -> dict[str, int]:  # noqa: ANN001
-    """Each actor's count as stored, and the context's (their sum: bus.store.lists)."""
-    return await lists.quota_depths(node.store, 1)
+    """Each actor's count as stored, and the context's (their sum: bus.store.records)."""
+    return await records.quota_depths(node.store, 1)
 
 
 async def test_a_flooding_actor_is_refused_past_its_bound_while_another_actor_runs(

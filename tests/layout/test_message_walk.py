@@ -310,7 +310,7 @@ def test_the_walk_check_sees_a_page_that_disagrees() -> None:
     ]
     swapped = [Row("node A", "s", tuple(reversed(good[0].modules))), good[1]]
     assert walk_faults("w", swapped, traced)[0].startswith("w: node A 's'")
-    extra = [good[0], Row("node A", "r", ("node/runners/processes.py", "bus/store/lists.py"))]
+    extra = [good[0], Row("node A", "r", ("node/runners/processes.py", "bus/store/presence.py"))]
     assert len(walk_faults("w", extra, traced)) == 2
     assert named_faults([Row("node A", "`admit`", ("bus/store/serve.py",))]) == [
         "node A: admit is in none of ['bus/store/serve.py']"

@@ -19,7 +19,7 @@ import trio
 from bus.client.api import new_job
 from bus.core import keys
 from bus.core.envelope import JobResult, parse_reply
-from bus.store import lists, records
+from bus.store import records
 from crypto import read_key_file
 from tests.scripts import announcing, wait_announced, work_file
 
@@ -130,7 +130,7 @@ async def _answers_until(node, msg, job_key: str, got: dict[str, JobResult]) -> 
     """Pop ``msg``'s answers into ``got`` until ``job_key``'s has come (bounded)."""
     with trio.fail_after(30):  # generous: a quick job's answer, on a busy machine
         while job_key not in got:
-            raw = await lists.pop_reply(node.store, 1, keys.reply(msg.key), 30)
+            raw = await records.pop_reply(node.store, 1, keys.reply(msg.key), 30)
             assert raw is not None, f"no answer for {job_key}"
             result = parse_reply(raw)[1]
             got[result.job_key] = result

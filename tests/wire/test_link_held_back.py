@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 
 from bus.core import keys
-from bus.store import lists
+from bus.store import records
 from node.intake.pressure import STORE_MEMORY
 from tests.nodes import link_to, until_read
 
@@ -43,7 +43,7 @@ async def test_a_flooding_peer_waits_in_its_outbox_while_the_receiver_has_no_roo
     ]
 
     async def window_full() -> bool:  # bob sent a window's worth; the rest waits in its outbox
-        waiting, sent = await lists.outbox_depths(bob.store, alice.node_id)
+        waiting, sent = await records.outbox_depths(bob.store, alice.node_id)
         return waiting > 0 and waiting + sent == FLOOD
 
     assert await until_read(window_full, 30)
@@ -58,7 +58,7 @@ async def test_a_flooding_peer_waits_in_its_outbox_while_the_receiver_has_no_roo
 
     async def outbox_empty() -> bool:  # alice's acks of the last frames may come after
         # their results (an acks frame and a result are two frames, on two links)
-        return await lists.outbox_depths(bob.store, alice.node_id) == (0, 0)
+        return await records.outbox_depths(bob.store, alice.node_id) == (0, 0)
 
     assert await until_read(outbox_empty, 30)
     assert state.pressure.inbound.waiting[bob.node_id] == 0  # the consumer took every one

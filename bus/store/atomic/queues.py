@@ -1,22 +1,28 @@
-"""Atomic steps of the reliable queues and the dead-letter list (``queues_*.lua``).
+"""The intake queues' atomic steps (``queues_*.lua``): pop a batch, ack it, materialise its
+job messages' jobs on the run queues; and the recovery of what a crash left in flight, and the
+dead-letter list.
 
-Each function runs one script on DB ``db`` of a :class:`~bus.store.connection.Store` and returns
-its reply
-as the script gives it (entries may still be bytes that are not UTF-8: the Store refuses those).
+Each function runs one script on DB ``db`` (``ctx``: a context's) of a
+:class:`~bus.store.connection.Store`; the pops return their reply as the script gives it
+(entries may still be bytes that are not UTF-8: the Store refuses those).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.store.atomic import ScriptCall, script
+from bus.core.models import Message
+from bus.store.atomic import ScriptCall, json_arg, script
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
 
 __all__ = [
+    "JobWrite",
     "ack_many",
+    "materialise_batch",
     "pop_batch",
     "pop_call",
     "popped_and_version",
@@ -76,6 +82,68 @@ def popped_and_version(reply: Any, *, registry: bool) -> tuple[list[Any], str | 
         return list(reply), None
     version, popped = reply
     return list(popped), (version.decode() if isinstance(version, bytes) else str(version))
+
+
+def _here(message: Message) -> bool:
+    """Whether ``message`` names one node as its origin and destination (submitted there)."""
+    return bool(message.origin) and message.origin == message.destination
+
+
+@dataclass(frozen=True)
+class JobWrite:
+    """One job hash to write, and the queue to put its key on ("" for none)."""
+
+    key: str
+    queue: str
+    fields: dict[str, str]
+
+    def flat_fields(self) -> list[str]:
+        """The fields as a script reads them: ``[field, value, ...]``."""
+        return [x for kv in self.fields.items() for x in kv]
+
+
+async def materialise_batch(
+    store: Store,
+    ctx: int,
+    inflight: str,
+    batch: list[tuple[Message, list[JobWrite]]],
+    *,
+    now: int,
+    window_s: int,
+    depth_of: list[str],
+    bounds: tuple[int, int] = (0, 0),
+    fair_share_jobs: int = 0,
+    counted: list[str] | None = None,
+) -> tuple[list[int], int, list[str]]:
+    """Write each message's jobs unless the message (key or nonce) was accepted before or one
+    of its job keys is another message's, in one atomic script. Returns one code per message
+    (0 written; 1 replay of its key, 2 of its nonce, 3 a job key held by another message:
+    nothing written for it; 4 its queued jobs would take its actor past ``bounds[0]`` queued
+    jobs, 5 the context past ``bounds[1]``, 0: no bound), the depth of the deepest queue of
+    ``depth_of`` afterwards, and per message the job key refused and its holder, or for 4 and
+    5 "<depth> <bound>" ("" if none). ``fair_share_jobs``: the most jobs of one actor in the
+    context's queues, the rest wait in its list (0: none; node/intake/fair_share.py).
+    ``counted``: the job statistics are not written but added to this list (``[field,
+    increment, ...]``), for the caller to count."""
+    payload = [
+        {
+            "key": message.key,
+            "seen": keys.seen(message.key),
+            "nonce": keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
+            "event": "submitted" if _here(message) else "received",
+            "jobs": [{"key": j.key, "queue": j.queue, "fields": j.flat_fields()} for j in jobs],
+        }
+        for message, jobs in batch
+    ]
+    args = [json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
+    args += [str(bounds[0]), str(bounds[1]), str(fair_share_jobs)]
+    materialise = script("queues_materialise")
+    codes, depth, owners, figures = await store.script(
+        ctx, materialise, [inflight, *depth_of], args
+    )
+    if counted is not None:
+        counted += [str(f) for f in figures]
+    return [int(c) for c in codes], int(depth), [str(o) for o in owners]
 
 
 async def read_hash(store: Store, db: int, key: str) -> Any:

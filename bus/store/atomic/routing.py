@@ -1,11 +1,12 @@
 """Atomic steps of the routing of messages (``routing_*.lua``): delivery over a link, acks,
-materialising jobs, results at the origin, message deadlines and stops.
+the origin's copies of jobs sent to a peer, results at the origin, message deadlines and
+stops. Materialising a job message on this node's run queues is a step of the intake queues
+(:mod:`bus.store.atomic.queues`).
 
-Each async function runs on DB ``ctx`` of a :class:`~bus.store.connection.Store`; the two functions
-that
-take ``tx`` queue their script in a transaction of :meth:`~bus.store.connection.Store.transaction`,
-to
-run atomically with the other writes queued there.
+Each async function runs on DB ``ctx`` of a :class:`~bus.store.connection.Store`; the two
+functions that take ``tx`` queue their script in a transaction of
+:meth:`~bus.store.connection.Store.transaction`, to run atomically with the other writes queued
+there.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from bus.core import keys
 from bus.core.models import Message, MessageStatus
 from bus.store.atomic import json_arg, script, source
+from bus.store.atomic.queues import JobWrite
 
 if TYPE_CHECKING:
     from bus.store.connection import Store
 
 __all__ = [
-    "JobWrite",
     "ResultAccept",
     "ResultWrite",
     "Routed",
@@ -35,7 +36,6 @@ __all__ = [
     "held",
     "hold",
     "mark_acked",
-    "materialise_batch",
     "pop_due",
     "push_outboxes",
     "queue_outgoing",
@@ -47,11 +47,6 @@ __all__ = [
     "write_copies",
     "write_own_job",
 ]
-
-
-def _here(message: Message) -> bool:
-    """Whether ``message`` names one node as its origin and destination (submitted there)."""
-    return bool(message.origin) and message.origin == message.destination
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -140,59 +135,6 @@ async def release(store: Store, ctx: int, entries: list[tuple[str, str]], boot: 
     return sum(bool(done) for done in await store.scripts(ctx, calls))
 
 
-@dataclass(frozen=True)
-class JobWrite:
-    """One job hash to write, and the queue to put its key on ("" for none)."""
-
-    key: str
-    queue: str
-    fields: dict[str, str]
-
-
-async def materialise_batch(
-    store: Store,
-    ctx: int,
-    inflight: str,
-    batch: list[tuple[Message, list[JobWrite]]],
-    *,
-    now: int,
-    window_s: int,
-    depth_of: list[str],
-    bounds: tuple[int, int] = (0, 0),
-    fair_share_jobs: int = 0,
-    counted: list[str] | None = None,
-) -> tuple[list[int], int, list[str]]:
-    """Write each message's jobs unless the message (key or nonce) was accepted before or one
-    of its job keys is another message's, in one atomic script. Returns one code per message
-    (0 written; 1 replay of its key, 2 of its nonce, 3 a job key held by another message:
-    nothing written for it; 4 its queued jobs would take its actor past ``bounds[0]`` queued
-    jobs, 5 the context past ``bounds[1]``, 0: no bound), the depth of the deepest queue of
-    ``depth_of`` afterwards, and per message the job key refused and its holder, or for 4 and
-    5 "<depth> <bound>" ("" if none). ``fair_share_jobs``: the most jobs of one actor in the
-    context's queues, the rest wait in its list (0: none; node/intake/fair_share.py).
-    ``counted``: the job statistics are not written but added to this list (``[field,
-    increment, ...]``), for the caller to count."""
-    payload = [
-        {
-            "key": message.key,
-            "seen": keys.seen(message.key),
-            "nonce": keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
-            "event": "submitted" if _here(message) else "received",
-            "jobs": [{"key": j.key, "queue": j.queue, "fields": _flat(j.fields)} for j in jobs],
-        }
-        for message, jobs in batch
-    ]
-    args = [json_arg(payload), str(now), str(window_s), "1" if counted is not None else ""]
-    args += [str(bounds[0]), str(bounds[1]), str(fair_share_jobs)]
-    materialise = script("routing_materialise")
-    codes, depth, owners, figures = await store.script(
-        ctx, materialise, [inflight, *depth_of], args
-    )
-    if counted is not None:
-        counted += [str(f) for f in figures]
-    return [int(c) for c in codes], int(depth), [str(o) for o in owners]
-
-
 def write_own_job(
     tx: Any,  # noqa: ANN401
     job_key: str,
@@ -267,7 +209,7 @@ async def accept_results(
 ) -> list[tuple[str, str]]:
     """Accept each result in order, each with its checks, in one atomic script
     (routing_accept_results.lua): per result ("ok", "") or (reason, detail) with nothing of it
-    written. ``counted``: as :func:`materialise_batch`'s."""
+    written. ``counted``: as :func:`~bus.store.atomic.queues.materialise_batch`'s."""
     if not results:
         return []
     batch = [
@@ -393,12 +335,12 @@ async def route(
     """Queue each local message on ``msg_in``; write each job message's origin copies and arm
     its deadlines; ack every one off ``inflight``: one script (``routing_route.lua``), so a
     message is never acked without what routing it wrote. ``counted``: as
-    :func:`materialise_batch`'s. Raises StoreError."""
+    :func:`~bus.store.atomic.queues.materialise_batch`'s. Raises StoreError."""
     batch = [
         {
             "key": r.key,
             "to_msg_in": "1" if r.local else "",
-            "copies": [{"key": c.key, "fields": _flat(c.fields)} for c in r.copies],
+            "copies": [{"key": c.key, "fields": c.flat_fields()} for c in r.copies],
             "deadlines": [] if r.deadlines is None else _zadd_args(r.key, r.deadlines),
         }
         for r in routed

@@ -58,7 +58,7 @@ local function quota_leave_all(run)
   if batch.freed then quota_freed(batch.counts) end
   return out
 end
--- A batch that queues jobs (routing_materialise) counts them in this table and writes the counts
+-- A batch that queues jobs (queues_materialise) counts them in this table and writes the counts
 -- once, one HINCRBY per actor (quota_flush); the depths it checks bounds against are read only
 -- when a bound asks: once per actor (quota_mine), or, when the context's depth is asked too
 -- (quota_batch.whole: the context has a bound), the whole hash once, which gives every actor's
@@ -93,7 +93,7 @@ local function quota_add(job, new_mark)
   local actor = quota_actor(job)
   if actor and new_mark then quota_batch.added[actor] = (quota_batch.added[actor] or 0) + 1 end
 end
--- Fair share (routing_materialise): an actor holds at most quota_batch.fair (0: no bound) of its
+-- Fair share (queues_materialise): an actor holds at most quota_batch.fair (0: no bound) of its
 -- jobs in the context's queues; the rest wait, oldest at the right, in its list
 -- ${QUOTA_WAIT_PREFIX}<actor> as "<queue> <job key>" entries (one list keeps its order across
 -- queues). Jobs held in the queues = its count (quota_mine: queued and not started) less its

@@ -2,7 +2,7 @@
 -- One job hash of a message, outside a materialised batch (the origin's copies). Arguments:
 -- the job hash, the message key, the job's fields and values [k, v, ...] (naming it as
 -- message_key), and new: true when the caller knows no key of that name exists (no TYPE). Returns true if written, false if the key holds another message's job or
--- another type (left as it is: the rule of routing_materialise). A job queued for the first
+-- another type (left as it is: the rule of queues_materialise). A job queued for the first
 -- time is stamped stats_queued_ms in the write that creates it, and counted.
 -- include: stats_jobs
 local function write_own_job(job, message_key, fields, new)
