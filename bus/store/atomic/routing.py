@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.core.models import Message, MessageStatus
-from bus.store.atomic import json_arg, script, source
+from bus.core.models import Message, MessageStatus, json_arg
+from bus.store.atomic import script, source
 
 if TYPE_CHECKING:
     from bus.store.connection import Store

@@ -27,9 +27,9 @@ from bus.core import keys
 from bus.core.attempts import Plan, Retry
 from bus.core.envelope import reply_text
 from bus.core.ids import now
-from bus.core.models import Message
+from bus.core.models import Message, json_arg
 from bus.core.reasons import Reason
-from bus.store.atomic import json_arg, script, source, sources
+from bus.store.atomic import script, source, sources
 
 if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
     from bus.store.connection import Store
