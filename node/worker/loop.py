@@ -56,8 +56,8 @@ from bus.core.attempts import Outcome
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
-from bus.store.atomic.runs import NextJob, Started, unrunnable_detail
-from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError
+from bus.store.atomic.runs import Begun, NextJob, Started, unrunnable_detail
+from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
 from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
 from node.host.hardening import not_dumpable
