@@ -11,16 +11,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
-import threading
 import time
-from types import TracebackType
 
 import orjson
 
 from bus.core.stats import StatsBatch
 from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
-from node.observe.logs import configure
 from node.slot.spec import RunnerSpec
 from node.worker.job import PROCESS
 
@@ -43,7 +39,7 @@ class Reports:
         self.taken = 0  # jobs taken since the last report to the node
         self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
         # job statistics counted here, not yet in Valkey (bus/core/stats.py), and since;
-        # and the slot's totals as handed over (read from Valkey at start: main)
+        # and the slot's totals as handed over (read from Valkey at start: process.py main)
         self.stats = StatsBatch()
         self.stats_since = 0.0
         self.totals = StatsBatch()
@@ -168,7 +164,7 @@ class Reports:
             report(b"\n".join(lines))
 
 
-# -- log lines ------------------------------------------------------------------------------
+# -- log lines (node/observe/logs.py; set up at the process's start: node/worker/process.py) ----
 
 
 def runner_fields(spec: RunnerSpec) -> dict[str, object]:
@@ -189,21 +185,3 @@ def line_fields(
         found["reason"] = reason
     found |= more
     return found
-
-
-def log_to(fd: int, spec: RunnerSpec) -> None:
-    """Log to ``fd`` (the node's stderr) in the spec's level and format, uncaught exceptions
-    too: a traceback printed as it is would break a stream of JSON lines in pieces."""
-    stream = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    configure(spec.log_level, spec.log_format, stream)
-    fields = runner_fields(spec)
-
-    def uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        log.critical("runner %s failed", spec.slot_id, exc_info=(kind, exc, tb), extra=fields)
-
-    def uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
-        if args.exc_value is not None:
-            uncaught(args.exc_type, args.exc_value, args.exc_traceback)
-
-    sys.excepthook = uncaught
-    threading.excepthook = uncaught_in_thread
