@@ -1,7 +1,7 @@
 """How a runner process sees a started attempt through to its end (node/worker/loop.py hands it
-over once the start is checked): it runs the job (node/worker/job.py; a batch,
-node/worker/batch.py), then executes the one plan (bus/core/attempts.py: plan_ending) in one
-Lua call with the next job's take, keeps the outcome on disk until Valkey has it
+over once the start is checked): it runs the job (node/worker/job.py; a batch is run and ended
+with its ender by node/worker/batch.py), then executes the one plan (bus/core/attempts.py:
+plan_ending) in one Lua call with the next job's take, keeps the outcome on disk until Valkey has it
 (node/slot/outcomes.py), tries again while Valkey is away (node/slot/away.py), and gives back
 what a cut call may have taken. The watch thread may end a python job's attempt too, just
 before the process exits: a lock lets one of them end it."""
@@ -29,7 +29,7 @@ from bus.core.attempts import (
     plan_ending,
 )
 from bus.core.envelope import build_result
-from bus.core.ids import ms_after, now, now_ms
+from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.stats import StatsBatch
 from bus.store.atomic.runs import (
@@ -47,10 +47,8 @@ from node.host.signer import SignerGone
 from node.slot.away import Away
 from node.slot.outcomes import recorded
 from node.slot.spec import RunnerSpec
-from node.worker.batch import Done, run_batch
-from node.worker.job import Aborted, JobRun, _Current
+from node.worker.job import Aborted, JobRun
 from node.worker.reports import Reports, line_fields, report, runner_fields
-from node.worker.spans import ran_attempt
 
 log = logging.getLogger("node.worker.loop")
 
@@ -85,10 +83,10 @@ Ready = tuple[RunnerJob, dict[str, str], Message, int]
 
 
 class Ender:
-    """The ending state of one slot, which sees each started attempt (or batch) from its run
-    to its end: the lock that lets one thread end the running attempt, and how the last one
-    ended. ``leaving`` says whether the process takes no next job (read once an attempt ran: a
-    drain may have begun meanwhile)."""
+    """The ending state of one slot, which sees each started attempt (or batch, with
+    node/worker/batch.py) from its run to its end: the lock that lets one thread end the
+    running attempt, and how the last one ended. ``leaving`` says whether the process takes no
+    next job (read once an attempt ran: a drain may have begun meanwhile)."""
 
     def __init__(
         self,
@@ -109,7 +107,7 @@ class Ender:
         self.ended_each: list[str] = []  # so, each attempt of the last batch's end
         self.about = runner_fields(spec)  # what every line says; a job's lines add to it
 
-    def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
+    def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.about, job_key, reason, **more)
 
     def end_from_watch(
@@ -125,7 +123,7 @@ class Ender:
         if outcome is None:
             queue = queues.target_queue(job)
             self.runs.requeue(job.key, attempt, self.inflight, queue)
-            log.info("%s interrupted by shutdown; requeued", job.key, extra=self._fields(job.key))
+            log.info("%s interrupted by shutdown; requeued", job.key, extra=self.fields(job.key))
         else:
             recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
             self.job.keep(recorded | {"reason": outcome.reason})
@@ -145,7 +143,7 @@ class Ender:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
                 self.job.end_logs("interrupted")
-                about = self._fields(job.key, attempt=attempt)
+                about = self.fields(job.key, attempt=attempt)
                 log.info("%s interrupted by shutdown; requeued", job.key, extra=about)
                 raise Aborted
             taken = None if self.leaving() else nxt
@@ -170,83 +168,6 @@ class Ender:
             self.job.forget()
             self.job.empty_logs()
             return started
-
-    def run_and_end_batch(self, ready: list[Ready], nxt: NextJob) -> list[Started]:
-        """Run jobs started together (node/worker/batch.py) in one request to the slot's
-        sandbox and end them in one script call that takes the next ones; those that answered
-        while a later one runs long are ended before it (:meth:`_end_early`)."""
-        early: set[int] = set()  # the indices of the jobs ended before the batch's end
-
-        def end_early(done: list[Done]) -> None:
-            early.update(i for i, _, _ in done)
-            self._end_early(ready, done)
-
-        items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
-        ran = run_batch(self.job, items, end_early)
-        with self.ending:
-            rans, back, rest, ran_curs = [], [], [], []
-            for i, (outcome, cur) in enumerate(ran):
-                if i in early:  # ended already
-                    continue
-                rest.append(cur)
-                if outcome is None:  # never ran, or an abort cut it short: given back
-                    job, fields, _, attempt = ready[i]
-                    back.append((job.key, attempt, queues.queue_of(fields)))
-                    continue
-                rans.append(_ran(ready[i], outcome, cur))
-                ran_curs.append(cur)
-            aborted = self.job.aborted
-            taken = None if aborted or self.leaving() else nxt
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for cur in rest:
-                cur.over = True  # its lease needs no renewal: its end is being recorded
-            ends = {r.job.key: r.outcome.status.value for r in rans}
-            try:
-                # always one at least: the last job is never ended early (no answer behind it)
-                started = self.conclude_all(rans, back, taken)
-            finally:
-                for cur in rest:
-                    cur.pump.finish(ends.get(cur.job.key, "interrupted"))
-                self.job.batch = []
-            self.job.forget()
-            self.job.empty_logs()
-            if self.traced:
-                self._batch_spans(rans, ran_curs)
-        if back:
-            about = self._fields(back[0][0], given_back=len(back))
-            log.info("%d jobs of a batch given back unrun", len(back), extra=about)
-        if aborted:
-            raise Aborted
-        return started
-
-    def _end_early(self, ready: list[Ready], done: list[Done]) -> None:
-        """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
-        later one runs: as the batch's end ends them (kept for adoption first, each by its
-        plan, answered, signed), without a take; the leases of the rest are still renewed."""
-        with self.ending:
-            rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for _, _, cur in done:
-                cur.over = True
-            try:
-                self.conclude_all(rans, [], None)
-            finally:
-                for ran, (_, _, cur) in zip(rans, done, strict=True):
-                    cur.pump.finish(ran.outcome.status.value)
-            self.job.forget()
-            if self.traced:
-                self._batch_spans(rans, [cur for _, _, cur in done])
-
-    def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
-        """The spans of a batch's attempts, now that their ends are recorded: each its own,
-        from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
-        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
-        ended_s = time.monotonic() + wall
-        endings = self.ended_each
-        for ran, cur, ended in zip(rans, curs, endings, strict=False):
-            times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
-            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
-            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
 
     def keep(self, outcome: Outcome) -> None:
         """Put the attempt's outcome where the node adopts it (node/runners/adoption.py),
@@ -281,7 +202,7 @@ class Ender:
                     self.give_back_taken({r.job.key for r in rans} | {b[0] for b in back})
                 return started
             except SignerGone:  # no retry can help: the next node's recovery ends the attempt
-                log.error("%s: the signer is gone; exiting", first, extra=self._fields(first))
+                log.error("%s: the signer is gone; exiting", first, extra=self.fields(first))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 away = away or Away(first)
@@ -293,7 +214,7 @@ class Ender:
                         self.job.keep(recorded(ran.outcome), durable=True, name=ran.outcome_name)
                     kept = True
                 nxt = None  # a half-applied call must not take more jobs
-                time.sleep(away.failed(exc, log, **self._fields(first)))
+                time.sleep(away.failed(exc, log, **self.fields(first)))
 
     def give_back_taken(self, ended: set[str]) -> None:
         """After an end that was sent again: the call that was cut may have started the next
@@ -316,7 +237,7 @@ class Ender:
                 self.runs.requeue(key, int(fields["attempt"] or 0), self.inflight, queue)
             else:
                 continue
-            log.info("%s: taken by a cut call; given back", key, extra=self._fields(key))
+            log.info("%s: taken by a cut call; given back", key, extra=self.fields(key))
 
     def _end(self, rans: list[Ran], back: list[Back], nxt: NextJob | None) -> list[Started]:
         """One Lua call: each attempt retried, finished here and answered, or finished and
@@ -444,7 +365,7 @@ class Ender:
         if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
             return
         status = "retry" if retry else outcome.status.value
-        about = self._fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
+        about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
         if not ok:
             log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
         elif outcome.status is JobStatus.FINISHED:
@@ -452,9 +373,3 @@ class Ender:
         else:
             then = "retrying" if retry else "failed"
             log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
-
-
-def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
-    """A batch's job that ran, as its end needs it."""
-    job, fields, request, attempt = ready
-    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)

@@ -39,7 +39,7 @@ from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
 from node.slot.spec import RunnerSpec
-from node.worker.batch import MAX_BATCH_JOBS
+from node.worker.batch import MAX_BATCH_JOBS, run_and_end_batch
 from node.worker.ending import Ender, Ready, ResultSigner
 from node.worker.job import Aborted, JobRun, Wake
 from node.worker.reports import Reports, line_fields, runner_fields
@@ -324,8 +324,8 @@ class SlotLoop:
     # -- a batch -------------------------------------------------------------------------------
 
     def run_batch(self, batch: list[Started], nxt: NextJob) -> list[Started]:
-        """Run and end jobs started together (node/worker/batch.py), once each is checked:
-        by the ender (:meth:`~node.worker.ending.Ender.run_and_end_batch`)."""
+        """Run and end jobs started together, once each is checked: with the ender
+        (:func:`~node.worker.batch.run_and_end_batch`)."""
         ready = [r for key, fields in batch if (r := self._ready(key, fields)) is not None]
         if not ready:
             return []
@@ -336,7 +336,7 @@ class SlotLoop:
             return self.ender.run_and_end(job, fields, request, attempt, nxt)
         for job, _, _, attempt in ready:
             self._log_start(job.key, attempt)
-        return self.ender.run_and_end_batch(ready, nxt)
+        return run_and_end_batch(self.ender, ready, nxt)
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
