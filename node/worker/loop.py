@@ -40,9 +40,8 @@ from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
 from node.slot.spec import RunnerSpec
 from node.worker.batch import MAX_BATCH_JOBS, run_and_end_batch
-from node.worker.ending import Ender, Ready, ResultSigner
+from node.worker.ending import Ender, Ready, Reports, ResultSigner, line_fields, runner_fields
 from node.worker.job import Aborted, JobRun, Wake
-from node.worker.reports import Reports, line_fields, runner_fields
 from node.worker.spans import attempt_span
 from node.worker.spans import end as end_span
 
@@ -173,7 +172,7 @@ class Popper:
 class SlotLoop:
     """The pop / start / run / end loop of one slot. Its state is split by what owns it: the
     popping (:class:`Popper`), the attempts from their run to their end
-    (:class:`~node.worker.ending.Ender`), the reports (:class:`~node.worker.reports.Reports`),
+    (:class:`~node.worker.ending.Ender`), the reports (:class:`~node.worker.ending.Reports`),
     the running job (:class:`~node.worker.job.JobRun`); the loop keeps only the count of jobs
     it ran and the flags the signals change, and checks each start before it hands the
     attempt over."""

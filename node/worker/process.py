@@ -38,9 +38,9 @@ from node.host.heap import freeze_start_heap
 from node.host.signer import SignerClient
 from node.observe.logs import configure
 from node.slot.spec import RunnerSpec, read_frame
+from node.worker.ending import report, runner_fields
 from node.worker.job import Wake, prepare_process
 from node.worker.loop import SlotLoop
-from node.worker.reports import report, runner_fields
 
 log = logging.getLogger("node.worker.loop")
 
