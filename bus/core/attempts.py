@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from bus.core import queues
 from bus.core.envelope import ResultBody
 from bus.core.ids import now
-from bus.core.models import JobStatus, Message, RunnerJob, dumps_json
+from bus.core.models import JobStatus, Message, RunnerJob, json_arg
 from bus.core.reasons import Reason
 
 # -- the outcome -----------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def attempt_entry(
     for a first attempt that finished the job: its hash says all of it (``attempt`` 1, status,
     ``runner``, ``updated_at``), so the common job writes no history. A job retried or failed
     has every attempt recorded. ``ended_at`` 0: now. JSON as a script argument is written
-    (bus/store/atomic/__init__.py ``json_arg``)."""
+    (:func:`bus.core.models.json_arg`)."""
     if attempt == 1 and status == "finished":
         return ""
     record = {
@@ -193,7 +193,7 @@ def attempt_entry(
         "started_at": started_at,
         "ended_at": ended_at or now(),
     }
-    return dumps_json(record).decode()
+    return json_arg(record)
 
 
 # -- the plan --------------------------------------------------------------------------------

@@ -134,6 +134,14 @@ def dumps_json(value: object) -> bytes:
         return json.dumps(value).encode()
 
 
+def json_arg(value: object) -> str:
+    """``value`` (no floats: keys, fields, counts, a job's result, a client's reply) as the JSON
+    text of a script argument: orjson's compact output, whose raw UTF-8 a script's cjson reads
+    as it reads json.dumps' escapes; json.dumps for what orjson refuses (a lone surrogate, an
+    integer beyond 64 bits): :func:`dumps_json`."""
+    return dumps_json(value).decode()
+
+
 def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
     """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
     for the parser, and strings that are not Unicode text (lone surrogate escapes)."""

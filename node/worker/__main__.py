@@ -1,6 +1,7 @@
 """A runner process's entry: ``python -m node.worker --runner <run dir>``, started by the node
-(node/runners/processes.py); the loop is node/worker/loop.py. The run directory on the command
-line is only what names the node's runners in ``ps``."""
+(node/runners/processes.py); the process is node/worker/process.py, its loop
+node/worker/loop.py. The run directory on the command line is only what names the node's
+runners in ``ps``."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def load_loop() -> Callable[[], None]:
     if blocked:
         sys.modules[METRICS_SDK] = None  # type: ignore[assignment]  # "not installed"
     try:
-        from node.worker.loop import main as runner_main
+        from node.worker.process import main as runner_main
     finally:
         if blocked:
             del sys.modules[METRICS_SDK]

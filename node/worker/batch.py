@@ -1,8 +1,8 @@
 """A batch of python jobs in one runner process (node/worker/loop.py): the jobs a take found
 queued (up to ``batch_jobs``, started in the same script call), run in one request to the
 slot's warm sandbox (node/sandbox/host.py ``run_batch``), each alone in what it may see and
-keep, and ended together (node/worker/ending.py ``conclude_all``) in the script call that takes
-the next batch.
+keep, and ended together by the slot's ender (node/worker/ending.py ``conclude_all``, under its
+lock: :func:`run_and_end_batch`) in the script call that takes the next batch.
 
 Each job keeps its own timeout, counted from its own turn, its own output files (the slot's for
 the first, ``<slot>-<n>`` for the n-th) and live log stream; the leases of all of them are
@@ -21,21 +21,36 @@ was handed). An abort gives back the running job too, as it does a lone one.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bus.core import queues
 from bus.core.attempts import Outcome
-from bus.core.ids import now
+from bus.core.ids import now, now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
+from bus.store.atomic.runs import NextJob, Started
 from node.sandbox.plan import PlanError
 from node.sandbox.spawn import SandboxLost
 from node.slot import outcomes
 from node.slot.outcomes import KILL_GRACE_S, LOG_FLUSH_S, LogPump, log_paths, recorded
-from node.worker.job import PROCESS, JobRun, _Current, _emptied, _open_logs, job_request
+from node.worker.ending import Ender, Ran, Ready
+from node.worker.job import (
+    PROCESS,
+    Aborted,
+    JobRun,
+    _Current,
+    _emptied,
+    _open_logs,
+    job_request,
+)
+from node.worker.spans import ran_attempt
+
+log = logging.getLogger("node.worker.loop")
 
 MAX_BATCH_JOBS = 64  # the sandbox's bound on one request (node/sandbox/inner.py MAX_BATCH)
 
@@ -177,3 +192,93 @@ def _lost(run: JobRun, curs: list[_Current], i: int, exc: BaseException) -> Outc
         return None  # not its own end: given back (an orphan stopped its batch before it)
     reason = f"{Reason.RUNNER_LOST}: the sandbox ended ({exc})"
     return Outcome(JobStatus.ERROR, {"stderr": str(exc)}, reason)
+
+
+# -- a batch's end, by its ender (node/worker/ending.py) -------------------------------------
+
+
+def run_and_end_batch(ender: Ender, ready: list[Ready], nxt: NextJob) -> list[Started]:
+    """Run jobs started together (:func:`run_batch`) in one request to the slot's sandbox and
+    end them, under ``ender``'s lock, in one script call that takes the next ones
+    (:meth:`~node.worker.ending.Ender.conclude_all`); those that answered while a later one
+    runs long are ended before it (:func:`_end_early`)."""
+    early: set[int] = set()  # the indices of the jobs ended before the batch's end
+
+    def end_early(done: list[Done]) -> None:
+        early.update(i for i, _, _ in done)
+        _end_early(ender, ready, done)
+
+    items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
+    ran = run_batch(ender.job, items, end_early)
+    with ender.ending:
+        rans, back, rest, ran_curs = [], [], [], []
+        for i, (outcome, cur) in enumerate(ran):
+            if i in early:  # ended already
+                continue
+            rest.append(cur)
+            if outcome is None:  # never ran, or an abort cut it short: given back
+                job, fields, _, attempt = ready[i]
+                back.append((job.key, attempt, queues.queue_of(fields)))
+                continue
+            rans.append(_ran(ready[i], outcome, cur))
+            ran_curs.append(cur)
+        aborted = ender.job.aborted
+        taken = None if aborted or ender.leaving() else nxt
+        ender.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+        for cur in rest:
+            cur.over = True  # its lease needs no renewal: its end is being recorded
+        ends = {r.job.key: r.outcome.status.value for r in rans}
+        try:
+            # always one at least: the last job is never ended early (no answer behind it)
+            started = ender.conclude_all(rans, back, taken)
+        finally:
+            for cur in rest:
+                cur.pump.finish(ends.get(cur.job.key, "interrupted"))
+            ender.job.batch = []
+        ender.job.forget()
+        ender.job.empty_logs()
+        if ender.traced:
+            _spans(ender, rans, ran_curs)
+    if back:
+        about = ender.fields(back[0][0], given_back=len(back))
+        log.info("%d jobs of a batch given back unrun", len(back), extra=about)
+    if aborted:
+        raise Aborted
+    return started
+
+
+def _end_early(ender: Ender, ready: list[Ready], done: list[Done]) -> None:
+    """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
+    later one runs: as the batch's end ends them (kept for adoption first, each by its
+    plan, answered, signed), without a take; the leases of the rest are still renewed."""
+    with ender.ending:
+        rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
+        ender.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
+        for _, _, cur in done:
+            cur.over = True
+        try:
+            ender.conclude_all(rans, [], None)
+        finally:
+            for ran, (_, _, cur) in zip(rans, done, strict=True):
+                cur.pump.finish(ran.outcome.status.value)
+        ender.job.forget()
+        if ender.traced:
+            _spans(ender, rans, [cur for _, _, cur in done])
+
+
+def _spans(ender: Ender, rans: list[Ran], curs: list[_Current]) -> None:
+    """The spans of a batch's attempts, now that their ends are recorded: each its own,
+    from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
+    wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
+    ended_s = time.monotonic() + wall
+    endings = ender.ended_each
+    for ran, cur, ended in zip(rans, curs, endings, strict=False):
+        times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
+        attempt = (ran.job, ran.fields, ran.request, ran.attempt)
+        ran_attempt(ender.spec, attempt, ran.outcome, times, ended)
+
+
+def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
+    """A batch's job that ran, as its end needs it."""
+    job, fields, request, attempt = ready
+    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)

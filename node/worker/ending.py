@@ -1,13 +1,24 @@
 """How a runner process sees a started attempt through to its end (node/worker/loop.py hands it
-over once the start is checked): it runs the job (node/worker/job.py; a batch,
-node/worker/batch.py), then executes the one plan (bus/core/attempts.py: plan_ending) in one
-Lua call with the next job's take, keeps the outcome on disk until Valkey has it
+over once the start is checked): it runs the job (node/worker/job.py; a batch is run and ended
+with its ender by node/worker/batch.py), then executes the one plan (bus/core/attempts.py:
+plan_ending) in one Lua call with the next job's take, keeps the outcome on disk until Valkey has it
 (node/slot/outcomes.py), tries again while Valkey is away (node/slot/away.py), and gives back
 what a cut call may have taken. The watch thread may end a python job's attempt too, just
-before the process exits: a lock lets one of them end it."""
+before the process exits: a lock lets one of them end it.
+
+And what the process reports of its attempts (:class:`Reports`): to the node, how many jobs it
+took (the supervisor's backpressure waits for that) and how they ended (the node's counters,
+``hero-node status``); to Valkey, the job statistics it counted itself (bus/core/stats.py),
+handed over with an end's script every ``taken_every`` jobs or once per lease beat, and
+whenever it goes idle, not per job. Its log lines go to the node's stderr in the node's level
+and format (node/observe/logs.py; ``hero-node run --log-format json`` gives one JSON object per
+line whichever process wrote it), each carrying its fields as the node's lines do
+(:func:`line_fields`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -16,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+import orjson
 
 from bus.core import queues
 from bus.core.attempts import (
@@ -29,7 +42,7 @@ from bus.core.attempts import (
     plan_ending,
 )
 from bus.core.envelope import build_result
-from bus.core.ids import ms_after, now, now_ms
+from bus.core.ids import ms_after, now
 from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.stats import StatsBatch
 from bus.store.atomic.runs import (
@@ -42,15 +55,12 @@ from bus.store.atomic.runs import (
     requeue_call,
     retry_call,
 )
-from bus.store.atomic.runs_sync import SyncRuns
+from bus.store.atomic.runs_sync import SyncRuns, SyncStoreError
 from node.host.signer import SignerGone
 from node.slot.away import Away
 from node.slot.outcomes import recorded
 from node.slot.spec import RunnerSpec
-from node.worker.batch import Done, run_batch
-from node.worker.job import Aborted, JobRun, _Current
-from node.worker.reports import Reports, line_fields, report, runner_fields
-from node.worker.spans import ran_attempt
+from node.worker.job import PROCESS, Aborted, JobRun
 
 log = logging.getLogger("node.worker.loop")
 
@@ -85,10 +95,10 @@ Ready = tuple[RunnerJob, dict[str, str], Message, int]
 
 
 class Ender:
-    """The ending state of one slot, which sees each started attempt (or batch) from its run
-    to its end: the lock that lets one thread end the running attempt, and how the last one
-    ended. ``leaving`` says whether the process takes no next job (read once an attempt ran: a
-    drain may have begun meanwhile)."""
+    """The ending state of one slot, which sees each started attempt (or batch, with
+    node/worker/batch.py) from its run to its end: the lock that lets one thread end the
+    running attempt, and how the last one ended. ``leaving`` says whether the process takes no
+    next job (read once an attempt ran: a drain may have begun meanwhile)."""
 
     def __init__(
         self,
@@ -109,7 +119,7 @@ class Ender:
         self.ended_each: list[str] = []  # so, each attempt of the last batch's end
         self.about = runner_fields(spec)  # what every line says; a job's lines add to it
 
-    def _fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
+    def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.about, job_key, reason, **more)
 
     def end_from_watch(
@@ -125,7 +135,7 @@ class Ender:
         if outcome is None:
             queue = queues.target_queue(job)
             self.runs.requeue(job.key, attempt, self.inflight, queue)
-            log.info("%s interrupted by shutdown; requeued", job.key, extra=self._fields(job.key))
+            log.info("%s interrupted by shutdown; requeued", job.key, extra=self.fields(job.key))
         else:
             recorded = {"exit_code": -signal.SIGKILL, "stdout": "", "stderr": ""}
             self.job.keep(recorded | {"reason": outcome.reason})
@@ -145,7 +155,7 @@ class Ender:
             if outcome is None:  # aborted: the attempt does not count; run it later
                 self.runs.requeue(job.key, attempt, self.inflight, queues.queue_of(fields))
                 self.job.end_logs("interrupted")
-                about = self._fields(job.key, attempt=attempt)
+                about = self.fields(job.key, attempt=attempt)
                 log.info("%s interrupted by shutdown; requeued", job.key, extra=about)
                 raise Aborted
             taken = None if self.leaving() else nxt
@@ -170,83 +180,6 @@ class Ender:
             self.job.forget()
             self.job.empty_logs()
             return started
-
-    def run_and_end_batch(self, ready: list[Ready], nxt: NextJob) -> list[Started]:
-        """Run jobs started together (node/worker/batch.py) in one request to the slot's
-        sandbox and end them in one script call that takes the next ones; those that answered
-        while a later one runs long are ended before it (:meth:`_end_early`)."""
-        early: set[int] = set()  # the indices of the jobs ended before the batch's end
-
-        def end_early(done: list[Done]) -> None:
-            early.update(i for i, _, _ in done)
-            self._end_early(ready, done)
-
-        items = [(job, request, attempt, f["runner"]) for job, f, request, attempt in ready]
-        ran = run_batch(self.job, items, end_early)
-        with self.ending:
-            rans, back, rest, ran_curs = [], [], [], []
-            for i, (outcome, cur) in enumerate(ran):
-                if i in early:  # ended already
-                    continue
-                rest.append(cur)
-                if outcome is None:  # never ran, or an abort cut it short: given back
-                    job, fields, _, attempt = ready[i]
-                    back.append((job.key, attempt, queues.queue_of(fields)))
-                    continue
-                rans.append(_ran(ready[i], outcome, cur))
-                ran_curs.append(cur)
-            aborted = self.job.aborted
-            taken = None if aborted or self.leaving() else nxt
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for cur in rest:
-                cur.over = True  # its lease needs no renewal: its end is being recorded
-            ends = {r.job.key: r.outcome.status.value for r in rans}
-            try:
-                # always one at least: the last job is never ended early (no answer behind it)
-                started = self.conclude_all(rans, back, taken)
-            finally:
-                for cur in rest:
-                    cur.pump.finish(ends.get(cur.job.key, "interrupted"))
-                self.job.batch = []
-            self.job.forget()
-            self.job.empty_logs()
-            if self.traced:
-                self._batch_spans(rans, ran_curs)
-        if back:
-            about = self._fields(back[0][0], given_back=len(back))
-            log.info("%d jobs of a batch given back unrun", len(back), extra=about)
-        if aborted:
-            raise Aborted
-        return started
-
-    def _end_early(self, ready: list[Ready], done: list[Done]) -> None:
-        """End the jobs of a batch that answered (``done``: their index in ``ready``) while a
-        later one runs: as the batch's end ends them (kept for adoption first, each by its
-        plan, answered, signed), without a take; the leases of the rest are still renewed."""
-        with self.ending:
-            rans = [_ran(ready[i], outcome, cur) for i, outcome, cur in done]
-            self.job.keep_all([(r.outcome_name, recorded(r.outcome)) for r in rans])
-            for _, _, cur in done:
-                cur.over = True
-            try:
-                self.conclude_all(rans, [], None)
-            finally:
-                for ran, (_, _, cur) in zip(rans, done, strict=True):
-                    cur.pump.finish(ran.outcome.status.value)
-            self.job.forget()
-            if self.traced:
-                self._batch_spans(rans, [cur for _, _, cur in done])
-
-    def _batch_spans(self, rans: list[Ran], curs: list[_Current]) -> None:
-        """The spans of a batch's attempts, now that their ends are recorded: each its own,
-        from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
-        wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
-        ended_s = time.monotonic() + wall
-        endings = self.ended_each
-        for ran, cur, ended in zip(rans, curs, endings, strict=False):
-            times = (cur.began + wall, (cur.answered_at or cur.began) + wall, ended_s)
-            attempt = (ran.job, ran.fields, ran.request, ran.attempt)
-            ran_attempt(self.spec, attempt, ran.outcome, times, ended)
 
     def keep(self, outcome: Outcome) -> None:
         """Put the attempt's outcome where the node adopts it (node/runners/adoption.py),
@@ -281,7 +214,7 @@ class Ender:
                     self.give_back_taken({r.job.key for r in rans} | {b[0] for b in back})
                 return started
             except SignerGone:  # no retry can help: the next node's recovery ends the attempt
-                log.error("%s: the signer is gone; exiting", first, extra=self._fields(first))
+                log.error("%s: the signer is gone; exiting", first, extra=self.fields(first))
                 os._exit(2)
             except Exception as exc:  # noqa: BLE001 - Valkey away: keep the outcome, retry
                 away = away or Away(first)
@@ -293,7 +226,7 @@ class Ender:
                         self.job.keep(recorded(ran.outcome), durable=True, name=ran.outcome_name)
                     kept = True
                 nxt = None  # a half-applied call must not take more jobs
-                time.sleep(away.failed(exc, log, **self._fields(first)))
+                time.sleep(away.failed(exc, log, **self.fields(first)))
 
     def give_back_taken(self, ended: set[str]) -> None:
         """After an end that was sent again: the call that was cut may have started the next
@@ -316,12 +249,12 @@ class Ender:
                 self.runs.requeue(key, int(fields["attempt"] or 0), self.inflight, queue)
             else:
                 continue
-            log.info("%s: taken by a cut call; given back", key, extra=self._fields(key))
+            log.info("%s: taken by a cut call; given back", key, extra=self.fields(key))
 
     def _end(self, rans: list[Ran], back: list[Back], nxt: NextJob | None) -> list[Started]:
         """One Lua call: each attempt retried, finished here and answered, or finished and
         answered with a signed result, what never ran given back, the next jobs taken; the job
-        statistics counted here go with it (node/worker/reports.py)."""
+        statistics counted here go with it (:class:`Reports`)."""
         if len(rans) == 1 and not back:
             return self._end_one(rans[0], nxt)
         here = self.spec.node_id
@@ -385,7 +318,7 @@ class Ender:
             reason = plan.cause if isinstance(plan, Retry) else plan.body.reason
             here = isinstance(plan, AnswerHere)
             ends.append((ran.fields, status, reason, here, at - ran.began))
-        return self.reports.counted_all(ends, self.job.heartbeat_s)
+        return self.reports.counted(ends, self.job.heartbeat_s)
 
     def _end_one(self, ran: Ran, nxt: NextJob | None) -> list[Started]:
         """One end, by the script of its plan, with the take (a lone job's way). A remote
@@ -401,9 +334,8 @@ class Ender:
         self.ended_each = [self.ended]
         took_s = time.monotonic() - ran.began
         here_answered = isinstance(plan, AnswerHere)
-        batch, due = self.reports.counted(
-            ran.fields, ending.status, ending.reason, here_answered, took_s, self.job.heartbeat_s
-        )
+        end = (ran.fields, ending.status, ending.reason, here_answered, took_s)
+        batch, due = self.reports.counted([end], self.job.heartbeat_s)
         due = due or nxt is None or retry
         sums = (self.reports.handover(batch), "") if due else ("[]", self.reports.handover(batch))
         taken: list[Started] = []
@@ -444,7 +376,7 @@ class Ender:
         if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
             return
         status = "retry" if retry else outcome.status.value
-        about = self._fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
+        about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
         if not ok:
             log.warning("%s: result of a superseded attempt refused", job.key, extra=about)
         elif outcome.status is JobStatus.FINISHED:
@@ -454,7 +386,156 @@ class Ender:
             log.info("%s %s after %.1f ms: %s", job.key, then, took_ms, outcome.reason, extra=about)
 
 
-def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
-    """A batch's job that ran, as its end needs it."""
-    job, fields, request, attempt = ready
-    return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)
+# -- what the process reports: to its node, and to Valkey with its ends ---------------------
+
+
+def report(line: bytes) -> None:
+    """A line to the node: ``up`` ready, ``t<n>`` jobs taken, ``c{json}`` counters to add,
+    ``r`` a retry scheduled."""
+    with contextlib.suppress(OSError):  # the node is gone: nobody to tell
+        os.write(PROCESS.report, line + b"\n")
+
+
+class Reports:
+    """The figures one runner process holds for the node and for Valkey, until they are due."""
+
+    def __init__(self, spec: RunnerSpec, runs: SyncRuns) -> None:
+        self.spec, self.runs = spec, runs
+        self.parent = os.getppid()
+        self.taken = 0  # jobs taken since the last report to the node
+        self.counts: dict[str, int] = {}  # the node's counters (hero-node status), to report
+        # job statistics counted here, not yet in Valkey (bus/core/stats.py), and since;
+        # and the slot's totals as handed over (read from Valkey at start: process.py main)
+        self.stats = StatsBatch()
+        self.stats_since = 0.0
+        self.totals = StatsBatch()
+        self.starts: dict[str, int] = {}  # script type -> starts not yet in ``stats``
+        self._handed: tuple[StatsBatch, StatsBatch] | None = None  # a batch, totals with it
+
+    def orphaned(self) -> bool:
+        """Whether the node that started this process has died."""
+        return os.getppid() != self.parent
+
+    def took(self) -> None:
+        """One job taken: reported with the next ``taken_every``."""
+        self.taken += 1
+        if self.taken >= self.spec.taken_every:
+            self.flush()
+
+    def started(self, fields: dict[str, str]) -> None:
+        """A job this process started (its start's script counted nothing: see
+        ``NextJob.counts_starts``), counted with the next end's statistics (its type is
+        labelled then, with the end's: nothing of the statistics runs per start)."""
+        script_type = fields.get("script_type", "")
+        self.starts[script_type] = self.starts.get(script_type, 0) + 1
+
+    def _with_starts(self, batch: StatsBatch) -> StatsBatch:
+        for script_type, n in self.starts.items():
+            batch.started({"script_type": script_type}, n)
+        return batch
+
+    def count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def counted(
+        self, ends: list[tuple[dict[str, str], str, str, bool, float]], beat_s: float
+    ) -> tuple[StatsBatch, bool]:
+        """The statistics not yet in Valkey with these attempts' ends added (each: the job's
+        fields, status, reason, whether it was answered here, how long it took), and whether
+        they are due now: every ``taken_every`` jobs or once per lease beat (``beat_s``); else
+        the end hands them over only if it leaves this runner idle (bus/store/atomic/runs.py:
+        then_source)."""
+        batch = self._with_starts(self.stats.copy())
+        for fields, status, reason, answered_here, took_s in ends:
+            batch.ended(fields, status, reason, took_s)
+            if answered_here and status != "retry":
+                batch.answered(fields, status, reason, took_s)
+        if not self.stats.jobs:
+            self.stats_since = time.monotonic()
+        age_s = time.monotonic() - self.stats_since
+        return batch, batch.jobs >= self.spec.taken_every or age_s >= beat_s
+
+    def handover(self, batch: StatsBatch) -> str:
+        """The ``stats`` ARGV that hands ``batch`` over: the slot's totals with it added (one
+        HSET, and a hand-over whose reply was lost counts nothing twice); once the node died,
+        the increments alone, for the next node may have started another process of this
+        slot from the totals."""
+        if self.orphaned():
+            return batch.encode()
+        merged = self.totals.merged(batch)
+        self._handed = (batch, merged)  # the totals once it is applied (:meth:`kept`)
+        return merged.handover(self.spec.slot_id)
+
+    def kept(self, batch: StatsBatch, ok: bool, *, applied: bool) -> None:
+        """After an end: applied, nothing left (the totals include it); written but kept (a
+        next job was started), the batch is what is left; refused (a superseded attempt:
+        nothing written, not counted), what was left before."""
+        if applied:
+            if not self.orphaned():
+                handed, self._handed = self._handed, None
+                # merged once, for the hand-over, not again (per end: a lone job's every time)
+                if handed is not None and handed[0] is batch:
+                    self.totals = handed[1]
+                else:
+                    self.totals = self.totals.merged(batch)
+            self.stats, self.starts = StatsBatch(), {}
+        elif ok:
+            self.stats, self.starts = batch, {}
+
+    def flush_totals(self) -> None:
+        """Hand the slot's totals over again (one HSET), replacing totals an end handed over
+        that counted a superseded attempt of its batch (refused: it must not count)."""
+        if not self.orphaned():
+            with contextlib.suppress(SyncStoreError):  # counts only: the next hand-over has them
+                self.runs.add_stats(self.totals, self.spec.slot_id)
+
+    def flush(self, *, idle: bool = False) -> None:
+        """Tell the node how many jobs this process took and how they ended: every
+        ``taken_every`` jobs and before blocking for more, not per job. ``idle``: also the job
+        statistics still held here (an end that left this runner idle applied them already,
+        unless it was not the last thing it did: a refusal, a requeue)."""
+        if idle and (self.stats.jobs or self.starts):
+            batch, self.stats = self._with_starts(self.stats), StatsBatch()
+            self.starts = {}
+            orphaned = self.orphaned()  # then increments: see handover
+            if not orphaned:
+                self.totals = self.totals.merged(batch)  # a failed hand-over: in the next one
+            with contextlib.suppress(SyncStoreError):  # counts only
+                if orphaned:
+                    self.runs.add_stats(batch)
+                else:
+                    self.runs.add_stats(self.totals, self.spec.slot_id)
+        lines = []
+        if self.taken:
+            lines.append(b"t%d" % self.taken)
+            self.taken = 0
+        if self.counts:
+            lines.append(b"c" + orjson.dumps(self.counts))
+            self.counts = {}
+        if lines:
+            # one write: the node reads both lines with one wake-up, not one each (a lone job
+            # leaves its runner idle, and so flushes, every time)
+            report(b"\n".join(lines))
+
+
+# -- log lines ------------------------------------------------------------------------------
+
+
+def runner_fields(spec: RunnerSpec) -> dict[str, object]:
+    """What every line of a runner process carries, built once at its start: its context and
+    its slot."""
+    return {"ctx": spec.ctx, "runner": spec.slot_id}
+
+
+def line_fields(
+    about: dict[str, object], job_key: str = "", reason: str = "", **more: object
+) -> dict[str, object]:
+    """The ``extra`` of a runner's log line: ``about`` (:func:`runner_fields`), the job, and
+    why (the job's ``reason`` as it is stored), then ``more`` (attempt, status, duration_ms)."""
+    found = dict(about)
+    if job_key:
+        found["job"] = job_key
+    if reason:
+        found["reason"] = reason
+    found |= more
+    return found

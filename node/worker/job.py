@@ -75,7 +75,7 @@ class _Process:
     """What :func:`prepare_process` set up, shared by every job of the process."""
 
     control: int = -1  # the node's control pipe (stop requests)
-    report: int = -1  # the pipe of the reports to the node (node/worker/reports.py: report)
+    report: int = -1  # the pipe of the reports to the node (node/worker/ending.py: report)
     base_env: dict[str, str] = field(default_factory=dict)
     pid_file: Path | None = None
     marker: str = ""

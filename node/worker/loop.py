@@ -1,13 +1,7 @@
-"""A built-in runner process: pops its own queues and finishes its own jobs (the spec's local
-runner, the external runner protocol of docs/use/runners.md, built in).
-
-One process per runner slot (``[runners] python = N``: N processes per context), started,
-watched and restarted by the node (node/runners/processes.py). It holds no secret it does not
-need: it connects as the ``runner`` ACL user (node/host/acl.py), gets its spec (that URL with
-its password) and the admission key over its stdin pipe, never in its environment, is not
-dumpable, and has the results of remote requests signed by the node's signer process
-(node/host/signer.py) over an inherited socket: the node key is not in this process. Per job,
-with a blocking client and no event loop:
+"""The loop of one runner slot (the spec's local runner, the external runner protocol of
+docs/use/runners.md, built in): it pops its own queues and finishes its own jobs, in the runner
+process that serves the slot (node/worker/process.py: its start, its signals, its exit). Per
+job, with a blocking client and no event loop:
 
 1. pop: the slot's lists in consume order (bus/core/queues.py) with ``runs_pop_first``,
    or, all empty, a blocking BLMOVE of the type queue, into ``inflight:runner:<type>:<slot>``,
@@ -26,54 +20,34 @@ with a blocking client and no event loop:
    circuit breaker is open (bus/store/atomic/type_breakers.py) that start, or
    ``runs_start``, refuses and says for how long, and the process waits that long without
    popping.
-
-Signals from the node: SIGTERM drains (no new job; the running one finishes), SIGINT aborts
-(the running job is killed and given back uncounted), SIGUSR1 wakes a blocking pop to look at
-every list (a priority or targeted job was queued), SIGUSR2 says the Sentinels named a new
-primary: every connection to the old one is shut at once (``SyncRuns.cut``), so that no
-command waits on a primary that stalled and none reaches it when it wakes up still taking
-writes (its replicas gone, but not yet noticed): a cut end is sent again and lands on the
-new primary, a cut pop or start ends the process for the node's recovery of the slot.
-
-The node's death drains too (its end of the control pipe closes; not PR_SET_PDEATHSIG, which
-fires when the thread that forked exits, and trio forks from a worker thread): a job that
-outlives its node finishes and answers, then the process exits.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import signal
 import time
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any
 
 from bus.core import admitted, keys, queues
 from bus.core.attempts import Outcome
 from bus.core.models import Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
-from bus.store.atomic.runs import NextJob, Started, unrunnable_detail
-from bus.store.atomic.runs_sync import Begun, SyncRuns, SyncStoreError
+from bus.store.atomic.runs import Begun, NextJob, Started, unrunnable_detail
+from bus.store.atomic.runs_sync import SyncRuns
 from bus.store.atomic.type_breakers import BreakerOpen
 from bus.store.sentinel import durability
-from node.host.hardening import not_dumpable
-from node.host.heap import freeze_start_heap
-from node.host.signer import SignerClient
-from node.slot.spec import RunnerSpec, read_frame
-from node.worker.batch import MAX_BATCH_JOBS
-from node.worker.ending import Ender, Ready, ResultSigner
-from node.worker.job import Aborted, JobRun, Wake, prepare_process
-from node.worker.reports import Reports, line_fields, log_to, report, runner_fields
+from node.slot.spec import RunnerSpec
+from node.worker.batch import MAX_BATCH_JOBS, run_and_end_batch
+from node.worker.ending import Ender, Ready, Reports, ResultSigner, line_fields, runner_fields
+from node.worker.job import Aborted, JobRun, Wake
 from node.worker.spans import attempt_span
 from node.worker.spans import end as end_span
 
 log = logging.getLogger("node.worker.loop")
 
-__all__ = ["RunnerSpec", "SlotLoop", "main"]
+__all__ = ["RunnerSpec", "SlotLoop"]
 
 
 # -- taking jobs: a reliable pop over the slot's lists in consume order (bus/core/queues.py), a
@@ -83,7 +57,7 @@ __all__ = ["RunnerSpec", "SlotLoop", "main"]
 
 @dataclass
 class Flags:
-    """What the signal handlers read and change (``_on_signal``): whether
+    """What the signal handlers read and change (node/worker/process.py): whether
     the process drains, and whether the main thread waits where a signal may interrupt it."""
 
     draining: bool = False
@@ -198,7 +172,7 @@ class Popper:
 class SlotLoop:
     """The pop / start / run / end loop of one slot. Its state is split by what owns it: the
     popping (:class:`Popper`), the attempts from their run to their end
-    (:class:`~node.worker.ending.Ender`), the reports (:class:`~node.worker.reports.Reports`),
+    (:class:`~node.worker.ending.Ender`), the reports (:class:`~node.worker.ending.Reports`),
     the running job (:class:`~node.worker.job.JobRun`); the loop keeps only the count of jobs
     it ran and the flags the signals change, and checks each start before it hands the
     attempt over."""
@@ -349,8 +323,8 @@ class SlotLoop:
     # -- a batch -------------------------------------------------------------------------------
 
     def run_batch(self, batch: list[Started], nxt: NextJob) -> list[Started]:
-        """Run and end jobs started together (node/worker/batch.py), once each is checked:
-        by the ender (:meth:`~node.worker.ending.Ender.run_and_end_batch`)."""
+        """Run and end jobs started together, once each is checked: with the ender
+        (:func:`~node.worker.batch.run_and_end_batch`)."""
         ready = [r for key, fields in batch if (r := self._ready(key, fields)) is not None]
         if not ready:
             return []
@@ -361,7 +335,7 @@ class SlotLoop:
             return self.ender.run_and_end(job, fields, request, attempt, nxt)
         for job, _, _, attempt in ready:
             self._log_start(job.key, attempt)
-        return self.ender.run_and_end_batch(ready, nxt)
+        return run_and_end_batch(self.ender, ready, nxt)
 
     def refuse_unadmitted(
         self, job_key: str, fields: dict[str, str], attempt: int, why: str
@@ -404,86 +378,3 @@ class SlotLoop:
 
     def fields(self, job_key: str = "", reason: str = "", **more: object) -> dict[str, object]:
         return line_fields(self.about, job_key, reason, **more)
-
-
-_RUNNER: SlotLoop | None = None
-
-
-def _on_signal(signum: int, _frame: FrameType | None) -> None:
-    runner = _RUNNER
-    if runner is None:
-        return
-    if signum == signal.SIGUSR2:  # the primary moved: the blocked call fails on its own
-        runner.runs.cut()
-        return
-    if signum in (signal.SIGTERM, signal.SIGINT):
-        runner.flags.draining = True
-    if signum == signal.SIGINT:
-        runner.job.abort()
-    if runner.flags.popping:
-        runner.flags.popping = False
-        raise Wake
-
-
-def main() -> None:
-    """``python -m node.worker --runner``: the spec first on stdin (node/slot/spec.py)."""
-    global _RUNNER
-    not_dumpable()  # before the frame: the password and key never sit in a readable process
-    try:
-        spec, admission_key = read_frame(0)
-    except EOFError:  # the node stopped (or died) before it wrote the spec: nothing to serve
-        os._exit(0)
-    log_to(os.dup(2), spec)  # fd 2 becomes a python job's capture file
-    signer = SignerClient(spec.signer_fd) if spec.signer_fd >= 0 else None
-    prepare_process(spec)  # fds, subreaper, pid file, environment
-    _RUNNER = runner = SlotLoop(spec, admission_key, signer)
-    provider = _traced(spec)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, _on_signal)
-    if runner.reports.orphaned():
-        return
-    runner.job.start_watch()
-    frozen = freeze_start_heap()
-    report(b"up")
-    up = runner_fields(spec)
-    log.info(
-        "runner %s (context %d) up, pid %d (start-up heap frozen: %d objects)",
-        spec.slot_id,
-        spec.ctx,
-        os.getpid(),
-        frozen,
-        extra=up,
-    )
-    try:
-        runner.runs.set_breaker(
-            spec.script_type, spec.breaker_failures, spec.breaker_open_ms, spec.breaker_probes
-        )
-        runner.reports.totals = runner.runs.slot_totals(spec.slot_id)
-        runner.serve()
-    except SyncStoreError as exc:  # a pop or a start whose outcome is unknown: the node's
-        # recovery of the slot knows (it requeues the popped entry, ends the started attempt)
-        log.error("runner %s lost Valkey (%r); exiting", spec.slot_id, exc, extra=up)
-        runner.job.sandbox.stop(graceful=True)
-        _flush(provider)
-        os._exit(2)
-    # no job runs now: the sandbox ends as a retired one does, reaped here with its jobs' CPU
-    # (not left to bwrap's die-with-parent and init, which would count it nowhere)
-    runner.job.sandbox.stop(graceful=True)
-    _flush(provider)
-    os._exit(0)  # the watch and export threads are daemons; nothing else to wait for
-
-
-def _traced(spec: RunnerSpec) -> Any:  # noqa: ANN401 - a TracerProvider, or None
-    """The process's tracer provider when its node traces (node/worker/spans.py), else None:
-    the recorder (node/observe/recorder.py) is imported only then."""
-    if not spec.tracing:
-        return None
-    from node.observe.tracing import install_runner
-
-    return install_runner(spec.tracing)
-
-
-def _flush(provider: Any) -> None:  # noqa: ANN401
-    """Send the spans still queued before the process exits (os._exit runs no atexit)."""
-    if provider is not None:
-        provider.shutdown()

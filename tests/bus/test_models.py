@@ -25,10 +25,10 @@ from bus.core.models import (
     Runner,
     RunnerJob,
     _dump,
+    json_arg,
     loads_text,
 )
 from bus.errors import ModelError
-from bus.store.atomic import json_arg
 
 # Key patterns and statuses, copied from shared/seeds/coordinator-specs.md section 3.
 SPEC_PATTERNS = {

@@ -22,7 +22,7 @@ from bus.store.atomic.runs_sync import SyncRuns
 from node.sandbox.host import read_counters
 from node.slot.spec import RunnerSpec
 from node.worker import job as procjob
-from node.worker.reports import Reports
+from node.worker.ending import Reports
 from tests.sandbox.test_sandbox import _box
 from tests.scripts import SH, command_job_run, sh_job
 

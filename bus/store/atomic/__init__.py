@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from coredis.commands.script import Script
 
 from bus.core import keys
-from bus.core.models import dumps_json
 from bus.core.reasons import Reason
 from bus.core.stats import STATS_BUCKETS_S
 from bus.errors import StoreError
@@ -37,7 +36,6 @@ __all__ = [
     "CONSTANTS",
     "ScriptCall",
     "evalsha_on",
-    "json_arg",
     "read_replies",
     "script",
     "send_evalshas",
@@ -110,18 +108,10 @@ def _expand(name: str, placed: set[str]) -> str:
 def script(name: str) -> Script[str]:
     """The script ``lua/<name>.lua`` (loaded once; run with EVALSHA, loaded on NOSCRIPT).
     coredis is imported here, not above (nor in the runners of calls below): runner processes
-    read :func:`source` and :func:`json_arg` without it."""
+    read :func:`source` without it."""
     from coredis.commands.script import Script
 
     return Script(script=source(name))
-
-
-def json_arg(value: object) -> str:
-    """``value`` (no floats: keys, fields, counts, a job's result, a client's reply) as the JSON
-    text of a script argument: orjson's compact output, whose raw UTF-8 a script's cjson reads
-    as it reads json.dumps' escapes; json.dumps for what orjson refuses (a lone surrogate, an
-    integer beyond 64 bits): :func:`bus.core.models.dumps_json`."""
-    return dumps_json(value).decode()
 
 
 # -- running calls: pipelined EVALSHAs, and the one reload of the scripts a server lacks -------

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.core.models import Message
-from bus.store.atomic import ScriptCall, json_arg, script
+from bus.core.models import Message, json_arg
+from bus.store.atomic import ScriptCall, script
 
 if TYPE_CHECKING:
     from bus.store.connection import Store

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.core.models import Message, MessageStatus
-from bus.store.atomic import json_arg, script, source
+from bus.core.models import Message, MessageStatus, json_arg
+from bus.store.atomic import script, source
 from bus.store.atomic.queues import JobWrite
 
 if TYPE_CHECKING:

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
 from bus.core.attempts import Plan, Retry
 from bus.core.envelope import reply_text
 from bus.core.ids import now
-from bus.core.models import Message
+from bus.core.models import Message, json_arg
 from bus.core.reasons import Reason
-from bus.store.atomic import json_arg, script, source, sources
+from bus.store.atomic import script, source, sources
+from bus.store.atomic.type_breakers import BreakerOpen, open_wait
 
 if TYPE_CHECKING:  # not imported at run time: runner processes use this module without coredis
     from bus.store.connection import Store
@@ -37,6 +38,7 @@ if TYPE_CHECKING:  # not imported at run time: runner processes use this module 
 __all__ = [
     "ENDS",
     "Answered",
+    "Begun",
     "Call",
     "RESULTS_INFLIGHT",
     "NextJob",
@@ -45,6 +47,7 @@ __all__ = [
     "answer_remote",
     "answered_retry",
     "attempt_state",
+    "begun",
     "ends_then_source",
     "ending_of",
     "ends_then_take",
@@ -52,7 +55,9 @@ __all__ = [
     "finish_call",
     "finish_local",
     "finish_local_call",
+    "fields_of",
     "lapsed",
+    "moved_start",
     "move_due",
     "reap",
     "renew",
@@ -60,6 +65,7 @@ __all__ = [
     "retry_call",
     "retry_later",
     "running_jobs",
+    "start_call",
     "then_source",
     "then_take_next",
     "unrunnable_detail",
@@ -99,8 +105,67 @@ class NextJob:
             "1" if self.counts_starts else "",
         ]
 
+    def moved_args(self, held: int) -> list[str]:
+        """ARGV of runs_start_moved.lua (reply: :func:`moved_start`), ``held`` the list's length."""
+        args = [str(held), self.token_base, str(self.ttl_ms), str(now()), self.runner_id]
+        return [*args, self.script_type, "1" if self.counts_starts else ""]
+
+    def read(self, reply: list[Any]) -> tuple[list[Started], list[tuple[str, str]]]:
+        """runs_take_next's reply: the jobs it started, and the entries (key, reason token) no
+        runner can start, taken off already, to dead-letter; what else it found is noted here."""
+        if len(reply) == 2 and (wait_ms := open_wait(reply[1])) is not None:  # nothing taken
+            self.breaker_wait_ms = wait_ms
+            return [], []
+        if len(reply) == 1 and isinstance(reply[0], int):  # nothing queued
+            self.found_empty, self.held = True, reply[0]
+            return [], []
+        entries = reply[1:] if reply and reply[0] == "*" else [reply]
+        started: list[Started] = []
+        refused: list[tuple[str, str]] = []
+        for entry in entries:
+            if len(entry) == 2:  # an entry no runner can start
+                refused.append((str(entry[0]), str(entry[1])))
+            elif len(entry) >= 3:
+                started.append((str(entry[0]), fields_of(entry[1:])))
+        return started, refused
+
 
 Started = tuple[str, dict[str, str]]  # a started job: its key and its fields
+Call = tuple[str, list[str], list[str]]  # a script's name, KEYS and ARGV
+
+# how a start went (runs_start's, or one of runs_start_moved's, runs_take_next's): the job's
+# fields after it ({}: final), a reason token (:func:`unrunnable_detail`), or the breaker's refusal
+Begun = dict[str, str] | str | BreakerOpen
+
+
+def fields_of(flat: list[Any] | dict[Any, Any]) -> dict[str, str]:
+    """A hash as a script returns it (a flat list), or as HGETALL does (a map in RESP3)."""
+    if isinstance(flat, dict):
+        return {str(k): str(v) for k, v in flat.items()}
+    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def start_call(
+    job_key: str, token: str, ttl_ms: int, runner_id: str, script_type: str, counted: bool
+) -> Call:
+    """The script, KEYS and ARGV that start one job (runs_start; its reply: :func:`begun`)."""
+    args = [token, str(ttl_ms), str(now()), runner_id, script_type, "1" if counted else ""]
+    return "runs_start", [job_key, keys.RUNNING], args
+
+
+def begun(reply: Any) -> Begun:  # noqa: ANN401 - a script's reply
+    """How a start went, from its reply (runs_start's, or a start's in runs_start_moved's)."""
+    if isinstance(reply, str):
+        return reply if (wait_ms := open_wait(reply)) is None else BreakerOpen(wait_ms)
+    return fields_of(reply)
+
+
+def moved_start(reply: Any) -> tuple[str | None, Begun | None]:  # noqa: ANN401
+    """runs_start_moved's reply (:meth:`NextJob.moved_args`): the entry it started (or refused)
+    and how; (None, None) if it moved nothing or did not run (a server that lost the script)."""
+    if isinstance(reply, list) and reply:
+        return str(reply[0]), begun(reply[1])
+    return None, None
 
 
 def unrunnable_detail(reason: str) -> str:
@@ -305,9 +370,6 @@ if any and ARGV[2] ~= '' then stats_apply(ARGV[2]) end
 if any and ARGV[3] ~= '' and not took(r2) then stats_apply(ARGV[3]) end
 return {{done, r2}}
 """
-
-
-Call = tuple[str, list[str], list[str]]  # a script's name, KEYS and ARGV
 
 
 def ends_then_take(

@@ -24,41 +24,34 @@ from bus.core.reasons import Reason
 from bus.core.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic import source
 from bus.store.atomic.runs import (
+    Begun,
     Call,
     Ending,
     NextJob,
     Started,
+    begun,
     ends_then_source,
     ends_then_take,
+    fields_of,
     finish_call,
     finish_local_call,
+    moved_start,
     requeue_call,
     retry_call,
+    start_call,
     then_source,
     then_take_next,
     unrunnable_detail,
 )
-from bus.store.atomic.type_breakers import BreakerOpen, config_value, open_wait
+from bus.store.atomic.type_breakers import config_value
 from bus.store.sentinel import SentinelTarget
 from bus.store.sync import SyncStore, SyncStoreError, Unconfirmed, connect, is_utf8
 
-__all__ = ["Begun", "SyncRuns", "SyncStoreError", "Unconfirmed", "connect"]
+__all__ = ["SyncRuns", "SyncStoreError", "Unconfirmed", "connect"]
 
 
 # job statistics' sums for an end: (applied with it, applied only if it leaves the runner idle)
 Sums = tuple[str, str]
-
-
-def _pairs(flat: list[Any] | dict[Any, Any]) -> dict[str, str]:
-    """A hash as a script returns it (a flat list), or as HGETALL does (a map in RESP3)."""
-    if isinstance(flat, dict):
-        return {str(k): str(v) for k, v in flat.items()}
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-
-# how a start went (runs_start): the job's fields after it ({}: the job is final), a reason
-# token (the entry names nothing to start), or the type's breaker refused it
-Begun = dict[str, str] | str | BreakerOpen
 
 
 def _entry(value: Any) -> str | bytes:  # noqa: ANN401
@@ -67,13 +60,6 @@ def _entry(value: Any) -> str | bytes:  # noqa: ANN401
     (bus/store/lane.py ``_restored``): no key of a job, refused by its exact value."""
     text = str(value)
     return text if is_utf8(text) else text.encode("utf-8", "surrogateescape")
-
-
-def _begun(reply: Any) -> Begun:  # noqa: ANN401
-    if isinstance(reply, str):
-        wait_ms = open_wait(reply)
-        return reply if wait_ms is None else BreakerOpen(wait_ms)
-    return _pairs(reply)
 
 
 @dataclass
@@ -137,8 +123,8 @@ class SyncRuns:
         removes the job from. With ``script_type``, refused (:class:`BreakerOpen`, nothing
         written) while that type's circuit breaker is open. ``counted``: the caller counts
         the start in its own sums (the script does not)."""
-        args = [token, str(ttl_ms), str(now()), runner_id, script_type, "1" if counted else ""]
-        return _begun(self._run("runs_start", [job_key, keys.RUNNING], args))
+        call = start_call(job_key, token, ttl_ms, runner_id, script_type, counted)
+        return begun(self._run(*call))
 
     def pop_started(
         self, source_list: str, inflight: str, timeout_s: float, held: int, nxt: NextJob
@@ -154,26 +140,22 @@ class SyncRuns:
         connection is dropped: redis-py's Sentinel connections do not disconnect then, and the
         next command would read this pop's reply as its own. The start may have run: the job's
         hash says (status 'started', its ``runner`` the token)."""
-        args = [str(held), nxt.token_base, str(nxt.ttl_ms), str(now()), nxt.runner_id]
-        args += [nxt.script_type, "1" if nxt.counts_starts else ""]
         name = "runs_start_moved"
         moved, started = self.store.block_then_script(
             ("BLMOVE", source_list, inflight, "RIGHT", "LEFT", timeout_s),
             name,
             _source(name),
             [inflight, keys.RUNNING],
-            args,
+            nxt.moved_args(held),
         )
-        entry, begun = None, None
-        if isinstance(started, list) and started:  # the script started (or refused) its head
-            entry, begun = str(started[0]), _begun(started[1])
+        entry, how = moved_start(started)
         if entry is not None and entry != moved:
             # another writer of ``inflight`` (there should be none) pushed what the script
             # started: given back, so that no job stays started by a slot that does not run it
-            if isinstance(begun, dict) and begun:
-                self.requeue(entry, int(begun["attempt"]), inflight, queues.queue_of(begun))
-            begun = None
-        return (None, None) if moved is None else (_entry(moved), begun)
+            if isinstance(how, dict) and how:
+                self.requeue(entry, int(how["attempt"]), inflight, queues.queue_of(how))
+            how = None
+        return (None, None) if moved is None else (_entry(moved), how)
 
     def give_back(self, inflight: str, job_key: str, queue: str) -> None:
         """A popped entry that may not start yet back at the consuming end of ``queue`` (the
@@ -256,22 +238,11 @@ class SyncRuns:
         return oks, [] if nxt is None else self._taken(taken, inflight, nxt)
 
     def _taken(self, taken: list[Any], inflight: str, nxt: NextJob) -> list[Started]:
-        """The jobs a take (runs_take_next) started; what it found besides is noted in
-        ``nxt`` (every list empty, the breaker open) or refused here (an entry no runner can
-        start, taken off already: dead-lettered)."""
-        if len(taken) == 2 and (wait_ms := open_wait(taken[1])) is not None:  # nothing taken
-            nxt.breaker_wait_ms = wait_ms
-            return []
-        if len(taken) == 1 and isinstance(taken[0], int):  # nothing queued
-            nxt.found_empty, nxt.held = True, taken[0]
-            return []
-        entries = taken[1:] if taken and taken[0] == "*" else [taken]
-        started: list[Started] = []
-        for entry in entries:
-            if len(entry) == 2:  # an entry no runner can start
-                self.refuse(inflight, str(entry[0]), str(entry[1]), "")
-            elif len(entry) >= 3:
-                started.append((str(entry[0]), _pairs(entry[1:])))
+        """The jobs a take (runs_take_next) started (:meth:`NextJob.read`); an entry it found
+        that no runner can start, taken off already, is refused here (dead-lettered)."""
+        started, refused = nxt.read(taken)
+        for key, reason in refused:
+            self.refuse(inflight, key, reason, "")
         return started
 
     def retry_later(self, ending: Ending, *, queue: str, due_ms: int, stats: str = "") -> bool:
@@ -366,7 +337,7 @@ class SyncRuns:
         if not head or self.held(inflight) <= held:
             return None
         moved = str(head[0])
-        fields = _pairs(self.store.command("HGETALL", moved))
+        fields = fields_of(self.store.command("HGETALL", moved))
         ours = fields.get("status") == JobStatus.STARTED.value
         ours = ours and fields.get("runner") == f"{token_base}:{moved}"
         return _entry(moved), fields if ours else None
@@ -379,7 +350,7 @@ class SyncRuns:
 
     def message_fields(self, message_key: str) -> dict[str, str]:
         """The hash of the message that carried a job (to answer it)."""
-        return _pairs(self.store.command("HGETALL", message_key))
+        return fields_of(self.store.command("HGETALL", message_key))
 
     def in_flight(self, inflight: str) -> list[tuple[str, dict[str, str]]]:
         """Every entry of the slot's in-flight list, with what deciding its fate reads of its
