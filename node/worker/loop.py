@@ -9,8 +9,9 @@ job, with a blocking client and no event loop:
 2. ``runs_start``: the attempt's fencing token and lease; then the job hash's admission stamp
    is checked (bus/core/admitted.py): a hash the node did not admit is dead-lettered
    ``not_admitted`` and ended in error, never run;
-3. run: a python job in this very interpreter (the warm worker), any other type as a
-   subprocess in its own process group (node/worker/job.py); a watch thread renews the
+3. run: in the slot's sandboxed worker (node/sandbox/host.py; node/sandbox/inner.py: by
+   default a python job in its warm job process, any other type spawned from there), as
+   node/worker/job.py prepares it in the slot's terms; a watch thread renews the
    lease, forwards live logs, enforces the timeout and stops the job on request; on a
    replicated store only once ``WAITAOF`` confirmed the start (``SyncRuns.confirm``): a start
    a failover lost would leave the job queued on the new primary, for another slot to run;
