@@ -142,6 +142,11 @@ def json_arg(value: object) -> str:
     return dumps_json(value).decode()
 
 
+def flat_fields(fields: Mapping[str, str]) -> list[str]:
+    """A hash's fields as a script or a command takes them: ``[field, value, ...]``."""
+    return [x for kv in fields.items() for x in kv]
+
+
 def loads_text(raw: str, what: str) -> Any:  # noqa: ANN401 - any JSON value
     """``json.loads``, refusing (ModelError naming ``what``) invalid JSON, nesting too deep
     for the parser, and strings that are not Unicode text (lone surrogate escapes)."""

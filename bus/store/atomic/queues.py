@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.core.models import Message, json_arg
+from bus.core.models import Message, flat_fields, json_arg
 from bus.store.atomic import ScriptCall, script
 
 if TYPE_CHECKING:
@@ -97,10 +97,6 @@ class JobWrite:
     queue: str
     fields: dict[str, str]
 
-    def flat_fields(self) -> list[str]:
-        """The fields as a script reads them: ``[field, value, ...]``."""
-        return [x for kv in self.fields.items() for x in kv]
-
 
 async def materialise_batch(
     store: Store,
@@ -131,7 +127,9 @@ async def materialise_batch(
             "seen": keys.seen(message.key),
             "nonce": keys.nonce(message.caller_id, message.nonce) if message.nonce else "",
             "event": "submitted" if _here(message) else "received",
-            "jobs": [{"key": j.key, "queue": j.queue, "fields": j.flat_fields()} for j in jobs],
+            "jobs": [
+                {"key": j.key, "queue": j.queue, "fields": flat_fields(j.fields)} for j in jobs
+            ],
         }
         for message, jobs in batch
     ]

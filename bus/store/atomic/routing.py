@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bus.core import keys
-from bus.core.models import Message, MessageStatus, json_arg
+from bus.core.models import Message, MessageStatus, flat_fields, json_arg
 from bus.store.atomic import script, source
 from bus.store.atomic.queues import JobWrite
 
@@ -49,10 +49,6 @@ __all__ = [
 ]
 
 
-def _flat(fields: dict[str, str]) -> list[str]:
-    return [x for kv in fields.items() for x in kv]
-
-
 async def deliver(
     store: Store,
     ctx: int,
@@ -70,7 +66,7 @@ async def deliver(
         return []
     args: list[str] = []
     for _, fields in messages:
-        args += [str(2 * len(fields)), *_flat(fields)]
+        args += [str(2 * len(fields)), *flat_fields(fields)]
     calls = [(script("routing_deliver"), [keys.MSG_IN, *(key for key, _ in messages)], args)]
     if durable_since is None:
         [found] = await store.scripts(ctx, calls)
@@ -146,7 +142,7 @@ def write_own_job(
     """Queue in ``tx`` the write of job hash ``job_key`` of message ``message_key`` (``fields``
     must name it as message_key), unless that key holds another message's job; ``count``: its
     job statistics are returned (``{written, [field, increment, ...]}``), not written."""
-    args = [message_key, "1" if count else "", *_flat(fields)]
+    args = [message_key, "1" if count else "", *flat_fields(fields)]
     return tx.eval(source("routing_write_own_job"), [job_key], args)
 
 
@@ -340,7 +336,7 @@ async def route(
         {
             "key": r.key,
             "to_msg_in": "1" if r.local else "",
-            "copies": [{"key": c.key, "fields": c.flat_fields()} for c in r.copies],
+            "copies": [{"key": c.key, "fields": flat_fields(c.fields)} for c in r.copies],
             "deadlines": [] if r.deadlines is None else _zadd_args(r.key, r.deadlines),
         }
         for r in routed

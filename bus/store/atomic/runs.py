@@ -27,7 +27,7 @@ from bus.core import keys
 from bus.core.attempts import Plan, Retry
 from bus.core.envelope import reply_text
 from bus.core.ids import now
-from bus.core.models import Message, json_arg
+from bus.core.models import Message, flat_fields, json_arg
 from bus.core.reasons import Reason
 from bus.store.atomic import script, source, sources
 from bus.store.atomic.type_breakers import BreakerOpen, open_wait
@@ -242,9 +242,8 @@ def finish_call(
     """The script, KEYS and ARGV of :func:`finish`. ``stats``: '' the script counts the
     attempt in the job statistics; else the sums a runner process counted itself
     (bus/core/stats.py: ``StatsBatch.encode``), applied instead."""
-    fields = [x for kv in answer_hash.items() for x in kv]
     key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer_key, keys.MSG_OUT]
-    return "runs_finish", key_list, [*ending.args(), stats, *fields]
+    return "runs_finish", key_list, [*ending.args(), stats, *flat_fields(answer_hash)]
 
 
 def finish_local_call(
@@ -510,9 +509,8 @@ async def answer_remote(
 ) -> bool:
     """Answer the attempt ``read`` with the signed result message ``answer`` (queued on
     msg_out); False if it was answered or changed meanwhile. Raises StoreError."""
-    flat = [x for kv in answer.to_hash().items() for x in kv]
     key_list = [*read.key_list(), answer.key, keys.MSG_OUT]
-    args = [*read.arg_list(), json_arg(result), *flat]
+    args = [*read.arg_list(), json_arg(result), *flat_fields(answer.to_hash())]
     return bool(await store.script(ctx, script("runs_answer_remote"), key_list, args))
 
 

@@ -19,7 +19,7 @@ import redis
 
 from bus.core import keys, queues
 from bus.core.ids import now
-from bus.core.models import JobStatus
+from bus.core.models import JobStatus, flat_fields
 from bus.core.reasons import Reason
 from bus.core.stats import RUNNER_FIELD, StatsBatch, totals_of
 from bus.store.atomic import source
@@ -369,7 +369,7 @@ class SyncRuns:
     def log_chunk(self, job_key: str, fields: dict[str, str], most: int) -> None:
         """One entry of a job's live log stream (``logs:<job>``), the stream capped at about
         ``most`` entries."""
-        flat = [x for kv in fields.items() for x in kv]
+        flat = flat_fields(fields)
         self.store.command("XADD", keys.logs(job_key), "MAXLEN", "~", most, "*", *flat)
 
     def log_end(self, job_key: str, status: str, most: int, ttl_s: int) -> None:
