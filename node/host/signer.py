@@ -22,11 +22,13 @@ it held the key itself (docs/use/runners.md). Like the node and its runners it i
 dumpable (node/host/hardening.py).
 
 The signer also tells the node, on a datagram socket of their own, which signature it made
-for which result (its message key): the node keeps them as they come in its one memory of the
-results signed here (:attr:`Signer.signed`, which its state holds), and its supervisor then does
-not verify that result again when it routes it (:func:`node.intake.messages.signed_here`), as it
-does not for the results it signs itself. A notice that cannot be sent at once is dropped (the
-node then verifies in full): a node that reads slowly never holds up a runner's answer.
+for which result (its message key). The notice is sent before the runner has its answer, so it
+waits in the socket before the result can be popped: the supervisor, the one reader, takes what
+waits when it routes a result (:meth:`Signer.hear`), keeps it in its one memory of the results
+signed here (:attr:`Signer.signed`, which its state holds), and then does not verify that
+result again (:func:`node.intake.messages.signed_here`), as it does not for the results it
+signs itself. A notice that cannot be sent at once (the socket holds ~160) is dropped (the node
+then verifies in full): a node that reads slowly never holds up a runner's answer.
 
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
 results it answers): moving those here too is future work (docs/security/
@@ -291,17 +293,16 @@ class Signer:
         self.signed = SignedResults()
         self.notices = notices  # where they come
 
-    def signature_for(self, message_key: str) -> dict[str, str] | None:
-        """The signature the signer made for the result ``message_key`` (forgotten then), if
-        it said so. The notices that wait in the socket are taken first: trio wakes tasks in
-        no fixed order, so the supervisor may pop a result before the task that hears the
-        notices has run, though the notice came before the result was written."""
+    def hear(self) -> None:
+        """Take the notices that wait in the socket into :attr:`signed`. Called by the one
+        reader, when a result needs them: a task of its own would race the supervisor for
+        them (trio wakes tasks in no fixed order), and a notice always waits before its
+        result can be popped."""
         while self.notices is not None:
             try:
                 self.took_notice(self.notices.recv(65536, socket.MSG_DONTWAIT))
             except OSError:  # none waiting (BlockingIOError), or the signer is gone
-                break
-        return self.signed.take(message_key)
+                return
 
     def took_notice(self, data: bytes) -> None:
         """Remember one notice of the signer (``{"key", "signature"}``); anything else is
@@ -350,7 +351,6 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
         theirs.close()
         told.close()
         control = trio.socket.from_stdlib_socket(ours)
-        notices = trio.socket.from_stdlib_socket(heard)
         try:
             assert proc.stdin is not None
             seed = key.seed
@@ -361,11 +361,8 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
                 raise NodeError(f"the signer process exited at start (code {await proc.wait()})")
             log.info("signer up, pid %d", proc.pid)
             signer = Signer(control, proc.pid, dumpable=up == b"up1", notices=heard)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_hear, notices, signer)
-                task_status.started(signer)
-                code = await proc.wait()
-                nursery.cancel_scope.cancel()
+            task_status.started(signer)
+            code = await proc.wait()
             raise NodeError(f"the signer process exited (code {code})")
         finally:
             with trio.CancelScope(shield=True):
@@ -373,17 +370,6 @@ async def run_signer(key: KeyPair, *, task_status: trio.TaskStatus[Signer]) -> N
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
-
-
-async def _hear(notices: trio.socket.SocketType, signer: Signer) -> None:
-    """Take the signer's notices as they come (one datagram each), until the socket fails
-    (the signer is gone: its exit ends the node's wait for it)."""
-    while True:
-        try:
-            data = await notices.recv(65536)
-        except OSError:
-            return
-        signer.took_notice(data)
 
 
 if __name__ == "__main__":

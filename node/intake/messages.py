@@ -259,13 +259,13 @@ def signed_here(node: NodeState, message: Message) -> bool:
     """True once if this node signed ``message`` (same key, same signature) since it started:
     itself (:func:`result_message`), or its signer for a runner process (the signer's notices,
     node/host/signer.py): the supervisor's shortcut, see check_outgoing. Both are one memory,
-    the state's ``recent.signed_results``, which the task that hears the notices fills as they come;
-    a signature not in it yet may still wait in the notices' socket, and is looked for there.
-    Bounded: what fell out, or was signed before a restart, is verified like any other."""
-    signature = node.recent.signed_results.take(message.key)
+    the state's ``recent.signed_results``; the signer's notices that wait in their socket are
+    taken into it first (the supervisor is their one reader). Bounded: what fell out, or was
+    signed before a restart, is verified like any other."""
     signer = node.identity.signer
-    if signature is None and signer is not None:
-        signature = signer.signature_for(message.key)
+    if signer is not None:
+        signer.hear()
+    signature = node.recent.signed_results.take(message.key)
     return signature is not None and message.signatures == [signature]
 
 

@@ -26,11 +26,11 @@ from node.config import NodeConfig
 from node.errors import NodeError
 from node.host.acl import ROLES, RUNNER, read_secret, role_url
 from node.host.hardening import admission_key_path, check_home, ensure_admission_key
-from node.host.signer import SignedResults, Signer, SignerClient, SignerGone, run_signer
+from node.host.signer import Signer, SignerClient, SignerGone, run_signer
 from node.intake.messages import signed_here
 from node.state import NodeState
 from tests.nodeproc import NodeProcess
-from tests.nodes import link_to, until
+from tests.nodes import link_to
 from tests.runners.test_runner_procs import runner_processes_of
 
 FORGED = {
@@ -265,7 +265,8 @@ async def test_the_signer_signs_a_batchs_results_in_one_request_each_checked_alo
                 await trio.to_thread.run_sync(client.sign_results, [results[0], bad])
         again = await trio.to_thread.run_sync(client.sign_results, results[:2])
         assert all(verify_message(m, key.public_hex).ok for m in again)
-        assert await until(lambda: all(r.key in signer.signed for r in results), 10)
+        signer.hear()  # the notices wait in the node's socket, each sent before its answer
+        assert all(r.key in signer.signed for r in results)
 
 
 async def test_a_request_nested_too_deep_is_refused_and_the_signer_goes_on(tmp_path):
@@ -292,22 +293,25 @@ async def test_a_request_nested_too_deep_is_refused_and_the_signer_goes_on(tmp_p
 async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
     """The signer tells the node which signature it made for which result: the supervisor
     routes that result without verifying it again (signed_here), once; a result carrying any
-    other signature under that key, or a key the signer never signed, is verified in full."""
+    other signature under that key, or a key the signer never signed, is verified in full.
+    The notice waits in the node's socket before the runner has its signature (so before its
+    result can be popped): the supervisor, its one reader, finds it with no task of its own."""
     key = KeyPair.generate()
     result = _result_of(key)
     async with _signer_and_runner(key) as (signer, client):
         signed = await trio.to_thread.run_sync(client.sign_result, result)
         node = SimpleNamespace(
             identity=SimpleNamespace(signer=signer),
-            recent=SimpleNamespace(signed_results=SignedResults()),
+            recent=SimpleNamespace(signed_results=signer.signed),  # one memory, as in NodeState
         )
-        assert await until(lambda: result.key in signer.signed, 10)
+        assert result.key not in signer.signed  # waits in the socket: no one took it yet
+        signer.hear()
+        assert result.key in signer.signed
         forged = replace(
             signed, signatures=[sign_message(result, KeyPair.generate()).signatures[0]]
         )
         assert not signed_here(node, forged)  # type: ignore[arg-type]  # (taken: once)
         signed_again = await trio.to_thread.run_sync(client.sign_result, result)
-        assert await until(lambda: result.key in signer.signed, 10)
         assert signed_here(node, signed_again)  # type: ignore[arg-type]
         assert not signed_here(node, signed_again)  # type: ignore[arg-type]  # once
         other = replace(signed, id=9)
@@ -317,26 +321,19 @@ async def test_the_node_knows_what_its_signer_signed_for_runners(tmp_path):
         assert 1 not in signer.signed
 
 
-def test_a_notice_heard_is_found_without_asking_the_signer(tmp_path, monkeypatch):
-    """The node's memory of results signed here is one: what the signer's notices said (taken
-    as they come) is found there like the node's own signatures, with no look into the notices'
-    socket (that only for a signature not heard yet); still once, and only that signature."""
+def test_a_notice_heard_is_found_in_the_nodes_one_memory(tmp_path):
+    """The node's memory of results signed here is one: what the signer's notices said is
+    found there like the node's own signatures; still once, and only that signature."""
     key = KeyPair.generate()
     signer = Signer(None, 0, dumpable=False)  # type: ignore[arg-type]  # no process: notices only
     node = NodeState(NodeConfig(home=tmp_path), key, None, signer=signer)  # type: ignore[arg-type]
     signed = sign_message(_result_of(key), key)
     notice = {"key": signed.key, "signature": signed.signatures[0]}
     signer.took_notice(json.dumps(notice).encode())
-
-    def not_asked(message_key: str) -> None:
-        raise AssertionError(f"asked the signer for {message_key}")
-
-    monkeypatch.setattr(signer, "signature_for", not_asked)
     forged = replace(signed, signatures=[sign_message(signed, KeyPair.generate()).signatures[0]])
     assert not signed_here(node, forged)  # (taken: once)
     signer.took_notice(json.dumps(notice).encode())
     assert signed_here(node, signed)
-    monkeypatch.undo()
     assert not signed_here(node, signed)  # once
 
 
