@@ -280,16 +280,20 @@ class Worker:
 
     def kill(self) -> None:
         """End the sandbox and every process in it now (any thread may call this)."""
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        below = pidfds_below(proc.pid, self.whole)
-        kill_pidfds(below)
-        kill_group(proc)
-        if self.leaf is not None:  # the tree at once, whatever left the pid namespace's view
-            self.leaf.kill()
+        # under the lock from before the first signal: the job's thread sees the worker die
+        # only after one, and its _retire must then find every pidfd taken here (a process it
+        # missed stays a zombie of this process, adopted from the pid namespace), while none
+        # is closed by a _retire before its signal is sent
         with self._lock:
+            proc = self.proc
+            if proc is None or proc.returncode is not None:
+                return
+            below = pidfds_below(proc.pid, self.whole)
             self._killed += below
+            kill_pidfds(below)
+            kill_group(proc)
+            if self.leaf is not None:  # the tree at once, whatever left the pid namespace's view
+                self.leaf.kill()
 
     def _retire(self, graceful: bool = False) -> None:
         """End and reap the worker (``graceful``: let it exit first, see

@@ -629,6 +629,29 @@ def test_a_retired_or_killed_worker_leaves_the_runner_no_zombie(tmp_path: Path, 
     assert report["left"] == []
 
 
+# the kill of _ADOPTER held open between its signals and its end: the job's thread sees the
+# worker die, and ends it and the sandbox, while the killing thread has not returned
+_SLOW_KILL = """
+import time
+import node.sandbox.spawn as spawn
+signalled = spawn.kill_group
+def kill_group_then_wait(proc):
+    signalled(proc)
+    time.sleep(0.5)
+spawn.kill_group = kill_group_then_wait
+"""
+
+
+@needs_root
+def test_a_worker_killed_from_another_thread_leaves_no_zombie_however_slow(tmp_path: Path) -> None:
+    """A kill (another thread's: a timeout, a stop) hands what it ends to the reaping before
+    its first signal, so the job's thread, which sees the worker die after that signal, reaps
+    every process the kill found, however long the killing thread takes to return."""
+    report = _as_runner(tmp_path, "strict", 2, _SLOW_KILL + _ADOPTER)
+    assert report["outs"] == [0, 0, 0, "killed"]
+    assert report["left"] == []
+
+
 # argv[5]: how the worker ends after its job: retired (``keep_spare``, as a runner does once
 # the job is answered) or stopped as a runner that leaves stops it (``stop(graceful=True)``)
 _SPENDER = """
