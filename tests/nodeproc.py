@@ -53,6 +53,10 @@ class NodeProcess:
         self.netns = netns
         self.listen_port = 7700 if netns else stable_port()
         self.valkey_port = 0 if netns else stable_port()
+        if not netns:
+            # probed and handed out like the others: the default (listen_port + an offset) is
+            # not, and another test's server may hold it when the node binds
+            init.setdefault("console_listen", f"127.0.0.1:{stable_port()}")
         self.config = init_home(
             home, name=name, listen_port=self.listen_port, valkey_port=self.valkey_port, **init
         )  # type: ignore[arg-type]
