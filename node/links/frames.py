@@ -223,16 +223,19 @@ class LinkHandler:
     # -- answers to what we sent -----------------------------------------------------------------
 
     async def _answered(self, link: Link, acks: Sequence[Ack], nacks: Sequence[Nack]) -> None:
-        """The peer's answer to messages we sent: all of them leave the outbox (one round
-        trip) and their places in the link's window open, the acked ones are marked
-        acknowledged (one round trip per context) and each refused one is failed with the
-        peer's reason."""
+        """The peer's answer to messages we sent: the acked ones are marked acknowledged (one
+        round trip per context), then all of them leave the outbox (one round trip) and their
+        places in the link's window open, and each refused one is failed with the peer's
+        reason. In that order: a node killed between the two keeps an entry whose ack it
+        recorded (sent again after its restart, the peer acks it again), never the reverse,
+        an entry gone with its message still unacknowledged, which its deadline service
+        would then fail while the peer runs it."""
+        await self._mark_acked(link, acks)
         answered = [keys.outbox_entry(a.ctx, a.key) for a in acks]
         answered += [keys.outbox_entry(n.ctx, n.key) for n in nacks]
         link.window.release(
             await records.remove_outbox_inflight(self.node.store, link.peer_id, answered)
         )
-        await self._mark_acked(link, acks)
         self._count("acks_received", len(acks))
         self._count("nacks_received", len(nacks))
         for nack in nacks:

@@ -14,10 +14,12 @@ from bus.core.frames import MAX_BATCH
 from bus.core.ids import now, now_ms
 from bus.core.models import JobStatus, Message
 from bus.core.submission import job_messages
+from bus.store import records
 from bus.store.atomic import routing
 from bus.store.connection import open_store
 from crypto import KeyPair, read_key_file
 from node.intake import deadlines
+from node.links import frames
 from node.links.frames import delivery_fields
 from node.state import WakeUps
 from tests.faults_proxy import TcpProxy
@@ -192,3 +194,46 @@ async def _stored_by_a_gone_boot(carol, peer: str, messages) -> None:  # noqa: A
     extra = delivery_fields(peer, "a boot that is gone", now())
     async with open_store(carol.info.redis_url) as store:
         await routing.deliver(store, 1, [(key, {**fields, **extra}) for key, fields in messages])
+
+
+class _Died(Exception):
+    """The node killed right after one step of applying a peer's acks."""
+
+
+@pytest.mark.parametrize("killed_after", ["mark_acked", "remove_outbox_inflight"])
+async def test_a_node_killed_applying_acks_keeps_no_entry_it_would_fail(
+    store, monkeypatch: pytest.MonkeyPatch, killed_after: str
+):
+    """Applying a peer's acks takes two round trips: the messages marked acknowledged, their
+    entries taken off the outbox's in-flight list. A node killed between them must not keep
+    a message unacknowledged whose entry is gone: nothing would send it again for a second
+    ack, and its deadline service would tell its client ``timeout_ack`` while the peer runs
+    it (told failed, but ran). So the ack is recorded first, and the entry left is sent again
+    after the restart (the peer acks a message it stored once more)."""
+    ctx, peer, key = 1, "ab" * 32, "message:5:7"
+    await store.hset(ctx, key, {"destination": peer, "status": "dispatched"})
+    await store.call(
+        0, lambda r: r.rpush(keys.outbox_inflight(peer), [keys.outbox_entry(ctx, key)])
+    )
+    module = routing if killed_after == "mark_acked" else records
+    step = getattr(module, killed_after)
+
+    async def then_die(*args, **kwargs):
+        await step(*args, **kwargs)
+        raise _Died
+
+    monkeypatch.setattr(module, killed_after, then_die)
+    node = SimpleNamespace(
+        store=store,
+        config=SimpleNamespace(valkey_databases=16),
+        counters=SimpleNamespace(count=lambda *_: None),
+    )
+    link = SimpleNamespace(peer_id=peer, window=SimpleNamespace(release=lambda _n: None))
+    with pytest.raises(_Died):
+        await frames.LinkHandler(node, {ctx}).on_frame(  # type: ignore[arg-type]
+            link,  # type: ignore[arg-type]
+            frames.Frame("acks", {"acks": [{"ctx": ctx, "key": key}], "nacks": []}),
+        )
+    status = (await store.hgetall(ctx, key))["status"]
+    left = await store.lrange(0, keys.outbox_inflight(peer))
+    assert status == "acknowledged" or left == [keys.outbox_entry(ctx, key)], (status, left)
