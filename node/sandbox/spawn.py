@@ -165,18 +165,23 @@ def spawn(spec: SandboxSpec, stderr: int | None) -> Started:
     if spec.mode != "strict" and os.getuid() != 0:
         nproc_base = _same_uid_processes() + 16
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    rfd, wfd = os.pipe()
-    arch = seccomp.native_arch()
-    if arch is not None:
-        os.write(wfd, seccomp.encode(seccomp.program(arch)))  # < a pipe's buffer
-    os.close(wfd)
-    leaf = _leaf(spec)
-    passed, wd = [rfd], -1
-    if spec.mode == "strict" and not spec.as_root:
-        # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
-        wd = os.open(spec.work_dir, os.O_PATH | os.O_DIRECTORY)
-        passed.append(wd)
+    passed: list[int] = []  # closed here whatever happens: the worker has its own copies
+    leaf: Leaf | None = None
     try:
+        rfd, wfd = os.pipe()
+        passed.append(rfd)
+        arch = seccomp.native_arch()
+        try:
+            if arch is not None:
+                os.write(wfd, seccomp.encode(seccomp.program(arch)))  # < a pipe's buffer
+        finally:
+            os.close(wfd)
+        leaf = _leaf(spec)
+        wd = -1
+        if spec.mode == "strict" and not spec.as_root:
+            # O_PATH: the node may not read a dir its context's uid owns 0700, only name it
+            wd = os.open(spec.work_dir, os.O_PATH | os.O_DIRECTORY)
+            passed.append(wd)
         argv = spec.argv(rfd, wd, _settings(spec, nproc_base, leaf))
         proc = subprocess.Popen(  # noqa: S603 - the planned sandbox
             enter_argv(leaf.procs_files(), argv) if leaf is not None else argv,

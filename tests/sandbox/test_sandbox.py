@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from bus.core.reasons import Reason
 from node.sandbox import seccomp
+from node.sandbox.cgroups import UNIFIED
 from node.sandbox.host import Sandbox
 from node.sandbox.limits import Limits, LimitsError, limits_for, parse_limits
 from node.sandbox.plan import (
@@ -40,7 +41,7 @@ from node.sandbox.settings import (
     context_settings,
     parse_sandbox,
 )
-from node.sandbox.spawn import SandboxLost, recycle_point
+from node.sandbox.spawn import SandboxLost, SandboxSpec, recycle_point, spawn
 from node.slot.outcomes import Ending, limit_reason
 
 BASE = 2_000_000_000
@@ -684,3 +685,17 @@ def test_an_ended_workers_cpu_is_counted_in_its_runner(tmp_path: Path, mode: str
     report = _as_runner(tmp_path, mode, 1 if way == "retired" else 1000, _SPENDER, way)
     assert (report["exit_code"], report["left"]) == (0, None)
     assert report["counted"] >= 0.2  # the job's 0.2 s of CPU at least
+
+
+def test_a_worker_that_cannot_start_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """A worker whose cgroup cannot be made is not started (SandboxLost), and its start
+    closes everything it opened for it: a runner that tries again and again must not run out
+    of descriptors."""
+    (tmp_path / "3").mkdir()  # a context's work dir is named after it
+    gone = {"version": "v2", "dirs": {UNIFIED: str(tmp_path / "no-cgroup-here")}, "prefix": "t"}
+    spec = SandboxSpec(mode="none", work_dir=str(tmp_path / "3"), cgroups=gone)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(SandboxLost, match="cgroup"):
+            spawn(spec, None)
+    assert sorted(os.listdir("/proc/self/fd")) == before
