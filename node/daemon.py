@@ -212,6 +212,7 @@ async def _run_services(
         on_refused=lambda _reason: node.counters.counted.set(),
         on_link=partial(_on_link, node),
         before_dial=node.peers.breakers.before_dial,
+        acks_out=node.pressure.inbound.owed.settle,
     )
     node.peers.transport = transport
     async with trio.open_nursery() as services:

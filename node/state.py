@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -383,6 +383,57 @@ class IntakeHold:
         return "; ".join(f"{cause}: {detail}" for cause, detail in sorted(self.held.items()))
 
 
+MAX_LOST_ACKS = 65_536  # acks a link never wrote, remembered until their message is popped
+
+
+class OwedAcks:
+    """Job messages a link stored in this boot whose ack has not left on it yet.
+
+    A message is stored and queued on ``msg_in`` before its ack is written (node/links/
+    frames.py), so the consumer may pop it first. If it ran then and this node died before
+    the ack left, its origin would tell its client ``timeout_ack`` while this node runs it.
+    So a link owes each ack from before the store (:meth:`owe`), its writer settles it once
+    written or never (:meth:`settle`, the link's ``acks_out``), and the consumer runs a job
+    message only once its ack was written (:meth:`written`); one whose ack never left is
+    held like one stored before a restart (node/intake/held.py), until a link acks it."""
+
+    def __init__(self, most_lost: int = MAX_LOST_ACKS) -> None:
+        self._owed: dict[tuple[int, str], trio.Event] = {}
+        self._lost: OrderedDict[tuple[int, str], None] = OrderedDict()
+        self._most_lost = most_lost
+
+    def owe(self, ctx: int, message_keys: Iterable[str]) -> None:
+        for key in message_keys:
+            self._lost.pop((ctx, key), None)
+            self._owed.setdefault((ctx, key), trio.Event())
+
+    def settle(self, acks: Iterable[Mapping[str, object]], written: bool) -> None:
+        """``acks`` (``{"ctx", "key"}``, as a link posts them) written to their link, or not."""
+        for ack in acks:
+            ctx, key = ack.get("ctx"), ack.get("key")
+            if not isinstance(ctx, int) or not isinstance(key, str):
+                continue
+            event = self._owed.pop((ctx, key), None)
+            if event is None:
+                continue
+            if not written:
+                self._lost[(ctx, key)] = None
+                while len(self._lost) > self._most_lost:
+                    self._lost.popitem(last=False)
+            event.set()
+
+    async def written(self, ctx: int, key: str) -> bool:
+        """Whether the ack of message ``key`` left on its link (waits while it is owed);
+        False once, for an ack its link never wrote."""
+        event = self._owed.get((ctx, key))
+        if event is not None:
+            await event.wait()
+        if (ctx, key) in self._lost:
+            del self._lost[(ctx, key)]
+            return False
+        return True
+
+
 @dataclass
 class Inbound:
     """Messages each peer's link delivered that wait in ``msg_in`` (in this boot's memory: a
@@ -393,6 +444,7 @@ class Inbound:
     _taken: trio.Event = field(default_factory=trio.Event)
     # by context: the hashes of the messages this process pushed on msg_in (links, supervisor)
     known: defaultdict[int, Known] = field(default_factory=lambda: defaultdict(Known))
+    owed: OwedAcks = field(default_factory=OwedAcks)  # acks of stored messages not yet written
 
     def delivered(self, peer: str, n: int) -> None:
         """``n`` more (or, negative, fewer) of ``peer``'s messages wait. A link counts a group

@@ -77,6 +77,13 @@ CONNECT_TIMEOUT_S = 5.0  # TCP + websocket upgrade; a dead peer must not hold th
 PING_INTERVAL_S = 5.0
 FrameHandler = Callable[["Link", Frame], Awaitable[None]]
 BadFrameHandler = Callable[["Link", str], Awaitable[None]]
+# the acks of a link written to it (True), or never (False: the link ended first)
+AcksHandler = Callable[[Sequence[dict[str, object]], bool], None]
+
+
+def _no_acks_handler(_acks: Sequence[dict[str, object]], _written: bool) -> None:
+    pass
+
 
 _ANSWER_PING = WebSocketConnection._handle_ping_event
 
@@ -176,6 +183,9 @@ class Link:
     traffic: Traffic = field(default_factory=Traffic)  # the peer's, once registered
     # what the outbox sent on this link and the peer has not acked yet (bus/wire/outbox.py)
     window: Window = field(default_factory=Window)
+    # told which acks were written and which never will be (the node runs no job message
+    # before its ack has left: node/state.py OwedAcks)
+    acks_out: AcksHandler = _no_acks_handler
     _writer: FrameWriter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -228,11 +238,25 @@ class Link:
             await trio.lowlevel.checkpoint()
             self._post_ready = trio.Event()
             batch, self._posted = self._posted, []
+            acks: list[dict[str, object]] = []
             if not self._more or len(self._acks) + len(self._nacks) >= HELD_ANSWERS:
                 batch += answer_frames(self._acks, self._nacks)
-                self._acks, self._nacks = [], []
+                acks, self._acks, self._nacks = self._acks, [], []
             if batch:  # in one write: one TLS record and one socket call for them all
-                await self._send([frame.encode() for frame in batch])
+                try:
+                    await self._send([frame.encode() for frame in batch])
+                except BaseException:
+                    if acks:
+                        self.acks_out(acks, False)
+                    raise
+                if acks:
+                    self.acks_out(acks, True)
+
+    def unwritten(self) -> None:
+        """The link ended: the acks still posted never leave on it."""
+        acks, self._acks = self._acks, []
+        if acks:
+            self.acks_out(acks, False)
 
     async def send(self, frame_type: str, **body: object) -> None:
         """Send one frame; TransportError if the link is gone."""
@@ -370,6 +394,7 @@ class Transport:
         on_refused: Callable[[str], None] | None = None,
         on_link: Callable[[str, bool], None] | None = None,
         before_dial: Callable[[str], Awaitable[None]] | None = None,
+        acks_out: AcksHandler | None = None,
     ) -> None:
         self.key = key
         self.node_id = key.public_hex
@@ -395,6 +420,8 @@ class Transport:
         # ``before_dial(peer)`` returns when the next dial may start
         self._on_link = on_link or (lambda _peer, _up: None)
         self._before_dial = before_dial
+        # told by every link of the acks it wrote and of those it never will
+        self._acks_out = acks_out
         # the hosts we dial peers at: a connection from one skips the listener's total cap
         self._peer_hosts: dict[str, str] = {}
         limits = GateLimits(
@@ -734,6 +761,8 @@ class Transport:
 
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
+        if self._acks_out is not None:
+            link.acks_out = self._acks_out
         self._register(link)
         self.states.up(
             link.peer_id, link.encryption, "" if link.encryption else self.config.plaintext_why
@@ -753,6 +782,7 @@ class Transport:
                 await self._read(link)
                 nursery.cancel_scope.cancel()
         finally:
+            link.unwritten()
             self._unregister(link)
             if self.link(link.peer_id) is None:  # no link the other way either
                 self.states.down(link.peer_id, "link closed")

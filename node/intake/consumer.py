@@ -16,7 +16,7 @@ from typing import NoReturn
 import trio
 
 from bus.core import keys, spans
-from bus.core.deadlines import unacknowledged
+from bus.core.deadlines import RECEIVED_FROM, unacknowledged
 from bus.core.envelope import ResultBody
 from bus.core.models import Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
@@ -128,7 +128,9 @@ async def handle_incoming(
         return message, body
     if message.message_type in (MessageType.JOB, MessageType.FLOW_JOB):
         peer = unacknowledged(node.identity.boot, message, stored)
-        if peer:  # stored before a restart, maybe never acknowledged: not run until it is
+        if not peer and not await node.pressure.inbound.owed.written(ctx, message.key):
+            peer = stored.get(RECEIVED_FROM, "")  # its link ended before its ack was written
+        if peer:  # maybe never acknowledged (that, or a restart): not run until it is
             await hold(node, ctx, message, peer, keys.inflight(SERVICE))
             return Done.ACKED
         return message

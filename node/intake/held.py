@@ -17,7 +17,7 @@ it, and :func:`run_held`, one per context, gives back what ``msg_held`` holds:
 - to a peer whose link is up: it acknowledges the messages on that link (an ack the origin had
   already changes nothing there: bus/store/atomic/lua/routing_ack.lua), then queues them on
   ``msg_in`` again as acknowledged in this boot, where the consumer admits them under the usual
-  ack deadline;
+  ack deadline once the link has written their acks (held again if it never does);
 - past its ack deadline: queued again unacknowledged, the consumer refuses it as ``expired``
   (its origin tells its client it failed, and it never ran).
 
@@ -32,7 +32,6 @@ from typing import NoReturn
 import trio
 
 from bus.core.deadlines import ack_deadline
-from bus.core.frames import MAX_BATCH
 from bus.core.ids import now
 from bus.core.models import Message
 from bus.store.atomic import routing
@@ -46,8 +45,8 @@ async def hold(node: NodeState, ctx: int, message: Message, peer: str, inflight:
     acknowledged it to ``peer`` (:func:`run_held`)."""
     await routing.hold(node.store, ctx, inflight, message.key, peer, ack_deadline(message))
     log.info(
-        "%s held: stored from %s… before a restart, maybe never acknowledged; runs once "
-        "acknowledged on a link",
+        "%s held: stored from %s…, maybe never acknowledged (a restart, or its link ended "
+        "before its ack was written); runs once acknowledged on a link",
         message.key,
         peer[:16],
         extra={"message_key": message.key, "ctx": ctx, "peer": peer},
@@ -94,11 +93,12 @@ async def release_due(node: NodeState, ctx: int) -> int | None:
         link = transport.link(peer) if transport is not None else None
         if link is None:
             continue
-        # acknowledged first, queued after: none of them runs before its ack is on its way;
-        # in frames of at most MAX_BATCH keys, as a peer accepts them (bus/core/frames.py)
-        for start in range(0, len(message_keys), MAX_BATCH):
-            chunk = message_keys[start : start + MAX_BATCH]
-            link.post("acks", acks=[{"ctx": ctx, "key": k} for k in chunk], nacks=[])
+        # acknowledged first, queued after, and owed until the link wrote the acks: none of
+        # them runs before (node/state.py OwedAcks); the link writes them in frames of at
+        # most MAX_BATCH keys, as a peer accepts them (bus/core/frames.py)
+        node.pressure.inbound.owed.owe(ctx, message_keys)
+        link.post_answers([{"ctx": ctx, "key": k} for k in message_keys], [])
+        link.answer_now()
         node.counters.count("acks_sent", len(message_keys))
         given = await routing.release(
             node.store, ctx, [(peer, k) for k in message_keys], node.identity.boot

@@ -114,16 +114,22 @@ class LinkHandler:
             await self._room_for(link)
         epoch = self.node.store.epoch  # a failover while storing them voids the acks
         last = len(by_ctx) - 1
+        owed = self.node.pressure.inbound.owed  # none runs before its ack is written
         for i, (ctx, group) in enumerate(by_ctx.items()):
             # acknowledged means durable (on a replicated store: fsynced here and on a
             # replica): the last context's delivery returns once one WAITAOF on its
             # connection confirms it and, the contexts stored one after another, the others
             # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
             since = epoch if i == last else None
-            stored = await self._store(link.peer_id, ctx, group, since)
+            owed.owe(ctx, (key for key, _ in group))
+            acks.extend({"ctx": ctx, "key": key} for key, _ in group)
+            try:
+                stored = await self._store(link.peer_id, ctx, group, since)
+            except BaseException:
+                owed.settle(acks, written=False)
+                raise
             self._count("delivered", sum(stored))
             self._count("redelivered", len(group) - sum(stored))
-            acks.extend({"ctx": ctx, "key": key} for key, _ in group)
             for (key, _), new in zip(group, stored, strict=True):
                 log.info(
                     "received %s from %s…%s",

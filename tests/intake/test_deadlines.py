@@ -17,6 +17,7 @@ from bus.core.submission import job_messages
 from bus.store import records
 from bus.store.atomic import routing
 from bus.store.connection import open_store
+from bus.wire.transport import Link
 from crypto import KeyPair, read_key_file
 from node.intake import deadlines
 from node.links import frames
@@ -169,6 +170,53 @@ async def test_held_messages_are_acknowledged_in_frames_the_peer_accepts(node_fa
             await tick(alice.store)
     assert counters.get("bad_frames", 0) == 0
     assert counters["acks_received"] >= count
+
+
+async def test_a_message_whose_ack_never_left_runs_only_once_acknowledged(node_factory, nursery):
+    """carol's link stored a job message from alice and queued it, then ended before its
+    writer wrote the ack (a kill there, a link lost). Her consumer, in the same boot, must not
+    run it: alice never heard of it and tells its client ``timeout_ack`` at the deadline. It
+    is held until a link acknowledges it, then runs once. Without the owed ack, carol's
+    consumer runs it at once, acknowledged in this boot as far as the store says."""
+    alice, carol, proxy, actor = await _carol_stopped_behind_a_cut_link(node_factory, nursery)
+    carol = await node_factory("carol", again=carol)
+    message = await alice.client.submit_job(
+        actor, 1, to="carol", context_id=1, script_type="sh", script="true"
+    )
+    state = carol.info.state
+    ack = {"ctx": 1, "key": message.key}
+    state.pressure.inbound.owed.owe(1, [message.key])  # as carol's link did before storing
+    extra = delivery_fields(alice.node_id, state.identity.boot, now())
+    await routing.deliver(carol.store, 1, [(message.key, {**message.to_hash(), **extra})])
+    with trio.fail_after(20):  # popped by the consumer, which waits for its ack's fate
+        while await carol.store.llen(1, keys.MSG_IN):
+            await tick(carol.store)
+    await tick(carol.store)
+    assert not await carol.store.exists(1, message.job[0].key)  # not run while its ack is owed
+    state.pressure.inbound.owed.settle([ack], written=False)  # the link ended first
+    with trio.fail_after(20):
+        while message.key not in [key for _, key, _ in await routing.held(carol.store, 1)]:
+            await tick(carol.store)
+    assert not await carol.store.exists(1, message.job[0].key)  # not materialised: not run
+
+    await proxy.restore()  # a link comes up: acknowledged, then run, once
+    with trio.fail_after(30):
+        [result] = await alice.client.wait_results(message, timeout_s=30)
+    assert result.status is JobStatus.FINISHED
+    assert (await carol.store.hgetall(1, message.job[0].key))["attempt"] == "1"
+    assert (await alice.store.hgetall(1, message.key)).get("acked_at")
+
+
+def test_a_link_says_which_acks_it_never_wrote():
+    """The acks still posted when a link ends are reported unwritten, once."""
+    told: list[tuple[list[dict[str, object]], bool]] = []
+    never_written = SimpleNamespace(is_client=True)
+    link = Link("ab" * 32, never_written, initiator=True)  # type: ignore[arg-type]
+    link.acks_out = lambda acks, written: told.append((list(acks), written))
+    link.post_answers([{"ctx": 1, "key": "message:1:2"}], [{"ctx": 1, "key": "message:1:3"}])
+    link.unwritten()
+    link.unwritten()
+    assert told == [([{"ctx": 1, "key": "message:1:2"}], False)]
 
 
 async def _carol_stopped_behind_a_cut_link(node_factory, nursery):  # noqa: ANN001, ANN202
