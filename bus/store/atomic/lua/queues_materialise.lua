@@ -128,12 +128,7 @@ for i, m in ipairs(batch) do
     -- a pcall: the batch's queue entries, markers and ack come after, and must not hang on a
     -- message key turned into another type under us
     redis.pcall('HSET', m.key, 'status', 'acknowledged', 'updated_at', ARGV[2])
-    marked[m.seen] = true
-    markers[#markers + 1], markers[#markers + 2] = m.seen, '1'
-    if m.nonce ~= '' then
-      marked[m.nonce] = true
-      markers[#markers + 1], markers[#markers + 2] = m.nonce, m.key
-    end
+    replay_note(markers, marked, m.seen, m.nonce, m.key)
     acked[#acked + 1] = m.key
   end
   out[i] = code

@@ -22,3 +22,13 @@ local function replay_mark(flat, window_s)
                unpack(flat, i, last))
   end
 end
+-- replay_note(flat, marked, seen, nonce, key): an accepted message's markers, added to flat
+-- (for replay_mark) and to marked (what the batch's later messages find marked already)
+local function replay_note(flat, marked, seen, nonce, key)
+  marked[seen] = true
+  flat[#flat + 1], flat[#flat + 2] = seen, '1'
+  if nonce ~= '' then
+    marked[nonce] = true
+    flat[#flat + 1], flat[#flat + 2] = nonce, key
+  end
+end

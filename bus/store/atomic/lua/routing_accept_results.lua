@@ -70,12 +70,7 @@ local verdicts, markers, acked = {}, {}, {}
 for i, r in ipairs(batch) do
   verdicts[i] = accept(r)
   if verdicts[i][1] == 'ok' then
-    marked[r.seen] = true
-    markers[#markers + 1], markers[#markers + 2] = r.seen, '1'
-    if r.nonce ~= '' then
-      marked[r.nonce] = true
-      markers[#markers + 1], markers[#markers + 2] = r.nonce, r.key
-    end
+    replay_note(markers, marked, r.seen, r.nonce, r.key)
     acked[#acked + 1] = r.key
   end
 end
