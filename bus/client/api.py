@@ -568,7 +568,7 @@ class Client:
         elif "received_at" in fields and await records.is_held(
             store, context_id, fields.get("received_from", ""), key
         ):
-            state = "held (stored before a restart; runs once acknowledged again to its peer)"
+            state = "held (its ack may never have left; runs once acknowledged again to its peer)"
         elif "received_at" in fields:
             state = "received"
         elif "acked_at" in fields or fields.get("status") == "acknowledged":
