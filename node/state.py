@@ -384,6 +384,9 @@ class IntakeHold:
 
 
 MAX_LOST_ACKS = 65_536  # acks a link never wrote, remembered until their message is popped
+# how long after a link owed an ack the consumer waits for it to be written; then it holds the
+# message (a peer that stops reading blocks its link's writer: it delays no one else longer)
+ACK_GRACE_S = 2.0
 
 
 class OwedAcks:
@@ -394,18 +397,22 @@ class OwedAcks:
     the ack left, its origin would tell its client ``timeout_ack`` while this node runs it.
     So a link owes each ack from before the store (:meth:`owe`), its writer settles it once
     written or never (:meth:`settle`, the link's ``acks_out``), and the consumer runs a job
-    message only once its ack was written (:meth:`written`); one whose ack never left is
-    held like one stored before a restart (node/intake/held.py), until a link acks it."""
+    message only once its ack was written (:meth:`written`); one whose ack never left, or
+    not within ``grace_s`` of the store, is held like one stored before a restart
+    (node/intake/held.py), until a link acks it."""
 
-    def __init__(self, most_lost: int = MAX_LOST_ACKS) -> None:
-        self._owed: dict[tuple[int, str], trio.Event] = {}
+    def __init__(self, most_lost: int = MAX_LOST_ACKS, grace_s: float = ACK_GRACE_S) -> None:
+        self._owed: dict[tuple[int, str], tuple[float, trio.Event]] = {}
         self._lost: OrderedDict[tuple[int, str], None] = OrderedDict()
         self._most_lost = most_lost
+        self.grace_s = grace_s
 
     def owe(self, ctx: int, message_keys: Iterable[str]) -> None:
+        since = trio.current_time()  # owed again: its grace starts again
         for key in message_keys:
             self._lost.pop((ctx, key), None)
-            self._owed.setdefault((ctx, key), trio.Event())
+            owed = self._owed.get((ctx, key))
+            self._owed[(ctx, key)] = (since, owed[1] if owed is not None else trio.Event())
 
     def settle(self, acks: Iterable[Mapping[str, object]], written: bool) -> None:
         """``acks`` (``{"ctx", "key"}``, as a link posts them) written to their link, or not."""
@@ -413,9 +420,10 @@ class OwedAcks:
             ctx, key = ack.get("ctx"), ack.get("key")
             if not isinstance(ctx, int) or not isinstance(key, str):
                 continue
-            event = self._owed.pop((ctx, key), None)
-            if event is None:
+            owed = self._owed.pop((ctx, key), None)
+            if owed is None:
                 continue
+            event = owed[1]
             if not written:
                 self._lost[(ctx, key)] = None
                 while len(self._lost) > self._most_lost:
@@ -423,11 +431,15 @@ class OwedAcks:
             event.set()
 
     async def written(self, ctx: int, key: str) -> bool:
-        """Whether the ack of message ``key`` left on its link (waits while it is owed);
-        False once, for an ack its link never wrote."""
-        event = self._owed.get((ctx, key))
-        if event is not None:
-            await event.wait()
+        """Whether the ack of message ``key`` left on its link (waits while it is owed, up to
+        ``grace_s`` after it was owed); False for an ack its link never wrote, or not yet."""
+        owed = self._owed.get((ctx, key))
+        if owed is not None:
+            since, event = owed
+            with trio.move_on_at(since + self.grace_s):
+                await event.wait()
+            if not event.is_set():
+                return False
         if (ctx, key) in self._lost:
             del self._lost[(ctx, key)]
             return False

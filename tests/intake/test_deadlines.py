@@ -22,7 +22,7 @@ from crypto import KeyPair, read_key_file
 from node.intake import deadlines
 from node.links import frames
 from node.links.frames import delivery_fields
-from node.state import WakeUps
+from node.state import OwedAcks, WakeUps
 from tests.faults_proxy import TcpProxy
 from tests.nodes import link_to, tick
 from tests.scripts import announcing, wait_announced
@@ -285,3 +285,22 @@ async def test_a_node_killed_applying_acks_keeps_no_entry_it_would_fail(
     status = (await store.hgetall(ctx, key))["status"]
     left = await store.lrange(0, keys.outbox_inflight(peer))
     assert status == "acknowledged" or left == [keys.outbox_entry(ctx, key)], (status, left)
+
+
+async def test_an_ack_not_written_in_its_grace_holds_its_message_and_no_other(autojump_clock):
+    """A peer that stops reading blocks its link's writer, and so the acks it is owed: the
+    consumer waits at most ``grace_s`` from when they were owed (then it holds the message),
+    once for all of them, not once per message; an ack written in time says so."""
+    owed = OwedAcks(grace_s=2.0)
+    owed.owe(1, [f"message:1:{n}" for n in range(100)])
+    owed.owe(1, ["message:1:written"])
+    owed.settle([{"ctx": 1, "key": "message:1:written"}], written=True)
+    start = trio.current_time()
+    assert await owed.written(1, "message:1:written")
+    assert [await owed.written(1, f"message:1:{n}") for n in range(100)] == [False] * 100
+    assert trio.current_time() - start == pytest.approx(2.0)
+    owed.owe(1, ["message:1:0"])  # owed again (released from msg_held): a new grace
+    await trio.sleep(1.0)
+    owed.settle([{"ctx": 1, "key": "message:1:0"}], written=True)
+    assert await owed.written(1, "message:1:0")
+    assert await owed.written(1, "message:1:never-owed")
