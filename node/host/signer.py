@@ -24,11 +24,12 @@ dumpable (node/host/hardening.py).
 The signer also tells the node, on a datagram socket of their own, which signature it made
 for which result (its message key). The notice is sent before the runner has its answer, so it
 waits in the socket before the result can be popped: the supervisor, the one reader, takes what
-waits when it routes a result (:meth:`Signer.hear`), keeps it in its one memory of the results
-signed here (:attr:`Signer.signed`, which its state holds), and then does not verify that
-result again (:func:`node.intake.messages.signed_here`), as it does not for the results it
-signs itself. A notice that cannot be sent at once (the socket holds ~160) is dropped (the node
-then verifies in full): a node that reads slowly never holds up a runner's answer.
+waits when it routes a result it has no signature for yet (:meth:`Signer.hear`), keeps it in
+its one memory of the results signed here (:attr:`Signer.signed`, which its state holds), and
+then does not verify that result again (:func:`node.intake.messages.signed_here`), as it does
+not for the results it signs itself. A notice that cannot be sent at once (the socket holds
+~160) is dropped (the node then verifies in full): a node that reads slowly never holds up a
+runner's answer.
 
 The node still holds the key itself for its own signatures (links' handshakes, flow jobs,
 results it answers): moving those here too is future work (docs/security/

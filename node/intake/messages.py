@@ -259,13 +259,14 @@ def signed_here(node: NodeState, message: Message) -> bool:
     """True once if this node signed ``message`` (same key, same signature) since it started:
     itself (:func:`result_message`), or its signer for a runner process (the signer's notices,
     node/host/signer.py): the supervisor's shortcut, see check_outgoing. Both are one memory,
-    the state's ``recent.signed_results``; the signer's notices that wait in their socket are
-    taken into it first (the supervisor is their one reader). Bounded: what fell out, or was
-    signed before a restart, is verified like any other."""
-    signer = node.identity.signer
-    if signer is not None:
-        signer.hear()
+    the state's ``recent.signed_results``; on a miss, the signer's notices that wait in their
+    socket are taken into it (the supervisor is their one reader), and it is looked at again.
+    Bounded: what fell out, or was signed before a restart, is verified like any other."""
     signature = node.recent.signed_results.take(message.key)
+    signer = node.identity.signer
+    if signature is None and signer is not None:
+        signer.hear()  # a batch's notices all at once: its other results find theirs above
+        signature = node.recent.signed_results.take(message.key)
     return signature is not None and message.signatures == [signature]
 
 
