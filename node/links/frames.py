@@ -17,7 +17,7 @@ from bus.core import keys, spans
 from bus.core.deadlines import ACKED_IN, RECEIVED_FROM
 from bus.core.frames import Ack, Frame, MsgItem, Nack, answers_of, fields_are_strings, msgs_of
 from bus.core.ids import now
-from bus.core.models import Hash, MessageStatus
+from bus.core.models import Hash, MessageStatus, MessageType
 from bus.core.reasons import Reason
 from bus.core.tracecontext import message_trace
 from bus.store import records
@@ -30,6 +30,10 @@ from node.links.trace import TraceDesk
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
+
+# the messages the consumer runs only once their ack was written (node/state.py OwedAcks): the
+# others run nothing, and an ack owed for them would be remembered with no one to take it
+RUN = (MessageType.JOB.value, MessageType.FLOW_JOB.value)
 
 
 class LinkHandler:
@@ -121,7 +125,7 @@ class LinkHandler:
             # connection confirms it and, the contexts stored one after another, the others
             # (bus/store/durable.py); NotDurable ends the link unacked and the peer resends
             since = epoch if i == last else None
-            owed.owe(ctx, (key for key, _ in group))
+            owed.owe(ctx, (key for key, fields in group if fields.get("message_type") in RUN))
             acks.extend({"ctx": ctx, "key": key} for key, _ in group)
             try:
                 stored = await self._store(link.peer_id, ctx, group, since)
