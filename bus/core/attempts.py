@@ -281,8 +281,3 @@ def ended_as(plan: Plan) -> str:
     """How the plan ends the attempt, as the job statistics and the breakers count it:
     ``retry``, ``finished`` or ``error``."""
     return "retry" if isinstance(plan, Retry) else plan.body.status.value
-
-
-def ended_counter(plan: Plan) -> str:
-    """The node's counter (hero-node status) of an attempt the plan ended."""
-    return "job_retries" if isinstance(plan, Retry) else "jobs_" + plan.body.status.value

@@ -88,6 +88,8 @@ def print_text(facts: dict[str, Any]) -> None:
     for ctx, of_ctx in facts["contexts"].items():
         lens = [f"{name}={length}" for name, length in of_ctx["lists"].items()]
         print(f"  context {ctx}: {' '.join(lens)}")
+        ended = " ".join(f"{status}={n}" for status, n in of_ctx["ended"].items())
+        print(f"    attempts ended here: {ended}")
         print(f"    {_disk_text(facts.get('disks', {}).get(str(ctx)))}")
         print(f"    {quota_text(of_ctx['quotas'])}")
         for runner in of_ctx["runners"]:
@@ -208,9 +210,12 @@ def _type_breaker(script_type: str, b: dict[str, Any]) -> str:
 
 
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
-    """The lengths of a context's message lists and job queues, its live runners (those
-    with a presence key: type, busy with which jobs) and its script types' circuit breakers
+    """The lengths of a context's message lists and job queues, how the attempts its runners
+    and node ended went (``ended``: finished, error, retry; the job statistics, which count
+    every end in the script that records it), its live runners (those with a presence key:
+    type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
+    from bus.core.stats import ended_counts
     from bus.store import records
     from bus.store.atomic import type_breakers
     from bus.store.presence import live_runners
@@ -228,6 +233,7 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     return {
         "quotas": await records.quota_depths(store, ctx),  # with their bounds: status_facts
         "lists": lens,
+        "ended": ended_counts(await records.job_stats(store, ctx)),
         "runners": runners,
         "type_breakers": {t: b.to_json() for t, b in breakers.items()},
     }

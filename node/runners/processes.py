@@ -14,8 +14,9 @@ Per slot, a task in the context's nursery:
   exit (trio waits on a pidfd: no polling); a process that exits is started again: at once
   after a recycle (exit 0 after ``RECYCLE_JOBS`` jobs), after a backoff if it keeps dying;
 * starts it ``runner_nice`` steps below the node's CPU priority (:func:`lower_priority`);
-* reads its reports (jobs taken, for the supervisor's backpressure; retries scheduled, for
-  the retry scheduler), a line per few jobs (``taken_every``);
+* reads its reports (jobs taken, for the supervisor's backpressure, a line per
+  ``taken_every`` jobs; retries scheduled, for the retry scheduler; the counters of rare
+  events): a lone job's runner reports nothing, its end is in the job statistics;
 * relays stop requests, wake-ups (a job queued on a priority or targeted list) and a new
   primary the Sentinels named (the process leaves the old one at once);
 * at shutdown: SIGTERM when intake stops (the running job finishes; an idle process exits at
@@ -300,7 +301,7 @@ async def _cancel_at_exit(proc: trio.Process, scope: trio.CancelScope) -> None:
 
 async def _read_reports(node: NodeState, ctx: int, proc: trio.Process, up: trio.Event) -> None:
     """The process's report lines: ``up`` (ready), ``t<n>`` jobs taken, ``c{json}`` counters
-    (jobs_finished, jobs_error, job_retries, stale_results), ``r`` a retry scheduled."""
+    (stale_results, batch_takes, jobs_not_admitted), ``r`` a retry scheduled."""
     assert proc.stdout is not None
     buffer = b""
     while chunk := await proc.stdout.receive_some(4096):

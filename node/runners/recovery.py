@@ -30,7 +30,6 @@ from bus.core.attempts import (
     Retry,
     RetryPolicy,
     ended_as,
-    ended_counter,
     plan_ending,
 )
 from bus.core.ids import ms_after, now, now_ms
@@ -105,7 +104,6 @@ async def conclude(
         node.counters.count("stale_results")
         log.warning("%s: result of superseded attempt %d refused", job.key, attempt)
     else:
-        node.counters.count(ended_counter(plan))
         await attempt_ended(
             node.store, here, ctx, job, attempt, started_at, ended_as(plan), outcome.reason
         )

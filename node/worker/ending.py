@@ -6,11 +6,14 @@ plan_ending) in one Lua call with the next job's take, keeps the outcome on disk
 what a cut call may have taken. The watch thread may end a python job's attempt too, just
 before the process exits: a lock lets one of them end it.
 
-And what the process reports of its attempts (:class:`Reports`): to the node, how many jobs it
-took (the supervisor's backpressure waits for that) and how they ended (the node's counters,
-``hero-node status``); to Valkey, the job statistics it counted itself (bus/core/stats.py),
-handed over with an end's script every ``taken_every`` jobs or once per lease beat, and
-whenever it goes idle, not per job. Its log lines go to the node's stderr in the node's level
+And what the process reports of its attempts (:class:`Reports`): to Valkey, the job
+statistics it counted itself (bus/core/stats.py: how many it started and how each ended, what
+``hero-node status`` and the metrics read), handed over with an end's script every
+``taken_every`` jobs or once per lease beat, and whenever it goes idle, not per job; to the
+node, every ``taken_every`` jobs, how many it took (the supervisor's backpressure waits for
+that), and the rare events the statistics do not hold (a superseded attempt's result refused,
+a batch taken, a hash not admitted). A lone job tells the node nothing: its end is in the
+statistics its last script wrote. Its log lines go to the node's stderr in the node's level
 and format (node/observe/logs.py; ``hero-node run --log-format json`` gives one JSON object per
 line whichever process wrote it), each carrying its fields as the node's lines do
 (:func:`line_fields`).
@@ -370,10 +373,9 @@ class Ender:
     def _log_end(self, ran: Ran, retry: bool, ok: bool) -> None:
         job, outcome = ran.job, ran.outcome
         took_ms = (time.monotonic() - ran.began) * 1000
-        name = "job_retries" if retry else "jobs_" + outcome.status.value
-        name = name if ok else "stale_results"
-        self.reports.count(name)
-        if ok and not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
+        if not ok:  # an end that counts is in the statistics: only a refusal is told
+            self.reports.count("stale_results")
+        elif not log.isEnabledFor(logging.INFO):  # a refusal warns, an end informs
             return
         status = "retry" if retry else outcome.status.value
         about = self.fields(job.key, outcome.reason, status=status, duration_ms=round(took_ms, 1))
@@ -490,10 +492,17 @@ class Reports:
                 self.runs.add_stats(self.totals, self.spec.slot_id)
 
     def flush(self, *, idle: bool = False) -> None:
-        """Tell the node how many jobs this process took and how they ended: every
-        ``taken_every`` jobs and before blocking for more, not per job. ``idle``: also the job
-        statistics still held here (an end that left this runner idle applied them already,
-        unless it was not the last thing it did: a refusal, a requeue)."""
+        """Tell the node how many jobs this process took (every ``taken_every`` jobs, or with
+        counters it is told anyway) and its counters (at once when not idle; else before
+        blocking for more), not per job. ``idle``: also the job statistics still held here (an
+        end that left this runner idle applied them already, unless it was not the last thing
+        it did: a refusal, a requeue).
+
+        Going idle tells the node nothing of the jobs taken. Only the supervisor's backpressure
+        waits for that count, and only while the type's queue was at its mark: slots that
+        emptied it took at least as many as it waits for, less what each holds back (under
+        ``taken_every`` apiece), and it looks at the queue again every second anyway
+        (node/intake/supervisor.py)."""
         if idle and (self.stats.jobs or self.starts):
             batch, self.stats = self._with_starts(self.stats), StatsBatch()
             self.starts = {}
@@ -506,7 +515,7 @@ class Reports:
                 else:
                     self.runs.add_stats(self.totals, self.spec.slot_id)
         lines = []
-        if self.taken:
+        if self.taken and (self.counts or not idle):
             lines.append(b"t%d" % self.taken)
             self.taken = 0
         if self.counts:

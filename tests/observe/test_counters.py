@@ -65,14 +65,17 @@ async def test_counters_are_published_then_again_on_change(store, nursery, tmp_p
 
 
 async def test_status_shows_the_counters_as_text_and_json(node_factory, capsys):
+    """The counters, and how the context's attempts ended: from the job statistics, which the
+    script that answers a job counts in, so status shows an end as soon as its answer is in
+    (the runner tells its node nothing of a lone job's end)."""
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
     with trio.fail_after(30):
-        message = await alice.client.submit(
-            actor, 1, to="self", context_id=1, jobs=[new_job(1, 1, "python", "print(1)")]
-        )
-        await alice.client.wait_results(message, 25)
-        await published(alice.store, lambda c: c.get("jobs_finished") == 1)
+        jobs = [new_job(1, 1, "python", "print(1)"), new_job(1, 1, "python", "raise SystemExit(3)")]
+        for job in jobs:
+            message = await alice.client.submit(actor, 1, to="self", context_id=1, jobs=[job])
+            await alice.client.wait_results(message, 25)
+        await published(alice.store, lambda c: c.get("routed") == 2)
         capsys.readouterr()
         as_cli = argparse.Namespace(home=alice.config.home, json=False)
         assert await status(alice.client, as_cli) == 0
@@ -81,8 +84,10 @@ async def test_status_shows_the_counters_as_text_and_json(node_factory, capsys):
         assert await status(alice.client, as_cli) == 0
         facts = json.loads(capsys.readouterr().out)
     assert "context 1: msg_out=0" in text
-    assert "jobs_finished=1" in text.splitlines()[-1]
-    assert facts["counters"]["jobs_finished"] == 1
+    assert "routed=2" in text.splitlines()[-1]
+    assert "attempts ended here: finished=1 error=1 retry=0" in text
+    assert facts["counters"]["routed"] == 2
+    assert facts["contexts"]["1"]["ended"] == {"finished": 1, "error": 1, "retry": 0}
     assert facts["node"]["id"] == alice.node_id
     assert "counters" not in facts["node"]
     assert facts["contexts"]["1"]["lists"]["msg_in"] == 0

@@ -13,6 +13,7 @@ bench/HISTORY.md#lone-job-latency).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,26 +132,37 @@ def _writes() -> int:
     raise AssertionError("no syscw in /proc/self/io")
 
 
-def test_a_runner_tells_its_node_what_it_took_and_how_it_ended_in_one_write(
+def test_a_lone_job_tells_its_node_nothing_and_a_stream_one_line_per_few_jobs(
     tmp_path: Path, sync_runs: SyncRuns
 ) -> None:
-    """A lone job leaves its runner idle, which reports to the node every time: the jobs it
-    took and the counters of their ends go in one write, read by the node in one wake-up
-    (bench/HISTORY.md#runner-cpu)."""
+    """A lone job leaves its runner idle, and going idle tells the node nothing: the job's end
+    is in the statistics its last script wrote, and the supervisor's backpressure needs the
+    count of jobs taken only from slots that keep taking (node/worker/ending.py
+    ``Reports.flush``). A stream reports its jobs taken every ``taken_every``; a rare event's
+    counter goes at once with what was taken, in one write the node reads in one wake-up."""
     spec = RunnerSpec("", 1, "python", 0, [], "", "n:b:1:python:0", 15_000, str(tmp_path),
                       1000, 60, "n", True, 10)  # fmt: skip
+    spec = replace(spec, taken_every=4)
     reports = Reports(spec, sync_runs)
     theirs, ours = os.pipe()
+    os.set_blocking(theirs, False)
     saved, procjob.PROCESS.report = procjob.PROCESS.report, ours
     try:
         reports.took()
-        reports.count("jobs_finished")
+        reports.flush(idle=True)  # the lone job's runner waits for more
+        with pytest.raises(BlockingIOError):
+            os.read(theirs, 4096)
+        for _ in range(3):
+            reports.took()  # the fourth job taken since the last report
+        assert os.read(theirs, 4096) == b"t4\n"
+        reports.took()
+        reports.count("stale_results")
         own = _writes()
         own = _writes() - own  # what reading the count costs itself (nothing, mostly)
         before = _writes()
-        reports.flush()
-        assert _writes() - before - own == 1  # was two: one per line
-        assert os.read(theirs, 4096) == b't1\nc{"jobs_finished":1}\n'
+        reports.flush(idle=True)
+        assert _writes() - before - own == 1  # one write for both lines
+        assert os.read(theirs, 4096) == b't1\nc{"stale_results":1}\n'
     finally:
         procjob.PROCESS.report = saved
         os.close(theirs)
