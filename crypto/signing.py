@@ -93,39 +93,34 @@ def _fail(path: str, what: str) -> NoReturn:
     raise CanonicalError(f"{what} at {path}; signed content must be integer-only JSON")
 
 
-def check_canonical_value(value: object, path: str, depth: int) -> bool:
-    """Walk ``value`` and refuse anything outside integer-only JSON. Returns True if an object
-    key holds a character outside the BMP (the only case where JCS's UTF-16 key order differs
-    from Python's code-point order).
+def check_canonical_value(value: object, path: str, depth: int) -> None:
+    """Walk ``value`` and refuse anything outside integer-only JSON, naming where.
 
     Raises:
         CanonicalError: float, unsafe integer, non-str key, unsupported type, or too deep.
     """
     if value is None or isinstance(value, bool | str):
-        return False
+        return
     if isinstance(value, int):
         if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
             _fail(path, f"integer {value} is outside +/-(2**53 - 1) and cannot be represented")
-        return False
+        return
     if isinstance(value, float):
         _fail(path, f"float {value!r} is not allowed")
     if depth >= MAX_DEPTH:
         _fail(path, f"nesting deeper than {MAX_DEPTH} levels")
-    astral = False
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
             if type(item) is not str:
-                astral |= check_canonical_value(item, f"{path}[{index}]", depth + 1)
-        return astral
+                check_canonical_value(item, f"{path}[{index}]", depth + 1)
+        return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 _fail(path, f"object key {key!r} of type {type(key).__name__} is not a string")
-            if not key.isascii() and max(key) > "\uffff":
-                astral = True
             if type(item) is not str:
-                astral |= check_canonical_value(item, f"{path}.{key}", depth + 1)
-        return astral
+                check_canonical_value(item, f"{path}.{key}", depth + 1)
+        return
     _fail(path, f"value of unsupported type {type(value).__name__}")
 
 

@@ -219,11 +219,7 @@ class Sandbox(Worker):
             raise SandboxLost(str(exc)) from None
         _await_answer(self.sock, idle)  # what its function raises is not the sandbox's
         try:
-            reply = _checked(self._receive())
-        except OSError as exc:
-            self._job_cpu = None
-            self._retire()
-            raise SandboxLost(str(exc)) from None
+            reply = _checked(self._receive())  # a socket's error is SandboxLost there too
         except SandboxLost:
             self._job_cpu = None
             self._retire()
