@@ -35,7 +35,6 @@ settings.register_profile("hero", deadline=None)
 settings.load_profile("hero")
 
 
-
 def pytest_configure(config: pytest.Config) -> None:
     """pytest 9.2 ids tests in a way pytest-xdist 3.8's ``--dist loadgroup`` cannot extend:
     its groups would be spread over the workers. Said at once, before any test runs."""
@@ -66,6 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"pytest-xdist did not group {len(lost)} test(s) (e.g. {lost[0]}): this pytest "
             "and pytest-xdist do not work together; install the versions pyproject.toml allows"
         )
+
 
 # Real Valkey I/O is not a trio sleep: jumping the clock whenever every task waits would let
 # trio time run ahead while a reply is on its way. Jumping only after this much real idle time

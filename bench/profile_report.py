@@ -56,6 +56,7 @@ SCHEDULER = (
 # frames of this checkout are shown from its root, wherever it is
 _CHECKOUT = str(Path(__file__).resolve().parents[1]) + "/"
 
+
 def frame_name(raw: str) -> tuple[str, str]:
     m = _FRAME.match(raw.strip())
     if not m:

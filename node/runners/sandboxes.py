@@ -26,7 +26,7 @@ _EXPLAINED = {
     "namespaces": "jobs run as this node's user in bubblewrap, under seccomp and limits; for "
     "strict, run the node as root or with CAP_SETUID, CAP_SETGID and CAP_CHOWN",
     "none": "WARNING: jobs run without a sandbox: any job can read this node's secrets",
-    "refused": "NO JOB WILL RUN until a sandbox can be built, or isolation = \"none\" is set "
+    "refused": 'NO JOB WILL RUN until a sandbox can be built, or isolation = "none" is set '
     "(no isolation); jobs sent here are answered isolation_refused",
 }
 

@@ -47,7 +47,6 @@ def _lane(servers: ReplicatedSet) -> Lane:
     return lane
 
 
-
 async def test_a_lane_follows_a_failover(replicated):
     """After a failover the lane's connections go to the new primary without a restart: the
     old one, demoted, says so in the handshake (ROLE), nothing is sent to it, and the call

@@ -242,8 +242,14 @@ def test_a_result_continues_its_requests_trace_and_drops_a_bad_one():
 
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     request = Message(
-        id="m1", caller_id=1, context_id=1, message_type=MessageType.JOB, origin="a" * 64,
-        destination="b" * 64, traceparent=tp, tracestate="vendor=x",
+        id="m1",
+        caller_id=1,
+        context_id=1,
+        message_type=MessageType.JOB,
+        origin="a" * 64,
+        destination="b" * 64,
+        traceparent=tp,
+        tracestate="vendor=x",
     )
     body = ResultBody(request.key, "job:1:1", JobStatus.FINISHED, {}, "")
     result = build_result(request, body, origin="b" * 64)

@@ -29,7 +29,6 @@ class Ran:
         return any(self.root.glob(f"*/work/*/{self.name}"))
 
 
-
 def job_message(
     signer: KeyPair,
     caller: int,

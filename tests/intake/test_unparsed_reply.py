@@ -19,8 +19,7 @@ async def test_the_client_of_an_unparsable_message_reads_the_one_reply_form(node
     alice = await node_factory("alice")
     actor = read_key_file(alice.config.actor_key_path)
     jobs = [
-        RunnerJob(n, 1, 1, "print(1)", "python", retries=1, retry_on=["sometimes"])
-        for n in (7, 8)
+        RunnerJob(n, 1, 1, "print(1)", "python", retries=1, retry_on=["sometimes"]) for n in (7, 8)
     ]
     msg = await alice.client.submit(actor, 1, to=alice.node_id, context_id=1, jobs=jobs)
     replies = []

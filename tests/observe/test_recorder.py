@@ -44,8 +44,20 @@ def test_a_record_encodes_to_the_otlp_message_of_its_span():
     }
     records = [
         Record(
-            "hero.runner", "run queue:python", 5, 0xAB, 0x12, 0xCD, 0x301, "k=v",
-            1_000_000_001, 1_000_000_900, attributes, [(0xEF, 0x34)], 2, "exit:3",
+            "hero.runner",
+            "run queue:python",
+            5,
+            0xAB,
+            0x12,
+            0xCD,
+            0x301,
+            "k=v",
+            1_000_000_001,
+            1_000_000_900,
+            attributes,
+            [(0xEF, 0x34)],
+            2,
+            "exit:3",
         ),  # fmt: skip
         # the same keys with other values of other types: nothing is mixed up
         Record("hero.node", "admit msg_out", 1, 0xAB, 0x13, 0, 0x101, "", 5, 6, {"flag": 1}),

@@ -70,7 +70,11 @@ async def test_each_job_of_a_traced_batch_has_its_own_attempt_span(tmp_path: Pat
                     pid = await wait_announced(client.store, "gate")
                     msgs = [
                         await client.submit_job(
-                            actor, 1, to=node.node_id, context_id=1, script_type="python",
+                            actor,
+                            1,
+                            to=node.node_id,
+                            context_id=1,
+                            script_type="python",
                             script=f"print({n})",
                         )  # fmt: skip
                         for n in range(K)
@@ -86,8 +90,7 @@ async def test_each_job_of_a_traced_batch_has_its_own_attempt_span(tmp_path: Pat
                     results = [(await client.wait_results(m, timeout_s=60))[0] for m in msgs]
                     await client.wait_results(gate, timeout_s=60)
                     started = {
-                        (await client.job_fields(1, m.job[0].key))["stats_started_ms"]
-                        for m in msgs
+                        (await client.job_fields(1, m.job[0].key))["stats_started_ms"] for m in msgs
                     }
                 await receiver.wait_for(lambda spans: len(_attempts(spans, msgs)) == K)
             nursery.cancel_scope.cancel()
@@ -148,7 +151,11 @@ async def test_a_traced_runner_reads_no_message_hash_per_job(tmp_path: Path, mon
                         before = await _hgetall_calls(client)
                         msgs = [
                             await client.submit_job(
-                                actor, 1, to=node.node_id, context_id=1, script_type="python",
+                                actor,
+                                1,
+                                to=node.node_id,
+                                context_id=1,
+                                script_type="python",
                                 script=f"print({i})",
                             )  # fmt: skip
                             for i in range(n)

