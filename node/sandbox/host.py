@@ -20,6 +20,7 @@ import math
 import os
 import random
 import select
+import signal
 import socket
 import struct
 import time
@@ -54,6 +55,15 @@ def _checked(reply: dict[str, Any]) -> dict[str, Any]:
     if not (ints and type(cpu) in (int, float) and (code is not None or signum > 0)):
         raise SandboxLost(f"not an ending: {str(reply)[:200]}")
     return reply
+
+
+def _not_killed(box: Worker, reply: dict[str, Any]) -> None:
+    """SandboxLost if the worker was killed (a timeout, a stop, an abort) by the time a lone
+    job's answer was read and that answer is the kill's own doing (the job ended by SIGKILL):
+    the job ends as a kill does, whichever came first. An answer of its own (an exit, another
+    signal) stands: the job ran to its end once."""
+    if box.was_killed and reply.get("signal") == signal.SIGKILL:
+        raise SandboxLost("killed as it answered")
 
 
 # what a batch's reader does when the next answer is slow to come: after this many seconds
@@ -220,6 +230,7 @@ class Sandbox(Worker):
         _await_answer(self.sock, idle)  # what its function raises is not the sandbox's
         try:
             reply = _checked(self._receive())  # a socket's error is SandboxLost there too
+            _not_killed(self, reply)
         except SandboxLost:
             self._job_cpu = None
             self._retire()
@@ -230,6 +241,8 @@ class Sandbox(Worker):
             self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
         if bound := self._bound(before, reply["exit_code"] != 0, lone=True):
             reply["bound"] = bound
+        if self.was_killed:  # it answered just before the kill: retired, not met by the next
+            self._retire()
         return reply
 
     def run_batch(

@@ -254,6 +254,8 @@ class Worker:
         self.uid = -1  # the worker's uid, as it reported it
         self.spare: Started | None = None
         self._killed: list[int] = []  # pidfds a kill took, to reap when the worker is retired
+        # the current worker was killed: an answer it sent still counts for nothing (see kill)
+        self.was_killed = False
         self.leaf: Leaf | None = None  # the worker's cgroup, if the node has cgroups
         self._lock = threading.Lock()
 
@@ -277,6 +279,7 @@ class Worker:
             started = self._spawn()
         self.proc, self.sock, self.nproc_base = started.proc, started.sock, started.nproc_base
         self.leaf = started.leaf
+        self.was_killed = False
         self.jobs = 0
         self.recycle_at = recycle_point(self.spec.recycle_jobs, self._rng)
 
@@ -284,7 +287,14 @@ class Worker:
         return spawn(self.spec, self._stderr)
 
     def kill(self) -> None:
-        """End the sandbox and every process in it now (any thread may call this)."""
+        """End the sandbox and every process in it now (any thread may call this).
+
+        The job's processes are signalled before the worker, so the worker may live long
+        enough to answer for the job the kill ended (killed by SIGKILL), or for one that ended
+        just before it: the answer reaches the job's thread, the worker is dead behind it.
+        ``was_killed`` tells that thread so (node/sandbox/host.py ``Sandbox.run``: the kill's
+        own answer ends the job as a kill; either way the worker is retired before the next
+        job)."""
         # under the lock from before the first signal: the job's thread sees the worker die
         # only after one, and its _retire must then find every pidfd taken here (a process it
         # missed stays a zombie of this process, adopted from the pid namespace), while none
@@ -293,6 +303,7 @@ class Worker:
             proc = self.proc
             if proc is None or proc.returncode is not None:
                 return
+            self.was_killed = True
             below = pidfds_below(proc.pid, self.whole)
             self._killed += below
             kill_pidfds(below)

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -560,6 +561,51 @@ def test_a_kill_ends_the_job_in_every_mode(tmp_path: Path, mode: str, kind: str)
         box.stop()
     if mode == "none":  # the pid as the host sees it (a namespace's differs)
         assert not _alive(seen[0])
+
+
+class _KilledAsItAnswers(Sandbox):
+    """A sandbox whose kill comes once the job's answer waits in the socket, unread: the
+    order a kill's signals allow (the job's processes first, then the worker, which may live
+    to answer), held open."""
+
+    armed = False
+
+    def _receive(self) -> dict[str, Any]:
+        if self.armed:
+            self.armed = False
+            assert self.sock is not None
+            select.select([self.sock], [], [], 10)  # the answer is there
+            self.kill()
+        return super()._receive()
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["strict", "namespaces", "none"])
+def test_an_answer_that_races_a_kill_leaves_the_next_job_a_live_worker(
+    tmp_path: Path, mode: str
+) -> None:
+    """A job that ended on its own just before a kill (a timeout at its last moment, a stop)
+    keeps its answer: it ran to its end once, and giving it back would run it again. The
+    worker is dead behind that answer, and the next job meets a new one: before, its request
+    went to the dead worker's socket, and that job was lost (``runner_lost``)."""
+    spec = _box(tmp_path, mode)[0].spec
+    box = _KilledAsItAnswers(spec)
+    try:
+        box.start()  # its hello read, not armed
+        box.armed = True
+        reply, out, _ = _run(box, tmp_path, "echo one")
+        assert (reply["exit_code"], out) == (0, "one\n")
+        reply, out, _ = _run(box, tmp_path, "echo two")
+        assert (reply["exit_code"], out) == (0, "two\n")
+        # an answer that a kill's SIGKILL would give is taken for the kill's: the job ends as
+        # a kill (a timeout, a stop) does, whichever of the two came first
+        box.armed = True
+        with pytest.raises(SandboxLost):
+            _run(box, tmp_path, "kill -KILL $$")
+        reply, out, _ = _run(box, tmp_path, "echo three")
+        assert (reply["exit_code"], out) == (0, "three\n")
+    finally:
+        box.stop()
 
 
 # a sandbox in a process of its own that is a child subreaper, as a runner process is;
