@@ -213,7 +213,7 @@ class Sandbox(Worker):
         """Run one job (its stdout and stderr the open files ``out``/``err``); how it ended.
         Raises SandboxLost if the worker died meanwhile (it was killed: a timeout, a stop).
         ``idle``: what to do meanwhile should its answer be slow to come (a batch's job)."""
-        self._retire_spent()  # one keep_spare() did not retire after its last job's answer
+        self._retire_spent()  # one keep_spare() did not retire after its last answer, or killed
         if self.sock is None:
             self.start()
         assert self.sock is not None
@@ -241,8 +241,6 @@ class Sandbox(Worker):
             self.recycle_at = self.jobs  # a new sandbox, a new /tmp, after this answer
         if bound := self._bound(before, reply["exit_code"] != 0, lone=True):
             reply["bound"] = bound
-        if self.was_killed:  # it answered just before the kill: retired, not met by the next
-            self._retire()
         return reply
 
     def run_batch(
@@ -471,6 +469,9 @@ class Sandbox(Worker):
         return data
 
     def _retire_spent(self) -> None:
-        """Retire the worker, letting it exit, if it ran its jobs (:attr:`recycle_at`)."""
-        if self.proc is not None and self.jobs >= self.recycle_at:
+        """Retire the worker, letting it exit, if it ran its jobs (:attr:`recycle_at`), or
+        the worker itself, dead, if it was killed: whenever the kill came (as its last job
+        answered, or after), no job is handed to it (:meth:`keep_spare` after an answer, and
+        each request before it is sent, call this)."""
+        if self.proc is not None and (self.jobs >= self.recycle_at or self.was_killed):
             self._retire(graceful=True)

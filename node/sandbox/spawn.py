@@ -293,8 +293,8 @@ class Worker:
         enough to answer for the job the kill ended (killed by SIGKILL), or for one that ended
         just before it: the answer reaches the job's thread, the worker is dead behind it.
         ``was_killed`` tells that thread so (node/sandbox/host.py ``Sandbox.run``: the kill's
-        own answer ends the job as a kill; either way the worker is retired before the next
-        job)."""
+        own answer ends the job as a kill), and whoever hands the worker its next job
+        (``_retire_spent``: it is retired first)."""
         # under the lock from before the first signal: the job's thread sees the worker die
         # only after one, and its _retire must then find every pidfd taken here (a process it
         # missed stays a zombie of this process, adopted from the pid namespace), while none

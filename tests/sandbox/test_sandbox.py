@@ -604,6 +604,9 @@ def test_an_answer_that_races_a_kill_leaves_the_next_job_a_live_worker(
             _run(box, tmp_path, "kill -KILL $$")
         reply, out, _ = _run(box, tmp_path, "echo three")
         assert (reply["exit_code"], out) == (0, "three\n")
+        box.kill()  # a kill that comes after the answer was read: the next job still runs
+        reply, out, _ = _run(box, tmp_path, "echo four")
+        assert (reply["exit_code"], out) == (0, "four\n")
     finally:
         box.stop()
 
