@@ -40,7 +40,6 @@ __all__ = [
     "STATS_BUCKETS_S",
     "RUNNER_FIELD",
     "StatsBatch",
-    "ended_counts",
     "merged_fields",
     "reason_token",
     "totals_of",
@@ -217,18 +216,6 @@ def totals_of(encoded: str | bytes | None) -> StatsBatch:
         if not name.startswith(_TOTALS):
             batch._add(name, value)
     return batch
-
-
-def ended_counts(merged: dict[str, str]) -> dict[str, int]:
-    """How the attempts counted in ``merged`` (:func:`merged_fields`) ended, every script
-    type together: ``finished``, ``error`` and ``retry`` (a failed attempt tried again), each
-    present (0 for none)."""
-    out = {"finished": 0, "error": 0, "retry": 0}
-    for name, value in merged.items():
-        event, *parts = name.split("|")
-        if event == "ended" and len(parts) == 3 and parts[1] in out and value.isdigit():
-            out[parts[1]] += int(value)
-    return out
 
 
 def merged_fields(stats: dict[str, str]) -> dict[str, str]:

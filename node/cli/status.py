@@ -209,13 +209,21 @@ def _type_breaker(script_type: str, b: dict[str, Any]) -> str:
     )
 
 
+def _ended(stats: dict[str, str]) -> dict[str, int]:
+    """How the attempts a context's job statistics count ended, as the console counts them
+    (node/observe/sampler.py ``counts_of``), by the statistics' own names of the endings."""
+    from node.observe.sampler import counts_of
+
+    n = counts_of([stats])
+    return {"finished": n["finished"], "error": n["failed"], "retry": n["retried"]}
+
+
 async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     """The lengths of a context's message lists and job queues, how the attempts its runners
     and node ended went (``ended``: finished, error, retry; the job statistics, which count
     every end in the script that records it), its live runners (those with a presence key:
     type, busy with which jobs) and its script types' circuit breakers
     (bus/store/atomic/type_breakers.py ``TypeBreaker.to_json``, by type)."""
-    from bus.core.stats import ended_counts
     from bus.store import records
     from bus.store.atomic import type_breakers
     from bus.store.presence import live_runners
@@ -233,7 +241,7 @@ async def _context_facts(store: Store, ctx: int) -> dict[str, Any]:
     return {
         "quotas": await records.quota_depths(store, ctx),  # with their bounds: status_facts
         "lists": lens,
-        "ended": ended_counts(await records.job_stats(store, ctx)),
+        "ended": _ended(await records.job_stats(store, ctx)),
         "runners": runners,
         "type_breakers": {t: b.to_json() for t, b in breakers.items()},
     }
