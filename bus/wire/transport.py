@@ -421,7 +421,7 @@ class Transport:
         self._on_link = on_link or (lambda _peer, _up: None)
         self._before_dial = before_dial
         # told by every link of the acks it wrote and of those it never will
-        self._acks_out = acks_out
+        self._acks_out = acks_out or _no_acks_handler
         # the hosts we dial peers at: a connection from one skips the listener's total cap
         self._peer_hosts: dict[str, str] = {}
         limits = GateLimits(
@@ -761,8 +761,7 @@ class Transport:
 
     async def _run_link(self, link: Link) -> None:
         log.info("link up: %s %s…", "to" if link.initiator else "from", link.peer_id[:16])
-        if self._acks_out is not None:
-            link.acks_out = self._acks_out
+        link.acks_out = self._acks_out
         self._register(link)
         self.states.up(
             link.peer_id, link.encryption, "" if link.encryption else self.config.plaintext_why
