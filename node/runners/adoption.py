@@ -27,7 +27,7 @@ from bus.core.models import JobStatus, Message, RunnerJob
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError, StoreError
 from bus.store import records
-from bus.store.atomic import runs, slots
+from bus.store.atomic import runs_trio, slots
 from node.slot import outcomes
 from node.slot.outcomes import (
     kill_orphans,
@@ -70,7 +70,7 @@ async def _current(node: NodeState, outcome: str) -> bool:
         return False
     ctx, job_key, attempt = named
     try:
-        status, current = await runs.attempt_state(node.store, ctx, job_key)
+        status, current = await runs_trio.attempt_state(node.store, ctx, job_key)
     except StoreError:  # an unknown context, say: nothing to adopt it into
         return False
     return status == JobStatus.STARTED.value and current == str(attempt)

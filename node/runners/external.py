@@ -51,7 +51,7 @@ from bus.core.queues import queue_of
 from bus.core.reasons import Reason
 from bus.errors import ContentError, ModelError
 from bus.store import records
-from bus.store.atomic import runs
+from bus.store.atomic import runs_trio
 from bus.store.serve import Done, Handler, Popped, Queue, serve_queue
 from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
@@ -59,7 +59,7 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-RESULTS_INFLIGHT = runs.RESULTS_INFLIGHT
+RESULTS_INFLIGHT = runs_trio.RESULTS_INFLIGHT
 
 
 async def run_results(
@@ -122,7 +122,7 @@ async def answer(
     ran = Attempt(attempt, fields.get("runner", ""), int(fields.get("started_at") or 0), now())
     outcome = Outcome(job.status, job.result, job.reason)
     plan = plan_ending(job, outcome, ran, RetryPolicy.of(job), request=request, here=here)
-    read = runs.Answered(job_key, status, fields.get("attempt", ""), plan.entry)
+    read = runs_trio.Answered(job_key, status, fields.get("attempt", ""), plan.entry)
     done = await _answer(node, ctx, plan, read, request, queue_of(fields))
     if done:  # its span: no runner process of this node recorded one (node/observe/ended_spans.py)
         ended = ended_as(plan)
@@ -131,18 +131,18 @@ async def answer(
 
 
 async def _answer(
-    node: NodeState, ctx: int, plan: Plan, read: runs.Answered, request: Message, queue: str
+    node: NodeState, ctx: int, plan: Plan, read: runs_trio.Answered, request: Message, queue: str
 ) -> bool:
     """The plan's writes, acknowledging the entry in the same step; False if done before."""
     if isinstance(plan, Retry):
         due_ms = ms_after(plan.delay_s)
-        done = await runs.answered_retry(
+        done = await runs_trio.answered_retry(
             node.store, ctx, read, cause=plan.cause, due_ms=due_ms, queue=queue
         )
         node.wakeups.wake_retries(ctx)
         return done
     if isinstance(plan, AnswerHere):
-        return await runs.answer_local(
+        return await runs_trio.answer_local(
             node.store,
             ctx,
             read,
@@ -153,7 +153,7 @@ async def _answer(
             reply_to=plan.reply_to,
         )
     msg = result_message(node, request, plan.body)
-    return await runs.answer_remote(node.store, ctx, read, result=plan.body.result, answer=msg)
+    return await runs_trio.answer_remote(node.store, ctx, read, result=plan.body.result, answer=msg)
 
 
 async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
@@ -175,10 +175,10 @@ async def reap(node: NodeState, ctx: int, job_key: str) -> bool:
             return False  # an earlier run of this node: its slot's recovery adopts or ends it
         if attempt.isdigit() and _runs_it(node, ctx, job_key, token, fields.get("runner_id", "")):
             ttl_ms = node.config.lease_ttl_ms
-            await runs.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
+            await runs_trio.renew(node.store, ctx, job_key, token, ttl_ms, int(attempt))
             return False
         reason = f"{Reason.RUNNER_LOST}: slot {runner} of this node no longer runs it"
-    done = await runs.reap(node.store, ctx, job_key, attempt, reason)
+    done = await runs_trio.reap(node.store, ctx, job_key, attempt, reason)
     if done:
         log.warning("%s (context %d): %s", job_key, ctx, reason)
         node.counters.count("runners_lost")
@@ -208,9 +208,9 @@ async def sweep(node: NodeState, ctx: int) -> int:
 async def _sweep(node: NodeState, ctx: int) -> tuple[int, float]:
     """:func:`sweep`, and the seconds until the earliest live lease lapses (-1: none; 0: more
     lapsed leases than one read returns were reaped, read again)."""
-    lapsed, wait_s = await runs.lapsed(node.store, ctx)
+    lapsed, wait_s = await runs_trio.lapsed(node.store, ctx)
     reaped = sum([await reap(node, ctx, k) for k in lapsed])
-    return reaped, 0.0 if reaped and len(lapsed) >= runs.LAPSED_PER_CALL else wait_s
+    return reaped, 0.0 if reaped and len(lapsed) >= runs_trio.LAPSED_PER_CALL else wait_s
 
 
 async def run_reaper(

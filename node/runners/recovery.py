@@ -35,7 +35,7 @@ from bus.core.attempts import (
 from bus.core.ids import ms_after, now, now_ms
 from bus.core.models import Message, RunnerJob
 from bus.errors import StoreError
-from bus.store.atomic import runs
+from bus.store.atomic import runs, runs_trio
 from node.intake.messages import result_message
 from node.observe.ended_spans import attempt_ended
 from node.runners import adoption
@@ -114,7 +114,7 @@ async def _execute(
 ) -> bool:
     """One try of the plan's writes; False if the attempt is not the job's current one."""
     if isinstance(plan, Retry):
-        ok = await runs.retry_later(
+        ok = await runs_trio.retry_later(
             node.store,
             ctx,
             job_key,
@@ -129,7 +129,7 @@ async def _execute(
         return ok
     ending = runs.ending_of(plan, job_key, attempt, inflight)
     if isinstance(plan, AnswerHere):  # answered here: no signed result message needed
-        return await runs.finish_local(
+        return await runs_trio.finish_local(
             node.store,
             ctx,
             ending,
@@ -138,7 +138,7 @@ async def _execute(
             reply_to=plan.reply_to,
         )
     answer = result_message(node, plan.request, plan.body)
-    return await runs.finish(node.store, ctx, ending, answer=answer)
+    return await runs_trio.finish(node.store, ctx, ending, answer=answer)
 
 
 async def run_retry_scheduler(
@@ -149,7 +149,7 @@ async def run_retry_scheduler(
     task_status.started()
     while True:
         wake = node.wakeups.retry_scheduled.setdefault(ctx, trio.Event())
-        next_due = await runs.move_due(node.store, ctx, now_ms())
+        next_due = await runs_trio.move_due(node.store, ctx, now_ms())
         wait_s = 3600.0 if next_due < 0 else max(0.0, (next_due - now_ms()) / 1000)
         with trio.move_on_after(wait_s):
             await wake.wait()

@@ -15,7 +15,7 @@ from bus.core import keys
 from bus.core.attempts import attempt_entry
 from bus.core.ids import now_ms
 from bus.core.models import Message, Runner
-from bus.store.atomic import runs, slots, source
+from bus.store.atomic import runs, runs_trio, slots, source
 from bus.store.atomic.runs_sync import SyncRuns
 from tests.leases import lapse, lease_left_ms
 
@@ -50,7 +50,7 @@ def _ending(attempt: int, job: str = JOB) -> runs.Ending:
 
 async def _finish_local(store, attempt: int) -> bool:
     ending = _ending(attempt)
-    return await runs.finish_local(store, 1, ending, request_key="message:1:1", reply_ttl_s=60)
+    return await runs_trio.finish_local(store, 1, ending, request_key="message:1:1", reply_ttl_s=60)
 
 
 def _finish_local_then(sync_runs: SyncRuns, take: runs.NextJob, job: str = JOB):
@@ -79,7 +79,7 @@ async def test_start_marks_started_leases_and_counts_the_attempt(store, sync_run
     assert (fields["status"], fields["attempt"], fields["runner"]) == ("started", "3", "tok")
     assert fields["runner_id"] == "python:0"
     assert 0 < (await _lease_left_ms(store) or 0) <= 10_000
-    assert await runs.running_jobs(store, 1) == [JOB]
+    assert await runs_trio.running_jobs(store, 1) == [JOB]
     assert await store.scan_keys(1, "lease:*") == []  # the lease is the job's score, no key
 
 
@@ -99,28 +99,28 @@ async def test_start_refuses_what_no_runner_can_start(store, sync_runs, setup, k
     elif setup:
         await store.hset(1, key, setup)
     assert sync_runs.start(key, "tok", 10_000, "") == reason
-    assert await runs.running_jobs(store, 1) == []
+    assert await runs_trio.running_jobs(store, 1) == []
 
 
 async def test_start_leaves_a_final_job_alone(store, sync_runs) -> None:
     await store.hset(1, JOB, {"status": "finished", "attempt": "1"})
     assert sync_runs.start(JOB, "tok", 10_000, "") == {}
-    assert await runs.attempt_state(store, 1, JOB) == ("finished", "1")
+    assert await runs_trio.attempt_state(store, 1, JOB) == ("finished", "1")
     assert await _lease_left_ms(store) is None
 
 
 async def test_renew_keeps_retakes_or_refuses_a_superseded_attempt(store, sync_runs) -> None:
     await _started(store, sync_runs)
     await _lapse(store, JOB, 500)
-    assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
+    assert await runs_trio.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
     assert (await _lease_left_ms(store) or 0) > 500
     await _lapse(store, JOB)  # lapsed during a stall: taken again
     assert sync_runs.renew(JOB, f"tok:{JOB}", 10_000, 1)
     assert (await _lease_left_ms(store) or 0) > 500
     await store.call(1, lambda r: r.zrem(keys.RUNNING, [JOB]))  # reaped meanwhile: re-taken
-    assert await runs.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
+    assert await runs_trio.renew(store, 1, JOB, f"tok:{JOB}", 10_000, 1)
     await _lapse(store, JOB)
-    assert not await runs.renew(store, 1, JOB, "old", 10_000, 2)  # not the current attempt
+    assert not await runs_trio.renew(store, 1, JOB, "old", 10_000, 2)  # not the current attempt
     assert (await _lease_left_ms(store) or 0) < 0  # untouched
 
 
@@ -134,7 +134,7 @@ async def test_only_a_job_with_a_history_to_tell_records_its_attempts(store, syn
     first = runs.Ending(
         JOB, 1, INFLIGHT, "finished", {}, "", attempt_entry(1, "t", "finished", "", 5)
     )
-    assert await runs.finish_local(store, 1, first, request_key="message:1:1", reply_ttl_s=60)
+    assert await runs_trio.finish_local(store, 1, first, request_key="message:1:1", reply_ttl_s=60)
     assert not await store.exists(1, keys.attempts(JOB))
     job = await store.hgetall(1, JOB)
     assert (job["attempt"], job["status"], job["runner"]) == ("1", "finished", f"tok:{JOB}")
@@ -144,7 +144,7 @@ async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) ->
     await _started(store, sync_runs)
     answer = Message(7, 9, 1, origin="elsewhere")
     ending = runs.Ending(JOB, 1, INFLIGHT, "error", {"stderr": "e"}, "exit_1", '{"attempt": 1}')
-    assert await runs.finish(store, 1, ending, answer=answer)
+    assert await runs_trio.finish(store, 1, ending, answer=answer)
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], json.loads(job["result"])) == (
         "error",
@@ -154,7 +154,7 @@ async def test_finish_records_the_end_and_queues_the_answer(store, sync_runs) ->
     assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
     assert (await store.hgetall(1, answer.key))["origin"] == "elsewhere"
     assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
-    assert await runs.running_jobs(store, 1) == []  # its lease with it
+    assert await runs_trio.running_jobs(store, 1) == []  # its lease with it
     assert await store.lrange(1, INFLIGHT) == []
 
 
@@ -162,7 +162,7 @@ async def test_the_fence_refuses_another_attempt_and_writes_nothing(store, sync_
     await _started(store, sync_runs, attempt="1")  # the current attempt is 2
     before = await store.hgetall(1, JOB)
     assert not await _finish_local(store, 1)
-    assert not await runs.retry_later(
+    assert not await runs_trio.retry_later(
         store, 1, JOB, 3, INFLIGHT, queue=QUEUE, cause="r", entry="{}", due_ms=1
     )
     assert not sync_runs.finish_malformed(JOB, 1, INFLIGHT, "bad")
@@ -206,7 +206,7 @@ async def test_finish_then_take_next_starts_the_next_job_in_one_step(store, sync
     assert nxt[1]["runner"] == "base:job:1:2"
     assert 0 < (await _lease_left_ms(store, "job:1:2") or 0) <= 10_000
     assert await store.lrange(1, INFLIGHT) == ["job:1:2"]
-    assert await runs.running_jobs(store, 1) == ["job:1:2"]
+    assert await runs_trio.running_jobs(store, 1) == ["job:1:2"]
     assert not take.found_empty
 
 
@@ -230,8 +230,8 @@ async def test_take_next_reports_empty_and_refuses_an_unrunnable_entry(store, sy
 async def test_retry_later_schedules_the_next_attempt(store, sync_runs) -> None:
     await _started(store, sync_runs)
     args = {"queue": QUEUE, "cause": "exit_1", "entry": "{}", "due_ms": 1234}
-    assert await runs.retry_later(store, 1, JOB, 1, INFLIGHT, **args)
-    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "1")
+    assert await runs_trio.retry_later(store, 1, JOB, 1, INFLIGHT, **args)
+    assert await runs_trio.attempt_state(store, 1, JOB) == ("dispatched", "1")
     assert (await store.hgetall(1, JOB))["reason"] == "exit_1"
     delayed = await store.call(1, lambda r: r.zrange(keys.DELAYED, 0, -1, withscores=True))
     assert [(str(m), int(s)) for m, s in delayed] == [(f"{QUEUE}|{JOB}", 1234)]
@@ -249,10 +249,10 @@ async def test_finish_malformed_ends_the_job_in_error(store, sync_runs) -> None:
 async def test_requeue_gives_the_attempt_back(store, sync_runs) -> None:
     await _started(store, sync_runs, attempt="4")
     assert sync_runs.requeue(JOB, 5, INFLIGHT, QUEUE)
-    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "4")
+    assert await runs_trio.attempt_state(store, 1, JOB) == ("dispatched", "4")
     assert await store.lrange(1, QUEUE) == [JOB]
     assert await store.lrange(1, INFLIGHT) == []
-    assert await runs.running_jobs(store, 1) == []
+    assert await runs_trio.running_jobs(store, 1) == []
 
 
 async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -> None:
@@ -260,11 +260,11 @@ async def test_move_due_queues_what_is_due_and_dead_letters_bad_members(store) -
     members[f"{QUEUE}|job:1:2"] = 5000
     await store.hset(1, JOB, {"status": "dispatched"})  # a hash: LPUSH on it fails
     await store.call(1, lambda r: r.zadd(keys.DELAYED, members))
-    assert await runs.move_due(store, 1, 1000) == 5000
+    assert await runs_trio.move_due(store, 1, 1000) == 5000
     assert await store.lrange(1, QUEUE) == ["job:1:1"]
     dead = sorted(d["key"] for d in await store.dead_letters(1))
     assert dead == [f"{JOB}|job:1:3", "no-separator"]
-    assert await runs.move_due(store, 1, 6000) == -1
+    assert await runs_trio.move_due(store, 1, 6000) == -1
     assert await store.lrange(1, QUEUE) == ["job:1:2", "job:1:1"]
 
 
@@ -280,7 +280,7 @@ async def test_move_due_takes_what_is_due_off_the_zset_in_one_zrem(store) -> Non
         return int(dict(stats).get("cmdstat_zrem", {}).get("calls", 0))
 
     before = await zrems()
-    assert await runs.move_due(store, 1, 1000) == 5000
+    assert await runs_trio.move_due(store, 1, 1000) == 5000
     assert await zrems() - before == 1
     assert sorted(await store.lrange(1, QUEUE)) == [f"job:1:{i}" for i in range(1, 5)]
     assert [d["key"] for d in await store.dead_letters(1)] == ["no-separator"]
@@ -324,7 +324,7 @@ async def test_pop_started_after_a_lost_script_leaves_the_start_to_the_caller(
     await store.hset(1, JOB, {"status": "dispatched", "attempt": "0", "script_type": "python"})
     await store.lpush(1, QUEUE, JOB)
     assert sync_runs.pop_started(QUEUE, INFLIGHT, 1.0, 0, _take()) == (JOB, None)
-    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "0")
+    assert await runs_trio.attempt_state(store, 1, JOB) == ("dispatched", "0")
     await store.hset(1, "job:1:2", {"status": "dispatched", "attempt": "0"})
     await store.lpush(1, QUEUE, "job:1:2")
     entry, begun = sync_runs.pop_started(QUEUE, INFLIGHT, 1.0, 1, _take())
@@ -341,75 +341,75 @@ async def test_pop_started_gives_back_an_entry_it_did_not_move(store, sync_runs)
     await store.hset(1, JOB, {"status": "dispatched", "attempt": "0", "script_type": "python"})
     await store.lpush(1, INFLIGHT, JOB)
     assert sync_runs.pop_started(QUEUE, INFLIGHT, 0.05, 0, _take()) == (None, None)
-    assert await runs.attempt_state(store, 1, JOB) == ("dispatched", "0")
+    assert await runs_trio.attempt_state(store, 1, JOB) == ("dispatched", "0")
     assert await store.lrange(1, QUEUE) == [JOB]
     assert await store.lrange(1, INFLIGHT) == []
-    assert await runs.running_jobs(store, 1) == []
+    assert await runs_trio.running_jobs(store, 1) == []
 
 
-async def _ended(store, status: str = "error", attempt: str = "1") -> runs.Answered:
+async def _ended(store, status: str = "error", attempt: str = "1") -> runs_trio.Answered:
     await store.hset(1, JOB, {"status": status, "attempt": attempt, "flow_id": ""})
-    await store.lpush(1, runs.RESULTS_INFLIGHT, JOB)
-    return runs.Answered(JOB, status, attempt, '{"attempt": 1}')
+    await store.lpush(1, runs_trio.RESULTS_INFLIGHT, JOB)
+    return runs_trio.Answered(JOB, status, attempt, '{"attempt": 1}')
 
 
 async def test_answered_retry_sends_the_attempt_back_once(store) -> None:
     read = await _ended(store)
     args = {"cause": "exit_1", "due_ms": 99, "queue": QUEUE}
-    assert await runs.answered_retry(store, 1, read, **args)
+    assert await runs_trio.answered_retry(store, 1, read, **args)
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], job["retry_of"]) == ("dispatched", "exit_1", "1")
     assert await store.call(1, lambda r: r.zscore(keys.DELAYED, f"{QUEUE}|{JOB}")) == 99
-    assert await store.lrange(1, runs.RESULTS_INFLIGHT) == []
+    assert await store.lrange(1, runs_trio.RESULTS_INFLIGHT) == []
     assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
-    assert not await runs.answered_retry(store, 1, read, **args)  # its status changed
+    assert not await runs_trio.answered_retry(store, 1, read, **args)  # its status changed
 
 
 async def test_answer_local_answers_once_and_refuses_another_attempt(store) -> None:
     read = await _ended(store, "finished")
     args = {"result": {"a": "1"}, "request_key": "message:1:1", "reply": "{}", "reply_ttl_s": 60}
-    stale = runs.Answered(JOB, "finished", "2", "{}")
-    assert not await runs.answer_local(store, 1, stale, **args)  # not the attempt read
+    stale = runs_trio.Answered(JOB, "finished", "2", "{}")
+    assert not await runs_trio.answer_local(store, 1, stale, **args)  # not the attempt read
     assert "answered" not in await store.hgetall(1, JOB)
-    assert await store.lrange(1, runs.RESULTS_INFLIGHT) == []  # taken off either way
-    assert await runs.answer_local(store, 1, read, **args)
+    assert await store.lrange(1, runs_trio.RESULTS_INFLIGHT) == []  # taken off either way
+    assert await runs_trio.answer_local(store, 1, read, **args)
     job = await store.hgetall(1, JOB)
     assert "answered" in job
     assert json.loads(job["result"]) == {"a": "1"}
     assert (await store.hgetall(1, "message:1:1"))["status"] == "processed"
     assert await store.lrange(1, keys.reply("message:1:1")) == ["{}"]
-    assert not await runs.answer_local(store, 1, read, **args)  # answered already
+    assert not await runs_trio.answer_local(store, 1, read, **args)  # answered already
     assert await store.lrange(1, keys.reply("message:1:1")) == ["{}"]
 
 
 async def test_answer_remote_queues_the_signed_result_once(store) -> None:
     read = await _ended(store)
     answer = Message(7, 9, 1, destination="origin")
-    assert await runs.answer_remote(store, 1, read, result={}, answer=answer)
+    assert await runs_trio.answer_remote(store, 1, read, result={}, answer=answer)
     assert (await store.hgetall(1, answer.key))["destination"] == "origin"
     assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
-    assert not await runs.answer_remote(store, 1, read, result={}, answer=answer)
+    assert not await runs_trio.answer_remote(store, 1, read, result={}, answer=answer)
     assert await store.lrange(1, keys.MSG_OUT) == [answer.key]
 
 
 async def test_reap_ends_an_attempt_whose_lease_is_gone(store, sync_runs) -> None:
     await _started(store, sync_runs)
-    assert not await runs.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease is live
-    assert await runs.lapsed(store, 1) == ([], pytest.approx(10, abs=1))  # seconds to go
+    assert not await runs_trio.reap(store, 1, JOB, "1", "runner_lost: x")  # the lease is live
+    assert await runs_trio.lapsed(store, 1) == ([], pytest.approx(10, abs=1))  # seconds to go
     await _lapse(store)
-    assert await runs.lapsed(store, 1) == ([JOB], -1.0)
-    assert not await runs.reap(store, 1, JOB, "2", "runner_lost: x")  # not its attempt
+    assert await runs_trio.lapsed(store, 1) == ([JOB], -1.0)
+    assert not await runs_trio.reap(store, 1, JOB, "2", "runner_lost: x")  # not its attempt
     assert await store.lrange(1, keys.RESULTS) == []
-    assert await runs.reap(store, 1, JOB, "1", "runner_lost: x")
+    assert await runs_trio.reap(store, 1, JOB, "1", "runner_lost: x")
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], job["result"]) == ("error", "runner_lost: x", "{}")
     assert await store.lrange(1, keys.RESULTS) == [JOB]
     assert await store.lrange(1, INFLIGHT) == []
-    assert await runs.running_jobs(store, 1) == []
+    assert await runs_trio.running_jobs(store, 1) == []
 
 
 async def test_runner_reads_and_plain_writes(store) -> None:
-    assert await runs.attempt_state(store, 1, JOB) == (None, None)
+    assert await runs_trio.attempt_state(store, 1, JOB) == (None, None)
     await store.xadd_capped(1, keys.logs(JOB), {"stream": "stdout", "data": "hi"}, 10)
     await store.expire(1, keys.logs(JOB), 30)
     assert 0 < await _ttl_ms(store, keys.logs(JOB)) <= 30_000

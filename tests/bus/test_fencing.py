@@ -21,7 +21,7 @@ from bus.client.api import open_client
 from bus.core import admitted, keys
 from bus.core.attempts import Outcome
 from bus.core.models import JobStatus, Message, RunnerJob
-from bus.store.atomic import runs
+from bus.store.atomic import runs, runs_trio
 from bus.store.atomic.runs_sync import SyncRuns
 from crypto import read_key_file
 from node.host.hardening import ensure_admission_key
@@ -49,7 +49,7 @@ async def _finish_local(store, attempt: int) -> bool:
     ending = runs.Ending(
         JOB, attempt, "inflight:runner:python:0", "finished", {"stdout": "x"}, "", "{}"
     )
-    return await runs.finish_local(
+    return await runs_trio.finish_local(
         store,
         1,
         ending,
@@ -73,7 +73,7 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, syn
     # attempt 1 was presumed lost and the job started again
     await _started(store, sync_runs, attempts=2)
     assert not await _finish_local(store, 1)
-    assert not await runs.retry_later(
+    assert not await runs_trio.retry_later(
         store, 1, JOB, 1, "inflight:x", queue="queue:python", cause="r", entry="{}", due_ms=0
     )
     assert not sync_runs.finish_malformed(JOB, 1, "inflight:x", "bad")
@@ -86,9 +86,9 @@ async def test_a_superseded_attempt_is_refused_even_holding_the_lease(store, syn
 async def test_renew_retakes_a_lapsed_lease_only_for_the_current_attempt(store, sync_runs):
     await _started(store, sync_runs, attempts=2)
     await lapse(store, JOB)
-    assert not await runs.renew(store, 1, JOB, "old", 10_000, 1)
+    assert not await runs_trio.renew(store, 1, JOB, "old", 10_000, 1)
     assert (await lease_left_ms(store, JOB) or 0) < 0  # still lapsed
-    assert await runs.renew(store, 1, JOB, "tok", 10_000, 2)
+    assert await runs_trio.renew(store, 1, JOB, "tok", 10_000, 2)
     assert 9_000 < (await lease_left_ms(store, JOB) or 0) <= 10_000
 
 
@@ -167,7 +167,7 @@ async def test_a_started_job_this_node_no_longer_runs_is_reaped(node_factory):
     assert result.status is JobStatus.ERROR
     assert result.reason == "runner_lost: slot python:0 of this node no longer runs it"
     assert await alice.store.lrange(1, "inflight:runner:python:0") == []
-    assert await runs.running_jobs(alice.store, 1) == []
+    assert await runs_trio.running_jobs(alice.store, 1) == []
 
 
 # -- the processes that write outcomes ----------------------------------------------------------

@@ -11,7 +11,7 @@ from bus.core.ids import now
 from bus.core.models import Message, MessageType
 from bus.errors import StoreError
 from bus.store import records
-from bus.store.atomic import queues, routing, runs
+from bus.store.atomic import queues, routing, runs, runs_trio
 from bus.store.connection import Store, open_store
 from bus.store.migrate import Migrated, data_model_version, migrate
 from crypto import read_key_file
@@ -148,16 +148,18 @@ async def test_v2_leases_and_running_set_become_one_sorted_set(store: Store) -> 
     await store.call(keys.ACTORS_DB, lambda r: r.delete([keys.DATA_MODEL]))
     assert await migrate(store, [CTX]) == [Migrated(CTX, markers=0, counted=0, leases=3)]
     assert await store.scan_keys(CTX, "lease:*") == []
-    assert await runs.running_jobs(store, CTX) == ["job:1:20", "job:1:21", "job:1:22"]
+    assert await runs_trio.running_jobs(store, CTX) == ["job:1:20", "job:1:21", "job:1:22"]
     assert 4_000 < (await lease_left_ms(store, "job:1:20") or 0) <= 5_000
     assert 4_000 < (await lease_left_ms(store, "job:1:22") or 0) <= 5_000
     assert (await lease_left_ms(store, "job:1:21") or 1) <= 0  # lapsed: the reaper judges it
-    assert await runs.lapsed(store, CTX) == (["job:1:21"], pytest.approx(5, abs=1))
-    assert not await runs.reap(store, CTX, "job:1:20", "1", "runner_lost: x")  # live
-    assert await runs.reap(store, CTX, "job:1:21", "1", "runner_lost: x")
+    assert await runs_trio.lapsed(store, CTX) == (["job:1:21"], pytest.approx(5, abs=1))
+    assert not await runs_trio.reap(store, CTX, "job:1:20", "1", "runner_lost: x")  # live
+    assert await runs_trio.reap(store, CTX, "job:1:21", "1", "runner_lost: x")
     ending = runs.Ending("job:1:20", 1, "inflight:runner:ext-9", "finished", {}, "", "")
-    assert await runs.finish_local(store, CTX, ending, request_key="message:1:1", reply_ttl_s=60)
-    assert await runs.running_jobs(store, CTX) == ["job:1:22"]
+    assert await runs_trio.finish_local(
+        store, CTX, ending, request_key="message:1:1", reply_ttl_s=60
+    )
+    assert await runs_trio.running_jobs(store, CTX) == ["job:1:22"]
     assert await migrate(store, [CTX]) == []  # at version 3, of this shape: nothing to do
 
 
@@ -201,5 +203,5 @@ async def test_a_node_started_on_v2_runner_state_reaps_the_job_whose_runner_died
         [result] = await alice.client.wait_results(msg, timeout_s=30)
     assert result.reason == "runner_lost: the lease of runner ext-9 expired"
     assert await alice.store.scan_keys(CTX, "lease:*") == []
-    assert await runs.running_jobs(alice.store, CTX) == []
+    assert await runs_trio.running_jobs(alice.store, CTX) == []
     assert await alice.store.lrange(CTX, "inflight:runner:ext-9") == []

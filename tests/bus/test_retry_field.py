@@ -13,7 +13,7 @@ from bus.core import keys
 from bus.core.attempts import AnswerHere, Attempt, Outcome, Retry, RetryPolicy, plan_ending
 from bus.core.ids import now_ms
 from bus.core.models import JobStatus, Message, RunnerJob
-from bus.store.atomic import runs, type_breakers
+from bus.store.atomic import runs_trio, type_breakers
 from bus.store.atomic.runs import ending_of
 from bus.store.atomic.runs_sync import SyncRuns
 
@@ -41,7 +41,7 @@ def _end(sync_runs: SyncRuns, fields: dict[str, str], outcome: Outcome) -> Any: 
 
 
 async def _start_due(store, sync_runs: SyncRuns) -> dict[str, str]:  # noqa: ANN001
-    assert await runs.move_due(store, 1, now_ms()) == -1
+    assert await runs_trio.move_due(store, 1, now_ms()) == -1
     assert sync_runs.pop_first(["queue:python"], INFLIGHT) == (JOB, 0)
     fields = sync_runs.start(JOB, TOKEN, 10_000, "python:0")
     assert isinstance(fields, dict)
@@ -103,8 +103,8 @@ async def test_an_external_runner_s_retried_job_is_answered_without_its_retry(st
     results service's answer clears it: a final job never says it waits for a retry."""
     job = {"status": "finished", "attempt": "2", "retry_of": "1", "result": "{}"}
     await store.hset(1, JOB, job)
-    read = runs.Answered(JOB, "finished", "2", "")
+    read = runs_trio.Answered(JOB, "finished", "2", "")
     args = {"result": {}, "request_key": "message:1:9", "reply": "{}", "reply_ttl_s": 60}
-    assert await runs.answer_local(store, 1, read, **args)
+    assert await runs_trio.answer_local(store, 1, read, **args)
     stored = await store.hgetall(1, JOB)
     assert ("answered" in stored, "retry_of" in stored) == (True, False)

@@ -19,7 +19,7 @@ from bus.core.models import JobStatus
 from bus.core.stats import StatsBatch, merged_fields, reason_token, type_label
 from bus.errors import HandshakeError
 from bus.store import records
-from bus.store.atomic import runs, script, source
+from bus.store.atomic import runs, runs_trio, script, source
 from bus.store.atomic.runs_sync import SyncRuns, connect
 from bus.store.connection import open_store
 from bus.wire.transport import Transport
@@ -211,7 +211,7 @@ async def test_job_statistics_keep_their_labels_few(store, sync_runs):
     assert isinstance(sync_runs.start(job, "t", 15000, ""), dict)
     cause = "exit code 3: boom"  # the failed attempt's reason: the retry's cause
     inflight = keys.inflight("r")
-    ok = await runs.retry_later(
+    ok = await runs_trio.retry_later(
         store, 1, job, 1, inflight, queue="queue:v", cause=cause, entry="{}", due_ms=1
     )
     assert ok

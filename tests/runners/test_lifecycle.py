@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from bus.core import keys
 from bus.core.attempts import after_attempt, backoff_s
 from bus.core.models import JobStatus
-from bus.store.atomic import runs
+from bus.store.atomic import runs_trio
 from crypto import read_key_file
 from tests.leases import lapse
 from tests.scripts import announcing, wait_announced
@@ -124,8 +124,8 @@ async def test_jobstore_fences_transitions_by_attempt(store, sync_runs):
     await store.hset(1, "job:1:1", {"status": "dispatched", "attempt": "0"})
     started = sync_runs.start("job:1:1", "tok", 10_000, "")
     assert (started["attempt"], started["status"], started["runner"]) == ("1", "started", "tok")
-    assert await runs.renew(store, 1, "job:1:1", "tok", 10_000, 1)
-    assert not await runs.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
+    assert await runs_trio.renew(store, 1, "job:1:1", "tok", 10_000, 1)
+    assert not await runs_trio.renew(store, 1, "job:1:1", "other", 10_000, 2)  # not its attempt
     assert not sync_runs.requeue("job:1:1", 2, "inflight:x", "queue:python")
     assert sync_runs.requeue("job:1:1", 1, "inflight:x", "queue:python")
     assert await store.lrange(1, "queue:python") == ["job:1:1"]
