@@ -15,10 +15,10 @@ import pytest
 import trio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bus.client.api import new_job, open_client
+from bus.client.api import Client, new_job, open_client
 from bus.core.models import Message
 from bus.core.tracecontext import parse_traceparent
-from crypto import read_key_file
+from crypto import Signer, read_key_file
 from node.config import render_config
 from node.config.tracing import TracingConfig
 from tests.nodeproc import NodeProcess
@@ -26,6 +26,16 @@ from tests.otlp import Receiver, Span
 from tests.scripts import announcing, wait_announced
 
 K = 4  # the jobs of the batch, each in a message of its own
+
+
+async def _prints(client: Client, actor: Signer, to: str, n: int) -> list[Message]:
+    """``n`` one-job messages to node ``to``, each its own ``print(i)``, submitted in turn."""
+    return [
+        await client.submit_job(
+            actor, 1, to=to, context_id=1, script_type="python", script=f"print({i})"
+        )
+        for i in range(n)
+    ]
 
 
 def _traced(node: NodeProcess, endpoint: str) -> None:
@@ -69,17 +79,7 @@ async def test_each_job_of_a_traced_batch_has_its_own_attempt_span(tmp_path: Pat
                         jobs=[new_job(1, 1, "python", hold)],
                     )  # fmt: skip
                     pid = await wait_announced(client.store, "gate")
-                    msgs = [
-                        await client.submit_job(
-                            actor,
-                            1,
-                            to=node.node_id,
-                            context_id=1,
-                            script_type="python",
-                            script=f"print({n})",
-                        )  # fmt: skip
-                        for n in range(K)
-                    ]
+                    msgs = await _prints(client, actor, node.node_id, K)
                     keys = {m.key for m in msgs}
 
                     def queued(spans: list[Span]) -> bool:  # routed spans end once materialised
@@ -182,17 +182,7 @@ async def test_a_traced_runner_reads_no_message_hash_per_job(tmp_path: Path, mon
                             ready = trio.Event()
                             watch.start_soon(_monitor, node.redis_url, seen, ready)
                             await ready.wait()
-                            msgs = [
-                                await client.submit_job(
-                                    actor,
-                                    1,
-                                    to=node.node_id,
-                                    context_id=1,
-                                    script_type="python",
-                                    script=f"print({i})",
-                                )  # fmt: skip
-                                for i in range(n)
-                            ]
+                            msgs = await _prints(client, actor, node.node_id, n)
                             for msg in msgs:
                                 [result] = await client.wait_results(msg, timeout_s=60)
                                 assert result.ok, result
