@@ -201,9 +201,9 @@ def ending_of(plan: Plan, job_key: str, attempt: int, inflight: str) -> Ending:
 def finish_call(
     ending: Ending, answer_key: str, answer_hash: dict[str, str], stats: str = ""
 ) -> tuple[str, list[str], list[str]]:
-    """The script, KEYS and ARGV of :func:`finish`. ``stats``: '' the script counts the
-    attempt in the job statistics; else the sums a runner process counted itself
-    (bus/core/stats.py: ``StatsBatch.encode``), applied instead."""
+    """The script, KEYS and ARGV of :func:`bus.store.atomic.runs_trio.finish`. ``stats``: ''
+    the script counts the attempt in the job statistics; else the sums a runner process counted
+    itself (bus/core/stats.py: ``StatsBatch.encode``), applied instead."""
     key_list = [*_attempt_keys(ending.job_key, ending.inflight), answer_key, keys.MSG_OUT]
     return "runs_finish", key_list, [*ending.args(), stats, *flat_fields(answer_hash)]
 
@@ -355,9 +355,9 @@ def then_take_next(
 def retry_call(
     ending: Ending, *, queue: str, due_ms: int, stats: str = ""
 ) -> tuple[str, list[str], list[str]]:
-    """The script, KEYS and ARGV of :func:`retry_later`: ``ending.reason`` is the retry's
-    cause (the failed attempt's reason), the job's ``retry_of`` its attempt; ``stats`` as
-    :func:`finish_call`'s."""
+    """The script, KEYS and ARGV of :func:`bus.store.atomic.runs_trio.retry_later`:
+    ``ending.reason`` is the retry's cause (the failed attempt's reason), the job's
+    ``retry_of`` its attempt; ``stats`` as :func:`finish_call`'s."""
     args = [str(ending.attempt), ending.reason, str(now()), ending.entry, str(due_ms)]
     args += [f"{queue}|{ending.job_key}", stats]
     return "runs_retry", [*_attempt_keys(ending.job_key, ending.inflight), keys.DELAYED], args
