@@ -174,6 +174,7 @@ def runner_inflight(runner_id: str) -> str:
 # Job keys an external runner finished (final status and result written): the node answers
 # them (reply or signed result message) and applies retries. See node/runners/external.py.
 RESULTS = "results"
+RESULTS_INFLIGHT = inflight(RESULTS)  # the results service's in-flight list
 
 # Hash of job statistics of the context, counted by every script that starts or ends a job
 # (bus/store/atomic/lua/stats_jobs.lua; fields ``<event>|<script type>[|...]``), read by

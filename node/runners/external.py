@@ -59,8 +59,6 @@ from node.state import NodeState
 
 log = logging.getLogger(__name__)
 
-RESULTS_INFLIGHT = runs_trio.RESULTS_INFLIGHT
-
 
 async def run_results(
     node: NodeState, ctx: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -68,7 +66,7 @@ async def run_results(
     """Answer the jobs external runners finish in context ``ctx`` until cancelled.
 
     Raises StoreError if Redis fails (the caller restarts the service)."""
-    queue = Queue(ctx, keys.RESULTS, RESULTS_INFLIGHT)  # the job hashes read with the pop
+    queue = Queue(ctx, keys.RESULTS, keys.RESULTS_INFLIGHT)  # the job hashes read with the pop
     await serve_queue(node.store, queue, Results(node, ctx), task_status=task_status)
 
 
@@ -98,12 +96,12 @@ async def answer(
     if not fields:
         detail = "the entry names no job hash"
         await node.store.refuse_entry(
-            ctx, RESULTS_INFLIGHT, job_key, Reason.MISSING_HASH, detail, queue=keys.RESULTS
+            ctx, keys.RESULTS_INFLIGHT, job_key, Reason.MISSING_HASH, detail, queue=keys.RESULTS
         )
         return False
     status = fields.get("status", "")
     if status not in (JobStatus.FINISHED.value, JobStatus.ERROR.value) or "answered" in fields:
-        await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
+        await node.store.ack(ctx, keys.RESULTS_INFLIGHT, job_key)
         return False
     try:
         job = RunnerJob.from_hash(fields)
@@ -114,7 +112,7 @@ async def answer(
         await node.store.dead_letter(
             ctx, job_key, Reason.MALFORMED_JOB, str(exc), queue=keys.RESULTS
         )
-        await node.store.ack(ctx, RESULTS_INFLIGHT, job_key)
+        await node.store.ack(ctx, keys.RESULTS_INFLIGHT, job_key)
         return False
     origin, reply_to = fields.get("origin", ""), fields.get("reply_to", "")
     here = node.identity.node_id

@@ -349,7 +349,7 @@ async def test_pop_started_gives_back_an_entry_it_did_not_move(store, sync_runs)
 
 async def _ended(store, status: str = "error", attempt: str = "1") -> runs_trio.Answered:
     await store.hset(1, JOB, {"status": status, "attempt": attempt, "flow_id": ""})
-    await store.lpush(1, runs_trio.RESULTS_INFLIGHT, JOB)
+    await store.lpush(1, keys.RESULTS_INFLIGHT, JOB)
     return runs_trio.Answered(JOB, status, attempt, '{"attempt": 1}')
 
 
@@ -360,7 +360,7 @@ async def test_answered_retry_sends_the_attempt_back_once(store) -> None:
     job = await store.hgetall(1, JOB)
     assert (job["status"], job["reason"], job["retry_of"]) == ("dispatched", "exit_1", "1")
     assert await store.call(1, lambda r: r.zscore(keys.DELAYED, f"{QUEUE}|{JOB}")) == 99
-    assert await store.lrange(1, runs_trio.RESULTS_INFLIGHT) == []
+    assert await store.lrange(1, keys.RESULTS_INFLIGHT) == []
     assert await store.lrange(1, keys.attempts(JOB)) == ['{"attempt": 1}']
     assert not await runs_trio.answered_retry(store, 1, read, **args)  # its status changed
 
@@ -371,7 +371,7 @@ async def test_answer_local_answers_once_and_refuses_another_attempt(store) -> N
     stale = runs_trio.Answered(JOB, "finished", "2", "{}")
     assert not await runs_trio.answer_local(store, 1, stale, **args)  # not the attempt read
     assert "answered" not in await store.hgetall(1, JOB)
-    assert await store.lrange(1, runs_trio.RESULTS_INFLIGHT) == []  # taken off either way
+    assert await store.lrange(1, keys.RESULTS_INFLIGHT) == []  # taken off either way
     assert await runs_trio.answer_local(store, 1, read, **args)
     job = await store.hgetall(1, JOB)
     assert "answered" in job

@@ -22,7 +22,6 @@ from bus.store.connection import Store
 __all__ = [
     "Answered",
     "LAPSED_PER_CALL",
-    "RESULTS_INFLIGHT",
     "answer_local",
     "answer_remote",
     "answered_retry",
@@ -106,8 +105,6 @@ async def move_due(store: Store, ctx: int, now_ms: int) -> int:
 
 # -- the results service of external runners (node/runners/external.py) ------------------------
 
-RESULTS_INFLIGHT = keys.inflight("results")  # the results service's in-flight list
-
 
 @dataclass(frozen=True)
 class Answered:
@@ -120,7 +117,7 @@ class Answered:
     entry: str  # the attempt's record (bus/core/attempts.py attempt_entry)
 
     def key_list(self) -> list[str]:
-        return [self.job_key, RESULTS_INFLIGHT, keys.attempts(self.job_key)]
+        return [self.job_key, keys.RESULTS_INFLIGHT, keys.attempts(self.job_key)]
 
     def arg_list(self) -> list[str]:
         return [str(now()), self.status, self.entry, self.attempt]
