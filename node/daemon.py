@@ -71,11 +71,12 @@ from node.host.homelock import hold_home
 from node.host.ports import listen_error
 from node.host.signer import run_signer
 from node.host.valkey import run_valkey
+from node.intake.admission import load_message
 from node.intake.consumer import run_consumer
 from node.intake.deadlines import run_deadlines
 from node.intake.fair_share import run_fair_share
 from node.intake.held import run_held
-from node.intake.messages import Rejected, load_message, reject
+from node.intake.messages import Rejected, reject
 from node.intake.pressure import raised_bounds, run_pressure_watch
 from node.intake.supervisor import run_supervisor
 from node.links.encryption import (

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from bus.core.deadlines import RECEIVED_FROM
-from bus.core.models import Actor, Context, Peer
+from bus.core.models import Actor, Context, Message, Peer
 from bus.core.stats import StatsBatch
 from bus.core.verify import AcceptedAlgorithms, Freshness
 from bus.store import records
@@ -30,6 +30,8 @@ from node.sandbox.probe import Isolation
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+REPLY_MEMORY = 16_384  # requests sent to peers whose reply_to Recent.reply_targets keeps
 
 
 class Waker(Protocol):
@@ -331,8 +333,14 @@ class Recent:
     signed_results: SignedResults = field(default_factory=SignedResults)
     # requests this node sent to peers lately, by (context, key): their signed reply_to ("" if
     # none), so that the answers their results carry need no read
-    # (node.intake.messages.reply_targets)
+    # (node.intake.consumer.reply_targets)
     reply_targets: OrderedDict[tuple[int, str], str] = field(default_factory=OrderedDict)
+
+    def remember_reply_to(self, message: Message) -> None:
+        """Keep the signed ``reply_to`` of a job message this node sends to a peer (bounded)."""
+        self.reply_targets[message.context_id, message.key] = message.reply_to
+        while len(self.reply_targets) > REPLY_MEMORY:
+            self.reply_targets.popitem(last=False)
 
 
 # -- what holds intake back (node/intake/pressure.py says when and why) -----------------------

@@ -180,7 +180,7 @@ def reply_text(
     the order in_reply_to, job_key, status, result, reason. The one writer of it for every way
     a job ends: a built-in runner's end (bus/store/atomic/runs.py finish_local_call), an
     external runner's answered job (node/runners/external.py) and a peer's result applied at
-    the origin (node/intake/messages.py result_write), so a client reads the same bytes
+    the origin (node/intake/consumer.py result_write), so a client reads the same bytes
     whichever way its job ran."""
     answer = {
         "in_reply_to": in_reply_to,

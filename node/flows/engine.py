@@ -4,7 +4,7 @@ prerequisites finish, dooms the dependents of failed jobs, and keeps the flow's 
 Event-driven and recoverable. The client stores an actor-signed flow (``flow:<id>``, see
 bus/core/flows.py for the trust design) with its job copies in ``waiting_for_prerequisites``, adds
 it to ``flows:active`` and pushes its id on ``flow_events``. Every job result that reaches this
-node for a flow job pushes the flow id there too (node/intake/messages.py ``result_write``). The
+node for a flow job pushes the flow id there too (node/intake/consumer.py ``result_write``). The
 engine pops ``flow_events`` reliably and *re-evaluates* the flow from what Valkey holds: the
 job copies' statuses go into :func:`bus.core.dag.schedule`; doomed jobs end in ``error`` with
 reason ``prerequisite_failed``; ready jobs are released as node-signed ``flow_job`` messages on

@@ -3,12 +3,14 @@ the atomic write that completes it for a job message (its jobs materialised).
 
 Two paths lead here: the supervisor (``msg_out``: what this node's clients and services submit;
 a job for this node is materialised right there) and the consumer (``msg_in``: what peers
-delivered, and what this node routes to itself). Both call :func:`admit`, so a message is
-judged by the same checks on either: its size (``oversize``), its shape (a job's caller and
-context are the message's; a stop names a job; a result's body decodes), its signature against
-the registered key, its freshness, the caller's permission in the context and, for a job
-message from a peer, its signed ack deadline. Replays are refused atomically where what a
-message causes is written: job and flow-job messages by the materialise script
+delivered, and what this node routes to itself). Both are :class:`Intake` handlers: each entry
+they pop is parsed here (:func:`parse_message`: a hash that is no message of this context is
+refused as ``missing_hash``, ``malformed`` or ``wrong_context``) and judged by :func:`admit`,
+so a message is judged by the same checks on either: its size (``oversize``), its shape (a
+job's caller and context are the message's; a stop names a job; a result's body decodes), its
+signature against the registered key, its freshness, the caller's permission in the context
+and, for a job message from a peer, its signed ack deadline. Replays are refused atomically
+where what a message causes is written: job and flow-job messages by the materialise script
 (:func:`materialise_many`), results by the consumer's accept script; stops here.
 
 Materialising a batch (replay check, job hashes, queue entries, message status, replay markers,
@@ -42,20 +44,23 @@ bounds decided here, and its verdict becomes the refusal here (:func:`quota_refu
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Literal, NamedTuple, TypeVar
 
-from bus.core import admitted, keys
+from bus.core import admitted, keys, spans
 from bus.core.deadlines import ack_deadline
 from bus.core.envelope import ResultBody
 from bus.core.ids import now
 from bus.core.models import JobStatus, Message, MessageType, RunnerJob
 from bus.core.queues import target_queue
 from bus.core.reasons import Reason
+from bus.core.tracecontext import MessageTrace
 from bus.core.verify import freshness_problem, judge, permission_problem
-from bus.errors import ModelError
+from bus.errors import ModelError, Refused
 from bus.store import records
 from bus.store.atomic.queues import JobWrite, materialise_batch
+from bus.store.connection import Store
+from bus.store.serve import Handler, Popped, Queue
 from node.config import NodeConfig
 from node.flows.trust import authorise_flow_job
 from node.intake.messages import Rejected, answer_unrunnable, reject, signed_here
@@ -64,10 +69,113 @@ from node.sandbox.probe import Isolation
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+V = TypeVar("V")
 
 NODE_SIGNED = (MessageType.RESULT, MessageType.FLOW_JOB)
 # the node counter of messages whose signature verified (node/observe/metrics.py)
 VERIFIED = "signatures_verified"
+
+
+# -- an intake queue's entry: parsed, then judged ---------------------------------------------
+
+
+async def load_message(node: NodeState, ctx: int, key: str) -> Message:
+    """Read and parse a message hash; Rejected('malformed', ...) if it cannot be used."""
+    return parse_message(ctx, key, await records.read_message(node.store, ctx, key))
+
+
+def parse_message(ctx: int, key: str, fields: Mapping[str, str]) -> Message:
+    """Parse the hash stored under ``key`` in context ``ctx``; Rejected if it is unusable."""
+    if not fields:
+        raise Rejected(Reason.MISSING_HASH, f"{key} has no hash in context {ctx}")
+    try:
+        message = Message.from_hash(fields)
+    except ModelError as exc:
+        raise Rejected(Reason.MALFORMED, str(exc)) from None
+    if message.key != key:
+        raise Rejected(Reason.MALFORMED, f"hash fields name {message.key}, stored under {key}")
+    if message.context_id != ctx:
+        raise Rejected(Reason.WRONG_CONTEXT, f"message is for context {message.context_id}")
+    return message
+
+
+def parsed_or_none(ctx: int, key: str, fields: Mapping[str, str]) -> Message | None:
+    """The message a refused entry holds, if it parses at all (what ``reject`` tells its
+    sender depends on it)."""
+    try:
+        return parse_message(ctx, key, fields)
+    except Exception:  # unparsable: refused as such
+        return None
+
+
+class Intake(Handler[T]):
+    """The handler of an intake queue (msg_out: the supervisor, msg_in: the consumer): each
+    popped entry parsed and judged (:meth:`judged`); a refused message is dead-lettered with
+    its reason, its sender told (node/intake/messages.py :func:`reject`)."""
+
+    name = "intake"
+    source = ""  # the queue, where a retry sends a refused message back
+    judging = ""  # the operation of a message's first span, the one that judges it
+
+    def __init__(self, node: NodeState, ctx: int, script_types: Collection[str]) -> None:
+        self.node, self.ctx, self.script_types = node, ctx, script_types
+
+    async def judged(
+        self,
+        popped: Popped,
+        judge: Callable[[Message], Awaitable[V]],
+        outcome: Callable[[V], str],
+    ) -> tuple[Message, MessageTrace, V]:
+        """The popped message parsed and judged (``judge``) inside its first span, a child of
+        the trace it carries, which ends with ``outcome(verdict)`` or with the error (raised
+        on: a Rejected is refused by the serve loop)."""
+        message = parse_message(self.ctx, popped.value, popped.fields)
+        trace = spans.judge_message(self.node.counters.count, message)
+        span = self._span(self.judging, message, trace)
+        try:
+            verdict = await judge(message)
+        except BaseException as exc:
+            spans.end_error(span, exc)
+            raise
+        spans.end(span, outcome(verdict))
+        return message, trace, verdict
+
+    def _span(self, operation: str, message: Message, trace: MessageTrace) -> spans.Span | None:
+        """This queue's span of one message: the judging one a CONSUMER span (the message
+        taken from its queue), the others INTERNAL; named by the handler's module."""
+        if not spans.recording():
+            return None  # not even the node's id read: nothing records it
+        kind: Literal["CONSUMER", "INTERNAL"] = (
+            "CONSUMER" if operation == self.judging else "INTERNAL"
+        )
+        return spans.start_message_span(
+            type(self).__module__,
+            f"{operation} {self.source}",
+            kind,
+            self.node.identity.node_id,
+            self.ctx,
+            message,
+            trace,
+            self.source,
+        )
+
+    async def refuse(
+        self, store: Store, queue: Queue, popped: Popped, refused: Refused, exc: Exception
+    ) -> None:
+        node, ctx, key = self.node, self.ctx, popped.value
+        message = parsed_or_none(ctx, key, popped.fields)
+        rejected = exc if isinstance(exc, Rejected) else Rejected(refused.reason, refused.detail)
+        await reject(node, ctx, key, rejected, message, self.name, queue=self.source)
+        if isinstance(exc, Rejected) and message is not None:
+            await self.rejected(message, rejected)
+        await store.ack(ctx, queue.inflight, key)
+
+    async def rejected(self, message: Message, exc: Rejected) -> None:
+        """What else refusing a parsed message (by the handler's verdict) takes."""
+
+
+# -- the checks ----------------------------------------------------------------------------------
 
 
 async def admit(

@@ -9,6 +9,7 @@ by message key.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection, Mapping
 from typing import NoReturn
@@ -18,23 +19,17 @@ import trio
 from bus.core import keys, spans
 from bus.core.deadlines import RECEIVED_FROM, unacknowledged
 from bus.core.envelope import ResultBody
-from bus.core.models import Message, MessageStatus, MessageType
+from bus.core.ids import now
+from bus.core.models import JobStatus, Message, MessageStatus, MessageType
 from bus.core.reasons import Reason
-from bus.core.tracecontext import NO_TRACE, MessageTrace
+from bus.core.tracecontext import NO_TRACE, MessageTrace, message_trace
 from bus.store import records
 from bus.store.atomic import routing
+from bus.store.atomic.routing import ResultWrite
 from bus.store.serve import Done, Popped, Queue, serve_queue
-from node.intake.admission import admit, materialise_fresh
+from node.intake.admission import Intake, admit, materialise_fresh
 from node.intake.held import hold
-from node.intake.messages import (
-    Intake,
-    Rejected,
-    end_result_spans,
-    reject,
-    reply_targets,
-    result_write,
-    start_result_spans,
-)
+from node.intake.messages import Rejected, reject
 from node.intake.stops import apply_stop
 from node.state import NodeState
 
@@ -190,6 +185,76 @@ async def accept_results(
             exc = _refusal(ctx, message, body, Reason(str(reason)), str(detail))
             await reject(node, ctx, message.key, exc, message, SERVICE, queue=keys.MSG_IN)
             await node.store.ack(ctx, inflight, message.key)
+
+
+async def reply_targets(node: NodeState, ctx: int, requests: list[str]) -> list[str]:
+    """The ``reply_to`` of each request that results answer: remembered since it was sent,
+    else read from the requests (one round trip for all those, after a restart say)."""
+    known = {r: node.recent.reply_targets.get((ctx, r)) for r in requests}
+    unknown = sorted(r for r, reply_to in known.items() if reply_to is None)
+    found = await routing.reply_targets(node.store, ctx, unknown)
+    read = dict(zip(unknown, found, strict=True))
+    return [known[r] or read.get(r, "") for r in requests]
+
+
+def result_write(node: NodeState, body: ResultBody, reply_to: str = "") -> ResultWrite:
+    """What ``body`` changes at the origin: the job copy's final state, the request's status,
+    the reply that wakes the waiting client (with a TTL; on the inbox the request's
+    ``reply_to`` names, if any) and, for a flow's job, a wake-up of the flow engine
+    (node/flows/engine.py); see bus/store/atomic/lua/routing_apply_result_fn.lua."""
+    request_status = (
+        MessageStatus.PROCESSED if body.status is JobStatus.FINISHED else MessageStatus.ERROR
+    )
+    return ResultWrite(
+        job_key=body.job_key,
+        request=body.in_reply_to,
+        status=body.status.value,
+        result=json.dumps(body.result),
+        reason=body.reason,
+        stamp=now(),
+        request_status=request_status.value,
+        reply=body.reply(),  # what the client reads (PROTOCOL.md section 8)
+        reply_ttl_s=node.config.reply_ttl_s,
+        reply_to=reply_to,
+    )
+
+
+def start_result_spans(
+    node: NodeState, ctx: int, results: list[tuple[Message, ResultBody]]
+) -> list[spans.Span | None]:
+    """The result's way back, at its origin: one span per result applied (the job copy, the
+    request, the client's reply), a child of the trace the result carries (its request's,
+    bus/core/envelope.py build_result). The result was judged when it was verified: its
+    trace context is not counted a second time. [] while nothing is recorded."""
+    if not spans.recording():
+        return []
+    made = []
+    for message, body in results:
+        trace = message_trace(message.traceparent, message.tracestate)
+        span = spans.start_message_span(
+            __name__,
+            f"apply {keys.MSG_IN}",
+            "INTERNAL",
+            node.identity.node_id,
+            ctx,
+            message,
+            trace,
+            keys.MSG_IN,
+        )
+        if span is not None:
+            span.set_attribute(spans.JOB_KEY, body.job_key)
+            span.set_attribute("hero.request.id", body.in_reply_to)
+        made.append(span)
+    return made
+
+
+def end_result_spans(made: list[spans.Span | None], verdicts: list[tuple[str, str]]) -> None:
+    """End the spans of :func:`start_result_spans` with each result's verdict."""
+    for span, (reason, _) in zip(made, verdicts, strict=False):
+        if reason == "ok":
+            spans.end(span, "applied")
+        else:
+            spans.end(span, "rejected", str(reason))
 
 
 def _refusal(ctx: int, message: Message, body: ResultBody, reason: Reason, detail: str) -> Rejected:

@@ -31,7 +31,7 @@ from bus.errors import ContentError, ModelError
 from bus.store import records
 from bus.store.atomic.routing import fail_request, pop_due
 from bus.store.atomic.routing import withdraw as atomic_withdraw
-from node.intake.messages import result_write
+from node.intake.consumer import result_write
 from node.state import NodeState, WakeUps
 
 log = logging.getLogger(__name__)

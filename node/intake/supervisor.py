@@ -23,13 +23,8 @@ from bus.store import records, serve
 from bus.store.atomic import routing
 from bus.store.atomic.queues import JobWrite
 from bus.store.serve import Popped, Queue, serve_queue
-from node.intake.admission import admit, materialise_fresh
-from node.intake.messages import (
-    Intake,
-    Rejected,
-    parse_message,
-    remember_reply_to,
-)
+from node.intake.admission import Intake, admit, materialise_fresh, parse_message
+from node.intake.messages import Rejected
 from node.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -230,7 +225,7 @@ async def route_many(
             if box is not None and m.key in hashes:
                 box.remember(value, hashes[m.key])
             if m.message_type is MessageType.JOB:
-                remember_reply_to(node, m)
+                node.recent.remember_reply_to(m)
     if by_peer:
         await routing.push_outboxes(node.store, by_peer)
     stamp = str(now())

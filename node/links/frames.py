@@ -23,8 +23,8 @@ from bus.core.tracecontext import message_trace
 from bus.store import records
 from bus.store.atomic import routing
 from bus.wire.transport import Link
-from node.intake.admission import delivery_problem
-from node.intake.messages import Rejected, load_message, reject
+from node.intake.admission import delivery_problem, load_message
+from node.intake.messages import Rejected, reject
 from node.links.summary import SUMMARY, SummaryDesk
 from node.links.trace import TraceDesk
 from node.state import NodeState

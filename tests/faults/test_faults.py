@@ -42,7 +42,8 @@ from bus.errors import ClientError, FrameError, ModelError
 from bus.wire.transport import Link, Transport, TransportConfig
 from crypto import KeyPair, read_key_file
 from node.host.valkey import ValkeyProcess, ValkeySpec, free_port
-from node.intake.messages import Rejected, load_message
+from node.intake.admission import load_message
+from node.intake.messages import Rejected
 from tests.faults_proxy import TcpProxy
 from tests.intake.test_rejections import job_message
 from tests.nodeproc import NodeProcess
