@@ -88,9 +88,36 @@ def run_peers(plan: PeerPlan, outdir: Path, port: int) -> dict[str, dict[str, An
         if isinstance(doc, dict) and "system" in doc:
             name = str(doc["system"]).removeprefix("peer_")
             found[name] = doc.get("summary") or {"error": doc.get("error", "no summary")}
+            if "error" not in found[name]:
+                written = outdir / f"peer_{name}_{doc.get('config')}.json"
+                found[name][REPEATS] = _repeats(written)
     if not found:
         raise RuntimeError(f"compare.sh (exit {done.returncode}) printed no peer summary")
     return found
+
+
+REPEATS = "repeats"  # a summary's own figures, repetition by repetition (:func:`_repeats`)
+
+
+def _repeats(path: Path) -> list[dict[str, float]]:
+    """Each repetition's figures from the file compare.sh wrote beside its summary (the
+    summary holds their medians), flat: the latency's under ``latency_<name>``. [] if the file
+    is missing or holds none: the table then shows the summary alone."""
+    try:
+        reps = json.loads(path.read_text(encoding="utf-8")).get("reps")
+    except (OSError, ValueError, AttributeError):
+        return []
+    out = []
+    for rep in reps if isinstance(reps, list) else []:
+        if not isinstance(rep, dict):
+            continue
+        flat = {k: float(v) for k, v in rep.items() if isinstance(v, int | float)}
+        latency = rep.get("latency")
+        if isinstance(latency, dict):
+            numbers = {k: v for k, v in latency.items() if isinstance(v, int | float)}
+            flat |= {f"latency_{k}": float(v) for k, v in numbers.items()}
+        out.append(flat)
+    return out
 
 
 def _private_bench_dir(outdir: Path) -> Path:
@@ -132,12 +159,21 @@ def _peer(peers: dict[str, dict[str, Any]], name: str, field: str) -> float | No
 
 @dataclass(frozen=True)
 class Target:
+    """A ratio: ``ours`` over a peer's summary field (``peer``: name, field; its repetitions
+    give the ratio's range within the run) or over another figure of ours (``theirs``)."""
+
     metric: str
     target: str  # ">= x" / "<= x" on the ratio
     ours: Callable[[list[Row]], float | None]
-    theirs: Callable[[list[Row], dict[str, dict[str, Any]]], float | None]
+    peer: tuple[str, str] | None
     what_ours: str
     what_theirs: str
+    theirs: Callable[[list[Row]], float | None] | None = None
+
+    def denominator(self, rows: list[Row], peers: dict[str, dict[str, Any]]) -> float | None:
+        if self.peer is not None:
+            return _peer(peers, *self.peer)
+        return self.theirs(rows) if self.theirs is not None else None
 
 
 def _local_rate(rows: list[Row]) -> float | None:
@@ -158,7 +194,7 @@ TARGETS = (
         "local jobs/s / Dramatiq (2 proc x 8 thr) jobs/s",
         ">= 1.2",
         _local_rate,
-        lambda _r, p: _peer(p, "dramatiq", "warm_throughput_per_s"),
+        ("dramatiq", "warm_throughput_per_s"),
         "case 1",
         "dramatiq p2t8",
     ),
@@ -166,7 +202,7 @@ TARGETS = (
         "local jobs/s / SAQ jobs/s",
         ">= 2",
         _local_rate,
-        lambda _r, p: _peer(p, "saq", "warm_throughput_per_s"),
+        ("saq", "warm_throughput_per_s"),
         "case 1",
         "saq default",
     ),
@@ -174,7 +210,7 @@ TARGETS = (
         "local p50 / SAQ p50",
         "<= 1",
         lambda r: _ours(r, "3 round trip", "local p50"),
-        lambda _r, p: _peer(p, "saq", "latency_p50_ms"),
+        ("saq", "latency_p50_ms"),
         "case 3",
         "saq default",
     ),
@@ -182,7 +218,7 @@ TARGETS = (
         "local p99 / SAQ p99",
         "<= 1",
         lambda r: _ours(r, "3 round trip", "local p99"),
-        lambda _r, p: _peer(p, "saq", "latency_p99_ms"),
+        ("saq", "latency_p99_ms"),
         "case 3",
         "saq default",
     ),
@@ -190,23 +226,25 @@ TARGETS = (
         "cross-node jobs/s / local jobs/s",
         ">= 0.7",
         lambda r: _ours(r, "2 cross", "jobs/s"),
-        lambda r, _p: _local_rate(r),
+        None,
         "case 2",
         "case 1",
+        theirs=_local_rate,
     ),
     Target(
         "cross-node p50 / local p50",
         "<= 2.5",
         lambda r: _ours(r, "3 round trip", "cross p50"),
-        lambda r, _p: _ours(r, "3 round trip", "local p50"),
+        None,
         "case 3",
         "case 3",
+        theirs=lambda r: _ours(r, "3 round trip", "local p50"),
     ),
     Target(
         "jobs per CPU-second (all processes) / Dramatiq's",
         ">= 1",
         _efficiency,
-        lambda _r, p: _peer(p, "dramatiq", "warm_jobs_per_cpu_s"),
+        ("dramatiq", "warm_jobs_per_cpu_s"),
         "case 1 CPU per job",
         "dramatiq p2t8",
     ),
@@ -214,9 +252,10 @@ TARGETS = (
         "jobs/s with 2 python runners / with 1",
         ">= 1.3",
         lambda r: _slots(r, 2),
-        lambda r, _p: _slots(r, 1),
+        None,
         "case 7",
         "case 7",
+        theirs=lambda r: _slots(r, 1),
     ),
 )
 
@@ -291,31 +330,60 @@ def ratio_rows(rows: list[Row], peers: dict[str, dict[str, Any]]) -> list[Row]:
     then the kept targets (:func:`kept_rows`)."""
     out = []
     for t in TARGETS:
-        ours, theirs = t.ours(rows), t.theirs(rows, peers)
+        ours, theirs = t.ours(rows), t.denominator(rows, peers)
         if ours is None or theirs is None:
             missing = t.what_ours if ours is None else t.what_theirs
             out.append(Row(CASE, t.metric, "x", [], t.target, f"no figure from {missing}"))
             continue
         note = f"{ours:.4g} / {theirs:.4g} ({t.what_ours} / {t.what_theirs})"
+        spread = _against_repeats(ours, peers, t.peer)
+        if spread:
+            note += f"; {spread[0]:.2f}-{spread[1]:.2f} against the peer's repetitions"
         out.append(Row(CASE, t.metric, "x", [ours / theirs], t.target, note))
     return out + kept_rows(rows)
 
 
+PEER_FIGURES = (
+    ("warm_throughput_per_s", "jobs/s", "jobs/s"),
+    ("latency_p50_ms", "round trip p50", "ms"),
+    ("latency_p99_ms", "round trip p99", "ms"),
+    ("warm_jobs_per_cpu_s", "jobs per CPU-second", "jobs"),
+    # beside case 1's "CPU per job" rows of ours: where a peer's job costs what it costs
+    ("warm_cpu_ms_per_job_worker", "CPU per job: worker", "ms"),
+    ("warm_cpu_ms_per_job_client", "CPU per job: client", "ms"),
+    ("warm_cpu_ms_per_job_valkey", "CPU per job: valkey", "ms"),
+)
+
+
+def _against_repeats(
+    ours: float, peers: dict[str, dict[str, Any]], peer: tuple[str, str] | None
+) -> tuple[float, float] | None:
+    """Our figure over each repetition of the peer's (lowest, highest), or None with fewer
+    than two: how far the ratio moves with the peer alone, within one run."""
+    if peer is None:
+        return None
+    values = [r.get(peer[1]) for r in peers.get(peer[0], {}).get(REPEATS) or []]
+    ratios = [ours / v for v in values if isinstance(v, float) and v > 0]
+    return (min(ratios), max(ratios)) if len(ratios) > 1 else None
+
+
 def peer_rows(peers: dict[str, dict[str, Any]]) -> list[Row]:
-    """The peers' own figures, for the table (throughput, latency, efficiency)."""
+    """The peers' own figures, for the table: throughput, latency, efficiency and CPU per job
+    by process. Each figure's samples are the peer's repetitions where compare.sh wrote them,
+    so min and max show how far one peer moves within one invocation (a ratio's bar may be
+    narrower than that); else the summary's median alone."""
     out = []
     for name in sorted(peers):
         summary = peers[name]
         if "error" in summary:
             out.append(Row(CASE, f"{name}: failed", "", [], note=str(summary["error"])[:200]))
             continue
-        for field, label, unit in (
-            ("warm_throughput_per_s", "jobs/s", "jobs/s"),
-            ("latency_p50_ms", "round trip p50", "ms"),
-            ("latency_p99_ms", "round trip p99", "ms"),
-            ("warm_jobs_per_cpu_s", "jobs per CPU-second", "jobs"),
-        ):
+        reps = summary.get(REPEATS) or []
+        for field, label, unit in PEER_FIGURES:
             value = summary.get(field)
-            if isinstance(value, int | float):
-                out.append(Row(CASE, f"{name}: {label}", unit, [float(value)]))
+            if not isinstance(value, int | float):
+                continue
+            per_rep = [r[field] for r in reps if field in r]
+            samples = per_rep if len(per_rep) == len(reps) and per_rep else [float(value)]
+            out.append(Row(CASE, f"{name}: {label}", unit, samples))
     return out
