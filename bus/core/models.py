@@ -240,9 +240,16 @@ def _no_floats(value: object, depth: int = 0) -> bool:
 
 
 def _text(value: object) -> str:
-    """:func:`_as_str`, its common cases (an exact str or int) without a second call."""
+    """:func:`_as_str`, its common cases (an exact str or int, an empty map or list: a job
+    hash holds four) without a second call."""
     t = type(value)
-    return value if t is str else str(value) if t is int else _as_str(value)  # type: ignore[return-value]
+    if t is str:
+        return value  # type: ignore[return-value]
+    if t is int:
+        return str(value)
+    if not value and (t is dict or t is list):
+        return "{}" if t is dict else "[]"
+    return _as_str(value)
 
 
 def _as_str(value: object) -> str:
@@ -254,7 +261,7 @@ def _as_str(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, StrEnum):
-        return value.value
+        return value._value_  # the member's value: .value is a property, 4 times slower
     if isinstance(value, int | str):
         return str(value)
     return _dump(value)
