@@ -29,6 +29,7 @@ from crypto.public_keys import (
 from crypto.secp256k1 import ALGORITHM_SECP256K1, Secp256k1KeyPair
 from crypto.signing import (
     DOMAIN_PREFIX,
+    Canonical,
     KeyPair,
     Signer,
     Verdict,
@@ -51,6 +52,7 @@ __all__ = [
     "read_signing_key_file",
     "DEFAULT_DOMAIN",
     "DOMAIN_PREFIX",
+    "Canonical",
     "CanonicalError",
     "CryptoError",
     "KeyFileError",

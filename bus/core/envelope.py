@@ -19,7 +19,7 @@ from bus.core.errors import ModelError
 from bus.core.ids import new_id, new_nonce, now
 from bus.core.models import JobStatus, Message, MessageType, dumps_json, loads_json, loads_text
 from bus.core.tracecontext import inherited
-from crypto import ALGORITHM_ED25519, Signer, Verdict, sign_object, verify_object
+from crypto import ALGORITHM_ED25519, Canonical, Signer, Verdict, sign_object, verify_object
 
 DOMAIN_JOB = "message"
 DOMAIN_RESULT = "result"
@@ -50,7 +50,7 @@ def signature_of(message: Message, key: Signer) -> dict[str, str]:
     """``key``'s signature entry over ``message``'s immutable fields, as :func:`sign_message`
     adds it: for a builder that puts it in the signatures list of a message it has just built
     (a client's submission), which saves building the message a second time."""
-    return sign_object(key, domain_for(message), message.signed_content())
+    return sign_object(key, domain_for(message), Canonical(message.signed_json))
 
 
 _MESSAGE_NAMES = [f.name for f in fields(Message)]
@@ -69,7 +69,7 @@ def verify_message(
     return verify_object(
         message.signatures,
         domain_for(message),
-        message.signed_content(),
+        Canonical(message.signed_json),
         expected_public_key=expected_public_key,
         expected_algorithm=algorithm,
         accepted=accepted,
