@@ -437,8 +437,11 @@ class Runner:
 
 # No __slots__ here nor on Message: msgspec reads a dataclass with them field by field through
 # setattr, one with a __dict__ in one go, 3.7 -> 1.1 us per job decoded (a node parses every
-# message it admits; bench/HISTORY.md#submit-cpu).
-@dataclass(frozen=True)
+# message it admits; bench/HISTORY.md#submit-cpu). Nor frozen, though both are values that no
+# code changes: a frozen dataclass's __init__ sets each field through object.__setattr__, 7.2 us
+# for either against 0.8, and a client builds one of each per job, a runner a Message
+# (bench/HISTORY.md#plain-models). Neither could be hashed frozen either: both hold lists.
+@dataclass
 class RunnerJob:
     """A job (``job:<caller_id>:<id>``): a script of a type, run in a context; make one with
     :func:`bus.new_job`."""
@@ -666,7 +669,7 @@ _JOB_OMITTED: dict[str, object] = _JOB_DEFAULTS | {
 _ANY = object()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Message:
     """A signed message (``message:<caller_id>:<id>``) carrying jobs to a node;
     :meth:`bus.Client.submit` returns it, :meth:`bus.Client.wait_results` takes it."""
