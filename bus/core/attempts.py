@@ -31,7 +31,8 @@ from __future__ import annotations
 import random
 import re
 import signal
-from dataclasses import dataclass
+
+import msgspec
 
 from bus.core import queues
 from bus.core.envelope import ResultBody
@@ -42,8 +43,7 @@ from bus.core.reasons import Reason
 # -- the outcome -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """How an attempt ended: its status, its result (the script's output and exit code) and,
     for an error, its reason."""
 
@@ -93,14 +93,12 @@ EXPONENTIAL, LINEAR = "exponential", "linear"
 _EXIT = re.compile(r"exit code (\d+)")
 
 
-@dataclass(frozen=True)
-class Next:
+class Next(msgspec.Struct, frozen=True):
     retry: bool
     delay_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
+class RetryPolicy(msgspec.Struct, frozen=True):
     """Which failures are retried (empty: all) and how long to wait before each retry."""
 
     retry_on: tuple[str, ...] = ()
@@ -199,8 +197,7 @@ def attempt_entry(
 # -- the plan --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(msgspec.Struct, frozen=True):
     """The attempt that ended: its number (the fencing token), the lease token of whoever ran
     it, and when it started and ended (wall-clock seconds; 0: unknown)."""
 
@@ -210,8 +207,7 @@ class Attempt:
     ended_at: int
 
 
-@dataclass(frozen=True)
-class Retry:
+class Retry(msgspec.Struct, frozen=True):
     """Record the failed attempt and queue the next one on ``queue`` after ``delay_s``."""
 
     cause: str  # the failed attempt's reason: the job's reason while the retry waits
@@ -220,8 +216,7 @@ class Retry:
     entry: str  # the attempt's record (:func:`attempt_entry`)
 
 
-@dataclass(frozen=True)
-class AnswerHere:
+class AnswerHere(msgspec.Struct, frozen=True):
     """The job's final state and its client's reply, on this node (no result message)."""
 
     body: ResultBody
@@ -234,8 +229,7 @@ class AnswerHere:
         return self.body.reply()
 
 
-@dataclass(frozen=True)
-class AnswerRemote:
+class AnswerRemote(msgspec.Struct, frozen=True):
     """The job's final state and a result message for the request's origin (built by
     bus/core/envelope.py build_result, signed by the caller)."""
 

@@ -25,9 +25,9 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from bus.core.models import dumps_json
@@ -141,8 +141,7 @@ def _count(text: bytes, key: bytes) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class Counters:
+class Counters(msgspec.Struct, frozen=True):
     oom_kills: int = 0
     forks_refused: int = 0
     cpu_ns: int | None = None  # CPU time of every process the leaf has held; None: not counted

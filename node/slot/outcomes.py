@@ -48,9 +48,10 @@ import os
 import re
 import signal
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
 
 from bus.core.attempts import Outcome, exit_reason
 from bus.core.models import dumps_json
@@ -122,8 +123,7 @@ class LogPump:
 HEAD_BYTES = 65536
 
 
-@dataclass(frozen=True)
-class Written:
+class Written(msgspec.Struct, frozen=True):
     """What a job wrote to one of its output files: its first bytes (up to HEAD_BYTES) and its
     size."""
 
@@ -195,8 +195,7 @@ class Bounds(Protocol):
     def cpu_s(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class Ending:
+class Ending(msgspec.Struct, frozen=True):
     """How a job's process ended, as the worker saw it (wait status and rusage)."""
 
     exit_code: int | None  # None: killed by a signal

@@ -28,9 +28,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import orjson
 
 from bus.core import queues
@@ -74,8 +74,7 @@ class ResultSigner(Protocol):
     def sign_results(self, messages: list[Message]) -> list[Message]: ...
 
 
-@dataclass(frozen=True)
-class Ran:
+class Ran(msgspec.Struct, frozen=True):
     """An attempt that ran, as its end needs it: the job, its fields as its start returned
     them (``runner``: the attempt's lease token), the request that carried it, its outcome and
     its number (the fencing token); when its run began (monotonic, and its wall-clock start)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import msgspec
+
 from bus.core import keys
 from bus.core.attempts import Plan, Retry
 from bus.core.envelope import reply_text
@@ -168,8 +170,7 @@ def _attempt_keys(job_key: str, inflight: str) -> list[str]:
     return [job_key, keys.RUNNING, inflight, keys.attempts(job_key)]
 
 
-@dataclass(frozen=True)
-class Ending:
+class Ending(msgspec.Struct, frozen=True):
     """How attempt ``attempt`` of ``job_key`` ended, as finish and finish_local record it
     (``inflight``: the runner's in-flight list, which the job leaves)."""
 
