@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+import msgspec
 import nacl.bindings
 import nacl.exceptions
 import nacl.signing
@@ -342,8 +343,7 @@ _SECP_TOKENS: dict[type[KeyFormatError], str] = {
 }
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """Outcome of a verification.
 
     ``reason`` is a machine token from :data:`VERDICT_REASONS`; ``signer`` is the hex public
@@ -519,12 +519,13 @@ def verify_object(
         message = signing_input(domain, value)
     except CanonicalError as exc:
         return Verdict(False, "malformed_content", detail=str(exc))
-    best = Verdict(False, "no_signature", detail="the object carries no signature")
+    # the worst failure so far: none is made when the first entry verifies (most often)
+    best: Verdict | None = None
     for entry in signatures:
         required = expected_algorithm if expected_public_key is not None else None
         verdict = _check_entry(entry, message, expected, required)
         if verdict.ok:
             return verdict
-        if _FAILURE_RANK[verdict.reason] > _FAILURE_RANK[best.reason]:
+        if best is None or _FAILURE_RANK[verdict.reason] > _FAILURE_RANK[best.reason]:
             best = verdict
-    return best
+    return best or Verdict(False, "no_signature", detail="the object carries no signature")

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
+
 from bus.core.envelope import verify_message
 from bus.core.models import Context, Message
 from bus.core.reasons import Reason
@@ -45,8 +47,7 @@ class AcceptedAlgorithms:
         return self.own.get(ctx, self.default)
 
 
-@dataclass(frozen=True)
-class MessageVerdict:
+class MessageVerdict(msgspec.Struct, frozen=True):
     ok: bool
     reason: str = "ok"
     detail: str = ""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Generic, NoReturn, TypeVar
 
+import msgspec
 import trio
 
 from bus.core.models import Hash
@@ -125,8 +126,7 @@ class Queue:
     taken: Callable[[list[Popped]], None] | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
-class Popped:
+class Popped(msgspec.Struct, frozen=True):
     value: str  # the entry as text
     fields: Hash  # the hash it names when the queue reads them, else {}
 

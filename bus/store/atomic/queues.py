@@ -9,8 +9,9 @@ Each function runs one script on DB ``db`` (``ctx``: a context's) of a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from bus.core import keys
 from bus.core.models import Message, flat_fields, json_arg
@@ -89,8 +90,7 @@ def _here(message: Message) -> bool:
     return bool(message.origin) and message.origin == message.destination
 
 
-@dataclass(frozen=True)
-class JobWrite:
+class JobWrite(msgspec.Struct, frozen=True):
     """One job hash to write, and the queue to put its key on ("" for none)."""
 
     key: str
