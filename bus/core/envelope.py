@@ -76,8 +76,7 @@ def verify_message(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ResultBody:
+class ResultBody(msgspec.Struct, frozen=True):
     """What a result message says (its ``message`` field, JSON): how one job ended."""
 
     in_reply_to: str  # key of the job message this answers
