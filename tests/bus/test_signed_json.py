@@ -90,15 +90,14 @@ def test_the_bytes_or_the_error_of_the_reference_for_hostile_fields(message: Mes
 
 def test_a_message_is_printed_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the reference at hand, a well-formed message still prints: the C path ran."""
-    expected = canonical_json(
-        _job(env_vars={"B": "1", "A": "2"}, retry_on=["timeout"]).signed_content()
-    )
+    message = _job(env_vars={"B": "1", "A": "2"}, retry_on=["timeout"])
+    expected = canonical_json(message.signed_content())
 
     def no_reference(value: object) -> bytes:
         raise AssertionError("the reference path ran")
 
     monkeypatch.setattr(models, "canonical_json", no_reference)
-    assert _job(env_vars={"B": "1", "A": "2"}, retry_on=["timeout"]).signed_json() == expected
+    assert message.signed_json() == expected
 
 
 def test_the_printed_fields_are_the_signed_ones() -> None:
