@@ -193,8 +193,7 @@ def canonical_json(value: object) -> bytes:
     return _jcs_bytes(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Canonical:
+class Canonical(msgspec.Struct, frozen=True):
     """Content that prints its own canonical JSON: ``encode()`` returns exactly the bytes
     :func:`canonical_json` gives for the content, or raises the CanonicalError it raises.
 
