@@ -155,6 +155,26 @@ class BenchNode:
         return int(self.proc.pid)
 
 
+# what a round trip's CPU is split into (bench/trace.py, bench/wakes.py), in lone_cpu_s's order
+LONE_CPU_NAMES = ("client", "node", "runners", "sandboxes", "valkey")
+
+
+def lone_cpu_s(node: BenchNode) -> tuple[float, ...]:
+    """CPU seconds so far of this process (the client), of ``node``'s own process, its runner
+    processes, their sandboxes, and its Valkey (:data:`LONE_CPU_NAMES`)."""
+    runners, boxes = job_cpu_split(node.pid)
+    valkey = cpu_times(node.valkey_pid).self_s if node.valkey_pid else 0.0
+    return own_cpu_s(), cpu_times(node.pid).self_s, runners, boxes, valkey
+
+
+def lone_cpu_line(before: tuple[float, ...], after: tuple[float, ...], n: int) -> str:
+    """What :func:`lone_cpu_s` counted between ``before`` and ``after``, per one of ``n``
+    round trips, in ms (10 ms ticks)."""
+    per = ((y - x) * 1000 / n for x, y in zip(before, after, strict=True))
+    parts = (f" {name} {ms:.3f}," for name, ms in zip(LONE_CPU_NAMES, per, strict=True))
+    return "CPU per round trip, ms (10 ms ticks):" + "".join(parts)
+
+
 # The nodes' slots: python as a node's default has them (one per core, node/config), so the
 # figures are those of a node as `hero-node init` sets it up on this machine; sh, unused, one.
 RUNNERS = {"python": DEFAULT_RUNNERS["python"], "sh": 1}

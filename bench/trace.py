@@ -194,41 +194,26 @@ async def trace(cross: bool, reply_lists: bool, rounds: int) -> None:
                     # is about
                     await cases.roundtrips(client, env.actor, to, WARM_UP)
                     spans = []
-                    before = _cpu(a)
+                    before = harness.lone_cpu_s(a)
                     for _ in range(rounds or 1):
                         t0 = time.time()
                         [ms] = await cases.roundtrips(client, env.actor, to, 1)
                         spans.append((t0, time.time(), ms))
                         # the runner's re-armed pop and its statistics land before the next
                         await trio.sleep(0.005)
-                    cpu = [
-                        (y - x) * 1000 / len(spans) for x, y in zip(before, _cpu(a), strict=True)
-                    ]
+                    cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), len(spans))
                     await trio.sleep(0.2)
                     watch.cancel_scope.cancel()
             timeline = sorted(lines)
             if rounds:
                 print_rounds(timeline, spans)
-                print("\nCPU per round trip, ms (10 ms ticks):", end="")
-                print("".join(f" {n} {c:.3f}," for n, c in zip(CPU_NAMES, cpu, strict=True)))
+                print("\n" + cpu)
             else:
                 print_timeline(timeline, *spans[0], cross)
         finally:
             await procs.stop_all()
             shutil.rmtree(base, ignore_errors=True)
             nursery.cancel_scope.cancel()
-
-
-CPU_NAMES = ("client", "node", "runners", "sandboxes", "valkey")
-
-
-def _cpu(node: harness.BenchNode) -> tuple[float, ...]:
-    """CPU seconds so far of this process (the client), of ``node``'s own process, its runner
-    processes, their sandboxes, and its Valkey."""
-    runners, boxes = harness.job_cpu_split(node.pid)
-    valkey = harness.cpu_times(node.valkey_pid).self_s if node.valkey_pid else 0.0
-    own = harness.own_cpu_s()
-    return own, harness.cpu_times(node.pid).self_s, runners, boxes, valkey
 
 
 def print_timeline(
