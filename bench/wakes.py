@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -166,11 +167,12 @@ def segment_rows(trips: list[dict[str, float]]) -> list[tuple[str, float, float,
     return rows
 
 
-async def record(seconds: float) -> None:
-    """Round trips for ``seconds`` under ``perf sched record``; prints the segments."""
+async def record(seconds: float) -> str:
+    """Round trips for ``seconds`` under ``perf sched record``; prints the segments. Returns
+    why it could not ("" if it did)."""
     perf = shutil.which("perf")
     if perf is None:
-        sys.exit("bench/wakes.py needs perf (Debian: apt-get install linux-perf)")
+        return "bench/wakes.py needs perf (Debian: apt-get install linux-perf)"
     procs = harness.Procs()
     base = Path(tempfile.mkdtemp(prefix="hero-wakes-"))
     data = base / "sched.data"
@@ -186,13 +188,26 @@ async def record(seconds: float) -> None:
                 known |= {pid: "R" for pid in cases._runner_spies(a.pid, "a").values()}
                 done = trio.Event()
                 count = 0
+                recorded: list[subprocess.CompletedProcess[bytes]] = []
 
                 async def perf_record() -> None:
                     try:
-                        await trio.run_process(
-                            [perf, "sched", "record", "-o", str(data), "--", "sleep", str(seconds)],
-                            capture_stdout=True,
-                            capture_stderr=True,
+                        recorded.append(
+                            await trio.run_process(
+                                [
+                                    perf,
+                                    "sched",
+                                    "record",
+                                    "-o",
+                                    str(data),
+                                    "--",
+                                    "sleep",
+                                    str(seconds),
+                                ],
+                                capture_stdout=True,
+                                capture_stderr=True,
+                                check=False,
+                            )
                         )
                     finally:
                         done.set()
@@ -204,13 +219,22 @@ async def record(seconds: float) -> None:
                     await cases.roundtrips(client, env.actor, a.node_id, 1)
                     count += 1
                 cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), count)
+            if not recorded or recorded[0].returncode:
+                why = recorded[0].stderr.decode(errors="replace").strip() if recorded else ""
+                return (
+                    f"perf sched record failed (root, or kernel.perf_event_paranoid <= 1?): {why}"
+                )
             timehist = await trio.run_process(
                 [perf, "sched", "timehist", "-w", "-i", str(data)],
                 capture_stdout=True,
                 capture_stderr=True,
+                check=False,
             )
+            if timehist.returncode:
+                return f"perf sched timehist failed: {timehist.stderr.decode(errors='replace')}"
             trips = chains(parse_wakes(timehist.stdout.decode().splitlines()), known)
             print_segments(trips, count, cpu)
+            return ""
         finally:
             await procs.stop_all()
             shutil.rmtree(base, ignore_errors=True)
@@ -234,7 +258,11 @@ def main() -> None:
         "--seconds", type=float, default=3.0, help="how long perf records round trips"
     )
     args = parser.parse_args()
-    trio.run(record, args.seconds)
+    if args.seconds <= 0:
+        parser.error("--seconds must be above 0")
+    why = trio.run(record, args.seconds)
+    if why:
+        sys.exit(why)
 
 
 if __name__ == "__main__":
