@@ -29,7 +29,6 @@ import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,12 +157,13 @@ def chains(wakes: Iterable[Wake], known: Mapping[int, str]) -> list[dict[str, fl
 
 
 def segment_rows(trips: list[dict[str, float]]) -> list[tuple[str, float, float, float]]:
-    """Per segment of :data:`SEGMENTS`: (name, p25, p50, p75) in µs over ``trips``; last,
-    the whole round trip's."""
+    """Per segment of :data:`SEGMENTS`: (name, p25, p50, p75) in µs over ``trips``, nearest
+    rank as the bench's rows take them (:func:`bench.harness.percentile`); last, the whole
+    round trip's."""
     rows = []
     for name, start, end in (*SEGMENTS, ("round trip, wake-up to wake-up", "CV", "CV2")):
-        d = sorted(t[end] - t[start] for t in trips)
-        rows.append((name, d[len(d) // 4], statistics.median(d), d[3 * len(d) // 4]))
+        d = [t[end] - t[start] for t in trips]
+        rows.append((name, *(harness.percentile(d, p) for p in (25, 50, 75))))
     return rows
 
 
