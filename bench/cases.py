@@ -335,7 +335,7 @@ async def case_local_throughput(env: Env) -> list[Row]:
             client,
             a.node_id,
             {"node A": a.pid, "valkey A": a.valkey_pid},
-            {"node-local": a.pid, "client-local": _self_pid()} | _runner_spies(a.pid, "local"),
+            {"node-local": a.pid, "client-local": _self_pid()} | runner_spies(a.pid, "local"),
         )
 
 
@@ -353,7 +353,7 @@ async def case_cross_throughput(env: Env) -> list[Row]:
                 "node B": b.pid,
                 "valkey B": b.valkey_pid,
             },
-            {"node-cross-A": a.pid, "node-cross-B": b.pid} | _runner_spies(b.pid, "cross-B"),
+            {"node-cross-A": a.pid, "node-cross-B": b.pid} | runner_spies(b.pid, "cross-B"),
         )
 
 
@@ -363,7 +363,7 @@ def bench_client(env: Env, redis_url: str) -> AbstractAsyncContextManager[Client
     return open_client(redis_url, inbox=new_inbox_name() if env.plan.inbox else "")
 
 
-def _runner_spies(node_pid: int, label: str) -> dict[str, int]:
+def runner_spies(node_pid: int, label: str) -> dict[str, int]:
     """The node's runner processes (node/runners/processes.py), to profile beside the node: the
     built-in runners pop, run and answer jobs in processes of their own."""
     from pathlib import Path

@@ -185,7 +185,7 @@ async def record(seconds: float) -> str:
                 known = {os.getpid(): "C", a.pid: "N"}
                 if a.valkey_pid:
                     known[a.valkey_pid] = "V"
-                known |= {pid: "R" for pid in cases._runner_spies(a.pid, "a").values()}
+                known |= {pid: "R" for pid in cases.runner_spies(a.pid, "a").values()}
                 done = trio.Event()
                 count = 0
                 recorded: list[subprocess.CompletedProcess[bytes]] = []

@@ -26,7 +26,7 @@ from bus.core import keys
 from bus.core.ids import now
 from bus.core.models import Actor, Context, Hash, decode_hash
 from bus.core.reasons import Reason
-from bus.core.text import printable
+from bus.core.text import dlq_entry, printable
 from bus.core.urls import redact
 from bus.errors import ContentError, StoreError
 from bus.store.atomic import ScriptCall, evalsha_on, queues, send_evalshas
@@ -92,17 +92,6 @@ _FAILURES = (coredis.exceptions.RedisError, OSError)  # what :func:`_translated`
 def _translation(url: str, exc: Exception, *, content: bool = True) -> Exception:
     """What :func:`_translated` raises for ``exc`` (one of _FAILURES)."""
     return (_content_error(exc) if content else None) or StoreError(f"redis {url}: {exc}")
-
-
-def _dlq_entry(key: str, reason: str, detail: str, queue: str) -> str:
-    """A dead letter as JSON that always serialises (ASCII, surrogates escaped) and stays
-    bounded whatever the refused content held."""
-    fields = {
-        "key": printable(key, 1000),
-        "reason": printable(reason),
-        "detail": printable(detail, 2000),
-    }
-    return json.dumps(fields | {"at": now(), "queue": printable(queue, 1000)})
 
 
 class Store:
@@ -655,7 +644,7 @@ class Store:
             detail,
             extra={"entry": printable(key), "queue": queue, "ctx": db, "reason": reason},
         )
-        entry = _dlq_entry(key, reason, detail, queue)
+        entry = dlq_entry(key, reason, detail, queue)
         async with self.transaction(db) as tx:
             tx.lpush(keys.DLQ, [entry])
             tx.lpush(keys.DLQ_EVENTS, [entry])
@@ -710,7 +699,7 @@ class Store:
         self, db: int, key: str, reason: str, detail: str = "", *, queue: str = ""
     ) -> None:
         """Record why ``key`` was refused; ``queue`` is where a retry would send it back."""
-        entry = _dlq_entry(key, reason, detail, queue)
+        entry = dlq_entry(key, reason, detail, queue)
         async with self.transaction(db) as tx:
             tx.lpush(keys.DLQ, [entry])
             tx.lpush(keys.DLQ_EVENTS, [entry])

@@ -42,11 +42,11 @@ from node.worker.ending import Ender, Ran, Ready
 from node.worker.job import (
     PROCESS,
     Aborted,
+    HeldAttempt,
     JobRun,
-    _Current,
-    _emptied,
-    _open_logs,
+    emptied,
     job_request,
+    open_logs,
 )
 from node.worker.spans import ran_attempt
 
@@ -64,7 +64,7 @@ EARLY_END_S = 0.03
 # an attempt to run: the job, the request that carried it, its number, its lease's token
 Item = tuple[RunnerJob, Message, int, str]
 # a job of the batch that answered: its index, its outcome, its attempt's state
-Done = tuple[int, Outcome, _Current]
+Done = tuple[int, Outcome, HeldAttempt]
 # ends the jobs that answered, while a later one runs (without a take)
 EndEarly = Callable[[list[Done]], None]
 
@@ -89,22 +89,22 @@ def _files(run: JobRun, index: int) -> tuple[int, int]:
         return run.slot_fds()
     fds = run.batch_fds.get(index)
     if fds is None:
-        fds = run.batch_fds[index] = _open_logs(batch_logs(run, index))
-    return _emptied(fds)
+        fds = run.batch_fds[index] = open_logs(batch_logs(run, index))
+    return emptied(fds)
 
 
-def _waiting(run: JobRun, item: Item, index: int, at: float) -> _Current:
+def _waiting(run: JobRun, item: Item, index: int, at: float) -> HeldAttempt:
     job, request, attempt, token = item
     spec = run.spec
     pump = LogPump(
         run.runs, job.key, batch_logs(run, index), spec.max_output_bytes, spec.reply_ttl_s
     )
-    cur = _Current(job, request, attempt, token, pump, 1e18, at, 1e18)
+    cur = HeldAttempt(job, request, attempt, token, pump, 1e18, at, 1e18)
     cur.outcome_name = outcomes.outcome_name(spec.ctx, job.key, attempt)
     return cur
 
 
-def _begin(run: JobRun, cur: _Current) -> None:
+def _begin(run: JobRun, cur: HeldAttempt) -> None:
     """``cur``'s turn: its clocks start (its timeout counts from now)."""
     cur.began, cur.started_at = time.monotonic(), now()
     cur.next_flush = cur.began + LOG_FLUSH_S
@@ -120,7 +120,7 @@ def _begin(run: JobRun, cur: _Current) -> None:
 
 def run_batch(
     run: JobRun, items: list[Item], end_early: EndEarly | None = None
-) -> list[tuple[Outcome | None, _Current]]:
+) -> list[tuple[Outcome | None, HeldAttempt]]:
     """Run ``items`` in turn in one request to the slot's warm sandbox; each one's outcome
     (None: it did not run, or an abort cut it short; the caller gives it back) with its
     attempt's state (its start, its log stream, its outcome file's name). Whenever the next
@@ -155,7 +155,7 @@ def run_batch(
                 curs[i].answered_at = time.monotonic()
                 curs[i].answered = reply.get("signal") != signal.SIGKILL
                 code = reply["exit_code"] if reply["exit_code"] is not None else -reply["signal"]
-                found[i] = _kept(run, curs[i], run._ended(curs[i], reply, code, fds[i]))
+                found[i] = _kept(run, curs[i], run.outcome_from(curs[i], reply, code, fds[i]))
                 i += 1
                 if i < len(curs):
                     _begin(run, curs[i])
@@ -172,7 +172,7 @@ def run_batch(
     return list(zip(found, curs, strict=True))
 
 
-def _kept(run: JobRun, cur: _Current, outcome: Outcome) -> Outcome | None:
+def _kept(run: JobRun, cur: HeldAttempt, outcome: Outcome) -> Outcome | None:
     """A job that answered: as :meth:`JobRun.run` has it (an abort that cut it short gives it
     back; a kill's reason is its end)."""
     if run.aborted and not cur.answered:
@@ -182,7 +182,7 @@ def _kept(run: JobRun, cur: _Current, outcome: Outcome) -> Outcome | None:
     return outcome
 
 
-def _lost(run: JobRun, curs: list[_Current], i: int, exc: BaseException) -> Outcome | None:
+def _lost(run: JobRun, curs: list[HeldAttempt], i: int, exc: BaseException) -> Outcome | None:
     """The sandbox ended in job ``i``: killed for it (a timeout, a stop: that is its end), an
     abort or a kill for a job before it (given back), or on its own (the runner lost it)."""
     cur = curs[i]
@@ -266,7 +266,7 @@ def _end_early(ender: Ender, ready: list[Ready], done: list[Done]) -> None:
             _spans(ender, rans, [cur for _, _, cur in done])
 
 
-def _spans(ender: Ender, rans: list[Ran], curs: list[_Current]) -> None:
+def _spans(ender: Ender, rans: list[Ran], curs: list[HeldAttempt]) -> None:
     """The spans of a batch's attempts, now that their ends are recorded: each its own,
     from its turn to now, its sandbox run to its answer (node/worker/spans.py)."""
     wall = now_ms() / 1000 - time.monotonic()  # what a monotonic time is in Unix time
@@ -278,7 +278,7 @@ def _spans(ender: Ender, rans: list[Ran], curs: list[_Current]) -> None:
         ran_attempt(ender.spec, attempt, ran.outcome, times, ended)
 
 
-def _ran(ready: Ready, outcome: Outcome, cur: _Current) -> Ran:
+def _ran(ready: Ready, outcome: Outcome, cur: HeldAttempt) -> Ran:
     """A batch's job that ran, as its end needs it."""
     job, fields, request, attempt = ready
     return Ran(job, fields, request, outcome, attempt, cur.began, cur.started_at, cur.outcome_name)

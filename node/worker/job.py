@@ -150,7 +150,7 @@ def slot_logs(spec: RunnerSpec) -> tuple[Path, Path]:
     return log_paths(Path(spec.run_dir), f"{spec.ctx}-{spec.slot_id}")
 
 
-def _open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
+def open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
     """The slot's output files, open for every job the process runs: emptied per job, never
     reopened (an open with O_TRUNC and a close per file and job cost the runner ~20 system
     calls; ext4 (auto_da_alloc) also writes a file truncated to zero out at its next close)."""
@@ -163,7 +163,7 @@ def _open_logs(paths: tuple[Path, Path]) -> tuple[int, int]:
         raise
 
 
-def _emptied(fds: tuple[int, int], sizes: tuple[int, int] | None = None) -> tuple[int, int]:
+def emptied(fds: tuple[int, int], sizes: tuple[int, int] | None = None) -> tuple[int, int]:
     """``fds`` empty, their shared offset at 0 (the sandbox writes through the same open file
     descriptions), for the next job's output. ``sizes``: what each held when nothing could
     write it any more (None: unknown); one that held nothing is not truncated (an ftruncate
@@ -177,7 +177,10 @@ def _emptied(fds: tuple[int, int], sizes: tuple[int, int] | None = None) -> tupl
 
 
 @dataclass(eq=False)
-class _Current:
+class HeldAttempt:
+    """An attempt this process runs, or holds in its batch until its turn: what the main
+    thread, the watch thread and a batch's end (node/worker/batch.py) share of it."""
+
     job: RunnerJob
     request: Message
     attempt: int
@@ -210,7 +213,7 @@ class JobRun:
     def __init__(self, spec: RunnerSpec, runs: SyncRuns, end: EndFromWatch) -> None:
         self.spec, self.runs, self.end = spec, runs, end
         self.logs = slot_logs(spec)
-        self.log_fds: tuple[int, int] | None = None  # the logs, open once (_open_logs)
+        self.log_fds: tuple[int, int] | None = None  # the logs, open once (open_logs)
         # whether the logs hold a job's output: emptied once its end is recorded
         # (:meth:`empty_logs`), off the next job's way; else at that job's start
         self.logs_used = False
@@ -220,7 +223,7 @@ class JobRun:
         # no sandbox spec, no job: a runner never runs one unsandboxed by omission
         box = SandboxSpec(**spec.sandbox) if spec.sandbox else SandboxSpec("refused", "")
         self.sandbox = Sandbox(box)
-        self.current: _Current | None = None
+        self.current: HeldAttempt | None = None
         self.aborted = False
         self.began = 0.0
         self.started_at = 0
@@ -233,7 +236,7 @@ class JobRun:
         self.slot_file = outcomes.SlotFile(slot_file)
         # the outcome files written (not only the slot's), until their ends are recorded
         self.named: set[str] = set()
-        self.batch: list[_Current] = []  # a batch's attempts, their leases renewed meanwhile
+        self.batch: list[HeldAttempt] = []  # a batch's attempts, their leases renewed meanwhile
         # what the watch thread does for the running batch once the node died: the outcomes
         # its jobs ended with so far, which only this process holds, written for the next node
         self.on_orphan: Callable[[], None] | None = None
@@ -260,7 +263,7 @@ class JobRun:
             self.runs, job.key, self.logs, self.spec.max_output_bytes, self.spec.reply_ttl_s
         )
         far = self.began + (job.timeout or 1e9)
-        cur = _Current(
+        cur = HeldAttempt(
             job,
             request,
             attempt,
@@ -304,9 +307,9 @@ class JobRun:
         process before this one may have left output there) on first use; emptied here only
         if :meth:`empty_logs` did not run after the last job."""
         if self.log_fds is None:
-            self.log_fds = _emptied(_open_logs(self.logs))
+            self.log_fds = emptied(open_logs(self.logs))
         elif self.logs_used:
-            _emptied(self.log_fds, self.logs_sizes)
+            emptied(self.log_fds, self.logs_sizes)
         self.logs_used, self.logs_sizes = True, None
         return self.log_fds
 
@@ -317,7 +320,7 @@ class JobRun:
         ~40 us of a lone job's path here, bench/HISTORY.md#lone-job-latency). The output
         then does not outlive the job's end either."""
         if self.logs_used and self.log_fds is not None:
-            _emptied(self.log_fds, self.logs_sizes)
+            emptied(self.log_fds, self.logs_sizes)
         self.logs_used, self.logs_sizes = False, None
 
     def end_logs(self, status: str) -> None:
@@ -363,7 +366,7 @@ class JobRun:
         while self.named:
             outcomes.discard(self.outcomes / self.named.pop())
 
-    def _run_sandboxed(self, cur: _Current) -> Outcome:
+    def _run_sandboxed(self, cur: HeldAttempt) -> Outcome:
         """Run the job in the slot's sandboxed worker (node/sandbox/host.py), its output in
         the slot's log files."""
         request = job_request(self.spec, cur.job)
@@ -384,10 +387,10 @@ class JobRun:
         else:
             if box is not None:
                 end_span(box, "exited", attributes={"hero.exit_code": code})
-        return self._ended(cur, reply, code, fds)
+        return self.outcome_from(cur, reply, code, fds)
 
-    def _ended(
-        self, cur: _Current, reply: dict[str, Any], code: int, fds: tuple[int, int]
+    def outcome_from(
+        self, cur: HeldAttempt, reply: dict[str, Any], code: int, fds: tuple[int, int]
     ) -> Outcome:
         """How the job ended, from the sandbox's answer and its output files: its exit
         status and output, or the limit it hit."""
@@ -415,7 +418,7 @@ class JobRun:
         self.aborted = True
         self.sandbox.kill()
 
-    def kill(self, cur: _Current, reason: str) -> None:
+    def kill(self, cur: HeldAttempt, reason: str) -> None:
         """End the running job with ``reason`` (a stop, a timeout), from the watch thread."""
         if cur.kill_reason:
             return
@@ -423,7 +426,7 @@ class JobRun:
         log.info("%s: killing it (%s)", cur.job.key, reason)
         self.sandbox.kill()  # the whole sandbox: the job's every process ends with it
 
-    def _escalate(self, cur: _Current) -> None:
+    def _escalate(self, cur: HeldAttempt) -> None:
         self.sandbox.kill()
 
     def _watch(self) -> None:
@@ -447,7 +450,7 @@ class JobRun:
                     with contextlib.suppress(Exception):
                         self._renew(held)
 
-    def _tick(self, cur: _Current) -> None:
+    def _tick(self, cur: HeldAttempt) -> None:
         t = time.monotonic()
         if cur.kill_at and t >= cur.kill_at and self.current is cur:
             cur.kill_at = 0.0
@@ -463,7 +466,7 @@ class JobRun:
             cur.next_flush += LOG_FLUSH_S
             cur.pump.flush()
 
-    def _renew(self, cur: _Current) -> None:
+    def _renew(self, cur: HeldAttempt) -> None:
         """Renew the running attempt's lease. A refusal means another attempt took the job,
         unless this one's run is over: the tick may have read ``cur`` just before the main
         thread ended the attempt, whose recorded end then refuses the renewal (its result was
@@ -517,9 +520,9 @@ class JobRun:
                     self._abort(cur)
         return True
 
-    def _waiting(self, job_key: object) -> _Current | None:
+    def _waiting(self, job_key: object) -> HeldAttempt | None:
         """The attempt of ``job_key`` that waits for its turn in the running batch, if any."""
         return next((c for c in self.batch if c.job.key == job_key and not c.began), None)
 
-    def _abort(self, _cur: _Current) -> None:
+    def _abort(self, _cur: HeldAttempt) -> None:
         self.sandbox.kill()

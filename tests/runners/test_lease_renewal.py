@@ -16,7 +16,7 @@ from bus.core.models import RunnerJob
 from bus.store.atomic.runs import Ending
 from bus.store.atomic.runs_sync import SyncRuns
 from node.slot.outcomes import LogPump
-from node.worker.job import JobRun, _Current
+from node.worker.job import HeldAttempt, JobRun
 from tests.runners.slots import slot_spec
 
 JOB = "job:1:7"
@@ -28,7 +28,7 @@ class Watched:
     """Attempt 1 of a job, started in Valkey, as the watch thread holds it (a renewal due)."""
 
     run: JobRun
-    cur: _Current
+    cur: HeldAttempt
     runs: SyncRuns
 
     def tick(self, caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
@@ -46,7 +46,7 @@ def watched(redis_url: str, tmp_path: Path, sync_runs: SyncRuns) -> Watched:
     run = JobRun(slot_spec(redis_url, tmp_path), sync_runs, lambda *_: True)
     job = RunnerJob(7, 1, 1, "print(1)", "v")
     pump = LogPump(sync_runs, JOB, run.logs, 1000, 60)
-    cur = _Current(job, None, 1, TOKEN, pump, 1e18, 0.0, 1e18)  # type: ignore[arg-type]
+    cur = HeldAttempt(job, None, 1, TOKEN, pump, 1e18, 0.0, 1e18)  # type: ignore[arg-type]
     return Watched(run, cur, sync_runs)
 
 

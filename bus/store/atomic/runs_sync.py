@@ -22,6 +22,7 @@ from bus.core.ids import now
 from bus.core.models import JobStatus, flat_fields
 from bus.core.reasons import Reason
 from bus.core.stats import RUNNER_FIELD, StatsBatch, totals_of
+from bus.core.text import dlq_entry
 from bus.store.atomic import source
 from bus.store.atomic.runs import (
     Begun,
@@ -285,13 +286,8 @@ class SyncRuns:
     ) -> None:
         """One dlq entry as the node's store writes it (and the entry off ``inflight``, by
         its exact bytes: the client sends str values as strict UTF-8)."""
-        from bus.core.text import printable
-        from bus.store.connection import (
-            _dlq_entry as dlq_entry,  # a refusal: rare, and coredis with it
-        )
-
         raw = key if isinstance(key, bytes) else key.encode("utf-8", "surrogateescape")
-        entry = dlq_entry(printable(raw, 1000), reason, detail, queue)
+        entry = dlq_entry(raw, reason, detail, queue)
         # the dlq watcher's copy too (node/observe/dlq.py), as the store does; the entry off
         # ``inflight`` by its exact bytes (str values are sent as strict UTF-8)
         writes: list[tuple[str | bytes | int, ...]] = [
