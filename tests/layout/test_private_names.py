@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.layout.test_rooms import ROOT
+from tests.layout.test_rooms import ROOT, plant
 
 PRODUCT = ("bus", "node", "crypto", "bench", "deploy", "examples")
 # the public API of a named tuple, spelled with a leading underscore so that no field clashes
@@ -72,9 +72,7 @@ def test_the_check_sees_a_private_name_imported_or_reached(tmp_path: Path) -> No
             "    return JobRun._fields, JobRun.__name__\n"  # a named tuple's API
         ),
     }
-    for rel, text in planted.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text, encoding="utf-8")
+    plant(tmp_path, planted)
     assert borrowed(tmp_path) == [
         "node/worker/batch.py:1 node.worker.job._Current",
         "node/worker/batch.py:6 job._emptied",

@@ -10,6 +10,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def plant(root: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (path under ``root``: text) for a check to be shown able to fail."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+
+
 # Redis commands (and the Store's generic wrappers of them) that no module outside bus/store may
 # call itself: what it does with storage has a name in bus/store (records, lists, atomic/,
 # serve).
@@ -193,9 +201,7 @@ def test_the_check_sees_every_door_outside_the_store(tmp_path: Path) -> None:
         ),
         "bus/store/fine.py": "async def f(store):\n    await store.hgetall(0, 'k')\n",
     }
-    for rel, text in planted.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text, encoding="utf-8")
+    plant(tmp_path, planted)
     assert raw_verb_calls(tmp_path) == [
         "bus/client/bad.py:2 transaction",
         "bus/client/bad.py:3 hset",

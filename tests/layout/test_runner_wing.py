@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.layout.test_rooms import ROOT, room_cycles
+from tests.layout.test_rooms import ROOT, plant, room_cycles
 
 PROCESS_SIDE, NODE_SIDE = "node.worker", "node.runners"
 
@@ -68,9 +68,7 @@ def test_the_crossing_check_sees_an_import_either_way(tmp_path: Path) -> None:
         "node/runners/b.py": "import node.worker.loop\n",
         "node/runners/c.py": "from node.slot.spec import RunnerSpec\n",  # the shared room
     }
-    for rel, text in planted.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text, encoding="utf-8")
+    plant(tmp_path, planted)
     assert crossings(tmp_path) == [
         "node/worker/a.py:2 node.runners.processes.x",
         "node/runners/b.py:1 node.worker.loop",
