@@ -309,6 +309,20 @@ def test_a_popped_entry_that_is_not_utf8_comes_back_as_its_bytes(sync_runs) -> N
     assert sync_runs.held(INFLIGHT) == 0
 
 
+async def test_a_runner_s_dead_letter_quotes_its_entry_as_the_store_s_does(
+    store, sync_runs
+) -> None:
+    """A runner process and the node's store write one dead letter the same way: an entry too
+    long to quote whole is cut once, with its own length (a runner's was cut twice, and its
+    note then counted the cut text)."""
+    entry = "job:1:" + "x" * 3000
+    sync_runs.dead_letter(entry, "malformed", "a runner's refusal", QUEUE)
+    await store.dead_letter(1, entry, "malformed", "the store's refusal", queue=QUEUE)
+    quoted = {d["key"] for d in await store.dead_letters(1)}
+    assert len(quoted) == 1
+    assert quoted.pop().endswith(f"… ({len(entry)} chars)")
+
+
 def _take() -> runs.NextJob:
     return runs.NextJob((QUEUE,), "base", 10_000, "python:0", script_type="python")
 
