@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import trio
@@ -41,7 +39,8 @@ from bus.client.inbox import new_inbox_name  # noqa: E402
 from node.host.valkey import valkey_server  # noqa: E402
 
 CASE = "3 alternated"
-BAR = "<= 1.1"  # issue 44: local p50 <= 1.1 x SAQ's
+BAR_LIMIT = 1.1  # issue 44: local p50 <= 1.1 x SAQ's
+BAR = f"<= {BAR_LIMIT}"
 OURS, SAQ = "ours", "saq"
 SAQ_DB = 4  # the database peer_saq.py's default URL names
 
@@ -59,7 +58,7 @@ def round_rows(rounds: list[tuple[list[float], list[float]]]) -> list[Row]:
     theirs = [harness.percentile(s, 50) for _, s in rounds]
     ratios = [o / s for o, s in zip(ours, theirs, strict=True)]
     n = len(rounds[0][0]) if rounds else 0
-    under = sum(r <= float(BAR.split()[1]) for r in ratios)
+    under = sum(r <= BAR_LIMIT for r in ratios)
     return [
         Row(
             CASE,
@@ -78,8 +77,7 @@ def round_rows(rounds: list[tuple[list[float], list[float]]]) -> list[Row]:
 def saq_python() -> Path:
     """SAQ's virtualenv's python, as compare.sh built it; RuntimeError saying how to build it
     if it is not there."""
-    home = Path(os.environ.get("PEERBENCH") or Path(tempfile.gettempdir()) / "peerbench")
-    python = home / "venvs" / "saq" / "bin" / "python"
+    python = peers.peer_home() / "venvs" / "saq" / "bin" / "python"
     if not python.exists():
         raise RuntimeError(
             f"no SAQ virtualenv at {python.parent.parent}: run `bench/run.py --peers` once "
@@ -96,31 +94,42 @@ class SaqSide:
         python = saq_python()
         where = peers.COMPARE.parent  # peer_saq.py, whose settings the worker loads
         env = os.environ | {"PEER_SAQ_URL": url}
-        self.worker = subprocess.Popen(
-            [str(python.parent / "saq"), "peer_saq.settings", "--workers", "1"],
-            cwd=where,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(logs / "saq-worker.log").open("wb"),
-            start_new_session=True,  # its own group: the worker forks, all of it is stopped
-        )
-        self.driver = subprocess.Popen(
-            [str(python), str(ROOT / "bench" / "saq_rounds.py")],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=(logs / "saq-driver.log").open("wb"),
-            text=True,
-        )
+        self.logs = (logs / "saq-worker.log", logs / "saq-driver.log")
+        with self.logs[0].open("wb") as worker_log, self.logs[1].open("wb") as driver_log:
+            self.worker = subprocess.Popen(
+                [str(python.parent / "saq"), "peer_saq.settings", "--workers", "1"],
+                cwd=where,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=worker_log,
+                start_new_session=True,  # its own group: the worker forks, all of it is stopped
+            )
+            self.driver = subprocess.Popen(
+                [str(python), str(ROOT / "bench" / "saq_rounds.py")],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=driver_log,
+                text=True,
+            )
         if self._line() != "ready":
-            raise RuntimeError(f"SAQ's driver did not start: see {logs}")
+            raise RuntimeError(f"SAQ's driver did not start{self._why()}")
 
     def _line(self) -> str:
         assert self.driver.stdout is not None
         line = self.driver.stdout.readline()
         if not line:
-            raise RuntimeError("SAQ's driver exited (its log is beside the worker's)")
+            raise RuntimeError(f"SAQ's driver exited{self._why()}")
         return line.strip()
+
+    def _why(self) -> str:
+        """The last lines of the worker's and the driver's logs (their dir goes with the run)."""
+        tails = []
+        for path in self.logs:
+            lines = path.read_text(errors="replace").strip().splitlines()[-5:]
+            if lines:
+                tails.append(f"{path.name}: " + " | ".join(lines))
+        return "; " + "; ".join(tails) if tails else ""
 
     def block(self, n: int) -> list[float]:
         """``n`` sequential round trips; their times in ms (blocking: run it in a thread)."""
@@ -147,44 +156,36 @@ class SaqSide:
 
 async def measure(rounds: int, n: int, warm: int) -> list[Row]:
     """Both sides up, warmed with ``warm`` round trips each, then ``rounds`` rounds of ``n``."""
-    procs = harness.Procs()
-    base = Path(tempfile.mkdtemp(prefix="hero-alternate-"))
     done: list[tuple[list[float], list[float]]] = []
-    with valkey_server(base / "saq-valkey", persist=False) as server:
-        saq = SaqSide(f"{server.spec.url}/{SAQ_DB}", base)
-        try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    env = cases.Env(cases.Plan.make(False, 1, None), procs, nursery, base)
-                    a, _ = await env.get_pair()
-                    async with open_client(a.redis_url, inbox=new_inbox_name()) as client:
+    async with cases.tool_env(cases.Plan.make(False, 1, None), "hero-alternate-") as env:
+        with valkey_server(env.base / "saq-valkey", persist=False) as server:
+            saq = SaqSide(f"{server.spec.url}/{SAQ_DB}", env.base)
+            try:
+                a, _ = await env.get_pair()
+                async with open_client(a.redis_url, inbox=new_inbox_name()) as client:
 
-                        async def ours(count: int) -> list[float]:
-                            return await cases.roundtrips(client, env.actor, a.node_id, count)
+                    async def ours(count: int) -> list[float]:
+                        return await cases.roundtrips(client, env.actor, a.node_id, count)
 
-                        await ours(warm)
-                        await trio.to_thread.run_sync(saq.block, warm)
-                        for number, order in enumerate(orders(rounds), 1):
-                            got: dict[str, list[float]] = {}
-                            for side in order:
-                                if side == OURS:
-                                    got[side] = await ours(n)
-                                else:
-                                    got[side] = await trio.to_thread.run_sync(saq.block, n)
-                            done.append((got[OURS], got[SAQ]))
-                            o, s = (harness.percentile(got[k], 50) for k in (OURS, SAQ))
-                            print(
-                                f"[alternate] round {number}: ours {o:.3f} ms, SAQ {s:.3f} ms,"
-                                f" {o / s:.2f} x",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-                finally:
-                    await procs.stop_all()
-                    nursery.cancel_scope.cancel()
-        finally:
-            saq.close()
-    shutil.rmtree(base, ignore_errors=True)  # kept when it failed: SAQ's logs are there
+                    await ours(warm)
+                    await trio.to_thread.run_sync(saq.block, warm)
+                    for number, order in enumerate(orders(rounds), 1):
+                        got: dict[str, list[float]] = {}
+                        for side in order:
+                            if side == OURS:
+                                got[side] = await ours(n)
+                            else:
+                                got[side] = await trio.to_thread.run_sync(saq.block, n)
+                        done.append((got[OURS], got[SAQ]))
+                        o, s = (harness.percentile(got[k], 50) for k in (OURS, SAQ))
+                        print(
+                            f"[alternate] round {number}: ours {o:.3f} ms, SAQ {s:.3f} ms,"
+                            f" {o / s:.2f} x",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            finally:
+                saq.close()
     return round_rows(done)
 
 

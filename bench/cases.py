@@ -8,7 +8,8 @@ import statistics
 import subprocess
 import tempfile
 import time
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,22 @@ class Env:
                 await trio.sleep(0.3)
             self.pair = (a, b)
         return self.pair
+
+
+@asynccontextmanager
+async def tool_env(plan: Plan, prefix: str) -> AsyncIterator[Env]:
+    """An :class:`Env` for a bench tool run outside ``run.py`` (trace.py, wakes.py,
+    alternate.py), in a temp dir named with ``prefix``: on the way out, whatever happened,
+    every process it started is stopped and the dir removed."""
+    procs = Procs()
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    async with trio.open_nursery() as nursery:
+        try:
+            yield Env(plan, procs, nursery, base)
+        finally:
+            await procs.stop_all()
+            shutil.rmtree(base, ignore_errors=True)
+            nursery.cancel_scope.cancel()
 
 
 # -- throughput helpers ----------

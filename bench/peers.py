@@ -120,11 +120,17 @@ def _repeats(path: Path) -> list[dict[str, float]]:
     return out
 
 
+def peer_home() -> Path:
+    """Where compare.sh keeps the peers' virtualenvs (``venvs/<peer>``), built once for every
+    run: ``PEERBENCH``, else ``peerbench`` in the temp dir."""
+    return Path(os.environ.get("PEERBENCH") or Path(tempfile.gettempdir()) / "peerbench")
+
+
 def _private_bench_dir(outdir: Path) -> Path:
     """compare.sh's working folder for this run: its own Valkey pid file, data and logs (so
     that two runs on one machine never stop or reuse each other's Valkey), with the peers'
     virtualenvs shared from the usual place (built once)."""
-    shared = Path(os.environ.get("PEERBENCH") or Path(tempfile.gettempdir()) / "peerbench")
+    shared = peer_home()
     (shared / "venvs").mkdir(parents=True, exist_ok=True)
     private = outdir / "peerbench"
     private.mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -174,46 +172,38 @@ def _parsed(data: bytes, label: str) -> list[tuple[float, str, str]]:
 
 
 async def trace(cross: bool, reply_lists: bool, rounds: int) -> None:
-    procs = harness.Procs()
-    base = Path(tempfile.mkdtemp(prefix="hero-trace-"))
-    async with trio.open_nursery() as nursery:
-        try:
-            env = cases.Env(cases.Plan.make(True, 1, None), procs, nursery, base)
-            a, b = await env.get_pair()
-            to = b.node_id if cross else a.node_id
-            inbox = "" if reply_lists else new_inbox_name()
-            lines: list[tuple[float, str, str]] = []
-            async with open_client(a.redis_url, inbox=inbox) as client:
-                async with trio.open_nursery() as watch:
-                    for node, label in ((a, "A"), (b, "B")):
-                        ready = trio.Event()
-                        watch.start_soon(monitor, node.redis_url, label, lines, ready)
-                        await ready.wait()
-                    # the traced round trips follow the warm-up at once: after an idle pause
-                    # the first one is slower (caches, CPU wake-up), which is not what this
-                    # is about
-                    await cases.roundtrips(client, env.actor, to, WARM_UP)
-                    spans = []
-                    before = harness.lone_cpu_s(a)
-                    for _ in range(rounds or 1):
-                        t0 = time.time()
-                        [ms] = await cases.roundtrips(client, env.actor, to, 1)
-                        spans.append((t0, time.time(), ms))
-                        # the runner's re-armed pop and its statistics land before the next
-                        await trio.sleep(0.005)
-                    cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), len(spans))
-                    await trio.sleep(0.2)
-                    watch.cancel_scope.cancel()
-            timeline = sorted(lines)
-            if rounds:
-                print_rounds(timeline, spans)
-                print("\n" + cpu)
-            else:
-                print_timeline(timeline, *spans[0], cross)
-        finally:
-            await procs.stop_all()
-            shutil.rmtree(base, ignore_errors=True)
-            nursery.cancel_scope.cancel()
+    async with cases.tool_env(cases.Plan.make(True, 1, None), "hero-trace-") as env:
+        a, b = await env.get_pair()
+        to = b.node_id if cross else a.node_id
+        inbox = "" if reply_lists else new_inbox_name()
+        lines: list[tuple[float, str, str]] = []
+        async with open_client(a.redis_url, inbox=inbox) as client:
+            async with trio.open_nursery() as watch:
+                for node, label in ((a, "A"), (b, "B")):
+                    ready = trio.Event()
+                    watch.start_soon(monitor, node.redis_url, label, lines, ready)
+                    await ready.wait()
+                # the traced round trips follow the warm-up at once: after an idle pause
+                # the first one is slower (caches, CPU wake-up), which is not what this
+                # is about
+                await cases.roundtrips(client, env.actor, to, WARM_UP)
+                spans = []
+                before = harness.lone_cpu_s(a)
+                for _ in range(rounds or 1):
+                    t0 = time.time()
+                    [ms] = await cases.roundtrips(client, env.actor, to, 1)
+                    spans.append((t0, time.time(), ms))
+                    # the runner's re-armed pop and its statistics land before the next
+                    await trio.sleep(0.005)
+                cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), len(spans))
+                await trio.sleep(0.2)
+                watch.cancel_scope.cancel()
+        timeline = sorted(lines)
+        if rounds:
+            print_rounds(timeline, spans)
+            print("\n" + cpu)
+        else:
+            print_timeline(timeline, *spans[0], cross)
 
 
 def print_timeline(

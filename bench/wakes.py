@@ -31,7 +31,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,72 +172,62 @@ async def record(seconds: float) -> str:
     perf = shutil.which("perf")
     if perf is None:
         return "bench/wakes.py needs perf (Debian: apt-get install linux-perf)"
-    procs = harness.Procs()
-    base = Path(tempfile.mkdtemp(prefix="hero-wakes-"))
-    data = base / "sched.data"
-    async with trio.open_nursery() as nursery:
-        try:
-            env = cases.Env(cases.Plan.make(True, 1, None), procs, nursery, base)
-            a, _ = await env.get_pair()
-            async with open_client(a.redis_url, inbox=new_inbox_name()) as client:
-                await cases.roundtrips(client, env.actor, a.node_id, WARM_UP)
-                known = {os.getpid(): "C", a.pid: "N"}
-                if a.valkey_pid:
-                    known[a.valkey_pid] = "V"
-                known |= {pid: "R" for pid in cases.runner_spies(a.pid, "a").values()}
-                done = trio.Event()
-                count = 0
-                recorded: list[subprocess.CompletedProcess[bytes]] = []
+    async with cases.tool_env(cases.Plan.make(True, 1, None), "hero-wakes-") as env:
+        data = env.base / "sched.data"
+        a, _ = await env.get_pair()
+        async with open_client(a.redis_url, inbox=new_inbox_name()) as client:
+            await cases.roundtrips(client, env.actor, a.node_id, WARM_UP)
+            known = {os.getpid(): "C", a.pid: "N"}
+            if a.valkey_pid:
+                known[a.valkey_pid] = "V"
+            known |= {pid: "R" for pid in cases.runner_spies(a.pid, "a").values()}
+            done = trio.Event()
+            count = 0
+            recorded: list[subprocess.CompletedProcess[bytes]] = []
 
-                async def perf_record() -> None:
-                    try:
-                        recorded.append(
-                            await trio.run_process(
-                                [
-                                    perf,
-                                    "sched",
-                                    "record",
-                                    "-o",
-                                    str(data),
-                                    "--",
-                                    "sleep",
-                                    str(seconds),
-                                ],
-                                capture_stdout=True,
-                                capture_stderr=True,
-                                check=False,
-                            )
+            async def perf_record() -> None:
+                try:
+                    recorded.append(
+                        await trio.run_process(
+                            [
+                                perf,
+                                "sched",
+                                "record",
+                                "-o",
+                                str(data),
+                                "--",
+                                "sleep",
+                                str(seconds),
+                            ],
+                            capture_stdout=True,
+                            capture_stderr=True,
+                            check=False,
                         )
-                    finally:
-                        done.set()
+                    )
+                finally:
+                    done.set()
 
-                nursery.start_soon(perf_record)
-                await trio.sleep(0.5)  # perf's own start, off the record
-                before = harness.lone_cpu_s(a)
-                while not done.is_set():
-                    await cases.roundtrips(client, env.actor, a.node_id, 1)
-                    count += 1
-                cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), count)
-            if not recorded or recorded[0].returncode:
-                why = recorded[0].stderr.decode(errors="replace").strip() if recorded else ""
-                return (
-                    f"perf sched record failed (root, or kernel.perf_event_paranoid <= 1?): {why}"
-                )
-            timehist = await trio.run_process(
-                [perf, "sched", "timehist", "-w", "-i", str(data)],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-            )
-            if timehist.returncode:
-                return f"perf sched timehist failed: {timehist.stderr.decode(errors='replace')}"
-            trips = chains(parse_wakes(timehist.stdout.decode().splitlines()), known)
-            print_segments(trips, count, cpu)
-            return ""
-        finally:
-            await procs.stop_all()
-            shutil.rmtree(base, ignore_errors=True)
-            nursery.cancel_scope.cancel()
+            env.nursery.start_soon(perf_record)
+            await trio.sleep(0.5)  # perf's own start, off the record
+            before = harness.lone_cpu_s(a)
+            while not done.is_set():
+                await cases.roundtrips(client, env.actor, a.node_id, 1)
+                count += 1
+            cpu = harness.lone_cpu_line(before, harness.lone_cpu_s(a), count)
+        if not recorded or recorded[0].returncode:
+            why = recorded[0].stderr.decode(errors="replace").strip() if recorded else ""
+            return f"perf sched record failed (root, or kernel.perf_event_paranoid <= 1?): {why}"
+        timehist = await trio.run_process(
+            [perf, "sched", "timehist", "-w", "-i", str(data)],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        if timehist.returncode:
+            return f"perf sched timehist failed: {timehist.stderr.decode(errors='replace')}"
+        trips = chains(parse_wakes(timehist.stdout.decode().splitlines()), known)
+        print_segments(trips, count, cpu)
+        return ""
 
 
 def print_segments(trips: list[dict[str, float]], count: int, cpu: str) -> None:
