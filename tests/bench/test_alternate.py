@@ -1,15 +1,18 @@
 """``bench/alternate.py`` compares our p50 with SAQ's round by round. What it must get right:
 each round's ratio is of that round's two p50s (nearest rank, as case 3 takes them), the
-figure is their median judged against the bar, neither side always runs first, and a machine
-without SAQ's virtualenv is told how to build it."""
+figure is their median judged against the bar, neither side always runs first, a machine
+without SAQ's virtualenv is told how to build it, and SAQ's side never waits for ever."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from bench.alternate import BAR, OURS, SAQ, orders, round_rows, saq_python
+from bench.alternate import BAR, OURS, ROOT, SAQ, orders, round_rows, saq_python
+from node.host.valkey import valkey_server
 
 
 def test_each_round_runs_both_sides_and_the_first_alternates() -> None:
@@ -50,3 +53,25 @@ def test_without_saq_s_virtualenv_it_says_how_to_build_one(
     python.parent.mkdir(parents=True)
     python.touch()
     assert saq_python() == python
+
+
+def test_saq_s_driver_says_why_when_no_worker_comes(tmp_path: Path) -> None:
+    """Without a worker the driver would wait for its first answer for ever; it exits, and
+    says why, which alternate.py then shows (a real Valkey, SAQ from its own virtualenv)."""
+    try:
+        python = saq_python()
+    except RuntimeError:
+        pytest.skip("no SAQ virtualenv here (bench/run.py --peers builds it)")
+    with valkey_server(tmp_path / "valkey", persist=False) as server:
+        done = subprocess.run(
+            [str(python), str(ROOT / "bench" / "saq_rounds.py")],
+            env=os.environ | {"PEER_SAQ_URL": f"{server.spec.url}/4", "SAQ_ROUNDS_WAIT_S": "0.5"},
+            input="1\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert "ready" not in done.stdout
+    assert "no SAQ worker registered" in done.stderr
